@@ -1,0 +1,1315 @@
+"""The Engine: workflows, queues, workers and the store, in one `async with`.
+
+It owns one anyio task group. Inside it run a claim loop per queue, one task per job in flight,
+and a few housekeepers (the SQLite writer, heartbeats and leases, operator requests from other
+processes, the janitor, the file watcher). Everything a console needs is a public method or an
+event on `events()`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+import secrets
+import socket
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+from anyio.abc import TaskGroup
+
+from .context import Context
+from .events import (
+    Event,
+    EventBus,
+    QueueChanged,
+    ReloadErrorCleared,
+    ReloadFailed,
+    RunFinished,
+    RunQueued,
+    RunStarted,
+    RunStatusChanged,
+    WorkflowReloaded,
+)
+from .loader import LoadedFile, WorkflowLoadError, load_file, workflow_files
+from .models import (
+    PENDING_RUN_STATUSES,
+    AttemptStatus,
+    Job,
+    JobState,
+    QueueInfo,
+    QueueStats,
+    Run,
+    RunStatus,
+    StepStatus,
+    WorkerInfo,
+    WorkflowInfo,
+    utcnow,
+)
+from .queue import JobQueue, MemoryQueue, QueueError
+from .redact import redact_headers
+from .runner import Outcome, Runner
+from .sqlite_db import SqliteDatabase
+from .sqlite_queue import SqliteQueue
+from .sqlite_store import SqliteRunStore, crash_runs
+from .store import ControlRequest, MemoryRunStore, RunFilter, RunStore
+from .workflow import Workflow
+
+log = logging.getLogger("blok.engine")
+
+DEFAULT_MAX_PAYLOAD_BYTES = 1_048_576
+_live_workers: set[str] = set()  # engines alive in this process, for boot recovery
+
+
+class EngineError(Exception):
+    """A request the engine refuses; the message says why and is meant for the user."""
+
+
+class UnknownQueue(EngineError):
+    pass
+
+
+class UnknownRun(EngineError):
+    pass
+
+
+class UnknownJob(EngineError):
+    pass
+
+
+def new_id(prefix: str) -> str:
+    # Time first so ids sort by creation, then randomness.
+    return f"{prefix}_{int(time.time() * 1000):011x}{secrets.token_hex(4)}"
+
+
+@dataclass
+class RunHandle:
+    run: Run
+    job: Job
+    ctx: Context | None = None
+    scope: anyio.CancelScope | None = None
+    cancel_requested: bool = False
+    done: anyio.Event = field(default_factory=anyio.Event)
+
+    def cancel(self) -> None:
+        self.cancel_requested = True
+        if self.ctx is not None:
+            self.ctx.cancelled = True
+        if self.scope is not None:
+            self.scope.cancel()
+
+
+@dataclass
+class QueueRuntime:
+    """A queue as this engine serves it right now."""
+
+    name: str
+    workflow: Workflow
+    queue: JobQueue
+    concurrency: int
+    active: int = 0
+    paused: bool = False
+    scope: anyio.CancelScope | None = None
+    changed: anyio.Event = field(default_factory=anyio.Event)
+    completed_times: list[float] = field(default_factory=list)
+
+    def poke(self) -> None:
+        self.changed.set()
+        self.changed = anyio.Event()
+
+
+class Engine:
+    """The workflow engine. Use as `async with Engine(workflows=..., database=...) as engine`."""
+
+    def __init__(
+        self,
+        workflows: str | os.PathLike[str] | Sequence[Workflow] | None = None,
+        database: str | os.PathLike[str] | None = None,
+        *,
+        provider: str | None = None,
+        watch: bool = False,
+        retention: str | int | float | timedelta = timedelta(days=7),
+        janitor_interval: float = 60.0,
+        grace_period: float = 10.0,
+        lease: float = 30.0,
+        heartbeat: float = 2.0,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        snapshot_cap: int | None = None,
+        consume: bool = True,
+    ) -> None:
+        self._source = workflows
+        self.database = Path(database) if database is not None else None
+        self._default_provider = provider
+        self.watch = watch
+        if isinstance(retention, timedelta):
+            self.retention = retention
+        else:
+            from .durations import parse_duration
+
+            self.retention = timedelta(milliseconds=parse_duration(retention))
+        self.janitor_interval = janitor_interval
+        self.grace_period = grace_period
+        self.lease = lease
+        self.heartbeat_interval = heartbeat
+        self.max_payload_bytes = max_payload_bytes
+        self.consume = consume
+        self.bus = EventBus()
+        self.db: SqliteDatabase | None = None
+        self.store: RunStore = MemoryRunStore()
+        self._queues: dict[str, JobQueue] = {}
+        self._runtimes: dict[str, QueueRuntime] = {}
+        self._handles: dict[str, RunHandle] = {}
+        self._job_done: dict[str, anyio.Event] = {}
+        self._files: dict[Path, LoadedFile] = {}
+        self._inline: list[Workflow] = []
+        self._workflows: dict[str, Workflow] = {}
+        self._versions: dict[tuple[str, str], Workflow] = {}
+        self.reload_errors: dict[str, str] = {}
+        self._stack: AsyncExitStack | None = None
+        self._tg: TaskGroup | None = None
+        self._jobs_scope: anyio.CancelScope | None = None
+        self._stopping = False
+        self.worker = WorkerInfo(
+            id=self._worker_id(),
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            started_at=utcnow(),
+            heartbeat_at=utcnow(),
+        )
+        env_cap = os.environ.get("BLOK_STATE_SNAPSHOT_MAX_BYTES", "")
+        cap = snapshot_cap or (int(env_cap) if env_cap.isdigit() else None)
+        self.runner = Runner(self.store, self.bus, **({"snapshot_cap": cap} if cap else {}))
+
+    @staticmethod
+    def _worker_id() -> str:
+        base = f"{socket.gethostname()}:{os.getpid()}"
+        worker_id, n = base, 1
+        while worker_id in _live_workers:
+            n += 1
+            worker_id = f"{base}#{n}"
+        return worker_id
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    @property
+    def default_provider(self) -> str:
+        chosen = self._default_provider or os.environ.get("BLOK_WORKER_ADAPTER") or None
+        if chosen is None:
+            return "sqlite" if self.database is not None else "memory"
+        return chosen
+
+    async def __aenter__(self) -> Engine:
+        stack = AsyncExitStack()
+        await stack.__aenter__()
+        self._stack = stack
+        try:
+            _live_workers.add(self.worker.id)
+            stack.callback(_live_workers.discard, self.worker.id)
+            if self.database is not None:
+                self.db = SqliteDatabase(self.database)
+                await self.db.open()
+                self.store = SqliteRunStore(self.db)
+                self.runner.store = self.store
+            self._tg = await stack.enter_async_context(anyio.create_task_group())
+            if self.db is not None:
+                self._tg.start_soon(self.db.writer_loop)
+                stack.push_async_callback(self.db.close)
+            self._jobs_tg = await self._start_jobs_group()
+            await self._recover()
+            self._load_initial()
+            paused = await self.store.paused_queues()
+            for runtime in self._runtimes.values():
+                runtime.paused = runtime.name in paused
+            self._tg.start_soon(self._heartbeat_loop)
+            self._tg.start_soon(self._janitor_loop)
+            if isinstance(self.store, SqliteRunStore):
+                self._tg.start_soon(self._control_loop)
+            if self.watch and self._folder is not None:
+                from .reload import watch_folder
+
+                self._tg.start_soon(watch_folder, self, self._folder)
+        except BaseException:
+            await stack.__aexit__(None, None, None)
+            raise
+        return self
+
+    async def _start_jobs_group(self) -> TaskGroup:
+        """Job tasks live in their own group so that a drain can wait for them, then cancel."""
+        assert self._tg is not None
+        ready = anyio.Event()
+        holder: dict[str, Any] = {}
+
+        async def host() -> None:
+            with anyio.CancelScope() as scope:
+                self._jobs_scope = scope
+                async with anyio.create_task_group() as tg:
+                    holder["tg"] = tg
+                    ready.set()
+                    await anyio.sleep_forever()
+
+        self._tg.start_soon(host)
+        await ready.wait()
+        return holder["tg"]
+
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        assert self._stack is not None
+        if exc is not None and not isinstance(exc, anyio.get_cancelled_exc_class()):
+            self._crash_in_flight(exc)
+        try:
+            if exc is None:
+                await self.shutdown(self.grace_period)
+            else:
+                self._stopping = True
+                if self._tg is not None:
+                    self._tg.cancel_scope.cancel()
+        finally:
+            await self._stack.__aexit__(exc_type, exc, tb)
+            self.bus.close()
+
+    async def shutdown(self, grace_period: float | None = None) -> None:
+        """Stop claiming, let running jobs finish within the grace period, then cancel the
+        rest and put their jobs back in the queue for another worker."""
+        if self._stopping:
+            return
+        self._stopping = True
+        grace = self.grace_period if grace_period is None else grace_period
+        for runtime in self._runtimes.values():
+            if runtime.scope is not None:
+                runtime.scope.cancel()
+        with anyio.move_on_after(grace):
+            while self._handles:
+                await self._any_job_done()
+        interrupted = list(self._handles.values())
+        if self._jobs_scope is not None:
+            self._jobs_scope.cancel()
+        for handle in interrupted:
+            with anyio.move_on_after(1):
+                await handle.done.wait()
+        for queue in self._queues.values():
+            await queue.release_worker(self.worker.id)
+        with anyio.CancelScope(shield=True):
+            await self.store.forget_worker(self.worker.id)
+            await self.store.flush()
+        if self._tg is not None:
+            self._tg.cancel_scope.cancel()
+
+    async def _any_job_done(self) -> None:
+        events = [h.done for h in self._handles.values()]
+        if not events:
+            return
+        async with anyio.create_task_group() as tg:
+
+            async def wait_one(event: anyio.Event) -> None:
+                await event.wait()
+                tg.cancel_scope.cancel()
+
+            for event in events:
+                tg.start_soon(wait_one, event)
+
+    def _crash_in_flight(self, error: BaseException) -> None:
+        """The process is going down with an error: say so on every run it holds."""
+        reason = f"engine stopped by an unhandled error: {type(error).__name__}: {error}"
+        ids = [h.run.id for h in self._handles.values()]
+        for handle in self._handles.values():
+            handle.run.status = RunStatus.CRASHED
+            handle.run.error = reason
+            handle.run.finished_at = utcnow()
+        if self.db is not None and ids:
+            try:
+                self.db.write_now(lambda conn: crash_runs(conn, reason, run_ids=ids))
+            except Exception:
+                log.exception("could not mark %d in-flight runs crashed", len(ids))
+        self._handles.clear()
+
+    # ---- workflows and queues --------------------------------------------------------------
+    @property
+    def _folder(self) -> Path | None:
+        if isinstance(self._source, str | os.PathLike):
+            path = Path(self._source)
+            return path if path.is_dir() else path.parent
+        return None
+
+    def _load_initial(self) -> None:
+        source = self._source
+        if source is None:
+            self._apply()
+            return
+        if isinstance(source, str | os.PathLike):
+            path = Path(source)
+            if not path.exists():
+                raise EngineError(f"{path}: no such workflows folder or file")
+            for file in [path] if path.is_file() else workflow_files(path):
+                self.load(file)
+            self._apply()
+            return
+        self._inline = list(source)
+        self._apply()
+
+    def load(self, path: Path) -> LoadedFile | None:
+        """(Re)load one workflow file; on failure its previous version keeps serving."""
+        path = path.resolve()
+        key = str(path)
+        try:
+            loaded = load_file(path)
+            self._check_queues(loaded)
+        except WorkflowLoadError as error:
+            self.reload_errors[key] = str(error)
+            log.error("workflow file failed to load: %s", error)
+            if self.bus.active:
+                self.bus.publish(ReloadFailed(key, str(error)))
+            return None
+        self._files[path] = loaded
+        if self.reload_errors.pop(key, None) is not None and self.bus.active:
+            self.bus.publish(ReloadErrorCleared(key))
+        return loaded
+
+    def unload(self, path: Path) -> None:
+        path = path.resolve()
+        self._files.pop(path, None)
+        if self.reload_errors.pop(str(path), None) is not None and self.bus.active:
+            self.bus.publish(ReloadErrorCleared(str(path)))
+
+    def _check_queues(self, loaded: LoadedFile) -> None:
+        names: dict[str, Path] = {}
+        queues: dict[str, str] = {}
+        for path, other in self._files.items():
+            if path == loaded.path:
+                continue
+            for wf in other.workflows:
+                names[wf.name] = path
+                if wf.queue:
+                    queues[wf.queue] = wf.name
+        for wf in loaded.workflows:
+            if wf.name in names:
+                raise WorkflowLoadError(
+                    loaded.path,
+                    None,
+                    f"workflow {wf.name!r} is already defined in {names[wf.name]}",
+                )
+            if wf.queue and wf.queue in queues:
+                raise WorkflowLoadError(
+                    loaded.path,
+                    None,
+                    f"queue {wf.queue!r} is already consumed by workflow {queues[wf.queue]!r}",
+                )
+            if wf.queue:
+                queues[wf.queue] = wf.name
+
+    def _apply(self) -> None:
+        """Make the served queues match the loaded workflows, without touching runs in flight."""
+        current: dict[str, Workflow] = {}
+        for wf in self._inline:
+            current[wf.name] = wf
+        for loaded in self._files.values():
+            for wf in loaded.workflows:
+                current[wf.name] = wf
+        for wf in current.values():
+            self._versions[(wf.name, wf.version)] = wf
+        self._workflows = current
+        wanted = {wf.queue: wf for wf in current.values() if wf.trigger is not None}
+        for name in list(self._runtimes):
+            runtime = self._runtimes[name]
+            wf = wanted.get(name)
+            provider = self._provider_for(wf) if wf else None
+            if wf is None or provider != runtime.queue.provider:
+                # Stop claiming; jobs stay in the queue and runs in flight finish.
+                if runtime.scope is not None:
+                    runtime.scope.cancel()
+                del self._runtimes[name]
+                if self.bus.active:
+                    self.bus.publish(QueueChanged(name))
+        for name, wf in wanted.items():
+            assert wf.trigger is not None
+            runtime = self._runtimes.get(name)
+            if runtime is None:
+                runtime = QueueRuntime(
+                    name, wf, self._queue_for(self._provider_for(wf)), wf.trigger.concurrency
+                )
+                self._runtimes[name] = runtime
+                if self._tg is not None and self.consume and not self._stopping:
+                    self._tg.start_soon(self._claim_loop, runtime)
+                if self.bus.active:
+                    self.bus.publish(QueueChanged(name))
+            else:
+                if runtime.concurrency != wf.trigger.concurrency and self.bus.active:
+                    self.bus.publish(QueueChanged(name))
+                runtime.workflow = wf
+                runtime.concurrency = wf.trigger.concurrency
+                runtime.poke()
+
+    def _provider_for(self, wf: Workflow) -> str:
+        chosen = (wf.trigger.provider if wf.trigger else None) or self.default_provider
+        return chosen
+
+    def _queue_for(self, provider: str) -> JobQueue:
+        queue = self._queues.get(provider)
+        if queue is None:
+            if provider == "memory":
+                queue = MemoryQueue()
+            elif provider == "sqlite":
+                if self.db is None:
+                    raise EngineError(
+                        "the sqlite queue needs a database: pass database=PATH to Engine "
+                        "(or use provider='memory')"
+                    )
+                queue = SqliteQueue(self.db, lease_s=self.lease)
+            else:
+                raise EngineError(f"unknown queue provider {provider!r}: use 'memory' or 'sqlite'")
+            self._queues[provider] = queue
+        return queue
+
+    def notify_reloaded(self, loaded: LoadedFile) -> None:
+        if self.bus.active:
+            self.bus.publish(
+                WorkflowReloaded(
+                    str(loaded.path),
+                    tuple(w.name for w in loaded.workflows),
+                    tuple(w.version for w in loaded.workflows),
+                )
+            )
+
+    # ---- workers ---------------------------------------------------------------------------
+    async def _claim_loop(self, runtime: QueueRuntime) -> None:
+        with anyio.CancelScope() as scope:
+            runtime.scope = scope
+            while True:
+                while runtime.paused or runtime.active >= runtime.concurrency:
+                    await runtime.changed.wait()
+                if self._runtimes.get(runtime.name) is not runtime:
+                    return
+                jobs = await runtime.queue.claim(
+                    runtime.name,
+                    runtime.concurrency - runtime.active,
+                    self.worker.id,
+                    timeout=0.5,
+                )
+                for job in jobs:
+                    runtime.active += 1
+                    self._jobs_tg.start_soon(self._execute, runtime, job)
+
+    def _workflow_for(self, runtime: QueueRuntime, run: Run, resuming: bool) -> Workflow:
+        current = runtime.workflow
+        if not resuming or run.workflow_version in ("", current.version):
+            return current
+        done = [s.name for s in run.steps]
+        if [s.name for s in current.steps] == done:
+            self.runner.engine_log(
+                run,
+                f"resumed on version {current.version} (started on {run.workflow_version}); "
+                "its steps are unchanged",
+            )
+            return current
+        older = self._versions.get((run.workflow_name, run.workflow_version))
+        if older is not None:
+            self.runner.engine_log(
+                run,
+                f"resumed on version {run.workflow_version}, the version it started on: the "
+                f"current version {current.version} changed its steps",
+            )
+            return older
+        self.runner.engine_log(
+            run,
+            f"version {run.workflow_version} it started on is gone (restart); resumed on "
+            f"{current.version} although its steps changed",
+            "warning",
+        )
+        return current
+
+    async def _run_for(self, job: Job) -> tuple[Run, bool]:
+        """The run a claimed job executes, and whether it resumes one that already began."""
+        meta = job.meta
+        if job.resume:
+            run = await self.store.get_run(job.run_id)
+            if run is not None:
+                return run, True
+        if meta.pop("redelivered", False):
+            old_run = job.run_id
+            job.run_id = new_id("run")
+            run = self._new_run(job, job_attempt=job.attempts)
+            self.runner.engine_log(
+                run, f"redelivery of job {job.id}: its previous run {old_run} crashed"
+            )
+            return run, False
+        return self._new_run(job, job_attempt=int(meta.get("failures", 0)) + 1), False
+
+    def _new_run(
+        self, job: Job, *, job_attempt: int = 1, status: RunStatus = RunStatus.QUEUED
+    ) -> Run:
+        wf = self._workflows.get(job.workflow_name)
+        meta = job.meta
+        return Run.model_construct(
+            id=job.run_id,
+            workflow_name=job.workflow_name,
+            workflow_version=wf.version if wf else "",
+            queue=job.queue,
+            job_id=job.id,
+            status=status,
+            input=job.payload,
+            headers=redact_headers(job.headers),
+            output=None,
+            error=None,
+            error_step=None,
+            priority=job.priority,
+            job_attempt=job_attempt,
+            created_at=job.created_at if job_attempt == 1 else utcnow(),
+            started_at=None,
+            finished_at=None,
+            run_at=job.run_at,
+            wait_until=None,
+            replay_of=meta.get("replay_of"),
+            replay_from_step=meta.get("replay_from_step"),
+            parent_run_id=meta.get("parent_run_id"),
+            depth=meta.get("depth", 0),
+            worker=None,
+            attempts=0,
+            failed_attempts=0,
+            cursor=[],
+            state={},
+            steps=[],
+            logs=[],
+        )
+
+    async def _execute(self, runtime: QueueRuntime, job: Job) -> None:
+        handle: RunHandle | None = None
+        try:
+            run, resuming = await self._run_for(job)
+            workflow = self._workflow_for(runtime, run, resuming)
+            handle = RunHandle(run, job)
+            self._handles[run.id] = handle
+            run.status = RunStatus.RUNNING
+            run.workflow_version = workflow.version
+            run.worker = self.worker.id
+            run.wait_until = None
+            if run.started_at is None:
+                run.started_at = utcnow()
+            ctx = Context(
+                run_id=run.id,
+                workflow_name=run.workflow_name,
+                body=run.input,
+                headers=job.headers,
+                params={
+                    "queue": job.queue,
+                    "job_id": job.id,
+                    "attempt": run.job_attempt,
+                    "priority": job.priority,
+                },
+                state=dict(run.state) if resuming else {},
+                sink=lambda record: None,
+            )
+            ctx._sink = self.runner.log_sink(run, ctx)
+            handle.ctx = ctx
+            self.store.save_run(run)
+            if self.bus.active:
+                self.bus.publish(RunStarted(run.id, run.queue, run.workflow_name))
+            timeout = workflow.trigger.timeout if workflow.trigger else None
+            outcome: Outcome | None = None
+            with anyio.CancelScope() as scope:
+                handle.scope = scope
+                if handle.cancel_requested:
+                    scope.cancel()
+                with anyio.move_on_after(timeout / 1000 if timeout else math.inf) as limit:
+                    outcome = await self.runner.run(workflow, run, ctx)
+                if limit.cancelled_caught:
+                    outcome = Outcome(
+                        RunStatus.TIMED_OUT,
+                        error=f"run timed out after {timeout}ms (the trigger's timeout)",
+                    )
+            if handle.cancel_requested or outcome is None:
+                outcome = Outcome(RunStatus.CANCELLED, error="cancelled by operator")
+            self._settle(runtime, job, run, workflow, outcome)
+        except anyio.get_cancelled_exc_class():
+            # The engine is shutting down past its grace period: hand the job back.
+            if handle is not None:
+                self._interrupt(job, handle.run)
+            raise
+        except Exception as error:
+            # An engine bug, not the workflow's: fail the run loudly rather than lose it.
+            log.exception("internal error while running job %s", job.id)
+            if handle is not None:
+                handle.run.status = RunStatus.FAILED
+                handle.run.error = f"internal engine error: {type(error).__name__}: {error}"
+                handle.run.finished_at = utcnow()
+                self.store.save_run(handle.run)
+            job.error = f"internal engine error: {error}"
+            runtime.queue.settle(job, JobState.FAILED)
+            self._job_finished(job)
+        finally:
+            if handle is not None:
+                self._handles.pop(handle.run.id, None)
+                handle.done.set()
+            runtime.active -= 1
+            runtime.poke()
+
+    def _interrupt(self, job: Job, run: Run) -> None:
+        run.status = RunStatus.CRASHED
+        run.error = (
+            "interrupted: the worker shut down before the run finished; "
+            "the job went back to the queue"
+        )
+        run.finished_at = utcnow()
+        self._close_open_step(run, StepStatus.FAILED, AttemptStatus.FAILED, run.error)
+        self.store.save_run(run)
+        job.meta["redelivered"] = True
+        job.resume = False
+        self._queue_of(job).settle(job, JobState.WAITING)
+        if self.bus.active:
+            self.bus.publish(
+                RunFinished(run.id, run.queue, run.workflow_name, str(run.status), run.error)
+            )
+
+    def _queue_of(self, job: Job) -> JobQueue:
+        runtime = self._runtimes.get(job.queue)
+        if runtime is not None:
+            return runtime.queue
+        return self._queue_for(self.default_provider)
+
+    @staticmethod
+    def _close_open_step(
+        run: Run, step_status: StepStatus, attempt_status: AttemptStatus, error: str
+    ) -> None:
+        now = utcnow()
+        for step in run.steps:
+            if step.status in (StepStatus.RUNNING, StepStatus.WAITING):
+                step.status = step_status
+                step.finished_at = now
+                step.error = error
+                for attempt in step.attempts:
+                    if attempt.status is AttemptStatus.RUNNING:
+                        attempt.status = attempt_status
+                        attempt.finished_at = now
+                        attempt.error = error
+
+    def _settle(
+        self, runtime: QueueRuntime, job: Job, run: Run, workflow: Workflow, outcome: Outcome
+    ) -> None:
+        queue = runtime.queue
+        now = utcnow()
+        if outcome.status is RunStatus.WAITING:
+            assert outcome.wait_until is not None
+            run.status = RunStatus.WAITING
+            run.wait_until = outcome.wait_until
+            job.resume = True
+            self.store.save_run(run)
+            queue.settle(job, JobState.DELAYED, run_at=outcome.wait_until)
+            if self.bus.active:
+                self.bus.publish(RunStatusChanged(run.id, run.queue, str(run.status)))
+            return
+        run.finished_at = now
+        run.state = {}
+        run.cursor = []
+        run.error = outcome.error
+        run.error_step = outcome.error_step
+        next_run: Run | None = None
+        if outcome.status is RunStatus.COMPLETED:
+            run.status = RunStatus.COMPLETED
+            run.output = outcome.output
+            state = JobState.COMPLETED
+            runtime.completed_times.append(time.monotonic())
+            if len(runtime.completed_times) > 50_000:
+                del runtime.completed_times[:25_000]
+        elif outcome.status is RunStatus.CANCELLED:
+            run.status = RunStatus.CANCELLED
+            self._close_open_step(run, StepStatus.CANCELLED, AttemptStatus.CANCELLED, "cancelled")
+            state = JobState.CANCELLED
+        elif outcome.status is RunStatus.TIMED_OUT:
+            run.status = RunStatus.TIMED_OUT
+            self._close_open_step(
+                run, StepStatus.FAILED, AttemptStatus.TIMED_OUT, outcome.error or ""
+            )
+            state = JobState.FAILED
+        else:
+            run.status = RunStatus.FAILED
+            failures = int(job.meta.get("failures", 0)) + 1
+            job.meta["failures"] = failures
+            retries = workflow.trigger.retries if workflow.trigger else 0
+            if failures <= retries:
+                assert workflow.trigger is not None
+                backoff = workflow.trigger.backoff_ms(failures - 1, random.random())
+                job.run_id = new_id("run")
+                job.run_at = now + timedelta(milliseconds=backoff)
+                job.resume = False
+                next_run = self._new_run(job, job_attempt=failures + 1, status=RunStatus.DELAYED)
+                self.runner.engine_log(
+                    run,
+                    f"job attempt {failures}/{retries + 1} failed; retrying in "
+                    f"{backoff / 1000:.1f}s as run {next_run.id}",
+                    "warning",
+                )
+                state = JobState.DELAYED
+            else:
+                # With retries, a job that used them all up goes to the dead-letter queue.
+                state = JobState.DEAD if retries > 0 else JobState.FAILED
+                job.error = run.error
+                if retries:
+                    self.runner.engine_log(
+                        run,
+                        f"job {job.id} used up its {retries} retries: moved to the dead-letter queue",
+                        "error",
+                    )
+        self.store.save_run(run)
+        if next_run is not None:
+            self.store.save_run(next_run)
+            queue.settle(job, JobState.DELAYED, run_at=job.run_at)
+        else:
+            queue.settle(job, state)
+        if self.bus.active:
+            self.bus.publish(
+                RunFinished(run.id, run.queue, run.workflow_name, str(run.status), run.error)
+            )
+            if next_run is not None:
+                self.bus.publish(
+                    RunQueued(next_run.id, next_run.queue, next_run.workflow_name, "delayed")
+                )
+        if next_run is None:
+            self._job_finished(job)
+
+    def _job_finished(self, job: Job) -> None:
+        event = self._job_done.pop(job.id, None)
+        if event is not None:
+            event.set()
+
+    # ---- housekeeping ----------------------------------------------------------------------
+    async def _recover(self) -> None:
+        """Boot recovery: runs that dead workers left `running` become crashed, their jobs go
+        back to the queue, and pending runs of memory queues are queued again."""
+        host = socket.gethostname()
+        stale_before = utcnow() - timedelta(seconds=max(3 * self.heartbeat_interval, self.lease))
+        dead = []
+        for worker in await self.store.workers():
+            if worker.id == self.worker.id or worker.id in _live_workers:
+                continue
+            if worker.host == host and worker.pid == os.getpid():
+                gone = True  # an earlier engine of this very process that did not close
+            elif worker.host == host:
+                gone = not _pid_alive(worker.pid)
+            else:
+                gone = worker.heartbeat_at < stale_before
+            if gone:
+                dead.append(worker)
+        if dead:
+            ids = [w.id for w in dead]
+            crashed = await self.store.mark_crashed(
+                "crashed: its worker process "
+                + ", ".join(ids)
+                + " died before the run finished (found on boot)",
+                workers=ids,
+            )
+            released = 0
+            if self.db is not None:
+                for worker_id in ids:
+                    released += await _release_for_redelivery(self.db, worker_id)
+            for worker_id in ids:
+                await self.store.forget_worker(worker_id)
+            if crashed or released:
+                log.warning(
+                    "boot recovery: %d run(s) of dead workers marked crashed, %d job(s) requeued",
+                    len(crashed),
+                    released,
+                )
+        self.store.heartbeat(self.worker)
+        self._recovered_memory_runs = await self.store.pending_runs() if self.db else []
+
+    async def _requeue_memory_runs(self) -> None:
+        """Runs of memory queues survive in a durable store; queue them again after a restart."""
+        for run in self._recovered_memory_runs:
+            runtime = self._runtimes.get(run.queue)
+            if runtime is None or runtime.queue.provider != "memory":
+                continue
+            job = Job(
+                id=run.job_id,
+                queue=run.queue,
+                workflow_name=run.workflow_name,
+                payload=run.input,
+                headers=run.headers,
+                priority=run.priority,
+                run_at=run.wait_until or run.run_at,
+                run_id=run.id,
+                created_at=run.created_at,
+                resume=run.status is RunStatus.WAITING,
+                max_retries=runtime.workflow.trigger.retries if runtime.workflow.trigger else 0,
+            )
+            await runtime.queue.add([job], [run])
+        self._recovered_memory_runs = []
+
+    async def _heartbeat_loop(self) -> None:
+        await self._requeue_memory_runs()
+        while True:
+            await anyio.sleep(self.heartbeat_interval)
+            self.worker.heartbeat_at = utcnow()
+            self.store.heartbeat(self.worker)
+            for queue in self._queues.values():
+                queue.renew(self.worker.id, self.lease)
+
+    async def _janitor_loop(self) -> None:
+        while True:
+            await anyio.sleep(self.janitor_interval)
+            await self.purge()
+
+    async def purge(self) -> int:
+        """Delete terminal runs older than the retention, and expired cache entries."""
+        cutoff = utcnow() - self.retention
+        total = 0
+        while True:
+            removed = await self.store.purge(cutoff, limit=500)
+            total += removed
+            if removed < 500:
+                return total
+            await anyio.lowlevel.checkpoint()  # let runs go between chunks
+
+    async def _control_loop(self) -> None:
+        assert isinstance(self.store, SqliteRunStore)
+        while True:
+            await anyio.sleep(0.2)
+            for request in await self.store.take_control(self.worker.id):
+                result = await self._handle_control(request)
+                await self.store.finish_control(request.id, result)
+
+    async def _handle_control(self, request: ControlRequest) -> dict[str, Any]:
+        try:
+            payload = request.payload
+            if request.action == "cancel" and request.run_id:
+                run = await self.cancel(request.run_id)
+                return {"ok": True, "status": str(run.status)}
+            if request.action == "replay" and request.run_id:
+                new = await self.replay(
+                    request.run_id, from_step=payload.get("from_step"), input=payload.get("input")
+                )
+                return {"ok": True, "run_id": new}
+            if request.action == "enqueue":
+                job_id = await self.enqueue(
+                    payload["queue"],
+                    payload.get("payload"),
+                    priority=payload.get("priority", 0),
+                    delay=payload.get("delay"),
+                    headers=payload.get("headers"),
+                )
+                return {"ok": True, "job_id": job_id}
+            if request.action == "requeue":
+                job_id = await self.requeue(payload["job_id"])
+                return {"ok": True, "job_id": job_id}
+            if request.action in ("pause", "resume"):
+                await (self.pause if request.action == "pause" else self.resume)(payload["queue"])
+                return {"ok": True}
+            return {"ok": False, "error": f"unknown action {request.action!r}"}
+        except EngineError as error:
+            return {"ok": False, "error": str(error)}
+
+    # ---- public API ------------------------------------------------------------------------
+    def _check_payload(self, payload: Any) -> None:
+        import json
+
+        try:
+            blob = json.dumps(payload)
+        except (TypeError, ValueError) as error:
+            raise EngineError(f"payload is not JSON-serialisable: {error}") from None
+        if len(blob) > self.max_payload_bytes:
+            raise EngineError(
+                f"payload is {len(blob):,} bytes, above the {self.max_payload_bytes:,}-byte cap "
+                "(Engine(max_payload_bytes=...) to raise it)"
+            )
+
+    def _runtime(self, queue: str) -> QueueRuntime:
+        runtime = self._runtimes.get(queue)
+        if runtime is None:
+            known = ", ".join(sorted(self._runtimes)) or "none"
+            raise UnknownQueue(f"unknown queue {queue!r} (queues: {known})")
+        return runtime
+
+    def _make_job(
+        self,
+        queue: str,
+        payload: Any,
+        *,
+        priority: int = 0,
+        delay: Any = None,
+        job_id: str | None = None,
+        headers: dict[str, str] | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> tuple[QueueRuntime, Job, Run]:
+        runtime = self._runtime(queue)
+        self._check_payload(payload)
+        if headers is not None and (
+            not isinstance(headers, dict)
+            or not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items())
+        ):
+            raise EngineError("headers must be a dict of strings to strings")
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise EngineError(f"priority must be an integer, not {priority!r}")
+        run_at = None
+        if delay is not None:
+            from .durations import parse_duration
+
+            try:
+                delay_ms = parse_duration(delay)
+            except ValueError as error:
+                raise EngineError(f"delay: {error}") from None
+            if delay_ms > 0:
+                run_at = utcnow() + timedelta(milliseconds=delay_ms)
+        now = utcnow()
+        wf = runtime.workflow
+        job = Job.model_construct(
+            id=job_id or new_id("job"),
+            queue=queue,
+            workflow_name=wf.name,
+            payload=payload,
+            headers=headers or {},
+            priority=priority,
+            state=JobState.DELAYED if run_at else JobState.WAITING,
+            run_at=run_at,
+            attempts=0,
+            max_retries=wf.trigger.retries if wf.trigger else 0,
+            run_id=new_id("run"),
+            created_at=now,
+            finished_at=None,
+            error=None,
+            worker=None,
+            resume=False,
+            meta=meta or {},
+        )
+        run = self._new_run(job, status=RunStatus.DELAYED if run_at else RunStatus.QUEUED)
+        return runtime, job, run
+
+    async def enqueue(
+        self,
+        queue: str,
+        payload: Any = None,
+        *,
+        priority: int = 0,
+        delay: Any = None,
+        job_id: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> str:
+        """Add a job; returns its id once it is durable. A known `job_id` is not added twice."""
+        runtime, job, run = self._make_job(
+            queue, payload, priority=priority, delay=delay, job_id=job_id, headers=headers
+        )
+        if job_id is not None and await runtime.queue.get_job(job_id) is not None:
+            return job_id
+        await self._add(runtime, [job], [run])
+        return job.id
+
+    async def enqueue_many(
+        self, queue: str, payloads: Sequence[Any], *, priority: int = 0
+    ) -> list[str]:
+        """Add many jobs in one transaction."""
+        made = [self._make_job(queue, p, priority=priority) for p in payloads]
+        if not made:
+            return []
+        runtime = made[0][0]
+        await self._add(runtime, [m[1] for m in made], [m[2] for m in made])
+        return [m[1].id for m in made]
+
+    async def _add(self, runtime: QueueRuntime, jobs: list[Job], runs: list[Run]) -> None:
+        for run in runs:
+            self.store.save_run(run)
+        await runtime.queue.add(jobs, runs)
+        if self.bus.active:
+            for run in runs:
+                self.bus.publish(RunQueued(run.id, run.queue, run.workflow_name, str(run.status)))
+
+    async def _find_job(self, job_id: str) -> tuple[JobQueue, Job] | None:
+        for queue in self._queues.values():
+            job = await queue.get_job(job_id)
+            if job is not None:
+                return queue, job
+        if self.db is not None:
+            queue = self._queue_for("sqlite")
+            job = await queue.get_job(job_id)
+            if job is not None:
+                return queue, job
+        return None
+
+    async def get_job(self, job_id: str) -> Job:
+        found = await self._find_job(job_id)
+        if found is None:
+            raise UnknownJob(f"unknown job {job_id!r}")
+        return found[1]
+
+    async def wait_for_job(self, job_id: str, timeout: float | None = None) -> Run:
+        """The job's last run, once the job has ended (completed, cancelled, failed, dead)."""
+        with anyio.fail_after(timeout):
+            while True:
+                job = await self.get_job(job_id)
+                if job.state.terminal:
+                    run = await self.store.get_run(job.run_id)
+                    if run is None:
+                        raise UnknownRun(f"job {job_id}'s run {job.run_id} is not in the store")
+                    return run
+                event = self._job_done.setdefault(job_id, anyio.Event())
+                with anyio.move_on_after(0.25):  # the job may be run by another process
+                    await event.wait()
+
+    async def get_run(self, run_id: str) -> Run:
+        run = await self.store.get_run(run_id)
+        if run is None:
+            raise UnknownRun(f"unknown run {run_id!r}")
+        return run
+
+    async def runs(
+        self,
+        status: str | list[str] | None = None,
+        workflow: str | None = None,
+        queue: str | None = None,
+        limit: int = 100,
+        *,
+        text: str | None = None,
+        offset: int = 0,
+        retrying: bool = False,
+    ) -> list[Run]:
+        try:
+            where = RunFilter.of(status, workflow, queue, text, retrying=retrying)
+        except ValueError as error:
+            raise EngineError(f"unknown status: {error}") from None
+        return await self.store.list_runs(where, limit=limit, offset=offset)
+
+    async def count_runs(self, where: RunFilter | None = None) -> int:
+        return await self.store.count_runs(where)
+
+    async def cancel(self, run_id: str) -> Run:
+        """Cancel a running, waiting, delayed or queued run; a finished run is an error."""
+        handle = self._handles.get(run_id)
+        if handle is not None:
+            handle.cancel()
+            with anyio.move_on_after(5):
+                await handle.done.wait()
+            return await self.get_run(run_id)
+        run = await self.get_run(run_id)
+        if run.terminal:
+            raise EngineError(f"run {run_id} has already ended ({run.status}); nothing to cancel")
+        if run.status in PENDING_RUN_STATUSES:
+            found = await self._find_job(run.job_id)
+            if (
+                found is not None
+                and found[1].run_id == run_id
+                and await found[0].cancel_pending(run.job_id)
+            ):
+                run.status = RunStatus.CANCELLED
+                run.finished_at = utcnow()
+                run.error = "cancelled by operator before it ran"
+                self._close_open_step(
+                    run, StepStatus.CANCELLED, AttemptStatus.CANCELLED, "cancelled"
+                )
+                self.store.save_run(run)
+                await self.store.flush()
+                self._job_finished(found[1])
+                if self.bus.active:
+                    self.bus.publish(
+                        RunFinished(
+                            run.id, run.queue, run.workflow_name, str(run.status), run.error
+                        )
+                    )
+                return run
+            handle = self._handles.get(run_id)
+            if handle is not None:  # claimed here meanwhile
+                return await self.cancel(run_id)
+            run = await self.get_run(run_id)
+        if run.status is RunStatus.RUNNING and run.worker and run.worker != self.worker.id:
+            return await self._ask_worker("cancel", run)
+        if run.terminal:
+            return run
+        raise EngineError(f"run {run_id} is {run.status} and could not be cancelled; try again")
+
+    async def _ask_worker(self, action: str, run: Run) -> Run:
+        """Hand a request to the worker process that holds the run, and wait for it."""
+        request = await self.store.post_control(action, run.id, {}, target=run.worker)
+        result = await wait_control(self.store, request, timeout=5)
+        if result is not None and not result.get("ok"):
+            raise EngineError(result.get("error", f"worker {run.worker} refused"))
+        return await self.get_run(run.id)
+
+    async def replay(self, run_id: str, *, from_step: str | None = None, input: Any = None) -> str:
+        """Start a new run with the same input (or `input`), `replay_of` pointing back. With
+        `from_step`, steps before it are not run again: their outputs come from the source run."""
+        source = await self.get_run(run_id)
+        runtime = self._runtime(source.queue)
+        payload = source.input if input is None else input
+        meta: dict[str, Any] = {"replay_of": source.id}
+        if from_step is not None:
+            meta["replay_from_step"] = from_step
+        _, job, run = self._make_job(
+            source.queue, payload, priority=source.priority, headers=None, meta=meta
+        )
+        if from_step is not None:
+            self._seed_from(runtime.workflow, source, run, from_step)
+            job.resume = True
+        await self._add(runtime, [job], [run])
+        return run.id
+
+    def _seed_from(self, workflow: Workflow, source: Run, run: Run, from_step: str) -> None:
+        names = [s.name for s in workflow.steps]
+        if from_step not in names:
+            raise EngineError(
+                f"workflow {workflow.name} has no step {from_step!r} (steps: {', '.join(names)})"
+            )
+        index = names.index(from_step)
+        done = {s.name: s for s in source.steps}
+        Runner.prepare(workflow, run)
+        for i in range(index):
+            step = done.get(names[i])
+            if step is None or step.status not in (StepStatus.COMPLETED, StepStatus.CACHED):
+                raise EngineError(
+                    f"cannot replay from {from_step!r}: step {names[i]!r} did not complete in "
+                    f"run {source.id}"
+                )
+            record = run.steps[i]
+            record.status = StepStatus.CACHED
+            record.output = step.output
+            record.input = step.input
+            record.cached_from = source.id
+            record.started_at = record.finished_at = utcnow()
+            if workflow.steps[i].kind == "node":
+                run.state[names[i]] = step.output
+        run.cursor = [index]
+
+    async def dead_letters(self, queue: str) -> list[Job]:
+        runtime = self._runtime(queue)
+        return await runtime.queue.dead_letters(queue)
+
+    async def requeue(self, job_id: str) -> str:
+        """Put a dead-lettered job back in its queue with a fresh run; returns the job id."""
+        found = await self._find_job(job_id)
+        if found is None:
+            raise UnknownJob(f"unknown job {job_id!r}")
+        queue, job = found
+        job.meta.pop("failures", None)
+        try:
+            runtime = self._runtime(job.queue)
+        except UnknownQueue as error:
+            raise EngineError(f"cannot requeue job {job_id}: {error}") from None
+        job.run_id = new_id("run")
+        job.run_at = None
+        run = self._new_run(job)
+        run.created_at = utcnow()
+        try:
+            await queue.requeue(job_id, run)
+        except QueueError as error:
+            raise EngineError(str(error)) from None
+        self.store.save_run(run)
+        await self.store.flush()
+        runtime.queue.wake(job.queue)
+        if self.bus.active:
+            self.bus.publish(RunQueued(run.id, run.queue, run.workflow_name, str(run.status)))
+        return job_id
+
+    async def queue_stats(self, queue: str) -> QueueStats:
+        runtime = self._runtime(queue)
+        return await runtime.queue.stats(queue)
+
+    def queues(self) -> list[QueueInfo]:
+        return [
+            QueueInfo(
+                name=r.name,
+                workflow_name=r.workflow.name,
+                provider=r.queue.provider,
+                concurrency=r.concurrency,
+                paused=r.paused,
+            )
+            for r in sorted(self._runtimes.values(), key=lambda r: r.name)
+        ]
+
+    def throughput(self, queue: str, window: float = 10.0) -> float:
+        """Completed jobs per second over the last `window` seconds, as seen by this engine."""
+        runtime = self._runtimes.get(queue)
+        if runtime is None:
+            return 0.0
+        cutoff = time.monotonic() - window
+        times = runtime.completed_times
+        count = len(times) - _bisect(times, cutoff)
+        return count / window
+
+    def workflows(self) -> list[WorkflowInfo]:
+        return [
+            WorkflowInfo(
+                name=wf.name,
+                version=wf.version,
+                queue=wf.queue,
+                path=wf.path,
+                steps=[s.name for s in wf.steps],
+            )
+            for wf in sorted(self._workflows.values(), key=lambda w: w.name)
+        ]
+
+    def workflow(self, name: str) -> Workflow:
+        try:
+            return self._workflows[name]
+        except KeyError:
+            raise EngineError(f"unknown workflow {name!r}") from None
+
+    async def workers(self) -> list[WorkerInfo]:
+        return await self.store.workers()
+
+    async def pause(self, queue: str) -> None:
+        """Claim nothing new from the queue (running jobs finish); survives a restart."""
+        runtime = self._runtime(queue)
+        runtime.paused = True
+        await self.store.set_paused(queue, True)
+        runtime.poke()
+        if self.bus.active:
+            self.bus.publish(QueueChanged(queue))
+
+    async def resume(self, queue: str) -> None:
+        runtime = self._runtime(queue)
+        runtime.paused = False
+        await self.store.set_paused(queue, False)
+        runtime.poke()
+        if self.bus.active:
+            self.bus.publish(QueueChanged(queue))
+
+    async def events(self) -> AsyncIterator[Event]:
+        """Typed events, live, for as long as the caller iterates."""
+        async for event in self.bus.subscribe():
+            yield event
+
+    async def serve_forever(self) -> None:
+        """Block until cancelled (the CLI's worker wraps this with signal handling)."""
+        await anyio.sleep_forever()
+
+
+async def wait_control(store: RunStore, request: int, timeout: float) -> dict[str, Any] | None:
+    """The result of a control request, or None if no worker answered in time."""
+    with anyio.move_on_after(timeout):
+        while True:
+            result = await store.control_result(request)
+            if result is not None:
+                return result
+            await anyio.sleep(0.05)  # another process writes it: there is no event to await
+    return None
+
+
+def _bisect(times: list[float], cutoff: float) -> int:
+    import bisect
+
+    return bisect.bisect_left(times, cutoff)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+async def _release_for_redelivery(db: SqliteDatabase, worker_id: str) -> int:
+    def release(conn: Any) -> int:
+        # Only a job whose run was really crashed gets a new run; one that was claimed but not
+        # started yet keeps its queued run.
+        cursor = conn.execute(
+            "UPDATE jobs SET state = 'waiting', worker = NULL, lease_until = NULL, resume = 0,"
+            " meta = CASE WHEN (SELECT status FROM runs WHERE runs.id = jobs.run_id) = 'crashed'"
+            " THEN json_set(coalesce(meta, '{}'), '$.redelivered', json('true')) ELSE meta END"
+            " WHERE worker = ? AND state = 'active'",
+            (worker_id,),
+        )
+        return cursor.rowcount
+
+    return await db.run_claim(release)

@@ -1,0 +1,264 @@
+"""The records the engine keeps: runs, their steps and attempts, jobs and queue stats.
+
+These are what the store persists, what `Engine.get_run` returns and what the console shows.
+Times are timezone-aware UTC datetimes; the store keeps them as epoch seconds.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class RunStatus(StrEnum):
+    QUEUED = "queued"
+    DELAYED = "delayed"
+    DEBOUNCED = "debounced"
+    RUNNING = "running"
+    WAITING = "waiting"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    TIMED_OUT = "timed_out"
+    CRASHED = "crashed"
+    THROTTLED = "throttled"
+    EXPIRED = "expired"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_RUN_STATUSES
+
+
+TERMINAL_RUN_STATUSES = frozenset(
+    {
+        RunStatus.COMPLETED,
+        RunStatus.FAILED,
+        RunStatus.CANCELLED,
+        RunStatus.TIMED_OUT,
+        RunStatus.CRASHED,
+        RunStatus.EXPIRED,
+        RunStatus.DEBOUNCED,
+    }
+)
+# Statuses of runs whose job is still in a queue, not in a worker's hands.
+PENDING_RUN_STATUSES = frozenset(
+    {RunStatus.QUEUED, RunStatus.DELAYED, RunStatus.WAITING, RunStatus.THROTTLED}
+)
+
+
+class StepStatus(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+    CACHED = "cached"
+    CANCELLED = "cancelled"
+    WAITING = "waiting"
+
+
+class AttemptStatus(StrEnum):
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+    CANCELLED = "cancelled"
+
+
+class JobState(StrEnum):
+    WAITING = "waiting"  # ready to be claimed
+    DELAYED = "delayed"  # not before run_at (delay, job backoff, or a run's wait)
+    ACTIVE = "active"  # claimed by a worker, under lease
+    COMPLETED = "completed"
+    FAILED = "failed"  # terminal without the dead-letter queue: timed out
+    CANCELLED = "cancelled"
+    DEAD = "dead"  # used up its retries: in the dead-letter queue
+
+    @property
+    def terminal(self) -> bool:
+        return self in (
+            JobState.COMPLETED,
+            JobState.FAILED,
+            JobState.CANCELLED,
+            JobState.DEAD,
+        )
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def from_epoch(value: float | None) -> datetime | None:
+    return None if value is None else datetime.fromtimestamp(value, UTC)
+
+
+def to_epoch(value: datetime | None) -> float | None:
+    return None if value is None else value.timestamp()
+
+
+class _Record(BaseModel):
+    # validate_assignment stays off: the runner mutates records on the hot path.
+    model_config = ConfigDict(use_enum_values=False)
+
+
+class Attempt(_Record):
+    number: int
+    status: AttemptStatus = AttemptStatus.RUNNING
+    started_at: datetime
+    finished_at: datetime | None = None
+    error: str | None = None
+    error_type: str | None = None
+    traceback: str | None = None
+    backoff_ms: int | None = None  # the wait before the next attempt, when there is one
+
+    @property
+    def duration_ms(self) -> float | None:
+        if self.finished_at is None:
+            return None
+        return (self.finished_at - self.started_at).total_seconds() * 1000
+
+
+class LogLine(_Record):
+    ts: datetime
+    level: str
+    message: str
+    step: int | None = None  # index of the step that logged it; None for run-level lines
+
+
+class StepRun(_Record):
+    """One step of one run. `Run.steps` holds these in workflow order."""
+
+    index: int
+    name: str
+    kind: str = "node"  # node | wait | subworkflow | for_each | loop | switch | try_catch
+    status: StepStatus = StepStatus.PENDING
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    input: Any = None
+    output: Any = None
+    error: str | None = None
+    max_attempts: int = 1
+    attempts: list[Attempt] = Field(default_factory=list)
+    logs: list[LogLine] = Field(default_factory=list)
+    cached_from: str | None = None  # run id whose output a cached step reused
+    wait_until: datetime | None = None
+    timed_out: bool = False
+    tags: list[str] = Field(default_factory=list)  # mw:<name>, iteration N, sub, …
+    parent: int | None = None  # index of the enclosing step for nested steps
+    child_run_id: str | None = None
+
+    @property
+    def duration_ms(self) -> float | None:
+        if self.started_at is None:
+            return None
+        end = self.finished_at or utcnow()
+        return (end - self.started_at).total_seconds() * 1000
+
+
+class Run(_Record):
+    id: str
+    workflow_name: str
+    workflow_version: str
+    queue: str
+    job_id: str
+    status: RunStatus = RunStatus.QUEUED
+    input: Any = None
+    headers: dict[str, str] = Field(default_factory=dict)
+    output: Any = None
+    error: str | None = None
+    error_step: str | None = None
+    priority: int = 0
+    job_attempt: int = 1  # which delivery of the job this run is (job-level retries)
+    created_at: datetime
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    run_at: datetime | None = None  # delayed until / next attempt at
+    wait_until: datetime | None = None
+    replay_of: str | None = None
+    replay_from_step: str | None = None
+    parent_run_id: str | None = None
+    depth: int = 0
+    worker: str | None = None  # host:pid of the process that ran it
+    attempts: int = 0  # step attempts made, over all steps (the runs table shows it)
+    failed_attempts: int = 0
+    cursor: list[int] = Field(default_factory=list)  # resume point: one index per nesting level
+    state: dict[str, Any] = Field(default_factory=dict)  # ctx.state snapshot for resumption
+    steps: list[StepRun] = Field(default_factory=list)
+    logs: list[LogLine] = Field(default_factory=list)  # run-level lines (engine messages)
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL_RUN_STATUSES
+
+    @property
+    def duration_ms(self) -> float | None:
+        if self.started_at is None:
+            return None
+        end = self.finished_at or utcnow()
+        return (end - self.started_at).total_seconds() * 1000
+
+    def step(self, name: str) -> StepRun:
+        for step in self.steps:
+            if step.name == name:
+                return step
+        raise KeyError(f"run {self.id} has no step {name!r}")
+
+
+class Job(_Record):
+    id: str
+    queue: str
+    workflow_name: str
+    payload: Any = None
+    headers: dict[str, str] = Field(default_factory=dict)
+    priority: int = 0
+    state: JobState = JobState.WAITING
+    run_at: datetime | None = None
+    attempts: int = 0  # deliveries so far
+    max_retries: int = 0
+    run_id: str
+    created_at: datetime
+    finished_at: datetime | None = None
+    error: str | None = None
+    worker: str | None = None
+    resume: bool = False  # the next delivery resumes run_id after a wait
+    meta: dict[str, Any] = Field(default_factory=dict)  # lineage for the run: replay_of, parent…
+
+
+class QueueStats(_Record):
+    queue: str
+    waiting: int = 0
+    active: int = 0
+    completed: int = 0
+    failed: int = 0
+    delayed: int = 0
+    dead: int = 0
+    cancelled: int = 0
+
+
+class QueueInfo(_Record):
+    """A queue as the engine serves it: which workflow, which provider, how wide."""
+
+    name: str
+    workflow_name: str | None
+    provider: str
+    concurrency: int
+    paused: bool = False
+
+
+class WorkflowInfo(_Record):
+    name: str
+    version: str
+    queue: str | None
+    path: str | None
+    steps: list[str]
+
+
+class WorkerInfo(_Record):
+    id: str
+    host: str
+    pid: int
+    started_at: datetime
+    heartbeat_at: datetime

@@ -1,0 +1,389 @@
+"""The step runner: one run's steps in order, with retries, timeouts, the cache and waits.
+
+The runner only changes the Run record and tells the store and the bus; what happens to the
+job afterwards (ack, retry, dead letter, re-delivery after a wait) is the engine's business.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import traceback
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from functools import partial
+from typing import Any
+
+import anyio
+
+from . import expressions
+from .context import Context
+from .events import AttemptFailed, EventBus, LogRecorded, StepFinished, StepStarted
+from .models import Attempt, AttemptStatus, LogLine, Run, RunStatus, StepRun, StepStatus, utcnow
+from .store import RunStore
+from .workflow import Step, StepDefinition, WaitStep, Workflow
+
+DEFAULT_SNAPSHOT_CAP = 1_048_576
+
+
+class StepError(Exception):
+    """A step that failed for good. `str()` says where: "[step 2/4] charge failed: …"."""
+
+    def __init__(self, message: str, step: str, timed_out: bool = False) -> None:
+        super().__init__(message)
+        self.step = step
+        self.timed_out = timed_out
+
+
+class WaitRequested(Exception):
+    """The run reached a wait whose deadline is in the future."""
+
+    def __init__(self, until: datetime) -> None:
+        super().__init__(until.isoformat())
+        self.until = until
+
+
+@dataclass
+class Outcome:
+    status: RunStatus
+    output: Any = None
+    error: str | None = None
+    error_step: str | None = None
+    wait_until: datetime | None = None
+    cause: BaseException | None = None
+
+
+def parse_until(value: Any) -> datetime:
+    """A wait.until moment: datetime, ISO string, epoch milliseconds (number or digits)."""
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return datetime.fromtimestamp(value / 1000, UTC)
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            return datetime.fromtimestamp(float(text) / 1000, UTC)
+        except ValueError:
+            pass
+        try:
+            moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError:
+            pass
+        else:
+            return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+    raise ValueError(
+        f"wait.until: cannot parse {value!r} as a date: use a datetime, an ISO 8601 string "
+        "('2026-12-02T15:00:00Z') or epoch milliseconds"
+    )
+
+
+def _jsonable(value: Any, what: str) -> None:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError) as error:
+        raise TypeError(
+            f"{what} is not JSON-serialisable ({type(value).__name__}: {error}); "
+            "return dicts, lists, strings, numbers, booleans or None"
+        ) from None
+
+
+class Runner:
+    def __init__(
+        self,
+        store: RunStore,
+        bus: EventBus,
+        snapshot_cap: int = DEFAULT_SNAPSHOT_CAP,
+    ) -> None:
+        self.store = store
+        self.bus = bus
+        self.snapshot_cap = snapshot_cap
+
+    # ---- records ---------------------------------------------------------------------------
+    @staticmethod
+    def prepare(workflow: Workflow, run: Run) -> None:
+        """Give a fresh run one pending step record per top-level step, for the step rail."""
+        if not run.steps:
+            run.steps = [
+                StepRun.model_construct(
+                    index=i,
+                    name=step.name,
+                    kind=step.kind,
+                    status=StepStatus.PENDING,
+                    started_at=None,
+                    finished_at=None,
+                    input=None,
+                    output=None,
+                    error=None,
+                    max_attempts=getattr(step, "max_attempts", 1),
+                    attempts=[],
+                    logs=[],
+                    cached_from=None,
+                    wait_until=None,
+                    timed_out=False,
+                    tags=[],
+                    parent=None,
+                    child_run_id=None,
+                )
+                for i, step in enumerate(workflow.steps)
+            ]
+
+    def log_sink(self, run: Run, ctx: Context) -> Callable[[logging.LogRecord], None]:
+        def sink(record: logging.LogRecord) -> None:
+            message = record.getMessage()
+            if record.exc_info:
+                message += "\n" + "".join(traceback.format_exception(*record.exc_info))
+            line = LogLine.model_construct(
+                ts=datetime.fromtimestamp(record.created, UTC),
+                level=record.levelname.lower(),
+                message=message,
+                step=ctx.step_index,
+            )
+            self.add_log(run, line)
+
+        return sink
+
+    def add_log(self, run: Run, line: LogLine) -> None:
+        if line.step is not None and line.step < len(run.steps):
+            run.steps[line.step].logs.append(line)
+        else:
+            run.logs.append(line)
+        self.store.add_log(run, line)
+        if self.bus.active:
+            self.bus.publish(LogRecorded(run.id, line.step, line.level, line.message))
+
+    def engine_log(self, run: Run, message: str, level: str = "info") -> None:
+        self.add_log(
+            run, LogLine.model_construct(ts=utcnow(), level=level, message=message, step=None)
+        )
+
+    # ---- running ---------------------------------------------------------------------------
+    async def run(self, workflow: Workflow, run: Run, ctx: Context) -> Outcome:
+        """Run from the run's cursor to the end, a wait, or a failure. Cancellation (the
+        engine cancelling the surrounding scope) propagates."""
+        self.prepare(workflow, run)
+        steps = workflow.steps
+        start = run.cursor[0] if run.cursor else 0
+        output: Any = None
+        try:
+            for i in range(start, len(steps)):
+                run.cursor = [i]
+                output = await self._step(workflow, run, ctx, steps[i], i, len(steps), output)
+        except WaitRequested as wait:
+            return Outcome(RunStatus.WAITING, wait_until=wait.until)
+        except StepError as error:
+            status = RunStatus.TIMED_OUT if error.timed_out else RunStatus.FAILED
+            return Outcome(status, error=str(error), error_step=error.step, cause=error)
+        run.cursor = []
+        return Outcome(RunStatus.COMPLETED, output=output)
+
+    async def _step(
+        self,
+        workflow: Workflow,
+        run: Run,
+        ctx: Context,
+        step: StepDefinition,
+        index: int,
+        total: int,
+        previous: Any,
+    ) -> Any:
+        record = run.steps[index]
+        ctx.step_index = index
+        where = f"[step {index + 1}/{total}] {step.name}"
+        if isinstance(step, WaitStep):
+            await self._wait(run, ctx, step, record, where)
+            return previous
+        if isinstance(step, Step):
+            return await self._node(workflow, run, ctx, step, record, where)
+        raise StepError(f"{where} failed: step kind {step.kind!r} is not supported", step.name)
+
+    def _resolve(self, value: Any, ctx: Context) -> Any:
+        if expressions.is_expression(value):
+            return expressions.resolve(value, ctx)
+        if callable(value):
+            return value(ctx)
+        return value
+
+    async def _node(
+        self, workflow: Workflow, run: Run, ctx: Context, step: Step, record: StepRun, where: str
+    ) -> Any:
+        try:
+            inputs = {name: self._resolve(value, ctx) for name, value in step.inputs.items()}
+            key = None
+            if step.idempotency_key is not None:
+                key = str(self._resolve(step.idempotency_key, ctx))
+        except Exception as error:
+            record.status = StepStatus.FAILED
+            record.error = f"bad input: {error}"
+            record.finished_at = utcnow()
+            self._finished(run, record)
+            raise StepError(f"{where} failed: bad input: {error}", step.name) from error
+        record.input = inputs or None
+        if key is not None:
+            hit = await self.store.cache_get(workflow.name, step.name, key)
+            if hit is not None:
+                now = utcnow()
+                record.status = StepStatus.CACHED
+                record.started_at = record.finished_at = now
+                record.output = hit.output
+                record.cached_from = hit.run_id
+                ctx.state[step.name] = hit.output
+                self._finished(run, record)
+                return hit.output
+        retry = step.retry
+        max_attempts = step.max_attempts
+        record.max_attempts = max_attempts
+        first = len(record.attempts) + 1
+        for number in range(first, first + max_attempts):
+            attempt_no = number - first + 1
+            attempt = Attempt.model_construct(
+                number=number,
+                status=AttemptStatus.RUNNING,
+                started_at=utcnow(),
+                finished_at=None,
+                error=None,
+                error_type=None,
+                traceback=None,
+                backoff_ms=None,
+            )
+            record.attempts.append(attempt)
+            record.status = StepStatus.RUNNING
+            if record.started_at is None:
+                record.started_at = attempt.started_at
+            run.attempts += 1
+            ctx.attempt = attempt_no
+            self.store.save_run(run)
+            if self.bus.active:
+                self.bus.publish(StepStarted(run.id, record.index, step.name, attempt_no))
+            timed_out = False
+            failure: BaseException | None = None
+            result: Any = None
+            scope = anyio.move_on_after(step.max_duration / 1000) if step.max_duration else None
+            try:
+                with scope or nullcontext():
+                    if step.is_async:
+                        result = await step.node(ctx, **inputs)
+                    else:
+                        result = await anyio.to_thread.run_sync(
+                            partial(step.node, ctx, **inputs), abandon_on_cancel=True
+                        )
+                if scope is not None and scope.cancelled_caught:
+                    timed_out = True
+                else:
+                    _jsonable(result, f"the return value of {step.name}")
+            except Exception as error:
+                failure = error
+            attempt.finished_at = utcnow()
+            if failure is None and not timed_out:
+                attempt.status = AttemptStatus.COMPLETED
+                record.status = StepStatus.COMPLETED
+                record.output = result
+                record.finished_at = attempt.finished_at
+                ctx.state[step.name] = result
+                if key is not None:
+                    self.store.cache_put(
+                        workflow.name, step.name, key, result, run.id, step.idempotency_ttl
+                    )
+                self._finished(run, record)
+                return result
+            run.failed_attempts += 1
+            if timed_out:
+                attempt.status = AttemptStatus.TIMED_OUT
+                attempt.error = f"timed out after {step.max_duration}ms (max_duration)"
+                attempt.error_type = "TimeoutError"
+            else:
+                assert failure is not None
+                attempt.status = AttemptStatus.FAILED
+                attempt.error = str(failure) or type(failure).__name__
+                attempt.error_type = type(failure).__name__
+                attempt.traceback = "".join(traceback.format_exception(failure))
+            last = attempt_no >= max_attempts
+            if not last and retry is not None:
+                attempt.backoff_ms = retry.backoff_ms(attempt_no)
+            if self.bus.active:
+                self.bus.publish(
+                    AttemptFailed(
+                        run.id,
+                        record.index,
+                        step.name,
+                        attempt_no,
+                        max_attempts,
+                        f"{attempt.error_type}: {attempt.error}",
+                        attempt.backoff_ms,
+                    )
+                )
+            if last:
+                record.status = StepStatus.FAILED
+                record.timed_out = timed_out
+                record.error = f"{attempt.error_type}: {attempt.error}"
+                record.finished_at = attempt.finished_at
+                self._finished(run, record)
+                message = f"{where} failed: {attempt.error}"
+                if max_attempts > 1:
+                    message += f" (after {max_attempts} attempts)"
+                raise StepError(message, step.name, timed_out) from failure
+            self.store.save_run(run)
+            await anyio.sleep((attempt.backoff_ms or 0) / 1000)
+        raise AssertionError("unreachable: the attempt loop returns or raises")
+
+    async def _wait(
+        self, run: Run, ctx: Context, step: WaitStep, record: StepRun, where: str
+    ) -> None:
+        now = utcnow()
+        if record.status is StepStatus.WAITING and record.wait_until is not None:
+            deadline = record.wait_until  # resuming: the deadline was fixed on the first pass
+        else:
+            try:
+                if step.for_ms is not None:
+                    deadline = now + timedelta(milliseconds=step.for_ms)
+                else:
+                    deadline = parse_until(self._resolve(step.until, ctx))
+            except Exception as error:
+                record.status = StepStatus.FAILED
+                record.error = str(error)
+                record.started_at = record.finished_at = now
+                self._finished(run, record)
+                raise StepError(f"{where} failed: {error}", step.name) from error
+            record.started_at = now
+            record.wait_until = deadline
+        if deadline <= now:
+            record.status = StepStatus.COMPLETED
+            record.finished_at = now
+            record.output = {"waited_until": deadline.isoformat()}
+            self._finished(run, record)
+            return
+        record.status = StepStatus.WAITING
+        self._snapshot(run, ctx)
+        raise WaitRequested(deadline)
+
+    def _snapshot(self, run: Run, ctx: Context) -> None:
+        try:
+            blob = json.dumps(ctx.state)
+        except (TypeError, ValueError) as error:
+            self.engine_log(
+                run,
+                f"ctx.state could not be saved for the wait ({error}); after a restart this "
+                "run resumes with an empty ctx.state",
+                "warning",
+            )
+            run.state = {}
+            return
+        if len(blob) > self.snapshot_cap:
+            self.engine_log(
+                run,
+                f"ctx.state is {len(blob):,} bytes, above the {self.snapshot_cap:,}-byte snapshot "
+                "cap; it is not saved, and after a restart this run resumes with an empty "
+                "ctx.state. Keep large data out of step outputs.",
+                "warning",
+            )
+            run.state = {}
+            return
+        run.state = dict(ctx.state)
+
+    def _finished(self, run: Run, record: StepRun) -> None:
+        self.store.save_run(run)
+        if self.bus.active:
+            self.bus.publish(
+                StepFinished(run.id, record.index, record.name, str(record.status), record.error)
+            )

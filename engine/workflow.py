@@ -1,0 +1,256 @@
+"""How users define workflows: Workflow, Step, Retry, WorkerTrigger and `wait`.
+
+Everything is validated when it is defined, so a mistake is reported with the workflow and the
+step it is in, at import time, not half-way through a run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from . import expressions
+from .durations import Duration
+
+Provider = Literal["memory", "sqlite"]
+
+DEFAULT_IDEMPOTENCY_TTL_MS = 24 * 60 * 60 * 1000
+
+
+class WorkflowDefinitionError(ValueError):
+    """A workflow, step or trigger that cannot work as written."""
+
+
+def _explain(error: ValidationError) -> str:
+    parts = []
+    for item in error.errors():
+        where = ".".join(str(loc) for loc in item["loc"]) or "value"
+        message = item["msg"].removeprefix("Value error, ")
+        parts.append(f"{where}: {message}")
+    return "; ".join(parts)
+
+
+class _Definition(BaseModel):
+    model_config = ConfigDict(arbitrary_types_allowed=True, frozen=True, extra="forbid")
+
+
+class Retry(_Definition):
+    """Step-level retries: `min(max_timeout, min_timeout * factor ** (attempt - 1))`, no jitter."""
+
+    max_attempts: int = Field(3, ge=1)
+    min_timeout: Duration = 1000
+    max_timeout: Duration = 30_000
+    factor: float = Field(2.0, ge=1.0)
+
+    def __init__(self, max_attempts: int = 3, **data: Any) -> None:
+        try:
+            super().__init__(max_attempts=max_attempts, **data)
+        except ValidationError as error:
+            raise WorkflowDefinitionError(f"Retry: {_explain(error)}") from None
+
+    def backoff_ms(self, attempt: int) -> int:
+        """The wait after failed attempt number `attempt` (1-based)."""
+        raw = self.min_timeout * self.factor ** max(0, attempt - 1)
+        return int(min(self.max_timeout, raw))
+
+
+class WorkerTrigger(_Definition):
+    """Run the workflow for each job on `queue`, at most `concurrency` at a time."""
+
+    queue: str = Field(min_length=1)
+    concurrency: int = Field(1, ge=1)
+    retries: int = Field(0, ge=0)  # job-level: the whole run again, backoff from `delay`
+    delay: Duration = 1000
+    timeout: Duration | None = None
+    provider: Provider | None = None
+
+    def __init__(self, queue: str | None = None, **data: Any) -> None:
+        if queue is not None:
+            data["queue"] = queue
+        try:
+            super().__init__(**data)
+        except ValidationError as error:
+            raise WorkflowDefinitionError(f"WorkerTrigger: {_explain(error)}") from None
+
+    def backoff_ms(self, attempt: int, jitter: float) -> int:
+        """The seed's calculateBackoff: min(delay * 2**attempt, 30 s) plus up to 10% jitter."""
+        exponential = min(self.delay * 2**attempt, 30_000)
+        return int(exponential + jitter * exponential * 0.1)
+
+
+Input = Any  # a literal, a "$.path" expression, or a callable taking the context
+
+
+class StepDefinition(_Definition):
+    """What every kind of step shares: a name unique within its workflow."""
+
+    kind: str = "node"
+    name: str = Field(min_length=1)
+
+    def expressions(self) -> list[str]:
+        return []
+
+    def children(self) -> list[Sequence[StepDefinition]]:
+        """Nested step lists (for primitives such as for_each and switch)."""
+        return []
+
+    def fingerprint(self) -> str:
+        return f"{self.kind}:{self.name}"
+
+
+class Step(StepDefinition):
+    """Call `node(ctx, **inputs)`; its return value becomes `ctx.state[name]`."""
+
+    kind: Literal["node"] = "node"
+    node: Callable[..., Any]
+    inputs: dict[str, Input] = Field(default_factory=dict)
+    retry: Retry | None = None
+    max_duration: Duration | None = None
+    idempotency_key: Input | None = None
+    idempotency_ttl: Duration = DEFAULT_IDEMPOTENCY_TTL_MS
+
+    def __init__(self, name: str, node: Callable[..., Any], **data: Any) -> None:
+        try:
+            super().__init__(name=name, node=node, **data)
+        except ValidationError as error:
+            raise WorkflowDefinitionError(f"step {name!r}: {_explain(error)}") from None
+        if not callable(node):
+            raise WorkflowDefinitionError(f"step {name!r}: node {node!r} is not callable")
+        for expr in self.expressions():
+            try:
+                expressions.parse(expr)
+            except expressions.ExpressionError as error:
+                raise WorkflowDefinitionError(f"step {name!r}: {error}") from None
+
+    @property
+    def max_attempts(self) -> int:
+        return self.retry.max_attempts if self.retry else 1
+
+    @property
+    def is_async(self) -> bool:
+        node = self.node
+        return inspect.iscoroutinefunction(node) or (
+            not inspect.isfunction(node)
+            and inspect.iscoroutinefunction(type(node).__call__)  # an object with async __call__
+        )
+
+    def expressions(self) -> list[str]:
+        found = [v for v in self.inputs.values() if expressions.is_expression(v)]
+        if expressions.is_expression(self.idempotency_key):
+            found.append(self.idempotency_key)
+        return found
+
+    def fingerprint(self) -> str:
+        code = getattr(self.node, "__code__", None)
+        body = hashlib.sha1(code.co_code).hexdigest()[:8] if code else repr(self.node)
+        return f"node:{self.name}:{getattr(self.node, '__qualname__', '')}:{body}"
+
+
+class WaitStep(StepDefinition):
+    """Pause the run, freeing its worker slot, until a duration has passed or a moment came."""
+
+    kind: Literal["wait"] = "wait"
+    name: str = "wait"
+    for_ms: int | None = None
+    until: datetime | str | int | float | None = None
+
+    def expressions(self) -> list[str]:
+        return [self.until] if expressions.is_expression(self.until) else []
+
+    def fingerprint(self) -> str:
+        return f"wait:{self.name}:{self.for_ms}:{self.until}"
+
+
+class _WaitFactory:
+    """`wait.for_("5s")` and `wait.until(datetime | ISO string | epoch ms | "$.expr")`."""
+
+    @staticmethod
+    def for_(duration: int | float | str, *, name: str | None = None) -> WaitStep:
+        from .durations import parse_duration
+
+        try:
+            ms = parse_duration(duration)
+        except ValueError as error:
+            raise WorkflowDefinitionError(f"wait.for_: {error}") from None
+        return WaitStep(name=name or "wait", for_ms=ms)
+
+    @staticmethod
+    def until(moment: datetime | str | int | float, *, name: str | None = None) -> WaitStep:
+        if not isinstance(moment, datetime | str | int | float) or isinstance(moment, bool):
+            raise WorkflowDefinitionError(
+                f"wait.until: {moment!r} is not a datetime, ISO string, epoch ms or $.expression"
+            )
+        return WaitStep(name=name or "wait", until=moment)
+
+
+wait = _WaitFactory()
+
+
+class Workflow(_Definition):
+    name: str = Field(min_length=1)
+    trigger: WorkerTrigger | None = None
+    steps: list[StepDefinition]
+    middleware: bool = False
+    description: str = ""
+    version: str = ""  # a content hash; the loader sets it from the file, else from the steps
+    path: str | None = None
+
+    def __init__(self, **data: Any) -> None:
+        name = data.get("name", "?")
+        steps = data.get("steps")
+        if isinstance(steps, list | tuple):
+            data["steps"] = _name_waits(list(steps))
+        try:
+            super().__init__(**data)
+        except ValidationError as error:
+            raise WorkflowDefinitionError(f"workflow {name!r}: {_explain(error)}") from None
+        self._check_steps(self.steps, seen=set())
+        if not self.version:
+            digest = hashlib.sha1()
+            digest.update(repr(self.trigger).encode())
+            for step in self.steps:
+                digest.update(step.fingerprint().encode())
+            object.__setattr__(self, "version", digest.hexdigest()[:8])
+
+    def _check_steps(self, steps: Sequence[StepDefinition], seen: set[str]) -> None:
+        if not steps and not seen:
+            raise WorkflowDefinitionError(f"workflow {self.name!r} has no steps")
+        for step in steps:
+            if step.name in seen:
+                raise WorkflowDefinitionError(
+                    f"workflow {self.name!r}: step name {step.name!r} is used twice"
+                )
+            for expr in step.expressions():
+                target = expressions.referenced_step(expr)
+                if target is not None and target not in seen:
+                    known = ", ".join(sorted(seen)) or "none yet"
+                    raise WorkflowDefinitionError(
+                        f"workflow {self.name!r}, step {step.name!r}: {expr} refers to step "
+                        f"{target!r}, which does not run before it (earlier steps: {known})"
+                    )
+            seen.add(step.name)
+            for branch in step.children():
+                self._check_steps(branch, seen)
+
+    @property
+    def queue(self) -> str | None:
+        return self.trigger.queue if self.trigger else None
+
+    def with_version(self, version: str, path: str | None) -> Workflow:
+        copy = self.model_copy(update={"version": version, "path": path})
+        return copy
+
+
+def _name_waits(steps: list[Any]) -> list[Any]:
+    """Unnamed waits become wait_<position> so names stay unique and stable."""
+    named = []
+    for position, step in enumerate(steps, start=1):
+        if isinstance(step, WaitStep) and step.name == "wait":
+            step = step.model_copy(update={"name": f"wait_{position}"})
+        named.append(step)
+    return named
