@@ -1202,7 +1202,7 @@ class Engine:
         runtime = self._runtime(queue)
         return await runtime.queue.stats(queue)
 
-    def queues(self) -> list[QueueInfo]:
+    async def queues(self) -> list[QueueInfo]:
         return [
             QueueInfo(
                 name=r.name,
@@ -1214,7 +1214,7 @@ class Engine:
             for r in sorted(self._runtimes.values(), key=lambda r: r.name)
         ]
 
-    def throughput(self, queue: str, window: float = 10.0) -> float:
+    async def throughput(self, queue: str, window: float = 10.0) -> float:
         """Completed jobs per second over the last `window` seconds, as seen by this engine."""
         runtime = self._runtimes.get(queue)
         if runtime is None:
@@ -1224,7 +1224,7 @@ class Engine:
         count = len(times) - _bisect(times, cutoff)
         return count / window
 
-    def workflows(self) -> list[WorkflowInfo]:
+    async def workflows(self) -> list[WorkflowInfo]:
         return [
             WorkflowInfo(
                 name=wf.name,
