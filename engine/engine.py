@@ -39,7 +39,13 @@ from .events import (
     RunStatusChanged,
     WorkflowReloaded,
 )
-from .loader import LoadedFile, WorkflowLoadError, load_file, workflow_files
+from .loader import (
+    IMPORT_TIMEOUT_S,
+    LoadedFile,
+    WorkflowLoadError,
+    load_file_with_timeout,
+    workflow_files,
+)
 from .models import (
     PENDING_RUN_STATUSES,
     AttemptStatus,
@@ -53,6 +59,14 @@ from .models import (
     WorkerInfo,
     WorkflowInfo,
     utcnow,
+)
+from .operations import (
+    BulkResult,
+    ProgressCallback,
+    Skip,
+    matching_runs,
+    resolve_stuck,
+    run_bulk,
 )
 from .queue import JobQueue, MemoryQueue, QueueError
 from .redact import redact_headers
@@ -117,13 +131,20 @@ class QueueRuntime:
     concurrency: int
     active: int = 0
     paused: bool = False
-    scope: anyio.CancelScope | None = None
+    stopped: bool = False
+    loop_done: anyio.Event = field(default_factory=anyio.Event)
     changed: anyio.Event = field(default_factory=anyio.Event)
     completed_times: list[float] = field(default_factory=list)
 
     def poke(self) -> None:
         self.changed.set()
         self.changed = anyio.Event()
+        self.queue.wake(self.name)
+
+    def stop(self) -> None:
+        """Stop claiming; the claim loop ends within one claim timeout."""
+        self.stopped = True
+        self.poke()
 
 
 class Engine:
@@ -166,6 +187,7 @@ class Engine:
         self.store: RunStore = MemoryRunStore()
         self._queues: dict[str, JobQueue] = {}
         self._runtimes: dict[str, QueueRuntime] = {}
+        self._paused: set[str] = set()  # paused queue names, for runtimes made later too
         self._handles: dict[str, RunHandle] = {}
         self._job_done: dict[str, anyio.Event] = {}
         self._files: dict[Path, LoadedFile] = {}
@@ -223,14 +245,14 @@ class Engine:
                 stack.push_async_callback(self.db.close)
             self._jobs_tg = await self._start_jobs_group()
             await self._recover()
+            # Known before the claim loops start, so a paused queue claims nothing at boot.
+            self._paused = await self.store.paused_queues()
             self._load_initial()
-            paused = await self.store.paused_queues()
-            for runtime in self._runtimes.values():
-                runtime.paused = runtime.name in paused
             self._tg.start_soon(self._heartbeat_loop)
             self._tg.start_soon(self._janitor_loop)
             if isinstance(self.store, SqliteRunStore):
                 self._tg.start_soon(self._control_loop)
+                self._tg.start_soon(self._pause_sync_loop)
             if self.watch and self._folder is not None:
                 from .reload import watch_folder
 
@@ -281,8 +303,10 @@ class Engine:
         self._stopping = True
         grace = self.grace_period if grace_period is None else grace_period
         for runtime in self._runtimes.values():
-            if runtime.scope is not None:
-                runtime.scope.cancel()
+            runtime.stop()
+        for runtime in self._runtimes.values():
+            if self.consume:
+                await runtime.loop_done.wait()
         with anyio.move_on_after(grace):
             while self._handles:
                 await self._any_job_done()
@@ -352,16 +376,26 @@ class Engine:
         self._inline = list(source)
         self._apply()
 
-    def load(self, path: Path) -> LoadedFile | None:
-        """(Re)load one workflow file; on failure its previous version keeps serving."""
+    def load(
+        self, path: Path, *, imported: LoadedFile | WorkflowLoadError | None = None
+    ) -> LoadedFile | None:
+        """(Re)load one workflow file; on failure its previous version keeps serving. The hot
+        reloader imports off the event loop and hands the outcome in as `imported`."""
         path = path.resolve()
         key = str(path)
         try:
-            loaded = load_file(path)
+            if imported is None:
+                imported = load_file_with_timeout(
+                    path, getattr(self, "import_timeout", IMPORT_TIMEOUT_S)
+                )
+            if isinstance(imported, WorkflowLoadError):
+                raise imported
+            loaded = imported
             self._check_queues(loaded)
         except WorkflowLoadError as error:
             self.reload_errors[key] = str(error)
             log.error("workflow file failed to load: %s", error)
+            self._publish_catalog()
             if self.bus.active:
                 self.bus.publish(ReloadFailed(key, str(error)))
             return None
@@ -419,10 +453,13 @@ class Engine:
             wf = wanted.get(name)
             provider = self._provider_for(wf) if wf else None
             if wf is None or provider != runtime.queue.provider:
-                # Stop claiming; jobs stay in the queue and runs in flight finish.
-                if runtime.scope is not None:
-                    runtime.scope.cancel()
+                # Stop claiming; jobs stay in the queue and runs in flight finish. The claim
+                # loop is told, not cancelled: cancelling it inside a SQLite claim would leave
+                # the jobs that claim took active under this worker, run by nobody. It sees it
+                # is retired before its next claim (one claim poll, at most 0.5 s, later; jobs
+                # that claim returns run on this runtime's version, like any claimed before).
                 del self._runtimes[name]
+                runtime.stop()  # wakes a paused loop too, so it sees it is retired
                 if self.bus.active:
                     self.bus.publish(QueueChanged(name))
         for name, wf in wanted.items():
@@ -432,6 +469,7 @@ class Engine:
                 runtime = QueueRuntime(
                     name, wf, self._queue_for(self._provider_for(wf)), wf.trigger.concurrency
                 )
+                runtime.paused = name in self._paused
                 self._runtimes[name] = runtime
                 if self._tg is not None and self.consume and not self._stopping:
                     self._tg.start_soon(self._claim_loop, runtime)
@@ -443,6 +481,48 @@ class Engine:
                 runtime.workflow = wf
                 runtime.concurrency = wf.trigger.concurrency
                 runtime.poke()
+        self._publish_catalog()
+
+    def _publish_catalog(self) -> None:
+        """Write what this worker serves to the database, for consoles attached from another
+        process (engine/remote.py). Rows of workers that are gone are dropped here too."""
+        if self.db is None:
+            return
+        import json
+
+        queues = [
+            {
+                "name": r.name,
+                "workflow_name": r.workflow.name,
+                "workflow_version": r.workflow.version,
+                "provider": r.queue.provider,
+                "concurrency": r.concurrency,
+                "retries": r.workflow.trigger.retries if r.workflow.trigger else 0,
+            }
+            for r in sorted(self._runtimes.values(), key=lambda r: r.name)
+        ]
+        workflows = [
+            {
+                "name": wf.name,
+                "version": wf.version,
+                "queue": wf.queue,
+                "path": wf.path,
+                "steps": [s.name for s in wf.steps],
+            }
+            for wf in sorted(self._workflows.values(), key=lambda w: w.name)
+        ]
+        self.db.write(
+            "INSERT OR REPLACE INTO worker_catalog (worker, queues, workflows, reload_errors,"
+            " updated_at) VALUES (?, ?, ?, ?, ?)",
+            (
+                self.worker.id,
+                json.dumps(queues),
+                json.dumps(workflows, default=str),
+                json.dumps(self.reload_errors),
+                time.time(),
+            ),
+        )
+        self.db.write("DELETE FROM worker_catalog WHERE worker NOT IN (SELECT id FROM workers)", ())
 
     def _provider_for(self, wf: Workflow) -> str:
         chosen = (wf.trigger.provider if wf.trigger else None) or self.default_provider
@@ -477,36 +557,53 @@ class Engine:
 
     # ---- workers ---------------------------------------------------------------------------
     async def _claim_loop(self, runtime: QueueRuntime) -> None:
-        with anyio.CancelScope() as scope:
-            runtime.scope = scope
-            while True:
-                while runtime.paused or runtime.active >= runtime.concurrency:
+        # Stopped by a flag, never by cancellation: a claim cancelled half-way would leave jobs
+        # leased to this worker that nobody runs.
+        try:
+            while not runtime.stopped:
+                while not runtime.stopped and (
+                    runtime.paused or runtime.active >= runtime.concurrency
+                ):
                     await runtime.changed.wait()
-                if self._runtimes.get(runtime.name) is not runtime:
-                    return
+                if runtime.stopped:
+                    break
                 jobs = await runtime.queue.claim(
                     runtime.name,
                     runtime.concurrency - runtime.active,
                     self.worker.id,
-                    timeout=0.5,
+                    timeout=0.25,
                 )
+                if runtime.stopped or runtime.paused:
+                    for job in jobs:  # paused or stopped while the claim was under way
+                        runtime.queue.settle(job, JobState.WAITING)
+                    continue
                 for job in jobs:
                     runtime.active += 1
                     self._jobs_tg.start_soon(self._execute, runtime, job)
+        finally:
+            runtime.loop_done.set()
 
     def _workflow_for(self, runtime: QueueRuntime, run: Run, resuming: bool) -> Workflow:
+        """The definition a claimed run executes: the current one, except for a run resuming
+        after a reload that changed the shape of its steps (the cursor and the step records
+        would point at different steps), which finishes on the version it started on."""
         current = runtime.workflow
         if not resuming or run.workflow_version in ("", current.version):
             return current
-        done = [s.name for s in run.steps]
-        if [s.name for s in current.steps] == done:
+        older = self._versions.get((run.workflow_name, run.workflow_version))
+        if older is not None:
+            compatible = _step_shape(older.steps) == _step_shape(current.steps)
+        else:  # started before a restart: only its top-level step records are left
+            compatible = [(s.name, s.kind) for s in run.steps] == [
+                (s.name, s.kind) for s in current.steps
+            ]
+        if compatible:
             self.runner.engine_log(
                 run,
                 f"resumed on version {current.version} (started on {run.workflow_version}); "
                 "its steps are unchanged",
             )
             return current
-        older = self._versions.get((run.workflow_name, run.workflow_version))
         if older is not None:
             self.runner.engine_log(
                 run,
@@ -879,7 +976,10 @@ class Engine:
                 return {"ok": True, "status": str(run.status)}
             if request.action == "replay" and request.run_id:
                 new = await self.replay(
-                    request.run_id, from_step=payload.get("from_step"), input=payload.get("input")
+                    request.run_id,
+                    from_step=payload.get("from_step"),
+                    input=payload.get("input"),
+                    force=bool(payload.get("force", False)),
                 )
                 return {"ok": True, "run_id": new}
             if request.action == "enqueue":
@@ -889,6 +989,7 @@ class Engine:
                     priority=payload.get("priority", 0),
                     delay=payload.get("delay"),
                     headers=payload.get("headers"),
+                    force=bool(payload.get("force", False)),
                 )
                 return {"ok": True, "job_id": job_id}
             if request.action == "requeue":
@@ -897,6 +998,8 @@ class Engine:
             if request.action in ("pause", "resume"):
                 await (self.pause if request.action == "pause" else self.resume)(payload["queue"])
                 return {"ok": True}
+            if request.action in ("retry_now", "start_job"):
+                return await self._handle_operator_control(request)
             return {"ok": False, "error": f"unknown action {request.action!r}"}
         except EngineError as error:
             return {"ok": False, "error": str(error)}
@@ -985,14 +1088,19 @@ class Engine:
         delay: Any = None,
         job_id: str | None = None,
         headers: dict[str, str] | None = None,
+        force: bool = False,
     ) -> str:
-        """Add a job; returns its id once it is durable. A known `job_id` is not added twice."""
+        """Add a job; returns its id once it is durable. A known `job_id` is not added twice.
+        `force`: start it at once, even on a paused queue or past its delay (an operator's
+        explicit "run this one")."""
         runtime, job, run = self._make_job(
             queue, payload, priority=priority, delay=delay, job_id=job_id, headers=headers
         )
         if job_id is not None and await runtime.queue.get_job(job_id) is not None:
             return job_id
         await self._add(runtime, [job], [run])
+        if force:
+            await self._start_now(runtime, job.id)
         return job.id
 
     async def enqueue_many(
@@ -1062,14 +1170,20 @@ class Engine:
         text: str | None = None,
         offset: int = 0,
         retrying: bool = False,
+        stuck: float | None = None,
     ) -> list[Run]:
+        """Newest first. `retrying`: still going with a failed attempt behind them; `stuck`:
+        running longer than `stuck` × their workflow's median duration of completed runs."""
         try:
-            where = RunFilter.of(status, workflow, queue, text, retrying=retrying)
+            where = RunFilter.of(status, workflow, queue, text, retrying=retrying, stuck=stuck)
         except ValueError as error:
-            raise EngineError(f"unknown status: {error}") from None
+            raise EngineError(f"bad filter: {error}") from None
+        where = await resolve_stuck(self.store, where)
         return await self.store.list_runs(where, limit=limit, offset=offset)
 
     async def count_runs(self, where: RunFilter | None = None) -> int:
+        if where is not None:
+            where = await resolve_stuck(self.store, where)
         return await self.store.count_runs(where)
 
     async def cancel(self, run_id: str) -> Run:
@@ -1124,10 +1238,27 @@ class Engine:
             raise EngineError(result.get("error", f"worker {run.worker} refused"))
         return await self.get_run(run.id)
 
-    async def replay(self, run_id: str, *, from_step: str | None = None, input: Any = None) -> str:
+    async def replay(
+        self,
+        run_id: str,
+        *,
+        from_step: str | None = None,
+        input: Any = None,
+        force: bool = False,
+    ) -> str:
         """Start a new run with the same input (or `input`), `replay_of` pointing back. With
-        `from_step`, steps before it are not run again: their outputs come from the source run."""
+        `from_step`, steps before it are not run again: their outputs come from the source run.
+        `force`: start it at once, even on a paused queue."""
         source = await self.get_run(run_id)
+        runtime, job, run = self._replay_job(source, from_step=from_step, input=input)
+        await self._add(runtime, [job], [run])
+        if force:
+            await self._start_now(runtime, job.id)
+        return run.id
+
+    def _replay_job(
+        self, source: Run, *, from_step: str | None = None, input: Any = None
+    ) -> tuple[QueueRuntime, Job, Run]:
         runtime = self._runtime(source.queue)
         payload = source.input if input is None else input
         meta: dict[str, Any] = {"replay_of": source.id}
@@ -1139,8 +1270,7 @@ class Engine:
         if from_step is not None:
             self._seed_from(runtime.workflow, source, run, from_step)
             job.resume = True
-        await self._add(runtime, [job], [run])
-        return run.id
+        return runtime, job, run
 
     def _seed_from(self, workflow: Workflow, source: Run, run: Run, from_step: str) -> None:
         names = [s.name for s in workflow.steps]
@@ -1249,6 +1379,7 @@ class Engine:
         """Claim nothing new from the queue (running jobs finish); survives a restart."""
         runtime = self._runtime(queue)
         runtime.paused = True
+        self._paused.add(queue)
         await self.store.set_paused(queue, True)
         runtime.poke()
         if self.bus.active:
@@ -1257,6 +1388,7 @@ class Engine:
     async def resume(self, queue: str) -> None:
         runtime = self._runtime(queue)
         runtime.paused = False
+        self._paused.discard(queue)
         await self.store.set_paused(queue, False)
         runtime.poke()
         if self.bus.active:
@@ -1271,6 +1403,207 @@ class Engine:
         """Block until cancelled (the CLI's worker wraps this with signal handling)."""
         await anyio.sleep_forever()
 
+    # ---- operator tools --------------------------------------------------------------------
+    async def retry_now(self, run_id: str) -> str:
+        """Start at once a run that waits for its next attempt: a step sleeping in its retry
+        backoff, a job in retry backoff (its next run is `delayed`), or a delayed run, even on
+        a paused queue. For a failed run whose job is in backoff, the job's next run starts.
+        Returns the id of the run that goes ahead."""
+        wakeup = self.runner.backoff_wakeups.get(run_id)
+        handle = self._handles.get(run_id)
+        if wakeup is not None and handle is not None:
+            self.runner.engine_log(handle.run, "retry now: the operator cut the backoff short")
+            wakeup.set()
+            return run_id
+        run = await self.get_run(run_id)
+        if run.status is RunStatus.RUNNING:
+            if handle is None and run.worker and run.worker != self.worker.id:
+                await self._ask_worker("retry_now", run)
+                return run_id
+            raise EngineError(f"run {run_id} is running an attempt; there is no backoff to skip")
+        found = await self._find_job(run.job_id)
+        if found is None:
+            raise UnknownJob(f"run {run_id}'s job {run.job_id} is not in any queue")
+        queue, job = found
+        waits = job.state in (JobState.DELAYED, JobState.WAITING)
+        if run.terminal and waits and job.run_id != run.id:
+            run = await self.get_run(job.run_id)  # the job's next attempt
+        if not waits or job.run_id != run.id or run.status not in RETRYABLE_NOW:
+            raise EngineError(
+                f"run {run.id} is {run.status}: retry now starts a run in retry backoff or a "
+                "delayed run"
+            )
+        runtime = self._runtimes.get(run.queue)
+        if runtime is not None and await self._start_now(runtime, job.id):
+            return run.id
+        if await queue.make_due(job.id) is None:
+            raise EngineError(f"run {run.id} was taken by a worker meanwhile")
+        return run.id
+
+    async def cancel_many(
+        self, runs: RunFilter | Sequence[str], *, progress: ProgressCallback | None = None
+    ) -> BulkResult:
+        """Cancel every run the filter matches (or these run ids) that has not ended."""
+        targets = await self._bulk_targets(runs)
+
+        async def cancel(target: Run | str) -> None:
+            run = await self._bulk_run(target)
+            if run.terminal:
+                raise Skip("already ended")
+            try:
+                after = await self.cancel(run.id)
+            except EngineError as error:
+                raise Skip(_reason(error, run.id)) from None
+            if after.status is not RunStatus.CANCELLED:
+                raise Skip(f"ended as {after.status} before the cancel took")
+
+        return await run_bulk("cancel", targets, _target_id, cancel, progress)
+
+    async def replay_many(
+        self,
+        runs: RunFilter | Sequence[str],
+        *,
+        from_step: str | None = None,
+        progress: ProgressCallback | None = None,
+    ) -> BulkResult:
+        """Replay every finished run the filter matches (or these run ids), each as a new run
+        with `replay_of` pointing back; `result.replayed` maps source run to new run."""
+        targets = await self._bulk_targets(runs)
+
+        async def replay(target: Run | str) -> str:
+            source = await self._bulk_run(target, full=from_step is not None)
+            if not source.terminal:
+                raise Skip("not finished yet")
+            try:
+                runtime, job, run = self._replay_job(source, from_step=from_step)
+            except EngineError as error:
+                raise Skip(_reason(error, source.id)) from None
+            await self._add(runtime, [job], [run])
+            return run.id
+
+        return await run_bulk("replay", targets, _target_id, replay, progress)
+
+    async def requeue_many(
+        self, jobs: RunFilter | Sequence[str], *, progress: ProgressCallback | None = None
+    ) -> BulkResult:
+        """Put dead-lettered (or failed) jobs back in their queues: these job ids, or the jobs
+        of the runs a filter matches. Jobs that are not dead or failed are skipped."""
+        if isinstance(jobs, RunFilter):
+            runs = await matching_runs(self.store, await resolve_stuck(self.store, jobs))
+            job_ids = list(dict.fromkeys(run.job_id for run in runs))
+        else:
+            job_ids = list(dict.fromkeys(jobs))
+
+        async def requeue(job_id: str) -> None:
+            try:
+                await self.requeue(job_id)
+            except UnknownJob:
+                raise Skip("unknown job") from None
+            except EngineError as error:
+                raise Skip(_reason(error, job_id)) from None
+
+        return await run_bulk("requeue", job_ids, str, requeue, progress)
+
+    async def requeue_dead(
+        self, queue: str, *, progress: ProgressCallback | None = None
+    ) -> BulkResult:
+        """Requeue every dead letter of the queue."""
+        runtime = self._runtime(queue)
+        dead = await runtime.queue.dead_letters(queue, limit=10_000_000)
+        return await self.requeue_many([job.id for job in dead], progress=progress)
+
+    async def stuck_runs(self, factor: float = 3.0, limit: int = 100) -> list[Run]:
+        """Runs going longer than `factor` × their workflow's median completed duration."""
+        return await self.runs(stuck=factor, limit=limit)
+
+    async def _bulk_targets(self, runs: RunFilter | Sequence[str]) -> list[Run | str]:
+        if isinstance(runs, RunFilter):
+            return list(await matching_runs(self.store, await resolve_stuck(self.store, runs)))
+        if isinstance(runs, str):
+            raise EngineError("pass a RunFilter or a list of run ids, not one id")
+        return list(dict.fromkeys(runs))
+
+    async def _bulk_run(self, target: Run | str, *, full: bool = False) -> Run:
+        """The run to act on: the filter's snapshot of it, or a fresh read."""
+        if isinstance(target, Run) and not full:
+            return target
+        run = await self.store.get_run(_target_id(target))
+        if run is None:
+            raise Skip("unknown run")
+        return run
+
+    async def _start_now(self, runtime: QueueRuntime, job_id: str) -> bool:
+        """Run this one job now, past the queue's pause, order and run_at: here if this engine
+        works the queue, else through a worker process that does. False if none took it."""
+        if self._serves(runtime):
+            return await self._run_here(runtime, job_id)
+        return await self._ask_any_worker("start_job", {"job_id": job_id, "queue": runtime.name})
+
+    def _serves(self, runtime: QueueRuntime) -> bool:
+        return self.consume and not self._stopping and self._runtimes.get(runtime.name) is runtime
+
+    async def _run_here(self, runtime: QueueRuntime, job_id: str) -> bool:
+        job = await runtime.queue.take(job_id, self.worker.id)
+        if job is None:
+            return False  # claimed meanwhile, ended, or a queue that cannot single one out
+        runtime.active += 1  # may go above the concurrency for a moment: asked for explicitly
+        self._jobs_tg.start_soon(self._execute, runtime, job)
+        return True
+
+    async def _ask_any_worker(self, action: str, payload: dict[str, Any]) -> bool:
+        if not isinstance(self.store, SqliteRunStore):
+            return False
+        for worker in await self.store.workers():
+            if worker.id == self.worker.id:
+                continue
+            request = await self.store.post_control(action, None, payload, target=worker.id)
+            result = await wait_control(self.store, request, timeout=5)
+            if result is not None and result.get("ok"):
+                return True
+        return False
+
+    async def _handle_operator_control(self, request: ControlRequest) -> dict[str, Any]:
+        if request.action == "retry_now" and request.run_id:
+            return {"ok": True, "run_id": await self.retry_now(request.run_id)}
+        if request.action == "start_job":
+            runtime = self._runtimes.get(request.payload.get("queue", ""))
+            if runtime is None or not self._serves(runtime):
+                return {"ok": False, "error": f"worker {self.worker.id} does not work that queue"}
+            return {"ok": await self._run_here(runtime, request.payload["job_id"])}
+        return {"ok": False, "error": f"unknown action {request.action!r}"}
+
+    async def _pause_sync_loop(self) -> None:
+        """Pauses live in the shared database: follow those made by other processes."""
+        while True:
+            await anyio.sleep(PAUSE_SYNC_INTERVAL)
+            before = set(self._paused)
+            stored = await self.store.paused_queues()
+            if stored == before or self._paused != before:
+                continue  # unchanged, or paused / resumed here meanwhile: next round
+            self._paused = stored
+            for runtime in self._runtimes.values():
+                paused = runtime.name in stored
+                if paused != runtime.paused:
+                    runtime.paused = paused
+                    runtime.poke()
+                    if self.bus.active:
+                        self.bus.publish(QueueChanged(runtime.name))
+
+
+# Runs that retry_now can start: a delayed run (job backoff, or enqueued with a delay) and a
+# queued one (on a paused queue).
+RETRYABLE_NOW = frozenset({RunStatus.DELAYED, RunStatus.QUEUED})
+PAUSE_SYNC_INTERVAL = 1.0
+
+
+def _target_id(target: Run | str) -> str:
+    return target.id if isinstance(target, Run) else target
+
+
+def _reason(error: Exception, ident: str) -> str:
+    """An error as a skip reason that many items share: without the item's id."""
+    return str(error).replace(f" {ident}", "").replace(f" {ident!r}", "")
+
 
 async def wait_control(store: RunStore, request: int, timeout: float) -> dict[str, Any] | None:
     """The result of a control request, or None if no worker answered in time."""
@@ -1281,6 +1614,11 @@ async def wait_control(store: RunStore, request: int, timeout: float) -> dict[st
                 return result
             await anyio.sleep(0.05)  # another process writes it: there is no event to await
     return None
+
+
+def _step_shape(steps: Sequence[Any]) -> list[Any]:
+    """Names and kinds of steps, nested lists included: what a run's cursor refers to."""
+    return [(s.name, s.kind, [_step_shape(branch) for branch in s.children()]) for s in steps]
 
 
 def _bisect(times: list[float], cutoff: float) -> int:

@@ -1,0 +1,400 @@
+"""The engine core on both stores: retries, timeouts, cancellation, the cache, waits, replay."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+
+from engine import (
+    Engine,
+    EngineError,
+    Retry,
+    RunFinished,
+    RunStatus,
+    Step,
+    StepStarted,
+    StepStatus,
+    UnknownQueue,
+    UnknownRun,
+    WorkerTrigger,
+    Workflow,
+    WorkflowDefinitionError,
+    wait,
+)
+from engine.models import AttemptStatus
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def database(request: pytest.FixtureRequest, tmp_path: Path) -> Path | None:
+    return None if request.param == "memory" else tmp_path / "blok.db"
+
+
+def flow(name: str, *steps: Step, queue: str | None = None, **trigger: object) -> Workflow:
+    return Workflow(
+        name=name, trigger=WorkerTrigger(queue=queue or name, **trigger), steps=list(steps)
+    )
+
+
+async def run_of(engine: Engine, job_id: str):
+    return await engine.get_run((await engine.get_job(job_id)).run_id)
+
+
+async def test_retry_records_every_attempt(database: Path | None) -> None:
+    calls: list[int] = []
+
+    async def flaky(ctx, order_id: str) -> dict:
+        calls.append(ctx.attempt)
+        ctx.logger.info("attempt %d for %s", ctx.attempt, order_id)
+        if ctx.attempt < 3:
+            raise ConnectionError(f"gateway refused attempt {ctx.attempt}")
+        return {"charged": order_id}
+
+    wf = flow(
+        "orders",
+        Step(
+            "charge",
+            flaky,
+            inputs={"order_id": "$.body.order_id"},
+            retry=Retry(3, min_timeout="10ms", factor=2),
+        ),
+    )
+    async with Engine(workflows=[wf], database=database) as engine:
+        job = await engine.enqueue("orders", {"order_id": "A1"})
+        run = await engine.wait_for_job(job, timeout=10)
+        assert run.status is RunStatus.COMPLETED
+        assert calls == [1, 2, 3]
+        step = run.step("charge")
+        assert step.status is StepStatus.COMPLETED
+        assert step.output == {"charged": "A1"}
+        assert [a.number for a in step.attempts] == [1, 2, 3]
+        assert [a.status for a in step.attempts] == [
+            AttemptStatus.FAILED,
+            AttemptStatus.FAILED,
+            AttemptStatus.COMPLETED,
+        ]
+        assert step.attempts[0].error == "gateway refused attempt 1"
+        assert step.attempts[0].error_type == "ConnectionError"
+        assert "ConnectionError" in (step.attempts[1].traceback or "")
+        # The seed's backoff: min(max, min * factor ** (attempt - 1)).
+        assert [a.backoff_ms for a in step.attempts] == [10, 20, None]
+        assert [line.message for line in step.logs] == [
+            "attempt 1 for A1",
+            "attempt 2 for A1",
+            "attempt 3 for A1",
+        ]
+        assert run.attempts == 3 and run.failed_attempts == 2
+
+
+async def test_failure_message_names_the_step_and_keeps_the_cause(database: Path | None) -> None:
+    async def ok(ctx) -> int:
+        return 1
+
+    async def broken(ctx) -> None:
+        raise ValueError("card declined")
+
+    wf = flow("pay", Step("a", ok), Step("charge", broken), Step("c", ok), Step("d", ok))
+    async with Engine(workflows=[wf], database=database) as engine:
+        run = await engine.wait_for_job(await engine.enqueue("pay", {}), timeout=10)
+        assert run.status is RunStatus.FAILED
+        assert run.error == "[step 2/4] charge failed: card declined"
+        assert run.error_step == "charge"
+        assert [s.status for s in run.steps] == [
+            StepStatus.COMPLETED,
+            StepStatus.FAILED,
+            StepStatus.PENDING,
+            StepStatus.PENDING,
+        ]
+        assert run.step("charge").attempts[0].error_type == "ValueError"
+
+
+async def test_last_attempt_timeout_ends_timed_out(database: Path | None) -> None:
+    finished: list[int] = []
+
+    async def slow(ctx) -> None:
+        try:
+            await anyio.sleep(10)
+        finally:
+            finished.append(ctx.attempt)
+
+    wf = flow(
+        "slow",
+        Step("crawl", slow, retry=Retry(2, min_timeout=5), max_duration="100ms"),
+    )
+    async with Engine(workflows=[wf], database=database) as engine:
+        started = time.monotonic()
+        run = await engine.wait_for_job(await engine.enqueue("slow", {}), timeout=10)
+        assert time.monotonic() - started < 3
+        assert run.status is RunStatus.TIMED_OUT
+        step = run.step("crawl")
+        assert step.timed_out
+        assert [a.status for a in step.attempts] == [AttemptStatus.TIMED_OUT] * 2
+        assert "timed out after 100ms" in (step.attempts[-1].error or "")
+        assert finished == [1, 2]  # each attempt really was cancelled, not left running
+
+
+async def test_cancel_stops_a_sleeping_step_at_once(database: Path | None) -> None:
+    cleaned = anyio.Event()
+    started = anyio.Event()
+
+    async def sleepy(ctx) -> None:
+        started.set()
+        try:
+            await anyio.sleep(30)
+        finally:
+            cleaned.set()
+
+    wf = flow("sleepy", Step("nap", sleepy), retries=3)
+    async with Engine(workflows=[wf], database=database) as engine:
+        job = await engine.enqueue("sleepy", {})
+        with anyio.fail_after(5):
+            await started.wait()
+        [run] = await engine.runs(queue="sleepy")
+        began = time.monotonic()
+        cancelled = await engine.cancel(run.id)
+        assert time.monotonic() - began < 1
+        assert cleaned.is_set()
+        assert cancelled.status is RunStatus.CANCELLED
+        assert cancelled.step("nap").status is StepStatus.CANCELLED
+        assert cancelled.step("nap").attempts[0].status is AttemptStatus.CANCELLED
+        stored = await engine.get_run(run.id)
+        assert stored.status is RunStatus.CANCELLED
+        # Never retried, despite retries=3.
+        assert (await engine.get_job(job)).state == "cancelled"
+        assert len(await engine.runs(queue="sleepy")) == 1
+        with pytest.raises(EngineError, match="already ended"):
+            await engine.cancel(run.id)
+
+
+async def test_cancel_queued_and_delayed_runs(database: Path | None) -> None:
+    async def noop(ctx) -> None:
+        return None
+
+    wf = flow("later", Step("noop", noop))
+    async with Engine(workflows=[wf], database=database) as engine:
+        await engine.pause("later")
+        queued = await run_of(engine, await engine.enqueue("later", {}))
+        delayed = await run_of(engine, await engine.enqueue("later", {}, delay="1h"))
+        assert queued.status is RunStatus.QUEUED and delayed.status is RunStatus.DELAYED
+        for run in (queued, delayed):
+            assert (await engine.cancel(run.id)).status is RunStatus.CANCELLED
+        await engine.resume("later")
+        stats = await engine.queue_stats("later")
+        assert stats.cancelled == 2 and stats.waiting == 0 and stats.delayed == 0
+        with pytest.raises(UnknownRun):
+            await engine.cancel("run_nope")
+
+
+async def test_idempotency_hit_skips_the_node(database: Path | None) -> None:
+    calls: list[str] = []
+
+    async def charge(ctx, order_id: str) -> dict:
+        calls.append(order_id)
+        return {"receipt": f"r-{order_id}"}
+
+    wf = flow(
+        "idem",
+        Step(
+            "charge",
+            charge,
+            inputs={"order_id": "$.body.order_id"},
+            idempotency_key="$.body.order_id",
+        ),
+    )
+    async with Engine(workflows=[wf], database=database) as engine:
+        first = await engine.wait_for_job(await engine.enqueue("idem", {"order_id": "X"}), 10)
+        second = await engine.wait_for_job(await engine.enqueue("idem", {"order_id": "X"}), 10)
+        other = await engine.wait_for_job(await engine.enqueue("idem", {"order_id": "Y"}), 10)
+        assert calls == ["X", "Y"]
+        cached = second.step("charge")
+        assert cached.status is StepStatus.CACHED
+        assert cached.cached_from == first.id
+        assert cached.output == {"receipt": "r-X"}
+        assert second.status is RunStatus.COMPLETED
+        assert other.step("charge").status is StepStatus.COMPLETED
+
+
+async def test_wait_releases_and_resumes_with_state(database: Path | None) -> None:
+    async def before(ctx) -> dict:
+        return {"token": ctx.body["n"] * 2}
+
+    async def after(ctx, token: int) -> int:
+        return token + 1
+
+    wf = flow(
+        "waits",
+        Step("before", before),
+        wait.for_("300ms"),
+        Step("after", after, inputs={"token": "$.state.before.token"}),
+    )
+    async with Engine(workflows=[wf], database=database) as engine:
+        job = await engine.enqueue("waits", {"n": 20})
+        events = engine.events()
+        run = None
+        with anyio.fail_after(5):
+            async for event in events:
+                if getattr(event, "status", None) == "waiting":
+                    run = await engine.get_run(event.run_id)
+                    break
+        assert run is not None and run.status is RunStatus.WAITING
+        assert run.wait_until is not None
+        assert run.step("wait_2").status is StepStatus.WAITING
+        done = await engine.wait_for_job(job, timeout=10)
+        assert done.status is RunStatus.COMPLETED
+        assert done.id == run.id
+        assert done.output == 41
+        assert done.step("wait_2").status is StepStatus.COMPLETED
+        # The step before the wait ran once.
+        assert len(done.step("before").attempts) == 1
+
+
+async def test_wait_survives_a_restart(tmp_path: Path) -> None:
+    ran: list[str] = []
+
+    async def first(ctx) -> str:
+        ran.append("first")
+        return "kept"
+
+    async def second(ctx, value: str) -> str:
+        ran.append("second")
+        return value.upper()
+
+    wf = flow(
+        "resume",
+        Step("first", first),
+        wait.for_("1s"),
+        Step("second", second, inputs={"value": "$.state.first"}),
+    )
+    db = tmp_path / "blok.db"
+    async with Engine(workflows=[wf], database=db) as engine:
+        job = await engine.enqueue("resume", {})
+        with anyio.fail_after(5):
+            while (await engine.runs(status="waiting")) == []:
+                await anyio.sleep(0.02)
+    assert ran == ["first"]
+    async with Engine(workflows=[wf], database=db) as engine:
+        run = await engine.wait_for_job(job, timeout=10)
+        assert run.status is RunStatus.COMPLETED
+        assert run.output == "KEPT"
+        assert ran == ["first", "second"]
+
+
+async def test_unparseable_until_fails_the_step(database: Path | None) -> None:
+    async def noop(ctx) -> None:
+        return None
+
+    wf = flow("until", Step("noop", noop), wait.until("$.body.when"))
+    async with Engine(workflows=[wf], database=database) as engine:
+        run = await engine.wait_for_job(await engine.enqueue("until", {"when": "tomorrow-ish"}), 10)
+        assert run.status is RunStatus.FAILED
+        assert "cannot parse 'tomorrow-ish'" in (run.error or "")
+        assert run.error.startswith("[step 2/2] wait_2 failed")
+
+
+async def test_replay_records_lineage(database: Path | None) -> None:
+    seen: list[dict] = []
+
+    async def record(ctx) -> int:
+        seen.append(ctx.body)
+        return len(seen)
+
+    wf = flow("again", Step("record", record))
+    async with Engine(workflows=[wf], database=database) as engine:
+        original = await engine.wait_for_job(await engine.enqueue("again", {"v": 1}), 10)
+        new_id = await engine.replay(original.id)
+        assert new_id != original.id
+        replayed = await engine.wait_for_job((await engine.get_run(new_id)).job_id, 10)
+        assert replayed.id == new_id
+        assert replayed.replay_of == original.id
+        assert replayed.input == {"v": 1}
+        assert seen == [{"v": 1}, {"v": 1}]
+        with pytest.raises(UnknownRun):
+            await engine.replay("run_missing")
+
+
+async def test_enqueue_validates_before_writing(database: Path | None) -> None:
+    async def noop(ctx) -> None:
+        return None
+
+    async with Engine(workflows=[flow("v", Step("noop", noop))], database=database) as engine:
+        with pytest.raises(UnknownQueue, match="unknown queue 'nope'"):
+            await engine.enqueue("nope", {})
+        with pytest.raises(EngineError, match="not JSON-serialisable"):
+            await engine.enqueue("v", {"when": object()})
+        with pytest.raises(EngineError, match="negative"):
+            await engine.enqueue("v", {}, delay=-5)
+        assert await engine.runs() == []
+        stats = await engine.queue_stats("v")
+        assert stats.waiting == stats.delayed == stats.completed == 0
+
+
+async def test_event_stream_tells_a_run_story(database: Path | None) -> None:
+    async def ok(ctx) -> int:
+        return 1
+
+    wf = flow("story", Step("one", ok), Step("two", ok))
+    async with Engine(workflows=[wf], database=database) as engine:
+        seen: list[str] = []
+
+        async def listen(ready: anyio.Event) -> None:
+            events = engine.events()
+            ready.set()
+            async for event in events:
+                seen.append(type(event).__name__)
+                if isinstance(event, RunFinished):
+                    return
+
+        async with anyio.create_task_group() as tg:
+            ready = anyio.Event()
+            tg.start_soon(listen, ready)
+            await ready.wait()
+            await anyio.sleep(0)
+            await engine.enqueue("story", {})
+        assert seen[0] == "RunQueued"
+        assert "RunStarted" in seen
+        assert seen.count("StepStarted") == 2 and seen.count("StepFinished") == 2
+        assert seen[-1] == "RunFinished"
+        assert StepStarted.__name__ in seen
+
+
+async def test_janitor_purges_old_terminal_runs(database: Path | None) -> None:
+    async def ok(ctx) -> int:
+        return 1
+
+    wf = flow("old", Step("ok", ok))
+    async with Engine(workflows=[wf], database=database, retention="200ms") as engine:
+        done = await engine.wait_for_job(await engine.enqueue("old", {}), 10)
+        await engine.pause("old")
+        pending = await engine.enqueue("old", {})
+        await anyio.sleep(0.3)  # the retention is a wall-clock age: let it pass
+        assert await engine.purge() == 1
+        with pytest.raises(UnknownRun):
+            await engine.get_run(done.id)
+        # Runs that have not ended are never purged.
+        assert (await engine.get_job(pending)).state == "waiting"
+        assert len(await engine.runs()) == 1
+
+
+def test_definitions_are_checked_with_names() -> None:
+    async def node(ctx) -> None:
+        return None
+
+    with pytest.raises(WorkflowDefinitionError, match=r"step 'charge': max_duration: cannot parse"):
+        Step("charge", node, max_duration="10 parsecs")
+    with pytest.raises(WorkflowDefinitionError, match="'orders'.*'a' is used twice"):
+        Workflow(name="orders", steps=[Step("a", node), Step("a", node)])
+    with pytest.raises(
+        WorkflowDefinitionError, match=r"'orders', step 'b': \$\.state\.zzz\.id refers to step 'zzz'"
+    ):
+        Workflow(
+            name="orders",
+            steps=[Step("a", node), Step("b", node, inputs={"x": "$.state.zzz.id"})],
+        )
+    with pytest.raises(WorkflowDefinitionError, match="must start with one of"):
+        Step("c", node, inputs={"x": "$.bogus.x"})
+    with pytest.raises(WorkflowDefinitionError, match="wait.for_: cannot parse duration"):
+        wait.for_("soon")
