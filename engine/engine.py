@@ -630,6 +630,7 @@ class Engine:
             old_run = job.run_id
             job.run_id = new_id("run")
             run = self._new_run(job, job_attempt=job.attempts)
+            self._queue_of(job).assign_run(job)
             self.runner.engine_log(
                 run, f"redelivery of job {job.id}: its previous run {old_run} crashed"
             )

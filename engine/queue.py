@@ -64,6 +64,9 @@ class JobQueue(ABC):
     async def requeue(self, job_id: str, run: Run) -> Job:
         """Put a dead (or failed) job back as waiting, with `run` as its next run."""
 
+    def assign_run(self, job: Job) -> None:  # noqa: B027 - memory jobs are the same objects
+        """Record that a claimed job now executes a new run (`job.run_id`), after a crash."""
+
     def renew(self, worker: str, lease_s: float) -> None:  # noqa: B027 - leases are optional
         pass
 
@@ -73,6 +76,17 @@ class JobQueue(ABC):
 
     def wake(self, queue: str) -> None:  # noqa: B027 - pollers need no wake-up
         pass
+
+    # An operator's "run it now": these ignore the queue's order, pause and run_at.
+    async def take(self, job_id: str, worker: str) -> Job | None:
+        """Claim this one job at once if it waits (waiting or delayed) and no worker holds it;
+        None otherwise, or when the queue cannot single one out."""
+        return None
+
+    async def make_due(self, job_id: str) -> Job | None:
+        """Bring a waiting or delayed job's run_at forward to now, for whichever worker claims
+        next; None if the job is not waiting."""
+        return None
 
 
 class MemoryQueue(JobQueue):
@@ -229,3 +243,33 @@ class MemoryQueue(JobQueue):
         for job in held:
             self.settle(job, JobState.WAITING)
         return len(held)
+
+    def _unqueue(self, job: Job) -> None:
+        """Take a waiting or delayed job out of the heaps, so no stale entry promotes or hands
+        it out later."""
+        self._count(job.queue, job.state, -1)
+        for heaps in (self._ready, self._delayed):
+            heap = heaps.get(job.queue)
+            if heap:
+                heap[:] = [entry for entry in heap if entry[2] != job.id]
+                heapq.heapify(heap)
+
+    async def take(self, job_id: str, worker: str) -> Job | None:
+        job = self._jobs.get(job_id)
+        if job is None or job.state not in (JobState.WAITING, JobState.DELAYED):
+            return None
+        self._unqueue(job)
+        job.state = JobState.ACTIVE
+        job.worker = worker
+        job.attempts += 1
+        self._count(job.queue, JobState.ACTIVE, 1)
+        return job
+
+    async def make_due(self, job_id: str) -> Job | None:
+        job = self._jobs.get(job_id)
+        if job is None or job.state not in (JobState.WAITING, JobState.DELAYED):
+            return None
+        self._unqueue(job)
+        job.run_at = None
+        self._push(job)
+        return job.model_copy()

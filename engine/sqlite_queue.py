@@ -143,6 +143,11 @@ class SqliteQueue(JobQueue):
                 SETTLE_DONE, (str(state), time.time(), job.error, job.run_id, _meta(job), job.id)
             )
 
+    def assign_run(self, job: Job) -> None:
+        self.db.write(
+            "UPDATE jobs SET run_id = ?, meta = ? WHERE id = ?", (job.run_id, _meta(job), job.id)
+        )
+
     def renew(self, worker: str, lease_s: float) -> None:
         self.db.write(
             "UPDATE jobs SET lease_until = ? WHERE worker = ? AND state = 'active'",
@@ -237,6 +242,36 @@ class SqliteQueue(JobQueue):
         if isinstance(job, QueueError):
             raise job
         self.wake(job.queue)
+        return job
+
+    async def take(self, job_id: str, worker: str) -> Job | None:
+        lease_until = time.time() + self.lease_s
+
+        def take(conn: sqlite3.Connection) -> Job | None:
+            row = conn.execute(
+                "UPDATE jobs SET state = 'active', worker = ?, lease_until = ?,"
+                " attempts = attempts + 1 WHERE id = ? AND state IN ('waiting', 'delayed')"
+                f" RETURNING {JOB_COLUMNS}",
+                (worker, lease_until, job_id),
+            ).fetchone()
+            return job_from_row(row) if row else None
+
+        return await self.db.run_claim(take)
+
+    async def make_due(self, job_id: str) -> Job | None:
+        now = time.time()
+
+        def make_due(conn: sqlite3.Connection) -> Job | None:
+            row = conn.execute(
+                "UPDATE jobs SET state = 'waiting', run_at = ? WHERE id = ?"
+                f" AND state IN ('waiting', 'delayed') RETURNING {JOB_COLUMNS}",
+                (now, job_id),
+            ).fetchone()
+            return job_from_row(row) if row else None
+
+        job = await self.db.run_claim(make_due)
+        if job is not None:
+            self.wake(job.queue)
         return job
 
 

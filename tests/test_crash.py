@@ -1,0 +1,142 @@
+"""kill -9 of a real worker process, then a restart over the same SQLite file: nothing lost."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import anyio
+import pytest
+
+from engine import Engine, JobState, RunStatus
+
+pytestmark = pytest.mark.anyio
+
+WORKFLOW = textwrap.dedent(
+    """
+    import anyio
+    from engine import Step, WorkerTrigger, Workflow
+
+    async def work(ctx):
+        await anyio.sleep(ctx.body.get("seconds", 0.05))
+        return {"n": ctx.body["n"]}
+
+    workflow = Workflow(
+        name="crashy",
+        trigger=WorkerTrigger(queue="crashy", concurrency=20),
+        steps=[Step("work", work)],
+    )
+    """
+)
+
+WORKER = textwrap.dedent(
+    """
+    import sys, anyio
+    from engine import Engine
+
+    async def main():
+        async with Engine(workflows=sys.argv[1], database=sys.argv[2]) as engine:
+            print("ready", flush=True)
+            await engine.serve_forever()
+
+    anyio.run(main)
+    """
+)
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    (tmp_path / "workflows").mkdir()
+    (tmp_path / "workflows" / "crashy.py").write_text(WORKFLOW)
+    (tmp_path / "worker.py").write_text(WORKER)
+    return tmp_path
+
+
+def start_worker(project: Path) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(project / "worker.py"),
+            str(project / "workflows"),
+            str(project / "blok.db"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+async def wait_running(engine: Engine, at_least: int) -> None:
+    with anyio.fail_after(20):
+        while len(await engine.runs(status="running", limit=1000)) < at_least:
+            await anyio.sleep(0.05)
+
+
+async def test_kill_9_with_200_jobs_in_flight_loses_nothing(project: Path) -> None:
+    db = project / "blok.db"
+    worker = start_worker(project)
+    try:
+        # A client engine on the same file that only enqueues and reads (consume=False).
+        async with Engine(workflows=project / "workflows", database=db, consume=False) as client:
+            jobs = await client.enqueue_many(
+                "crashy", [{"n": n, "seconds": 0.3} for n in range(200)]
+            )
+            await wait_running(client, 20)
+            worker.send_signal(signal.SIGKILL)
+            worker.wait(timeout=10)
+            crashed_before = [r.id for r in await client.runs(status="running", limit=1000)]
+            assert crashed_before, "the worker died with runs in flight"
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+
+    async with Engine(workflows=project / "workflows", database=db) as engine:
+        # Boot recovery: the dead worker's runs are crashed at once, with a reason.
+        for run_id in crashed_before:
+            run = await engine.get_run(run_id)
+            assert run.status is RunStatus.CRASHED
+            assert "died before the run finished" in (run.error or "")
+        for job in jobs:
+            await engine.wait_for_job(job, timeout=60)
+        runs = await engine.runs(queue="crashy", limit=10_000)
+    completed: dict[str, int] = {}
+    for run in runs:
+        assert run.status in (RunStatus.COMPLETED, RunStatus.CRASHED), run.status
+        if run.status is RunStatus.COMPLETED:
+            completed[run.job_id] = completed.get(run.job_id, 0) + 1
+    assert sorted(completed) == sorted(jobs)
+    assert set(completed.values()) == {1}, "a job completed more than once"
+
+
+async def test_crashed_run_is_flipped_on_boot_and_its_job_redelivered(project: Path) -> None:
+    db = project / "blok.db"
+    worker = start_worker(project)
+    try:
+        async with Engine(workflows=project / "workflows", database=db, consume=False) as client:
+            job = await client.enqueue("crashy", {"n": 1, "seconds": 30})
+            await wait_running(client, 1)
+            [victim] = await client.runs(status="running")
+            assert victim.worker and victim.worker.endswith(f":{worker.pid}")
+            worker.send_signal(signal.SIGKILL)
+            worker.wait(timeout=10)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    async with Engine(workflows=project / "workflows", database=db) as engine:
+        crashed = await engine.get_run(victim.id)
+        assert crashed.status is RunStatus.CRASHED
+        assert crashed.step("work").status == "failed"
+        redelivered = await engine.get_job(job)
+        assert redelivered.run_id != victim.id  # a new run for the same job
+        fresh = await engine.get_run(redelivered.run_id)
+        assert fresh.job_id == job and fresh.status is RunStatus.RUNNING
+        assert any("previous run" in line.message for line in fresh.logs)
+        await engine.cancel(fresh.id)
+        assert (await engine.get_job(job)).state is JobState.CANCELLED
