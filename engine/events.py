@@ -6,12 +6,11 @@ with a `Lagged` event and should re-read what it shows from the store.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from time import time
 
 import anyio
-from anyio.streams.memory import MemoryObjectSendStream
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,18 +141,54 @@ class EventBus:
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 self._subscribers.pop(stream, None)
 
-    async def subscribe(self) -> AsyncIterator[Event]:
+    def subscribe(self) -> Subscription:
+        """Registered at once, so no event published after this call is missed."""
         send, receive = anyio.create_memory_object_stream[Event](self._buffer)
         self._subscribers[send] = 0
-        try:
-            async with receive:
-                async for event in receive:
-                    yield event
-        finally:
-            self._subscribers.pop(send, None)
-            send.close()
+        return Subscription(self, send, receive)
+
+    def _unsubscribe(self, send: MemoryObjectSendStream[Event]) -> None:
+        self._subscribers.pop(send, None)
+        send.close()
 
     def close(self) -> None:
         for stream in list(self._subscribers):
             stream.close()
         self._subscribers.clear()
+
+
+class Subscription:
+    """An async iterator of events; `aclose()` (or leaving `async with`) unsubscribes."""
+
+    def __init__(
+        self,
+        bus: EventBus,
+        send: MemoryObjectSendStream[Event],
+        receive: MemoryObjectReceiveStream[Event],
+    ) -> None:
+        self._bus = bus
+        self._send = send
+        self._receive = receive
+
+    def __aiter__(self) -> Subscription:
+        return self
+
+    async def __anext__(self) -> Event:
+        try:
+            return await self._receive.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            raise StopAsyncIteration from None
+
+    async def aclose(self) -> None:
+        self._bus._unsubscribe(self._send)
+        self._receive.close()
+
+    async def __aenter__(self) -> Subscription:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def __del__(self) -> None:
+        # An abandoned subscription must not keep receiving (and buffering) events.
+        self._bus._subscribers.pop(self._send, None)

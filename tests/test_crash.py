@@ -74,8 +74,9 @@ def start_worker(project: Path) -> subprocess.Popen[str]:
 
 
 async def wait_running(engine: Engine, at_least: int) -> None:
+    # The runs start in another process: the shared file is all there is to watch.
     with anyio.fail_after(20):
-        while len(await engine.runs(status="running", limit=1000)) < at_least:
+        while len(await engine.runs(status="running", limit=1000)) < at_least:  # noqa: ASYNC110
             await anyio.sleep(0.05)
 
 

@@ -6,7 +6,9 @@ import time
 from pathlib import Path
 
 import anyio
+import anyio.lowlevel
 import pytest
+from support import expect_events
 
 from engine import (
     Engine,
@@ -14,6 +16,7 @@ from engine import (
     Retry,
     RunFinished,
     RunStatus,
+    RunStatusChanged,
     Step,
     StepStarted,
     StepStatus,
@@ -270,11 +273,11 @@ async def test_wait_survives_a_restart(tmp_path: Path) -> None:
         Step("second", second, inputs={"value": "$.state.first"}),
     )
     db = tmp_path / "blok.db"
-    async with Engine(workflows=[wf], database=db) as engine:
+    async with (
+        Engine(workflows=[wf], database=db) as engine,
+        expect_events(engine, RunStatusChanged, where=lambda event: event.status == "waiting"),
+    ):
         job = await engine.enqueue("resume", {})
-        with anyio.fail_after(5):
-            while (await engine.runs(status="waiting")) == []:
-                await anyio.sleep(0.02)
     assert ran == ["first"]
     async with Engine(workflows=[wf], database=db) as engine:
         run = await engine.wait_for_job(job, timeout=10)
@@ -352,7 +355,7 @@ async def test_event_stream_tells_a_run_story(database: Path | None) -> None:
             ready = anyio.Event()
             tg.start_soon(listen, ready)
             await ready.wait()
-            await anyio.sleep(0)
+            await anyio.lowlevel.checkpoint()
             await engine.enqueue("story", {})
         assert seen[0] == "RunQueued"
         assert "RunStarted" in seen
@@ -385,10 +388,11 @@ def test_definitions_are_checked_with_names() -> None:
 
     with pytest.raises(WorkflowDefinitionError, match=r"step 'charge': max_duration: cannot parse"):
         Step("charge", node, max_duration="10 parsecs")
-    with pytest.raises(WorkflowDefinitionError, match="'orders'.*'a' is used twice"):
+    with pytest.raises(WorkflowDefinitionError, match=r"'orders'.*'a' is used twice"):
         Workflow(name="orders", steps=[Step("a", node), Step("a", node)])
     with pytest.raises(
-        WorkflowDefinitionError, match=r"'orders', step 'b': \$\.state\.zzz\.id refers to step 'zzz'"
+        WorkflowDefinitionError,
+        match=r"'orders', step 'b': \$\.state\.zzz\.id refers to step 'zzz'",
     ):
         Workflow(
             name="orders",
@@ -396,5 +400,5 @@ def test_definitions_are_checked_with_names() -> None:
         )
     with pytest.raises(WorkflowDefinitionError, match="must start with one of"):
         Step("c", node, inputs={"x": "$.bogus.x"})
-    with pytest.raises(WorkflowDefinitionError, match="wait.for_: cannot parse duration"):
+    with pytest.raises(WorkflowDefinitionError, match=r"wait\.for_: cannot parse duration"):
         wait.for_("soon")

@@ -7,11 +7,13 @@ from pathlib import Path
 
 import anyio
 import pytest
+from support import expect_events
 
 from engine import (
     Engine,
     EngineError,
     JobState,
+    RunStarted,
     RunStatus,
     Step,
     UnknownJob,
@@ -166,10 +168,8 @@ async def test_stats_are_exact(provider: str, database: Path) -> None:
         failed = await engine.enqueue("counted", {"fail": True})
         for job in [*done, failed]:
             await engine.wait_for_job(job, timeout=5)
-        held = [await engine.enqueue("counted", {"hold": True}) for _ in range(2)]
-        with anyio.fail_after(5):
-            while (await engine.queue_stats("counted")).active < 2:
-                await anyio.sleep(0.01)
+        async with expect_events(engine, RunStarted, count=2):
+            held = [await engine.enqueue("counted", {"hold": True}) for _ in range(2)]
         await engine.enqueue("counted", {})  # waits behind the two held jobs
         await engine.enqueue("counted", {}, delay="1h")
         stats = await engine.queue_stats("counted")
@@ -209,10 +209,8 @@ async def test_graceful_shutdown_finishes_short_jobs_and_releases_long_ones(
     tmp_path: Path,
 ) -> None:
     db = tmp_path / "blok.db"
-    started = anyio.Event()
 
     async def work(ctx) -> str:
-        started.set()
         await anyio.sleep(ctx.body["seconds"])
         return "done"
 
@@ -222,11 +220,9 @@ async def test_graceful_shutdown_finishes_short_jobs_and_releases_long_ones(
         steps=[Step("work", work)],
     )
     async with Engine(workflows=[wf], database=db, grace_period=0.5) as engine:
-        short = await engine.enqueue("drain", {"seconds": 0.2})
-        long = await engine.enqueue("drain", {"seconds": 30})
-        with anyio.fail_after(5):
-            while (await engine.queue_stats("drain")).active < 2:
-                await anyio.sleep(0.01)
+        async with expect_events(engine, RunStarted, count=2):
+            short = await engine.enqueue("drain", {"seconds": 0.2})
+            long = await engine.enqueue("drain", {"seconds": 30})
         t0 = time.monotonic()
     assert time.monotonic() - t0 < 3
     # A new worker finds the short job done and takes the long one again.
