@@ -34,9 +34,30 @@ from .models import (
     WorkerInfo,
     WorkflowInfo,
 )
+from .primitives import (
+    ForEach,
+    Loop,
+    Subworkflow,
+    Switch,
+    TryCatch,
+    for_each,
+    loop,
+    subworkflow,
+    switch,
+    try_catch,
+)
 from .sqlite_db import DatabaseError
 from .store import RunFilter, RunStore
-from .workflow import Retry, Step, WaitStep, WorkerTrigger, Workflow, WorkflowDefinitionError, wait
+from .workflow import (
+    Debounce,
+    Retry,
+    Step,
+    WaitStep,
+    WorkerTrigger,
+    Workflow,
+    WorkflowDefinitionError,
+    wait,
+)
 
 __version__ = "0.1.0"
 
@@ -45,14 +66,17 @@ __all__ = [
     "AttemptFailed",
     "AttemptStatus",
     "DatabaseError",
+    "Debounce",
     "Engine",
     "EngineError",
     "Event",
+    "ForEach",
     "Job",
     "JobState",
     "Lagged",
     "LogLine",
     "LogRecorded",
+    "Loop",
     "QueueChanged",
     "QueueInfo",
     "QueueStats",
@@ -72,6 +96,9 @@ __all__ = [
     "StepRun",
     "StepStarted",
     "StepStatus",
+    "Subworkflow",
+    "Switch",
+    "TryCatch",
     "UnknownJob",
     "UnknownQueue",
     "UnknownRun",
@@ -83,7 +110,12 @@ __all__ = [
     "WorkflowInfo",
     "WorkflowLoadError",
     "WorkflowReloaded",
+    "for_each",
     "format_duration",
+    "loop",
     "parse_duration",
+    "subworkflow",
+    "switch",
+    "try_catch",
     "wait",
 ]

@@ -6,6 +6,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from .redact import redact_text, secret_values
+
 _engine_log = logging.getLogger("blok.run")
 
 
@@ -16,15 +18,34 @@ class RunLogger(logging.Logger):
     logging module's registry.
     """
 
-    def __init__(self, name: str, sink: Callable[[logging.LogRecord], None]) -> None:
+    def __init__(
+        self,
+        name: str,
+        sink: Callable[[logging.LogRecord], None],
+        secrets: tuple[str, ...] = (),
+    ) -> None:
         super().__init__(name, logging.DEBUG)
         self._sink = sink
+        self._secrets = secrets
         self.parent = _engine_log
 
     def callHandlers(self, record: logging.LogRecord) -> None:
+        if self._secrets:
+            self._redact(record)
         self._sink(record)
         if _engine_log.isEnabledFor(record.levelno):
             _engine_log.handle(record)
+
+    def _redact(self, record: logging.LogRecord) -> None:
+        """Secret header values a node logs (`ctx.logger.info("%s", ctx.headers)`) are hidden
+        before the record is stored or reaches any handler, traceback text included."""
+        text = record.getMessage()
+        if record.exc_info:
+            text += "\n" + logging.Formatter().formatException(record.exc_info)
+        redacted = redact_text(text, self._secrets)
+        if redacted != text:
+            record.msg, record.args = redacted, None
+            record.exc_info, record.exc_text = None, None
 
 
 class Context:
@@ -71,7 +92,9 @@ class Context:
     def logger(self) -> logging.Logger:
         # Created on first use: most no-op nodes never log.
         if self._logger is None:
-            self._logger = RunLogger(f"blok.run.{self.workflow_name}", self._sink)
+            self._logger = RunLogger(
+                f"blok.run.{self.workflow_name}", self._sink, secret_values(self.headers)
+            )
         return self._logger
 
     def __repr__(self) -> str:

@@ -15,7 +15,7 @@ import random
 import secrets
 import socket
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -28,7 +28,6 @@ from anyio.abc import TaskGroup
 
 from .context import Context
 from .events import (
-    Event,
     EventBus,
     QueueChanged,
     ReloadErrorCleared,
@@ -37,8 +36,10 @@ from .events import (
     RunQueued,
     RunStarted,
     RunStatusChanged,
+    Subscription,
     WorkflowReloaded,
 )
+from .gates import Gates
 from .loader import (
     IMPORT_TIMEOUT_S,
     LoadedFile,
@@ -68,6 +69,7 @@ from .operations import (
     resolve_stuck,
     run_bulk,
 )
+from .primitives import cancel_waited_children, run_middleware
 from .queue import JobQueue, MemoryQueue, QueueError
 from .redact import redact_headers
 from .runner import Outcome, Runner
@@ -80,6 +82,7 @@ from .workflow import Workflow
 log = logging.getLogger("blok.engine")
 
 DEFAULT_MAX_PAYLOAD_BYTES = 1_048_576
+KEPT_VERSIONS = 100  # per workflow, for waiting runs that resume on the version they began on
 _live_workers: set[str] = set()  # engines alive in this process, for boot recovery
 
 
@@ -209,6 +212,9 @@ class Engine:
         env_cap = os.environ.get("BLOK_STATE_SNAPSHOT_MAX_BYTES", "")
         cap = snapshot_cap or (int(env_cap) if env_cap.isdigit() else None)
         self.runner = Runner(self.store, self.bus, **({"snapshot_cap": cap} if cap else {}))
+        self.runner.engine = self  # subworkflow steps dispatch child runs through the engine
+        self.runner.middleware = run_middleware
+        self.gates = Gates(self)
 
     @staticmethod
     def _worker_id() -> str:
@@ -280,7 +286,7 @@ class Engine:
         await ready.wait()
         return holder["tg"]
 
-    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
         assert self._stack is not None
         if exc is not None and not isinstance(exc, anyio.get_cancelled_exc_class()):
             self._crash_in_flight(exc)
@@ -292,8 +298,13 @@ class Engine:
                 if self._tg is not None:
                     self._tg.cancel_scope.cancel()
         finally:
-            await self._stack.__aexit__(exc_type, exc, tb)
+            # True when the cancellation came from our own task group (`shutdown()` called in
+            # the `async with` body): it is ours to swallow, not the caller's to see.
+            suppressed = await self._stack.__aexit__(exc_type, exc, tb)
             self.bus.close()
+        # Only a cancellation is ever ours to swallow: an error from the body (a failed
+        # assertion in a test) can come back wrapped in a group the stack calls handled.
+        return bool(suppressed) and isinstance(exc, anyio.get_cancelled_exc_class())
 
     async def shutdown(self, grace_period: float | None = None) -> None:
         """Stop claiming, let running jobs finish within the grace period, then cancel the
@@ -433,8 +444,18 @@ class Engine:
                     None,
                     f"queue {wf.queue!r} is already consumed by workflow {queues[wf.queue]!r}",
                 )
+            names[wf.name] = loaded.path
             if wf.queue:
                 queues[wf.queue] = wf.name
+            if wf.trigger is not None:
+                # Refused here rather than failing later in _apply, where a hot reload would
+                # take the whole engine down (an unknown provider, sqlite without a database).
+                try:
+                    self._queue_for(self._provider_for(wf))
+                except EngineError as error:
+                    raise WorkflowLoadError(
+                        loaded.path, None, f"workflow {wf.name!r}: {error}"
+                    ) from None
 
     def _apply(self) -> None:
         """Make the served queues match the loaded workflows, without touching runs in flight."""
@@ -445,7 +466,15 @@ class Engine:
             for wf in loaded.workflows:
                 current[wf.name] = wf
         for wf in current.values():
+            self._versions.pop((wf.name, wf.version), None)  # re-added last: the newest
             self._versions[(wf.name, wf.version)] = wf
+        # Old versions are kept for runs that wait and resume on them; a long editing session
+        # must not keep every module it ever loaded, so only the newest few per workflow stay.
+        kept: dict[str, int] = {}
+        for key in reversed(list(self._versions)):
+            kept[key[0]] = kept.get(key[0], 0) + 1
+            if kept[key[0]] > KEPT_VERSIONS:
+                del self._versions[key]
         self._workflows = current
         wanted = {wf.queue: wf for wf in current.values() if wf.trigger is not None}
         for name in list(self._runtimes):
@@ -454,10 +483,8 @@ class Engine:
             provider = self._provider_for(wf) if wf else None
             if wf is None or provider != runtime.queue.provider:
                 # Stop claiming; jobs stay in the queue and runs in flight finish. The claim
-                # loop is told, not cancelled: cancelling it inside a SQLite claim would leave
-                # the jobs that claim took active under this worker, run by nobody. It sees it
-                # is retired before its next claim (one claim poll, at most 0.5 s, later; jobs
-                # that claim returns run on this runtime's version, like any claimed before).
+                # loop is told, not cancelled (see _claim_loop): a claim under way when the
+                # file went away hands its jobs back to the queue.
                 del self._runtimes[name]
                 runtime.stop()  # wakes a paused loop too, so it sees it is retired
                 if self.bus.active:
@@ -594,9 +621,11 @@ class Engine:
         if older is not None:
             compatible = _step_shape(older.steps) == _step_shape(current.steps)
         else:  # started before a restart: only its top-level step records are left
-            compatible = [(s.name, s.kind) for s in run.steps] == [
-                (s.name, s.kind) for s in current.steps
-            ]
+            compatible = [
+                (s.name, s.kind)
+                for s in run.steps
+                if s.parent is None and not (s.tags and s.tags[0].startswith("mw:"))
+            ] == [(s.name, s.kind) for s in current.steps]
         if compatible:
             self.runner.engine_log(
                 run,
@@ -679,6 +708,8 @@ class Engine:
         try:
             run, resuming = await self._run_for(job)
             workflow = self._workflow_for(runtime, run, resuming)
+            if not await self.gates.admit(runtime, job, run, workflow, resuming):
+                return  # debounced, delayed, throttled, queued or expired: the job went back
             handle = RunHandle(run, job)
             self._handles[run.id] = handle
             run.status = RunStatus.RUNNING
@@ -740,6 +771,7 @@ class Engine:
             self._job_finished(job)
         finally:
             if handle is not None:
+                self.gates.release(handle.run.id)
                 self._handles.pop(handle.run.id, None)
                 handle.done.set()
             runtime.active -= 1
@@ -944,6 +976,7 @@ class Engine:
             self.store.heartbeat(self.worker)
             for queue in self._queues.values():
                 queue.renew(self.worker.id, self.lease)
+            self.gates.renew()
 
     async def _janitor_loop(self) -> None:
         while True:
@@ -1047,6 +1080,9 @@ class Engine:
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise EngineError(f"priority must be an integer, not {priority!r}")
         run_at = None
+        trigger = runtime.workflow.trigger
+        if delay is None and trigger is not None and trigger.start_delay:
+            delay = trigger.start_delay  # the delay gate: every job of this trigger waits
         if delay is not None:
             from .durations import parse_duration
 
@@ -1145,13 +1181,15 @@ class Engine:
         """The job's last run, once the job has ended (completed, cancelled, failed, dead)."""
         with anyio.fail_after(timeout):
             while True:
+                # Registered before the read, so that a job ending during the read wakes us.
+                event = self._job_done.setdefault(job_id, anyio.Event())
                 job = await self.get_job(job_id)
                 if job.state.terminal:
+                    self._job_done.pop(job_id, None)
                     run = await self.store.get_run(job.run_id)
                     if run is None:
                         raise UnknownRun(f"job {job_id}'s run {job.run_id} is not in the store")
                     return run
-                event = self._job_done.setdefault(job_id, anyio.Event())
                 with anyio.move_on_after(0.25):  # the job may be run by another process
                     await event.wait()
 
@@ -1188,7 +1226,14 @@ class Engine:
         return await self.store.count_runs(where)
 
     async def cancel(self, run_id: str) -> Run:
-        """Cancel a running, waiting, delayed or queued run; a finished run is an error."""
+        """Cancel a running, waiting, delayed or queued run; a finished run is an error. The
+        child runs it waits on (subworkflow steps with wait=True) are cancelled with it."""
+        run = await self._cancel_one(run_id)
+        if run.status is RunStatus.CANCELLED:
+            await cancel_waited_children(self, run)
+        return run
+
+    async def _cancel_one(self, run_id: str) -> Run:
         handle = self._handles.get(run_id)
         if handle is not None:
             handle.cancel()
@@ -1295,7 +1340,7 @@ class Engine:
             record.input = step.input
             record.cached_from = source.id
             record.started_at = record.finished_at = utcnow()
-            if workflow.steps[i].kind == "node":
+            if workflow.steps[i].kind != "wait":  # nodes and primitives keep an output
                 run.state[names[i]] = step.output
         run.cursor = [index]
 
@@ -1395,10 +1440,9 @@ class Engine:
         if self.bus.active:
             self.bus.publish(QueueChanged(queue))
 
-    async def events(self) -> AsyncIterator[Event]:
-        """Typed events, live, for as long as the caller iterates."""
-        async for event in self.bus.subscribe():
-            yield event
+    def events(self) -> Subscription:
+        """Typed events, live, from this call on: `async for event in engine.events()`."""
+        return self.bus.subscribe()
 
     async def serve_forever(self) -> None:
         """Block until cancelled (the CLI's worker wraps this with signal handling)."""
@@ -1417,15 +1461,22 @@ class Engine:
             wakeup.set()
             return run_id
         run = await self.get_run(run_id)
-        if run.status is RunStatus.RUNNING:
-            if handle is None and run.worker and run.worker != self.worker.id:
-                await self._ask_worker("retry_now", run)
-                return run_id
-            raise EngineError(f"run {run_id} is running an attempt; there is no backoff to skip")
         found = await self._find_job(run.job_id)
         if found is None:
             raise UnknownJob(f"run {run_id}'s job {run.job_id} is not in any queue")
         queue, job = found
+        held = job.state is JobState.ACTIVE and job.run_id == run.id
+        if handle is None and held and job.worker and job.worker != self.worker.id:
+            # Another process runs it (its run row may not even say `running` yet).
+            request = await self.store.post_control("retry_now", run.id, {}, target=job.worker)
+            result = await wait_control(self.store, request, timeout=5)
+            if result is None or not result.get("ok"):
+                raise EngineError(
+                    (result or {}).get("error") or f"worker {job.worker} did not answer"
+                )
+            return run_id
+        if held or run.status is RunStatus.RUNNING:
+            raise EngineError(f"run {run_id} is running an attempt; there is no backoff to skip")
         waits = job.state in (JobState.DELAYED, JobState.WAITING)
         if run.terminal and waits and job.run_id != run.id:
             run = await self.get_run(job.run_id)  # the job's next attempt
@@ -1451,10 +1502,17 @@ class Engine:
             run = await self._bulk_run(target)
             if run.terminal:
                 raise Skip("already ended")
-            try:
-                after = await self.cancel(run.id)
-            except EngineError as error:
-                raise Skip(_reason(error, run.id)) from None
+            for _ in range(CANCEL_TRIES):
+                try:
+                    after = await self.cancel(run.id)
+                    break
+                except EngineError as error:
+                    if "try again" not in str(error):
+                        raise Skip(_reason(error, run.id)) from None
+                    # Claimed this very moment: its task has not started yet.
+                    await anyio.sleep(0.05)
+            else:
+                raise Skip("changed hands while being cancelled")
             if after.status is not RunStatus.CANCELLED:
                 raise Skip(f"ended as {after.status} before the cancel took")
 
@@ -1595,6 +1653,7 @@ class Engine:
 # queued one (on a paused queue).
 RETRYABLE_NOW = frozenset({RunStatus.DELAYED, RunStatus.QUEUED})
 PAUSE_SYNC_INTERVAL = 1.0
+CANCEL_TRIES = 5
 
 
 def _target_id(target: Run | str) -> str:

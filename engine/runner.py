@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import traceback
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -43,6 +43,28 @@ class WaitRequested(Exception):
     def __init__(self, until: datetime) -> None:
         super().__init__(until.isoformat())
         self.until = until
+
+
+@dataclass
+class Frame:
+    """Where a primitive step runs: its record, the cursor level it owns (`run.cursor[depth]`)
+    and, when the run resumes, the saved path from that level down."""
+
+    runner: Runner
+    workflow: Workflow
+    run: Run
+    ctx: Context
+    record: StepRun
+    depth: int
+    resume: list[int] | None
+    where: str
+    track: bool = True  # False inside parallel branches and middleware: no cursor to keep
+
+    def mark(self, position: int) -> None:
+        """Record this primitive's position (iteration, arm) at its level of the cursor."""
+        if self.track:
+            del self.run.cursor[self.depth :]
+            self.run.cursor.append(position)
 
 
 @dataclass
@@ -99,6 +121,13 @@ class Runner:
         self.store = store
         self.bus = bus
         self.snapshot_cap = snapshot_cap
+        # Set by the Engine: the middleware chain (engine/primitives.py) and the engine itself,
+        # which subworkflow steps dispatch their child runs through.
+        self.middleware: Callable[[Runner, Workflow, Run, Context], Awaitable[None]] | None = None
+        self.engine: Any = None
+        self._nested: dict[str, tuple[list[StepRun], dict[tuple[Any, ...], int]]] = {}
+        # Runs sleeping in a step's retry backoff, by run id: retry_now sets the event.
+        self.backoff_wakeups: dict[str, anyio.Event] = {}
 
     # ---- records ---------------------------------------------------------------------------
     @staticmethod
@@ -164,17 +193,19 @@ class Runner:
         engine cancelling the surrounding scope) propagates."""
         self.prepare(workflow, run)
         steps = workflow.steps
-        start = run.cursor[0] if run.cursor else 0
+        resume = list(run.cursor)
         output: Any = None
         try:
-            for i in range(start, len(steps)):
-                run.cursor = [i]
-                output = await self._step(workflow, run, ctx, steps[i], i, len(steps), output)
+            if self.middleware is not None:
+                await self.middleware(self, workflow, run, ctx)
+            output = await self.run_steps(workflow, run, ctx, steps, resume=resume)
         except WaitRequested as wait:
             return Outcome(RunStatus.WAITING, wait_until=wait.until)
         except StepError as error:
             status = RunStatus.TIMED_OUT if error.timed_out else RunStatus.FAILED
             return Outcome(status, error=str(error), error_step=error.step, cause=error)
+        finally:
+            self._nested.pop(run.id, None)
         run.cursor = []
         return Outcome(RunStatus.COMPLETED, output=output)
 
@@ -187,16 +218,129 @@ class Runner:
         index: int,
         total: int,
         previous: Any,
+        *,
+        where: str | None = None,
+        depth: int = 0,
+        resume: list[int] | None = None,
+        track: bool = True,
     ) -> Any:
         record = run.steps[index]
         ctx.step_index = index
-        where = f"[step {index + 1}/{total}] {step.name}"
+        where = where or f"[step {index + 1}/{total}] {step.name}"
+        execute = getattr(step, "execute", None)
+        if execute is not None:  # a primitive (engine/primitives.py) runs its own inner steps
+            frame = Frame(self, workflow, run, ctx, record, depth + 1, resume, where, track)
+            return await execute(frame)
         if isinstance(step, WaitStep):
             await self._wait(run, ctx, step, record, where)
             return previous
         if isinstance(step, Step):
             return await self._node(workflow, run, ctx, step, record, where)
         raise StepError(f"{where} failed: step kind {step.kind!r} is not supported", step.name)
+
+    async def run_steps(
+        self,
+        workflow: Workflow,
+        run: Run,
+        ctx: Context,
+        steps: Sequence[StepDefinition],
+        *,
+        depth: int = 0,
+        resume: list[int] | None = None,
+        parent: int | None = None,
+        tags: tuple[str, ...] = (),
+        where: str | None = None,
+        track: bool = True,
+    ) -> Any:
+        """Run a list of steps from `resume` (this level's index, then the levels below it).
+
+        The top level (no parent, no tags) uses the records `prepare` made; nested levels get a
+        record each, found again by (parent, name, tags) when a run resumes, and a record that
+        already completed is not run again. `run.cursor[depth]` is this level's position, so a
+        wait anywhere below leaves the whole path in the cursor; parallel branches pass
+        `track=False` (one cursor cannot hold several positions) and resume from records alone.
+        """
+        top = parent is None and not tags
+        start = resume[0] if resume else 0
+        output: Any = None
+        for i in range(start, len(steps)):
+            step = steps[i]
+            if track:
+                del run.cursor[depth:]
+                run.cursor.append(i)
+            inner = resume[1:] if resume and i == start else None
+            if top:
+                output = await self._step(
+                    workflow, run, ctx, step, i, len(steps), output, depth=depth, resume=inner
+                )
+                continue
+            record = self.nested_record(run, step, parent, tags)
+            if record.status in (StepStatus.COMPLETED, StepStatus.CACHED, StepStatus.SKIPPED):
+                output = record.output
+                if step.kind != "wait":
+                    ctx.state[step.name] = output
+                continue
+            label = f"{where} › {step.name}" if where else f"{' '.join(tags)} › {step.name}"
+            output = await self._step(
+                workflow,
+                run,
+                ctx,
+                step,
+                record.index,
+                len(steps),
+                output,
+                where=label,
+                depth=depth,
+                resume=inner,
+                track=track,
+            )
+        return output
+
+    def nested_record(
+        self, run: Run, step: StepDefinition, parent: int | None, tags: tuple[str, ...]
+    ) -> StepRun:
+        """The record of a nested (or middleware) step: the one made on an earlier pass of
+        this run, else a new one at the end of `run.steps`."""
+        # The first tag says where the step sits (iteration, case, mw:<name>); more tags are
+        # badges a step adds to itself (sub, async) and do not take part in finding it.
+        wanted = list(tags)
+        key = (parent, step.name, tuple(tags[:1]))
+        index = self._nested.get(run.id)
+        if index is None or index[0] is not run.steps:
+            # Built once per run object (a resumed run is a fresh one from the store), so a
+            # for_each over many items does not scan all records for each inner step.
+            found = {
+                (r.parent, r.name, tuple(r.tags[:1])): r.index
+                for r in run.steps
+                if r.parent is not None or r.tags
+            }
+            index = self._nested[run.id] = (run.steps, found)
+        known = index[1].get(key)
+        if known is not None:
+            return run.steps[known]
+        record = StepRun.model_construct(
+            index=len(run.steps),
+            name=step.name,
+            kind=step.kind,
+            status=StepStatus.PENDING,
+            started_at=None,
+            finished_at=None,
+            input=None,
+            output=None,
+            error=None,
+            max_attempts=getattr(step, "max_attempts", 1),
+            attempts=[],
+            logs=[],
+            cached_from=None,
+            wait_until=None,
+            timed_out=False,
+            tags=wanted,
+            parent=parent,
+            child_run_id=None,
+        )
+        run.steps.append(record)
+        index[1][key] = record.index
+        return record
 
     def _resolve(self, value: Any, ctx: Context) -> Any:
         if expressions.is_expression(value):
@@ -324,8 +468,19 @@ class Runner:
                     message += f" (after {max_attempts} attempts)"
                 raise StepError(message, step.name, timed_out) from failure
             self.store.save_run(run)
-            await anyio.sleep((attempt.backoff_ms or 0) / 1000)
+            await self._backoff(run, (attempt.backoff_ms or 0) / 1000)
         raise AssertionError("unreachable: the attempt loop returns or raises")
+
+    async def _backoff(self, run: Run, seconds: float) -> None:
+        """Sleep before the next attempt; `Engine.retry_now` sets the run's event to cut the
+        wait short."""
+        wake = self.backoff_wakeups[run.id] = anyio.Event()
+        try:
+            with anyio.move_on_after(seconds):
+                await wake.wait()
+        finally:
+            if self.backoff_wakeups.get(run.id) is wake:
+                del self.backoff_wakeups[run.id]
 
     async def _wait(
         self, run: Run, ctx: Context, step: WaitStep, record: StepRun, where: str

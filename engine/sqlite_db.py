@@ -24,7 +24,7 @@ import anyio
 
 log = logging.getLogger("blok.sqlite")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 3
 
 MIGRATIONS: dict[int, str] = {
     1: """
@@ -170,6 +170,48 @@ MIGRATIONS: dict[int, str] = {
 
     CREATE TABLE paused_queues (queue TEXT PRIMARY KEY);
     """,
+    # Attach mode: `rev` orders run changes across processes (every write of a run row takes
+    # max(rev) + 1 inside its transaction), so an attached console reads only what changed;
+    # `worker_catalog` holds what each worker serves (queues, workflows, reload errors).
+    2: """
+    ALTER TABLE runs ADD COLUMN rev INTEGER NOT NULL DEFAULT 0;
+    CREATE INDEX runs_rev ON runs(rev);
+
+    CREATE TABLE worker_catalog (
+        worker TEXT PRIMARY KEY,
+        queues TEXT NOT NULL,
+        workflows TEXT NOT NULL,
+        reload_errors TEXT NOT NULL,
+        updated_at REAL NOT NULL
+    );
+    """,
+    # Scheduling gates (engine/gates.py): concurrency-key slots, each under its worker's lease,
+    # and the open debounce windows, so that both survive a restart and are shared between
+    # processes on one file.
+    3: """
+    CREATE TABLE concurrency_slots (
+        workflow TEXT NOT NULL,
+        key TEXT NOT NULL,
+        run_id TEXT NOT NULL,
+        worker TEXT NOT NULL,
+        lease_until REAL NOT NULL,
+        PRIMARY KEY (workflow, key, run_id)
+    ) WITHOUT ROWID;
+    CREATE INDEX concurrency_slots_run ON concurrency_slots(run_id);
+    CREATE INDEX concurrency_slots_worker ON concurrency_slots(worker);
+
+    CREATE TABLE debounce_windows (
+        workflow TEXT NOT NULL,
+        key TEXT NOT NULL,
+        mode TEXT NOT NULL,
+        run_id TEXT NOT NULL,
+        job_id TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        opened_at REAL NOT NULL,
+        until REAL NOT NULL,
+        PRIMARY KEY (workflow, key)
+    ) WITHOUT ROWID;
+    """,
 }
 
 
@@ -275,14 +317,20 @@ class SqliteDatabase:
         self._reader.row_factory = sqlite3.Row
 
     async def close(self) -> None:
-        await self.flush()
-        self._closing = True
-        if self._reader is not None:
-            await self._reader.close()
-            self._reader = None
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        # The engine closes the file while its task group is being cancelled: the reader's close
+        # is shielded, as an aiosqlite connection left open keeps its non-daemon thread alive
+        # and the process never exits.
+        try:
+            await self.flush()
+        finally:
+            self._closing = True
+            if self._reader is not None:
+                with anyio.CancelScope(shield=True):
+                    await self._reader.close()
+                self._reader = None
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
 
     # ---- writes ----------------------------------------------------------------------------
     def write(self, sql: str, params: tuple[Any, ...]) -> None:

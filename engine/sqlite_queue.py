@@ -19,6 +19,7 @@ import anyio
 
 from .models import Job, JobState, QueueStats, Run, from_epoch, to_epoch
 from .queue import JobQueue, QueueError
+from .redact import redact_headers
 from .sqlite_db import SqliteDatabase
 from .sqlite_store import crash_runs
 
@@ -29,12 +30,14 @@ JOB_COLUMNS = (
 INSERT_JOB = f"INSERT OR IGNORE INTO jobs ({JOB_COLUMNS}) VALUES ({', '.join('?' * 18)})"
 SETTLE_DONE = (
     "UPDATE jobs SET state = ?, finished_at = ?, error = ?, run_id = ?, meta = ?, worker = NULL,"
-    " lease_until = NULL WHERE id = ?"
+    " lease_until = NULL, headers = coalesce(?, headers) WHERE id = ? AND worker IS ?"
 )
 SETTLE_AGAIN = (
     "UPDATE jobs SET state = ?, run_at = ?, run_id = ?, resume = ?, error = ?, meta = ?,"
-    " worker = NULL, lease_until = NULL WHERE id = ?"
+    " worker = NULL, lease_until = NULL WHERE id = ? AND worker IS ?"
 )
+# Both settle only a job the settling worker still holds (`AND worker IS ?`): once its lease
+# expired and another worker took the job, a late settle from the first one is dropped.
 CRASH_REASON = "worker {worker} stopped holding the job (lease expired); the job was redelivered"
 
 
@@ -135,12 +138,23 @@ class SqliteQueue(JobQueue):
                     job.error,
                     _meta(job),
                     job.id,
+                    job.worker,
                 ),
             )
             self.wake(job.queue)
         else:
             self.db.write(
-                SETTLE_DONE, (str(state), time.time(), job.error, job.run_id, _meta(job), job.id)
+                SETTLE_DONE,
+                (
+                    str(state),
+                    time.time(),
+                    job.error,
+                    job.run_id,
+                    _meta(job),
+                    _headers_once_ended(job, state),
+                    job.id,
+                    job.worker,
+                ),
             )
 
     def assign_run(self, job: Job) -> None:
@@ -273,6 +287,16 @@ class SqliteQueue(JobQueue):
         if job is not None:
             self.wake(job.queue)
         return job
+
+
+def _headers_once_ended(job: Job, state: JobState) -> str | None:
+    """A job that can no longer run needs no secret header values: keep them redacted, like
+    its run. Failed and dead jobs keep theirs, since a requeue runs them again."""
+    if state in (JobState.COMPLETED, JobState.CANCELLED) and job.headers:
+        redacted = redact_headers(job.headers)
+        if redacted != job.headers:
+            return json.dumps(redacted)
+    return None
 
 
 def _meta(job: Job) -> str | None:

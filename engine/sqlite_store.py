@@ -39,10 +39,17 @@ RUN_COLUMNS = (
     " attempts, failed_attempts"
 )
 _RUN_NAMES = [c.strip() for c in RUN_COLUMNS.split(",")]
+# `rev`: every write of a run row takes the next number, inside the writer's transaction, so
+# an attached process reads the changed runs in commit order (`WHERE rev > ?`).
+NEXT_REV = "(SELECT coalesce(max(rev), 0) + 1 FROM runs)"
 UPSERT_RUN = (
-    f"INSERT INTO runs ({RUN_COLUMNS}) VALUES ({', '.join('?' * len(_RUN_NAMES))}) "
-    "ON CONFLICT(id) DO UPDATE SET "
+    f"INSERT INTO runs ({RUN_COLUMNS}, rev) VALUES ({', '.join('?' * len(_RUN_NAMES))},"
+    f" {NEXT_REV}) ON CONFLICT(id) DO UPDATE SET "
     + ", ".join(f"{c} = excluded.{c}" for c in _RUN_NAMES if c != "id")
+    + ", rev = excluded.rev"
+    # A run marked crashed stays crashed: a worker that stalled past its lease and wakes up
+    # must not turn it back into running or completed while another worker has its job.
+    + " WHERE runs.status <> 'crashed'"
 )
 STEP_COLUMNS = (
     "run_id, idx, name, kind, status, started_at, finished_at, input, output, error,"
@@ -190,6 +197,12 @@ def _where(where: RunFilter | None) -> tuple[str, list[Any]]:
     if where.retrying:
         live = ", ".join(f"'{s}'" for s in ("queued", "delayed", "running", "waiting"))
         clauses.append(f"status IN ({live}) AND (failed_attempts > 0 OR job_attempt > 1)")
+    cutoffs = where.stuck_before()
+    if cutoffs is not None:
+        per_workflow = " OR ".join(["(workflow_name = ? AND started_at < ?)"] * len(cutoffs))
+        clauses.append(f"status = 'running' AND ({per_workflow or '0'})")
+        for workflow, cutoff in cutoffs.items():
+            params.extend([workflow, cutoff])
     if where.text:
         like = f"%{where.text}%"
         clauses.append(
@@ -489,7 +502,8 @@ def crash_runs(
     now = time.time()
     for run_id in ids:
         conn.execute(
-            "UPDATE runs SET status = 'crashed', error = ?, finished_at = ? WHERE id = ?",
+            f"UPDATE runs SET status = 'crashed', error = ?, finished_at = ?, rev = {NEXT_REV}"
+            " WHERE id = ?",
             (reason, now, run_id),
         )
         conn.execute(

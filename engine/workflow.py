@@ -18,6 +18,7 @@ from . import expressions
 from .durations import Duration
 
 Provider = Literal["memory", "sqlite"]
+Input = Any  # a literal, a "$.path" expression, or a callable taking the context
 
 DEFAULT_IDEMPOTENCY_TTL_MS = 24 * 60 * 60 * 1000
 
@@ -33,6 +34,19 @@ def _explain(error: ValidationError) -> str:
         message = item["msg"].removeprefix("Value error, ")
         parts.append(f"{where}: {message}")
     return "; ".join(parts)
+
+
+def _check_gate_expression(owner: str, value: Any) -> None:
+    if expressions.is_expression(value):
+        try:
+            parts = expressions.parse(value)
+        except expressions.ExpressionError as error:
+            raise WorkflowDefinitionError(f"{owner}: {error}") from None
+        if parts[0] == "state":
+            raise WorkflowDefinitionError(
+                f"{owner}: {value} reads $.state, which is empty before the run starts; "
+                "use $.body, $.headers or $.params"
+            )
 
 
 class _Definition(BaseModel):
@@ -59,8 +73,33 @@ class Retry(_Definition):
         return int(min(self.max_timeout, raw))
 
 
+class Debounce(_Definition):
+    """Coalesce a burst of jobs with the same `key`. trailing: one run, `delay` after the last
+    job of the burst (at most `max_delay` after the first), with the latest payload. leading:
+    the first job runs at once, the rest of the window is swallowed."""
+
+    key: Input
+    delay: Duration = 1000
+    max_delay: Duration | None = None
+    mode: Literal["leading", "trailing"] = "trailing"
+
+    def __init__(self, key: Input = None, **data: Any) -> None:
+        try:
+            super().__init__(key=key, **data)
+        except ValidationError as error:
+            raise WorkflowDefinitionError(f"Debounce: {_explain(error)}") from None
+        _check_gate_expression("Debounce", self.key)
+
+
 class WorkerTrigger(_Definition):
-    """Run the workflow for each job on `queue`, at most `concurrency` at a time."""
+    """Run the workflow for each job on `queue`, at most `concurrency` at a time.
+
+    Scheduling gates, checked in this order when a job is claimed (engine/gates.py):
+    `debounce`; `start_delay` + `ttl` (a run that cannot start within `ttl` of being enqueued
+    ends expired); `concurrency_key` + `concurrency_limit` (at most that many runs per key at
+    once; `on_limit="throw"` ends the delivery throttled and tries again later without using
+    the retry budget, `"queue"` keeps it queued, until `queue_timeout` has passed).
+    """
 
     queue: str = Field(min_length=1)
     concurrency: int = Field(1, ge=1)
@@ -68,6 +107,16 @@ class WorkerTrigger(_Definition):
     delay: Duration = 1000
     timeout: Duration | None = None
     provider: Provider | None = None
+    middleware: list[str] = Field(default_factory=list)  # trigger-level middleware chain
+    concurrency_key: Input | None = None
+    concurrency_limit: int = Field(1, ge=1)
+    on_limit: Literal["throw", "queue"] = "throw"
+    queue_timeout: Duration | None = None
+    limit_backoff: Duration = 1000  # first re-try of the gate; doubles, capped below
+    limit_max_backoff: Duration = 30_000
+    start_delay: Duration | None = None  # every job starts this long after it was enqueued
+    ttl: Duration | None = None
+    debounce: Debounce | None = None
 
     def __init__(self, queue: str | None = None, **data: Any) -> None:
         if queue is not None:
@@ -76,14 +125,16 @@ class WorkerTrigger(_Definition):
             super().__init__(**data)
         except ValidationError as error:
             raise WorkflowDefinitionError(f"WorkerTrigger: {_explain(error)}") from None
+        _check_gate_expression("WorkerTrigger.concurrency_key", self.concurrency_key)
+
+    def limit_backoff_ms(self, attempt: int) -> int:
+        """Wait before gate re-try number `attempt` (0-based): capped exponential, no jitter."""
+        return int(min(self.limit_max_backoff, self.limit_backoff * 2 ** min(attempt, 30)))
 
     def backoff_ms(self, attempt: int, jitter: float) -> int:
         """The seed's calculateBackoff: min(delay * 2**attempt, 30 s) plus up to 10% jitter."""
         exponential = min(self.delay * 2**attempt, 30_000)
         return int(exponential + jitter * exponential * 0.1)
-
-
-Input = Any  # a literal, a "$.path" expression, or a callable taking the context
 
 
 class StepDefinition(_Definition):
@@ -195,7 +246,8 @@ class Workflow(_Definition):
     name: str = Field(min_length=1)
     trigger: WorkerTrigger | None = None
     steps: list[StepDefinition]
-    middleware: bool = False
+    middleware: bool = False  # a middleware workflow, run by name before other workflows
+    use: list[str] = Field(default_factory=list)  # workflow-level middleware chain
     description: str = ""
     version: str = ""  # a content hash; the loader sets it from the file, else from the steps
     path: str | None = None

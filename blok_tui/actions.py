@@ -1,0 +1,273 @@
+"""The one registry of what an operator can do. Key bindings, the command palette, the `:`
+command line and the help screen are all generated from it, so an action reachable one way
+is reachable every way, and the help can never drift from the keys."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from textual.binding import Binding
+from textual.command import DiscoveryHit, Hit, Hits, Provider
+
+# Where an action applies: the whole app, or one kind of view.
+APP = "app"
+QUEUES = "queues"
+RUNS = "runs"
+RUN = "run"
+DEAD_LETTERS = "dead_letters"
+SCOPE_TITLES = {
+    APP: "Everywhere",
+    QUEUES: "Queues view",
+    RUNS: "Runs view",
+    RUN: "Run view",
+    DEAD_LETTERS: "Dead-letter view",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ConsoleAction:
+    action: str  # the Textual action on the screen (or app, for APP scope) that carries it out
+    title: str  # palette and help wording
+    scope: str
+    key: str | None = None
+    label: str = ""  # footer label; empty: not in the footer
+    command: str | None = None  # the `:` word that reaches it
+    args: str = ""  # how the `:` word takes arguments, for the help
+    help: str = ""
+    destructive: bool = False  # asks for confirmation first
+    palette: bool = True
+
+    @property
+    def key_display(self) -> str:
+        if self.key is None:
+            return ""
+        names = {
+            "slash": "/",
+            "question_mark": "?",
+            "colon": ":",
+            "escape": "esc",
+            "enter": "enter",
+            "ctrl+p": "^p",
+        }
+        return ", ".join(names.get(k, k) for k in self.key.split(","))
+
+
+STATUS_FILTERS: dict[str, tuple[str, ...]] = {
+    "all": (),
+    "running": ("running",),
+    "waiting": ("waiting",),
+    "queued": ("queued", "delayed", "throttled"),
+    "failed": ("failed", "timed_out", "crashed"),
+    "completed": ("completed",),
+    "cancelled": ("cancelled",),
+}
+
+ACTIONS: tuple[ConsoleAction, ...] = (
+    # Everywhere.
+    ConsoleAction(
+        "command_line",
+        "Command line",
+        APP,
+        "colon",
+        "command",
+        help="Type a command: :queues, :runs failed, :run <id>, :dlq <queue>, :inject, :pause <queue>",
+    ),
+    ConsoleAction(
+        "help", "Help: every key and command", APP, "question_mark", "help", command="help"
+    ),
+    ConsoleAction(
+        "inject",
+        "Inject a job",
+        APP,
+        "i",
+        "inject",
+        command="inject",
+        args="[queue]",
+        help="Open the inject modal: queue, JSON payload, priority, delay",
+    ),
+    ConsoleAction(
+        "show_queues", "Go to queues", APP, None, command="queues", help="The queues view"
+    ),
+    ConsoleAction(
+        "show_runs",
+        "Go to runs",
+        APP,
+        None,
+        command="runs",
+        args="[status|queue]",
+        help="All runs, or those with a status (running, waiting, queued, failed, completed, cancelled) or on a queue",
+    ),
+    ConsoleAction(
+        "show_run", "Open a run by id", APP, None, command="run", args="<run id>", palette=False
+    ),
+    ConsoleAction(
+        "show_dead_letters",
+        "Dead letters of a queue",
+        APP,
+        None,
+        command="dlq",
+        args="<queue>",
+        palette=False,
+    ),
+    ConsoleAction(
+        "pause_queue",
+        "Pause a queue",
+        APP,
+        None,
+        command="pause",
+        args="<queue>",
+        palette=False,
+        help="Claim nothing new from the queue; running jobs finish",
+    ),
+    ConsoleAction(
+        "resume_queue", "Resume a queue", APP, None, command="resume", args="<queue>", palette=False
+    ),
+    ConsoleAction("quit", "Quit", APP, "q", "quit", command="quit"),
+    # Queues view.
+    ConsoleAction("open_queue", "Open the queue's runs", QUEUES, "enter", "runs", palette=False),
+    ConsoleAction(
+        "dead_letters", "Dead letters of the selected queue", QUEUES, "d", "dead letters"
+    ),
+    ConsoleAction(
+        "toggle_pause", "Pause or resume the selected queue", QUEUES, "p", "pause/resume"
+    ),
+    ConsoleAction("filter", "Filter the queues", QUEUES, "slash", "filter"),
+    # Runs view.
+    ConsoleAction("open_run", "Open the selected run", RUNS, "enter", "open", palette=False),
+    ConsoleAction("cancel_run", "Cancel the selected run", RUNS, "c", "cancel", destructive=True),
+    ConsoleAction(
+        "replay_run",
+        "Replay the selected run",
+        RUNS,
+        "r",
+        "replay",
+        help="A new run with the same input; opens it",
+    ),
+    ConsoleAction(
+        "filter",
+        "Filter runs by text",
+        RUNS,
+        "slash",
+        "filter",
+        help="Matches id, workflow, queue, status and error",
+    ),
+    ConsoleAction("cycle_status", "Next status filter", RUNS, "s", "status"),
+    *(
+        ConsoleAction(
+            f"status('{name}')",
+            f"Show {name} runs",
+            RUNS,
+            str(n),
+            "",
+            help=", ".join(statuses) or "every status",
+        )
+        for n, (name, statuses) in enumerate(STATUS_FILTERS.items())
+    ),
+    ConsoleAction("first_page", "First run", RUNS, "g", "", palette=False),
+    ConsoleAction("last_page", "Last (oldest) run", RUNS, "G", "", palette=False),
+    # Run view.
+    ConsoleAction("cancel_run", "Cancel this run", RUN, "c", "cancel", destructive=True),
+    ConsoleAction(
+        "replay_run",
+        "Replay this run",
+        RUN,
+        "r",
+        "replay",
+        help="A new run with the same input; opens it",
+    ),
+    ConsoleAction("open_source", "Open the run this one replays", RUN, "o", "source"),
+    # Dead-letter view.
+    ConsoleAction(
+        "requeue",
+        "Requeue the selected dead letter",
+        DEAD_LETTERS,
+        "r",
+        "requeue",
+        help="Back in its queue with a fresh run",
+    ),
+    ConsoleAction(
+        "open_job_run",
+        "Open the dead job's last run",
+        DEAD_LETTERS,
+        "enter",
+        "open run",
+        palette=False,
+    ),
+    ConsoleAction("filter", "Filter dead letters", DEAD_LETTERS, "slash", "filter"),
+)
+
+# Every view can go back along its breadcrumbs.
+BACK = ConsoleAction("back", "Back", APP, "escape", "back", palette=False)
+
+
+def in_scope(scope: str) -> list[ConsoleAction]:
+    return [a for a in ACTIONS if a.scope == scope]
+
+
+def bindings(scope: str) -> list[Binding]:
+    """The key bindings of a scope, for the BINDINGS of the screen (or app) that owns them."""
+    return [
+        Binding(a.key, a.action, a.label or a.title, show=bool(a.label), key_display=None)
+        for a in in_scope(scope)
+        if a.key is not None
+    ]
+
+
+def by_command(word: str) -> ConsoleAction | None:
+    for action in ACTIONS:
+        if action.command == word:
+            return action
+    return None
+
+
+def commands() -> list[ConsoleAction]:
+    return [a for a in ACTIONS if a.command is not None]
+
+
+# ---- the command palette ---------------------------------------------------------------------
+class ActionCommands(Provider):
+    """ctrl+p: the registry's actions for the current view and everywhere, plus one entry per
+    queue (its runs, dead letters, inject, pause) and per status filter."""
+
+    def _entries(self) -> list[tuple[str, str, Callable[[], Any]]]:
+        screen = self.screen
+        app: Any = self.app
+        scope = getattr(screen, "SCOPE", None)
+        found: list[tuple[str, str, Callable[[], Any]]] = []
+        for entry in ACTIONS:
+            if not entry.palette:
+                continue
+            if entry.scope == scope:
+                target = screen
+            elif entry.scope == APP:
+                target = app
+            else:
+                continue
+            key = f"  [{entry.key_display}]" if entry.key else ""
+            found.append((entry.title + key, entry.help, partial(target.run_action, entry.action)))
+        for name in STATUS_FILTERS:
+            if name != "all":
+                found.append((f"Runs: {name}", "", partial(app.open_runs, status=name, reset=True)))
+        for queue in getattr(app, "queue_names", []):
+            found.append((f"Runs on {queue}", "", partial(app.open_runs, queue=queue, reset=True)))
+            found.append((f"Dead letters of {queue}", "", partial(app.open_dead_letters, queue)))
+            found.append((f"Inject into {queue}", "", partial(app.action_inject, queue)))
+            found.append((f"Pause {queue}", "", partial(app.set_paused, queue, True)))
+            found.append((f"Resume {queue}", "", partial(app.set_paused, queue, False)))
+        return found
+
+    async def discover(self) -> Hits:
+        for title, help_text, command in self._entries():
+            yield DiscoveryHit(title, command, help=help_text or None)
+
+    async def search(self, query: str) -> Hits:
+        matcher = self.matcher(query)
+        for title, help_text, command in self._entries():
+            score = matcher.match(title)
+            if score > 0:
+                yield Hit(
+                    score, matcher.highlight(title), command, text=title, help=help_text or None
+                )

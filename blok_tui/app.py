@@ -1,0 +1,347 @@
+"""The blok-tui console: a Textual app over an Engine (or an attached client with the same API).
+
+It talks to the engine only through its public API and event stream. Events are coalesced: the
+event worker only notes what moved, and ten times a second at most the view on top is told, so a burst
+of a thousand events costs one redraw. Queue stats and throughput are sampled every second
+because they are cheap and move without events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from datetime import tzinfo
+from pathlib import Path
+from typing import Any, ClassVar
+
+from textual.app import App
+from textual.binding import BindingType
+
+from engine import (
+    EngineError,
+    Lagged,
+    LogRecorded,
+    QueueChanged,
+    ReloadErrorCleared,
+    ReloadFailed,
+    RunFinished,
+    RunQueued,
+    RunStarted,
+    RunStatusChanged,
+    StepFinished,
+    StepStarted,
+    WorkflowReloaded,
+)
+from engine.events import AttemptFailed, Event
+
+from . import actions
+from .actions import STATUS_FILTERS
+from .base_screen import BlokScreen, Changes
+from .command_screen import CommandScreen
+from .console import Clock, system_clock
+from .dead_letters_screen import DeadLettersScreen
+from .help_screen import HelpScreen
+from .inject_screen import InjectScreen
+from .queues_screen import QueuesScreen
+from .run_screen import RunScreen
+from .runs_screen import RunsScreen
+
+log = logging.getLogger("blok.console")
+
+FLUSH_EVERY = 0.1  # seconds between redraws driven by events (at most)
+TICK_EVERY = 1.0  # seconds between clock-driven redraws and throughput samples
+HISTORY = 180  # throughput samples kept per queue: three minutes at one a second
+
+EngineFactory = Callable[[], AbstractAsyncContextManager[Any]]
+
+
+class BlokApp(App[None]):
+    CSS_PATH = "app.tcss"
+    TITLE = "blok-tui"
+    BINDINGS: ClassVar[list[BindingType]] = actions.bindings(actions.APP)
+    COMMANDS: ClassVar = App.COMMANDS | {actions.ActionCommands}
+
+    def __init__(
+        self,
+        engine: Any = None,
+        *,
+        open_engine: EngineFactory | None = None,
+        title: str | None = None,
+        clock: Clock | None = None,
+        tz: tzinfo | None = None,
+        where: str | None = None,
+    ) -> None:
+        """`engine`: an entered Engine (or attach client). `open_engine`: instead, a factory of
+        an `async with`-able engine that the app enters in its own event loop (snapshot tests
+        and screenshots run the app in a loop of their own). `clock` and `tz` freeze time; `where`
+        replaces the database path shown top right."""
+        super().__init__()
+        if (engine is None) == (open_engine is None):
+            raise ValueError("give BlokApp either an engine or open_engine, not both")
+        self.engine = engine
+        self._open_engine = open_engine
+        if title:
+            self.title = title
+        self.now: Clock = clock or system_clock
+        self.tz = tz
+        self._where = where
+        self.reload_errors: dict[str, str] = {}
+        self.queue_names: list[str] = []
+        self.throughput_history: dict[str, deque[float]] = {}
+        self._changes = Changes()
+        self.ready = asyncio.Event()
+
+    @property
+    def where(self) -> str:
+        if self._where is not None:
+            return self._where
+        database = getattr(self.engine, "database", None)
+        return f"db {database}" if database else "in memory"
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    async def on_mount(self) -> None:
+        if self.engine is not None:
+            await self._start()
+        else:
+            self.run_worker(self._host_engine(), group="engine", name="engine")
+
+    async def _host_engine(self) -> None:
+        # Entered and left in this one task, as anyio's task groups require.
+        assert self._open_engine is not None
+        async with self._open_engine() as engine:
+            self.engine = engine
+            await self._start()
+            await asyncio.Event().wait()
+
+    async def _start(self) -> None:
+        self.reload_errors = dict(getattr(self.engine, "reload_errors", None) or {})
+        await self._refresh_queue_names()
+        self.run_worker(self._consume_events(), group="events", name="events", exclusive=True)
+        self.set_interval(FLUSH_EVERY, self._flush_changes, name="flush")
+        self.set_interval(TICK_EVERY, self._tick, name="tick")
+        await self.push_screen(QueuesScreen())
+        self.ready.set()
+
+    async def _consume_events(self) -> None:
+        async for event in self.engine.events():
+            self._note(event)
+
+    def _note(self, event: Event) -> None:
+        changes = self._changes
+        match event:
+            case RunQueued() | RunStarted() | RunStatusChanged() | RunFinished():
+                changes.runs.add(event.run_id)
+                changes.queues.add(event.queue)
+            case StepStarted() | StepFinished() | AttemptFailed() | LogRecorded():
+                changes.runs.add(event.run_id)
+            case QueueChanged():
+                changes.queue_list = True
+                changes.queues.add(event.queue)
+            case WorkflowReloaded():
+                changes.queue_list = True
+                what = ", ".join(
+                    f"{name} @{version}"
+                    for name, version in zip(event.workflows, event.versions, strict=False)
+                )
+                self.notify(what or "no workflows", title=f"Reloaded {Path(event.path).name}")
+            case ReloadFailed():
+                self.reload_errors[event.path] = event.message
+                self._show_reload_errors()
+            case ReloadErrorCleared():
+                self.reload_errors.pop(event.path, None)
+                self._show_reload_errors()
+                self.notify(f"{Path(event.path).name} loads again", title="Reload fixed")
+            case Lagged():
+                changes.everything = True
+                changes.queue_list = True
+
+    def _show_reload_errors(self) -> None:
+        for screen in self.screen_stack:
+            if isinstance(screen, BlokScreen):
+                screen.show_reload_errors(self.reload_errors)
+
+    @property
+    def view(self) -> BlokScreen | None:
+        """The topmost view (a modal may be above it)."""
+        for screen in reversed(self.screen_stack):
+            if isinstance(screen, BlokScreen):
+                return screen
+        return None
+
+    async def _flush_changes(self) -> None:
+        if not self._changes:
+            return
+        changes, self._changes = self._changes, Changes()
+        if changes.queue_list:
+            await self._refresh_queue_names()
+        view = self.view
+        if view is not None:
+            view.engine_changed(changes)
+
+    async def _tick(self) -> None:
+        for name in self.queue_names:
+            try:
+                rate = await self.engine.throughput(name)
+            except EngineError:
+                continue
+            self.throughput_history.setdefault(name, deque(maxlen=HISTORY)).append(rate)
+        view = self.view
+        if view is not None:
+            view.tick()
+
+    async def _refresh_queue_names(self) -> None:
+        self.queue_names = [q.name for q in await self.engine.queues()]
+
+    @property
+    def idle(self) -> bool:
+        """Nothing noted and not yet shown, and the view is not reading (for tests)."""
+        view = self.view
+        return not self._changes and (view is None or view.idle)
+
+    # ---- navigation ------------------------------------------------------------------------
+    def go_home(self) -> None:
+        """Back to the queues view, dropping the breadcrumbs above it."""
+        while len(self.screen_stack) > 1 and not isinstance(self.screen, QueuesScreen):
+            self.pop_screen()
+
+    def open_runs(
+        self,
+        *,
+        status: str = "all",
+        queue: str | None = None,
+        workflow: str | None = None,
+        reset: bool = False,
+    ) -> None:
+        if reset:
+            self.go_home()
+        self.push_screen(RunsScreen(status=status, queue=queue, workflow=workflow))
+
+    def open_run(self, run_id: str) -> None:
+        self.push_screen(RunScreen(run_id))
+
+    def open_dead_letters(self, queue: str) -> None:
+        self.push_screen(DeadLettersScreen(queue))
+
+    # ---- operations shared by the views ----------------------------------------------------
+    async def cancel_run(self, run_id: str) -> None:
+        try:
+            run = await self.engine.cancel(run_id)
+        except EngineError as error:
+            self.notify(str(error), title="Cancel refused", severity="error")
+            return
+        self.notify(f"run {run_id} is {run.status}", title="Cancelled")
+
+    async def set_paused(self, queue: str, paused: bool) -> None:
+        try:
+            await (self.engine.pause if paused else self.engine.resume)(queue)
+        except EngineError as error:
+            self.notify(str(error), severity="error")
+            return
+        if paused:
+            self.notify(f"{queue} claims nothing new; running jobs finish", title="Paused")
+        else:
+            self.notify(f"{queue} is claiming again", title="Resumed")
+
+    # ---- app-wide actions (from the registry) ----------------------------------------------
+    def action_command_line(self) -> None:
+        words = [
+            f"{verb} {q}"
+            for q in self.queue_names
+            for verb in ("runs", "dlq", "pause", "resume", "inject")
+        ]
+        words += [f"runs {status}" for status in STATUS_FILTERS]
+        self.push_screen(CommandScreen(words), self._command_done)
+
+    async def _command_done(self, line: str | None) -> None:
+        if line:
+            await self.run_command(line)
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+    def action_inject(self, queue: str | None = None) -> None:
+        view = self.view
+        if queue is None and isinstance(view, QueuesScreen):
+            queue = view.selected_queue()
+        elif queue is None and isinstance(view, RunsScreen | DeadLettersScreen):
+            queue = view.queue
+        elif queue is None and isinstance(view, RunScreen) and view.run is not None:
+            queue = view.run.queue
+
+        def injected(job_id: str | None) -> None:
+            if job_id:
+                self.notify(f"job {job_id}", title="Injected")
+
+        self.push_screen(InjectScreen(self.engine, list(self.queue_names), queue), injected)
+
+    def action_show_queues(self) -> None:
+        self.go_home()
+
+    def action_show_runs(self) -> None:
+        self.open_runs(reset=True)
+
+    async def run_command(self, line: str) -> None:
+        """Carry out a `:` command line such as "runs failed" or "run run_01…"."""
+        words = line.strip().lstrip(":").split()
+        if not words:
+            return
+        word, args = words[0].lower(), words[1:]
+        if word in ("q", "q!", "quit", "exit"):
+            self.exit()
+            return
+        entry = actions.by_command(word)
+        if entry is None:
+            known = ", ".join(f":{a.command}" for a in actions.commands())
+            self.notify(f"unknown command :{word} (commands: {known})", severity="error")
+            return
+        needs = entry.args.startswith("<")
+        if needs and not args:
+            self.notify(f":{word} needs {entry.args}", severity="error")
+            return
+        arg = args[0] if args else None
+        queues = self.queue_names
+        match word:
+            case "queues":
+                self.go_home()
+            case "help":
+                self.action_help()
+            case "inject":
+                self.action_inject(arg)
+            case "runs":
+                if arg is None or arg in STATUS_FILTERS:
+                    self.open_runs(status=arg or "all", reset=True)
+                elif arg in queues:
+                    self.open_runs(queue=arg, reset=True)
+                else:
+                    self.notify(
+                        f"{arg!r} is neither a status ({', '.join(STATUS_FILTERS)}) nor a queue "
+                        f"({', '.join(queues) or 'none'})",
+                        severity="error",
+                    )
+            case "run":
+                try:
+                    await self.engine.get_run(arg)
+                except EngineError as error:
+                    self.notify(str(error), severity="error")
+                    return
+                self.go_home()
+                self.open_run(str(arg))
+            case "dlq" | "pause" | "resume":
+                if arg not in queues:
+                    self.notify(
+                        f"unknown queue {arg!r} (queues: {', '.join(queues) or 'none'})",
+                        severity="error",
+                    )
+                elif word == "dlq":
+                    self.go_home()
+                    self.open_dead_letters(arg)
+                else:
+                    await self.set_paused(arg, word == "pause")
+
+
+async def run_console(engine: Any, *, title: str | None = None) -> None:
+    """Run the console over an entered engine until the operator quits."""
+    await BlokApp(engine, title=title).run_async()

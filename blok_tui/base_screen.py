@@ -1,0 +1,119 @@
+"""What every view of the console shares: breadcrumbs, the reload banner, the footer, going
+back with escape, and reloading from the engine without piling up queries."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.screen import Screen
+from textual.widgets import Footer
+
+from .widgets import Crumbs, ReloadBanner
+
+if TYPE_CHECKING:
+    from .app import BlokApp
+
+
+@dataclass
+class Changes:
+    """What the engine's events touched since the views last looked (coalesced)."""
+
+    runs: set[str] = field(default_factory=set)  # run ids
+    queues: set[str] = field(default_factory=set)  # queue names whose counts moved
+    queue_list: bool = False  # queues added, removed, paused or re-configured
+    everything: bool = False  # events were lost (Lagged): re-read all
+
+    def __bool__(self) -> bool:
+        return bool(self.runs or self.queues or self.queue_list or self.everything)
+
+
+class BlokScreen(Screen[None]):
+    SCOPE: ClassVar[str] = ""
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "back", "back", show=True),
+    ]
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._loading = False
+        self._again = False
+
+    @property
+    def blok(self) -> BlokApp:
+        return self.app  # type: ignore[return-value]
+
+    @property
+    def engine(self) -> Any:
+        return self.blok.engine
+
+    @property
+    def crumb(self) -> str:
+        return self.SCOPE
+
+    def compose(self) -> ComposeResult:
+        yield Crumbs()
+        yield ReloadBanner()
+        yield from self.compose_body()
+        yield Footer()
+
+    def compose_body(self) -> ComposeResult:
+        yield from ()
+
+    def on_mount(self) -> None:
+        self.show_chrome()
+
+    def on_screen_resume(self) -> None:
+        # Also sent when the screen is first pushed: the one place a view starts reading.
+        self.show_chrome()
+        self.request_reload()
+
+    def show_chrome(self) -> None:
+        trail = [s.crumb for s in self.app.screen_stack if isinstance(s, BlokScreen)]
+        self.query_one(Crumbs).show(self.blok.title, trail, self.blok.where)
+        self.show_reload_errors(self.blok.reload_errors)
+
+    def show_reload_errors(self, errors: dict[str, str]) -> None:
+        self.query_one(ReloadBanner).show_errors(errors)
+
+    def on_resize(self) -> None:
+        self.show_chrome()
+
+    # ---- loading ---------------------------------------------------------------------------
+    def request_reload(self) -> None:
+        """Re-read from the engine; a request while a read is in flight runs once after it."""
+        if self._loading:
+            self._again = True
+            return
+        self._loading = True
+        self.run_worker(self._reload_loop(), group="reload")
+
+    async def _reload_loop(self) -> None:
+        try:
+            while True:
+                self._again = False
+                await self.load()
+                if not self._again:
+                    return
+        finally:
+            self._loading = False
+
+    @property
+    def idle(self) -> bool:
+        """No read in flight or pending (tests wait for this instead of sleeping)."""
+        return not self._loading
+
+    async def load(self) -> None:
+        """Read what the view shows from the engine and render it."""
+
+    def engine_changed(self, changes: Changes) -> None:
+        """Called at most every ~100 ms with what moved; views decide whether to re-read."""
+
+    def tick(self) -> None:
+        """Called every second: redraw what depends on the clock (durations, countdowns)."""
+
+    def action_back(self) -> None:
+        if len([s for s in self.app.screen_stack if isinstance(s, BlokScreen)]) > 1:
+            self.app.pop_screen()

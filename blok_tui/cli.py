@@ -1,0 +1,456 @@
+"""The `blok-tui` command: the console, a headless worker, attach, and one-shot operator commands.
+
+Exit codes: 0 done, 1 the engine refused (unknown queue or run, a finished run, a file that is
+not a blok database), 2 bad usage (unknown command or flag, bad JSON, bad duration). Every error
+is one line on stderr, `blok-tui: error: ...`, never a traceback.
+
+`enqueue`, `runs`, `cancel` and `replay` work on a database whether or not a worker serves it:
+with a worker alive, actions go through the database's control table to the worker that can
+carry them out; with none, the job is written to the durable queue and runs when a worker
+starts. A queue is known once a worker serving it has started on the database.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+import anyio
+
+DEFAULT_DB = Path(".blok") / "blok.db"
+EPILOG = """\
+examples:
+  blok-tui                                  console on ./workflows (or the bundled demo)
+  blok-tui --workflows flows/ --db app.db   console on your workflows and database
+  blok-tui worker --db app.db               serve the queues headless (Ctrl-C drains)
+  blok-tui attach --db app.db               console on a database a worker is serving
+  blok-tui enqueue orders '{"order_id": "A1", "amount": 5}' --priority 5 --delay 2s
+  blok-tui runs --status failed --limit 20  the last failed runs (--json for scripts)
+  blok-tui cancel run_0190c3a1b2c3d4e5f6    cancel a queued, delayed or running run
+  blok-tui replay run_0190c3a1b2c3d4e5f6    run it again with the same input
+
+The database defaults to $BLOK_DB, else ./.blok/blok.db.
+"""
+
+log = logging.getLogger("blok.cli")
+
+
+class UsageError(Exception):
+    """Bad command-line input: exit code 2."""
+
+    def __init__(self, message: str, prog: str) -> None:
+        super().__init__(message)
+        self.prog = prog
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message, self.prog)
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("blok-tui")
+    except Exception:  # not installed (a source checkout): the package's own number
+        from engine import __version__
+
+        return __version__
+
+
+def _json_arg(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({error}): {text!r}") from None
+
+
+def _duration_arg(text: str) -> str:
+    from engine import parse_duration
+
+    try:
+        parse_duration(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, not {value:g}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from engine import RunStatus
+
+    parser = _Parser(
+        prog="blok-tui",
+        description="A Python workflow engine with durable SQLite queues and a Textual console.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"blok-tui {_version()}")
+
+    def engine_options(p: argparse.ArgumentParser, default: Any) -> None:
+        p.add_argument(
+            "--workflows",
+            metavar="DIR",
+            default=default,
+            help="workflow files (default: ./workflows if it exists, else the bundled demo)",
+        )
+        p.add_argument(
+            "--memory",
+            action="store_true",
+            default=default or False,
+            help="no database: runs and queues in memory only",
+        )
+
+    def db_option(p: argparse.ArgumentParser, default: Any) -> None:
+        p.add_argument(
+            "--db",
+            metavar="PATH",
+            default=default,
+            help="SQLite database (default: $BLOK_DB or ./.blok/blok.db)",
+        )
+
+    engine_options(parser, None)
+    db_option(parser, None)
+    parser.add_argument(
+        "--no-demo-producer",
+        action="store_true",
+        help="with the bundled demo workflows, do not feed their queues",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    # Sub-commands take the shared flags too; SUPPRESS keeps a value given before the command.
+    keep = argparse.SUPPRESS
+
+    worker = commands.add_parser(
+        "worker",
+        help="serve the queues headless",
+        description="Serve the workflows' queues without a console. SIGTERM or Ctrl-C drains: "
+        "no new claims, running jobs get --grace seconds to finish, the rest go back to the "
+        "queue.",
+    )
+    engine_options(worker, keep)
+    db_option(worker, keep)
+    worker.add_argument(
+        "--grace",
+        type=_seconds,
+        default=10.0,
+        metavar="SECONDS",
+        help="how long running jobs may finish after a stop signal (default 10)",
+    )
+    worker.add_argument("--no-watch", action="store_true", help="do not hot-reload workflow files")
+    worker.add_argument(
+        "--log-level",
+        default="INFO",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="stderr log level",
+    )
+
+    attach = commands.add_parser(
+        "attach",
+        help="console on a database another process serves",
+        description="The console on a database that a worker (or an app) writes; actions go "
+        "to the worker through the database.",
+    )
+    db_option(attach, keep)
+
+    enqueue = commands.add_parser(
+        "enqueue", help="add a job to a queue", description="Add a job; prints its id."
+    )
+    enqueue.add_argument("queue", metavar="QUEUE")
+    enqueue.add_argument("payload", metavar="JSON", type=_json_arg, help="the job's body")
+    enqueue.add_argument(
+        "--priority", type=int, default=0, metavar="N", help="higher runs first (default 0)"
+    )
+    enqueue.add_argument(
+        "--delay",
+        type=_duration_arg,
+        metavar="DURATION",
+        help="not before this long: 500ms, 5s, 2m, 1h",
+    )
+    db_option(enqueue, keep)
+
+    runs = commands.add_parser(
+        "runs", help="list runs, newest first", description="List runs, newest first."
+    )
+    runs.add_argument("--json", action="store_true", help="one JSON array, for scripts")
+    runs.add_argument(
+        "--status",
+        choices=[str(s) for s in RunStatus],
+        metavar="STATUS",
+        help="only runs in this status: " + ", ".join(str(s) for s in RunStatus),
+    )
+    runs.add_argument("--workflow", metavar="NAME", help="only runs of this workflow")
+    runs.add_argument("--queue", metavar="NAME", help="only runs of this queue")
+    runs.add_argument(
+        "--limit", type=_positive_int, default=50, metavar="N", help="at most N runs (default 50)"
+    )
+    db_option(runs, keep)
+
+    cancel = commands.add_parser(
+        "cancel",
+        help="cancel a run",
+        description="Cancel a queued, delayed, waiting or running run.",
+    )
+    cancel.add_argument("run_id", metavar="RUN_ID")
+    db_option(cancel, keep)
+
+    replay = commands.add_parser(
+        "replay",
+        help="run a run again",
+        description="Start a new run with the same input; prints its id.",
+    )
+    replay.add_argument("run_id", metavar="RUN_ID")
+    replay.add_argument(
+        "--from-step", metavar="STEP", help="reuse the outputs of the steps before STEP"
+    )
+    replay.add_argument("--input", type=_json_arg, metavar="JSON", help="a different input")
+    db_option(replay, keep)
+    return parser
+
+
+# ---- where things are ----------------------------------------------------------------------
+def _database(args: argparse.Namespace) -> Path:
+    chosen = getattr(args, "db", None) or os.environ.get("BLOK_DB") or DEFAULT_DB
+    return Path(chosen)
+
+
+def _bundled_examples() -> Path:
+    import examples
+
+    return Path(examples.__file__).parent
+
+
+def _workflows(args: argparse.Namespace) -> tuple[Path, bool]:
+    """The workflows folder, and whether it is the bundled demo."""
+    if args.workflows:
+        return Path(args.workflows), False
+    local = Path("workflows")
+    if local.is_dir():
+        return local, False
+    return _bundled_examples(), True
+
+
+def _can_watch() -> bool:
+    return importlib.util.find_spec("engine.reload") is not None
+
+
+# ---- commands ------------------------------------------------------------------------------
+async def _console(args: argparse.Namespace) -> None:
+    from engine import Engine
+
+    from .app import run_console  # Textual loads only for the console
+
+    folder, bundled = _workflows(args)
+    database = None if args.memory else _database(args)
+    _log_quietly(database)
+    engine = Engine(workflows=folder, database=database, watch=_can_watch())
+    async with engine, anyio.create_task_group() as tg:
+        if bundled and not args.no_demo_producer:
+            from .demo import demo_producer
+
+            tg.start_soon(demo_producer, engine)
+        await run_console(engine, title=f"blok-tui · {folder}")
+        tg.cancel_scope.cancel()
+
+
+def _log_quietly(database: Path | None) -> None:
+    """Under the console, log lines would tear the screen: they go to a file by the database."""
+    root = logging.getLogger()
+    if database is not None:
+        database.parent.mkdir(parents=True, exist_ok=True)
+        handler: logging.Handler = logging.FileHandler(database.parent / "blok.log")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    else:
+        handler = logging.NullHandler()
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+
+
+async def _attach(args: argparse.Namespace) -> None:
+    from engine.remote import AttachedEngine
+
+    from .app import run_console
+
+    database = _database(args)
+    _log_quietly(database)
+    async with AttachedEngine(database) as engine:
+        await run_console(engine, title=f"blok-tui · attached to {database}")
+
+
+async def _worker(args: argparse.Namespace) -> None:
+    from engine import Engine
+
+    logging.basicConfig(
+        level=args.log_level,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    folder, _ = _workflows(args)
+    database = None if args.memory else _database(args)
+    watch = not args.no_watch and _can_watch()
+    engine = Engine(workflows=folder, database=database, watch=watch, grace_period=args.grace)
+    # Signals are received from the start, so that one arriving while booting still drains.
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with engine:
+            names = ", ".join(q.name for q in await engine.queues()) or "(none)"
+            print(
+                f"blok worker {engine.worker.id} serving queues {names} on "
+                f"{database if database is not None else 'memory'}",
+                flush=True,
+            )
+            async for signum in signals:
+                log.info(
+                    "%s: draining, running jobs have %gs to finish",
+                    signal.Signals(signum).name,
+                    args.grace,
+                )
+                break
+            async with anyio.create_task_group() as tg:
+
+                async def insist() -> None:
+                    async for signum in signals:
+                        log.warning(
+                            "%s again: still draining (at most %gs); running jobs that do not "
+                            "finish go back to the queue",
+                            signal.Signals(signum).name,
+                            args.grace,
+                        )
+
+                tg.start_soon(insist)
+                await engine.shutdown(args.grace)
+                tg.cancel_scope.cancel()
+    log.info("worker %s stopped", engine.worker.id)
+
+
+async def _enqueue(args: argparse.Namespace) -> None:
+    from engine.remote import AttachedEngine
+
+    async with AttachedEngine(_database(args), watch=False) as engine:
+        job_id = await engine.enqueue(
+            args.queue, args.payload, priority=args.priority, delay=args.delay
+        )
+    print(job_id)
+
+
+async def _runs(args: argparse.Namespace) -> None:
+    from engine.remote import AttachedEngine
+
+    async with AttachedEngine(_database(args), watch=False) as engine:
+        runs = await engine.runs(
+            status=args.status, workflow=args.workflow, queue=args.queue, limit=args.limit
+        )
+    if args.json:
+        fields = {"steps", "logs", "state", "cursor"}
+        print(json.dumps([run.model_dump(mode="json", exclude=fields) for run in runs], indent=2))
+        return
+    print(_table(runs))
+
+
+def _table(runs: Sequence[Any]) -> str:
+    from engine import format_duration
+
+    header = ("RUN", "WORKFLOW", "QUEUE", "STATUS", "WORKER", "CREATED", "DURATION", "ERROR")
+    rows = [header]
+    for run in runs:
+        duration = run.duration_ms
+        rows.append(
+            (
+                run.id,
+                run.workflow_name,
+                run.queue,
+                str(run.status),
+                run.worker or "-",
+                run.created_at.astimezone().strftime("%Y-%m-%d %H:%M:%S"),
+                format_duration(duration) if duration is not None else "-",
+                _one_line(run.error or "", 60),
+            )
+        )
+    if len(rows) == 1:
+        return "no runs"
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    )
+
+
+def _one_line(text: str, width: int) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+async def _cancel(args: argparse.Namespace) -> None:
+    from engine.remote import AttachedEngine
+
+    async with AttachedEngine(_database(args), watch=False) as engine:
+        run = await engine.cancel(args.run_id)
+    print(f"{run.id} {run.status}")
+
+
+async def _replay(args: argparse.Namespace) -> None:
+    from engine.remote import AttachedEngine
+
+    async with AttachedEngine(_database(args), watch=False) as engine:
+        run_id = await engine.replay(args.run_id, from_step=args.from_step, input=args.input)
+    print(run_id)
+
+
+COMMANDS = {
+    None: _console,
+    "worker": _worker,
+    "attach": _attach,
+    "enqueue": _enqueue,
+    "runs": _runs,
+    "cancel": _cancel,
+    "replay": _replay,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+    except UsageError as error:
+        hint = f"{error.prog} --help"
+        print(f"blok-tui: error: {error} (see {hint})", file=sys.stderr)
+        return 2
+    from engine import DatabaseError, EngineError, WorkflowLoadError
+
+    try:
+        anyio.run(COMMANDS[args.command], args)
+    except (EngineError, DatabaseError, WorkflowLoadError) as error:
+        print(f"blok-tui: error: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

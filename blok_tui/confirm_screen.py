@@ -1,0 +1,42 @@
+"""A yes/no question before a destructive action. y or enter confirms; n or escape does not."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Button, Static
+
+
+class ConfirmScreen(ModalScreen[bool]):
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("y", "answer(True)", "yes"),
+        Binding("n,escape", "answer(False)", "no"),
+    ]
+
+    def __init__(self, question: str, detail: str = "", *, confirm: str = "Yes") -> None:
+        super().__init__()
+        self.question = question
+        self.detail = detail
+        self.confirm = confirm
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="dialog", classes="dialog -danger"):
+            yield Static(self.question, classes="question")
+            if self.detail:
+                yield Static(self.detail, classes="detail")
+            with Horizontal(classes="buttons"):
+                yield Button(f"{self.confirm} (y)", variant="error", id="yes")
+                yield Button("Keep it (n)", id="no")
+
+    def on_mount(self) -> None:
+        self.query_one("#no", Button).focus()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(event.button.id == "yes")
+
+    def action_answer(self, yes: bool) -> None:
+        self.dismiss(yes)

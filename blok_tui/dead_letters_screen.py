@@ -1,0 +1,137 @@
+"""The dead-letter view of a queue: jobs that used up their retries, newest first, with the
+error that killed them. r puts the selected one back in its queue with a fresh run."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import BindingType
+from textual.widgets import DataTable, Static
+
+from engine import EngineError, Job
+
+from . import actions
+from .base_screen import BlokScreen, Changes
+from .console import day_time
+from .widgets import FilterInput
+
+COLUMNS = (("job", 23), ("workflow", 18), ("deliveries", 10), ("died", 11), ("error", 60))
+
+
+class DeadLettersScreen(BlokScreen):
+    SCOPE: ClassVar[str] = actions.DEAD_LETTERS
+    BINDINGS: ClassVar[list[BindingType]] = actions.bindings(actions.DEAD_LETTERS)
+
+    def __init__(self, queue: str) -> None:
+        super().__init__()
+        self.queue = queue
+        self.jobs: list[Job] = []
+        self.text = ""
+        self.missing: str | None = None
+
+    @property
+    def crumb(self) -> str:
+        return f"dead letters {self.queue}"
+
+    def compose_body(self) -> ComposeResult:
+        yield Static(id="dlq-summary", classes="filters")
+        yield FilterInput("filter dead letters: job id or error text…")
+        table: DataTable[Text | str] = DataTable(id="dead", cursor_type="row", zebra_stripes=True)
+        for name, width in COLUMNS:
+            table.add_column(name, key=name, width=width)
+        yield table
+
+    @property
+    def table(self) -> DataTable[Text | str]:
+        return self.query_one("#dead", DataTable)
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        self.table.focus()
+
+    async def load(self) -> None:
+        try:
+            self.jobs = await self.engine.dead_letters(self.queue)
+            self.missing = None
+        except EngineError as error:
+            self.jobs, self.missing = [], str(error)
+        self.render_rows()
+
+    def render_rows(self) -> None:
+        table = self.table
+        needle = self.text.lower()
+        shown = [j for j in self.jobs if needle in f"{j.id} {j.error or ''}".lower()]
+        keys = [j.id for j in shown]
+        if keys != [str(k.value) for k in table.rows]:
+            selected = self.selected_job_id()
+            table.clear()
+            now, tz = self.blok.now(), self.blok.tz
+            for job in shown:
+                table.add_row(
+                    Text(job.id, style="grey85"),
+                    job.workflow_name,
+                    Text(str(job.attempts), justify="right"),
+                    day_time(job.finished_at, tz, now),
+                    Text(job.error or "", style="red1"),
+                    key=job.id,
+                )
+            if selected in keys:
+                table.move_cursor(row=keys.index(selected), animate=False)
+        summary = Text()
+        if self.missing:
+            summary.append(self.missing, style="red1")
+        else:
+            summary.append(f"{len(self.jobs):,} dead letters on {self.queue}", style="bold")
+            if self.text:
+                summary.append(f"   / {self.text}  ({len(shown)} shown)", style="khaki1")
+            if not self.jobs:
+                summary.append(
+                    "   nothing here: every job either finished or is still trying", style="dim"
+                )
+        self.query_one("#dlq-summary", Static).update(summary)
+
+    def selected_job_id(self) -> str | None:
+        table = self.table
+        if table.row_count == 0:
+            return None
+        row_key, _ = table.coordinate_to_cell_key(table.cursor_coordinate)
+        return str(row_key.value)
+
+    def engine_changed(self, changes: Changes) -> None:
+        if self.queue in changes.queues or changes.everything:
+            self.request_reload()
+
+    async def action_requeue(self) -> None:
+        job_id = self.selected_job_id()
+        if job_id is None:
+            return
+        try:
+            await self.engine.requeue(job_id)
+        except EngineError as error:
+            self.notify(str(error), title="Requeue refused", severity="error")
+            return
+        self.notify(f"job {job_id} is back on {self.queue} with a fresh run", title="Requeued")
+        self.request_reload()
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        event.stop()
+        self.action_open_job_run()
+
+    def action_open_job_run(self) -> None:
+        job = next((j for j in self.jobs if j.id == self.selected_job_id()), None)
+        if job is not None:
+            self.blok.open_run(job.run_id)
+
+    def action_filter(self) -> None:
+        self.query_one(FilterInput).open()
+
+    def on_input_changed(self, event: FilterInput.Changed) -> None:
+        self.text = event.value
+        self.render_rows()
+
+    def on_filter_input_done(self, event: FilterInput.Done) -> None:
+        self.text = event.value
+        self.render_rows()
+        self.table.focus()

@@ -1,0 +1,63 @@
+"""The demo producer: feeds the bundled example queues at a calm pace so that a newcomer sees,
+within ten seconds, a retry, a slow run, a wait, a timeout and a dead letter, and then a steady
+trickle of ordinary work."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import random
+from typing import Any
+
+import anyio
+
+from engine import EngineError
+
+log = logging.getLogger("blok.demo")
+
+# The opening act: one of everything, a second or so apart.
+OPENING: list[tuple[str, dict[str, Any]]] = [
+    ("orders", {"order_id": "A1001", "amount": 4200, "items": 3, "flaky": 2}),
+    ("reports", {"month": "2026-11", "seconds": 40}),
+    ("webhooks", {"url": "https://gone.example.com/hooks/orders", "event": "order.paid"}),
+    ("orders", {"order_id": "A1002", "amount": 1299, "items": 1}),
+    ("exports", {"size_mb": 90}),
+    ("orders", {"order_id": "A1003", "amount": 560, "items": 2, "flaky": 1}),
+    ("exports", {"size_mb": 12}),
+]
+
+
+def _next_job(n: int, rng: random.Random) -> tuple[str, dict[str, Any]]:
+    roll = rng.random()
+    if roll < 0.6:
+        return "orders", {
+            "order_id": f"A{1003 + n}",
+            "amount": rng.randint(300, 9000),
+            "items": rng.randint(1, 5),
+            "flaky": rng.choice([0, 0, 0, 1, 2]),
+        }
+    if roll < 0.8:
+        return "exports", {"size_mb": rng.choice([5, 10, 20, 25, 60])}
+    if roll < 0.95:
+        gone = rng.random() < 0.3
+        host = "gone.example.com" if gone else "hooks.example.com"
+        return "webhooks", {"url": f"https://{host}/e/{n}", "event": "order.shipped"}
+    return "reports", {"month": "2026-10", "seconds": rng.randint(20, 60)}
+
+
+async def demo_producer(engine: Any, *, pace: float = 1.2, seed: int | None = None) -> None:
+    """Run forever, one job every `pace` seconds or so. Queues that are not loaded (a user's
+    own workflows folder) are skipped silently: the producer only feeds the examples."""
+    rng = random.Random(seed)
+    known = {q.name for q in await engine.queues()}
+    counter = itertools.count(1)
+    plan = itertools.chain(OPENING, (_next_job(next(counter), rng) for _ in itertools.count()))
+    for queue, payload in plan:
+        if queue in known:
+            try:
+                await engine.enqueue(queue, payload)
+            except EngineError as error:
+                # A hot reload may have removed the queue meanwhile; look again and go on.
+                log.info("demo producer: %s", error)
+                known = {q.name for q in await engine.queues()}
+        await anyio.sleep(pace * (0.6 + 0.8 * rng.random()))

@@ -1,0 +1,68 @@
+"""The help screen, generated from the action registry: every key and `:` command, by view."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+from . import actions
+
+
+def help_text() -> Group:
+    parts: list[RenderableType] = []
+    for scope, title in actions.SCOPE_TITLES.items():
+        entries = [a for a in actions.in_scope(scope) if a.key]
+        if scope == actions.APP:
+            entries = [actions.BACK, *entries]
+        if not entries:
+            continue
+        table = Table(box=None, padding=(0, 2, 0, 0), show_header=False, expand=False)
+        table.add_column(width=8, style="bold deep_sky_blue1", no_wrap=True)
+        table.add_column(style="", no_wrap=False)
+        statuses = [e for e in entries if e.action.startswith("status(")]
+        for entry in entries:
+            if entry in statuses:
+                if entry is statuses[0]:
+                    names = " ".join(actions.STATUS_FILTERS)
+                    table.add_row(f"0-{len(statuses) - 1}", f"Show runs by status: {names}")
+                continue
+            table.add_row(
+                entry.key_display, entry.title + (" (asks first)" if entry.destructive else "")
+            )
+        parts.append(Text(title, style="bold underline"))
+        parts.append(table)
+        parts.append(Text(""))
+    commands = Table(box=None, padding=(0, 2, 0, 0), show_header=False)
+    commands.add_column(width=22, style="bold deep_sky_blue1", no_wrap=True)
+    commands.add_column()
+    for entry in actions.commands():
+        commands.add_row(f":{entry.command} {entry.args}".rstrip(), entry.help or entry.title)
+    parts.append(Text("Commands (press :)", style="bold underline"))
+    parts.append(commands)
+    parts.append(
+        Text("\nctrl+p opens the command palette: every action above, searchable.", style="dim")
+    )
+    return Group(*parts)
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape,question_mark,q", "close", "close"),
+    ]
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="dialog", classes="dialog help"):
+            yield Static("blok-tui — keys and commands", classes="question")
+            with VerticalScroll():
+                yield Static(help_text())
+
+    def action_close(self) -> None:
+        self.dismiss(None)

@@ -1,0 +1,146 @@
+"""The inject modal: pick a queue, write a JSON payload, set priority and delay. Nothing is
+sent until everything is valid; what is wrong is said right here, in the modal."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, ClassVar
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Label, Select, Static, TextArea
+
+from engine import EngineError, parse_duration
+
+
+def check_payload(source: str) -> tuple[Any, str | None]:
+    """The payload, or why it is not JSON (with line and column)."""
+    if not source.strip():
+        return None, 'the payload is empty: write a JSON value, e.g. {} or {"order_id": "A1"}'
+    try:
+        return json.loads(source), None
+    except json.JSONDecodeError as error:
+        return None, f"not valid JSON: line {error.lineno}, column {error.colno}: {error.msg}"
+
+
+class InjectScreen(ModalScreen[str | None]):
+    """Dismissed with the new job's id, or None when the operator backs out."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "close", "close"),
+        Binding("ctrl+s", "send", "send", priority=True),
+    ]
+
+    def __init__(self, engine: Any, queues: list[str], queue: str | None = None) -> None:
+        super().__init__()
+        self.engine = engine
+        self.queues = queues
+        self.initial = queue
+
+    def compose(self) -> ComposeResult:
+        known = self.initial in self.queues
+        with Vertical(id="dialog", classes="dialog inject"):
+            yield Static("Inject a job", classes="question")
+            with Horizontal(classes="field"):
+                yield Label("queue", classes="label")
+                yield Select(
+                    [(q, q) for q in self.queues],
+                    value=self.initial if known else Select.NULL,
+                    prompt="pick a queue",
+                    id="queue",
+                )
+            yield Label("payload (JSON)", classes="label wide")
+            area = TextArea(
+                '{\n  "order_id": "A2001",\n  "amount": 1500\n}',
+                id="payload",
+                show_line_numbers=True,
+                tab_behavior="indent",
+            )
+            area.cursor_blink = False
+            yield area
+            with Horizontal(classes="field"):
+                yield Label("priority", classes="label")
+                priority = Input("0", id="priority", type="integer")
+                priority.cursor_blink = False
+                yield priority
+                yield Label("delay", classes="label")
+                delay = Input("", id="delay", placeholder="none, 500ms, 5s, 2m")
+                delay.cursor_blink = False
+                yield delay
+            yield Static(id="problem", classes="problem")
+            with Horizontal(classes="buttons"):
+                yield Button("Send (ctrl+s)", variant="primary", id="send")
+                yield Button("Close (esc)", id="close")
+
+    def on_mount(self) -> None:
+        self.check()
+        self.query_one(TextArea).focus()
+
+    def say(self, problem: str | None) -> None:
+        box = self.query_one("#problem", Static)
+        box.set_class(problem is not None, "-bad")
+        box.update(
+            Text("✗ " + problem, style="bold")
+            if problem
+            else Text("✓ ready to send", style="green3")
+        )
+
+    def check(self) -> tuple[str, Any, int, Any] | None:
+        """Validate every field; say the first problem. Returns what to send, or None."""
+        queue = self.query_one("#queue", Select).value
+        payload, problem = check_payload(self.query_one(TextArea).text)
+        if problem is None and queue is Select.NULL:
+            problem = "pick a queue"
+            if self.initial is not None and self.initial not in self.queues:
+                known = ", ".join(self.queues) or "none"
+                problem = f"unknown queue {self.initial!r} (queues: {known}): pick a queue above"
+        priority_text = self.query_one("#priority", Input).value.strip() or "0"
+        priority = 0
+        if problem is None:
+            try:
+                priority = int(priority_text)
+            except ValueError:
+                problem = f"priority must be a whole number, not {priority_text!r}"
+        delay_text = self.query_one("#delay", Input).value.strip()
+        if problem is None and delay_text:
+            try:
+                parse_duration(delay_text)
+            except ValueError as error:
+                problem = f"delay: {error}"
+        self.say(problem)
+        if problem is not None:
+            return None
+        return str(queue), payload, priority, delay_text or None
+
+    def on_text_area_changed(self) -> None:
+        self.check()
+
+    def on_input_changed(self) -> None:
+        self.check()
+
+    def on_select_changed(self) -> None:
+        self.check()
+
+    async def action_send(self) -> None:
+        checked = self.check()
+        if checked is None:
+            return
+        queue, payload, priority, delay = checked
+        try:
+            job_id = await self.engine.enqueue(queue, payload, priority=priority, delay=delay)
+        except EngineError as error:
+            self.say(str(error))
+            return
+        self.dismiss(job_id)
+
+    def action_close(self) -> None:
+        self.dismiss(None)
+
+    async def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "send":
+            await self.action_send()
+        else:
+            self.dismiss(None)

@@ -1,0 +1,196 @@
+"""The queues view: one row per queue with its counts, jobs/s and a sparkline of recent
+throughput. Enter opens the queue's runs; d its dead letters; p pauses or resumes it."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.widgets import DataTable, Static
+
+from engine import EngineError, QueueInfo, QueueStats
+
+from . import actions
+from .base_screen import BlokScreen, Changes
+from .console import count
+from .widgets import FilterInput, sparkline
+
+COLUMNS = (
+    ("queue", 18),
+    ("workflow", 20),
+    ("provider", 8),
+    ("conc", 4),
+    ("waiting", 7),
+    ("active", 6),
+    ("delayed", 7),
+    ("completed", 9),
+    ("failed", 6),
+    ("dead", 5),
+    ("jobs/s", 6),
+    ("last 3 min", 20),
+)
+
+
+def _right(value: str, style: str = "") -> Text:
+    return Text(value, style=style, justify="right")
+
+
+class QueuesScreen(BlokScreen):
+    SCOPE: ClassVar[str] = actions.QUEUES
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "back", show=False),  # the first view: nowhere to go back to
+        *actions.bindings(actions.QUEUES),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.text = ""
+        self.infos: list[QueueInfo] = []
+        self.stats: dict[str, QueueStats] = {}
+
+    @property
+    def crumb(self) -> str:
+        return "queues"
+
+    def compose_body(self) -> ComposeResult:
+        yield Static(id="summary", classes="filters")
+        yield FilterInput("filter queues by name…")
+        table: DataTable[Text | str] = DataTable(id="queues", cursor_type="row", zebra_stripes=True)
+        for name, width in COLUMNS:
+            table.add_column(name, key=name, width=width)
+        yield table
+
+    @property
+    def table(self) -> DataTable[Text | str]:
+        return self.query_one("#queues", DataTable)
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        self.table.focus()
+
+    async def load(self) -> None:
+        infos = await self.engine.queues()
+        stats = {}
+        for info in infos:
+            try:
+                stats[info.name] = await self.engine.queue_stats(info.name)
+            except EngineError:  # removed by a reload between the two calls
+                continue
+        self.infos = [i for i in infos if i.name in stats]
+        self.stats = stats
+        self.render_rows()
+
+    def render_rows(self) -> None:
+        table = self.table
+        history = self.blok.throughput_history
+        shown = [i for i in self.infos if self.text.lower() in i.name.lower()]
+        keys = [i.name for i in shown]
+        current = [str(k.value) for k in table.rows]
+        rows = {}
+        for info in shown:
+            s = self.stats[info.name]
+            samples = history.get(info.name, ())
+            rate = samples[-1] if samples else 0.0
+            name = Text(info.name, style="bold")
+            if info.paused:
+                name.append("  ⏸ paused", style="khaki1")
+            rows[info.name] = [
+                name,
+                Text(info.workflow_name or "–", style="grey70"),
+                info.provider,
+                _right(str(info.concurrency)),
+                _right(count(s.waiting), "grey85"),
+                _right(count(s.active), "bold deep_sky_blue1" if s.active else ""),
+                _right(count(s.delayed), "khaki3"),
+                _right(count(s.completed), "green3"),
+                _right(count(s.failed), "red1" if s.failed else ""),
+                _right(count(s.dead), "bold magenta" if s.dead else ""),
+                _right(f"{rate:.1f}" if rate else "·"),
+                Text(sparkline(list(samples), width=20, bucket=9), style="green3"),
+            ]
+        if keys == current:
+            for key, cells in rows.items():
+                for (column, _), cell in zip(COLUMNS, cells, strict=True):
+                    table.update_cell(key, column, cell)
+        else:
+            selected = self.selected_queue()
+            table.clear()
+            for key in keys:
+                table.add_row(*rows[key], key=key)
+            if selected in keys:
+                table.move_cursor(row=keys.index(selected), animate=False)
+        self.render_summary()
+
+    def render_summary(self) -> None:
+        totals = QueueStats(queue="all")
+        for s in self.stats.values():
+            for field in ("waiting", "active", "delayed", "completed", "failed", "dead"):
+                setattr(totals, field, getattr(totals, field) + getattr(s, field))
+        line = Text()
+        line.append(f"{len(self.stats)} queues", style="bold")
+        line.append(f"   {totals.active:,} active · {totals.waiting:,} waiting · ")
+        line.append(f"{totals.delayed:,} delayed · {totals.failed:,} failed · ")
+        line.append(f"{totals.dead:,} dead", style="magenta" if totals.dead else "")
+        if self.text:
+            line.append(f"   filter: {self.text!r}", style="khaki1")
+        if not self.stats:
+            line.append(
+                "   no queues: add a workflow with a WorkerTrigger to the workflows folder",
+                style="dim",
+            )
+        else:
+            line.append("   enter: its runs", style="dim")
+        self.query_one("#summary", Static).update(line)
+
+    def selected_queue(self) -> str | None:
+        table = self.table
+        if table.row_count == 0:
+            return None
+        row_key, _ = table.coordinate_to_cell_key(table.cursor_coordinate)
+        return str(row_key.value)
+
+    def engine_changed(self, changes: Changes) -> None:
+        if changes:
+            self.request_reload()
+
+    def tick(self) -> None:
+        # Stats are cheap (one grouped count per queue) and jobs move between states without
+        # events (a delay running out), so the view re-reads them every second.
+        self.request_reload()
+
+    # ---- actions ---------------------------------------------------------------------------
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        event.stop()
+        self.action_open_queue()
+
+    def action_open_queue(self) -> None:
+        queue = self.selected_queue()
+        if queue is not None:
+            self.blok.open_runs(queue=queue)
+
+    def action_dead_letters(self) -> None:
+        queue = self.selected_queue()
+        if queue is not None:
+            self.blok.open_dead_letters(queue)
+
+    async def action_toggle_pause(self) -> None:
+        queue = self.selected_queue()
+        info = next((i for i in self.infos if i.name == queue), None)
+        if info is None:
+            return
+        await self.blok.set_paused(info.name, not info.paused)
+        self.request_reload()
+
+    def action_filter(self) -> None:
+        self.query_one(FilterInput).open()
+
+    def on_input_changed(self, event: FilterInput.Changed) -> None:
+        self.text = event.value
+        self.render_rows()
+
+    def on_filter_input_done(self, event: FilterInput.Done) -> None:
+        self.text = event.value
+        self.render_rows()
+        self.table.focus()

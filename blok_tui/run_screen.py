@@ -1,0 +1,221 @@
+"""The run view: the step rail on the left; on the right, the selected step's attempts (with
+errors, tracebacks and backoff), its input and output as JSON, and its log lines, all live."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import BindingType
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.widgets import OptionList, Static
+
+from engine import EngineError, LogLine, Run, StepRun
+
+from . import actions
+from .base_screen import BlokScreen, Changes
+from .confirm_screen import ConfirmScreen
+from .console import clock_time, countdown, day_time, duration, status_text
+from .widgets import AttemptsView, JsonView, StepRail
+
+LEVELS = {"debug": "dbg", "info": "info", "warning": "warn", "error": "err", "critical": "crit"}
+LOG_STYLES = {
+    "debug": "grey50",
+    "info": "",
+    "warning": "khaki1",
+    "error": "red1",
+    "critical": "bold red1",
+}
+
+
+def log_lines(lines: list[LogLine], tz: object, limit: int = 200) -> Text:
+    text = Text()
+    shown = lines[-limit:]
+    if len(lines) > limit:
+        text.append(f"… {len(lines) - limit} earlier lines\n", style="dim")
+    for n, line in enumerate(shown):
+        text.append(clock_time(line.ts, tz), style="grey50")  # type: ignore[arg-type]
+        level = line.level.lower()
+        text.append(f" {LEVELS.get(level, level[:4]):<4} ", style=LOG_STYLES.get(level) or "grey70")
+        text.append(line.message, style=LOG_STYLES.get(level, ""))
+        if n < len(shown) - 1:
+            text.append("\n")
+    return text
+
+
+class RunScreen(BlokScreen):
+    SCOPE: ClassVar[str] = actions.RUN
+    BINDINGS: ClassVar[list[BindingType]] = actions.bindings(actions.RUN)
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__()
+        self.run_id = run_id
+        self.run: Run | None = None
+        self.missing: str | None = None
+
+    @property
+    def crumb(self) -> str:
+        return self.run_id
+
+    def compose_body(self) -> ComposeResult:
+        yield Static(id="run-header", classes="run-header")
+        with Horizontal(id="run-body"):
+            with Vertical(id="rail-column"):
+                yield Static("steps", classes="section")
+                yield StepRail(id="rail")
+                yield Static("run log", classes="section")
+                with VerticalScroll(id="run-log-scroll"):
+                    yield Static(id="run-log")
+            with VerticalScroll(id="detail"):
+                yield Static(id="step-title", classes="section")
+                yield AttemptsView(id="attempts")
+                yield Static("input", classes="section")
+                yield JsonView(id="step-input")
+                yield Static("output", classes="section")
+                yield JsonView(id="step-output")
+                yield Static("log", classes="section")
+                yield Static(id="step-log", classes="log")
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        self.query_one(StepRail).focus()
+
+    async def load(self) -> None:
+        try:
+            self.run = await self.engine.get_run(self.run_id)
+            self.missing = None
+        except EngineError as error:
+            self.missing = str(error)
+        self.render_run()
+
+    def selected_step(self) -> StepRun | None:
+        if self.run is None or not self.run.steps:
+            return None
+        index = self.query_one(StepRail).highlighted or 0
+        return self.run.steps[min(index, len(self.run.steps) - 1)]
+
+    def render_run(self) -> None:
+        header = self.query_one("#run-header", Static)
+        if self.run is None:
+            header.update(Text(self.missing or "loading…", style="red1" if self.missing else "dim"))
+            return
+        run, now, tz = self.run, self.blok.now(), self.blok.tz
+        line = Text()
+        line.append_text(status_text(str(run.status)))
+        line.append(f"  {run.workflow_name}", style="bold")
+        line.append(f" @{run.workflow_version}", style="grey62")
+        line.append(f"  queue {run.queue}  job {run.job_id}", style="grey70")
+        if run.job_attempt > 1:
+            line.append(f"  delivery {run.job_attempt}", style="khaki3")
+        line.append("\n")
+        line.append(f"created {day_time(run.created_at, tz, now)}", style="grey70")
+        if run.started_at:
+            line.append(f"   started {day_time(run.started_at, tz, now)}", style="grey70")
+        took = run.duration_ms if run.finished_at else None
+        if run.started_at and not run.finished_at:
+            took = (now - run.started_at).total_seconds() * 1000
+        if took is not None:
+            line.append(f"   took {duration(took)}", style="grey70")
+        line.append(f"   attempts {run.attempts}", style="grey70")
+        if run.failed_attempts:
+            line.append(f" ({run.failed_attempts} failed)", style="red1")
+        if run.replay_of:
+            line.append(f"   replay of {run.replay_of}", style="medium_purple1")
+            if run.replay_from_step:
+                line.append(f" from {run.replay_from_step}", style="medium_purple1")
+        if str(run.status) == "waiting" and run.wait_until:
+            line.append("\n")
+            line.append(
+                f"⏸ waiting until {clock_time(run.wait_until, tz)} — resumes "
+                f"{countdown(run.wait_until, now)}",
+                style="bold khaki1",
+            )
+        elif str(run.status) == "delayed" and run.run_at:
+            line.append("\n")
+            line.append(
+                f"◷ delayed until {clock_time(run.run_at, tz)} — starts "
+                f"{countdown(run.run_at, now)}",
+                style="khaki3",
+            )
+        if run.error:
+            line.append("\n")
+            line.append(run.error, style="bold red1")
+        header.update(line)
+        self.query_one(StepRail).show(run, now, tz)
+        self.query_one("#run-log", Static).update(
+            log_lines(run.logs, tz) if run.logs else Text("no engine messages", style="dim italic")
+        )
+        self.render_step()
+
+    def render_step(self) -> None:
+        step = self.selected_step()
+        if step is None:
+            return
+        tz = self.blok.tz
+        title = Text()
+        title.append(f"step {step.index + 1}/{len(self.run.steps) if self.run else 0} ")
+        title.append(step.name, style="bold")
+        title.append("  ")
+        title.append_text(status_text(str(step.status), steps=True))
+        if step.error:
+            title.append(f"\n{step.error}", style="red1")
+        self.query_one("#step-title", Static).update(title)
+        self.query_one(AttemptsView).show(step, self.blok.now())
+        self.query_one("#step-input", JsonView).show(step.input)
+        self.query_one("#step-output", JsonView).show(
+            step.output, empty="none yet" if str(step.status) in ("pending", "running") else "none"
+        )
+        self.query_one("#step-log", Static).update(
+            log_lines(step.logs, tz) if step.logs else Text("no log lines", style="dim italic")
+        )
+
+    def on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
+        self.render_step()
+
+    def engine_changed(self, changes: Changes) -> None:
+        if self.run_id in changes.runs or changes.everything:
+            self.request_reload()
+
+    def tick(self) -> None:
+        if self.run is not None and not self.run.terminal:
+            self.render_run()  # countdowns and running durations
+
+    # ---- actions ---------------------------------------------------------------------------
+    def action_cancel_run(self) -> None:
+        run = self.run
+        if run is None:
+            return
+        if run.terminal:
+            self.notify(f"run {run.id} has already ended ({run.status})", severity="warning")
+            return
+
+        async def answer(yes: bool | None) -> None:
+            if yes:
+                await self.blok.cancel_run(run.id)
+                self.request_reload()
+
+        self.app.push_screen(
+            ConfirmScreen(
+                f"Cancel run [b]{run.id}[/b]?",
+                f"{run.workflow_name} on {run.queue}, {run.status}. Its current step is "
+                "interrupted; the job is not retried.",
+                confirm="Cancel run",
+            ),
+            answer,
+        )
+
+    async def action_replay_run(self) -> None:
+        try:
+            new_id = await self.engine.replay(self.run_id)
+        except EngineError as error:
+            self.notify(str(error), title="Replay refused", severity="error")
+            return
+        self.notify(f"replay of {self.run_id} started as {new_id}", title="Replayed")
+        self.blok.open_run(new_id)
+
+    def action_open_source(self) -> None:
+        if self.run is not None and self.run.replay_of:
+            self.blok.open_run(self.run.replay_of)
+        else:
+            self.notify("this run is not a replay", severity="warning")

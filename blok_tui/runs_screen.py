@@ -1,0 +1,280 @@
+"""The runs view: a live table of runs, newest first, paged from the store so that 100,000
+runs open as fast as 100. `/` filters by text, 0-6 (or s) by status; enter opens a run,
+c cancels it (after a confirmation), r replays it and opens the new run."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import BindingType
+from textual.widgets import DataTable, Static
+
+from engine import EngineError, Run, RunFilter
+
+from . import actions
+from .actions import STATUS_FILTERS
+from .base_screen import BlokScreen, Changes
+from .confirm_screen import ConfirmScreen
+from .console import day_time, duration, status_text
+from .widgets import FilterInput
+
+PAGE = 100  # rows held in the table; the window slides as the cursor reaches an edge
+COLUMNS = (
+    ("status", 12),
+    ("run", 23),
+    ("workflow", 18),
+    ("version", 8),
+    ("queue", 10),
+    ("started", 11),
+    ("took", 7),
+    ("attempts", 8),
+    ("replay of", 23),
+)
+
+
+class RunsScreen(BlokScreen):
+    SCOPE: ClassVar[str] = actions.RUNS
+    BINDINGS: ClassVar[list[BindingType]] = actions.bindings(actions.RUNS)
+
+    def __init__(
+        self, *, status: str = "all", queue: str | None = None, workflow: str | None = None
+    ) -> None:
+        super().__init__()
+        self.status_name = status
+        self.queue = queue
+        self.workflow = workflow
+        self.text = ""
+        self.start = 0
+        self.total = 0
+        self.runs: list[Run] = []
+        self._shown: dict[str, list[Text | str]] = {}  # cells on screen, by run id
+        self.loaded = False  # the first page is on screen (the benchmark waits for this)
+
+    @property
+    def crumb(self) -> str:
+        parts = ["runs"]
+        if self.queue:
+            parts.append(self.queue)
+        if self.workflow:
+            parts.append(self.workflow)
+        if self.status_name != "all":
+            parts.append(self.status_name)
+        return " ".join(parts)
+
+    def compose_body(self) -> ComposeResult:
+        yield Static(id="filters", classes="filters")
+        yield FilterInput("filter runs: id, workflow, queue, status or error text…")
+        table: DataTable[Text | str] = DataTable(id="runs", cursor_type="row", zebra_stripes=True)
+        for name, width in COLUMNS:
+            table.add_column(name, key=name, width=width)
+        yield table
+
+    @property
+    def table(self) -> DataTable[Text | str]:
+        return self.query_one("#runs", DataTable)
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        self.table.focus()
+
+    @property
+    def where(self) -> RunFilter:
+        statuses = STATUS_FILTERS[self.status_name] or None
+        return RunFilter.of(statuses, self.workflow, self.queue, self.text or None)
+
+    async def load(self) -> None:
+        where = self.where
+        self.total = await self.engine.count_runs(where)
+        if self.start >= self.total:
+            self.start = max(0, self.total - PAGE)
+        self.runs = await self.engine.runs(
+            status=list(where.status) if where.status else None,
+            workflow=self.workflow,
+            queue=self.queue,
+            text=self.text or None,
+            limit=PAGE,
+            offset=self.start,
+        )
+        self.render_rows()
+        self.loaded = True
+
+    def row_cells(self, run: Run) -> list[Text | str]:
+        now = self.blok.now()
+        tz = self.blok.tz
+        attempts = Text(str(run.attempts or "·"), justify="right")
+        if run.failed_attempts:
+            attempts.append(f" {run.failed_attempts}✗", style="red1")
+        if run.job_attempt > 1:
+            attempts.append(f" j{run.job_attempt}", style="khaki3")
+        took = run.duration_ms
+        if run.started_at is not None and run.finished_at is None:
+            took = (now - run.started_at).total_seconds() * 1000
+        return [
+            status_text(str(run.status)),
+            Text(run.id, style="grey85"),
+            run.workflow_name,
+            Text(run.workflow_version[:8], style="grey62"),
+            run.queue,
+            day_time(run.started_at or run.created_at, tz, now),
+            Text(duration(took) if run.started_at else "–", justify="right"),
+            attempts,
+            Text(run.replay_of or "", style="medium_purple1"),
+        ]
+
+    def render_rows(self) -> None:
+        table = self.table
+        keys = [run.id for run in self.runs]
+        current = [str(k.value) for k in table.rows]
+        fresh = {run.id: self.row_cells(run) for run in self.runs}
+        if keys == current:
+            # Only the cells that changed: most refreshes touch a row or two of a hundred.
+            for run_id, cells in fresh.items():
+                shown = self._shown.get(run_id, [])
+                for n, ((column, _), cell) in enumerate(zip(COLUMNS, cells, strict=True)):
+                    if n >= len(shown) or shown[n] != cell:
+                        table.update_cell(run_id, column, cell)
+        else:
+            selected = self.selected_run_id()
+            at = table.cursor_row
+            table.clear()
+            for run_id, cells in fresh.items():
+                table.add_row(*cells, key=run_id)
+            if selected in keys:
+                table.move_cursor(row=keys.index(selected), animate=False)
+            elif keys:
+                table.move_cursor(row=min(at, len(keys) - 1), animate=False)
+        self._shown = fresh
+        self.render_filters()
+
+    def render_filters(self) -> None:
+        line = Text()
+        for n, name in enumerate(STATUS_FILTERS):
+            chosen = name == self.status_name
+            line.append(f" {n} ", style="reverse bold" if chosen else "bold dim")
+            line.append(f"{name} ", style="bold" if chosen else "dim")
+        if self.text:
+            line.append("  / ", style="bold")
+            line.append(self.text, style="khaki1")
+        shown = len(self.runs)
+        if shown:
+            line.append(
+                f"   {self.start + 1:,}–{self.start + shown:,} of {self.total:,}", style="bold"
+            )
+        else:
+            line.append("   no runs match" if self.total == 0 else "", style="dim")
+        self.query_one("#filters", Static).update(line)
+
+    def selected_run_id(self) -> str | None:
+        table = self.table
+        if table.row_count == 0:
+            return None
+        row_key, _ = table.coordinate_to_cell_key(table.cursor_coordinate)
+        return str(row_key.value)
+
+    def engine_changed(self, changes: Changes) -> None:
+        if changes.runs or changes.everything:
+            self.request_reload()
+
+    def tick(self) -> None:
+        # Durations of running runs grow without any event: redraw just those cells.
+        for run in self.runs:
+            if run.started_at is not None and run.finished_at is None:
+                cells = self.row_cells(run)
+                self.table.update_cell(run.id, "took", cells[6])
+                self._shown[run.id] = cells
+
+    # ---- paging ----------------------------------------------------------------------------
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        table = self.table
+        if event.data_table is not table or event.cursor_row != table.cursor_row:
+            return  # a stale event from before the last redraw
+        last = table.row_count - 1
+        if event.cursor_row == last and self.start + table.row_count < self.total:
+            self.start += PAGE // 2
+            self.request_reload()
+        elif event.cursor_row == 0 and self.start > 0:
+            self.start = max(0, self.start - PAGE // 2)
+            self.request_reload()
+
+    def action_first_page(self) -> None:
+        self.start = 0
+        self.request_reload()
+        self.table.move_cursor(row=0, animate=False)
+
+    def action_last_page(self) -> None:
+        self.start = max(0, self.total - PAGE)
+        self.request_reload()
+        self.table.move_cursor(row=PAGE, animate=False)
+
+    # ---- filters ---------------------------------------------------------------------------
+    def action_status(self, name: str) -> None:
+        self.status_name = name
+        self.start = 0
+        self.show_chrome()
+        self.request_reload()
+
+    def action_cycle_status(self) -> None:
+        names = list(STATUS_FILTERS)
+        self.action_status(names[(names.index(self.status_name) + 1) % len(names)])
+
+    def action_filter(self) -> None:
+        box = self.query_one(FilterInput)
+        box.value = self.text
+        box.open()
+
+    def on_input_changed(self, event: FilterInput.Changed) -> None:
+        self.text = event.value.strip()
+        self.start = 0
+        self.request_reload()
+
+    def on_filter_input_done(self, event: FilterInput.Done) -> None:
+        self.text = event.value.strip()
+        self.request_reload()
+        self.table.focus()
+
+    # ---- actions ---------------------------------------------------------------------------
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        event.stop()
+        self.action_open_run()
+
+    def action_open_run(self) -> None:
+        run_id = self.selected_run_id()
+        if run_id is not None:
+            self.blok.open_run(run_id)
+
+    def action_cancel_run(self) -> None:
+        run = next((r for r in self.runs if r.id == self.selected_run_id()), None)
+        if run is None:
+            return
+        if run.terminal:
+            self.notify(f"run {run.id} has already ended ({run.status})", severity="warning")
+            return
+
+        async def answer(yes: bool | None) -> None:
+            if yes:
+                await self.blok.cancel_run(run.id)
+                self.request_reload()
+
+        self.app.push_screen(
+            ConfirmScreen(
+                f"Cancel run [b]{run.id}[/b]?",
+                f"{run.workflow_name} on {run.queue}, {run.status}. Its current step is "
+                "interrupted; the job is not retried.",
+                confirm="Cancel run",
+            ),
+            answer,
+        )
+
+    async def action_replay_run(self) -> None:
+        run_id = self.selected_run_id()
+        if run_id is None:
+            return
+        try:
+            new_id = await self.engine.replay(run_id)
+        except EngineError as error:
+            self.notify(str(error), title="Replay refused", severity="error")
+            return
+        self.notify(f"replay of {run_id} started as {new_id}", title="Replayed")
+        self.blok.open_run(new_id)

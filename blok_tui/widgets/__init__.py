@@ -1,0 +1,19 @@
+"""The console's building blocks, each one idea: bars, banners, the step rail, JSON, attempts."""
+
+from .attempts import AttemptsView
+from .crumbs import Crumbs
+from .filter_input import FilterInput
+from .json_view import JsonView
+from .reload_banner import ReloadBanner
+from .sparkline import sparkline
+from .step_rail import StepRail
+
+__all__ = [
+    "AttemptsView",
+    "Crumbs",
+    "FilterInput",
+    "JsonView",
+    "ReloadBanner",
+    "StepRail",
+    "sparkline",
+]

@@ -1,0 +1,51 @@
+"""A persistent banner while any workflow file fails to load: file, line and message, so the
+operator knows the previous version is still serving and where to look."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.text import Text
+from textual.widgets import Static
+
+
+class ReloadBanner(Static):
+    DEFAULT_CSS = """
+    ReloadBanner {
+        display: none; height: auto; max-height: 6;
+        background: $error 25%; color: $text; border-left: thick $error; padding: 0 1;
+    }
+    ReloadBanner.-failing { display: block; }
+    """
+
+    def show_errors(self, errors: dict[str, str]) -> None:
+        self.set_class(bool(errors), "-failing")
+        if not errors:
+            self.update("")
+            return
+        text = Text()
+        count = len(errors)
+        text.append(
+            f"⚠ {count} workflow file{'s' if count > 1 else ''} failed to load",
+            style="bold",
+        )
+        text.append(
+            " — fix and save; until then its last good version, if any, keeps serving", style="dim"
+        )
+        for path, message in sorted(errors.items()):
+            where, _, what = message.partition(": ")
+            text.append("\n  ")
+            text.append(_short(where), style="bold underline")
+            text.append(f"  {what}" if what else "")
+            del path
+        self.update(text)
+
+
+def _short(where: str) -> str:
+    """ "/long/path/to/workflows/orders.py:12" -> "workflows/orders.py:12"."""
+    file, sep, line = where.rpartition(":")
+    if not sep or not line.isdigit():
+        file, line = where, ""
+    parts = Path(file).parts
+    shown = str(Path(*parts[-2:])) if len(parts) >= 2 else file
+    return f"{shown}:{line}" if line else shown

@@ -1,0 +1,245 @@
+"""Hot reload: watch the workflows folder and swap definitions in without dropping a run.
+
+A burst of saves is one reload (watchfiles groups changes until the folder is quiet for
+`step_ms`). Only the files that changed are imported again, except when a helper module beside
+them changed: every workflow file may import it, so all of them are. Imports run in a thread
+with a time limit, off the event loop, so runs keep going while a file loads and a file that
+never finishes importing is reported instead of hanging the engine. Runs in flight hold their
+`Workflow` object and finish on it; the engine's queues switch to the new one (`Engine._apply`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING
+from weakref import WeakKeyDictionary
+
+import anyio
+import anyio.from_thread
+import anyio.lowlevel
+from watchfiles import Change, awatch
+
+from .loader import (
+    IMPORT_TIMEOUT_S,
+    LoadedFile,
+    WorkflowLoadError,
+    file_digest,
+    is_workflow_file,
+    load_file_with_timeout,
+    workflow_files,
+)
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+log = logging.getLogger("blok.reload")
+
+DEBOUNCE_MS = 1_600  # the longest a stream of saves is grouped before a reload happens anyway
+STEP_MS = 50  # a reload starts once the folder has been quiet this long
+
+_watching: WeakKeyDictionary[Engine, anyio.Event] = WeakKeyDictionary()
+# Files that imported fine but were refused because another file defines the same workflow
+# or queue: tried again after every reload, since fixing the other file fixes them too.
+_refused: WeakKeyDictionary[Engine, dict[Path, LoadedFile]] = WeakKeyDictionary()
+
+
+def _watching_event(engine: Engine) -> anyio.Event:
+    event = _watching.get(engine)
+    if event is None:
+        event = _watching[engine] = anyio.Event()
+    return event
+
+
+async def wait_until_watching(engine: Engine) -> None:
+    """Return once the engine's watcher sees changes; a save before that would go unnoticed
+    (tests and benchmarks save right after starting the engine)."""
+    await _watching_event(engine).wait()
+
+
+class _StopSignal:
+    """The stop event handed to watchfiles. Its watcher thread polls `is_set()` from the moment
+    the OS watch is in place, so the first poll is also the signal that the watch is live."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._stop = threading.Event()
+        self._polled = False
+        self._live = _watching_event(engine)
+        self._token = anyio.lowlevel.current_token()
+
+    def is_set(self) -> bool:
+        if not self._polled:
+            self._polled = True
+            anyio.from_thread.run_sync(self._live.set, token=self._token)
+        return self._stop.is_set()
+
+    def set(self) -> None:
+        self._stop.set()
+
+
+def _python_source(change: Change, path: str) -> bool:
+    name = os.path.basename(path)
+    return name.endswith(".py") and not name.startswith(".")
+
+
+async def watch_folder(
+    engine: Engine, folder: Path, *, debounce_ms: int = DEBOUNCE_MS, step_ms: int = STEP_MS
+) -> None:
+    """Reload the engine's workflow files as they change, until cancelled."""
+    folder = folder.resolve()
+    source = Path(engine._source) if isinstance(engine._source, str | os.PathLike) else None
+    only = source.resolve() if source is not None and source.is_file() else None
+    stop = _StopSignal(engine)
+    one_at_a_time = anyio.Lock()  # imports share sys.modules: never two reloads at once
+    async with anyio.create_task_group() as tg:
+        # awatch waits for its watcher thread before it sets its stop event, so a cancelled
+        # watch would linger until the thread's 5 s timeout: stop the thread at once instead.
+        tg.start_soon(_stop_when_cancelled, stop)
+        tg.start_soon(_catch_up, engine, folder, only, one_at_a_time)
+        async for changes in awatch(
+            folder,
+            watch_filter=_python_source,
+            debounce=debounce_ms,
+            step=step_ms,
+            stop_event=stop,
+            recursive=False,  # helpers are the modules beside the workflow files (see loader)
+        ):
+            try:
+                async with one_at_a_time:
+                    await reload_paths(engine, folder, {Path(p) for _, p in changes}, only=only)
+            except Exception:
+                # A bug here must not take the runs down with the watcher: say so, go on.
+                log.exception("hot reload of %s failed; still watching", folder)
+        tg.cancel_scope.cancel()
+
+
+async def _catch_up(engine: Engine, folder: Path, only: Path | None, lock: anyio.Lock) -> None:
+    """Once the watch is live, reload what changed between the engine's first load and then:
+    no event will ever come for a save made in that gap."""
+    await wait_until_watching(engine)
+    stale = {
+        path
+        for path, loaded in engine._files.items()
+        if any(file_digest(p) != digest for p, digest in loaded.inputs.items())
+    }
+    on_disk = [only] if only is not None else workflow_files(folder)
+    known = set(engine._files) | {Path(p) for p in engine.reload_errors}
+    stale |= {p.resolve() for p in on_disk if p.exists() and p.resolve() not in known}
+    if stale:
+        log.info("catching up with %d file(s) changed while the watcher started", len(stale))
+        async with lock:
+            await reload_paths(engine, folder, stale, only=only)
+
+
+async def _stop_when_cancelled(stop: _StopSignal) -> None:
+    try:
+        await anyio.sleep_forever()
+    finally:
+        stop.set()
+
+
+def _is_workflow(path: Path, folder: Path, only: Path | None) -> bool:
+    if only is not None:
+        return path == only
+    return path.parent == folder and is_workflow_file(path)
+
+
+def _swap_in(
+    engine: Engine, outcomes: dict[Path, LoadedFile | WorkflowLoadError]
+) -> list[LoadedFile]:
+    """Hand the imported files to the engine; return those that now serve.
+
+    A file that failed to import keeps its previous version. The files that did import are
+    checked against each other's new versions, not their old ones, so that a workflow (or a
+    queue) moved from one file to another in one save is not refused as defined twice.
+    """
+    previous: dict[Path, LoadedFile] = {}
+    for path, outcome in outcomes.items():
+        if isinstance(outcome, WorkflowLoadError):
+            engine.load(path, imported=outcome)
+        elif path in engine._files:
+            previous[path] = engine._files.pop(path)
+    reloaded: list[LoadedFile] = []
+    pending = {p: o for p, o in outcomes.items() if isinstance(o, LoadedFile)}
+    refusals: dict[Path, WorkflowLoadError] = {}
+    while pending:  # files refused for a clash get another try once the others are in
+        clashing: dict[Path, LoadedFile] = {}
+        for path, outcome in pending.items():
+            try:
+                engine._check_queues(outcome)
+            except WorkflowLoadError as error:
+                clashing[path] = outcome
+                refusals[path] = error
+                continue
+            loaded = engine.load(path, imported=outcome)
+            assert loaded is not None, "a file that passed the clash check loads"
+            reloaded.append(loaded)
+        if len(clashing) == len(pending):
+            break
+        pending = clashing
+    _refused[engine] = dict(pending)
+    for path in pending:
+        if engine.reload_errors.get(str(path)) != str(refusals[path]):  # not news otherwise
+            engine.load(path, imported=refusals[path])
+        old = previous.get(path)
+        if old is None:
+            continue
+        try:
+            engine._check_queues(old)
+        except WorkflowLoadError:
+            continue  # its names now belong to another file; the error says which
+        engine._files[path] = old
+    return reloaded
+
+
+def _import(path: Path, timeout: float) -> LoadedFile | WorkflowLoadError:
+    try:
+        return load_file_with_timeout(path, timeout)
+    except WorkflowLoadError as error:
+        return error
+
+
+async def reload_paths(
+    engine: Engine, folder: Path, changed: set[Path], *, only: Path | None = None
+) -> None:
+    """Bring the engine in line with the files in `changed` (one debounced burst)."""
+    changed = {path.resolve() if path.exists() else path for path in changed}
+    targets = {path for path in changed if _is_workflow(path, folder, only)}
+    if any(path not in targets for path in changed):
+        # A helper changed: the workflow files that import it would keep the old code.
+        on_disk = [only] if only is not None and only.exists() else []
+        if only is None:
+            on_disk = workflow_files(folder)
+        known = set(engine._files) | {Path(p) for p in engine.reload_errors}
+        targets |= {p.resolve() for p in on_disk} | {p for p in known if p.parent == folder}
+    timeout = getattr(engine, "import_timeout", IMPORT_TIMEOUT_S)
+    outcomes: dict[Path, LoadedFile | WorkflowLoadError] = {}
+    gone: list[Path] = []
+    for path in sorted(targets):
+        if not path.exists():  # an editor's atomic save shows up as delete + add: look now
+            gone.append(path)
+            continue
+        # The thread that runs the import is abandoned, not waited for, when the engine stops.
+        outcomes[path] = await anyio.to_thread.run_sync(
+            _import, path, timeout, abandon_on_cancel=True
+        )
+    for path, outcome in _refused.get(engine, {}).items():
+        if path not in targets and path.exists():
+            outcomes.setdefault(path, outcome)
+    for path in gone:
+        if path in engine._files or str(path) in engine.reload_errors:
+            engine.unload(path)
+            log.info("workflow file removed: %s", path)
+    reloaded = _swap_in(engine, outcomes)
+    engine._apply()
+    for path in gone:
+        engine.notify_reloaded(LoadedFile(path, "", []))
+    for loaded in reloaded:
+        log.info(
+            "reloaded %s: %s",
+            loaded.path,
+            ", ".join(f"{w.name}@{w.version}" for w in loaded.workflows),
+        )
+        engine.notify_reloaded(loaded)

@@ -1,0 +1,344 @@
+"""A worker under load is `kill -9`ed three times; afterwards nothing is lost or doubled.
+
+The node records its effect in a side SQLite file: one row per job (INSERT keyed by job id) plus
+a counter of executions. A job whose worker died after the effect but before the run's record
+committed runs again, so "executed at least once" (the counter) and "completed exactly once in
+the run store" (one completed run per job) are checked separately.
+
+Two scenarios: one worker killed and restarted (its successor finds the dead pid on boot and
+redelivers at once), and two workers sharing the file where the survivor takes over the killed
+one's jobs when their leases expire. Settings for a longer soak locally: CHAOS_JOBS, CHAOS_SEED.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from contextlib import closing, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+import pytest
+
+from engine import Engine
+
+pytestmark = [pytest.mark.chaos, pytest.mark.anyio]
+
+JOBS = int(os.environ.get("CHAOS_JOBS", "500"))
+KILLS = 3
+LEASE_S = 1.5
+
+WORKER_SCRIPT = """
+import signal
+import sys
+
+import anyio
+
+from engine import Engine
+
+
+async def main() -> None:
+    database, workflows, lease = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    async with Engine(
+        workflows=workflows, database=database, lease=lease, heartbeat=lease / 4, grace_period=5
+    ) as engine:
+        with anyio.open_signal_receiver(signal.SIGTERM) as signals:
+            print(f"worker {engine.worker.id} ready", flush=True)
+            async for _ in signals:
+                print("worker stopping", flush=True)
+                return
+
+
+anyio.run(main)
+"""
+
+WORKFLOW_FILE = """
+import os
+import sqlite3
+
+import anyio
+
+from engine import Step, WorkerTrigger, Workflow
+
+EFFECTS = os.environ["CHAOS_EFFECTS_DB"]
+WORK_S = float(os.environ["CHAOS_WORK_MS"]) / 1000
+CONCURRENCY = int(os.environ["CHAOS_CONCURRENCY"])
+
+
+def record_effect(job_id: str, run_id: str) -> None:
+    conn = sqlite3.connect(EFFECTS, timeout=30, isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute(
+            "INSERT INTO effects (job_id, first_run, executions) VALUES (?, ?, 1)"
+            " ON CONFLICT(job_id) DO UPDATE SET executions = executions + 1",
+            (job_id, run_id),
+        )
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+
+
+async def apply(ctx, n: int) -> dict:
+    await anyio.sleep(WORK_S)
+    await anyio.to_thread.run_sync(record_effect, ctx.params["job_id"], ctx.run_id)
+    return {"job": ctx.params["job_id"], "n": n}
+
+
+workflow = Workflow(
+    name="chaos.apply",
+    trigger=WorkerTrigger(queue="chaos", concurrency=CONCURRENCY, provider="sqlite"),
+    steps=[Step("apply", apply, inputs={"n": "$.body.n"})],
+)
+"""
+
+
+@contextmanager
+def reading(path: Path) -> Iterator[sqlite3.Connection]:
+    with closing(sqlite3.connect(path, timeout=30)) as conn:
+        yield conn
+
+
+def count(conn: sqlite3.Connection, sql: str, params: tuple[object, ...] = ()) -> int:
+    return int(conn.execute(sql, params).fetchone()[0])
+
+
+@dataclass
+class Setup:
+    tmp: Path
+    database: Path
+    effects: Path
+    workflows: Path
+    job_ids: list[str]
+    rng: random.Random
+    why: str
+    boots: int = 0
+
+    def start_worker(self) -> Worker:
+        self.boots += 1
+        return Worker(self, self.boots)
+
+
+class Worker:
+    """One worker process; its output goes to a log file that a failure message quotes."""
+
+    def __init__(self, setup: Setup, boot: int) -> None:
+        self.log = setup.tmp / f"worker-{boot}.log"
+        with self.log.open("wb") as out:
+            self.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    str(setup.tmp / "worker.py"),
+                    str(setup.database),
+                    str(setup.workflows),
+                    str(LEASE_S),
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        self.id = f"{socket.gethostname()}:{self.process.pid}"
+
+    def tail(self) -> str:
+        return self.log.read_text(errors="replace")[-3000:]
+
+    def alive(self) -> None:
+        assert self.process.poll() is None, f"worker exited early:\n{self.tail()}"
+
+    def kill9(self) -> None:
+        os.kill(self.process.pid, signal.SIGKILL)
+        assert self.process.wait(timeout=10) == -signal.SIGKILL
+
+    def stop(self) -> None:
+        self.process.send_signal(signal.SIGTERM)
+        assert self.process.wait(timeout=20) == 0, self.tail()
+
+
+async def prepare(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, work_ms: int, concurrency: int
+) -> Setup:
+    seed = int(os.environ.get("CHAOS_SEED", random.randrange(1_000_000)))
+    setup = Setup(
+        tmp=tmp_path,
+        database=tmp_path / "blok.db",
+        effects=tmp_path / "effects.db",
+        workflows=tmp_path / "workflows",
+        job_ids=[],
+        rng=random.Random(seed),
+        why=f"(CHAOS_SEED={seed})",
+    )
+    setup.workflows.mkdir()
+    (setup.workflows / "chaos_flow.py").write_text(textwrap.dedent(WORKFLOW_FILE))
+    (tmp_path / "worker.py").write_text(textwrap.dedent(WORKER_SCRIPT))
+    monkeypatch.setenv("CHAOS_EFFECTS_DB", str(setup.effects))
+    monkeypatch.setenv("CHAOS_WORK_MS", str(work_ms))
+    monkeypatch.setenv("CHAOS_CONCURRENCY", str(concurrency))
+    with reading(setup.effects) as conn:
+        conn.execute(
+            "CREATE TABLE effects (job_id TEXT PRIMARY KEY, first_run TEXT NOT NULL,"
+            " executions INTEGER NOT NULL)"
+        )
+        conn.commit()
+    async with Engine(workflows=setup.workflows, database=setup.database, consume=False) as e:
+        setup.job_ids = await e.enqueue_many("chaos", [{"n": n} for n in range(JOBS)])
+    assert len(set(setup.job_ids)) == JOBS
+    return setup
+
+
+async def poll(setup: Setup, sql: str, until: Callable[[int], bool], *workers: Worker) -> int:
+    """Poll the shared file: other processes write it, so there is no event to await."""
+    with anyio.fail_after(45), reading(setup.database) as conn:
+        while True:
+            value = count(conn, sql)
+            if until(value):
+                return value
+            for worker in workers:
+                worker.alive()
+            await anyio.sleep(0.02)
+
+
+COMPLETED_JOBS = "SELECT count(*) FROM jobs WHERE state = 'completed'"
+RUNNING_RUNS = "SELECT count(*) FROM runs WHERE status = 'running'"
+
+
+async def kill_under_load(setup: Setup, victim: Worker, *others: Worker, point: int) -> int:
+    """Kill `victim` once `point` jobs are done, at a random moment after; the number of runs
+    that were `running` just before."""
+    await poll(setup, COMPLETED_JOBS, lambda done: done >= point, victim, *others)
+    await anyio.sleep(setup.rng.uniform(0, 0.05))
+    with reading(setup.database) as conn:
+        in_flight = count(conn, RUNNING_RUNS)
+    victim.kill9()
+    return in_flight
+
+
+def verify(setup: Setup) -> dict[str, int]:
+    """Every job completed exactly once in the run store, executed at least once, nothing left
+    running, an intact file. Returns run counts by status."""
+    why, job_ids = setup.why, setup.job_ids
+    with reading(setup.database) as conn:
+        assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)], why
+        statuses = dict(
+            conn.execute("SELECT status, count(*) FROM runs GROUP BY status").fetchall()
+        )
+        completed = dict(
+            conn.execute(
+                "SELECT job_id, count(*) FROM runs WHERE status = 'completed' GROUP BY job_id"
+            ).fetchall()
+        )
+        job_states = dict(
+            conn.execute("SELECT state, count(*) FROM jobs GROUP BY state").fetchall()
+        )
+        outputs = conn.execute(
+            "SELECT job_id, json_extract(output, '$.job') FROM runs WHERE status = 'completed'"
+        ).fetchall()
+        orphans = count(
+            conn,
+            "SELECT count(*) FROM runs r WHERE r.status = 'crashed' AND NOT EXISTS"
+            " (SELECT 1 FROM runs c WHERE c.job_id = r.job_id AND c.status = 'completed')",
+        )
+        open_steps = count(conn, "SELECT count(*) FROM steps WHERE status = 'running'")
+        open_attempts = count(conn, "SELECT count(*) FROM attempts WHERE status = 'running'")
+        workers_left = count(conn, "SELECT count(*) FROM workers")
+        statuses["lease_expired"] = count(
+            conn, "SELECT count(*) FROM runs WHERE error LIKE '%lease expired%'"
+        )
+    with reading(setup.effects) as conn:
+        executions = dict(conn.execute("SELECT job_id, executions FROM effects").fetchall())
+
+    assert statuses.get("running", 0) == 0, (statuses, why)
+    assert set(statuses) - {"lease_expired"} <= {"completed", "crashed"}, (statuses, why)
+    assert job_states == {"completed": JOBS}, (job_states, why)
+    assert completed == dict.fromkeys(job_ids, 1), why
+    assert all(job == output for job, output in outputs), why
+    assert set(executions) == set(job_ids), why
+    assert (orphans, open_steps, open_attempts, workers_left) == (0, 0, 0, 0), why
+    statuses["executed_twice"] = sum(1 for n in executions.values() if n > 1)
+    return statuses
+
+
+async def test_kill9_three_times_loses_and_doubles_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    setup = await prepare(tmp_path, monkeypatch, work_ms=20, concurrency=8)
+    started = time.monotonic()
+    points = sorted(setup.rng.sample(range(JOBS // 10, JOBS * 9 // 10), KILLS))
+    in_flight = []
+    for point in points:
+        worker = setup.start_worker()
+        in_flight.append(await kill_under_load(setup, worker, point=point))
+    final = setup.start_worker()
+    await poll(setup, COMPLETED_JOBS, lambda done: done == JOBS, final)
+    final.stop()
+    statuses = verify(setup)
+    # The kills must have hit runs in flight, or this test proved nothing.
+    assert sum(in_flight) > 0 and statuses.get("crashed", 0) > 0, (in_flight, setup.why)
+    print(
+        f"chaos, one worker {setup.why}: {JOBS} jobs, killed at {points} completed with "
+        f"{in_flight} running, runs {statuses}, {time.monotonic() - started:.1f}s"
+    )
+
+
+async def test_a_surviving_worker_takes_over_a_killed_ones_jobs_when_leases_expire(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Slower jobs and fewer slots: the load must outlast three lease expiries.
+    setup = await prepare(tmp_path, monkeypatch, work_ms=100, concurrency=4)
+    started = time.monotonic()
+    workers = [setup.start_worker(), setup.start_worker()]
+    points = sorted(setup.rng.sample(range(JOBS // 20, JOBS // 2), KILLS))
+    in_flight = []
+    for point in points:
+        index = setup.rng.randrange(2)
+        victim, survivor = workers[index], workers[1 - index]
+        in_flight.append(await kill_under_load(setup, victim, survivor, point=point))
+        # Not restarted yet, so no boot recovery: only the lease expiring frees its jobs.
+        held = f"SELECT count(*) FROM jobs WHERE state = 'active' AND worker = '{victim.id}'"
+        await poll(setup, held, lambda n: n == 0, survivor)
+        workers[index] = setup.start_worker()
+    await poll(setup, COMPLETED_JOBS, lambda done: done == JOBS, *workers)
+    for worker in workers:
+        worker.stop()
+    statuses = verify(setup)
+    assert sum(in_flight) > 0 and statuses["lease_expired"] > 0, (statuses, setup.why)
+    print(
+        f"chaos, two workers {setup.why}: {JOBS} jobs, killed at {points} completed with "
+        f"{in_flight} running, runs {statuses}, {time.monotonic() - started:.1f}s"
+    )
+
+
+async def test_a_worker_stalled_past_its_lease_does_not_complete_a_job_twice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Not dead, only frozen (SIGSTOP: a long GC pause, a suspended laptop, an overloaded host):
+    # the other worker takes its jobs when their leases expire, then it wakes up and finishes
+    # the runs it was holding. Those must stay crashed, and the job must not be settled by it.
+    setup = await prepare(tmp_path, monkeypatch, work_ms=50, concurrency=4)
+    started = time.monotonic()
+    frozen, survivor = setup.start_worker(), setup.start_worker()
+    await poll(setup, COMPLETED_JOBS, lambda done: done >= JOBS // 10, frozen, survivor)
+    held = f"SELECT count(*) FROM jobs WHERE state = 'active' AND worker = '{frozen.id}'"
+    with reading(setup.database) as conn:
+        assert count(conn, held) > 0, setup.why
+    os.kill(frozen.process.pid, signal.SIGSTOP)
+    try:
+        await poll(setup, held, lambda n: n == 0, survivor)
+    finally:
+        os.kill(frozen.process.pid, signal.SIGCONT)
+    await poll(setup, COMPLETED_JOBS, lambda done: done == JOBS, frozen, survivor)
+    for worker in (frozen, survivor):
+        worker.stop()
+    statuses = verify(setup)
+    assert statuses["lease_expired"] > 0 and statuses["executed_twice"] > 0, (statuses, setup.why)
+    print(
+        f"chaos, stalled worker {setup.why}: {JOBS} jobs, runs {statuses}, "
+        f"{time.monotonic() - started:.1f}s"
+    )

@@ -1,0 +1,61 @@
+"""Workflows the console tests drive: one that runs until cancelled, one that fails its first
+attempt then succeeds, one that always fails, and one that returns at once."""
+
+from __future__ import annotations
+
+import anyio
+
+from engine import Retry, Step, WorkerTrigger, Workflow
+
+
+async def sleep_long(ctx) -> dict:
+    await anyio.sleep(60)
+    return {"slept": 60}
+
+
+def fail_first(ctx) -> dict:
+    if ctx.attempt == 1:
+        raise ConnectionError("upstream reset the connection (first attempt always fails)")
+    return {"attempt": ctx.attempt}
+
+
+def always_fail(ctx) -> None:
+    raise ValueError(f"bad order {ctx.body.get('order_id')!r}")
+
+
+def echo(ctx) -> dict:
+    return {"echo": ctx.body}
+
+
+SLOW = Workflow(
+    name="slow.sleep",
+    trigger=WorkerTrigger(queue="slow", concurrency=2),
+    steps=[Step("sleep", sleep_long)],
+)
+FLAKY = Workflow(
+    name="flaky.retry",
+    trigger=WorkerTrigger(queue="flaky", concurrency=2),
+    steps=[
+        Step("call", fail_first, retry=Retry(max_attempts=3, min_timeout="20ms")),
+        Step("after", echo),
+    ],
+)
+BROKEN = Workflow(
+    name="broken.always",
+    trigger=WorkerTrigger(queue="broken", concurrency=2),
+    steps=[Step("check", always_fail)],
+)
+QUICK = Workflow(
+    name="quick.echo",
+    trigger=WorkerTrigger(queue="quick", concurrency=4),
+    steps=[Step("echo", echo)],
+)
+ALL = [SLOW, FLAKY, BROKEN, QUICK]
+
+
+DOOMED = Workflow(
+    name="doomed.retry",
+    trigger=WorkerTrigger(queue="doomed", retries=1, delay=10),
+    steps=[Step("check", always_fail)],
+)
+ALL.append(DOOMED)

@@ -1,0 +1,49 @@
+"""Waiting on the console without sleeping for fixed times, and reading what it shows."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+from rich.console import Console
+from textual.pilot import Pilot
+from textual.widgets import DataTable, Static
+
+from blok_tui.app import BlokApp
+
+
+async def until(pilot: Pilot[Any], predicate: Callable[[], bool], timeout: float = 10) -> None:
+    """Let the app process messages until `predicate()` holds."""
+    with anyio.fail_after(timeout):
+        while not predicate():
+            await pilot.pause(0.02)
+
+
+async def settled(pilot: Pilot[Any]) -> None:
+    """Until the app has shown every engine change it noted and no view is reading."""
+    app = pilot.app
+    assert isinstance(app, BlokApp)
+    await until(pilot, lambda: app.ready.is_set())
+    await pilot.pause()
+    await until(pilot, lambda: app.idle)
+    await pilot.pause()
+
+
+async def command(pilot: Pilot[Any], line: str) -> None:
+    """Type a `:` command as an operator would."""
+    await pilot.press("colon")
+    await pilot.press(*line)
+    await pilot.press("enter")
+    await settled(pilot)
+
+
+def column(table: DataTable[Any], key: str) -> list[str]:
+    return [str(table.get_cell(row, key)) for row in table.rows]
+
+
+def text_of(widget: Static, width: int = 160) -> str:
+    console = Console(width=width, record=True, file=None, force_terminal=False)
+    with console.capture() as capture:
+        console.print(widget.content)
+    return capture.get()

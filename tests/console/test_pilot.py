@@ -1,0 +1,227 @@
+"""The console driven by keys over a real engine on a real SQLite file."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import pytest
+from textual.widgets import DataTable, Static, TextArea
+
+from blok_tui.app import BlokApp
+from blok_tui.confirm_screen import ConfirmScreen
+from blok_tui.inject_screen import InjectScreen
+from blok_tui.run_screen import RunScreen
+from blok_tui.runs_screen import RunsScreen
+from blok_tui.widgets import AttemptsView, StepRail
+from engine import Engine, RunStarted
+
+from .flows import ALL
+from .helpers import column, command, settled, text_of, until
+
+pytestmark = pytest.mark.anyio
+SIZE = (150, 45)
+
+
+@pytest.fixture
+async def engine(tmp_path: Path) -> AsyncIterator[Engine]:
+    async with Engine(workflows=ALL, database=tmp_path / "blok.db", grace_period=0.5) as engine:
+        yield engine
+
+
+async def _running(engine: Engine, queue: str) -> str:
+    """Enqueue a job and return its run id once a worker has started it."""
+    events = engine.events()
+    job_id = await engine.enqueue(queue, {"order_id": "S1"})
+    with anyio.fail_after(10):
+        async for event in events:
+            if isinstance(event, RunStarted) and event.queue == queue:
+                break
+    await events.aclose()
+    return (await engine.get_job(job_id)).run_id
+
+
+async def test_cancel_a_running_run_with_c_after_confirming(engine: Engine) -> None:
+    run_id = await _running(engine, "slow")
+    app = BlokApp(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        await command(pilot, "runs running")
+        table = app.screen.query_one("#runs", DataTable)
+        assert column(table, "run") == [run_id]
+        await pilot.press("c")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        await pilot.press("y")
+        await until(pilot, lambda: isinstance(app.screen, RunsScreen))
+        with anyio.fail_after(10):
+            while (await engine.get_run(run_id)).status != "cancelled":
+                await pilot.pause(0.02)
+        # The running filter no longer shows it; without a filter it reads cancelled.
+        await settled(pilot)
+        await pilot.press("0")
+        await settled(pilot)
+        table = app.screen.query_one("#runs", DataTable)
+        assert column(table, "status") == ["⊘ cancelled"]
+
+
+async def test_cancel_asks_first_and_n_keeps_the_run(engine: Engine) -> None:
+    run_id = await _running(engine, "slow")
+    app = BlokApp(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        await command(pilot, f"run {run_id}")
+        assert isinstance(app.screen, RunScreen)
+        await pilot.press("c")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        await pilot.press("n")
+        await until(pilot, lambda: isinstance(app.screen, RunScreen))
+        assert (await engine.get_run(run_id)).status == "running"
+        await engine.cancel(run_id)
+
+
+async def test_replay_with_r_opens_the_new_run(engine: Engine) -> None:
+    job_id = await engine.enqueue("quick", {"n": 7})
+    source = await engine.wait_for_job(job_id, timeout=10)
+    app = BlokApp(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        await command(pilot, "runs quick")
+        await pilot.press("r")
+        await until(pilot, lambda: isinstance(app.screen, RunScreen))
+        screen = app.screen
+        assert isinstance(screen, RunScreen)
+        assert screen.run_id != source.id
+        replay = await engine.get_run(screen.run_id)
+        assert replay.replay_of == source.id
+        assert replay.input == {"n": 7}
+        await settled(pilot)
+        header = text_of(screen.query_one("#run-header", Static))
+        assert f"replay of {source.id}" in header
+
+
+async def test_inject_refuses_bad_json_in_the_modal_then_sends(engine: Engine) -> None:
+    app = BlokApp(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        await command(pilot, "inject quick")
+        modal = app.screen
+        assert isinstance(modal, InjectScreen)
+        modal.query_one(TextArea).text = '{"order_id": "B7", }'
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        problem = text_of(modal.query_one("#problem", Static))
+        assert "not valid JSON: line 1, column 20" in problem
+        assert app.screen is modal
+        assert await engine.count_runs() == 0
+        modal.query_one(TextArea).text = '{"order_id": "B7"}'
+        await pilot.press("ctrl+s")
+        await until(pilot, lambda: not isinstance(app.screen, InjectScreen))
+        runs = await engine.runs(queue="quick")
+        assert [r.input for r in runs] == [{"order_id": "B7"}]
+
+
+async def test_inject_explains_an_unknown_queue_and_sends_nothing(engine: Engine) -> None:
+    app = BlokApp(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        await command(pilot, "inject nosuch")
+        modal = app.screen
+        assert isinstance(modal, InjectScreen)
+        assert "unknown queue 'nosuch'" in text_of(modal.query_one("#problem", Static))
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert app.screen is modal
+        assert "unknown queue 'nosuch'" in text_of(modal.query_one("#problem", Static))
+        assert await engine.count_runs() == 0
+
+
+async def test_filter_the_runs_table_by_text_and_by_status(engine: Engine) -> None:
+    quick = [await engine.enqueue("quick", {"n": n}) for n in range(3)]
+    broken = [await engine.enqueue("broken", {"order_id": f"X{n}"}) for n in range(2)]
+    for job_id in quick + broken:
+        await engine.wait_for_job(job_id, timeout=10)
+    app = BlokApp(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        await command(pilot, "runs")
+        table = app.screen.query_one("#runs", DataTable)
+        assert len(table.rows) == 5
+        await pilot.press("slash", *"broken")
+        await settled(pilot)
+        assert column(table, "workflow") == ["broken.always"] * 2
+        await pilot.press("escape")  # drops the text filter
+        await settled(pilot)
+        assert len(table.rows) == 5
+        await pilot.press("4")  # failed, timed out, crashed
+        await settled(pilot)
+        assert column(table, "status") == ["✗ failed"] * 2
+        await pilot.press("5")
+        await settled(pilot)
+        assert sorted(column(table, "workflow")) == ["quick.echo"] * 3
+
+
+async def test_open_a_run_and_see_its_attempts(engine: Engine) -> None:
+    job_id = await engine.enqueue("flaky", {"order_id": "F1"})
+    run = await engine.wait_for_job(job_id, timeout=10)
+    assert run.status == "completed"
+    app = BlokApp(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        await command(pilot, "runs flaky")
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, RunScreen))
+        await settled(pilot)
+        screen = app.screen
+        rail = screen.query_one(StepRail)
+        assert rail.option_count == 2
+        rail.highlighted = 0
+        await pilot.pause()
+        attempts = text_of(screen.query_one(AttemptsView))
+        assert "1/3" in attempts and "2/3" in attempts
+        assert "upstream reset the connection" in attempts
+        assert "retry in 20ms" in attempts
+        assert "ConnectionError" in attempts  # the traceback of the failed attempt
+
+
+async def test_requeue_a_dead_letter_from_the_dead_letter_view(engine: Engine) -> None:
+    job_id = await engine.enqueue("doomed", {"order_id": "D1"})
+    first = await engine.wait_for_job(job_id, timeout=10)
+    assert [j.id for j in await engine.dead_letters("doomed")] == [job_id]
+    app = BlokApp(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        await command(pilot, "dlq doomed")
+        table = app.screen.query_one("#dead", DataTable)
+        assert column(table, "job") == [job_id]
+        await pilot.press("r")
+        # Back in the queue with a fresh run, which fails again and dead-letters again.
+        with anyio.fail_after(10):
+            while (await engine.get_job(job_id)).run_id == first.id:
+                await pilot.pause(0.02)
+        again = await engine.wait_for_job(job_id, timeout=10)
+        assert again.id != first.id and again.status == "failed"
+
+
+async def test_pause_and_resume_a_queue_from_the_queues_view(engine: Engine) -> None:
+    app = BlokApp(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        table = app.screen.query_one("#queues", DataTable)
+        table.move_cursor(row=column(table, "queue").index("quick"))
+        await pilot.press("p")
+        await settled(pilot)
+        assert {q.name: q.paused for q in await engine.queues()}["quick"] is True
+        await until(pilot, lambda: "paused" in str(table.get_cell("quick", "queue")))
+        await pilot.press("p")
+        await settled(pilot)
+        assert {q.name: q.paused for q in await engine.queues()}["quick"] is False
+
+
+async def test_unknown_command_says_what_exists(engine: Engine) -> None:
+    app = BlokApp(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        await command(pilot, "frobnicate")
+        messages = [n.message for n in app._notifications]
+        assert any("unknown command :frobnicate" in m and ":runs" in m for m in messages)

@@ -1,0 +1,402 @@
+"""Scheduling gates on the SQLite store: concurrency keys (queue and throw), delay + TTL and
+debounce (trailing and leading), including restarts and a crashed worker's slots."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import sys
+import textwrap
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from engine import (
+    Debounce,
+    Engine,
+    RunStatus,
+    RunStatusChanged,
+    Step,
+    WorkerTrigger,
+    Workflow,
+    WorkflowDefinitionError,
+)
+from engine.models import Run
+
+pytestmark = pytest.mark.anyio
+
+
+def flow(name: str, node: Any, **trigger: Any) -> Workflow:
+    return Workflow(
+        name=name, trigger=WorkerTrigger(queue=name, **trigger), steps=[Step("work", node)]
+    )
+
+
+@asynccontextmanager
+async def status_changes(engine: Engine) -> AsyncIterator[list[RunStatusChanged]]:
+    """Every RunStatusChanged published while the block runs."""
+    seen: list[RunStatusChanged] = []
+    subscription = engine.bus.subscribe()
+
+    async def pump() -> None:
+        async for event in subscription:
+            if isinstance(event, RunStatusChanged):
+                seen.append(event)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(pump)
+        try:
+            yield seen
+        finally:
+            await subscription.aclose()
+
+
+async def follow(engine: Engine, run: Run) -> Run:
+    """The run a debounced run was coalesced into, at the end of the chain."""
+    while run.status is RunStatus.DEBOUNCED:
+        run = await engine.get_run(run.output["debounced_into"])
+    return run
+
+
+async def test_concurrency_key_limit_holds_under_50_jobs(tmp_path: Path) -> None:
+    running: dict[str, int] = {}
+    peak: dict[str, int] = {}
+
+    async def work(ctx) -> str:
+        key = ctx.body["tenant"]
+        running[key] = running.get(key, 0) + 1
+        peak[key] = max(peak.get(key, 0), running[key])
+        await anyio.sleep(0.01)
+        running[key] -= 1
+        return key
+
+    wf = flow(
+        "tenants",
+        work,
+        concurrency=12,
+        concurrency_key="$.body.tenant",
+        concurrency_limit=3,
+        on_limit="queue",
+        limit_backoff="5ms",
+        limit_max_backoff="40ms",
+    )
+    async with Engine(workflows=[wf], database=tmp_path / "blok.db") as engine:
+        async with status_changes(engine) as changes:
+            jobs = await engine.enqueue_many("tenants", [{"tenant": "acme"}] * 50)
+            other = await engine.enqueue_many("tenants", [{"tenant": "globex"}] * 5)
+            runs = [await engine.wait_for_job(job, timeout=30) for job in jobs + other]
+        statuses = {change.status for change in changes}
+        assert await engine.gates.slots.holders("tenants", "acme") == 0
+    assert all(run.status is RunStatus.COMPLETED for run in runs)
+    assert peak["acme"] == 3  # reached, never exceeded
+    assert peak["globex"] <= 3
+    assert "queued" in statuses
+
+
+async def test_throw_marks_throttled_and_keeps_the_retry_budget(tmp_path: Path) -> None:
+    async def work(ctx) -> str:
+        await anyio.sleep(0.03)
+        return "done"
+
+    wf = flow(
+        "exports",
+        work,
+        concurrency=4,
+        retries=0,  # a throttled delivery must not count as a failed attempt
+        concurrency_key=lambda ctx: ctx.body["user"],
+        concurrency_limit=1,
+        on_limit="throw",
+        limit_backoff="10ms",
+        limit_max_backoff="50ms",
+    )
+    async with Engine(workflows=[wf], database=tmp_path / "blok.db") as engine:
+        async with status_changes(engine) as changes:
+            jobs = await engine.enqueue_many("exports", [{"user": "u1"}] * 4)
+            runs = [await engine.wait_for_job(job, timeout=20) for job in jobs]
+        throttled = {change.run_id for change in changes if change.status == "throttled"}
+        job_states = [await engine.get_job(job) for job in jobs]
+    assert all(run.status is RunStatus.COMPLETED for run in runs)
+    assert throttled  # some deliveries met the limit
+    for run in runs:
+        if run.id in throttled:
+            assert any("throttled: 1/1 runs" in line.message for line in run.logs)
+    assert all("failures" not in job.meta for job in job_states)
+
+
+async def test_queue_timeout_expires_a_run_stuck_behind_the_limit(tmp_path: Path) -> None:
+    release = anyio.Event()
+
+    async def work(ctx) -> str:
+        if ctx.body["first"]:
+            await release.wait()
+        return "ok"
+
+    wf = flow(
+        "reports",
+        work,
+        concurrency=2,
+        concurrency_key="$.body.team",
+        on_limit="queue",
+        queue_timeout="250ms",
+        limit_backoff="20ms",
+        limit_max_backoff="50ms",
+    )
+    async with Engine(workflows=[wf], database=tmp_path / "blok.db") as engine:
+        first = await engine.enqueue("reports", {"team": "t", "first": True})
+        second = await engine.enqueue("reports", {"team": "t", "first": False})
+        expired = await engine.wait_for_job(second, timeout=10)
+        release.set()
+        done = await engine.wait_for_job(first, timeout=10)
+    assert expired.status is RunStatus.EXPIRED
+    assert "queue_timeout" in (expired.error or "")
+    assert done.status is RunStatus.COMPLETED
+
+
+async def test_slots_are_released_on_failure_and_cancel(tmp_path: Path) -> None:
+    started = anyio.Event()
+
+    async def work(ctx) -> str:
+        if ctx.body["mode"] == "fail":
+            raise RuntimeError("broken")
+        if ctx.body["mode"] == "hang":
+            started.set()
+            await anyio.sleep(60)
+        return "ok"
+
+    wf = flow("single", work, concurrency=3, concurrency_key="$.body.k", limit_backoff="10ms")
+    async with Engine(workflows=[wf], database=tmp_path / "blok.db") as engine:
+        failed = await engine.wait_for_job(
+            await engine.enqueue("single", {"k": "x", "mode": "fail"}), 10
+        )
+        hang = await engine.enqueue("single", {"k": "x", "mode": "hang"})
+        await started.wait()
+        await engine.cancel((await engine.get_job(hang)).run_id)
+        after = await engine.wait_for_job(
+            await engine.enqueue("single", {"k": "x", "mode": "ok"}), 10
+        )
+        holders = await engine.gates.slots.holders("single", "x")
+    assert failed.status is RunStatus.FAILED
+    assert after.status is RunStatus.COMPLETED
+    assert holders == 0
+
+
+WORKFLOW_FILE = """
+import os
+import anyio
+from engine import Step, WorkerTrigger, Workflow
+
+async def work(ctx):
+    if os.environ.get("BLOK_TEST_HANG"):
+        await anyio.sleep(3600)
+    return "ok"
+
+workflow = Workflow(
+    name="locked",
+    trigger=WorkerTrigger(queue="locked", concurrency_key="$.body.k", concurrency_limit=1,
+                          limit_backoff="20ms", limit_max_backoff="100ms"),
+    steps=[Step("work", work)],
+)
+"""
+
+HOLDER = """
+import anyio, sys
+from engine import Engine
+
+async def main():
+    async with Engine(workflows=sys.argv[1], database=sys.argv[2]) as engine:
+        await engine.enqueue("locked", {"k": "x"})
+        await anyio.sleep_forever()
+
+anyio.run(main)
+"""
+
+
+async def test_a_killed_workers_slot_is_freed(tmp_path: Path) -> None:
+    wf_file = tmp_path / "locked.py"
+    wf_file.write_text(WORKFLOW_FILE)
+    db = tmp_path / "blok.db"
+    env = {**os.environ, "BLOK_TEST_HANG": "1"}
+    holder = await anyio.open_process(
+        [sys.executable, "-c", textwrap.dedent(HOLDER), str(wf_file), str(db)], env=env
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while True:  # another process writes it: nothing to await, so look at the file
+            if db.exists():
+                with sqlite3.connect(db) as conn:
+                    try:
+                        held = conn.execute("SELECT count(*) FROM concurrency_slots").fetchone()
+                    except sqlite3.OperationalError:
+                        held = (0,)
+                if held[0] == 1:
+                    break
+            assert time.monotonic() < deadline, "the holder never took its slot"
+            assert holder.returncode is None, "the holder process died"
+            await anyio.sleep(0.05)
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        await holder.wait()
+    async with Engine(workflows=wf_file, database=db) as engine:
+        job = await engine.enqueue("locked", {"k": "x"})
+        run = await engine.wait_for_job(job, timeout=15)
+        crashed = await engine.runs(status="crashed")
+    assert run.status is RunStatus.COMPLETED
+    assert len(crashed) == 1
+
+
+async def test_start_delay_and_ttl(tmp_path: Path) -> None:
+    calls: list[str] = []
+    late = flow("late", lambda ctx: calls.append("late"), start_delay="300ms", ttl="100ms")
+    ok = flow("ok", lambda ctx: calls.append("ok"), start_delay="150ms", ttl="5s")
+    async with Engine(workflows=[late, ok], database=tmp_path / "blok.db") as engine:
+        late_job = await engine.enqueue("late", {})
+        ok_job = await engine.enqueue("ok", {})
+        assert (await engine.get_run((await engine.get_job(ok_job)).run_id)).status == "delayed"
+        expired = await engine.wait_for_job(late_job, timeout=10)
+        ran = await engine.wait_for_job(ok_job, timeout=10)
+    assert expired.status is RunStatus.EXPIRED
+    assert "ttl of 100ms" in (expired.error or "")
+    assert ran.status is RunStatus.COMPLETED
+    assert (ran.started_at - ran.created_at).total_seconds() >= 0.15
+    assert calls == ["ok"]
+
+
+async def test_trailing_debounce_runs_once_with_the_latest_payload(tmp_path: Path) -> None:
+    seen: list[int] = []
+    wf = flow(
+        "search",
+        lambda ctx: seen.append(ctx.body["n"]) or ctx.body["n"],
+        concurrency=4,
+        debounce=Debounce("$.body.user", delay="300ms", mode="trailing"),
+    )
+    async with Engine(workflows=[wf], database=tmp_path / "blok.db") as engine:
+        jobs = [await engine.enqueue("search", {"user": "ann", "n": n}) for n in range(5)]
+        other = await engine.enqueue("search", {"user": "bob", "n": 99})
+        runs = [await engine.wait_for_job(job, timeout=10) for job in jobs]
+        finals = {(await follow(engine, run)).id for run in runs}
+        bob = await engine.wait_for_job(other, timeout=10)
+    assert sorted(seen) == [4, 99]
+    assert [r.status for r in runs[:4]] == [RunStatus.DEBOUNCED] * 4
+    assert runs[4].status is RunStatus.COMPLETED and runs[4].output == 4
+    assert finals == {runs[4].id}
+    assert bob.output == 99
+
+
+async def test_leading_debounce_runs_the_first_and_swallows_the_window(tmp_path: Path) -> None:
+    seen: list[int] = []
+    wf = flow(
+        "clicks",
+        lambda ctx: seen.append(ctx.body["n"]),
+        debounce=Debounce("$.body.button", delay="400ms", mode="leading"),
+    )
+    async with Engine(workflows=[wf], database=tmp_path / "blok.db") as engine:
+        jobs = [await engine.enqueue("clicks", {"button": "buy", "n": n}) for n in range(4)]
+        runs = [await engine.wait_for_job(job, timeout=10) for job in jobs]
+        await anyio.sleep(0.5)  # the window itself is what is measured: let it pass
+        again = await engine.wait_for_job(
+            await engine.enqueue("clicks", {"button": "buy", "n": 9}), 10
+        )
+    assert runs[0].status is RunStatus.COMPLETED
+    assert all(r.status is RunStatus.DEBOUNCED for r in runs[1:])
+    assert {r.output["debounced_into"] for r in runs[1:]} == {runs[0].id}
+    assert again.status is RunStatus.COMPLETED
+    assert seen == [0, 9]
+
+
+async def test_debounce_and_delay_survive_a_restart(tmp_path: Path) -> None:
+    seen: list[Any] = []
+    debounced = flow(
+        "typing",
+        lambda ctx: seen.append(ctx.body["text"]),
+        debounce=Debounce("$.body.doc", delay="700ms", max_delay="5s"),
+    )
+    delayed = flow("later", lambda ctx: seen.append("later"), start_delay="700ms", ttl="30s")
+    db = tmp_path / "blok.db"
+    async with Engine(workflows=[debounced, delayed], database=db) as engine:
+        async with engine.bus.subscribe() as events:
+            jobs = [await engine.enqueue("typing", {"doc": 1, "text": t}) for t in ("h", "he")]
+            later = await engine.enqueue("later", {})
+            with anyio.fail_after(5):
+                async for event in events:  # the second ping replaced the first: it is held
+                    if isinstance(event, RunStatusChanged) and event.status == "delayed":
+                        run_id = (await engine.get_job(jobs[1])).run_id
+                        if event.run_id == run_id:
+                            break
+        first = await engine.wait_for_job(jobs[0], timeout=5)
+    assert first.status is RunStatus.DEBOUNCED
+    assert seen == []
+    async with Engine(workflows=[debounced, delayed], database=db) as engine:
+        run = await engine.wait_for_job(jobs[1], timeout=10)
+        done = await engine.wait_for_job(later, timeout=10)
+    assert run.status is RunStatus.COMPLETED
+    assert done.status is RunStatus.COMPLETED
+    assert sorted(seen) == ["he", "later"]
+
+
+def test_gate_expressions_are_checked_at_definition() -> None:
+    with pytest.raises(WorkflowDefinitionError, match="concurrency_key"):
+        WorkerTrigger(queue="q", concurrency_key="$.state.x")
+    with pytest.raises(WorkflowDefinitionError, match="Debounce"):
+        Debounce("$.nowhere")
+    with pytest.raises(WorkflowDefinitionError, match="on_limit"):
+        WorkerTrigger(queue="q", on_limit="drop")
+
+
+async def test_max_delay_caps_a_trailing_window_under_steady_pings(tmp_path: Path) -> None:
+    fired: list[int] = []
+    wf = flow(
+        "steady",
+        lambda ctx: fired.append(ctx.body["n"]),
+        debounce=Debounce("$.body.k", delay="300ms", max_delay="450ms"),
+    )
+    async with Engine(workflows=[wf], database=tmp_path / "blok.db") as engine:
+        jobs = []
+        for n in range(10):  # a ping every 100 ms: without max_delay the window never closes
+            jobs.append(await engine.enqueue("steady", {"k": "x", "n": n}))
+            await anyio.sleep(0.1)
+        runs = [await engine.wait_for_job(job, timeout=10) for job in jobs]
+    assert len(fired) >= 2
+    assert fired[-1] == 9  # the last ping still fires, with its own payload
+    completed = [r for r in runs if r.status is RunStatus.COMPLETED]
+    assert len(completed) == len(fired)
+    assert all(r.status is RunStatus.DEBOUNCED for r in runs if r not in completed)
+
+
+async def test_two_engines_on_one_file_share_the_limit(tmp_path: Path) -> None:
+    running = 0
+    peak = 0
+
+    async def work(ctx) -> None:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await anyio.sleep(0.01)
+        running -= 1
+
+    wf = flow(
+        "shared",
+        work,
+        concurrency=8,
+        concurrency_key="$.body.k",
+        concurrency_limit=2,
+        on_limit="queue",
+        limit_backoff="5ms",
+        limit_max_backoff="30ms",
+    )
+    db = tmp_path / "blok.db"
+    async with (
+        Engine(workflows=[wf], database=db) as one,
+        Engine(workflows=[wf], database=db) as two,
+    ):
+        jobs = await one.enqueue_many("shared", [{"k": "same"}] * 50)
+        runs = [await two.wait_for_job(job, timeout=30) for job in jobs]
+        workers = {run.worker for run in runs}
+    assert all(run.status is RunStatus.COMPLETED for run in runs)
+    assert len(workers) == 2  # both engines took part
+    assert peak == 2
