@@ -26,6 +26,7 @@ from typing import Any, NoReturn
 import anyio
 
 DEFAULT_DB = Path(".blok") / "blok.db"
+CONSOLE_GRACE = 2.0  # seconds running jobs get to finish when the console quits
 EPILOG = """\
 examples:
   blok-tui                                  console on ./workflows (or the bundled demo)
@@ -270,7 +271,11 @@ async def _console(args: argparse.Namespace) -> None:
     folder, bundled = _workflows(args)
     database = None if args.memory else _database(args)
     _log_quietly(database)
-    engine = Engine(workflows=folder, database=database, watch=_can_watch())
+    # Quitting the console should feel immediate: runs still going after CONSOLE_GRACE seconds
+    # go back to the (durable) queue and run again on the next start.
+    engine = Engine(
+        workflows=folder, database=database, watch=_can_watch(), grace_period=CONSOLE_GRACE
+    )
     async with engine, anyio.create_task_group() as tg:
         if bundled and not args.no_demo_producer:
             from .demo import demo_producer
@@ -289,8 +294,8 @@ def _log_quietly(database: Path | None) -> None:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     else:
         handler = logging.NullHandler()
+    handler.setLevel(logging.WARNING)  # the console shows runs' own log lines
     root.addHandler(handler)
-    root.setLevel(logging.INFO)
 
 
 async def _attach(args: argparse.Namespace) -> None:

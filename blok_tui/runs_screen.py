@@ -117,7 +117,9 @@ class RunsScreen(BlokScreen):
             run.workflow_name,
             Text(run.workflow_version[:8], style="grey62"),
             run.queue,
-            day_time(run.started_at or run.created_at, tz, now),
+            Text(day_time(run.started_at, tz, now))
+            if run.started_at
+            else Text(day_time(run.created_at, tz, now), style="grey50"),  # not started yet
             Text(duration(took) if run.started_at else "–", justify="right"),
             attempts,
             Text(run.replay_of or "", style="medium_purple1"),
@@ -163,7 +165,9 @@ class RunsScreen(BlokScreen):
                 f"   {self.start + 1:,}–{self.start + shown:,} of {self.total:,}", style="bold"
             )
         else:
-            line.append("   no runs match" if self.total == 0 else "", style="dim")
+            filtered = self.text or self.status_name != "all"
+            hint = "no runs match" if filtered else "no runs yet: i injects a job"
+            line.append(f"   {hint}" if self.total == 0 else "", style="dim")
         self.query_one("#filters", Static).update(line)
 
     def selected_run_id(self) -> str | None:

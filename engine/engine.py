@@ -69,7 +69,7 @@ from .operations import (
     resolve_stuck,
     run_bulk,
 )
-from .primitives import cancel_waited_children, run_middleware
+from .primitives import cancel_waited_children, run_middleware, wake_parent
 from .queue import JobQueue, MemoryQueue, QueueError
 from .redact import redact_headers
 from .runner import Outcome, Runner
@@ -753,6 +753,8 @@ class Engine:
             if handle.cancel_requested or outcome is None:
                 outcome = Outcome(RunStatus.CANCELLED, error="cancelled by operator")
             self._settle(runtime, job, run, workflow, outcome)
+            if run.parent_run_id is not None and run.terminal:
+                self._jobs_tg.start_soon(wake_parent, self, run)  # it may be waiting on this run
         except anyio.get_cancelled_exc_class():
             # The engine is shutting down past its grace period: hand the job back.
             if handle is not None:

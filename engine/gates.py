@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("blok.gates")
 
 NO_CAP_S = 10 * 365 * 24 * 3600.0  # a debounce without max_delay
+PURGE_EVERY_S = 60.0
 
 
 # ---- concurrency slots -------------------------------------------------------------------
@@ -172,9 +173,16 @@ def _decide(
     if window is None:
         until = now + min(delay_s, max_delay_s)
         return Verdict("hold", until=until), Window(run_id, job_id, created_at, now, until)
-    until = min(now + delay_s, window.opened_at + max_delay_s)
     if window.run_id == run_id:
         return Verdict("hold", until=window.until), window
+    if window.until < now - delay_s:
+        # The held run should have fired long ago (cancelled by an operator, or its worker was
+        # busy): a new window opens; if the old run is still pending it joins this one.
+        until = now + min(delay_s, max_delay_s)
+        return Verdict("hold", until=until, superseded=window), Window(
+            run_id, job_id, created_at, now, until
+        )
+    until = min(now + delay_s, window.opened_at + max_delay_s)
     if created_at < window.created_at:
         # Claimed out of order: an older job of the burst joins the newer one that holds the
         # window, so the run that fires carries the latest payload.
@@ -206,44 +214,8 @@ class WindowStore(ABC):
 
 class MemoryWindows(WindowStore):
     def __init__(self) -> None:
-        self._windows: dict[tuple[str, str], Window] = {}
-
-    async def ping(
-        self,
-        workflow: str,
-        key: str,
-        mode: str,
-        run_id: str,
-        job_id: str,
-        created_at: float,
-        delay_s: float,
-        max_delay_s: float,
-    ) -> Verdict:
-        verdict, kept = _decide(
-            self._windows.get((workflow, key)),
-            mode,
-            run_id,
-            job_id,
-            created_at,
-            time.time(),
-            delay_s,
-            max_delay_s,
-        )
-        if kept is not None:
-            self._windows[(workflow, key)] = kept
-        return verdict
-
-    async def fire(self, workflow: str, key: str, run_id: str) -> str | None:
-        window = self._windows.get((workflow, key))
-        if window is None or window.run_id == run_id:
-            self._windows.pop((workflow, key), None)
-            return None
-        return window.run_id
-
-
-class SqliteWindows(WindowStore):
-    def __init__(self, db: SqliteDatabase) -> None:
-        self.db = db
+        self._windows: dict[tuple[str, str, str], Window] = {}
+        self._purged_at = 0.0
 
     async def ping(
         self,
@@ -257,8 +229,60 @@ class SqliteWindows(WindowStore):
         max_delay_s: float,
     ) -> Verdict:
         now = time.time()
+        if now - self._purged_at > PURGE_EVERY_S:
+            self._purged_at = now
+            closed = [k for k, w in self._windows.items() if k[2] == "leading" and w.until < now]
+            for gone in closed:
+                del self._windows[gone]
+        verdict, kept = _decide(
+            self._windows.get((workflow, key, mode)),
+            mode,
+            run_id,
+            job_id,
+            created_at,
+            now,
+            delay_s,
+            max_delay_s,
+        )
+        if kept is not None:
+            self._windows[(workflow, key, mode)] = kept
+        return verdict
+
+    async def fire(self, workflow: str, key: str, run_id: str) -> str | None:
+        window = self._windows.get((workflow, key, "trailing"))
+        if window is None or window.run_id == run_id:
+            self._windows.pop((workflow, key, "trailing"), None)
+            return None
+        return window.run_id
+
+
+class SqliteWindows(WindowStore):
+    def __init__(self, db: SqliteDatabase) -> None:
+        self.db = db
+        self._purged_at = 0.0
+
+    async def ping(
+        self,
+        workflow: str,
+        key: str,
+        mode: str,
+        run_id: str,
+        job_id: str,
+        created_at: float,
+        delay_s: float,
+        max_delay_s: float,
+    ) -> Verdict:
+        now = time.time()
+        purge = now - self._purged_at > PURGE_EVERY_S
+        if purge:
+            self._purged_at = now
 
         def ping(conn: sqlite3.Connection) -> Verdict:
+            if purge:
+                # Closed leading windows are only history; one row per key would pile up.
+                conn.execute(
+                    "DELETE FROM debounce_windows WHERE mode = 'leading' AND until < ?", (now,)
+                )
             row = conn.execute(
                 "SELECT run_id, job_id, created_at, opened_at, until FROM debounce_windows"
                 " WHERE workflow = ? AND key = ? AND mode = ?",

@@ -471,6 +471,16 @@ class Subworkflow(_Primitive):
             output = {"run_id": record.child_run_id, "job_id": record.input["job_id"]}
             self._finish(frame, StepStatus.COMPLETED, output)
             return output
+        # Follow the child's job, not its first run: a job-level retry or a redelivery after a
+        # crash gives the job a new run, and the job is over only when its last run is.
+        job_over = True
+        found = await runner.engine._find_job(record.input["job_id"])
+        if found is not None:
+            job = found[1]
+            job_over = job.state.terminal
+            if job.run_id != record.child_run_id:
+                record.child_run_id = job.run_id
+                runner.store.save_run(run)
         child = await runner.store.get_run(record.child_run_id)
         if child is None:
             message = f"child run {record.child_run_id} is not in the store"
@@ -479,7 +489,7 @@ class Subworkflow(_Primitive):
         if child.status is RunStatus.COMPLETED:
             self._finish(frame, StepStatus.COMPLETED, child.output)
             return child.output
-        if child.terminal:
+        if child.terminal and job_over:
             detail = f": {child.error}" if child.error else ""
             message = f"child run {child.id} ({self.workflow}) ended {child.status}{detail}"
             self._finish(frame, StepStatus.FAILED, error=message)
@@ -550,6 +560,31 @@ async def cancel_waited_children(engine: Any, run: Any) -> None:
             await engine.cancel(child.id)
         except EngineError as error:  # it ended between the look and the cancel
             log.info("child run %s of %s was not cancelled: %s", child.id, run.id, error)
+
+
+async def wake_parent(engine: Any, child: Any) -> None:
+    """A child run ended: if its parent sleeps in the subworkflow step waiting on it, bring the
+    parent's job forward instead of letting it find out at its next look."""
+    try:
+        await _wake_parent(engine, child)
+    except Exception:
+        # Only a shortcut: the parent still finds the child done at its next look.
+        log.warning("could not wake the parent of run %s", child.id, exc_info=True)
+
+
+async def _wake_parent(engine: Any, child: Any) -> None:
+    parent = await engine.store.get_run(child.parent_run_id)
+    if parent is None or parent.status is not RunStatus.WAITING:
+        return
+    waiting_on_child = any(
+        r.kind == "subworkflow" and r.status is StepStatus.WAITING and r.child_run_id == child.id
+        for r in parent.steps
+    )
+    if not waiting_on_child:
+        return
+    found = await engine._find_job(parent.job_id)
+    if found is not None and found[1].run_id == parent.id:
+        await found[0].make_due(parent.job_id)
 
 
 # ---- middleware --------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 from weakref import WeakKeyDictionary
@@ -63,17 +64,22 @@ class _StopSignal:
     """The stop event handed to watchfiles. Its watcher thread polls `is_set()` from the moment
     the OS watch is in place, so the first poll is also the signal that the watch is live."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, on_live: Callable[[], None]) -> None:
         self._stop = threading.Event()
         self._polled = False
         self._live = _watching_event(engine)
+        self._on_live = on_live
         self._token = anyio.lowlevel.current_token()
 
     def is_set(self) -> bool:
         if not self._polled:
             self._polled = True
-            anyio.from_thread.run_sync(self._live.set, token=self._token)
+            anyio.from_thread.run_sync(self._went_live, token=self._token)
         return self._stop.is_set()
+
+    def _went_live(self) -> None:  # on the event loop, before anyone waiting hears of it
+        self._on_live()
+        self._live.set()
 
     def set(self) -> None:
         self._stop.set()
@@ -91,13 +97,16 @@ async def watch_folder(
     folder = folder.resolve()
     source = Path(engine._source) if isinstance(engine._source, str | os.PathLike) else None
     only = source.resolve() if source is not None and source.is_file() else None
-    stop = _StopSignal(engine)
+    # What changed between the first load and the watch going live: no event will come for
+    # it. Taken the moment the watch is live, so that later saves are left to the watcher.
+    missed: set[Path] = set()
+    stop = _StopSignal(engine, lambda: missed.update(_changed_since_load(engine, folder, only)))
     one_at_a_time = anyio.Lock()  # imports share sys.modules: never two reloads at once
     async with anyio.create_task_group() as tg:
         # awatch waits for its watcher thread before it sets its stop event, so a cancelled
         # watch would linger until the thread's 5 s timeout: stop the thread at once instead.
         tg.start_soon(_stop_when_cancelled, stop)
-        tg.start_soon(_catch_up, engine, folder, only, one_at_a_time)
+        tg.start_soon(_catch_up, engine, folder, only, missed, one_at_a_time)
         async for changes in awatch(
             folder,
             watch_filter=_python_source,
@@ -115,10 +124,8 @@ async def watch_folder(
         tg.cancel_scope.cancel()
 
 
-async def _catch_up(engine: Engine, folder: Path, only: Path | None, lock: anyio.Lock) -> None:
-    """Once the watch is live, reload what changed between the engine's first load and then:
-    no event will ever come for a save made in that gap."""
-    await wait_until_watching(engine)
+def _changed_since_load(engine: Engine, folder: Path, only: Path | None) -> set[Path]:
+    """Loaded files whose source or helpers changed on disk, and workflow files not loaded."""
     stale = {
         path
         for path, loaded in engine._files.items()
@@ -127,10 +134,21 @@ async def _catch_up(engine: Engine, folder: Path, only: Path | None, lock: anyio
     on_disk = [only] if only is not None else workflow_files(folder)
     known = set(engine._files) | {Path(p) for p in engine.reload_errors}
     stale |= {p.resolve() for p in on_disk if p.exists() and p.resolve() not in known}
-    if stale:
-        log.info("catching up with %d file(s) changed while the watcher started", len(stale))
+    return stale
+
+
+async def _catch_up(
+    engine: Engine, folder: Path, only: Path | None, missed: set[Path], lock: anyio.Lock
+) -> None:
+    await wait_until_watching(engine)
+    if not missed:
+        return
+    log.info("catching up with %d file(s) changed while the watcher started", len(missed))
+    try:
         async with lock:
-            await reload_paths(engine, folder, stale, only=only)
+            await reload_paths(engine, folder, missed, only=only)
+    except Exception:
+        log.exception("catching up with %s failed; still watching", folder)
 
 
 async def _stop_when_cancelled(stop: _StopSignal) -> None:

@@ -191,7 +191,7 @@ class AttachedEngine:
         try:
             db = SqliteDatabase(self.database)
             await db.open()
-            stack.push_async_callback(db.close)
+            stack.push_async_callback(db.close)  # after the writer's task group has ended
             self._db = db
             self._store = SqliteRunStore(db)
             self._queue = SqliteQueue(db)
@@ -205,17 +205,20 @@ class AttachedEngine:
             raise
         return self
 
-    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool | None:
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         assert self._stack is not None and self._tg is not None
         try:
-            if exc is None and self._db is not None:
-                with anyio.CancelScope(shield=True):
+            if self._db is not None:
+                # While the writer still runs: afterwards `close` has nothing left to flush.
+                with anyio.CancelScope(shield=True), anyio.move_on_after(5):
                     await self._db.flush()
         finally:
             self._tg.cancel_scope.cancel()
-            suppressed = await self._stack.__aexit__(exc_type, exc, tb)
+            # The body's own exception is not the background tasks' business: it propagates as
+            # it is, not wrapped in the task group's ExceptionGroup.
+            await self._stack.__aexit__(None, None, None)
             self.bus.close()
-        return suppressed
+        return None
 
     @property
     def store(self) -> SqliteRunStore:
@@ -553,10 +556,23 @@ class AttachedEngine:
             await self.store.set_paused(queue, paused)
 
     # ---- live events -----------------------------------------------------------------------
-    async def events(self) -> AsyncIterator[Event]:
-        """Typed events, live, made from what other processes commit."""
-        async for event in self.bus.subscribe():
-            yield event
+    def events(self) -> AsyncIterator[Event]:
+        """Typed events, live, made from what other processes commit. Subscribed from this
+        call on: what happens before the first `async for` step is kept, not lost."""
+        bus = self.bus
+        send, receive = anyio.create_memory_object_stream[Event](bus._buffer)
+        bus._subscribers[send] = 0
+
+        async def stream() -> AsyncIterator[Event]:
+            try:
+                async with receive:
+                    async for event in receive:
+                        yield event
+            finally:
+                bus._subscribers.pop(send, None)
+                send.close()
+
+        return stream()
 
     async def _prime(self) -> None:
         """Start from what is there now: events are for what changes after attaching."""

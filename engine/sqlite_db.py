@@ -285,6 +285,8 @@ class SqliteDatabase:
         self._closing = False
         self._limiter = anyio.CapacityLimiter(1)
         self._failure: BaseException | None = None
+        # A batch taken from the queues but not committed yet: a flush must wait for it too.
+        self._committing = False
         self.batches = 0
         self._lock = threading.Lock()
 
@@ -359,7 +361,9 @@ class SqliteDatabase:
         """Wait until everything queued so far is committed."""
         if self._failure is not None:
             raise DatabaseError(f"{self.path}: the writer failed") from self._failure
-        if not (self._ops or self._claims or self._pending_rows() or self._flushers):
+        if not (
+            self._ops or self._claims or self._pending_rows() or self._flushers or self._committing
+        ):
             return
         done = anyio.Event()
         self._flushers.append(done)
@@ -369,7 +373,11 @@ class SqliteDatabase:
             raise DatabaseError(f"{self.path}: the writer failed") from self._failure
 
     def _pending_rows(self) -> bool:
-        return any(getattr(source, "pending", lambda: True)() for source in self._row_sources)
+        # A source is a bound method (the store's `_rows`): its owner says whether it has rows.
+        return any(
+            getattr(getattr(source, "__self__", source), "pending", lambda: True)()
+            for source in self._row_sources
+        )
 
     async def writer_loop(self) -> None:
         """The one task that commits; run it in the engine's task group."""
@@ -383,6 +391,7 @@ class SqliteDatabase:
             claims, self._claims = self._claims, []
             flushers, self._flushers = self._flushers, []
             if batch or ops or claims:
+                self._committing = True
                 try:
                     await anyio.to_thread.run_sync(
                         self._commit, batch, ops, claims, limiter=self._limiter
@@ -395,6 +404,8 @@ class SqliteDatabase:
                     for flusher in flushers:
                         flusher.set()
                     raise
+                finally:
+                    self._committing = False
                 self.batches += 1
             for claim in claims:
                 claim.done.set()
@@ -466,13 +477,16 @@ class SqliteDatabase:
             raise DatabaseError(f"{self.path}: database is not open")
         return self._reader
 
+    # Each read is one call into the reader's thread that runs the statement to its end: a
+    # cursor left open between calls would pin the connection's snapshot, and the other tasks'
+    # reads interleaved meanwhile would miss what was committed after it opened.
     async def fetchall(self, sql: str, params: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
-        async with self.reader.execute(sql, params) as cursor:
-            return list(await cursor.fetchall())
+        return list(await self.reader.execute_fetchall(sql, params))
 
     async def fetchone(self, sql: str, params: tuple[Any, ...] = ()) -> sqlite3.Row | None:
-        async with self.reader.execute(sql, params) as cursor:
-            return await cursor.fetchone()
+        """The first row of a query that returns one (it reads them all)."""
+        rows = list(await self.reader.execute_fetchall(sql, params))
+        return rows[0] if rows else None
 
     async def data_version(self) -> int:
         row = await self.fetchone("PRAGMA data_version")

@@ -357,6 +357,23 @@ async def test_failed_child_fails_the_parent_step(tmp_path: Path) -> None:
     assert "ended failed" in (run.error or "") and "child broke" in (run.error or "")
 
 
+async def test_subworkflow_follows_the_childs_job_through_a_retry(tmp_path: Path) -> None:
+    def flaky(ctx) -> str:
+        if ctx.params["attempt"] == 1:
+            raise ConnectionError("first delivery fails")
+        return "second delivery"
+
+    child = flow("child", Step("flaky", flaky), trigger={"retries": 1, "delay": "20ms"})
+    parent = flow("parent", subworkflow("call", workflow="child"))
+    async with Engine(workflows=[child, parent], database=tmp_path / "blok.db") as engine:
+        run = await engine.wait_for_job(await engine.enqueue("parent", {}), 10)
+        final_child = await engine.get_run(run.step("call").child_run_id or "")
+    assert run.status is RunStatus.COMPLETED, run.error
+    assert run.output == "second delivery"
+    assert final_child.job_attempt == 2
+    assert final_child.parent_run_id == run.id
+
+
 async def test_cancelling_a_parent_cancels_its_waiting_child(tmp_path: Path) -> None:
     release = anyio.Event()
 

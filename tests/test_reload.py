@@ -11,7 +11,7 @@ import sys
 import textwrap
 import threading
 import types
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,7 +57,7 @@ class Gates:
 
 
 @pytest.fixture
-def gates(monkeypatch: pytest.MonkeyPatch) -> Gates:
+def gates(monkeypatch: pytest.MonkeyPatch) -> Iterator[Gates]:
     instance = Gates()
     module = types.ModuleType("reload_gates")
     module.gates = instance  # type: ignore[attr-defined]
@@ -152,6 +152,11 @@ async def running(
         tg.cancel_scope.cancel()
 
 
+@pytest.fixture(params=["sqlite", "memory"])
+def database(request: pytest.FixtureRequest, tmp_path: Path) -> Path | None:
+    return tmp_path / "blok.db" if request.param == "sqlite" else None
+
+
 @pytest.fixture
 def folder(tmp_path: Path) -> Path:
     path = tmp_path / "workflows"
@@ -164,11 +169,11 @@ async def version_of(engine: Engine, name: str = "orders") -> str:
 
 
 async def test_v1_run_mid_step_ends_on_v1_while_the_next_job_runs_v2(
-    folder: Path, tmp_path: Path, gates: Gates
+    folder: Path, database: Path | None, gates: Gates
 ) -> None:
     file = folder / "orders.py"
     file.write_text(flow_source("v1"))
-    async with running(folder, tmp_path / "blok.db") as (engine, events):
+    async with running(folder, database) as (engine, events):
         v1 = await version_of(engine)
         first = await engine.enqueue("orders", {"gate": "first"})
         with anyio.fail_after(TIMEOUT):
@@ -233,11 +238,11 @@ async def test_a_broken_file_keeps_v1_serving_until_fixed(
 
 
 async def test_deleted_file_stops_claiming_and_its_queued_jobs_run_when_it_returns(
-    folder: Path, tmp_path: Path, gates: Gates
+    folder: Path, database: Path | None, gates: Gates
 ) -> None:
     file = folder / "orders.py"
     file.write_text(flow_source("v1", concurrency=1))
-    async with running(folder, tmp_path / "blok.db") as (engine, events):
+    async with running(folder, database) as (engine, events):
         first = await engine.enqueue("orders", {"gate": "first"})
         with anyio.fail_after(TIMEOUT):
             await gates.entered("first").wait()
@@ -439,21 +444,23 @@ async def test_new_file_adds_its_queue_and_a_burst_of_saves_is_one_reload(
         for n in range(2, 7):  # an editor saving several times in a row
             file.write_text(flow_source(f"v{n}"))
         await events.reloaded(file.resolve())
-        other = folder / "invoices.py"
-        other.write_text(flow_source("i1", name="invoices", queue="invoices"))
+        # shipping.py sorts after orders.py, so a needless reload of orders.py (or a second
+        # one from a burst split in two) would be published before shipping.py's event.
+        other = folder / "shipping.py"
+        other.write_text(flow_source("s1", name="shipping", queue="shipping"))
         added = await events.reloaded(other.resolve())
-        assert added.workflows == ("invoices",)
-        assert any(isinstance(e, QueueChanged) and e.queue == "invoices" for e in events.seen)
+        assert added.workflows == ("shipping",)
+        assert any(isinstance(e, QueueChanged) and e.queue == "shipping" for e in events.seen)
         reloads = [
             e
             for e in events.seen
             if isinstance(e, WorkflowReloaded) and e.path == str(file.resolve())
         ]
-        assert len(reloads) == 1
+        assert len(reloads) == 1, reloads
         run = await engine.wait_for_job(await engine.enqueue("orders", {}), timeout=TIMEOUT)
         assert run.output == {"label": "v6"}
-        run = await engine.wait_for_job(await engine.enqueue("invoices", {}), timeout=TIMEOUT)
-        assert run.output == {"label": "i1"}
+        run = await engine.wait_for_job(await engine.enqueue("shipping", {}), timeout=TIMEOUT)
+        assert run.output == {"label": "s1"}
 
 
 async def test_a_workflow_moved_between_files_in_one_save_is_not_a_clash(
@@ -519,3 +526,35 @@ async def test_a_save_while_the_watcher_starts_is_caught_up(
         reloaded = await events.reloaded(file.resolve())
         run = await engine.wait_for_job(await engine.enqueue("orders", {}), timeout=TIMEOUT)
         assert (run.output, run.workflow_version) == ({"label": "v2"}, reloaded.versions[0])
+
+
+async def test_a_broken_helper_fails_its_workflow_files_with_the_helpers_line(
+    folder: Path, tmp_path: Path, gates: Gates
+) -> None:
+    helper = folder / "_greetings.py"
+    helper.write_text("def greet(name):\n    return f'hello {name}'\n")
+    file = folder / "orders.py"
+    file.write_text(
+        flow_source(
+            "v1",
+            header="from _greetings import greet",
+            steps='Step("greet", lambda ctx: greet(ctx.body["name"]))',
+        )
+    )
+    async with running(folder, tmp_path / "blok.db") as (engine, events):
+        helper.write_text("def greet(name)\n    return name\n")
+        failed = await events.expect(ReloadFailed)
+        # The workflow file's import line, and the helper's own file and line in the message.
+        assert failed.message.startswith(f"{file.resolve()}:3: SyntaxError")
+        assert "_greetings.py, line 1" in failed.message
+        run = await engine.wait_for_job(
+            await engine.enqueue("orders", {"name": "ada"}), timeout=TIMEOUT
+        )
+        assert run.output == "hello ada"
+
+        helper.write_text("def greet(name):\n    return f'hi {name}'\n")
+        await events.expect(ReloadErrorCleared)
+        run = await engine.wait_for_job(
+            await engine.enqueue("orders", {"name": "ada"}), timeout=TIMEOUT
+        )
+        assert run.output == "hi ada"

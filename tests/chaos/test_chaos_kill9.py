@@ -1,13 +1,15 @@
-"""A worker under load is `kill -9`ed three times; afterwards nothing is lost or doubled.
+"""Workers under a load of 500 jobs are `kill -9`ed three times; nothing is lost or doubled.
 
-The node records its effect in a side SQLite file: one row per job (INSERT keyed by job id) plus
-a counter of executions. A job whose worker died after the effect but before the run's record
-committed runs again, so "executed at least once" (the counter) and "completed exactly once in
-the run store" (one completed run per job) are checked separately.
+The node records its effect in a side SQLite ledger (one per worker process, so a frozen worker
+cannot lock the others out): one row per job (keyed by job id) plus a counter of executions. A
+job whose worker died after the effect but before the run's record committed runs again, so
+"executed at least once" (the counters) and "completed exactly once in the run store" (one
+completed run per job) are checked separately.
 
-Two scenarios: one worker killed and restarted (its successor finds the dead pid on boot and
-redelivers at once), and two workers sharing the file where the survivor takes over the killed
-one's jobs when their leases expire. Settings for a longer soak locally: CHAOS_JOBS, CHAOS_SEED.
+Scenarios: one worker killed and restarted (its successor finds the dead pid on boot and
+redelivers at once); two workers sharing the file, where the survivor takes over the killed
+one's jobs when their leases expire; and a worker frozen (SIGSTOP) past its lease that wakes up
+after its jobs were taken over. Settings for a longer soak locally: CHAOS_JOBS, CHAOS_SEED.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import textwrap
 import time
 from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
@@ -69,14 +71,19 @@ import anyio
 
 from engine import Step, WorkerTrigger, Workflow
 
-EFFECTS = os.environ["CHAOS_EFFECTS_DB"]
+# One ledger per worker process: a worker frozen mid-commit must not lock the others out.
+LEDGER = os.path.join(os.environ["CHAOS_EFFECTS_DIR"], f"effects-{os.getpid()}.db")
 WORK_S = float(os.environ["CHAOS_WORK_MS"]) / 1000
 CONCURRENCY = int(os.environ["CHAOS_CONCURRENCY"])
 
 
 def record_effect(job_id: str, run_id: str) -> None:
-    conn = sqlite3.connect(EFFECTS, timeout=30, isolation_level=None)
+    conn = sqlite3.connect(LEDGER, timeout=30, isolation_level=None)
     try:
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS effects (job_id TEXT PRIMARY KEY,"
+            " first_run TEXT NOT NULL, executions INTEGER NOT NULL)"
+        )
         conn.execute("BEGIN IMMEDIATE")
         conn.execute(
             "INSERT INTO effects (job_id, first_run, executions) VALUES (?, ?, 1)"
@@ -121,11 +128,21 @@ class Setup:
     job_ids: list[str]
     rng: random.Random
     why: str
-    boots: int = 0
+    started: list[Worker] = field(default_factory=list)
 
     def start_worker(self) -> Worker:
-        self.boots += 1
-        return Worker(self, self.boots)
+        worker = Worker(self, len(self.started) + 1)
+        self.started.append(worker)
+        return worker
+
+    def executions(self) -> dict[str, int]:
+        """Executions per job, over every worker's ledger."""
+        total: dict[str, int] = {}
+        for ledger in self.effects.glob("effects-*.db"):
+            with reading(ledger) as conn:
+                for job_id, executions in conn.execute("SELECT job_id, executions FROM effects"):
+                    total[job_id] = total.get(job_id, 0) + executions
+        return total
 
 
 class Worker:
@@ -162,31 +179,45 @@ class Worker:
         assert self.process.wait(timeout=20) == 0, self.tail()
 
 
+@pytest.fixture
+def reap() -> Iterator[list[Setup]]:
+    """Whatever a failing test left running is killed, not left behind."""
+    setups: list[Setup] = []
+    yield setups
+    for setup in setups:
+        for worker in setup.started:
+            if worker.process.poll() is None:
+                worker.process.send_signal(signal.SIGCONT)
+                worker.process.kill()
+                worker.process.wait(timeout=10)
+
+
 async def prepare(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, work_ms: int, concurrency: int
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    reap: list[Setup],
+    *,
+    work_ms: int,
+    concurrency: int,
 ) -> Setup:
     seed = int(os.environ.get("CHAOS_SEED", random.randrange(1_000_000)))
     setup = Setup(
         tmp=tmp_path,
         database=tmp_path / "blok.db",
-        effects=tmp_path / "effects.db",
+        effects=tmp_path / "effects",
         workflows=tmp_path / "workflows",
         job_ids=[],
         rng=random.Random(seed),
         why=f"(CHAOS_SEED={seed})",
     )
+    reap.append(setup)
     setup.workflows.mkdir()
+    setup.effects.mkdir()
     (setup.workflows / "chaos_flow.py").write_text(textwrap.dedent(WORKFLOW_FILE))
     (tmp_path / "worker.py").write_text(textwrap.dedent(WORKER_SCRIPT))
-    monkeypatch.setenv("CHAOS_EFFECTS_DB", str(setup.effects))
+    monkeypatch.setenv("CHAOS_EFFECTS_DIR", str(setup.effects))
     monkeypatch.setenv("CHAOS_WORK_MS", str(work_ms))
     monkeypatch.setenv("CHAOS_CONCURRENCY", str(concurrency))
-    with reading(setup.effects) as conn:
-        conn.execute(
-            "CREATE TABLE effects (job_id TEXT PRIMARY KEY, first_run TEXT NOT NULL,"
-            " executions INTEGER NOT NULL)"
-        )
-        conn.commit()
     async with Engine(workflows=setup.workflows, database=setup.database, consume=False) as e:
         setup.job_ids = await e.enqueue_many("chaos", [{"n": n} for n in range(JOBS)])
     assert len(set(setup.job_ids)) == JOBS
@@ -206,6 +237,8 @@ async def poll(setup: Setup, sql: str, until: Callable[[int], bool], *workers: W
 
 
 COMPLETED_JOBS = "SELECT count(*) FROM jobs WHERE state = 'completed'"
+# The last wait is for every job to end, however: a failure is then reported with its error.
+ENDED_JOBS = "SELECT count(*) FROM jobs WHERE state IN ('completed', 'failed', 'dead', 'cancelled')"
 RUNNING_RUNS = "SELECT count(*) FROM runs WHERE status = 'running'"
 
 
@@ -245,17 +278,19 @@ def verify(setup: Setup) -> dict[str, int]:
             "SELECT count(*) FROM runs r WHERE r.status = 'crashed' AND NOT EXISTS"
             " (SELECT 1 FROM runs c WHERE c.job_id = r.job_id AND c.status = 'completed')",
         )
+        errors = conn.execute(
+            "SELECT error FROM runs WHERE status NOT IN ('completed', 'crashed') LIMIT 5"
+        ).fetchall()
         open_steps = count(conn, "SELECT count(*) FROM steps WHERE status = 'running'")
         open_attempts = count(conn, "SELECT count(*) FROM attempts WHERE status = 'running'")
         workers_left = count(conn, "SELECT count(*) FROM workers")
         statuses["lease_expired"] = count(
             conn, "SELECT count(*) FROM runs WHERE error LIKE '%lease expired%'"
         )
-    with reading(setup.effects) as conn:
-        executions = dict(conn.execute("SELECT job_id, executions FROM effects").fetchall())
+    executions = setup.executions()
 
     assert statuses.get("running", 0) == 0, (statuses, why)
-    assert set(statuses) - {"lease_expired"} <= {"completed", "crashed"}, (statuses, why)
+    assert set(statuses) - {"lease_expired"} <= {"completed", "crashed"}, (statuses, errors, why)
     assert job_states == {"completed": JOBS}, (job_states, why)
     assert completed == dict.fromkeys(job_ids, 1), why
     assert all(job == output for job, output in outputs), why
@@ -266,9 +301,9 @@ def verify(setup: Setup) -> dict[str, int]:
 
 
 async def test_kill9_three_times_loses_and_doubles_nothing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reap: list[Setup]
 ) -> None:
-    setup = await prepare(tmp_path, monkeypatch, work_ms=20, concurrency=8)
+    setup = await prepare(tmp_path, monkeypatch, reap, work_ms=20, concurrency=8)
     started = time.monotonic()
     points = sorted(setup.rng.sample(range(JOBS // 10, JOBS * 9 // 10), KILLS))
     in_flight = []
@@ -276,7 +311,7 @@ async def test_kill9_three_times_loses_and_doubles_nothing(
         worker = setup.start_worker()
         in_flight.append(await kill_under_load(setup, worker, point=point))
     final = setup.start_worker()
-    await poll(setup, COMPLETED_JOBS, lambda done: done == JOBS, final)
+    await poll(setup, ENDED_JOBS, lambda done: done == JOBS, final)
     final.stop()
     statuses = verify(setup)
     # The kills must have hit runs in flight, or this test proved nothing.
@@ -288,10 +323,10 @@ async def test_kill9_three_times_loses_and_doubles_nothing(
 
 
 async def test_a_surviving_worker_takes_over_a_killed_ones_jobs_when_leases_expire(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reap: list[Setup]
 ) -> None:
     # Slower jobs and fewer slots: the load must outlast three lease expiries.
-    setup = await prepare(tmp_path, monkeypatch, work_ms=100, concurrency=4)
+    setup = await prepare(tmp_path, monkeypatch, reap, work_ms=100, concurrency=4)
     started = time.monotonic()
     workers = [setup.start_worker(), setup.start_worker()]
     points = sorted(setup.rng.sample(range(JOBS // 20, JOBS // 2), KILLS))
@@ -304,7 +339,7 @@ async def test_a_surviving_worker_takes_over_a_killed_ones_jobs_when_leases_expi
         held = f"SELECT count(*) FROM jobs WHERE state = 'active' AND worker = '{victim.id}'"
         await poll(setup, held, lambda n: n == 0, survivor)
         workers[index] = setup.start_worker()
-    await poll(setup, COMPLETED_JOBS, lambda done: done == JOBS, *workers)
+    await poll(setup, ENDED_JOBS, lambda done: done == JOBS, *workers)
     for worker in workers:
         worker.stop()
     statuses = verify(setup)
@@ -316,12 +351,12 @@ async def test_a_surviving_worker_takes_over_a_killed_ones_jobs_when_leases_expi
 
 
 async def test_a_worker_stalled_past_its_lease_does_not_complete_a_job_twice(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reap: list[Setup]
 ) -> None:
     # Not dead, only frozen (SIGSTOP: a long GC pause, a suspended laptop, an overloaded host):
     # the other worker takes its jobs when their leases expire, then it wakes up and finishes
     # the runs it was holding. Those must stay crashed, and the job must not be settled by it.
-    setup = await prepare(tmp_path, monkeypatch, work_ms=50, concurrency=4)
+    setup = await prepare(tmp_path, monkeypatch, reap, work_ms=50, concurrency=4)
     started = time.monotonic()
     frozen, survivor = setup.start_worker(), setup.start_worker()
     await poll(setup, COMPLETED_JOBS, lambda done: done >= JOBS // 10, frozen, survivor)
@@ -333,7 +368,7 @@ async def test_a_worker_stalled_past_its_lease_does_not_complete_a_job_twice(
         await poll(setup, held, lambda n: n == 0, survivor)
     finally:
         os.kill(frozen.process.pid, signal.SIGCONT)
-    await poll(setup, COMPLETED_JOBS, lambda done: done == JOBS, frozen, survivor)
+    await poll(setup, ENDED_JOBS, lambda done: done == JOBS, frozen, survivor)
     for worker in (frozen, survivor):
         worker.stop()
     statuses = verify(setup)

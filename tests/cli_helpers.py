@@ -1,0 +1,152 @@
+"""Real processes for the command-line tests: `blok-tui worker` subprocesses on a temp database,
+and one-shot `blok-tui ...` commands."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+WORKFLOWS = """
+import anyio
+from engine import Step, Workflow, WorkerTrigger
+
+
+async def nap(ctx, seconds: float):
+    ctx.logger.info("napping %s s", seconds)
+    await anyio.sleep(seconds)
+    return {"slept": seconds}
+
+
+workflows = [
+    Workflow(
+        name="test.nap",
+        trigger=WorkerTrigger(queue="naps", concurrency=4),
+        steps=[Step("nap", nap, inputs={"seconds": "$.body.seconds"})],
+    ),
+    Workflow(
+        name="test.single",
+        trigger=WorkerTrigger(queue="single", concurrency=1),
+        steps=[Step("nap", nap, inputs={"seconds": "$.body.seconds"})],
+    ),
+]
+"""
+
+
+def write_workflows(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "naps.py").write_text(WORKFLOWS)
+    return folder
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("BLOK_WORKER_ADAPTER", None)
+    env.pop("BLOK_DB", None)
+    return env
+
+
+def blok(*args: str | Path, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    """Run `python -m blok_tui ARGS` to the end."""
+    return subprocess.run(
+        [sys.executable, "-m", "blok_tui", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=_env(),
+    )
+
+
+def blok_json(*args: str | Path) -> Any:
+    done = blok(*args)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+@dataclass
+class Worker:
+    process: subprocess.Popen[str]
+    ready_line: str
+    stderr_path: Path
+
+    @property
+    def id(self) -> str:
+        # "blok worker HOST:PID serving queues a, b on PATH"
+        return self.ready_line.split()[2]
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text()
+
+    def stop(self, timeout: float = 15) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise
+
+
+def start_worker(
+    database: Path, workflows: Path, *extra: str, timeout: float = 20, name: str = "worker"
+) -> Worker:
+    """Start `blok-tui worker` and return once it printed its ready line."""
+    stderr_path = database.parent / f"{name}-{time.monotonic_ns()}.stderr"
+    with stderr_path.open("w") as stderr:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "blok_tui",
+                "worker",
+                "--db",
+                str(database),
+                "--workflows",
+                str(workflows),
+                *extra,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            env=_env(),
+        )
+    assert process.stdout is not None
+    ready, _, _ = select.select([process.stdout], [], [], timeout)
+    line = process.stdout.readline() if ready else ""
+    if not line.startswith("blok worker "):
+        process.kill()
+        process.wait()
+        raise AssertionError(f"worker did not get ready: {line!r}\n{stderr_path.read_text()}")
+    return Worker(process, line.strip(), stderr_path)
+
+
+def eventually(check: Callable[[], T | None], timeout: float = 10, every: float = 0.05) -> T:
+    """Poll another process's state (nothing to await across processes) until `check` gives
+    a value; fail with the last one seen."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value is not None and value is not False:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"still not true after {timeout}s")
+        time.sleep(every)
+
+
+def run_of(database: Path, job_id: str) -> dict[str, Any] | None:
+    """The newest run of a job, as `blok-tui runs --json` shows it."""
+    for run in blok_json("runs", "--json", "--limit", "200", "--db", database):
+        if run["job_id"] == job_id:
+            return run
+    return None

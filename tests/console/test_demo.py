@@ -1,0 +1,44 @@
+"""The demo producer shows a newcomer every feature early: retries, a slow run, a wait, a
+timeout and a dead letter, over the bundled example workflows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+
+import examples
+from blok_tui.demo import demo_producer
+from engine import AttemptFailed, Engine, RunFinished, RunStarted, RunStatusChanged
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_the_opening_shows_every_feature_within_ten_seconds() -> None:
+    folder = Path(examples.__file__).parent
+    seen: set[str] = set()
+    wanted = {"retry", "slow", "wait", "timed_out", "dead"}
+    async with Engine(workflows=folder, grace_period=0.2) as engine:
+        events = engine.events()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(demo_producer, engine)
+            with anyio.fail_after(10):
+                async for event in events:
+                    match event:
+                        case AttemptFailed():
+                            seen.add("retry")
+                        case RunStarted(queue="reports"):
+                            seen.add("slow")
+                        case RunStatusChanged(status="waiting"):
+                            seen.add("wait")
+                        case RunFinished(status="timed_out"):
+                            seen.add("timed_out")
+                        case RunFinished(queue="webhooks", status="failed"):
+                            if await engine.dead_letters("webhooks"):
+                                seen.add("dead")
+                    if wanted <= seen:
+                        break
+            tg.cancel_scope.cancel()
+        await events.aclose()
+    assert wanted <= seen

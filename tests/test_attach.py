@@ -1,0 +1,185 @@
+"""Attaching to a database that a `blok-tui worker` subprocess serves: `AttachedEngine` and the
+console on top of it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+from cli_helpers import Worker, blok, start_worker, write_workflows
+
+from engine import (
+    AttemptStatus,
+    EngineError,
+    Event,
+    LogRecorded,
+    QueueChanged,
+    RunFinished,
+    RunQueued,
+    RunStarted,
+    RunStatus,
+    StepFinished,
+    StepStarted,
+    StepStatus,
+    UnknownQueue,
+)
+from engine.remote import AttachedEngine
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Worker]]:
+    root = tmp_path_factory.mktemp("attach")
+    database = root / "blok.db"
+    worker = start_worker(database, write_workflows(root / "workflows"))
+    yield database, worker
+    assert worker.stop() == 0, worker.stderr()
+
+
+@pytest.fixture
+async def attached(served: tuple[Path, Worker]) -> AsyncIterator[AttachedEngine]:
+    async with AttachedEngine(served[0]) as engine:
+        yield engine
+
+
+async def _until(events: AsyncIterator[Event], wanted: type[Event], run_id: str) -> list[Event]:
+    """Events of one run, up to and including the first `wanted` one."""
+    seen: list[Event] = []
+    with anyio.fail_after(10):
+        async for event in events:
+            if getattr(event, "run_id", None) == run_id:
+                seen.append(event)
+                if isinstance(event, wanted):
+                    return seen
+    raise AssertionError("the event stream ended")
+
+
+async def test_attached_engine_shows_what_the_worker_serves(
+    served: tuple[Path, Worker], attached: AttachedEngine
+) -> None:
+    _, worker = served
+    queues = {q.name: q for q in await attached.queues()}
+    assert set(queues) == {"naps", "single"}
+    assert queues["naps"].workflow_name == "test.nap"
+    assert (queues["naps"].provider, queues["naps"].concurrency) == ("sqlite", 4)
+    assert [w.id for w in await attached.live_workers()] == [worker.id]
+    assert {w.name for w in await attached.workflows()} == {"test.nap", "test.single"}
+    assert attached.reload_errors == {}
+    with pytest.raises(UnknownQueue, match="unknown queue 'nowhere'"):
+        await attached.queue_stats("nowhere")
+
+
+async def test_events_follow_a_run_that_another_process_runs(
+    served: tuple[Path, Worker], attached: AttachedEngine
+) -> None:
+    database, worker = served
+    events = attached.events()
+    done = await anyio.run_process(
+        [*_blok_argv(), "enqueue", "naps", '{"seconds": 0.05}', "--db", str(database)]
+    )
+    job_id = done.stdout.decode().strip()
+    run_id = (await attached.get_job(job_id)).run_id
+    seen = await _until(events, RunFinished, run_id)
+    kinds = [type(e) for e in seen]
+    assert kinds[0] is RunQueued
+    assert kinds.index(RunStarted) < kinds.index(StepStarted) < kinds.index(StepFinished)
+    assert LogRecorded in kinds
+    log_line = next(e for e in seen if isinstance(e, LogRecorded))
+    assert log_line.message == "napping 0.05 s"
+    finished = seen[-1]
+    assert isinstance(finished, RunFinished) and finished.status == "completed"
+    run = await attached.get_run(run_id)
+    assert run.worker == worker.id
+    stats = await attached.queue_stats("naps")
+    assert stats.completed >= 1
+
+
+async def test_cancel_from_the_attached_client_stops_the_workers_step(
+    attached: AttachedEngine,
+) -> None:
+    events = attached.events()
+    job_id = await attached.enqueue("naps", {"seconds": 30})
+    run_id = (await attached.get_job(job_id)).run_id
+    await _until(events, StepStarted, run_id)
+    started = time.monotonic()
+    run = await attached.cancel(run_id)
+    took = time.monotonic() - started
+    assert run.status is RunStatus.CANCELLED
+    assert took < 1.5, f"cancel took {took:.2f}s"
+    step = run.steps[0]
+    assert step.status is StepStatus.CANCELLED
+    assert step.attempts[-1].status is AttemptStatus.CANCELLED
+    finished = await _until(events, RunFinished, run_id)
+    assert isinstance(finished[-1], RunFinished) and finished[-1].status == "cancelled"
+    with pytest.raises(EngineError, match="has already ended"):
+        await attached.cancel(run_id)
+
+
+async def test_replay_and_pause_go_through_the_worker(attached: AttachedEngine) -> None:
+    job_id = await attached.enqueue("naps", {"seconds": 0})
+    source = await attached.wait_for_job(job_id, timeout=10)
+    assert source.status is RunStatus.COMPLETED
+    events = attached.events()
+    new_id = await attached.replay(source.id, input={"seconds": 0.01})
+    await _until(events, RunFinished, new_id)
+    replayed = await attached.get_run(new_id)
+    assert (replayed.replay_of, replayed.input) == (source.id, {"seconds": 0.01})
+
+    await attached.pause("single")
+    try:
+        assert next(q for q in await attached.queues() if q.name == "single").paused
+        with anyio.fail_after(5):
+            async for event in events:
+                if isinstance(event, QueueChanged) and event.queue == "single":
+                    break
+        held = await attached.enqueue("single", {"seconds": 0})
+        await anyio.sleep(0.6)  # long enough for a claim that should not happen
+        assert (await attached.get_job(held)).state == "waiting"
+    finally:
+        await attached.resume("single")
+    assert (await attached.wait_for_job(held, timeout=10)).status is RunStatus.COMPLETED
+
+
+async def test_attached_console_cancels_a_run_of_the_worker(attached: AttachedEngine) -> None:
+    from blok_tui.app import BlokApp
+    from blok_tui.confirm_screen import ConfirmScreen
+    from blok_tui.run_screen import RunScreen
+
+    events = attached.events()
+    job_id = await attached.enqueue("naps", {"seconds": 30})
+    run_id = (await attached.get_job(job_id)).run_id
+    await _until(events, StepStarted, run_id)
+    app = BlokApp(attached)
+    async with app.run_test(size=(150, 45)) as pilot:
+        with anyio.fail_after(10):
+            await app.ready.wait()
+        app.open_run(run_id)
+        with anyio.fail_after(10):
+            while not (isinstance(app.screen, RunScreen) and app.screen.run is not None):
+                await pilot.pause(0.02)
+        await pilot.press("c")
+        with anyio.fail_after(10):
+            while not isinstance(app.screen, ConfirmScreen):
+                await pilot.pause(0.02)
+        await pilot.press("y")
+        with anyio.fail_after(5):
+            while (await attached.get_run(run_id)).status != "cancelled":
+                await pilot.pause(0.05)
+    run = await attached.get_run(run_id)
+    assert run.steps[0].status is StepStatus.CANCELLED
+
+
+def test_the_attach_command_refuses_a_missing_database(tmp_path: Path) -> None:
+    done = blok("attach", "--db", tmp_path / "none.db")
+    assert done.returncode == 1
+    assert "no such database" in done.stderr
+
+
+def _blok_argv() -> list[str]:
+    import sys
+
+    return [sys.executable, "-m", "blok_tui"]

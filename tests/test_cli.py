@@ -1,0 +1,230 @@
+"""The `blok-tui` command as a user runs it: real subprocesses on a real SQLite file."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+
+import anyio
+import pytest
+from cli_helpers import Worker, blok, blok_json, eventually, run_of, start_worker, write_workflows
+
+from engine import __version__
+from engine.remote import AttachedEngine
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Worker]]:
+    """One worker for the module, on its own database."""
+    root = tmp_path_factory.mktemp("cli")
+    database = root / "blok.db"
+    worker = start_worker(database, write_workflows(root / "workflows"))
+    yield database, worker
+    assert worker.stop() == 0, worker.stderr()
+
+
+def _one_error_line(done: subprocess.CompletedProcess[str]) -> str:
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("blok-tui: error: "), done.stderr
+    assert "Traceback" not in done.stderr
+    return lines[0]
+
+
+def test_version_and_help() -> None:
+    version = blok("--version")
+    assert version.returncode == 0
+    assert version.stdout.strip() == f"blok-tui {__version__}"
+    helped = blok("--help")
+    assert helped.returncode == 0
+    assert "examples:" in helped.stdout
+    assert "blok-tui enqueue orders" in helped.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["enqueue", "naps", "{not json"], "argument JSON: not valid JSON"),
+        (["frobnicate"], "invalid choice: 'frobnicate'"),
+        (["runs", "--colour"], "unrecognized arguments: --colour"),
+        (["runs", "--status", "finished"], "argument --status: invalid choice: 'finished'"),
+        (["enqueue", "naps", "{}", "--delay", "soon"], "argument --delay"),
+        (["runs", "--limit", "0"], "must be at least 1"),
+        (["cancel"], "the following arguments are required: RUN_ID"),
+    ],
+)
+def test_usage_errors_exit_2_with_one_line(args: list[str], says: str) -> None:
+    done = blok(*args)
+    assert done.returncode == 2
+    assert says in _one_error_line(done)
+
+
+def test_enqueue_then_the_run_completes_on_the_worker(served: tuple[Path, Worker]) -> None:
+    database, worker = served
+    done = blok("enqueue", "naps", '{"seconds": 0.05}', "--priority", "3", "--db", database)
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.strip()
+    assert job_id.startswith("job_")
+    run = eventually(lambda: (r := run_of(database, job_id)) and r["status"] == "completed" and r)
+    assert run["worker"] == worker.id
+    assert run["output"] == {"slept": 0.05}
+    assert run["input"] == {"seconds": 0.05}
+    assert run["priority"] == 3
+    # The table and its filters.
+    table = blok("runs", "--status", "completed", "--workflow", "test.nap", "--db", database)
+    assert table.returncode == 0
+    header, *rows = table.stdout.splitlines()
+    assert header.split()[:5] == ["RUN", "WORKFLOW", "QUEUE", "STATUS", "WORKER"]
+    assert any(
+        row.split()[:5] == [run["id"], "test.nap", "naps", "completed", worker.id] for row in rows
+    )
+    assert blok_json("runs", "--json", "--status", "failed", "--db", database) == []
+
+
+def test_delayed_enqueue_waits_its_delay(served: tuple[Path, Worker]) -> None:
+    database, _ = served
+    done = blok("enqueue", "naps", '{"seconds": 0}', "--delay", "1500ms", "--db", database)
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.strip()
+    run = eventually(lambda: (r := run_of(database, job_id)) and r["status"] == "completed" and r)
+    created = datetime.fromisoformat(run["created_at"])
+    started = datetime.fromisoformat(run["started_at"])
+    assert (started - created).total_seconds() >= 1.5
+
+
+def test_cancel_a_running_run_from_the_command_line(served: tuple[Path, Worker]) -> None:
+    database, worker = served
+    job_id = blok("enqueue", "naps", '{"seconds": 30}', "--db", database).stdout.strip()
+    run = eventually(lambda: (r := run_of(database, job_id)) and r["status"] == "running" and r)
+    done = blok("cancel", run["id"], "--db", database)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"{run['id']} cancelled"
+    after = run_of(database, job_id)
+    assert after is not None and after["status"] == "cancelled"
+    assert after["worker"] == worker.id
+    # Cancelling it again is refused: it has ended.
+    again = blok("cancel", run["id"], "--db", database)
+    assert again.returncode == 1
+    assert "has already ended (cancelled)" in _one_error_line(again)
+
+
+def test_replay_starts_a_new_run_with_the_same_input(served: tuple[Path, Worker]) -> None:
+    database, _ = served
+    job_id = blok("enqueue", "naps", '{"seconds": 0.01}', "--db", database).stdout.strip()
+    source = eventually(
+        lambda: (r := run_of(database, job_id)) and r["status"] == "completed" and r
+    )
+    done = blok("replay", source["id"], "--db", database)
+    assert done.returncode == 0, done.stderr
+    new_id = done.stdout.strip()
+
+    def replayed() -> dict | None:
+        runs = blok_json("runs", "--json", "--db", database)
+        return next((r for r in runs if r["id"] == new_id and r["status"] == "completed"), None)
+
+    run = eventually(replayed)
+    assert run["replay_of"] == source["id"]
+    assert run["input"] == source["input"]
+
+
+def test_refusals_exit_1_with_one_clear_line(served: tuple[Path, Worker], tmp_path: Path) -> None:
+    database, _ = served
+    unknown_queue = blok("enqueue", "nowhere", "{}", "--db", database)
+    assert unknown_queue.returncode == 1
+    assert "unknown queue 'nowhere' (queues: naps, single" in _one_error_line(unknown_queue)
+
+    unknown_run = blok("cancel", "run_missing", "--db", database)
+    assert unknown_run.returncode == 1
+    assert _one_error_line(unknown_run) == "blok-tui: error: unknown run 'run_missing'"
+    assert blok("replay", "run_missing", "--db", database).returncode == 1
+
+    job_id = blok("enqueue", "naps", '{"seconds": 0}', "--db", database).stdout.strip()
+    finished = eventually(
+        lambda: (r := run_of(database, job_id)) and r["status"] == "completed" and r
+    )
+    refused = blok("cancel", finished["id"], "--db", database)
+    assert refused.returncode == 1
+    assert "has already ended (completed); nothing to cancel" in _one_error_line(refused)
+
+    not_sqlite = tmp_path / "notes.db"
+    not_sqlite.write_text("these are my notes, not a database\n" * 20)
+    garbage = blok("runs", "--db", not_sqlite)
+    assert garbage.returncode == 1
+    assert "not a usable SQLite database" in _one_error_line(garbage)
+
+    missing = blok("runs", "--db", tmp_path / "nope.db")
+    assert missing.returncode == 1
+    assert "no such database" in _one_error_line(missing)
+    assert not (tmp_path / "nope.db").exists()
+
+
+def test_sigterm_drains_and_the_queue_outlives_the_worker(tmp_path: Path) -> None:
+    database = tmp_path / "blok.db"
+    worker = start_worker(database, write_workflows(tmp_path / "workflows"), "--grace", "5")
+    job_id = blok("enqueue", "naps", '{"seconds": 1}', "--db", database).stdout.strip()
+    eventually(lambda: (r := run_of(database, job_id)) and r["status"] == "running")
+    assert worker.stop(timeout=10) == 0
+    assert "SIGTERM: draining" in worker.stderr()
+    run = run_of(database, job_id)
+    assert run is not None and run["status"] == "completed", run  # finished within the grace
+    # No worker now: the job is written to the durable queue, and the next worker runs it.
+    later = blok("enqueue", "naps", '{"seconds": 0}', "--db", database)
+    assert later.returncode == 0, later.stderr
+    later_id = later.stdout.strip()
+    assert (run_of(database, later_id) or {}).get("status") == "queued"
+    assert blok("enqueue", "nowhere", "{}", "--db", database).returncode == 1
+    second = start_worker(database, tmp_path / "workflows")
+    try:
+        run = eventually(
+            lambda: (r := run_of(database, later_id)) and r["status"] == "completed" and r
+        )
+        assert run["worker"] == second.id
+    finally:
+        assert second.stop() == 0
+
+
+def test_two_workers_on_one_database_both_consume(tmp_path: Path) -> None:
+    database = tmp_path / "blok.db"
+    folder = write_workflows(tmp_path / "workflows")
+    first = start_worker(database, folder, name="first")
+    second = start_worker(database, folder, name="second")
+    try:
+        # `single` takes one job at a time: while one worker holds the first job (2 s), only
+        # the other can take the second.
+        jobs = [
+            blok("enqueue", "single", '{"seconds": 2}', "--db", database).stdout.strip()
+            for _ in range(2)
+        ]
+
+        def all_done() -> list | None:
+            runs = [r for r in blok_json("runs", "--json", "--db", database) if r["job_id"] in jobs]
+            done = len(runs) == 2 and all(r["status"] == "completed" for r in runs)
+            return runs if done else None
+
+        runs = eventually(all_done, timeout=15)
+        assert {r["worker"] for r in runs} == {first.id, second.id}
+        workers, queues = anyio.run(_attached_view, database)
+        assert workers == sorted([first.id, second.id])
+        assert queues["single"] == 2  # one slot on each worker
+        assert queues["naps"] == 8
+    finally:
+        assert first.stop() == 0
+        assert second.stop() == 0
+
+
+def test_python_dash_m_and_the_entry_point_agree() -> None:
+    script = Path(sys.executable).parent / "blok-tui"
+    if not script.exists():
+        pytest.skip("the blok-tui script is not installed in this environment")
+    done = subprocess.run([script, "--version"], capture_output=True, text=True, timeout=30)
+    assert done.stdout.strip() == f"blok-tui {__version__}"
+
+
+async def _attached_view(database: Path) -> tuple[list[str], dict[str, int]]:
+    """What an attached console sees: the live workers, and each queue's total width."""
+    async with AttachedEngine(database, watch=False) as engine:
+        workers = sorted(w.id for w in await engine.live_workers())
+        return workers, {q.name: q.concurrency for q in await engine.queues()}
