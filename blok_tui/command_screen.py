@@ -6,9 +6,10 @@ from typing import ClassVar
 
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
+from textual.containers import Horizontal
 from textual.screen import ModalScreen
 from textual.suggester import SuggestFromList
-from textual.widgets import Input
+from textual.widgets import Input, Static
 
 from . import actions
 
@@ -28,7 +29,9 @@ class CommandScreen(ModalScreen[str | None]):
             id="command",
         )
         line.cursor_blink = False
-        yield line
+        with Horizontal(id="command-bar"):
+            yield Static(":", id="prompt")
+            yield line
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         self.dismiss(event.value.strip() or None)

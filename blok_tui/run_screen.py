@@ -158,6 +158,10 @@ class RunScreen(BlokScreen):
         title.append(step.name, style="bold")
         title.append("  ")
         title.append_text(status_text(str(step.status), steps=True))
+        if step.wait_until is not None:
+            title.append(f"\nwaits until {clock_time(step.wait_until, tz)}", style="khaki1")
+            if str(step.status) == "waiting":
+                title.append(f" — resumes {countdown(step.wait_until, self.blok.now())}")
         if step.error:
             title.append(f"\n{step.error}", style="red1")
         self.query_one("#step-title", Static).update(title)

@@ -53,6 +53,7 @@ class Context:
 
     __slots__ = (
         "_logger",
+        "_secrets",
         "_sink",
         "attempt",
         "body",
@@ -87,15 +88,25 @@ class Context:
         self.step_index: int | None = None
         self._sink = sink
         self._logger: RunLogger | None = None
+        self._secrets: tuple[str, ...] | None = None
 
     @property
     def logger(self) -> logging.Logger:
         # Created on first use: most no-op nodes never log.
         if self._logger is None:
-            self._logger = RunLogger(
-                f"blok.run.{self.workflow_name}", self._sink, secret_values(self.headers)
-            )
+            self._logger = RunLogger(f"blok.run.{self.workflow_name}", self._sink, self.secrets)
         return self._logger
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """The secret header values to keep out of anything stored (see engine.redact)."""
+        if self._secrets is None:
+            self._secrets = secret_values(self.headers)
+        return self._secrets
+
+    def redact(self, text: str) -> str:
+        """`text` (a log line, an error, a traceback) with secret header values hidden."""
+        return redact_text(text, self.secrets) if self.secrets else text
 
     def __repr__(self) -> str:
         return f"Context(run_id={self.run_id!r}, workflow={self.workflow_name!r})"

@@ -246,13 +246,13 @@ async def reload_paths(
     for path, outcome in _refused.get(engine, {}).items():
         if path not in targets and path.exists():
             outcomes.setdefault(path, outcome)
-    for path in gone:
-        if path in engine._files or str(path) in engine.reload_errors:
-            engine.unload(path)
-            log.info("workflow file removed: %s", path)
+    removed = [p for p in gone if p in engine._files or str(p) in engine.reload_errors]
+    for path in removed:
+        engine.unload(path)
+        log.info("workflow file removed: %s", path)
     reloaded = _swap_in(engine, outcomes)
     engine._apply()
-    for path in gone:
+    for path in removed:  # a reload to nothing: its workflows and queues are gone
         engine.notify_reloaded(LoadedFile(path, "", []))
     for loaded in reloaded:
         log.info(

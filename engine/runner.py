@@ -439,9 +439,10 @@ class Runner:
             else:
                 assert failure is not None
                 attempt.status = AttemptStatus.FAILED
-                attempt.error = str(failure) or type(failure).__name__
+                # A node's error may quote a secret header (an API refusing a key): hidden.
+                attempt.error = ctx.redact(str(failure) or type(failure).__name__)
                 attempt.error_type = type(failure).__name__
-                attempt.traceback = "".join(traceback.format_exception(failure))
+                attempt.traceback = ctx.redact("".join(traceback.format_exception(failure)))
             last = attempt_no >= max_attempts
             if not last and retry is not None:
                 attempt.backoff_ms = retry.backoff_ms(attempt_no)

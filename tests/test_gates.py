@@ -314,9 +314,9 @@ async def test_debounce_and_delay_survive_a_restart(tmp_path: Path) -> None:
     debounced = flow(
         "typing",
         lambda ctx: seen.append(ctx.body["text"]),
-        debounce=Debounce("$.body.doc", delay="700ms", max_delay="5s"),
+        debounce=Debounce("$.body.doc", delay="1s", max_delay="5s"),
     )
-    delayed = flow("later", lambda ctx: seen.append("later"), start_delay="700ms", ttl="30s")
+    delayed = flow("later", lambda ctx: seen.append("later"), start_delay="1s", ttl="30s")
     db = tmp_path / "blok.db"
     async with Engine(workflows=[debounced, delayed], database=db) as engine:
         async with engine.bus.subscribe() as events:

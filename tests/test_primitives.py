@@ -245,7 +245,7 @@ async def test_restart_mid_wait_inside_for_each_inside_switch(tmp_path: Path) ->
                         "$.body.items",
                         steps=[
                             Step("before", before, inputs={"item": "$.state.each.item"}),
-                            wait.for_("600ms"),
+                            wait.for_("1s"),
                             Step("after", after),
                         ],
                     )

@@ -155,6 +155,27 @@ async def test_secret_headers_are_redacted_in_the_store_and_logs_but_reach_the_n
             assert not any(secret in cell for cell in cells), secret
 
 
+async def test_a_node_error_that_quotes_a_secret_header_is_stored_redacted(
+    database: Path | None,
+) -> None:
+    async def refuse(ctx: Any) -> None:
+        raise PermissionError(f"the API refused key {ctx.headers['X-Api-Key']}")
+
+    flow = Workflow(
+        name="refused", trigger=WorkerTrigger(queue="refused"), steps=[Step("call", refuse)]
+    )
+    async with Engine(workflows=[flow], database=database) as engine:
+        job = await engine.enqueue("refused", {}, headers=HEADERS)
+        run = await engine.get_run((await engine.wait_for_job(job, timeout=10)).id)
+    assert run.status is RunStatus.FAILED
+    attempt = run.steps[0].attempts[0]
+    assert run.error == "[step 1/1] call failed: the API refused key [redacted]"
+    assert attempt.error == "the API refused key [redacted]"
+    assert attempt.traceback is not None and "PermissionError" in attempt.traceback
+    for text in (run.error, run.steps[0].error, attempt.error, attempt.traceback):
+        assert "key_0987654321" not in (text or "")
+
+
 def test_which_header_names_look_secret() -> None:
     names = ["authorization", "Proxy-Authorization", "COOKIE", "Set-Cookie", "x-auth-token",
              "X-Webhook-Secret", "X-API-KEY", "api_key", "password"]  # fmt: skip

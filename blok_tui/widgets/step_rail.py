@@ -11,9 +11,9 @@ from textual.widgets.option_list import Option
 
 from engine import Run, StepRun
 
-from ..console import clock_time, countdown, duration, status_style, status_text
+from ..console import clock_time, duration, status_style, status_text
 
-BAR_WIDTH = 10
+BAR_WIDTH = 8
 
 
 def _bar(ms: float | None, longest: float, style: str) -> Text:
@@ -45,8 +45,7 @@ def step_line(step: StepRun, longest: float, now: datetime, tz: tzinfo | None) -
     if status == "cached" or step.cached_from:
         badges.append(("cached", "medium_purple1"))
     if step.wait_until is not None and status == "waiting":
-        until = clock_time(step.wait_until, tz)
-        badges.append((f"until {until} {countdown(step.wait_until, now)}", "khaki1"))
+        badges.append((f"until {clock_time(step.wait_until, tz)}", "khaki1"))
     if step.timed_out or any(str(a.status) == "timed_out" for a in step.attempts):
         badges.append(("timed out", "bold dark_orange"))
     last = step.attempts[-1] if step.attempts else None

@@ -9,6 +9,7 @@ import anyio
 import pytest
 from textual.widgets import DataTable, Static, TextArea
 
+from blok_tui.actions import ActionCommands
 from blok_tui.app import BlokApp
 from blok_tui.confirm_screen import ConfirmScreen
 from blok_tui.inject_screen import InjectScreen
@@ -225,3 +226,20 @@ async def test_unknown_command_says_what_exists(engine: Engine) -> None:
         await command(pilot, "frobnicate")
         messages = [n.message for n in app._notifications]
         assert any("unknown command :frobnicate" in m and ":runs" in m for m in messages)
+
+
+async def test_the_palette_offers_the_views_actions_and_one_entry_per_queue(engine: Engine) -> None:
+    app = BlokApp(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        await command(pilot, "runs")
+        provider = ActionCommands(app.screen)
+        titles = [str(hit.text) async for hit in provider.search("cancel")]
+        assert "Cancel the selected run  [c]" in titles
+        titles = [str(hit.text) async for hit in provider.search("dead letters")]
+        assert {f"Dead letters of {q}" for q in ("slow", "flaky", "broken", "quick")} <= set(titles)
+        # Choosing an entry runs it: here, the runs of one queue.
+        hits = [h async for h in provider.search("Runs on quick")]
+        next(h for h in hits if h.text == "Runs on quick").command()
+        await settled(pilot)
+        assert isinstance(app.screen, RunsScreen) and app.screen.queue == "quick"
