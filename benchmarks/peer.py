@@ -58,7 +58,7 @@ SYSTEMS = ("blok", "huey")
 
 def run_huey(provider: str, body: str, n: int, concurrency: int, folder: Path, fsync: bool) -> Result:
     from huey import MemoryHuey, SqliteHuey
-    from huey.signals import SIGNAL_COMPLETE
+    from huey.signals import SIGNAL_COMPLETE, SIGNAL_ERROR
     from huey.storage import SqliteStorage
 
     class NormalSyncStorage(SqliteStorage):
@@ -80,17 +80,18 @@ def run_huey(provider: str, body: str, n: int, concurrency: int, folder: Path, f
 
     if body == "noop":
 
-        def job() -> None:
+        def job(i: int) -> None:
             return None
     else:
 
-        def job() -> None:
+        def job(i: int) -> None:
             time.sleep(0.01)
 
     task = huey.task(name=f"bench.{body}")(job)
     done = threading.Event()
     lock = threading.Lock()
     count = 0
+    errors: list[str] = []
 
     @huey.signal(SIGNAL_COMPLETE)
     def completed(signal: str, task: object) -> None:
@@ -99,6 +100,11 @@ def run_huey(provider: str, body: str, n: int, concurrency: int, folder: Path, f
             count += 1
             if count == n:
                 done.set()
+
+    @huey.signal(SIGNAL_ERROR)
+    def failed(signal: str, task: object, exc: BaseException | None = None) -> None:
+        errors.append(f"{task}: {exc!r}")
+        done.set()
 
     consumer = huey.create_consumer(
         workers=concurrency,
@@ -113,10 +119,11 @@ def run_huey(provider: str, body: str, n: int, concurrency: int, folder: Path, f
     started = time.perf_counter()
     for i in range(n):
         task(i)
-    if not done.wait(600):
-        raise SystemExit(f"huey {provider}/{body}: only {count} of {n} jobs completed")
+    finished = done.wait(600)
     seconds = time.perf_counter() - started
     consumer.stop(graceful=True)
+    if errors or not finished:
+        raise SystemExit(f"huey {provider}/{body}: {count} of {n} completed; {errors[:1]}")
     return Result("huey", provider, body, n, concurrency, seconds)
 
 

@@ -94,6 +94,11 @@ class BlokApp(App[None]):
         self._changes = Changes()
         self.ready = asyncio.Event()
 
+    def notify(self, message: str, *, markup: bool = True, **kwargs: Any) -> None:
+        # Messages carry engine text ("[step 2/5] charge failed: …", paths, payloads), never
+        # markup: brackets must show as written, not vanish as tags.
+        super().notify(message, markup=False, **kwargs)
+
     @property
     def where(self) -> str:
         if self._where is not None:

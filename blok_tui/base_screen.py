@@ -11,6 +11,8 @@ from textual.binding import Binding, BindingType
 from textual.screen import Screen
 from textual.widgets import Footer
 
+from engine import DatabaseError, EngineError
+
 from .widgets import Crumbs, ReloadBanner
 
 if TYPE_CHECKING:
@@ -94,7 +96,15 @@ class BlokScreen(Screen[None]):
         try:
             while True:
                 self._again = False
-                await self.load()
+                try:
+                    await self.load()
+                except (EngineError, DatabaseError) as error:
+                    # The engine refused or the database is unreachable (an attached console
+                    # whose worker went away): say so and keep the last picture on screen.
+                    self.notify(
+                        str(error), title="Could not read from the engine", severity="error"
+                    )
+                    return
                 if not self._again:
                     return
         finally:

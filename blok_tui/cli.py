@@ -324,6 +324,7 @@ async def _worker(args: argparse.Namespace) -> None:
     # Signals are received from the start, so that one arriving while booting still drains.
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with engine:
+            await engine.store.flush()  # ready means: what it serves is visible to others
             names = ", ".join(q.name for q in await engine.queues()) or "(none)"
             print(
                 f"blok worker {engine.worker.id} serving queues {names} on "

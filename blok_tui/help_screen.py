@@ -14,6 +14,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from . import actions
+from .console import RUN_STATUS_LOOK
 
 
 def help_text() -> Group:
@@ -44,11 +45,26 @@ def help_text() -> Group:
     commands.add_column(width=22, style="bold deep_sky_blue1", no_wrap=True)
     commands.add_column()
     for entry in actions.commands():
-        commands.add_row(f":{entry.command} {entry.args}".rstrip(), entry.help or entry.title)
+        commands.add_row(
+            Text(f":{entry.command} {entry.args}".rstrip()), Text(entry.help or entry.title)
+        )
     parts.append(Text("Commands (press :)", style="bold underline"))
     parts.append(commands)
     parts.append(
         Text("\nctrl+p opens the command palette: every action above, searchable.", style="dim")
+    )
+    parts.append(Text("\nReading the views", style="bold underline"))
+    legend = Text()
+    for n, (status, (icon, style)) in enumerate(RUN_STATUS_LOOK.items()):
+        legend.append("\n" if n == 6 else "   " if n else "")
+        legend.append(f"{icon} {status.replace('_', ' ')}", style=style)
+    parts.append(legend)
+    parts.append(
+        Text(
+            "attempts 5 4✗ j2: 5 step attempts, 4 failed, the job's 2nd delivery\n"
+            "rail ━━━╸──: time against the run's slowest step; 2/4: attempts of the budget;\n"
+            "     cached, until HH:MM:SS (a wait), timed out (a limit hit)"
+        )
     )
     return Group(*parts)
 

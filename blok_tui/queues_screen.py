@@ -10,11 +10,11 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.widgets import DataTable, Static
 
-from engine import EngineError, QueueInfo, QueueStats
+from engine import EngineError, QueueInfo, QueueStats, Run
 
 from . import actions
 from .base_screen import BlokScreen, Changes
-from .console import count
+from .console import count, day_time, status_text
 from .widgets import FilterInput, sparkline
 
 COLUMNS = (
@@ -61,6 +61,8 @@ class QueuesScreen(BlokScreen):
         for name, width in COLUMNS:
             table.add_column(name, key=name, width=width)
         yield table
+        yield Static("recent failures", classes="section")
+        yield Static(id="failures", classes="log")
 
     @property
     def table(self) -> DataTable[Text | str]:
@@ -81,6 +83,8 @@ class QueuesScreen(BlokScreen):
         self.infos = [i for i in infos if i.name in stats]
         self.stats = stats
         self.render_rows()
+        failures = await self.engine.runs(status=["failed", "timed_out", "crashed"], limit=6)
+        self.render_failures(failures)
 
     def render_rows(self) -> None:
         table = self.table
@@ -143,6 +147,24 @@ class QueuesScreen(BlokScreen):
         else:
             line.append("   enter: its runs", style="dim")
         self.query_one("#summary", Static).update(line)
+
+    def render_failures(self, runs: list[Run]) -> None:
+        now, tz = self.blok.now(), self.blok.tz
+        text = Text()
+        for n, run in enumerate(runs):
+            text.append(day_time(run.started_at or run.created_at, tz, now), style="grey50")
+            text.append("  ")
+            text.append_text(status_text(str(run.status), label=False))
+            text.append(f" {run.workflow_name:<18.18} ", style="bold")
+            text.append(f"{run.id}  ", style="grey62")
+            text.append((run.error or "").splitlines()[0] if run.error else "", style="red1")
+            if n < len(runs) - 1:
+                text.append("\n")
+        if not runs:
+            text.append("none: every run so far completed or is still going", style="dim")
+        else:
+            text.append("\n:runs failed lists them all", style="dim")
+        self.query_one("#failures", Static).update(text)
 
     def selected_queue(self) -> str | None:
         table = self.table

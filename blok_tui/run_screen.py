@@ -62,7 +62,7 @@ class RunScreen(BlokScreen):
         yield Static(id="run-header", classes="run-header")
         with Horizontal(id="run-body"):
             with Vertical(id="rail-column"):
-                yield Static("steps", classes="section")
+                yield Static("steps", classes="section", id="steps-title")
                 yield StepRail(id="rail")
                 yield Static("run log", classes="section")
                 with VerticalScroll(id="run-log-scroll"):

@@ -4,6 +4,7 @@ c cancels it (after a confirmation), r replays it and opens the new run."""
 
 from __future__ import annotations
 
+import json
 from typing import ClassVar
 
 from rich.text import Text
@@ -70,6 +71,7 @@ class RunsScreen(BlokScreen):
         for name, width in COLUMNS:
             table.add_column(name, key=name, width=width)
         yield table
+        yield Static(id="preview")
 
     @property
     def table(self) -> DataTable[Text | str]:
@@ -149,6 +151,7 @@ class RunsScreen(BlokScreen):
                 table.move_cursor(row=min(at, len(keys) - 1), animate=False)
         self._shown = fresh
         self.render_filters()
+        self.render_preview()
 
     def render_filters(self) -> None:
         line = Text()
@@ -190,10 +193,26 @@ class RunsScreen(BlokScreen):
                 self._shown[run.id] = cells
 
     # ---- paging ----------------------------------------------------------------------------
+    def render_preview(self) -> None:
+        """One glance at the highlighted run without opening it: its error, else its input."""
+        run = next((r for r in self.runs if r.id == self.selected_run_id()), None)
+        text = Text()
+        if run is not None:
+            text.append(f"{run.id}  ", style="bold")
+            text.append(f"job {run.job_id}  priority {run.priority}", style="grey62")
+            text.append("\n")
+            if run.error:
+                text.append(run.error.splitlines()[0], style="red1")
+            else:
+                text.append("input ", style="grey62")
+                text.append(json.dumps(run.input, ensure_ascii=False, default=str)[:400])
+        self.query_one("#preview", Static).update(text)
+
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         table = self.table
         if event.data_table is not table or event.cursor_row != table.cursor_row:
             return  # a stale event from before the last redraw
+        self.render_preview()
         last = table.row_count - 1
         if event.cursor_row == last and self.start + table.row_count < self.total:
             self.start += PAGE // 2

@@ -264,6 +264,9 @@ class Engine:
 
                 self._tg.start_soon(watch_folder, self, self._folder)
         except BaseException:
+            # The housekeepers already started (the writer) would keep the task group open.
+            if self._tg is not None:
+                self._tg.cancel_scope.cancel()
             await stack.__aexit__(None, None, None)
             raise
         return self
@@ -1268,10 +1271,18 @@ class Engine:
                         )
                     )
                 return run
-            handle = self._handles.get(run_id)
-            if handle is not None:  # claimed here meanwhile
-                return await self.cancel(run_id)
+            holder = found[1].worker if found is not None else None
+            if holder == self.worker.id:
+                # Claimed here a moment ago; its task registers the run's handle at once.
+                with anyio.move_on_after(2):
+                    while run_id not in self._handles:  # noqa: ASYNC110 - a handoff within this loop
+                        await anyio.sleep(0.005)
+                if run_id in self._handles:
+                    return await self._cancel_one(run_id)
             run = await self.get_run(run_id)
+            if run.status in PENDING_RUN_STATUSES and holder and holder != self.worker.id:
+                run.worker = holder  # claimed by another process, not started yet
+                return await self._ask_worker("cancel", run)
         if run.status is RunStatus.RUNNING and run.worker and run.worker != self.worker.id:
             return await self._ask_worker("cancel", run)
         if run.terminal:

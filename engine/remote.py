@@ -602,9 +602,12 @@ class AttachedEngine:
             await self.read_changes()
 
     async def read_changes(self) -> None:
-        """Read what changed since the last call and publish it as events."""
-        await self._read_runs()
-        await self._read_logs()
+        """Read what changed since the last call and publish it as events: a run's start and
+        its steps, then the log lines, then its end, as the worker itself would tell them."""
+        front, back = await self._read_runs()
+        lines = await self._read_logs()
+        for event in (*front, *lines, *back):
+            self.bus.publish(event)
         await self._read_catalog(publish=True)
 
     def _remember(self, run_id: str, status: str) -> None:
@@ -614,9 +617,11 @@ class AttachedEngine:
             old, _ = self._statuses.popitem(last=False)
             self._steps.pop(old, None)
 
-    async def _read_runs(self) -> None:
+    async def _read_runs(self) -> tuple[list[Event], list[Event]]:
+        """Runs changed since the last read: (starts and step events, ends)."""
         db = self.store.db
         changed: list[Run] = []
+        front: list[Event] = []
         for _ in range(MAX_PAGES):
             rows = await db.fetchall(
                 f"SELECT {RUN_COLUMNS}, rev FROM runs WHERE rev > ? ORDER BY rev LIMIT ?",
@@ -631,24 +636,20 @@ class AttachedEngine:
             row = await db.fetchone("SELECT coalesce(max(rev), 0) FROM runs")
             top = row[0] if row else self._rev
             if top > self._rev:
-                self.bus.publish(Lagged(dropped=top - self._rev))
+                front.append(Lagged(dropped=top - self._rev))
                 self._rev = top
-        publish = self.bus.publish if self.bus.active else None
+        publish = self.bus.active
         stepped = [r.id for r in changed if r.status not in (RunStatus.QUEUED, RunStatus.DELAYED)]
-        before: dict[str, list[Event]] = {}
-        after: dict[str, list[Event]] = {}
-        for run in changed:
-            before[run.id], after[run.id] = self._run_events(run)
-        step_events = await self._read_steps(stepped, publish=publish is not None)
-        if publish is None:
-            return
-        for run in changed:
-            for event in before[run.id]:
-                publish(event)
-            for event in step_events.get(run.id, []):
-                publish(event)
-            for event in after[run.id]:
-                publish(event)
+        back: list[Event] = []
+        made = [(run.id, *self._run_events(run)) for run in changed]
+        step_events = await self._read_steps(stepped, publish=publish)
+        if not publish:
+            return [], []
+        for run_id, before, after in made:
+            front.extend(before)
+            front.extend(step_events.get(run_id, []))
+            back.extend(after)
+        return front, back
 
     def _run_events(self, run: Run) -> tuple[list[Event], list[Event]]:
         """Events for a run's status change: (before its step events, after them)."""
@@ -668,7 +669,6 @@ class AttachedEngine:
             if run.started_at is not None and previous in (None, "queued", "delayed"):
                 before.append(RunStarted(run.id, run.queue, run.workflow_name))
             after.append(RunFinished(run.id, run.queue, run.workflow_name, status, run.error))
-            self._steps.pop(run.id, None)
         elif previous is not None:
             after.append(RunStatusChanged(run.id, run.queue, status))
         return before, after
@@ -720,29 +720,30 @@ class AttachedEngine:
                     self._steps.pop(run_id, None)
         return events if publish else {}
 
-    async def _read_logs(self) -> None:
+    async def _read_logs(self) -> list[Event]:
         db = self.store.db
         if not self.bus.active:
             row = await db.fetchone("SELECT max(id) FROM logs")
             self._log_id = max(self._log_id, (row[0] or 0) if row else 0)
-            return
+            return []
+        lines: list[Event] = []
         for _ in range(MAX_PAGES):
             rows = await db.fetchall(
                 "SELECT id, run_id, step_idx, level, message FROM logs WHERE id > ?"
                 " ORDER BY id LIMIT ?",
                 (self._log_id, PAGE),
             )
-            for row in rows:
-                self.bus.publish(LogRecorded(row[1], row[2], row[3], row[4]))
+            lines.extend(LogRecorded(row[1], row[2], row[3], row[4]) for row in rows)
             if rows:
                 self._log_id = rows[-1][0]
             if len(rows) < PAGE:
-                return
+                return lines
         row = await db.fetchone("SELECT max(id) FROM logs")
         top = (row[0] or 0) if row else 0
         if top > self._log_id:
-            self.bus.publish(Lagged(dropped=top - self._log_id))
+            lines.append(Lagged(dropped=top - self._log_id))
             self._log_id = top
+        return lines
 
     async def _read_catalog(self, *, publish: bool) -> None:
         """Queue list, pauses, workers and reload errors: re-read when any of them changed."""

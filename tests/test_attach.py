@@ -88,6 +88,8 @@ async def test_events_follow_a_run_that_another_process_runs(
     assert kinds[0] is RunQueued
     assert kinds.index(RunStarted) < kinds.index(StepStarted) < kinds.index(StepFinished)
     assert LogRecorded in kinds
+    assert [(e.index, e.attempt) for e in seen if isinstance(e, StepStarted)] == [(0, 1)]
+    assert [e.status for e in seen if isinstance(e, StepFinished)] == ["completed"]
     log_line = next(e for e in seen if isinstance(e, LogRecorded))
     assert log_line.message == "napping 0.05 s"
     finished = seen[-1]
@@ -115,6 +117,10 @@ async def test_cancel_from_the_attached_client_stops_the_workers_step(
     assert step.attempts[-1].status is AttemptStatus.CANCELLED
     finished = await _until(events, RunFinished, run_id)
     assert isinstance(finished[-1], RunFinished) and finished[-1].status == "cancelled"
+    # The step was already reported started; only its end is news (log lines aside).
+    finished = [e for e in finished if not isinstance(e, LogRecorded)]
+    assert [type(e) for e in finished] == [StepFinished, RunFinished]
+    assert isinstance(finished[0], StepFinished) and finished[0].status == "cancelled"
     with pytest.raises(EngineError, match="has already ended"):
         await attached.cancel(run_id)
 
@@ -169,6 +175,13 @@ async def test_attached_console_cancels_a_run_of_the_worker(attached: AttachedEn
         with anyio.fail_after(5):
             while (await attached.get_run(run_id)).status != "cancelled":
                 await pilot.pause(0.05)
+        # The run view hears of it through the attached client's events, and shows it.
+        screen = app.screen
+        assert isinstance(screen, RunScreen)
+        with anyio.fail_after(5):
+            while not (screen.idle and screen.run is not None and screen.run.terminal):
+                await pilot.pause(0.02)
+        assert screen.run.status is RunStatus.CANCELLED
     run = await attached.get_run(run_id)
     assert run.steps[0].status is StepStatus.CANCELLED
 
@@ -183,3 +196,34 @@ def _blok_argv() -> list[str]:
     import sys
 
     return [sys.executable, "-m", "blok_tui"]
+
+
+async def test_reload_errors_and_reloads_of_the_worker_reach_the_attached_client(
+    tmp_path: Path,
+) -> None:
+    folder = write_workflows(tmp_path / "workflows")
+    broken = folder / "broken.py"
+    broken.write_text("from engine import Workflow\n\nworkflow = Workflow(name=)\n")
+    worker = start_worker(tmp_path / "blok.db", folder)
+    try:
+        async with AttachedEngine(tmp_path / "blok.db") as attached:
+            (path, message), *_ = attached.reload_errors.items()
+            assert path == str(broken.resolve())
+            assert message.startswith(f"{broken.resolve()}:3: ")
+            events = attached.events()
+            broken.write_text(
+                "from engine import Step, Workflow, WorkerTrigger\n\n"
+                "workflow = Workflow(name='test.fixed', trigger=WorkerTrigger(queue='fixed'),"
+                " steps=[Step('noop', lambda ctx: 1)])\n"
+            )
+            seen: list[Event] = []
+            with anyio.fail_after(10):
+                async for event in events:
+                    seen.append(event)
+                    if isinstance(event, QueueChanged) and event.queue == "fixed":
+                        break
+            assert attached.reload_errors == {}
+            assert "fixed" in {q.name for q in await attached.queues()}
+            assert any(type(e).__name__ == "ReloadErrorCleared" for e in seen)
+    finally:
+        assert worker.stop() == 0

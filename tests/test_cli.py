@@ -155,6 +155,10 @@ def test_refusals_exit_1_with_one_clear_line(served: tuple[Path, Worker], tmp_pa
     assert garbage.returncode == 1
     assert "not a usable SQLite database" in _one_error_line(garbage)
 
+    no_folder = blok("worker", "--workflows", tmp_path / "nowhere", "--db", tmp_path / "w.db")
+    assert no_folder.returncode == 1
+    assert "no such workflows folder" in _one_error_line(no_folder)
+
     missing = blok("runs", "--db", tmp_path / "nope.db")
     assert missing.returncode == 1
     assert "no such database" in _one_error_line(missing)

@@ -9,6 +9,7 @@ from engine import Retry, Step, WorkerTrigger, Workflow
 
 
 async def sleep_long(ctx) -> dict:
+    ctx.logger.info("started sleeping for %s", ctx.body.get("order_id"))
     await anyio.sleep(60)
     return {"slept": 60}
 

@@ -243,3 +243,22 @@ async def test_the_palette_offers_the_views_actions_and_one_entry_per_queue(engi
         next(h for h in hits if h.text == "Runs on quick").command()
         await settled(pilot)
         assert isinstance(app.screen, RunsScreen) and app.screen.queue == "quick"
+
+
+async def test_runs_and_logs_arrive_live_without_a_key_press(engine: Engine) -> None:
+    app = BlokApp(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        await command(pilot, "runs")
+        table = app.screen.query_one("#runs", DataTable)
+        assert table.row_count == 0
+        job_id = await engine.enqueue("quick", {"n": 1})
+        run = await engine.wait_for_job(job_id, timeout=10)
+        await until(pilot, lambda: column(table, "status") == ["✓ completed"])
+        assert column(table, "run") == [run.id]
+        # A run view follows its run: the log line of a step in flight shows up by itself.
+        slow_id = await _running(engine, "slow")
+        await command(pilot, f"run {slow_id}")
+        log = app.screen.query_one("#step-log", Static)
+        await until(pilot, lambda: "started sleeping for S1" in text_of(log))
+        await engine.cancel(slow_id)

@@ -1,0 +1,53 @@
+"""Hot reload is visible: a real file saved in a watched folder, seen by the console."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+
+from blok_tui.app import BlokApp
+from blok_tui.widgets import ReloadBanner
+from engine import Engine
+from engine.reload import wait_until_watching
+
+from .helpers import settled, text_of, until
+
+pytestmark = pytest.mark.anyio
+
+GOOD = """
+from engine import Step, WorkerTrigger, Workflow
+
+
+def ping(ctx):
+    return {"pong": True}
+
+
+workflow = Workflow(name="pings.ping", trigger=WorkerTrigger(queue="pings"), steps=[Step("ping", ping)])
+"""
+BROKEN = GOOD.replace('Step("ping", ping)', 'Step("ping", pong)')
+
+
+async def test_a_broken_save_shows_a_banner_with_file_and_line_until_fixed(tmp_path: Path) -> None:
+    folder = tmp_path / "workflows"
+    folder.mkdir()
+    path = folder / "pings.py"
+    path.write_text(GOOD)
+    async with Engine(workflows=folder, database=tmp_path / "blok.db", watch=True) as engine:
+        with anyio.fail_after(10):
+            await wait_until_watching(engine)
+        app = BlokApp(engine)
+        async with app.run_test(size=(140, 40)) as pilot:
+            await settled(pilot)
+            banner = app.screen.query_one(ReloadBanner)
+            assert not banner.has_class("-failing")
+            path.write_text(BROKEN)
+            await until(pilot, lambda: banner.has_class("-failing"))
+            shown = text_of(banner)
+            assert "workflows/pings.py:9" in shown
+            assert "NameError: name 'pong' is not defined" in shown
+            path.write_text(GOOD)
+            await until(pilot, lambda: not banner.has_class("-failing"))
+            titles = [n.title for n in app._notifications]
+            assert "Reload fixed" in titles
