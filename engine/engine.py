@@ -71,6 +71,7 @@ from .operations import (
 )
 from .primitives import cancel_waited_children, run_middleware, wake_parent
 from .queue import JobQueue, MemoryQueue, QueueError
+from .records import construct
 from .redact import redact_headers
 from .runner import Outcome, Runner
 from .sqlite_db import SqliteDatabase
@@ -594,6 +595,8 @@ class Engine:
                 while not runtime.stopped and (
                     runtime.paused or runtime.active >= runtime.concurrency
                 ):
+                    if runtime.paused:  # jobs claimed ahead go back for other workers
+                        runtime.queue.return_ahead(runtime.name)
                     await runtime.changed.wait()
                 if runtime.stopped:
                     break
@@ -606,12 +609,36 @@ class Engine:
                 if runtime.stopped or runtime.paused:
                     for job in jobs:  # paused or stopped while the claim was under way
                         runtime.queue.settle(job, JobState.WAITING)
+                    runtime.queue.return_ahead(runtime.name)
                     continue
                 for job in jobs:
                     runtime.active += 1
-                    self._jobs_tg.start_soon(self._execute, runtime, job)
+                    self._jobs_tg.start_soon(self._work, runtime, job)
         finally:
+            runtime.queue.return_ahead(runtime.name)
             runtime.loop_done.set()
+
+    async def _work(self, runtime: QueueRuntime, job: Job | None) -> None:
+        """One worker slot (counted in `runtime.active`): run the job, then the next one the
+        queue hands over at once, in this same task, until it has none, or the queue is
+        paused, stopped or narrowed. A task and a claim round trip per job would cost more
+        than a short job itself."""
+        try:
+            while job is not None:
+                await self._execute(runtime, job)
+                await anyio.lowlevel.checkpoint()  # the rest of the engine runs between jobs
+                if (
+                    runtime.stopped
+                    or runtime.paused
+                    or self._stopping
+                    or runtime.active > runtime.concurrency
+                    or self._runtimes.get(runtime.name) is not runtime
+                ):
+                    return
+                job = runtime.queue.claim_nowait(runtime.name, self.worker.id)
+        finally:
+            runtime.active -= 1
+            runtime.poke()
 
     def _workflow_for(self, runtime: QueueRuntime, run: Run, resuming: bool) -> Workflow:
         """The definition a claimed run executes: the current one, except for a run resuming
@@ -674,36 +701,39 @@ class Engine:
     ) -> Run:
         wf = self._workflows.get(job.workflow_name)
         meta = job.meta
-        return Run.model_construct(
-            id=job.run_id,
-            workflow_name=job.workflow_name,
-            workflow_version=wf.version if wf else "",
-            queue=job.queue,
-            job_id=job.id,
-            status=status,
-            input=job.payload,
-            headers=redact_headers(job.headers),
-            output=None,
-            error=None,
-            error_step=None,
-            priority=job.priority,
-            job_attempt=job_attempt,
-            created_at=job.created_at if job_attempt == 1 else utcnow(),
-            started_at=None,
-            finished_at=None,
-            run_at=job.run_at,
-            wait_until=None,
-            replay_of=meta.get("replay_of"),
-            replay_from_step=meta.get("replay_from_step"),
-            parent_run_id=meta.get("parent_run_id"),
-            depth=meta.get("depth", 0),
-            worker=None,
-            attempts=0,
-            failed_attempts=0,
-            cursor=[],
-            state={},
-            steps=[],
-            logs=[],
+        return construct(
+            Run,
+            dict(
+                id=job.run_id,
+                workflow_name=job.workflow_name,
+                workflow_version=wf.version if wf else "",
+                queue=job.queue,
+                job_id=job.id,
+                status=status,
+                input=job.payload,
+                headers=redact_headers(job.headers),
+                output=None,
+                error=None,
+                error_step=None,
+                priority=job.priority,
+                job_attempt=job_attempt,
+                created_at=job.created_at if job_attempt == 1 else utcnow(),
+                started_at=None,
+                finished_at=None,
+                run_at=job.run_at,
+                wait_until=None,
+                replay_of=meta.get("replay_of"),
+                replay_from_step=meta.get("replay_from_step"),
+                parent_run_id=meta.get("parent_run_id"),
+                depth=meta.get("depth", 0),
+                worker=None,
+                attempts=0,
+                failed_attempts=0,
+                cursor=[],
+                state={},
+                steps=[],
+                logs=[],
+            ),
         )
 
     async def _execute(self, runtime: QueueRuntime, job: Job) -> None:
@@ -742,17 +772,19 @@ class Engine:
                 self.bus.publish(RunStarted(run.id, run.queue, run.workflow_name))
             timeout = workflow.trigger.timeout if workflow.trigger else None
             outcome: Outcome | None = None
-            with anyio.CancelScope() as scope:
+            # One scope serves both the operator's cancel and the trigger's timeout: a cancel
+            # sets `cancel_requested` first, so a scope caught without it is the timeout.
+            deadline = anyio.current_time() + timeout / 1000 if timeout else math.inf
+            with anyio.CancelScope(deadline=deadline) as scope:
                 handle.scope = scope
                 if handle.cancel_requested:
                     scope.cancel()
-                with anyio.move_on_after(timeout / 1000 if timeout else math.inf) as limit:
-                    outcome = await self.runner.run(workflow, run, ctx)
-                if limit.cancelled_caught:
-                    outcome = Outcome(
-                        RunStatus.TIMED_OUT,
-                        error=f"run timed out after {timeout}ms (the trigger's timeout)",
-                    )
+                outcome = await self.runner.run(workflow, run, ctx)
+            if scope.cancelled_caught and not handle.cancel_requested:
+                outcome = Outcome(
+                    RunStatus.TIMED_OUT,
+                    error=f"run timed out after {timeout}ms (the trigger's timeout)",
+                )
             if handle.cancel_requested or outcome is None:
                 outcome = Outcome(RunStatus.CANCELLED, error="cancelled by operator")
             self._settle(runtime, job, run, workflow, outcome)
@@ -779,8 +811,6 @@ class Engine:
                 self.gates.release(handle.run.id)
                 self._handles.pop(handle.run.id, None)
                 handle.done.set()
-            runtime.active -= 1
-            runtime.poke()
 
     def _interrupt(self, job: Job, run: Run) -> None:
         run.status = RunStatus.CRASHED
@@ -1099,24 +1129,27 @@ class Engine:
                 run_at = utcnow() + timedelta(milliseconds=delay_ms)
         now = utcnow()
         wf = runtime.workflow
-        job = Job.model_construct(
-            id=job_id or new_id("job"),
-            queue=queue,
-            workflow_name=wf.name,
-            payload=payload,
-            headers=headers or {},
-            priority=priority,
-            state=JobState.DELAYED if run_at else JobState.WAITING,
-            run_at=run_at,
-            attempts=0,
-            max_retries=wf.trigger.retries if wf.trigger else 0,
-            run_id=new_id("run"),
-            created_at=now,
-            finished_at=None,
-            error=None,
-            worker=None,
-            resume=False,
-            meta=meta or {},
+        job = construct(
+            Job,
+            dict(
+                id=job_id or new_id("job"),
+                queue=queue,
+                workflow_name=wf.name,
+                payload=payload,
+                headers=headers or {},
+                priority=priority,
+                state=JobState.DELAYED if run_at else JobState.WAITING,
+                run_at=run_at,
+                attempts=0,
+                max_retries=wf.trigger.retries if wf.trigger else 0,
+                run_id=new_id("run"),
+                created_at=now,
+                finished_at=None,
+                error=None,
+                worker=None,
+                resume=False,
+                meta=meta or {},
+            ),
         )
         run = self._new_run(job, status=RunStatus.DELAYED if run_at else RunStatus.QUEUED)
         return runtime, job, run
@@ -1619,7 +1652,7 @@ class Engine:
         if job is None:
             return False  # claimed meanwhile, ended, or a queue that cannot single one out
         runtime.active += 1  # may go above the concurrency for a moment: asked for explicitly
-        self._jobs_tg.start_soon(self._execute, runtime, job)
+        self._jobs_tg.start_soon(self._work, runtime, job)
         return True
 
     async def _ask_any_worker(self, action: str, payload: dict[str, Any]) -> bool:

@@ -41,6 +41,15 @@ class JobQueue(ABC):
     async def claim(self, queue: str, limit: int, worker: str, timeout: float) -> list[Job]:
         """Up to `limit` due jobs, highest priority first; [] if none came within `timeout`."""
 
+    def claim_nowait(self, queue: str, worker: str) -> Job | None:
+        """The next due job if the queue can hand it over at once, without a round trip;
+        None otherwise. A worker that finished a job asks this first, so that a busy queue
+        costs no task switch and no claim round trip per job."""
+        return None
+
+    def return_ahead(self, queue: str) -> None:  # noqa: B027 - only a queue that claims ahead
+        """Hand back jobs claimed ahead and not started (the queue was paused or stopped)."""
+
     @abstractmethod
     def settle(self, job: Job, state: JobState, *, run_at: datetime | None = None) -> None:
         """Hand a claimed job back: finished (completed, failed, cancelled, dead), or delayed
@@ -103,7 +112,9 @@ class MemoryQueue(JobQueue):
         self._counts: dict[str, dict[JobState, int]] = {}
 
     def _count(self, queue: str, state: JobState, delta: int) -> None:
-        counts = self._counts.setdefault(queue, dict.fromkeys(JobState, 0))
+        counts = self._counts.get(queue)
+        if counts is None:
+            counts = self._counts[queue] = dict.fromkeys(JobState, 0)
         counts[state] += delta
 
     def _push(self, job: Job) -> None:
@@ -151,23 +162,36 @@ class MemoryQueue(JobQueue):
             )
         return delayed[0][0] - now if delayed else None
 
+    def _take_due(self, queue: str, limit: int, worker: str) -> list[Job]:
+        ready = self._ready.get(queue)
+        claimed: list[Job] = []
+        if not ready:
+            return claimed
+        counts = self._counts[queue]
+        while ready and len(claimed) < limit:
+            _, _, job_id = heapq.heappop(ready)
+            job = self._jobs.get(job_id)
+            if job is None or job.state is not JobState.WAITING:
+                continue
+            counts[JobState.WAITING] -= 1
+            job.state = JobState.ACTIVE
+            job.worker = worker
+            job.attempts += 1
+            counts[JobState.ACTIVE] += 1
+            claimed.append(job)
+        return claimed
+
+    def claim_nowait(self, queue: str, worker: str) -> Job | None:
+        if self._delayed.get(queue):
+            self._promote(queue)
+        claimed = self._take_due(queue, 1, worker)
+        return claimed[0] if claimed else None
+
     async def claim(self, queue: str, limit: int, worker: str, timeout: float) -> list[Job]:
         with anyio.move_on_after(timeout):
             while True:
                 next_due = self._promote(queue)
-                ready = self._ready.get(queue)
-                claimed: list[Job] = []
-                while ready and len(claimed) < limit:
-                    _, _, job_id = heapq.heappop(ready)
-                    job = self._jobs.get(job_id)
-                    if job is None or job.state is not JobState.WAITING:
-                        continue
-                    self._count(queue, JobState.WAITING, -1)
-                    job.state = JobState.ACTIVE
-                    job.worker = worker
-                    job.attempts += 1
-                    self._count(queue, JobState.ACTIVE, 1)
-                    claimed.append(job)
+                claimed = self._take_due(queue, limit, worker)
                 if claimed:
                     return claimed
                 signal = self._signals.setdefault(queue, anyio.Event())

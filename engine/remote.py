@@ -254,8 +254,15 @@ class AttachedEngine:
         )
         catalogs = []
         for row in rows:
-            queues = tuple(ServedQueue(**q) for q in json.loads(row["queues"]))
-            workflows = tuple(WorkflowInfo(**w) for w in json.loads(row["workflows"]))
+            # Only the fields this version knows: a newer worker may write more.
+            queues = tuple(
+                ServedQueue(**{k: q[k] for k in ServedQueue.__dataclass_fields__})
+                for q in json.loads(row["queues"])
+            )
+            workflows = tuple(
+                WorkflowInfo(**{k: w.get(k) for k in WorkflowInfo.model_fields})
+                for w in json.loads(row["workflows"])
+            )
             catalogs.append(
                 WorkerCatalog(
                     row["worker"], queues, workflows, json.loads(row["reload_errors"]), row[4]

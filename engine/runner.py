@@ -22,6 +22,7 @@ from . import expressions
 from .context import Context
 from .events import AttemptFailed, EventBus, LogRecorded, StepFinished, StepStarted
 from .models import Attempt, AttemptStatus, LogLine, Run, RunStatus, StepRun, StepStatus, utcnow
+from .records import construct
 from .store import RunStore
 from .workflow import Step, StepDefinition, WaitStep, Workflow
 
@@ -128,6 +129,9 @@ class Runner:
         self._nested: dict[str, tuple[list[StepRun], dict[tuple[Any, ...], int]]] = {}
         # Runs sleeping in a step's retry backoff, by run id: retry_now sets the event.
         self.backoff_wakeups: dict[str, anyio.Event] = {}
+        # Step.is_async asks `inspect` each time; a step's node never changes (steps are
+        # frozen), so the answer is kept by step identity.
+        self._async_nodes: dict[int, tuple[Step, bool]] = {}
 
     # ---- records ---------------------------------------------------------------------------
     @staticmethod
@@ -135,25 +139,28 @@ class Runner:
         """Give a fresh run one pending step record per top-level step, for the step rail."""
         if not run.steps:
             run.steps = [
-                StepRun.model_construct(
-                    index=i,
-                    name=step.name,
-                    kind=step.kind,
-                    status=StepStatus.PENDING,
-                    started_at=None,
-                    finished_at=None,
-                    input=None,
-                    output=None,
-                    error=None,
-                    max_attempts=getattr(step, "max_attempts", 1),
-                    attempts=[],
-                    logs=[],
-                    cached_from=None,
-                    wait_until=None,
-                    timed_out=False,
-                    tags=[],
-                    parent=None,
-                    child_run_id=None,
+                construct(
+                    StepRun,
+                    dict(
+                        index=i,
+                        name=step.name,
+                        kind=step.kind,
+                        status=StepStatus.PENDING,
+                        started_at=None,
+                        finished_at=None,
+                        input=None,
+                        output=None,
+                        error=None,
+                        max_attempts=getattr(step, "max_attempts", 1),
+                        attempts=[],
+                        logs=[],
+                        cached_from=None,
+                        wait_until=None,
+                        timed_out=False,
+                        tags=[],
+                        parent=None,
+                        child_run_id=None,
+                    ),
                 )
                 for i, step in enumerate(workflow.steps)
             ]
@@ -381,15 +388,18 @@ class Runner:
         first = len(record.attempts) + 1
         for number in range(first, first + max_attempts):
             attempt_no = number - first + 1
-            attempt = Attempt.model_construct(
-                number=number,
-                status=AttemptStatus.RUNNING,
-                started_at=utcnow(),
-                finished_at=None,
-                error=None,
-                error_type=None,
-                traceback=None,
-                backoff_ms=None,
+            attempt = construct(
+                Attempt,
+                dict(
+                    number=number,
+                    status=AttemptStatus.RUNNING,
+                    started_at=utcnow(),
+                    finished_at=None,
+                    error=None,
+                    error_type=None,
+                    traceback=None,
+                    backoff_ms=None,
+                ),
             )
             record.attempts.append(attempt)
             record.status = StepStatus.RUNNING
@@ -406,7 +416,7 @@ class Runner:
             scope = anyio.move_on_after(step.max_duration / 1000) if step.max_duration else None
             try:
                 with scope or nullcontext():
-                    if step.is_async:
+                    if self._is_async(step):
                         result = await step.node(ctx, **inputs)
                     else:
                         result = await anyio.to_thread.run_sync(
@@ -482,6 +492,14 @@ class Runner:
         finally:
             if self.backoff_wakeups.get(run.id) is wake:
                 del self.backoff_wakeups[run.id]
+
+    def _is_async(self, step: Step) -> bool:
+        known = self._async_nodes.get(id(step))
+        if known is None or known[0] is not step:
+            if len(self._async_nodes) > 10_000:  # many reloads: start again
+                self._async_nodes.clear()
+            known = self._async_nodes[id(step)] = (step, step.is_async)
+        return known[1]
 
     async def _wait(
         self, run: Run, ctx: Context, step: WaitStep, record: StepRun, where: str

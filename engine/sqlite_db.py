@@ -21,6 +21,7 @@ from typing import Any
 
 import aiosqlite
 import anyio
+import anyio.lowlevel
 
 log = logging.getLogger("blok.sqlite")
 
@@ -383,6 +384,10 @@ class SqliteDatabase:
         """The one task that commits; run it in the engine's task group."""
         while True:
             await self._wake.wait()
+            # One turn of the event loop first: the tasks woken with us (a finished job's
+            # worker slot, the claim loop it pokes) add their claims to this batch instead of
+            # waiting a whole commit for the next one.
+            await anyio.lowlevel.checkpoint()
             self._wake = anyio.Event()
             batch: list[tuple[str, list[tuple[Any, ...]]]] = []
             for source in self._row_sources:

@@ -6,7 +6,8 @@ client. Not a test (timings are printed, never asserted); run it by hand:
 A `blok-tui worker` subprocess serves a temp database; an AttachedEngine in this process enqueues
 N short jobs one after another and, for each, measures the wall-clock gap between the worker's
 own timestamps (the run's `started_at` and `finished_at`, written by the worker) and the arrival
-of RunStarted / RunFinished here. Both processes share the host clock.
+of RunStarted / RunFinished here (both processes share the host clock); then N/10 times, how long
+`cancel` of a running 30 s step takes until the worker has cancelled and stored it.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from cli_helpers import start_worker, write_workflows
 
-from engine import RunFinished, RunStarted
+from engine import RunFinished, RunStarted, StepStarted
 from engine.remote import AttachedEngine
 
 
@@ -50,6 +51,19 @@ async def measure(database: Path, n: int) -> dict[str, list[float]]:
             assert run.started_at is not None and run.finished_at is not None
             started.append(seen[RunStarted] - run.started_at.timestamp())
             finished.append(seen[RunFinished] - run.finished_at.timestamp())
+        # Cancel: from the call to the worker's step being cancelled and stored.
+        cancels: list[float] = []
+        for _ in range(max(1, n // 10)):
+            job_id = await engine.enqueue("naps", {"seconds": 30})
+            run_id = (await engine.get_job(job_id)).run_id
+            with anyio.fail_after(10):
+                async for event in events:
+                    if isinstance(event, StepStarted) and event.run_id == run_id:
+                        break
+            began = time.monotonic()
+            run = await engine.cancel(run_id)
+            cancels.append(time.monotonic() - began)
+            assert run.status == "cancelled" and run.steps[0].status == "cancelled"
         # Idle: only the worker's heartbeat (every 2 s) writes; the poller should read rarely.
         polls, reads = engine.polls, engine.reads
         await anyio.sleep(5)
@@ -57,6 +71,7 @@ async def measure(database: Path, n: int) -> dict[str, list[float]]:
     return {
         "started": started,
         "finished": finished,
+        "cancel": cancels,
         "polls": [polls, idle_polls],
         "reads": [reads, idle_reads],
     }
@@ -74,7 +89,7 @@ def main() -> None:
             worker.stop()
     print(f"machine: {platform.node()} {platform.machine()} {os.cpu_count()} cpus, N={n}")
     print(f"{'event':<12}{'median ms':>12}{'p95 ms':>10}{'max ms':>10}")
-    for name in ("started", "finished"):
+    for name in ("started", "finished", "cancel"):
         values = sorted(v * 1000 for v in result[name])
         p95 = values[min(len(values) - 1, int(0.95 * len(values)))]
         print(f"{name:<12}{statistics.median(values):>12.1f}{p95:>10.1f}{values[-1]:>10.1f}")

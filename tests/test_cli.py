@@ -180,12 +180,19 @@ def test_sigterm_drains_and_the_queue_outlives_the_worker(tmp_path: Path) -> Non
     later_id = later.stdout.strip()
     assert (run_of(database, later_id) or {}).get("status") == "queued"
     assert blok("enqueue", "nowhere", "{}", "--db", database).returncode == 1
+    # A job nobody holds is cancelled in the database itself.
+    doomed = blok("enqueue", "naps", '{"seconds": 0}', "--db", database).stdout.strip()
+    doomed_run = run_of(database, doomed)
+    assert doomed_run is not None
+    cancelled = blok("cancel", doomed_run["id"], "--db", database)
+    assert cancelled.stdout.strip() == f"{doomed_run['id']} cancelled", cancelled.stderr
     second = start_worker(database, tmp_path / "workflows")
     try:
         run = eventually(
             lambda: (r := run_of(database, later_id)) and r["status"] == "completed" and r
         )
         assert run["worker"] == second.id
+        assert (run_of(database, doomed) or {}).get("status") == "cancelled"  # never ran
     finally:
         assert second.stop() == 0
 
@@ -232,3 +239,23 @@ async def _attached_view(database: Path) -> tuple[list[str], dict[str, int]]:
     async with AttachedEngine(database, watch=False) as engine:
         workers = sorted(w.id for w in await engine.live_workers())
         return workers, {q.name: q.concurrency for q in await engine.queues()}
+
+
+def test_defaults_local_workflows_else_the_bundled_demo(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import argparse
+
+    import examples
+    from blok_tui.cli import _database, _workflows
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("BLOK_DB", raising=False)
+    none = argparse.Namespace(workflows=None, db=None)
+    assert _workflows(none) == (Path(examples.__file__).parent, True)
+    assert _database(none) == Path(".blok/blok.db")
+    (tmp_path / "workflows").mkdir()
+    assert _workflows(none) == (Path("workflows"), False)
+    monkeypatch.setenv("BLOK_DB", "elsewhere.db")
+    assert _database(none) == Path("elsewhere.db")
+    assert _database(argparse.Namespace(db="given.db")) == Path("given.db")
