@@ -37,6 +37,7 @@ examples:
   blok-tui runs --status failed --limit 20  the last failed runs (--json for scripts)
   blok-tui cancel run_0190c3a1b2c3d4e5f6    cancel a queued, delayed or running run
   blok-tui replay run_0190c3a1b2c3d4e5f6    run it again with the same input
+  blok-tui pause orders                     claim nothing new from a queue (resume to undo)
 
 The database defaults to $BLOK_DB, else ./.blok/blok.db.
 """
@@ -233,6 +234,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     replay.add_argument("--input", type=_json_arg, metavar="JSON", help="a different input")
     db_option(replay, keep)
+
+    for name, what in (("pause", "claim nothing new from"), ("resume", "claim again from")):
+        command = commands.add_parser(
+            name,
+            help=f"{what} a queue",
+            description=f"{what.capitalize()} a queue: running jobs finish, enqueue still works, "
+            "and the pause survives restarts.",
+        )
+        command.add_argument("queue", metavar="QUEUE")
+        db_option(command, keep)
     return parser
 
 
@@ -428,6 +439,14 @@ async def _replay(args: argparse.Namespace) -> None:
     print(run_id)
 
 
+async def _pause_or_resume(args: argparse.Namespace) -> None:
+    from engine.remote import AttachedEngine
+
+    async with AttachedEngine(_database(args), watch=False) as engine:
+        await (engine.pause if args.command == "pause" else engine.resume)(args.queue)
+    print(f"{args.queue} {'paused' if args.command == 'pause' else 'resumed'}")
+
+
 COMMANDS = {
     None: _console,
     "worker": _worker,
@@ -436,6 +455,8 @@ COMMANDS = {
     "runs": _runs,
     "cancel": _cancel,
     "replay": _replay,
+    "pause": _pause_or_resume,
+    "resume": _pause_or_resume,
 }
 
 

@@ -259,3 +259,21 @@ def test_defaults_local_workflows_else_the_bundled_demo(
     monkeypatch.setenv("BLOK_DB", "elsewhere.db")
     assert _database(none) == Path("elsewhere.db")
     assert _database(argparse.Namespace(db="given.db")) == Path("given.db")
+
+
+def test_pause_and_resume_from_the_command_line(served: tuple[Path, Worker]) -> None:
+    database, _ = served
+    done = blok("pause", "naps", "--db", database)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "naps paused"
+    job_id = blok("enqueue", "naps", '{"seconds": 0}', "--db", database).stdout.strip()
+    # A paused queue still takes jobs but claims none: give the worker time to prove it.
+    with pytest.raises(AssertionError, match="still not true"):
+        eventually(
+            lambda: (r := run_of(database, job_id)) and r["status"] == "completed", timeout=1.5
+        )
+    assert blok("resume", "naps", "--db", database).stdout.strip() == "naps resumed"
+    eventually(lambda: (r := run_of(database, job_id)) and r["status"] == "completed")
+    unknown = blok("pause", "nowhere", "--db", database)
+    assert unknown.returncode == 1
+    assert "unknown queue 'nowhere'" in _one_error_line(unknown)
