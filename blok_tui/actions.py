@@ -18,12 +18,14 @@ QUEUES = "queues"
 RUNS = "runs"
 RUN = "run"
 DEAD_LETTERS = "dead_letters"
+WORKERS = "workers"
 SCOPE_TITLES = {
     APP: "Everywhere",
     QUEUES: "Queues view",
     RUNS: "Runs view",
     RUN: "Run view",
     DEAD_LETTERS: "Dead-letter view",
+    WORKERS: "Workers view",
 }
 
 
@@ -51,6 +53,7 @@ class ConsoleAction:
             "escape": "esc",
             "enter": "enter",
             "ctrl+p": "^p",
+            "space": "space",
         }
         return ", ".join(names.get(k, k) for k in self.key.split(","))
 
@@ -63,6 +66,18 @@ STATUS_FILTERS: dict[str, tuple[str, ...]] = {
     "failed": ("failed", "timed_out", "crashed"),
     "completed": ("completed",),
     "cancelled": ("cancelled",),
+    # Not statuses but questions operators ask; RUN_FLAGS says what each one filters on.
+    "retrying": (),
+    "stuck": (),
+}
+STUCK_FACTOR = 3.0  # "stuck": running longer than this × the workflow's median duration
+RUN_FLAGS: dict[str, dict[str, object]] = {
+    "retrying": {"retrying": True},
+    "stuck": {"stuck": STUCK_FACTOR},
+}
+FILTER_HELP = {
+    "retrying": "still going, with a failed attempt behind them",
+    "stuck": f"running longer than {STUCK_FACTOR:g}× their workflow's median",
 }
 
 ACTIONS: tuple[ConsoleAction, ...] = (
@@ -73,7 +88,8 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         APP,
         "colon",
         "command",
-        help="Type a command: :queues, :runs failed, :run <id>, :dlq <queue>, :inject, :pause <queue>",
+        help="Type a command: :queues, :runs failed, :run <id>, :dlq <queue>, :inject, "
+        ":pause <queue>, :workers",
     ),
     ConsoleAction(
         "help", "Help: every key and command", APP, "question_mark", "help", command="help"
@@ -98,7 +114,16 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         None,
         command="runs",
         args="[status|queue]",
-        help="All runs, or those with a status (running, waiting, queued, failed, completed, cancelled) or on a queue",
+        help="All runs, or those with a status (running, waiting, queued, failed, completed, "
+        "cancelled), retrying, stuck, or on a queue; more words filter by text",
+    ),
+    ConsoleAction(
+        "show_workers",
+        "Go to workers",
+        APP,
+        None,
+        command="workers",
+        help="The worker processes on this database: host, pid, heartbeat, alive",
     ),
     ConsoleAction(
         "show_run", "Open a run by id", APP, None, command="run", args="<run id>", palette=False
@@ -162,9 +187,58 @@ ACTIONS: tuple[ConsoleAction, ...] = (
             RUNS,
             str(n),
             "",
-            help=", ".join(statuses) or "every status",
+            help=FILTER_HELP.get(name) or ", ".join(statuses) or "every status",
         )
         for n, (name, statuses) in enumerate(STATUS_FILTERS.items())
+    ),
+    ConsoleAction(
+        "toggle_mark",
+        "Mark or unmark the selected run",
+        RUNS,
+        "space",
+        "mark",
+        help="Bulk actions act on the marked runs, else on every run the filter matches",
+    ),
+    ConsoleAction("clear_marks", "Unmark every run", RUNS, "u", "", palette=True),
+    ConsoleAction(
+        "bulk_cancel",
+        "Cancel the marked runs (or all the filter matches)",
+        RUNS,
+        "C",
+        "",
+        destructive=True,
+    ),
+    ConsoleAction(
+        "bulk_replay",
+        "Replay the marked runs (or all the filter matches)",
+        RUNS,
+        "R",
+        "",
+        destructive=True,
+    ),
+    ConsoleAction(
+        "bulk_requeue",
+        "Requeue the dead jobs of the marked runs (or of all the filter matches)",
+        RUNS,
+        "D",
+        "",
+        destructive=True,
+    ),
+    ConsoleAction(
+        "edit_replay",
+        "Edit the input and replay the selected run",
+        RUNS,
+        "e",
+        "",
+        help="The input opens in the JSON editor; nothing is sent until it is valid",
+    ),
+    ConsoleAction(
+        "retry_now",
+        "Retry the selected run now",
+        RUNS,
+        "t",
+        "",
+        help="Skip the backoff of a run waiting for its next attempt, or start a delayed run",
     ),
     ConsoleAction("first_page", "First run", RUNS, "g", "", palette=False),
     ConsoleAction("last_page", "Last (oldest) run", RUNS, "G", "", palette=False),
@@ -178,7 +252,40 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         "replay",
         help="A new run with the same input; opens it",
     ),
+    ConsoleAction(
+        "replay_from_step",
+        "Replay from this step",
+        RUN,
+        "f",
+        "from step",
+        help="A new run: the steps before this one are reused (cached) from this run",
+    ),
+    ConsoleAction(
+        "edit_replay",
+        "Edit the input and replay this run",
+        RUN,
+        "e",
+        "edit+replay",
+        help="The input opens in the JSON editor; nothing is sent until it is valid",
+    ),
+    ConsoleAction(
+        "retry_now",
+        "Retry this run now",
+        RUN,
+        "t",
+        "retry now",
+        help="Skip the backoff of a run waiting for its next attempt, or start a delayed run",
+    ),
+    ConsoleAction(
+        "open_child",
+        "Open the child run of this subworkflow step",
+        RUN,
+        "enter",
+        "child run",
+        palette=False,
+    ),
     ConsoleAction("open_source", "Open the run this one replays", RUN, "o", "source"),
+    ConsoleAction("open_parent", "Open the parent run", RUN, "p", "parent"),
     # Dead-letter view.
     ConsoleAction(
         "requeue",
@@ -197,6 +304,14 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         palette=False,
     ),
     ConsoleAction("filter", "Filter dead letters", DEAD_LETTERS, "slash", "filter"),
+    ConsoleAction(
+        "requeue_all",
+        "Requeue every dead letter of this queue",
+        DEAD_LETTERS,
+        "A",
+        "requeue all",
+        destructive=True,
+    ),
 )
 
 # Every view can go back along its breadcrumbs.

@@ -27,6 +27,7 @@ from engine import (
     QueueChanged,
     ReloadErrorCleared,
     ReloadFailed,
+    Run,
     RunFinished,
     RunQueued,
     RunStarted,
@@ -36,11 +37,14 @@ from engine import (
     WorkflowReloaded,
 )
 from engine.events import AttemptFailed, Event
+from engine.operations import BulkProgress, BulkResult
 
-from . import actions
+from . import actions, bulk
 from .actions import STATUS_FILTERS
 from .base_screen import BlokScreen, Changes
+from .bulk import BulkPlan
 from .command_screen import CommandScreen
+from .confirm_screen import ConfirmScreen
 from .console import Clock, system_clock
 from .dead_letters_screen import DeadLettersScreen
 from .help_screen import HelpScreen
@@ -48,6 +52,8 @@ from .inject_screen import InjectScreen
 from .queues_screen import QueuesScreen
 from .run_screen import RunScreen
 from .runs_screen import RunsScreen
+from .widgets import BulkBar
+from .workers_screen import WorkersScreen
 
 log = logging.getLogger("blok.console")
 
@@ -93,6 +99,7 @@ class BlokApp(App[None]):
         self.throughput_history: dict[str, deque[float]] = {}
         self._changes = Changes()
         self.ready = asyncio.Event()
+        self.last_bulk: BulkResult | None = None  # what the last bulk action did (for tests)
 
     def notify(self, message: str, *, markup: bool = True, **kwargs: Any) -> None:
         # Messages carry engine text ("[step 2/5] charge failed: …", paths, payloads), never
@@ -204,7 +211,8 @@ class BlokApp(App[None]):
     def idle(self) -> bool:
         """Nothing noted and not yet shown, and the view is not reading (for tests)."""
         view = self.view
-        return not self._changes and (view is None or view.idle)
+        bulk_running = any(w.group == "bulk" and not w.is_finished for w in self.workers)
+        return not self._changes and not bulk_running and (view is None or view.idle)
 
     # ---- navigation ------------------------------------------------------------------------
     def go_home(self) -> None:
@@ -218,17 +226,22 @@ class BlokApp(App[None]):
         status: str = "all",
         queue: str | None = None,
         workflow: str | None = None,
+        text: str = "",
         reset: bool = False,
     ) -> None:
         if reset:
             self.go_home()
-        self.push_screen(RunsScreen(status=status, queue=queue, workflow=workflow))
+        self.push_screen(RunsScreen(status=status, queue=queue, workflow=workflow, text=text))
 
     def open_run(self, run_id: str) -> None:
         self.push_screen(RunScreen(run_id))
 
     def open_dead_letters(self, queue: str) -> None:
         self.push_screen(DeadLettersScreen(queue))
+
+    def open_workers(self) -> None:
+        self.go_home()
+        self.push_screen(WorkersScreen())
 
     # ---- operations shared by the views ----------------------------------------------------
     async def cancel_run(self, run_id: str) -> None:
@@ -250,6 +263,101 @@ class BlokApp(App[None]):
         else:
             self.notify(f"{queue} is claiming again", title="Resumed")
 
+    async def replay(
+        self, run_id: str, *, from_step: str | None = None, title: str = "Replayed"
+    ) -> None:
+        """Replay a run (from a step, if given) and open the new run."""
+        try:
+            if from_step is None:
+                new_id = await self.engine.replay(run_id)
+            else:
+                new_id = await self.engine.replay(run_id, from_step=from_step)
+        except EngineError as error:
+            self.notify(str(error), title="Replay refused", severity="error")
+            return
+        where = f" from step {from_step}" if from_step else ""
+        self.notify(f"replay of {run_id}{where} started as {new_id}", title=title)
+        self.open_run(new_id)
+
+    def edit_and_replay(self, run: Run) -> None:
+        """The run's input in the JSON editor; on send, a replay with the edited input."""
+
+        def replayed(new_id: str | None) -> None:
+            if new_id:
+                self.notify(f"replay of {run.id} with edited input: {new_id}", title="Replayed")
+                self.open_run(new_id)
+
+        modal = InjectScreen(self.engine, list(self.queue_names), replay_of=run)
+        self.push_screen(modal, replayed)
+
+    async def retry_now(self, run_id: str) -> bool:
+        retry = getattr(self.engine, "retry_now", None)
+        if retry is None:
+            self.notify(
+                "retry now is not available from an attached console yet: run it in the "
+                "worker's console, or wait for the backoff",
+                title="Retry now",
+                severity="warning",
+            )
+            return False
+        try:
+            started = await retry(run_id)
+        except EngineError as error:
+            self.notify(str(error), title="Retry now refused", severity="error")
+            return False
+        also = "" if started == run_id else f" (as its job's next run {started})"
+        self.notify(f"run {run_id} goes ahead now{also}", title="Retry now")
+        return True
+
+    def confirm_bulk(self, plan: BulkPlan, detail: str, done: Callable[[], Any]) -> None:
+        """Ask once, saying how many runs it touches; then act, with progress, and report."""
+        if plan.count == 0:
+            self.notify(f"{plan.chosen}: no runs to act on", severity="warning")
+            return
+
+        def answer(yes: bool | None) -> None:
+            if yes:
+                self.run_worker(self._bulk(plan, done), group="bulk", name=plan.action)
+
+        verb = bulk.VERBS[plan.action]
+        self.push_screen(
+            ConfirmScreen(
+                plan.question,
+                f"{plan.chosen[:1].upper()}{plan.chosen[1:]}. {detail}",
+                confirm=f"{verb} all",
+            ),
+            answer,
+        )
+
+    async def _bulk(self, plan: BulkPlan, done: Callable[[], Any]) -> BulkResult | None:
+        view = self.view
+        bar = view.query_one(BulkBar) if view is not None else None
+        if bar is not None:
+            bar.start(f"{plan.action} {plan.count:,}…", plan.count)
+
+        def progress(step: BulkProgress) -> None:
+            if bar is not None:
+                bar.advance(step)
+
+        one_by_one = not bulk.supports_bulk(self.engine, plan.action)
+        try:
+            result = await bulk.execute(self.engine, plan, progress)
+        except EngineError as error:
+            self.notify(str(error), title=f"Bulk {plan.action} failed", severity="error")
+            return None
+        finally:
+            if bar is not None:
+                bar.finish()
+        how = " (one by one: this engine has no bulk API)" if one_by_one else ""
+        self.notify(
+            result.summary() + how,
+            title=f"Bulk {plan.action}",
+            severity="warning" if result.skipped else "information",
+        )
+        self.last_bulk = result
+        done()
+        return result
+
     # ---- app-wide actions (from the registry) ----------------------------------------------
     def action_command_line(self) -> None:
         words = [
@@ -258,6 +366,7 @@ class BlokApp(App[None]):
             for verb in ("runs", "dlq", "pause", "resume", "inject")
         ]
         words += [f"runs {status}" for status in STATUS_FILTERS]
+        words += ["workers"]
         self.push_screen(CommandScreen(words), self._command_done)
 
     async def _command_done(self, line: str | None) -> None:
@@ -288,6 +397,9 @@ class BlokApp(App[None]):
     def action_show_runs(self) -> None:
         self.open_runs(reset=True)
 
+    def action_show_workers(self) -> None:
+        self.open_workers()
+
     async def run_command(self, line: str) -> None:
         """Carry out a `:` command line such as "runs failed" or "run run_01…"."""
         words = line.strip().lstrip(":").split()
@@ -315,11 +427,14 @@ class BlokApp(App[None]):
                 self.action_help()
             case "inject":
                 self.action_inject(arg)
+            case "workers":
+                self.open_workers()
             case "runs":
+                text = " ".join(args[1:])
                 if arg is None or arg in STATUS_FILTERS:
-                    self.open_runs(status=arg or "all", reset=True)
+                    self.open_runs(status=arg or "all", text=text, reset=True)
                 elif arg in queues:
-                    self.open_runs(queue=arg, reset=True)
+                    self.open_runs(queue=arg, text=text, reset=True)
                 else:
                     self.notify(
                         f"{arg!r} is neither a status ({', '.join(STATUS_FILTERS)}) nor a queue "

@@ -13,7 +13,7 @@ from textual.widgets import Footer
 
 from engine import DatabaseError, EngineError
 
-from .widgets import Crumbs, ReloadBanner
+from .widgets import BulkBar, Crumbs, ReloadBanner
 
 if TYPE_CHECKING:
     from .app import BlokApp
@@ -59,6 +59,7 @@ class BlokScreen(Screen[None]):
         yield Crumbs()
         yield ReloadBanner()
         yield from self.compose_body()
+        yield BulkBar()
         yield Footer()
 
     def compose_body(self) -> ComposeResult:

@@ -14,6 +14,7 @@ from engine import EngineError, Job
 
 from . import actions
 from .base_screen import BlokScreen, Changes
+from .bulk import BulkPlan
 from .console import day_time
 from .widgets import FilterInput
 
@@ -114,6 +115,17 @@ class DeadLettersScreen(BlokScreen):
             return
         self.notify(f"job {job_id} is back on {self.queue} with a fresh run", title="Requeued")
         self.request_reload()
+
+    def action_requeue_all(self) -> None:
+        """Every dead letter of the queue (or the ones the text filter shows), after asking."""
+        needle = self.text.lower()
+        shown = [j.id for j in self.jobs if needle in f"{j.id} {j.error or ''}".lower()]
+        chosen = f"the {len(shown):,} dead letters on {self.queue}"
+        if self.text:
+            chosen += f" matching {self.text!r}"
+        plan = BulkPlan("requeue", tuple(shown), len(shown), chosen)
+        detail = "Each goes back in its queue with a fresh run and a fresh retry budget."
+        self.blok.confirm_bulk(plan, detail, self.request_reload)
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         event.stop()

@@ -1,5 +1,8 @@
 """The inject modal: pick a queue, write a JSON payload, set priority and delay. Nothing is
-sent until everything is valid; what is wrong is said right here, in the modal."""
+sent until everything is valid; what is wrong is said right here, in the modal.
+
+The same editor serves edit-and-replay: the run's input opens in it, and sending replays the
+run with the edited input (its queue is the run's, so there is no queue, priority or delay)."""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, Static, TextArea
 
-from engine import EngineError, parse_duration
+from engine import EngineError, Run, parse_duration
 
 
 def check_payload(source: str) -> tuple[Any, str | None]:
@@ -27,23 +30,46 @@ def check_payload(source: str) -> tuple[Any, str | None]:
 
 
 class InjectScreen(ModalScreen[str | None]):
-    """Dismissed with the new job's id, or None when the operator backs out."""
+    """Dismissed with the new job's id (the new run's id for a replay), or None when the
+    operator backs out."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "close", "close"),
         Binding("ctrl+s", "send", "send", priority=True),
     ]
 
-    def __init__(self, engine: Any, queues: list[str], queue: str | None = None) -> None:
+    def __init__(
+        self,
+        engine: Any,
+        queues: list[str],
+        queue: str | None = None,
+        *,
+        replay_of: Run | None = None,
+    ) -> None:
         super().__init__()
         self.engine = engine
+        self.replay_of = replay_of
+        if replay_of is not None:
+            queue = replay_of.queue
+            queues = list(dict.fromkeys([*queues, queue]))
         self.queues = queues
         self.initial = queue
 
     def compose(self) -> ComposeResult:
         known = self.initial in self.queues
+        source = self.replay_of
         with Vertical(id="dialog", classes="dialog inject"):
-            yield Static("Inject a job", classes="question")
+            if source is None:
+                yield Static("Inject a job", classes="question")
+            else:
+                yield Static(
+                    Text.assemble(
+                        "Edit and replay ",
+                        (source.id, "bold"),
+                        (f"  {source.workflow_name}, {source.status}", "dim"),
+                    ),
+                    classes="question",
+                )
             with Horizontal(classes="field"):
                 yield Label("queue", classes="label")
                 yield Select(
@@ -51,17 +77,19 @@ class InjectScreen(ModalScreen[str | None]):
                     value=self.initial if known else Select.NULL,
                     prompt="pick a queue",
                     id="queue",
+                    disabled=source is not None,
                 )
-            yield Label("payload (JSON)", classes="label wide")
-            area = TextArea(
-                '{\n  "order_id": "A2001",\n  "amount": 1500\n}',
-                id="payload",
-                show_line_numbers=True,
-                tab_behavior="indent",
+            yield Label(
+                "payload (JSON)" if source is None else "input (JSON): the new run gets this",
+                classes="label wide",
             )
+            text = '{\n  "order_id": "A2001",\n  "amount": 1500\n}'
+            if source is not None:
+                text = json.dumps(source.input, indent=2, ensure_ascii=False, default=str)
+            area = TextArea(text, id="payload", show_line_numbers=True, tab_behavior="indent")
             area.cursor_blink = False
             yield area
-            with Horizontal(classes="field"):
+            with Horizontal(classes="field", id="job-fields"):
                 yield Label("priority", classes="label")
                 priority = Input("0", id="priority", type="integer")
                 priority.cursor_blink = False
@@ -72,10 +100,13 @@ class InjectScreen(ModalScreen[str | None]):
                 yield delay
             yield Static(id="problem", classes="problem")
             with Horizontal(classes="buttons"):
-                yield Button("Send (ctrl+s)", variant="primary", id="send")
+                send = "Send" if source is None else "Replay"
+                yield Button(f"{send} (ctrl+s)", variant="primary", id="send")
                 yield Button("Close (esc)", id="close")
 
     def on_mount(self) -> None:
+        if self.replay_of is not None:
+            self.query_one("#job-fields").display = False
         self.check()
         self.query_one(TextArea).focus()
 
@@ -130,7 +161,10 @@ class InjectScreen(ModalScreen[str | None]):
             return
         queue, payload, priority, delay = checked
         try:
-            job_id = await self.engine.enqueue(queue, payload, priority=priority, delay=delay)
+            if self.replay_of is not None:
+                job_id = await self.engine.replay(self.replay_of.id, input=payload)
+            else:
+                job_id = await self.engine.enqueue(queue, payload, priority=priority, delay=delay)
         except EngineError as error:
             self.say(str(error))
             return

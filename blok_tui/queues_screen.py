@@ -16,6 +16,7 @@ from . import actions
 from .base_screen import BlokScreen, Changes
 from .console import count, day_time, status_text
 from .widgets import FilterInput, sparkline
+from .workers_screen import workers_line
 
 COLUMNS = (
     ("queue", 18),
@@ -61,6 +62,7 @@ class QueuesScreen(BlokScreen):
         for name, width in COLUMNS:
             table.add_column(name, key=name, width=width)
         yield table
+        yield Static(id="workers-line", classes="filters")
         yield Static("recent failures", classes="section")
         yield Static(id="failures", classes="log")
 
@@ -83,6 +85,8 @@ class QueuesScreen(BlokScreen):
         self.infos = [i for i in infos if i.name in stats]
         self.stats = stats
         self.render_rows()
+        workers = await self.engine.workers()
+        self.query_one("#workers-line", Static).update(workers_line(workers, self.blok.now()))
         failures = await self.engine.runs(status=["failed", "timed_out", "crashed"], limit=6)
         self.render_failures(failures)
 

@@ -3,6 +3,7 @@ errors, tracebacks and backoff), its input and output as JSON, and its log lines
 
 from __future__ import annotations
 
+from datetime import datetime, tzinfo
 from typing import ClassVar
 
 from rich.text import Text
@@ -42,6 +43,44 @@ def log_lines(lines: list[LogLine], tz: object, limit: int = 200) -> Text:
         if n < len(shown) - 1:
             text.append("\n")
     return text
+
+
+GATE_STATUSES = frozenset({"queued", "delayed", "throttled", "debounced", "expired"})
+
+
+def gate_reason(run: Run, now: datetime, tz: tzinfo | None) -> Text | None:
+    """Why a run is held or ended by a scheduling gate, and until when."""
+    status = str(run.status)
+    if status not in GATE_STATUSES:
+        return None
+    why = (run.error or "").strip()
+    line = Text()
+    if status == "debounced":
+        into = run.output.get("debounced_into") if isinstance(run.output, dict) else None
+        line.append("≈ debounced", style="bold grey70")
+        line.append(f": joined run {into}" if into else "", style="deep_sky_blue1")
+        if why and (not into or into not in why):
+            line.append(f"\n{why}", style="grey70")
+        return line
+    icon, style = {
+        "queued": ("○ queued", "grey70"),
+        "delayed": ("◷ delayed", "khaki3"),
+        "throttled": ("⋯ throttled", "khaki3"),
+        "expired": ("⌀ expired", "grey70"),
+    }[status]
+    line.append(icon, style=f"bold {style}")
+    if run.run_at is not None and status != "expired":
+        line.append(
+            f" until {clock_time(run.run_at, tz)} — starts {countdown(run.run_at, now)}",
+            style=style,
+        )
+    if why:
+        line.append(f"\n{why}", style="khaki1" if status != "expired" else "grey70")
+    if status == "queued" and run.run_at is None and not why:
+        return None  # plainly waiting its turn: nothing to explain
+    if status in ("delayed", "throttled", "queued"):
+        line.append("   t starts it now", style="grey50")
+    return line
 
 
 class RunScreen(BlokScreen):
@@ -92,8 +131,39 @@ class RunScreen(BlokScreen):
     def selected_step(self) -> StepRun | None:
         if self.run is None or not self.run.steps:
             return None
-        index = self.query_one(StepRail).highlighted or 0
-        return self.run.steps[min(index, len(self.run.steps) - 1)]
+        index = self.query_one(StepRail).step_index()
+        return self.step_at(index if index is not None else 0)
+
+    def step_at(self, index: int | None) -> StepRun | None:
+        if self.run is None or index is None:
+            return None
+        return next((s for s in self.run.steps if s.index == index), None)
+
+    def top_step(self, step: StepRun) -> StepRun:
+        """The top-level step that holds a nested one (replay starts at that level)."""
+        seen: set[int] = set()
+        while step.parent is not None and step.parent not in seen:
+            seen.add(step.index)
+            parent = self.step_at(step.parent)
+            if parent is None:
+                break
+            step = parent
+        return step
+
+    def step_path(self, step: StepRun) -> str:
+        """ "charge" or "items › iteration 2 › charge" for a nested step."""
+        parts = [step.name]
+        seen: set[int] = set()
+        while step.parent is not None and step.parent not in seen:
+            seen.add(step.index)
+            if step.tags:
+                parts.append(step.tags[0])
+            parent = self.step_at(step.parent)
+            if parent is None:
+                break
+            parts.append(parent.name)
+            step = parent
+        return " › ".join(reversed(parts))
 
     def render_run(self) -> None:
         header = self.query_one("#run-header", Static)
@@ -131,14 +201,16 @@ class RunScreen(BlokScreen):
                 f"{countdown(run.wait_until, now)}",
                 style="bold khaki1",
             )
-        elif str(run.status) == "delayed" and run.run_at:
+        else:
+            reason = gate_reason(run, now, tz)
+            if reason is not None:
+                line.append("\n")
+                line.append_text(reason)
+        if run.parent_run_id:
             line.append("\n")
-            line.append(
-                f"◷ delayed until {clock_time(run.run_at, tz)} — starts "
-                f"{countdown(run.run_at, now)}",
-                style="khaki3",
-            )
-        if run.error:
+            line.append(f"↰ child of run {run.parent_run_id}", style="deep_sky_blue1")
+            line.append(f" (depth {run.depth}; p opens it)", style="grey62")
+        if run.error and str(run.status) not in GATE_STATUSES:
             line.append("\n")
             line.append(run.error, style="bold red1")
         header.update(line)
@@ -154,10 +226,22 @@ class RunScreen(BlokScreen):
             return
         tz = self.blok.tz
         title = Text()
-        title.append(f"step {step.index + 1}/{len(self.run.steps) if self.run else 0} ")
-        title.append(step.name, style="bold")
+        if step.parent is None and not (step.tags and step.tags[0].startswith("mw:")):
+            top = [
+                s
+                for s in (self.run.steps if self.run else [])
+                if s.parent is None and not (s.tags and s.tags[0].startswith("mw:"))
+            ]
+            position = next((n for n, s in enumerate(top) if s.index == step.index), 0)
+            title.append(f"step {position + 1}/{len(top)} ")
+        else:
+            title.append("step ")
+        title.append(self.step_path(step), style="bold")
         title.append("  ")
         title.append_text(status_text(str(step.status), steps=True))
+        if step.child_run_id:
+            title.append(f"\n↳ child run {step.child_run_id}", style="deep_sky_blue1")
+            title.append("  enter opens it", style="grey62")
         if step.wait_until is not None:
             title.append(f"\nwaits until {clock_time(step.wait_until, tz)}", style="khaki1")
             if str(step.status) == "waiting":
@@ -176,6 +260,10 @@ class RunScreen(BlokScreen):
 
     def on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
         self.render_step()
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        event.stop()
+        self.action_open_child()
 
     def engine_changed(self, changes: Changes) -> None:
         if self.run_id in changes.runs or changes.everything:
@@ -210,13 +298,42 @@ class RunScreen(BlokScreen):
         )
 
     async def action_replay_run(self) -> None:
-        try:
-            new_id = await self.engine.replay(self.run_id)
-        except EngineError as error:
-            self.notify(str(error), title="Replay refused", severity="error")
+        await self.blok.replay(self.run_id)
+
+    async def action_replay_from_step(self) -> None:
+        step = self.selected_step()
+        if step is None:
+            self.notify("this run has no steps to replay from", severity="warning")
             return
-        self.notify(f"replay of {self.run_id} started as {new_id}", title="Replayed")
-        self.blok.open_run(new_id)
+        if step.tags and step.tags[0].startswith("mw:"):
+            self.notify(
+                f"{step.name} is a middleware step: replay from a step of the workflow",
+                severity="warning",
+            )
+            return
+        top = self.top_step(step)
+        await self.blok.replay(self.run_id, from_step=top.name, title="Replayed from a step")
+
+    def action_edit_replay(self) -> None:
+        if self.run is not None:
+            self.blok.edit_and_replay(self.run)
+
+    async def action_retry_now(self) -> None:
+        if await self.blok.retry_now(self.run_id):
+            self.request_reload()
+
+    def action_open_child(self) -> None:
+        step = self.selected_step()
+        if step is not None and step.child_run_id:
+            self.blok.open_run(step.child_run_id)
+        elif step is not None and step.kind == "subworkflow":
+            self.notify(f"{step.name} has not dispatched its child run yet", severity="warning")
+
+    def action_open_parent(self) -> None:
+        if self.run is not None and self.run.parent_run_id:
+            self.blok.open_run(self.run.parent_run_id)
+        else:
+            self.notify("this run is not a child of another run", severity="warning")
 
     def action_open_source(self) -> None:
         if self.run is not None and self.run.replay_of:

@@ -1,6 +1,7 @@
 """The runs view: a live table of runs, newest first, paged from the store so that 100,000
-runs open as fast as 100. `/` filters by text, 0-6 (or s) by status; enter opens a run,
-c cancels it (after a confirmation), r replays it and opens the new run."""
+runs open as fast as 100. `/` filters by text, 0-8 (or s) by status, retrying or stuck; enter
+opens a run, c cancels it (after a confirmation), r replays it and opens the new run. Space
+marks rows; C, R and D act on the marked rows, or on every run the filter matches."""
 
 from __future__ import annotations
 
@@ -12,17 +13,20 @@ from textual.app import ComposeResult
 from textual.binding import BindingType
 from textual.widgets import DataTable, Static
 
-from engine import EngineError, Run, RunFilter
+from engine import Run, RunFilter
 
 from . import actions
-from .actions import STATUS_FILTERS
+from .actions import RUN_FLAGS, STATUS_FILTERS
 from .base_screen import BlokScreen, Changes
+from .bulk import BulkPlan
 from .confirm_screen import ConfirmScreen
 from .console import day_time, duration, status_text
 from .widgets import FilterInput
 
 PAGE = 100  # rows held in the table; the window slides as the cursor reaches an edge
+MARK = "●"
 COLUMNS = (
+    ("mark", 1),
     ("status", 12),
     ("run", 23),
     ("workflow", 18),
@@ -40,13 +44,19 @@ class RunsScreen(BlokScreen):
     BINDINGS: ClassVar[list[BindingType]] = actions.bindings(actions.RUNS)
 
     def __init__(
-        self, *, status: str = "all", queue: str | None = None, workflow: str | None = None
+        self,
+        *,
+        status: str = "all",
+        queue: str | None = None,
+        workflow: str | None = None,
+        text: str = "",
     ) -> None:
         super().__init__()
         self.status_name = status
         self.queue = queue
         self.workflow = workflow
-        self.text = ""
+        self.text = text
+        self.marked: dict[str, str] = {}  # run id → its job id, in the order marked
         self.start = 0
         self.total = 0
         self.runs: list[Run] = []
@@ -69,7 +79,7 @@ class RunsScreen(BlokScreen):
         yield FilterInput("filter runs: id, workflow, queue, status or error text…")
         table: DataTable[Text | str] = DataTable(id="runs", cursor_type="row", zebra_stripes=True)
         for name, width in COLUMNS:
-            table.add_column(name, key=name, width=width)
+            table.add_column("" if name == "mark" else name, key=name, width=width)
         yield table
         yield Static(id="preview")
 
@@ -82,9 +92,27 @@ class RunsScreen(BlokScreen):
         self.table.focus()
 
     @property
+    def flags(self) -> dict[str, object]:
+        return dict(RUN_FLAGS.get(self.status_name, {}))
+
+    @property
     def where(self) -> RunFilter:
         statuses = STATUS_FILTERS[self.status_name] or None
-        return RunFilter.of(statuses, self.workflow, self.queue, self.text or None)
+        return RunFilter.of(statuses, self.workflow, self.queue, self.text or None, **self.flags)  # type: ignore[arg-type]
+
+    def describe_filter(self) -> str:
+        """The filter in words, for a confirmation: "failed runs on orders matching 'x'"."""
+        words = ["every"]
+        if self.status_name != "all":
+            words.append(self.status_name)
+        words.append("run")
+        if self.queue:
+            words.append(f"on {self.queue}")
+        if self.workflow:
+            words.append(f"of {self.workflow}")
+        if self.text:
+            words.append(f"matching {self.text!r}")
+        return " ".join(words)
 
     async def load(self) -> None:
         where = self.where
@@ -98,6 +126,7 @@ class RunsScreen(BlokScreen):
             text=self.text or None,
             limit=PAGE,
             offset=self.start,
+            **self.flags,
         )
         self.render_rows()
         self.loaded = True
@@ -114,6 +143,7 @@ class RunsScreen(BlokScreen):
         if run.started_at is not None and run.finished_at is None:
             took = (now - run.started_at).total_seconds() * 1000
         return [
+            Text(MARK if run.id in self.marked else " ", style="bold khaki1"),
             status_text(str(run.status)),
             Text(run.id, style="grey85"),
             run.workflow_name,
@@ -162,6 +192,8 @@ class RunsScreen(BlokScreen):
         if self.text:
             line.append("  / ", style="bold")
             line.append(self.text, style="khaki1")
+        if self.marked:
+            line.append(f"   {MARK} {len(self.marked):,} marked", style="bold khaki1")
         shown = len(self.runs)
         if shown:
             line.append(
@@ -189,7 +221,7 @@ class RunsScreen(BlokScreen):
         for run in self.runs:
             if run.started_at is not None and run.finished_at is None:
                 cells = self.row_cells(run)
-                self.table.update_cell(run.id, "took", cells[6])
+                self.table.update_cell(run.id, "took", cells[7])
                 self._shown[run.id] = cells
 
     # ---- paging ----------------------------------------------------------------------------
@@ -292,12 +324,66 @@ class RunsScreen(BlokScreen):
 
     async def action_replay_run(self) -> None:
         run_id = self.selected_run_id()
-        if run_id is None:
+        if run_id is not None:
+            await self.blok.replay(run_id)
+
+    def selected_run(self) -> Run | None:
+        return next((r for r in self.runs if r.id == self.selected_run_id()), None)
+
+    def action_edit_replay(self) -> None:
+        run = self.selected_run()
+        if run is not None:
+            self.blok.edit_and_replay(run)
+
+    async def action_retry_now(self) -> None:
+        run_id = self.selected_run_id()
+        if run_id is not None and await self.blok.retry_now(run_id):
+            self.request_reload()
+
+    # ---- marks and bulk actions ------------------------------------------------------------
+    def action_toggle_mark(self) -> None:
+        run = self.selected_run()
+        if run is None:
             return
-        try:
-            new_id = await self.engine.replay(run_id)
-        except EngineError as error:
-            self.notify(str(error), title="Replay refused", severity="error")
-            return
-        self.notify(f"replay of {run_id} started as {new_id}", title="Replayed")
-        self.blok.open_run(new_id)
+        if self.marked.pop(run.id, None) is None:
+            self.marked[run.id] = run.job_id
+        cells = self.row_cells(run)
+        self.table.update_cell(run.id, "mark", cells[0])
+        self._shown[run.id] = cells
+        self.render_filters()
+        # Marking row after row: space moves on, as in a file manager.
+        if self.table.cursor_row < self.table.row_count - 1:
+            self.table.move_cursor(row=self.table.cursor_row + 1, animate=False)
+
+    def action_clear_marks(self) -> None:
+        self.marked.clear()
+        self.render_rows()
+
+    async def _plan(self, action: str) -> BulkPlan:
+        if self.marked:
+            ids = tuple(self.marked.values() if action == "requeue" else self.marked)
+            n = len(self.marked)
+            return BulkPlan(action, ids, n, f"the {n:,} marked run{'s' if n != 1 else ''}")
+        where = self.where
+        return BulkPlan(action, where, await self.engine.count_runs(where), self.describe_filter())
+
+    def _bulk_done(self) -> None:
+        self.marked.clear()
+        self.request_reload()
+
+    async def action_bulk_cancel(self) -> None:
+        plan = await self._plan("cancel")
+        detail = (
+            "Runs that have already ended are skipped; the others are interrupted and not retried."
+        )
+        self.blok.confirm_bulk(plan, detail, self._bulk_done)
+
+    async def action_bulk_replay(self) -> None:
+        plan = await self._plan("replay")
+        detail = "Each finished run starts again as a new run with the same input; runs still going are skipped."
+        self.blok.confirm_bulk(plan, detail, self._bulk_done)
+
+    async def action_bulk_requeue(self) -> None:
+        plan = await self._plan("requeue")
+        detail = "Their dead-lettered (or failed) jobs go back in their queues with fresh runs; other jobs are skipped."
+        self.blok.confirm_bulk(plan, detail, self._bulk_done)

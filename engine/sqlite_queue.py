@@ -76,8 +76,9 @@ class SqliteQueue(JobQueue):
         self._signals: dict[str, anyio.Event] = {}
         self._store_rows: Any = None
         self._next_lease_check = 0.0
-        # Claimed ahead (a claim takes twice what was asked; the extra wait here), so that a
-        # worker slot that frees up starts its next job without a claim round trip. They are
+        # Claimed ahead (a claim takes four times what was asked, like Celery's default
+        # prefetch; the extra wait here), so that a worker slot that frees up starts its next
+        # job without a claim round trip, which is what bounds a busy SQLite queue. They are
         # `active` under this worker's lease in the file; `stats` counts them as waiting,
         # since nothing runs them yet, and a pause, a stop or a cancel hands them back.
         self._ahead: dict[str, deque[Job]] = {}
@@ -125,7 +126,7 @@ class SqliteQueue(JobQueue):
                 partial(
                     _claim,
                     queue=queue,
-                    limit=2 * limit,
+                    limit=4 * limit,
                     worker=worker,
                     now=now,
                     lease_s=self.lease_s,
@@ -189,7 +190,9 @@ class SqliteQueue(JobQueue):
         )
 
     async def release_worker(self, worker: str) -> int:
-        self._ahead.clear()  # they are this worker's active jobs: released below
+        for ahead in self._ahead.values():  # this worker's active jobs: released below
+            for job in [j for j in ahead if j.worker == worker]:
+                ahead.remove(job)
 
         def release(conn: sqlite3.Connection) -> int:
             cursor = conn.execute(

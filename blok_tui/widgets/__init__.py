@@ -1,6 +1,7 @@
 """The console's building blocks, each one idea: bars, banners, the step rail, JSON, attempts."""
 
 from .attempts import AttemptsView
+from .bulk_bar import BulkBar
 from .crumbs import Crumbs
 from .filter_input import FilterInput
 from .json_view import JsonView
@@ -10,6 +11,7 @@ from .step_rail import StepRail
 
 __all__ = [
     "AttemptsView",
+    "BulkBar",
     "Crumbs",
     "FilterInput",
     "JsonView",

@@ -1,9 +1,14 @@
 """The step rail: every step of a run in order, with status icon, a duration bar scaled to the
-run's slowest step, attempt count and badges (cached, waiting until HH:MM:SS, timed out)."""
+run's slowest step, attempt count and badges (cached, waiting until HH:MM:SS, timed out).
+
+Nested steps (of for_each, loop, switch, try_catch) sit under their parent, grouped under a
+header per iteration, case, try or catch arm; middleware steps come first with a `mw:<name>`
+badge, and subworkflow steps carry `↳ sub` (waits for its child) or `↳ async`."""
 
 from __future__ import annotations
 
 from datetime import datetime, tzinfo
+from typing import Any
 
 from rich.text import Text
 from textual.widgets import OptionList
@@ -14,6 +19,8 @@ from engine import Run, StepRun
 from ..console import clock_time, duration, status_style, status_text
 
 BAR_WIDTH = 8
+NAME_WIDTH = 15
+BADGES = {"sub": "↳ sub", "async": "↳ async"}
 
 
 def _bar(ms: float | None, longest: float, style: str) -> Text:
@@ -29,11 +36,14 @@ def _bar(ms: float | None, longest: float, style: str) -> Text:
     return text
 
 
-def step_line(step: StepRun, longest: float, now: datetime, tz: tzinfo | None) -> Text:
+def step_line(
+    step: StepRun, longest: float, now: datetime, tz: tzinfo | None, depth: int = 0
+) -> Text:
     status = str(step.status)
-    line = Text()
+    line = Text("  " * depth)
     line.append_text(status_text(status, steps=True, label=False))
-    line.append(f" {step.name:<15.15} ", style="bold" if status == "running" else "")
+    width = max(6, NAME_WIDTH - 2 * depth)
+    line.append(f" {step.name:<{width}.{width}} ", style="bold" if status == "running" else "")
     ms = _step_ms(step, now)
     line.append_text(_bar(ms, longest, status_style(status, steps=True)))
     line.append(f" {duration(ms) if ms is not None else '':>7}")
@@ -51,7 +61,15 @@ def step_line(step: StepRun, longest: float, now: datetime, tz: tzinfo | None) -
     last = step.attempts[-1] if step.attempts else None
     if status == "running" and last is not None and last.backoff_ms and last.finished_at:
         badges.append(("backing off", "khaki3"))
-    badges.extend((tag, "grey62") for tag in step.tags)
+    # A nested step's first tag is where it sits: its group header says so already.
+    tags = step.tags[1:] if step.parent is not None else step.tags
+    for tag in tags:
+        if tag in BADGES:
+            badges.append((BADGES[tag], "deep_sky_blue1"))
+        elif tag.startswith("mw:"):
+            badges.append((tag, "plum2"))
+        else:
+            badges.append((tag, "grey62"))
     for badge, style in badges:
         line.append("  ")
         line.append(f" {badge} ", style=f"{style} reverse")
@@ -63,6 +81,55 @@ def _step_ms(step: StepRun, now: datetime) -> float | None:
         return None
     end = step.finished_at or now
     return max(0.0, (end - step.started_at).total_seconds() * 1000)
+
+
+def header_line(label: str, depth: int, steps: list[StepRun]) -> Text:
+    line = Text("  " * depth)
+    failed = any(str(s.status) == "failed" for s in steps)
+    line.append("▾ ", style="grey50")
+    line.append(label, style="bold red1" if failed else "bold grey70")
+    line.append(f"  {len(steps)} step{'s' if len(steps) != 1 else ''}", style="grey42")
+    return line
+
+
+# A row of the rail: a step at a depth, or the header of a group of a parent's nested steps.
+Row = tuple[int | None, int, str, int | None]  # (step index or None, depth, label, parent)
+
+
+def rail_rows(run: Run) -> list[Row]:
+    """The rail in reading order: middleware first, then the steps, each followed by its
+    nested steps grouped by the first tag (iteration, case, try, catch)."""
+    children: dict[int | None, list[StepRun]] = {}
+    for step in run.steps:
+        children.setdefault(step.parent, []).append(step)
+    top = children.get(None, [])
+    top = sorted(top, key=lambda s: (not (s.tags and s.tags[0].startswith("mw:")), s.index))
+    rows: list[Row] = []
+    seen: set[int] = set()
+
+    def emit(step: StepRun, depth: int) -> None:
+        if step.index in seen:  # a malformed parent chain must not loop forever
+            return
+        seen.add(step.index)
+        rows.append((step.index, depth, "", step.parent))
+        groups: dict[str, list[StepRun]] = {}
+        for child in children.get(step.index, []):
+            groups.setdefault(child.tags[0] if child.tags else "", []).append(child)
+        for label, members in groups.items():
+            inner = depth + 1
+            if label:
+                rows.append((None, depth + 1, label, step.index))
+                inner = depth + 2
+            for child in members:
+                emit(child, inner)
+
+    for step in top:
+        emit(step, 0)
+    # Steps whose parent is missing still show, at the end.
+    for step in run.steps:
+        if step.index not in seen:
+            emit(step, 0)
+    return rows
 
 
 class StepRail(OptionList):
@@ -89,28 +156,62 @@ class StepRail(OptionList):
         self.moved_by_hand = True
         super().action_last()
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.rows: list[Row] = []
+
+    def step_index(self, option: int | None = None) -> int | None:
+        """The index in run.steps of the step on an option (the highlighted one by default);
+        a group header belongs to the step above it."""
+        option = self.highlighted if option is None else option
+        if option is None or not self.rows:
+            return None
+        for index, _, _, _ in reversed(self.rows[: option + 1]):
+            if index is not None:
+                return index
+        return None
+
     def show(self, run: Run, now: datetime, tz: tzinfo | None) -> None:
-        keep = self.highlighted
+        keep = self.step_index()
         durations = [_step_ms(s, now) or 0.0 for s in run.steps]
         longest = max(durations, default=0.0)
-        options = [Option(step_line(s, longest, now, tz)) for s in run.steps]
-        if len(options) == self.option_count:
-            for index, option in enumerate(options):
-                self.replace_option_prompt_at_index(index, option.prompt)
+        rows = rail_rows(run)
+        by_index = {s.index: s for s in run.steps}
+        by_parent: dict[int | None, list[StepRun]] = {}
+        for step in run.steps:
+            by_parent.setdefault(step.parent, []).append(step)
+        options = []
+        for index, depth, label, parent in rows:
+            if index is None:
+                members = [s for s in by_parent.get(parent, []) if s.tags[:1] == [label]]
+                options.append(Option(header_line(label, depth, members), disabled=True))
+            else:
+                options.append(Option(step_line(by_index[index], longest, now, tz, depth)))
+        if rows == self.rows:
+            for n, option in enumerate(options):
+                self.replace_option_prompt_at_index(n, option.prompt)
             return
+        self.rows = rows
         self.set_options(options)
         if options:
-            self.highlighted = (
-                keep if keep is not None and keep < len(options) else _focus_step(run)
-            )
+            wanted = keep if keep is not None and keep in by_index else _focus_step(run)
+            self.highlighted = self.option_of(wanted)
+
+    def option_of(self, step_index: int) -> int:
+        for n, (index, _, _, _) in enumerate(self.rows):
+            if index == step_index:
+                return n
+        return 0
 
 
 def _focus_step(run: Run) -> int:
     """The step that explains the run: the failed one, else the one in flight, else the
     last that ran."""
     for wanted in ("failed", "running", "waiting"):
-        for position, step in enumerate(run.steps):
-            if str(step.status) == wanted:
-                return position
-    ran = [n for n, step in enumerate(run.steps) if step.started_at is not None]
+        # The innermost step of that status explains the most (a parent fails with its child).
+        matching = [s.index for s in run.steps if str(s.status) == wanted]
+        if matching:
+            nested = [s.index for s in run.steps if s.index in matching and s.parent is not None]
+            return (nested or matching)[0]
+    ran = [step.index for step in run.steps if step.started_at is not None]
     return ran[-1] if ran else 0

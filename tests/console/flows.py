@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import anyio
 
-from engine import Retry, Step, WorkerTrigger, Workflow
+from engine import Retry, Step, WorkerTrigger, Workflow, for_each, subworkflow
 
 
 async def sleep_long(ctx) -> dict:
@@ -60,3 +60,44 @@ DOOMED = Workflow(
     steps=[Step("check", always_fail)],
 )
 ALL.append(DOOMED)
+
+
+def prepare(ctx) -> dict:
+    return {"prepared": ctx.body.get("order_id")}
+
+
+def charge_unless_fixed(ctx) -> dict:
+    if not ctx.body.get("fixed"):
+        raise ValueError(f"card declined for {ctx.body.get('order_id')!r}")
+    return {"charged": True}
+
+
+FIXABLE = Workflow(
+    name="fixable.charge",
+    trigger=WorkerTrigger(queue="fixable", concurrency=2),
+    steps=[Step("prepare", prepare), Step("charge", charge_unless_fixed)],
+)
+# A step in a long backoff after its first failure: "retrying now" until the operator cuts it.
+PATIENT = Workflow(
+    name="patient.retry",
+    trigger=WorkerTrigger(queue="patient", concurrency=2),
+    steps=[Step("call", fail_first, retry=Retry(max_attempts=3, min_timeout="60s"))],
+)
+CHILD = Workflow(
+    name="child.echo",
+    trigger=WorkerTrigger(queue="child", concurrency=2),
+    steps=[Step("echo", echo)],
+)
+PARENT = Workflow(
+    name="parent.batch",
+    trigger=WorkerTrigger(queue="parent", concurrency=2),
+    steps=[
+        Step("before", echo),
+        for_each(
+            "items",
+            "$.body.items",
+            steps=[subworkflow("ship", workflow="child.echo", wait=True)],
+        ),
+    ],
+)
+ALL += [FIXABLE, PATIENT, CHILD, PARENT]

@@ -8,6 +8,8 @@ on nothing but this file.
 from __future__ import annotations
 
 import shutil
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,7 @@ from engine import (
     RunStatus,
     StepRun,
     StepStatus,
+    WorkerInfo,
 )
 from engine.sqlite_queue import SqliteQueue
 
@@ -282,7 +285,129 @@ def showcase_runs() -> list[Run]:
         failed_attempts=2,
     )
     runs.append(hook)
+    runs.extend(flow_control_runs())
     return runs
+
+
+def _nested(
+    run: Run, name: str, parent: int, tags: list[str], status: StepStatus, ms: int = 40
+) -> StepRun:
+    step = StepRun(index=len(run.steps), name=name, parent=parent, tags=tags)
+    run.steps.append(step)
+    start = run.created_at + timedelta(milliseconds=10 * len(run.steps))
+    if status is StepStatus.COMPLETED:
+        _done(step, start, ms, {"ok": True})
+    elif status is StepStatus.FAILED:
+        step.status = status
+        step.started_at, step.finished_at = start, start + timedelta(milliseconds=ms)
+        step.error = "OutOfStock: no stock for SKU-3"
+        step.attempts = [
+            Attempt(
+                number=1,
+                status=AttemptStatus.FAILED,
+                started_at=start,
+                finished_at=step.finished_at,
+                error=step.error,
+            )
+        ]
+    return step
+
+
+def flow_control_runs() -> list[Run]:
+    """Runs of the flow-control issue: middleware, a for_each with a subworkflow per item, a
+    try/catch, and runs held or ended by the scheduling gates."""
+    batch = Run(
+        id="run_0000showcase0013",
+        workflow_name="orders.batch",
+        workflow_version="77d0e1aa",
+        queue="orders",
+        job_id="job_0000showcase0013",
+        status=RunStatus.RUNNING,
+        input={"orders": ["A1001", "A1002"]},
+        created_at=at(1),
+        started_at=at(1),
+        worker="showcase:1",
+        attempts=6,
+        failed_attempts=1,
+    )
+    auth = StepRun(index=0, name="check_token", tags=["mw:auth"])
+    items = StepRun(index=1, name="orders", kind="for_each", status=StepStatus.RUNNING)
+    safe = StepRun(index=2, name="reserve_safely", kind="try_catch")
+    batch.steps = [auth, items, safe]
+    _done(auth, batch.created_at, 4, {"user": "ops"})
+    items.started_at = batch.created_at + timedelta(milliseconds=5)
+    for n, state in ((1, StepStatus.COMPLETED), (2, StepStatus.RUNNING)):
+        tag = f"iteration {n}"
+        _nested(batch, "price", 1, [tag], StepStatus.COMPLETED)
+        ship = _nested(batch, "ship", 1, [tag, "sub"], state, ms=900)
+        ship.kind = "subworkflow"
+        ship.child_run_id = f"run_0000showcase00{13 + n}"
+        if state is StepStatus.RUNNING:
+            ship.status = StepStatus.WAITING
+            ship.started_at = NOW - timedelta(seconds=3)
+    _nested(batch, "notify_async", 1, ["iteration 1", "async"], StepStatus.COMPLETED, ms=2)
+    _done(safe, batch.created_at, 60)
+    _nested(batch, "reserve", 2, ["try"], StepStatus.FAILED)
+    _nested(batch, "backorder", 2, ["catch"], StepStatus.COMPLETED)
+    children = []
+    for n in (1, 2):
+        child = Run(
+            id=f"run_0000showcase00{13 + n}",
+            workflow_name="shipping.label",
+            workflow_version="1c9e02f3",
+            queue="orders",
+            job_id=f"job_0000showcase00{13 + n}",
+            status=RunStatus.COMPLETED if n == 1 else RunStatus.RUNNING,
+            input={"order_id": f"A100{n}"},
+            created_at=at(0.9),
+            started_at=at(0.9),
+            finished_at=at(0.9) + timedelta(milliseconds=850) if n == 1 else None,
+            parent_run_id=batch.id,
+            depth=1,
+            worker="showcase:1",
+            steps=_steps(["label", "book_courier"]),
+            attempts=2,
+        )
+        _done(child.steps[0], child.created_at, 300, {"label": f"L-{n}"})
+        if n == 1:
+            _done(child.steps[1], child.created_at, 550, {"courier": "DHL"})
+        else:
+            child.steps[1].status = StepStatus.RUNNING
+            child.steps[1].started_at = child.created_at + timedelta(milliseconds=300)
+        children.append(child)
+    throttled = _order(16, 0.5, RunStatus.THROTTLED, started_at=None)
+    throttled.error = "throttled: 2 runs of key 'acme' hold its 2 slots"
+    throttled.run_at = NOW + timedelta(seconds=3)
+    debounced = _order(17, 0.3, RunStatus.DEBOUNCED, started_at=None)
+    debounced.finished_at = at(0.25)
+    debounced.output = {"debounced_into": "run_0000showcase0009"}
+    debounced.error = "debounced: joined run run_0000showcase0009 (trailing, 2s window)"
+    return [batch, *children, throttled, debounced]
+
+
+WORKERS = [
+    WorkerInfo(
+        id="showcase:1",
+        host="showcase",
+        pid=1,
+        started_at=NOW - timedelta(minutes=31),
+        heartbeat_at=NOW - timedelta(seconds=1),
+    ),
+    WorkerInfo(
+        id="showcase:2",
+        host="showcase",
+        pid=2,
+        started_at=NOW - timedelta(minutes=12),
+        heartbeat_at=NOW - timedelta(seconds=2),
+    ),
+    WorkerInfo(
+        id="laptop:4242",
+        host="laptop",
+        pid=4242,
+        started_at=NOW - timedelta(hours=3),
+        heartbeat_at=NOW - timedelta(minutes=40),
+    ),
+]
 
 
 def showcase_jobs(runs: list[Run]) -> list[Job]:
@@ -293,6 +418,8 @@ def showcase_jobs(runs: list[Run]) -> list[Job]:
         RunStatus.RUNNING: JobState.ACTIVE,
         RunStatus.WAITING: JobState.DELAYED,
         RunStatus.QUEUED: JobState.WAITING,
+        RunStatus.THROTTLED: JobState.DELAYED,
+        RunStatus.DEBOUNCED: JobState.COMPLETED,
     }
     jobs = []
     for run in runs:
@@ -311,7 +438,9 @@ def showcase_jobs(runs: list[Run]) -> list[Job]:
             attempts=run.job_attempt,
             max_retries=2 if run.queue == "webhooks" else 1,
             # Far in the future, so that "delayed" never turns "waiting" under a real clock.
-            run_at=datetime(2099, 1, 1, tzinfo=UTC) if run.status is RunStatus.WAITING else None,
+            run_at=datetime(2099, 1, 1, tzinfo=UTC)
+            if run.status in (RunStatus.WAITING, RunStatus.THROTTLED)
+            else None,
             worker="showcase:1" if run.status is RunStatus.RUNNING else None,
         )
         jobs.append(job)
@@ -350,10 +479,23 @@ async def build(root: Path) -> tuple[Path, Path]:
     return folder, database
 
 
+@asynccontextmanager
+async def scene_engine(folder: Path, database: Path) -> AsyncIterator[Engine]:
+    """The engine over the scene. Its own worker row carries the real host and pid, so the
+    console is shown the scene's fixed workers instead."""
+    async with Engine(workflows=folder, database=database, consume=False) as engine:
+
+        async def fixed_workers() -> list[WorkerInfo]:
+            return list(WORKERS)
+
+        engine.workers = fixed_workers  # type: ignore[method-assign]
+        yield engine
+
+
 def app(folder: Path, database: Path) -> BlokApp:
     """The real console over the scene, with the clock stopped at NOW."""
     return BlokApp(
-        open_engine=lambda: Engine(workflows=folder, database=database, consume=False),
+        open_engine=lambda: scene_engine(folder, database),
         clock=lambda: NOW,
         tz=UTC,
         where="db .blok/blok.db",

@@ -62,3 +62,27 @@ def test_reload_error_banner(snap_compare: Any, built: tuple[Path, Path]) -> Non
     folder, database = built
     scene.break_a_workflow(folder)
     assert snap_compare(scene.app(folder, database), terminal_size=SIZE, run_before=_then())
+
+
+def test_run_view_with_nested_steps(snap_compare: Any, built: tuple[Path, Path]) -> None:
+    run_before = _then(lambda app: app.run_command("run run_0000showcase0013"))
+    assert snap_compare(scene.app(*built), terminal_size=SIZE, run_before=run_before)
+
+
+def test_run_view_of_a_throttled_run(snap_compare: Any, built: tuple[Path, Path]) -> None:
+    run_before = _then(lambda app: app.run_command("run run_0000showcase0016"))
+    assert snap_compare(scene.app(*built), terminal_size=SIZE, run_before=run_before)
+
+
+def test_workers_view(snap_compare: Any, built: tuple[Path, Path]) -> None:
+    run_before = _then(lambda app: app.run_command("workers"))
+    assert snap_compare(scene.app(*built), terminal_size=SIZE, run_before=run_before)
+
+
+def test_bulk_confirmation_over_marked_rows(snap_compare: Any, built: tuple[Path, Path]) -> None:
+    async def mark_two_and_ask(pilot: Pilot[Any]) -> None:
+        await _then(lambda app: app.run_command("runs failed"))(pilot)
+        await pilot.press("space", "space", "R")
+        await settled(pilot)
+
+    assert snap_compare(scene.app(*built), terminal_size=SIZE, run_before=mark_two_and_ask)

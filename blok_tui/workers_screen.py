@@ -1,0 +1,111 @@
+"""The workers view: every worker process registered on this database (id host:pid, when it
+started, its last heartbeat) and whether it is alive, so an attached console shows who works."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import ClassVar
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import BindingType
+from textual.widgets import DataTable, Static
+
+from engine import WorkerInfo
+
+from . import actions
+from .base_screen import BlokScreen, Changes
+from .console import day_time, duration
+
+ALIVE_WITHIN = 10.0  # seconds since the last heartbeat (heartbeats come every ~2 s)
+COLUMNS = (
+    ("worker", 28),
+    ("host", 20),
+    ("pid", 8),
+    ("started", 11),
+    ("heartbeat", 16),
+    ("alive", 8),
+)
+
+
+def is_alive(worker: WorkerInfo, now: datetime) -> bool:
+    return (now - worker.heartbeat_at).total_seconds() <= ALIVE_WITHIN
+
+
+def workers_line(workers: list[WorkerInfo], now: datetime) -> Text:
+    """One line for the queues view: "workers  2 alive: host:12, host:34 · 1 stale"."""
+    alive = [w for w in workers if is_alive(w, now)]
+    line = Text()
+    line.append("workers ", style="bold")
+    if not workers:
+        line.append(" none registered: start one with blok-tui worker", style="dim")
+        return line
+    line.append(f" {len(alive)} alive", style="green3" if alive else "red1")
+    if alive:
+        line.append(": " + ", ".join(w.id for w in alive[:4]), style="grey70")
+        if len(alive) > 4:
+            line.append(f" +{len(alive) - 4}", style="grey70")
+    stale = len(workers) - len(alive)
+    if stale:
+        line.append(f" · {stale} stale", style="khaki3")
+    line.append("   :workers lists them", style="dim")
+    return line
+
+
+class WorkersScreen(BlokScreen):
+    SCOPE: ClassVar[str] = actions.WORKERS
+    BINDINGS: ClassVar[list[BindingType]] = actions.bindings(actions.WORKERS)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: list[WorkerInfo] = []
+
+    @property
+    def crumb(self) -> str:
+        return "workers"
+
+    def compose_body(self) -> ComposeResult:
+        yield Static(id="workers-summary", classes="filters")
+        table: DataTable[Text | str] = DataTable(
+            id="workers", cursor_type="row", zebra_stripes=True
+        )
+        for name, width in COLUMNS:
+            table.add_column(name, key=name, width=width)
+        yield table
+
+    @property
+    def table(self) -> DataTable[Text | str]:
+        return self.query_one("#workers", DataTable)
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        self.table.focus()
+
+    async def load(self) -> None:
+        self.found = await self.engine.workers()
+        self.render_rows()
+
+    def render_rows(self) -> None:
+        now, tz = self.blok.now(), self.blok.tz
+        table = self.table
+        table.clear()
+        for worker in self.found:
+            alive = is_alive(worker, now)
+            ago = (now - worker.heartbeat_at).total_seconds() * 1000
+            table.add_row(
+                Text(worker.id, style="bold"),
+                worker.host,
+                Text(str(worker.pid), justify="right"),
+                day_time(worker.started_at, tz, now),
+                Text(f"{day_time(worker.heartbeat_at, tz, now)} ({duration(max(ago, 0))})"),
+                Text("✓ alive", style="green3") if alive else Text("✗ stale", style="red1"),
+                key=worker.id,
+            )
+        self.query_one("#workers-summary", Static).update(workers_line(self.found, now))
+
+    def engine_changed(self, changes: Changes) -> None:
+        if changes.everything:
+            self.request_reload()
+
+    def tick(self) -> None:
+        self.request_reload()  # heartbeats move without events

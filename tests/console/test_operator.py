@@ -1,0 +1,243 @@
+"""Operator power tools in the console (issues 8 and 9), driven by keys over a real engine on a
+real SQLite file: bulk actions on a filter or on marked rows, replay from a step, edit and
+replay, retry now, the retrying filter, and opening a subworkflow's child run."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import pytest
+from textual.widgets import DataTable, Static, TextArea
+
+from blok_tui.app import BlokApp
+from blok_tui.confirm_screen import ConfirmScreen
+from blok_tui.inject_screen import InjectScreen
+from blok_tui.run_screen import RunScreen
+from blok_tui.runs_screen import MARK, RunsScreen
+from blok_tui.widgets import StepRail
+from blok_tui.workers_screen import WorkersScreen
+from engine import Engine, RunStarted
+
+from .flows import ALL
+from .helpers import column, command, settled, text_of, until
+
+pytestmark = pytest.mark.anyio
+SIZE = (150, 45)
+
+
+@pytest.fixture
+async def engine(tmp_path: Path) -> AsyncIterator[Engine]:
+    async with Engine(workflows=ALL, database=tmp_path / "blok.db", grace_period=0.5) as engine:
+        yield engine
+
+
+async def _started(events, queue: str, count: int) -> None:
+    """Until `count` runs on `queue` have started (events subscribed before enqueueing)."""
+    with anyio.fail_after(10):
+        seen = 0
+        async for event in events:
+            if isinstance(event, RunStarted) and event.queue == queue:
+                seen += 1
+                if seen == count:
+                    break
+    await events.aclose()
+
+
+async def _confirm(pilot, app: BlokApp, question: str) -> None:
+    await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+    assert text_of(app.screen.query_one(".question", Static)).strip() == question
+    await pilot.press("y")
+    await until(pilot, lambda: app.last_bulk is not None)
+    await settled(pilot)
+
+
+async def test_bulk_cancel_of_a_filtered_set_cancels_exactly_those_runs(engine: Engine) -> None:
+    events = engine.events()
+    slow = [await engine.enqueue("slow", {"order_id": f"S{n}"}) for n in range(3)]
+    await _started(events, "slow", 2)
+    quick = [await engine.enqueue("quick", {"n": n}) for n in range(2)]
+    for job_id in quick:
+        await engine.wait_for_job(job_id, timeout=10)
+    slow_runs = {(await engine.get_job(j)).run_id for j in slow}
+    app = BlokApp(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        await command(pilot, "runs slow")  # two running (concurrency 2), one queued
+        table = app.screen.query_one("#runs", DataTable)
+        assert set(column(table, "run")) == slow_runs
+        await pilot.press("C")
+        await _confirm(pilot, app, "Cancel 3 runs?")
+        assert app.last_bulk is not None and sorted(app.last_bulk.ids) == sorted(slow_runs)
+        messages = [n.message for n in app._notifications]
+        assert any(m.startswith("cancel: 3 of 3") for m in messages), messages
+    for run in await engine.runs(limit=20):
+        expected = "cancelled" if run.id in slow_runs else "completed"
+        assert run.status == expected, run
+
+
+async def test_marked_rows_are_replayed_and_only_those(engine: Engine) -> None:
+    jobs = [await engine.enqueue("quick", {"n": n}) for n in range(3)]
+    sources = [await engine.wait_for_job(j, timeout=10) for j in jobs]
+    app = BlokApp(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        await command(pilot, "runs quick")
+        screen = app.screen
+        assert isinstance(screen, RunsScreen)
+        table = screen.query_one("#runs", DataTable)
+        newest_first = column(table, "run")
+        await pilot.press("space", "space")  # marks the first row, moves on, marks the second
+        await pilot.pause()
+        assert column(table, "mark") == [MARK, MARK, " "]
+        assert "2 marked" in text_of(screen.query_one("#filters", Static))
+        await pilot.press("R")
+        await _confirm(pilot, app, "Replay 2 runs?")
+        result = app.last_bulk
+        assert result is not None and set(result.replayed) == set(newest_first[:2])
+        assert screen.marked == {}  # marks are spent by the action
+    replays = [r for r in await engine.runs(queue="quick", limit=10) if r.replay_of]
+    assert sorted(r.replay_of for r in replays) == sorted(newest_first[:2])
+    assert {r.id for r in replays} == set(result.replayed.values())
+    assert len(sources) == 3
+
+
+async def test_bulk_requeue_puts_the_filtered_dead_jobs_back(engine: Engine) -> None:
+    jobs = [await engine.enqueue("doomed", {"order_id": f"D{n}"}) for n in range(2)]
+    for job_id in jobs:
+        await engine.wait_for_job(job_id, timeout=10)
+    assert len(await engine.dead_letters("doomed")) == 2
+    app = BlokApp(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        await command(pilot, "runs doomed")
+        await pilot.press("4")  # failed: the last run of each job
+        await settled(pilot)
+        await pilot.press("D")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        await pilot.press("y")
+        await until(pilot, lambda: app.last_bulk is not None)
+        assert sorted(app.last_bulk.ids) == sorted(jobs)
+
+
+async def test_replay_from_the_selected_step_reuses_the_earlier_steps(engine: Engine) -> None:
+    job_id = await engine.enqueue("fixable", {"order_id": "F9"})
+    source = await engine.wait_for_job(job_id, timeout=10)
+    assert source.status == "failed"
+    app = BlokApp(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        await command(pilot, f"run {source.id}")
+        screen = app.screen
+        assert isinstance(screen, RunScreen)
+        assert screen.selected_step() is not None
+        assert screen.selected_step().name == "charge"  # the rail starts on the failed step
+        await pilot.press("f")
+        await until(pilot, lambda: isinstance(app.screen, RunScreen) and app.screen is not screen)
+        new_id = app.screen.run_id
+    replay = await engine.wait_for_job((await engine.get_run(new_id)).job_id, timeout=10)
+    assert replay.replay_of == source.id and replay.replay_from_step == "charge"
+    prepared = replay.step("prepare")
+    assert prepared.status == "cached" and prepared.cached_from == source.id
+    assert prepared.output == source.step("prepare").output
+    assert replay.step("charge").attempts  # ran again (and failed again: not fixed yet)
+
+
+async def test_edit_and_replay_refuses_bad_json_then_replays_the_edited_input(
+    engine: Engine,
+) -> None:
+    job_id = await engine.enqueue("fixable", {"order_id": "F10"})
+    source = await engine.wait_for_job(job_id, timeout=10)
+    app = BlokApp(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        await command(pilot, f"run {source.id}")
+        await pilot.press("e")
+        await until(pilot, lambda: isinstance(app.screen, InjectScreen))
+        modal = app.screen
+        area = modal.query_one(TextArea)
+        assert '"order_id": "F10"' in area.text
+        area.text = '{"order_id": "F10", "fixed": tru}'
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert app.screen is modal
+        assert "not valid JSON" in text_of(modal.query_one("#problem", Static))
+        assert await engine.count_runs() == 1
+        area.text = '{"order_id": "F10", "fixed": true}'
+        await pilot.press("ctrl+s")
+        await until(pilot, lambda: isinstance(app.screen, RunScreen))
+        new_id = app.screen.run_id
+    replay = await engine.wait_for_job((await engine.get_run(new_id)).job_id, timeout=10)
+    assert replay.replay_of == source.id
+    assert replay.input == {"order_id": "F10", "fixed": True}
+    assert replay.status == "completed"
+
+
+async def test_retrying_filter_and_retry_now_cut_a_long_backoff(engine: Engine) -> None:
+    job_id = await engine.enqueue("patient", {"order_id": "P1"})
+    run_id = (await engine.get_job(job_id)).run_id
+    with anyio.fail_after(10):  # the first attempt failed; the next one is a minute away
+        while not (await engine.runs(retrying=True)):
+            await anyio.sleep(0.02)
+    app = BlokApp(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        await command(pilot, "runs retrying")
+        table = app.screen.query_one("#runs", DataTable)
+        assert column(table, "run") == [run_id]
+        await pilot.press("t")
+        with anyio.fail_after(10):
+            run = await engine.wait_for_job(job_id, timeout=10)
+        assert run.status == "completed"
+        assert [a.number for a in run.step("call").attempts] == [1, 2]
+        messages = [n.message for n in app._notifications]
+        assert any(f"run {run_id} goes ahead now" in m for m in messages), messages
+
+
+async def test_enter_on_a_subworkflow_step_opens_the_child_run(engine: Engine) -> None:
+    job_id = await engine.enqueue("parent", {"items": ["a", "b"]})
+    parent = await engine.wait_for_job(job_id, timeout=10)
+    assert parent.status == "completed", parent.error
+    ships = [s for s in parent.steps if s.name == "ship"]
+    assert len(ships) == 2 and all(s.child_run_id for s in ships)
+    app = BlokApp(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        await command(pilot, f"run {parent.id}")
+        screen = app.screen
+        assert isinstance(screen, RunScreen)
+        rail = screen.query_one(StepRail)
+        lines = [text_of_prompt(rail, n) for n in range(rail.option_count)]
+        assert any("iteration 1" in line for line in lines)
+        assert any("iteration 2" in line for line in lines)
+        assert sum("↳ sub" in line for line in lines) == 2
+        second = ships[1]
+        rail.highlighted = rail.option_of(second.index)
+        await pilot.pause()
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, RunScreen) and app.screen is not screen)
+        child = app.screen
+        assert child.run_id == second.child_run_id
+        await settled(pilot)
+        header = text_of(child.query_one("#run-header", Static))
+        assert f"child of run {parent.id}" in header
+        await pilot.press("p")  # and back up to the parent
+        await until(pilot, lambda: getattr(app.screen, "run_id", None) == parent.id)
+
+
+async def test_workers_view_lists_this_engine_as_alive(engine: Engine) -> None:
+    app = BlokApp(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        line = text_of(app.screen.query_one("#workers-line", Static))
+        assert f"1 alive: {engine.worker.id}" in line
+        await command(pilot, "workers")
+        assert isinstance(app.screen, WorkersScreen)
+        table = app.screen.query_one("#workers", DataTable)
+        assert column(table, "worker") == [engine.worker.id]
+        assert column(table, "alive") == ["✓ alive"]
+
+
+def text_of_prompt(rail: StepRail, n: int) -> str:
+    return str(rail.get_option_at_index(n).prompt)
