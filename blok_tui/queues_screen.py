@@ -82,12 +82,15 @@ class QueuesScreen(BlokScreen):
                 stats[info.name] = await self.engine.queue_stats(info.name)
             except EngineError:  # removed by a reload between the two calls
                 continue
+        workers = await self.engine.workers()
+        failures = await self.engine.runs(status=["failed", "timed_out", "crashed"], limit=6)
+        # Everything read first, then drawn at once: the view may be gone after any await.
+        if not self.is_attached:
+            return
         self.infos = [i for i in infos if i.name in stats]
         self.stats = stats
         self.render_rows()
-        workers = await self.engine.workers()
         self.query_one("#workers-line", Static).update(workers_line(workers, self.blok.now()))
-        failures = await self.engine.runs(status=["failed", "timed_out", "crashed"], limit=6)
         self.render_failures(failures)
 
     def render_rows(self) -> None:

@@ -194,6 +194,7 @@ class RunsScreen(BlokScreen):
             line.append(self.text, style="khaki1")
         if self.marked:
             line.append(f"   {MARK} {len(self.marked):,} marked", style="bold khaki1")
+            line.append("  C cancel · R replay · D requeue · u unmark", style="khaki3")
         shown = len(self.runs)
         if shown:
             line.append(

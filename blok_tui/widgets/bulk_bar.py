@@ -18,16 +18,22 @@ class BulkBar(Horizontal):
     BulkBar > ProgressBar { width: 1fr; }
     """
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.reports: list[BulkProgress] = []  # of the last action, for tests and the log
+
     def compose(self) -> ComposeResult:
         yield Static(id="bulk-label")
         yield ProgressBar(id="bulk-progress", show_eta=False)
 
     def start(self, what: str, total: int) -> None:
         self.add_class("-running")
+        self.reports = []
         self.query_one(Static).update(Text(what, style="bold"))
         self.query_one(ProgressBar).update(total=max(total, 1), progress=0)
 
     def advance(self, progress: BulkProgress) -> None:
+        self.reports.append(progress)
         self.query_one(ProgressBar).update(total=max(progress.total, 1), progress=progress.done)
         label = Text(f"{progress.action} ", style="bold")
         label.append(f"{progress.done:,}/{progress.total:,}")

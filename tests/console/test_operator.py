@@ -16,9 +16,10 @@ from blok_tui.confirm_screen import ConfirmScreen
 from blok_tui.inject_screen import InjectScreen
 from blok_tui.run_screen import RunScreen
 from blok_tui.runs_screen import MARK, RunsScreen
-from blok_tui.widgets import StepRail
+from blok_tui.widgets import BulkBar, StepRail
 from blok_tui.workers_screen import WorkersScreen
-from engine import Engine, RunStarted
+from engine import Engine, RunFilter, RunStarted
+from engine.remote import AttachedEngine
 
 from .flows import ALL
 from .helpers import column, command, settled, text_of, until
@@ -241,3 +242,44 @@ async def test_workers_view_lists_this_engine_as_alive(engine: Engine) -> None:
 
 def text_of_prompt(rail: StepRail, n: int) -> str:
     return str(rail.get_option_at_index(n).prompt)
+
+
+async def test_a_large_bulk_cancel_shows_progress_as_it_goes(engine: Engine) -> None:
+    await engine.pause("quick")  # everything stays queued: 120 runs to cancel
+    await engine.enqueue_many("quick", [{"n": n} for n in range(120)])
+    app = BlokApp(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        await command(pilot, "runs queued")
+        await pilot.press("C")
+        await _confirm(pilot, app, "Cancel 120 runs?")
+        bar = app.screen.query_one(BulkBar)
+        done = [report.done for report in bar.reports]
+        assert done[-1] == 120 and any(0 < d < 120 for d in done), done
+        assert not bar.has_class("-running")
+    assert await engine.count_runs(RunFilter.of("cancelled")) == 120
+
+
+async def test_an_attached_console_cancels_in_bulk_one_by_one(engine: Engine) -> None:
+    """The attach client has no bulk API: the console cancels each run through the worker
+    (the control table) and says so; retry now is refused with a clear message."""
+    events = engine.events()
+    slow = [await engine.enqueue("slow", {"order_id": f"S{n}"}) for n in range(2)]
+    await _started(events, "slow", 2)
+    slow_runs = {(await engine.get_job(j)).run_id for j in slow}
+    assert engine.database is not None
+    async with AttachedEngine(engine.database) as attached:
+        app = BlokApp(attached)
+        async with app.run_test(size=SIZE) as pilot:
+            await settled(pilot)
+            await command(pilot, "runs running")
+            await pilot.press("t")
+            await pilot.pause()
+            assert any("not available from an attached console" in n.message for n in app._notifications)
+            await pilot.press("C")
+            await _confirm(pilot, app, "Cancel 2 runs?")
+            assert sorted(app.last_bulk.ids) == sorted(slow_runs)
+            messages = [n.message for n in app._notifications]
+            assert any("one by one" in m for m in messages), messages
+    for run_id in slow_runs:
+        assert (await engine.get_run(run_id)).status == "cancelled"

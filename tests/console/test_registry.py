@@ -46,4 +46,4 @@ def test_the_help_lists_every_key_and_command() -> None:
             assert entry.title in text, entry
         if entry.command:
             assert f":{entry.command}" in text, entry
-    assert "Show runs by status: all running waiting queued failed completed cancelled" in text
+    assert "Show runs by status: all running waiting queued failed completed cancelled retrying stuck" in text

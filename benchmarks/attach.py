@@ -1,7 +1,7 @@
 """Attach latency: how long from a change a worker process commits to the event in an attached
 client. Not a test (timings are printed, never asserted); run it by hand:
 
-    python tests/cli_attach_latency.py [N]
+    python benchmarks/attach.py [N]
 
 A `blok-tui worker` subprocess serves a temp database; an AttachedEngine in this process enqueues
 N short jobs one after another and, for each, measures the wall-clock gap between the worker's
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import anyio
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))  # its worker helpers
 
 from cli_helpers import start_worker, write_workflows
 
