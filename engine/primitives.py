@@ -13,6 +13,7 @@ and middleware resume from their records alone.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -588,10 +589,15 @@ async def _wake_parent(engine: Any, child: Any) -> None:
 
 
 # ---- middleware --------------------------------------------------------------------------
+@functools.cache
+def _global_middleware(setting: str) -> tuple[str, ...]:
+    return tuple(n.strip() for n in setting.split(",") if n.strip())
+
+
 def middleware_chain(workflow: Workflow) -> list[str]:
     """Process-global (BLOK_GLOBAL_MIDDLEWARE, comma-separated) → workflow-level (`use`) →
     trigger-level (`WorkerTrigger.middleware`), each name once, in that order."""
-    names = [n.strip() for n in os.environ.get(GLOBAL_MIDDLEWARE_ENV, "").split(",") if n.strip()]
+    names = list(_global_middleware(os.environ.get(GLOBAL_MIDDLEWARE_ENV, "")))
     names += list(getattr(workflow, "use", []) or [])
     if workflow.trigger is not None:
         names += list(getattr(workflow.trigger, "middleware", []) or [])

@@ -102,7 +102,12 @@ def parse_until(value: Any) -> datetime:
     )
 
 
+_SCALARS = (str, int, float, bool, type(None))
+
+
 def _jsonable(value: Any, what: str) -> None:
+    if type(value) in _SCALARS:  # most nodes return these; no need to encode them to know
+        return
     try:
         json.dumps(value)
     except (TypeError, ValueError) as error:
