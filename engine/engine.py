@@ -8,6 +8,8 @@ event on `events()`.
 
 from __future__ import annotations
 
+import bisect
+import json
 import logging
 import math
 import os
@@ -27,6 +29,7 @@ import anyio.lowlevel
 from anyio.abc import TaskGroup
 
 from .context import Context
+from .durations import parse_duration
 from .events import (
     EventBus,
     QueueChanged,
@@ -169,6 +172,7 @@ class Engine:
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         snapshot_cap: int | None = None,
         consume: bool = True,
+        import_timeout: float = IMPORT_TIMEOUT_S,
     ) -> None:
         self._source = workflows
         self.database = Path(database) if database is not None else None
@@ -177,8 +181,6 @@ class Engine:
         if isinstance(retention, timedelta):
             self.retention = retention
         else:
-            from .durations import parse_duration
-
             self.retention = timedelta(milliseconds=parse_duration(retention))
         self.janitor_interval = janitor_interval
         self.grace_period = grace_period
@@ -186,6 +188,7 @@ class Engine:
         self.heartbeat_interval = heartbeat
         self.max_payload_bytes = max_payload_bytes
         self.consume = consume
+        self.import_timeout = import_timeout  # a workflow file's import that takes longer fails
         self.bus = EventBus()
         self.db: SqliteDatabase | None = None
         self.store: RunStore = MemoryRunStore()
@@ -400,9 +403,7 @@ class Engine:
         key = str(path)
         try:
             if imported is None:
-                imported = load_file_with_timeout(
-                    path, getattr(self, "import_timeout", IMPORT_TIMEOUT_S)
-                )
+                imported = load_file_with_timeout(path, self.import_timeout)
             if isinstance(imported, WorkflowLoadError):
                 raise imported
             loaded = imported
@@ -519,8 +520,6 @@ class Engine:
         process (engine/remote.py). Rows of workers that are gone are dropped here too."""
         if self.db is None:
             return
-        import json
-
         queues = [
             {
                 "name": r.name,
@@ -1075,8 +1074,6 @@ class Engine:
 
     # ---- public API ------------------------------------------------------------------------
     def _check_payload(self, payload: Any) -> None:
-        import json
-
         try:
             blob = json.dumps(payload)
         except (TypeError, ValueError) as error:
@@ -1119,8 +1116,6 @@ class Engine:
         if delay is None and trigger is not None and trigger.start_delay:
             delay = trigger.start_delay  # the delay gate: every job of this trigger waits
         if delay is not None:
-            from .durations import parse_duration
-
             try:
                 delay_ms = parse_duration(delay)
             except ValueError as error:
@@ -1443,7 +1438,7 @@ class Engine:
             return 0.0
         cutoff = time.monotonic() - window
         times = runtime.completed_times
-        count = len(times) - _bisect(times, cutoff)
+        count = len(times) - bisect.bisect_left(times, cutoff)
         return count / window
 
     async def workflows(self) -> list[WorkflowInfo]:
@@ -1725,12 +1720,6 @@ async def wait_control(store: RunStore, request: int, timeout: float) -> dict[st
 def _step_shape(steps: Sequence[Any]) -> list[Any]:
     """Names and kinds of steps, nested lists included: what a run's cursor refers to."""
     return [(s.name, s.kind, [_step_shape(branch) for branch in s.children()]) for s in steps]
-
-
-def _bisect(times: list[float], cutoff: float) -> int:
-    import bisect
-
-    return bisect.bisect_left(times, cutoff)
 
 
 def _pid_alive(pid: int) -> bool:

@@ -24,7 +24,6 @@ import anyio.lowlevel
 from watchfiles import Change, awatch
 
 from .loader import (
-    IMPORT_TIMEOUT_S,
     LoadedFile,
     WorkflowLoadError,
     file_digest,
@@ -232,7 +231,7 @@ async def reload_paths(
             on_disk = workflow_files(folder)
         known = set(engine._files) | {Path(p) for p in engine.reload_errors}
         targets |= {p.resolve() for p in on_disk} | {p for p in known if p.parent == folder}
-    timeout = getattr(engine, "import_timeout", IMPORT_TIMEOUT_S)
+    timeout = engine.import_timeout
     outcomes: dict[Path, LoadedFile | WorkflowLoadError] = {}
     gone: list[Path] = []
     for path in sorted(targets):
