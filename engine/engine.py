@@ -17,7 +17,7 @@ import random
 import secrets
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -79,7 +79,7 @@ from .redact import redact_headers
 from .runner import Outcome, Runner
 from .sqlite_db import SqliteDatabase
 from .sqlite_queue import SqliteQueue
-from .sqlite_store import SqliteRunStore, crash_runs
+from .sqlite_store import SqliteRunStore
 from .store import ControlRequest, MemoryRunStore, RunFilter, RunStore
 from .workflow import Workflow
 
@@ -251,22 +251,22 @@ class Engine:
                 self.runner.store = self.store
             self._tg = await stack.enter_async_context(anyio.create_task_group())
             if self.db is not None:
-                self._tg.start_soon(self.db.writer_loop)
+                self._tg.start_soon(self._guarded, self.db.writer_loop)
                 stack.push_async_callback(self.db.close)
             self._jobs_tg = await self._start_jobs_group()
             await self._recover()
             # Known before the claim loops start, so a paused queue claims nothing at boot.
             self._paused = await self.store.paused_queues()
             self._load_initial()
-            self._tg.start_soon(self._heartbeat_loop)
-            self._tg.start_soon(self._janitor_loop)
+            self._tg.start_soon(self._guarded, self._heartbeat_loop)
+            self._tg.start_soon(self._guarded, self._janitor_loop)
             if isinstance(self.store, SqliteRunStore):
-                self._tg.start_soon(self._control_loop)
-                self._tg.start_soon(self._pause_sync_loop)
+                self._tg.start_soon(self._guarded, self._control_loop)
+                self._tg.start_soon(self._guarded, self._pause_sync_loop)
             if self.watch and self._folder is not None:
                 from .reload import watch_folder
 
-                self._tg.start_soon(watch_folder, self, self._folder)
+                self._tg.start_soon(self._guarded, watch_folder, self, self._folder)
         except BaseException:
             # The housekeepers already started (the writer) would keep the task group open.
             if self._tg is not None:
@@ -305,10 +305,17 @@ class Engine:
                 if self._tg is not None:
                     self._tg.cancel_scope.cancel()
         finally:
-            # True when the cancellation came from our own task group (`shutdown()` called in
-            # the `async with` body): it is ours to swallow, not the caller's to see.
-            suppressed = await self._stack.__aexit__(exc_type, exc, tb)
-            self.bus.close()
+            try:
+                # True when the cancellation came from our own task group (`shutdown()` called
+                # in the `async with` body): it is ours to swallow, not the caller's to see.
+                suppressed = await self._stack.__aexit__(exc_type, exc, tb)
+            except BaseException as error:
+                # One of the engine's own tasks failed: the task group re-raises it here.
+                if not isinstance(error, anyio.get_cancelled_exc_class()):
+                    self._crash_in_flight(error)
+                raise
+            finally:
+                self.bus.close()
         # Only a cancellation is ever ours to swallow: an error from the body (a failed
         # assertion in a test) can come back wrapped in a group the stack calls handled.
         return bool(suppressed) and isinstance(exc, anyio.get_cancelled_exc_class())
@@ -355,20 +362,29 @@ class Engine:
             for event in events:
                 tg.start_soon(wait_one, event)
 
+    async def _guarded(self, task: Callable[..., Awaitable[None]], *args: Any) -> None:
+        """Run one of the engine's own tasks; if it fails, the runs in flight are recorded as
+        crashed with its error before the task group tears everything down."""
+        try:
+            await task(*args)
+        except Exception as error:
+            log.exception("engine task %s failed", getattr(task, "__name__", task))
+            self._crash_in_flight(error)
+            raise
+
     def _crash_in_flight(self, error: BaseException) -> None:
-        """The process is going down with an error: say so on every run it holds."""
-        reason = f"engine stopped by an unhandled error: {type(error).__name__}: {error}"
-        ids = [h.run.id for h in self._handles.values()]
-        for handle in self._handles.values():
-            handle.run.status = RunStatus.CRASHED
-            handle.run.error = reason
-            handle.run.finished_at = utcnow()
-        if self.db is not None and ids:
+        """The process is going down with an error: say so on every run it holds, hand their
+        jobs back for redelivery, and commit that now, before anything else can fail."""
+        reason = (
+            f"crashed: the engine stopped on an unhandled error: {type(error).__name__}: {error}"
+        )
+        for handle in list(self._handles.values()):
+            self._interrupt(handle.job, handle.run, reason)
+        if self.db is not None:
             try:
-                self.db.write_now(lambda conn: crash_runs(conn, reason, run_ids=ids))
+                self.db.flush_now()
             except Exception:
-                log.exception("could not mark %d in-flight runs crashed", len(ids))
-        self._handles.clear()
+                log.exception("could not record %d in-flight runs as crashed", len(self._handles))
 
     # ---- workflows and queues --------------------------------------------------------------
     @property
@@ -504,7 +520,7 @@ class Engine:
                 runtime.paused = name in self._paused
                 self._runtimes[name] = runtime
                 if self._tg is not None and self.consume and not self._stopping:
-                    self._tg.start_soon(self._claim_loop, runtime)
+                    self._tg.start_soon(self._guarded, self._claim_loop, runtime)
                 if self.bus.active:
                     self.bus.publish(QueueChanged(name))
             else:
@@ -811,9 +827,11 @@ class Engine:
                 self._handles.pop(handle.run.id, None)
                 handle.done.set()
 
-    def _interrupt(self, job: Job, run: Run) -> None:
+    def _interrupt(self, job: Job, run: Run, reason: str | None = None) -> None:
+        if run.terminal:
+            return  # already recorded (a crash flip beat the cancellation here)
         run.status = RunStatus.CRASHED
-        run.error = (
+        run.error = reason or (
             "interrupted: the worker shut down before the run finished; "
             "the job went back to the queue"
         )

@@ -230,6 +230,16 @@ class Claim:
     error: BaseException | None = None
 
 
+@dataclass
+class _Pending:
+    """A batch taken by the writer; `done` once committed (by the writer or by flush_now)."""
+
+    batch: list[tuple[str, list[tuple[Any, ...]]]]
+    ops: list[tuple[str, tuple[Any, ...]]]
+    claims: list[Claim]
+    done: bool = False
+
+
 def _secure_parent(path: Path) -> None:
     if not path.parent.exists():
         path.parent.mkdir(parents=True, mode=0o700)
@@ -286,6 +296,7 @@ class SqliteDatabase:
         self._closing = False
         self._limiter = anyio.CapacityLimiter(1)
         self._failure: BaseException | None = None
+        self._inflight: _Pending | None = None
         # A batch taken from the queues but not committed yet: a flush must wait for it too.
         self._committing = False
         self.batches = 0
@@ -327,6 +338,8 @@ class SqliteDatabase:
             await self.flush()
         finally:
             self._closing = True
+            # Cancelled (the process is going down) or not, what is pending gets committed.
+            self.flush_now()
             if self._reader is not None:
                 with anyio.CancelScope(shield=True):
                     await self._reader.close()
@@ -397,10 +410,10 @@ class SqliteDatabase:
             flushers, self._flushers = self._flushers, []
             if batch or ops or claims:
                 self._committing = True
+                pending = _Pending(batch, ops, claims)
+                self._inflight = pending
                 try:
-                    await anyio.to_thread.run_sync(
-                        self._commit, batch, ops, claims, limiter=self._limiter
-                    )
+                    await anyio.to_thread.run_sync(self._commit, pending, limiter=self._limiter)
                 except BaseException as error:
                     self._failure = error
                     for claim in claims:
@@ -417,16 +430,14 @@ class SqliteDatabase:
             for flusher in flushers:
                 flusher.set()
 
-    def _commit(
-        self,
-        batch: list[tuple[str, list[tuple[Any, ...]]]],
-        ops: list[tuple[str, tuple[Any, ...]]],
-        claims: list[Claim],
-    ) -> None:
+    def _commit(self, pending: _Pending) -> None:
         conn = self._writer
         assert conn is not None
         with self._lock:
-            self._commit_locked(conn, batch, ops, claims)
+            # flush_now() may have committed this batch already, to keep the order of writes.
+            if not pending.done:
+                self._commit_locked(conn, pending.batch, pending.ops, pending.claims)
+                pending.done = True
 
     @staticmethod
     def _commit_locked(
@@ -459,6 +470,26 @@ class SqliteDatabase:
         except BaseException:
             conn.execute("ROLLBACK")
             raise
+
+    def flush_now(self) -> None:
+        """Commit everything pending from the calling thread, without the event loop: for a
+        process that is going down (an unhandled error, a cancelled close)."""
+        conn = self._writer
+        if conn is None or self._failure is not None:
+            return
+        batch: list[tuple[str, list[tuple[Any, ...]]]] = []
+        for source in self._row_sources:
+            batch.extend(source())
+        ops, self._ops = self._ops, []
+        with self._lock:
+            # The writer thread may hold an older batch it has not committed yet: it goes
+            # first, or its stale rows would land on top of these.
+            inflight = self._inflight
+            if inflight is not None and not inflight.done:
+                self._commit_locked(conn, inflight.batch, inflight.ops, inflight.claims)
+                inflight.done = True
+            if batch or ops:
+                self._commit_locked(conn, batch, ops, [])
 
     def write_now(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
         """Synchronous write on the writer connection, for a dying process (crash flip)."""
