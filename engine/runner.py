@@ -140,35 +140,39 @@ class Runner:
 
     # ---- records ---------------------------------------------------------------------------
     @staticmethod
+    def pending_record(
+        step: StepDefinition, index: int, tags: list[str] | None = None, parent: int | None = None
+    ) -> StepRun:
+        """A step record before the step runs: what the step rail shows as pending."""
+        return construct(
+            StepRun,
+            dict(
+                index=index,
+                name=step.name,
+                kind=step.kind,
+                status=StepStatus.PENDING,
+                started_at=None,
+                finished_at=None,
+                input=None,
+                output=None,
+                error=None,
+                max_attempts=getattr(step, "max_attempts", 1),
+                attempts=[],
+                logs=[],
+                cached_from=None,
+                wait_until=None,
+                timed_out=False,
+                tags=tags if tags is not None else [],
+                parent=parent,
+                child_run_id=None,
+            ),
+        )
+
+    @staticmethod
     def prepare(workflow: Workflow, run: Run) -> None:
         """Give a fresh run one pending step record per top-level step, for the step rail."""
         if not run.steps:
-            run.steps = [
-                construct(
-                    StepRun,
-                    dict(
-                        index=i,
-                        name=step.name,
-                        kind=step.kind,
-                        status=StepStatus.PENDING,
-                        started_at=None,
-                        finished_at=None,
-                        input=None,
-                        output=None,
-                        error=None,
-                        max_attempts=getattr(step, "max_attempts", 1),
-                        attempts=[],
-                        logs=[],
-                        cached_from=None,
-                        wait_until=None,
-                        timed_out=False,
-                        tags=[],
-                        parent=None,
-                        child_run_id=None,
-                    ),
-                )
-                for i, step in enumerate(workflow.steps)
-            ]
+            run.steps = [Runner.pending_record(step, i) for i, step in enumerate(workflow.steps)]
 
     def log_sink(self, run: Run, ctx: Context) -> Callable[[logging.LogRecord], None]:
         def sink(record: logging.LogRecord) -> None:
@@ -330,26 +334,7 @@ class Runner:
         known = index[1].get(key)
         if known is not None:
             return run.steps[known]
-        record = StepRun.model_construct(
-            index=len(run.steps),
-            name=step.name,
-            kind=step.kind,
-            status=StepStatus.PENDING,
-            started_at=None,
-            finished_at=None,
-            input=None,
-            output=None,
-            error=None,
-            max_attempts=getattr(step, "max_attempts", 1),
-            attempts=[],
-            logs=[],
-            cached_from=None,
-            wait_until=None,
-            timed_out=False,
-            tags=wanted,
-            parent=parent,
-            child_run_id=None,
-        )
+        record = self.pending_record(step, len(run.steps), wanted, parent)
         run.steps.append(record)
         index[1][key] = record.index
         return record
