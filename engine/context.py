@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .redact import redact_text, secret_values
+
+if TYPE_CHECKING:
+    from .models import Job, Run
 
 _engine_log = logging.getLogger("blok.run")
 
@@ -46,6 +49,10 @@ class RunLogger(logging.Logger):
         if redacted != text:
             record.msg, record.args = redacted, None
             record.exc_info, record.exc_text = None, None
+
+
+def _discard(record: logging.LogRecord) -> None:
+    pass
 
 
 class Context:
@@ -107,6 +114,24 @@ class Context:
     def redact(self, text: str) -> str:
         """`text` (a log line, an error, a traceback) with secret header values hidden."""
         return redact_text(text, self.secrets) if self.secrets else text
+
+    @classmethod
+    def for_job(cls, run: Run, job: Job, state: dict[str, Any] | None = None) -> Context:
+        """The context of `run` executing `job`, logging nowhere until a sink is set."""
+        return cls(
+            run_id=run.id,
+            workflow_name=run.workflow_name,
+            body=job.payload,
+            headers=job.headers,
+            params={
+                "queue": job.queue,
+                "job_id": job.id,
+                "attempt": run.job_attempt,
+                "priority": job.priority,
+            },
+            state=state if state is not None else {},
+            sink=_discard,
+        )
 
     def __repr__(self) -> str:
         return f"Context(run_id={self.run_id!r}, workflow={self.workflow_name!r})"

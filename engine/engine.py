@@ -766,20 +766,7 @@ class Engine:
             run.wait_until = None
             if run.started_at is None:
                 run.started_at = utcnow()
-            ctx = Context(
-                run_id=run.id,
-                workflow_name=run.workflow_name,
-                body=run.input,
-                headers=job.headers,
-                params={
-                    "queue": job.queue,
-                    "job_id": job.id,
-                    "attempt": run.job_attempt,
-                    "priority": job.priority,
-                },
-                state=dict(run.state) if resuming else {},
-                sink=lambda record: None,
-            )
+            ctx = Context.for_job(run, job, dict(run.state) if resuming else None)
             ctx._sink = self.runner.log_sink(run, ctx)
             handle.ctx = ctx
             self.store.save_run(run)

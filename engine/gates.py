@@ -417,20 +417,7 @@ class Gates:
 
     # ---- helpers ---------------------------------------------------------------------------
     def _key(self, expr: Any, job: Job, run: Run, what: str) -> str | None:
-        ctx = Context(
-            run_id=run.id,
-            workflow_name=run.workflow_name,
-            body=job.payload,
-            headers=job.headers,
-            params={
-                "queue": job.queue,
-                "job_id": job.id,
-                "attempt": run.job_attempt,
-                "priority": job.priority,
-            },
-            state={},
-            sink=lambda record: None,
-        )
+        ctx = Context.for_job(run, job)
         try:
             if expressions.is_expression(expr):
                 value = expressions.resolve(expr, ctx)
