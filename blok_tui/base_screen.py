@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
+from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer
 
@@ -99,6 +100,10 @@ class BlokScreen(Screen[None]):
                 self._again = False
                 try:
                     await self.load()
+                except NoMatches:
+                    if not self.closing:
+                        raise
+                    return  # the view was closed while it read: nothing left to draw
                 except (EngineError, DatabaseError) as error:
                     # The engine refused or the database is unreachable (an attached console
                     # whose worker went away): say so and keep the last picture on screen.
@@ -110,6 +115,18 @@ class BlokScreen(Screen[None]):
                     return
         finally:
             self._loading = False
+
+    @property
+    def open(self) -> bool:
+        """Still on the screen stack (a popped view's widgets are being torn down)."""
+        return self in self.app.screen_stack
+
+    @property
+    def closing(self) -> bool:
+        """Popped, or being torn down with the app: its widgets may already be gone. (Textual
+        has no public flag for a node being pruned, hence the private ones.)"""
+        torn = self._closing or self._closed or self._pruning
+        return torn or not self.open or bool(getattr(self.app, "_exit", False))
 
     @property
     def idle(self) -> bool:

@@ -36,11 +36,14 @@ class BulkPlan:
     target: RunFilter | tuple[str, ...]  # a filter, or ids (run ids; job ids for requeue)
     count: int  # runs it touches at most (what the confirmation says)
     chosen: str  # how the runs were chosen, in words: "the 3 marked runs", "every failed run"
+    item: str = "run"  # what the ids are, in words: "run", or "dead letter" (job ids)
+    # Requeue every dead letter of this queue (the engine's requeue_dead, not a list of ids).
+    dead_of: str | None = None
 
     @property
     def question(self) -> str:
-        noun = "run" if self.count == 1 else "runs"
-        if self.action == "requeue":
+        noun = self.item if self.count == 1 else f"{self.item}s"
+        if self.action == "requeue" and self.item == "run":
             return f"Requeue the dead jobs of {self.count:,} {noun}?"
         return f"{VERBS[self.action]} {self.count:,} {noun}?"
 
@@ -55,9 +58,12 @@ async def execute(engine: Any, plan: BulkPlan, progress: Progress | None = None)
     target: RunFilter | list[str] = (
         plan.target if isinstance(plan.target, RunFilter) else list(plan.target)
     )
-    if supports_bulk(engine, plan.action):
-        result: BulkResult = await getattr(engine, many)(target, progress=progress)
+    if plan.dead_of is not None and callable(getattr(engine, "requeue_dead", None)):
+        result: BulkResult = await engine.requeue_dead(plan.dead_of, progress=progress)
         return result
+    if supports_bulk(engine, plan.action):
+        done: BulkResult = await getattr(engine, many)(target, progress=progress)
+        return done
     return await _one_by_one(engine, plan, target, progress)
 
 

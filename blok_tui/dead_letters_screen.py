@@ -123,7 +123,14 @@ class DeadLettersScreen(BlokScreen):
         chosen = f"the {len(shown):,} dead letters on {self.queue}"
         if self.text:
             chosen += f" matching {self.text!r}"
-        plan = BulkPlan("requeue", tuple(shown), len(shown), chosen)
+        plan = BulkPlan(
+            "requeue",
+            tuple(shown),
+            len(shown),
+            chosen,
+            item="dead letter",
+            dead_of=self.queue if not self.text else None,
+        )
         detail = "Each goes back in its queue with a fresh run and a fresh retry budget."
         self.blok.confirm_bulk(plan, detail, self.request_reload)
 

@@ -32,8 +32,12 @@ def help_text() -> Group:
         for entry in entries:
             if entry in statuses:
                 if entry is statuses[0]:
-                    names = " ".join(actions.STATUS_FILTERS)
-                    table.add_row(f"0-{len(statuses) - 1}", f"Show runs by status: {names}")
+                    flags = [n for n in actions.STATUS_FILTERS if n in actions.RUN_FLAGS]
+                    names = " ".join(n for n in actions.STATUS_FILTERS if n not in flags)
+                    table.add_row(
+                        f"0-{len(statuses) - 1}",
+                        f"Show runs by status: {names}; or {', '.join(flags)}",
+                    )
                 continue
             table.add_row(
                 entry.key_display, entry.title + (" (asks first)" if entry.destructive else "")
@@ -63,7 +67,11 @@ def help_text() -> Group:
         Text(
             "attempts 5 4✗ j2: 5 step attempts, 4 failed, the job's 2nd delivery\n"
             "rail ━━━╸──: time against the run's slowest step; 2/4: attempts of the budget;\n"
-            "     cached, until HH:MM:SS (a wait), timed out (a limit hit)"
+            "     cached, until HH:MM:SS (a wait), timed out (a limit hit)\n"
+            "     ▾ iteration N / case / try / catch: nested steps under their parent;\n"
+            "     mw:<name> a middleware step; ↳ sub waits for a child run (enter opens it),\n"
+            "     ↳ async dispatched one\n"
+            "runs ● a marked row: C, R and D act on the marked rows, else on the whole filter"
         )
     )
     return Group(*parts)

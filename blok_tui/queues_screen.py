@@ -85,7 +85,7 @@ class QueuesScreen(BlokScreen):
         workers = await self.engine.workers()
         failures = await self.engine.runs(status=["failed", "timed_out", "crashed"], limit=6)
         # Everything read first, then drawn at once: the view may be gone after any await.
-        if not self.is_attached:
+        if self.closing:
             return
         self.infos = [i for i in infos if i.name in stats]
         self.stats = stats

@@ -78,7 +78,7 @@ def gate_reason(run: Run, now: datetime, tz: tzinfo | None) -> Text | None:
         line.append(f"\n{why}", style="khaki1" if status != "expired" else "grey70")
     if status == "queued" and run.run_at is None and not why:
         return None  # plainly waiting its turn: nothing to explain
-    if status in ("delayed", "throttled", "queued"):
+    if status in ("delayed", "queued"):  # what retry now can start (not a throttled run)
         line.append("   t starts it now", style="grey50")
     return line
 

@@ -20,7 +20,7 @@ from .actions import RUN_FLAGS, STATUS_FILTERS
 from .base_screen import BlokScreen, Changes
 from .bulk import BulkPlan
 from .confirm_screen import ConfirmScreen
-from .console import day_time, duration, status_text
+from .console import clock_time, countdown, day_time, duration, status_text
 from .widgets import FilterInput
 
 PAGE = 100  # rows held in the table; the window slides as the cursor reaches an edge
@@ -234,6 +234,14 @@ class RunsScreen(BlokScreen):
             text.append(f"{run.id}  ", style="bold")
             text.append(f"job {run.job_id}  priority {run.priority}", style="grey62")
             text.append("\n")
+            held = str(run.status) in ("delayed", "throttled", "queued") and run.run_at
+            if held and run.run_at is not None:
+                now, tz = self.blok.now(), self.blok.tz
+                text.append(
+                    f"{run.status} until {clock_time(run.run_at, tz)} "
+                    f"({countdown(run.run_at, now)})  ",
+                    style="khaki3",
+                )
             if run.error:
                 text.append(run.error.splitlines()[0], style="red1")
             else:

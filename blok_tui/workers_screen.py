@@ -23,7 +23,7 @@ COLUMNS = (
     ("host", 20),
     ("pid", 8),
     ("started", 11),
-    ("heartbeat", 16),
+    ("heartbeat", 20),
     ("alive", 8),
 )
 

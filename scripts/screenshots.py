@@ -30,6 +30,15 @@ SHOTS: dict[str, tuple[bool, list[Step]]] = {
     "run-nested": (False, [lambda app: app.run_command("run run_0000showcase0013")]),
     "run-throttled": (False, [lambda app: app.run_command("run run_0000showcase0016")]),
     "workers": (False, [lambda app: app.run_command("workers")]),
+    "bulk-confirm": (
+        False,
+        [
+            lambda app: app.run_command("runs failed"),
+            lambda app: app.screen.action_toggle_mark(),
+            lambda app: app.screen.action_toggle_mark(),
+            lambda app: app.screen.action_bulk_replay(),
+        ],
+    ),
     "inject": (False, [lambda app: app.action_inject("orders")]),
     "help": (False, [lambda app: app.action_help()]),
     "reload-error": (True, []),

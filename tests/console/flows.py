@@ -101,3 +101,17 @@ PARENT = Workflow(
     ],
 )
 ALL += [FIXABLE, PATIENT, CHILD, PARENT]
+
+
+async def sleep_for(ctx) -> dict:
+    await anyio.sleep(ctx.body["seconds"])
+    return {"slept": ctx.body["seconds"]}
+
+
+# Usually quick, sometimes hung: the hung one is "stuck" against the median of the quick ones.
+MOODY = Workflow(
+    name="moody.sleep",
+    trigger=WorkerTrigger(queue="moody", concurrency=4),
+    steps=[Step("sleep", sleep_for)],
+)
+ALL.append(MOODY)

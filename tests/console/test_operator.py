@@ -11,14 +11,17 @@ import anyio
 import pytest
 from textual.widgets import DataTable, Static, TextArea
 
+from blok_tui.actions import RUN_FLAGS, ActionCommands
 from blok_tui.app import BlokApp
 from blok_tui.confirm_screen import ConfirmScreen
+from blok_tui.console import clock_time
 from blok_tui.inject_screen import InjectScreen
 from blok_tui.run_screen import RunScreen
 from blok_tui.runs_screen import MARK, RunsScreen
 from blok_tui.widgets import BulkBar, StepRail
 from blok_tui.workers_screen import WorkersScreen
 from engine import Engine, RunFilter, RunStarted
+from engine.events import AttemptFailed
 from engine.remote import AttachedEngine
 
 from .flows import ALL
@@ -176,11 +179,14 @@ async def test_edit_and_replay_refuses_bad_json_then_replays_the_edited_input(
 
 
 async def test_retrying_filter_and_retry_now_cut_a_long_backoff(engine: Engine) -> None:
+    events = engine.events()
     job_id = await engine.enqueue("patient", {"order_id": "P1"})
     run_id = (await engine.get_job(job_id)).run_id
     with anyio.fail_after(10):  # the first attempt failed; the next one is a minute away
-        while not (await engine.runs(retrying=True)):
-            await anyio.sleep(0.02)
+        async for event in events:
+            if isinstance(event, AttemptFailed) and event.run_id == run_id:
+                break
+    await events.aclose()
     app = BlokApp(engine)
     async with app.run_test(size=SIZE) as pilot:
         await settled(pilot)
@@ -275,7 +281,9 @@ async def test_an_attached_console_cancels_in_bulk_one_by_one(engine: Engine) ->
             await command(pilot, "runs running")
             await pilot.press("t")
             await pilot.pause()
-            assert any("not available from an attached console" in n.message for n in app._notifications)
+            assert any(
+                "not available from an attached console" in n.message for n in app._notifications
+            )
             await pilot.press("C")
             await _confirm(pilot, app, "Cancel 2 runs?")
             assert sorted(app.last_bulk.ids) == sorted(slow_runs)
@@ -283,3 +291,78 @@ async def test_an_attached_console_cancels_in_bulk_one_by_one(engine: Engine) ->
             assert any("one by one" in m for m in messages), messages
     for run_id in slow_runs:
         assert (await engine.get_run(run_id)).status == "cancelled"
+
+
+async def test_filters_pause_and_bulk_actions_are_reachable_by_command_and_palette(
+    engine: Engine,
+) -> None:
+    app = BlokApp(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        for name in ("retrying", "stuck"):
+            await command(pilot, f"runs {name}")
+            assert isinstance(app.screen, RunsScreen) and app.screen.status_name == name
+            assert app.screen.where == RunFilter.of(**RUN_FLAGS[name])
+        await command(pilot, "runs failed gateway 503")
+        assert isinstance(app.screen, RunsScreen) and app.screen.text == "gateway 503"
+        await command(pilot, "pause quick")
+        assert {q.name: q.paused for q in await engine.queues()}["quick"] is True
+        await command(pilot, "resume quick")
+        assert {q.name: q.paused for q in await engine.queues()}["quick"] is False
+        await command(pilot, "runs")
+        provider = ActionCommands(app.screen)
+        titles = [str(hit.text) async for hit in provider.search("marked")]
+        assert "Cancel the marked runs (or all the filter matches)  [C]" in titles
+        assert "Replay the marked runs (or all the filter matches)  [R]" in titles
+
+
+async def test_a_delayed_run_says_until_when_and_retry_now_starts_it(engine: Engine) -> None:
+    job_id = await engine.enqueue("quick", {"n": 1}, delay="5m")
+    run_id = (await engine.get_job(job_id)).run_id
+    app = BlokApp(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        await command(pilot, f"run {run_id}")
+        header = text_of(app.screen.query_one("#run-header", Static))
+        run_at = (await engine.get_run(run_id)).run_at
+        assert run_at is not None
+        assert f"◷ delayed until {clock_time(run_at, None)} — starts in 4m" in header
+        assert "t starts it now" in header
+        await pilot.press("t")
+        run = await engine.wait_for_job(job_id, timeout=10)
+        assert run.id == run_id and run.status == "completed"
+
+
+async def test_the_stuck_filter_shows_only_the_run_far_past_its_median(engine: Engine) -> None:
+    for _ in range(3):
+        await engine.wait_for_job(await engine.enqueue("moody", {"seconds": 0.01}), timeout=10)
+    events = engine.events()
+    hung = await engine.enqueue("moody", {"seconds": 60})
+    fresh = await engine.enqueue("slow", {"order_id": "S1"})  # running, but no median: never stuck
+    await _started(events, "moody", 1)
+    await anyio.sleep(0.2)  # past 3 × the ~10 ms median: the one wait that is about time itself
+    app = BlokApp(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        await command(pilot, "runs stuck")
+        table = app.screen.query_one("#runs", DataTable)
+        assert column(table, "run") == [(await engine.get_job(hung)).run_id]
+        await pilot.press("8")  # the same filter by key
+        await settled(pilot)
+        assert column(table, "run") == [(await engine.get_job(hung)).run_id]
+    for job_id in (hung, fresh):
+        await engine.cancel((await engine.get_job(job_id)).run_id)
+
+
+async def test_requeue_every_dead_letter_of_a_queue_after_one_confirmation(engine: Engine) -> None:
+    jobs = [await engine.enqueue("doomed", {"order_id": f"D{n}"}) for n in range(3)]
+    firsts = {j: (await engine.wait_for_job(j, timeout=10)).id for j in jobs}
+    app = BlokApp(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        await command(pilot, "dlq doomed")
+        await pilot.press("A")
+        await _confirm(pilot, app, "Requeue 3 dead letters?")
+        assert sorted(app.last_bulk.ids) == sorted(jobs)
+    for job_id in jobs:  # each went back with a fresh run
+        assert (await engine.get_job(job_id)).run_id != firsts[job_id]

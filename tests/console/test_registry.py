@@ -11,12 +11,14 @@ from blok_tui.help_screen import help_text
 from blok_tui.queues_screen import QueuesScreen
 from blok_tui.run_screen import RunScreen
 from blok_tui.runs_screen import RunsScreen
+from blok_tui.workers_screen import WorkersScreen
 
 SCREENS = {
     actions.QUEUES: QueuesScreen,
     actions.RUNS: RunsScreen,
     actions.RUN: RunScreen,
     actions.DEAD_LETTERS: DeadLettersScreen,
+    actions.WORKERS: WorkersScreen,
 }
 
 
@@ -46,4 +48,7 @@ def test_the_help_lists_every_key_and_command() -> None:
             assert entry.title in text, entry
         if entry.command:
             assert f":{entry.command}" in text, entry
-    assert "Show runs by status: all running waiting queued failed completed cancelled retrying stuck" in text
+    assert (
+        "Show runs by status: all running waiting queued failed completed cancelled; "
+        "or retrying, stuck" in text
+    )
