@@ -14,9 +14,12 @@ from textual.widgets import Footer
 
 from engine import DatabaseError, EngineError
 
+from .confirm_screen import ConfirmScreen
 from .widgets import BulkBar, Crumbs, ReloadBanner
 
 if TYPE_CHECKING:
+    from engine import Run
+
     from .app import BlokApp
 
 
@@ -141,6 +144,29 @@ class BlokScreen(Screen[None]):
 
     def tick(self) -> None:
         """Called every second: redraw what depends on the clock (durations, countdowns)."""
+
+    def confirm_cancel(self, run: Run | None) -> None:
+        """Ask before cancelling `run` (the one key every run view shares), then cancel it."""
+        if run is None:
+            return
+        if run.terminal:
+            self.notify(f"run {run.id} has already ended ({run.status})", severity="warning")
+            return
+
+        async def answer(yes: bool | None) -> None:
+            if yes:
+                await self.blok.cancel_run(run.id)
+                self.request_reload()
+
+        self.app.push_screen(
+            ConfirmScreen(
+                f"Cancel run [b]{run.id}[/b]?",
+                f"{run.workflow_name} on {run.queue}, {run.status}. Its current step is "
+                "interrupted; the job is not retried.",
+                confirm="Cancel run",
+            ),
+            answer,
+        )
 
     def action_back(self) -> None:
         if len([s for s in self.app.screen_stack if isinstance(s, BlokScreen)]) > 1:

@@ -16,7 +16,6 @@ from engine import EngineError, LogLine, Run, StepRun
 
 from . import actions
 from .base_screen import BlokScreen, Changes
-from .confirm_screen import ConfirmScreen
 from .console import clock_time, countdown, day_time, duration, status_text
 from .widgets import AttemptsView, JsonView, StepRail
 
@@ -275,27 +274,7 @@ class RunScreen(BlokScreen):
 
     # ---- actions ---------------------------------------------------------------------------
     def action_cancel_run(self) -> None:
-        run = self.run
-        if run is None:
-            return
-        if run.terminal:
-            self.notify(f"run {run.id} has already ended ({run.status})", severity="warning")
-            return
-
-        async def answer(yes: bool | None) -> None:
-            if yes:
-                await self.blok.cancel_run(run.id)
-                self.request_reload()
-
-        self.app.push_screen(
-            ConfirmScreen(
-                f"Cancel run [b]{run.id}[/b]?",
-                f"{run.workflow_name} on {run.queue}, {run.status}. Its current step is "
-                "interrupted; the job is not retried.",
-                confirm="Cancel run",
-            ),
-            answer,
-        )
+        self.confirm_cancel(self.run)
 
     async def action_replay_run(self) -> None:
         await self.blok.replay(self.run_id)

@@ -19,7 +19,6 @@ from . import actions
 from .actions import RUN_FLAGS, STATUS_FILTERS
 from .base_screen import BlokScreen, Changes
 from .bulk import BulkPlan
-from .confirm_screen import ConfirmScreen
 from .console import clock_time, countdown, day_time, duration, status_text
 from .widgets import FilterInput
 
@@ -310,26 +309,7 @@ class RunsScreen(BlokScreen):
 
     def action_cancel_run(self) -> None:
         run = next((r for r in self.runs if r.id == self.selected_run_id()), None)
-        if run is None:
-            return
-        if run.terminal:
-            self.notify(f"run {run.id} has already ended ({run.status})", severity="warning")
-            return
-
-        async def answer(yes: bool | None) -> None:
-            if yes:
-                await self.blok.cancel_run(run.id)
-                self.request_reload()
-
-        self.app.push_screen(
-            ConfirmScreen(
-                f"Cancel run [b]{run.id}[/b]?",
-                f"{run.workflow_name} on {run.queue}, {run.status}. Its current step is "
-                "interrupted; the job is not retried.",
-                confirm="Cancel run",
-            ),
-            answer,
-        )
+        self.confirm_cancel(run)
 
     async def action_replay_run(self) -> None:
         run_id = self.selected_run_id()
