@@ -10,12 +10,12 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.css.query import NoMatches
 from textual.screen import Screen
-from textual.widgets import Footer
+from textual.widgets import DataTable, Footer
 
 from engine import DatabaseError, EngineError
 
 from .confirm_screen import ConfirmScreen
-from .widgets import BulkBar, Crumbs, ReloadBanner
+from .widgets import BulkBar, Crumbs, FilterInput, ReloadBanner
 
 if TYPE_CHECKING:
     from engine import Run
@@ -171,3 +171,29 @@ class BlokScreen(Screen[None]):
     def action_back(self) -> None:
         if len([s for s in self.app.screen_stack if isinstance(s, BlokScreen)]) > 1:
             self.app.pop_screen()
+
+
+class RowFilterScreen(BlokScreen):
+    """A view that filters the rows it has loaded by the text typed after `/`, as it is typed.
+    It sets `text`, then calls `render_rows()`; subclasses provide both and a `table`."""
+
+    text: str
+
+    @property
+    def table(self) -> DataTable[Any]:
+        raise NotImplementedError
+
+    def render_rows(self) -> None:
+        raise NotImplementedError
+
+    def action_filter(self) -> None:
+        self.query_one(FilterInput).open()
+
+    def on_input_changed(self, event: FilterInput.Changed) -> None:
+        self.text = event.value
+        self.render_rows()
+
+    def on_filter_input_done(self, event: FilterInput.Done) -> None:
+        self.text = event.value
+        self.render_rows()
+        self.table.focus()

@@ -13,7 +13,7 @@ from textual.widgets import DataTable, Static
 from engine import EngineError, Job
 
 from . import actions
-from .base_screen import BlokScreen, Changes
+from .base_screen import Changes, RowFilterScreen
 from .bulk import BulkPlan
 from .console import day_time
 from .widgets import FilterInput
@@ -21,7 +21,7 @@ from .widgets import FilterInput
 COLUMNS = (("job", 23), ("workflow", 18), ("deliveries", 10), ("died", 11), ("error", 60))
 
 
-class DeadLettersScreen(BlokScreen):
+class DeadLettersScreen(RowFilterScreen):
     SCOPE: ClassVar[str] = actions.DEAD_LETTERS
     BINDINGS: ClassVar[list[BindingType]] = actions.bindings(actions.DEAD_LETTERS)
 
@@ -142,15 +142,3 @@ class DeadLettersScreen(BlokScreen):
         job = next((j for j in self.jobs if j.id == self.selected_job_id()), None)
         if job is not None:
             self.blok.open_run(job.run_id)
-
-    def action_filter(self) -> None:
-        self.query_one(FilterInput).open()
-
-    def on_input_changed(self, event: FilterInput.Changed) -> None:
-        self.text = event.value
-        self.render_rows()
-
-    def on_filter_input_done(self, event: FilterInput.Done) -> None:
-        self.text = event.value
-        self.render_rows()
-        self.table.focus()

@@ -13,7 +13,7 @@ from textual.widgets import DataTable, Static
 from engine import EngineError, QueueInfo, QueueStats, Run
 
 from . import actions
-from .base_screen import BlokScreen, Changes
+from .base_screen import Changes, RowFilterScreen
 from .console import count, day_time, status_text
 from .widgets import FilterInput, sparkline
 from .workers_screen import workers_line
@@ -38,7 +38,7 @@ def _right(value: str, style: str = "") -> Text:
     return Text(value, style=style, justify="right")
 
 
-class QueuesScreen(BlokScreen):
+class QueuesScreen(RowFilterScreen):
     SCOPE: ClassVar[str] = actions.QUEUES
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "back", show=False),  # the first view: nowhere to go back to
@@ -211,15 +211,3 @@ class QueuesScreen(BlokScreen):
             return
         await self.blok.set_paused(info.name, not info.paused)
         self.request_reload()
-
-    def action_filter(self) -> None:
-        self.query_one(FilterInput).open()
-
-    def on_input_changed(self, event: FilterInput.Changed) -> None:
-        self.text = event.value
-        self.render_rows()
-
-    def on_filter_input_done(self, event: FilterInput.Done) -> None:
-        self.text = event.value
-        self.render_rows()
-        self.table.focus()
