@@ -11,6 +11,8 @@ from datetime import UTC, datetime, tzinfo
 
 from rich.text import Text
 
+from engine import format_duration as duration  # one format for the console and the CLI
+
 Clock = Callable[[], datetime]
 
 
@@ -55,24 +57,6 @@ def status_text(status: str, *, steps: bool = False, label: bool = True) -> Text
 def status_style(status: str, *, steps: bool = False) -> str:
     looks = STEP_STATUS_LOOK if steps else RUN_STATUS_LOOK
     return looks.get(str(status), ("?", "white"))[1]
-
-
-def duration(ms: float | None) -> str:
-    """120ms, 4.2s, 3m12s, 1h02m: short enough for a table cell, exact enough to compare."""
-    if ms is None:
-        return "–"
-    if ms < 1000:
-        return f"{ms:.0f}ms"
-    seconds = ms / 1000
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    minutes, secs = divmod(int(seconds), 60)
-    if minutes < 60:
-        return f"{minutes}m{secs:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 48:
-        return f"{hours}h{minutes:02d}m"
-    return f"{hours // 24}d{hours % 24:02d}h"
 
 
 def clock_time(moment: datetime | None, tz: tzinfo | None) -> str:

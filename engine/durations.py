@@ -31,22 +31,22 @@ def parse_duration(value: object) -> int:
 
 
 def format_duration(ms: float | None) -> str:
-    """Short human form for the console and messages: 850ms, 4.2s, 3m05s, 2h10m."""
+    """120ms, 4.2s, 3m12s, 1h02m, 2d03h: short enough for a table cell, exact enough to
+    compare (the console and the CLI both show durations this way)."""
     if ms is None:
-        return "—"
+        return "–"
     if ms < 1000:
         return f"{ms:.0f}ms"
     seconds = ms / 1000
     if seconds < 60:
         return f"{seconds:.1f}s"
-    minutes, sec = divmod(int(seconds), 60)
+    minutes, secs = divmod(int(seconds), 60)
     if minutes < 60:
-        return f"{minutes}m{sec:02d}s"
+        return f"{minutes}m{secs:02d}s"
     hours, minutes = divmod(minutes, 60)
-    if hours < 24:
+    if hours < 48:
         return f"{hours}h{minutes:02d}m"
-    days, hours = divmod(hours, 24)
-    return f"{days}d{hours:02d}h"
+    return f"{hours // 24}d{hours % 24:02d}h"
 
 
 Duration = Annotated[int, BeforeValidator(parse_duration)]
