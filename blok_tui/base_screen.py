@@ -173,6 +173,14 @@ class BlokScreen(Screen[None]):
             self.app.pop_screen()
 
 
+def selected_key(table: DataTable[Any]) -> str | None:
+    """The key of the row under the table's cursor (views key rows by run, job or queue)."""
+    if table.row_count == 0:
+        return None
+    row_key, _ = table.coordinate_to_cell_key(table.cursor_coordinate)
+    return str(row_key.value)
+
+
 class RowFilterScreen(BlokScreen):
     """A view that filters the rows it has loaded by the text typed after `/`, as it is typed.
     It sets `text`, then calls `render_rows()`; subclasses provide both and a `table`."""

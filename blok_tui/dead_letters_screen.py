@@ -13,7 +13,7 @@ from textual.widgets import DataTable, Static
 from engine import EngineError, Job
 
 from . import actions
-from .base_screen import Changes, RowFilterScreen
+from .base_screen import Changes, RowFilterScreen, selected_key
 from .bulk import BulkPlan
 from .console import day_time
 from .widgets import FilterInput
@@ -94,11 +94,7 @@ class DeadLettersScreen(RowFilterScreen):
         self.query_one("#dlq-summary", Static).update(summary)
 
     def selected_job_id(self) -> str | None:
-        table = self.table
-        if table.row_count == 0:
-            return None
-        row_key, _ = table.coordinate_to_cell_key(table.cursor_coordinate)
-        return str(row_key.value)
+        return selected_key(self.table)
 
     def engine_changed(self, changes: Changes) -> None:
         if self.queue in changes.queues or changes.everything:

@@ -13,7 +13,7 @@ from textual.widgets import DataTable, Static
 from engine import EngineError, QueueInfo, QueueStats, Run
 
 from . import actions
-from .base_screen import Changes, RowFilterScreen
+from .base_screen import Changes, RowFilterScreen, selected_key
 from .console import count, day_time, status_text
 from .widgets import FilterInput, sparkline
 from .workers_screen import workers_line
@@ -174,11 +174,7 @@ class QueuesScreen(RowFilterScreen):
         self.query_one("#failures", Static).update(text)
 
     def selected_queue(self) -> str | None:
-        table = self.table
-        if table.row_count == 0:
-            return None
-        row_key, _ = table.coordinate_to_cell_key(table.cursor_coordinate)
-        return str(row_key.value)
+        return selected_key(self.table)
 
     def engine_changed(self, changes: Changes) -> None:
         if changes:

@@ -17,7 +17,7 @@ from engine import Run, RunFilter
 
 from . import actions
 from .actions import RUN_FLAGS, STATUS_FILTERS
-from .base_screen import BlokScreen, Changes
+from .base_screen import BlokScreen, Changes, selected_key
 from .bulk import BulkPlan
 from .console import clock_time, countdown, day_time, duration, status_text
 from .widgets import FilterInput
@@ -206,11 +206,7 @@ class RunsScreen(BlokScreen):
         self.query_one("#filters", Static).update(line)
 
     def selected_run_id(self) -> str | None:
-        table = self.table
-        if table.row_count == 0:
-            return None
-        row_key, _ = table.coordinate_to_cell_key(table.cursor_coordinate)
-        return str(row_key.value)
+        return selected_key(self.table)
 
     def engine_changed(self, changes: Changes) -> None:
         if changes.runs or changes.everything:
