@@ -26,14 +26,13 @@ sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))  # its worker he
 
 from cli_helpers import start_worker, write_workflows
 
-from engine import RunFinished, RunStarted, StepStarted
-from engine.remote import AttachedEngine
+from engine import Engine, RunFinished, RunStarted, StepStarted
 
 
 async def measure(database: Path, n: int) -> dict[str, list[float]]:
     started: list[float] = []
     finished: list[float] = []
-    async with AttachedEngine(database) as engine:
+    async with Engine(database=database, create=False) as engine:
         events = engine.events()
         for _ in range(n):
             job_id = await engine.enqueue("naps", {"seconds": 0.05})

@@ -36,6 +36,7 @@ from engine import (
     StepStarted,
     WorkflowReloaded,
 )
+from engine.api import EngineAPI
 from engine.events import AttemptFailed, Event
 from engine.operations import BulkProgress, BulkResult
 
@@ -61,7 +62,7 @@ FLUSH_EVERY = 0.1  # seconds between redraws driven by events (at most)
 TICK_EVERY = 1.0  # seconds between clock-driven redraws and throughput samples
 HISTORY = 180  # throughput samples kept per queue: three minutes at one a second
 
-EngineFactory = Callable[[], AbstractAsyncContextManager[Any]]
+EngineFactory = Callable[[], AbstractAsyncContextManager[EngineAPI]]
 
 
 class BlokApp(App[None]):
@@ -72,7 +73,7 @@ class BlokApp(App[None]):
 
     def __init__(
         self,
-        engine: Any = None,
+        engine: EngineAPI | None = None,
         *,
         open_engine: EngineFactory | None = None,
         title: str | None = None,
@@ -110,8 +111,8 @@ class BlokApp(App[None]):
     def where(self) -> str:
         if self._where is not None:
             return self._where
-        database = getattr(self.engine, "database", None)
-        return f"db {database}" if database else "in memory"
+        location = self.engine.capabilities.location
+        return "in memory" if location == "memory" else f"db {location}"
 
     # ---- lifecycle -------------------------------------------------------------------------
     async def on_mount(self) -> None:
@@ -129,7 +130,7 @@ class BlokApp(App[None]):
             await asyncio.Event().wait()
 
     async def _start(self) -> None:
-        self.reload_errors = dict(getattr(self.engine, "reload_errors", None) or {})
+        self.reload_errors = dict(self.engine.reload_errors)
         await self._refresh_queue_names()
         self.run_worker(self._consume_events(), group="events", name="events", exclusive=True)
         self.set_interval(FLUSH_EVERY, self._flush_changes, name="flush")
@@ -291,17 +292,8 @@ class BlokApp(App[None]):
         self.push_screen(modal, replayed)
 
     async def retry_now(self, run_id: str) -> bool:
-        retry = getattr(self.engine, "retry_now", None)
-        if retry is None:
-            self.notify(
-                "retry now is not available from an attached console yet: run it in the "
-                "worker's console, or wait for the backoff",
-                title="Retry now",
-                severity="warning",
-            )
-            return False
         try:
-            started = await retry(run_id)
+            started = await self.engine.retry_now(run_id)
         except EngineError as error:
             self.notify(str(error), title="Retry now refused", severity="error")
             return False
@@ -339,7 +331,6 @@ class BlokApp(App[None]):
             if bar is not None:
                 bar.advance(step)
 
-        one_by_one = not bulk.supports_bulk(self.engine, plan.action)
         try:
             result = await bulk.execute(self.engine, plan, progress)
         except EngineError as error:
@@ -348,9 +339,8 @@ class BlokApp(App[None]):
         finally:
             if bar is not None:
                 bar.finish()
-        how = " (one by one: this engine has no bulk API)" if one_by_one else ""
         self.notify(
-            result.summary() + how,
+            result.summary(),
             title=f"Bulk {plan.action}",
             severity="warning" if result.skipped else "information",
         )
@@ -462,6 +452,6 @@ class BlokApp(App[None]):
                     await self.set_paused(arg, word == "pause")
 
 
-async def run_console(engine: Any, *, title: str | None = None) -> None:
+async def run_console(engine: EngineAPI, *, title: str | None = None) -> None:
     """Run the console over an entered engine until the operator quits."""
     await BlokApp(engine, title=title).run_async()

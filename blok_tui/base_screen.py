@@ -13,6 +13,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer
 
 from engine import DatabaseError, EngineError
+from engine.api import EngineAPI
 
 from .confirm_screen import ConfirmScreen
 from .widgets import BulkBar, Crumbs, FilterInput, ReloadBanner
@@ -52,8 +53,10 @@ class BlokScreen(Screen[None]):
         return self.app  # type: ignore[return-value]
 
     @property
-    def engine(self) -> Any:
-        return self.blok.engine
+    def engine(self) -> EngineAPI:
+        engine = self.blok.engine
+        assert engine is not None, "the app shows screens once its engine is up"
+        return engine
 
     @property
     def crumb(self) -> str:

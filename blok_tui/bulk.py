@@ -1,30 +1,20 @@
 """Bulk actions from the console: what a confirmation promises (how many runs, chosen how) and
 carrying it out with progress.
 
-The engine takes a filter, not a list of 10,000 ids, and reports progress as it goes. An
-attached client that has no bulk API yet gets the same result one run at a time, through its
-single-run actions, so that the console behaves the same either way (and says which it did).
+The engine takes a filter, not a list of 10,000 ids, and reports progress as it goes.
 """
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
-from engine import EngineError, RunFilter
+from engine import RunFilter
+from engine.api import EngineAPI
 from engine.operations import BulkProgress, BulkResult
 
 Progress = Callable[[BulkProgress], Awaitable[None] | None]
-FALLBACK_PAGE = 500
 
-# action → (engine method taking the target, the single-run method a fallback uses)
-METHODS = {
-    "cancel": ("cancel_many", "cancel"),
-    "replay": ("replay_many", "replay"),
-    "requeue": ("requeue_many", "requeue"),
-}
 VERBS = {"cancel": "Cancel", "replay": "Replay", "requeue": "Requeue"}
 
 
@@ -48,67 +38,18 @@ class BulkPlan:
         return f"{VERBS[self.action]} {self.count:,} {noun}?"
 
 
-def supports_bulk(engine: Any, action: str) -> bool:
-    return callable(getattr(engine, METHODS[action][0], None))
-
-
-async def execute(engine: Any, plan: BulkPlan, progress: Progress | None = None) -> BulkResult:
-    """Carry out the plan: through the engine's bulk API, or one run at a time without it."""
-    many, _ = METHODS[plan.action]
+async def execute(
+    engine: EngineAPI, plan: BulkPlan, progress: Progress | None = None
+) -> BulkResult:
+    """Carry out the plan through the engine's bulk API (the same for a local engine and an
+    attached one)."""
+    if plan.dead_of is not None:
+        return await engine.requeue_dead(plan.dead_of, progress=progress)
     target: RunFilter | list[str] = (
         plan.target if isinstance(plan.target, RunFilter) else list(plan.target)
     )
-    if plan.dead_of is not None and callable(getattr(engine, "requeue_dead", None)):
-        result: BulkResult = await engine.requeue_dead(plan.dead_of, progress=progress)
-        return result
-    if supports_bulk(engine, plan.action):
-        done: BulkResult = await getattr(engine, many)(target, progress=progress)
-        return done
-    return await _one_by_one(engine, plan, target, progress)
-
-
-async def _one_by_one(
-    engine: Any, plan: BulkPlan, target: RunFilter | list[str], progress: Progress | None
-) -> BulkResult:
-    ids = await _ids(engine, plan.action, target)
-    _, single = METHODS[plan.action]
-    act = getattr(engine, single)
-    result = BulkResult(plan.action, total=len(ids))
-    for n, ident in enumerate(ids, start=1):
-        try:
-            made = await act(ident)
-        except EngineError as error:
-            result.skipped_ids[ident] = str(error).replace(f" {ident}", "")
-        else:
-            result.ids.append(made if isinstance(made, str) else ident)
-            if plan.action == "replay" and isinstance(made, str):
-                result.replayed[ident] = made
-        if progress is not None and (n % 20 == 0 or n == len(ids)):
-            outcome = progress(
-                BulkProgress(plan.action, result.total, n, result.touched, result.skipped)
-            )
-            if inspect.isawaitable(outcome):
-                await outcome
-    return result
-
-
-async def _ids(engine: Any, action: str, target: RunFilter | Sequence[str]) -> list[str]:
-    if not isinstance(target, RunFilter):
-        return list(dict.fromkeys(target))
-    found: list[str] = []
-    offset = 0
-    while True:
-        chunk = await engine.runs(
-            status=list(target.status) if target.status else None,
-            workflow=target.workflow,
-            queue=target.queue,
-            text=target.text,
-            limit=FALLBACK_PAGE,
-            offset=offset,
-            **({"retrying": True} if target.retrying else {}),
-            **({"stuck": target.stuck} if target.stuck is not None else {}),
-        )
-        found.extend(run.job_id if action == "requeue" else run.id for run in chunk)
-        if len(chunk) < FALLBACK_PAGE:
-            return list(dict.fromkeys(found))
-        offset += FALLBACK_PAGE
+    if plan.action == "cancel":
+        return await engine.cancel_many(target, progress=progress)
+    if plan.action == "replay":
+        return await engine.replay_many(target, progress=progress)
+    return await engine.requeue_many(target, progress=progress)

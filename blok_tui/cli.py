@@ -248,9 +248,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # ---- where things are ----------------------------------------------------------------------
-def _database(args: argparse.Namespace) -> Path:
+def _database(args: argparse.Namespace) -> Path | str:
+    """The --db value: a SQLite file path, or a database URL (never taken for a file name)."""
+    from engine.backends import is_url
+
     chosen = getattr(args, "db", None) or os.environ.get("BLOK_DB") or DEFAULT_DB
-    return Path(chosen)
+    return str(chosen) if is_url(str(chosen)) else Path(chosen)
 
 
 def _bundled_examples() -> Path:
@@ -274,6 +277,14 @@ def _can_watch() -> bool:
 
 
 # ---- commands ------------------------------------------------------------------------------
+def _client(args: argparse.Namespace) -> Any:
+    """An engine with no workflows on the --db database, for a one-shot command: it acts on
+    what the workers serve, runs nothing, and never creates a database."""
+    from engine import Engine
+
+    return Engine(database=_database(args), create=False, follow=False)
+
+
 async def _console(args: argparse.Namespace) -> None:
     from engine import Engine
 
@@ -296,10 +307,11 @@ async def _console(args: argparse.Namespace) -> None:
         tg.cancel_scope.cancel()
 
 
-def _log_quietly(database: Path | None) -> None:
-    """Under the console, log lines would tear the screen: they go to a file by the database."""
+def _log_quietly(database: Path | str | None) -> None:
+    """Under the console, log lines would tear the screen: they go to a file by the database
+    (or nowhere, for an in-memory engine or a database URL)."""
     root = logging.getLogger()
-    if database is not None:
+    if isinstance(database, Path):
         database.parent.mkdir(parents=True, exist_ok=True)
         handler: logging.Handler = logging.FileHandler(database.parent / "blok.log")
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
@@ -310,14 +322,15 @@ def _log_quietly(database: Path | None) -> None:
 
 
 async def _attach(args: argparse.Namespace) -> None:
-    from engine.remote import AttachedEngine
+    from engine import Engine
 
     from .app import run_console
 
     database = _database(args)
     _log_quietly(database)
-    async with AttachedEngine(database) as engine:
-        await run_console(engine, title=f"blok-tui · attached to {database}")
+    # An engine with no workflows: it runs nothing, and follows what the workers write.
+    async with Engine(database=database, create=False, follow=True) as engine:
+        await run_console(engine, title=f"blok-tui · attached to {engine.capabilities.location}")
 
 
 async def _worker(args: argparse.Namespace) -> None:
@@ -335,11 +348,11 @@ async def _worker(args: argparse.Namespace) -> None:
     # Signals are received from the start, so that one arriving while booting still drains.
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with engine:
-            await engine.store.flush()  # ready means: what it serves is visible to others
+            await engine.flush()  # ready means: what it serves is visible to others
             names = ", ".join(q.name for q in await engine.queues()) or "(none)"
             print(
                 f"blok worker {engine.worker.id} serving queues {names} on "
-                f"{database if database is not None else 'memory'}",
+                f"{engine.capabilities.location}",
                 flush=True,
             )
             async for signum in signals:
@@ -367,9 +380,7 @@ async def _worker(args: argparse.Namespace) -> None:
 
 
 async def _enqueue(args: argparse.Namespace) -> None:
-    from engine.remote import AttachedEngine
-
-    async with AttachedEngine(_database(args), watch=False) as engine:
+    async with _client(args) as engine:
         job_id = await engine.enqueue(
             args.queue, args.payload, priority=args.priority, delay=args.delay
         )
@@ -377,9 +388,7 @@ async def _enqueue(args: argparse.Namespace) -> None:
 
 
 async def _runs(args: argparse.Namespace) -> None:
-    from engine.remote import AttachedEngine
-
-    async with AttachedEngine(_database(args), watch=False) as engine:
+    async with _client(args) as engine:
         runs = await engine.runs(
             status=args.status, workflow=args.workflow, queue=args.queue, limit=args.limit
         )
@@ -424,25 +433,19 @@ def _one_line(text: str, width: int) -> str:
 
 
 async def _cancel(args: argparse.Namespace) -> None:
-    from engine.remote import AttachedEngine
-
-    async with AttachedEngine(_database(args), watch=False) as engine:
+    async with _client(args) as engine:
         run = await engine.cancel(args.run_id)
     print(f"{run.id} {run.status}")
 
 
 async def _replay(args: argparse.Namespace) -> None:
-    from engine.remote import AttachedEngine
-
-    async with AttachedEngine(_database(args), watch=False) as engine:
+    async with _client(args) as engine:
         run_id = await engine.replay(args.run_id, from_step=args.from_step, input=args.input)
     print(run_id)
 
 
 async def _pause_or_resume(args: argparse.Namespace) -> None:
-    from engine.remote import AttachedEngine
-
-    async with AttachedEngine(_database(args), watch=False) as engine:
+    async with _client(args) as engine:
         await (engine.pause if args.command == "pause" else engine.resume)(args.queue)
     print(f"{args.queue} {'paused' if args.command == 'pause' else 'resumed'}")
 

@@ -214,6 +214,8 @@ class RunsScreen(BlokScreen):
 
     def tick(self) -> None:
         # Durations of running runs grow without any event: redraw just those cells.
+        if not self.query("#runs"):
+            return  # the view is being torn down (or not composed yet)
         for run in self.runs:
             if run.started_at is not None and run.finished_at is None:
                 cells = self.row_cells(run)

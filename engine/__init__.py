@@ -1,7 +1,9 @@
 """blok-tui's in-process workflow engine. No Textual import anywhere in this package."""
 
+from .backends.base import RunStore
 from .durations import format_duration, parse_duration
-from .engine import Engine, EngineError, UnknownJob, UnknownQueue, UnknownRun
+from .engine import Capabilities, Engine
+from .errors import DatabaseError, EngineError, UnknownJob, UnknownQueue, UnknownRun
 from .events import (
     AttemptFailed,
     Event,
@@ -18,6 +20,7 @@ from .events import (
     StepStarted,
     WorkflowReloaded,
 )
+from .filters import RunFilter
 from .loader import WorkflowLoadError
 from .models import (
     Attempt,
@@ -46,8 +49,6 @@ from .primitives import (
     switch,
     try_catch,
 )
-from .sqlite_db import DatabaseError
-from .store import RunFilter, RunStore
 from .workflow import (
     Debounce,
     Retry,
@@ -65,6 +66,7 @@ __all__ = [
     "Attempt",
     "AttemptFailed",
     "AttemptStatus",
+    "Capabilities",
     "DatabaseError",
     "Debounce",
     "Engine",

@@ -225,6 +225,19 @@ class Job(_Record):
     worker: str | None = None
     resume: bool = False  # the next delivery resumes run_id after a wait
     meta: dict[str, Any] = Field(default_factory=dict)  # lineage for the run: replay_of, parent…
+    # The fencing token: bumped by every claim and every change of state. A worker writes the
+    # job and its run only while the job is still at the epoch it claimed it at.
+    epoch: int = 0
+    lease_until: datetime | None = None
+    # Operator requests to the worker holding the job ("cancel", "retry_now"), with the time
+    # each was made: the holder acts on those it has not seen yet.
+    signals: dict[str, float] = Field(default_factory=dict)
+    force: bool = False  # an operator's "run it now": claimed even from a paused queue
+
+    @property
+    def job_id(self) -> str:
+        """The job's id (`id`), under the name the run records use."""
+        return self.id
 
 
 class QueueStats(_Record):

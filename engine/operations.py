@@ -19,8 +19,9 @@ from typing import TypeVar
 
 import anyio
 
+from .backends.base import RunStore
+from .filters import RunFilter
 from .models import Run, RunStatus
-from .store import RunFilter, RunStore
 
 Item = TypeVar("Item")
 

@@ -86,7 +86,7 @@ class _Primitive(StepDefinition):
             record.started_at = utcnow()
         record.status = StepStatus.RUNNING
         record.wait_until = None
-        runner.store.save_run(run)
+        runner.save(run)
         if runner.bus.active:
             runner.bus.publish(StepStarted(run.id, record.index, record.name, 1))
         return record
@@ -103,7 +103,7 @@ class _Primitive(StepDefinition):
             frame.ctx.state[record.name] = output
         if error is not None:
             record.error = error
-        runner.store.save_run(run)
+        runner.save(run)
         if runner.bus.active:
             runner.bus.publish(
                 StepFinished(run.id, record.index, record.name, str(record.status), record.error)
@@ -117,7 +117,7 @@ class _Primitive(StepDefinition):
         except WaitRequested as wait:
             frame.record.status = StepStatus.WAITING
             frame.record.wait_until = wait.until
-            frame.runner.store.save_run(frame.run)
+            frame.runner.save(frame.run)
             raise
         except StepError as error:
             self._finish(frame, StepStatus.FAILED, error=str(error))
@@ -475,14 +475,14 @@ class Subworkflow(_Primitive):
         # Follow the child's job, not its first run: a job-level retry or a redelivery after a
         # crash gives the job a new run, and the job is over only when its last run is.
         job_over = True
-        found = await runner.engine._find_job(record.input["job_id"])
-        if found is not None:
-            job = found[1]
+        job = await runner.services.find_job(record.input["job_id"])
+        if job is not None:
             job_over = job.state.terminal
             if job.run_id != record.child_run_id:
                 record.child_run_id = job.run_id
-                runner.store.save_run(run)
-        child = await runner.store.get_run(record.child_run_id)
+                runner.save(run)
+        assert record.child_run_id is not None
+        child = await runner.services.get_run(record.child_run_id)
         if child is None:
             message = f"child run {record.child_run_id} is not in the store"
             self._finish(frame, StepStatus.FAILED, error=message)
@@ -503,20 +503,17 @@ class Subworkflow(_Primitive):
         record.status = StepStatus.WAITING
         record.wait_until = until
         runner._snapshot(run, frame.ctx)
-        runner.store.save_run(run)
+        runner.save(run)
         raise WaitRequested(until)
 
     async def _dispatch(self, frame: Frame) -> None:
         runner, run, record = frame.runner, frame.run, frame.record
-        engine = runner.engine
 
         def fail(message: str) -> StepError:
             self._finish(frame, StepStatus.FAILED, error=message)
             return StepError(f"{frame.where} failed: {message}", self.name)
 
-        if engine is None:
-            raise fail("subworkflow steps need an Engine to dispatch the child run")
-        target: Workflow | None = engine._workflows.get(self.workflow)
+        target = runner.services.workflow(self.workflow)
         if target is None or target.queue is None:
             why = "is not loaded" if target is None else "has no trigger (no queue to run it on)"
             raise fail(f"workflow {self.workflow!r} {why}")
@@ -528,64 +525,14 @@ class Subworkflow(_Primitive):
         # A job id fixed by the parent's step: dispatching again after a crash finds the child
         # instead of starting a second one.
         job_id = f"{run.id}.{record.index}"
-        existing = await engine._find_job(job_id)
-        if existing is not None:
-            child_run_id = existing[1].run_id
-        else:
-            meta = {"parent_run_id": run.id, "depth": run.depth + 1, "parent_step": self.name}
-            try:
-                runtime, job, child = engine._make_job(
-                    target.queue, payload, job_id=job_id, meta=meta
-                )
-            except Exception as error:
-                raise fail(f"cannot start {self.workflow!r}: {error}") from error
-            await engine._add(runtime, [job], [child])
-            child_run_id = child.id
+        meta = {"parent_run_id": run.id, "depth": run.depth + 1, "parent_step": self.name}
+        try:
+            child_run_id = await runner.services.dispatch(target, payload, job_id, meta)
+        except Exception as error:
+            raise fail(f"cannot start {self.workflow!r}: {error}") from error
         record.child_run_id = child_run_id
         record.input = {"workflow": self.workflow, "job_id": job_id, "input": payload}
-        runner.store.save_run(run)
-
-
-async def cancel_waited_children(engine: Any, run: Any) -> None:
-    """Cancel the child runs a cancelled run was waiting on (wait=True subworkflow steps);
-    detached children (wait=False) go on."""
-    from .engine import EngineError
-
-    for record in run.steps:
-        if record.kind != "subworkflow" or "sub" not in record.tags or not record.child_run_id:
-            continue
-        child = await engine.store.get_run(record.child_run_id)
-        if child is None or child.terminal:
-            continue
-        try:
-            await engine.cancel(child.id)
-        except EngineError as error:  # it ended between the look and the cancel
-            log.info("child run %s of %s was not cancelled: %s", child.id, run.id, error)
-
-
-async def wake_parent(engine: Any, child: Any) -> None:
-    """A child run ended: if its parent sleeps in the subworkflow step waiting on it, bring the
-    parent's job forward instead of letting it find out at its next look."""
-    try:
-        await _wake_parent(engine, child)
-    except Exception:
-        # Only a shortcut: the parent still finds the child done at its next look.
-        log.warning("could not wake the parent of run %s", child.id, exc_info=True)
-
-
-async def _wake_parent(engine: Any, child: Any) -> None:
-    parent = await engine.store.get_run(child.parent_run_id)
-    if parent is None or parent.status is not RunStatus.WAITING:
-        return
-    waiting_on_child = any(
-        r.kind == "subworkflow" and r.status is StepStatus.WAITING and r.child_run_id == child.id
-        for r in parent.steps
-    )
-    if not waiting_on_child:
-        return
-    found = await engine._find_job(parent.job_id)
-    if found is not None and found[1].run_id == parent.id:
-        await found[0].make_due(parent.job_id)
+        runner.save(run)
 
 
 # ---- middleware --------------------------------------------------------------------------
@@ -616,10 +563,8 @@ async def run_middleware(runner: Runner, workflow: Workflow, run: Any, ctx: Cont
     chain = middleware_chain(workflow)
     if not chain:
         return
-    engine = runner.engine
-    known: dict[str, Workflow] = engine._workflows if engine is not None else {}
     for name in chain:
-        mw = known.get(name)
+        mw = runner.services.workflow(name)
         if mw is None or not mw.middleware:
             why = "is not loaded" if mw is None else "is not marked middleware=True"
             raise StepError(f"[middleware {name}] failed: workflow {name!r} {why}", f"mw:{name}")

@@ -5,7 +5,8 @@ A burst of saves is one reload (watchfiles groups changes until the folder is qu
 them changed: every workflow file may import it, so all of them are. Imports run in a thread
 with a time limit, off the event loop, so runs keep going while a file loads and a file that
 never finishes importing is reported instead of hanging the engine. Runs in flight hold their
-`Workflow` object and finish on it; the engine's queues switch to the new one (`Engine._apply`).
+`Workflow` object and finish on it; the worker's queues switch to the new one when the catalog
+applies it (`Catalog.apply`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 from weakref import WeakKeyDictionary
 
 import anyio
@@ -23,6 +24,7 @@ import anyio.from_thread
 import anyio.lowlevel
 from watchfiles import Change, awatch
 
+from .catalog import Catalog
 from .loader import (
     LoadedFile,
     WorkflowLoadError,
@@ -32,38 +34,45 @@ from .loader import (
     workflow_files,
 )
 
-if TYPE_CHECKING:
-    from .engine import Engine
+
+class HasCatalog(Protocol):
+    @property
+    def catalog(self) -> Catalog: ...
+
+
+def _catalog(owner: Catalog | HasCatalog) -> Catalog:
+    return owner if isinstance(owner, Catalog) else owner.catalog
+
 
 log = logging.getLogger("blok.reload")
 
 DEBOUNCE_MS = 1_600  # the longest a stream of saves is grouped before a reload happens anyway
 STEP_MS = 50  # a reload starts once the folder has been quiet this long
 
-_watching: WeakKeyDictionary[Engine, anyio.Event] = WeakKeyDictionary()
+_watching: WeakKeyDictionary[Catalog, anyio.Event] = WeakKeyDictionary()
 # Files that imported fine but were refused because another file defines the same workflow
 # or queue: tried again after every reload, since fixing the other file fixes them too.
-_refused: WeakKeyDictionary[Engine, dict[Path, LoadedFile]] = WeakKeyDictionary()
+_refused: WeakKeyDictionary[Catalog, dict[Path, LoadedFile]] = WeakKeyDictionary()
 
 
-def _watching_event(engine: Engine) -> anyio.Event:
+def _watching_event(engine: Catalog) -> anyio.Event:
     event = _watching.get(engine)
     if event is None:
         event = _watching[engine] = anyio.Event()
     return event
 
 
-async def wait_until_watching(engine: Engine) -> None:
+async def wait_until_watching(owner: Catalog | HasCatalog) -> None:
     """Return once the engine's watcher sees changes; a save before that would go unnoticed
     (tests and benchmarks save right after starting the engine)."""
-    await _watching_event(engine).wait()
+    await _watching_event(_catalog(owner)).wait()
 
 
 class _StopSignal:
     """The stop event handed to watchfiles. Its watcher thread polls `is_set()` from the moment
     the OS watch is in place, so the first poll is also the signal that the watch is live."""
 
-    def __init__(self, engine: Engine, on_live: Callable[[], None]) -> None:
+    def __init__(self, engine: Catalog, on_live: Callable[[], None]) -> None:
         self._stop = threading.Event()
         self._polled = False
         self._live = _watching_event(engine)
@@ -90,12 +99,11 @@ def _python_source(change: Change, path: str) -> bool:
 
 
 async def watch_folder(
-    engine: Engine, folder: Path, *, debounce_ms: int = DEBOUNCE_MS, step_ms: int = STEP_MS
+    engine: Catalog, folder: Path, *, debounce_ms: int = DEBOUNCE_MS, step_ms: int = STEP_MS
 ) -> None:
-    """Reload the engine's workflow files as they change, until cancelled."""
+    """Reload the catalog's workflow files as they change, until cancelled."""
     folder = folder.resolve()
-    source = Path(engine._source) if isinstance(engine._source, str | os.PathLike) else None
-    only = source.resolve() if source is not None and source.is_file() else None
+    only = engine.only_file
     # What changed between the first load and the watch going live: no event will come for
     # it. Taken the moment the watch is live, so that later saves are left to the watcher.
     missed: set[Path] = set()
@@ -123,21 +131,21 @@ async def watch_folder(
         tg.cancel_scope.cancel()
 
 
-def _changed_since_load(engine: Engine, folder: Path, only: Path | None) -> set[Path]:
+def _changed_since_load(engine: Catalog, folder: Path, only: Path | None) -> set[Path]:
     """Loaded files whose source or helpers changed on disk, and workflow files not loaded."""
     stale = {
         path
-        for path, loaded in engine._files.items()
+        for path, loaded in engine.files.items()
         if any(file_digest(p) != digest for p, digest in loaded.inputs.items())
     }
     on_disk = [only] if only is not None else workflow_files(folder)
-    known = set(engine._files) | {Path(p) for p in engine.reload_errors}
+    known = set(engine.files) | {Path(p) for p in engine.reload_errors}
     stale |= {p.resolve() for p in on_disk if p.exists() and p.resolve() not in known}
     return stale
 
 
 async def _catch_up(
-    engine: Engine, folder: Path, only: Path | None, missed: set[Path], lock: anyio.Lock
+    engine: Catalog, folder: Path, only: Path | None, missed: set[Path], lock: anyio.Lock
 ) -> None:
     await wait_until_watching(engine)
     if not missed:
@@ -164,7 +172,7 @@ def _is_workflow(path: Path, folder: Path, only: Path | None) -> bool:
 
 
 def _swap_in(
-    engine: Engine, outcomes: dict[Path, LoadedFile | WorkflowLoadError]
+    engine: Catalog, outcomes: dict[Path, LoadedFile | WorkflowLoadError]
 ) -> list[LoadedFile]:
     """Hand the imported files to the engine; return those that now serve.
 
@@ -176,8 +184,8 @@ def _swap_in(
     for path, outcome in outcomes.items():
         if isinstance(outcome, WorkflowLoadError):
             engine.load(path, imported=outcome)
-        elif path in engine._files:
-            previous[path] = engine._files.pop(path)
+        elif path in engine.files:
+            previous[path] = engine.files.pop(path)
     reloaded: list[LoadedFile] = []
     pending = {p: o for p, o in outcomes.items() if isinstance(o, LoadedFile)}
     refusals: dict[Path, WorkflowLoadError] = {}
@@ -185,7 +193,7 @@ def _swap_in(
         clashing: dict[Path, LoadedFile] = {}
         for path, outcome in pending.items():
             try:
-                engine._check_queues(outcome)
+                engine.check_clashes(outcome)
             except WorkflowLoadError as error:
                 clashing[path] = outcome
                 refusals[path] = error
@@ -204,10 +212,10 @@ def _swap_in(
         if old is None:
             continue
         try:
-            engine._check_queues(old)
+            engine.check_clashes(old)
         except WorkflowLoadError:
             continue  # its names now belong to another file; the error says which
-        engine._files[path] = old
+        engine.files[path] = old
     return reloaded
 
 
@@ -219,9 +227,10 @@ def _import(path: Path, timeout: float) -> LoadedFile | WorkflowLoadError:
 
 
 async def reload_paths(
-    engine: Engine, folder: Path, changed: set[Path], *, only: Path | None = None
+    owner: Catalog | HasCatalog, folder: Path, changed: set[Path], *, only: Path | None = None
 ) -> None:
-    """Bring the engine in line with the files in `changed` (one debounced burst)."""
+    """Bring the catalog in line with the files in `changed` (one debounced burst)."""
+    engine = _catalog(owner)
     changed = {path.resolve() if path.exists() else path for path in changed}
     targets = {path for path in changed if _is_workflow(path, folder, only)}
     if any(path not in targets for path in changed):
@@ -229,7 +238,7 @@ async def reload_paths(
         on_disk = [only] if only is not None and only.exists() else []
         if only is None:
             on_disk = workflow_files(folder)
-        known = set(engine._files) | {Path(p) for p in engine.reload_errors}
+        known = set(engine.files) | {Path(p) for p in engine.reload_errors}
         targets |= {p.resolve() for p in on_disk} | {p for p in known if p.parent == folder}
     timeout = engine.import_timeout
     outcomes: dict[Path, LoadedFile | WorkflowLoadError] = {}
@@ -245,12 +254,12 @@ async def reload_paths(
     for path, outcome in _refused.get(engine, {}).items():
         if path not in targets and path.exists():
             outcomes.setdefault(path, outcome)
-    removed = [p for p in gone if p in engine._files or str(p) in engine.reload_errors]
+    removed = [p for p in gone if p in engine.files or str(p) in engine.reload_errors]
     for path in removed:
         engine.unload(path)
         log.info("workflow file removed: %s", path)
     reloaded = _swap_in(engine, outcomes)
-    engine._apply()
+    engine.apply()
     for path in removed:  # a reload to nothing: its workflows and queues are gone
         engine.notify_reloaded(LoadedFile(path, "", []))
     for loaded in reloaded:

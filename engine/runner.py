@@ -1,7 +1,9 @@
 """The step runner: one run's steps in order, with retries, timeouts, the cache and waits.
 
-The runner only changes the Run record and tells the store and the bus; what happens to the
-job afterwards (ack, retry, dead letter, re-delivery after a wait) is the engine's business.
+The runner changes the step records of a Run and tells its `Recorder` and the bus; the run's
+own status and what happens to its job afterwards (ack, retry, dead letter, re-delivery after a
+wait) are the ledger's business. What steps need from the engine around them (another
+workflow, the idempotency cache, dispatching a child run) comes through `Services`.
 """
 
 from __future__ import annotations
@@ -14,19 +16,75 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 
 from . import expressions
 from .context import Context
 from .events import AttemptFailed, EventBus, LogRecorded, StepFinished, StepStarted
-from .models import Attempt, AttemptStatus, LogLine, Run, RunStatus, StepRun, StepStatus, utcnow
+from .models import (
+    Attempt,
+    AttemptStatus,
+    Job,
+    LogLine,
+    Run,
+    RunStatus,
+    StepRun,
+    StepStatus,
+    utcnow,
+)
 from .records import construct
-from .store import RunStore
 from .workflow import Step, StepDefinition, WaitStep, Workflow
 
 DEFAULT_SNAPSHOT_CAP = 1_048_576
+
+
+class Recorder(Protocol):
+    """Where one run's records go while it runs (the worker fences them with its claim)."""
+
+    def save(self, run: Run) -> None: ...
+
+    def log(self, run_id: str, line: LogLine) -> None: ...
+
+
+class CacheHitLike(Protocol):
+    output: Any
+    run_id: str
+
+
+class Services(Protocol):
+    """What steps need from the engine around them."""
+
+    def workflow(self, name: str) -> Workflow | None:
+        """A loaded workflow by name (middleware, sub-workflows)."""
+
+    async def cache_get(self, workflow: str, step: str, key: str) -> CacheHitLike | None: ...
+
+    def cache_put(
+        self, workflow: str, step: str, key: str, output: Any, run_id: str, ttl_ms: int
+    ) -> None: ...
+
+    async def find_job(self, job_id: str) -> Job | None: ...
+
+    async def get_run(self, run_id: str) -> Run | None: ...
+
+    async def dispatch(
+        self, workflow: Workflow, payload: Any, job_id: str, meta: dict[str, Any]
+    ) -> str:
+        """Enqueue a child run of `workflow` under a fixed job id (known ids are not added
+        twice); the id of the job's run."""
+
+
+class _Unrecorded:
+    def save(self, run: Run) -> None:
+        pass
+
+    def log(self, run_id: str, line: LogLine) -> None:
+        pass
+
+
+UNRECORDED = _Unrecorded()
 
 
 class StepError(Exception):
@@ -120,17 +178,16 @@ def _jsonable(value: Any, what: str) -> None:
 class Runner:
     def __init__(
         self,
-        store: RunStore,
+        services: Services,
         bus: EventBus,
         snapshot_cap: int = DEFAULT_SNAPSHOT_CAP,
     ) -> None:
-        self.store = store
+        self.services = services
         self.bus = bus
         self.snapshot_cap = snapshot_cap
-        # Set by the Engine: the middleware chain (engine/primitives.py) and the engine itself,
-        # which subworkflow steps dispatch their child runs through.
+        # The middleware chain (engine/primitives.py), run before a workflow's own steps.
         self.middleware: Callable[[Runner, Workflow, Run, Context], Awaitable[None]] | None = None
-        self.engine: Any = None
+        self._recorders: dict[str, Recorder] = {}
         self._nested: dict[str, tuple[list[StepRun], dict[tuple[Any, ...], int]]] = {}
         # Runs sleeping in a step's retry backoff, by run id: retry_now sets the event.
         self.backoff_wakeups: dict[str, anyio.Event] = {}
@@ -189,12 +246,16 @@ class Runner:
 
         return sink
 
+    def save(self, run: Run) -> None:
+        """Record the run's progress (fire and forget)."""
+        self._recorders.get(run.id, UNRECORDED).save(run)
+
     def add_log(self, run: Run, line: LogLine) -> None:
         if line.step is not None and line.step < len(run.steps):
             run.steps[line.step].logs.append(line)
         else:
             run.logs.append(line)
-        self.store.add_log(run, line)
+        self._recorders.get(run.id, UNRECORDED).log(run.id, line)
         if self.bus.active:
             self.bus.publish(LogRecorded(run.id, line.step, line.level, line.message))
 
@@ -204,9 +265,18 @@ class Runner:
         )
 
     # ---- running ---------------------------------------------------------------------------
-    async def run(self, workflow: Workflow, run: Run, ctx: Context) -> Outcome:
+    async def run(
+        self, workflow: Workflow, run: Run, ctx: Context, recorder: Recorder = UNRECORDED
+    ) -> Outcome:
         """Run from the run's cursor to the end, a wait, or a failure. Cancellation (the
         engine cancelling the surrounding scope) propagates."""
+        self._recorders[run.id] = recorder
+        try:
+            return await self._run(workflow, run, ctx)
+        finally:
+            self._recorders.pop(run.id, None)
+
+    async def _run(self, workflow: Workflow, run: Run, ctx: Context) -> Outcome:
         self.prepare(workflow, run)
         steps = workflow.steps
         resume = list(run.cursor)
@@ -362,7 +432,7 @@ class Runner:
             raise StepError(f"{where} failed: bad input: {error}", step.name) from error
         record.input = inputs or None
         if key is not None:
-            hit = await self.store.cache_get(workflow.name, step.name, key)
+            hit = await self.services.cache_get(workflow.name, step.name, key)
             if hit is not None:
                 now = utcnow()
                 record.status = StepStatus.CACHED
@@ -397,7 +467,7 @@ class Runner:
                 record.started_at = attempt.started_at
             run.attempts += 1
             ctx.attempt = attempt_no
-            self.store.save_run(run)
+            self.save(run)
             if self.bus.active:
                 self.bus.publish(StepStarted(run.id, record.index, step.name, attempt_no))
             timed_out = False
@@ -426,7 +496,7 @@ class Runner:
                 record.finished_at = attempt.finished_at
                 ctx.state[step.name] = result
                 if key is not None:
-                    self.store.cache_put(
+                    self.services.cache_put(
                         workflow.name, step.name, key, result, run.id, step.idempotency_ttl
                     )
                 self._finished(run, record)
@@ -468,7 +538,7 @@ class Runner:
                 if max_attempts > 1:
                     message += f" (after {max_attempts} attempts)"
                 raise StepError(message, step.name, timed_out) from failure
-            self.store.save_run(run)
+            self.save(run)
             await self._backoff(run, (attempt.backoff_ms or 0) / 1000)
         raise AssertionError("unreachable: the attempt loop returns or raises")
 
@@ -546,7 +616,7 @@ class Runner:
         run.state = dict(ctx.state)
 
     def _finished(self, run: Run, record: StepRun) -> None:
-        self.store.save_run(run)
+        self.save(run)
         if self.bus.active:
             self.bus.publish(
                 StepFinished(run.id, record.index, record.name, str(record.status), record.error)

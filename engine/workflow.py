@@ -63,7 +63,7 @@ class Retry(_Definition):
 
     def __init__(self, max_attempts: int = 3, **data: Any) -> None:
         try:
-            super().__init__(max_attempts=max_attempts, **data)
+            super().__init__(**{"max_attempts": max_attempts, **data})
         except ValidationError as error:
             raise WorkflowDefinitionError(f"Retry: {_explain(error)}") from None
 
@@ -85,7 +85,7 @@ class Debounce(_Definition):
 
     def __init__(self, key: Input = None, **data: Any) -> None:
         try:
-            super().__init__(key=key, **data)
+            super().__init__(**{"key": key, **data})
         except ValidationError as error:
             raise WorkflowDefinitionError(f"Debounce: {_explain(error)}") from None
         _check_gate_expression("Debounce", self.key)
@@ -167,7 +167,7 @@ class Step(StepDefinition):
 
     def __init__(self, name: str, node: Callable[..., Any], **data: Any) -> None:
         try:
-            super().__init__(name=name, node=node, **data)
+            super().__init__(**{"name": name, "node": node, **data})
         except ValidationError as error:
             raise WorkflowDefinitionError(f"step {name!r}: {_explain(error)}") from None
         if not callable(node):
@@ -211,7 +211,11 @@ class WaitStep(StepDefinition):
     until: datetime | str | int | float | None = None
 
     def expressions(self) -> list[str]:
-        return [self.until] if expressions.is_expression(self.until) else []
+        return (
+            [self.until]
+            if isinstance(self.until, str) and expressions.is_expression(self.until)
+            else []
+        )
 
     def fingerprint(self) -> str:
         return f"wait:{self.name}:{self.for_ms}:{self.until}"

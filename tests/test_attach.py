@@ -1,5 +1,5 @@
-"""Attaching to a database that a `blok-tui worker` subprocess serves: `AttachedEngine` and the
-console on top of it."""
+"""Attaching to a database that a `blok-tui worker` subprocess serves: an `Engine` with no
+workflows (a client) and the console on top of it."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from cli_helpers import Worker, blok, start_worker, write_workflows
 
 from engine import (
     AttemptStatus,
+    Engine,
     EngineError,
     Event,
     LogRecorded,
@@ -26,7 +27,6 @@ from engine import (
     StepStatus,
     UnknownQueue,
 )
-from engine.remote import AttachedEngine
 
 pytestmark = pytest.mark.anyio
 
@@ -41,8 +41,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Wor
 
 
 @pytest.fixture
-async def attached(served: tuple[Path, Worker]) -> AsyncIterator[AttachedEngine]:
-    async with AttachedEngine(served[0]) as engine:
+async def attached(served: tuple[Path, Worker]) -> AsyncIterator[Engine]:
+    async with Engine(database=served[0], create=False) as engine:
         yield engine
 
 
@@ -59,7 +59,7 @@ async def _until(events: AsyncIterator[Event], wanted: type[Event], run_id: str)
 
 
 async def test_attached_engine_shows_what_the_worker_serves(
-    served: tuple[Path, Worker], attached: AttachedEngine
+    served: tuple[Path, Worker], attached: Engine
 ) -> None:
     _, worker = served
     queues = {q.name: q for q in await attached.queues()}
@@ -74,7 +74,7 @@ async def test_attached_engine_shows_what_the_worker_serves(
 
 
 async def test_events_follow_a_run_that_another_process_runs(
-    served: tuple[Path, Worker], attached: AttachedEngine
+    served: tuple[Path, Worker], attached: Engine
 ) -> None:
     database, worker = served
     events = attached.events()
@@ -101,7 +101,7 @@ async def test_events_follow_a_run_that_another_process_runs(
 
 
 async def test_cancel_from_the_attached_client_stops_the_workers_step(
-    attached: AttachedEngine,
+    attached: Engine,
 ) -> None:
     events = attached.events()
     job_id = await attached.enqueue("naps", {"seconds": 30})
@@ -125,7 +125,7 @@ async def test_cancel_from_the_attached_client_stops_the_workers_step(
         await attached.cancel(run_id)
 
 
-async def test_replay_and_pause_go_through_the_worker(attached: AttachedEngine) -> None:
+async def test_replay_and_pause_go_through_the_worker(attached: Engine) -> None:
     job_id = await attached.enqueue("naps", {"seconds": 0})
     source = await attached.wait_for_job(job_id, timeout=10)
     assert source.status is RunStatus.COMPLETED
@@ -150,7 +150,7 @@ async def test_replay_and_pause_go_through_the_worker(attached: AttachedEngine) 
     assert (await attached.wait_for_job(held, timeout=10)).status is RunStatus.COMPLETED
 
 
-async def test_attached_console_cancels_a_run_of_the_worker(attached: AttachedEngine) -> None:
+async def test_attached_console_cancels_a_run_of_the_worker(attached: Engine) -> None:
     from blok_tui.app import BlokApp
     from blok_tui.confirm_screen import ConfirmScreen
     from blok_tui.run_screen import RunScreen
@@ -206,7 +206,7 @@ async def test_reload_errors_and_reloads_of_the_worker_reach_the_attached_client
     broken.write_text("from engine import Workflow\n\nworkflow = Workflow(name=)\n")
     worker = start_worker(tmp_path / "blok.db", folder)
     try:
-        async with AttachedEngine(tmp_path / "blok.db") as attached:
+        async with Engine(database=tmp_path / "blok.db", create=False) as attached:
             (path, message), *_ = attached.reload_errors.items()
             assert path == str(broken.resolve())
             assert message.startswith(f"{broken.resolve()}:3: ")

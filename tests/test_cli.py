@@ -12,8 +12,7 @@ import anyio
 import pytest
 from cli_helpers import Worker, blok, blok_json, eventually, run_of, start_worker, write_workflows
 
-from engine import __version__
-from engine.remote import AttachedEngine
+from engine import Engine, __version__
 
 
 @pytest.fixture(scope="module")
@@ -236,7 +235,7 @@ def test_python_dash_m_and_the_entry_point_agree() -> None:
 
 async def _attached_view(database: Path) -> tuple[list[str], dict[str, int]]:
     """What an attached console sees: the live workers, and each queue's total width."""
-    async with AttachedEngine(database, watch=False) as engine:
+    async with Engine(database=database, create=False, follow=False) as engine:
         workers = sorted(w.id for w in await engine.live_workers())
         return workers, {q.name: q.concurrency for q in await engine.queues()}
 

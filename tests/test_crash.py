@@ -137,7 +137,11 @@ async def test_crashed_run_is_flipped_on_boot_and_its_job_redelivered(project: P
         redelivered = await engine.get_job(job)
         assert redelivered.run_id != victim.id  # a new run for the same job
         fresh = await engine.get_run(redelivered.run_id)
-        assert fresh.job_id == job and fresh.status is RunStatus.RUNNING
+        with anyio.fail_after(10):
+            while fresh.status is not RunStatus.RUNNING:  # claimed as the engine starts
+                await anyio.sleep(0.02)
+                fresh = await engine.get_run(redelivered.run_id)
+        assert fresh.job_id == job
         assert any("previous run" in line.message for line in fresh.logs)
         await engine.cancel(fresh.id)
         assert (await engine.get_job(job)).state is JobState.CANCELLED

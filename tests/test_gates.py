@@ -92,7 +92,7 @@ async def test_concurrency_key_limit_holds_under_50_jobs(tmp_path: Path) -> None
             other = await engine.enqueue_many("tenants", [{"tenant": "globex"}] * 5)
             runs = [await engine.wait_for_job(job, timeout=30) for job in jobs + other]
         statuses = {change.status for change in changes}
-        assert await engine.gates.slots.holders("tenants", "acme") == 0
+        assert await engine.backend.shared.slot_holders("tenants", "acme") == []
     assert all(run.status is RunStatus.COMPLETED for run in runs)
     assert peak["acme"] == 3  # reached, never exceeded
     assert peak["globex"] <= 3
@@ -180,7 +180,7 @@ async def test_slots_are_released_on_failure_and_cancel(tmp_path: Path) -> None:
         after = await engine.wait_for_job(
             await engine.enqueue("single", {"k": "x", "mode": "ok"}), 10
         )
-        holders = await engine.gates.slots.holders("single", "x")
+        holders = len(await engine.backend.shared.slot_holders("single", "x"))
     assert failed.status is RunStatus.FAILED
     assert after.status is RunStatus.COMPLETED
     assert holders == 0

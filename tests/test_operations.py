@@ -27,6 +27,7 @@ from engine import (
     Workflow,
 )
 from engine.operations import BulkProgress
+from engine.reload import reload_paths
 
 pytestmark = pytest.mark.anyio
 
@@ -302,8 +303,7 @@ async def test_replay_from_the_failed_step_runs_the_fixed_code(tmp_path: Path) -
 
         # The fix-and-rerun loop: edit the file, reload (what the watcher does), replay.
         path.write_text(FLOW_FILE.format(charge_body=FIXED))
-        assert engine.load(path) is not None
-        engine._apply()
+        await reload_paths(engine, folder, {path})
         new_id = await engine.replay(source.id, from_step="charge")
         run = await engine.wait_for_job((await engine.get_run(new_id)).job_id, timeout=5)
 

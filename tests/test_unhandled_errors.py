@@ -55,7 +55,7 @@ async def test_a_failing_engine_task_crashes_the_runs_in_flight(tmp_path: Path) 
             async with expect_events(engine, RunStarted):
                 job = await engine.enqueue("naps", {"seconds": 30})
             assert engine._tg is not None
-            engine._tg.start_soon(engine._guarded, janitor_bug)  # as the engine starts its tasks
+            engine._tg.start_soon(engine._guard(janitor_bug))  # as the engine starts its tasks
             await anyio.sleep_forever()
     assert raised.group_contains(LookupError)
     run = None

@@ -29,7 +29,6 @@ from engine import (
     StepStatus,
     WorkerInfo,
 )
-from engine.sqlite_queue import SqliteQueue
 
 NOW = datetime(2026, 1, 15, 9, 30, 0, tzinfo=UTC)
 BROKEN = '''"""Refunds: being edited, and broken for the moment."""
@@ -469,13 +468,13 @@ async def build(root: Path) -> tuple[Path, Path]:
     database = root / "blok.db"
     async with Engine(workflows=folder, database=database, consume=False) as engine:
         runs = showcase_runs()
+        store = engine.backend.runs
+        await engine.backend.queue("sqlite").add(showcase_jobs(runs), [])
         for run in runs:
-            engine.store.save_run(run)
+            store.save_run(run)
             for line in [*run.logs, *(line for step in run.steps for line in step.logs)]:
-                engine.store.add_log(run, line)
-        assert engine.db is not None
-        await SqliteQueue(engine.db).add(showcase_jobs(runs), [])
-        await engine.store.flush()
+                store.add_log(run.id, line)
+        await store.flush()
     return folder, database
 
 

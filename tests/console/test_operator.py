@@ -22,7 +22,6 @@ from blok_tui.widgets import BulkBar, StepRail
 from blok_tui.workers_screen import WorkersScreen
 from engine import Engine, RunFilter, RunStarted
 from engine.events import AttemptFailed
-from engine.remote import AttachedEngine
 
 from .flows import ALL
 from .helpers import column, command, settled, text_of, until
@@ -266,29 +265,32 @@ async def test_a_large_bulk_cancel_shows_progress_as_it_goes(engine: Engine) -> 
     assert await engine.count_runs(RunFilter.of("cancelled")) == 120
 
 
-async def test_an_attached_console_cancels_in_bulk_one_by_one(engine: Engine) -> None:
-    """The attach client has no bulk API: the console cancels each run through the worker
-    (the control table) and says so; retry now is refused with a clear message."""
+async def test_an_attached_console_has_the_same_actions_as_a_local_one(engine: Engine) -> None:
+    """An attached console is an Engine with no workflows over the same operator API: bulk
+    cancel goes through the engine's bulk API (a signal to the worker holding each run), and
+    retry now answers as it would in the worker's own console."""
     events = engine.events()
     slow = [await engine.enqueue("slow", {"order_id": f"S{n}"}) for n in range(2)]
     await _started(events, "slow", 2)
     slow_runs = {(await engine.get_job(j)).run_id for j in slow}
     assert engine.database is not None
-    async with AttachedEngine(engine.database) as attached:
+    async with Engine(database=engine.database, create=False) as attached:
+        assert not attached.capabilities.runs_workflows
         app = BlokApp(attached)
         async with app.run_test(size=SIZE) as pilot:
             await settled(pilot)
             await command(pilot, "runs running")
             await pilot.press("t")
             await pilot.pause()
-            assert any(
-                "not available from an attached console" in n.message for n in app._notifications
-            )
+            assert any("no backoff to skip" in n.message for n in app._notifications), [
+                n.message for n in app._notifications
+            ]
             await pilot.press("C")
             await _confirm(pilot, app, "Cancel 2 runs?")
+            assert app.last_bulk is not None
             assert sorted(app.last_bulk.ids) == sorted(slow_runs)
             messages = [n.message for n in app._notifications]
-            assert any("one by one" in m for m in messages), messages
+            assert not any("one by one" in m for m in messages), messages
     for run_id in slow_runs:
         assert (await engine.get_run(run_id)).status == "cancelled"
 

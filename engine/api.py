@@ -1,0 +1,121 @@
+"""`EngineAPI`: what a user interface (the console, the command line) may use of an engine.
+
+`Engine` implements it, whether it runs workflows here or is a client of workers sharing its
+database; `capabilities` says which, so a UI adapts to it instead of probing for methods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from .engine import Capabilities
+from .events import Subscription
+from .filters import RunFilter
+from .models import Job, QueueInfo, QueueStats, Run, WorkerInfo, WorkflowInfo
+from .operations import BulkResult, ProgressCallback
+
+
+class EngineAPI(Protocol):
+    @property
+    def capabilities(self) -> Capabilities: ...
+
+    @property
+    def reload_errors(self) -> dict[str, str]: ...
+
+    database: Path | str | None
+
+    def events(self) -> Subscription: ...
+
+    # reads
+    async def queues(self) -> list[QueueInfo]: ...
+
+    async def queue_stats(self, queue: str) -> QueueStats: ...
+
+    async def throughput(self, queue: str, window: float = 10.0) -> float: ...
+
+    async def workflows(self) -> list[WorkflowInfo]: ...
+
+    async def workers(self) -> list[WorkerInfo]: ...
+
+    async def live_workers(self) -> list[WorkerInfo]: ...
+
+    async def get_run(self, run_id: str) -> Run: ...
+
+    async def get_job(self, job_id: str) -> Job: ...
+
+    async def runs(
+        self,
+        status: str | list[str] | None = None,
+        workflow: str | None = None,
+        queue: str | None = None,
+        limit: int = 100,
+        *,
+        text: str | None = None,
+        offset: int = 0,
+        retrying: bool = False,
+        stuck: float | None = None,
+    ) -> list[Run]: ...
+
+    async def count_runs(self, where: RunFilter | None = None) -> int: ...
+
+    async def dead_letters(self, queue: str) -> list[Job]: ...
+
+    async def wait_for_job(self, job_id: str, timeout: float | None = None) -> Run: ...
+
+    # actions
+    async def enqueue(
+        self,
+        queue: str,
+        payload: Any = None,
+        *,
+        priority: int = 0,
+        delay: Any = None,
+        job_id: str | None = None,
+        headers: dict[str, str] | None = None,
+        force: bool = False,
+    ) -> str: ...
+
+    async def cancel(self, run_id: str) -> Run: ...
+
+    async def replay(
+        self,
+        run_id: str,
+        *,
+        from_step: str | None = None,
+        input: Any = None,
+        force: bool = False,
+    ) -> str: ...
+
+    async def requeue(self, job_id: str) -> str: ...
+
+    async def retry_now(self, run_id: str) -> str: ...
+
+    async def pause(self, queue: str) -> None: ...
+
+    async def resume(self, queue: str) -> None: ...
+
+    # bulk
+    async def cancel_many(
+        self, runs: RunFilter | Sequence[str], *, progress: ProgressCallback | None = None
+    ) -> BulkResult: ...
+
+    async def replay_many(
+        self,
+        runs: RunFilter | Sequence[str],
+        *,
+        from_step: str | None = None,
+        progress: ProgressCallback | None = None,
+    ) -> BulkResult: ...
+
+    async def requeue_many(
+        self, jobs: RunFilter | Sequence[str], *, progress: ProgressCallback | None = None
+    ) -> BulkResult: ...
+
+    async def requeue_dead(
+        self, queue: str, *, progress: ProgressCallback | None = None
+    ) -> BulkResult: ...
+
+
+__all__ = ["Capabilities", "EngineAPI"]

@@ -1,0 +1,681 @@
+"""Everything in this process's memory: fast, and gone when the process ends.
+
+`MemoryQueue` is also the queue of `provider="memory"` workflows on a database backend: its
+jobs live here while their runs go to the database's run store.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import json
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, ClassVar, TypeVar
+
+import anyio
+
+from ..filters import RunFilter
+from ..models import (
+    PENDING_RUN_STATUSES,
+    TERMINAL_RUN_STATUSES,
+    Job,
+    JobState,
+    LogLine,
+    QueueStats,
+    Run,
+    WorkerInfo,
+    utcnow,
+)
+from ..records import construct
+from .base import (
+    Backend,
+    CacheHit,
+    Claim,
+    FeedCursor,
+    FeedLog,
+    FeedPage,
+    Fence,
+    JobQueue,
+    JobUpdate,
+    Renewal,
+    RunStore,
+    SharedState,
+    Transition,
+    Window,
+    WorkerCatalog,
+)
+
+T = TypeVar("T")
+FEED_LOG_LINES = 100_000  # log lines the in-memory change feed remembers
+
+
+def copy_run(run: Run, *, full: bool = True) -> Run:
+    """A copy the caller may keep and change: with steps and logs, or (`full=False`) the
+    run's own fields only, as a listing returns them."""
+    if full:
+        return run.model_copy(deep=True)
+    fields = dict(run.__dict__)
+    fields.update(steps=[], logs=[], cursor=list(run.cursor), state=dict(run.state))
+    return construct(Run, fields)
+
+
+def _without_logs(run: Run) -> Run:
+    copy = run.model_copy(deep=True)
+    copy.logs = []
+    for step in copy.steps:
+        step.logs = []
+    return copy
+
+
+def copy_job(job: Job) -> Job:
+    """A snapshot of a job: the queue keeps changing its own object."""
+    fields = dict(job.__dict__)
+    fields["meta"] = dict(job.meta)
+    fields["signals"] = dict(job.signals)
+    return construct(Job, fields)
+
+
+# ---- runs --------------------------------------------------------------------------------
+class MemoryRunStore(RunStore):
+    """Runs in a dict. `check` tells whether a fence still holds (the memory queue's)."""
+
+    def __init__(self, check: Callable[[Fence], bool] | None = None) -> None:
+        self._runs: dict[str, Run] = {}
+        self._cache: dict[tuple[str, str, str], tuple[Any, str, float]] = {}
+        self._check = check
+        self._rev = itertools.count(1)
+        self._changed: OrderedDict[str, int] = OrderedDict()  # run id → rev, oldest first
+        self._logs: deque[FeedLog] = deque(maxlen=FEED_LOG_LINES)
+        self._log_ids = itertools.count(1)
+
+    def _fenced_out(self, fence: Fence | None) -> bool:
+        return fence is not None and self._check is not None and not self._check(fence)
+
+    def save_run(self, run: Run, fence: Fence | None = None) -> None:
+        if self._fenced_out(fence):
+            return
+        # The worker mutates this very object, so it only needs recording once.
+        self._runs[run.id] = run
+        self._changed[run.id] = next(self._rev)
+        self._changed.move_to_end(run.id)
+
+    def add_log(self, run_id: str, line: LogLine, fence: Fence | None = None) -> None:
+        # The line is on the run object already; the feed keeps it for followers.
+        if self._fenced_out(fence):
+            return
+        self._logs.append(FeedLog(next(self._log_ids), run_id, line.step, line.level, line.message))
+
+    def cache_put(
+        self, workflow: str, step: str, key: str, output: Any, run_id: str, ttl_ms: int
+    ) -> None:
+        # Kept as JSON, so a hit hands out a copy, as a database would.
+        self._cache[(workflow, step, key)] = (
+            json.dumps(output),
+            run_id,
+            time.time() + ttl_ms / 1000,
+        )
+
+    async def cache_get(self, workflow: str, step: str, key: str) -> CacheHit | None:
+        entry = self._cache.get((workflow, step, key))
+        if entry is None or entry[2] <= time.time():
+            return None
+        return CacheHit(json.loads(entry[0]), entry[1])
+
+    async def flush(self) -> None:
+        pass
+
+    async def get_run(self, run_id: str) -> Run | None:
+        run = self._runs.get(run_id)
+        return copy_run(run) if run else None
+
+    def _select(self, where: RunFilter | None) -> list[Run]:
+        runs = list(self._runs.values())
+        if where:
+            runs = [run for run in runs if where.matches(run)]
+        return runs
+
+    async def list_runs(
+        self, where: RunFilter | None = None, limit: int = 100, offset: int = 0
+    ) -> list[Run]:
+        runs = self._select(where)
+        runs.sort(key=lambda run: run.created_at, reverse=True)
+        return [copy_run(run, full=False) for run in runs[offset : offset + limit]]
+
+    async def count_runs(self, where: RunFilter | None = None) -> int:
+        return len(self._select(where)) if where else len(self._runs)
+
+    async def runs_by_id(self, run_ids: list[str]) -> list[Run]:
+        found = (self._runs.get(run_id) for run_id in run_ids)
+        return [copy_run(run, full=False) for run in found if run is not None]
+
+    async def pending_runs(self, queues: list[str]) -> list[Run]:
+        wanted = set(queues)
+        return [
+            copy_run(run, full=False)
+            for run in self._runs.values()
+            if run.queue in wanted and run.status in PENDING_RUN_STATUSES
+        ]
+
+    async def purge(self, finished_before: datetime, limit: int = 500) -> int:
+        doomed = [
+            run.id
+            for run in self._runs.values()
+            if run.status in TERMINAL_RUN_STATUSES
+            and run.finished_at is not None
+            and run.finished_at < finished_before
+        ][:limit]
+        for run_id in doomed:
+            del self._runs[run_id]
+            self._changed.pop(run_id, None)
+        now = time.time()
+        for key in [k for k, entry in self._cache.items() if entry[2] <= now]:
+            del self._cache[key]
+        return len(doomed)
+
+    async def feed(self, cursor: FeedCursor, limit: int = 1000) -> FeedPage:
+        changed: list[str] = []
+        for run_id, rev in reversed(self._changed.items()):
+            if rev <= cursor.rev:
+                break
+            changed.append(run_id)
+        changed.reverse()
+        lagged = max(0, len(changed) - limit)
+        changed = changed[lagged:]
+        runs = [_without_logs(self._runs[run_id]) for run_id in changed]
+        logs = [line for line in self._logs if line.id > cursor.log_id]
+        lagged += max(0, len(logs) - limit)
+        logs = logs[-limit:] if len(logs) > limit else logs
+        top = await self.feed_cursor()
+        return FeedPage(runs, logs, top, lagged)
+
+    async def feed_cursor(self) -> FeedCursor:
+        rev = next(reversed(self._changed.values()), 0) if self._changed else 0
+        log_id = self._logs[-1].id if self._logs else 0
+        return FeedCursor(rev, log_id)
+
+
+# ---- jobs --------------------------------------------------------------------------------
+class MemoryQueue(JobQueue):
+    """Jobs in heaps. Heap entries carry the epoch they were pushed at: an entry whose job has
+    moved on since is skipped when it comes up."""
+
+    provider: ClassVar[str] = "memory"
+
+    def __init__(self, runs: RunStore | None = None) -> None:
+        # Where the runs of these jobs are written: this backend's store, or a database's.
+        self.runs: RunStore = runs if runs is not None else MemoryRunStore(self.holds)
+        self._jobs: dict[str, Job] = {}
+        self._ready: dict[str, list[tuple[int, int, str, int]]] = {}
+        self._delayed: dict[str, list[tuple[float, int, str, int]]] = {}
+        self._leases: list[tuple[float, int, str, int]] = []
+        self._active: dict[str, Job] = {}
+        self._finished: deque[tuple[float, str]] = deque()
+        self._signals: dict[str, anyio.Event] = {}
+        self._seq = itertools.count()
+        self._counts: dict[str, dict[JobState, int]] = {}
+        self.changes = 0  # bumped by every write: the backend's change token
+
+    # ---- bookkeeping -----------------------------------------------------------------------
+    def holds(self, fence: Fence) -> bool:
+        job = self._jobs.get(fence.job_id)
+        return job is not None and job.epoch == fence.epoch
+
+    def _count(self, queue: str, state: JobState, delta: int) -> None:
+        counts = self._counts.get(queue)
+        if counts is None:
+            counts = self._counts[queue] = dict.fromkeys(JobState, 0)
+        counts[state] += delta
+
+    def _push(self, job: Job) -> None:
+        """Queue a waiting or delayed job (its count is the caller's)."""
+        if job.run_at is not None and job.run_at.timestamp() > time.time():
+            job.state = JobState.DELAYED
+            heapq.heappush(
+                self._delayed.setdefault(job.queue, []),
+                (job.run_at.timestamp(), next(self._seq), job.id, job.epoch),
+            )
+        else:
+            job.state = JobState.WAITING
+            heapq.heappush(
+                self._ready.setdefault(job.queue, []),
+                (-job.priority, next(self._seq), job.id, job.epoch),
+            )
+        self.wake(job.queue)
+
+    def _live(self, job_id: str, epoch: int, state: JobState) -> Job | None:
+        job = self._jobs.get(job_id)
+        if job is None or job.epoch != epoch or job.state is not state:
+            return None
+        return job
+
+    def wake(self, queue: str) -> None:
+        signal = self._signals.pop(queue, None)
+        if signal is not None:
+            signal.set()
+
+    # ---- adding and claiming ---------------------------------------------------------------
+    async def add(self, jobs: list[Job], runs: list[Run]) -> list[str]:
+        added: list[str] = []
+        by_job = {run.job_id: run for run in runs}
+        for job in jobs:
+            if job.id in self._jobs:
+                continue
+            self._jobs[job.id] = job
+            self._push(job)
+            self._count(job.queue, job.state, 1)
+            run = by_job.get(job.id)
+            if run is not None:
+                self.runs.save_run(run)
+            added.append(job.id)
+        self.changes += 1
+        return added
+
+    def _promote(self, queue: str) -> float | None:
+        """Move due delayed jobs to ready; seconds until the next one is due."""
+        delayed = self._delayed.get(queue)
+        if not delayed:
+            return None
+        now = time.time()
+        while delayed and delayed[0][0] <= now:
+            _, _, job_id, epoch = heapq.heappop(delayed)
+            job = self._live(job_id, epoch, JobState.DELAYED)
+            if job is None:
+                continue
+            self._count(queue, JobState.DELAYED, -1)
+            job.state = JobState.WAITING
+            self._count(queue, JobState.WAITING, 1)
+            heapq.heappush(
+                self._ready.setdefault(queue, []), (-job.priority, next(self._seq), job_id, epoch)
+            )
+        return delayed[0][0] - now if delayed else None
+
+    def _hand_out(
+        self, job: Job, worker: str, lease_s: float, since: float, taken_from: str | None
+    ) -> Claim:
+        job.epoch += 1
+        job.worker = worker
+        job.attempts += 1
+        job.lease_until = datetime.fromtimestamp(time.time() + lease_s, UTC)
+        job.signals = {}
+        self._active[job.id] = job
+        heapq.heappush(
+            self._leases, (job.lease_until.timestamp(), next(self._seq), job.id, job.epoch)
+        )
+        return Claim(copy_job(job), lease_s, since, taken_from)
+
+    def _take_expired(self, queue: str, limit: int, worker: str, lease_s: float) -> list[Claim]:
+        now = time.time()
+        since = time.monotonic()
+        taken: list[Claim] = []
+        kept: list[tuple[float, int, str, int]] = []
+        while self._leases and self._leases[0][0] < now and len(taken) < limit:
+            entry = heapq.heappop(self._leases)
+            job = self._live(entry[2], entry[3], JobState.ACTIVE)
+            if job is None or job.lease_until is None or job.lease_until.timestamp() >= now:
+                continue  # settled, re-claimed or renewed since
+            if job.queue != queue:
+                kept.append(entry)
+                continue
+            taken.append(self._hand_out(job, worker, lease_s, since, job.worker))
+        for entry in kept:
+            heapq.heappush(self._leases, entry)
+        return taken
+
+    def _take_due(
+        self, queue: str, limit: int, worker: str, lease_s: float, forced_only: bool
+    ) -> list[Claim]:
+        ready = self._ready.get(queue)
+        claimed: list[Claim] = []
+        if not ready:
+            return claimed
+        since = time.monotonic()
+        counts = self._counts[queue]
+        skipped: list[tuple[int, int, str, int]] = []
+        while ready and len(claimed) < limit:
+            entry = heapq.heappop(ready)
+            job = self._live(entry[2], entry[3], JobState.WAITING)
+            if job is None:
+                continue
+            if forced_only and not job.force:
+                skipped.append(entry)
+                continue
+            counts[JobState.WAITING] -= 1
+            job.state = JobState.ACTIVE
+            counts[JobState.ACTIVE] += 1
+            claimed.append(self._hand_out(job, worker, lease_s, since, None))
+        for entry in skipped:
+            heapq.heappush(ready, entry)
+        return claimed
+
+    def _claim_now(
+        self, queue: str, limit: int, worker: str, lease_s: float, forced_only: bool
+    ) -> list[Claim]:
+        claimed = self._take_expired(queue, limit, worker, lease_s) if self._leases else []
+        if len(claimed) < limit:
+            if self._delayed.get(queue):
+                self._promote(queue)
+            claimed += self._take_due(queue, limit - len(claimed), worker, lease_s, forced_only)
+        if claimed:
+            self.changes += 1
+        return claimed
+
+    def claim_nowait(self, queue: str, worker: str, lease_s: float) -> Claim | None:
+        claimed = self._claim_now(queue, 1, worker, lease_s, False)
+        return claimed[0] if claimed else None
+
+    async def claim(
+        self,
+        queue: str,
+        limit: int,
+        worker: str,
+        lease_s: float,
+        *,
+        forced_only: bool = False,
+        timeout: float = 0.0,
+    ) -> list[Claim]:
+        with anyio.move_on_after(timeout):
+            while True:
+                claimed = self._claim_now(queue, limit, worker, lease_s, forced_only)
+                if claimed:
+                    return claimed
+                next_due = self._promote(queue)
+                if self._leases:
+                    expiry = self._leases[0][0] - time.time()
+                    next_due = expiry if next_due is None else min(next_due, expiry)
+                signal = self._signals.setdefault(queue, anyio.Event())
+                with anyio.move_on_after(next_due if next_due is not None else timeout):
+                    await signal.wait()
+        return []
+
+    # ---- transitions -----------------------------------------------------------------------
+    def _update(self, job: Job, update: JobUpdate) -> None:
+        if update.state is JobState.ACTIVE:  # the holder keeps it: a new run, nothing else
+            if update.run_id is not None:
+                job.run_id = update.run_id
+            if update.meta is not None:
+                job.meta = dict(update.meta)
+            return
+        self._count(job.queue, job.state, -1)
+        self._active.pop(job.id, None)
+        job.epoch += 1
+        job.worker = None
+        job.lease_until = None
+        job.signals = {}
+        job.force = update.force
+        if update.run_id is not None:
+            job.run_id = update.run_id
+        job.resume = update.resume
+        job.error = update.error
+        if update.meta is not None:
+            job.meta = dict(update.meta)
+        if update.fresh_budget:
+            job.attempts = 0
+        if update.headers is not None:
+            job.headers = update.headers
+        if update.state in (JobState.WAITING, JobState.DELAYED):
+            job.finished_at = None
+            job.run_at = None if update.force else update.run_at
+            self._push(job)
+        else:
+            job.state = update.state
+            job.finished_at = utcnow()
+            self._finished.append((time.time(), job.id))
+        self._count(job.queue, job.state, 1)
+
+    def _apply(self, transition: Transition) -> bool:
+        job = self._jobs.get(transition.job_id)
+        if job is None or job.epoch != transition.epoch:
+            return False
+        if transition.update is not None:
+            self._update(job, transition.update)
+        for run in transition.runs:
+            self.runs.save_run(run)
+        for run_id, line in transition.logs:
+            self.runs.add_log(run_id, line)
+        self.changes += 1
+        return True
+
+    def submit(self, transition: Transition) -> None:
+        self._apply(transition)
+
+    async def apply(self, transition: Transition) -> bool:
+        return self._apply(transition)
+
+    def record(self, run: Run, fence: Fence) -> None:
+        if self.holds(fence):
+            self.runs.save_run(run)
+
+    def record_log(self, run_id: str, line: LogLine, fence: Fence) -> None:
+        if self.holds(fence):
+            self.runs.add_log(run_id, line)
+
+    async def renew(self, worker: str, lease_s: float) -> Renewal:
+        until = time.time() + lease_s
+        held: dict[str, int] = {}
+        signals: dict[str, dict[str, float]] = {}
+        for job in self._active.values():
+            if job.worker != worker:
+                continue
+            job.lease_until = datetime.fromtimestamp(until, UTC)
+            heapq.heappush(self._leases, (until, next(self._seq), job.id, job.epoch))
+            held[job.id] = job.epoch
+            if job.signals:
+                signals[job.id] = dict(job.signals)
+        return Renewal(held, signals)
+
+    async def signal(self, job_id: str, epoch: int, name: str) -> bool:
+        job = self._active.get(job_id)
+        if job is None or job.epoch != epoch:
+            return False
+        job.signals[name] = time.time()
+        self.changes += 1
+        return True
+
+    async def signals_for(self, worker: str) -> dict[str, dict[str, float]]:
+        return {
+            job.id: dict(job.signals)
+            for job in self._active.values()
+            if job.worker == worker and job.signals
+        }
+
+    # ---- reads -----------------------------------------------------------------------------
+    async def get_job(self, job_id: str) -> Job | None:
+        job = self._jobs.get(job_id)
+        return copy_job(job) if job else None
+
+    async def held_by(self, workers: list[str]) -> list[Job]:
+        wanted = set(workers)
+        return [copy_job(job) for job in self._active.values() if job.worker in wanted]
+
+    async def stats(self, queue: str) -> QueueStats:
+        self._promote(queue)
+        counts = self._counts.get(queue) or dict.fromkeys(JobState, 0)
+        return QueueStats(
+            queue=queue,
+            waiting=counts[JobState.WAITING],
+            active=counts[JobState.ACTIVE],
+            completed=counts[JobState.COMPLETED],
+            failed=counts[JobState.FAILED],
+            delayed=counts[JobState.DELAYED],
+            dead=counts[JobState.DEAD],
+            cancelled=counts[JobState.CANCELLED],
+        )
+
+    async def dead_letters(self, queue: str, limit: int = 1000) -> list[Job]:
+        dead = [j for j in self._jobs.values() if j.queue == queue and j.state is JobState.DEAD]
+        dead.sort(key=lambda job: job.finished_at or job.created_at, reverse=True)
+        return [copy_job(job) for job in dead[:limit]]
+
+    async def purge(self, finished_before: datetime) -> int:
+        cutoff = finished_before.timestamp()
+        purged = 0
+        while self._finished and self._finished[0][0] < cutoff:
+            _, job_id = self._finished.popleft()
+            job = self._jobs.get(job_id)
+            if job is None or job.state not in _PURGEABLE or job.finished_at is None:
+                continue  # requeued since, or already gone
+            if job.finished_at.timestamp() >= cutoff:
+                continue
+            del self._jobs[job_id]
+            self._count(job.queue, job.state, -1)
+            purged += 1
+        return purged
+
+
+_PURGEABLE = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED})
+
+
+# ---- shared state ------------------------------------------------------------------------
+class MemoryShared(SharedState):
+    def __init__(self) -> None:
+        self._workers: dict[str, WorkerInfo] = {}
+        self._catalogs: dict[str, WorkerCatalog] = {}
+        self._paused: set[str] = set()
+        self._slots: dict[tuple[str, str], dict[str, tuple[str, float]]] = {}
+        self._slot_of: dict[str, tuple[str, str]] = {}
+        self._windows: dict[tuple[str, str, str], Window] = {}
+        self._leaders: dict[str, tuple[str, float]] = {}
+
+    def heartbeat(self, worker: WorkerInfo) -> None:
+        self._workers[worker.id] = worker.model_copy()
+
+    async def workers(self) -> list[WorkerInfo]:
+        return sorted(self._workers.values(), key=lambda w: w.started_at)
+
+    async def forget_worker(self, worker_id: str) -> None:
+        self._workers.pop(worker_id, None)
+        for holders in self._slots.values():
+            for run_id in [r for r, (w, _) in holders.items() if w == worker_id]:
+                del holders[run_id]
+                self._slot_of.pop(run_id, None)
+
+    def publish_catalog(self, catalog: WorkerCatalog) -> None:
+        self._catalogs[catalog.worker] = catalog
+        for gone in [w for w in self._catalogs if w not in self._workers and w != catalog.worker]:
+            del self._catalogs[gone]
+
+    async def catalogs(self) -> list[WorkerCatalog]:
+        return sorted(self._catalogs.values(), key=lambda c: c.updated_at)
+
+    async def paused_queues(self) -> set[str]:
+        return set(self._paused)
+
+    async def set_paused(self, queue: str, paused: bool) -> None:
+        if paused:
+            self._paused.add(queue)
+        else:
+            self._paused.discard(queue)
+
+    async def acquire_slot(
+        self, workflow: str, key: str, limit: int, run_id: str, worker: str, lease_s: float
+    ) -> tuple[bool, int]:
+        now = time.time()
+        holders = self._slots.setdefault((workflow, key), {})
+        for gone in [r for r, (w, until) in holders.items() if until < now]:
+            del holders[gone]
+            self._slot_of.pop(gone, None)
+        if run_id in holders:
+            return True, len(holders)
+        if len(holders) >= limit:
+            return False, len(holders)
+        holders[run_id] = (worker, now + lease_s)
+        self._slot_of[run_id] = (workflow, key)
+        return True, len(holders)
+
+    def release_slot(self, run_id: str) -> None:
+        slot = self._slot_of.pop(run_id, None)
+        if slot is not None:
+            self._slots.get(slot, {}).pop(run_id, None)
+
+    def renew_slots(self, worker: str, lease_s: float) -> None:
+        until = time.time() + lease_s
+        for holders in self._slots.values():
+            for run_id, (holder, _) in list(holders.items()):
+                if holder == worker:
+                    holders[run_id] = (holder, until)
+
+    async def slot_holders(self, workflow: str, key: str) -> list[str]:
+        now = time.time()
+        holders = self._slots.get((workflow, key), {})
+        return [run_id for run_id, (_, until) in holders.items() if until >= now]
+
+    async def update_window(
+        self,
+        workflow: str,
+        key: str,
+        mode: str,
+        decide: Callable[[Window | None], tuple[T, Window | None, bool]],
+    ) -> T:
+        result, window, write = decide(self._windows.get((workflow, key, mode)))
+        if write:
+            if window is None:
+                self._windows.pop((workflow, key, mode), None)
+            else:
+                self._windows[(workflow, key, mode)] = window
+        return result
+
+    async def close_windows(self, before: float) -> None:
+        for gone in [k for k, w in self._windows.items() if k[2] == "leading" and w.until < before]:
+            del self._windows[gone]
+
+    async def try_lead(self, chore: str, worker: str, ttl_s: float) -> bool:
+        now = time.time()
+        holder = self._leaders.get(chore)
+        if holder is not None and holder[0] != worker and holder[1] >= now:
+            return False
+        self._leaders[chore] = (worker, now + ttl_s)
+        return True
+
+    async def resign(self, chore: str, worker: str) -> None:
+        holder = self._leaders.get(chore)
+        if holder is not None and holder[0] == worker:
+            del self._leaders[chore]
+
+
+# ---- the backend -------------------------------------------------------------------------
+class MemoryBackend(Backend):
+    kind: ClassVar[str] = "memory"
+    multi_process: ClassVar[bool] = False
+
+    def __init__(self) -> None:
+        self.location = "memory"
+        self._queue = MemoryQueue()
+        self.runs = self._queue.runs
+        self.shared = MemoryShared()
+
+    async def __aenter__(self) -> MemoryBackend:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+    def queue(self, provider: str | None) -> JobQueue:
+        if provider in (None, "memory"):
+            return self._queue
+        raise ValueError(
+            f"the {provider} queue needs a database: pass database=... to Engine "
+            "(or use provider='memory')"
+        )
+
+    @property
+    def queues(self) -> tuple[JobQueue, ...]:
+        return (self._queue,)
+
+    async def change_token(self) -> int:
+        return self._queue.changes
+
+    async def health(self) -> dict[str, Any]:
+        return {"ok": True, "backend": "memory"}
+
+
+__all__ = [
+    "MemoryBackend",
+    "MemoryQueue",
+    "MemoryRunStore",
+    "MemoryShared",
+    "copy_job",
+    "copy_run",
+]

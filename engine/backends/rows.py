@@ -1,0 +1,391 @@
+"""Records as table rows and back, and a RunFilter as a WHERE clause: shared by the SQL
+backends (SQLite and PostgreSQL), whose dialect files differ only in placeholders and types.
+
+Times are epoch seconds (floats); JSON values are text; booleans are integers.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ..filters import RunFilter
+from ..models import (
+    TERMINAL_RUN_STATUSES,
+    Attempt,
+    AttemptStatus,
+    Job,
+    JobState,
+    Run,
+    RunStatus,
+    StepRun,
+    StepStatus,
+    from_epoch,
+    to_epoch,
+)
+from ..records import construct
+
+RUN_COLUMNS = (
+    "id",
+    "workflow_name",
+    "workflow_version",
+    "queue",
+    "job_id",
+    "status",
+    "input",
+    "headers",
+    "output",
+    "error",
+    "error_step",
+    "priority",
+    "job_attempt",
+    "created_at",
+    "started_at",
+    "finished_at",
+    "run_at",
+    "wait_until",
+    "replay_of",
+    "replay_from_step",
+    "parent_run_id",
+    "depth",
+    "worker",
+    "cursor",
+    "state",
+    "attempts",
+    "failed_attempts",
+)
+STEP_COLUMNS = (
+    "run_id",
+    "idx",
+    "name",
+    "kind",
+    "status",
+    "started_at",
+    "finished_at",
+    "input",
+    "output",
+    "error",
+    "max_attempts",
+    "cached_from",
+    "wait_until",
+    "timed_out",
+    "tags",
+    "parent",
+    "child_run_id",
+)
+ATTEMPT_COLUMNS = (
+    "run_id",
+    "step_idx",
+    "number",
+    "status",
+    "started_at",
+    "finished_at",
+    "error",
+    "error_type",
+    "traceback",
+    "backoff_ms",
+)
+JOB_COLUMNS = (
+    "id",
+    "queue",
+    "workflow_name",
+    "payload",
+    "headers",
+    "priority",
+    "state",
+    "run_at",
+    "attempts",
+    "max_retries",
+    "run_id",
+    "created_at",
+    "finished_at",
+    "error",
+    "worker",
+    "lease_until",
+    "resume",
+    "meta",
+    "epoch",
+    "signals",
+    "forced",
+)
+
+_dumps = json.dumps
+
+
+def dump(value: Any) -> str | None:
+    return None if value is None else _dumps(value, default=str)
+
+
+def load(value: str | None) -> Any:
+    return None if value is None else json.loads(value)
+
+
+# ---- runs --------------------------------------------------------------------------------
+def run_row(run: Run) -> tuple[Any, ...]:
+    return (
+        run.id,
+        run.workflow_name,
+        run.workflow_version,
+        run.queue,
+        run.job_id,
+        str(run.status),
+        dump(run.input),
+        dump(run.headers) if run.headers else None,
+        dump(run.output),
+        run.error,
+        run.error_step,
+        run.priority,
+        run.job_attempt,
+        run.created_at.timestamp(),
+        to_epoch(run.started_at),
+        to_epoch(run.finished_at),
+        to_epoch(run.run_at),
+        to_epoch(run.wait_until),
+        run.replay_of,
+        run.replay_from_step,
+        run.parent_run_id,
+        run.depth,
+        run.worker,
+        dump(run.cursor) if run.cursor else None,
+        dump(run.state) if run.state else None,
+        run.attempts,
+        run.failed_attempts,
+    )
+
+
+def step_row(run_id: str, step: StepRun) -> tuple[Any, ...]:
+    return (
+        run_id,
+        step.index,
+        step.name,
+        step.kind,
+        str(step.status),
+        to_epoch(step.started_at),
+        to_epoch(step.finished_at),
+        dump(step.input),
+        dump(step.output),
+        step.error,
+        step.max_attempts,
+        step.cached_from,
+        to_epoch(step.wait_until),
+        int(step.timed_out),
+        dump(step.tags) if step.tags else None,
+        step.parent,
+        step.child_run_id,
+    )
+
+
+def attempt_row(run_id: str, step_index: int, attempt: Attempt) -> tuple[Any, ...]:
+    return (
+        run_id,
+        step_index,
+        attempt.number,
+        str(attempt.status),
+        attempt.started_at.timestamp(),
+        to_epoch(attempt.finished_at),
+        attempt.error,
+        attempt.error_type,
+        attempt.traceback,
+        attempt.backoff_ms,
+    )
+
+
+def run_from_row(row: Mapping[str, Any]) -> Run:
+    return construct(
+        Run,
+        dict(
+            id=row["id"],
+            workflow_name=row["workflow_name"],
+            workflow_version=row["workflow_version"],
+            queue=row["queue"],
+            job_id=row["job_id"],
+            status=RunStatus(row["status"]),
+            input=load(row["input"]),
+            headers=load(row["headers"]) or {},
+            output=load(row["output"]),
+            error=row["error"],
+            error_step=row["error_step"],
+            priority=row["priority"],
+            job_attempt=row["job_attempt"],
+            created_at=from_epoch(row["created_at"]),
+            started_at=from_epoch(row["started_at"]),
+            finished_at=from_epoch(row["finished_at"]),
+            run_at=from_epoch(row["run_at"]),
+            wait_until=from_epoch(row["wait_until"]),
+            replay_of=row["replay_of"],
+            replay_from_step=row["replay_from_step"],
+            parent_run_id=row["parent_run_id"],
+            depth=row["depth"],
+            worker=row["worker"],
+            attempts=row["attempts"],
+            failed_attempts=row["failed_attempts"],
+            cursor=load(row["cursor"]) or [],
+            state=load(row["state"]) or {},
+            steps=[],
+            logs=[],
+        ),
+    )
+
+
+def step_from_row(row: Mapping[str, Any]) -> StepRun:
+    return construct(
+        StepRun,
+        dict(
+            index=row["idx"],
+            name=row["name"],
+            kind=row["kind"],
+            status=StepStatus(row["status"]),
+            started_at=from_epoch(row["started_at"]),
+            finished_at=from_epoch(row["finished_at"]),
+            input=load(row["input"]),
+            output=load(row["output"]),
+            error=row["error"],
+            max_attempts=row["max_attempts"],
+            attempts=[],
+            logs=[],
+            cached_from=row["cached_from"],
+            wait_until=from_epoch(row["wait_until"]),
+            timed_out=bool(row["timed_out"]),
+            tags=load(row["tags"]) or [],
+            parent=row["parent"],
+            child_run_id=row["child_run_id"],
+        ),
+    )
+
+
+def attempt_from_row(row: Mapping[str, Any]) -> Attempt:
+    return construct(
+        Attempt,
+        dict(
+            number=row["number"],
+            status=AttemptStatus(row["status"]),
+            started_at=from_epoch(row["started_at"]),
+            finished_at=from_epoch(row["finished_at"]),
+            error=row["error"],
+            error_type=row["error_type"],
+            traceback=row["traceback"],
+            backoff_ms=row["backoff_ms"],
+        ),
+    )
+
+
+def assemble(
+    runs: list[Run], steps: list[Mapping[str, Any]], attempts: list[Mapping[str, Any]]
+) -> None:
+    """Put step and attempt rows (ordered by run, index, number) on their runs."""
+    by_run = {run.id: run for run in runs}
+    found: dict[tuple[str, int], StepRun] = {}
+    for row in steps:
+        run = by_run.get(row["run_id"])
+        if run is not None:
+            step = step_from_row(row)
+            run.steps.append(step)
+            found[(run.id, step.index)] = step
+    for row in attempts:
+        owner = found.get((row["run_id"], row["step_idx"]))
+        if owner is not None:
+            owner.attempts.append(attempt_from_row(row))
+
+
+# ---- jobs --------------------------------------------------------------------------------
+def job_row(job: Job) -> tuple[Any, ...]:
+    """A new job's row, in JOB_COLUMNS order."""
+    return (
+        job.id,
+        job.queue,
+        job.workflow_name,
+        dump(job.payload) if job.payload is not None else "null",
+        dump(job.headers) if job.headers else None,
+        job.priority,
+        str(job.state),
+        to_epoch(job.run_at),
+        job.attempts,
+        job.max_retries,
+        job.run_id,
+        job.created_at.timestamp(),
+        None,
+        None,
+        None,
+        None,
+        int(job.resume),
+        dump(job.meta) if job.meta else None,
+        job.epoch,
+        None,
+        int(job.force),
+    )
+
+
+def job_from_row(row: Mapping[str, Any]) -> Job:
+    return construct(
+        Job,
+        dict(
+            id=row["id"],
+            queue=row["queue"],
+            workflow_name=row["workflow_name"],
+            payload=load(row["payload"]),
+            headers=load(row["headers"]) or {},
+            priority=row["priority"],
+            state=JobState(row["state"]),
+            run_at=from_epoch(row["run_at"]),
+            attempts=row["attempts"],
+            max_retries=row["max_retries"],
+            run_id=row["run_id"],
+            created_at=from_epoch(row["created_at"]),
+            finished_at=from_epoch(row["finished_at"]),
+            error=row["error"],
+            worker=row["worker"],
+            resume=bool(row["resume"]),
+            meta=load(row["meta"]) or {},
+            epoch=row["epoch"],
+            lease_until=from_epoch(row["lease_until"]),
+            signals=load(row["signals"]) or {},
+            force=bool(row["forced"]),
+        ),
+    )
+
+
+# ---- filters -----------------------------------------------------------------------------
+LIVE_STATUSES = ("queued", "delayed", "running", "waiting")
+TERMINAL = tuple(str(s) for s in TERMINAL_RUN_STATUSES)
+
+
+def where_clause(where: RunFilter | None, mark: Callable[[], str]) -> tuple[str, list[Any]]:
+    """`where` as " WHERE ..." over the runs table, with `mark()` giving each placeholder."""
+    if where is None:
+        return "", []
+    clauses: list[str] = []
+    params: list[Any] = []
+
+    def marks(values: tuple[Any, ...] | list[Any]) -> str:
+        params.extend(values)
+        return ", ".join(mark() for _ in values)
+
+    if where.status:
+        clauses.append(f"status IN ({marks(where.status)})")
+    if where.workflow:
+        clauses.append(f"workflow_name = {marks([where.workflow])}")
+    if where.queue:
+        clauses.append(f"queue = {marks([where.queue])}")
+    if where.job_id:
+        clauses.append(f"job_id = {marks([where.job_id])}")
+    if where.workers is not None:
+        clauses.append(f"worker IN ({marks(where.workers) or 'NULL'})")
+    if where.finished_after is not None:
+        clauses.append(f"finished_at >= {marks([where.finished_after])}")
+    if where.retrying:
+        clauses.append(
+            f"status IN ({marks(LIVE_STATUSES)}) AND (failed_attempts > 0 OR job_attempt > 1)"
+        )
+    cutoffs = where.stuck_before()
+    if cutoffs is not None:
+        parts = [
+            f"(workflow_name = {marks([workflow])} AND started_at < {marks([cutoff])})"
+            for workflow, cutoff in cutoffs.items()
+        ]
+        clauses.append(f"status = 'running' AND ({' OR '.join(parts) or '1 = 0'})")
+    if where.text:
+        like = f"%{where.text}%"
+        fields = ("id", "job_id", "workflow_name", "queue", "status", "error")
+        clauses.append("(" + " OR ".join(f"{f} LIKE {marks([like])}" for f in fields) + ")")
+    return (" WHERE " + " AND ".join(clauses)) if clauses else "", params

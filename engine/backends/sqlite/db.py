@@ -1,0 +1,419 @@
+"""One SQLite file: its connections, its migrations, and the writer that batches every write.
+
+Every write the engine makes goes through one writer that batches them: whatever piled up while
+the previous batch was committing is written in the next transaction, in order, in a single hop
+to the writer thread. A batch writes, in this order: the latest state of every run saved since
+the last batch (one row per table however often it changed), the queued statements, then the
+functions that must run inside a transaction and see its result (claims, fenced transitions).
+A run's rows carry their fence: they land only if the job is still at the epoch the writer of
+the run claimed it at, checked inside the same transaction.
+
+Reads go through aiosqlite on their own connection; WAL lets them run beside the writer.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import stat
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+import aiosqlite
+import anyio
+import anyio.lowlevel
+
+from ...errors import DatabaseError
+from ...models import Run
+from ..base import Fence
+from ..rows import ATTEMPT_COLUMNS, RUN_COLUMNS, STEP_COLUMNS, attempt_row, run_row, step_row
+from .schema import MIGRATIONS, SCHEMA_VERSION
+
+log = logging.getLogger("blok.sqlite")
+T = TypeVar("T")
+
+BUSY_TIMEOUT_MS = 10_000
+FENCE = " WHERE ?1 IS NULL OR (SELECT epoch FROM jobs WHERE id = ?1) = ?2"
+
+
+def _fenced_insert(table: str, columns: tuple[str, ...]) -> str:
+    """INSERT of one row that lands only if the fence holds: params (job id or NULL, epoch,
+    then the row). A NULL job id means no fence."""
+    values = ", ".join(f"?{i + 3}" for i in range(len(columns)))
+    return f"INSERT INTO {table} ({', '.join(columns)}) SELECT {values}" + FENCE
+
+
+# `rev` orders run changes across processes: every write of a run row takes max(rev) + 1 inside
+# its transaction, so a follower reads the changed runs in commit order (`WHERE rev > ?`).
+UPSERT_RUN = (
+    f"INSERT INTO runs ({', '.join(RUN_COLUMNS)}, rev)"
+    f" SELECT {', '.join(f'?{i + 3}' for i in range(len(RUN_COLUMNS)))},"
+    " (SELECT coalesce(max(rev), 0) + 1 FROM runs)"
+    + FENCE
+    + " ON CONFLICT(id) DO UPDATE SET "
+    + ", ".join(f"{c} = excluded.{c}" for c in RUN_COLUMNS if c != "id")
+    + ", rev = excluded.rev"
+)
+UPSERT_STEP = _fenced_insert("steps", STEP_COLUMNS).replace("INSERT INTO", "INSERT OR REPLACE INTO")
+UPSERT_ATTEMPT = _fenced_insert("attempts", ATTEMPT_COLUMNS).replace(
+    "INSERT INTO", "INSERT OR REPLACE INTO"
+)
+INSERT_LOG = _fenced_insert("logs", ("run_id", "step_idx", "ts", "level", "message"))
+
+
+def run_rows(
+    run: Run, fence: Fence | None
+) -> tuple[tuple[Any, ...], list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """The run's rows (run, steps, attempts), each with its fence in front."""
+    head = (fence.job_id, fence.epoch) if fence is not None else (None, None)
+    steps: list[tuple[Any, ...]] = []
+    attempts: list[tuple[Any, ...]] = []
+    for step in run.steps:
+        steps.append((*head, *step_row(run.id, step)))
+        for attempt in step.attempts:
+            attempts.append((*head, *attempt_row(run.id, step.index, attempt)))
+    return (*head, *run_row(run)), steps, attempts
+
+
+def write_runs(conn: sqlite3.Connection, runs: list[tuple[Run, Fence | None]]) -> None:
+    if not runs:
+        return
+    rows, steps, attempts = [], [], []
+    for run, fence in runs:
+        row, run_steps, run_attempts = run_rows(run, fence)
+        rows.append(row)
+        steps.extend(run_steps)
+        attempts.extend(run_attempts)
+    conn.executemany(UPSERT_RUN, rows)
+    if steps:
+        conn.executemany(UPSERT_STEP, steps)
+    if attempts:
+        conn.executemany(UPSERT_ATTEMPT, attempts)
+
+
+@dataclass
+class InTransaction(Generic[T]):
+    """A function riding in the writer's next transaction; `done` once it committed."""
+
+    fn: Callable[[sqlite3.Connection], T]
+    done: anyio.Event = field(default_factory=anyio.Event)
+    result: T | None = None
+    error: BaseException | None = None
+
+
+@dataclass
+class _Batch:
+    """A batch taken by the writer; `committed` once written (by the writer or flush_now)."""
+
+    runs: list[tuple[Run, Fence | None]]
+    ops: list[tuple[str, tuple[Any, ...]]]
+    calls: list[InTransaction[Any]]
+    committed: bool = False
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=10)
+    conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+    conn.execute("PRAGMA journal_mode = WAL")
+    # NORMAL in WAL mode: a commit survives a process crash (kill -9); only an OS crash or
+    # power loss may lose the last transactions. fsync on every batch would cap throughput.
+    conn.execute("PRAGMA synchronous = NORMAL")
+    conn.execute("PRAGMA foreign_keys = OFF")
+    conn.row_factory = sqlite3.Row
+    return conn
+
+
+def migrate(conn: sqlite3.Connection, path: Path, *, create: bool) -> None:
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+    except sqlite3.DatabaseError as error:
+        raise DatabaseError(f"{path}: not a usable SQLite database ({error})") from error
+    try:
+        known = conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'"
+        ).fetchone()
+        if known is None:
+            tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+            if not create or tables:
+                # Another program's database, or one a read-only command must not touch.
+                raise DatabaseError(
+                    f"{path}: not a blok database"
+                    + (
+                        f" (it holds {tables} other table(s); blok will not add its own)"
+                        if tables
+                        else " (start a worker on it first: blok-tui worker --db PATH)"
+                    )
+                )
+            conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+        row = conn.execute("SELECT max(version) FROM schema_version").fetchone()
+        current = row[0] or 0
+        if current > SCHEMA_VERSION:
+            raise DatabaseError(
+                f"{path}: written by a newer blok-tui (schema {current}, this one knows "
+                f"{SCHEMA_VERSION}); upgrade blok-tui"
+            )
+        for version in range(current + 1, SCHEMA_VERSION + 1):
+            for statement in MIGRATIONS[version].split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            conn.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
+class SqliteDatabase:
+    """The file: a batching writer on one connection, reads on an aiosqlite one."""
+
+    def __init__(self, path: str | os.PathLike[str], *, create: bool = True) -> None:
+        self.path = Path(path)
+        self.create = create
+        self._writer: sqlite3.Connection | None = None
+        self._reader: aiosqlite.Connection | None = None
+        self._runs: dict[str, tuple[Run, Fence | None]] = {}
+        self._ops: list[tuple[str, tuple[Any, ...]]] = []
+        self._calls: list[InTransaction[Any]] = []
+        self._flushers: list[anyio.Event] = []
+        self._wake = anyio.Event()
+        self._failure: BaseException | None = None
+        self._inflight: _Batch | None = None
+        self._committing = False  # a batch taken but not committed yet: flush waits for it
+        self._limiter = anyio.CapacityLimiter(1)
+        self._lock = threading.Lock()
+        self._version = 0
+        self.batches = 0
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    async def open(self) -> None:
+        if not self.create and not self.path.is_file():
+            raise DatabaseError(
+                f"{self.path}: no such database (start a worker on it first: "
+                f"blok-tui worker --db {self.path})"
+            )
+        try:
+            if not self.path.parent.exists():
+                self.path.parent.mkdir(parents=True, mode=0o700)
+        except OSError as error:
+            raise DatabaseError(f"{self.path.parent}: cannot create folder ({error})") from error
+        if self.path.exists() and not os.access(self.path, os.W_OK):
+            raise DatabaseError(f"{self.path}: the database file is not writable")
+        if not os.access(self.path.parent, os.W_OK):
+            raise DatabaseError(
+                f"{self.path.parent}: the database folder is not writable "
+                "(SQLite needs to create its -wal and -shm files there)"
+            )
+        new = not self.path.exists()
+        try:
+            self._writer = await anyio.to_thread.run_sync(_connect, self.path)
+            await anyio.to_thread.run_sync(
+                lambda: migrate(self._writer, self.path, create=self.create)  # type: ignore[arg-type]
+            )
+        except sqlite3.DatabaseError as error:
+            self._close_writer()
+            raise DatabaseError(f"{self.path}: not a usable SQLite database ({error})") from error
+        except BaseException:
+            self._close_writer()
+            raise
+        if new:
+            for suffix in ("", "-wal", "-shm"):
+                target = Path(f"{self.path}{suffix}")
+                if target.exists():
+                    target.chmod(stat.S_IRUSR | stat.S_IWUSR)
+        self._reader = await aiosqlite.connect(self.path, timeout=10)
+        await self._reader.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        self._reader.row_factory = sqlite3.Row
+
+    def _close_writer(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    async def close(self) -> None:
+        # Closed while the engine's task group is being cancelled: the reader's close is
+        # shielded, as an aiosqlite connection left open keeps its non-daemon thread alive and
+        # the process never exits.
+        try:
+            if self._writer is not None and self._failure is None:
+                with anyio.CancelScope(shield=True), anyio.move_on_after(10):
+                    await self.flush()
+        finally:
+            # Cancelled (the process is going down) or not, what is pending gets committed.
+            self.flush_now()
+            if self._reader is not None:
+                with anyio.CancelScope(shield=True):
+                    await self._reader.close()
+                self._reader = None
+            self._close_writer()
+
+    # ---- writes ----------------------------------------------------------------------------
+    def write(self, sql: str, params: tuple[Any, ...]) -> None:
+        """Queue one statement for the next batch."""
+        self._ops.append((sql, params))
+        self._wake.set()
+
+    def save(self, run: Run, fence: Fence | None) -> None:
+        """Queue the run's rows (its latest state when the batch is written)."""
+        self._runs[run.id] = (run, fence)
+        self._wake.set()
+
+    async def transaction(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run `fn` inside the next write transaction and return its result once committed.
+        An error it raises is its caller's; the rest of the batch still commits."""
+        call: InTransaction[T] = InTransaction(fn)
+        self._calls.append(call)
+        self._wake.set()
+        await call.done.wait()
+        if call.error is not None:
+            raise call.error
+        return call.result  # type: ignore[return-value]
+
+    def _pending(self) -> bool:
+        return bool(self._ops or self._calls or self._runs or self._flushers or self._committing)
+
+    async def flush(self) -> None:
+        """Wait until everything queued so far is committed."""
+        if self._failure is not None:
+            raise DatabaseError(f"{self.path}: the writer failed") from self._failure
+        if not self._pending():
+            return
+        done = anyio.Event()
+        self._flushers.append(done)
+        self._wake.set()
+        await done.wait()
+        if self._failure is not None:
+            raise DatabaseError(f"{self.path}: the writer failed") from self._failure
+
+    def _take(self) -> _Batch:
+        runs = list(self._runs.values())
+        self._runs = {}
+        ops, self._ops = self._ops, []
+        calls, self._calls = self._calls, []
+        return _Batch(runs, ops, calls)
+
+    async def writer_loop(self) -> None:
+        """The one task that commits; run it in the backend's task group."""
+        while True:
+            await self._wake.wait()
+            # One turn of the event loop first: the tasks woken with us (a finished job's
+            # worker slot, the claim loop it pokes) add their writes to this batch instead of
+            # waiting a whole commit for the next one.
+            await anyio.lowlevel.checkpoint()
+            self._wake = anyio.Event()
+            batch = self._take()
+            flushers, self._flushers = self._flushers, []
+            if batch.runs or batch.ops or batch.calls:
+                self._committing = True
+                self._inflight = batch
+                try:
+                    await anyio.to_thread.run_sync(self._commit, batch, limiter=self._limiter)
+                except BaseException as error:
+                    self._failure = error
+                    for call in batch.calls:
+                        call.error = error
+                        call.done.set()
+                    for flusher in flushers:
+                        flusher.set()
+                    raise
+                finally:
+                    self._committing = False
+                self.batches += 1
+            for call in batch.calls:
+                call.done.set()
+            for flusher in flushers:
+                flusher.set()
+
+    def _commit(self, batch: _Batch) -> None:
+        conn = self._writer
+        assert conn is not None
+        with self._lock:
+            # flush_now() may have committed this batch already, to keep the order of writes.
+            if not batch.committed:
+                self._commit_locked(conn, batch)
+                batch.committed = True
+
+    @staticmethod
+    def _commit_locked(conn: sqlite3.Connection, batch: _Batch) -> None:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            write_runs(conn, batch.runs)
+            # Consecutive statements with the same SQL go in one executemany.
+            ops = batch.ops
+            i = 0
+            while i < len(ops):
+                sql = ops[i][0]
+                j = i
+                while j < len(ops) and ops[j][0] == sql:
+                    j += 1
+                conn.executemany(sql, [params for _, params in ops[i:j]])
+                i = j
+            for call in batch.calls:
+                conn.execute("SAVEPOINT call")
+                try:
+                    call.result = call.fn(conn)
+                except Exception as error:
+                    # A call's own failure is its caller's: its writes are undone, the batch
+                    # still commits.
+                    conn.execute("ROLLBACK TO call")
+                    call.error = error
+                conn.execute("RELEASE call")
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
+    def flush_now(self) -> None:
+        """Commit everything pending from the calling thread, without the event loop: for a
+        process that is going down (an unhandled error, a cancelled close)."""
+        conn = self._writer
+        if conn is None or self._failure is not None:
+            return
+        batch = self._take()
+        calls, batch.calls = batch.calls, []  # nobody is left to read their results
+        with self._lock:
+            # The writer thread may hold an older batch it has not committed yet: it goes
+            # first, or its stale rows would land on top of these.
+            inflight = self._inflight
+            if inflight is not None and not inflight.committed:
+                self._commit_locked(conn, inflight)
+                inflight.committed = True
+            if batch.runs or batch.ops:
+                self._commit_locked(conn, batch)
+        for call in calls:
+            call.error = DatabaseError(f"{self.path}: closed before the write was made")
+
+    # ---- reads -----------------------------------------------------------------------------
+    @property
+    def reader(self) -> aiosqlite.Connection:
+        if self._reader is None:
+            raise DatabaseError(f"{self.path}: database is not open")
+        return self._reader
+
+    # Each read is one call into the reader's thread that runs the statement to its end: a
+    # cursor left open between calls would pin the connection's snapshot, and the other tasks'
+    # reads interleaved meanwhile would miss what was committed after it opened.
+    async def fetchall(self, sql: str, params: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
+        return list(await self.reader.execute_fetchall(sql, params))
+
+    async def fetchone(self, sql: str, params: tuple[Any, ...] = ()) -> sqlite3.Row | None:
+        """The first row of a query that returns one (it reads them all)."""
+        rows = list(await self.reader.execute_fetchall(sql, params))
+        return rows[0] if rows else None
+
+    def data_version(self) -> int:
+        """A number that moves when another connection (another process, another engine)
+        committed: asked of the writer's connection, so this process's own batches do not
+        move it. Non-blocking: while a batch commits, the last number read stands."""
+        conn = self._writer
+        if conn is None or not self._lock.acquire(blocking=False):
+            return self._version
+        try:
+            self._version = int(conn.execute("PRAGMA data_version").fetchone()[0])
+        finally:
+            self._lock.release()
+        return self._version

@@ -1,0 +1,357 @@
+"""Jobs on SQLite: claims under a lease with a fencing token, fenced transitions, signals.
+
+A claim is one UPDATE … RETURNING inside the writer's transaction. It takes due jobs and, in
+the same statement, jobs whose lease ran out, noting the worker that lost them in `taken_from`
+and bumping the epoch, so the late worker's writes are refused from then on.
+
+A claim takes up to four times what was asked (like Celery's default prefetch) and keeps the
+extra ahead, so that a worker slot that frees up starts its next job without a round trip to
+the writer, which is what bounds a busy SQLite queue. Jobs claimed ahead are `active` under this
+worker's lease in the file; `stats` counts them as waiting since nothing runs them yet, and a
+pause, a stop or a lost lease hands them back.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections import deque
+from datetime import datetime
+from functools import partial
+from typing import Any, ClassVar
+
+import anyio
+
+from ...models import Job, JobState, LogLine, QueueStats, Run, to_epoch
+from ..base import Claim, Fence, JobQueue, JobUpdate, Renewal, Transition
+from ..rows import JOB_COLUMNS, dump, job_from_row, job_row
+from .db import INSERT_LOG, SqliteDatabase, write_runs
+from .store import log_row
+
+SELECT_JOB = f"SELECT {', '.join(JOB_COLUMNS)} FROM jobs"
+INSERT_JOB = (
+    f"INSERT INTO jobs ({', '.join(JOB_COLUMNS)}) VALUES ({', '.join('?' * len(JOB_COLUMNS))})"
+    " ON CONFLICT(id) DO NOTHING"
+)
+UPDATE_JOB = (
+    "UPDATE jobs SET state = ?, run_id = coalesce(?, run_id), run_at = ?, resume = ?, error = ?,"
+    " meta = coalesce(?, meta), attempts = CASE WHEN ? THEN 0 ELSE attempts END, forced = ?,"
+    " headers = coalesce(?, headers), finished_at = ?, worker = NULL, lease_until = NULL,"
+    " signals = NULL, epoch = epoch + 1 WHERE id = ? AND epoch = ?"
+)
+# The holder's own update while it keeps the job: a new run after a takeover.
+UPDATE_HELD = (
+    "UPDATE jobs SET run_id = coalesce(?, run_id), meta = coalesce(?, meta)"
+    " WHERE id = ? AND epoch = ?"
+)
+
+
+def update_params(job_id: str, epoch: int, update: JobUpdate) -> tuple[str, tuple[Any, ...]]:
+    meta = json.dumps(update.meta) if update.meta is not None else None
+    if update.state is JobState.ACTIVE:
+        return UPDATE_HELD, (update.run_id, meta, job_id, epoch)
+    pending = update.state in (JobState.WAITING, JobState.DELAYED)
+    run_at = None if update.force or not pending else to_epoch(update.run_at)
+    state = update.state
+    if pending:
+        state = (
+            JobState.DELAYED if run_at is not None and run_at > time.time() else JobState.WAITING
+        )
+    return UPDATE_JOB, (
+        str(state),
+        update.run_id,
+        run_at,
+        int(update.resume),
+        update.error,
+        meta,
+        int(update.fresh_budget),
+        int(update.force),
+        dump(update.headers) if update.headers is not None else None,
+        None if pending else time.time(),
+        job_id,
+        epoch,
+    )
+
+
+def _claim(
+    conn: sqlite3.Connection,
+    queue: str,
+    limit: int,
+    worker: str,
+    lease_s: float,
+    forced_only: bool,
+) -> tuple[list[tuple[Job, str | None]], float | None]:
+    """Inside the writer's transaction: take due jobs and jobs whose lease ran out."""
+    now = time.time()
+    forced = " AND forced = 1" if forced_only else ""
+    rows = conn.execute(
+        "UPDATE jobs SET taken_from = CASE WHEN state = 'active' THEN worker END,"
+        " state = 'active', worker = ?, lease_until = ?, attempts = attempts + 1,"
+        " epoch = epoch + 1, signals = NULL"
+        " WHERE seq IN (SELECT seq FROM ("
+        "   SELECT seq, priority FROM jobs WHERE queue = ? AND state IN ('waiting', 'delayed')"
+        f"   AND (run_at IS NULL OR run_at <= ?){forced}"
+        "   UNION ALL"
+        "   SELECT seq, priority FROM jobs WHERE queue = ? AND state = 'active'"
+        "   AND lease_until < ?"
+        " ) ORDER BY priority DESC, seq LIMIT ?)"
+        f" RETURNING {', '.join(JOB_COLUMNS)}, seq, taken_from",
+        (worker, now + lease_s, queue, now, queue, now, limit),
+    ).fetchall()
+    # RETURNING does not keep the subquery's order.
+    rows.sort(key=lambda r: (-r["priority"], r["seq"]))
+    claimed = [(job_from_row(row), row["taken_from"]) for row in rows]
+    next_due = None
+    if not claimed:
+        row = conn.execute(
+            "SELECT min(run_at) FROM jobs WHERE queue = ? AND state = 'delayed'", (queue,)
+        ).fetchone()
+        next_due = row[0] if row else None
+    return claimed, next_due
+
+
+class SqliteQueue(JobQueue):
+    provider: ClassVar[str] = "sqlite"
+
+    def __init__(self, db: SqliteDatabase, poll_s: float = 0.05) -> None:
+        self.db = db
+        self.poll_s = poll_s
+        self._signals: dict[str, anyio.Event] = {}
+        self._ahead: dict[str, deque[Claim]] = {}
+
+    def wake(self, queue: str) -> None:
+        signal = self._signals.pop(queue, None)
+        if signal is not None:
+            signal.set()
+
+    # ---- adding and claiming ---------------------------------------------------------------
+    async def add(self, jobs: list[Job], runs: list[Run]) -> list[str]:
+        by_job = {run.job_id: run for run in runs}
+
+        def add(conn: sqlite3.Connection) -> list[str]:
+            added = []
+            for job in jobs:
+                if conn.execute(INSERT_JOB, job_row(job)).rowcount == 1:
+                    added.append(job.id)
+            write_runs(conn, [(by_job[i], None) for i in added if i in by_job])
+            return added
+
+        added = await self.db.transaction(add)
+        for queue in {job.queue for job in jobs}:
+            self.wake(queue)
+        return added
+
+    def claim_nowait(self, queue: str, worker: str, lease_s: float) -> Claim | None:
+        ahead = self._ahead.get(queue)
+        while ahead:
+            claim = ahead.popleft()
+            if not claim.lease_lost():
+                return claim
+        return None
+
+    def return_ahead(self, queue: str) -> None:
+        for claim in self._ahead.pop(queue, None) or ():
+            self._hand_back(claim)
+
+    def _hand_back(self, claim: Claim) -> None:
+        job = claim.job
+        update = JobUpdate(
+            state=JobState.WAITING, resume=job.resume, run_at=job.run_at, force=job.force
+        )
+        self.submit(Transition(job.id, job.epoch, update))
+
+    async def claim(
+        self,
+        queue: str,
+        limit: int,
+        worker: str,
+        lease_s: float,
+        *,
+        forced_only: bool = False,
+        timeout: float = 0.0,
+    ) -> list[Claim]:
+        ahead = self._ahead.get(queue)
+        if ahead and not forced_only:
+            taken: list[Claim] = []
+            while ahead and len(taken) < limit:
+                claim = ahead.popleft()
+                if not claim.lease_lost():
+                    taken.append(claim)
+            if taken:
+                return taken
+        deadline = time.monotonic() + timeout
+        while True:
+            asked = time.monotonic()
+            fetched, next_due = await self.db.transaction(
+                partial(
+                    _claim,
+                    queue=queue,
+                    limit=limit if forced_only else 4 * limit,
+                    worker=worker,
+                    lease_s=lease_s,
+                    forced_only=forced_only,
+                )
+            )
+            if fetched:
+                claims = [Claim(job, lease_s, asked, taken_from) for job, taken_from in fetched]
+                if len(claims) > limit:
+                    self._ahead.setdefault(queue, deque()).extend(claims[limit:])
+                return claims[:limit]
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return []
+            now = time.time()
+            pause = min(remaining, self.poll_s if next_due is None else max(0.0, next_due - now))
+            # Another process may add jobs at any time, so a local wake-up is only a shortcut.
+            signal = self._signals.setdefault(queue, anyio.Event())
+            with anyio.move_on_after(max(pause, 0.001)):
+                await signal.wait()
+
+    # ---- transitions -----------------------------------------------------------------------
+    def submit(self, transition: Transition) -> None:
+        fence = Fence(transition.job_id, transition.epoch)
+        for run in transition.runs:
+            self.db.save(run, fence)
+        for run_id, line in transition.logs:
+            self.db.write(INSERT_LOG, log_row(run_id, line, fence))
+        if transition.update is not None:
+            self.db.write(*update_params(transition.job_id, transition.epoch, transition.update))
+            if transition.update.state in (JobState.WAITING, JobState.DELAYED):
+                self.wake_all()
+
+    def wake_all(self) -> None:
+        for queue in list(self._signals):
+            self.wake(queue)
+
+    async def apply(self, transition: Transition) -> bool:
+        def apply(conn: sqlite3.Connection) -> bool:
+            if transition.update is not None:
+                sql, params = update_params(transition.job_id, transition.epoch, transition.update)
+                if conn.execute(sql, params).rowcount != 1:
+                    return False
+            else:
+                row = conn.execute(
+                    "SELECT 1 FROM jobs WHERE id = ? AND epoch = ?",
+                    (transition.job_id, transition.epoch),
+                ).fetchone()
+                if row is None:
+                    return False
+            # The job's update above checked the fence inside this transaction.
+            write_runs(conn, [(run, None) for run in transition.runs])
+            if transition.logs:
+                conn.executemany(
+                    INSERT_LOG, [log_row(run_id, line, None) for run_id, line in transition.logs]
+                )
+            return True
+
+        applied = await self.db.transaction(apply)
+        if applied and transition.update is not None:
+            self.wake_all()
+        return applied
+
+    def record(self, run: Run, fence: Fence) -> None:
+        self.db.save(run, fence)
+
+    def record_log(self, run_id: str, line: LogLine, fence: Fence) -> None:
+        self.db.write(INSERT_LOG, log_row(run_id, line, fence))
+
+    async def renew(self, worker: str, lease_s: float) -> Renewal:
+        def renew(conn: sqlite3.Connection) -> list[Any]:
+            return conn.execute(
+                "UPDATE jobs SET lease_until = ? WHERE worker = ? AND state = 'active'"
+                " RETURNING id, epoch, signals",
+                (time.time() + lease_s, worker),
+            ).fetchall()
+
+        asked = time.monotonic()
+        rows = await self.db.transaction(renew)
+        held = {row[0]: row[1] for row in rows}
+        for ahead in self._ahead.values():
+            for claim in ahead:
+                if held.get(claim.job.id) == claim.job.epoch:
+                    claim.held_since = asked
+        signals = {row[0]: json.loads(row[2]) for row in rows if row[2]}
+        return Renewal(held, signals)
+
+    async def signal(self, job_id: str, epoch: int, name: str) -> bool:
+        def signal(conn: sqlite3.Connection) -> bool:
+            return (
+                conn.execute(
+                    "UPDATE jobs SET signals = json_set(coalesce(signals, '{}'), '$.' || ?, ?)"
+                    " WHERE id = ? AND epoch = ? AND state = 'active'",
+                    (name, time.time(), job_id, epoch),
+                ).rowcount
+                == 1
+            )
+
+        return await self.db.transaction(signal)
+
+    async def signals_for(self, worker: str) -> dict[str, dict[str, float]]:
+        rows = await self.db.fetchall(
+            "SELECT id, signals FROM jobs WHERE worker = ? AND state = 'active'"
+            " AND signals IS NOT NULL",
+            (worker,),
+        )
+        return {row[0]: json.loads(row[1]) for row in rows}
+
+    # ---- reads -----------------------------------------------------------------------------
+    async def get_job(self, job_id: str) -> Job | None:
+        await self.db.flush()
+        row = await self.db.fetchone(f"{SELECT_JOB} WHERE id = ?", (job_id,))
+        return job_from_row(row) if row else None  # type: ignore[arg-type]
+
+    async def held_by(self, workers: list[str]) -> list[Job]:
+        if not workers:
+            return []
+        await self.db.flush()
+        rows = await self.db.fetchall(
+            f"{SELECT_JOB} WHERE state = 'active' AND worker IN ({', '.join('?' * len(workers))})",
+            tuple(workers),
+        )
+        return [job_from_row(row) for row in rows]  # type: ignore[arg-type]
+
+    async def stats(self, queue: str) -> QueueStats:
+        await self.db.flush()
+        rows = await self.db.fetchall(
+            "SELECT state, run_at > ? AS later, count(*) FROM jobs WHERE queue = ?"
+            " GROUP BY state, later",
+            (time.time(), queue),
+        )
+        counts = dict.fromkeys(JobState, 0)
+        for state, later, count in rows:
+            job_state = JobState(state)
+            if job_state in (JobState.WAITING, JobState.DELAYED):
+                job_state = JobState.DELAYED if later else JobState.WAITING
+            counts[job_state] += count
+        ahead = len(self._ahead.get(queue) or ())
+        counts[JobState.ACTIVE] -= ahead
+        counts[JobState.WAITING] += ahead
+        return QueueStats(
+            queue=queue,
+            waiting=counts[JobState.WAITING],
+            active=counts[JobState.ACTIVE],
+            completed=counts[JobState.COMPLETED],
+            failed=counts[JobState.FAILED],
+            delayed=counts[JobState.DELAYED],
+            dead=counts[JobState.DEAD],
+            cancelled=counts[JobState.CANCELLED],
+        )
+
+    async def dead_letters(self, queue: str, limit: int = 1000) -> list[Job]:
+        await self.db.flush()
+        rows = await self.db.fetchall(
+            f"{SELECT_JOB} WHERE queue = ? AND state = 'dead' ORDER BY finished_at DESC LIMIT ?",
+            (queue, limit),
+        )
+        return [job_from_row(row) for row in rows]  # type: ignore[arg-type]
+
+    async def purge(self, finished_before: datetime) -> int:
+        def purge(conn: sqlite3.Connection) -> int:
+            return conn.execute(
+                "DELETE FROM jobs WHERE state IN ('completed', 'failed', 'cancelled')"
+                " AND finished_at < ?",
+                (finished_before.timestamp(),),
+            ).rowcount
+
+        return await self.db.transaction(purge)

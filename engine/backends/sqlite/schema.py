@@ -1,0 +1,215 @@
+"""The SQLite schema: versioned migrations, applied in one transaction when a file is opened."""
+
+from __future__ import annotations
+
+SCHEMA_VERSION = 4
+
+MIGRATIONS: dict[int, str] = {
+    1: """
+    CREATE TABLE runs (
+        id TEXT PRIMARY KEY,
+        workflow_name TEXT NOT NULL,
+        workflow_version TEXT NOT NULL,
+        queue TEXT NOT NULL,
+        job_id TEXT NOT NULL,
+        status TEXT NOT NULL,
+        input TEXT,
+        headers TEXT,
+        output TEXT,
+        error TEXT,
+        error_step TEXT,
+        priority INTEGER NOT NULL DEFAULT 0,
+        job_attempt INTEGER NOT NULL DEFAULT 1,
+        created_at REAL NOT NULL,
+        started_at REAL,
+        finished_at REAL,
+        run_at REAL,
+        wait_until REAL,
+        replay_of TEXT,
+        replay_from_step TEXT,
+        parent_run_id TEXT,
+        depth INTEGER NOT NULL DEFAULT 0,
+        worker TEXT,
+        cursor TEXT,
+        state TEXT,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        failed_attempts INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE INDEX runs_created ON runs(created_at DESC);
+    CREATE INDEX runs_status ON runs(status, created_at DESC);
+    CREATE INDEX runs_workflow ON runs(workflow_name, created_at DESC);
+    CREATE INDEX runs_queue ON runs(queue, created_at DESC);
+    CREATE INDEX runs_job ON runs(job_id);
+    CREATE INDEX runs_finished ON runs(finished_at) WHERE finished_at IS NOT NULL;
+    CREATE INDEX runs_parent ON runs(parent_run_id) WHERE parent_run_id IS NOT NULL;
+
+    CREATE TABLE steps (
+        run_id TEXT NOT NULL,
+        idx INTEGER NOT NULL,
+        name TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        status TEXT NOT NULL,
+        started_at REAL,
+        finished_at REAL,
+        input TEXT,
+        output TEXT,
+        error TEXT,
+        max_attempts INTEGER NOT NULL,
+        cached_from TEXT,
+        wait_until REAL,
+        timed_out INTEGER NOT NULL DEFAULT 0,
+        tags TEXT,
+        parent INTEGER,
+        child_run_id TEXT,
+        PRIMARY KEY (run_id, idx)
+    ) WITHOUT ROWID;
+
+    CREATE TABLE attempts (
+        run_id TEXT NOT NULL,
+        step_idx INTEGER NOT NULL,
+        number INTEGER NOT NULL,
+        status TEXT NOT NULL,
+        started_at REAL NOT NULL,
+        finished_at REAL,
+        error TEXT,
+        error_type TEXT,
+        traceback TEXT,
+        backoff_ms INTEGER,
+        PRIMARY KEY (run_id, step_idx, number)
+    ) WITHOUT ROWID;
+
+    CREATE TABLE logs (
+        id INTEGER PRIMARY KEY,
+        run_id TEXT NOT NULL,
+        step_idx INTEGER,
+        ts REAL NOT NULL,
+        level TEXT NOT NULL,
+        message TEXT NOT NULL
+    );
+    CREATE INDEX logs_run ON logs(run_id, id);
+
+    CREATE TABLE idempotency (
+        workflow TEXT NOT NULL,
+        step TEXT NOT NULL,
+        key TEXT NOT NULL,
+        output TEXT,
+        run_id TEXT NOT NULL,
+        expires_at REAL NOT NULL,
+        PRIMARY KEY (workflow, step, key)
+    ) WITHOUT ROWID;
+
+    CREATE TABLE jobs (
+        seq INTEGER PRIMARY KEY,
+        id TEXT NOT NULL UNIQUE,
+        queue TEXT NOT NULL,
+        workflow_name TEXT NOT NULL,
+        payload TEXT,
+        headers TEXT,
+        priority INTEGER NOT NULL DEFAULT 0,
+        state TEXT NOT NULL,
+        run_at REAL,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        max_retries INTEGER NOT NULL DEFAULT 0,
+        run_id TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        finished_at REAL,
+        error TEXT,
+        worker TEXT,
+        lease_until REAL,
+        resume INTEGER NOT NULL DEFAULT 0,
+        meta TEXT
+    );
+    CREATE INDEX jobs_ready ON jobs(queue, priority DESC, seq)
+        WHERE state IN ('waiting', 'delayed');
+    CREATE INDEX jobs_leases ON jobs(lease_until) WHERE state = 'active';
+    CREATE INDEX jobs_state ON jobs(queue, state);
+    CREATE INDEX jobs_run ON jobs(run_id);
+
+    CREATE TABLE control (
+        id INTEGER PRIMARY KEY,
+        action TEXT NOT NULL,
+        run_id TEXT,
+        target TEXT,
+        payload TEXT,
+        created_at REAL NOT NULL,
+        taken_by TEXT,
+        result TEXT
+    );
+
+    CREATE INDEX control_open ON control(id) WHERE taken_by IS NULL;
+
+    CREATE TABLE workers (
+        id TEXT PRIMARY KEY,
+        host TEXT NOT NULL,
+        pid INTEGER NOT NULL,
+        started_at REAL NOT NULL,
+        heartbeat_at REAL NOT NULL
+    );
+
+    CREATE TABLE paused_queues (queue TEXT PRIMARY KEY);
+    """,
+    # Attach mode: `rev` orders run changes across processes (every write of a run row takes
+    # max(rev) + 1 inside its transaction), so an attached console reads only what changed;
+    # `worker_catalog` holds what each worker serves (queues, workflows, reload errors).
+    2: """
+    ALTER TABLE runs ADD COLUMN rev INTEGER NOT NULL DEFAULT 0;
+    CREATE INDEX runs_rev ON runs(rev);
+
+    CREATE TABLE worker_catalog (
+        worker TEXT PRIMARY KEY,
+        queues TEXT NOT NULL,
+        workflows TEXT NOT NULL,
+        reload_errors TEXT NOT NULL,
+        updated_at REAL NOT NULL
+    );
+    """,
+    # Scheduling gates (engine/gates.py): concurrency-key slots, each under its worker's lease,
+    # and the open debounce windows, so that both survive a restart and are shared between
+    # processes on one file.
+    3: """
+    CREATE TABLE concurrency_slots (
+        workflow TEXT NOT NULL,
+        key TEXT NOT NULL,
+        run_id TEXT NOT NULL,
+        worker TEXT NOT NULL,
+        lease_until REAL NOT NULL,
+        PRIMARY KEY (workflow, key, run_id)
+    ) WITHOUT ROWID;
+    CREATE INDEX concurrency_slots_run ON concurrency_slots(run_id);
+    CREATE INDEX concurrency_slots_worker ON concurrency_slots(worker);
+
+    CREATE TABLE debounce_windows (
+        workflow TEXT NOT NULL,
+        key TEXT NOT NULL,
+        mode TEXT NOT NULL,
+        run_id TEXT NOT NULL,
+        job_id TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        opened_at REAL NOT NULL,
+        until REAL NOT NULL,
+        PRIMARY KEY (workflow, key)
+    ) WITHOUT ROWID;
+    """,
+    # The backend seam (engine/backends): fencing tokens and operator signals on jobs, a
+    # claim that takes over expired leases by queue, leader leases for cluster chores.
+    # Operator actions are state writes now, so the control table goes.
+    4: """
+    ALTER TABLE jobs ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE jobs ADD COLUMN signals TEXT;
+    ALTER TABLE jobs ADD COLUMN forced INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE jobs ADD COLUMN taken_from TEXT;
+    DROP INDEX jobs_leases;
+    CREATE INDEX jobs_active ON jobs(queue, lease_until) WHERE state = 'active';
+    CREATE INDEX jobs_holder ON jobs(worker) WHERE state = 'active';
+    CREATE INDEX jobs_finished ON jobs(finished_at)
+        WHERE state IN ('completed', 'failed', 'cancelled');
+
+    CREATE TABLE leader_leases (
+        name TEXT PRIMARY KEY,
+        holder TEXT NOT NULL,
+        until REAL NOT NULL
+    );
+
+    DROP TABLE control;
+    """,
+}

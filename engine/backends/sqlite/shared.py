@@ -1,0 +1,241 @@
+"""What the processes on one SQLite file share: workers, catalogs, pauses, concurrency slots,
+debounce windows and leader leases."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from ...models import WorkerInfo, WorkflowInfo
+from ..base import ServedQueue, SharedState, Window, WorkerCatalog
+from .db import SqliteDatabase
+
+T = TypeVar("T")
+
+
+def catalog_row(catalog: WorkerCatalog) -> tuple[Any, ...]:
+    queues = [
+        {
+            "name": q.name,
+            "workflow_name": q.workflow_name,
+            "workflow_version": q.workflow_version,
+            "provider": q.provider,
+            "concurrency": q.concurrency,
+            "retries": q.retries,
+            "start_delay_ms": q.start_delay_ms,
+            "timeout_ms": q.timeout_ms,
+        }
+        for q in catalog.queues
+    ]
+    workflows = [
+        {**info.model_dump(mode="json"), "kinds": catalog.step_kinds.get(info.name, ())}
+        for info in catalog.workflows
+    ]
+    return (
+        catalog.worker,
+        json.dumps(queues),
+        json.dumps(workflows),
+        json.dumps(catalog.reload_errors),
+        catalog.updated_at,
+    )
+
+
+def catalog_from_row(row: Any) -> WorkerCatalog:
+    # Only the fields this version knows: a newer worker may write more.
+    queues = tuple(
+        ServedQueue(**{k: q.get(k) for k in ServedQueue.__dataclass_fields__ if k in q})
+        for q in json.loads(row[1])
+    )
+    workflows = []
+    kinds: dict[str, tuple[tuple[str, str], ...]] = {}
+    for w in json.loads(row[2]):
+        workflows.append(WorkflowInfo(**{k: w.get(k) for k in WorkflowInfo.model_fields}))
+        kinds[w["name"]] = tuple((name, kind) for name, kind in w.get("kinds", ()))
+    return WorkerCatalog(row[0], queues, tuple(workflows), kinds, json.loads(row[3]), row[4])
+
+
+class SqliteShared(SharedState):
+    def __init__(self, db: SqliteDatabase) -> None:
+        self.db = db
+
+    # ---- workers ---------------------------------------------------------------------------
+    def heartbeat(self, worker: WorkerInfo) -> None:
+        self.db.write(
+            "INSERT OR REPLACE INTO workers (id, host, pid, started_at, heartbeat_at)"
+            " VALUES (?, ?, ?, ?, ?)",
+            (
+                worker.id,
+                worker.host,
+                worker.pid,
+                worker.started_at.timestamp(),
+                worker.heartbeat_at.timestamp(),
+            ),
+        )
+
+    async def workers(self) -> list[WorkerInfo]:
+        await self.db.flush()
+        rows = await self.db.fetchall("SELECT * FROM workers ORDER BY started_at")
+        return [
+            WorkerInfo(
+                id=row["id"],
+                host=row["host"],
+                pid=row["pid"],
+                started_at=datetime.fromtimestamp(row["started_at"], UTC),
+                heartbeat_at=datetime.fromtimestamp(row["heartbeat_at"], UTC),
+            )
+            for row in rows
+        ]
+
+    async def forget_worker(self, worker_id: str) -> None:
+        for table, column in (("workers", "id"), ("concurrency_slots", "worker")):
+            self.db.write(f"DELETE FROM {table} WHERE {column} = ?", (worker_id,))
+        await self.db.flush()
+
+    def publish_catalog(self, catalog: WorkerCatalog) -> None:
+        self.db.write(
+            "INSERT OR REPLACE INTO worker_catalog (worker, queues, workflows, reload_errors,"
+            " updated_at) VALUES (?, ?, ?, ?, ?)",
+            catalog_row(catalog),
+        )
+        # What stopped workers declared stays known (a producer can still enqueue to their
+        # queues) until a worker that runs now declares what it serves.
+        self.db.write("DELETE FROM worker_catalog WHERE worker NOT IN (SELECT id FROM workers)", ())
+
+    async def catalogs(self) -> list[WorkerCatalog]:
+        await self.db.flush()
+        rows = await self.db.fetchall(
+            "SELECT worker, queues, workflows, reload_errors, updated_at FROM worker_catalog"
+            " ORDER BY updated_at"
+        )
+        return [catalog_from_row(row) for row in rows]
+
+    # ---- pauses ----------------------------------------------------------------------------
+    async def paused_queues(self) -> set[str]:
+        await self.db.flush()
+        return {row[0] for row in await self.db.fetchall("SELECT queue FROM paused_queues")}
+
+    async def set_paused(self, queue: str, paused: bool) -> None:
+        if paused:
+            self.db.write("INSERT OR IGNORE INTO paused_queues (queue) VALUES (?)", (queue,))
+        else:
+            self.db.write("DELETE FROM paused_queues WHERE queue = ?", (queue,))
+        await self.db.flush()
+
+    # ---- concurrency slots -----------------------------------------------------------------
+    async def acquire_slot(
+        self, workflow: str, key: str, limit: int, run_id: str, worker: str, lease_s: float
+    ) -> tuple[bool, int]:
+        now = time.time()
+
+        def acquire(conn: sqlite3.Connection) -> tuple[bool, int]:
+            # Slots of workers whose lease ran out, or that recovery found dead and forgot,
+            # are free again: a crash never keeps a key blocked.
+            conn.execute(
+                "DELETE FROM concurrency_slots WHERE workflow = ? AND key = ? AND"
+                " (lease_until < ? OR worker NOT IN (SELECT id FROM workers))",
+                (workflow, key, now),
+            )
+            rows = conn.execute(
+                "SELECT run_id FROM concurrency_slots WHERE workflow = ? AND key = ?",
+                (workflow, key),
+            ).fetchall()
+            if any(row[0] == run_id for row in rows):
+                return True, len(rows)
+            if len(rows) >= limit:
+                return False, len(rows)
+            conn.execute(
+                "INSERT INTO concurrency_slots (workflow, key, run_id, worker, lease_until)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (workflow, key, run_id, worker, now + lease_s),
+            )
+            return True, len(rows) + 1
+
+        return await self.db.transaction(acquire)
+
+    def release_slot(self, run_id: str) -> None:
+        self.db.write("DELETE FROM concurrency_slots WHERE run_id = ?", (run_id,))
+
+    def renew_slots(self, worker: str, lease_s: float) -> None:
+        self.db.write(
+            "UPDATE concurrency_slots SET lease_until = ? WHERE worker = ?",
+            (time.time() + lease_s, worker),
+        )
+
+    async def slot_holders(self, workflow: str, key: str) -> list[str]:
+        await self.db.flush()
+        rows = await self.db.fetchall(
+            "SELECT run_id FROM concurrency_slots WHERE workflow = ? AND key = ?"
+            " AND lease_until >= ?",
+            (workflow, key, time.time()),
+        )
+        return [row[0] for row in rows]
+
+    # ---- debounce windows ------------------------------------------------------------------
+    async def update_window(
+        self,
+        workflow: str,
+        key: str,
+        mode: str,
+        decide: Callable[[Window | None], tuple[T, Window | None, bool]],
+    ) -> T:
+        def update(conn: sqlite3.Connection) -> T:
+            row = conn.execute(
+                "SELECT run_id, job_id, created_at, opened_at, until FROM debounce_windows"
+                " WHERE workflow = ? AND key = ? AND mode = ?",
+                (workflow, key, mode),
+            ).fetchone()
+            result, window, write = decide(Window(*row) if row else None)
+            if write and window is None:
+                conn.execute(
+                    "DELETE FROM debounce_windows WHERE workflow = ? AND key = ? AND mode = ?",
+                    (workflow, key, mode),
+                )
+            elif write and window is not None:
+                conn.execute(
+                    "INSERT OR REPLACE INTO debounce_windows (workflow, key, mode, run_id,"
+                    " job_id, created_at, opened_at, until) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        workflow,
+                        key,
+                        mode,
+                        window.run_id,
+                        window.job_id,
+                        window.created_at,
+                        window.opened_at,
+                        window.until,
+                    ),
+                )
+            return result
+
+        return await self.db.transaction(update)
+
+    async def close_windows(self, before: float) -> None:
+        # Closed leading windows are only history; one row per key would pile up.
+        self.db.write(
+            "DELETE FROM debounce_windows WHERE mode = 'leading' AND until < ?", (before,)
+        )
+
+    # ---- cluster chores --------------------------------------------------------------------
+    async def try_lead(self, chore: str, worker: str, ttl_s: float) -> bool:
+        now = time.time()
+
+        def lead(conn: sqlite3.Connection) -> bool:
+            return (
+                conn.execute(
+                    "INSERT INTO leader_leases (name, holder, until) VALUES (?, ?, ?)"
+                    " ON CONFLICT(name) DO UPDATE SET holder = excluded.holder,"
+                    " until = excluded.until"
+                    " WHERE leader_leases.holder = excluded.holder OR leader_leases.until < ?",
+                    (chore, worker, now + ttl_s, now),
+                ).rowcount
+                == 1
+            )
+
+        return await self.db.transaction(lead)
+
+    async def resign(self, chore: str, worker: str) -> None:
+        self.db.write("DELETE FROM leader_leases WHERE name = ? AND holder = ?", (chore, worker))

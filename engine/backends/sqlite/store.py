@@ -1,0 +1,210 @@
+"""Runs on SQLite: run, step and attempt rows, log lines, the idempotency cache, the feed.
+
+Writes only queue the run in the writer (`SqliteDatabase.save`): a run that starts and finishes
+within one batch costs one row per table, not one per change.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from ...filters import RunFilter
+from ...models import LogLine, Run
+from ..base import CacheHit, FeedCursor, FeedLog, FeedPage, Fence, RunStore
+from ..rows import (
+    RUN_COLUMNS,
+    TERMINAL,
+    assemble,
+    dump,
+    load,
+    run_from_row,
+    where_clause,
+)
+from .db import INSERT_LOG, SqliteDatabase
+
+SELECT_RUN = f"SELECT {', '.join(RUN_COLUMNS)} FROM runs"
+PENDING = ("queued", "delayed", "waiting", "throttled")
+
+
+def _marks(values: list[Any] | tuple[Any, ...]) -> str:
+    return ", ".join("?" * len(values))
+
+
+def log_row(run_id: str, line: LogLine, fence: Fence | None) -> tuple[Any, ...]:
+    head = (fence.job_id, fence.epoch) if fence is not None else (None, None)
+    return (*head, run_id, line.step, line.ts.timestamp(), line.level, line.message)
+
+
+class SqliteRunStore(RunStore):
+    def __init__(self, db: SqliteDatabase) -> None:
+        self.db = db
+
+    # ---- writes ----------------------------------------------------------------------------
+    def save_run(self, run: Run, fence: Fence | None = None) -> None:
+        self.db.save(run, fence)
+
+    def add_log(self, run_id: str, line: LogLine, fence: Fence | None = None) -> None:
+        self.db.write(INSERT_LOG, log_row(run_id, line, fence))
+
+    def cache_put(
+        self, workflow: str, step: str, key: str, output: Any, run_id: str, ttl_ms: int
+    ) -> None:
+        self.db.write(
+            "INSERT OR REPLACE INTO idempotency (workflow, step, key, output, run_id, expires_at)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (workflow, step, key, dump(output), run_id, time.time() + ttl_ms / 1000),
+        )
+
+    async def flush(self) -> None:
+        await self.db.flush()
+
+    # ---- reads -----------------------------------------------------------------------------
+    async def cache_get(self, workflow: str, step: str, key: str) -> CacheHit | None:
+        await self.db.flush()
+        row = await self.db.fetchone(
+            "SELECT output, run_id FROM idempotency WHERE workflow = ? AND step = ? AND key = ?"
+            " AND expires_at > ?",
+            (workflow, step, key, time.time()),
+        )
+        return CacheHit(load(row["output"]), row["run_id"]) if row else None
+
+    async def _with_steps(self, runs: list[Run]) -> list[Run]:
+        if not runs:
+            return runs
+        for start in range(0, len(runs), 500):
+            chunk = [run.id for run in runs[start : start + 500]]
+            steps = await self.db.fetchall(
+                f"SELECT * FROM steps WHERE run_id IN ({_marks(chunk)}) ORDER BY run_id, idx",
+                tuple(chunk),
+            )
+            attempts = await self.db.fetchall(
+                f"SELECT * FROM attempts WHERE run_id IN ({_marks(chunk)})"
+                " ORDER BY run_id, step_idx, number",
+                tuple(chunk),
+            )
+            assemble(runs[start : start + 500], steps, attempts)  # type: ignore[arg-type]
+        return runs
+
+    async def get_run(self, run_id: str) -> Run | None:
+        await self.db.flush()
+        row = await self.db.fetchone(f"{SELECT_RUN} WHERE id = ?", (run_id,))
+        if row is None:
+            return None
+        run = run_from_row(row)  # type: ignore[arg-type]
+        await self._with_steps([run])
+        steps = {step.index: step for step in run.steps}
+        for lrow in await self.db.fetchall(
+            "SELECT step_idx, ts, level, message FROM logs WHERE run_id = ? ORDER BY id",
+            (run_id,),
+        ):
+            line = LogLine.model_construct(
+                ts=datetime.fromtimestamp(lrow["ts"], UTC),
+                level=lrow["level"],
+                message=lrow["message"],
+                step=lrow["step_idx"],
+            )
+            step = steps.get(line.step) if line.step is not None else None
+            (step.logs if step is not None else run.logs).append(line)
+        return run
+
+    async def list_runs(
+        self, where: RunFilter | None = None, limit: int = 100, offset: int = 0
+    ) -> list[Run]:
+        await self.db.flush()
+        clause, params = where_clause(where, lambda: "?")
+        rows = await self.db.fetchall(
+            f"{SELECT_RUN}{clause} ORDER BY created_at DESC LIMIT ? OFFSET ?",
+            (*params, limit, offset),
+        )
+        return [run_from_row(row) for row in rows]  # type: ignore[arg-type]
+
+    async def count_runs(self, where: RunFilter | None = None) -> int:
+        await self.db.flush()
+        clause, params = where_clause(where, lambda: "?")
+        row = await self.db.fetchone(f"SELECT count(*) FROM runs{clause}", tuple(params))
+        return int(row[0]) if row else 0
+
+    async def runs_by_id(self, run_ids: list[str]) -> list[Run]:
+        await self.db.flush()
+        found: list[Run] = []
+        for start in range(0, len(run_ids), 500):
+            chunk = run_ids[start : start + 500]
+            rows = await self.db.fetchall(
+                f"{SELECT_RUN} WHERE id IN ({_marks(chunk)})", tuple(chunk)
+            )
+            found.extend(run_from_row(row) for row in rows)  # type: ignore[arg-type]
+        return found
+
+    async def pending_runs(self, queues: list[str]) -> list[Run]:
+        if not queues:
+            return []
+        await self.db.flush()
+        rows = await self.db.fetchall(
+            f"{SELECT_RUN} WHERE status IN ({_marks(PENDING)}) AND queue IN ({_marks(queues)})",
+            (*PENDING, *queues),
+        )
+        return [run_from_row(row) for row in rows]  # type: ignore[arg-type]
+
+    # ---- housekeeping ----------------------------------------------------------------------
+    async def purge(self, finished_before: datetime, limit: int = 500) -> int:
+        cutoff = finished_before.timestamp()
+
+        def purge(conn: Any) -> int:
+            ids = [
+                (row[0],)
+                for row in conn.execute(
+                    f"SELECT id FROM runs WHERE finished_at < ? AND status IN ({_marks(TERMINAL)})"
+                    " LIMIT ?",
+                    (cutoff, *TERMINAL, limit),
+                )
+            ]
+            for table in ("steps", "attempts", "logs"):
+                conn.executemany(f"DELETE FROM {table} WHERE run_id = ?", ids)
+            conn.executemany("DELETE FROM runs WHERE id = ?", ids)
+            conn.execute("DELETE FROM idempotency WHERE expires_at <= ?", (time.time(),))
+            return len(ids)
+
+        return await self.db.transaction(purge)
+
+    # ---- the change feed -------------------------------------------------------------------
+    async def feed(self, cursor: FeedCursor, limit: int = 1000) -> FeedPage:
+        rows = await self.db.fetchall(
+            f"SELECT {', '.join(RUN_COLUMNS)}, rev FROM runs WHERE rev > ? ORDER BY rev LIMIT ?",
+            (cursor.rev, limit + 1),
+        )
+        lagged = 0
+        rev = cursor.rev
+        if len(rows) > limit:
+            top = await self.db.fetchone("SELECT coalesce(max(rev), 0) FROM runs")
+            rev = int(top[0]) if top else rev
+            lagged = rev - cursor.rev
+            rows = []
+        elif rows:
+            rev = rows[-1]["rev"]
+        runs = await self._with_steps([run_from_row(row) for row in rows])  # type: ignore[arg-type]
+        lines = await self.db.fetchall(
+            "SELECT id, run_id, step_idx, level, message FROM logs WHERE id > ?"
+            " ORDER BY id LIMIT ?",
+            (cursor.log_id, limit + 1),
+        )
+        log_id = cursor.log_id
+        if len(lines) > limit:
+            top = await self.db.fetchone("SELECT coalesce(max(id), 0) FROM logs")
+            log_id = int(top[0]) if top else log_id
+            lagged += log_id - cursor.log_id
+            lines = []
+        elif lines:
+            log_id = lines[-1]["id"]
+        logs = [
+            FeedLog(r["id"], r["run_id"], r["step_idx"], r["level"], r["message"]) for r in lines
+        ]
+        return FeedPage(runs, logs, FeedCursor(rev, log_id), lagged)
+
+    async def feed_cursor(self) -> FeedCursor:
+        await self.db.flush()
+        row = await self.db.fetchone(
+            "SELECT (SELECT coalesce(max(rev), 0) FROM runs), (SELECT coalesce(max(id), 0) FROM logs)"
+        )
+        return FeedCursor(int(row[0]), int(row[1])) if row else FeedCursor()

@@ -1,0 +1,253 @@
+"""The workflow catalog: what is loaded (from files or given inline), which version serves each
+workflow, the older versions waiting runs still resume on, and the files that failed to load.
+
+The worker follows it (`on_change`) to start and stop claiming from queues; hot reload
+(engine/reload.py) loads files into it. It knows nothing of queues' jobs or runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from .backends.base import ServedQueue, WorkerCatalog
+from .errors import EngineError
+from .events import EventBus, ReloadErrorCleared, ReloadFailed, WorkflowReloaded
+from .loader import (
+    IMPORT_TIMEOUT_S,
+    LoadedFile,
+    WorkflowLoadError,
+    load_file_with_timeout,
+    workflow_files,
+)
+from .models import WorkflowInfo
+from .workflow import Workflow
+
+log = logging.getLogger("blok.catalog")
+
+KEPT_VERSIONS = 100  # per workflow, for waiting runs that resume on the version they began on
+
+WorkflowSource = str | os.PathLike[str] | Sequence[Workflow] | None
+
+
+class Catalog:
+    def __init__(
+        self,
+        source: WorkflowSource,
+        bus: EventBus,
+        *,
+        check: Callable[[Workflow], None] = lambda wf: None,
+        import_timeout: float = IMPORT_TIMEOUT_S,
+    ) -> None:
+        """`check` refuses a workflow this engine cannot serve (an unknown provider): it
+        raises EngineError, and the file that defines it fails to load."""
+        self.source = source
+        self.bus = bus
+        self.check = check
+        self.import_timeout = import_timeout
+        self.files: dict[Path, LoadedFile] = {}
+        self.inline: list[Workflow] = []
+        self.workflows: dict[str, Workflow] = {}
+        self.versions: dict[tuple[str, str], Workflow] = {}
+        self.reload_errors: dict[str, str] = {}
+        self.on_change: list[Callable[[], None]] = []
+
+    # ---- where the workflows are -----------------------------------------------------------
+    @property
+    def folder(self) -> Path | None:
+        """The folder to watch for changes, when workflows come from files."""
+        if isinstance(self.source, str | os.PathLike):
+            path = Path(self.source)
+            return path if path.is_dir() else path.parent
+        return None
+
+    @property
+    def only_file(self) -> Path | None:
+        """The one file to watch when the source is a file rather than a folder."""
+        if isinstance(self.source, str | os.PathLike):
+            path = Path(self.source)
+            return path.resolve() if path.is_file() else None
+        return None
+
+    def load_initial(self) -> None:
+        source = self.source
+        if source is None:
+            self.apply()
+            return
+        if isinstance(source, str | os.PathLike):
+            path = Path(source)
+            if not path.exists():
+                raise EngineError(f"{path}: no such workflows folder or file")
+            for file in [path] if path.is_file() else workflow_files(path):
+                self.load(file)
+            self.apply()
+            return
+        self.inline = list(source)
+        for wf in self.inline:
+            self.check(wf)
+        self.apply()
+
+    # ---- loading ---------------------------------------------------------------------------
+    def load(
+        self, path: Path, *, imported: LoadedFile | WorkflowLoadError | None = None
+    ) -> LoadedFile | None:
+        """(Re)load one workflow file; on failure its previous version keeps serving. The hot
+        reloader imports off the event loop and hands the outcome in as `imported`."""
+        path = path.resolve()
+        key = str(path)
+        try:
+            if imported is None:
+                imported = load_file_with_timeout(path, self.import_timeout)
+            if isinstance(imported, WorkflowLoadError):
+                raise imported
+            loaded = imported
+            self.check_clashes(loaded)
+        except WorkflowLoadError as error:
+            self.reload_errors[key] = str(error)
+            log.error("workflow file failed to load: %s", error)
+            self._changed()
+            if self.bus.active:
+                self.bus.publish(ReloadFailed(key, str(error)))
+            return None
+        self.files[path] = loaded
+        if self.reload_errors.pop(key, None) is not None and self.bus.active:
+            self.bus.publish(ReloadErrorCleared(key))
+        return loaded
+
+    def unload(self, path: Path) -> None:
+        path = path.resolve()
+        self.files.pop(path, None)
+        if self.reload_errors.pop(str(path), None) is not None and self.bus.active:
+            self.bus.publish(ReloadErrorCleared(str(path)))
+
+    def check_clashes(self, loaded: LoadedFile) -> None:
+        """Refuse a file whose workflow or queue another loaded file already defines, or a
+        workflow this engine cannot serve."""
+        names: dict[str, Path] = {}
+        queues: dict[str, str] = {}
+        for path, other in self.files.items():
+            if path == loaded.path:
+                continue
+            for wf in other.workflows:
+                names[wf.name] = path
+                if wf.queue:
+                    queues[wf.queue] = wf.name
+        for wf in loaded.workflows:
+            if wf.name in names:
+                raise WorkflowLoadError(
+                    loaded.path,
+                    None,
+                    f"workflow {wf.name!r} is already defined in {names[wf.name]}",
+                )
+            if wf.queue and wf.queue in queues:
+                raise WorkflowLoadError(
+                    loaded.path,
+                    None,
+                    f"queue {wf.queue!r} is already consumed by workflow {queues[wf.queue]!r}",
+                )
+            names[wf.name] = loaded.path
+            if wf.queue:
+                queues[wf.queue] = wf.name
+            # Refused here rather than failing when the queue starts, where a hot reload
+            # would take the whole engine down (an unknown provider, sqlite without a
+            # database).
+            try:
+                self.check(wf)
+            except EngineError as error:
+                raise WorkflowLoadError(
+                    loaded.path, None, f"workflow {wf.name!r}: {error}"
+                ) from None
+
+    def apply(self) -> None:
+        """Make the current workflows those loaded now; tell the followers."""
+        current: dict[str, Workflow] = {}
+        for wf in self.inline:
+            current[wf.name] = wf
+        for loaded in self.files.values():
+            for wf in loaded.workflows:
+                current[wf.name] = wf
+        for wf in current.values():
+            self.versions.pop((wf.name, wf.version), None)  # re-added last: the newest
+            self.versions[(wf.name, wf.version)] = wf
+        # Old versions are kept for runs that wait and resume on them; a long editing session
+        # must not keep every module it ever loaded, so only the newest few per workflow stay.
+        kept: dict[str, int] = {}
+        for key in reversed(list(self.versions)):
+            kept[key[0]] = kept.get(key[0], 0) + 1
+            if kept[key[0]] > KEPT_VERSIONS:
+                del self.versions[key]
+        self.workflows = current
+        self._changed()
+
+    def _changed(self) -> None:
+        for follower in self.on_change:
+            follower()
+
+    def notify_reloaded(self, loaded: LoadedFile) -> None:
+        if self.bus.active:
+            self.bus.publish(
+                WorkflowReloaded(
+                    str(loaded.path),
+                    tuple(w.name for w in loaded.workflows),
+                    tuple(w.version for w in loaded.workflows),
+                )
+            )
+
+    # ---- lookups ---------------------------------------------------------------------------
+    def workflow(self, name: str) -> Workflow | None:
+        return self.workflows.get(name)
+
+    def version(self, name: str, version: str) -> Workflow | None:
+        return self.versions.get((name, version))
+
+    def served(self) -> dict[str, Workflow]:
+        """Queue name → the workflow its jobs run."""
+        return {wf.queue: wf for wf in self.workflows.values() if wf.queue is not None}
+
+    def infos(self) -> list[WorkflowInfo]:
+        return [
+            WorkflowInfo(
+                name=wf.name,
+                version=wf.version,
+                queue=wf.queue,
+                path=wf.path,
+                steps=[s.name for s in wf.steps],
+            )
+            for wf in sorted(self.workflows.values(), key=lambda w: w.name)
+        ]
+
+    def entry(
+        self, worker: str, providers: dict[str, str], widths: dict[str, int]
+    ) -> WorkerCatalog:
+        """What this worker serves, for the shared state: queues with their provider and
+        width as served now, workflows with their top-level steps."""
+        queues = []
+        for name, wf in sorted(self.served().items()):
+            trigger = wf.trigger
+            assert trigger is not None
+            queues.append(
+                ServedQueue(
+                    name=name,
+                    workflow_name=wf.name,
+                    workflow_version=wf.version,
+                    provider=providers.get(name, ""),
+                    concurrency=widths.get(name, trigger.concurrency),
+                    retries=trigger.retries,
+                    start_delay_ms=trigger.start_delay,
+                    timeout_ms=trigger.timeout,
+                )
+            )
+        kinds = {
+            wf.name: tuple((s.name, s.kind) for s in wf.steps) for wf in self.workflows.values()
+        }
+        return WorkerCatalog(
+            worker=worker,
+            queues=tuple(queues),
+            workflows=tuple(self.infos()),
+            step_kinds=kinds,
+            reload_errors=dict(self.reload_errors),
+            updated_at=time.time(),
+        )

@@ -1,0 +1,126 @@
+"""Cluster chores: recovering what dead workers left behind, and the janitor.
+
+Each runs on one worker at a time among those sharing the database (a leader lease in the
+shared state, renewed while the chore runs), so ten workers do not purge the same rows or race
+each other to release the same dead worker's jobs. Recovery also runs once when a worker boots,
+before it claims anything.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection
+from datetime import timedelta
+
+import anyio
+import anyio.lowlevel
+
+from .backends.base import Backend
+from .filters import RunFilter
+from .ledger import Ledger
+from .liveness import pid_alive
+from .models import RunStatus, WorkerInfo, utcnow
+
+log = logging.getLogger("blok.chores")
+
+PURGE_CHUNK = 500
+
+
+class Chores:
+    def __init__(
+        self,
+        backend: Backend,
+        ledger: Ledger,
+        me: WorkerInfo,
+        *,
+        lease_s: float,
+        heartbeat_s: float,
+        retention: timedelta,
+        janitor_interval: float,
+        alive_here: Collection[str] = (),
+    ) -> None:
+        self.backend = backend
+        self.ledger = ledger
+        self.me = me
+        self.lease_s = lease_s
+        self.heartbeat_s = heartbeat_s
+        self.retention = retention
+        self.janitor_interval = janitor_interval
+        self.alive_here = alive_here  # engines alive in this very process
+
+    # ---- dead workers ----------------------------------------------------------------------
+    def _gone(self, worker: WorkerInfo) -> bool:
+        if worker.id == self.me.id or worker.id in self.alive_here:
+            return False
+        if worker.host == self.me.host:
+            # An earlier engine of this very process that did not close, or a dead process.
+            return worker.pid == self.me.pid or not pid_alive(worker.pid)
+        stale = utcnow() - timedelta(seconds=max(3 * self.heartbeat_s, self.lease_s))
+        return worker.heartbeat_at < stale
+
+    async def recover(self) -> int:
+        """Release the jobs of dead workers (a run one had started is recorded crashed and its
+        job gets a new run), record their orphaned runs crashed, and forget them. The number
+        of runs found crashed."""
+        dead = [w.id for w in await self.backend.shared.workers() if self._gone(w)]
+        if not dead:
+            return 0
+        reason = (
+            "crashed: its worker process "
+            + ", ".join(dead)
+            + " died before the run finished (found by recovery)"
+        )
+        crashed = released = 0
+        for queue in self.backend.queues:
+            for job in await queue.held_by(dead):
+                run = await self.backend.runs.get_run(job.run_id)
+                was_running = run is not None and run.status is RunStatus.RUNNING
+                if await self.ledger.release(queue, job, run, reason):
+                    released += 1
+                    crashed += was_running
+        # Runs of memory queues died with their worker's jobs: nothing to hand back.
+        orphans = await self.backend.runs.list_runs(
+            RunFilter(status=(str(RunStatus.RUNNING),), workers=tuple(dead)), limit=10_000
+        )
+        for orphan in orphans:
+            run = await self.backend.runs.get_run(orphan.id)
+            if run is not None and run.status is RunStatus.RUNNING:
+                self.ledger.abandon(run, reason)
+                crashed += 1
+        for worker_id in dead:
+            await self.backend.shared.forget_worker(worker_id)
+        await self.backend.runs.flush()
+        if crashed or released:
+            log.warning(
+                "recovery: %d run(s) of dead workers marked crashed, %d job(s) requeued",
+                crashed,
+                released,
+            )
+        return crashed
+
+    # ---- the janitor -----------------------------------------------------------------------
+    async def purge(self) -> int:
+        """Delete terminal runs older than the retention, finished jobs, expired cache
+        entries; the number of runs deleted."""
+        cutoff = utcnow() - self.retention
+        total = 0
+        while True:
+            removed = await self.backend.runs.purge(cutoff, limit=PURGE_CHUNK)
+            total += removed
+            if removed < PURGE_CHUNK:
+                break
+            await anyio.lowlevel.checkpoint()  # let runs go between chunks
+        for queue in self.backend.queues:
+            await queue.purge(cutoff)
+        return total
+
+    async def loop(self) -> None:
+        """Every janitor interval, if this worker holds the chores' lease: recover dead
+        workers, then purge. (Between two rounds, the jobs of a worker that died are taken
+        over by the ordinary claims as their leases expire.)"""
+        every = self.janitor_interval
+        while True:
+            await anyio.sleep(every)
+            if await self.backend.shared.try_lead("chores", self.me.id, 2 * every):
+                await self.recover()
+                await self.purge()

@@ -1,0 +1,24 @@
+"""The errors the engine raises at its users: each message is one line, meant to be read."""
+
+from __future__ import annotations
+
+
+class EngineError(Exception):
+    """A request the engine refuses; the message says why and is meant for the user."""
+
+
+class UnknownQueue(EngineError):
+    pass
+
+
+class UnknownRun(EngineError):
+    pass
+
+
+class UnknownJob(EngineError):
+    pass
+
+
+class DatabaseError(RuntimeError):
+    """The database cannot be used: not a blok database, not writable, unreachable, from a
+    newer version. The message names the database and says what to do."""

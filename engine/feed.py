@@ -1,0 +1,243 @@
+"""Following a database other processes write: their changes as the engine's typed events.
+
+An engine that runs nothing here (a producer, an attached console) follows the backend's change
+feed: when the change token moves it reads the runs written since (in commit order, with their
+steps and attempts) and the log lines, and tells them as the worker itself would have — a run's
+start and its steps, then its log lines, then its end. What the workers serve (queues, pauses,
+workflow versions, reload errors) is compared with what it was, for the queue list and banners.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .backends.base import Backend, FeedCursor, WorkerCatalog
+from .events import (
+    AttemptFailed,
+    Event,
+    EventBus,
+    Lagged,
+    LogRecorded,
+    QueueChanged,
+    ReloadErrorCleared,
+    ReloadFailed,
+    RunFinished,
+    RunQueued,
+    RunStarted,
+    RunStatusChanged,
+    StepFinished,
+    StepStarted,
+    WorkflowReloaded,
+)
+from .filters import RunFilter
+from .models import (
+    TERMINAL_RUN_STATUSES,
+    AttemptStatus,
+    Run,
+    RunStatus,
+    StepStatus,
+    WorkflowInfo,
+)
+
+SEEN_RUNS = 20_000  # statuses remembered, so that a rewrite of a finished run is not news
+PAGE = 1000
+
+_FINISHED_STEP = frozenset(
+    {
+        StepStatus.COMPLETED,
+        StepStatus.FAILED,
+        StepStatus.SKIPPED,
+        StepStatus.CACHED,
+        StepStatus.CANCELLED,
+    }
+)
+_FAILED_ATTEMPT = frozenset({AttemptStatus.FAILED, AttemptStatus.TIMED_OUT})
+
+
+@dataclass
+class _StepSeen:
+    status: str
+    attempts: set[int] = field(default_factory=set)
+    failed: set[int] = field(default_factory=set)
+
+
+class Follower:
+    def __init__(self, backend: Backend, bus: EventBus, poll_s: float = 0.1) -> None:
+        self.backend = backend
+        self.bus = bus
+        self.poll_s = poll_s
+        self.cursor = FeedCursor()
+        self.reload_errors: dict[str, str] = {}
+        self._statuses: OrderedDict[str, str] = OrderedDict()
+        self._steps: dict[str, dict[int, _StepSeen]] = {}
+        self._catalogs: dict[str, WorkerCatalog] = {}
+        self._catalog_key: Any = None
+        self._workers_key: tuple[str, ...] | None = None
+        self._paused: set[str] = set()
+        self.polls = 0  # change-token checks made
+        self.reads = 0  # checks that found a change and read it
+
+    async def prime(self) -> None:
+        """Start from what is there now: events are for what changes after this."""
+        self.cursor = await self.backend.runs.feed_cursor()
+        live = await self.backend.runs.list_runs(_live_filter(), limit=SEEN_RUNS)
+        for run in live:
+            self._remember(run.id, str(run.status))
+            if run.status is RunStatus.RUNNING:
+                self._step_events(run)
+        await self._read_catalog(publish=False)
+
+    async def loop(self) -> None:
+        token = await self.backend.change_token()
+        while True:
+            self.polls += 1
+            moved = await self.backend.wait_for_change(token, self.poll_s * 10)
+            if moved == token:
+                continue
+            token = moved
+            self.reads += 1
+            await self.read_changes()
+
+    async def read_changes(self) -> None:
+        page = await self.backend.runs.feed(self.cursor, PAGE)
+        self.cursor = page.cursor
+        publish: Callable[[Event], None] = self.bus.publish
+        front: list[Event] = []
+        back: list[Event] = []
+        if page.lagged:
+            front.append(Lagged(dropped=page.lagged))
+        for run in page.runs:
+            before, after = self._run_events(run)
+            front.extend(before)
+            if run.status not in (RunStatus.QUEUED, RunStatus.DELAYED):
+                front.extend(self._step_events(run))
+            back.extend(after)
+            if run.terminal:
+                self._steps.pop(run.id, None)
+        lines: list[Event] = [
+            LogRecorded(line.run_id, line.step, line.level, line.message) for line in page.logs
+        ]
+        if self.bus.active:
+            for event in (*front, *lines, *back):
+                publish(event)
+        await self._read_catalog(publish=True)
+
+    def _remember(self, run_id: str, status: str) -> None:
+        self._statuses[run_id] = status
+        self._statuses.move_to_end(run_id)
+        while len(self._statuses) > SEEN_RUNS:
+            old, _ = self._statuses.popitem(last=False)
+            self._steps.pop(old, None)
+
+    def _run_events(self, run: Run) -> tuple[list[Event], list[Event]]:
+        """Events for a run's status change: (before its step events, after them)."""
+        status = str(run.status)
+        previous = self._statuses.get(run.id)
+        self._remember(run.id, status)
+        if previous == status:
+            return [], []
+        before: list[Event] = []
+        after: list[Event] = []
+        if previous is None:
+            queued = status if status in ("queued", "delayed") else "queued"
+            before.append(RunQueued(run.id, run.queue, run.workflow_name, queued))
+        if run.status is RunStatus.RUNNING:
+            before.append(RunStarted(run.id, run.queue, run.workflow_name))
+        elif run.terminal:
+            if run.started_at is not None and previous in (None, "queued", "delayed"):
+                before.append(RunStarted(run.id, run.queue, run.workflow_name))
+            after.append(RunFinished(run.id, run.queue, run.workflow_name, status, run.error))
+        elif previous is not None:
+            after.append(RunStatusChanged(run.id, run.queue, status))
+        return before, after
+
+    def _step_events(self, run: Run) -> list[Event]:
+        """Step and attempt changes of the run since it was last seen."""
+        out: list[Event] = []
+        seen_run = self._steps.setdefault(run.id, {})
+        for step in run.steps:
+            seen = seen_run.get(step.index)
+            if seen is None:
+                seen = seen_run[step.index] = _StepSeen(str(StepStatus.PENDING))
+            for attempt in step.attempts:
+                if attempt.number not in seen.attempts:
+                    seen.attempts.add(attempt.number)
+                    out.append(StepStarted(run.id, step.index, step.name, attempt.number))
+                if attempt.status in _FAILED_ATTEMPT and attempt.number not in seen.failed:
+                    seen.failed.add(attempt.number)
+                    message = (
+                        f"{attempt.error_type}: {attempt.error}"
+                        if attempt.error_type
+                        else str(attempt.error)
+                    )
+                    out.append(
+                        AttemptFailed(
+                            run.id,
+                            step.index,
+                            step.name,
+                            attempt.number,
+                            step.max_attempts,
+                            message,
+                            attempt.backoff_ms,
+                        )
+                    )
+            if str(step.status) != seen.status:
+                if step.status in _FINISHED_STEP:
+                    out.append(
+                        StepFinished(run.id, step.index, step.name, str(step.status), step.error)
+                    )
+                seen.status = str(step.status)
+        return out
+
+    async def _read_catalog(self, *, publish: bool) -> None:
+        """Queue list, pauses, workers and reload errors: compared when any of them moved."""
+        shared = self.backend.shared
+        catalogs = {c.worker: c for c in await shared.catalogs()}
+        workers = tuple(sorted(w.id for w in await shared.workers()))
+        paused = await shared.paused_queues()
+        key = (tuple(sorted((w, c.updated_at) for w, c in catalogs.items())), workers)
+        if key == self._catalog_key and paused == self._paused:
+            return
+        self._catalog_key = key
+        old, old_paused = self._catalogs, self._paused
+        self._catalogs, self._paused = catalogs, paused
+        errors: dict[str, str] = {}
+        for catalog in sorted(catalogs.values(), key=lambda c: c.updated_at):
+            errors.update(catalog.reload_errors)
+        previous_errors, self.reload_errors = self.reload_errors, errors
+        workers_moved = self._workers_key is not None and workers != self._workers_key
+        self._workers_key = workers
+        if not (publish and self.bus.active):
+            return
+        emit = self.bus.publish
+        for path, message in errors.items():
+            if previous_errors.get(path) != message:
+                emit(ReloadFailed(path, message))
+        for path in previous_errors.keys() - errors.keys():
+            emit(ReloadErrorCleared(path))
+        old_versions = {w.name: w.version for c in old.values() for w in c.workflows}
+        by_path: dict[str, list[WorkflowInfo]] = {}
+        for catalog in catalogs.values():
+            for info in catalog.workflows:
+                if old_versions and old_versions.get(info.name) != info.version:
+                    by_path.setdefault(info.path or "", []).append(info)
+        for path, infos in by_path.items():
+            emit(
+                WorkflowReloaded(
+                    path, tuple(i.name for i in infos), tuple(i.version for i in infos)
+                )
+            )
+        old_queues = {(c.worker, q) for c in old.values() for q in c.queues}
+        new_queues = {(c.worker, q) for c in catalogs.values() for q in c.queues}
+        touched = {q.name for _, q in old_queues ^ new_queues} | (old_paused ^ paused)
+        if workers_moved:
+            touched |= {q.name for _, q in new_queues}  # a worker came or went: widths moved
+        for name in sorted(touched):
+            emit(QueueChanged(name))
+
+
+def _live_filter() -> RunFilter:
+    return RunFilter(status=tuple(str(s) for s in RunStatus if s not in TERMINAL_RUN_STATUSES))

@@ -1,0 +1,92 @@
+"""What the console and the CLI ask the run store for: `RunFilter`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .models import Run, RunStatus
+
+
+@dataclass(frozen=True, slots=True)
+class RunFilter:
+    """What the console and the CLI ask for; every field narrows the set."""
+
+    status: tuple[str, ...] | None = None
+    workflow: str | None = None
+    queue: str | None = None
+    text: str | None = None  # matches id, workflow, queue or error
+    job_id: str | None = None
+    retrying: bool = False  # still going, with a failed attempt behind it
+    # Running longer than `stuck` × the median duration of its workflow's completed runs. The
+    # engine turns the factor into `stuck_cutoffs` (workflow, epoch seconds a run must have
+    # started before) before it asks a store; a workflow with no completed run is never stuck.
+    stuck: float | None = None
+    stuck_cutoffs: tuple[tuple[str, float], ...] | None = None
+    finished_after: float | None = None  # epoch seconds: ended after this moment
+    workers: tuple[str, ...] | None = None  # run by one of these workers
+
+    @classmethod
+    def of(
+        cls,
+        status: str | list[str] | tuple[str, ...] | None = None,
+        workflow: str | None = None,
+        queue: str | None = None,
+        text: str | None = None,
+        job_id: str | None = None,
+        retrying: bool = False,
+        stuck: float | None = None,
+    ) -> RunFilter:
+        if isinstance(status, str):
+            status = (status,)
+        statuses = tuple(str(RunStatus(s)) for s in status) if status else None
+        if stuck is not None and not stuck > 0:
+            raise ValueError(f"stuck must be a factor above 0, not {stuck!r}")
+        return cls(statuses, workflow, queue, text or None, job_id, retrying, stuck)
+
+    def stuck_before(self) -> dict[str, float] | None:
+        if self.stuck is None:
+            return None
+        if self.stuck_cutoffs is None:
+            raise ValueError(
+                "RunFilter(stuck=...) needs the medians the engine computes: ask through "
+                "Engine.runs / count_runs, not the store directly"
+            )
+        return dict(self.stuck_cutoffs)
+
+    def matches(self, run: Run) -> bool:
+        if self.status and run.status not in self.status:
+            return False
+        if self.workflow and run.workflow_name != self.workflow:
+            return False
+        if self.queue and run.queue != self.queue:
+            return False
+        if self.job_id and run.job_id != self.job_id:
+            return False
+        if self.workers is not None and run.worker not in self.workers:
+            return False
+        if self.finished_after is not None and (
+            run.finished_at is None or run.finished_at.timestamp() < self.finished_after
+        ):
+            return False
+        if self.retrying and (
+            run.terminal or not any(a.error for s in run.steps for a in s.attempts)
+        ):
+            return False
+        cutoffs = self.stuck_before()
+        if cutoffs is not None:
+            cutoff = cutoffs.get(run.workflow_name)
+            if (
+                run.status is not RunStatus.RUNNING
+                or run.started_at is None
+                or cutoff is None
+                or run.started_at.timestamp() >= cutoff
+            ):
+                return False
+        if self.text:
+            needle = self.text.lower()
+            haystack = " ".join(
+                (run.id, run.workflow_name, run.queue, run.status, run.error or "")
+            ).lower()
+            if needle not in haystack:
+                return False
+        return True

@@ -1,0 +1,524 @@
+"""The ledger: the only code that changes the state of a run or a job.
+
+Every change is one `Transition` of the backend — the job's next state and the run records that
+go with it, committed together, and only if the job is still at the epoch the caller read or
+claimed it at. So a worker that lost its lease cannot complete, acknowledge or rewrite anything,
+and an operator's cancel of a queued run cannot land on top of a worker's claim: whichever comes
+second finds the epoch moved and is refused.
+
+Workers call the claim-side methods (start, settle, hold, end, interrupt, take_over); the
+operator API and cluster chores call the others after reading the job (cancel_pending, requeue,
+make_due, release). Events for a live UI are published here, after each change, and waiters of
+`wait_for_job` in this process are woken.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+import anyio
+
+from .backends.base import Backend, Claim, JobQueue, JobUpdate, Transition
+from .events import EventBus, RunFinished, RunQueued, RunStarted, RunStatusChanged
+from .models import (
+    AttemptStatus,
+    Job,
+    JobState,
+    LogLine,
+    Run,
+    RunStatus,
+    StepStatus,
+    utcnow,
+)
+from .records import construct
+from .redact import redact_headers
+
+log = logging.getLogger("blok.ledger")
+
+CANCELLED_BEFORE_RUN = "cancelled by operator before it ran"
+CANCELLED = "cancelled by operator"
+
+
+def new_id(prefix: str) -> str:
+    # Time first so ids sort by creation, then randomness.
+    return f"{prefix}_{int(time.time() * 1000):011x}{secrets.token_hex(4)}"
+
+
+def engine_line(message: str, level: str = "info") -> LogLine:
+    return LogLine.model_construct(ts=utcnow(), level=level, message=message, step=None)
+
+
+def close_open_steps(
+    run: Run, step_status: StepStatus, attempt_status: AttemptStatus, error: str
+) -> None:
+    """End the steps (and their attempts) a run left running or waiting."""
+    now = utcnow()
+    for step in run.steps:
+        if step.status in (StepStatus.RUNNING, StepStatus.WAITING):
+            step.status = step_status
+            step.finished_at = now
+            step.error = error
+            for attempt in step.attempts:
+                if attempt.status is AttemptStatus.RUNNING:
+                    attempt.status = attempt_status
+                    attempt.finished_at = now
+                    attempt.error = error
+
+
+def make_job(
+    *,
+    queue: str,
+    workflow_name: str,
+    payload: Any,
+    headers: dict[str, str] | None,
+    priority: int,
+    run_at: datetime | None,
+    max_retries: int,
+    job_id: str | None = None,
+    meta: dict[str, Any] | None = None,
+) -> Job:
+    return construct(
+        Job,
+        dict(
+            id=job_id or new_id("job"),
+            queue=queue,
+            workflow_name=workflow_name,
+            payload=payload,
+            headers=headers or {},
+            priority=priority,
+            state=JobState.DELAYED if run_at else JobState.WAITING,
+            run_at=run_at,
+            attempts=0,
+            max_retries=max_retries,
+            run_id=new_id("run"),
+            created_at=utcnow(),
+            finished_at=None,
+            error=None,
+            worker=None,
+            resume=False,
+            meta=meta or {},
+            epoch=0,
+            lease_until=None,
+            signals={},
+            force=False,
+        ),
+    )
+
+
+def make_run(
+    job: Job,
+    *,
+    workflow_version: str,
+    job_attempt: int = 1,
+    status: RunStatus = RunStatus.QUEUED,
+    created_at: datetime | None = None,
+) -> Run:
+    """The record of one delivery of `job`, before it starts."""
+    meta = job.meta
+    return construct(
+        Run,
+        dict(
+            id=job.run_id,
+            workflow_name=job.workflow_name,
+            workflow_version=workflow_version,
+            queue=job.queue,
+            job_id=job.id,
+            status=status,
+            input=job.payload,
+            headers=redact_headers(job.headers),
+            output=None,
+            error=None,
+            error_step=None,
+            priority=job.priority,
+            job_attempt=job_attempt,
+            created_at=created_at or job.created_at,
+            started_at=None,
+            finished_at=None,
+            run_at=job.run_at,
+            wait_until=None,
+            replay_of=meta.get("replay_of"),
+            replay_from_step=meta.get("replay_from_step"),
+            parent_run_id=meta.get("parent_run_id"),
+            depth=meta.get("depth", 0),
+            worker=None,
+            attempts=0,
+            failed_attempts=0,
+            cursor=[],
+            state={},
+            steps=[],
+            logs=[],
+        ),
+    )
+
+
+def _ended(job: Job) -> dict[str, str] | None:
+    """A job that will not run again keeps no secret header values: its headers redacted (None
+    when there is nothing to hide). Failed and dead jobs keep theirs: a requeue runs them."""
+    if not job.headers:
+        return None
+    redacted = redact_headers(job.headers)
+    return redacted if redacted != job.headers else None
+
+
+class Ledger:
+    def __init__(self, backend: Backend, bus: EventBus) -> None:
+        self.backend = backend
+        self.bus = bus
+        # wait_for_job callers in this process, woken when the job ends here.
+        self._job_done: dict[str, anyio.Event] = {}
+        # Called with every run that ends here (the worker wakes a waiting parent).
+        self.on_run_ended: list[Callable[[Run], None]] = []
+        # Engine lines made for a run and not written yet: they ride in its next transition.
+        self._notes: dict[str, list[LogLine]] = {}
+
+    # ---- waiters ---------------------------------------------------------------------------
+    def job_waiter(self, job_id: str) -> anyio.Event:
+        """An event set when the job ends in this process (register it before reading)."""
+        return self._job_done.setdefault(job_id, anyio.Event())
+
+    def forget_waiter(self, job_id: str) -> None:
+        self._job_done.pop(job_id, None)
+
+    def _job_ended(self, job_id: str) -> None:
+        event = self._job_done.pop(job_id, None)
+        if event is not None:
+            event.set()
+
+    # ---- publishing ------------------------------------------------------------------------
+    def _finished(self, run: Run) -> None:
+        if self.bus.active:
+            self.bus.publish(
+                RunFinished(run.id, run.queue, run.workflow_name, str(run.status), run.error)
+            )
+        for hook in self.on_run_ended:
+            hook(run)
+
+    def _changed(self, run: Run) -> None:
+        if self.bus.active:
+            self.bus.publish(RunStatusChanged(run.id, run.queue, str(run.status)))
+
+    def queued(self, runs: list[Run]) -> None:
+        if self.bus.active:
+            for run in runs:
+                self.bus.publish(RunQueued(run.id, run.queue, run.workflow_name, str(run.status)))
+
+    def log(self, run: Run, message: str, level: str = "info") -> None:
+        """An engine line on the run's record, written with the run's next transition (or,
+        for a run that starts, with its start)."""
+        line = engine_line(message, level)
+        run.logs.append(line)
+        self._notes.setdefault(run.id, []).append(line)
+
+    def _transition(
+        self, claim_job: Job, epoch: int, update: JobUpdate | None, *runs: Run
+    ) -> Transition:
+        logs = tuple((run.id, line) for run in runs for line in self._notes.pop(run.id, ()))
+        return Transition(claim_job.id, epoch, update, runs, logs)
+
+    # ---- enqueue ---------------------------------------------------------------------------
+    async def add(self, queue: JobQueue, jobs: list[Job], runs: list[Run]) -> list[str]:
+        """Enqueue jobs with their first runs; the ids of those added (known ids are not)."""
+        added = await queue.add(jobs, runs)
+        if added:
+            fresh = set(added)
+            self.queued([run for run in runs if run.job_id in fresh])
+        return added
+
+    # ---- a worker's job --------------------------------------------------------------------
+    def start(self, claim: Claim, queue: JobQueue, run: Run, worker: str, version: str) -> None:
+        run.status = RunStatus.RUNNING
+        run.workflow_version = version
+        run.worker = worker
+        run.wait_until = None
+        run.error = None
+        if run.started_at is None:
+            run.started_at = utcnow()
+        queue.record(run, claim.fence)
+        for line in self._notes.pop(run.id, ()):
+            queue.record_log(run.id, line, claim.fence)
+        if self.bus.active:
+            self.bus.publish(RunStarted(run.id, run.queue, run.workflow_name))
+
+    def wait(self, claim: Claim, queue: JobQueue, run: Run, until: datetime) -> None:
+        """The run sleeps until `until` without holding a worker slot."""
+        run.status = RunStatus.WAITING
+        run.wait_until = until
+        update = JobUpdate(state=JobState.DELAYED, run_at=until, resume=True)
+        queue.submit(self._transition(claim.job, claim.job.epoch, update, run))
+        self._changed(run)
+
+    def complete(self, claim: Claim, queue: JobQueue, run: Run, output: Any) -> None:
+        self._close(run, RunStatus.COMPLETED, None, None)
+        run.output = output
+        self._settle(
+            claim, queue, run, JobUpdate(state=JobState.COMPLETED, headers=_ended(claim.job))
+        )
+
+    def cancelled(self, claim: Claim, queue: JobQueue, run: Run, reason: str = CANCELLED) -> None:
+        self._close(run, RunStatus.CANCELLED, reason, None)
+        close_open_steps(run, StepStatus.CANCELLED, AttemptStatus.CANCELLED, "cancelled")
+        self._settle(
+            claim, queue, run, JobUpdate(state=JobState.CANCELLED, headers=_ended(claim.job))
+        )
+
+    def fail(
+        self,
+        claim: Claim,
+        queue: JobQueue,
+        run: Run,
+        status: RunStatus,
+        error: str | None,
+        error_step: str | None,
+        backoff_ms: Callable[[int], int],
+        *,
+        retry: bool,
+    ) -> None:
+        """A failed or timed-out delivery. With `retry`, the job is tried again while its
+        budget (`job.max_retries`) lasts, after `backoff_ms(failures so far)`, and dead-lettered
+        once it is used up; without, it ends failed."""
+        job = claim.job
+        self._close(run, status, error, error_step)
+        if status is RunStatus.TIMED_OUT:
+            close_open_steps(run, StepStatus.FAILED, AttemptStatus.TIMED_OUT, error or "")
+        failures = int(job.meta.get("failures", 0)) + 1
+        meta = {**job.meta, "failures": failures}
+        retries = job.max_retries
+        if retry and failures <= retries:
+            backoff = backoff_ms(failures - 1)
+            next_id = new_id("run")
+            run_at = utcnow() + timedelta(milliseconds=backoff)
+            follow = construct(Job, {**job.__dict__, "run_id": next_id, "run_at": run_at})
+            next_run = make_run(
+                follow,
+                workflow_version=run.workflow_version,
+                job_attempt=failures + 1,
+                status=RunStatus.DELAYED,
+                created_at=utcnow(),
+            )
+            self.log(
+                run,
+                f"job attempt {failures}/{retries + 1} failed; retrying in "
+                f"{backoff / 1000:.1f}s as run {next_run.id}",
+                "warning",
+            )
+            update = JobUpdate(
+                state=JobState.DELAYED, run_id=next_id, run_at=run_at, meta=meta, error=error
+            )
+            queue.submit(self._transition(job, job.epoch, update, run, next_run))
+            self._finished(run)
+            self.queued([next_run])
+            return
+        # A job that used up its retries goes to the dead-letter queue; one that had none, or
+        # that may not be retried, ends failed.
+        dead = retry and retries > 0
+        if dead:
+            self.log(
+                run,
+                f"job {job.id} used up its {retries} retries: moved to the dead-letter queue",
+                "error",
+            )
+        state = JobState.DEAD if dead else JobState.FAILED
+        self._settle(claim, queue, run, JobUpdate(state=state, error=error, meta=meta))
+
+    def _close(
+        self, run: Run, status: RunStatus, error: str | None, error_step: str | None
+    ) -> None:
+        run.status = status
+        run.finished_at = utcnow()
+        run.error = error
+        run.error_step = error_step
+        run.state = {}
+        run.cursor = []
+        run.wait_until = None
+
+    def _settle(self, claim: Claim, queue: JobQueue, run: Run, update: JobUpdate) -> None:
+        queue.submit(self._transition(claim.job, claim.job.epoch, update, run))
+        self._finished(run)
+        self._job_ended(claim.job.id)
+
+    def hold(
+        self,
+        claim: Claim,
+        queue: JobQueue,
+        run: Run,
+        status: RunStatus,
+        until: datetime,
+        meta: dict[str, Any],
+    ) -> None:
+        """A gate holds the run back: it waits (`queued`, `throttled`, `delayed`) until
+        `until`, then its job is claimed again; the retry budget is not touched."""
+        run.status = status
+        run.run_at = until
+        update = JobUpdate(state=JobState.DELAYED, run_at=until, meta=meta)
+        queue.submit(self._transition(claim.job, claim.job.epoch, update, run))
+        self._changed(run)
+
+    def end(
+        self,
+        claim: Claim,
+        queue: JobQueue,
+        run: Run,
+        status: RunStatus,
+        state: JobState,
+        error: str | None = None,
+    ) -> None:
+        """A gate ends the delivery before it ran: debounced into another run, or expired."""
+        run.status = status
+        run.finished_at = utcnow()
+        run.error = error
+        self._settle(claim, queue, run, JobUpdate(state=state, error=error))
+
+    def interrupt(self, claim: Claim, queue: JobQueue, run: Run, reason: str) -> None:
+        """The worker stops before the run ended (a drain past its grace, an engine error): the
+        run is recorded crashed with the reason and the job goes back to the queue with a new
+        run for its next delivery."""
+        if run.terminal:
+            return
+        self._close(run, RunStatus.CRASHED, reason, None)
+        close_open_steps(run, StepStatus.FAILED, AttemptStatus.FAILED, reason)
+        job = claim.job
+        next_run = self._redelivery(job, run)
+        update = JobUpdate(state=JobState.WAITING, run_id=next_run.id, meta=job.meta)
+        queue.submit(self._transition(job, job.epoch, update, run, next_run))
+        self._finished(run)
+        self.queued([next_run])
+
+    def _redelivery(self, job: Job, crashed: Run) -> Run:
+        follow = construct(Job, {**job.__dict__, "run_id": new_id("run"), "run_at": None})
+        run = make_run(
+            follow,
+            workflow_version=crashed.workflow_version,
+            job_attempt=crashed.job_attempt + 1,
+            created_at=utcnow(),
+        )
+        self.log(run, f"redelivery of job {job.id}: its previous run {crashed.id} crashed")
+        return run
+
+    def take_over(self, claim: Claim, queue: JobQueue, run: Run) -> Run:
+        """A claim took the job over from a worker that stopped renewing its lease: a run that
+        worker had started is recorded crashed, and this delivery runs a new one."""
+        reason = (
+            f"crashed: worker {claim.taken_from} stopped renewing its lease (lease expired); "
+            "the job was taken over by another worker"
+        )
+        self._close(run, RunStatus.CRASHED, reason, None)
+        close_open_steps(run, StepStatus.FAILED, AttemptStatus.FAILED, reason)
+        job = claim.job
+        fresh = self._redelivery(job, run)
+        fresh.status = RunStatus.QUEUED
+        job.run_id = fresh.id
+        update = JobUpdate(state=JobState.ACTIVE, run_id=fresh.id)
+        queue.submit(self._transition(job, job.epoch, update, run, fresh))
+        self._finished(run)
+        return fresh
+
+    # ---- an operator's or a chore's, on a job nobody holds --------------------------------
+    def abandon(self, run: Run, reason: str) -> None:
+        """A run left `running` by a dead worker whose job is gone with it (a memory queue's):
+        recorded crashed. Nothing else can write it: there is no job to fence on."""
+        self._close(run, RunStatus.CRASHED, reason, None)
+        close_open_steps(run, StepStatus.FAILED, AttemptStatus.FAILED, reason)
+        self.backend.runs.save_run(run)
+        for line in self._notes.pop(run.id, ()):
+            self.backend.runs.add_log(run.id, line)
+        self._finished(run)
+
+    async def cancel_pending(self, queue: JobQueue, job: Job, run: Run) -> bool:
+        """Cancel a queued, delayed, waiting or throttled run whose job no worker holds (as
+        read at `job.epoch`). False if the job moved meanwhile."""
+        self._close(run, RunStatus.CANCELLED, CANCELLED_BEFORE_RUN, None)
+        close_open_steps(run, StepStatus.CANCELLED, AttemptStatus.CANCELLED, "cancelled")
+        update = JobUpdate(state=JobState.CANCELLED, headers=_ended(job), meta=job.meta)
+        if not await queue.apply(self._transition(job, job.epoch, update, run)):
+            return False
+        self._finished(run)
+        self._job_ended(job.id)
+        return True
+
+    async def cancel_abandoned(self, queue: JobQueue, job: Job, run: Run) -> bool:
+        """Cancel a run whose worker is gone (its lease ran out): nobody will finish it."""
+        close_open_steps(run, StepStatus.CANCELLED, AttemptStatus.CANCELLED, "cancelled")
+        self._close(run, RunStatus.CANCELLED, f"{CANCELLED} (its worker was gone)", None)
+        update = JobUpdate(state=JobState.CANCELLED, headers=_ended(job), meta=job.meta)
+        if not await queue.apply(self._transition(job, job.epoch, update, run)):
+            return False
+        self._finished(run)
+        self._job_ended(job.id)
+        return True
+
+    async def debounce_into(self, queue: JobQueue, job: Job, run: Run, into: str) -> bool:
+        """A pending run replaced by a newer one of its debounce burst ends debounced."""
+        run.status = RunStatus.DEBOUNCED
+        run.output = {"debounced_into": into}
+        run.finished_at = utcnow()
+        self.log(run, f"debounced: coalesced into run {into}")
+        update = JobUpdate(state=JobState.CANCELLED, meta=job.meta)
+        if not await queue.apply(self._transition(job, job.epoch, update, run)):
+            return False
+        self._finished(run)
+        self._job_ended(job.id)
+        return True
+
+    async def requeue(self, queue: JobQueue, job: Job, version: str) -> Run | None:
+        """A dead or failed job goes back to its queue with a fresh retry budget and a new
+        run; None if the job moved meanwhile."""
+        meta = {k: v for k, v in job.meta.items() if k not in ("failures", "gate_tries")}
+        follow = construct(
+            Job, {**job.__dict__, "run_id": new_id("run"), "run_at": None, "meta": meta}
+        )
+        run = make_run(follow, workflow_version=version, created_at=utcnow())
+        self.log(run, f"requeued: job {job.id} has a fresh retry budget of {job.max_retries}")
+        update = JobUpdate(state=JobState.WAITING, run_id=run.id, meta=meta, fresh_budget=True)
+        if not await queue.apply(self._transition(job, job.epoch, update, run)):
+            return None
+        self.queued([run])
+        return run
+
+    async def make_due(self, queue: JobQueue, job: Job, run: Run | None, force: bool) -> bool:
+        """Bring a waiting or delayed job forward to now (`force`: even on a paused queue)."""
+        runs: tuple[Run, ...] = ()
+        if run is not None and run.status in (RunStatus.DELAYED, RunStatus.THROTTLED):
+            run.status = RunStatus.QUEUED
+            run.run_at = None
+            self.log(run, "retry now: the operator started it without waiting")
+            runs = (run,)
+        update = JobUpdate(
+            state=JobState.WAITING,
+            run_id=job.run_id,
+            resume=job.resume,
+            meta=job.meta,
+            force=force,
+        )
+        if not await queue.apply(self._transition(job, job.epoch, update, *runs)):
+            return False
+        queue.wake(job.queue)
+        if run is not None and runs:
+            self._changed(run)
+        return True
+
+    async def release(self, queue: JobQueue, job: Job, run: Run | None, reason: str) -> bool:
+        """A dead worker's job goes back to its queue: a run it had started is recorded
+        crashed, and the job's next delivery runs a new one."""
+        if run is None or run.status is not RunStatus.RUNNING:
+            update = JobUpdate(
+                state=JobState.WAITING,
+                run_id=job.run_id,
+                resume=job.resume,
+                meta=job.meta,
+                force=job.force,
+            )
+            return await queue.apply(self._transition(job, job.epoch, update))
+        self._close(run, RunStatus.CRASHED, reason, None)
+        close_open_steps(run, StepStatus.FAILED, AttemptStatus.FAILED, reason)
+        next_run = self._redelivery(job, run)
+        update = JobUpdate(state=JobState.WAITING, run_id=next_run.id, meta=job.meta)
+        if not await queue.apply(self._transition(job, job.epoch, update, run, next_run)):
+            return False
+        self._finished(run)
+        self.queued([next_run])
+        return True

@@ -1,0 +1,845 @@
+"""The operator API: enqueue, inspect, cancel, replay, requeue, retry now, pause — over a Backend.
+
+One implementation serves the in-process engine, an engine with no workflows (a producer or an
+attached console) and the command line alike. An action on a job that no worker holds is a
+fenced write through the ledger; an action on a run another worker holds (cancel, retry now)
+is a signal written on its job, which that worker picks up — not a remote call. So everything
+works with no worker alive, except what only a worker can do: stop code that runs.
+
+Queues are known from this engine's catalog, or from what the workers sharing the database
+declared (their catalogs): a producer enqueues to a queue a worker process serves without
+importing its workflows.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import anyio
+
+from .backends.base import Backend, JobQueue, ServedQueue, WorkerCatalog
+from .catalog import Catalog
+from .durations import parse_duration
+from .errors import EngineError, UnknownJob, UnknownQueue, UnknownRun
+from .filters import RunFilter
+from .ledger import Ledger, make_job, make_run
+from .liveness import worker_alive
+from .models import (
+    PENDING_RUN_STATUSES,
+    AttemptStatus,
+    Job,
+    JobState,
+    QueueInfo,
+    QueueStats,
+    Run,
+    RunStatus,
+    StepRun,
+    StepStatus,
+    WorkerInfo,
+    WorkflowInfo,
+    utcnow,
+)
+from .operations import (
+    BulkResult,
+    ProgressCallback,
+    Skip,
+    matching_runs,
+    resolve_stuck,
+    run_bulk,
+)
+from .records import construct
+from .runner import Runner
+from .worker import Worker
+from .workflow import Workflow
+
+log = logging.getLogger("blok.operator")
+
+DEFAULT_MAX_PAYLOAD_BYTES = 1_048_576
+CANCEL_WAIT_S = 8.0  # how long a cancel waits for the worker holding the run to stop it
+CATALOG_TTL_S = 1.0  # a producer re-reads what the workers serve at most this often
+# Runs that retry_now can start: a delayed run (job backoff, or enqueued with a delay), a
+# queued one (on a paused queue) and a throttled one.
+RETRYABLE_NOW = frozenset({RunStatus.DELAYED, RunStatus.QUEUED, RunStatus.THROTTLED})
+
+
+@dataclass(frozen=True, slots=True)
+class QueueTarget:
+    """A queue this process can enqueue to: where its jobs go and what runs them."""
+
+    name: str
+    workflow_name: str
+    version: str
+    retries: int
+    start_delay_ms: int | None
+    queue: JobQueue
+    workflow: Workflow | None  # when the workflow is loaded here
+    steps: tuple[tuple[str, str], ...]  # top-level (name, kind)
+
+
+class Operator:
+    def __init__(
+        self,
+        backend: Backend,
+        ledger: Ledger,
+        catalog: Catalog,
+        *,
+        provider_of: Any,
+        worker: Worker | None = None,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    ) -> None:
+        self.backend = backend
+        self.store = backend.runs
+        self.ledger = ledger
+        self.catalog = catalog
+        self.provider_of = provider_of  # Workflow -> provider name (None: the default)
+        self.worker = worker
+        self.max_payload_bytes = max_payload_bytes
+        self._catalogs: tuple[float, list[WorkerCatalog]] = (0.0, [])
+
+    # ---- queues ----------------------------------------------------------------------------
+    async def _declared(self, fresh: bool = False) -> list[WorkerCatalog]:
+        at, catalogs = self._catalogs
+        if fresh or time.monotonic() - at > CATALOG_TTL_S:
+            catalogs = await self.backend.shared.catalogs()
+            self._catalogs = (time.monotonic(), catalogs)
+        return catalogs
+
+    async def target(self, queue: str) -> QueueTarget:
+        """The queue as this engine serves it, else as a worker on the database declared it."""
+        wf = self.catalog.served().get(queue)
+        if wf is not None:
+            try:
+                jobs = self.backend.queue(self.provider_of(wf))
+            except ValueError as error:
+                raise EngineError(str(error)) from None
+            trigger = wf.trigger
+            return QueueTarget(
+                queue,
+                wf.name,
+                wf.version,
+                trigger.retries if trigger else 0,
+                trigger.start_delay if trigger else None,
+                jobs,
+                wf,
+                tuple((s.name, s.kind) for s in wf.steps),
+            )
+        for fresh in (False, True):
+            declared: ServedQueue | None = None
+            steps: tuple[tuple[str, str], ...] = ()
+            for catalog in await self._declared(fresh):
+                for served in catalog.queues:
+                    if served.name == queue:
+                        declared = served
+                        steps = catalog.step_kinds.get(served.workflow_name, ())
+            if declared is not None:
+                break
+        if declared is None:
+            known = sorted(set(self.catalog.served()) | await self._declared_names())
+            hint = (
+                ""
+                if self.catalog.served()
+                else "; a queue is known once a worker serving it has started on this database"
+            )
+            raise UnknownQueue(
+                f"unknown queue {queue!r} (queues: {', '.join(known) or 'none'}{hint})"
+            )
+        if declared.provider == "memory":
+            raise EngineError(
+                f"queue {queue!r} is a memory queue: its jobs live in the process of the worker "
+                "serving it, so only that process can add to or act on them"
+            )
+        try:
+            jobs = self.backend.queue(declared.provider or None)
+        except ValueError as error:
+            raise EngineError(f"queue {queue!r}: {error}") from None
+        return QueueTarget(
+            queue,
+            declared.workflow_name,
+            declared.workflow_version,
+            declared.retries,
+            declared.start_delay_ms,
+            jobs,
+            None,
+            steps,
+        )
+
+    async def _declared_names(self) -> set[str]:
+        return {q.name for c in await self._declared() for q in c.queues}
+
+    async def queues(self) -> list[QueueInfo]:
+        """Every queue served here or declared by a worker on the database. Concurrency is
+        the sum over the live workers serving it; paused as the database says."""
+        paused = await self.backend.shared.paused_queues()
+        live = {w.id for w in await self.live_workers()}
+        merged: dict[str, QueueInfo] = {}
+        widths: dict[str, int] = {}
+        for catalog in await self._declared(fresh=True):
+            for served in catalog.queues:
+                merged[served.name] = QueueInfo(
+                    name=served.name,
+                    workflow_name=served.workflow_name,
+                    provider=served.provider,
+                    concurrency=served.concurrency,
+                    paused=served.name in paused,
+                )
+                if catalog.worker in live:
+                    widths[served.name] = widths.get(served.name, 0) + served.concurrency
+        for name, width in widths.items():
+            merged[name].concurrency = width
+        for name, wf in self.catalog.served().items():
+            if name in merged:
+                continue
+            # Loaded here but not served by a worker (yet): as this engine would serve it.
+            try:
+                provider = self.backend.queue(self.provider_of(wf)).provider
+            except ValueError:
+                continue
+            merged[name] = QueueInfo(
+                name=name,
+                workflow_name=wf.name,
+                provider=provider,
+                concurrency=wf.trigger.concurrency if wf.trigger else 1,
+                paused=name in paused,
+            )
+        return [merged[name] for name in sorted(merged)]
+
+    async def workflows(self) -> list[WorkflowInfo]:
+        latest: dict[str, WorkflowInfo] = {}
+        for catalog in await self._declared():
+            for info in catalog.workflows:
+                latest[info.name] = info
+        for info in self.catalog.infos():
+            latest[info.name] = info
+        return [latest[name] for name in sorted(latest)]
+
+    async def reload_errors(self) -> dict[str, str]:
+        errors: dict[str, str] = {}
+        for catalog in await self._declared():
+            errors.update(catalog.reload_errors)
+        errors.update(self.catalog.reload_errors)
+        return errors
+
+    async def queue_stats(self, queue: str) -> QueueStats:
+        try:
+            target = await self.target(queue)
+        except EngineError as error:
+            if isinstance(error, UnknownQueue):
+                raise
+            return await self._stats_from_runs(queue)  # a memory queue of another process
+        return await target.queue.stats(queue)
+
+    async def _stats_from_runs(self, queue: str) -> QueueStats:
+        async def count(*statuses: str) -> int:
+            return await self.store.count_runs(RunFilter(status=statuses, queue=queue))
+
+        return QueueStats(
+            queue=queue,
+            waiting=await count("queued"),
+            active=await count("running"),
+            completed=await count("completed"),
+            failed=await count("failed", "timed_out", "crashed"),
+            delayed=await count("delayed", "waiting"),
+            cancelled=await count("cancelled"),
+        )
+
+    async def throughput(self, queue: str, window: float = 10.0) -> float:
+        """Completed jobs per second over the last `window` seconds: as this engine saw them
+        if it serves the queue, else from the store (every worker)."""
+        if self.worker is not None and queue in self.worker.runtimes:
+            return self.worker.throughput(queue, window)
+        where = RunFilter(
+            status=(str(RunStatus.COMPLETED),), queue=queue, finished_after=time.time() - window
+        )
+        return await self.store.count_runs(where) / window
+
+    async def dead_letters(self, queue: str) -> list[Job]:
+        target = await self.target(queue)
+        return await target.queue.dead_letters(queue)
+
+    async def pause(self, queue: str) -> None:
+        """Claim nothing new from the queue (running jobs finish); survives a restart."""
+        await self._set_paused(queue, True)
+
+    async def resume(self, queue: str) -> None:
+        await self._set_paused(queue, False)
+
+    async def _set_paused(self, queue: str, paused: bool) -> None:
+        if queue not in self.catalog.served() and queue not in await self._declared_names():
+            await self.target(queue)  # raises UnknownQueue with the known ones
+        await self.backend.shared.set_paused(queue, paused)
+        if self.worker is not None:
+            self.worker.set_paused(queue, paused)
+
+    # ---- workers ---------------------------------------------------------------------------
+    async def workers(self) -> list[WorkerInfo]:
+        return await self.backend.shared.workers()
+
+    async def live_workers(self) -> list[WorkerInfo]:
+        return [w for w in await self.backend.shared.workers() if worker_alive(w)]
+
+    # ---- enqueue ---------------------------------------------------------------------------
+    def check_payload(self, payload: Any) -> None:
+        try:
+            blob = json.dumps(payload, allow_nan=False)
+        except (TypeError, ValueError) as error:
+            raise EngineError(f"payload is not JSON-serialisable: {error}") from None
+        except RecursionError:
+            raise EngineError("payload is nested too deeply to be stored as JSON") from None
+        if len(blob) > self.max_payload_bytes:
+            raise EngineError(
+                f"payload is {len(blob):,} bytes, above the {self.max_payload_bytes:,}-byte cap "
+                "(Engine(max_payload_bytes=...) to raise it)"
+            )
+
+    def _job(
+        self,
+        target: QueueTarget,
+        payload: Any,
+        *,
+        priority: int = 0,
+        delay: Any = None,
+        job_id: str | None = None,
+        headers: dict[str, str] | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> tuple[Job, Run]:
+        self.check_payload(payload)
+        if headers is not None and (
+            not isinstance(headers, dict)
+            or not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items())
+        ):
+            raise EngineError("headers must be a dict of strings to strings")
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise EngineError(f"priority must be an integer, not {priority!r}")
+        if delay is None and target.start_delay_ms:
+            delay = target.start_delay_ms  # the delay gate: every job of this trigger waits
+        run_at = None
+        if delay is not None:
+            try:
+                delay_ms = parse_duration(delay)
+            except ValueError as error:
+                raise EngineError(f"delay: {error}") from None
+            if delay_ms > 0:
+                run_at = utcnow() + timedelta(milliseconds=delay_ms)
+        job = make_job(
+            queue=target.name,
+            workflow_name=target.workflow_name,
+            payload=payload,
+            headers=headers,
+            priority=priority,
+            run_at=run_at,
+            max_retries=target.retries,
+            job_id=job_id,
+            meta=meta,
+        )
+        status = RunStatus.DELAYED if run_at else RunStatus.QUEUED
+        return job, make_run(job, workflow_version=target.version, status=status)
+
+    async def enqueue(
+        self,
+        queue: str,
+        payload: Any = None,
+        *,
+        priority: int = 0,
+        delay: Any = None,
+        job_id: str | None = None,
+        headers: dict[str, str] | None = None,
+        force: bool = False,
+    ) -> str:
+        target = await self.target(queue)
+        job, run = self._job(
+            target, payload, priority=priority, delay=delay, job_id=job_id, headers=headers
+        )
+        added = await self.ledger.add(target.queue, [job], [run])
+        if force and added:
+            await self._start_now(target.queue, job.id)
+        return job.id
+
+    async def enqueue_many(
+        self, queue: str, payloads: Sequence[Any], *, priority: int = 0
+    ) -> list[str]:
+        target = await self.target(queue)
+        made = [self._job(target, p, priority=priority) for p in payloads]
+        if made:
+            await self.ledger.add(target.queue, [m[0] for m in made], [m[1] for m in made])
+        return [m[0].id for m in made]
+
+    async def _start_now(self, queue: JobQueue, job_id: str) -> bool:
+        """Make a pending job due now, past its run_at and a pause."""
+        for _ in range(3):
+            job = await queue.get_job(job_id)
+            if job is None or job.state not in (JobState.WAITING, JobState.DELAYED):
+                return False
+            run = await self.store.get_run(job.run_id)
+            if await self.ledger.make_due(queue, job, run, force=True):
+                return True
+        return False
+
+    # ---- reads -----------------------------------------------------------------------------
+    async def get_job(self, job_id: str) -> Job:
+        found = await self.backend.find_job(job_id)
+        if found is None:
+            raise UnknownJob(f"unknown job {job_id!r}")
+        return found[1]
+
+    async def get_run(self, run_id: str) -> Run:
+        run = await self.store.get_run(run_id)
+        if run is None:
+            raise UnknownRun(f"unknown run {run_id!r}")
+        return run
+
+    async def runs(
+        self,
+        status: str | list[str] | None = None,
+        workflow: str | None = None,
+        queue: str | None = None,
+        limit: int = 100,
+        *,
+        text: str | None = None,
+        offset: int = 0,
+        retrying: bool = False,
+        stuck: float | None = None,
+    ) -> list[Run]:
+        """Newest first. `retrying`: still going with a failed attempt behind them; `stuck`:
+        running longer than `stuck` × their workflow's median duration of completed runs."""
+        try:
+            where = RunFilter.of(status, workflow, queue, text, retrying=retrying, stuck=stuck)
+        except ValueError as error:
+            raise EngineError(f"bad filter: {error}") from None
+        where = await resolve_stuck(self.store, where)
+        return await self.store.list_runs(where, limit=limit, offset=offset)
+
+    async def count_runs(self, where: RunFilter | None = None) -> int:
+        if where is not None:
+            where = await resolve_stuck(self.store, where)
+        return await self.store.count_runs(where)
+
+    async def wait_for_job(self, job_id: str, timeout: float | None = None) -> Run:
+        """The job's last run, once the job has ended (completed, cancelled, failed, dead)."""
+        token = await self.backend.change_token() if self.backend.multi_process else 0
+        with anyio.fail_after(timeout):
+            while True:
+                # Registered before the read, so that a job ending during the read wakes us.
+                done = self.ledger.job_waiter(job_id)
+                job = await self.get_job(job_id)
+                if job.state.terminal:
+                    self.ledger.forget_waiter(job_id)
+                    run = await self.store.get_run(job.run_id)
+                    if run is None:
+                        raise UnknownRun(f"job {job_id}'s run {job.run_id} is not in the store")
+                    return run
+                if not self.backend.multi_process:
+                    await done.wait()
+                    continue
+                # Another process may settle it: wake on our own settle or on any change.
+                token = await self._settled_or_changed(done, token)
+
+    async def _settled_or_changed(self, done: anyio.Event, token: int) -> int:
+        """Wait until this process settles the job (`done`) or the database changed."""
+        async with anyio.create_task_group() as tg:
+
+            async def local() -> None:
+                await done.wait()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(local)
+            token = await self.backend.wait_for_change(token, 1.0)
+            tg.cancel_scope.cancel()
+        return token
+
+    # ---- cancel ----------------------------------------------------------------------------
+    async def cancel(self, run_id: str) -> Run:
+        """Cancel a running, waiting, delayed or queued run; a finished run is an error. The
+        child runs it waits on (subworkflow steps with wait=True) are cancelled with it."""
+        run = await self._cancel_one(run_id)
+        if run.status is RunStatus.CANCELLED:
+            await self._cancel_waited_children(run)
+        return run
+
+    async def _cancel_one(self, run_id: str) -> Run:
+        for _ in range(20):
+            run = await self.get_run(run_id)
+            if run.terminal:
+                raise EngineError(
+                    f"run {run_id} has already ended ({run.status}); nothing to cancel"
+                )
+            found = await self.backend.find_job(run.job_id)
+            if found is None:
+                raise EngineError(f"run {run_id}'s job {run.job_id} is not in any queue")
+            queue, job = found
+            if job.run_id != run.id or job.state.terminal:
+                await anyio.sleep(0.01)  # its job is moving on right now: look again
+                continue
+            if job.state in (JobState.WAITING, JobState.DELAYED):
+                if await self.ledger.cancel_pending(queue, job, run):
+                    return await self.get_run(run_id)
+                continue  # claimed meanwhile: cancel it where it is held
+            if await self._holder_gone(job):
+                if await self.ledger.cancel_abandoned(queue, job, run):
+                    return await self.get_run(run_id)
+                continue
+            if not await queue.signal(job.id, job.epoch, "cancel"):
+                continue
+            self._tell_local(job.id, "cancel")
+            deadline = time.monotonic() + CANCEL_WAIT_S
+            while (left := deadline - time.monotonic()) > 0:
+                run = await self._await_end(run_id, min(0.5, left))
+                if run.terminal:
+                    return run
+                now = await queue.get_job(job.id)
+                if now is None or now.epoch != job.epoch:
+                    break  # handed back (a gate held it) before it ran: cancel it as pending
+            else:
+                return run  # the worker did not stop it in time: as it is now
+        raise EngineError(f"run {run_id} kept changing hands and could not be cancelled")
+
+    async def _holder_gone(self, job: Job) -> bool:
+        """The worker holding the job is dead or let its lease run out: nobody runs it."""
+        if self.worker is not None and job.worker == self.worker.info.id:
+            return False
+        if job.lease_until is not None and job.lease_until < utcnow():
+            return True
+        if job.worker is None:
+            return True
+        for worker in await self.backend.shared.workers():
+            if worker.id == job.worker:
+                return not worker_alive(worker)
+        return False  # not registered yet: a worker that just started
+
+    def _tell_local(self, job_id: str, signal: str) -> None:
+        """The job may be held by this very process: no need to wait for it to notice."""
+        if self.worker is not None:
+            self.worker.deliver(job_id, signal, time.time())
+
+    async def _await_end(self, run_id: str, timeout: float) -> Run:
+        """The run once it ended, or as it is after `timeout` seconds."""
+        token = await self.backend.change_token()
+        with anyio.move_on_after(timeout):
+            while True:
+                if self.worker is not None:
+                    handle = self.worker.handles.get(run_id)
+                    if handle is not None:
+                        await handle.done.wait()
+                run = await self.get_run(run_id)
+                if run.terminal:
+                    return run
+                token = await self.backend.wait_for_change(token, 0.1)
+        return await self.get_run(run_id)
+
+    async def _cancel_waited_children(self, run: Run) -> None:
+        """Cancel the child runs a cancelled run was waiting on (wait=True subworkflow
+        steps); detached children (wait=False) go on."""
+        for record in run.steps:
+            if record.kind != "subworkflow" or "sub" not in record.tags:
+                continue
+            if not record.child_run_id:
+                continue
+            child = await self.store.get_run(record.child_run_id)
+            if child is None or child.terminal:
+                continue
+            try:
+                await self.cancel(child.id)
+            except EngineError as error:  # it ended between the look and the cancel
+                log.info("child run %s of %s was not cancelled: %s", child.id, run.id, error)
+
+    # ---- replay, requeue, retry now --------------------------------------------------------
+    async def replay(
+        self,
+        run_id: str,
+        *,
+        from_step: str | None = None,
+        input: Any = None,
+        force: bool = False,
+    ) -> str:
+        """Start a new run with the same input (or `input`), `replay_of` pointing back. With
+        `from_step`, steps before it are not run again: their outputs come from the source run.
+        `force`: start it at once, even on a paused queue."""
+        source = await self.get_run(run_id)
+        target = await self.target(source.queue)
+        job, run = self._replay_job(target, source, from_step=from_step, input=input)
+        await self.ledger.add(target.queue, [job], [run])
+        if force:
+            await self._start_now(target.queue, job.id)
+        return run.id
+
+    def _replay_job(
+        self, target: QueueTarget, source: Run, *, from_step: str | None, input: Any = None
+    ) -> tuple[Job, Run]:
+        payload = source.input if input is None else input
+        meta: dict[str, Any] = {"replay_of": source.id}
+        if from_step is not None:
+            meta["replay_from_step"] = from_step
+        job, run = self._job(target, payload, priority=source.priority, meta=meta)
+        if from_step is not None:
+            self._seed_from(target, source, run, from_step)
+            job.resume = True
+        return job, run
+
+    @staticmethod
+    def _seed_from(target: QueueTarget, source: Run, run: Run, from_step: str) -> None:
+        names = [name for name, _ in target.steps]
+        if from_step not in names:
+            raise EngineError(
+                f"workflow {target.workflow_name} has no step {from_step!r} "
+                f"(steps: {', '.join(names)})"
+            )
+        index = names.index(from_step)
+        done = {s.name: s for s in source.steps}
+        if target.workflow is not None:
+            Runner.prepare(target.workflow, run)
+        else:
+            run.steps = [_pending(i, name, kind) for i, (name, kind) in enumerate(target.steps)]
+        for i in range(index):
+            step = done.get(names[i])
+            if step is None or step.status not in (StepStatus.COMPLETED, StepStatus.CACHED):
+                raise EngineError(
+                    f"cannot replay from {from_step!r}: step {names[i]!r} did not complete in "
+                    f"run {source.id}"
+                )
+            record = run.steps[i]
+            record.status = StepStatus.CACHED
+            record.output = step.output
+            record.input = step.input
+            record.cached_from = source.id
+            record.started_at = record.finished_at = utcnow()
+            if target.steps[i][1] != "wait":  # nodes and primitives keep an output
+                run.state[names[i]] = step.output
+        run.cursor = [index]
+
+    async def requeue(self, job_id: str) -> str:
+        """Put a dead-lettered (or failed) job back in its queue with a fresh run and a fresh
+        retry budget; returns the job id."""
+        for _ in range(3):
+            found = await self.backend.find_job(job_id)
+            if found is None:
+                raise UnknownJob(f"unknown job {job_id!r}")
+            queue, job = found
+            if job.state not in (JobState.DEAD, JobState.FAILED):
+                raise EngineError(
+                    f"job {job_id} is {job.state}, only dead or failed jobs are requeued"
+                )
+            try:
+                target = await self.target(job.queue)
+            except EngineError as error:
+                raise EngineError(f"cannot requeue job {job_id}: {error}") from None
+            if await self.ledger.requeue(queue, job, target.version) is not None:
+                queue.wake(job.queue)
+                return job_id
+        raise EngineError(f"job {job_id} changed while being requeued; try again")
+
+    async def retry_now(self, run_id: str) -> str:
+        """Start at once a run that waits for its next attempt: a step sleeping in its retry
+        backoff, a job in retry backoff (its next run is `delayed`), or a delayed, queued or
+        throttled run, even on a paused queue. For a failed run whose job is in backoff, the
+        job's next run starts. Returns the id of the run that goes ahead."""
+        run = await self.get_run(run_id)
+        found = await self.backend.find_job(run.job_id)
+        if found is None:
+            raise UnknownJob(f"run {run_id}'s job {run.job_id} is not in any queue")
+        queue, job = found
+        if job.state is JobState.ACTIVE and job.run_id == run.id:
+            local = self.worker is not None and job.id in self.worker.by_job
+            in_backoff = self.worker.in_backoff(run_id) if local else _in_step_backoff(run)  # type: ignore[union-attr]
+            if not in_backoff:
+                raise EngineError(
+                    f"run {run_id} is running an attempt; there is no backoff to skip"
+                )
+            if not await queue.signal(job.id, job.epoch, "retry_now"):
+                raise EngineError(f"run {run_id} changed hands; try again")
+            self._tell_local(job.id, "retry_now")
+            return run_id
+        waits = job.state in (JobState.DELAYED, JobState.WAITING)
+        if run.terminal and waits and job.run_id != run.id:
+            run = await self.get_run(job.run_id)  # the job's next attempt
+        if not waits or job.run_id != run.id or run.status not in RETRYABLE_NOW:
+            raise EngineError(
+                f"run {run.id} is {run.status}: retry now starts a run in retry backoff or a "
+                "delayed run"
+            )
+        if not await self.ledger.make_due(queue, job, run, force=True):
+            raise EngineError(f"run {run.id} was taken by a worker meanwhile")
+        return run.id
+
+    # ---- bulk ------------------------------------------------------------------------------
+    async def cancel_many(
+        self, runs: RunFilter | Sequence[str], *, progress: ProgressCallback | None = None
+    ) -> BulkResult:
+        """Cancel every run the filter matches (or these run ids) that has not ended."""
+        targets = await self._bulk_targets(runs)
+
+        async def cancel(target: Run | str) -> None:
+            run = await self._bulk_run(target)
+            if run.terminal:
+                raise Skip("already ended")
+            try:
+                after = await self.cancel(run.id)
+            except EngineError as error:
+                raise Skip(_reason(error, run.id)) from None
+            if after.status is not RunStatus.CANCELLED:
+                raise Skip(f"ended as {after.status} before the cancel took")
+
+        return await run_bulk("cancel", targets, _target_id, cancel, progress)
+
+    async def replay_many(
+        self,
+        runs: RunFilter | Sequence[str],
+        *,
+        from_step: str | None = None,
+        progress: ProgressCallback | None = None,
+    ) -> BulkResult:
+        """Replay every finished run the filter matches (or these run ids), each as a new run
+        with `replay_of` pointing back; `result.replayed` maps source run to new run."""
+        targets = await self._bulk_targets(runs)
+
+        async def replay(target: Run | str) -> str:
+            source = await self._bulk_run(target, full=from_step is not None)
+            if not source.terminal:
+                raise Skip("not finished yet")
+            try:
+                queue = await self.target(source.queue)
+                job, run = self._replay_job(queue, source, from_step=from_step)
+            except EngineError as error:
+                raise Skip(_reason(error, source.id)) from None
+            await self.ledger.add(queue.queue, [job], [run])
+            return run.id
+
+        return await run_bulk("replay", targets, _target_id, replay, progress)
+
+    async def requeue_many(
+        self, jobs: RunFilter | Sequence[str], *, progress: ProgressCallback | None = None
+    ) -> BulkResult:
+        """Put dead-lettered (or failed) jobs back in their queues: these job ids, or the jobs
+        of the runs a filter matches. Jobs that are not dead or failed are skipped."""
+        if isinstance(jobs, RunFilter):
+            runs = await matching_runs(self.store, await resolve_stuck(self.store, jobs))
+            job_ids = list(dict.fromkeys(run.job_id for run in runs))
+        else:
+            job_ids = list(dict.fromkeys(jobs))
+
+        async def requeue(job_id: str) -> None:
+            try:
+                await self.requeue(job_id)
+            except UnknownJob:
+                raise Skip("unknown job") from None
+            except EngineError as error:
+                raise Skip(_reason(error, job_id)) from None
+
+        return await run_bulk("requeue", job_ids, str, requeue, progress)
+
+    async def requeue_dead(
+        self, queue: str, *, progress: ProgressCallback | None = None
+    ) -> BulkResult:
+        """Requeue every dead letter of the queue."""
+        target = await self.target(queue)
+        dead = await target.queue.dead_letters(queue, limit=10_000_000)
+        return await self.requeue_many([job.id for job in dead], progress=progress)
+
+    async def stuck_runs(self, factor: float = 3.0, limit: int = 100) -> list[Run]:
+        """Runs going longer than `factor` × their workflow's median completed duration."""
+        return await self.runs(stuck=factor, limit=limit)
+
+    async def _bulk_targets(self, runs: RunFilter | Sequence[str]) -> list[Run | str]:
+        if isinstance(runs, RunFilter):
+            return list(await matching_runs(self.store, await resolve_stuck(self.store, runs)))
+        if isinstance(runs, str):
+            raise EngineError("pass a RunFilter or a list of run ids, not one id")
+        return list(dict.fromkeys(runs))
+
+    async def _bulk_run(self, target: Run | str, *, full: bool = False) -> Run:
+        """The run to act on: the filter's snapshot of it, or a fresh read."""
+        if isinstance(target, Run) and not full:
+            return target
+        run = await self.store.get_run(_target_id(target))
+        if run is None:
+            raise Skip("unknown run")
+        return run
+
+    # ---- services for the runner -----------------------------------------------------------
+    def workflow(self, name: str) -> Workflow | None:
+        return self.catalog.workflow(name)
+
+    async def cache_get(self, workflow: str, step: str, key: str) -> Any:
+        return await self.store.cache_get(workflow, step, key)
+
+    def cache_put(
+        self, workflow: str, step: str, key: str, output: Any, run_id: str, ttl_ms: int
+    ) -> None:
+        self.store.cache_put(workflow, step, key, output, run_id, ttl_ms)
+
+    async def find_job(self, job_id: str) -> Job | None:
+        found = await self.backend.find_job(job_id)
+        return found[1] if found else None
+
+    async def dispatch(
+        self, workflow: Workflow, payload: Any, job_id: str, meta: dict[str, Any]
+    ) -> str:
+        assert workflow.queue is not None
+        existing = await self.find_job(job_id)
+        if existing is not None:
+            return existing.run_id
+        target = await self.target(workflow.queue)
+        job, run = self._job(target, payload, job_id=job_id, meta=meta)
+        added = await self.ledger.add(target.queue, [job], [run])
+        if not added:  # added by an earlier pass meanwhile
+            existing = await self.find_job(job_id)
+            assert existing is not None
+            return existing.run_id
+        return run.id
+
+    # ---- pending runs of a queue (for the console's "why is it waiting") -----------------
+    async def pending(self, queue: str, limit: int = 100) -> list[Run]:
+        return await self.store.list_runs(
+            RunFilter(status=tuple(str(s) for s in PENDING_RUN_STATUSES), queue=queue),
+            limit=limit,
+        )
+
+
+def _pending(index: int, name: str, kind: str) -> StepRun:
+    return construct(
+        StepRun,
+        dict(
+            index=index,
+            name=name,
+            kind=kind,
+            status=StepStatus.PENDING,
+            started_at=None,
+            finished_at=None,
+            input=None,
+            output=None,
+            error=None,
+            max_attempts=1,
+            attempts=[],
+            logs=[],
+            cached_from=None,
+            wait_until=None,
+            timed_out=False,
+            tags=[],
+            parent=None,
+            child_run_id=None,
+        ),
+    )
+
+
+def _in_step_backoff(run: Run) -> bool:
+    """The run's record says a step sleeps before its next attempt: it is running, and its
+    last attempt failed with a backoff."""
+    for step in run.steps:
+        if step.status is StepStatus.RUNNING and step.attempts:
+            last = step.attempts[-1]
+            if last.status is not AttemptStatus.RUNNING and last.backoff_ms is not None:
+                return True
+    return False
+
+
+def _target_id(target: Run | str) -> str:
+    return target.id if isinstance(target, Run) else target
+
+
+def _reason(error: Exception, ident: str) -> str:
+    """An error as a skip reason that many items share: without the item's id."""
+    return str(error).replace(f" {ident}", "").replace(f" {ident!r}", "")

@@ -1,0 +1,675 @@
+"""The worker: claims jobs from the queues the catalog serves and runs them.
+
+A claim loop per queue hands jobs to worker slots; a slot runs its job (gates, then the runner)
+and takes the next one the queue can hand over at once, in the same task. Every write for a job
+goes through the ledger (state) or a fenced recorder (progress), both at the claim's epoch.
+
+Leases: every `renew_s` the worker renews the leases of all the jobs it holds. A job that the
+renewal no longer finds held (another worker took it over after the lease ran out, while this
+process was frozen) is dropped: its code is cancelled and nothing of it is written. Operator
+requests (cancel, retry now) are signals on the job, picked up when the backend reports a change
+(or at once, when the operator is in this process).
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import math
+import random
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+from anyio.abc import TaskGroup
+
+from .backends.base import Backend, Claim, Fence, JobQueue
+from .catalog import Catalog
+from .context import Context
+from .events import EventBus, QueueChanged
+from .gates import Gates
+from .ledger import Ledger, make_run
+from .models import Job, JobState, LogLine, Run, RunStatus, StepStatus, WorkerInfo, utcnow
+from .runner import Outcome, Runner
+from .workflow import Workflow
+
+log = logging.getLogger("blok.worker")
+
+PAUSE_SYNC_S = 1.0  # pauses made by other processes are followed at least this often
+SIGNAL_POLL_S = 1.0  # signals are looked for at least this often, and on every change
+CLAIM_TIMEOUT_S = 0.25
+
+
+@dataclass
+class RunHandle:
+    """A run in flight in this worker."""
+
+    claim: Claim
+    queue: JobQueue
+    run: Run
+    ctx: Context | None = None
+    scope: anyio.CancelScope | None = None
+    cancel_requested: bool = False
+    lost: bool = False  # the lease went to another worker
+    seen: dict[str, float] = field(default_factory=dict)  # signals acted on
+    done: anyio.Event = field(default_factory=anyio.Event)
+
+    def cancel(self) -> None:
+        self.cancel_requested = True
+        self._stop()
+
+    def lose(self) -> None:
+        self.lost = True
+        self._stop()
+
+    def _stop(self) -> None:
+        if self.ctx is not None:
+            self.ctx.cancelled = True
+        if self.scope is not None:
+            self.scope.cancel()
+
+
+@dataclass
+class QueueRuntime:
+    """A queue as this worker serves it right now."""
+
+    name: str
+    workflow: Workflow
+    queue: JobQueue
+    concurrency: int
+    active: int = 0
+    paused: bool = False
+    stopped: bool = False
+    loop_done: anyio.Event = field(default_factory=anyio.Event)
+    changed: anyio.Event = field(default_factory=anyio.Event)
+    completed_times: list[float] = field(default_factory=list)
+
+    def poke(self) -> None:
+        self.changed.set()
+        self.changed = anyio.Event()
+        self.queue.wake(self.name)
+
+    def stop(self) -> None:
+        """Stop claiming; the claim loop ends within one claim timeout."""
+        self.stopped = True
+        self.poke()
+
+
+class FencedRecorder:
+    """A running job's progress writes, at its claim's epoch."""
+
+    __slots__ = ("fence", "queue")
+
+    def __init__(self, queue: JobQueue, fence: Fence) -> None:
+        self.queue = queue
+        self.fence = fence
+
+    def save(self, run: Run) -> None:
+        self.queue.record(run, self.fence)
+
+    def log(self, run_id: str, line: LogLine) -> None:
+        self.queue.record_log(run_id, line, self.fence)
+
+
+class Worker:
+    def __init__(
+        self,
+        *,
+        backend: Backend,
+        ledger: Ledger,
+        catalog: Catalog,
+        runner: Runner,
+        bus: EventBus,
+        info: WorkerInfo,
+        lease_s: float,
+        renew_s: float,
+        provider: Callable[[Workflow], str | None],
+        guard: Callable[[Callable[..., Awaitable[None]]], Callable[..., Coroutine[Any, Any, None]]],
+    ) -> None:
+        self.backend = backend
+        self.ledger = ledger
+        self.catalog = catalog
+        self.runner = runner
+        self.bus = bus
+        self.info = info
+        self.lease_s = lease_s
+        self.renew_s = renew_s
+        self.provider = provider
+        self.guard = guard  # wraps the worker's own tasks: an error in one is the engine's
+        self.gates = Gates(backend, ledger, info.id, lease_s)
+        self.runtimes: dict[str, QueueRuntime] = {}
+        self.handles: dict[str, RunHandle] = {}  # by run id
+        self.by_job: dict[str, RunHandle] = {}
+        self.paused: set[str] = set()
+        self.stopping = False
+        self._tg: TaskGroup | None = None
+        self._jobs_tg: TaskGroup | None = None
+        self._jobs_scope: anyio.CancelScope | None = None
+        self._started = False
+        # Signals read for jobs claimed here but not started yet (claimed ahead).
+        self._early: dict[str, dict[str, float]] = {}
+        catalog.on_change.append(self.sync)
+        ledger.on_run_ended.append(self._run_ended)
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    async def start(self, tg: TaskGroup) -> None:
+        """Start claiming, in `tg`: the queues of the catalog as it is now, and those it gets."""
+        self._tg = tg
+        self._jobs_tg = await self._host_jobs(tg)
+        self.paused = await self.backend.shared.paused_queues()
+        self.backend.shared.heartbeat(self.info)
+        self._started = True
+        self.sync()
+        await self._requeue_memory_runs()
+        tg.start_soon(self.guard(self._lease_loop))
+        tg.start_soon(self.guard(self._follow_loop))
+
+    async def _host_jobs(self, tg: TaskGroup) -> TaskGroup:
+        """Job tasks live in their own group so that a drain can wait for them, then cancel."""
+        ready = anyio.Event()
+        holder: dict[str, TaskGroup] = {}
+
+        async def host() -> None:
+            with anyio.CancelScope() as scope:
+                self._jobs_scope = scope
+                async with anyio.create_task_group() as jobs:
+                    holder["tg"] = jobs
+                    ready.set()
+                    await anyio.sleep_forever()
+
+        tg.start_soon(host)
+        await ready.wait()
+        return holder["tg"]
+
+    async def drain(self, grace: float) -> None:
+        """Stop claiming, let running jobs finish within `grace` seconds, then cancel the rest
+        and put their jobs back in the queue for another worker."""
+        self.stopping = True
+        for runtime in self.runtimes.values():
+            runtime.stop()
+        for runtime in list(self.runtimes.values()):
+            await runtime.loop_done.wait()
+        with anyio.move_on_after(grace):
+            while self.handles:
+                await self._any_job_done()
+        interrupted = list(self.handles.values())
+        if self._jobs_scope is not None:
+            self._jobs_scope.cancel()
+        for handle in interrupted:
+            with anyio.move_on_after(1):
+                await handle.done.wait()
+        with anyio.CancelScope(shield=True):
+            await self._release_held()
+            await self.backend.shared.forget_worker(self.info.id)
+            await self.backend.runs.flush()
+
+    async def _release_held(self) -> None:
+        """Jobs this worker still holds (claimed, never started) go back to their queues."""
+        for queue in self.backend.queues:
+            for job in await queue.held_by([self.info.id]):
+                await self.ledger.release(queue, job, None, "")
+
+    async def _any_job_done(self) -> None:
+        events = [h.done for h in self.handles.values()]
+        if not events:
+            return
+        async with anyio.create_task_group() as tg:
+
+            async def wait_one(event: anyio.Event) -> None:
+                await event.wait()
+                tg.cancel_scope.cancel()
+
+            for event in events:
+                tg.start_soon(wait_one, event)
+
+    def crash_in_flight(self, error: BaseException) -> None:
+        """The process is going down with an error: say so on every run it holds and hand
+        their jobs back for redelivery."""
+        reason = (
+            f"crashed: the engine stopped on an unhandled error: {type(error).__name__}: {error}"
+        )
+        for handle in list(self.handles.values()):
+            if not handle.lost:
+                self.ledger.interrupt(handle.claim, handle.queue, handle.run, reason)
+
+    # ---- queues ----------------------------------------------------------------------------
+    def sync(self) -> None:
+        """Make the served queues match the catalog, without touching runs in flight."""
+        if not self._started:
+            return
+        wanted = {name: wf for name, wf in self.catalog.served().items() if wf.trigger is not None}
+        for name in list(self.runtimes):
+            runtime = self.runtimes[name]
+            wf = wanted.get(name)
+            if wf is None or self._queue_of(wf) is not runtime.queue:
+                # Stop claiming; jobs stay in the queue and runs in flight finish. The claim
+                # loop is told, not cancelled (see _claim_loop): a claim under way when the
+                # file went away hands its jobs back to the queue.
+                del self.runtimes[name]
+                runtime.stop()
+                self._publish(QueueChanged(name))
+        for name, wf in wanted.items():
+            assert wf.trigger is not None
+            current = self.runtimes.get(name)
+            if current is None:
+                fresh = QueueRuntime(name, wf, self._queue_of(wf), wf.trigger.concurrency)
+                fresh.paused = name in self.paused
+                self.runtimes[name] = fresh
+                if self._tg is not None and not self.stopping:
+                    self._tg.start_soon(self.guard(self._claim_loop), fresh)
+                self._publish(QueueChanged(name))
+            else:
+                if current.concurrency != wf.trigger.concurrency:
+                    self._publish(QueueChanged(name))
+                current.workflow = wf
+                current.concurrency = wf.trigger.concurrency
+                current.poke()
+        self.publish_catalog()
+
+    def _queue_of(self, wf: Workflow) -> JobQueue:
+        return self.backend.queue(self.provider(wf))
+
+    def publish_catalog(self) -> None:
+        providers = {name: r.queue.provider for name, r in self.runtimes.items()}
+        widths = {name: r.concurrency for name, r in self.runtimes.items()}
+        self.backend.shared.publish_catalog(self.catalog.entry(self.info.id, providers, widths))
+
+    def _publish(self, event: Any) -> None:
+        if self.bus.active:
+            self.bus.publish(event)
+
+    def set_paused(self, queue: str, paused: bool) -> None:
+        """Follow a pause made here or by another process."""
+        if paused:
+            self.paused.add(queue)
+        else:
+            self.paused.discard(queue)
+        runtime = self.runtimes.get(queue)
+        if runtime is not None and runtime.paused != paused:
+            runtime.paused = paused
+            runtime.poke()
+            self._publish(QueueChanged(queue))
+
+    def throughput(self, queue: str, window: float) -> float:
+        runtime = self.runtimes.get(queue)
+        if runtime is None:
+            return 0.0
+        cutoff = time.monotonic() - window
+        times = runtime.completed_times
+        return (len(times) - bisect.bisect_left(times, cutoff)) / window
+
+    # ---- claiming --------------------------------------------------------------------------
+    async def _claim_loop(self, runtime: QueueRuntime) -> None:
+        # Stopped by a flag, never by cancellation: a claim cancelled half-way would leave jobs
+        # leased to this worker that nobody runs.
+        queue = runtime.queue
+        try:
+            while not runtime.stopped:
+                if runtime.active >= runtime.concurrency:
+                    await runtime.changed.wait()
+                    continue
+                if runtime.paused:
+                    queue.return_ahead(runtime.name)  # claimed ahead: back for other workers
+                forced_only = runtime.paused
+                claims = await queue.claim(
+                    runtime.name,
+                    runtime.concurrency - runtime.active,
+                    self.info.id,
+                    self.lease_s,
+                    forced_only=forced_only,
+                    timeout=CLAIM_TIMEOUT_S,
+                )
+                if runtime.stopped or (runtime.paused and not forced_only):
+                    # Stopped or paused while the claim was under way: the jobs go back,
+                    # except those an operator asked to run now (a pause does not hold them).
+                    kept = [c for c in claims if c.job.force and not runtime.stopped]
+                    for claim in claims:
+                        if claim not in kept:
+                            await self.ledger.release(queue, claim.job, None, "")
+                    queue.return_ahead(runtime.name)
+                    claims = kept
+                assert self._jobs_tg is not None
+                for claim in claims:
+                    runtime.active += 1
+                    self._jobs_tg.start_soon(self._work, runtime, claim)
+        finally:
+            queue.return_ahead(runtime.name)
+            runtime.loop_done.set()
+
+    async def _work(self, runtime: QueueRuntime, claim: Claim | None) -> None:
+        """One worker slot (counted in `runtime.active`): run the job, then the next one the
+        queue hands over at once, in this same task, until it has none, or the queue is
+        paused, stopped or narrowed. A task and a claim round trip per job would cost more
+        than a short job itself."""
+        try:
+            while claim is not None:
+                await self._execute(runtime, claim)
+                await anyio.lowlevel.checkpoint()  # the rest of the engine runs between jobs
+                if (
+                    runtime.stopped
+                    or runtime.paused
+                    or self.stopping
+                    or runtime.active > runtime.concurrency
+                    or self.runtimes.get(runtime.name) is not runtime
+                ):
+                    return
+                claim = runtime.queue.claim_nowait(runtime.name, self.info.id, self.lease_s)
+        finally:
+            runtime.active -= 1
+            runtime.poke()
+
+    # ---- running one job -------------------------------------------------------------------
+    async def _run_for(self, claim: Claim, runtime: QueueRuntime) -> tuple[Run, bool]:
+        """The run a claimed job executes, and whether it resumes one that already began."""
+        job = claim.job
+        version = runtime.workflow.version
+        fresh = claim.taken_from is None and job.attempts == 1 and not job.resume and not job.meta
+        run: Run | None = None
+        if not fresh:
+            # A redelivery, a retry, a resume, a run the gates held back: its record has more
+            # than the job says (logs, the attempt number, steps done), so it is read.
+            run = await self.backend.runs.get_run(job.run_id)
+        if run is None:
+            failures = int(job.meta.get("failures", 0))
+            return make_run(job, workflow_version=version, job_attempt=failures + 1), False
+        if claim.taken_from is not None and (run.status is RunStatus.RUNNING or run.terminal):
+            # The worker that lost the lease had started it: it crashed there.
+            return self.ledger.take_over(claim, runtime.queue, run), False
+        # A wait's redelivery, or a replay from a step: on from the run's cursor and state.
+        return run, job.resume
+
+    def _workflow_for(self, runtime: QueueRuntime, run: Run, resuming: bool) -> Workflow:
+        """The definition a claimed run executes: the current one, except for a run resuming
+        after a reload that changed the shape of its steps (the cursor and the step records
+        would point at different steps), which finishes on the version it started on."""
+        current = runtime.workflow
+        if not resuming or run.workflow_version in ("", current.version):
+            return current
+        older = self.catalog.version(run.workflow_name, run.workflow_version)
+        if older is not None:
+            compatible = _step_shape(older.steps) == _step_shape(current.steps)
+        else:  # started before a restart: only its top-level step records are left
+            compatible = [
+                (s.name, s.kind)
+                for s in run.steps
+                if s.parent is None and not (s.tags and s.tags[0].startswith("mw:"))
+            ] == [(s.name, s.kind) for s in current.steps]
+        if compatible:
+            self.ledger.log(
+                run,
+                f"resumed on version {current.version} (started on {run.workflow_version}); "
+                "its steps are unchanged",
+            )
+            return current
+        if older is not None:
+            self.ledger.log(
+                run,
+                f"resumed on version {run.workflow_version}, the version it started on: the "
+                f"current version {current.version} changed its steps",
+            )
+            return older
+        self.ledger.log(
+            run,
+            f"version {run.workflow_version} it started on is gone (restart); resumed on "
+            f"{current.version} although its steps changed",
+            "warning",
+        )
+        return current
+
+    async def _execute(self, runtime: QueueRuntime, claim: Claim) -> None:
+        queue = runtime.queue
+        job = claim.job
+        if claim.lease_lost():
+            # Claimed ahead, then this process stalled past the lease: another worker may
+            # hold the job now. Its code must not run here.
+            log.warning("job %s: the lease ran out before it started; left to others", job.id)
+            return
+        handle: RunHandle | None = None
+        try:
+            run, resuming = await self._run_for(claim, runtime)
+            workflow = self._workflow_for(runtime, run, resuming)
+            if not await self.gates.admit(claim, queue, run, workflow, resuming):
+                return  # debounced, delayed, throttled, queued or expired: the job went back
+            handle = RunHandle(claim, queue, run)
+            self.handles[run.id] = handle
+            self.by_job[job.id] = handle
+            signals = {**job.signals, **self._early.pop(job.id, {})}
+            if "cancel" in signals:
+                handle.cancel_requested = True
+            handle.seen.update(signals)
+            self.ledger.start(claim, queue, run, self.info.id, workflow.version)
+            ctx = Context.for_job(run, job, dict(run.state) if resuming else None)
+            ctx._sink = self.runner.log_sink(run, ctx)
+            handle.ctx = ctx
+            timeout = workflow.trigger.timeout if workflow.trigger else None
+            outcome: Outcome | None = None
+            # One scope serves the operator's cancel, a lost lease and the trigger's timeout:
+            # the first two set their flag first, so a scope caught without one is the timeout.
+            deadline = anyio.current_time() + timeout / 1000 if timeout else math.inf
+            with anyio.CancelScope(deadline=deadline) as scope:
+                handle.scope = scope
+                if handle.cancel_requested:
+                    scope.cancel()
+                outcome = await self.runner.run(
+                    workflow, run, ctx, FencedRecorder(queue, claim.fence)
+                )
+            if handle.lost:
+                log.warning(
+                    "run %s: worker %s lost the lease on job %s to another worker; its "
+                    "outcome here is not recorded",
+                    run.id,
+                    self.info.id,
+                    job.id,
+                )
+                return
+            if scope.cancelled_caught and not handle.cancel_requested:
+                outcome = Outcome(
+                    RunStatus.TIMED_OUT,
+                    error=f"run timed out after {timeout}ms (the trigger's timeout)",
+                )
+            if handle.cancel_requested or outcome is None:
+                self.ledger.cancelled(claim, queue, run)
+            else:
+                self._settle(runtime, claim, run, workflow, outcome)
+        except anyio.get_cancelled_exc_class():
+            # The engine is shutting down past its grace period: hand the job back.
+            if handle is not None and not handle.lost:
+                self.ledger.interrupt(
+                    claim,
+                    queue,
+                    handle.run,
+                    "interrupted: the worker shut down before the run finished; "
+                    "the job went back to the queue",
+                )
+            raise
+        except Exception as error:
+            # An engine bug, not the workflow's: fail the run loudly rather than lose it.
+            log.exception("internal error while running job %s", job.id)
+            if handle is not None and not handle.lost:
+                self.ledger.fail(
+                    claim,
+                    queue,
+                    handle.run,
+                    RunStatus.FAILED,
+                    f"internal engine error: {type(error).__name__}: {error}",
+                    None,
+                    lambda n: 0,
+                    retry=False,
+                )
+        finally:
+            if handle is not None:
+                self.gates.release(handle.run.id)
+                self.handles.pop(handle.run.id, None)
+                self.by_job.pop(job.id, None)
+                handle.done.set()
+
+    def _settle(
+        self, runtime: QueueRuntime, claim: Claim, run: Run, workflow: Workflow, outcome: Outcome
+    ) -> None:
+        queue = runtime.queue
+        trigger = workflow.trigger
+        if outcome.status is RunStatus.WAITING:
+            assert outcome.wait_until is not None
+            self.ledger.wait(claim, queue, run, outcome.wait_until)
+        elif outcome.status is RunStatus.COMPLETED:
+            self.ledger.complete(claim, queue, run, outcome.output)
+            runtime.completed_times.append(time.monotonic())
+            if len(runtime.completed_times) > 50_000:
+                del runtime.completed_times[:25_000]
+        elif outcome.status is RunStatus.CANCELLED:
+            self.ledger.cancelled(claim, queue, run)
+        else:
+
+            def backoff(failures: int) -> int:
+                return trigger.backoff_ms(failures, random.random()) if trigger else 0
+
+            self.ledger.fail(
+                claim,
+                queue,
+                run,
+                outcome.status,
+                outcome.error,
+                outcome.error_step,
+                backoff,
+                retry=outcome.status is RunStatus.FAILED,
+            )
+
+    # ---- parents waiting on children --------------------------------------------------------
+    def _run_ended(self, run: Run) -> None:
+        if run.parent_run_id is not None and self._jobs_tg is not None:
+            self._jobs_tg.start_soon(self._wake_parent, run)
+
+    async def _wake_parent(self, child: Run) -> None:
+        """A child run ended: if its parent sleeps in the subworkflow step waiting on it, bring
+        the parent's job forward instead of letting it find out at its next look."""
+        try:
+            assert child.parent_run_id is not None
+            parent = await self.backend.runs.get_run(child.parent_run_id)
+            if parent is None or parent.status is not RunStatus.WAITING:
+                return
+            if not any(
+                r.kind == "subworkflow"
+                and r.status is StepStatus.WAITING
+                and r.child_run_id == child.id
+                for r in parent.steps
+            ):
+                return
+            found = await self.backend.find_job(parent.job_id)
+            if (
+                found is not None
+                and found[1].run_id == parent.id
+                and found[1].state in (JobState.WAITING, JobState.DELAYED)
+            ):
+                await self.ledger.make_due(found[0], found[1], None, force=False)
+        except Exception:
+            # Only a shortcut: the parent still finds the child done at its next look.
+            log.warning("could not wake the parent of run %s", child.id, exc_info=True)
+
+    # ---- leases, signals, pauses -----------------------------------------------------------
+    async def _lease_loop(self) -> None:
+        while True:
+            await anyio.sleep(self.renew_s)
+            await self.renew()
+
+    async def renew(self) -> None:
+        """Renew every lease this worker holds; drop the jobs it no longer holds."""
+        self.info.heartbeat_at = utcnow()
+        self.backend.shared.heartbeat(self.info)
+        for queue in self.backend.queues:
+            asked = time.monotonic()
+            renewal = await queue.renew(self.info.id, self.lease_s)
+            for handle in list(self.handles.values()):
+                if handle.queue is not queue or handle.lost:
+                    continue
+                job = handle.claim.job
+                if renewal.held.get(job.id) == job.epoch:
+                    handle.claim.held_since = asked
+                else:
+                    handle.lose()
+            self._deliver(renewal.signals)
+        self.gates.renew()
+
+    async def _follow_loop(self) -> None:
+        """Follow what other processes write: signals for the jobs held here, and pauses.
+        (An operator in this process delivers its signals and pauses directly.)"""
+        if not self.backend.multi_process:
+            return
+        token = await self.backend.change_token()
+        while True:
+            moved = await self.backend.wait_for_change(token, min(SIGNAL_POLL_S, PAUSE_SYNC_S))
+            token = moved
+            for queue in self.backend.queues:
+                self._deliver(await queue.signals_for(self.info.id))
+            paused = await self.backend.shared.paused_queues()
+            for name in paused ^ self.paused:
+                self.set_paused(name, name in paused)
+
+    def _deliver(self, signals: dict[str, dict[str, float]]) -> None:
+        for job_id, named in signals.items():
+            for name, at in named.items():
+                self.deliver(job_id, name, at)
+
+    def deliver(self, job_id: str, name: str, at: float) -> None:
+        """An operator's request for a job this worker holds: carried out now if the job runs,
+        when it starts if it was claimed ahead."""
+        handle = self.by_job.get(job_id)
+        if handle is None:
+            if len(self._early) > 10_000:
+                self._early.clear()
+            self._early.setdefault(job_id, {})[name] = at
+            return
+        if handle.seen.get(name) == at:
+            return
+        handle.seen[name] = at
+        self.act(handle, name)
+
+    def in_backoff(self, run_id: str) -> bool:
+        """The run sleeps between two attempts of a step (retry now can cut it short)."""
+        return run_id in self.runner.backoff_wakeups
+
+    def act(self, handle: RunHandle, signal: str) -> None:
+        """Carry out an operator's request on a run held here."""
+        if signal == "cancel":
+            handle.cancel()
+        elif signal == "retry_now":
+            wakeup = self.runner.backoff_wakeups.get(handle.run.id)
+            if wakeup is not None:
+                self.runner.engine_log(handle.run, "retry now: the operator cut the backoff short")
+                wakeup.set()
+
+    # ---- memory queues after a restart -----------------------------------------------------
+    async def _requeue_memory_runs(self) -> None:
+        """Runs of memory queues survive in a durable store; queue them again after a
+        restart, as jobs of this process."""
+        memory = [r for r in self.runtimes.values() if r.queue.provider == "memory"]
+        if not memory or self.backend.kind == "memory":
+            return
+        runs = await self.backend.runs.pending_runs([r.name for r in memory])
+        by_queue = {r.name: r for r in memory}
+        for run in runs:
+            runtime = by_queue[run.queue]
+            trigger = runtime.workflow.trigger
+            job = Job(
+                id=run.job_id,
+                queue=run.queue,
+                workflow_name=run.workflow_name,
+                payload=run.input,
+                headers=run.headers,
+                priority=run.priority,
+                state=JobState.DELAYED if (run.wait_until or run.run_at) else JobState.WAITING,
+                run_at=run.wait_until or run.run_at,
+                run_id=run.id,
+                created_at=run.created_at,
+                resume=run.status is RunStatus.WAITING,
+                max_retries=trigger.retries if trigger else 0,
+                meta={"recovered": True},
+            )
+            await runtime.queue.add([job], [])
+
+
+def _step_shape(steps: Sequence[Any]) -> list[Any]:
+    """Names and kinds of steps, nested lists included: what a run's cursor refers to."""
+    return [(s.name, s.kind, [_step_shape(branch) for branch in s.children()]) for s in steps]
