@@ -136,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
             "--db",
             metavar="PATH",
             default=default,
-            help="SQLite database (default: $BLOK_DB or ./.blok/blok.db)",
+            help="a SQLite file or a postgresql:// URL (default: $BLOK_DB or ./.blok/blok.db)",
         )
 
     engine_options(parser, None)
@@ -165,6 +165,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=10.0,
         metavar="SECONDS",
         help="how long running jobs may finish after a stop signal (default 10)",
+    )
+    worker.add_argument(
+        "--lease",
+        type=_duration_arg,
+        default="30s",
+        metavar="DURATION",
+        help="how long a claimed job stays this worker's without a renewal (default 30s); "
+        "another worker takes it over after that",
     )
     worker.add_argument("--no-watch", action="store_true", help="do not hot-reload workflow files")
     worker.add_argument(
@@ -344,7 +352,13 @@ async def _worker(args: argparse.Namespace) -> None:
     folder, _ = _workflows(args)
     database = None if args.memory else _database(args)
     watch = not args.no_watch and _can_watch()
-    engine = Engine(workflows=folder, database=database, watch=watch, grace_period=args.grace)
+    engine = Engine(
+        workflows=folder,
+        database=database,
+        watch=watch,
+        grace_period=args.grace,
+        lease=args.lease,
+    )
     # Signals are received from the start, so that one arriving while booting still drains.
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with engine:

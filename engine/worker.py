@@ -456,7 +456,10 @@ class Worker:
                 outcome = await self.runner.run(
                     workflow, run, ctx, FencedRecorder(queue, claim.fence)
                 )
-            if handle.lost:
+            if handle.lost or claim.lease_lost():
+                # Lost to another worker (the renewal said so), or no renewal confirmed the
+                # lease for longer than it lasts (this process was frozen): not ours to record.
+                handle.lost = True
                 log.warning(
                     "run %s: worker %s lost the lease on job %s to another worker; its "
                     "outcome here is not recorded",

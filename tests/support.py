@@ -38,3 +38,17 @@ async def expect_events(
         yield seen
         with anyio.fail_after(timeout):
             await enough.wait()
+
+
+async def until(condition: Callable[[], Any], timeout: float = 10, every: float = 0.01) -> None:
+    """Wait until `condition()` (sync or async) holds, failing after `timeout` seconds. For
+    state another process (or another engine's connection) writes, where there is no event
+    to await; in-process changes are awaited as events instead (`expect_events`)."""
+    with anyio.fail_after(timeout):
+        while True:
+            held = condition()
+            if hasattr(held, "__await__"):
+                held = await held
+            if held:
+                return
+            await anyio.sleep(every)

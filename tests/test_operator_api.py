@@ -1,0 +1,235 @@
+"""The operator API, one suite run three ways: on the in-process engine (memory and SQLite),
+and from an attached client — an Engine with no workflows on the same database, whose actions
+on runs a worker holds are signals that worker picks up."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from support import until
+
+from engine import (
+    Engine,
+    EngineError,
+    JobState,
+    Retry,
+    RunFilter,
+    RunStatus,
+    Step,
+    StepStatus,
+    UnknownJob,
+    UnknownQueue,
+    UnknownRun,
+    WorkerTrigger,
+    Workflow,
+)
+
+pytestmark = pytest.mark.anyio
+
+
+@dataclass
+class Controls:
+    """What the nodes wait on, so the tests decide when a step ends."""
+
+    release: anyio.Event = field(default_factory=anyio.Event)
+    attempts: dict[str, int] = field(default_factory=dict)
+
+
+def workflows(controls: Controls) -> list[Workflow]:
+    async def hold(ctx: Any) -> str:
+        await controls.release.wait()
+        return "released"
+
+    async def echo(ctx: Any, value: Any) -> Any:
+        return value
+
+    async def fail(ctx: Any) -> None:
+        raise RuntimeError("always")
+
+    async def flaky(ctx: Any) -> int:
+        controls.attempts[ctx.run_id] = controls.attempts.get(ctx.run_id, 0) + 1
+        if ctx.attempt == 1:
+            raise ConnectionError("first attempt fails")
+        return ctx.attempt
+
+    return [
+        Workflow(
+            name="holding",
+            trigger=WorkerTrigger(queue="hold", concurrency=4),
+            steps=[Step("hold", hold)],
+        ),
+        Workflow(
+            name="echoing",
+            trigger=WorkerTrigger(queue="echo", concurrency=4),
+            steps=[
+                Step("first", echo, inputs={"value": "$.body.value"}),
+                Step("second", echo, inputs={"value": "$.state.first"}),
+            ],
+        ),
+        Workflow(
+            name="failing",
+            trigger=WorkerTrigger(queue="fail", retries=1, delay=10),
+            steps=[Step("fail", fail)],
+        ),
+        Workflow(
+            name="retrying",
+            trigger=WorkerTrigger(queue="retry"),
+            steps=[Step("flaky", flaky, retry=Retry(2, min_timeout="60s"))],
+        ),
+    ]
+
+
+@dataclass
+class Setup:
+    worker: Engine  # runs the workflows
+    actor: Engine  # what the tests act through
+    controls: Controls
+
+
+@pytest.fixture(params=["local-memory", "local-sqlite", "attached-sqlite"])
+async def setup(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Setup]:
+    controls = Controls()
+    database = None if request.param == "local-memory" else tmp_path / "blok.db"
+    async with Engine(workflows=workflows(controls), database=database, grace_period=0.5) as worker:
+        if request.param.startswith("attached"):
+            async with Engine(database=database, create=False) as client:
+                assert not client.capabilities.runs_workflows
+                yield Setup(worker, client, controls)
+        else:
+            yield Setup(worker, worker, controls)
+        controls.release.set()
+
+
+async def status_of(engine: Engine, run_id: str, wanted: RunStatus, timeout: float = 10) -> None:
+    async def reached() -> bool:
+        return (await engine.get_run(run_id)).status is wanted
+
+    await until(reached, timeout)
+
+
+async def run_of(engine: Engine, job_id: str) -> str:
+    return (await engine.get_job(job_id)).run_id
+
+
+async def test_enqueue_wait_and_read(setup: Setup) -> None:
+    actor = setup.actor
+    job = await actor.enqueue("echo", {"value": 7})
+    run = await actor.wait_for_job(job, timeout=10)
+    assert (run.status, run.output) == (RunStatus.COMPLETED, 7)
+    assert [s.status for s in run.steps] == [StepStatus.COMPLETED] * 2
+    assert (await actor.get_run(run.id)).steps[1].output == 7
+    assert [r.id for r in await actor.runs(queue="echo")] == [run.id]
+    assert await actor.count_runs(RunFilter.of("completed", queue="echo")) == 1
+    assert (await actor.queue_stats("echo")).completed == 1
+    assert {q.name for q in await actor.queues()} == {"hold", "echo", "fail", "retry"}
+    assert {w.name for w in await actor.workflows()} >= {"echoing", "holding"}
+
+
+async def test_unknown_names_are_refused_in_one_line(setup: Setup) -> None:
+    actor = setup.actor
+    with pytest.raises(UnknownQueue, match="unknown queue 'nope'"):
+        await actor.enqueue("nope", {})
+    with pytest.raises(UnknownRun, match="unknown run 'run_x'"):
+        await actor.cancel("run_x")
+    with pytest.raises(UnknownJob, match="unknown job 'job_x'"):
+        await actor.requeue("job_x")
+    with pytest.raises(UnknownQueue):
+        await actor.pause("nope")
+
+
+async def test_cancel_a_running_run_held_by_the_worker(setup: Setup) -> None:
+    actor = setup.actor
+    job = await actor.enqueue("hold", {})
+    run_id = await run_of(actor, job)
+    await status_of(actor, run_id, RunStatus.RUNNING)
+    run = await actor.cancel(run_id)
+    assert run.status is RunStatus.CANCELLED
+    assert run.steps[0].status is StepStatus.CANCELLED
+    assert (await actor.get_job(job)).state is JobState.CANCELLED
+    with pytest.raises(EngineError, match="has already ended"):
+        await actor.cancel(run_id)
+
+
+async def test_cancel_a_queued_run_and_pause_resume(setup: Setup) -> None:
+    actor = setup.actor
+    await actor.pause("echo")
+    assert next(q for q in await actor.queues() if q.name == "echo").paused
+    kept = await actor.enqueue("echo", {"value": 1})
+    dropped = await actor.enqueue("echo", {"value": 2})
+    cancelled = await actor.cancel(await run_of(actor, dropped))
+    assert cancelled.status is RunStatus.CANCELLED
+    assert (await actor.get_job(kept)).state is JobState.WAITING  # paused: nobody took it
+    await actor.resume("echo")
+    assert (await actor.wait_for_job(kept, timeout=10)).status is RunStatus.COMPLETED
+    assert (await actor.get_job(dropped)).state is JobState.CANCELLED
+
+
+async def test_replay_and_replay_from_a_step(setup: Setup) -> None:
+    actor = setup.actor
+    source = await actor.wait_for_job(await actor.enqueue("echo", {"value": "a"}), timeout=10)
+    again = await actor.get_run(await actor.replay(source.id, input={"value": "b"}))
+    assert again.replay_of == source.id
+    done = await actor.wait_for_job(again.job_id, timeout=10)
+    assert done.output == "b"
+    tail = await actor.get_run(await actor.replay(source.id, from_step="second"))
+    done = await actor.wait_for_job(tail.job_id, timeout=10)
+    assert done.output == "a"
+    first = done.step("first")
+    assert (first.status, first.cached_from) == (StepStatus.CACHED, source.id)
+
+
+async def test_dead_letters_and_a_requeue_with_a_fresh_budget(setup: Setup) -> None:
+    actor = setup.actor
+    job = await actor.enqueue("fail", {})
+    assert (await actor.wait_for_job(job, timeout=10)).status is RunStatus.FAILED
+    assert [d.job_id for d in await actor.dead_letters("fail")] == [job]
+    assert await actor.count_runs(RunFilter.of(queue="fail")) == 2  # retries=1: two runs
+    assert await actor.requeue(job) == job
+    assert (await actor.wait_for_job(job, timeout=10)).status is RunStatus.FAILED
+    # A fresh budget: two more runs, not one.
+    assert await actor.count_runs(RunFilter.of(queue="fail")) == 4
+    assert (await actor.get_job(job)).state is JobState.DEAD
+    fine = await actor.enqueue("echo", {"value": 1})
+    await actor.wait_for_job(fine, timeout=10)
+    with pytest.raises(EngineError, match="only dead or failed jobs"):
+        await actor.requeue(fine)
+
+
+async def test_retry_now_starts_a_delayed_run_and_cuts_a_step_backoff(setup: Setup) -> None:
+    actor = setup.actor
+    delayed = await actor.enqueue("echo", {"value": 1}, delay="1h")
+    run_id = await run_of(actor, delayed)
+    assert (await actor.get_run(run_id)).status is RunStatus.DELAYED
+    assert await actor.retry_now(run_id) == run_id
+    assert (await actor.wait_for_job(delayed, timeout=10)).status is RunStatus.COMPLETED
+    backing_off = await actor.enqueue("retry", {})
+    run_id = await run_of(actor, backing_off)
+
+    async def backing_off_now() -> bool:  # the first attempt failed; the next is a minute away
+        run = await actor.get_run(run_id)
+        return any(a.backoff_ms for s in run.steps for a in s.attempts)
+
+    await until(backing_off_now)
+    assert await actor.retry_now(run_id) == run_id
+    run = await actor.wait_for_job(backing_off, timeout=10)
+    assert (run.status, run.output) == (RunStatus.COMPLETED, 2)
+
+
+async def test_bulk_cancel_and_replay(setup: Setup) -> None:
+    actor = setup.actor
+    held = [await actor.enqueue("hold", {"n": n}) for n in range(3)]
+    for job in held:
+        await status_of(actor, await run_of(actor, job), RunStatus.RUNNING)
+    result = await actor.cancel_many(RunFilter.of("running", queue="hold"))
+    assert (result.touched, result.skipped) == (3, 0)
+    replayed = await actor.replay_many(RunFilter.of("cancelled", queue="hold"))
+    assert replayed.touched == 3 and set(replayed.replayed) == set(result.ids)
+    setup.controls.release.set()
+    for new_run in replayed.replayed.values():
+        run = await actor.wait_for_job((await actor.get_run(new_run)).job_id, timeout=10)
+        assert run.status is RunStatus.COMPLETED
