@@ -109,8 +109,10 @@ def plan(args: argparse.Namespace) -> list[Cell]:
 
 
 def print_tables(
-    cells: list[Cell], rates: dict[tuple[Cell, str], float], args: argparse.Namespace
+    cells: list[Cell], times: dict[tuple[Cell, str], list[float]], args: argparse.Namespace
 ) -> None:
+    rates = {key: key[0].n / statistics.median(t) for key, t in times.items()}
+    spread = args.repeat > 1
     print("\nblok vs huey: jobs/s end to end (the clock: first enqueue to last job done)")
     print(f"machine: {machine()}")
     print(f"engine: {engine_source()}")
@@ -126,6 +128,8 @@ def print_tables(
             head += " huey tuned | blok/tuned |"
         if section == "sleep10":
             head += " blok % of ceiling | huey % of ceiling |"
+        if spread:
+            head += " range (blok; huey) |"
         print(head)
         print("|" + "|".join("-" * len(c) for c in head.split("|")[1:-1]) + "|")
         for cell in rows:
@@ -142,11 +146,19 @@ def print_tables(
                     line += f" {'':>10} | {'':>10} |"
             if section == "sleep10":
                 line += f" {blok / ceiling:>16.0%} | {huey / ceiling:>16.0%} |"
+            if spread:
+                line += f" {span(cell, 'blok', times)}; {span(cell, 'huey', times)} |"
             print(line)
     print(
         "\n(huey = huey as shipped, results awaited with result.get(blocking=True); huey tuned ="
         "\n fast polling, no result store, synchronous=NORMAL like blok; see huey_peer.py)"
     )
+
+
+def span(cell: Cell, system: str, times: dict[tuple[Cell, str], list[float]]) -> str:
+    """The slowest and the fastest of the repetitions, in jobs/s."""
+    seconds = times[(cell, system)]
+    return f"{cell.n / max(seconds):,.0f}-{cell.n / min(seconds):,.0f}"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -174,8 +186,7 @@ def main(argv: list[str] | None = None) -> None:
                 rate = cell.n / result["seconds"]
                 label = f"{cell.section}: {cell.path} {cell.provider} {cell.body} N={cell.n}"
                 print(f"  {system:<10} {label}: {rate:,.0f} jobs/s", file=sys.stderr)
-    rates = {key: key[0].n / statistics.median(t) for key, t in times.items()}
-    print_tables(cells, rates, args)
+    print_tables(cells, times, args)
 
 
 if __name__ == "__main__":
