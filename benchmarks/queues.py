@@ -30,6 +30,7 @@ from typing import Any
 
 import anyio
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's engine
 from engine import Engine, RunFilter, Step, WorkerTrigger, Workflow
 
 BODIES = ("noop", "sleep10")
@@ -76,6 +77,21 @@ def machine() -> str:
     )
 
 
+def engine_source() -> str:
+    """Which engine is measured: its folder and the checkout's commit."""
+    import subprocess
+
+    import engine
+
+    folder = Path(engine.__file__).parent
+    commit = subprocess.run(
+        ["git", "-C", str(folder), "log", "-1", "--format=%h %s"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    return f"{folder} at {commit[:60] or 'unknown commit'}"
+
+
 async def run_blok(provider: str, body: str, n: int, concurrency: int, folder: Path) -> Result:
     workflow = Workflow(
         name=f"bench.{body}",
@@ -108,6 +124,7 @@ async def run_blok(provider: str, body: str, n: int, concurrency: int, folder: P
 def print_table(results: list[Result], n: int, concurrency: int, title: str) -> None:
     print(f"\n{title}")
     print(f"machine: {machine()}")
+    print(f"engine: {engine_source()}")
     print(f"date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print(f"N = {n}, concurrency = {concurrency}")
     print(f"{'system':<8} {'provider':<9} {'body':<8} {'seconds':>8} {'jobs/s':>9}")
