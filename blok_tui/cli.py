@@ -1,8 +1,13 @@
 """The `blok-tui` command: the console, a headless worker, attach, and one-shot operator commands.
 
 Exit codes: 0 done, 1 the engine refused (unknown queue or run, a finished run, a file that is
-not a blok database), 2 bad usage (unknown command or flag, bad JSON, bad duration). Every error
-is one line on stderr, `blok-tui: error: ...`, never a traceback.
+not a blok database), 2 bad usage (unknown command or flag, bad JSON, bad duration, a number or
+queue name the engine could not hold). Every error is one line on stderr, `blok-tui: error:
+...`, never a traceback. Text that comes from runs (errors, names) is printed with its control
+characters escaped, so that what a node raised cannot drive the operator's terminal.
+
+A JSON argument is the JSON itself, `@FILE` (a file holding it) or `-` (standard input): a
+payload above ~128 KB does not fit in one command-line argument on Linux.
 
 `enqueue`, `runs`, `cancel` and `replay` work on a database whether or not a worker serves it:
 with a worker alive, actions go through the database's control table to the worker that can
@@ -25,6 +30,8 @@ from typing import Any, NoReturn
 
 import anyio
 
+from engine.text import printable
+
 DEFAULT_DB = Path(".blok") / "blok.db"
 CONSOLE_GRACE = 2.0  # seconds running jobs get to finish when the console quits
 EPILOG = """\
@@ -34,6 +41,7 @@ examples:
   blok-tui worker --db app.db               serve the queues headless (Ctrl-C drains)
   blok-tui attach --db app.db               console on a database a worker is serving
   blok-tui enqueue orders '{"order_id": "A1", "amount": 5}' --priority 5 --delay 2s
+  blok-tui enqueue orders @order.json       the payload from a file (- for stdin)
   blok-tui runs --status failed --limit 20  the last failed runs (--json for scripts)
   blok-tui cancel run_0190c3a1b2c3d4e5f6    cancel a queued, delayed or running run
   blok-tui replay run_0190c3a1b2c3d4e5f6    run it again with the same input
@@ -69,11 +77,65 @@ def _version() -> str:
         return __version__
 
 
+class _NotStandard(ValueError):
+    """NaN, Infinity or -Infinity in JSON text: Python reads them, no other JSON parser does."""
+
+
+def _refuse_constant(name: str) -> Any:
+    raise _NotStandard(f"{name} is not standard JSON")
+
+
 def _json_arg(text: str) -> Any:
+    """A JSON argument: the JSON text, `@FILE` or `-` (stdin). Checked as the engine would
+    check it (standard JSON, not nested too deep), the size cap aside: that is the engine's."""
+    from engine.validation import InvalidInput, check_payload
+
+    where = ""  # the file it came from, for the messages
+    if text == "-":
+        where = "stdin"
+        text = sys.stdin.read()
+    elif text.startswith("@"):  # no JSON text starts with "@"
+        where = text[1:]
+        if not where:
+            raise argparse.ArgumentTypeError("@ needs a file name: @payload.json")
+        try:
+            text = Path(where).read_text(encoding="utf-8-sig")  # -sig: a BOM is not JSON
+        except (OSError, UnicodeDecodeError) as error:
+            reason = error.strerror if isinstance(error, OSError) else str(error)
+            raise argparse.ArgumentTypeError(f"cannot read {where}: {reason}") from None
     try:
-        return json.loads(text)
+        value = json.loads(text, parse_constant=_refuse_constant)
     except json.JSONDecodeError as error:
-        raise argparse.ArgumentTypeError(f"not valid JSON ({error}): {text!r}") from None
+        source = f"in {where}" if where else f"({_clip(text)})"
+        raise argparse.ArgumentTypeError(f"not valid JSON {source} ({error})") from None
+    except _NotStandard as error:
+        raise argparse.ArgumentTypeError(f"{where}: {error}" if where else str(error)) from None
+    except RecursionError:  # ~1000 levels: deeper than Python's json can read
+        value = _too_deep()
+    except ValueError as error:  # an integer of more than 4300 digits
+        source = f" in {where}" if where else ""
+        raise argparse.ArgumentTypeError(f"cannot read the JSON{source}: {error}") from None
+    try:
+        check_payload(value, None)
+    except InvalidInput as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return value
+
+
+def _too_deep() -> Any:
+    """A value as deep as what json could not read, so that check_payload says why."""
+    from engine.validation import MAX_DEPTH
+
+    value: Any = []
+    for _ in range(MAX_DEPTH):
+        value = [value]
+    return value
+
+
+def _clip(text: str, width: int = 60) -> str:
+    """A user's argument, cut short, for a message about it."""
+    shown = repr(text)
+    return shown if len(shown) <= width else shown[: width - 1] + "…"
 
 
 def _duration_arg(text: str) -> str:
@@ -84,6 +146,45 @@ def _duration_arg(text: str) -> str:
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
     return text
+
+
+def _retention_arg(text: str) -> str:
+    """A duration with a unit: `--retention 7` would mean 7 ms, deleting every finished run."""
+    from engine import parse_duration
+
+    if text.strip().isdigit():
+        raise argparse.ArgumentTypeError(
+            f"give a unit: {text.strip()}d, {text.strip()}h (a bare number would be milliseconds)"
+        )
+    try:
+        ms = parse_duration(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    if ms <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, not {text!r}")
+    return text
+
+
+def _priority_arg(text: str) -> int:
+    from engine.validation import InvalidInput, check_priority
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {_clip(text)}") from None
+    try:
+        return check_priority(value)
+    except InvalidInput as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _queue_arg(text: str) -> str:
+    from engine.validation import InvalidInput, check_queue_name
+
+    try:
+        return check_queue_name(text)
+    except InvalidInput as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _positive_int(text: str) -> int:
@@ -174,6 +275,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="how long a claimed job stays this worker's without a renewal (default 30s); "
         "another worker takes it over after that",
     )
+    worker.add_argument(
+        "--retention",
+        type=_retention_arg,
+        default="7d",
+        metavar="DURATION",
+        help="delete runs that ended longer ago than this: 12h, 7d, 30d (default 7d)",
+    )
     worker.add_argument("--no-watch", action="store_true", help="do not hot-reload workflow files")
     worker.add_argument(
         "--log-level",
@@ -193,10 +301,16 @@ def build_parser() -> argparse.ArgumentParser:
     enqueue = commands.add_parser(
         "enqueue", help="add a job to a queue", description="Add a job; prints its id."
     )
-    enqueue.add_argument("queue", metavar="QUEUE")
-    enqueue.add_argument("payload", metavar="JSON", type=_json_arg, help="the job's body")
+    enqueue.add_argument("queue", metavar="QUEUE", type=_queue_arg)
     enqueue.add_argument(
-        "--priority", type=int, default=0, metavar="N", help="higher runs first (default 0)"
+        "payload", metavar="JSON", type=_json_arg, help="the job's body: JSON, @FILE or - (stdin)"
+    )
+    enqueue.add_argument(
+        "--priority",
+        type=_priority_arg,
+        default=0,
+        metavar="N",
+        help="higher runs first (default 0; a signed 64-bit integer)",
     )
     enqueue.add_argument(
         "--delay",
@@ -217,7 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="only runs in this status: " + ", ".join(str(s) for s in RunStatus),
     )
     runs.add_argument("--workflow", metavar="NAME", help="only runs of this workflow")
-    runs.add_argument("--queue", metavar="NAME", help="only runs of this queue")
+    runs.add_argument("--queue", metavar="NAME", type=_queue_arg, help="only runs of this queue")
     runs.add_argument(
         "--limit", type=_positive_int, default=50, metavar="N", help="at most N runs (default 50)"
     )
@@ -240,7 +354,9 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument(
         "--from-step", metavar="STEP", help="reuse the outputs of the steps before STEP"
     )
-    replay.add_argument("--input", type=_json_arg, metavar="JSON", help="a different input")
+    replay.add_argument(
+        "--input", type=_json_arg, metavar="JSON", help="a different input: JSON, @FILE or -"
+    )
     db_option(replay, keep)
 
     for name, what in (("pause", "claim nothing new from"), ("resume", "claim again from")):
@@ -250,7 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
             description=f"{what.capitalize()} a queue: running jobs finish, enqueue still works, "
             "and the pause survives restarts.",
         )
-        command.add_argument("queue", metavar="QUEUE")
+        command.add_argument("queue", metavar="QUEUE", type=_queue_arg)
         db_option(command, keep)
     return parser
 
@@ -358,10 +474,12 @@ async def _worker(args: argparse.Namespace) -> None:
         watch=watch,
         grace_period=args.grace,
         lease=args.lease,
+        retention=args.retention,
     )
     # Signals are received from the start, so that one arriving while booting still drains.
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with engine:
+            log.info("runs that ended are kept for %s (--retention)", args.retention)
             await engine.flush()  # ready means: what it serves is visible to others
             names = ", ".join(q.name for q in await engine.queues()) or "(none)"
             print(
@@ -398,7 +516,7 @@ async def _enqueue(args: argparse.Namespace) -> None:
         job_id = await engine.enqueue(
             args.queue, args.payload, priority=args.priority, delay=args.delay
         )
-    print(job_id)
+    print(printable(job_id))
 
 
 async def _runs(args: argparse.Namespace) -> None:
@@ -422,14 +540,14 @@ def _table(runs: Sequence[Any]) -> str:
         duration = run.duration_ms
         rows.append(
             (
-                run.id,
-                run.workflow_name,
-                run.queue,
+                printable(run.id),
+                printable(run.workflow_name),
+                printable(run.queue),
                 str(run.status),
-                run.worker or "-",
+                printable(run.worker or "-"),
                 run.created_at.astimezone().strftime("%Y-%m-%d %H:%M:%S"),
                 format_duration(duration) if duration is not None else "-",
-                _one_line(run.error or "", 60),
+                _one_line(printable(run.error or ""), 60),
             )
         )
     if len(rows) == 1:
@@ -449,13 +567,13 @@ def _one_line(text: str, width: int) -> str:
 async def _cancel(args: argparse.Namespace) -> None:
     async with _client(args) as engine:
         run = await engine.cancel(args.run_id)
-    print(f"{run.id} {run.status}")
+    print(printable(f"{run.id} {run.status}"))
 
 
 async def _replay(args: argparse.Namespace) -> None:
     async with _client(args) as engine:
         run_id = await engine.replay(args.run_id, from_step=args.from_step, input=args.input)
-    print(run_id)
+    print(printable(run_id))
 
 
 async def _pause_or_resume(args: argparse.Namespace) -> None:
@@ -477,19 +595,25 @@ COMMANDS = {
 }
 
 
+def _error(message: str) -> None:
+    """`blok-tui: error: ...` on one line, whatever the message holds (a file name, a run's
+    text): control characters escaped, line breaks made spaces."""
+    print(f"blok-tui: error: {printable(message).replace(chr(10), ' ')}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
     except UsageError as error:
-        hint = f"{error.prog} --help"
-        print(f"blok-tui: error: {error} (see {hint})", file=sys.stderr)
+        _error(f"{error} (see {error.prog} --help)")
         return 2
     from engine import DatabaseError, EngineError, WorkflowLoadError
+    from engine.validation import InvalidInput
 
     try:
         anyio.run(COMMANDS[args.command], args)
-    except (EngineError, DatabaseError, WorkflowLoadError) as error:
-        print(f"blok-tui: error: {error}", file=sys.stderr)
+    except (EngineError, DatabaseError, WorkflowLoadError, InvalidInput) as error:
+        _error(str(error))
         return 1
     except KeyboardInterrupt:
         return 130

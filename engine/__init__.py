@@ -22,6 +22,7 @@ from .events import (
 )
 from .filters import RunFilter
 from .loader import WorkflowLoadError
+from .validation import InvalidInput
 from .models import (
     Attempt,
     AttemptStatus,
@@ -71,6 +72,7 @@ __all__ = [
     "Debounce",
     "Engine",
     "EngineError",
+    "InvalidInput",
     "Event",
     "ForEach",
     "Job",

@@ -6,7 +6,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .redact import redact_text, secret_values
+from .redact import redact_text, redact_value, secret_values
 
 if TYPE_CHECKING:
     from .models import Job, Run
@@ -114,6 +114,11 @@ class Context:
     def redact(self, text: str) -> str:
         """`text` (a log line, an error, a traceback) with secret header values hidden."""
         return redact_text(text, self.secrets) if self.secrets else text
+
+    def redact_value(self, value: Any) -> Any:
+        """A JSON value to record (a step's input or output, a state snapshot) with secret
+        header values hidden wherever they land; the node itself saw the real ones."""
+        return redact_value(value, self.secrets) if self.secrets else value
 
     @classmethod
     def for_job(cls, run: Run, job: Job, state: dict[str, Any] | None = None) -> Context:

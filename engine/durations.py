@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated
 
@@ -10,24 +11,47 @@ from pydantic import BeforeValidator
 _UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 _PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 
+# The longest duration anything takes: 100 years. A delay, timeout or retention beyond it is a
+# typo or a hostile value, and one some thousands of years long no longer fits a datetime
+# (now + 99999999d raises OverflowError wherever it is added).
+MAX_DURATION_MS = 36_525 * _UNITS["d"]
+
 
 def parse_duration(value: object) -> int:
     """Return a duration in whole milliseconds, or raise ValueError saying what was wrong."""
     if isinstance(value, bool):
         raise ValueError(f"cannot parse duration {value!r}: expected milliseconds or '5s'")
     if isinstance(value, int | float):
-        if value < 0:
-            raise ValueError(f"duration {value!r} is negative")
-        return int(value)
+        return _bounded(value, value)
     if isinstance(value, str):
         match = _PATTERN.match(value)
         if match:
             number, unit = match.groups()
-            return int(float(number) * _UNITS[unit or "ms"])
+            return _bounded(float(number) * _UNITS[unit or "ms"], value)
     raise ValueError(
-        f"cannot parse duration {value!r}: use milliseconds or a string like "
+        f"cannot parse duration {_shown(value)}: use milliseconds or a string like "
         "'250ms', '5s', '2m', '1h', '1d'"
     )
+
+
+def _bounded(ms: float, given: object) -> int:
+    shown = _shown(given)
+    if isinstance(ms, float) and math.isnan(ms):
+        raise ValueError(f"duration {shown} is not a number")
+    if ms < 0:
+        raise ValueError(f"duration {shown} is negative")
+    if ms > MAX_DURATION_MS:
+        raise ValueError(f"duration {shown} is longer than 100 years")
+    return int(ms)
+
+
+def _shown(value: object) -> str:
+    """The value as the user wrote it, cut short: it goes into a one-line message."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int past Python's 4300-digit limit for str()
+        return "(a number too long to show)"
+    return text if len(text) <= 40 else text[:39] + "…"
 
 
 def format_duration(ms: float | None) -> str:

@@ -13,7 +13,6 @@ importing its workflows.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Sequence
@@ -25,7 +24,6 @@ import anyio
 
 from .backends.base import Backend, JobQueue, ServedQueue, WorkerCatalog
 from .catalog import Catalog
-from .durations import parse_duration
 from .errors import EngineError, UnknownJob, UnknownQueue, UnknownRun
 from .filters import RunFilter
 from .ledger import Ledger, make_job, make_run
@@ -55,6 +53,13 @@ from .operations import (
 )
 from .records import construct
 from .runner import Runner
+from .validation import (
+    InvalidInput,
+    check_delay,
+    check_headers,
+    check_payload,
+    check_priority,
+)
 from .worker import Worker
 from .workflow import Workflow
 
@@ -284,18 +289,11 @@ class Operator:
         return [w for w in await self.backend.shared.workers() if worker_alive(w)]
 
     # ---- enqueue ---------------------------------------------------------------------------
-    def check_payload(self, payload: Any) -> None:
+    def check_payload(self, payload: Any, what: str = "payload") -> None:
         try:
-            blob = json.dumps(payload, allow_nan=False)
-        except (TypeError, ValueError) as error:
-            raise EngineError(f"payload is not JSON-serialisable: {error}") from None
-        except RecursionError:
-            raise EngineError("payload is nested too deeply to be stored as JSON") from None
-        if len(blob) > self.max_payload_bytes:
-            raise EngineError(
-                f"payload is {len(blob):,} bytes, above the {self.max_payload_bytes:,}-byte cap "
-                "(Engine(max_payload_bytes=...) to raise it)"
-            )
+            check_payload(payload, self.max_payload_bytes, what=what)
+        except InvalidInput as error:
+            raise EngineError(str(error)) from None
 
     def _job(
         self,
@@ -307,25 +305,18 @@ class Operator:
         job_id: str | None = None,
         headers: dict[str, str] | None = None,
         meta: dict[str, Any] | None = None,
+        what: str = "payload",
     ) -> tuple[Job, Run]:
-        self.check_payload(payload)
-        if headers is not None and (
-            not isinstance(headers, dict)
-            or not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items())
-        ):
-            raise EngineError("headers must be a dict of strings to strings")
-        if not isinstance(priority, int) or isinstance(priority, bool):
-            raise EngineError(f"priority must be an integer, not {priority!r}")
+        self.check_payload(payload, what)
         if delay is None and target.start_delay_ms:
             delay = target.start_delay_ms  # the delay gate: every job of this trigger waits
-        run_at = None
-        if delay is not None:
-            try:
-                delay_ms = parse_duration(delay)
-            except ValueError as error:
-                raise EngineError(f"delay: {error}") from None
-            if delay_ms > 0:
-                run_at = utcnow() + timedelta(milliseconds=delay_ms)
+        try:
+            headers = check_headers(headers)
+            priority = check_priority(priority)
+            delay_ms = check_delay(delay) if delay is not None else 0
+        except InvalidInput as error:
+            raise EngineError(str(error)) from None
+        run_at = utcnow() + timedelta(milliseconds=delay_ms) if delay_ms > 0 else None
         job = make_job(
             queue=target.name,
             workflow_name=target.workflow_name,
@@ -574,7 +565,13 @@ class Operator:
         meta: dict[str, Any] = {"replay_of": source.id}
         if from_step is not None:
             meta["replay_from_step"] = from_step
-        job, run = self._job(target, payload, priority=source.priority, meta=meta)
+        job, run = self._job(
+            target,
+            payload,
+            priority=source.priority,
+            meta=meta,
+            what="payload" if input is None else "input",
+        )
         if from_step is not None:
             self._seed_from(target, source, run, from_step)
             job.resume = True

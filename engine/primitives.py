@@ -99,7 +99,7 @@ class _Primitive(StepDefinition):
         record.status = status
         record.finished_at = utcnow()
         if status is StepStatus.COMPLETED:
-            record.output = output
+            record.output = frame.ctx.redact_value(output)
             frame.ctx.state[record.name] = output
         if error is not None:
             record.error = error

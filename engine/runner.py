@@ -293,7 +293,7 @@ class Runner:
         finally:
             self._nested.pop(run.id, None)
         run.cursor = []
-        return Outcome(RunStatus.COMPLETED, output=output)
+        return Outcome(RunStatus.COMPLETED, output=ctx.redact_value(output))
 
     async def _step(
         self,
@@ -430,7 +430,7 @@ class Runner:
             record.finished_at = utcnow()
             self._finished(run, record)
             raise StepError(f"{where} failed: bad input: {error}", step.name) from error
-        record.input = inputs or None
+        record.input = ctx.redact_value(inputs) if inputs else None
         if key is not None:
             hit = await self.services.cache_get(workflow.name, step.name, key)
             if hit is not None:
@@ -492,12 +492,14 @@ class Runner:
             if failure is None and not timed_out:
                 attempt.status = AttemptStatus.COMPLETED
                 record.status = StepStatus.COMPLETED
-                record.output = result
+                recorded = ctx.redact_value(result)
+                record.output = recorded
                 record.finished_at = attempt.finished_at
-                ctx.state[step.name] = result
+                ctx.state[step.name] = result  # later steps see the real value
                 if key is not None:
+                    # Cached as recorded: a secret is stored nowhere, the cache included.
                     self.services.cache_put(
-                        workflow.name, step.name, key, result, run.id, step.idempotency_ttl
+                        workflow.name, step.name, key, recorded, run.id, step.idempotency_ttl
                     )
                 self._finished(run, record)
                 return result
@@ -613,7 +615,8 @@ class Runner:
             )
             run.state = {}
             return
-        run.state = dict(ctx.state)
+        # Secret header values are not kept: a step after the wait reads them from ctx.headers.
+        run.state = ctx.redact_value(dict(ctx.state))
 
     def _finished(self, run: Run, record: StepRun) -> None:
         self.save(run)

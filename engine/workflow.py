@@ -12,15 +12,25 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from . import expressions
 from .durations import Duration
+from .validation import check_queue_name
 
 Provider = Literal["memory", "sqlite"]
 Input = Any  # a literal, a "$.path" expression, or a callable taking the context
 
 DEFAULT_IDEMPOTENCY_TTL_MS = 24 * 60 * 60 * 1000
+
+# Upper bounds of the whole-number settings. Past them a value is a typo (or 10**19, which no
+# database column holds); within them the engine's arithmetic stays exact and finite.
+MAX_CONCURRENCY = 10_000  # runs at once per engine and queue (or per concurrency key)
+MAX_RETRIES = 1_000  # job-level: whole-run retries, each waiting at most 30 s
+# Step-level: with factor <= MAX_FACTOR, factor ** (attempts - 1) stays a finite float
+# (10.0 ** 99), where 10.0 ** 1000 raises OverflowError in the backoff.
+MAX_ATTEMPTS = 100
+MAX_FACTOR = 10.0
 
 
 class WorkflowDefinitionError(ValueError):
@@ -56,10 +66,10 @@ class _Definition(BaseModel):
 class Retry(_Definition):
     """Step-level retries: `min(max_timeout, min_timeout * factor ** (attempt - 1))`, no jitter."""
 
-    max_attempts: int = Field(3, ge=1)
+    max_attempts: int = Field(3, ge=1, le=MAX_ATTEMPTS)
     min_timeout: Duration = 1000
     max_timeout: Duration = 30_000
-    factor: float = Field(2.0, ge=1.0)
+    factor: float = Field(2.0, ge=1.0, le=MAX_FACTOR, allow_inf_nan=False)
 
     def __init__(self, max_attempts: int = 3, **data: Any) -> None:
         try:
@@ -101,15 +111,15 @@ class WorkerTrigger(_Definition):
     the retry budget, `"queue"` keeps it queued, until `queue_timeout` has passed).
     """
 
-    queue: str = Field(min_length=1)
-    concurrency: int = Field(1, ge=1)
-    retries: int = Field(0, ge=0)  # job-level: the whole run again, backoff from `delay`
+    queue: str
+    concurrency: int = Field(1, ge=1, le=MAX_CONCURRENCY)
+    retries: int = Field(0, ge=0, le=MAX_RETRIES)  # job-level: the whole run again
     delay: Duration = 1000
     timeout: Duration | None = None
     provider: Provider | None = None
     middleware: list[str] = Field(default_factory=list)  # trigger-level middleware chain
     concurrency_key: Input | None = None
-    concurrency_limit: int = Field(1, ge=1)
+    concurrency_limit: int = Field(1, ge=1, le=MAX_CONCURRENCY)
     on_limit: Literal["throw", "queue"] = "throw"
     queue_timeout: Duration | None = None
     limit_backoff: Duration = 1000  # first re-try of the gate; doubles, capped below
@@ -117,6 +127,11 @@ class WorkerTrigger(_Definition):
     start_delay: Duration | None = None  # every job starts this long after it was enqueued
     ttl: Duration | None = None
     debounce: Debounce | None = None
+
+    @field_validator("queue")
+    @classmethod
+    def _check_queue(cls, name: str) -> str:
+        return check_queue_name(name)
 
     def __init__(self, queue: str | None = None, **data: Any) -> None:
         if queue is not None:

@@ -155,6 +155,43 @@ async def test_secret_headers_are_redacted_in_the_store_and_logs_but_reach_the_n
             assert not any(secret in cell for cell in cells), secret
 
 
+async def test_a_secret_header_passed_into_a_step_is_stored_redacted(
+    database: Path | None,
+) -> None:
+    # The node gets the real value; the run's record (step input and output, state, the run's
+    # output) holds it nowhere, as a whole, inside a longer string, or as a key.
+    seen: list[str] = []
+
+    async def call(ctx: Any, auth: str, key: str) -> dict[str, Any]:
+        seen.append(auth)
+        return {"auth": auth, "said": [f"sent {key} upstream"], key: "as a key"}
+
+    flow = Workflow(
+        name="passes",
+        trigger=WorkerTrigger(queue="passes"),
+        steps=[
+            Step(
+                "call",
+                call,
+                inputs={"auth": "$.headers.Authorization", "key": "$.headers.X-Api-Key"},
+            ),
+            Step("after", noop),
+        ],
+    )
+    async with Engine(workflows=[flow], database=database) as engine:
+        job = await engine.enqueue("passes", {}, headers=HEADERS)
+        run = await engine.get_run((await engine.wait_for_job(job, timeout=10)).id)
+    assert run.status is RunStatus.COMPLETED, run.error
+    assert seen == [HEADERS["Authorization"]]
+    recorded = run.model_dump_json()
+    assert REDACTED in recorded
+    for secret in SECRETS:
+        assert secret not in recorded, secret
+    if database is not None:
+        for secret in SECRETS:
+            assert not any(secret in cell for cell in stored_text(database)), secret
+
+
 async def test_a_node_error_that_quotes_a_secret_header_is_stored_redacted(
     database: Path | None,
 ) -> None:
