@@ -41,7 +41,7 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.backends.postgres import schema, sql  # noqa: E402
+from engine.backends.postgres import schema, sql
 
 ENQUEUE_N = 1000
 GROUP_BATCHES = 30
@@ -487,7 +487,9 @@ async def main() -> None:
     header = ("workload", "N", "measure", "asyncpg", "psycopg", "asyncpg better by")
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     print("| " + " | ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)) + " |")
-    print("|" + "|".join("-" * (w + 1) + (":" if i > 2 else "-") for i, w in enumerate(widths)) + "|")
+    print(
+        "|" + "|".join("-" * (w + 1) + (":" if i > 2 else "-") for i, w in enumerate(widths)) + "|"
+    )
     for row in rows:
         cells = [
             c.ljust(w) if i < 3 else c.rjust(w)

@@ -25,6 +25,8 @@ chores. Where it differs from SQLite, and why:
 
 from __future__ import annotations
 
+import asyncpg
+
 SCHEMA_VERSION = 1
 
 # pg_advisory_xact_lock key that serializes migrations (any constant unique to blok; "blok").
@@ -238,3 +240,29 @@ MIGRATIONS: dict[int, str] = {
     );
     """,
 }
+
+
+class SchemaError(RuntimeError):
+    """The database cannot be used as it is: written by a newer blok-tui."""
+
+
+async def migrate(conn: asyncpg.Connection) -> int:
+    """Bring the database to SCHEMA_VERSION and return it. Safe to call from every process at
+    start: the advisory lock makes the others wait, and they then find nothing left to do."""
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK)
+        await conn.execute(
+            "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY,"
+            " applied_at DOUBLE PRECISION NOT NULL DEFAULT extract(epoch FROM now()))"
+        )
+        current: int = await conn.fetchval("SELECT coalesce(max(version), 0) FROM schema_version")
+        if current > SCHEMA_VERSION:
+            database = await conn.fetchval("SELECT current_database()")
+            raise SchemaError(
+                f"database {database!r}: written by a newer blok-tui (schema {current}, this "
+                f"one knows {SCHEMA_VERSION}); upgrade blok-tui"
+            )
+        for version in range(current + 1, SCHEMA_VERSION + 1):
+            await conn.execute(MIGRATIONS[version])
+            await conn.execute("INSERT INTO schema_version (version) VALUES ($1)", version)
+    return SCHEMA_VERSION

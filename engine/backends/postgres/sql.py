@@ -267,7 +267,7 @@ RELEASE_LEADER = "DELETE FROM leader_leases WHERE name = $1 AND holder = $2"
 # $1 the horizon the reader got last time (0 at first). Every transaction below the returned
 # horizon has ended, so a run row it wrote is visible now and no later commit can land below
 # it: the reader misses nothing and reads each change once (a row rewritten since shows again).
-CHANGED_RUNS = f"""
+CHANGED_RUNS = """
 WITH horizon AS (SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS xmin)
 SELECT horizon.xmin, runs.id, runs.status
 FROM horizon LEFT JOIN runs
