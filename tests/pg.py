@@ -23,6 +23,7 @@ import anyio
 import pytest
 
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/test"
+NO_DRIVER = 'asyncpg is not installed (pip install -e ".[postgres]")'
 CONNECT_TIMEOUT = 3.0
 
 
@@ -47,7 +48,7 @@ async def _probe(url: str) -> str | None:
     try:
         import asyncpg
     except ImportError:
-        return 'asyncpg is not installed (pip install -e ".[postgres]")'
+        return NO_DRIVER
     try:
         conn = await asyncpg.connect(url, timeout=CONNECT_TIMEOUT)
     except (OSError, TimeoutError, asyncpg.PostgresError) as error:

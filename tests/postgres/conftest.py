@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from importlib.util import find_spec
 
 import pytest
-from pg import fresh_database
+from pg import NO_DRIVER, fresh_database, required
+
+# Without the driver the test modules skip (pytest.importorskip); where the tests are required
+# (CI) that is a failure, before anything is collected.
+if required() and find_spec("asyncpg") is None:
+    raise pytest.UsageError(f"BLOK_REQUIRE_POSTGRES=1 but {NO_DRIVER}")
 
 
 @pytest.fixture

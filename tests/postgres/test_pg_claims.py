@@ -8,8 +8,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import anyio
-import asyncpg
 import pytest
+from pg import NO_DRIVER
+
+asyncpg = pytest.importorskip("asyncpg", reason=NO_DRIVER)
 
 from engine.backends.postgres import sql
 

@@ -7,8 +7,10 @@ import time
 from collections.abc import Awaitable, Callable
 
 import anyio
-import asyncpg
 import pytest
+from pg import NO_DRIVER
+
+asyncpg = pytest.importorskip("asyncpg", reason=NO_DRIVER)
 
 from engine.backends.postgres import sql
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 
 import anyio
-import asyncpg
 import pytest
+from pg import NO_DRIVER
+
+asyncpg = pytest.importorskip("asyncpg", reason=NO_DRIVER)
 
 from engine.backends.postgres import sql
 from engine.backends.postgres.schema import MIGRATIONS, SCHEMA_VERSION, SchemaError, migrate
