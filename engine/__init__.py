@@ -22,7 +22,6 @@ from .events import (
 )
 from .filters import RunFilter
 from .loader import WorkflowLoadError
-from .validation import InvalidInput
 from .models import (
     Attempt,
     AttemptStatus,
@@ -50,6 +49,7 @@ from .primitives import (
     switch,
     try_catch,
 )
+from .validation import InvalidInput
 from .workflow import (
     Debounce,
     Retry,
@@ -72,9 +72,9 @@ __all__ = [
     "Debounce",
     "Engine",
     "EngineError",
-    "InvalidInput",
     "Event",
     "ForEach",
+    "InvalidInput",
     "Job",
     "JobState",
     "Lagged",

@@ -47,7 +47,7 @@ def open_backend(
     if is_url(text):
         if text.startswith(URL_SCHEMES):
             try:
-                from .postgres import PostgresBackend  # type: ignore[import-not-found, import-untyped, unused-ignore]
+                from .postgres import PostgresBackend  # type: ignore[attr-defined, unused-ignore]
             except ImportError as error:
                 raise DatabaseError(
                     f"{describe(text)}: PostgreSQL support is not installed "
