@@ -10,12 +10,13 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.css.query import NoMatches
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer
+from textual.widgets import Footer
 
 from engine import DatabaseError, EngineError
 
 from .confirm_screen import ConfirmScreen
 from .widgets import BulkBar, Crumbs, FilterInput, ReloadBanner
+from .widgets.row_table import RowTable
 
 if TYPE_CHECKING:
     from engine import Run
@@ -173,14 +174,6 @@ class BlokScreen(Screen[None]):
             self.app.pop_screen()
 
 
-def selected_key(table: DataTable[Any]) -> str | None:
-    """The key of the row under the table's cursor (views key rows by run, job or queue)."""
-    if table.row_count == 0:
-        return None
-    row_key, _ = table.coordinate_to_cell_key(table.cursor_coordinate)
-    return str(row_key.value)
-
-
 class RowFilterScreen(BlokScreen):
     """A view that filters the rows it has loaded by the text typed after `/`, as it is typed.
     It sets `text`, then calls `render_rows()`; subclasses provide both and a `table`."""
@@ -188,7 +181,7 @@ class RowFilterScreen(BlokScreen):
     text: str
 
     @property
-    def table(self) -> DataTable[Any]:
+    def table(self) -> RowTable:
         raise NotImplementedError
 
     def render_rows(self) -> None:

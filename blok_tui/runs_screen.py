@@ -11,31 +11,52 @@ from typing import ClassVar
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import BindingType
-from textual.widgets import DataTable, Static
+from textual.widgets import Static
 
 from engine import Run, RunFilter
 
 from . import actions
 from .actions import RUN_FLAGS, STATUS_FILTERS
-from .base_screen import BlokScreen, Changes, selected_key
+from .base_screen import BlokScreen, Changes
 from .bulk import BulkPlan
-from .console import clock_time, countdown, day_time, duration, status_text
+from .console import (
+    clock_time,
+    countdown,
+    day_time,
+    duration,
+    printable,
+    short_ids,
+    status_text,
+)
 from .widgets import FilterInput
+from .widgets.row_table import Column, RowTable
 
 PAGE = 100  # rows held in the table; the window slides as the cursor reaches an edge
 MARK = "●"
+# Narrow terminals drop the lowest priorities first; the workflow column takes spare room.
 COLUMNS = (
-    ("mark", 1),
-    ("status", 12),
-    ("run", 23),
-    ("workflow", 18),
-    ("version", 8),
-    ("queue", 10),
-    ("started", 11),
-    ("took", 7),
-    ("attempts", 8),
-    ("replay of", 23),
+    Column("mark", "", 1, priority=9),
+    Column("status", "status", 11, priority=10),
+    Column("run", "run", 12, priority=9),
+    Column("workflow", "workflow", 16, priority=8),
+    Column("version", "version", 8, priority=2),
+    Column("queue", "queue", 10, priority=3),
+    Column("started", "started", 11, priority=6),
+    Column("took", "took", 7, priority=7, justify="right"),
+    Column("attempts", "attempts", 8, priority=5, justify="right"),
+    Column("replay of", "replay of", 12, priority=1),
+    Column("detail", "error or input", 16, priority=0, flex=True),
 )
+COLUMN_KEYS = [c.key for c in COLUMNS]
+
+
+def detail_cell(run: Run) -> Text:
+    """What a wide terminal has room for: the first line of the error, else the input."""
+    if run.error:
+        return Text(printable(run.error.strip().splitlines()[0]), style="red1")
+    return Text(
+        printable(json.dumps(run.input, ensure_ascii=False, default=str)[:200]), style="grey50"
+    )
 
 
 class RunsScreen(BlokScreen):
@@ -59,7 +80,7 @@ class RunsScreen(BlokScreen):
         self.start = 0
         self.total = 0
         self.runs: list[Run] = []
-        self._shown: dict[str, list[Text | str]] = {}  # cells on screen, by run id
+        self.short: dict[str, str] = {}  # run id → its shortest unique prefix on this page
         self.loaded = False  # the first page is on screen (the benchmark waits for this)
 
     @property
@@ -76,15 +97,12 @@ class RunsScreen(BlokScreen):
     def compose_body(self) -> ComposeResult:
         yield Static(id="filters", classes="filters")
         yield FilterInput("filter runs: id, workflow, queue, status or error text…")
-        table: DataTable[Text | str] = DataTable(id="runs", cursor_type="row", zebra_stripes=True)
-        for name, width in COLUMNS:
-            table.add_column("" if name == "mark" else name, key=name, width=width)
-        yield table
+        yield RowTable(COLUMNS, id="runs")
         yield Static(id="preview")
 
     @property
-    def table(self) -> DataTable[Text | str]:
-        return self.query_one("#runs", DataTable)
+    def table(self) -> RowTable:
+        return self.query_one("#runs", RowTable)
 
     def on_mount(self) -> None:
         super().on_mount()
@@ -141,11 +159,12 @@ class RunsScreen(BlokScreen):
         took = run.duration_ms
         if run.started_at is not None and run.finished_at is None:
             took = (now - run.started_at).total_seconds() * 1000
+        short = self.short
         return [
             Text(MARK if run.id in self.marked else " ", style="bold khaki1"),
             status_text(str(run.status)),
-            Text(run.id, style="grey85"),
-            run.workflow_name,
+            Text(short.get(run.id, run.id), style="grey85"),
+            printable(run.workflow_name),
             Text(run.workflow_version[:8], style="grey62"),
             run.queue,
             Text(day_time(run.started_at, tz, now))
@@ -153,32 +172,16 @@ class RunsScreen(BlokScreen):
             else Text(day_time(run.created_at, tz, now), style="grey50"),  # not started yet
             Text(duration(took) if run.started_at else "–", justify="right"),
             attempts,
-            Text(run.replay_of or "", style="medium_purple1"),
+            Text(
+                short.get(run.replay_of, run.replay_of) if run.replay_of else "",
+                style="medium_purple1",
+            ),
         ]
 
     def render_rows(self) -> None:
-        table = self.table
-        keys = [run.id for run in self.runs]
-        current = [str(k.value) for k in table.rows]
-        fresh = {run.id: self.row_cells(run) for run in self.runs}
-        if keys == current:
-            # Only the cells that changed: most refreshes touch a row or two of a hundred.
-            for run_id, cells in fresh.items():
-                shown = self._shown.get(run_id, [])
-                for n, ((column, _), cell) in enumerate(zip(COLUMNS, cells, strict=True)):
-                    if n >= len(shown) or shown[n] != cell:
-                        table.update_cell(run_id, column, cell)
-        else:
-            selected = self.selected_run_id()
-            at = table.cursor_row
-            table.clear()
-            for run_id, cells in fresh.items():
-                table.add_row(*cells, key=run_id)
-            if selected in keys:
-                table.move_cursor(row=keys.index(selected), animate=False)
-            elif keys:
-                table.move_cursor(row=min(at, len(keys) - 1), animate=False)
-        self._shown = fresh
+        ids = [run.id for run in self.runs]
+        self.short = short_ids([*ids, *(r.replay_of for r in self.runs if r.replay_of)])
+        self.table.set_rows([(run.id, self.row_cells(run)) for run in self.runs])
         self.render_filters()
         self.render_preview()
 
@@ -203,10 +206,10 @@ class RunsScreen(BlokScreen):
             filtered = self.text or self.status_name != "all"
             hint = "no runs match" if filtered else "no runs yet: i injects a job"
             line.append(f"   {hint}" if self.total == 0 else "", style="dim")
-        self.query_one("#filters", Static).update(line)
+        self.query_one("#filters", Static).update(line, layout=False)
 
     def selected_run_id(self) -> str | None:
-        return selected_key(self.table)
+        return self.table.cursor_key
 
     def engine_changed(self, changes: Changes) -> None:
         if changes.runs or changes.everything:
@@ -216,9 +219,7 @@ class RunsScreen(BlokScreen):
         # Durations of running runs grow without any event: redraw just those cells.
         for run in self.runs:
             if run.started_at is not None and run.finished_at is None:
-                cells = self.row_cells(run)
-                self.table.update_cell(run.id, "took", cells[7])
-                self._shown[run.id] = cells
+                self.table.update_row(run.id, self.row_cells(run))
 
     # ---- paging ----------------------------------------------------------------------------
     def render_preview(self) -> None:
@@ -242,30 +243,30 @@ class RunsScreen(BlokScreen):
             else:
                 text.append("input ", style="grey62")
                 text.append(json.dumps(run.input, ensure_ascii=False, default=str)[:400])
-        self.query_one("#preview", Static).update(text)
+        self.query_one("#preview", Static).update(text, layout=False)
 
-    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+    def on_row_table_highlighted(self, event: RowTable.Highlighted) -> None:
         table = self.table
-        if event.data_table is not table or event.cursor_row != table.cursor_row:
+        if event.table is not table or event.row != table.cursor_row:
             return  # a stale event from before the last redraw
         self.render_preview()
         last = table.row_count - 1
-        if event.cursor_row == last and self.start + table.row_count < self.total:
+        if event.row == last and self.start + table.row_count < self.total:
             self.start += PAGE // 2
             self.request_reload()
-        elif event.cursor_row == 0 and self.start > 0:
+        elif event.row == 0 and self.start > 0:
             self.start = max(0, self.start - PAGE // 2)
             self.request_reload()
 
     def action_first_page(self) -> None:
         self.start = 0
         self.request_reload()
-        self.table.move_cursor(row=0, animate=False)
+        self.table.move_cursor(0)
 
     def action_last_page(self) -> None:
         self.start = max(0, self.total - PAGE)
         self.request_reload()
-        self.table.move_cursor(row=PAGE, animate=False)
+        self.table.move_cursor(PAGE)
 
     # ---- filters ---------------------------------------------------------------------------
     def action_status(self, name: str) -> None:
@@ -294,7 +295,7 @@ class RunsScreen(BlokScreen):
         self.table.focus()
 
     # ---- actions ---------------------------------------------------------------------------
-    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+    def on_row_table_selected(self, event: RowTable.Selected) -> None:
         event.stop()
         self.action_open_run()
 
@@ -332,13 +333,11 @@ class RunsScreen(BlokScreen):
             return
         if self.marked.pop(run.id, None) is None:
             self.marked[run.id] = run.job_id
-        cells = self.row_cells(run)
-        self.table.update_cell(run.id, "mark", cells[0])
-        self._shown[run.id] = cells
+        self.table.update_row(run.id, self.row_cells(run))
         self.render_filters()
         # Marking row after row: space moves on, as in a file manager.
         if self.table.cursor_row < self.table.row_count - 1:
-            self.table.move_cursor(row=self.table.cursor_row + 1, animate=False)
+            self.table.move_cursor(self.table.cursor_row + 1)
 
     def action_clear_marks(self) -> None:
         self.marked.clear()
