@@ -285,6 +285,22 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         palette=False,
     ),
     ConsoleAction("open_source", "Open the run this one replays", RUN, "o", "source"),
+    ConsoleAction(
+        "search",
+        "Search the step's input, output and log",
+        RUN,
+        "slash",
+        "search",
+        help="Only the matching lines show, with their line numbers; esc clears the search",
+    ),
+    ConsoleAction(
+        "unfold",
+        "Unfold or fold the step's output",
+        RUN,
+        "z",
+        "",
+        help="A large output shows its first 40 lines until unfolded",
+    ),
     ConsoleAction("open_parent", "Open the parent run", RUN, "p", "parent"),
     # Dead-letter view.
     ConsoleAction(

@@ -100,6 +100,7 @@ class BlokApp(App[None]):
         self._changes = Changes()
         self.ready = asyncio.Event()
         self.last_bulk: BulkResult | None = None  # what the last bulk action did (for tests)
+        self.step_stats_cache: dict[str, Any] = {}  # workflow → (read at, StepStats)
 
     def notify(self, message: str, *, markup: bool = True, **kwargs: Any) -> None:
         # Messages carry engine text ("[step 2/5] charge failed: …", paths, payloads), never

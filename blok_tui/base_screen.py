@@ -10,12 +10,13 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.css.query import NoMatches
 from textual.screen import Screen
-from textual.widgets import Footer
 
 from engine import DatabaseError, EngineError
 
+from . import actions
 from .confirm_screen import ConfirmScreen
 from .widgets import BulkBar, Crumbs, FilterInput, ReloadBanner
+from .widgets.key_bar import KeyBar
 from .widgets.row_table import RowTable
 
 if TYPE_CHECKING:
@@ -65,7 +66,7 @@ class BlokScreen(Screen[None]):
         yield ReloadBanner()
         yield from self.compose_body()
         yield BulkBar()
-        yield Footer()
+        yield KeyBar()
 
     def compose_body(self) -> ComposeResult:
         yield from ()
@@ -82,6 +83,25 @@ class BlokScreen(Screen[None]):
         trail = [s.crumb for s in self.app.screen_stack if isinstance(s, BlokScreen)]
         self.query_one(Crumbs).show(self.blok.title, trail, self.blok.where)
         self.show_reload_errors(self.blok.reload_errors)
+        self.show_keys()
+
+    def show_keys(self) -> None:
+        """The key bar: back (when there is somewhere to go back to), this view's keys, then
+        the app's; `? help` and the palette pinned at the right."""
+        keys = []
+        if len([s for s in self.app.screen_stack if isinstance(s, BlokScreen)]) > 1:
+            keys.append(("esc", "back", "screen.back"))
+        for entry in actions.in_scope(self.SCOPE):
+            if entry.key and entry.label:
+                keys.append((entry.key_display, entry.label, f"screen.{entry.action}"))
+        pinned = []
+        for entry in actions.in_scope(actions.APP):
+            if not (entry.key and entry.label):
+                continue
+            key = (entry.key_display, entry.label, f"app.{entry.action}")
+            (pinned if entry.action == "help" else keys).append(key)
+        pinned.append(("^p", "palette", "app.command_palette"))
+        self.query_one(KeyBar).show(keys, pinned)
 
     def show_reload_errors(self, errors: dict[str, str]) -> None:
         self.query_one(ReloadBanner).show_errors(errors)

@@ -187,10 +187,16 @@ class RunsScreen(BlokScreen):
 
     def render_filters(self) -> None:
         line = Text()
-        for n, name in enumerate(STATUS_FILTERS):
-            chosen = name == self.status_name
-            line.append(f" {n} ", style="reverse bold" if chosen else "bold dim")
-            line.append(f"{name} ", style="bold" if chosen else "dim")
+        if self.size.width >= 110:
+            for n, name in enumerate(STATUS_FILTERS):
+                chosen = name == self.status_name
+                line.append(f" {n} ", style="reverse bold" if chosen else "bold dim")
+                line.append(f"{name} ", style="bold" if chosen else "dim")
+        else:  # no room for the nine: the chosen one, and how to change it
+            n = list(STATUS_FILTERS).index(self.status_name)
+            line.append(f" {n} ", style="reverse bold")
+            line.append(f"{self.status_name} ", style="bold")
+            line.append(" 0-8 s: status", style="dim")
         if self.text:
             line.append("  / ", style="bold")
             line.append(self.text, style="khaki1")
@@ -207,6 +213,9 @@ class RunsScreen(BlokScreen):
             hint = "no runs match" if filtered else "no runs yet: i injects a job"
             line.append(f"   {hint}" if self.total == 0 else "", style="dim")
         self.query_one("#filters", Static).update(line, layout=False)
+
+    def on_resize(self) -> None:
+        self.render_filters()  # nine status names, or only the chosen one
 
     def selected_run_id(self) -> str | None:
         return self.table.cursor_key
