@@ -11,6 +11,7 @@ from typing import Any
 
 from textual.binding import Binding
 from textual.command import DiscoveryHit, Hit, Hits, Provider
+from textual.content import Content
 
 # Where an action applies: the whole app, or one kind of view.
 APP = "app"
@@ -105,6 +106,14 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         help="Open the inject modal: queue, JSON payload, priority, delay",
     ),
     ConsoleAction(
+        "open_injected",
+        "Open the run just injected",
+        APP,
+        "O",
+        "",
+        help="After i and send: the new job's run",
+    ),
+    ConsoleAction(
         "show_queues", "Go to queues", APP, None, command="queues", help="The queues view"
     ),
     ConsoleAction(
@@ -126,7 +135,13 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         help="The worker processes on this database: host, pid, heartbeat, alive",
     ),
     ConsoleAction(
-        "show_run", "Open a run by id", APP, None, command="run", args="<run id>", palette=False
+        "show_run",
+        "Open a run by id",
+        APP,
+        None,
+        command="run",
+        args="<run id|prefix|job id>",
+        palette=False,
     ),
     ConsoleAction(
         "show_dead_letters",
@@ -177,9 +192,17 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         RUNS,
         "slash",
         "filter",
-        help="Matches id, workflow, queue, status and error",
+        help="Matches run and job id, workflow, queue, status, error and input",
     ),
     ConsoleAction("cycle_status", "Next status filter", RUNS, "s", "status"),
+    ConsoleAction(
+        "copy_id",
+        "Copy the selected run's full id",
+        RUNS,
+        "y",
+        "",
+        help="Ids show as their shortest unique prefix; y puts the whole id on the clipboard",
+    ),
     *(
         ConsoleAction(
             f"status('{name}')",
@@ -285,6 +308,7 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         palette=False,
     ),
     ConsoleAction("open_source", "Open the run this one replays", RUN, "o", "source"),
+    ConsoleAction("copy_id", "Copy this run's full id", RUN, "y", ""),
     ConsoleAction(
         "search",
         "Search the step's input, output and log",
@@ -363,11 +387,12 @@ class ActionCommands(Provider):
     """ctrl+p: the registry's actions for the current view and everywhere, plus one entry per
     queue (its runs, dead letters, inject, pause) and per status filter."""
 
-    def _entries(self) -> list[tuple[str, str, Callable[[], Any]]]:
+    def _entries(self) -> list[tuple[str, str, str, Callable[[], Any]]]:
+        """(title, key, help, command) for each entry, each title once."""
         screen = self.screen
         app: Any = self.app
         scope = getattr(screen, "SCOPE", None)
-        found: list[tuple[str, str, Callable[[], Any]]] = []
+        found: list[tuple[str, str, str, Callable[[], Any]]] = []
         for entry in ACTIONS:
             if not entry.palette:
                 continue
@@ -377,28 +402,53 @@ class ActionCommands(Provider):
                 target = app
             else:
                 continue
-            key = f"  [{entry.key_display}]" if entry.key else ""
-            found.append((entry.title + key, entry.help, partial(target.run_action, entry.action)))
-        for name in STATUS_FILTERS:
-            if name != "all":
-                found.append((f"Runs: {name}", "", partial(app.open_runs, status=name, reset=True)))
+            found.append(
+                (
+                    entry.title,
+                    entry.key_display,
+                    entry.help,
+                    partial(target.run_action, entry.action),
+                )
+            )
+        if scope != RUNS:  # in the runs view, its own "Show … runs" entries say the same
+            for name in STATUS_FILTERS:
+                if name != "all":
+                    found.append(
+                        (f"Runs: {name}", "", "", partial(app.open_runs, status=name, reset=True))
+                    )
         for queue in getattr(app, "queue_names", []):
-            found.append((f"Runs on {queue}", "", partial(app.open_runs, queue=queue, reset=True)))
-            found.append((f"Dead letters of {queue}", "", partial(app.open_dead_letters, queue)))
-            found.append((f"Inject into {queue}", "", partial(app.action_inject, queue)))
-            found.append((f"Pause {queue}", "", partial(app.set_paused, queue, True)))
-            found.append((f"Resume {queue}", "", partial(app.set_paused, queue, False)))
-        return found
+            found.append(
+                (f"Runs on {queue}", "", "", partial(app.open_runs, queue=queue, reset=True))
+            )
+            found.append(
+                (f"Dead letters of {queue}", "", "", partial(app.open_dead_letters, queue))
+            )
+            found.append((f"Inject into {queue}", "", "", partial(app.action_inject, queue)))
+            found.append((f"Pause {queue}", "", "", partial(app.set_paused, queue, True)))
+            found.append((f"Resume {queue}", "", "", partial(app.set_paused, queue, False)))
+        unique: dict[str, tuple[str, str, str, Callable[[], Any]]] = {}
+        for item in found:
+            unique.setdefault(item[0], item)
+        return list(unique.values())
 
     async def discover(self) -> Hits:
-        for title, help_text, command in self._entries():
-            yield DiscoveryHit(title, command, help=help_text or None)
+        for title, key, help_text, command in self._entries():
+            yield DiscoveryHit(
+                _with_key(Content(title), key), command, help=help_text or None, text=title
+            )
 
     async def search(self, query: str) -> Hits:
         matcher = self.matcher(query)
-        for title, help_text, command in self._entries():
+        for title, key, help_text, command in self._entries():
             score = matcher.match(title)
             if score > 0:
-                yield Hit(
-                    score, matcher.highlight(title), command, text=title, help=help_text or None
-                )
+                shown = _with_key(matcher.highlight(title), key)
+                yield Hit(score, shown, command, text=title, help=help_text or None)
+
+
+def _with_key(title: Content, key: str) -> Content:
+    """The title, then its key, dimmed: what the palette teaches for next time. (A Content,
+    not a string: "[c]" in a string would be read as markup and vanish.)"""
+    if not key:
+        return title
+    return Content.assemble(title, ("  " + key, "dim bold"))

@@ -34,6 +34,7 @@ from engine import (
     RunStatusChanged,
     StepFinished,
     StepStarted,
+    UnknownRun,
     WorkflowReloaded,
 )
 from engine.events import AttemptFailed, Event
@@ -68,7 +69,8 @@ class BlokApp(App[None]):
     CSS_PATH = "app.tcss"
     TITLE = "blok-tui"
     BINDINGS: ClassVar[list[BindingType]] = actions.bindings(actions.APP)
-    COMMANDS: ClassVar = App.COMMANDS | {actions.ActionCommands}
+    # Only the registry's entries: Textual's own (quit, keys, screenshot…) would repeat ours.
+    COMMANDS: ClassVar = {actions.ActionCommands}
 
     def __init__(
         self,
@@ -101,11 +103,16 @@ class BlokApp(App[None]):
         self.ready = asyncio.Event()
         self.last_bulk: BulkResult | None = None  # what the last bulk action did (for tests)
         self.step_stats_cache: dict[str, Any] = {}  # workflow → (read at, StepStats)
+        self.last_injected: str | None = None  # the run of the job injected last (O opens it)
 
     def notify(self, message: str, *, markup: bool = True, **kwargs: Any) -> None:
         # Messages carry engine text ("[step 2/5] charge failed: …", paths, payloads), never
         # markup: brackets must show as written, not vanish as tags.
         super().notify(message, markup=False, **kwargs)
+
+    def action_help_quit(self) -> None:
+        # Textual's own says "Press [b]ctrl+q[/b] …" in markup, which notify shows as written.
+        self.notify("press q (or ctrl+q) to quit", title="Do you want to quit?")
 
     @property
     def where(self) -> str:
@@ -386,11 +393,43 @@ class BlokApp(App[None]):
         elif queue is None and isinstance(view, RunScreen) and view.run is not None:
             queue = view.run.queue
 
-        def injected(job_id: str | None) -> None:
-            if job_id:
-                self.notify(f"job {job_id}", title="Injected")
+        async def injected(job_id: str | None) -> None:
+            if not job_id:
+                return
+            job = await self.engine.get_job(job_id)
+            self.last_injected = job.run_id
+            self.notify(f"job {job_id}, run {job.run_id}: O opens it", title="Injected")
 
         self.push_screen(InjectScreen(self.engine, list(self.queue_names), queue), injected)
+
+    def action_open_injected(self) -> None:
+        if self.last_injected is None:
+            self.notify("nothing injected yet: i injects a job", severity="warning")
+            return
+        self.open_run(self.last_injected)
+
+    def copy_id(self, run_id: str) -> None:
+        self.copy_to_clipboard(run_id)
+        self.notify(run_id, title="Copied")
+
+    async def find_run(self, word: str) -> str:
+        """A run id from a full id, a unique prefix of one (with or without `run_`), or a
+        job id (its current run). Raises EngineError saying why none or which ones."""
+        try:
+            return str((await self.engine.get_run(word)).id)
+        except UnknownRun:
+            pass  # not a full run id: a job id or a prefix, below
+        if word.startswith("job_"):
+            return str((await self.engine.get_job(word)).run_id)
+        prefix = word if word.startswith("run_") else f"run_{word}"
+        found = [r.id for r in await self.engine.runs(text=prefix, limit=20)]
+        found = [i for i in found if i.startswith(prefix)]
+        if len(found) == 1:
+            return found[0]
+        if not found:
+            raise UnknownRun(f"no run id starts with {word!r}, and it is no job id")
+        shown = ", ".join(found[:5]) + (" …" if len(found) > 5 else "")
+        raise EngineError(f"{word!r} is the start of {len(found)} run ids: {shown}")
 
     def action_show_queues(self) -> None:
         self.go_home()
@@ -444,12 +483,12 @@ class BlokApp(App[None]):
                     )
             case "run":
                 try:
-                    await self.engine.get_run(arg)
+                    run_id = await self.find_run(str(arg))
                 except EngineError as error:
                     self.notify(str(error), severity="error")
                     return
                 self.go_home()
-                self.open_run(str(arg))
+                self.open_run(run_id)
             case "dlq" | "pause" | "resume":
                 if arg not in queues:
                     self.notify(

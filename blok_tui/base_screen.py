@@ -189,7 +189,14 @@ class BlokScreen(Screen[None]):
             answer,
         )
 
+    def clear_filter(self) -> bool:
+        """Drop an active text filter; False when there is none. The first escape does this,
+        the next goes back."""
+        return False
+
     def action_back(self) -> None:
+        if self.clear_filter():
+            return
         if len([s for s in self.app.screen_stack if isinstance(s, BlokScreen)]) > 1:
             self.app.pop_screen()
 
@@ -218,3 +225,9 @@ class RowFilterScreen(BlokScreen):
         self.text = event.value
         self.render_rows()
         self.table.focus()
+
+    def clear_filter(self) -> bool:
+        if not self.text:
+            return False
+        self.query_one(FilterInput).action_drop()
+        return True

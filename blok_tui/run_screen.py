@@ -328,6 +328,12 @@ class RunScreen(BlokScreen):
         self.render_step()
         self.query_one(StepRail).focus()
 
+    def clear_filter(self) -> bool:
+        if not self.search:
+            return False
+        self.query_one(FilterInput).action_drop()
+        return True
+
     def action_unfold(self) -> None:
         self.unfolded = not self.unfolded
         self.render_step()
@@ -364,6 +370,9 @@ class RunScreen(BlokScreen):
             return
         top = self.top_step(step)
         await self.blok.replay(self.run_id, from_step=top.name, title="Replayed from a step")
+
+    def action_copy_id(self) -> None:
+        self.blok.copy_id(self.run_id)
 
     def action_edit_replay(self) -> None:
         if self.run is not None:

@@ -32,6 +32,7 @@ from .widgets import FilterInput
 from .widgets.row_table import Column, RowTable
 
 PAGE = 100  # rows held in the table; the window slides as the cursor reaches an edge
+SEARCHED = 1_000  # newest runs a `/` search reads and matches
 MARK = "●"
 # Narrow terminals drop the lowest priorities first; the workflow column takes spare room.
 COLUMNS = (
@@ -48,6 +49,14 @@ COLUMNS = (
     Column("detail", "error or input", 16, priority=0, flex=True),
 )
 COLUMN_KEYS = [c.key for c in COLUMNS]
+
+
+def matches(run: Run, text: str) -> bool:
+    needle = text.lower()
+    fields = (run.id, run.job_id, run.workflow_name, run.queue, str(run.status), run.error or "")
+    if any(needle in field.lower() for field in fields):
+        return True
+    return needle in json.dumps(run.input, ensure_ascii=False, default=str).lower()
 
 
 def detail_cell(run: Run) -> Text:
@@ -81,6 +90,8 @@ class RunsScreen(BlokScreen):
         self.total = 0
         self.runs: list[Run] = []
         self.short: dict[str, str] = {}  # run id → its shortest unique prefix on this page
+        self.searched = 0  # runs the last `/` search read
+        self.matched: list[tuple[str, str]] = []  # (run id, job id) the last search matched
         self.loaded = False  # the first page is on screen (the benchmark waits for this)
 
     @property
@@ -96,7 +107,7 @@ class RunsScreen(BlokScreen):
 
     def compose_body(self) -> ComposeResult:
         yield Static(id="filters", classes="filters")
-        yield FilterInput("filter runs: id, workflow, queue, status or error text…")
+        yield FilterInput("filter runs: run or job id, workflow, queue, status, error or input…")
         yield RowTable(COLUMNS, id="runs")
         yield Static(id="preview")
 
@@ -114,8 +125,9 @@ class RunsScreen(BlokScreen):
 
     @property
     def where(self) -> RunFilter:
+        """The status, queue and workflow chosen (the `/` text is matched here, see _search)."""
         statuses = STATUS_FILTERS[self.status_name] or None
-        return RunFilter.of(statuses, self.workflow, self.queue, self.text or None, **self.flags)  # type: ignore[arg-type]
+        return RunFilter.of(statuses, self.workflow, self.queue, None, **self.flags)  # type: ignore[arg-type]
 
     def describe_filter(self) -> str:
         """The filter in words, for a confirmation: "failed runs on orders matching 'x'"."""
@@ -133,20 +145,42 @@ class RunsScreen(BlokScreen):
 
     async def load(self) -> None:
         where = self.where
-        self.total = await self.engine.count_runs(where)
-        if self.start >= self.total:
-            self.start = max(0, self.total - PAGE)
-        self.runs = await self.engine.runs(
+        if self.text:
+            await self._search()
+        else:
+            self.total = await self.engine.count_runs(where)
+            if self.start >= self.total:
+                self.start = max(0, self.total - PAGE)
+            self.runs = await self.engine.runs(
+                status=list(where.status) if where.status else None,
+                workflow=self.workflow,
+                queue=self.queue,
+                limit=PAGE,
+                offset=self.start,
+                **self.flags,
+            )
+        self.render_rows()
+        self.loaded = True
+
+    async def _search(self) -> None:
+        """The `/` text against id, job id, workflow, queue, status, error and input. The
+        engine's text filter knows neither job ids nor inputs, so the newest SEARCHED runs
+        (of the status and queue chosen) are read and matched here."""
+        where = self.where
+        window = await self.engine.runs(
             status=list(where.status) if where.status else None,
             workflow=self.workflow,
             queue=self.queue,
-            text=self.text or None,
-            limit=PAGE,
-            offset=self.start,
+            limit=SEARCHED,
             **self.flags,
         )
-        self.render_rows()
-        self.loaded = True
+        self.searched = len(window)
+        matched = [run for run in window if matches(run, self.text)]
+        self.matched = [(run.id, run.job_id) for run in matched]
+        self.total = len(matched)
+        if self.start >= self.total:
+            self.start = max(0, self.total - PAGE)
+        self.runs = matched[self.start : self.start + PAGE]
 
     def row_cells(self, run: Run) -> list[Text | str]:
         now = self.blok.now()
@@ -200,6 +234,9 @@ class RunsScreen(BlokScreen):
         if self.text:
             line.append("  / ", style="bold")
             line.append(self.text, style="khaki1")
+            if self.searched >= SEARCHED:
+                line.append(f" in the newest {SEARCHED:,}", style="dim")
+            line.append("  esc clears", style="dim")
         if self.marked:
             line.append(f"   {MARK} {len(self.marked):,} marked", style="bold khaki1")
             line.append("  C cancel · R replay · D requeue · u unmark", style="khaki3")
@@ -303,6 +340,12 @@ class RunsScreen(BlokScreen):
         self.request_reload()
         self.table.focus()
 
+    def clear_filter(self) -> bool:
+        if not self.text:
+            return False
+        self.query_one(FilterInput).action_drop()
+        return True
+
     # ---- actions ---------------------------------------------------------------------------
     def on_row_table_selected(self, event: RowTable.Selected) -> None:
         event.stop()
@@ -324,6 +367,11 @@ class RunsScreen(BlokScreen):
 
     def selected_run(self) -> Run | None:
         return next((r for r in self.runs if r.id == self.selected_run_id()), None)
+
+    def action_copy_id(self) -> None:
+        run_id = self.selected_run_id()
+        if run_id is not None:
+            self.blok.copy_id(run_id)
 
     def action_edit_replay(self) -> None:
         run = self.selected_run()
@@ -357,6 +405,9 @@ class RunsScreen(BlokScreen):
             ids = tuple(self.marked.values() if action == "requeue" else self.marked)
             n = len(self.marked)
             return BulkPlan(action, ids, n, f"the {n:,} marked run{'s' if n != 1 else ''}")
+        if self.text:  # what the search matched, as it matched it
+            ids = tuple(job if action == "requeue" else run for run, job in self.matched)
+            return BulkPlan(action, ids, len(ids), self.describe_filter())
         where = self.where
         return BulkPlan(action, where, await self.engine.count_runs(where), self.describe_filter())
 

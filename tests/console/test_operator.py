@@ -312,9 +312,9 @@ async def test_filters_pause_and_bulk_actions_are_reachable_by_command_and_palet
         assert {q.name: q.paused for q in await engine.queues()}["quick"] is False
         await command(pilot, "runs")
         provider = ActionCommands(app.screen)
-        titles = [str(hit.text) async for hit in provider.search("marked")]
-        assert "Cancel the marked runs (or all the filter matches)  [C]" in titles
-        assert "Replay the marked runs (or all the filter matches)  [R]" in titles
+        shown = [str(hit.prompt) async for hit in provider.search("marked")]
+        assert "Cancel the marked runs (or all the filter matches)  C" in shown
+        assert "Replay the marked runs (or all the filter matches)  R" in shown
 
 
 async def test_a_delayed_run_says_until_when_and_retry_now_starts_it(engine: Engine) -> None:

@@ -235,8 +235,11 @@ async def test_the_palette_offers_the_views_actions_and_one_entry_per_queue(engi
         await settled(pilot)
         await command(pilot, "runs")
         provider = ActionCommands(app.screen)
-        titles = [str(hit.text) async for hit in provider.search("cancel")]
-        assert "Cancel the selected run  [c]" in titles
+        # Each entry shows its key: the palette teaches the shortcut for next time.
+        shown = [str(hit.prompt) async for hit in provider.search("cancel")]
+        assert "Cancel the selected run  c" in shown
+        titles = [str(hit.text) async for hit in provider.discover()]
+        assert len(titles) == len(set(titles)), "an entry is listed twice"
         titles = [str(hit.text) async for hit in provider.search("dead letters")]
         assert {f"Dead letters of {q}" for q in ("slow", "flaky", "broken", "quick")} <= set(titles)
         # Choosing an entry runs it: here, the runs of one queue.
