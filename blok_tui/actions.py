@@ -20,6 +20,8 @@ RUNS = "runs"
 RUN = "run"
 DEAD_LETTERS = "dead_letters"
 WORKERS = "workers"
+TIMELINE = "timeline"
+LOGS = "logs"
 SCOPE_TITLES = {
     APP: "Everywhere",
     QUEUES: "Queues view",
@@ -27,6 +29,8 @@ SCOPE_TITLES = {
     RUN: "Run view",
     DEAD_LETTERS: "Dead-letter view",
     WORKERS: "Workers view",
+    TIMELINE: "Timeline view",
+    LOGS: "Live log view",
 }
 
 
@@ -125,6 +129,15 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         args="[status|queue]",
         help="All runs, or those with a status (running, waiting, queued, failed, completed, "
         "cancelled), retrying, stuck, or on a queue; more words filter by text",
+    ),
+    ConsoleAction(
+        "show_logs",
+        "Live log lines of every run",
+        APP,
+        "L",
+        "",
+        command="logs",
+        help="Every run's log lines as they come, searchable with /; enter opens the run",
     ),
     ConsoleAction(
         "show_workers",
@@ -310,6 +323,14 @@ ACTIONS: tuple[ConsoleAction, ...] = (
     ConsoleAction("open_source", "Open the run this one replays", RUN, "o", "source"),
     ConsoleAction("copy_id", "Copy this run's full id", RUN, "y", ""),
     ConsoleAction(
+        "timeline",
+        "The run's timeline",
+        RUN,
+        "T",
+        "timeline",
+        help="Queue delay, every step and attempt on one time axis, backoffs and waits",
+    ),
+    ConsoleAction(
         "search",
         "Search the step's input, output and log",
         RUN,
@@ -344,6 +365,8 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         palette=False,
     ),
     ConsoleAction("filter", "Filter dead letters", DEAD_LETTERS, "slash", "filter"),
+    ConsoleAction("filter", "Filter log lines", LOGS, "slash", "filter"),
+    ConsoleAction("open_line_run", "Open the line's run", LOGS, "enter", "open run", palette=False),
     ConsoleAction(
         "requeue_all",
         "Requeue every dead letter of this queue",

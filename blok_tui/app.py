@@ -9,6 +9,7 @@ because they are cheap and move without events.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections import deque
 from collections.abc import Callable
@@ -50,6 +51,7 @@ from .console import Clock, system_clock
 from .dead_letters_screen import DeadLettersScreen
 from .help_screen import HelpScreen
 from .inject_screen import InjectScreen
+from .logs_screen import LogsScreen
 from .queues_screen import QueuesScreen
 from .run_screen import RunScreen
 from .runs_screen import RunsScreen
@@ -61,6 +63,7 @@ log = logging.getLogger("blok.console")
 FLUSH_EVERY = 0.1  # seconds between redraws driven by events (at most)
 TICK_EVERY = 1.0  # seconds between clock-driven redraws and throughput samples
 HISTORY = 180  # throughput samples kept per queue: three minutes at one a second
+LOG_LINES = 5_000  # log lines kept for the live log view
 
 EngineFactory = Callable[[], AbstractAsyncContextManager[Any]]
 
@@ -104,6 +107,9 @@ class BlokApp(App[None]):
         self.last_bulk: BulkResult | None = None  # what the last bulk action did (for tests)
         self.step_stats_cache: dict[str, Any] = {}  # workflow → (read at, StepStats)
         self.last_injected: str | None = None  # the run of the job injected last (O opens it)
+        # The newest log lines of every run, numbered, for the live log view.
+        self.log_lines: deque[tuple[int, LogRecorded]] = deque(maxlen=LOG_LINES)
+        self._log_numbers = itertools.count()
 
     def notify(self, message: str, *, markup: bool = True, **kwargs: Any) -> None:
         # Messages carry engine text ("[step 2/5] charge failed: …", paths, payloads), never
@@ -155,7 +161,11 @@ class BlokApp(App[None]):
             case RunQueued() | RunStarted() | RunStatusChanged() | RunFinished():
                 changes.runs.add(event.run_id)
                 changes.queues.add(event.queue)
-            case StepStarted() | StepFinished() | AttemptFailed() | LogRecorded():
+            case LogRecorded():
+                changes.runs.add(event.run_id)
+                changes.logs = True
+                self.log_lines.append((next(self._log_numbers), event))
+            case StepStarted() | StepFinished() | AttemptFailed():
                 changes.runs.add(event.run_id)
             case QueueChanged():
                 changes.queue_list = True
@@ -246,6 +256,13 @@ class BlokApp(App[None]):
 
     def open_dead_letters(self, queue: str) -> None:
         self.push_screen(DeadLettersScreen(queue))
+
+    def open_logs(self) -> None:
+        self.go_home()
+        self.push_screen(LogsScreen())
+
+    def action_show_logs(self) -> None:
+        self.open_logs()
 
     def open_workers(self) -> None:
         self.go_home()
@@ -374,7 +391,7 @@ class BlokApp(App[None]):
             for verb in ("runs", "dlq", "pause", "resume", "inject")
         ]
         words += [f"runs {status}" for status in STATUS_FILTERS]
-        words += ["workers"]
+        words += ["workers", "logs"]
         self.push_screen(CommandScreen(words), self._command_done)
 
     async def _command_done(self, line: str | None) -> None:
@@ -469,6 +486,8 @@ class BlokApp(App[None]):
                 self.action_inject(arg)
             case "workers":
                 self.open_workers()
+            case "logs":
+                self.open_logs()
             case "runs":
                 text = " ".join(args[1:])
                 if arg is None or arg in STATUS_FILTERS:

@@ -33,9 +33,10 @@ class Changes:
     queues: set[str] = field(default_factory=set)  # queue names whose counts moved
     queue_list: bool = False  # queues added, removed, paused or re-configured
     everything: bool = False  # events were lost (Lagged): re-read all
+    logs: bool = False  # log lines arrived (the app keeps the newest for the live log view)
 
     def __bool__(self) -> bool:
-        return bool(self.runs or self.queues or self.queue_list or self.everything)
+        return bool(self.runs or self.queues or self.queue_list or self.everything or self.logs)
 
 
 class BlokScreen(Screen[None]):

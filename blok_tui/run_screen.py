@@ -18,6 +18,7 @@ from . import actions
 from .base_screen import BlokScreen, Changes
 from .console import clock_time, countdown, day_time, duration, printable, status_text
 from .step_stats import StepStats, step_stats, typical_text
+from .timeline_screen import TimelineScreen
 from .tracebacks import clean_error
 from .widgets import AttemptsView, FilterInput, JsonView, StepRail
 
@@ -373,6 +374,9 @@ class RunScreen(BlokScreen):
 
     def action_copy_id(self) -> None:
         self.blok.copy_id(self.run_id)
+
+    def action_timeline(self) -> None:
+        self.app.push_screen(TimelineScreen(self.run_id))
 
     def action_edit_replay(self) -> None:
         if self.run is not None:
