@@ -210,6 +210,7 @@ class RunsScreen(BlokScreen):
                 short.get(run.replay_of, run.replay_of) if run.replay_of else "",
                 style="medium_purple1",
             ),
+            detail_cell(run),
         ]
 
     def render_rows(self) -> None:
