@@ -92,7 +92,9 @@ class DeadLettersScreen(RowFilterScreen):
         if self.missing:
             summary.append(self.missing, style="red1")
         else:
-            summary.append(f"{len(self.jobs):,} dead letters on {self.queue}", style="bold")
+            count = len(self.jobs)
+            noun = "dead letter" if count == 1 else "dead letters"
+            summary.append(f"{count:,} {noun} on {self.queue}", style="bold")
             if self.text:
                 summary.append(f"   / {self.text}  ({len(shown)} shown)", style="khaki1")
             if not self.jobs:

@@ -150,7 +150,7 @@ class QueuesScreen(RowFilterScreen):
                 "   no queues: add a workflow with a WorkerTrigger to the workflows folder",
                 style="dim",
             )
-        else:
+        elif self.size.width >= 100:
             line.append("   enter: its runs", style="dim")
         self.query_one("#summary", Static).update(line, layout=False)
 

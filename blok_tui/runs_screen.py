@@ -228,10 +228,9 @@ class RunsScreen(BlokScreen):
                 line.append(f" {n} ", style="reverse bold" if chosen else "bold dim")
                 line.append(f"{name} ", style="bold" if chosen else "dim")
         else:  # no room for the nine: the chosen one, and how to change it
-            n = list(STATUS_FILTERS).index(self.status_name)
-            line.append(f" {n} ", style="reverse bold")
-            line.append(f"{self.status_name} ", style="bold")
-            line.append(" 0-8 s: status", style="dim")
+            line.append("status ", style="dim")
+            line.append(self.status_name, style="bold")
+            line.append(" (0-8, s)", style="dim")
         if self.text:
             line.append("  / ", style="bold")
             line.append(self.text, style="khaki1")

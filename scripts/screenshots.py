@@ -25,10 +25,10 @@ SHOTS: dict[str, tuple[bool, list[Step]]] = {
     # name: (with a broken workflow file, what to do before the picture)
     "queues": (False, []),
     "runs": (False, [lambda app: app.run_command("runs")]),
-    "run-failed-attempt": (False, [lambda app: app.run_command("run run_0000showcase0006")]),
-    "run-waiting": (False, [lambda app: app.run_command("run run_0000showcase0008")]),
-    "run-nested": (False, [lambda app: app.run_command("run run_0000showcase0013")]),
-    "run-throttled": (False, [lambda app: app.run_command("run run_0000showcase0016")]),
+    "run-failed-attempt": (False, [lambda app: app.run_command(f"run {scene.rid(6)}")]),
+    "run-waiting": (False, [lambda app: app.run_command(f"run {scene.rid(8)}")]),
+    "run-nested": (False, [lambda app: app.run_command(f"run {scene.rid(13)}")]),
+    "run-throttled": (False, [lambda app: app.run_command(f"run {scene.rid(16)}")]),
     "workers": (False, [lambda app: app.run_command("workers")]),
     "bulk-confirm": (
         False,

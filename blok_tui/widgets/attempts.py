@@ -54,21 +54,20 @@ class AttemptsView(Static):
             rows.append((f"{attempt.number}/{step.max_attempts}", status, took, error, then))
         table: RenderableType
         if narrow:
-            # One line per attempt, its error under it at full width: a column would be a
-            # dozen characters wide here.
-            lines = Text()
-            for n, (number, status, took, error, then) in enumerate(rows):
-                lines.append(f"{number:>5} ", style="bold")
-                lines.append_text(status)
-                lines.append(f"  {took}")
+            # Each attempt in two columns, its error under its status at full width (an error
+            # column would be a dozen characters wide here).
+            grid = Table(box=None, padding=(0, 1), expand=True, show_header=False)
+            grid.add_column(width=5, justify="right", no_wrap=True)
+            grid.add_column(ratio=1, overflow="fold")
+            for number, status, took, error, then in rows:
+                cell = Text.assemble(status, f"  {took}")
                 if then:
-                    lines.append(f"  {then}", style="khaki1")
+                    cell.append(f"  {then}", style="khaki1")
                 if str(error) != "–":
-                    lines.append("\n      ")
-                    lines.append_text(error)
-                if n < len(rows) - 1:
-                    lines.append("\n")
-            table = lines
+                    cell.append("\n")
+                    cell.append_text(error)
+                grid.add_row(number, cell)
+            table = grid
         else:
             grid = Table(
                 box=None, padding=(0, 1), expand=True, show_edge=False, header_style="bold dim"
