@@ -22,6 +22,7 @@ DEAD_LETTERS = "dead_letters"
 WORKERS = "workers"
 TIMELINE = "timeline"
 LOGS = "logs"
+DIFF = "diff"
 SCOPE_TITLES = {
     APP: "Everywhere",
     QUEUES: "Queues view",
@@ -31,6 +32,7 @@ SCOPE_TITLES = {
     WORKERS: "Workers view",
     TIMELINE: "Timeline view",
     LOGS: "Live log view",
+    DIFF: "Replay diff view",
 }
 
 
@@ -322,6 +324,14 @@ ACTIONS: tuple[ConsoleAction, ...] = (
     ),
     ConsoleAction("open_source", "Open the run this one replays", RUN, "o", "source"),
     ConsoleAction("copy_id", "Copy this run's full id", RUN, "y", ""),
+    ConsoleAction(
+        "diff",
+        "Diff this replay against the run it replays",
+        RUN,
+        "D",
+        "diff",
+        help="Input, status, duration, and each step's status, duration and output side by side",
+    ),
     ConsoleAction(
         "timeline",
         "The run's timeline",

@@ -17,6 +17,7 @@ from engine import EngineError, LogLine, Run, StepRun
 from . import actions
 from .base_screen import BlokScreen, Changes
 from .console import clock_time, countdown, day_time, duration, printable, status_text
+from .diff_screen import DiffScreen
 from .step_stats import StepStats, step_stats, typical_text
 from .timeline_screen import TimelineScreen
 from .tracebacks import clean_error
@@ -374,6 +375,12 @@ class RunScreen(BlokScreen):
 
     def action_copy_id(self) -> None:
         self.blok.copy_id(self.run_id)
+
+    def action_diff(self) -> None:
+        if self.run is not None and self.run.replay_of:
+            self.app.push_screen(DiffScreen(self.run_id))
+        else:
+            self.notify("this run is not a replay: open a replay to compare it", severity="warning")
 
     def action_timeline(self) -> None:
         self.app.push_screen(TimelineScreen(self.run_id))

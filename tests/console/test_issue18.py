@@ -16,6 +16,7 @@ from textual.app import App, ComposeResult
 from textual.widgets import Input, Static, TextArea
 
 from blok_tui.app import BlokApp
+from blok_tui.diff_screen import DiffScreen
 from blok_tui.inject_screen import InjectScreen
 from blok_tui.logs_screen import LogsScreen
 from blok_tui.queues_screen import QueuesScreen
@@ -347,3 +348,24 @@ async def test_the_live_log_view_shows_every_runs_lines_as_they_come(engine: Eng
         await pilot.press("enter")
         await settled(pilot)
         assert isinstance(app.screen, RunScreen)
+
+
+async def test_diff_shows_what_a_replay_with_an_edited_input_changed(engine: Engine) -> None:
+    failed = await engine.wait_for_job(
+        await engine.enqueue("fixable", {"order_id": "F1"}), timeout=10
+    )
+    assert failed.status == "failed"
+    replay_id = await engine.replay(failed.id, input={"order_id": "F1", "fixed": True})
+    await engine.wait_for_job((await engine.get_run(replay_id)).job_id, timeout=10)
+    app = BlokApp(engine)
+    async with app.run_test(size=WIDE) as pilot:
+        await settled(pilot)
+        await command(pilot, f"run {replay_id}")
+        await pilot.press("D")
+        await settled(pilot)
+        assert isinstance(app.screen, DiffScreen)
+        shown = text_of(app.screen.query_one("#diff", Static), width=140)
+        assert "+ fixed: true" in shown
+        charge = next(line for line in shown.splitlines() if line.startswith("charge"))
+        assert "✗ failed" in charge and "✓ completed" in charge
+        assert "+ charged: true" in shown or "null →" in shown

@@ -7,6 +7,7 @@ from rich.console import Console
 from blok_tui import actions
 from blok_tui.app import BlokApp
 from blok_tui.dead_letters_screen import DeadLettersScreen
+from blok_tui.diff_screen import DiffScreen
 from blok_tui.help_screen import help_text
 from blok_tui.logs_screen import LogsScreen
 from blok_tui.queues_screen import QueuesScreen
@@ -23,6 +24,7 @@ SCREENS = {
     actions.WORKERS: WorkersScreen,
     actions.TIMELINE: TimelineScreen,
     actions.LOGS: LogsScreen,
+    actions.DIFF: DiffScreen,
 }
 
 
