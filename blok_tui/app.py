@@ -47,7 +47,7 @@ from .base_screen import BlokScreen, Changes
 from .bulk import BulkPlan
 from .command_screen import CommandScreen
 from .confirm_screen import ConfirmScreen
-from .console import Clock, system_clock
+from .console import Clock, printable, system_clock
 from .dead_letters_screen import DeadLettersScreen
 from .help_screen import HelpScreen
 from .inject_screen import InjectScreen
@@ -113,8 +113,10 @@ class BlokApp(App[None]):
 
     def notify(self, message: str, *, markup: bool = True, **kwargs: Any) -> None:
         # Messages carry engine text ("[step 2/5] charge failed: …", paths, payloads), never
-        # markup: brackets must show as written, not vanish as tags.
-        super().notify(message, markup=False, **kwargs)
+        # markup: brackets must show as written, not vanish as tags; and run-provided text
+        # may hold escape sequences, shown as \xNN rather than sent to the terminal.
+        title = kwargs.pop("title", "")
+        super().notify(printable(message), title=printable(title), markup=False, **kwargs)
 
     def action_help_quit(self) -> None:
         # Textual's own says "Press [b]ctrl+q[/b] …" in markup, which notify shows as written.

@@ -15,6 +15,7 @@ from engine import DatabaseError, EngineError
 
 from . import actions
 from .confirm_screen import ConfirmScreen
+from .console import printable
 from .widgets import BulkBar, Crumbs, FilterInput, ReloadBanner
 from .widgets.key_bar import KeyBar
 from .widgets.row_table import RowTable
@@ -183,7 +184,7 @@ class BlokScreen(Screen[None]):
         self.app.push_screen(
             ConfirmScreen(
                 f"Cancel run [b]{run.id}[/b]?",
-                f"{run.workflow_name} on {run.queue}, {run.status}. Its current step is "
+                f"{printable(run.workflow_name)} on {printable(run.queue)}, {run.status}. Its current step is "
                 "interrupted; the job is not retried.",
                 confirm="Cancel run",
             ),

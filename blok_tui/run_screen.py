@@ -269,7 +269,7 @@ class RunScreen(BlokScreen):
             title.append(f"step {position + 1}/{len(top)} ")
         else:
             title.append("step ")
-        title.append(self.step_path(step), style="bold")
+        title.append(printable(self.step_path(step)), style="bold")
         title.append("  ")
         title.append_text(status_text(str(step.status), steps=True))
         if step.child_run_id:

@@ -28,6 +28,7 @@ from .console import (
     short_ids,
     status_text,
 )
+from .tracebacks import clean_error
 from .widgets import FilterInput
 from .widgets.row_table import Column, RowTable
 
@@ -62,7 +63,7 @@ def matches(run: Run, text: str) -> bool:
 def detail_cell(run: Run) -> Text:
     """What a wide terminal has room for: the first line of the error, else the input."""
     if run.error:
-        return Text(printable(run.error.strip().splitlines()[0]), style="red1")
+        return Text(clean_error(run.error.strip().splitlines()[0]), style="red1")
     return Text(
         printable(json.dumps(run.input, ensure_ascii=False, default=str)[:200]), style="grey50"
     )
@@ -285,10 +286,10 @@ class RunsScreen(BlokScreen):
                     style="khaki3",
                 )
             if run.error:
-                text.append(run.error.splitlines()[0], style="red1")
+                text.append(clean_error(run.error.splitlines()[0]), style="red1")
             else:
                 text.append("input ", style="grey62")
-                text.append(json.dumps(run.input, ensure_ascii=False, default=str)[:400])
+                text.append(printable(json.dumps(run.input, ensure_ascii=False, default=str)[:400]))
         self.query_one("#preview", Static).update(text, layout=False)
 
     def on_row_table_highlighted(self, event: RowTable.Highlighted) -> None:

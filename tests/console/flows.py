@@ -146,3 +146,19 @@ WAITER = Workflow(
     steps=[Step("ready", then_wait), wait.for_("10m"), Step("after", echo)],
 )
 ALL += [BIG, HOSTILE, WAITER]
+
+
+async def chatty(ctx) -> dict:
+    for n in range(80):
+        ctx.logger.info("progress line %d", n)
+        await anyio.sleep(0.01)
+    await anyio.sleep(60)
+    return {}
+
+
+CHATTY = Workflow(
+    name="chatty.log",
+    trigger=WorkerTrigger(queue="chatty", concurrency=2),
+    steps=[Step("talk", chatty)],
+)
+ALL.append(CHATTY)

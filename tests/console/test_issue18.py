@@ -369,3 +369,26 @@ async def test_diff_shows_what_a_replay_with_an_edited_input_changed(engine: Eng
         charge = next(line for line in shown.splitlines() if line.startswith("charge"))
         assert "✗ failed" in charge and "✓ completed" in charge
         assert "+ charged: true" in shown or "null →" in shown
+
+
+async def test_the_running_steps_log_follows_its_new_lines(engine: Engine) -> None:
+    events = engine.events()
+    job_id = await engine.enqueue("chatty", {})
+    with anyio.fail_after(10):
+        async for event in events:
+            if isinstance(event, RunStarted):
+                break
+    await events.aclose()
+    run_id = (await engine.get_job(job_id)).run_id
+    app = BlokApp(engine)
+    async with app.run_test(size=NARROW) as pilot:
+        await settled(pilot)
+        await command(pilot, f"run {run_id}")
+        log = app.screen.query_one("#step-log", Static)
+        await until(pilot, lambda: "progress line 79" in text_of(log))
+        await settled(pilot)
+        detail = app.screen.query_one("#detail")
+        await until(
+            pilot, lambda: detail.max_scroll_y > 0 and detail.scroll_y == detail.max_scroll_y
+        )
+        await engine.cancel(run_id)
