@@ -276,7 +276,7 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         RUNS,
         "t",
         "",
-        help="Skip the backoff of a run waiting for its next attempt, or start a delayed run",
+        help="Skip the backoff before a step's next attempt, or start a delayed run now",
     ),
     ConsoleAction("first_page", "First run", RUNS, "g", "", palette=False),
     ConsoleAction("last_page", "Last (oldest) run", RUNS, "G", "", palette=False),
@@ -312,7 +312,7 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         RUN,
         "t",
         "retry now",
-        help="Skip the backoff of a run waiting for its next attempt, or start a delayed run",
+        help="Skip the backoff before a step's next attempt, or start a delayed run now",
     ),
     ConsoleAction(
         "open_child",
