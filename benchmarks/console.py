@@ -6,18 +6,32 @@ Measures, over a real engine and the real app (headless):
 - time for a status change to reach the screen: from the engine's RunFinished event to the
   runs table showing `completed` (median, p95);
 - idle CPU of the console: process CPU over a quiet window with the runs view open, against a
-  peer run of the engine alone in the same process (the ratio is the console's cost).
+  peer run of the engine alone in the same process (the ratio is the console's cost);
+- under the running demo (`--demo`): the real console in a pseudo-terminal, its screen read back
+  with a terminal emulator (pyte), the bundled demo workflows fed by the demo producer (seeded):
+  CPU of the console process with the runs view open against the same engine and producer
+  without the console, and keystroke latency, from writing a key to the pty until the terminal
+  shows it in the runs view's `/` filter (each key of a word typed at a person's pace, then
+  erased).
 
 Usage: python benchmarks/console.py [--runs 100000] [--samples 40] [--idle 10]
+       python benchmarks/console.py --demo [--window 20] [--keys 60] [--size 140x40]
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import os
 import platform
+import pty
 import statistics
+import struct
+import subprocess
+import sys
 import tempfile
+import termios
+import threading
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -176,12 +190,201 @@ def p95(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
 
 
+# ---- under the running demo, in a real terminal ------------------------------------------------
+async def demo_child(kind: str, database: Path, seed: int) -> None:
+    """What the measured process runs: the demo's engine and producer, with the console on this
+    terminal (kind "console") or without it (kind "engine", the peer)."""
+    import logging
+
+    import examples
+    from blok_tui.app import run_console
+
+    logging.getLogger().addHandler(logging.NullHandler())  # log lines would tear the screen
+    from blok_tui.demo import demo_producer
+
+    folder = Path(examples.__file__).parent
+    async with (
+        Engine(workflows=folder, database=database) as engine,
+        anyio.create_task_group() as tg,
+    ):
+        tg.start_soon(lambda: demo_producer(engine, seed=seed))
+        if kind == "console":
+            await run_console(engine, title="blok-tui · bench")
+        else:
+            await anyio.sleep_forever()
+        tg.cancel_scope.cancel()
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Terminal:
+    """A child process on a pseudo-terminal, its output fed to a pyte screen by a thread."""
+
+    def __init__(self, argv: list[str], columns: int, lines: int) -> None:
+        import pyte
+
+        self.screen = pyte.Screen(columns, lines)
+        self.stream = pyte.ByteStream(self.screen)
+        self.lock = threading.Lock()
+        self.changed = threading.Condition(self.lock)
+        master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", lines, columns, 0, 0))
+        env = {**os.environ, "TERM": "xterm-256color", "COLORTERM": "truecolor"}
+        self.process = subprocess.Popen(
+            argv, stdin=slave, stdout=slave, stderr=slave, env=env, start_new_session=True
+        )
+        os.close(slave)
+        self.master = master
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                data = os.read(self.master, 65536)
+            except OSError:
+                return
+            if not data:
+                return
+            with self.changed:
+                self.stream.feed(data)
+                self.changed.notify_all()
+
+    def write(self, keys: str) -> None:
+        os.write(self.master, keys.encode())
+
+    def lines(self) -> list[str]:
+        with self.lock:
+            return list(self.screen.display)
+
+    def wait(self, predicate: Any, timeout: float = 30.0) -> float:
+        """Until predicate(lines) holds; returns the moment (perf_counter) it first did."""
+        deadline = time.perf_counter() + timeout
+        with self.changed:
+            while not predicate(self.screen.display):
+                left = deadline - time.perf_counter()
+                if left <= 0:
+                    raise TimeoutError("\n".join(self.screen.display))
+                self.changed.wait(left)
+            return time.perf_counter()
+
+    def close(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        os.close(self.master)
+
+
+def _child(kind: str, database: Path, seed: int) -> list[str]:
+    return [sys.executable, __file__, "--child", kind, "--db", str(database), "--seed", str(seed)]
+
+
+def demo_engine_cpu(database: Path, seed: int, warmup: float, window: float) -> float:
+    """The peer: the same engine and producer, no console."""
+    process = subprocess.Popen(_child("engine", database, seed), stdout=subprocess.DEVNULL)
+    try:
+        time.sleep(warmup)
+        cpu0, wall0 = cpu_seconds(process.pid), time.perf_counter()
+        time.sleep(window)
+        return (cpu_seconds(process.pid) - cpu0) / (time.perf_counter() - wall0)
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def demo_console(
+    database: Path, seed: int, size: tuple[int, int], warmup: float, window: float, keys: int
+) -> tuple[float, list[float]]:
+    """CPU of the console process with the runs view open, then keystroke latencies."""
+    term = Terminal(_child("console", database, seed), *size)
+    try:
+        term.wait(lambda lines: any("jobs/s" in line for line in lines))
+        term.write(":")
+        term.wait(lambda lines: any(line.startswith(" :") for line in lines))
+        term.write("runs\r")
+        # The runs view is up once it counts its rows ("1–27 of 27").
+        term.wait(lambda lines: "runs" in lines[0] and any(" of " in line for line in lines))
+        time.sleep(warmup)
+        cpu0, wall0 = cpu_seconds(term.process.pid), time.perf_counter()
+        time.sleep(window)
+        cpu = (cpu_seconds(term.process.pid) - cpu0) / (time.perf_counter() - wall0)
+        term.write("/")
+        term.wait(lambda lines: any("filter runs" in line for line in lines))
+        row = next(n for n, line in enumerate(term.lines()) if "filter runs" in line)
+        latencies: list[float] = []
+        word = "orders"
+        typed = ""
+        while len(latencies) < keys:
+            for key in [*word, *["\x7f"] * len(word)]:
+                typed = typed[:-1] if key == "\x7f" else typed + key
+                expected = typed or "filter runs"
+                sent = time.perf_counter()
+                term.write(key)
+                shown = term.wait(
+                    lambda lines, expected=expected: lines[row].strip().startswith(expected)
+                )
+                latencies.append(shown - sent)
+                time.sleep(0.15)  # a brisk typist: about seven keys a second
+        term.write("\x1b")
+        return cpu, latencies[:keys]
+    finally:
+        term.close()
+
+
+def run_demo(args: argparse.Namespace) -> None:
+    columns, lines = (int(n) for n in args.size.split("x"))
+    with tempfile.TemporaryDirectory() as tmp:
+        engine_cpu = demo_engine_cpu(Path(tmp) / "peer.db", args.seed, args.warmup, args.window)
+        cpu, latencies = demo_console(
+            Path(tmp) / "console.db",
+            args.seed,
+            (columns, lines),
+            args.warmup,
+            args.window,
+            args.keys,
+        )
+    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    print(f"machine: {machine} ({platform.system()} {platform.release()})")
+    print(
+        f"the bundled demo running (producer seed {args.seed}), terminal {columns}x{lines}, "
+        f"after {args.warmup:.0f} s of warm-up\n"
+    )
+    print(f"CPU over {args.window:.0f} s, runs view open:")
+    print(f"  engine + demo alone (peer)   {engine_cpu * 100:6.1f} % of one core")
+    print(f"  engine + demo + console      {cpu * 100:6.1f} % of one core")
+    print(f"  the console's own share      {(cpu - engine_cpu) * 100:6.1f} %")
+    ms = 1000
+    print(
+        f"\nkeystroke → on screen (n={len(latencies)}, typed into the runs filter): "
+        f"median {statistics.median(latencies) * ms:.1f} ms, p95 {p95(latencies) * ms:.1f} ms, "
+        f"max {max(latencies) * ms:.1f} ms"
+    )
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=100_000)
     parser.add_argument("--samples", type=int, default=40)
     parser.add_argument("--idle", type=float, default=10.0)
+    parser.add_argument("--demo", action="store_true", help="measure under the running demo")
+    parser.add_argument("--window", type=float, default=20.0, help="CPU window (s), --demo")
+    parser.add_argument("--warmup", type=float, default=15.0, help="before measuring, --demo")
+    parser.add_argument("--keys", type=int, default=60, help="keystrokes timed, --demo")
+    parser.add_argument("--size", default="140x40", help="terminal size, --demo")
+    parser.add_argument("--seed", type=int, default=1, help="demo producer seed, --demo")
+    parser.add_argument("--child", choices=("console", "engine"), help=argparse.SUPPRESS)
+    parser.add_argument("--db", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:
+        await demo_child(args.child, args.db, args.seed)
+        return
+    if args.demo:
+        run_demo(args)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         database = Path(tmp) / "blok.db"
         fill_s = await fill(database, args.runs)

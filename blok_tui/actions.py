@@ -11,6 +11,7 @@ from typing import Any
 
 from textual.binding import Binding
 from textual.command import DiscoveryHit, Hit, Hits, Provider
+from textual.content import Content
 
 # Where an action applies: the whole app, or one kind of view.
 APP = "app"
@@ -19,6 +20,9 @@ RUNS = "runs"
 RUN = "run"
 DEAD_LETTERS = "dead_letters"
 WORKERS = "workers"
+TIMELINE = "timeline"
+LOGS = "logs"
+DIFF = "diff"
 SCOPE_TITLES = {
     APP: "Everywhere",
     QUEUES: "Queues view",
@@ -26,6 +30,9 @@ SCOPE_TITLES = {
     RUN: "Run view",
     DEAD_LETTERS: "Dead-letter view",
     WORKERS: "Workers view",
+    TIMELINE: "Timeline view",
+    LOGS: "Live log view",
+    DIFF: "Replay diff view",
 }
 
 
@@ -105,6 +112,14 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         help="Open the inject modal: queue, JSON payload, priority, delay",
     ),
     ConsoleAction(
+        "open_injected",
+        "Open the run just injected",
+        APP,
+        "O",
+        "",
+        help="After i and send: the new job's run",
+    ),
+    ConsoleAction(
         "show_queues", "Go to queues", APP, None, command="queues", help="The queues view"
     ),
     ConsoleAction(
@@ -118,6 +133,15 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         "cancelled), retrying, stuck, or on a queue; more words filter by text",
     ),
     ConsoleAction(
+        "show_logs",
+        "Live log lines of every run",
+        APP,
+        "L",
+        "",
+        command="logs",
+        help="Every run's log lines as they come, searchable with /; enter opens the run",
+    ),
+    ConsoleAction(
         "show_workers",
         "Go to workers",
         APP,
@@ -126,7 +150,13 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         help="The worker processes on this database: host, pid, heartbeat, alive",
     ),
     ConsoleAction(
-        "show_run", "Open a run by id", APP, None, command="run", args="<run id>", palette=False
+        "show_run",
+        "Open a run by id",
+        APP,
+        None,
+        command="run",
+        args="<run id|prefix|job id>",
+        palette=False,
     ),
     ConsoleAction(
         "show_dead_letters",
@@ -177,9 +207,17 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         RUNS,
         "slash",
         "filter",
-        help="Matches id, workflow, queue, status and error",
+        help="Matches run and job id, workflow, queue, status, error and input",
     ),
     ConsoleAction("cycle_status", "Next status filter", RUNS, "s", "status"),
+    ConsoleAction(
+        "copy_id",
+        "Copy the selected run's full id",
+        RUNS,
+        "y",
+        "",
+        help="Ids show as their shortest unique prefix; y puts the whole id on the clipboard",
+    ),
     *(
         ConsoleAction(
             f"status('{name}')",
@@ -238,7 +276,7 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         RUNS,
         "t",
         "",
-        help="Skip the backoff of a run waiting for its next attempt, or start a delayed run",
+        help="Skip the backoff before a step's next attempt, or start a delayed run now",
     ),
     ConsoleAction("first_page", "First run", RUNS, "g", "", palette=False),
     ConsoleAction("last_page", "Last (oldest) run", RUNS, "G", "", palette=False),
@@ -274,7 +312,7 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         RUN,
         "t",
         "retry now",
-        help="Skip the backoff of a run waiting for its next attempt, or start a delayed run",
+        help="Skip the backoff before a step's next attempt, or start a delayed run now",
     ),
     ConsoleAction(
         "open_child",
@@ -285,6 +323,39 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         palette=False,
     ),
     ConsoleAction("open_source", "Open the run this one replays", RUN, "o", "source"),
+    ConsoleAction("copy_id", "Copy this run's full id", RUN, "y", ""),
+    ConsoleAction(
+        "diff",
+        "Diff this replay against the run it replays",
+        RUN,
+        "D",
+        "diff",
+        help="Input, status, duration, and each step's status, duration and output side by side",
+    ),
+    ConsoleAction(
+        "timeline",
+        "The run's timeline",
+        RUN,
+        "T",
+        "timeline",
+        help="Queue delay, every step and attempt on one time axis, backoffs and waits",
+    ),
+    ConsoleAction(
+        "search",
+        "Search the step's input, output and log",
+        RUN,
+        "slash",
+        "search",
+        help="Only the matching lines show, with their line numbers; esc clears the search",
+    ),
+    ConsoleAction(
+        "unfold",
+        "Unfold or fold the step's output",
+        RUN,
+        "z",
+        "",
+        help="A large output shows its first 40 lines until unfolded",
+    ),
     ConsoleAction("open_parent", "Open the parent run", RUN, "p", "parent"),
     # Dead-letter view.
     ConsoleAction(
@@ -304,6 +375,8 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         palette=False,
     ),
     ConsoleAction("filter", "Filter dead letters", DEAD_LETTERS, "slash", "filter"),
+    ConsoleAction("filter", "Filter log lines", LOGS, "slash", "filter"),
+    ConsoleAction("open_line_run", "Open the line's run", LOGS, "enter", "open run", palette=False),
     ConsoleAction(
         "requeue_all",
         "Requeue every dead letter of this queue",
@@ -347,11 +420,12 @@ class ActionCommands(Provider):
     """ctrl+p: the registry's actions for the current view and everywhere, plus one entry per
     queue (its runs, dead letters, inject, pause) and per status filter."""
 
-    def _entries(self) -> list[tuple[str, str, Callable[[], Any]]]:
+    def _entries(self) -> list[tuple[str, str, str, Callable[[], Any]]]:
+        """(title, key, help, command) for each entry, each title once."""
         screen = self.screen
         app: Any = self.app
         scope = getattr(screen, "SCOPE", None)
-        found: list[tuple[str, str, Callable[[], Any]]] = []
+        found: list[tuple[str, str, str, Callable[[], Any]]] = []
         for entry in ACTIONS:
             if not entry.palette:
                 continue
@@ -361,28 +435,53 @@ class ActionCommands(Provider):
                 target = app
             else:
                 continue
-            key = f"  [{entry.key_display}]" if entry.key else ""
-            found.append((entry.title + key, entry.help, partial(target.run_action, entry.action)))
-        for name in STATUS_FILTERS:
-            if name != "all":
-                found.append((f"Runs: {name}", "", partial(app.open_runs, status=name, reset=True)))
+            found.append(
+                (
+                    entry.title,
+                    entry.key_display,
+                    entry.help,
+                    partial(target.run_action, entry.action),
+                )
+            )
+        if scope != RUNS:  # in the runs view, its own "Show … runs" entries say the same
+            for name in STATUS_FILTERS:
+                if name != "all":
+                    found.append(
+                        (f"Runs: {name}", "", "", partial(app.open_runs, status=name, reset=True))
+                    )
         for queue in getattr(app, "queue_names", []):
-            found.append((f"Runs on {queue}", "", partial(app.open_runs, queue=queue, reset=True)))
-            found.append((f"Dead letters of {queue}", "", partial(app.open_dead_letters, queue)))
-            found.append((f"Inject into {queue}", "", partial(app.action_inject, queue)))
-            found.append((f"Pause {queue}", "", partial(app.set_paused, queue, True)))
-            found.append((f"Resume {queue}", "", partial(app.set_paused, queue, False)))
-        return found
+            found.append(
+                (f"Runs on {queue}", "", "", partial(app.open_runs, queue=queue, reset=True))
+            )
+            found.append(
+                (f"Dead letters of {queue}", "", "", partial(app.open_dead_letters, queue))
+            )
+            found.append((f"Inject into {queue}", "", "", partial(app.action_inject, queue)))
+            found.append((f"Pause {queue}", "", "", partial(app.set_paused, queue, True)))
+            found.append((f"Resume {queue}", "", "", partial(app.set_paused, queue, False)))
+        unique: dict[str, tuple[str, str, str, Callable[[], Any]]] = {}
+        for item in found:
+            unique.setdefault(item[0], item)
+        return list(unique.values())
 
     async def discover(self) -> Hits:
-        for title, help_text, command in self._entries():
-            yield DiscoveryHit(title, command, help=help_text or None)
+        for title, key, help_text, command in self._entries():
+            yield DiscoveryHit(
+                _with_key(Content(title), key), command, help=help_text or None, text=title
+            )
 
     async def search(self, query: str) -> Hits:
         matcher = self.matcher(query)
-        for title, help_text, command in self._entries():
+        for title, key, help_text, command in self._entries():
             score = matcher.match(title)
             if score > 0:
-                yield Hit(
-                    score, matcher.highlight(title), command, text=title, help=help_text or None
-                )
+                shown = _with_key(matcher.highlight(title), key)
+                yield Hit(score, shown, command, text=title, help=help_text or None)
+
+
+def _with_key(title: Content, key: str) -> Content:
+    """The title, then its key, dimmed: what the palette teaches for next time. (A Content,
+    not a string: "[c]" in a string would be read as markup and vanish.)"""
+    if not key:
+        return title
+    return Content.assemble(title, ("  " + key, "dim bold"))

@@ -9,6 +9,7 @@ because they are cheap and move without events.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections import deque
 from collections.abc import Callable
@@ -34,6 +35,7 @@ from engine import (
     RunStatusChanged,
     StepFinished,
     StepStarted,
+    UnknownRun,
     WorkflowReloaded,
 )
 from engine.api import EngineAPI
@@ -46,10 +48,11 @@ from .base_screen import BlokScreen, Changes
 from .bulk import BulkPlan
 from .command_screen import CommandScreen
 from .confirm_screen import ConfirmScreen
-from .console import Clock, system_clock
+from .console import Clock, printable, system_clock
 from .dead_letters_screen import DeadLettersScreen
 from .help_screen import HelpScreen
 from .inject_screen import InjectScreen
+from .logs_screen import LogsScreen
 from .queues_screen import QueuesScreen
 from .run_screen import RunScreen
 from .runs_screen import RunsScreen
@@ -61,6 +64,7 @@ log = logging.getLogger("blok.console")
 FLUSH_EVERY = 0.1  # seconds between redraws driven by events (at most)
 TICK_EVERY = 1.0  # seconds between clock-driven redraws and throughput samples
 HISTORY = 180  # throughput samples kept per queue: three minutes at one a second
+LOG_LINES = 5_000  # log lines kept for the live log view
 
 EngineFactory = Callable[[], AbstractAsyncContextManager[EngineAPI]]
 
@@ -69,7 +73,8 @@ class BlokApp(App[None]):
     CSS_PATH = "app.tcss"
     TITLE = "blok-tui"
     BINDINGS: ClassVar[list[BindingType]] = actions.bindings(actions.APP)
-    COMMANDS: ClassVar = App.COMMANDS | {actions.ActionCommands}
+    # Only the registry's entries: Textual's own (quit, keys, screenshot…) would repeat ours.
+    COMMANDS: ClassVar = {actions.ActionCommands}
 
     def __init__(
         self,
@@ -101,11 +106,22 @@ class BlokApp(App[None]):
         self._changes = Changes()
         self.ready = asyncio.Event()
         self.last_bulk: BulkResult | None = None  # what the last bulk action did (for tests)
+        self.step_stats_cache: dict[str, Any] = {}  # workflow → (read at, StepStats)
+        self.last_injected: str | None = None  # the run of the job injected last (O opens it)
+        # The newest log lines of every run, numbered, for the live log view.
+        self.log_lines: deque[tuple[int, LogRecorded]] = deque(maxlen=LOG_LINES)
+        self._log_numbers = itertools.count()
 
     def notify(self, message: str, *, markup: bool = True, **kwargs: Any) -> None:
         # Messages carry engine text ("[step 2/5] charge failed: …", paths, payloads), never
-        # markup: brackets must show as written, not vanish as tags.
-        super().notify(message, markup=False, **kwargs)
+        # markup: brackets must show as written, not vanish as tags; and run-provided text
+        # may hold escape sequences, shown as \xNN rather than sent to the terminal.
+        title = kwargs.pop("title", "")
+        super().notify(printable(message), title=printable(title), markup=False, **kwargs)
+
+    def action_help_quit(self) -> None:
+        # Textual's own says "Press [b]ctrl+q[/b] …" in markup, which notify shows as written.
+        self.notify("press q (or ctrl+q) to quit", title="Do you want to quit?")
 
     @property
     def where(self) -> str:
@@ -148,7 +164,11 @@ class BlokApp(App[None]):
             case RunQueued() | RunStarted() | RunStatusChanged() | RunFinished():
                 changes.runs.add(event.run_id)
                 changes.queues.add(event.queue)
-            case StepStarted() | StepFinished() | AttemptFailed() | LogRecorded():
+            case LogRecorded():
+                changes.runs.add(event.run_id)
+                changes.logs = True
+                self.log_lines.append((next(self._log_numbers), event))
+            case StepStarted() | StepFinished() | AttemptFailed():
                 changes.runs.add(event.run_id)
             case QueueChanged():
                 changes.queue_list = True
@@ -239,6 +259,13 @@ class BlokApp(App[None]):
 
     def open_dead_letters(self, queue: str) -> None:
         self.push_screen(DeadLettersScreen(queue))
+
+    def open_logs(self) -> None:
+        self.go_home()
+        self.push_screen(LogsScreen())
+
+    def action_show_logs(self) -> None:
+        self.open_logs()
 
     def open_workers(self) -> None:
         self.go_home()
@@ -356,7 +383,7 @@ class BlokApp(App[None]):
             for verb in ("runs", "dlq", "pause", "resume", "inject")
         ]
         words += [f"runs {status}" for status in STATUS_FILTERS]
-        words += ["workers"]
+        words += ["workers", "logs"]
         self.push_screen(CommandScreen(words), self._command_done)
 
     async def _command_done(self, line: str | None) -> None:
@@ -375,11 +402,43 @@ class BlokApp(App[None]):
         elif queue is None and isinstance(view, RunScreen) and view.run is not None:
             queue = view.run.queue
 
-        def injected(job_id: str | None) -> None:
-            if job_id:
-                self.notify(f"job {job_id}", title="Injected")
+        async def injected(job_id: str | None) -> None:
+            if not job_id:
+                return
+            job = await self.engine.get_job(job_id)
+            self.last_injected = job.run_id
+            self.notify(f"job {job_id}, run {job.run_id}: O opens it", title="Injected")
 
         self.push_screen(InjectScreen(self.engine, list(self.queue_names), queue), injected)
+
+    def action_open_injected(self) -> None:
+        if self.last_injected is None:
+            self.notify("nothing injected yet: i injects a job", severity="warning")
+            return
+        self.open_run(self.last_injected)
+
+    def copy_id(self, run_id: str) -> None:
+        self.copy_to_clipboard(run_id)
+        self.notify(run_id, title="Copied")
+
+    async def find_run(self, word: str) -> str:
+        """A run id from a full id, a unique prefix of one (with or without `run_`), or a
+        job id (its current run). Raises EngineError saying why none or which ones."""
+        try:
+            return str((await self.engine.get_run(word)).id)
+        except UnknownRun:
+            pass  # not a full run id: a job id or a prefix, below
+        if word.startswith("job_"):
+            return str((await self.engine.get_job(word)).run_id)
+        prefix = word if word.startswith("run_") else f"run_{word}"
+        found = [r.id for r in await self.engine.runs(text=prefix, limit=20)]
+        found = [i for i in found if i.startswith(prefix)]
+        if len(found) == 1:
+            return found[0]
+        if not found:
+            raise UnknownRun(f"no run id starts with {word!r}, and it is no job id")
+        shown = ", ".join(found[:5]) + (" …" if len(found) > 5 else "")
+        raise EngineError(f"{word!r} is the start of {len(found)} run ids: {shown}")
 
     def action_show_queues(self) -> None:
         self.go_home()
@@ -419,6 +478,8 @@ class BlokApp(App[None]):
                 self.action_inject(arg)
             case "workers":
                 self.open_workers()
+            case "logs":
+                self.open_logs()
             case "runs":
                 text = " ".join(args[1:])
                 if arg is None or arg in STATUS_FILTERS:
@@ -433,12 +494,12 @@ class BlokApp(App[None]):
                     )
             case "run":
                 try:
-                    await self.engine.get_run(arg)
+                    run_id = await self.find_run(str(arg))
                 except EngineError as error:
                     self.notify(str(error), severity="error")
                     return
                 self.go_home()
-                self.open_run(str(arg))
+                self.open_run(run_id)
             case "dlq" | "pause" | "resume":
                 if arg not in queues:
                     self.notify(

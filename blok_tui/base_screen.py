@@ -10,13 +10,16 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.css.query import NoMatches
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer
 
 from engine import DatabaseError, EngineError
 from engine.api import EngineAPI
 
+from . import actions
 from .confirm_screen import ConfirmScreen
+from .console import printable
 from .widgets import BulkBar, Crumbs, FilterInput, ReloadBanner
+from .widgets.key_bar import KeyBar
+from .widgets.row_table import RowTable
 
 if TYPE_CHECKING:
     from engine import Run
@@ -32,9 +35,10 @@ class Changes:
     queues: set[str] = field(default_factory=set)  # queue names whose counts moved
     queue_list: bool = False  # queues added, removed, paused or re-configured
     everything: bool = False  # events were lost (Lagged): re-read all
+    logs: bool = False  # log lines arrived (the app keeps the newest for the live log view)
 
     def __bool__(self) -> bool:
-        return bool(self.runs or self.queues or self.queue_list or self.everything)
+        return bool(self.runs or self.queues or self.queue_list or self.everything or self.logs)
 
 
 class BlokScreen(Screen[None]):
@@ -67,7 +71,7 @@ class BlokScreen(Screen[None]):
         yield ReloadBanner()
         yield from self.compose_body()
         yield BulkBar()
-        yield Footer()
+        yield KeyBar()
 
     def compose_body(self) -> ComposeResult:
         yield from ()
@@ -84,6 +88,25 @@ class BlokScreen(Screen[None]):
         trail = [s.crumb for s in self.app.screen_stack if isinstance(s, BlokScreen)]
         self.query_one(Crumbs).show(self.blok.title, trail, self.blok.where)
         self.show_reload_errors(self.blok.reload_errors)
+        self.show_keys()
+
+    def show_keys(self) -> None:
+        """The key bar: back (when there is somewhere to go back to), this view's keys, then
+        the app's; `? help` and the palette pinned at the right."""
+        keys = []
+        if len([s for s in self.app.screen_stack if isinstance(s, BlokScreen)]) > 1:
+            keys.append(("esc", "back", "screen.back"))
+        for entry in actions.in_scope(self.SCOPE):
+            if entry.key and entry.label:
+                keys.append((entry.key_display, entry.label, f"screen.{entry.action}"))
+        pinned = []
+        for entry in actions.in_scope(actions.APP):
+            if not (entry.key and entry.label):
+                continue
+            key = (entry.key_display, entry.label, f"app.{entry.action}")
+            (pinned if entry.action == "help" else keys).append(key)
+        pinned.append(("^p", "palette", "app.command_palette"))
+        self.query_one(KeyBar).show(keys, pinned)
 
     def show_reload_errors(self, errors: dict[str, str]) -> None:
         self.query_one(ReloadBanner).show_errors(errors)
@@ -164,24 +187,23 @@ class BlokScreen(Screen[None]):
         self.app.push_screen(
             ConfirmScreen(
                 f"Cancel run [b]{run.id}[/b]?",
-                f"{run.workflow_name} on {run.queue}, {run.status}. Its current step is "
+                f"{printable(run.workflow_name)} on {printable(run.queue)}, {run.status}. Its current step is "
                 "interrupted; the job is not retried.",
                 confirm="Cancel run",
             ),
             answer,
         )
 
+    def clear_filter(self) -> bool:
+        """Drop an active text filter; False when there is none. The first escape does this,
+        the next goes back."""
+        return False
+
     def action_back(self) -> None:
+        if self.clear_filter():
+            return
         if len([s for s in self.app.screen_stack if isinstance(s, BlokScreen)]) > 1:
             self.app.pop_screen()
-
-
-def selected_key(table: DataTable[Any]) -> str | None:
-    """The key of the row under the table's cursor (views key rows by run, job or queue)."""
-    if table.row_count == 0:
-        return None
-    row_key, _ = table.coordinate_to_cell_key(table.cursor_coordinate)
-    return str(row_key.value)
 
 
 class RowFilterScreen(BlokScreen):
@@ -191,7 +213,7 @@ class RowFilterScreen(BlokScreen):
     text: str
 
     @property
-    def table(self) -> DataTable[Any]:
+    def table(self) -> RowTable:
         raise NotImplementedError
 
     def render_rows(self) -> None:
@@ -208,3 +230,9 @@ class RowFilterScreen(BlokScreen):
         self.text = event.value
         self.render_rows()
         self.table.focus()
+
+    def clear_filter(self) -> bool:
+        if not self.text:
+            return False
+        self.query_one(FilterInput).action_drop()
+        return True

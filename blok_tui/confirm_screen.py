@@ -27,7 +27,7 @@ class ConfirmScreen(ModalScreen[bool]):
         with Vertical(id="dialog", classes="dialog -danger"):
             yield Static(self.question, classes="question")
             if self.detail:
-                yield Static(self.detail, classes="detail")
+                yield Static(self.detail, classes="detail", markup=False)
             with Horizontal(classes="buttons"):
                 yield Button(f"{self.confirm} (y)", variant="error", id="yes")
                 yield Button("Keep it (n)", id="no")

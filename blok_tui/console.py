@@ -6,12 +6,16 @@ snapshot test freezes every "3s ago" and countdown on screen.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from datetime import UTC, datetime, tzinfo
 
 from rich.text import Text
 
 from engine import format_duration as duration  # one format for the console and the CLI
+from engine.text import printable
+
+__all__ = ["duration", "printable"]
 
 Clock = Callable[[], datetime]
 
@@ -84,3 +88,27 @@ def countdown(until: datetime | None, now: datetime) -> str:
 
 def count(value: int) -> str:
     return f"{value:,}" if value else "·"
+
+
+SHORT_ID = 8  # characters of an id shown at least (after its "run_" or "job_" prefix)
+
+
+def short_ids(ids: list[str], least: int = SHORT_ID) -> dict[str, str]:
+    """Each id's shortest prefix that no other id in `ids` shares (at least `least`
+    characters after the `run_` prefix), as git shortens commit hashes. Ids are time-first,
+    so neighbours in sorted order are the ones that decide."""
+    bare = sorted({i.partition("_")[2] or i for i in ids})
+    need: dict[str, int] = {}
+    for a, b in itertools.pairwise(bare):
+        common = 0
+        for x, y in zip(a, b, strict=False):
+            if x != y:
+                break
+            common += 1
+        need[a] = max(need.get(a, least), common + 1)
+        need[b] = max(need.get(b, least), common + 1)
+    short = {}
+    for full in ids:
+        tail = full.partition("_")[2] or full
+        short[full] = tail[: need.get(tail, least)]
+    return short

@@ -8,17 +8,26 @@ from typing import ClassVar
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import BindingType
-from textual.widgets import DataTable, Static
+from textual.widgets import Static
 
 from engine import EngineError, Job
 
 from . import actions
-from .base_screen import Changes, RowFilterScreen, selected_key
+from .base_screen import Changes, RowFilterScreen
 from .bulk import BulkPlan
-from .console import day_time
+from .console import day_time, printable, short_ids
 from .widgets import FilterInput
+from .widgets.row_table import Column, RowTable
 
-COLUMNS = (("job", 23), ("workflow", 18), ("deliveries", 10), ("died", 11), ("error", 60))
+# The error column takes the room left; where it is cut, it ends with an ellipsis and the
+# selected job's whole error is shown under the table.
+COLUMNS = (
+    Column("job", "job", 12, priority=10),
+    Column("workflow", "workflow", 18, priority=5),
+    Column("deliveries", "deliveries", 10, priority=4, justify="right"),
+    Column("died", "died", 11, priority=6),
+    Column("error", "error", 20, priority=9, flex=True),
+)
 
 
 class DeadLettersScreen(RowFilterScreen):
@@ -39,14 +48,12 @@ class DeadLettersScreen(RowFilterScreen):
     def compose_body(self) -> ComposeResult:
         yield Static(id="dlq-summary", classes="filters")
         yield FilterInput("filter dead letters: job id or error text…")
-        table: DataTable[Text | str] = DataTable(id="dead", cursor_type="row", zebra_stripes=True)
-        for name, width in COLUMNS:
-            table.add_column(name, key=name, width=width)
-        yield table
+        yield RowTable(COLUMNS, id="dead")
+        yield Static(id="dlq-detail", classes="detail-line")
 
     @property
-    def table(self) -> DataTable[Text | str]:
-        return self.query_one("#dead", DataTable)
+    def table(self) -> RowTable:
+        return self.query_one("#dead", RowTable)
 
     def on_mount(self) -> None:
         super().on_mount()
@@ -61,40 +68,56 @@ class DeadLettersScreen(RowFilterScreen):
         self.render_rows()
 
     def render_rows(self) -> None:
-        table = self.table
         needle = self.text.lower()
         shown = [j for j in self.jobs if needle in f"{j.id} {j.error or ''}".lower()]
-        keys = [j.id for j in shown]
-        if keys != [str(k.value) for k in table.rows]:
-            selected = self.selected_job_id()
-            table.clear()
-            now, tz = self.blok.now(), self.blok.tz
-            for job in shown:
-                table.add_row(
-                    Text(job.id, style="grey85"),
-                    job.workflow_name,
-                    Text(str(job.attempts), justify="right"),
-                    day_time(job.finished_at, tz, now),
-                    Text(job.error or "", style="red1"),
-                    key=job.id,
+        now, tz = self.blok.now(), self.blok.tz
+        short = short_ids([j.id for j in shown])
+        self.table.set_rows(
+            [
+                (
+                    job.id,
+                    [
+                        Text(short[job.id], style="grey85"),
+                        printable(job.workflow_name),
+                        Text(str(job.attempts), justify="right"),
+                        day_time(job.finished_at, tz, now),
+                        Text(printable(_one_line(job.error or "")), style="red1"),
+                    ],
                 )
-            if selected in keys:
-                table.move_cursor(row=keys.index(selected), animate=False)
+                for job in shown
+            ]
+        )
+        self.render_detail()
         summary = Text()
         if self.missing:
             summary.append(self.missing, style="red1")
         else:
-            summary.append(f"{len(self.jobs):,} dead letters on {self.queue}", style="bold")
+            count = len(self.jobs)
+            noun = "dead letter" if count == 1 else "dead letters"
+            summary.append(f"{count:,} {noun} on {self.queue}", style="bold")
             if self.text:
                 summary.append(f"   / {self.text}  ({len(shown)} shown)", style="khaki1")
             if not self.jobs:
                 summary.append(
                     "   nothing here: every job either finished or is still trying", style="dim"
                 )
-        self.query_one("#dlq-summary", Static).update(summary)
+        self.query_one("#dlq-summary", Static).update(summary, layout=False)
+
+    def render_detail(self) -> None:
+        """The selected job: its full id and its whole error, which the table cuts."""
+        job = next((j for j in self.jobs if j.id == self.selected_job_id()), None)
+        text = Text()
+        if job is not None:
+            text.append(f"{job.id}  ", style="bold")
+            text.append(f"run {job.run_id}\n", style="grey62")
+            text.append(printable(job.error or "no error recorded"), style="red1")
+        self.query_one("#dlq-detail", Static).update(text)
+
+    def on_row_table_highlighted(self, event: RowTable.Highlighted) -> None:
+        self.render_detail()
 
     def selected_job_id(self) -> str | None:
-        return selected_key(self.table)
+        return self.table.cursor_key
 
     def engine_changed(self, changes: Changes) -> None:
         if self.queue in changes.queues or changes.everything:
@@ -130,7 +153,7 @@ class DeadLettersScreen(RowFilterScreen):
         detail = "Each goes back in its queue with a fresh run and a fresh retry budget."
         self.blok.confirm_bulk(plan, detail, self.request_reload)
 
-    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+    def on_row_table_selected(self, event: RowTable.Selected) -> None:
         event.stop()
         self.action_open_job_run()
 
@@ -138,3 +161,8 @@ class DeadLettersScreen(RowFilterScreen):
         job = next((j for j in self.jobs if j.id == self.selected_job_id()), None)
         if job is not None:
             self.blok.open_run(job.run_id)
+
+
+def _one_line(error: str) -> str:
+    """A multi-line error on one table line: its lines joined, the table cuts the rest."""
+    return " ⏎ ".join(line.strip() for line in error.strip().splitlines() if line.strip())

@@ -12,6 +12,7 @@ from typing import Any
 import anyio
 
 from engine import EngineError
+from engine.api import EngineAPI
 
 log = logging.getLogger("blok.demo")
 
@@ -45,7 +46,7 @@ def _next_job(n: int, rng: random.Random) -> tuple[str, dict[str, Any]]:
     return "reports", {"month": "2026-10", "seconds": rng.randint(20, 60)}
 
 
-async def demo_producer(engine: Any, *, pace: float = 1.2, seed: int | None = None) -> None:
+async def demo_producer(engine: EngineAPI, *, pace: float = 1.2, seed: int | None = None) -> None:
     """Run forever, one job every `pace` seconds or so. Queues that are not loaded (a user's
     own workflows folder) are skipped silently: the producer only feeds the examples."""
     rng = random.Random(seed)

@@ -17,6 +17,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, Static, TextArea
 
 from engine import EngineError, Run, parse_duration
+from engine.api import EngineAPI
 
 
 def check_payload(source: str) -> tuple[Any, str | None]:
@@ -34,13 +35,14 @@ class InjectScreen(ModalScreen[str | None]):
     operator backs out."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("escape", "close", "close"),
+        # priority: the payload editor would take the first escape for itself (to leave it).
+        Binding("escape", "close", "close", priority=True),
         Binding("ctrl+s", "send", "send", priority=True),
     ]
 
     def __init__(
         self,
-        engine: Any,
+        engine: EngineAPI,
         queues: list[str],
         queue: str | None = None,
         *,
@@ -86,7 +88,7 @@ class InjectScreen(ModalScreen[str | None]):
             text = '{\n  "order_id": "A2001",\n  "amount": 1500\n}'
             if source is not None:
                 text = json.dumps(source.input, indent=2, ensure_ascii=False, default=str)
-            area = TextArea(text, id="payload", show_line_numbers=True, tab_behavior="indent")
+            area = TextArea(text, id="payload", show_line_numbers=True, tab_behavior="focus")
             area.cursor_blink = False
             yield area
             with Horizontal(classes="field", id="job-fields"):
@@ -103,6 +105,10 @@ class InjectScreen(ModalScreen[str | None]):
                 send = "Send" if source is None else "Replay"
                 yield Button(f"{send} (ctrl+s)", variant="primary", id="send")
                 yield Button("Close (esc)", id="close")
+
+    def on_resize(self) -> None:
+        # 24 lines: a shorter editor and no spare margins, so the buttons stay on screen.
+        self.set_class(self.size.height < 34, "-short")
 
     def on_mount(self) -> None:
         if self.replay_of is not None:

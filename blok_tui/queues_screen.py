@@ -8,29 +8,34 @@ from typing import ClassVar
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.widgets import DataTable, Static
+from textual.widgets import Static
 
-from engine import EngineError, QueueInfo, QueueStats, Run
+from engine import EngineError, QueueInfo, QueueStats, Run, RunFilter
 
 from . import actions
-from .base_screen import Changes, RowFilterScreen, selected_key
-from .console import count, day_time, status_text
+from .base_screen import Changes, RowFilterScreen
+from .console import count, day_time, printable, short_ids, status_text
 from .widgets import FilterInput, sparkline
+from .widgets.row_table import Column, RowTable
 from .workers_screen import workers_line
 
+# The run statuses' own words: a job ready to be claimed is a "queued" run, a claimed one a
+# "running" run; the queue's delayed jobs are split into "delayed" runs (a start delay or a
+# backoff) and "waiting" ones (a durable wait in the workflow), as the runs view says.
 COLUMNS = (
-    ("queue", 18),
-    ("workflow", 20),
-    ("provider", 8),
-    ("conc", 4),
-    ("waiting", 7),
-    ("active", 6),
-    ("delayed", 7),
-    ("completed", 9),
-    ("failed", 6),
-    ("dead", 5),
-    ("jobs/s", 6),
-    ("last 3 min", 20),
+    Column("queue", "queue", 14, priority=10, flex=True),
+    Column("workflow", "workflow", 18, priority=3),
+    Column("provider", "provider", 8, priority=1),
+    Column("conc", "conc", 4, priority=2, justify="right"),
+    Column("queued", "queued", 6, priority=9, justify="right"),
+    Column("running", "running", 7, priority=9, justify="right"),
+    Column("waiting", "waiting", 7, priority=7, justify="right"),
+    Column("delayed", "delayed", 7, priority=7, justify="right"),
+    Column("completed", "completed", 9, priority=8, justify="right"),
+    Column("failed", "failed", 6, priority=8, justify="right"),
+    Column("dead", "dead", 5, priority=8, justify="right"),
+    Column("jobs/s", "jobs/s", 6, priority=6, justify="right"),
+    Column("last 3 min", "last 3 min", 20, priority=4),
 )
 
 
@@ -50,6 +55,7 @@ class QueuesScreen(RowFilterScreen):
         self.text = ""
         self.infos: list[QueueInfo] = []
         self.stats: dict[str, QueueStats] = {}
+        self.waiting: dict[str, int] = {}  # runs in a durable wait, per queue
 
     @property
     def crumb(self) -> str:
@@ -58,17 +64,14 @@ class QueuesScreen(RowFilterScreen):
     def compose_body(self) -> ComposeResult:
         yield Static(id="summary", classes="filters")
         yield FilterInput("filter queues by name…")
-        table: DataTable[Text | str] = DataTable(id="queues", cursor_type="row", zebra_stripes=True)
-        for name, width in COLUMNS:
-            table.add_column(name, key=name, width=width)
-        yield table
+        yield RowTable(COLUMNS, id="queues")
         yield Static(id="workers-line", classes="filters")
         yield Static("recent failures", classes="section")
         yield Static(id="failures", classes="log")
 
     @property
-    def table(self) -> DataTable[Text | str]:
-        return self.query_one("#queues", DataTable)
+    def table(self) -> RowTable:
+        return self.query_one("#queues", RowTable)
 
     def on_mount(self) -> None:
         super().on_mount()
@@ -77,11 +80,15 @@ class QueuesScreen(RowFilterScreen):
     async def load(self) -> None:
         infos = await self.engine.queues()
         stats = {}
+        waiting = {}
         for info in infos:
             try:
                 stats[info.name] = await self.engine.queue_stats(info.name)
             except EngineError:  # removed by a reload between the two calls
                 continue
+            waiting[info.name] = await self.engine.count_runs(
+                RunFilter.of("waiting", queue=info.name)
+            )
         workers = await self.engine.workers()
         failures = await self.engine.runs(status=["failed", "timed_out", "crashed"], limit=6)
         # Everything read first, then drawn at once: the view may be gone after any await.
@@ -89,49 +96,40 @@ class QueuesScreen(RowFilterScreen):
             return
         self.infos = [i for i in infos if i.name in stats]
         self.stats = stats
+        self.waiting = waiting
         self.render_rows()
         self.query_one("#workers-line", Static).update(workers_line(workers, self.blok.now()))
         self.render_failures(failures)
 
     def render_rows(self) -> None:
-        table = self.table
         history = self.blok.throughput_history
         shown = [i for i in self.infos if self.text.lower() in i.name.lower()]
-        keys = [i.name for i in shown]
-        current = [str(k.value) for k in table.rows]
-        rows = {}
+        rows = []
         for info in shown:
             s = self.stats[info.name]
+            waiting = self.waiting.get(info.name, 0)
             samples = history.get(info.name, ())
             rate = samples[-1] if samples else 0.0
-            name = Text(info.name, style="bold")
+            name = Text(printable(info.name), style="bold")
             if info.paused:
                 name.append("  ⏸ paused", style="khaki1")
-            rows[info.name] = [
+            cells = [
                 name,
-                Text(info.workflow_name or "–", style="grey70"),
+                Text(printable(info.workflow_name or "–"), style="grey70"),
                 info.provider,
                 _right(str(info.concurrency)),
                 _right(count(s.waiting), "grey85"),
                 _right(count(s.active), "bold deep_sky_blue1" if s.active else ""),
-                _right(count(s.delayed), "khaki3"),
+                _right(count(waiting), "khaki1"),
+                _right(count(max(0, s.delayed - waiting)), "khaki3"),
                 _right(count(s.completed), "green3"),
                 _right(count(s.failed), "red1" if s.failed else ""),
                 _right(count(s.dead), "bold magenta" if s.dead else ""),
                 _right(f"{rate:.1f}" if rate else "·"),
                 Text(sparkline(list(samples), width=20, bucket=9), style="green3"),
             ]
-        if keys == current:
-            for key, cells in rows.items():
-                for (column, _), cell in zip(COLUMNS, cells, strict=True):
-                    table.update_cell(key, column, cell)
-        else:
-            selected = self.selected_queue()
-            table.clear()
-            for key in keys:
-                table.add_row(*rows[key], key=key)
-            if selected in keys:
-                table.move_cursor(row=keys.index(selected), animate=False)
+            rows.append((info.name, cells))
+        self.table.set_rows(rows)
         self.render_summary()
 
     def render_summary(self) -> None:
@@ -141,8 +139,9 @@ class QueuesScreen(RowFilterScreen):
                 setattr(totals, field, getattr(totals, field) + getattr(s, field))
         line = Text()
         line.append(f"{len(self.stats)} queues", style="bold")
-        line.append(f"   {totals.active:,} active · {totals.waiting:,} waiting · ")
-        line.append(f"{totals.delayed:,} delayed · {totals.failed:,} failed · ")
+        waiting = sum(self.waiting.values())
+        line.append(f"   {totals.waiting:,} queued · {totals.active:,} running · ")
+        line.append(f"{waiting:,} waiting · {max(0, totals.delayed - waiting):,} delayed · ")
         line.append(f"{totals.dead:,} dead", style="magenta" if totals.dead else "")
         if self.text:
             line.append(f"   filter: {self.text!r}", style="khaki1")
@@ -151,20 +150,22 @@ class QueuesScreen(RowFilterScreen):
                 "   no queues: add a workflow with a WorkerTrigger to the workflows folder",
                 style="dim",
             )
-        else:
+        elif self.size.width >= 100:
             line.append("   enter: its runs", style="dim")
-        self.query_one("#summary", Static).update(line)
+        self.query_one("#summary", Static).update(line, layout=False)
 
     def render_failures(self, runs: list[Run]) -> None:
         now, tz = self.blok.now(), self.blok.tz
         text = Text()
+        short = short_ids([run.id for run in runs])
         for n, run in enumerate(runs):
             text.append(day_time(run.started_at or run.created_at, tz, now), style="grey50")
             text.append("  ")
             text.append_text(status_text(str(run.status), label=False))
-            text.append(f" {run.workflow_name:<18.18} ", style="bold")
-            text.append(f"{run.id}  ", style="grey62")
-            text.append((run.error or "").splitlines()[0] if run.error else "", style="red1")
+            text.append(f" {printable(run.workflow_name):<18.18} ", style="bold")
+            text.append(f"{short[run.id]}  ", style="grey62")
+            error = printable(run.error.splitlines()[0]) if run.error else ""
+            text.append(error, style="red1")
             if n < len(runs) - 1:
                 text.append("\n")
         if not runs:
@@ -174,7 +175,7 @@ class QueuesScreen(RowFilterScreen):
         self.query_one("#failures", Static).update(text)
 
     def selected_queue(self) -> str | None:
-        return selected_key(self.table)
+        return self.table.cursor_key
 
     def engine_changed(self, changes: Changes) -> None:
         if changes:
@@ -186,7 +187,7 @@ class QueuesScreen(RowFilterScreen):
         self.request_reload()
 
     # ---- actions ---------------------------------------------------------------------------
-    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+    def on_row_table_selected(self, event: RowTable.Selected) -> None:
         event.stop()
         self.action_open_queue()
 

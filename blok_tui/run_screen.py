@@ -16,8 +16,15 @@ from engine import EngineError, LogLine, Run, StepRun
 
 from . import actions
 from .base_screen import BlokScreen, Changes
-from .console import clock_time, countdown, day_time, duration, status_text
-from .widgets import AttemptsView, JsonView, StepRail
+from .console import clock_time, countdown, day_time, duration, printable, status_text
+from .diff_screen import DiffScreen
+from .step_stats import StepStats, step_stats, typical_text
+from .timeline_screen import TimelineScreen
+from .tracebacks import clean_error
+from .widgets import AttemptsView, FilterInput, JsonView, StepRail
+
+NARROW = 110  # below this many columns the rail narrows and the run log moves under the step
+WIDE = 160  # from this many columns the rail also shows each step's usual duration
 
 LEVELS = {"debug": "dbg", "info": "info", "warning": "warn", "error": "err", "critical": "crit"}
 LOG_STYLES = {
@@ -38,7 +45,7 @@ def log_lines(lines: list[LogLine], tz: object, limit: int = 200) -> Text:
         text.append(clock_time(line.ts, tz), style="grey50")  # type: ignore[arg-type]
         level = line.level.lower()
         text.append(f" {LEVELS.get(level, level[:4]):<4} ", style=LOG_STYLES.get(level) or "grey70")
-        text.append(line.message, style=LOG_STYLES.get(level, ""))
+        text.append(clean_error(line.message), style=LOG_STYLES.get(level, ""))
         if n < len(shown) - 1:
             text.append("\n")
     return text
@@ -52,7 +59,7 @@ def gate_reason(run: Run, now: datetime, tz: tzinfo | None) -> Text | None:
     status = str(run.status)
     if status not in GATE_STATUSES:
         return None
-    why = (run.error or "").strip()
+    why = clean_error(run.error or "").strip()
     line = Text()
     if status == "debounced":
         into = run.output.get("debounced_into") if isinstance(run.output, dict) else None
@@ -91,10 +98,24 @@ class RunScreen(BlokScreen):
         self.run_id = run_id
         self.run: Run | None = None
         self.missing: str | None = None
+        self.search = ""  # `/` in the run view: lines of the step's output and log that match
+        self.unfolded = False  # z: the step's whole output instead of its first lines
+        self.stats: StepStats | None = None  # the workflow's recent step durations
 
     @property
     def crumb(self) -> str:
-        return self.run_id
+        return "run " + (self.run_id.partition("_")[2] or self.run_id)[:9]
+
+    @property
+    def narrow(self) -> bool:
+        return self.size.width < NARROW
+
+    def on_resize(self) -> None:
+        # (BlokScreen's own on_resize runs too: Textual calls each class's handler.)
+        self.set_class(self.narrow, "-narrow")
+        self.set_class(self.size.width >= WIDE, "-wide")
+        if self.run is not None:
+            self.render_run()
 
     def compose_body(self) -> ComposeResult:
         yield Static(id="run-header", classes="run-header")
@@ -102,18 +123,22 @@ class RunScreen(BlokScreen):
             with Vertical(id="rail-column"):
                 yield Static("steps", classes="section", id="steps-title")
                 yield StepRail(id="rail")
-                yield Static("run log", classes="section")
-                with VerticalScroll(id="run-log-scroll"):
+                yield Static("run log", classes="section wide-only")
+                with VerticalScroll(id="run-log-scroll", classes="wide-only"):
                     yield Static(id="run-log")
-            with VerticalScroll(id="detail"):
-                yield Static(id="step-title", classes="section")
-                yield AttemptsView(id="attempts")
-                yield Static("input", classes="section")
-                yield JsonView(id="step-input")
-                yield Static("output", classes="section")
-                yield JsonView(id="step-output")
-                yield Static("log", classes="section")
-                yield Static(id="step-log", classes="log")
+            with Vertical(id="detail-column"):
+                yield FilterInput("search the step's input, output and log…")
+                with VerticalScroll(id="detail"):
+                    yield Static(id="step-title", classes="section")
+                    yield AttemptsView(id="attempts")
+                    yield Static("input", classes="section")
+                    yield JsonView(id="step-input")
+                    yield Static("output", classes="section", id="output-title")
+                    yield JsonView(id="step-output")
+                    yield Static("log", classes="section")
+                    yield Static(id="step-log", classes="log")
+                    yield Static("run log", classes="section narrow-only")
+                    yield Static(id="run-log-narrow", classes="log narrow-only")
 
     def on_mount(self) -> None:
         super().on_mount()
@@ -125,6 +150,8 @@ class RunScreen(BlokScreen):
             self.missing = None
         except EngineError as error:
             self.missing = str(error)
+        if self.run is not None and self.stats is None:
+            self.stats = await step_stats(self.blok, self.run.workflow_name)
         self.render_run()
 
     def selected_step(self) -> StepRun | None:
@@ -172,9 +199,11 @@ class RunScreen(BlokScreen):
         run, now, tz = self.run, self.blok.now(), self.blok.tz
         line = Text()
         line.append_text(status_text(str(run.status)))
-        line.append(f"  {run.workflow_name}", style="bold")
-        line.append(f" @{run.workflow_version}", style="grey62")
-        line.append(f"  queue {run.queue}  job {run.job_id}", style="grey70")
+        line.append(f"  {printable(run.workflow_name)}", style="bold")
+        line.append(f" @{run.workflow_version[:8]}", style="grey62")
+        line.append(f"  queue {printable(run.queue)}", style="grey70")
+        if not self.narrow:
+            line.append(f"  {run.id}  job {run.job_id}", style="grey62")
         if run.job_attempt > 1:
             line.append(f"  delivery {run.job_attempt}", style="khaki3")
         line.append("\n")
@@ -211,12 +240,17 @@ class RunScreen(BlokScreen):
             line.append(f" (depth {run.depth}; p opens it)", style="grey62")
         if run.error and str(run.status) not in GATE_STATUSES:
             line.append("\n")
-            line.append(run.error, style="bold red1")
+            line.append(clean_error(run.error), style="bold red1")
         header.update(line)
-        self.query_one(StepRail).show(run, now, tz)
-        self.query_one("#run-log", Static).update(
+        typical = {}
+        if self.stats is not None and self.size.width >= WIDE:
+            typical = {name: typical_text(self.stats, run, name) for name in self.stats.names}
+        self.query_one(StepRail).show(run, now, tz, narrow=self.narrow, typical=typical)
+        run_log = (
             log_lines(run.logs, tz) if run.logs else Text("no engine messages", style="dim italic")
         )
+        self.query_one("#run-log", Static).update(run_log)
+        self.query_one("#run-log-narrow", Static).update(run_log)
         self.render_step()
 
     def render_step(self) -> None:
@@ -235,7 +269,7 @@ class RunScreen(BlokScreen):
             title.append(f"step {position + 1}/{len(top)} ")
         else:
             title.append("step ")
-        title.append(self.step_path(step), style="bold")
+        title.append(printable(self.step_path(step)), style="bold")
         title.append("  ")
         title.append_text(status_text(str(step.status), steps=True))
         if step.child_run_id:
@@ -246,18 +280,64 @@ class RunScreen(BlokScreen):
             if str(step.status) == "waiting":
                 title.append(f" — resumes {countdown(step.wait_until, self.blok.now())}")
         if step.error:
-            title.append(f"\n{step.error}", style="red1")
+            title.append(f"\n{clean_error(step.error)}", style="red1")
+        if self.stats is not None and self.run is not None:
+            usual = self.stats.describe(self.run, step.name)
+            if usual is not None:
+                title.append("\n")
+                title.append_text(usual)
         self.query_one("#step-title", Static).update(title)
         self.query_one(AttemptsView).show(step, self.blok.now())
-        self.query_one("#step-input", JsonView).show(step.input)
-        self.query_one("#step-output", JsonView).show(
-            step.output, empty="none yet" if str(step.status) in ("pending", "running") else "none"
+        self.query_one("#step-input", JsonView).show(step.input, search=self.search)
+        folded = self.query_one("#step-output", JsonView).show(
+            step.output,
+            empty="none yet" if str(step.status) in ("pending", "running") else "none",
+            search=self.search,
+            fold=not self.unfolded,
         )
+        self.query_one("#output-title", Static).update(
+            Text.assemble("output", (f"  {folded}", "grey50") if folded else "")
+        )
+        detail = self.query_one("#detail", VerticalScroll)
+        following = detail.scroll_y >= detail.max_scroll_y - 1
+        logs = step.logs
+        if self.search:
+            needle = self.search.lower()
+            logs = [line for line in logs if needle in line.message.lower()]
         self.query_one("#step-log", Static).update(
-            log_lines(step.logs, tz) if step.logs else Text("no log lines", style="dim italic")
+            log_lines(logs, tz) if logs else Text("no log lines", style="dim italic")
         )
+        # A running step's log follows its new lines, unless the operator scrolled up to read.
+        if str(step.status) == "running" and following and step.logs:
+            detail.call_after_refresh(detail.scroll_end, animate=False)
 
     def on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
+        self.unfolded = False
+        self.render_step()
+
+    # ---- search and fold -------------------------------------------------------------------
+    def action_search(self) -> None:
+        box = self.query_one(FilterInput)
+        box.value = self.search
+        box.open()
+
+    def on_input_changed(self, event: FilterInput.Changed) -> None:
+        self.search = event.value.strip()
+        self.render_step()
+
+    def on_filter_input_done(self, event: FilterInput.Done) -> None:
+        self.search = event.value.strip()
+        self.render_step()
+        self.query_one(StepRail).focus()
+
+    def clear_filter(self) -> bool:
+        if not self.search:
+            return False
+        self.query_one(FilterInput).action_drop()
+        return True
+
+    def action_unfold(self) -> None:
+        self.unfolded = not self.unfolded
         self.render_step()
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
@@ -292,6 +372,18 @@ class RunScreen(BlokScreen):
             return
         top = self.top_step(step)
         await self.blok.replay(self.run_id, from_step=top.name, title="Replayed from a step")
+
+    def action_copy_id(self) -> None:
+        self.blok.copy_id(self.run_id)
+
+    def action_diff(self) -> None:
+        if self.run is not None and self.run.replay_of:
+            self.app.push_screen(DiffScreen(self.run_id))
+        else:
+            self.notify("this run is not a replay: open a replay to compare it", severity="warning")
+
+    def action_timeline(self) -> None:
+        self.app.push_screen(TimelineScreen(self.run_id))
 
     def action_edit_replay(self) -> None:
         if self.run is not None:

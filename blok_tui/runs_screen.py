@@ -11,31 +11,62 @@ from typing import ClassVar
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import BindingType
-from textual.widgets import DataTable, Static
+from textual.widgets import Static
 
 from engine import Run, RunFilter
 
 from . import actions
 from .actions import RUN_FLAGS, STATUS_FILTERS
-from .base_screen import BlokScreen, Changes, selected_key
+from .base_screen import BlokScreen, Changes
 from .bulk import BulkPlan
-from .console import clock_time, countdown, day_time, duration, status_text
+from .console import (
+    clock_time,
+    countdown,
+    day_time,
+    duration,
+    printable,
+    short_ids,
+    status_text,
+)
+from .tracebacks import clean_error
 from .widgets import FilterInput
+from .widgets.row_table import Column, RowTable
 
 PAGE = 100  # rows held in the table; the window slides as the cursor reaches an edge
+SEARCHED = 1_000  # newest runs a `/` search reads and matches
 MARK = "●"
+# Narrow terminals drop the lowest priorities first; the workflow column takes spare room.
 COLUMNS = (
-    ("mark", 1),
-    ("status", 12),
-    ("run", 23),
-    ("workflow", 18),
-    ("version", 8),
-    ("queue", 10),
-    ("started", 11),
-    ("took", 7),
-    ("attempts", 8),
-    ("replay of", 23),
+    Column("mark", "", 1, priority=9),
+    Column("status", "status", 11, priority=10),
+    Column("run", "run", 12, priority=9),
+    Column("workflow", "workflow", 16, priority=8),
+    Column("version", "version", 8, priority=2),
+    Column("queue", "queue", 10, priority=3),
+    Column("started", "started", 11, priority=6),
+    Column("took", "took", 7, priority=7, justify="right"),
+    Column("attempts", "attempts", 8, priority=5, justify="right"),
+    Column("replay of", "replay of", 12, priority=1),
+    Column("detail", "error or input", 16, priority=0, flex=True),
 )
+COLUMN_KEYS = [c.key for c in COLUMNS]
+
+
+def matches(run: Run, text: str) -> bool:
+    needle = text.lower()
+    fields = (run.id, run.job_id, run.workflow_name, run.queue, str(run.status), run.error or "")
+    if any(needle in field.lower() for field in fields):
+        return True
+    return needle in json.dumps(run.input, ensure_ascii=False, default=str).lower()
+
+
+def detail_cell(run: Run) -> Text:
+    """What a wide terminal has room for: the first line of the error, else the input."""
+    if run.error:
+        return Text(clean_error(run.error.strip().splitlines()[0]), style="red1")
+    return Text(
+        printable(json.dumps(run.input, ensure_ascii=False, default=str)[:200]), style="grey50"
+    )
 
 
 class RunsScreen(BlokScreen):
@@ -59,7 +90,9 @@ class RunsScreen(BlokScreen):
         self.start = 0
         self.total = 0
         self.runs: list[Run] = []
-        self._shown: dict[str, list[Text | str]] = {}  # cells on screen, by run id
+        self.short: dict[str, str] = {}  # run id → its shortest unique prefix on this page
+        self.searched = 0  # runs the last `/` search read
+        self.matched: list[tuple[str, str]] = []  # (run id, job id) the last search matched
         self.loaded = False  # the first page is on screen (the benchmark waits for this)
 
     @property
@@ -75,16 +108,13 @@ class RunsScreen(BlokScreen):
 
     def compose_body(self) -> ComposeResult:
         yield Static(id="filters", classes="filters")
-        yield FilterInput("filter runs: id, workflow, queue, status or error text…")
-        table: DataTable[Text | str] = DataTable(id="runs", cursor_type="row", zebra_stripes=True)
-        for name, width in COLUMNS:
-            table.add_column("" if name == "mark" else name, key=name, width=width)
-        yield table
+        yield FilterInput("filter runs: run or job id, workflow, queue, status, error or input…")
+        yield RowTable(COLUMNS, id="runs")
         yield Static(id="preview")
 
     @property
-    def table(self) -> DataTable[Text | str]:
-        return self.query_one("#runs", DataTable)
+    def table(self) -> RowTable:
+        return self.query_one("#runs", RowTable)
 
     def on_mount(self) -> None:
         super().on_mount()
@@ -96,8 +126,9 @@ class RunsScreen(BlokScreen):
 
     @property
     def where(self) -> RunFilter:
+        """The status, queue and workflow chosen (the `/` text is matched here, see _search)."""
         statuses = STATUS_FILTERS[self.status_name] or None
-        return RunFilter.of(statuses, self.workflow, self.queue, self.text or None, **self.flags)  # type: ignore[arg-type]
+        return RunFilter.of(statuses, self.workflow, self.queue, None, **self.flags)  # type: ignore[arg-type]
 
     def describe_filter(self) -> str:
         """The filter in words, for a confirmation: "failed runs on orders matching 'x'"."""
@@ -115,20 +146,42 @@ class RunsScreen(BlokScreen):
 
     async def load(self) -> None:
         where = self.where
-        self.total = await self.engine.count_runs(where)
-        if self.start >= self.total:
-            self.start = max(0, self.total - PAGE)
-        self.runs = await self.engine.runs(
+        if self.text:
+            await self._search()
+        else:
+            self.total = await self.engine.count_runs(where)
+            if self.start >= self.total:
+                self.start = max(0, self.total - PAGE)
+            self.runs = await self.engine.runs(
+                status=list(where.status) if where.status else None,
+                workflow=self.workflow,
+                queue=self.queue,
+                limit=PAGE,
+                offset=self.start,
+                **self.flags,
+            )
+        self.render_rows()
+        self.loaded = True
+
+    async def _search(self) -> None:
+        """The `/` text against id, job id, workflow, queue, status, error and input. The
+        engine's text filter knows neither job ids nor inputs, so the newest SEARCHED runs
+        (of the status and queue chosen) are read and matched here."""
+        where = self.where
+        window = await self.engine.runs(
             status=list(where.status) if where.status else None,
             workflow=self.workflow,
             queue=self.queue,
-            text=self.text or None,
-            limit=PAGE,
-            offset=self.start,
+            limit=SEARCHED,
             **self.flags,
         )
-        self.render_rows()
-        self.loaded = True
+        self.searched = len(window)
+        matched = [run for run in window if matches(run, self.text)]
+        self.matched = [(run.id, run.job_id) for run in matched]
+        self.total = len(matched)
+        if self.start >= self.total:
+            self.start = max(0, self.total - PAGE)
+        self.runs = matched[self.start : self.start + PAGE]
 
     def row_cells(self, run: Run) -> list[Text | str]:
         now = self.blok.now()
@@ -141,11 +194,12 @@ class RunsScreen(BlokScreen):
         took = run.duration_ms
         if run.started_at is not None and run.finished_at is None:
             took = (now - run.started_at).total_seconds() * 1000
+        short = self.short
         return [
             Text(MARK if run.id in self.marked else " ", style="bold khaki1"),
             status_text(str(run.status)),
-            Text(run.id, style="grey85"),
-            run.workflow_name,
+            Text(short.get(run.id, run.id), style="grey85"),
+            printable(run.workflow_name),
             Text(run.workflow_version[:8], style="grey62"),
             run.queue,
             Text(day_time(run.started_at, tz, now))
@@ -153,44 +207,37 @@ class RunsScreen(BlokScreen):
             else Text(day_time(run.created_at, tz, now), style="grey50"),  # not started yet
             Text(duration(took) if run.started_at else "–", justify="right"),
             attempts,
-            Text(run.replay_of or "", style="medium_purple1"),
+            Text(
+                short.get(run.replay_of, run.replay_of) if run.replay_of else "",
+                style="medium_purple1",
+            ),
+            detail_cell(run),
         ]
 
     def render_rows(self) -> None:
-        table = self.table
-        keys = [run.id for run in self.runs]
-        current = [str(k.value) for k in table.rows]
-        fresh = {run.id: self.row_cells(run) for run in self.runs}
-        if keys == current:
-            # Only the cells that changed: most refreshes touch a row or two of a hundred.
-            for run_id, cells in fresh.items():
-                shown = self._shown.get(run_id, [])
-                for n, ((column, _), cell) in enumerate(zip(COLUMNS, cells, strict=True)):
-                    if n >= len(shown) or shown[n] != cell:
-                        table.update_cell(run_id, column, cell)
-        else:
-            selected = self.selected_run_id()
-            at = table.cursor_row
-            table.clear()
-            for run_id, cells in fresh.items():
-                table.add_row(*cells, key=run_id)
-            if selected in keys:
-                table.move_cursor(row=keys.index(selected), animate=False)
-            elif keys:
-                table.move_cursor(row=min(at, len(keys) - 1), animate=False)
-        self._shown = fresh
+        ids = [run.id for run in self.runs]
+        self.short = short_ids([*ids, *(r.replay_of for r in self.runs if r.replay_of)])
+        self.table.set_rows([(run.id, self.row_cells(run)) for run in self.runs])
         self.render_filters()
         self.render_preview()
 
     def render_filters(self) -> None:
         line = Text()
-        for n, name in enumerate(STATUS_FILTERS):
-            chosen = name == self.status_name
-            line.append(f" {n} ", style="reverse bold" if chosen else "bold dim")
-            line.append(f"{name} ", style="bold" if chosen else "dim")
+        if self.size.width >= 110:
+            for n, name in enumerate(STATUS_FILTERS):
+                chosen = name == self.status_name
+                line.append(f" {n} ", style="reverse bold" if chosen else "bold dim")
+                line.append(f"{name} ", style="bold" if chosen else "dim")
+        else:  # no room for the nine: the chosen one, and how to change it
+            line.append("status ", style="dim")
+            line.append(self.status_name, style="bold")
+            line.append(" (0-8, s)", style="dim")
         if self.text:
             line.append("  / ", style="bold")
             line.append(self.text, style="khaki1")
+            if self.searched >= SEARCHED:
+                line.append(f" in the newest {SEARCHED:,}", style="dim")
+            line.append("  esc clears", style="dim")
         if self.marked:
             line.append(f"   {MARK} {len(self.marked):,} marked", style="bold khaki1")
             line.append("  C cancel · R replay · D requeue · u unmark", style="khaki3")
@@ -203,10 +250,13 @@ class RunsScreen(BlokScreen):
             filtered = self.text or self.status_name != "all"
             hint = "no runs match" if filtered else "no runs yet: i injects a job"
             line.append(f"   {hint}" if self.total == 0 else "", style="dim")
-        self.query_one("#filters", Static).update(line)
+        self.query_one("#filters", Static).update(line, layout=False)
+
+    def on_resize(self) -> None:
+        self.render_filters()  # nine status names, or only the chosen one
 
     def selected_run_id(self) -> str | None:
-        return selected_key(self.table)
+        return self.table.cursor_key
 
     def engine_changed(self, changes: Changes) -> None:
         if changes.runs or changes.everything:
@@ -218,9 +268,7 @@ class RunsScreen(BlokScreen):
             return  # the view is being torn down (or not composed yet)
         for run in self.runs:
             if run.started_at is not None and run.finished_at is None:
-                cells = self.row_cells(run)
-                self.table.update_cell(run.id, "took", cells[7])
-                self._shown[run.id] = cells
+                self.table.update_row(run.id, self.row_cells(run))
 
     # ---- paging ----------------------------------------------------------------------------
     def render_preview(self) -> None:
@@ -240,34 +288,34 @@ class RunsScreen(BlokScreen):
                     style="khaki3",
                 )
             if run.error:
-                text.append(run.error.splitlines()[0], style="red1")
+                text.append(clean_error(run.error.splitlines()[0]), style="red1")
             else:
                 text.append("input ", style="grey62")
-                text.append(json.dumps(run.input, ensure_ascii=False, default=str)[:400])
-        self.query_one("#preview", Static).update(text)
+                text.append(printable(json.dumps(run.input, ensure_ascii=False, default=str)[:400]))
+        self.query_one("#preview", Static).update(text, layout=False)
 
-    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+    def on_row_table_highlighted(self, event: RowTable.Highlighted) -> None:
         table = self.table
-        if event.data_table is not table or event.cursor_row != table.cursor_row:
+        if event.table is not table or event.row != table.cursor_row:
             return  # a stale event from before the last redraw
         self.render_preview()
         last = table.row_count - 1
-        if event.cursor_row == last and self.start + table.row_count < self.total:
+        if event.row == last and self.start + table.row_count < self.total:
             self.start += PAGE // 2
             self.request_reload()
-        elif event.cursor_row == 0 and self.start > 0:
+        elif event.row == 0 and self.start > 0:
             self.start = max(0, self.start - PAGE // 2)
             self.request_reload()
 
     def action_first_page(self) -> None:
         self.start = 0
         self.request_reload()
-        self.table.move_cursor(row=0, animate=False)
+        self.table.move_cursor(0)
 
     def action_last_page(self) -> None:
         self.start = max(0, self.total - PAGE)
         self.request_reload()
-        self.table.move_cursor(row=PAGE, animate=False)
+        self.table.move_cursor(PAGE)
 
     # ---- filters ---------------------------------------------------------------------------
     def action_status(self, name: str) -> None:
@@ -295,8 +343,14 @@ class RunsScreen(BlokScreen):
         self.request_reload()
         self.table.focus()
 
+    def clear_filter(self) -> bool:
+        if not self.text:
+            return False
+        self.query_one(FilterInput).action_drop()
+        return True
+
     # ---- actions ---------------------------------------------------------------------------
-    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+    def on_row_table_selected(self, event: RowTable.Selected) -> None:
         event.stop()
         self.action_open_run()
 
@@ -317,6 +371,11 @@ class RunsScreen(BlokScreen):
     def selected_run(self) -> Run | None:
         return next((r for r in self.runs if r.id == self.selected_run_id()), None)
 
+    def action_copy_id(self) -> None:
+        run_id = self.selected_run_id()
+        if run_id is not None:
+            self.blok.copy_id(run_id)
+
     def action_edit_replay(self) -> None:
         run = self.selected_run()
         if run is not None:
@@ -334,13 +393,11 @@ class RunsScreen(BlokScreen):
             return
         if self.marked.pop(run.id, None) is None:
             self.marked[run.id] = run.job_id
-        cells = self.row_cells(run)
-        self.table.update_cell(run.id, "mark", cells[0])
-        self._shown[run.id] = cells
+        self.table.update_row(run.id, self.row_cells(run))
         self.render_filters()
         # Marking row after row: space moves on, as in a file manager.
         if self.table.cursor_row < self.table.row_count - 1:
-            self.table.move_cursor(row=self.table.cursor_row + 1, animate=False)
+            self.table.move_cursor(self.table.cursor_row + 1)
 
     def action_clear_marks(self) -> None:
         self.marked.clear()
@@ -351,6 +408,9 @@ class RunsScreen(BlokScreen):
             ids = tuple(self.marked.values() if action == "requeue" else self.marked)
             n = len(self.marked)
             return BulkPlan(action, ids, n, f"the {n:,} marked run{'s' if n != 1 else ''}")
+        if self.text:  # what the search matched, as it matched it
+            ids = tuple(job if action == "requeue" else run for run, job in self.matched)
+            return BulkPlan(action, ids, len(ids), self.describe_filter())
         where = self.where
         return BulkPlan(action, where, await self.engine.count_runs(where), self.describe_filter())
 

@@ -9,22 +9,23 @@ from typing import ClassVar
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import BindingType
-from textual.widgets import DataTable, Static
+from textual.widgets import Static
 
 from engine import WorkerInfo
 
 from . import actions
 from .base_screen import BlokScreen, Changes
 from .console import day_time, duration
+from .widgets.row_table import Column, RowTable
 
 ALIVE_WITHIN = 10.0  # seconds since the last heartbeat (heartbeats come every ~2 s)
 COLUMNS = (
-    ("worker", 28),
-    ("host", 20),
-    ("pid", 8),
-    ("started", 11),
-    ("heartbeat", 20),
-    ("alive", 8),
+    Column("worker", "worker", 24, priority=10, flex=True),
+    Column("host", "host", 16, priority=3),
+    Column("pid", "pid", 8, priority=2, justify="right"),
+    Column("started", "started", 11, priority=5),
+    Column("heartbeat", "heartbeat", 20, priority=8),
+    Column("alive", "alive", 8, priority=9),
 )
 
 
@@ -66,16 +67,11 @@ class WorkersScreen(BlokScreen):
 
     def compose_body(self) -> ComposeResult:
         yield Static(id="workers-summary", classes="filters")
-        table: DataTable[Text | str] = DataTable(
-            id="workers", cursor_type="row", zebra_stripes=True
-        )
-        for name, width in COLUMNS:
-            table.add_column(name, key=name, width=width)
-        yield table
+        yield RowTable(COLUMNS, id="workers")
 
     @property
-    def table(self) -> DataTable[Text | str]:
-        return self.query_one("#workers", DataTable)
+    def table(self) -> RowTable:
+        return self.query_one("#workers", RowTable)
 
     def on_mount(self) -> None:
         super().on_mount()
@@ -87,21 +83,22 @@ class WorkersScreen(BlokScreen):
 
     def render_rows(self) -> None:
         now, tz = self.blok.now(), self.blok.tz
-        table = self.table
-        table.clear()
+        rows = []
         for worker in self.found:
             alive = is_alive(worker, now)
             ago = (now - worker.heartbeat_at).total_seconds() * 1000
-            table.add_row(
+            cells = [
                 Text(worker.id, style="bold"),
                 worker.host,
                 Text(str(worker.pid), justify="right"),
                 day_time(worker.started_at, tz, now),
                 Text(f"{day_time(worker.heartbeat_at, tz, now)} ({duration(max(ago, 0))})"),
                 Text("✓ alive", style="green3") if alive else Text("✗ stale", style="red1"),
-                key=worker.id,
-            )
-        self.query_one("#workers-summary", Static).update(workers_line(self.found, now))
+            ]
+            rows.append((worker.id, cells))
+        self.table.set_rows(rows)
+        summary = workers_line(self.found, now)
+        self.query_one("#workers-summary", Static).update(summary, layout=False)
 
     def engine_changed(self, changes: Changes) -> None:
         if changes.everything:

@@ -21,14 +21,32 @@ from tests.console.helpers import settled  # noqa: E402
 SIZE = (140, 40)
 Step = Callable[[BlokApp], Awaitable[Any] | Any]
 
+SMALL = (80, 24)
+SIZES = {"run-80x24": SMALL, "runs-80x24": SMALL}  # the others at SIZE
 SHOTS: dict[str, tuple[bool, list[Step]]] = {
     # name: (with a broken workflow file, what to do before the picture)
     "queues": (False, []),
     "runs": (False, [lambda app: app.run_command("runs")]),
-    "run-failed-attempt": (False, [lambda app: app.run_command("run run_0000showcase0006")]),
-    "run-waiting": (False, [lambda app: app.run_command("run run_0000showcase0008")]),
-    "run-nested": (False, [lambda app: app.run_command("run run_0000showcase0013")]),
-    "run-throttled": (False, [lambda app: app.run_command("run run_0000showcase0016")]),
+    "run-failed-attempt": (False, [lambda app: app.run_command(f"run {scene.rid(6)}")]),
+    "run-waiting": (False, [lambda app: app.run_command(f"run {scene.rid(8)}")]),
+    "run-timeline": (
+        False,
+        [
+            lambda app: app.run_command(f"run {scene.rid(6)}"),
+            lambda app: app.screen.action_timeline(),
+        ],
+    ),
+    "run-diff": (
+        False,
+        [
+            lambda app: app.run_command(f"run {scene.rid(7)}"),
+            lambda app: app.screen.action_diff(),
+        ],
+    ),
+    "run-80x24": (False, [lambda app: app.run_command(f"run {scene.rid(6)}")]),
+    "runs-80x24": (False, [lambda app: app.run_command("runs")]),
+    "run-nested": (False, [lambda app: app.run_command(f"run {scene.rid(13)}")]),
+    "run-throttled": (False, [lambda app: app.run_command(f"run {scene.rid(16)}")]),
     "workers": (False, [lambda app: app.run_command("workers")]),
     "bulk-confirm": (
         False,
@@ -51,7 +69,7 @@ async def shoot(name: str, broken: bool, steps: list[Step], out: Path) -> Path:
         if broken:
             scene.break_a_workflow(folder)
         app = scene.app(folder, database)
-        async with app.run_test(size=SIZE) as pilot:
+        async with app.run_test(size=SIZES.get(name, SIZE)) as pilot:
             await settled(pilot)
             for step in steps:
                 result = step(app)

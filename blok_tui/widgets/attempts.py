@@ -13,6 +13,9 @@ from textual.widgets import Static
 from engine import StepRun
 
 from ..console import duration, status_text
+from ..tracebacks import clean_error, fold_traceback
+
+NARROW = 60  # below this many columns, statuses are icons and backoffs are short
 
 
 class AttemptsView(Static):
@@ -21,39 +24,66 @@ class AttemptsView(Static):
     """
 
     def show(self, step: StepRun, now: datetime) -> None:
+        narrow = 0 < self.size.width < NARROW
         if not step.attempts:
             note = "cached from run " + step.cached_from if step.cached_from else "no attempts yet"
             if step.kind == "wait":
                 note = "a wait: no attempts"
             self.update(Text(note, style="dim italic"))
             return
-        table = Table(
-            box=None, padding=(0, 1), expand=True, show_edge=False, header_style="bold dim"
-        )
-        table.add_column("#", justify="right", width=3)
-        table.add_column("status", width=11, no_wrap=True)
-        table.add_column("took", justify="right", width=7, no_wrap=True)
-        table.add_column("error", ratio=1, overflow="fold")
-        table.add_column("next", width=14, no_wrap=True)
+        rows = []
         for attempt in step.attempts:
             then = ""
             if attempt.backoff_ms is not None:
                 then = f"retry in {duration(attempt.backoff_ms)}"
-            table.add_row(
-                f"{attempt.number}/{step.max_attempts}",
+            status = (
                 status_text(str(attempt.status), steps=True)
                 if str(attempt.status) != "timed_out"
-                else Text("⧗ timed out", style="bold dark_orange"),
-                duration(
-                    attempt.duration_ms
-                    if attempt.finished_at
-                    else (now - attempt.started_at).total_seconds() * 1000
-                ),
-                Text(attempt.error or "", style="red1")
-                if attempt.error
-                else Text("–", style="dim"),
-                Text(then, style="khaki1"),
+                else Text("⧗ timed out", style="bold dark_orange")
             )
+            took = duration(
+                attempt.duration_ms
+                if attempt.finished_at
+                else (now - attempt.started_at).total_seconds() * 1000
+            )
+            error = (
+                Text(clean_error(attempt.error), style="red1")
+                if attempt.error
+                else Text("–", style="dim")
+            )
+            rows.append((f"{attempt.number}/{step.max_attempts}", status, took, error, then))
+        table: RenderableType
+        if narrow:
+            # Each attempt in two columns, its error under its status at full width (an error
+            # column would be a dozen characters wide here).
+            grid = Table(box=None, padding=(0, 1), expand=True, show_header=False)
+            grid.add_column(width=5, justify="right", no_wrap=True)
+            grid.add_column(ratio=1, overflow="fold")
+            for number, status, took, error, then in rows:
+                cell = Text.assemble(status, f"  {took}")
+                if then:
+                    cell.append(f"  {then}", style="khaki1")
+                if str(error) != "–":
+                    cell.append("\n")
+                    cell.append_text(error)
+                grid.add_row(number, cell)
+            table = grid
+        else:
+            grid = Table(
+                box=None, padding=(0, 1), expand=True, show_edge=False, header_style="bold dim"
+            )
+            grid.add_column("#", justify="right", width=5, no_wrap=True)
+            grid.add_column("status", width=11, no_wrap=True)
+            grid.add_column("took", justify="right", width=6, no_wrap=True)
+            grid.add_column("error", ratio=1, overflow="fold")
+            if any(then for *_, then in rows):
+                grid.add_column("next", width=16, no_wrap=True)
+            for number, status, took, error, then in rows:
+                cells = [number, status, took, error]
+                if len(grid.columns) == 5:
+                    cells.append(Text(then, style="khaki1"))
+                grid.add_row(*cells)
+            table = grid
         parts: list[RenderableType] = [table]
         # The newest traceback in full; an older one only when it says something else.
         shown: set[str] = set()
@@ -61,5 +91,5 @@ class AttemptsView(Static):
             if attempt.traceback and attempt.traceback not in shown:
                 shown.add(attempt.traceback)
                 parts.append(Text(f"\nattempt {attempt.number} traceback", style="bold dim"))
-                parts.append(Text(attempt.traceback.rstrip(), style="grey70"))
+                parts.append(Text(fold_traceback(attempt.traceback), style="grey70"))
         self.update(Group(*parts))

@@ -1,4 +1,5 @@
-"""Step input and output as highlighted, indented JSON."""
+"""Step input and output as highlighted, indented JSON. A large value folds to its first lines
+(2,000 items are 18,000 lines); a search shows only the matching lines, with their numbers."""
 
 from __future__ import annotations
 
@@ -9,19 +10,60 @@ from rich.syntax import Syntax
 from rich.text import Text
 from textual.widgets import Static
 
+from ..console import printable
+
+FOLD = 40  # lines shown of a folded value
+UNFOLDED = 2_000  # lines shown at most of an unfolded one (a search reaches the rest)
+MATCHES = 200  # matching lines shown at most
+
 
 class JsonView(Static):
     DEFAULT_CSS = """
     JsonView { height: auto; padding: 0 1; }
     """
 
-    def show(self, value: Any, *, empty: str = "none") -> None:
+    def show(self, value: Any, *, empty: str = "none", search: str = "", fold: bool = True) -> str:
+        """Show `value`; returns a note on what is hidden ("" when everything shows)."""
         if value is None:
             self.update(Text(empty, style="dim italic"))
-            return
-        blob = json.dumps(value, indent=2, ensure_ascii=False, default=str)
-        if len(blob) > 20_000:
-            blob = blob[:20_000] + "\n… (cut at 20,000 characters)"
+            return ""
+        lines = printable(json.dumps(value, indent=2, ensure_ascii=False, default=str)).split("\n")
+        if search:
+            return self._matches(lines, search)
+        note = ""
+        limit = FOLD if fold else UNFOLDED
+        if len(lines) > limit:
+            if fold:
+                note = f"{len(lines):,} lines, the first {FOLD} shown: z unfolds, / searches"
+            else:
+                note = f"{len(lines):,} lines, the first {UNFOLDED:,} shown: / searches them all"
+            lines = [*lines[:limit], f"… {len(lines) - limit:,} more lines"]
+        elif not fold and len(lines) > FOLD:
+            note = "unfolded: z folds"
         self.update(
-            Syntax(blob, "json", theme="ansi_dark", background_color="default", word_wrap=True)
+            Syntax(
+                "\n".join(lines),
+                "json",
+                theme="ansi_dark",
+                background_color="default",
+                word_wrap=True,
+            )
         )
+        return note
+
+    def _matches(self, lines: list[str], search: str) -> str:
+        needle = search.lower()
+        found = [(n, line) for n, line in enumerate(lines, start=1) if needle in line.lower()]
+        text = Text()
+        width = len(str(len(lines)))
+        for n, line in found[:MATCHES]:
+            text.append(f"{n:>{width}}│ ", style="grey50")
+            text.append(line)
+            text.append("\n")
+        text.highlight_words([search], style="reverse khaki1", case_sensitive=False)
+        if not found:
+            text.append(f"no line matches {search!r}", style="dim italic")
+        text.rstrip()
+        self.update(text)
+        more = f", the first {MATCHES} shown" if len(found) > MATCHES else ""
+        return f"{len(found):,} of {len(lines):,} lines match {search!r}{more}"

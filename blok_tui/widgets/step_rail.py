@@ -16,10 +16,11 @@ from textual.widgets.option_list import Option
 
 from engine import Run, StepRun
 
-from ..console import clock_time, duration, status_style, status_text
+from ..console import clock_time, duration, printable, status_style, status_text
 
 BAR_WIDTH = 8
 NAME_WIDTH = 15
+NARROW_NAME_WIDTH = 12
 BADGES = {"sub": "↳ sub", "async": "↳ async"}
 
 
@@ -37,16 +38,29 @@ def _bar(ms: float | None, longest: float, style: str) -> Text:
 
 
 def step_line(
-    step: StepRun, longest: float, now: datetime, tz: tzinfo | None, depth: int = 0
+    step: StepRun,
+    longest: float,
+    now: datetime,
+    tz: tzinfo | None,
+    depth: int = 0,
+    *,
+    narrow: bool = False,
+    typical: Text | None = None,
 ) -> Text:
+    """One step on the rail. `narrow`: no bar and one badge at most (an 80-column terminal).
+    `typical`: the step's usual duration over recent runs, shown after its own."""
     status = str(step.status)
     line = Text("  " * depth)
     line.append_text(status_text(status, steps=True, label=False))
-    width = max(6, NAME_WIDTH - 2 * depth)
-    line.append(f" {step.name:<{width}.{width}} ", style="bold" if status == "running" else "")
+    width = max(6, (NARROW_NAME_WIDTH if narrow else NAME_WIDTH) - 2 * depth)
+    name = printable(step.name)
+    line.append(f" {name:<{width}.{width}} ", style="bold" if status == "running" else "")
     ms = _step_ms(step, now)
-    line.append_text(_bar(ms, longest, status_style(status, steps=True)))
+    if not narrow:
+        line.append_text(_bar(ms, longest, status_style(status, steps=True)))
     line.append(f" {duration(ms) if ms is not None else '':>7}")
+    if typical is not None:
+        line.append_text(typical)
     tries = len(step.attempts)
     if step.max_attempts > 1 or tries > 1:
         failed = sum(1 for a in step.attempts if a.error)
@@ -70,6 +84,8 @@ def step_line(
             badges.append((tag, "plum2"))
         else:
             badges.append((tag, "grey62"))
+    if narrow:  # no room for words: the status icon says it, the step's detail says more
+        return line
     for badge, style in badges:
         line.append("  ")
         line.append(f" {badge} ", style=f"{style} reverse")
@@ -171,7 +187,17 @@ class StepRail(OptionList):
                 return index
         return None
 
-    def show(self, run: Run, now: datetime, tz: tzinfo | None) -> None:
+    def show(
+        self,
+        run: Run,
+        now: datetime,
+        tz: tzinfo | None,
+        *,
+        narrow: bool = False,
+        typical: dict[str, Text] | None = None,
+    ) -> None:
+        """`typical`: per step name, its usual duration over recent runs (p50/p95)."""
+        typical = typical or {}
         keep = self.step_index()
         durations = [_step_ms(s, now) or 0.0 for s in run.steps]
         longest = max(durations, default=0.0)
@@ -186,7 +212,20 @@ class StepRail(OptionList):
                 members = [s for s in by_parent.get(parent, []) if s.tags[:1] == [label]]
                 options.append(Option(header_line(label, depth, members), disabled=True))
             else:
-                options.append(Option(step_line(by_index[index], longest, now, tz, depth)))
+                step = by_index[index]
+                options.append(
+                    Option(
+                        step_line(
+                            step,
+                            longest,
+                            now,
+                            tz,
+                            depth,
+                            narrow=narrow,
+                            typical=None if narrow else typical.get(step.name),
+                        )
+                    )
+                )
         if rows == self.rows:
             for n, option in enumerate(options):
                 self.replace_option_prompt_at_index(n, option.prompt)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import anyio
 
-from engine import Retry, Step, WorkerTrigger, Workflow, for_each, subworkflow
+from engine import Retry, Step, WorkerTrigger, Workflow, for_each, subworkflow, wait
 
 
 async def sleep_long(ctx) -> dict:
@@ -115,3 +115,50 @@ MOODY = Workflow(
     steps=[Step("sleep", sleep_for)],
 )
 ALL.append(MOODY)
+
+
+def big_output(ctx) -> list[dict]:
+    return [{"item": n, "sku": f"SKU-{n:04d}"} for n in range(2000)]
+
+
+def hostile(ctx) -> None:
+    # A run-provided error that would set the terminal's title and clear its screen.
+    raise ValueError("bad input \x1b]0;pwned\x07\x1b[2J done")
+
+
+async def then_wait(ctx) -> dict:
+    return {"ready": True}
+
+
+BIG = Workflow(
+    name="big.output",
+    trigger=WorkerTrigger(queue="big", concurrency=2),
+    steps=[Step("list", big_output)],
+)
+HOSTILE = Workflow(
+    name="hostile.error",
+    trigger=WorkerTrigger(queue="hostile", concurrency=2),
+    steps=[Step("explode", hostile)],
+)
+WAITER = Workflow(
+    name="waiter.pause",
+    trigger=WorkerTrigger(queue="waiter", concurrency=2),
+    steps=[Step("ready", then_wait), wait.for_("10m"), Step("after", echo)],
+)
+ALL += [BIG, HOSTILE, WAITER]
+
+
+async def chatty(ctx) -> dict:
+    for n in range(80):
+        ctx.logger.info("progress line %d", n)
+        await anyio.sleep(0.01)
+    await anyio.sleep(60)
+    return {}
+
+
+CHATTY = Workflow(
+    name="chatty.log",
+    trigger=WorkerTrigger(queue="chatty", concurrency=2),
+    steps=[Step("talk", chatty)],
+)
+ALL.append(CHATTY)

@@ -8,9 +8,10 @@ from typing import Any
 import anyio
 from rich.console import Console
 from textual.pilot import Pilot
-from textual.widgets import DataTable, Input, Static
+from textual.widgets import Input, Static
 
 from blok_tui.app import BlokApp
+from blok_tui.widgets.row_table import RowTable
 
 
 async def until(pilot: Pilot[Any], predicate: Callable[[], bool], timeout: float = 10) -> None:
@@ -40,8 +41,8 @@ async def command(pilot: Pilot[Any], line: str) -> None:
     await settled(pilot)
 
 
-def column(table: DataTable[Any], key: str) -> list[str]:
-    return [str(table.get_cell(row, key)) for row in table.rows]
+def column(table: RowTable, key: str) -> list[str]:
+    return [str(table.cell(row, key)) for row in table.keys]
 
 
 def text_of(widget: Static, width: int = 160) -> str:

@@ -54,6 +54,18 @@ TRACEBACK = """Traceback (most recent call last):
 _shop.GatewayDeclined: gateway 503 for order A0997 (attempt {n})"""
 
 
+def rid(n: int) -> str:
+    """The showcase's run n: an id shaped like the engine's (milliseconds first, then random),
+    37 s apart, so that short ids read as they do on a real store."""
+    ms = int(NOW.timestamp() * 1000) - (20 - n) * 37_000
+    return f"run_{ms:011x}{(n * 2654435761) % 2**32:08x}"
+
+
+def jid(n: int) -> str:
+    ms = int(NOW.timestamp() * 1000) - (20 - n) * 37_000
+    return f"job_{ms:011x}{(n * 40503 + 977) % 2**32:08x}"
+
+
 def at(minutes: float) -> datetime:
     """A moment `minutes` before NOW."""
     return NOW - timedelta(minutes=minutes)
@@ -87,11 +99,11 @@ def _done(step: StepRun, start: datetime, ms: int, output: Any = None, inp: Any 
 def _order(n: int, minutes: float, status: RunStatus, **extra: Any) -> Run:
     extra.setdefault("started_at", at(minutes))
     run = Run(
-        id=f"run_0000showcase{n:04d}",
+        id=rid(n),
         workflow_name="orders.pipeline",
         workflow_version="3f9a1c2e",
         queue="orders",
-        job_id=f"job_0000showcase{n:04d}",
+        job_id=jid(n),
         status=status,
         input={"order_id": f"A{990 + n}", "amount": 1200 + 7 * n, "items": 2},
         created_at=at(minutes),
@@ -183,7 +195,7 @@ def showcase_runs() -> list[Run]:
         LogLine(
             ts=t,
             level="warning",
-            message="job attempt 1/2 failed; retrying in 2.1s as run run_0000showcase0007",
+            message=f"job attempt 1/2 failed; retrying in 2.1s as run {rid(7)}",
         )
     ]
     runs.append(failed)
@@ -210,11 +222,11 @@ def showcase_runs() -> list[Run]:
 
     # A report rendering for 48 s: the run worth cancelling.
     report = Run(
-        id="run_0000showcase0010",
+        id=rid(10),
         workflow_name="reports.monthly",
         workflow_version="a41d07b9",
         queue="reports",
-        job_id="job_0000showcase0010",
+        job_id=jid(10),
         status=RunStatus.RUNNING,
         input={"month": "2025-12", "seconds": 90},
         created_at=at(0.8),
@@ -232,11 +244,11 @@ def showcase_runs() -> list[Run]:
 
     # An upload past its time limit.
     export = Run(
-        id="run_0000showcase0011",
+        id=rid(11),
         workflow_name="exports.upload",
         workflow_version="5c2e88d0",
         queue="exports",
-        job_id="job_0000showcase0011",
+        job_id=jid(11),
         status=RunStatus.TIMED_OUT,
         input={"size_mb": 90},
         created_at=at(4),
@@ -267,11 +279,11 @@ def showcase_runs() -> list[Run]:
 
     # A webhook to an endpoint that is gone: its last run, before the dead-letter queue.
     hook = Run(
-        id="run_0000showcase0012",
+        id=rid(12),
         workflow_name="webhooks.deliver",
         workflow_version="0be61f4a",
         queue="webhooks",
-        job_id="job_0000showcase0012",
+        job_id=jid(12),
         status=RunStatus.FAILED,
         input={"url": "https://gone.example.com/hooks/orders", "event": "order.paid"},
         created_at=at(2),
@@ -316,11 +328,11 @@ def flow_control_runs() -> list[Run]:
     """Runs of the flow-control issue: middleware, a for_each with a subworkflow per item, a
     try/catch, and runs held or ended by the scheduling gates."""
     batch = Run(
-        id="run_0000showcase0013",
+        id=rid(13),
         workflow_name="orders.batch",
         workflow_version="77d0e1aa",
         queue="orders",
-        job_id="job_0000showcase0013",
+        job_id=jid(13),
         status=RunStatus.RUNNING,
         input={"orders": ["A1001", "A1002"]},
         created_at=at(1),
@@ -340,7 +352,7 @@ def flow_control_runs() -> list[Run]:
         _nested(batch, "price", 1, [tag], StepStatus.COMPLETED)
         ship = _nested(batch, "ship", 1, [tag, "sub"], state, ms=900)
         ship.kind = "subworkflow"
-        ship.child_run_id = f"run_0000showcase00{13 + n}"
+        ship.child_run_id = rid(13 + n)
         if state is StepStatus.RUNNING:
             ship.status = StepStatus.WAITING
             ship.started_at = NOW - timedelta(seconds=3)
@@ -351,11 +363,11 @@ def flow_control_runs() -> list[Run]:
     children = []
     for n in (1, 2):
         child = Run(
-            id=f"run_0000showcase00{13 + n}",
+            id=rid(13 + n),
             workflow_name="shipping.label",
             workflow_version="1c9e02f3",
             queue="orders",
-            job_id=f"job_0000showcase00{13 + n}",
+            job_id=jid(13 + n),
             status=RunStatus.COMPLETED if n == 1 else RunStatus.RUNNING,
             input={"order_id": f"A100{n}"},
             created_at=at(0.9),
@@ -379,8 +391,8 @@ def flow_control_runs() -> list[Run]:
     throttled.run_at = NOW + timedelta(seconds=3)
     debounced = _order(17, 0.3, RunStatus.DEBOUNCED, started_at=None)
     debounced.finished_at = at(0.25)
-    debounced.output = {"debounced_into": "run_0000showcase0009"}
-    debounced.error = "debounced: joined run run_0000showcase0009 (trailing, 2s window)"
+    debounced.output = {"debounced_into": rid(9)}
+    debounced.error = f"debounced: joined run {rid(9)} (trailing, 2s window)"
     return [batch, *children, throttled, debounced]
 
 
@@ -422,7 +434,7 @@ def showcase_jobs(runs: list[Run]) -> list[Job]:
     }
     jobs = []
     for run in runs:
-        if run.id == "run_0000showcase0006":
+        if run.id == rid(6):
             continue  # its job was retried as run 7
         job = Job(
             id=run.job_id,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from textual.widgets import DataTable, Static, TextArea
+from textual.widgets import Static, TextArea
 
 from blok_tui.actions import RUN_FLAGS, ActionCommands
 from blok_tui.app import BlokApp
@@ -19,6 +19,7 @@ from blok_tui.inject_screen import InjectScreen
 from blok_tui.run_screen import RunScreen
 from blok_tui.runs_screen import MARK, RunsScreen
 from blok_tui.widgets import BulkBar, StepRail
+from blok_tui.widgets.row_table import RowTable
 from blok_tui.workers_screen import WorkersScreen
 from engine import Engine, RunFilter, RunStarted
 from engine.events import AttemptFailed
@@ -68,8 +69,8 @@ async def test_bulk_cancel_of_a_filtered_set_cancels_exactly_those_runs(engine: 
     async with app.run_test(size=SIZE) as pilot:
         await settled(pilot)
         await command(pilot, "runs slow")  # two running (concurrency 2), one queued
-        table = app.screen.query_one("#runs", DataTable)
-        assert set(column(table, "run")) == slow_runs
+        table = app.screen.query_one("#runs", RowTable)
+        assert set(table.keys) == slow_runs
         await pilot.press("C")
         await _confirm(pilot, app, "Cancel 3 runs?")
         assert app.last_bulk is not None and sorted(app.last_bulk.ids) == sorted(slow_runs)
@@ -89,8 +90,8 @@ async def test_marked_rows_are_replayed_and_only_those(engine: Engine) -> None:
         await command(pilot, "runs quick")
         screen = app.screen
         assert isinstance(screen, RunsScreen)
-        table = screen.query_one("#runs", DataTable)
-        newest_first = column(table, "run")
+        table = screen.query_one("#runs", RowTable)
+        newest_first = table.keys
         await pilot.press("space", "space")  # marks the first row, moves on, marks the second
         await pilot.pause()
         assert column(table, "mark") == [MARK, MARK, " "]
@@ -190,8 +191,8 @@ async def test_retrying_filter_and_retry_now_cut_a_long_backoff(engine: Engine) 
     async with app.run_test(size=SIZE) as pilot:
         await settled(pilot)
         await command(pilot, "runs retrying")
-        table = app.screen.query_one("#runs", DataTable)
-        assert column(table, "run") == [run_id]
+        table = app.screen.query_one("#runs", RowTable)
+        assert table.keys == [run_id]
         await pilot.press("t")
         with anyio.fail_after(10):
             run = await engine.wait_for_job(job_id, timeout=10)
@@ -240,7 +241,7 @@ async def test_workers_view_lists_this_engine_as_alive(engine: Engine) -> None:
         assert f"1 alive: {engine.worker.id}" in line
         await command(pilot, "workers")
         assert isinstance(app.screen, WorkersScreen)
-        table = app.screen.query_one("#workers", DataTable)
+        table = app.screen.query_one("#workers", RowTable)
         assert column(table, "worker") == [engine.worker.id]
         assert column(table, "alive") == ["✓ alive"]
 
@@ -313,9 +314,9 @@ async def test_filters_pause_and_bulk_actions_are_reachable_by_command_and_palet
         assert {q.name: q.paused for q in await engine.queues()}["quick"] is False
         await command(pilot, "runs")
         provider = ActionCommands(app.screen)
-        titles = [str(hit.text) async for hit in provider.search("marked")]
-        assert "Cancel the marked runs (or all the filter matches)  [C]" in titles
-        assert "Replay the marked runs (or all the filter matches)  [R]" in titles
+        shown = [str(hit.prompt) async for hit in provider.search("marked")]
+        assert "Cancel the marked runs (or all the filter matches)  C" in shown
+        assert "Replay the marked runs (or all the filter matches)  R" in shown
 
 
 async def test_a_delayed_run_says_until_when_and_retry_now_starts_it(engine: Engine) -> None:
@@ -347,11 +348,11 @@ async def test_the_stuck_filter_shows_only_the_run_far_past_its_median(engine: E
     async with app.run_test(size=SIZE) as pilot:
         await settled(pilot)
         await command(pilot, "runs stuck")
-        table = app.screen.query_one("#runs", DataTable)
-        assert column(table, "run") == [(await engine.get_job(hung)).run_id]
+        table = app.screen.query_one("#runs", RowTable)
+        assert table.keys == [(await engine.get_job(hung)).run_id]
         await pilot.press("8")  # the same filter by key
         await settled(pilot)
-        assert column(table, "run") == [(await engine.get_job(hung)).run_id]
+        assert table.keys == [(await engine.get_job(hung)).run_id]
     for job_id in (hung, fresh):
         await engine.cancel((await engine.get_job(job_id)).run_id)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from textual.widgets import DataTable, Static, TextArea
+from textual.widgets import Static, TextArea
 
 from blok_tui.actions import ActionCommands
 from blok_tui.app import BlokApp
@@ -16,6 +16,7 @@ from blok_tui.inject_screen import InjectScreen
 from blok_tui.run_screen import RunScreen
 from blok_tui.runs_screen import RunsScreen
 from blok_tui.widgets import AttemptsView, StepRail
+from blok_tui.widgets.row_table import RowTable
 from engine import Engine, RunStarted
 
 from .flows import ALL
@@ -49,8 +50,8 @@ async def test_cancel_a_running_run_with_c_after_confirming(engine: Engine) -> N
     async with app.run_test(size=SIZE) as pilot:
         await settled(pilot)
         await command(pilot, "runs running")
-        table = app.screen.query_one("#runs", DataTable)
-        assert column(table, "run") == [run_id]
+        table = app.screen.query_one("#runs", RowTable)
+        assert table.keys == [run_id]
         await pilot.press("c")
         await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
         await pilot.press("y")
@@ -62,7 +63,7 @@ async def test_cancel_a_running_run_with_c_after_confirming(engine: Engine) -> N
         await settled(pilot)
         await pilot.press("0")
         await settled(pilot)
-        table = app.screen.query_one("#runs", DataTable)
+        table = app.screen.query_one("#runs", RowTable)
         assert column(table, "status") == ["⊘ cancelled"]
 
 
@@ -146,14 +147,14 @@ async def test_filter_the_runs_table_by_text_and_by_status(engine: Engine) -> No
     async with app.run_test(size=SIZE) as pilot:
         await settled(pilot)
         await command(pilot, "runs")
-        table = app.screen.query_one("#runs", DataTable)
-        assert len(table.rows) == 5
+        table = app.screen.query_one("#runs", RowTable)
+        assert table.row_count == 5
         await pilot.press("slash", *"broken")
         await settled(pilot)
         assert column(table, "workflow") == ["broken.always"] * 2
         await pilot.press("escape")  # drops the text filter
         await settled(pilot)
-        assert len(table.rows) == 5
+        assert table.row_count == 5
         await pilot.press("4")  # failed, timed out, crashed
         await settled(pilot)
         assert column(table, "status") == ["✗ failed"] * 2
@@ -193,8 +194,8 @@ async def test_requeue_a_dead_letter_from_the_dead_letter_view(engine: Engine) -
     async with app.run_test(size=SIZE) as pilot:
         await settled(pilot)
         await command(pilot, "dlq doomed")
-        table = app.screen.query_one("#dead", DataTable)
-        assert column(table, "job") == [job_id]
+        table = app.screen.query_one("#dead", RowTable)
+        assert table.keys == [job_id]
         await pilot.press("r")
         # Back in the queue with a fresh run, which fails again and dead-letters again.
         with anyio.fail_after(10):
@@ -208,12 +209,12 @@ async def test_pause_and_resume_a_queue_from_the_queues_view(engine: Engine) -> 
     app = BlokApp(engine)
     async with app.run_test(size=SIZE) as pilot:
         await settled(pilot)
-        table = app.screen.query_one("#queues", DataTable)
-        table.move_cursor(row=column(table, "queue").index("quick"))
+        table = app.screen.query_one("#queues", RowTable)
+        table.move_cursor(table.keys.index("quick"))
         await pilot.press("p")
         await settled(pilot)
         assert {q.name: q.paused for q in await engine.queues()}["quick"] is True
-        await until(pilot, lambda: "paused" in str(table.get_cell("quick", "queue")))
+        await until(pilot, lambda: "paused" in str(table.cell("quick", "queue")))
         await pilot.press("p")
         await settled(pilot)
         assert {q.name: q.paused for q in await engine.queues()}["quick"] is False
@@ -234,8 +235,11 @@ async def test_the_palette_offers_the_views_actions_and_one_entry_per_queue(engi
         await settled(pilot)
         await command(pilot, "runs")
         provider = ActionCommands(app.screen)
-        titles = [str(hit.text) async for hit in provider.search("cancel")]
-        assert "Cancel the selected run  [c]" in titles
+        # Each entry shows its key: the palette teaches the shortcut for next time.
+        shown = [str(hit.prompt) async for hit in provider.search("cancel")]
+        assert "Cancel the selected run  c" in shown
+        titles = [str(hit.text) async for hit in provider.discover()]
+        assert len(titles) == len(set(titles)), "an entry is listed twice"
         titles = [str(hit.text) async for hit in provider.search("dead letters")]
         assert {f"Dead letters of {q}" for q in ("slow", "flaky", "broken", "quick")} <= set(titles)
         # Choosing an entry runs it: here, the runs of one queue.
@@ -250,12 +254,12 @@ async def test_runs_and_logs_arrive_live_without_a_key_press(engine: Engine) -> 
     async with app.run_test(size=SIZE) as pilot:
         await settled(pilot)
         await command(pilot, "runs")
-        table = app.screen.query_one("#runs", DataTable)
+        table = app.screen.query_one("#runs", RowTable)
         assert table.row_count == 0
         job_id = await engine.enqueue("quick", {"n": 1})
         run = await engine.wait_for_job(job_id, timeout=10)
         await until(pilot, lambda: column(table, "status") == ["✓ completed"])
-        assert column(table, "run") == [run.id]
+        assert table.keys == [run.id]
         # A run view follows its run: the log line of a step in flight shows up by itself.
         slow_id = await _running(engine, "slow")
         await command(pilot, f"run {slow_id}")

@@ -7,10 +7,13 @@ from rich.console import Console
 from blok_tui import actions
 from blok_tui.app import BlokApp
 from blok_tui.dead_letters_screen import DeadLettersScreen
+from blok_tui.diff_screen import DiffScreen
 from blok_tui.help_screen import help_text
+from blok_tui.logs_screen import LogsScreen
 from blok_tui.queues_screen import QueuesScreen
 from blok_tui.run_screen import RunScreen
 from blok_tui.runs_screen import RunsScreen
+from blok_tui.timeline_screen import TimelineScreen
 from blok_tui.workers_screen import WorkersScreen
 
 SCREENS = {
@@ -19,6 +22,9 @@ SCREENS = {
     actions.RUN: RunScreen,
     actions.DEAD_LETTERS: DeadLettersScreen,
     actions.WORKERS: WorkersScreen,
+    actions.TIMELINE: TimelineScreen,
+    actions.LOGS: LogsScreen,
+    actions.DIFF: DiffScreen,
 }
 
 

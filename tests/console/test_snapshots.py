@@ -20,6 +20,7 @@ from . import scene
 from .helpers import settled
 
 SIZE = (140, 40)
+SIZES = {"80x24": (80, 24), "140x40": (140, 40)}  # laid out for 80x24 first
 
 
 @pytest.fixture
@@ -39,23 +40,24 @@ def _then(*steps: Callable[[BlokApp], Any]) -> Callable[[Pilot[Any]], Any]:
     return run_before
 
 
-def test_queues_view(snap_compare: Any, built: tuple[Path, Path]) -> None:
-    assert snap_compare(scene.app(*built), terminal_size=SIZE, run_before=_then())
+# The main screens at both sizes.
+MAIN: dict[str, Callable[[BlokApp], Any]] = {
+    "queues": lambda app: None,
+    "runs": lambda app: app.run_command("runs"),
+    "run-failed-attempt": lambda app: app.run_command(f"run {scene.rid(6)}"),
+    "run-timeline": lambda app: app.screen.action_timeline(),
+    "inject": lambda app: app.action_inject("orders"),
+    "help": lambda app: app.action_help(),
+    "dead-letters": lambda app: app.run_command("dlq webhooks"),
+}
+BEFORE = {"run-timeline": [MAIN["run-failed-attempt"]]}
 
 
-def test_runs_view(snap_compare: Any, built: tuple[Path, Path]) -> None:
-    run_before = _then(lambda app: app.run_command("runs"))
-    assert snap_compare(scene.app(*built), terminal_size=SIZE, run_before=run_before)
-
-
-def test_run_view_with_a_failed_attempt(snap_compare: Any, built: tuple[Path, Path]) -> None:
-    run_before = _then(lambda app: app.run_command("run run_0000showcase0006"))
-    assert snap_compare(scene.app(*built), terminal_size=SIZE, run_before=run_before)
-
-
-def test_inject_modal(snap_compare: Any, built: tuple[Path, Path]) -> None:
-    run_before = _then(lambda app: app.action_inject("orders"))
-    assert snap_compare(scene.app(*built), terminal_size=SIZE, run_before=run_before)
+@pytest.mark.parametrize("size", list(SIZES))
+@pytest.mark.parametrize("screen", list(MAIN))
+def test_main_screens(snap_compare: Any, built: tuple[Path, Path], screen: str, size: str) -> None:
+    run_before = _then(*BEFORE.get(screen, []), MAIN[screen])
+    assert snap_compare(scene.app(*built), terminal_size=SIZES[size], run_before=run_before)
 
 
 def test_reload_error_banner(snap_compare: Any, built: tuple[Path, Path]) -> None:
@@ -65,12 +67,12 @@ def test_reload_error_banner(snap_compare: Any, built: tuple[Path, Path]) -> Non
 
 
 def test_run_view_with_nested_steps(snap_compare: Any, built: tuple[Path, Path]) -> None:
-    run_before = _then(lambda app: app.run_command("run run_0000showcase0013"))
+    run_before = _then(lambda app: app.run_command(f"run {scene.rid(13)}"))
     assert snap_compare(scene.app(*built), terminal_size=SIZE, run_before=run_before)
 
 
 def test_run_view_of_a_throttled_run(snap_compare: Any, built: tuple[Path, Path]) -> None:
-    run_before = _then(lambda app: app.run_command("run run_0000showcase0016"))
+    run_before = _then(lambda app: app.run_command(f"run {scene.rid(16)}"))
     assert snap_compare(scene.app(*built), terminal_size=SIZE, run_before=run_before)
 
 

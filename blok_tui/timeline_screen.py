@@ -1,0 +1,72 @@
+"""The timeline of a run (T in the run view): the queue delay, every step and each attempt on
+one time axis, with backoff gaps and waits, live while the run goes on."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import BindingType
+from textual.containers import VerticalScroll
+from textual.widgets import Static
+
+from engine import EngineError, Run
+
+from . import actions
+from .base_screen import BlokScreen, Changes
+from .console import printable, status_text
+from .widgets.timeline import timeline
+
+
+class TimelineScreen(BlokScreen):
+    SCOPE: ClassVar[str] = actions.TIMELINE
+    BINDINGS: ClassVar[list[BindingType]] = actions.bindings(actions.TIMELINE)
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__()
+        self.run_id = run_id
+        self.run: Run | None = None
+        self.missing: str | None = None
+
+    @property
+    def crumb(self) -> str:
+        return "timeline"
+
+    def compose_body(self) -> ComposeResult:
+        yield Static(id="timeline-header", classes="filters")
+        with VerticalScroll(id="timeline-scroll"):
+            yield Static(id="timeline", classes="log")
+
+    async def load(self) -> None:
+        try:
+            self.run = await self.engine.get_run(self.run_id)
+            self.missing = None
+        except EngineError as error:
+            self.missing = str(error)
+        self.render_timeline()
+
+    def render_timeline(self) -> None:
+        header = Text()
+        if self.run is None:
+            header.append(self.missing or "loading…", style="red1" if self.missing else "dim")
+        else:
+            run = self.run
+            header.append_text(status_text(str(run.status)))
+            header.append(f"  {printable(run.workflow_name)}", style="bold")
+            header.append(f"  {run.id}", style="grey62")
+        self.query_one("#timeline-header", Static).update(header, layout=False)
+        if self.run is not None:
+            width = self.query_one("#timeline", Static).size.width or self.size.width - 2
+            self.query_one("#timeline", Static).update(timeline(self.run, self.blok.now(), width))
+
+    def on_resize(self) -> None:
+        self.render_timeline()
+
+    def engine_changed(self, changes: Changes) -> None:
+        if self.run_id in changes.runs or changes.everything:
+            self.request_reload()
+
+    def tick(self) -> None:
+        if self.run is not None and not self.run.terminal:
+            self.render_timeline()

@@ -1,0 +1,83 @@
+"""Errors and tracebacks as an operator reads them: starting at the user's own frame, with the
+engine's and libraries' frames folded into one line, and exception names without the module
+prefix the loader gives workflow files (`blok_workflows.webhooks_2b0425cb.EndpointGone` reads
+`EndpointGone`). Everything run-provided passes through `printable` first."""
+
+from __future__ import annotations
+
+import re
+import sysconfig
+from pathlib import Path
+
+import engine
+
+from .console import printable
+
+# The loader imports each workflow file as blok_workflows.<stem>_<8 hex digits>.
+_LOADED_MODULE = re.compile(r"\bblok_workflows\.[A-Za-z_][A-Za-z0-9_]*_[0-9a-f]{8}\.")
+_FRAME = re.compile(r'^  File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<func>.+)$')
+_ENGINE_DIR = str(Path(engine.__file__).resolve().parent)
+_LIBRARY_DIRS = tuple(
+    {
+        sysconfig.get_paths()["stdlib"],
+        sysconfig.get_paths()["purelib"],
+        sysconfig.get_paths()["platlib"],
+    }
+)
+
+
+def clean_error(text: str) -> str:
+    """An error line or message: printable, with loaded-module prefixes dropped."""
+    return _LOADED_MODULE.sub("", printable(text))
+
+
+def is_engine_frame(path: str) -> bool:
+    """A frame of blok's engine, of the standard library or of an installed package."""
+    resolved = str(Path(path).resolve()) if path.startswith("/") else path
+    return (
+        resolved.startswith(_ENGINE_DIR)
+        or resolved.startswith(_LIBRARY_DIRS)
+        or path.startswith("<")
+    )
+
+
+def fold_traceback(text: str, *, cwd: Path | None = None) -> str:
+    """The traceback with each run of engine or library frames folded into one line, leading
+    ones included, so it starts at the user's frame. Paths under `cwd` are shown relative."""
+    here = str((cwd or Path.cwd()).resolve()) + "/"
+    out: list[str] = []
+    folded = 0
+    lines = clean_error(text).rstrip().splitlines()
+    n = 0
+
+    def flush() -> None:
+        nonlocal folded
+        if folded:
+            out.append(f"  … {folded} engine frame{'s' if folded != 1 else ''}")
+            folded = 0
+
+    while n < len(lines):
+        line = lines[n]
+        frame = _FRAME.match(line)
+        if frame is None:
+            flush()
+            out.append(line)
+            n += 1
+            continue
+        # A frame is its "File" line and the indented source lines under it (3.11+ adds a
+        # line of carets under the source).
+        body = [line]
+        n += 1
+        while n < len(lines) and lines[n].startswith("    "):
+            body.append(lines[n])
+            n += 1
+        path = frame["path"]
+        if is_engine_frame(path):
+            folded += 1
+            continue
+        flush()
+        if path.startswith(here):
+            body[0] = line.replace(path, path[len(here) :], 1)
+        out.extend(body)
+    flush()
+    return "\n".join(out)

@@ -1,0 +1,127 @@
+"""A run on one time axis: the queue delay before it started, then every step and each of its
+attempts as a bar, with the backoff gaps between attempts and the waits drawn as such."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from rich.text import Text
+
+from engine import Run, StepRun
+
+from ..console import duration, printable, status_style
+from .step_rail import rail_rows
+
+LABEL = 18  # columns for the step names
+TOOK = 8  # columns for the durations
+ATTEMPT = "█"
+GAP = "╌"  # waiting between attempts (backoff)
+WAIT = "┄"  # a wait step holding no worker
+QUEUED = "░"
+
+
+class Axis:
+    def __init__(self, start: datetime, end: datetime, width: int) -> None:
+        self.start = start
+        self.span = max((end - start).total_seconds(), 0.001)
+        self.width = max(10, width)
+
+    def at(self, moment: datetime) -> int:
+        offset = (moment - self.start).total_seconds() / self.span
+        return max(0, min(self.width - 1, int(offset * (self.width - 1))))
+
+    def scale(self) -> Text:
+        """The axis: 0 at the left, the run's whole span at the right, the middle between."""
+        line = [" "] * self.width
+        marks = {0: "0", self.width // 2: duration(self.span * 500), self.width - 1: None}
+        for col, label in marks.items():
+            text = label if label is not None else duration(self.span * 1000)
+            start = col if col < self.width - len(text) else self.width - len(text)
+            for n, char in enumerate(text):
+                line[start + n] = char
+        return Text("".join(line), style="grey50")
+
+
+def _paint(cells: list[tuple[str, str]], start: int, end: int, char: str, style: str) -> None:
+    for col in range(start, max(start, end) + 1):
+        if 0 <= col < len(cells):
+            cells[col] = (char, style)
+
+
+def _bar(cells: list[tuple[str, str]]) -> Text:
+    text = Text()
+    for char, style in cells:
+        text.append(char, style=style)
+    return text
+
+
+def step_bar(step: StepRun, axis: Axis, now: datetime) -> Text:
+    cells: list[tuple[str, str]] = [(" ", "")] * axis.width
+    if step.started_at is None:
+        return _bar(cells)
+    end = step.finished_at or now
+    style = status_style(str(step.status), steps=True)
+    if step.kind == "wait" or (not step.attempts and str(step.status) == "waiting"):
+        _paint(cells, axis.at(step.started_at), axis.at(end), WAIT, "khaki1")
+        return _bar(cells)
+    if not step.attempts:  # a container (for_each, try_catch…) or a cached step
+        char = "◆" if str(step.status) == "cached" else "─"
+        _paint(cells, axis.at(step.started_at), axis.at(end), char, style)
+        return _bar(cells)
+    for n, attempt in enumerate(step.attempts):
+        finished = attempt.finished_at or now
+        if n + 1 < len(step.attempts):  # the backoff until the next attempt started
+            _paint(
+                cells, axis.at(finished), axis.at(step.attempts[n + 1].started_at), GAP, "khaki3"
+            )
+        elif attempt.backoff_ms is not None and step.finished_at is None:
+            _paint(cells, axis.at(finished), axis.at(now), GAP, "khaki3")
+        attempt_style = status_style(str(attempt.status), steps=True)
+        if str(attempt.status) == "timed_out":
+            attempt_style = "bold dark_orange"
+        _paint(cells, axis.at(attempt.started_at), axis.at(finished), ATTEMPT, attempt_style)
+    return _bar(cells)
+
+
+def timeline(run: Run, now: datetime, width: int) -> Text:
+    """The whole run in `width` columns."""
+    end = run.finished_at or now
+    axis = Axis(run.created_at, end, width - LABEL - TOOK - 6)
+    text = Text()
+    text.append(" " * (LABEL + 1))
+    text.append_text(axis.scale())
+    text.append("\n")
+    # The queue delay: from the run's creation to its start.
+    started = run.started_at or (None if run.terminal else now)
+    text.append(f"{'queued':<{LABEL}} ", style="grey62")
+    cells: list[tuple[str, str]] = [(" ", "")] * axis.width
+    if started is not None:
+        _paint(cells, 0, axis.at(started), QUEUED, "grey50")
+    text.append_text(_bar(cells))
+    if started is not None:
+        delay = (started - run.created_at).total_seconds() * 1000
+        text.append(f" {duration(max(delay, 0)):>{TOOK}}", style="grey62")
+    by_index = {step.index: step for step in run.steps}
+    for index, depth, label, _ in rail_rows(run):
+        text.append("\n")
+        indent = "  " * depth
+        if index is None:
+            text.append(f"{indent}▾ {label}"[:LABEL], style="grey50")
+            continue
+        step = by_index[index]
+        name = f"{indent}{printable(step.name)}"
+        text.append(f"{name:<{LABEL}.{LABEL}} ", style="bold" if step.attempts else "")
+        text.append_text(step_bar(step, axis, now))
+        if step.started_at is not None:
+            ms = ((step.finished_at or now) - step.started_at).total_seconds() * 1000
+            text.append(f" {duration(ms):>{TOOK}}")
+            if len(step.attempts) > 1:
+                text.append(f" ×{len(step.attempts)}", style="red1")
+    text.append("\n\n")
+    text.append(f"{QUEUED} queued  ", style="grey50")
+    text.append(f"{ATTEMPT} attempt  ", style="green3")
+    text.append(f"{ATTEMPT} failed  ", style="red1")
+    text.append(f"{GAP} backoff  ", style="khaki3")
+    text.append(f"{WAIT} wait  ", style="khaki1")
+    text.append("◆ cached", style="medium_purple1")
+    return text
