@@ -18,7 +18,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from cronsim import CronSim, CronSimError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .durations import Duration, format_duration
+from .durations import Duration
 from .errors import WorkflowDefinitionError
 
 CatchUp = Literal["latest", "all", "none"]
@@ -63,7 +63,7 @@ class Schedule(BaseModel):
     @property
     def id(self) -> str:
         if self.every is not None:
-            return f"every {format_duration(self.every)}"
+            return f"every {exact_duration(self.every)}"
         return f"cron {self.cron} {self.timezone}"
 
     def problem(self) -> str | None:
@@ -76,6 +76,14 @@ class Schedule(BaseModel):
 
     def latest_tick(self, at: float) -> float:
         return latest_tick(self.cron, self.every, self.timezone, at)
+
+
+def exact_duration(ms: int) -> str:
+    """30s, 10m, 1d, 1500ms: the largest unit that holds the duration exactly."""
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"
 
 
 def schedule_problem(cron: str | None, timezone: str) -> str | None:
