@@ -54,6 +54,7 @@ def log_lines(lines: list[LogLine], tz: object, limit: int = 200) -> Text:
 
 GATE_STATUSES = frozenset({"queued", "delayed", "throttled", "debounced", "expired"})
 PENDING = frozenset({"queued", "delayed", "throttled", "waiting"})
+PANEL_GATES = frozenset({"rate_limit", "concurrency", "debounce", "paused", "subworkflow"})
 
 
 def event_wait(run: Run) -> StepRun | None:
@@ -62,14 +63,23 @@ def event_wait(run: Run) -> StepRun | None:
     return found[-1] if found else None
 
 
-def why_text(why: WaitReason | None, events: list[EventMessage], holder: int) -> Text | None:
+def why_text(
+    why: WaitReason | None, events: list[EventMessage], holder: int, tz: tzinfo | None
+) -> Text | None:
     """The "why is it waiting" panel: the gate, its key, the runs holding its slots (h opens
     them in turn), when it may start, and the events nobody took."""
     text = Text()
-    if why is not None and why.gate not in ("running", "ended"):
+    # A wait, a delay or a plain queue is said in the header already: the panel adds what a
+    # gate, a pause or a child run holds it with.
+    if why is not None and why.gate in PANEL_GATES:
+        summary = why.summary
+        if why.until is not None:  # the engine says it in ISO 8601; the console in its clock
+            summary = summary.replace(
+                why.until.isoformat(timespec="seconds"), clock_time(why.until, tz)
+            )
         text.append("why waiting ", style="bold")
         text.append(f"[{why.gate.replace('_', ' ')}] ", style="khaki3")
-        text.append(clean_error(why.summary), style="grey85")
+        text.append(clean_error(summary), style="grey85")
         if why.holders:
             text.append("\nheld by ", style="grey62")
             for n, run_id in enumerate(why.holders[:4]):
@@ -309,7 +319,7 @@ class RunScreen(BlokScreen):
             line.append(clean_error(run.error), style="bold red1")
         header.update(line)
         why = self.query_one("#why", Static)
-        panel = why_text(self.why, self.events, self.holder)
+        panel = why_text(self.why, self.events, self.holder, tz)
         why.display = panel is not None
         if panel is not None:
             why.update(panel)

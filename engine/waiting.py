@@ -21,7 +21,7 @@ from .models import Job, JobState, Run, RunStatus, StepStatus, from_epoch
 @dataclass(frozen=True, slots=True)
 class WaitReason:
     """`gate`: event | subworkflow | sleep | rate_limit | concurrency | debounce | paused |
-    delay | retry | queued | running | ended. `holders`: the runs holding what it waits for
+    throttled | delay | retry | queued | running | ended. `holders`: the runs holding what it waits for
     (the concurrency slots of its key, the starts in its rate-limit window, the child run it
     waits on), oldest first. `until`: when it may start or go on (None: when its event comes,
     or a slot frees)."""
@@ -97,6 +97,8 @@ async def explain(backend: Backend, run: Run, job: Job | None) -> WaitReason:
             (),
             until,
         )
+    if status is RunStatus.THROTTLED:  # held before its gate noted why (an older run)
+        return WaitReason(run.id, status, "throttled", run.error or "throttled", until=run.run_at)
     if status is RunStatus.DELAYED:
         failures = int(job.meta.get("failures", 0)) if job is not None else 0
         if failures:

@@ -4,6 +4,7 @@ errors, BLOK_SCHEDULING_DISABLED."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import sqlite3
 import time
@@ -62,7 +63,7 @@ async def test_every_second_on_two_engines_fires_once_per_tick(tmp_path: Path) -
         await until(five_ticks, timeout=15)
         ticks = await ticks_of(first, wf.name)
     assert len(ticks) == len(set(ticks)), f"a tick fired twice: {ticks}"
-    assert [b - a for a, b in zip(ticks, ticks[1:], strict=False)] == [1.0] * (len(ticks) - 1)
+    assert [b - a for a, b in itertools.pairwise(ticks)] == [1.0] * (len(ticks) - 1)
     async with Engine(database=database, create=False) as client:
         runs = await client.runs(workflow=wf.name, limit=100)
         assert runs and all(run.input == {"kind": "tick"} for run in runs)
@@ -79,7 +80,7 @@ async def test_every_second_on_memory_fires_each_tick(tmp_path: Path) -> None:
 
         await until(three, timeout=10)
         ticks = await ticks_of(engine, wf.name)
-        assert [b - a for a, b in zip(ticks, ticks[1:], strict=False)] == [1.0] * (len(ticks) - 1)
+        assert [b - a for a, b in itertools.pairwise(ticks)] == [1.0] * (len(ticks) - 1)
         [info] = await engine.schedules()
         assert info.next_at is not None and info.next_at.timestamp() > ticks[-1]
         assert info.last_status in (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.COMPLETED)
@@ -234,9 +235,9 @@ def test_definition_errors_name_the_workflow() -> None:
         ticking(Schedule(cron="61 * * * *"), name="w")
     with pytest.raises(WorkflowDefinitionError, match="unknown time zone 'Mars/Base'"):
         ticking(Schedule(cron="0 * * * *", timezone="Mars/Base"), name="w")
-    with pytest.raises(WorkflowDefinitionError, match="either cron= .* or every="):
+    with pytest.raises(WorkflowDefinitionError, match=r"either cron= .* or every="):
         Schedule()
-    with pytest.raises(WorkflowDefinitionError, match="either cron= .*not both"):
+    with pytest.raises(WorkflowDefinitionError, match=r"either cron= .*not both"):
         Schedule(cron="* * * * *", every="1s")
     with pytest.raises(WorkflowDefinitionError, match="every"):
         Schedule(every="10ms")

@@ -126,12 +126,12 @@ async def test_racing_senders_and_a_waiter_lose_no_event(backend: Backend) -> No
         reports: list[bool] = []
         found: list[object] = []
 
-        async def send() -> None:
+        async def send(run: Run = run, reports: list[bool] = reports) -> None:
             sent = await backend.runs.post_event("go", 1, run_id=run.id)
             assert sent is not None
             reports.append(sent[0].waiting)
 
-        async def wait() -> None:
+        async def wait(run: Run = run, found: list[object] = found) -> None:
             found.append(await backend.runs.take_event(run.id, "0:w", "go"))
 
         async with anyio.create_task_group() as tg:
