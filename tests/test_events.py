@@ -265,3 +265,25 @@ anyio.run(main)
     kept = blok("send", "--by-key", "paid", '{"order_id": "Z9"}', "--db", database)
     assert kept.returncode == 0, kept.stderr
     assert "no run waits on that key" in kept.stdout
+
+
+async def test_a_producer_engine_reaches_a_worker_process(tmp_path: Path) -> None:
+    from cli_helpers import start_worker
+
+    database = tmp_path / "worker.db"
+    flows = tmp_path / "flows"
+    flows.mkdir()
+    (flows / "ship.py").write_text(FLOW_FILE)
+    worker = await anyio.to_thread.run_sync(lambda: start_worker(database, flows))
+    try:
+        async with Engine(database=database, create=False) as producer:
+            job_id = await producer.enqueue("ship", {})
+            run = await waiting(producer, job_id)
+            assert run.worker == worker.id
+            assert await producer.send_event(run.id, "approved", {"from": "producer"}) == [run.id]
+            with anyio.fail_after(10):  # not the wait's hour
+                done = await producer.wait_for_job(job_id)
+            assert done.output == {"from": "producer"}
+            assert done.worker == worker.id
+    finally:
+        assert await anyio.to_thread.run_sync(worker.stop) == 0

@@ -254,3 +254,23 @@ async def test_scheduling_can_be_disabled(monkeypatch: pytest.MonkeyPatch) -> No
     async with Engine(workflows=[ticking(Schedule(every="1s"))]) as engine:
         await engine.flush()
         assert await engine.schedules() == []
+
+
+@pytest.mark.parametrize(
+    ("catch_up", "expected"),
+    [
+        ("latest", ([50.0], [])),
+        ("all", ([10.0, 20.0, 30.0, 40.0, 50.0], [])),
+        ("none", ([], [50.0])),
+    ],
+)
+def test_missed_ticks_by_policy(catch_up: str, expected: tuple[list[float], list[float]]) -> None:
+    from engine.backends.base import ScheduleSpec
+    from engine.scheduler import due_ticks
+
+    spec = ScheduleSpec("wf", "every 10s", "q", None, 10_000, "UTC", catch_up)
+    # Last tick at 0, looked at 53: five ticks missed, the newest 3 s ago.
+    assert due_ticks(spec, 0.0, 53.0) == expected
+    # On time (the tick fell due a moment ago): every policy fires it, once.
+    assert due_ticks(spec, 40.0, 50.5) == ([50.0], [])
+    assert due_ticks(spec, 50.0, 59.9) == ([], [])
