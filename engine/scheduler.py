@@ -26,12 +26,12 @@ from .backends.base import Backend, ScheduleSpec, ScheduleState
 from .catalog import Catalog
 from .errors import EngineError
 from .ledger import Ledger, make_job, make_run
-from .models import RunStatus, from_epoch
+from .models import Job, Run, RunStatus, from_epoch
 from .schedules import latest_tick, next_tick, ticks_between
 from .workflow import Workflow
 
 if TYPE_CHECKING:
-    from .operator import Operator
+    from .operator import Operator, QueueTarget
 
 log = logging.getLogger("blok.scheduler")
 
@@ -39,6 +39,11 @@ POLL_S = 1.0  # pauses and schedules declared by other processes are seen within
 LATE_S = 2.0  # a tick older than this when it is claimed was missed (catch_up applies)
 MAX_CATCH_UP = 1000  # catch_up="all" enqueues at most this many missed ticks at once
 RETRY_S = 5.0  # after an error (the database unreachable), the loop tries again this late
+# A tick claimed this long ago whose job is not in the queue: its claimer died between the claim
+# and the enqueue, and another worker enqueues it (the same ids: never twice). Well inside the
+# janitor's retention, so that a tick's finished and purged job is never mistaken for one.
+REPAIR_AFTER_S = 2.0
+REPAIR_WITHIN_S = 300.0
 DISABLED_ENV = "BLOK_SCHEDULING_DISABLED"
 
 
@@ -65,9 +70,14 @@ def spec_of(workflow: Workflow) -> list[ScheduleSpec]:
 
 
 def tick_job_id(workflow: str, schedule: str, tick: float) -> str:
-    """The same job id for a tick in every process."""
+    """The same job id for a tick in every process (and its run's: `tick_run_id`), so that
+    enqueueing a tick twice adds it once."""
     digest = hashlib.sha1(f"{workflow}\x00{schedule}\x00{tick:.3f}".encode()).hexdigest()
     return f"job_tick_{digest[:20]}"
+
+
+def tick_run_id(job_id: str) -> str:
+    return "run_" + job_id.removeprefix("job_")
 
 
 def due_ticks(spec: ScheduleSpec, last: float, now: float) -> tuple[list[float], list[float]]:
@@ -114,6 +124,7 @@ class Scheduler:
         self.operator = operator
         self.catalog = catalog
         self._declared: dict[str, tuple[ScheduleSpec, ...]] = {}
+        self._verified: set[str] = set()  # tick jobs seen in the queue
         self._changed = anyio.Event()
         catalog.on_change.append(self._changed.set)
 
@@ -148,7 +159,10 @@ class Scheduler:
         }
         for state in await self.shared.schedules():
             spec = served.get((state.spec.workflow, state.spec.schedule))
-            if spec is None or state.paused:
+            if spec is None:
+                continue
+            await self._repair(spec, state, now)
+            if state.paused:
                 continue
             fire, skip = due_ticks(spec, state.last_tick, now)
             for tick in skip:
@@ -163,8 +177,8 @@ class Scheduler:
             wait = min(wait, following - time.time())
         return max(wait, 0.01)
 
-    async def _fire(self, spec: ScheduleSpec, tick: float) -> bool:
-        target = await self.operator.target(spec.queue)
+    def _tick_job(self, spec: ScheduleSpec, tick: float, target: QueueTarget) -> tuple[Job, Run]:
+        job_id = tick_job_id(spec.workflow, spec.schedule, tick)
         job = make_job(
             queue=spec.queue,
             workflow_name=spec.workflow,
@@ -173,14 +187,46 @@ class Scheduler:
             priority=0,
             run_at=None,
             max_retries=target.retries,
-            job_id=tick_job_id(spec.workflow, spec.schedule, tick),
+            job_id=job_id,
             meta={"schedule": spec.schedule, "tick": tick},
         )
-        run = make_run(job, workflow_version=target.version)
+        job.run_id = tick_run_id(job_id)
+        return job, make_run(job, workflow_version=target.version)
+
+    async def _fire(self, spec: ScheduleSpec, tick: float) -> bool:
+        target = await self.operator.target(spec.queue)
+        job, run = self._tick_job(spec, tick, target)
         if not await self.shared.claim_tick(spec.workflow, spec.schedule, tick, job.id, run.id):
             return False
         await self.ledger.add(target.queue, [job], [run])
+        self._verified.add(job.id)
         return True
+
+    async def _repair(self, spec: ScheduleSpec, state: ScheduleState, now: float) -> None:
+        """Enqueue the last claimed tick if its claimer died before it enqueued it."""
+        job_id = state.last_job_id
+        fired = state.last_fired_at
+        if job_id is None or fired is None or job_id in self._verified:
+            return
+        if job_id != tick_job_id(spec.workflow, spec.schedule, state.last_tick):
+            return  # an operator's "run now": enqueued before it was noted
+        if not REPAIR_AFTER_S <= now - fired <= REPAIR_WITHIN_S:
+            return
+        if len(self._verified) > 10_000:
+            self._verified.clear()
+        self._verified.add(job_id)
+        if await self.backend.find_job(job_id) is not None:
+            return
+        target = await self.operator.target(spec.queue)
+        job, run = self._tick_job(spec, state.last_tick, target)
+        if await self.ledger.add(target.queue, [job], [run]):
+            log.warning(
+                "schedule %s of %s: the tick at %s was claimed but never enqueued (its worker "
+                "died); enqueued now",
+                spec.schedule,
+                spec.workflow,
+                from_epoch(state.last_tick),
+            )
 
     async def loop(self) -> None:
         while True:

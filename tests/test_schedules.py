@@ -274,3 +274,30 @@ def test_missed_ticks_by_policy(catch_up: str, expected: tuple[list[float], list
     # On time (the tick fell due a moment ago): every policy fires it, once.
     assert due_ticks(spec, 40.0, 50.5) == ([50.0], [])
     assert due_ticks(spec, 50.0, 59.9) == ([], [])
+
+
+async def test_a_tick_claimed_by_a_worker_that_died_is_enqueued_by_another(tmp_path: Path) -> None:
+    from engine.backends import open_backend
+    from engine.scheduler import tick_job_id, tick_run_id
+
+    database = tmp_path / "repair.db"
+    wf = ticking(Schedule(every="1d"))
+    async with Engine(workflows=[wf], database=database) as engine:
+        await until(lambda: engine.schedules())
+    rewind(database, 1)
+    newest = math.floor(time.time() / DAY_S) * DAY_S
+    job_id = tick_job_id(wf.name, "every 1d", newest)
+    # A scheduler that claimed today's tick and died before it enqueued the job.
+    async with open_backend(database) as backend:
+        assert await backend.shared.claim_tick(
+            wf.name, "every 1d", newest, job_id, tick_run_id(job_id)
+        )
+    async with Engine(workflows=[wf], database=database) as engine:
+
+        async def enqueued() -> bool:
+            return any(r.job_id == job_id for r in await engine.runs(workflow=wf.name))
+
+        await until(enqueued, timeout=15)
+        done = await engine.wait_for_job(job_id, timeout=10)
+        assert done.id == tick_run_id(job_id)
+        assert await ticks_of(engine, wf.name) == [newest]
