@@ -23,6 +23,7 @@ WORKERS = "workers"
 TIMELINE = "timeline"
 LOGS = "logs"
 DIFF = "diff"
+SCHEDULES = "schedules"
 SCOPE_TITLES = {
     APP: "Everywhere",
     QUEUES: "Queues view",
@@ -33,6 +34,7 @@ SCOPE_TITLES = {
     TIMELINE: "Timeline view",
     LOGS: "Live log view",
     DIFF: "Replay diff view",
+    SCHEDULES: "Schedules view",
 }
 
 
@@ -148,6 +150,14 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         None,
         command="workers",
         help="The worker processes on this database: host, pid, heartbeat, alive",
+    ),
+    ConsoleAction(
+        "show_schedules",
+        "Go to schedules",
+        APP,
+        None,
+        command="schedules",
+        help="Every schedule: next fire (countdown), last fire, last run's status; pause, run now",
     ),
     ConsoleAction(
         "show_run",
@@ -357,6 +367,48 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         help="A large output shows its first 40 lines until unfolded",
     ),
     ConsoleAction("open_parent", "Open the parent run", RUN, "p", "parent"),
+    ConsoleAction(
+        "send_event",
+        "Send an event to this run",
+        RUN,
+        "s",
+        "send event",
+        help="The event's name and JSON payload: a wait.for_event in the run takes it",
+    ),
+    ConsoleAction(
+        "open_holder",
+        "Open a run holding what this one waits for",
+        RUN,
+        "h",
+        "holder",
+        help="A run in the concurrency slots or the rate-limit window this run waits for; "
+        "again for the next",
+    ),
+    # Schedules view.
+    ConsoleAction(
+        "toggle_schedule",
+        "Pause or resume the selected schedule",
+        SCHEDULES,
+        "p",
+        "pause/resume",
+        help="Shared by every process; on resume the paused ticks are not caught up",
+    ),
+    ConsoleAction(
+        "run_schedule",
+        "Run the selected schedule now",
+        SCHEDULES,
+        "n",
+        "run now",
+        help="One run with the schedule's payload, now; its ticks are untouched",
+    ),
+    ConsoleAction(
+        "open_last_run",
+        "Open the schedule's last run",
+        SCHEDULES,
+        "enter",
+        "last run",
+        palette=False,
+    ),
     # Dead-letter view.
     ConsoleAction(
         "requeue",

@@ -56,6 +56,7 @@ from .logs_screen import LogsScreen
 from .queues_screen import QueuesScreen
 from .run_screen import RunScreen
 from .runs_screen import RunsScreen
+from .schedules_screen import SchedulesScreen
 from .widgets import BulkBar
 from .workers_screen import WorkersScreen
 
@@ -271,6 +272,13 @@ class BlokApp(App[None]):
         self.go_home()
         self.push_screen(WorkersScreen())
 
+    def open_schedules(self) -> None:
+        self.go_home()
+        self.push_screen(SchedulesScreen())
+
+    def action_show_schedules(self) -> None:
+        self.open_schedules()
+
     # ---- operations shared by the views ----------------------------------------------------
     async def cancel_run(self, run_id: str) -> None:
         try:
@@ -383,7 +391,7 @@ class BlokApp(App[None]):
             for verb in ("runs", "dlq", "pause", "resume", "inject")
         ]
         words += [f"runs {status}" for status in STATUS_FILTERS]
-        words += ["workers", "logs"]
+        words += ["workers", "logs", "schedules"]
         self.push_screen(CommandScreen(words), self._command_done)
 
     async def _command_done(self, line: str | None) -> None:
@@ -478,6 +486,8 @@ class BlokApp(App[None]):
                 self.action_inject(arg)
             case "workers":
                 self.open_workers()
+            case "schedules":
+                self.open_schedules()
             case "logs":
                 self.open_logs()
             case "runs":

@@ -46,6 +46,10 @@ examples:
   blok-tui cancel run_0190c3a1b2c3d4e5f6    cancel a queued, delayed or running run
   blok-tui replay run_0190c3a1b2c3d4e5f6    run it again with the same input
   blok-tui pause orders                     claim nothing new from a queue (resume to undo)
+  blok-tui send run_0190c3a1b2 approved '{"by": "ann"}'   an event to a run's wait.for_event
+  blok-tui send --by-key paid '{"order_id": "A1"}'         to the runs waiting on that key
+  blok-tui schedules                        schedules, next and last fire, last status
+  blok-tui schedules pause orders.ship      pause a workflow's schedule (resume, run: likewise)
 
 The database defaults to $BLOK_DB, else ./.blok/blok.db.
 """
@@ -368,6 +372,46 @@ def build_parser() -> argparse.ArgumentParser:
         )
         command.add_argument("queue", metavar="QUEUE", type=_queue_arg)
         db_option(command, keep)
+
+    send = commands.add_parser(
+        "send",
+        help="send an event to a run",
+        description="Send an event to a run: its wait.for_event(EVENT) takes the payload, now "
+        "if it waits, else when it gets there. With --by-key: to the runs waiting on the key "
+        "the payload carries (wait.for_event(..., match=...)); prints the runs it reached.",
+        usage="blok-tui send RUN_ID EVENT JSON | blok-tui send --by-key EVENT JSON",
+    )
+    send.add_argument(
+        "words", nargs="+", metavar="ARG", help="RUN_ID EVENT JSON (JSON: @FILE or -)"
+    )
+    send.add_argument(
+        "--by-key", action="store_true", help="no run id: deliver by the key in the payload"
+    )
+    db_option(send, keep)
+
+    schedules = commands.add_parser(
+        "schedules",
+        help="list, pause, resume or run schedules",
+        description="List the schedules the workers declared (next fire, last fire, last "
+        "run's status), or act on one: pause, resume, run (enqueue one run now).",
+    )
+    db_option(schedules, keep)
+    schedules.add_argument("--json", action="store_true", help="the list as JSON")
+    actions = schedules.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
+    for name, what in (
+        ("pause", "fire no more ticks of a schedule"),
+        ("resume", "fire its ticks again, from the next one"),
+        ("run", "enqueue one run of a schedule now"),
+    ):
+        action = actions.add_parser(name, help=what, description=what.capitalize() + ".")
+        action.add_argument("workflow", metavar="WORKFLOW")
+        action.add_argument(
+            "schedule",
+            metavar="SCHEDULE",
+            nargs="?",
+            help="its id ('every 30s'), when the workflow has more than one",
+        )
+        db_option(action, keep)
     return parser
 
 
@@ -582,6 +626,84 @@ async def _pause_or_resume(args: argparse.Namespace) -> None:
     print(f"{args.queue} {'paused' if args.command == 'pause' else 'resumed'}")
 
 
+async def _send(args: argparse.Namespace) -> None:
+    words = list(args.words)
+    wanted = 2 if args.by_key else 3
+    if len(words) != wanted:
+        shape = "--by-key EVENT JSON" if args.by_key else "RUN_ID EVENT JSON"
+        raise UsageError(f"expected {shape}, got {len(words)} argument(s)", "blok-tui send")
+    run_id = None if args.by_key else words.pop(0)
+    event, text = words
+    try:
+        payload = _json_arg(text)
+    except argparse.ArgumentTypeError as error:
+        raise UsageError(f"argument JSON: {error}", "blok-tui send") from None
+    async with _client(args) as engine:
+        reached = await engine.send_event(run_id, event, payload)
+    if args.by_key:
+        print(printable(" ".join(reached)) if reached else "no run waits on that key: kept")
+    else:
+        print(printable(f"{run_id} {event} sent"))
+
+
+async def _schedules(args: argparse.Namespace) -> None:
+    async with _client(args) as engine:
+        if args.action is None:
+            infos = await engine.schedules()
+        elif args.action == "run":
+            run_id = await engine.run_schedule(args.workflow, args.schedule)
+            print(printable(run_id))
+            return
+        else:
+            act = engine.pause_schedule if args.action == "pause" else engine.resume_schedule
+            name = await act(args.workflow, args.schedule)
+            print(printable(f"{args.workflow} {name}: {args.action}d"))
+            return
+    if args.json:
+        print(json.dumps([_schedule_json(info) for info in infos], indent=2))
+        return
+    print(_schedule_table(infos))
+
+
+def _schedule_json(info: Any) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    fields = asdict(info)
+    for name in ("next_at", "last_tick_at", "last_fired_at"):
+        fields[name] = fields[name].isoformat() if fields[name] is not None else None
+    fields["last_status"] = str(info.last_status) if info.last_status else None
+    return fields
+
+
+def _schedule_table(infos: Sequence[Any]) -> str:
+    if not infos:
+        return "no schedules"
+
+    def when(moment: Any) -> str:
+        return moment.astimezone().strftime("%Y-%m-%d %H:%M:%S") if moment else "-"
+
+    header = ("WORKFLOW", "SCHEDULE", "QUEUE", "STATE", "NEXT", "LAST FIRED", "LAST RUN", "STATUS")
+    rows = [header]
+    for info in infos:
+        rows.append(
+            (
+                printable(info.workflow),
+                printable(info.schedule),
+                printable(info.queue),
+                "paused" if info.paused else "active",
+                when(info.next_at),
+                when(info.last_fired_at),
+                printable(info.last_run_id or "-"),
+                str(info.last_status or "-"),
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    )
+
+
 COMMANDS = {
     None: _console,
     "worker": _worker,
@@ -592,6 +714,8 @@ COMMANDS = {
     "replay": _replay,
     "pause": _pause_or_resume,
     "resume": _pause_or_resume,
+    "send": _send,
+    "schedules": _schedules,
 }
 
 
@@ -612,6 +736,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         anyio.run(COMMANDS[args.command], args)
+    except UsageError as error:
+        _error(f"{error} (see {error.prog} --help)")
+        return 2
     except (EngineError, DatabaseError, WorkflowLoadError, InvalidInput) as error:
         _error(str(error))
         return 1

@@ -2,7 +2,9 @@
 sent until everything is valid; what is wrong is said right here, in the modal.
 
 The same editor serves edit-and-replay: the run's input opens in it, and sending replays the
-run with the edited input (its queue is the run's, so there is no queue, priority or delay)."""
+run with the edited input (its queue is the run's, so there is no queue, priority or delay);
+and sending an event to a run (`event_for`): an event name and its JSON payload, which the
+run's `wait.for_event` takes as its output."""
 
 from __future__ import annotations
 
@@ -31,8 +33,8 @@ def check_payload(source: str) -> tuple[Any, str | None]:
 
 
 class InjectScreen(ModalScreen[str | None]):
-    """Dismissed with the new job's id (the new run's id for a replay), or None when the
-    operator backs out."""
+    """Dismissed with the new job's id (the new run's id for a replay, the run's id for an
+    event), or None when the operator backs out."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
         # priority: the payload editor would take the first escape for itself (to leave it).
@@ -47,10 +49,17 @@ class InjectScreen(ModalScreen[str | None]):
         queue: str | None = None,
         *,
         replay_of: Run | None = None,
+        event_for: Run | None = None,
+        event: str = "",
     ) -> None:
         super().__init__()
         self.engine = engine
         self.replay_of = replay_of
+        self.event_for = event_for
+        self.event = event
+        if event_for is not None:
+            replay_of = None
+            queue = event_for.queue
         if replay_of is not None:
             queue = replay_of.queue
             queues = list(dict.fromkeys([*queues, queue]))
@@ -60,8 +69,18 @@ class InjectScreen(ModalScreen[str | None]):
     def compose(self) -> ComposeResult:
         known = self.initial in self.queues
         source = self.replay_of
+        target = self.event_for
         with Vertical(id="dialog", classes="dialog inject"):
-            if source is None:
+            if target is not None:
+                yield Static(
+                    Text.assemble(
+                        "Send an event to ",
+                        (target.id, "bold"),
+                        (f"  {target.workflow_name}, {target.status}", "dim"),
+                    ),
+                    classes="question",
+                )
+            elif source is None:
                 yield Static("Inject a job", classes="question")
             else:
                 yield Static(
@@ -72,7 +91,12 @@ class InjectScreen(ModalScreen[str | None]):
                     ),
                     classes="question",
                 )
-            with Horizontal(classes="field"):
+            with Horizontal(classes="field", id="event-field"):
+                yield Label("event", classes="label")
+                name = Input(self.event, id="event", placeholder="the event's name: approved")
+                name.cursor_blink = False
+                yield name
+            with Horizontal(classes="field", id="queue-field"):
                 yield Label("queue", classes="label")
                 yield Select(
                     [(q, q) for q in self.queues],
@@ -82,11 +106,17 @@ class InjectScreen(ModalScreen[str | None]):
                     disabled=source is not None,
                 )
             yield Label(
-                "payload (JSON)" if source is None else "input (JSON): the new run gets this",
+                "payload (JSON): the wait's output"
+                if target is not None
+                else "payload (JSON)"
+                if source is None
+                else "input (JSON): the new run gets this",
                 classes="label wide",
             )
             text = '{\n  "order_id": "A2001",\n  "amount": 1500\n}'
-            if source is not None:
+            if target is not None:
+                text = "{}"
+            elif source is not None:
                 text = json.dumps(source.input, indent=2, ensure_ascii=False, default=str)
             area = TextArea(text, id="payload", show_line_numbers=True, tab_behavior="focus")
             area.cursor_blink = False
@@ -102,7 +132,7 @@ class InjectScreen(ModalScreen[str | None]):
                 yield delay
             yield Static(id="problem", classes="problem")
             with Horizontal(classes="buttons"):
-                send = "Send" if source is None else "Replay"
+                send = "Replay" if source is not None and target is None else "Send"
                 yield Button(f"{send} (ctrl+s)", variant="primary", id="send")
                 yield Button("Close (esc)", id="close")
 
@@ -111,10 +141,15 @@ class InjectScreen(ModalScreen[str | None]):
         self.set_class(self.size.height < 34, "-short")
 
     def on_mount(self) -> None:
-        if self.replay_of is not None:
+        if self.replay_of is not None or self.event_for is not None:
             self.query_one("#job-fields").display = False
+        self.query_one("#event-field").display = self.event_for is not None
+        self.query_one("#queue-field").display = self.event_for is None
         self.check()
-        self.query_one(TextArea).focus()
+        if self.event_for is not None and not self.event:
+            self.query_one("#event", Input).focus()
+        else:
+            self.query_one(TextArea).focus()
 
     def say(self, problem: str | None) -> None:
         box = self.query_one("#problem", Static)
@@ -129,6 +164,12 @@ class InjectScreen(ModalScreen[str | None]):
         """Validate every field; say the first problem. Returns what to send, or None."""
         queue = self.query_one("#queue", Select).value
         payload, problem = check_payload(self.query_one(TextArea).text)
+        if self.event_for is not None:
+            event = self.query_one("#event", Input).value.strip()
+            if not event:
+                problem = "name the event: the one the run waits for"
+            self.say(problem)
+            return None if problem is not None else (event, payload, 0, None)
         if problem is None and queue is Select.NULL:
             problem = "pick a queue"
             if self.initial is not None and self.initial not in self.queues:
@@ -167,7 +208,10 @@ class InjectScreen(ModalScreen[str | None]):
             return
         queue, payload, priority, delay = checked
         try:
-            if self.replay_of is not None:
+            if self.event_for is not None:
+                await self.engine.send_event(self.event_for.id, queue, payload)
+                job_id = self.event_for.id
+            elif self.replay_of is not None:
                 job_id = await self.engine.replay(self.replay_of.id, input=payload)
             else:
                 job_id = await self.engine.enqueue(queue, payload, priority=priority, delay=delay)

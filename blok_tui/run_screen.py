@@ -12,12 +12,13 @@ from textual.binding import BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import OptionList, Static
 
-from engine import EngineError, LogLine, Run, StepRun
+from engine import EngineError, EventMessage, LogLine, Run, StepRun, WaitReason
 
 from . import actions
 from .base_screen import BlokScreen, Changes
 from .console import clock_time, countdown, day_time, duration, printable, status_text
 from .diff_screen import DiffScreen
+from .inject_screen import InjectScreen
 from .step_stats import StepStats, step_stats, typical_text
 from .timeline_screen import TimelineScreen
 from .tracebacks import clean_error
@@ -52,6 +53,48 @@ def log_lines(lines: list[LogLine], tz: object, limit: int = 200) -> Text:
 
 
 GATE_STATUSES = frozenset({"queued", "delayed", "throttled", "debounced", "expired"})
+PENDING = frozenset({"queued", "delayed", "throttled", "waiting"})
+PANEL_GATES = frozenset({"rate_limit", "concurrency", "debounce", "paused", "subworkflow"})
+
+
+def event_wait(run: Run) -> StepRun | None:
+    """The wait.for_event step the run is parked in, if it is."""
+    found = [s for s in run.steps if s.kind == "event" and str(s.status) == "waiting"]
+    return found[-1] if found else None
+
+
+def why_text(
+    why: WaitReason | None, events: list[EventMessage], holder: int, tz: tzinfo | None
+) -> Text | None:
+    """The "why is it waiting" panel: the gate, its key, the runs holding its slots (h opens
+    them in turn), when it may start, and the events nobody took."""
+    text = Text()
+    # A wait, a delay or a plain queue is said in the header already: the panel adds what a
+    # gate, a pause or a child run holds it with.
+    if why is not None and why.gate in PANEL_GATES:
+        summary = why.summary
+        if why.until is not None:  # the engine says it in ISO 8601; the console in its clock
+            summary = summary.replace(
+                why.until.isoformat(timespec="seconds"), clock_time(why.until, tz)
+            )
+        text.append("why waiting ", style="bold")
+        text.append(f"[{why.gate.replace('_', ' ')}] ", style="khaki3")
+        text.append(clean_error(summary), style="grey85")
+        if why.holders:
+            text.append("\nheld by ", style="grey62")
+            for n, run_id in enumerate(why.holders[:4]):
+                style = "bold deep_sky_blue1" if n == holder % len(why.holders) else "grey70"
+                text.append(("" if n == 0 else ", ") + run_id, style=style)
+            if len(why.holders) > 4:
+                text.append(f" +{len(why.holders) - 4}", style="grey62")
+            text.append("   h opens the highlighted one", style="grey50")
+    untaken = [m for m in events if m.taken_by is None]
+    if untaken:
+        if text:
+            text.append("\n")
+        text.append(f"✉ {len(untaken)} event(s) nobody took: ", style="khaki1")
+        text.append(", ".join(printable(m.event) for m in untaken[:5]), style="grey85")
+    return text or None
 
 
 def gate_reason(run: Run, now: datetime, tz: tzinfo | None) -> Text | None:
@@ -101,6 +144,9 @@ class RunScreen(BlokScreen):
         self.search = ""  # `/` in the run view: lines of the step's output and log that match
         self.unfolded = False  # z: the step's whole output instead of its first lines
         self.stats: StepStats | None = None  # the workflow's recent step durations
+        self.why: WaitReason | None = None  # why a pending run waits (h opens its holders)
+        self.events: list[EventMessage] = []  # the run's mailbox
+        self.holder = 0  # which holder h opens next
 
     @property
     def crumb(self) -> str:
@@ -119,6 +165,7 @@ class RunScreen(BlokScreen):
 
     def compose_body(self) -> ComposeResult:
         yield Static(id="run-header", classes="run-header")
+        yield Static(id="why", classes="run-header why")
         with Horizontal(id="run-body"):
             with Vertical(id="rail-column"):
                 yield Static("steps", classes="section", id="steps-title")
@@ -152,7 +199,20 @@ class RunScreen(BlokScreen):
             self.missing = str(error)
         if self.run is not None and self.stats is None:
             self.stats = await step_stats(self.blok, self.run.workflow_name)
+        await self.load_why()
         self.render_run()
+
+    async def load_why(self) -> None:
+        run = self.run
+        self.why, self.events = None, []
+        if run is None:
+            return
+        try:
+            if str(run.status) in PENDING:
+                self.why = await self.engine.why_waiting(run.id)
+            self.events = await self.engine.events_of(run.id)
+        except EngineError:
+            pass  # the panel is a help: the run itself is on screen
 
     def selected_step(self) -> StepRun | None:
         if self.run is None or not self.run.steps:
@@ -222,7 +282,23 @@ class RunScreen(BlokScreen):
             line.append(f"   replay of {run.replay_of}", style="medium_purple1")
             if run.replay_from_step:
                 line.append(f" from {run.replay_from_step}", style="medium_purple1")
-        if str(run.status) == "waiting" and run.wait_until:
+        parked = event_wait(run) if str(run.status) == "waiting" else None
+        if parked is not None:
+            wanted = parked.input if isinstance(parked.input, dict) else {}
+            line.append("\n")
+            line.append(f"✉ waiting for event {wanted.get('event', '?')!r}", style="bold khaki1")
+            if wanted.get("key") is not None:
+                line.append(f" with key {printable(str(wanted['key']))!r}", style="khaki1")
+            if parked.wait_until is not None:
+                line.append(
+                    f" until {clock_time(parked.wait_until, tz)} — times out "
+                    f"{countdown(parked.wait_until, now)}",
+                    style="khaki1",
+                )
+            else:
+                line.append(" (no timeout)", style="khaki1")
+            line.append("   s sends it", style="grey50")
+        elif str(run.status) == "waiting" and run.wait_until:
             line.append("\n")
             line.append(
                 f"⏸ waiting until {clock_time(run.wait_until, tz)} — resumes "
@@ -242,6 +318,11 @@ class RunScreen(BlokScreen):
             line.append("\n")
             line.append(clean_error(run.error), style="bold red1")
         header.update(line)
+        why = self.query_one("#why", Static)
+        panel = why_text(self.why, self.events, self.holder, tz)
+        why.display = panel is not None
+        if panel is not None:
+            why.update(panel)
         typical = {}
         if self.stats is not None and self.size.width >= WIDE:
             typical = {name: typical_text(self.stats, run, name) for name in self.stats.names}
@@ -399,6 +480,40 @@ class RunScreen(BlokScreen):
             self.blok.open_run(step.child_run_id)
         elif step is not None and step.kind == "subworkflow":
             self.notify(f"{step.name} has not dispatched its child run yet", severity="warning")
+
+    def action_send_event(self) -> None:
+        run = self.run
+        if run is None:
+            return
+        if run.terminal:
+            self.notify(
+                f"run {run.id} has ended ({run.status}): no event reaches it", severity="warning"
+            )
+            return
+        parked = event_wait(run)
+        wanted = parked.input if parked is not None and isinstance(parked.input, dict) else {}
+
+        def sent(run_id: str | None) -> None:
+            if run_id:
+                self.notify(f"run {run_id} gets it", title="Event sent")
+                self.request_reload()
+
+        modal = InjectScreen(
+            self.engine,
+            list(self.blok.queue_names),
+            event_for=run,
+            event=str(wanted.get("event", "")),
+        )
+        self.app.push_screen(modal, sent)
+
+    def action_open_holder(self) -> None:
+        holders = self.why.holders if self.why is not None else ()
+        if not holders:
+            self.notify("no run holds what this run waits for", severity="warning")
+            return
+        run_id = holders[self.holder % len(holders)]
+        self.holder += 1
+        self.blok.open_run(run_id)
 
     def action_open_parent(self) -> None:
         if self.run is not None and self.run.parent_run_id:

@@ -1,6 +1,6 @@
 """blok-tui's in-process workflow engine. No Textual import anywhere in this package."""
 
-from .backends.base import RunStore
+from .backends.base import EventMessage, RunStore
 from .durations import format_duration, parse_duration
 from .engine import Capabilities, Engine
 from .errors import DatabaseError, EngineError, UnknownJob, UnknownQueue, UnknownRun
@@ -49,9 +49,14 @@ from .primitives import (
     switch,
     try_catch,
 )
+from .ratelimit import RateLimit
+from .scheduler import ScheduleInfo
+from .schedules import Schedule
 from .validation import InvalidInput
+from .waiting import WaitReason
 from .workflow import (
     Debounce,
+    EventWaitStep,
     Retry,
     Step,
     WaitStep,
@@ -73,6 +78,8 @@ __all__ = [
     "Engine",
     "EngineError",
     "Event",
+    "EventMessage",
+    "EventWaitStep",
     "ForEach",
     "InvalidInput",
     "Job",
@@ -84,6 +91,7 @@ __all__ = [
     "QueueChanged",
     "QueueInfo",
     "QueueStats",
+    "RateLimit",
     "ReloadErrorCleared",
     "ReloadFailed",
     "Retry",
@@ -95,6 +103,8 @@ __all__ = [
     "RunStatus",
     "RunStatusChanged",
     "RunStore",
+    "Schedule",
+    "ScheduleInfo",
     "Step",
     "StepFinished",
     "StepRun",
@@ -106,6 +116,7 @@ __all__ = [
     "UnknownJob",
     "UnknownQueue",
     "UnknownRun",
+    "WaitReason",
     "WaitStep",
     "WorkerInfo",
     "WorkerTrigger",

@@ -10,11 +10,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from .backends.base import EventMessage
 from .engine import Capabilities
 from .events import Subscription
 from .filters import RunFilter
 from .models import Job, QueueInfo, QueueStats, Run, WorkerInfo, WorkflowInfo
 from .operations import BulkResult, ProgressCallback
+from .scheduler import ScheduleInfo
+from .waiting import WaitReason
 
 
 class EngineAPI(Protocol):
@@ -116,6 +119,23 @@ class EngineAPI(Protocol):
     async def requeue_dead(
         self, queue: str, *, progress: ProgressCallback | None = None
     ) -> BulkResult: ...
+
+    # events, schedules, why a run waits
+    async def send_event(
+        self, run_id: str | None, event: str, payload: Any = None
+    ) -> list[str]: ...
+
+    async def events_of(self, run_id: str) -> list[EventMessage]: ...
+
+    async def schedules(self) -> list[ScheduleInfo]: ...
+
+    async def pause_schedule(self, workflow: str, schedule: str | None = None) -> str: ...
+
+    async def resume_schedule(self, workflow: str, schedule: str | None = None) -> str: ...
+
+    async def run_schedule(self, workflow: str, schedule: str | None = None) -> str: ...
+
+    async def why_waiting(self, run_id: str) -> WaitReason: ...
 
 
 __all__ = ["Capabilities", "EngineAPI"]

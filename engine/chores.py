@@ -112,6 +112,7 @@ class Chores:
             await anyio.lowlevel.checkpoint()  # let runs go between chunks
         for queue in self.backend.queues:
             await queue.purge(cutoff)
+        await self.backend.runs.purge_events(cutoff.timestamp())
         return total
 
     async def loop(self) -> None:

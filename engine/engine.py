@@ -24,7 +24,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from .backends import describe, open_backend
-from .backends.base import Backend
+from .backends.base import Backend, EventMessage
 from .catalog import Catalog, WorkflowSource
 from .chores import Chores
 from .durations import parse_duration
@@ -34,11 +34,14 @@ from .feed import Follower
 from .filters import RunFilter
 from .ledger import Ledger
 from .loader import IMPORT_TIMEOUT_S
+from .mailbox import Mailbox
 from .models import Job, QueueInfo, QueueStats, Run, WorkerInfo, WorkflowInfo, utcnow
 from .operations import BulkResult, ProgressCallback
 from .operator import DEFAULT_MAX_PAYLOAD_BYTES, Operator
 from .primitives import run_middleware
 from .runner import Runner
+from .scheduler import ScheduleInfo, Scheduler, Schedules, scheduling_disabled
+from .waiting import WaitReason, explain
 from .worker import Worker
 from .workflow import Workflow
 
@@ -139,6 +142,8 @@ class Engine:
         self._serving: Worker | None = None
         self._follower: Follower | None = None
         self._chores: Chores | None = None
+        self._mailbox: Mailbox | None = None
+        self._schedules: Schedules | None = None
         self._stack: AsyncExitStack | None = None
         self._tg: TaskGroup | None = None
         self._stopping = False
@@ -218,6 +223,8 @@ class Engine:
                 provider_of=self._provider_of,
                 max_payload_bytes=self.max_payload_bytes,
             )
+            self._mailbox = Mailbox(backend, ledger)
+            self._schedules = Schedules(backend, operator)
             if self.consume and self.catalog.source is not None:
                 runner = Runner(operator, self.bus)
                 if self._snapshot_cap:
@@ -249,6 +256,9 @@ class Engine:
                 await self._chores.recover()  # before claiming: dead workers' jobs go back
                 await self._serving.start(tg)
                 tg.start_soon(self._guard(self._chores.loop))
+                if not scheduling_disabled():
+                    scheduler = Scheduler(backend, ledger, operator, self.catalog)
+                    tg.start_soon(self._guard(scheduler.loop))
             follow = self._follow
             if follow is None:
                 follow = self._serving is None and backend.multi_process
@@ -522,3 +532,53 @@ class Engine:
 
     async def resume(self, queue: str) -> None:
         await self.operator.resume(queue)
+
+    # ---- events, schedules, why a run waits ------------------------------------------------
+    @property
+    def mailbox(self) -> Mailbox:
+        if self._mailbox is None:
+            raise EngineError("the engine is not started: use `async with Engine(...)`")
+        return self._mailbox
+
+    async def send_event(self, run_id: str | None, event: str, payload: Any = None) -> list[str]:
+        """Send `event` to the run: a `wait.for_event(event)` in it takes `payload` as its
+        output, now if it waits, else when it gets there. With `run_id=None`, to the runs
+        waiting on the key the payload carries (`match=`), or kept for the first one to wait
+        on it. The ids of the runs it went to. An unknown or finished run is an EngineError."""
+        self.operator.check_payload(payload, "event payload")
+        return await self.mailbox.send(run_id, event, payload)
+
+    async def events_of(self, run_id: str) -> list[EventMessage]:
+        """Every event sent to the run, oldest first; `taken_by` None: nobody took it yet."""
+        return await self.mailbox.events_of(run_id)
+
+    @property
+    def _schedule_ops(self) -> Schedules:
+        if self._schedules is None:
+            raise EngineError("the engine is not started: use `async with Engine(...)`")
+        return self._schedules
+
+    async def schedules(self) -> list[ScheduleInfo]:
+        """Every schedule the workers on this database declared: next and last fire time, and
+        the status of the last run it enqueued."""
+        return await self._schedule_ops.list()
+
+    async def pause_schedule(self, workflow: str, schedule: str | None = None) -> str:
+        """Fire no more ticks of the schedule (its id; may be left out when the workflow has
+        one) until resumed; returns its id. Shared by every process on the database."""
+        return await self._schedule_ops.set_paused(workflow, schedule, True)
+
+    async def resume_schedule(self, workflow: str, schedule: str | None = None) -> str:
+        """Fire its ticks again from the next one (the paused ones are not caught up)."""
+        return await self._schedule_ops.set_paused(workflow, schedule, False)
+
+    async def run_schedule(self, workflow: str, schedule: str | None = None) -> str:
+        """Enqueue one run of the schedule now, with its payload; the run's id."""
+        return await self._schedule_ops.run_now(workflow, schedule)
+
+    async def why_waiting(self, run_id: str) -> WaitReason:
+        """What holds a run that has not started or does not go on: the gate or wait, its
+        key, the runs holding the slots it waits for, and when it may start."""
+        run = await self.operator.get_run(run_id)
+        found = await self.backend.find_job(run.job_id)
+        return await explain(self.backend, run, found[1] if found else None)

@@ -22,3 +22,7 @@ class UnknownJob(EngineError):
 class DatabaseError(RuntimeError):
     """The database cannot be used: not a blok database, not writable, unreachable, from a
     newer version. The message names the database and says what to do."""
+
+
+class WorkflowDefinitionError(ValueError):
+    """A workflow, step, trigger or schedule that cannot work as written."""

@@ -1,11 +1,13 @@
 """Scheduling gates a claimed job passes before its run starts: debounce, then delay + TTL, then
-the concurrency key.
+the concurrency key, then the rate limit.
 
 A job the gates hold back goes back to its queue through the ledger (delayed for later, or
 finished as debounced / expired), so the worker simply moves on. What the gates remember (slots
 taken per concurrency key, open debounce windows) is the backend's shared state: it survives a
 restart and is shared by every process on the database; a slot is held under its worker's
-lease, so a crashed worker's slots free themselves.
+lease, so a crashed worker's slots free themselves. A gate that holds a run notes on its job
+(`meta["gate"]`) which gate, which key and until when: what the console's "why is it waiting"
+shows (engine/waiting.py).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 from . import expressions
 from .backends.base import Backend, Claim, JobQueue, Window
 from .context import Context
+from .durations import format_duration
 from .ledger import Ledger
 from .models import Job, JobState, Run, RunStatus, from_epoch, utcnow
 from .workflow import Workflow
@@ -90,6 +93,7 @@ class Gates:
         self.lease_s = lease_s
         self._holding: set[str] = set()  # runs of this worker that hold a slot
         self._purged_at = 0.0
+        self._starts_purged_at = 0.0
 
     async def admit(
         self, claim: Claim, queue: JobQueue, run: Run, workflow: Workflow, resuming: bool
@@ -115,21 +119,28 @@ class Gates:
                         f"(enqueued {run.created_at.isoformat()}, deadline {deadline.isoformat()})",
                     )
                     return False
-        if trigger.concurrency_key is None:
-            return True
-        key = self._key(trigger.concurrency_key, job, run, "concurrency_key")
-        if key is None:
-            return True  # no key for this job: the gate lets it through, as an unset key would
-        taken, holders = await self.shared.acquire_slot(
-            workflow.name, key, trigger.concurrency_limit, run.id, self.worker, self.lease_s
-        )
-        if taken:
-            self._holding.add(run.id)
-            job.meta.pop("gate_tries", None)
-            job.meta.pop("queue_expires_at", None)
-            return True
-        self._deny(claim, queue, run, workflow, key, holders)
-        return False
+        if trigger.concurrency_key is not None:
+            key = self._key(trigger.concurrency_key, job, run, "concurrency_key")
+            # No key for this job: the gate lets it through, as an unset key would.
+            if key is not None:
+                taken, holders = await self.shared.acquire_slot(
+                    workflow.name, key, trigger.concurrency_limit, run.id, self.worker, self.lease_s
+                )
+                if not taken:
+                    self._deny(claim, queue, run, workflow, key, holders)
+                    return False
+                self._holding.add(run.id)
+                job.meta.pop("gate_tries", None)
+                job.meta.pop("queue_expires_at", None)
+        if (
+            trigger.rate_limit is not None
+            and not resuming
+            and not await self._rate_limit(claim, queue, run, workflow)
+        ):
+            self.release(run.id)  # the concurrency slot taken above: it does not start
+            return False
+        job.meta.pop("gate", None)
+        return True
 
     def release(self, run_id: str) -> None:
         """Give back the run's concurrency slot, if it has one (every exit path calls this;
@@ -195,6 +206,7 @@ class Gates:
         job.meta["gate_tries"] = tries + 1
         when = now + trigger.limit_backoff_ms(tries) / 1000
         busy = f"{holders}/{trigger.concurrency_limit} runs of concurrency key {key!r} in flight"
+        job.meta["gate"] = {"gate": "concurrency", "key": key, "until": when}
         if trigger.on_limit == "queue":
             if trigger.queue_timeout is not None:
                 expires = float(
@@ -210,6 +222,7 @@ class Gates:
                     )
                     return
                 when = min(when, max(expires, now))
+                job.meta["gate"]["until"] = when
             run.error = None
             if tries == 0:
                 self.ledger.log(run, f"queued: {busy}; the gate is tried again with backoff")
@@ -220,6 +233,50 @@ class Gates:
         run.error = f"throttled: {busy}"
         self.ledger.log(run, f"throttled: {busy}; trying again in {when - now:.2f}s", "warning")
         self._retry_later(claim, queue, run, RunStatus.THROTTLED, when)
+
+    async def _rate_limit(
+        self, claim: Claim, queue: JobQueue, run: Run, workflow: Workflow
+    ) -> bool:
+        """Count this start in the rate limit's sliding window, or hold the run `throttled`
+        until the oldest start in the window leaves it (its retry budget untouched)."""
+        trigger = workflow.trigger
+        assert trigger is not None and trigger.rate_limit is not None
+        rate = trigger.rate_limit
+        job = claim.job
+        key = "*" if rate.key is None else self._key(rate.key, job, run, "rate limit key")
+        if key is None:
+            return True
+        now = time.time()
+        if now - self._starts_purged_at > PURGE_EVERY_S:
+            self._starts_purged_at = now
+            await self.shared.forget_starts(now)
+        period_s = rate.period / 1000
+        decision = await self.shared.acquire_start(
+            workflow.name, key, rate.limit, period_s, run.id, now
+        )
+        if decision.allowed:
+            return True
+        when = max(decision.free_at, now + 0.001)
+        keyed = f" for key {key!r}" if rate.key is not None else ""
+        until = from_epoch(when)
+        assert until is not None
+        busy = (
+            f"rate limit: {decision.in_window}/{rate.limit} runs started in the last "
+            f"{format_duration(rate.period)}{keyed}"
+        )
+        first = (job.meta.get("gate") or {}).get("gate") != "rate_limit"
+        job.meta["gate"] = {
+            "gate": "rate_limit",
+            "key": key,
+            "until": when,
+            "limit": rate.limit,
+            "period_ms": rate.period,
+        }
+        run.error = f"throttled: {busy}; may start at {until.isoformat()}"
+        if first:
+            self.ledger.log(run, f"throttled: {busy}; may start at {until.isoformat()}")
+        self.ledger.hold(claim, queue, run, RunStatus.THROTTLED, until, job.meta)
+        return False
 
     async def _debounce(self, claim: Claim, queue: JobQueue, run: Run, workflow: Workflow) -> bool:
         trigger = workflow.trigger
@@ -271,6 +328,7 @@ class Gates:
         if verdict.superseded is not None:
             await self._supersede(verdict.superseded, run.id)
         job.meta["debounce"] = "fire"
+        job.meta["gate"] = {"gate": "debounce", "key": key, "until": verdict.until}
         until = from_epoch(verdict.until)
         self.ledger.log(
             run,

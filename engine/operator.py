@@ -22,7 +22,7 @@ from typing import Any
 
 import anyio
 
-from .backends.base import Backend, JobQueue, ServedQueue, WorkerCatalog
+from .backends.base import Backend, EventMessage, JobQueue, ServedQueue, WorkerCatalog
 from .catalog import Catalog
 from .errors import EngineError, UnknownJob, UnknownQueue, UnknownRun
 from .filters import RunFilter
@@ -771,6 +771,20 @@ class Operator:
     async def find_job(self, job_id: str) -> Job | None:
         found = await self.backend.find_job(job_id)
         return found[1] if found else None
+
+    async def take_event(
+        self,
+        run_id: str,
+        step: str,
+        event: str,
+        *,
+        key: str | None,
+        path: tuple[str, ...],
+        register: bool,
+    ) -> EventMessage | None:
+        return await self.store.take_event(
+            run_id, step, event, key=key, path=path, register=register
+        )
 
     async def dispatch(
         self, workflow: Workflow, payload: Any, job_id: str, meta: dict[str, Any]

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import anyio
 
 from . import expressions
+from .backends.base import key_text
 from .context import Context
 from .events import AttemptFailed, EventBus, LogRecorded, StepFinished, StepStarted
 from .models import (
@@ -35,9 +36,10 @@ from .models import (
     utcnow,
 )
 from .records import construct
-from .workflow import Step, StepDefinition, WaitStep, Workflow
+from .workflow import EventWaitStep, Step, StepDefinition, WaitStep, Workflow
 
 DEFAULT_SNAPSHOT_CAP = 1_048_576
+NO_TIMEOUT = timedelta(days=36_500)  # an event wait without a timeout: parked this long
 
 
 class Recorder(Protocol):
@@ -51,6 +53,11 @@ class Recorder(Protocol):
 class CacheHitLike(Protocol):
     output: Any
     run_id: str
+
+
+class EventLike(Protocol):
+    @property
+    def payload(self) -> Any: ...
 
 
 class Services(Protocol):
@@ -68,6 +75,18 @@ class Services(Protocol):
     async def find_job(self, job_id: str) -> Job | None: ...
 
     async def get_run(self, run_id: str) -> Run | None: ...
+
+    async def take_event(
+        self,
+        run_id: str,
+        step: str,
+        event: str,
+        *,
+        key: str | None,
+        path: tuple[str, ...],
+        register: bool,
+    ) -> EventLike | None:
+        """The event a wait step takes from the run's mailbox (see RunStore.take_event)."""
 
     async def dispatch(
         self, workflow: Workflow, payload: Any, job_id: str, meta: dict[str, Any]
@@ -320,6 +339,8 @@ class Runner:
         if isinstance(step, WaitStep):
             await self._wait(run, ctx, step, record, where)
             return previous
+        if isinstance(step, EventWaitStep):
+            return await self._event_wait(run, ctx, step, record, where)
         if isinstance(step, Step):
             return await self._node(workflow, run, ctx, step, record, where)
         raise StepError(f"{where} failed: step kind {step.kind!r} is not supported", step.name)
@@ -592,6 +613,55 @@ class Runner:
         record.status = StepStatus.WAITING
         self._snapshot(run, ctx)
         raise WaitRequested(deadline)
+
+    async def _event_wait(
+        self, run: Run, ctx: Context, step: EventWaitStep, record: StepRun, where: str
+    ) -> Any:
+        """Take the event from the run's mailbox, or park the run (no worker slot) until one
+        is sent or the timeout passes; the payload is the output, None on timeout."""
+        now = utcnow()
+        if record.status is StepStatus.WAITING:  # resuming: fixed on the first pass
+            key = (record.input or {}).get("key")
+            deadline = record.wait_until
+        else:
+            key = None
+            if step.match is not None:
+                try:
+                    key = key_text(self._resolve(step.match, ctx))
+                    if key is None:
+                        raise ValueError(f"match {step.match} has no value for this run")
+                except Exception as error:
+                    record.status = StepStatus.FAILED
+                    record.error = str(error)
+                    record.started_at = record.finished_at = now
+                    self._finished(run, record)
+                    raise StepError(f"{where} failed: {error}", step.name) from error
+            deadline = now + timedelta(milliseconds=step.timeout_ms) if step.timeout_ms else None
+            record.started_at = now
+            record.wait_until = deadline
+            record.input = {"event": step.event, **({"key": key} if key is not None else {})}
+        expired = deadline is not None and deadline <= now
+        message = await self.services.take_event(
+            run.id,
+            f"{record.index}:{step.name}",
+            step.event,
+            key=key,
+            path=step.match_path,
+            register=not expired,
+        )
+        if message is None and not expired:
+            record.status = StepStatus.WAITING
+            self._snapshot(run, ctx)
+            raise WaitRequested(deadline or now + NO_TIMEOUT)
+        output = message.payload if message is not None else None
+        if message is None:
+            self.engine_log(run, f"{where}: no {step.event!r} event before the timeout")
+        record.status = StepStatus.COMPLETED
+        record.finished_at = utcnow()
+        record.output = ctx.redact_value(output)
+        ctx.state[step.name] = output
+        self._finished(run, record)
+        return output
 
     def _snapshot(self, run: Run, ctx: Context) -> None:
         try:

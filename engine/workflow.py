@@ -16,6 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from . import expressions
 from .durations import Duration
+from .errors import WorkflowDefinitionError as WorkflowDefinitionError
+from .ratelimit import RateLimit
+from .schedules import Schedule
 from .validation import check_queue_name
 
 Provider = Literal["memory", "sqlite"]
@@ -31,10 +34,6 @@ MAX_RETRIES = 1_000  # job-level: whole-run retries, each waiting at most 30 s
 # (10.0 ** 99), where 10.0 ** 1000 raises OverflowError in the backoff.
 MAX_ATTEMPTS = 100
 MAX_FACTOR = 10.0
-
-
-class WorkflowDefinitionError(ValueError):
-    """A workflow, step or trigger that cannot work as written."""
 
 
 def _explain(error: ValidationError) -> str:
@@ -108,7 +107,9 @@ class WorkerTrigger(_Definition):
     `debounce`; `start_delay` + `ttl` (a run that cannot start within `ttl` of being enqueued
     ends expired); `concurrency_key` + `concurrency_limit` (at most that many runs per key at
     once; `on_limit="throw"` ends the delivery throttled and tries again later without using
-    the retry budget, `"queue"` keeps it queued, until `queue_timeout` has passed).
+    the retry budget, `"queue"` keeps it queued, until `queue_timeout` has passed);
+    `rate_limit` (at most `limit` starts per sliding window of `period`, per key; the rest wait
+    as throttled without using the retry budget).
     """
 
     queue: str
@@ -127,6 +128,7 @@ class WorkerTrigger(_Definition):
     start_delay: Duration | None = None  # every job starts this long after it was enqueued
     ttl: Duration | None = None
     debounce: Debounce | None = None
+    rate_limit: RateLimit | None = None
 
     @field_validator("queue")
     @classmethod
@@ -236,6 +238,30 @@ class WaitStep(StepDefinition):
         return f"wait:{self.name}:{self.for_ms}:{self.until}"
 
 
+class EventWaitStep(StepDefinition):
+    """Pause the run, freeing its worker slot, until an event is sent to it (`send_event`) or
+    the timeout passes: the event's payload is the step's output, None on timeout. With
+    `match` ("$.body.order_id"), an event sent by key (no run id) whose payload holds the same
+    value at the same path ("order_id") reaches it too. The run runs in engine/runner.py; the
+    mailbox is the backend's (engine/mailbox.py)."""
+
+    kind: Literal["event"] = "event"
+    event: str = Field(min_length=1, max_length=200)
+    timeout_ms: int | None = None
+    match: str | None = None
+
+    def expressions(self) -> list[str]:
+        return [self.match] if self.match is not None else []
+
+    @property
+    def match_path(self) -> tuple[str, ...]:
+        """Where an event's payload carries the key: the match path below $.body."""
+        return tuple(expressions.parse(self.match)[1:]) if self.match is not None else ()
+
+    def fingerprint(self) -> str:
+        return f"event:{self.name}:{self.event}:{self.timeout_ms}:{self.match}"
+
+
 class _WaitFactory:
     """`wait.for_("5s")` and `wait.until(datetime | ISO string | epoch ms | "$.expr")`."""
 
@@ -257,6 +283,46 @@ class _WaitFactory:
             )
         return WaitStep(name=name or "wait", until=moment)
 
+    @staticmethod
+    def for_event(
+        event: str,
+        *,
+        timeout: int | float | str | None = None,
+        name: str | None = None,
+        match: str | None = None,
+    ) -> EventWaitStep:
+        """Wait for `engine.send_event(run_id, event, payload)`; the payload is the step's
+        output (`ctx.state[name]`), None if `timeout` passes first (no timeout: wait until the
+        event comes or the run is cancelled). `match="$.body.order_id"`: an event sent with no
+        run id whose payload has the run's order_id at "order_id" reaches it too."""
+        from .durations import parse_duration
+
+        label = f"wait.for_event({event!r})"
+        if not isinstance(event, str) or not event.strip():
+            raise WorkflowDefinitionError(f"{label}: the event name must be a non-empty string")
+        timeout_ms = None
+        if timeout is not None:
+            try:
+                timeout_ms = parse_duration(timeout)
+            except ValueError as error:
+                raise WorkflowDefinitionError(f"{label}: timeout: {error}") from None
+        if match is not None:
+            try:
+                parts = expressions.parse(match) if expressions.is_expression(match) else []
+            except expressions.ExpressionError as error:
+                raise WorkflowDefinitionError(f"{label}: match: {error}") from None
+            if len(parts) < 2 or parts[0] != "body":
+                raise WorkflowDefinitionError(
+                    f"{label}: match must be a $.body.<field> path (the same field is read "
+                    f"from the event's payload), not {match!r}"
+                )
+        try:
+            return EventWaitStep(
+                name=name or event, event=event, timeout_ms=timeout_ms, match=match
+            )
+        except ValidationError as error:
+            raise WorkflowDefinitionError(f"{label}: {_explain(error)}") from None
+
 
 wait = _WaitFactory()
 
@@ -265,6 +331,7 @@ class Workflow(_Definition):
     name: str = Field(min_length=1)
     trigger: WorkerTrigger | None = None
     steps: list[StepDefinition]
+    schedules: list[Schedule] = Field(default_factory=list)  # engine/schedules.py
     middleware: bool = False  # a middleware workflow, run by name before other workflows
     use: list[str] = Field(default_factory=list)  # workflow-level middleware chain
     description: str = ""
@@ -281,6 +348,7 @@ class Workflow(_Definition):
         except ValidationError as error:
             raise WorkflowDefinitionError(f"workflow {name!r}: {_explain(error)}") from None
         self._check_steps(self.steps, seen=set())
+        self._check_schedules()
         if not self.version:
             digest = hashlib.sha1()
             digest.update(repr(self.trigger).encode())
@@ -307,6 +375,22 @@ class Workflow(_Definition):
             seen.add(step.name)
             for branch in step.children():
                 self._check_steps(branch, seen)
+
+    def _check_schedules(self) -> None:
+        ids: set[str] = set()
+        for schedule in self.schedules:
+            where = f"workflow {self.name!r}, schedule {schedule.id!r}"
+            if self.trigger is None:
+                raise WorkflowDefinitionError(
+                    f"{where}: a schedule enqueues to the workflow's queue; give the workflow "
+                    "a WorkerTrigger"
+                )
+            problem = schedule.problem()
+            if problem is not None:
+                raise WorkflowDefinitionError(f"{where}: {problem}")
+            if schedule.id in ids:
+                raise WorkflowDefinitionError(f"{where}: the same schedule is given twice")
+            ids.add(schedule.id)
 
     @property
     def queue(self) -> str | None:

@@ -4,15 +4,16 @@ A `Backend` opens three things, each an interface with one contract test suite t
 implementation passes (tests/backends/):
 
 - `RunStore`: run records with their steps, attempts and logs; the idempotency cache; the change
-  feed an attached console follows.
+  feed an attached console follows; each run's event mailbox.
 - `JobQueue`: jobs, claimed under a lease with a fencing token (`Job.epoch`). Every write a
   worker makes for a job it holds (its run's progress, its settle) names the epoch it claimed
   the job at, and is dropped once the job has moved on (another worker took it over after the
   lease expired, an operator cancelled it). A job's change of state and its run's record commit
   together: `JobQueue.apply` takes both.
 - `SharedState`: what the processes serving one database share — pauses, concurrency slots,
-  debounce windows, the worker registry and what each worker serves, leader leases for cluster
-  chores, and a change token that moves whenever anything was written.
+  debounce windows, schedules and their ticks, rate-limit windows, the worker registry and what
+  each worker serves, leader leases for cluster chores, and a change token that moves whenever
+  anything was written.
 
 Nothing outside `engine/backends/` knows which backend it has, imports a database driver or holds
 SQL. The engine's logic (which state follows which: engine/ledger.py) is written once, against
@@ -180,6 +181,116 @@ class Window:
     until: float  # trailing: when the held run fires; leading: when the window closes
 
 
+# ---- event mailboxes ---------------------------------------------------------------------
+def payload_key(payload: Any, path: tuple[str, ...]) -> str | None:
+    """The delivery key an event's payload carries at `path` ("order_id" of a wait with
+    match="$.body.order_id"), as text; None when the payload has nothing there. Every backend
+    compares keys with this one function, so a key means the same on all of them."""
+    value = payload
+    for part in path:
+        if isinstance(value, dict) and part in value:
+            value = value[part]
+        elif (
+            isinstance(value, list)
+            and part.lstrip("-").isdigit()
+            and -len(value) <= int(part) < len(value)
+        ):
+            value = value[int(part)]
+        else:
+            return None
+    return key_text(value)
+
+
+def key_text(value: Any) -> str | None:
+    """A key value as text, the same for a waiting run's `match` and an event's payload:
+    None for nothing or a structure (no key), booleans as JSON writes them."""
+    if value is None or isinstance(value, dict | list):
+        return None
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+@dataclass(frozen=True, slots=True)
+class EventMessage:
+    """One event in a run's mailbox (or, sent by key with nobody waiting, in nobody's yet).
+
+    `taken_by` names the wait step that took it (its record's index and name, "3:approval"),
+    None while nobody has: such an event stays visible with the run until the run is purged."""
+
+    id: int  # increasing in the order events were sent (per database)
+    run_id: str | None  # None: sent by key, kept for the first run that waits on its key
+    event: str
+    payload: Any
+    sent_at: float  # epoch seconds
+    taken_by: str | None = None
+    taken_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """Where a sent event went: `run_id`'s mailbox, as message `message_id`. `waiting`: the
+    run was registered as waiting for this event when the message committed, so the sender
+    must bring its job forward (the run will not look again by itself before its timeout)."""
+
+    run_id: str
+    message_id: int
+    waiting: bool
+
+
+@dataclass(frozen=True, slots=True)
+class EventWaiter:
+    """A run parked in a wait for an event: registered by `take_event` when its mailbox had
+    nothing, until the wait takes a message or gives up. With `path`, it waits for a message
+    whose payload holds `key` at `path` (sent by key, with no run id)."""
+
+    run_id: str
+    step: str
+    event: str
+    key: str | None = None
+    path: tuple[str, ...] = ()
+
+
+# ---- schedules ---------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class ScheduleSpec:
+    """A schedule as a worker declared it: enough for any process (a client with no
+    workflows) to list it, compute its next tick and run it now."""
+
+    workflow: str
+    schedule: str  # the schedule's id within its workflow ("every 30s", "cron 0 * * * * UTC")
+    queue: str
+    cron: str | None
+    every_ms: int | None
+    timezone: str
+    catch_up: str  # latest | all | none
+    payload: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleState:
+    """A schedule and what it did: the newest tick claimed (epoch seconds; a tick skipped by
+    catch_up="none" counts as claimed, with no job), the last job it enqueued and that job's
+    run (a tick's or an operator's "run now"), and whether it is paused."""
+
+    spec: ScheduleSpec
+    last_tick: float
+    paused: bool = False
+    last_fired_at: float | None = None
+    last_job_id: str | None = None
+    last_run_id: str | None = None
+
+
+# ---- rate limits -------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class RateDecision:
+    """What `SharedState.acquire_start` decided: `allowed`; the starts counted in the window
+    (this one included when allowed); when the oldest of them leaves the window (epoch seconds,
+    the earliest moment a denied run may start; 0.0 when allowed)."""
+
+    allowed: bool
+    in_window: int
+    free_at: float = 0.0
+
+
 # ---- the interfaces ----------------------------------------------------------------------
 class RunStore(ABC):
     """Run records. Writes do not block: an implementation persists them in order and
@@ -241,6 +352,58 @@ class RunStore(ABC):
     @abstractmethod
     async def feed_cursor(self) -> FeedCursor:
         """The cursor of the newest change: where a new reader starts."""
+
+    # ---- event mailboxes (engine/mailbox.py) ----------------------------------------------
+    @abstractmethod
+    async def post_event(
+        self, event: str, payload: Any, *, run_id: str | None
+    ) -> list[Delivery] | None:
+        """Put an event in mailboxes, durably (committed when this returns), atomically with
+        respect to `take_event`: a waiter registered before this commits is reported
+        `waiting`, one that registers after it finds the message.
+
+        With `run_id`: one message in that run's mailbox; None (nothing written) if the run
+        does not exist or has ended (a terminal status) when it commits.
+        With `run_id=None` (delivery by key): one message per run registered waiting for
+        `event` with a `path` at which the payload holds the waiter's key
+        (`payload_key(payload, path) == key`), each marked `waiting`; if none matches, one
+        message with no run, kept for the first run that waits on a matching key (`[]`)."""
+
+    @abstractmethod
+    async def take_event(
+        self,
+        run_id: str,
+        step: str,
+        event: str,
+        *,
+        key: str | None = None,
+        path: tuple[str, ...] = (),
+        register: bool = True,
+    ) -> EventMessage | None:
+        """The message a wait step takes, in one atomic step:
+        1. the message this (run_id, step) already took, if any (a wait that resumes again,
+           or re-runs after a crash, gets the same one);
+        2. else the oldest message in the run's mailbox for `event` that nobody took;
+        3. else, with `path`, the oldest message with no run for `event` whose payload holds
+           `key` at `path` (it becomes this run's);
+        the message found is marked taken by `step` and the run's waiter is dropped.
+        If none: with `register`, (run_id, step, event, key, path) is registered as a waiter
+        (replacing the run's previous one) and None returned; without, the waiter is dropped
+        (the wait gave up) and None returned."""
+
+    @abstractmethod
+    async def events_of(self, run_id: str) -> list[EventMessage]:
+        """Every message of the run's mailbox, taken or not, oldest first."""
+
+    @abstractmethod
+    async def event_waiters(self, run_ids: list[str] | None = None) -> list[EventWaiter]:
+        """The registered waiters (of these runs, or all), for the console's "waiting for"."""
+
+    @abstractmethod
+    async def purge_events(self, sent_before: float) -> int:
+        """Forget messages with no run sent before the cut-off, waiters and messages of runs
+        that no longer exist, and waiters of runs that ended; the number of messages deleted.
+        (`purge` deletes the messages of the runs it deletes.)"""
 
 
 class JobQueue(ABC):
@@ -409,6 +572,69 @@ class SharedState(ABC):
     @abstractmethod
     async def resign(self, chore: str, worker: str) -> None: ...
 
+    # schedules (engine/scheduler.py)
+    @abstractmethod
+    async def declare_schedules(
+        self, workflow: str, specs: list[tuple[ScheduleSpec, float]]
+    ) -> None:
+        """Make `workflow`'s schedules these: each (spec, first tick) is added if its
+        (workflow, schedule) is new, with `last_tick` = the first tick given (no catch-up of
+        ticks before it existed), else its spec is updated and its state kept; the workflow's
+        schedules not in the list are removed. An empty list removes them all."""
+
+    @abstractmethod
+    async def schedules(self) -> list[ScheduleState]:
+        """Every declared schedule with its state, by (workflow, schedule)."""
+
+    @abstractmethod
+    async def claim_tick(
+        self,
+        workflow: str,
+        schedule: str,
+        tick: float,
+        job_id: str | None = None,
+        run_id: str | None = None,
+    ) -> bool:
+        """Claim the tick at `tick` (epoch seconds) of a schedule: True for exactly one caller
+        among all processes, and only if the schedule exists, is not paused and its last tick
+        is earlier than `tick` (ticks are claimed in order, each once: a unique key per
+        (workflow, schedule, tick)). The winner enqueues `job_id` (None: the tick is skipped);
+        last_tick, last_job_id, last_run_id and last_fired_at are set with the claim."""
+
+    @abstractmethod
+    async def note_fired(
+        self, workflow: str, schedule: str, job_id: str, run_id: str, at: float
+    ) -> bool:
+        """An operator's "run now" of the schedule: its last job and run are these (its ticks
+        are untouched). False if the schedule is not declared."""
+
+    @abstractmethod
+    async def set_schedule_paused(
+        self, workflow: str, schedule: str, paused: bool, resume_from: float | None = None
+    ) -> bool:
+        """Pause or resume a schedule (shared by every process); on resume, a `resume_from`
+        later than its last tick becomes its last tick (the ticks of the pause are not caught
+        up). False if the schedule is not declared."""
+
+    # rate limits (engine/gates.py)
+    @abstractmethod
+    async def acquire_start(
+        self, scope: str, key: str, limit: int, period_s: float, run_id: str, now: float
+    ) -> RateDecision:
+        """Record that `run_id` starts now under the rate limit (scope, key) if fewer than
+        `limit` starts were recorded in the sliding window (now - period_s, now]; atomic with
+        respect to every process. A run already recorded in the window is allowed again
+        without counting twice (a redelivery of the same start)."""
+
+    @abstractmethod
+    async def recent_starts(self, scope: str, key: str, since: float) -> list[tuple[str, float]]:
+        """(run id, started at) of the starts recorded for (scope, key) after `since`, oldest
+        first: the runs holding the window's slots."""
+
+    @abstractmethod
+    async def forget_starts(self, before: float) -> None:
+        """Drop recorded starts whose window ended before `before` (they count no more)."""
+
 
 class Backend(ABC):
     """One database (or this process's memory): a run store, job queues, and shared state.
@@ -478,17 +704,25 @@ __all__ = [
     "Backend",
     "CacheHit",
     "Claim",
+    "Delivery",
+    "EventMessage",
+    "EventWaiter",
     "FeedCursor",
     "FeedLog",
     "FeedPage",
     "Fence",
     "JobQueue",
     "JobUpdate",
+    "RateDecision",
     "Renewal",
     "RunStore",
+    "ScheduleSpec",
+    "ScheduleState",
     "ServedQueue",
     "SharedState",
     "Transition",
     "Window",
     "WorkerCatalog",
+    "key_text",
+    "payload_key",
 ]

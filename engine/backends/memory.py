@@ -12,6 +12,7 @@ import json
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, ClassVar, TypeVar
 
@@ -34,18 +35,25 @@ from .base import (
     Backend,
     CacheHit,
     Claim,
+    Delivery,
+    EventMessage,
+    EventWaiter,
     FeedCursor,
     FeedLog,
     FeedPage,
     Fence,
     JobQueue,
     JobUpdate,
+    RateDecision,
     Renewal,
     RunStore,
+    ScheduleSpec,
+    ScheduleState,
     SharedState,
     Transition,
     Window,
     WorkerCatalog,
+    payload_key,
 )
 
 T = TypeVar("T")
@@ -90,6 +98,9 @@ class MemoryRunStore(RunStore):
         self._changed: OrderedDict[str, int] = OrderedDict()  # run id → rev, oldest first
         self._logs: deque[FeedLog] = deque(maxlen=FEED_LOG_LINES)
         self._log_ids = itertools.count(1)
+        self._messages: dict[int, EventMessage] = {}  # by id: dicts keep the order sent
+        self._message_ids = itertools.count(1)
+        self._waiters: dict[str, EventWaiter] = {}  # by run id
 
     def _fenced_out(self, fence: Fence | None) -> bool:
         return fence is not None and self._check is not None and not self._check(fence)
@@ -170,6 +181,10 @@ class MemoryRunStore(RunStore):
         for run_id in doomed:
             del self._runs[run_id]
             self._changed.pop(run_id, None)
+            self._waiters.pop(run_id, None)
+        gone = set(doomed)
+        for message in [m for m in self._messages.values() if m.run_id in gone]:
+            del self._messages[message.id]
         now = time.time()
         for key in [k for k, entry in self._cache.items() if entry[2] <= now]:
             del self._cache[key]
@@ -195,6 +210,107 @@ class MemoryRunStore(RunStore):
         rev = next(reversed(self._changed.values()), 0) if self._changed else 0
         log_id = self._logs[-1].id if self._logs else 0
         return FeedCursor(rev, log_id)
+
+    # ---- event mailboxes -------------------------------------------------------------------
+    # Each method runs to its end without awaiting anything: atomic in this one process.
+    async def post_event(
+        self, event: str, payload: Any, *, run_id: str | None
+    ) -> list[Delivery] | None:
+        encoded = json.dumps(payload)  # kept as JSON: each reader gets its own copy
+        now = time.time()
+        if run_id is not None:
+            run = self._runs.get(run_id)
+            if run is None or run.status in TERMINAL_RUN_STATUSES:
+                return None
+            message = self._post(event, encoded, run_id, now)
+            waiter = self._waiters.get(run_id)
+            return [Delivery(run_id, message.id, waiter is not None and waiter.event == event)]
+        deliveries = []
+        for waiter in list(self._waiters.values()):
+            if waiter.event != event or not waiter.path or waiter.key is None:
+                continue
+            run = self._runs.get(waiter.run_id)
+            if run is None or run.status in TERMINAL_RUN_STATUSES:
+                continue
+            if payload_key(payload, waiter.path) == waiter.key:
+                message = self._post(event, encoded, waiter.run_id, now)
+                deliveries.append(Delivery(waiter.run_id, message.id, True))
+        if not deliveries:
+            self._post(event, encoded, None, now)
+        return deliveries
+
+    def _post(self, event: str, encoded: str, run_id: str | None, now: float) -> EventMessage:
+        message = EventMessage(next(self._message_ids), run_id, event, encoded, now)
+        self._messages[message.id] = message
+        return message
+
+    def _out(self, message: EventMessage) -> EventMessage:
+        return replace(message, payload=json.loads(message.payload))
+
+    async def take_event(
+        self,
+        run_id: str,
+        step: str,
+        event: str,
+        *,
+        key: str | None = None,
+        path: tuple[str, ...] = (),
+        register: bool = True,
+    ) -> EventMessage | None:
+        found: EventMessage | None = None
+        for message in self._messages.values():
+            if message.run_id == run_id and message.taken_by == step:
+                self._waiters.pop(run_id, None)
+                return self._out(message)
+            if (
+                found is None
+                and message.run_id == run_id
+                and message.event == event
+                and message.taken_by is None
+            ):
+                found = message
+        if found is None and path and key is not None:
+            for message in self._messages.values():
+                if (
+                    message.run_id is None
+                    and message.event == event
+                    and payload_key(json.loads(message.payload), path) == key
+                ):
+                    found = message
+                    break
+        if found is None:
+            if register:
+                self._waiters[run_id] = EventWaiter(run_id, step, event, key, path)
+            else:
+                self._waiters.pop(run_id, None)
+            return None
+        taken = replace(found, run_id=run_id, taken_by=step, taken_at=time.time())
+        self._messages[found.id] = taken
+        self._waiters.pop(run_id, None)
+        return self._out(taken)
+
+    async def events_of(self, run_id: str) -> list[EventMessage]:
+        return [self._out(m) for m in self._messages.values() if m.run_id == run_id]
+
+    async def event_waiters(self, run_ids: list[str] | None = None) -> list[EventWaiter]:
+        if run_ids is None:
+            return list(self._waiters.values())
+        return [self._waiters[r] for r in run_ids if r in self._waiters]
+
+    async def purge_events(self, sent_before: float) -> int:
+        doomed = [
+            m.id
+            for m in self._messages.values()
+            if (m.run_id is None and m.sent_at < sent_before)
+            or (m.run_id is not None and m.run_id not in self._runs)
+        ]
+        for message_id in doomed:
+            del self._messages[message_id]
+        for run_id in list(self._waiters):
+            run = self._runs.get(run_id)
+            if run is None or run.status in TERMINAL_RUN_STATUSES:
+                del self._waiters[run_id]
+        return len(doomed)
 
 
 # ---- jobs --------------------------------------------------------------------------------
@@ -538,6 +654,9 @@ class MemoryShared(SharedState):
         self._slot_of: dict[str, tuple[str, str]] = {}
         self._windows: dict[tuple[str, str, str], Window] = {}
         self._leaders: dict[str, tuple[str, float]] = {}
+        self._schedules: dict[tuple[str, str], ScheduleState] = {}
+        # (scope, key) → [(run id, started at, counts until)]
+        self._starts: dict[tuple[str, str], list[tuple[str, float, float]]] = {}
 
     def heartbeat(self, worker: WorkerInfo) -> None:
         self._workers[worker.id] = worker.model_copy()
@@ -633,6 +752,94 @@ class MemoryShared(SharedState):
         holder = self._leaders.get(chore)
         if holder is not None and holder[0] == worker:
             del self._leaders[chore]
+
+    # ---- schedules -------------------------------------------------------------------------
+    async def declare_schedules(
+        self, workflow: str, specs: list[tuple[ScheduleSpec, float]]
+    ) -> None:
+        wanted = {spec.schedule for spec, _ in specs}
+        for key in [k for k in self._schedules if k[0] == workflow and k[1] not in wanted]:
+            del self._schedules[key]
+        for spec, first in specs:
+            key = (workflow, spec.schedule)
+            known = self._schedules.get(key)
+            self._schedules[key] = (
+                ScheduleState(spec, first) if known is None else replace(known, spec=spec)
+            )
+
+    async def schedules(self) -> list[ScheduleState]:
+        return [self._schedules[key] for key in sorted(self._schedules)]
+
+    async def claim_tick(
+        self,
+        workflow: str,
+        schedule: str,
+        tick: float,
+        job_id: str | None = None,
+        run_id: str | None = None,
+    ) -> bool:
+        known = self._schedules.get((workflow, schedule))
+        if known is None or known.paused or known.last_tick >= tick:
+            return False
+        if job_id is None:  # skipped (catch_up="none"): no job, the last one stays
+            self._schedules[(workflow, schedule)] = replace(known, last_tick=tick)
+        else:
+            self._schedules[(workflow, schedule)] = replace(
+                known,
+                last_tick=tick,
+                last_job_id=job_id,
+                last_run_id=run_id,
+                last_fired_at=time.time(),
+            )
+        return True
+
+    async def note_fired(
+        self, workflow: str, schedule: str, job_id: str, run_id: str, at: float
+    ) -> bool:
+        known = self._schedules.get((workflow, schedule))
+        if known is None:
+            return False
+        self._schedules[(workflow, schedule)] = replace(
+            known, last_job_id=job_id, last_run_id=run_id, last_fired_at=at
+        )
+        return True
+
+    async def set_schedule_paused(
+        self, workflow: str, schedule: str, paused: bool, resume_from: float | None = None
+    ) -> bool:
+        known = self._schedules.get((workflow, schedule))
+        if known is None:
+            return False
+        last = known.last_tick
+        if not paused and resume_from is not None:
+            last = max(last, resume_from)
+        self._schedules[(workflow, schedule)] = replace(known, paused=paused, last_tick=last)
+        return True
+
+    # ---- rate limits -----------------------------------------------------------------------
+    async def acquire_start(
+        self, scope: str, key: str, limit: int, period_s: float, run_id: str, now: float
+    ) -> RateDecision:
+        starts = self._starts.setdefault((scope, key), [])
+        starts[:] = [(r, at, until) for r, at, until in starts if until > now]
+        if any(r == run_id for r, _, _ in starts):
+            return RateDecision(True, len(starts))
+        if len(starts) >= limit:
+            return RateDecision(False, len(starts), min(until for _, _, until in starts))
+        starts.append((run_id, now, now + period_s))
+        return RateDecision(True, len(starts))
+
+    async def recent_starts(self, scope: str, key: str, since: float) -> list[tuple[str, float]]:
+        starts = self._starts.get((scope, key), [])
+        return sorted(((r, at) for r, at, _ in starts if at > since), key=lambda s: s[1])
+
+    async def forget_starts(self, before: float) -> None:
+        for key in list(self._starts):
+            kept = [s for s in self._starts[key] if s[2] >= before]
+            if kept:
+                self._starts[key] = kept
+            else:
+                del self._starts[key]
 
 
 # ---- the backend -------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from blok_tui.logs_screen import LogsScreen
 from blok_tui.queues_screen import QueuesScreen
 from blok_tui.run_screen import RunScreen
 from blok_tui.runs_screen import RunsScreen
+from blok_tui.schedules_screen import SchedulesScreen
 from blok_tui.timeline_screen import TimelineScreen
 from blok_tui.workers_screen import WorkersScreen
 
@@ -25,6 +26,7 @@ SCREENS = {
     actions.TIMELINE: TimelineScreen,
     actions.LOGS: LogsScreen,
     actions.DIFF: DiffScreen,
+    actions.SCHEDULES: SchedulesScreen,
 }
 
 

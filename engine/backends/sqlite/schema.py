@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 MIGRATIONS: dict[int, str] = {
     1: """
@@ -211,5 +211,52 @@ MIGRATIONS: dict[int, str] = {
     );
 
     DROP TABLE control;
+    """,
+    # Events, schedules, rate limits (issue 17): each run's mailbox and the waiters parked on
+    # it; schedules with their last claimed tick (one row per schedule: a tick is claimed by
+    # moving last_tick forward, once); the starts each rate-limit window counts.
+    5: """
+    CREATE TABLE events (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        run_id TEXT,
+        event TEXT NOT NULL,
+        payload TEXT,
+        sent_at REAL NOT NULL,
+        taken_by TEXT,
+        taken_at REAL
+    );
+    CREATE INDEX events_run ON events(run_id, event);
+    CREATE INDEX events_unaddressed ON events(event, id) WHERE run_id IS NULL;
+
+    CREATE TABLE event_waiters (
+        run_id TEXT PRIMARY KEY,
+        step TEXT NOT NULL,
+        event TEXT NOT NULL,
+        key TEXT,
+        path TEXT
+    );
+    CREATE INDEX event_waiters_event ON event_waiters(event);
+
+    CREATE TABLE schedules (
+        workflow TEXT NOT NULL,
+        schedule TEXT NOT NULL,
+        spec TEXT NOT NULL,
+        last_tick REAL NOT NULL,
+        paused INTEGER NOT NULL DEFAULT 0,
+        last_fired_at REAL,
+        last_job_id TEXT,
+        last_run_id TEXT,
+        PRIMARY KEY (workflow, schedule)
+    ) WITHOUT ROWID;
+
+    CREATE TABLE rate_starts (
+        scope TEXT NOT NULL,
+        key TEXT NOT NULL,
+        run_id TEXT NOT NULL,
+        started_at REAL NOT NULL,
+        until REAL NOT NULL,
+        PRIMARY KEY (scope, key, run_id)
+    ) WITHOUT ROWID;
+    CREATE INDEX rate_starts_until ON rate_starts(until);
     """,
 }

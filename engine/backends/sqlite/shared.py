@@ -1,5 +1,5 @@
 """What the processes on one SQLite file share: workers, catalogs, pauses, concurrency slots,
-debounce windows and leader leases."""
+debounce windows, schedules, rate-limit windows and leader leases."""
 
 from __future__ import annotations
 
@@ -11,7 +11,15 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from ...models import WorkerInfo, WorkflowInfo
-from ..base import ServedQueue, SharedState, Window, WorkerCatalog
+from ..base import (
+    RateDecision,
+    ScheduleSpec,
+    ScheduleState,
+    ServedQueue,
+    SharedState,
+    Window,
+    WorkerCatalog,
+)
 from .db import SqliteDatabase
 
 T = TypeVar("T")
@@ -56,6 +64,41 @@ def catalog_from_row(row: Any) -> WorkerCatalog:
         workflows.append(WorkflowInfo(**{k: w.get(k) for k in WorkflowInfo.model_fields}))
         kinds[w["name"]] = tuple((name, kind) for name, kind in w.get("kinds", ()))
     return WorkerCatalog(row[0], queues, tuple(workflows), kinds, json.loads(row[3]), row[4])
+
+
+def spec_text(spec: ScheduleSpec) -> str:
+    return json.dumps(
+        {
+            "queue": spec.queue,
+            "cron": spec.cron,
+            "every_ms": spec.every_ms,
+            "timezone": spec.timezone,
+            "catch_up": spec.catch_up,
+            "payload": spec.payload,
+        },
+        default=str,
+    )
+
+
+def schedule_from_row(row: Any) -> ScheduleState:
+    """(workflow, schedule, spec, last_tick, paused, last_fired_at, last_job_id, last_run_id)"""
+    fields = json.loads(row[2])
+    spec = ScheduleSpec(
+        workflow=row[0],
+        schedule=row[1],
+        queue=fields.get("queue", ""),
+        cron=fields.get("cron"),
+        every_ms=fields.get("every_ms"),
+        timezone=fields.get("timezone", "UTC"),
+        catch_up=fields.get("catch_up", "latest"),
+        payload=fields.get("payload"),
+    )
+    return ScheduleState(spec, row[3], bool(row[4]), row[5], row[6], row[7])
+
+
+SCHEDULE_COLUMNS = (
+    "workflow, schedule, spec, last_tick, paused, last_fired_at, last_job_id, last_run_id"
+)
 
 
 class SqliteShared(SharedState):
@@ -239,3 +282,126 @@ class SqliteShared(SharedState):
 
     async def resign(self, chore: str, worker: str) -> None:
         self.db.write("DELETE FROM leader_leases WHERE name = ? AND holder = ?", (chore, worker))
+
+    # ---- schedules -------------------------------------------------------------------------
+    async def declare_schedules(
+        self, workflow: str, specs: list[tuple[ScheduleSpec, float]]
+    ) -> None:
+        def declare(conn: sqlite3.Connection) -> None:
+            names = [spec.schedule for spec, _ in specs]
+            conn.execute(
+                "DELETE FROM schedules WHERE workflow = ?"
+                f" AND schedule NOT IN ({', '.join('?' * len(names))})",
+                (workflow, *names),
+            )
+            conn.executemany(
+                "INSERT INTO schedules (workflow, schedule, spec, last_tick) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT(workflow, schedule) DO UPDATE SET spec = excluded.spec",
+                [(workflow, spec.schedule, spec_text(spec), first) for spec, first in specs],
+            )
+
+        await self.db.transaction(declare)
+
+    async def schedules(self) -> list[ScheduleState]:
+        await self.db.flush()
+        rows = await self.db.fetchall(
+            f"SELECT {SCHEDULE_COLUMNS} FROM schedules ORDER BY workflow, schedule"
+        )
+        return [schedule_from_row(row) for row in rows]
+
+    async def claim_tick(
+        self,
+        workflow: str,
+        schedule: str,
+        tick: float,
+        job_id: str | None = None,
+        run_id: str | None = None,
+    ) -> bool:
+        now = time.time()
+
+        def claim(conn: sqlite3.Connection) -> bool:
+            # The unique key of a tick: last_tick moves forward past it once, in one statement.
+            return (
+                conn.execute(
+                    "UPDATE schedules SET last_tick = ?,"
+                    " last_job_id = CASE WHEN ? IS NULL THEN last_job_id ELSE ? END,"
+                    " last_run_id = CASE WHEN ? IS NULL THEN last_run_id ELSE ? END,"
+                    " last_fired_at = CASE WHEN ? IS NULL THEN last_fired_at ELSE ? END"
+                    " WHERE workflow = ? AND schedule = ? AND paused = 0 AND last_tick < ?",
+                    (tick, job_id, job_id, job_id, run_id, job_id, now, workflow, schedule, tick),
+                ).rowcount
+                == 1
+            )
+
+        return await self.db.transaction(claim)
+
+    async def note_fired(
+        self, workflow: str, schedule: str, job_id: str, run_id: str, at: float
+    ) -> bool:
+        def note(conn: sqlite3.Connection) -> bool:
+            return (
+                conn.execute(
+                    "UPDATE schedules SET last_job_id = ?, last_run_id = ?, last_fired_at = ?"
+                    " WHERE workflow = ? AND schedule = ?",
+                    (job_id, run_id, at, workflow, schedule),
+                ).rowcount
+                == 1
+            )
+
+        return await self.db.transaction(note)
+
+    async def set_schedule_paused(
+        self, workflow: str, schedule: str, paused: bool, resume_from: float | None = None
+    ) -> bool:
+        start = None if paused else resume_from
+
+        def pause(conn: sqlite3.Connection) -> bool:
+            return (
+                conn.execute(
+                    "UPDATE schedules SET paused = ?,"
+                    " last_tick = CASE WHEN ? IS NOT NULL AND ? > last_tick THEN ?"
+                    " ELSE last_tick END WHERE workflow = ? AND schedule = ?",
+                    (int(paused), start, start, start, workflow, schedule),
+                ).rowcount
+                == 1
+            )
+
+        return await self.db.transaction(pause)
+
+    # ---- rate limits -----------------------------------------------------------------------
+    async def acquire_start(
+        self, scope: str, key: str, limit: int, period_s: float, run_id: str, now: float
+    ) -> RateDecision:
+        def acquire(conn: sqlite3.Connection) -> RateDecision:
+            conn.execute(
+                "DELETE FROM rate_starts WHERE scope = ? AND key = ? AND until <= ?",
+                (scope, key, now),
+            )
+            rows = conn.execute(
+                "SELECT run_id, until FROM rate_starts WHERE scope = ? AND key = ?",
+                (scope, key),
+            ).fetchall()
+            if any(row[0] == run_id for row in rows):
+                return RateDecision(True, len(rows))
+            if len(rows) >= limit:
+                return RateDecision(False, len(rows), min(row[1] for row in rows))
+            conn.execute(
+                "INSERT INTO rate_starts (scope, key, run_id, started_at, until)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (scope, key, run_id, now, now + period_s),
+            )
+            return RateDecision(True, len(rows) + 1)
+
+        return await self.db.transaction(acquire)
+
+    async def recent_starts(self, scope: str, key: str, since: float) -> list[tuple[str, float]]:
+        await self.db.flush()
+        rows = await self.db.fetchall(
+            "SELECT run_id, started_at FROM rate_starts WHERE scope = ? AND key = ?"
+            " AND started_at > ? ORDER BY started_at",
+            (scope, key, since),
+        )
+        return [(row[0], row[1]) for row in rows]
+
+    async def forget_starts(self, before: float) -> None:
+        self.db.write("DELETE FROM rate_starts WHERE until < ?", (before,))

@@ -6,13 +6,26 @@ within one batch costs one row per table, not one per change.
 
 from __future__ import annotations
 
+import json
+import sqlite3
 import time
 from datetime import UTC, datetime
 from typing import Any
 
 from ...filters import RunFilter
 from ...models import LogLine, Run
-from ..base import CacheHit, FeedCursor, FeedLog, FeedPage, Fence, RunStore
+from ..base import (
+    CacheHit,
+    Delivery,
+    EventMessage,
+    EventWaiter,
+    FeedCursor,
+    FeedLog,
+    FeedPage,
+    Fence,
+    RunStore,
+    payload_key,
+)
 from ..rows import (
     RUN_COLUMNS,
     TERMINAL,
@@ -35,6 +48,96 @@ def _marks(values: list[Any] | tuple[Any, ...]) -> str:
 def log_row(run_id: str, line: LogLine, fence: Fence | None) -> tuple[Any, ...]:
     head = (fence.job_id, fence.epoch) if fence is not None else (None, None)
     return (*head, run_id, line.step, line.ts.timestamp(), line.level, line.message)
+
+
+EVENT_COLUMNS = "id, run_id, event, payload, sent_at, taken_by, taken_at"
+
+
+def _message(row: Any) -> EventMessage:
+    return EventMessage(row[0], row[1], row[2], load(row[3]), row[4], row[5], row[6])
+
+
+def _ended(conn: sqlite3.Connection, run_id: str) -> bool:
+    """The run does not exist or has ended, as this transaction sees it."""
+    row = conn.execute("SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone()
+    return row is None or row[0] in TERMINAL
+
+
+def post_event(
+    conn: sqlite3.Connection, event: str, payload: Any, run_id: str | None
+) -> list[Delivery] | None:
+    """Inside the writer's transaction (shared with PostgreSQL's port of it): see
+    RunStore.post_event."""
+    encoded = dump(payload)
+    now = time.time()
+    insert = "INSERT INTO events (run_id, event, payload, sent_at) VALUES (?, ?, ?, ?)"
+    if run_id is not None:
+        if _ended(conn, run_id):
+            return None
+        message_id = conn.execute(insert, (run_id, event, encoded, now)).lastrowid
+        waiting = conn.execute(
+            "SELECT 1 FROM event_waiters WHERE run_id = ? AND event = ?", (run_id, event)
+        ).fetchone()
+        return [Delivery(run_id, int(message_id or 0), waiting is not None)]
+    deliveries = []
+    for waiter, key, path in conn.execute(
+        "SELECT run_id, key, path FROM event_waiters WHERE event = ? AND path IS NOT NULL"
+        " AND key IS NOT NULL ORDER BY run_id",
+        (event,),
+    ).fetchall():
+        if payload_key(payload, tuple(json.loads(path))) != key or _ended(conn, waiter):
+            continue
+        message_id = conn.execute(insert, (waiter, event, encoded, now)).lastrowid
+        deliveries.append(Delivery(waiter, int(message_id or 0), True))
+    if not deliveries:
+        conn.execute(insert, (None, event, encoded, now))
+    return deliveries
+
+
+def take_event(
+    conn: sqlite3.Connection,
+    run_id: str,
+    step: str,
+    event: str,
+    key: str | None,
+    path: tuple[str, ...],
+    register: bool,
+) -> EventMessage | None:
+    """Inside the writer's transaction: see RunStore.take_event."""
+    row = conn.execute(
+        f"SELECT {EVENT_COLUMNS} FROM events WHERE run_id = ? AND taken_by = ?", (run_id, step)
+    ).fetchone()
+    if row is None:
+        row = conn.execute(
+            f"SELECT {EVENT_COLUMNS} FROM events WHERE run_id = ? AND event = ?"
+            " AND taken_by IS NULL ORDER BY id LIMIT 1",
+            (run_id, event),
+        ).fetchone()
+        if row is None and path and key is not None:
+            for candidate in conn.execute(
+                f"SELECT {EVENT_COLUMNS} FROM events WHERE run_id IS NULL AND event = ?"
+                " ORDER BY id",
+                (event,),
+            ).fetchall():
+                if payload_key(load(candidate[3]), path) == key:
+                    row = candidate
+                    break
+        if row is not None:
+            now = time.time()
+            conn.execute(
+                "UPDATE events SET run_id = ?, taken_by = ?, taken_at = ? WHERE id = ?",
+                (run_id, step, now, row[0]),
+            )
+            row = (row[0], run_id, row[2], row[3], row[4], step, now)
+    if row is not None or not register:
+        conn.execute("DELETE FROM event_waiters WHERE run_id = ?", (run_id,))
+        return _message(row) if row is not None else None
+    conn.execute(
+        "INSERT OR REPLACE INTO event_waiters (run_id, step, event, key, path)"
+        " VALUES (?, ?, ?, ?, ?)",
+        (run_id, step, event, key, json.dumps(list(path)) if path else None),
+    )
+    return None
 
 
 class SqliteRunStore(RunStore):
@@ -160,11 +263,69 @@ class SqliteRunStore(RunStore):
                     (cutoff, *TERMINAL, limit),
                 )
             ]
-            for table in ("steps", "attempts", "logs"):
+            for table in ("steps", "attempts", "logs", "events", "event_waiters"):
                 conn.executemany(f"DELETE FROM {table} WHERE run_id = ?", ids)
             conn.executemany("DELETE FROM runs WHERE id = ?", ids)
             conn.execute("DELETE FROM idempotency WHERE expires_at <= ?", (time.time(),))
             return len(ids)
+
+        return await self.db.transaction(purge)
+
+    # ---- event mailboxes -------------------------------------------------------------------
+    async def post_event(
+        self, event: str, payload: Any, *, run_id: str | None
+    ) -> list[Delivery] | None:
+        return await self.db.transaction(lambda conn: post_event(conn, event, payload, run_id))
+
+    async def take_event(
+        self,
+        run_id: str,
+        step: str,
+        event: str,
+        *,
+        key: str | None = None,
+        path: tuple[str, ...] = (),
+        register: bool = True,
+    ) -> EventMessage | None:
+        return await self.db.transaction(
+            lambda conn: take_event(conn, run_id, step, event, key, path, register)
+        )
+
+    async def events_of(self, run_id: str) -> list[EventMessage]:
+        await self.db.flush()
+        rows = await self.db.fetchall(
+            f"SELECT {EVENT_COLUMNS} FROM events WHERE run_id = ? ORDER BY id", (run_id,)
+        )
+        return [_message(row) for row in rows]
+
+    async def event_waiters(self, run_ids: list[str] | None = None) -> list[EventWaiter]:
+        await self.db.flush()
+        sql = "SELECT run_id, step, event, key, path FROM event_waiters"
+        params: tuple[Any, ...] = ()
+        if run_ids is not None:
+            if not run_ids:
+                return []
+            sql += f" WHERE run_id IN ({_marks(run_ids)})"
+            params = tuple(run_ids)
+        rows = await self.db.fetchall(sql, params)
+        return [
+            EventWaiter(r[0], r[1], r[2], r[3], tuple(json.loads(r[4])) if r[4] else ())
+            for r in rows
+        ]
+
+    async def purge_events(self, sent_before: float) -> int:
+        def purge(conn: sqlite3.Connection) -> int:
+            deleted = conn.execute(
+                "DELETE FROM events WHERE (run_id IS NULL AND sent_at < ?)"
+                " OR (run_id IS NOT NULL AND run_id NOT IN (SELECT id FROM runs))",
+                (sent_before,),
+            ).rowcount
+            conn.execute(
+                "DELETE FROM event_waiters WHERE run_id NOT IN (SELECT id FROM runs WHERE"
+                f" status NOT IN ({_marks(TERMINAL)}))",
+                TERMINAL,
+            )
+            return int(deleted)
 
         return await self.db.transaction(purge)
 

@@ -1,0 +1,163 @@
+"""The schedules view (`:schedules`): every schedule the workers declared on this database, with
+a countdown to its next tick, when it last fired and how its last run went; p pauses or resumes
+one, n runs it now, enter opens its last run."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import ClassVar
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import BindingType
+from textual.widgets import Static
+
+from engine import EngineError, ScheduleInfo
+
+from . import actions
+from .base_screen import BlokScreen, Changes
+from .console import countdown, day_time, printable, short_ids, status_text
+from .widgets.row_table import Column, RowTable
+
+COLUMNS = (
+    Column("workflow", "workflow", 18, priority=10, flex=True),
+    Column("schedule", "schedule", 22, priority=9),
+    Column("state", "state", 8, priority=8),
+    Column("next", "next", 14, priority=7),
+    Column("last", "last fired", 11, priority=4),
+    Column("run", "last run", 12, priority=3),
+    Column("status", "status", 12, priority=6),
+    Column("queue", "queue", 12, priority=2),
+)
+
+
+def row_key(info: ScheduleInfo) -> str:
+    return f"{info.workflow}\x00{info.schedule}"
+
+
+class SchedulesScreen(BlokScreen):
+    SCOPE: ClassVar[str] = actions.SCHEDULES
+    BINDINGS: ClassVar[list[BindingType]] = actions.bindings(actions.SCHEDULES)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: list[ScheduleInfo] = []
+
+    @property
+    def crumb(self) -> str:
+        return "schedules"
+
+    def compose_body(self) -> ComposeResult:
+        yield Static(id="schedules-summary", classes="filters")
+        yield RowTable(COLUMNS, id="schedules")
+
+    @property
+    def table(self) -> RowTable:
+        return self.query_one("#schedules", RowTable)
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        self.table.focus()
+
+    async def load(self) -> None:
+        self.found = await self.engine.schedules()
+        self.render_rows()
+
+    def render_rows(self) -> None:
+        now, tz = self.blok.now(), self.blok.tz
+        short = short_ids([i.last_run_id for i in self.found if i.last_run_id])
+        rows = [(row_key(info), self.cells(info, now, tz, short)) for info in self.found]
+        self.table.set_rows(rows)
+        paused = sum(1 for info in self.found if info.paused)
+        line = Text()
+        line.append("schedules ", style="bold")
+        if not self.found:
+            line.append(
+                " none declared: give a workflow schedules=[Schedule(...)] and start a worker",
+                style="dim",
+            )
+        else:
+            line.append(f" {len(self.found)}", style="grey85")
+            if paused:
+                line.append(f" · {paused} paused", style="khaki3")
+            upcoming = [i.next_at for i in self.found if i.next_at is not None]
+            if upcoming:
+                line.append(f" · next tick {countdown(min(upcoming), now)}", style="grey70")
+        self.query_one("#schedules-summary", Static).update(line, layout=False)
+
+    @staticmethod
+    def cells(
+        info: ScheduleInfo, now: datetime, tz: object, short: dict[str, str]
+    ) -> list[Text | str]:
+        state = (
+            Text("⏸ paused", style="khaki3") if info.paused else Text("● active", style="green3")
+        )
+        upcoming = (
+            Text(countdown(info.next_at, now), style="grey85")
+            if info.next_at is not None
+            else Text("–", style="dim")
+        )
+        last = day_time(info.last_fired_at, tz, now) if info.last_fired_at else "never"  # type: ignore[arg-type]
+        status = status_text(str(info.last_status)) if info.last_status else Text("–", style="dim")
+        return [
+            Text(printable(info.workflow), style="bold"),
+            printable(info.schedule),
+            state,
+            upcoming,
+            last,
+            short.get(info.last_run_id, info.last_run_id) if info.last_run_id else "–",
+            status,
+            printable(info.queue),
+        ]
+
+    def selected(self) -> ScheduleInfo | None:
+        table = self.table
+        if not table.keys:
+            return None
+        key = table.keys[min(table.cursor_row, len(table.keys) - 1)]
+        return next((i for i in self.found if row_key(i) == key), None)
+
+    async def action_toggle_schedule(self) -> None:
+        info = self.selected()
+        if info is None:
+            return
+        try:
+            if info.paused:
+                await self.engine.resume_schedule(info.workflow, info.schedule)
+                self.notify(f"{info.workflow} {info.schedule} fires again", title="Resumed")
+            else:
+                await self.engine.pause_schedule(info.workflow, info.schedule)
+                self.notify(f"{info.workflow} {info.schedule} fires no more", title="Paused")
+        except EngineError as error:
+            self.notify(str(error), severity="error")
+        self.request_reload()
+
+    async def action_run_schedule(self) -> None:
+        info = self.selected()
+        if info is None:
+            return
+        try:
+            run_id = await self.engine.run_schedule(info.workflow, info.schedule)
+        except EngineError as error:
+            self.notify(str(error), title="Run now refused", severity="error")
+            return
+        self.notify(f"run {run_id}: enter opens it", title=f"{info.workflow} runs now")
+        self.request_reload()
+
+    def action_open_last_run(self) -> None:
+        info = self.selected()
+        if info is None or info.last_run_id is None:
+            self.notify("this schedule has not run yet", severity="warning")
+            return
+        self.blok.open_run(info.last_run_id)
+
+    def on_row_table_selected(self, event: RowTable.Selected) -> None:
+        event.stop()
+        self.action_open_last_run()
+
+    def engine_changed(self, changes: Changes) -> None:
+        if changes.runs or changes.everything:
+            self.request_reload()
+
+    def tick(self) -> None:
+        self.request_reload()  # countdowns, and ticks fired by other processes

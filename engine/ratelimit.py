@@ -1,0 +1,58 @@
+"""Rate limits: `WorkerTrigger(rate_limit=RateLimit(limit=10, period="1m", key="$.body.tenant"))`.
+
+At most `limit` runs of the workflow start in any sliding window of `period` (per value of
+`key`, when it is given), across every process on the database. A run over the limit waits as
+`throttled` until a start leaves the window; it does not use its retries. The gate is in
+engine/gates.py; the starts each window counts are the backend's shared state.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from . import expressions
+from .durations import Duration, format_duration
+from .errors import WorkflowDefinitionError
+
+MAX_RATE_LIMIT = 1_000_000
+
+
+class RateLimit(BaseModel):
+    """At most `limit` starts per sliding window of `period`, per value of `key` (a "$.body…"
+    expression, a callable taking the context, or None for one window for all runs)."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, frozen=True, extra="forbid")
+
+    limit: int = Field(ge=1, le=MAX_RATE_LIMIT)
+    period: Duration = Field(ge=1)
+    key: Any = None
+
+    def __init__(self, limit: int | None = None, period: Any = None, **data: Any) -> None:
+        if limit is not None:
+            data["limit"] = limit
+        if period is not None:
+            data["period"] = period
+        try:
+            super().__init__(**data)
+        except ValidationError as error:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in item['loc']) or 'value'}: "
+                + item["msg"].removeprefix("Value error, ")
+                for item in error.errors()
+            )
+            raise WorkflowDefinitionError(f"RateLimit: {problems}") from None
+        if expressions.is_expression(self.key):
+            try:
+                parts = expressions.parse(self.key)
+            except expressions.ExpressionError as error:
+                raise WorkflowDefinitionError(f"RateLimit.key: {error}") from None
+            if parts[0] == "state":
+                raise WorkflowDefinitionError(
+                    f"RateLimit.key: {self.key} reads $.state, which is empty before the run "
+                    "starts; use $.body, $.headers or $.params"
+                )
+
+    def describe(self) -> str:
+        return f"{self.limit} start(s) per {format_duration(self.period)}"

@@ -1,0 +1,144 @@
+"""Schedules: `Schedule(cron="0 * * * *", timezone="Europe/Paris")` or `Schedule(every="30s")` on
+a Workflow, and the arithmetic of their ticks.
+
+A tick is a moment (epoch seconds) at which a schedule enqueues one job. Ticks are computed the
+same way by every process, so that they can agree on each one: `every` ticks are the multiples
+of the interval since the Unix epoch; cron ticks are those of the expression in its time zone
+(cronsim, which handles daylight saving changes). The scheduler that fires them runs in the
+workers (engine/scheduler.py).
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from cronsim import CronSim, CronSimError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .durations import Duration
+from .errors import WorkflowDefinitionError
+
+CatchUp = Literal["latest", "all", "none"]
+MIN_EVERY_MS = 1000  # a schedule ticks at most once a second
+
+
+def _explain(error: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(p) for p in item['loc']) or 'value'}: "
+        + item["msg"].removeprefix("Value error, ")
+        for item in error.errors()
+    )
+
+
+class Schedule(BaseModel):
+    """Enqueue one job to the workflow's queue at each tick, with `payload` as its body.
+
+    `catch_up` says what happens to ticks missed while no worker ran: "latest" (default) one
+    run for the missed span, "all" one run per missed tick, "none" none (the next tick fires).
+    Its id within the workflow is its expression ("every 30s", "cron 0 * * * * Europe/Paris"):
+    change the expression and it is another schedule."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, frozen=True, extra="forbid")
+
+    cron: str | None = None
+    every: Duration | None = Field(None, ge=MIN_EVERY_MS)
+    timezone: str = "UTC"
+    payload: Any = None
+    catch_up: CatchUp = "latest"
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as error:
+            raise WorkflowDefinitionError(f"Schedule: {_explain(error)}") from None
+        if (self.cron is None) == (self.every is None):
+            raise WorkflowDefinitionError(
+                "Schedule: give either cron= (an expression) or every= (a duration), not "
+                + ("both" if self.cron is not None else "neither")
+            )
+
+    @property
+    def id(self) -> str:
+        if self.every is not None:
+            return f"every {exact_duration(self.every)}"
+        return f"cron {self.cron} {self.timezone}"
+
+    def problem(self) -> str | None:
+        """What is wrong with the expression or time zone (None: nothing); the workflow that
+        holds the schedule reports it with its name."""
+        return schedule_problem(self.cron, self.timezone)
+
+    def next_tick(self, after: float) -> float:
+        return next_tick(self.cron, self.every, self.timezone, after)
+
+    def latest_tick(self, at: float) -> float:
+        return latest_tick(self.cron, self.every, self.timezone, at)
+
+
+def exact_duration(ms: int) -> str:
+    """30s, 10m, 1d, 1500ms: the largest unit that holds the duration exactly."""
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"
+
+
+def schedule_problem(cron: str | None, timezone: str) -> str | None:
+    try:
+        zone = ZoneInfo(timezone)
+    except (ZoneInfoNotFoundError, ValueError):
+        return f"unknown time zone {timezone!r} (use an IANA name such as 'Europe/Paris')"
+    if cron is not None:
+        try:
+            CronSim(cron, datetime.now(zone))
+        except CronSimError as error:
+            return f"invalid cron expression {cron!r}: {error}"
+    return None
+
+
+def next_tick(cron: str | None, every_ms: int | None, timezone: str, after: float) -> float:
+    """The first tick strictly after `after` (epoch seconds)."""
+    if every_ms is not None:
+        step = every_ms / 1000
+        return (math.floor(after / step) + 1) * step
+    assert cron is not None
+    start = datetime.fromtimestamp(after, ZoneInfo(timezone))
+    return next(iter(CronSim(cron, start))).timestamp()
+
+
+def latest_tick(cron: str | None, every_ms: int | None, timezone: str, at: float) -> float:
+    """The last tick at or before `at` (epoch seconds)."""
+    if every_ms is not None:
+        step = every_ms / 1000
+        return math.floor(at / step) * step
+    assert cron is not None
+    start = datetime.fromtimestamp(at, ZoneInfo(timezone)) + timedelta(microseconds=1)
+    return next(iter(CronSim(cron, start, reverse=True))).timestamp()
+
+
+def ticks_between(
+    cron: str | None, every_ms: int | None, timezone: str, after: float, until: float, limit: int
+) -> list[float]:
+    """Ticks in (after, until], oldest first, at most `limit` of them (the newest are kept)."""
+    if every_ms is not None:
+        step = every_ms / 1000
+        first = math.floor(after / step) + 1
+        last = math.floor(until / step)
+        return [k * step for k in range(max(first, last - limit + 1), last + 1)]
+    assert cron is not None
+    ticks: list[float] = []
+    for moment in CronSim(cron, datetime.fromtimestamp(after, ZoneInfo(timezone))):
+        at = moment.timestamp()
+        if at > until:
+            break
+        ticks.append(at)
+        if len(ticks) > limit:
+            del ticks[0]
+    return ticks
+
+
+def utc(epoch: float) -> datetime:
+    return datetime.fromtimestamp(epoch, UTC)

@@ -1,0 +1,172 @@
+"""The console on events, schedules and rate limits, driven by keys over a real engine: a run
+waiting for an event says for what and until when and takes an event sent from its view; the
+schedules view pauses and runs a schedule; the "why is it waiting" panel names the runs holding
+a rate limit's window, and h opens one."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+from textual.widgets import Input, Static, TextArea
+
+from blok_tui.app import BlokApp
+from blok_tui.inject_screen import InjectScreen
+from blok_tui.run_screen import RunScreen
+from blok_tui.schedules_screen import SchedulesScreen
+from blok_tui.widgets.row_table import RowTable
+from engine import (
+    Engine,
+    RateLimit,
+    RunStatus,
+    Schedule,
+    Step,
+    WorkerTrigger,
+    Workflow,
+    wait,
+)
+
+from .helpers import column, command, settled, text_of, until
+
+pytestmark = pytest.mark.anyio
+SIZE = (140, 40)
+
+
+def echo(ctx) -> dict:
+    return {"echo": ctx.body}
+
+
+APPROVAL = Workflow(
+    name="orders.approval",
+    trigger=WorkerTrigger(queue="approvals", concurrency=2),
+    steps=[
+        wait.for_event("approved", timeout="1h", match="$.body.order_id", name="approval"),
+        Step("ship", echo),
+    ],
+)
+NIGHTLY = Workflow(
+    name="reports.nightly",
+    trigger=WorkerTrigger(queue="nightly"),
+    schedules=[Schedule(every="1d", payload={"report": "sales"})],
+    steps=[Step("report", echo)],
+)
+LIMITED = Workflow(
+    name="api.calls",
+    trigger=WorkerTrigger(queue="calls", rate_limit=RateLimit(limit=1, period="1m")),
+    steps=[Step("call", echo)],
+)
+
+
+async def parked(engine: Engine, job_id: str, status: RunStatus) -> str:
+    with anyio.fail_after(10):
+        while True:
+            run = await engine.get_run((await engine.get_job(job_id)).run_id)
+            if run.status is status:
+                return run.id
+            await anyio.sleep(0.02)
+
+
+async def test_send_the_awaited_event_from_the_run_view() -> None:
+    async with Engine(workflows=[APPROVAL]) as engine:
+        job_id = await engine.enqueue("approvals", {"order_id": "A1"})
+        run_id = await parked(engine, job_id, RunStatus.WAITING)
+        app = BlokApp(engine)
+        async with app.run_test(size=SIZE) as pilot:
+            await settled(pilot)
+            await command(pilot, f"run {run_id}")
+            assert isinstance(app.screen, RunScreen)
+            header = text_of(app.screen.query_one("#run-header", Static))
+            assert "✉ waiting for event 'approved' with key 'A1' until" in header
+            assert "times out in 59m" in header or "times out in 1h" in header
+            # Nobody sent anything else: the panel has nothing to add to the header.
+            assert not app.screen.query_one("#why", Static).display
+            await pilot.press("s")
+            await until(pilot, lambda: isinstance(app.screen, InjectScreen))
+            assert app.screen.query_one("#event", Input).value == "approved"
+            app.screen.query_one(TextArea).text = '{"by": "ops"}'
+            await pilot.press("ctrl+s")
+            await until(pilot, lambda: isinstance(app.screen, RunScreen))
+            done = await engine.wait_for_job(job_id, timeout=10)
+            assert done.output == {"echo": {"order_id": "A1"}}
+            assert done.step("approval").output == {"by": "ops"}
+
+
+async def test_a_bad_event_is_refused_in_the_modal() -> None:
+    async with Engine(workflows=[APPROVAL]) as engine:
+        job_id = await engine.enqueue("approvals", {"order_id": "A2"})
+        run_id = await parked(engine, job_id, RunStatus.WAITING)
+        app = BlokApp(engine)
+        async with app.run_test(size=SIZE) as pilot:
+            await settled(pilot)
+            await command(pilot, f"run {run_id}")
+            await pilot.press("s")
+            await until(pilot, lambda: isinstance(app.screen, InjectScreen))
+            modal = app.screen
+            modal.query_one("#event", Input).value = ""
+            modal.query_one(TextArea).text = "{not json"
+            await pilot.press("ctrl+s")
+            await pilot.pause()
+            assert isinstance(app.screen, InjectScreen)  # nothing sent
+            # The first problem, in the order of the fields.
+            assert "name the event" in text_of(modal.query_one("#problem", Static))
+            modal.query_one("#event", Input).value = "approved"
+            await pilot.pause()
+            assert "not valid JSON" in text_of(modal.query_one("#problem", Static))
+            modal.query_one(TextArea).text = "{}"
+            await pilot.pause()
+            assert "ready to send" in text_of(modal.query_one("#problem", Static))
+            await pilot.press("escape")
+        assert (await engine.get_run(run_id)).status is RunStatus.WAITING
+        await engine.cancel(run_id)
+
+
+async def test_the_schedules_view_pauses_runs_now_and_opens_the_last_run() -> None:
+    async with Engine(workflows=[NIGHTLY]) as engine:
+        with anyio.fail_after(10):
+            while True:  # declared by the scheduler's first pass
+                if await engine.schedules():
+                    break
+                await anyio.sleep(0.02)
+        app = BlokApp(engine)
+        async with app.run_test(size=SIZE) as pilot:
+            await settled(pilot)
+            await command(pilot, "schedules")
+            assert isinstance(app.screen, SchedulesScreen)
+            table = app.screen.query_one("#schedules", RowTable)
+            assert column(table, "schedule") == ["every 1d"]
+            assert column(table, "state") == ["● active"]
+            assert column(table, "next")[0].startswith("in ")
+            await pilot.press("p")
+            await until(pilot, lambda: column(table, "state") == ["⏸ paused"])
+            assert (await engine.schedules())[0].paused
+            await pilot.press("n")
+            await until(pilot, lambda: column(table, "status") not in (["–"], []))
+            [info] = await engine.schedules()
+            assert info.last_run_id is not None
+            await engine.wait_for_job((await engine.get_run(info.last_run_id)).job_id, 10)
+            await pilot.press("enter")
+            await until(pilot, lambda: isinstance(app.screen, RunScreen))
+            assert app.screen.run_id == info.last_run_id
+            await pilot.press("escape")
+            await until(pilot, lambda: isinstance(app.screen, SchedulesScreen))
+            await pilot.press("p")
+            await until(pilot, lambda: column(table, "state") == ["● active"])
+
+
+async def test_why_waiting_names_the_rate_limit_holders_and_h_opens_one() -> None:
+    async with Engine(workflows=[LIMITED]) as engine:
+        first = await engine.enqueue("calls", {"n": 1})
+        second = await engine.enqueue("calls", {"n": 2})
+        done = await engine.wait_for_job(first, timeout=10)
+        held = await parked(engine, second, RunStatus.THROTTLED)
+        app = BlokApp(engine)
+        async with app.run_test(size=SIZE) as pilot:
+            await settled(pilot)
+            await command(pilot, f"run {held}")
+            why = text_of(app.screen.query_one("#why", Static))
+            assert "[rate limit]" in why and "1/1 runs started in the window" in why
+            assert f"held by {done.id}" in why
+            await pilot.press("h")
+            await until(
+                pilot, lambda: isinstance(app.screen, RunScreen) and app.screen.run_id == done.id
+            )
+        await engine.cancel(held)

@@ -1,0 +1,289 @@
+"""wait.for_event and send_event on memory and SQLite: delivered, sent before the wait, timeout,
+across a restart with no worker alive, from another process (the CLI), by key, and the errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from cli_helpers import blok
+from support import until
+
+from engine import (
+    Engine,
+    EngineError,
+    RunStatus,
+    Step,
+    UnknownRun,
+    WorkerTrigger,
+    Workflow,
+    WorkflowDefinitionError,
+    wait,
+)
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def database(request: pytest.FixtureRequest, tmp_path: Path) -> Path | None:
+    return None if request.param == "memory" else tmp_path / "events.db"
+
+
+def approval_flow(
+    timeout: str = "30s", before: Callable[..., Any] | None = None, **trigger: Any
+) -> Workflow:
+    async def prepare(ctx: Any) -> str:
+        if before is not None:
+            await before()
+        return "prepared"
+
+    def ship(ctx: Any) -> dict[str, Any]:
+        return {"approval": ctx.state["approval"], "prepare": ctx.state["prepare"]}
+
+    return Workflow(
+        name="orders.ship",
+        trigger=WorkerTrigger(queue="ship", **{"concurrency": 4, **trigger}),
+        steps=[
+            Step("prepare", prepare),
+            wait.for_event("approved", timeout=timeout, name="approval"),
+            Step("ship", ship),
+        ],
+    )
+
+
+async def run_of(engine: Engine, job_id: str) -> Any:
+    return await engine.get_run((await engine.get_job(job_id)).run_id)
+
+
+async def waiting(engine: Engine, job_id: str) -> Any:
+    async def parked() -> bool:
+        return (await run_of(engine, job_id)).status is RunStatus.WAITING
+
+    await until(parked)
+    return await run_of(engine, job_id)
+
+
+async def test_the_event_is_the_output_of_the_wait(database: Path | None) -> None:
+    async with Engine(workflows=[approval_flow()], database=database) as engine:
+        job_id = await engine.enqueue("ship", {"order": 1})
+        run = await waiting(engine, job_id)
+        why = await engine.why_waiting(run.id)
+        assert (why.gate, why.event) == ("event", "approved") and why.until is not None
+        assert "waiting for event 'approved'" in why.summary
+        assert await engine.send_event(run.id, "approved", {"by": "ann"}) == [run.id]
+        done = await engine.wait_for_job(job_id, timeout=10)
+        assert done.status is RunStatus.COMPLETED
+        assert done.output == {"approval": {"by": "ann"}, "prepare": "prepared"}
+        assert done.step("approval").output == {"by": "ann"}
+        assert done.id == run.id  # the same run went on: no new delivery
+
+
+async def test_an_event_sent_before_the_wait_is_kept(database: Path | None) -> None:
+    go = anyio.Event()
+    async with Engine(workflows=[approval_flow(before=go.wait)], database=database) as engine:
+        job_id = await engine.enqueue("ship", {})
+
+        async def running() -> bool:
+            return (await run_of(engine, job_id)).status is RunStatus.RUNNING
+
+        await until(running)
+        run = await run_of(engine, job_id)
+        await engine.send_event(run.id, "approved", "early")
+        assert [(m.event, m.taken_by) for m in await engine.events_of(run.id)] == [
+            ("approved", None)
+        ]
+        go.set()
+        with anyio.fail_after(5):  # far sooner than the wait's 30 s timeout
+            done = await engine.wait_for_job(job_id)
+        assert done.output["approval"] == "early"
+        assert [m.taken_by for m in await engine.events_of(run.id)] == ["1:approval"]
+
+
+async def test_the_timeout_gives_none_and_the_run_goes_on(database: Path | None) -> None:
+    async with Engine(workflows=[approval_flow(timeout="300ms")], database=database) as engine:
+        job_id = await engine.enqueue("ship", {})
+        done = await engine.wait_for_job(job_id, timeout=10)
+        assert done.status is RunStatus.COMPLETED
+        assert done.output == {"approval": None, "prepare": "prepared"}
+        # A late event is refused: the run has ended.
+        with pytest.raises(EngineError, match="already ended"):
+            await engine.send_event(done.id, "approved", 1)
+
+
+async def test_waiting_runs_hold_no_worker_slot(database: Path | None) -> None:
+    async with Engine(workflows=[approval_flow(concurrency=1)], database=database) as engine:
+        jobs = [await engine.enqueue("ship", {"n": n}) for n in range(3)]
+        runs = [await waiting(engine, job_id) for job_id in jobs]  # all three parked at once
+        for run in runs:
+            await engine.send_event(run.id, "approved", run.id)
+        for job_id, run in zip(jobs, runs, strict=True):
+            assert (await engine.wait_for_job(job_id, timeout=10)).output["approval"] == run.id
+
+
+async def test_unknown_and_finished_runs_are_refused(database: Path | None) -> None:
+    async with Engine(workflows=[approval_flow(timeout="10ms")], database=database) as engine:
+        with pytest.raises(UnknownRun, match="unknown run 'run_nope'"):
+            await engine.send_event("run_nope", "approved", 1)
+        with pytest.raises(EngineError, match="event name"):
+            await engine.send_event("run_nope", "", 1)
+        done = await engine.wait_for_job(await engine.enqueue("ship", {}), timeout=10)
+        with pytest.raises(EngineError, match=f"run {done.id} has already ended"):
+            await engine.send_event(done.id, "approved", 1)
+
+
+async def test_an_event_nobody_waits_for_stays_with_the_run(database: Path | None) -> None:
+    async with Engine(workflows=[approval_flow()], database=database) as engine:
+        job_id = await engine.enqueue("ship", {})
+        run = await waiting(engine, job_id)
+        await engine.send_event(run.id, "refunded", {"why": "typo"})
+        assert (await run_of(engine, job_id)).status is RunStatus.WAITING
+        box = await engine.events_of(run.id)
+        assert [(m.event, m.payload, m.taken_by) for m in box] == [
+            ("refunded", {"why": "typo"}, None)
+        ]
+        await engine.cancel(run.id)
+
+
+def keyed_flow() -> Workflow:
+    return Workflow(
+        name="orders.pay",
+        trigger=WorkerTrigger(queue="pay", concurrency=4),
+        steps=[wait.for_event("paid", timeout="30s", match="$.body.order_id", name="payment")],
+    )
+
+
+async def test_delivery_by_key_wakes_the_runs_waiting_on_it(database: Path | None) -> None:
+    async with Engine(workflows=[keyed_flow()], database=database) as engine:
+        a1 = await engine.enqueue("pay", {"order_id": "A1"})
+        b2 = await engine.enqueue("pay", {"order_id": "B2"})
+        run_a1, run_b2 = await waiting(engine, a1), await waiting(engine, b2)
+        assert (await engine.why_waiting(run_a1.id)).key == "A1"
+        reached = await engine.send_event(None, "paid", {"order_id": "A1", "amount": 5})
+        assert reached == [run_a1.id]
+        done = await engine.wait_for_job(a1, timeout=10)
+        assert done.output == {"order_id": "A1", "amount": 5}
+        assert (await engine.get_run(run_b2.id)).status is RunStatus.WAITING
+        # Sent by key before anyone waits on it: kept for the first run that does.
+        assert await engine.send_event(None, "paid", {"order_id": "C3"}) == []
+        c3 = await engine.enqueue("pay", {"order_id": "C3"})
+        with anyio.fail_after(5):
+            assert (await engine.wait_for_job(c3)).output == {"order_id": "C3"}
+        await engine.cancel(run_b2.id)
+
+
+def test_a_match_must_be_a_body_path() -> None:
+    with pytest.raises(WorkflowDefinitionError, match=r"match must be a \$\.body"):
+        wait.for_event("paid", match="$.state.x")
+    with pytest.raises(WorkflowDefinitionError, match="timeout"):
+        wait.for_event("paid", timeout="soon")
+
+
+FLOW_FILE = """
+from engine import Step, WorkerTrigger, Workflow, wait
+
+
+def ship(ctx):
+    return ctx.state["approval"]
+
+
+workflow = Workflow(
+    name="orders.ship",
+    trigger=WorkerTrigger(queue="ship"),
+    steps=[wait.for_event("approved", timeout="1h", name="approval"), Step("ship", ship)],
+)
+"""
+
+
+async def test_an_event_sent_with_no_worker_alive_is_delivered_when_one_comes_back(
+    tmp_path: Path,
+) -> None:
+    database = tmp_path / "restart.db"
+    flows = tmp_path / "flows"
+    flows.mkdir()
+    (flows / "ship.py").write_text(FLOW_FILE)
+    async with Engine(workflows=flows, database=database) as engine:
+        job_id = await engine.enqueue("ship", {})
+        run = await waiting(engine, job_id)
+    # No worker runs now: a client engine (no workflows, another connection) sends it.
+    async with Engine(database=database, create=False) as client:
+        assert await client.send_event(run.id, "approved", {"ok": True}) == [run.id]
+        assert (await client.get_run(run.id)).status is RunStatus.WAITING
+    async with Engine(workflows=flows, database=database) as engine:
+        with anyio.fail_after(10):  # not the wait's hour
+            done = await engine.wait_for_job(job_id)
+        assert done.output == {"ok": True}
+
+
+async def test_an_event_from_the_command_line_reaches_the_worker(tmp_path: Path) -> None:
+    database = tmp_path / "cli.db"
+    async with Engine(workflows=[approval_flow(timeout="1h")], database=database) as engine:
+        job_id = await engine.enqueue("ship", {})
+        run = await waiting(engine, job_id)
+        sent = await anyio.to_thread.run_sync(
+            lambda: blok("send", run.id, "approved", '{"by": "cli"}', "--db", database)
+        )
+        assert sent.returncode == 0, sent.stderr
+        assert sent.stdout.strip() == f"{run.id} approved sent"
+        with anyio.fail_after(10):
+            done = await engine.wait_for_job(job_id)
+        assert done.output["approval"] == {"by": "cli"}
+        refused = await anyio.to_thread.run_sync(
+            lambda: blok("send", run.id, "approved", "1", "--db", database)
+        )
+        assert refused.returncode == 1
+        assert "has already ended" in refused.stderr and "Traceback" not in refused.stderr
+        usage = await anyio.to_thread.run_sync(lambda: blok("send", run.id, "--db", database))
+        assert usage.returncode == 2 and "RUN_ID EVENT JSON" in usage.stderr
+
+
+def test_the_cli_sends_by_key(tmp_path: Path) -> None:
+    database = tmp_path / "key.db"
+    code = f"""
+import anyio
+from engine import Engine
+from test_events import keyed_flow
+
+async def main():
+    async with Engine(workflows=[keyed_flow()], database={str(database)!r}):
+        pass
+
+anyio.run(main)
+"""
+    made = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=Path(__file__).parent,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert made.returncode == 0, made.stderr
+    kept = blok("send", "--by-key", "paid", '{"order_id": "Z9"}', "--db", database)
+    assert kept.returncode == 0, kept.stderr
+    assert "no run waits on that key" in kept.stdout
+
+
+async def test_a_producer_engine_reaches_a_worker_process(tmp_path: Path) -> None:
+    from cli_helpers import start_worker
+
+    database = tmp_path / "worker.db"
+    flows = tmp_path / "flows"
+    flows.mkdir()
+    (flows / "ship.py").write_text(FLOW_FILE)
+    worker = await anyio.to_thread.run_sync(lambda: start_worker(database, flows))
+    try:
+        async with Engine(database=database, create=False) as producer:
+            job_id = await producer.enqueue("ship", {})
+            run = await waiting(producer, job_id)
+            assert run.worker == worker.id
+            assert await producer.send_event(run.id, "approved", {"from": "producer"}) == [run.id]
+            with anyio.fail_after(10):  # not the wait's hour
+                done = await producer.wait_for_job(job_id)
+            assert done.output == {"from": "producer"}
+            assert done.worker == worker.id
+    finally:
+        assert await anyio.to_thread.run_sync(worker.stop) == 0

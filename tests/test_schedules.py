@@ -1,0 +1,303 @@
+"""Schedules on memory and SQLite: one job per tick however many engines serve the database,
+catch-up policies after a restart, hot reload, pause/resume/run now (API and CLI), definition
+errors, BLOK_SCHEDULING_DISABLED."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import sqlite3
+import time
+from contextlib import AsyncExitStack, closing
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from cli_helpers import blok, blok_json
+from support import until
+
+from engine import (
+    Engine,
+    RunStatus,
+    Schedule,
+    Step,
+    WorkerTrigger,
+    Workflow,
+    WorkflowDefinitionError,
+)
+from engine.reload import wait_until_watching
+
+pytestmark = pytest.mark.anyio
+
+DAY_S = 86_400.0
+
+
+def ticking(*schedules: Schedule, name: str = "reports.daily") -> Workflow:
+    def report(ctx: Any) -> Any:
+        return ctx.body
+
+    return Workflow(
+        name=name,
+        trigger=WorkerTrigger(queue=name, concurrency=8),
+        schedules=list(schedules),
+        steps=[Step("report", report)],
+    )
+
+
+async def ticks_of(engine: Engine, workflow: str) -> list[float]:
+    runs = await engine.runs(workflow=workflow, limit=10_000)
+    return sorted([float((await engine.get_job(r.job_id)).meta["tick"]) for r in runs])
+
+
+async def test_every_second_on_two_engines_fires_once_per_tick(tmp_path: Path) -> None:
+    database = tmp_path / "ticks.db"
+    wf = ticking(Schedule(every="1s", payload={"kind": "tick"}))
+    async with AsyncExitStack() as stack:
+        first = await stack.enter_async_context(Engine(workflows=[wf], database=database))
+        await stack.enter_async_context(Engine(workflows=[wf], database=database))
+
+        async def five_ticks() -> bool:
+            return len(await first.runs(workflow=wf.name, limit=100)) >= 5
+
+        await until(five_ticks, timeout=15)
+        ticks = await ticks_of(first, wf.name)
+    assert len(ticks) == len(set(ticks)), f"a tick fired twice: {ticks}"
+    assert [b - a for a, b in itertools.pairwise(ticks)] == [1.0] * (len(ticks) - 1)
+    async with Engine(database=database, create=False) as client:
+        runs = await client.runs(workflow=wf.name, limit=100)
+        assert runs and all(run.input == {"kind": "tick"} for run in runs)
+        [info] = await client.schedules()
+        assert info.schedule == "every 1s" and info.last_run_id in {run.id for run in runs}
+
+
+async def test_every_second_on_memory_fires_each_tick(tmp_path: Path) -> None:
+    wf = ticking(Schedule(every="1s"))
+    async with Engine(workflows=[wf]) as engine:
+
+        async def three() -> bool:
+            return len(await engine.runs(workflow=wf.name)) >= 3
+
+        await until(three, timeout=10)
+        ticks = await ticks_of(engine, wf.name)
+        assert [b - a for a, b in itertools.pairwise(ticks)] == [1.0] * (len(ticks) - 1)
+        [info] = await engine.schedules()
+        assert info.next_at is not None and info.next_at.timestamp() > ticks[-1]
+        assert info.last_status in (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.COMPLETED)
+
+
+def rewind(database: Path, days: int) -> None:
+    """Downtime, as the file sees it: the schedule's last tick `days` ticks ago."""
+    with closing(sqlite3.connect(database)) as conn, conn:
+        conn.execute("UPDATE schedules SET last_tick = last_tick - ?", (days * DAY_S,))
+
+
+@pytest.mark.parametrize(("catch_up", "expected"), [("latest", 1), ("all", 5), ("none", 0)])
+async def test_catch_up_after_a_restart(tmp_path: Path, catch_up: str, expected: int) -> None:
+    database = tmp_path / "catchup.db"
+    wf = ticking(Schedule(every="1d", catch_up=catch_up))
+    async with Engine(workflows=[wf], database=database) as engine:
+        await until(lambda: engine.schedules())  # declared
+        assert await engine.runs(workflow=wf.name) == []  # no tick before it existed
+    rewind(database, 5)
+    newest = math.floor(time.time() / DAY_S) * DAY_S
+    async with Engine(workflows=[wf], database=database) as engine:
+
+        async def caught_up() -> bool:
+            [info] = await engine.schedules()
+            return info.last_tick_at is not None and info.last_tick_at.timestamp() == newest
+
+        await until(caught_up)
+        ticks = await ticks_of(engine, wf.name)
+    assert len(ticks) == expected
+    if catch_up == "all":
+        assert ticks == [newest - n * DAY_S for n in range(4, -1, -1)]
+    if catch_up == "latest":
+        assert ticks == [newest]
+
+
+async def test_a_cron_schedule_in_its_time_zone(tmp_path: Path) -> None:
+    wf = ticking(Schedule(cron="30 2 * * *", timezone="Asia/Kolkata"))
+    async with Engine(workflows=[wf], database=tmp_path / "cron.db") as engine:
+        await until(lambda: engine.schedules())
+        [info] = await engine.schedules()
+        assert info.schedule == "cron 30 2 * * * Asia/Kolkata"
+        assert info.next_at is not None
+        local = info.next_at.astimezone(__import__("zoneinfo").ZoneInfo("Asia/Kolkata"))
+        assert (local.hour, local.minute, local.second) == (2, 30, 0)
+        assert 0 < info.next_at.timestamp() - time.time() <= DAY_S
+
+
+async def test_pause_resume_and_run_now(tmp_path: Path) -> None:
+    wf = ticking(Schedule(every="1d", payload={"now": True}))
+    async with Engine(workflows=[wf], database=tmp_path / "ops.db") as engine:
+        await until(lambda: engine.schedules())
+        assert await engine.pause_schedule(wf.name) == "every 1d"
+        [info] = await engine.schedules()
+        assert info.paused and info.next_at is None
+        run_id = await engine.run_schedule(wf.name, "every 1d")  # a pause does not stop it
+        done = await engine.wait_for_job((await engine.get_run(run_id)).job_id, timeout=10)
+        assert done.output == {"now": True}
+        [info] = await engine.schedules()
+        assert info.last_run_id == run_id and info.last_status is RunStatus.COMPLETED
+        await engine.resume_schedule(wf.name)
+        [info] = await engine.schedules()
+        assert not info.paused and info.next_at is not None
+        with pytest.raises(Exception, match="has no schedule 'every 2d'"):
+            await engine.pause_schedule(wf.name, "every 2d")
+        with pytest.raises(Exception, match="has no schedules"):
+            await engine.pause_schedule("nope")
+
+
+async def test_the_cli_lists_pauses_and_runs_schedules(tmp_path: Path) -> None:
+    database = tmp_path / "cli.db"
+    wf = ticking(Schedule(every="1d"), Schedule(every="2d"))
+    async with Engine(workflows=[wf], database=database) as engine:
+        await until(lambda: engine.schedules())
+        await engine.flush()
+
+        def cli(*args: str) -> Any:
+            return anyio.to_thread.run_sync(lambda: blok(*args, "--db", str(database)))
+
+        listed = await anyio.to_thread.run_sync(
+            lambda: blok_json("schedules", "--json", "--db", database)
+        )
+        assert [s["schedule"] for s in listed] == ["every 1d", "every 2d"]
+        table = await cli("schedules")
+        assert table.returncode == 0 and "every 2d" in table.stdout and "active" in table.stdout
+        ambiguous = await cli("schedules", "pause", wf.name)
+        assert ambiguous.returncode == 1 and "has 2 schedules" in ambiguous.stderr
+        paused = await cli("schedules", "pause", wf.name, "every 2d")
+        assert paused.returncode == 0, paused.stderr
+        assert [s.paused for s in await engine.schedules()] == [False, True]
+        ran = await cli("schedules", "run", wf.name, "every 1d")
+        assert ran.returncode == 0, ran.stderr
+        run_id = ran.stdout.strip()
+        assert (await engine.wait_for_job((await engine.get_run(run_id)).job_id, 10)).status is (
+            RunStatus.COMPLETED
+        )
+
+
+FILE = """
+from engine import Schedule, Step, WorkerTrigger, Workflow
+
+
+def report(ctx):
+    return 1
+
+
+workflow = Workflow(
+    name="reports.hourly",
+    trigger=WorkerTrigger(queue="hourly"),
+    schedules=[{schedules}],
+    steps=[Step("report", report)],
+)
+"""
+
+
+async def test_hot_reload_adds_changes_and_removes_schedules(tmp_path: Path) -> None:
+    flows = tmp_path / "flows"
+    flows.mkdir()
+    file = flows / "hourly.py"
+    file.write_text(FILE.format(schedules='Schedule(cron="0 * * * *")'))
+
+    async def ids(engine: Engine) -> list[tuple[str, Any]]:
+        return [(s.schedule, s.paused) for s in await engine.schedules()]
+
+    async with Engine(workflows=flows, database=tmp_path / "reload.db", watch=True) as engine:
+        await wait_until_watching(engine)
+        await until(lambda: engine.schedules())
+        assert await ids(engine) == [("cron 0 * * * * UTC", False)]
+        file.write_text(FILE.format(schedules='Schedule(cron="0 * * * *"), Schedule(every="10m")'))
+
+        async def two() -> bool:
+            return len(await engine.schedules()) == 2
+
+        await until(two)
+        file.write_text(FILE.format(schedules='Schedule(every="10m")'))
+
+        async def changed() -> bool:
+            return await ids(engine) == [("every 10m", False)]
+
+        await until(changed)
+        file.write_text(FILE.format(schedules=""))
+
+        async def removed() -> bool:
+            return await engine.schedules() == []
+
+        await until(removed)
+
+
+def test_definition_errors_name_the_workflow() -> None:
+    with pytest.raises(
+        WorkflowDefinitionError, match="workflow 'w', schedule 'cron 61 \\* \\* \\* \\* UTC'"
+    ):
+        ticking(Schedule(cron="61 * * * *"), name="w")
+    with pytest.raises(WorkflowDefinitionError, match="unknown time zone 'Mars/Base'"):
+        ticking(Schedule(cron="0 * * * *", timezone="Mars/Base"), name="w")
+    with pytest.raises(WorkflowDefinitionError, match=r"either cron= .* or every="):
+        Schedule()
+    with pytest.raises(WorkflowDefinitionError, match=r"either cron= .*not both"):
+        Schedule(cron="* * * * *", every="1s")
+    with pytest.raises(WorkflowDefinitionError, match="every"):
+        Schedule(every="10ms")
+    with pytest.raises(WorkflowDefinitionError, match="catch_up"):
+        Schedule(every="1s", catch_up="some")
+    with pytest.raises(WorkflowDefinitionError, match="twice"):
+        ticking(Schedule(every="1s"), Schedule(every="1000ms"), name="w")
+    with pytest.raises(WorkflowDefinitionError, match="give the workflow a WorkerTrigger"):
+        Workflow(name="w", schedules=[Schedule(every="1s")], steps=[Step("s", print)])
+
+
+async def test_scheduling_can_be_disabled(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BLOK_SCHEDULING_DISABLED", "1")
+    async with Engine(workflows=[ticking(Schedule(every="1s"))]) as engine:
+        await engine.flush()
+        assert await engine.schedules() == []
+
+
+@pytest.mark.parametrize(
+    ("catch_up", "expected"),
+    [
+        ("latest", ([50.0], [])),
+        ("all", ([10.0, 20.0, 30.0, 40.0, 50.0], [])),
+        ("none", ([], [50.0])),
+    ],
+)
+def test_missed_ticks_by_policy(catch_up: str, expected: tuple[list[float], list[float]]) -> None:
+    from engine.backends.base import ScheduleSpec
+    from engine.scheduler import due_ticks
+
+    spec = ScheduleSpec("wf", "every 10s", "q", None, 10_000, "UTC", catch_up)
+    # Last tick at 0, looked at 53: five ticks missed, the newest 3 s ago.
+    assert due_ticks(spec, 0.0, 53.0) == expected
+    # On time (the tick fell due a moment ago): every policy fires it, once.
+    assert due_ticks(spec, 40.0, 50.5) == ([50.0], [])
+    assert due_ticks(spec, 50.0, 59.9) == ([], [])
+
+
+async def test_a_tick_claimed_by_a_worker_that_died_is_enqueued_by_another(tmp_path: Path) -> None:
+    from engine.backends import open_backend
+    from engine.scheduler import tick_job_id, tick_run_id
+
+    database = tmp_path / "repair.db"
+    wf = ticking(Schedule(every="1d"))
+    async with Engine(workflows=[wf], database=database) as engine:
+        await until(lambda: engine.schedules())
+    rewind(database, 1)
+    newest = math.floor(time.time() / DAY_S) * DAY_S
+    job_id = tick_job_id(wf.name, "every 1d", newest)
+    # A scheduler that claimed today's tick and died before it enqueued the job.
+    async with open_backend(database) as backend:
+        assert await backend.shared.claim_tick(
+            wf.name, "every 1d", newest, job_id, tick_run_id(job_id)
+        )
+    async with Engine(workflows=[wf], database=database) as engine:
+
+        async def enqueued() -> bool:
+            return any(r.job_id == job_id for r in await engine.runs(workflow=wf.name))
+
+        await until(enqueued, timeout=15)
+        done = await engine.wait_for_job(job_id, timeout=10)
+        assert done.id == tick_run_id(job_id)
+        assert await ticks_of(engine, wf.name) == [newest]

@@ -1,0 +1,85 @@
+"""engine.why_waiting on memory and SQLite: the gate that holds a pending run, its key, the runs
+holding its slots, and when it may start."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from support import until
+
+from engine import Debounce, Engine, RunStatus, Step, WorkerTrigger, Workflow
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def database(request: pytest.FixtureRequest, tmp_path: Path) -> Path | None:
+    return None if request.param == "memory" else tmp_path / "why.db"
+
+
+async def run_of(engine: Engine, job_id: str) -> Any:
+    return await engine.get_run((await engine.get_job(job_id)).run_id)
+
+
+async def test_a_concurrency_key_names_the_runs_in_its_slots(database: Path | None) -> None:
+    release = anyio.Event()
+
+    async def hold(ctx: Any) -> None:
+        await release.wait()
+
+    wf = Workflow(
+        name="tenants",
+        trigger=WorkerTrigger(
+            queue="tenants", concurrency=4, concurrency_key="$.body.tenant", on_limit="queue"
+        ),
+        steps=[Step("hold", hold)],
+    )
+    async with Engine(workflows=[wf], database=database) as engine:
+        first = await engine.enqueue("tenants", {"tenant": "acme"})
+
+        async def started() -> bool:
+            return (await run_of(engine, first)).status is RunStatus.RUNNING
+
+        await until(started)
+        second = await engine.enqueue("tenants", {"tenant": "acme"})
+
+        async def held() -> bool:
+            run = await run_of(engine, second)
+            return run.status is RunStatus.QUEUED and run.run_at is not None
+
+        await until(held)
+        why = await engine.why_waiting((await run_of(engine, second)).id)
+        assert (why.gate, why.key) == ("concurrency", "acme")
+        assert why.holders == ((await run_of(engine, first)).id,)
+        assert why.until is not None and "1 run(s) hold its slots" in why.summary
+        release.set()
+        for job_id in (first, second):
+            assert (await engine.wait_for_job(job_id, timeout=15)).status is RunStatus.COMPLETED
+
+
+async def test_debounce_pause_and_delay_say_what_holds_them(database: Path | None) -> None:
+    wf = Workflow(
+        name="search.index",
+        trigger=WorkerTrigger(queue="index", debounce=Debounce(key="$.body.doc", delay="1h")),
+        steps=[Step("index", lambda ctx: None)],
+    )
+    async with Engine(workflows=[wf], database=database) as engine:
+        job_id = await engine.enqueue("index", {"doc": "d1"})
+
+        async def debounced() -> bool:
+            return (await run_of(engine, job_id)).run_at is not None
+
+        await until(debounced)
+        why = await engine.why_waiting((await run_of(engine, job_id)).id)
+        assert (why.gate, why.key) == ("debounce", "d1") and why.until is not None
+        await engine.pause("index")
+        assert (await engine.why_waiting((await run_of(engine, job_id)).id)).gate == "paused"
+        await engine.resume("index")
+        later = await engine.enqueue("index", {"doc": "d2"}, delay="1h")
+        why = await engine.why_waiting((await run_of(engine, later)).id)
+        assert why.gate == "delay" and why.until is not None
+        done = await engine.cancel((await run_of(engine, later)).id)
+        assert (await engine.why_waiting(done.id)).gate == "ended"
