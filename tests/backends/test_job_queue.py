@@ -781,7 +781,10 @@ async def test_concurrent_claims_never_hand_a_job_to_both(
     taken: dict[str, list[str]] = {"w1": [], "w2": []}
 
     async def drain(from_queue: JobQueue, worker: str) -> None:
-        while claims := await from_queue.claim(QUEUE, 1, worker, LONG):
+        for _ in range(len(made) + 1):  # a job handed out twice would keep this going
+            claims = await from_queue.claim(QUEUE, 1, worker, LONG)
+            if not claims:
+                return
             taken[worker] += [c.job.id for c in claims]
             await anyio.lowlevel.checkpoint()
 
@@ -803,7 +806,7 @@ async def test_claims_taking_turns_between_processes_share_the_jobs_out(
     taken: dict[str, list[str]] = {"w1": [], "w2": []}
     turns = [(queue, "w1"), (other_queue, "w2")]
 
-    while True:
+    for _ in range(len(made) + 1):  # a job handed out twice would keep this going
         claims = [await q.claim(QUEUE, 1, worker, LONG) for q, worker in turns]
         if not any(claims):
             break
