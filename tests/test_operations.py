@@ -10,6 +10,7 @@ from typing import Any
 
 import anyio
 import pytest
+from support import until
 
 from engine import (
     AttemptFailed,
@@ -98,7 +99,8 @@ async def test_pause_lets_running_jobs_finish_claims_nothing_and_survives_restar
     wf = flow("orders", Step("work", gate))
     async with Engine(workflows=[wf], database=db) as engine:
         running = await engine.enqueue("orders")
-        await gate.started.wait()
+        with anyio.fail_after(10):
+            await gate.started.wait()
         await engine.pause("orders")
         assert await queue_paused(engine, "orders")
         later = await engine.enqueue("orders")  # enqueue still works while paused
@@ -173,7 +175,8 @@ async def test_cancel_many_cancels_a_filtered_set(tmp_path: Path) -> None:
         await engine.pause("a")
         await engine.pause("b")
         running = await engine.enqueue("a", force=True)
-        await gate.started.wait()
+        with anyio.fail_after(10):
+            await gate.started.wait()
         queued_a = await engine.enqueue_many("a", [{"n": n} for n in range(60)])
         queued_b = await engine.enqueue_many("b", [{"n": n} for n in range(5)])
 
@@ -411,7 +414,13 @@ async def test_retry_now_reaches_a_step_backoff_in_another_process(tmp_path: Pat
         with anyio.fail_after(5):
             failed = await first(events, AttemptFailed)
         await events.aclose()
-        await console.retry_now(failed.run_id)  # a control request to the worker
+
+        async def backoff_recorded() -> bool:  # the event comes before the commit
+            run = await console.get_run(failed.run_id)
+            return any(a.backoff_ms for s in run.steps for a in s.attempts)
+
+        await until(backoff_recorded)
+        await console.retry_now(failed.run_id)  # a signal the worker holding the run sees
         run = await console.wait_for_job(job, timeout=10)
         assert run.status is RunStatus.COMPLETED
 
@@ -457,7 +466,8 @@ async def test_stuck_runs_are_those_far_past_their_workflow_median(database: Pat
             await engine.wait_for_job(job, timeout=5)
         gate.rearm()
         hung = await engine.enqueue("slowpoke")
-        await gate.started.wait()
+        with anyio.fail_after(10):
+            await gate.started.wait()
         await engine.enqueue("fresh")  # running too, but no completed run to compare with
         await other_gate.started.wait()
         hung_run = await run_of(engine, hung)
