@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import anyio
@@ -26,6 +26,8 @@ from .backends.base import Backend, JobQueue, ServedQueue, WorkerCatalog
 from .catalog import Catalog
 from .errors import EngineError, UnknownJob, UnknownQueue, UnknownRun
 from .filters import RunFilter
+from .health import DEFAULT_MAX_AGE_S, Health
+from .health import check as check_health
 from .ledger import Ledger, make_job, make_run
 from .liveness import worker_alive
 from .models import (
@@ -238,6 +240,16 @@ class Operator:
                 raise
             return await self._stats_from_runs(queue)  # a memory queue of another process
         return await target.queue.stats(queue)
+
+    async def oldest_waiting(self, queue: str) -> datetime | None:
+        """Since when the queue's longest-waiting due job has been due (None: none waits)."""
+        target = await self.target(queue)
+        return await target.queue.oldest_waiting(queue)
+
+    async def health(self, max_age_s: float = DEFAULT_MAX_AGE_S) -> Health:
+        """The database answers, a worker is alive, no queue's oldest waiting job is older
+        than `max_age_s` (engine/health.py)."""
+        return await check_health(self, max_age_s)
 
     async def _stats_from_runs(self, queue: str) -> QueueStats:
         async def count(*statuses: str) -> int:
