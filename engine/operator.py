@@ -22,6 +22,7 @@ from typing import Any
 
 import anyio
 
+from . import telemetry
 from .backends.base import Backend, JobQueue, ServedQueue, WorkerCatalog
 from .catalog import Catalog
 from .errors import EngineError, UnknownJob, UnknownQueue, UnknownRun
@@ -340,6 +341,7 @@ class Operator:
             job_id=job_id,
             meta=meta,
         )
+        telemetry.OBSERVE.enqueuing(job)
         status = RunStatus.DELAYED if run_at else RunStatus.QUEUED
         return job, make_run(job, workflow_version=target.version, status=status)
 
@@ -574,7 +576,7 @@ class Operator:
         self, target: QueueTarget, source: Run, *, from_step: str | None, input: Any = None
     ) -> tuple[Job, Run]:
         payload = source.input if input is None else input
-        meta: dict[str, Any] = {"replay_of": source.id}
+        meta: dict[str, Any] = {"replay_of": source.id, **telemetry.OBSERVE.replay_link(source)}
         if from_step is not None:
             meta["replay_from_step"] = from_step
         job, run = self._job(
