@@ -21,6 +21,7 @@ from .events import (
     WorkflowReloaded,
 )
 from .filters import RunFilter
+from .health import Health
 from .loader import WorkflowLoadError
 from .models import (
     Attempt,
@@ -74,6 +75,7 @@ __all__ = [
     "EngineError",
     "Event",
     "ForEach",
+    "Health",
     "InvalidInput",
     "Job",
     "JobState",

@@ -7,12 +7,14 @@ database; `capabilities` says which, so a UI adapts to it instead of probing for
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
 from .engine import Capabilities
 from .events import Subscription
 from .filters import RunFilter
+from .health import Health
 from .models import Job, QueueInfo, QueueStats, Run, WorkerInfo, WorkflowInfo
 from .operations import BulkResult, ProgressCallback
 
@@ -40,6 +42,8 @@ class EngineAPI(Protocol):
     async def workers(self) -> list[WorkerInfo]: ...
 
     async def live_workers(self) -> list[WorkerInfo]: ...
+
+    async def health(self, max_age: str | int | float | timedelta = "5m") -> Health: ...
 
     async def get_run(self, run_id: str) -> Run: ...
 
