@@ -210,7 +210,7 @@ def _port(text: str) -> int:
 
 
 def _traceparent_arg(text: str) -> str:
-    from engine.telemetry import valid_traceparent
+    from engine.observer import valid_traceparent
 
     if not valid_traceparent(text):
         raise argparse.ArgumentTypeError(

@@ -40,7 +40,7 @@ from opentelemetry.metrics import CallbackOptions, NoOpMeterProvider, Observatio
 
 from .errors import EngineError
 from .models import QueueStats, utcnow
-from .telemetry import INSTRUMENTATION
+from .observer import INSTRUMENTATION
 
 if TYPE_CHECKING:
     from anyio.abc import TaskGroup

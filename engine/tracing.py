@@ -1,6 +1,7 @@
 """OpenTelemetry behind the engine's hooks (engine/telemetry.py): spans, trace context, metrics.
 
-Imported only when `opentelemetry-api` is installed, the first time an engine starts.
+Imported only when `opentelemetry-api` is installed, the first time an engine starts
+(engine/telemetry.py); the hooks it implements are described in engine/observer.py.
 
 Traces. A job carries the trace context it was enqueued in as a W3C `traceparent` header: with
 a tracer provider set where it is enqueued, a short PRODUCER span `enqueue <queue>` is made in
@@ -33,13 +34,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from .metrics import Instruments, start_sampling
 from .models import RunStatus
-from .telemetry import (
-    INSTRUMENTATION,
-    TRACE_LINK,
-    TRACEPARENT,
-    Telemetry,
-    traceparent_of,
-)
+from .observer import INSTRUMENTATION, TRACE_LINK, TRACEPARENT, Observer, traceparent_of
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -171,7 +166,7 @@ class _StepAttempt:
         span.end()
 
 
-class OtelTelemetry(Telemetry):
+class OtelTelemetry(Observer):
     enabled = True
 
     def __init__(self) -> None:
