@@ -542,16 +542,13 @@ async def _worker(args: argparse.Namespace) -> None:
             log.info("runs that ended are kept for %s (--retention)", args.retention)
             await engine.flush()  # ready means: what it serves is visible to others
             names = ", ".join(q.name for q in await engine.queues()) or "(none)"
-            if endpoint is not None:
-                print(
-                    f"metrics at http://{endpoint.host}:{endpoint.port}/metrics",
-                    flush=True,
-                )
             print(
                 f"blok worker {engine.worker.id} serving queues {names} on "
                 f"{engine.capabilities.location}",
                 flush=True,
             )
+            if endpoint is not None:
+                print(f"metrics at http://{endpoint.host}:{endpoint.port}/metrics", flush=True)
             async for signum in signals:
                 log.info(
                     "%s: draining, running jobs have %gs to finish",

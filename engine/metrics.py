@@ -21,8 +21,8 @@ own): a producer process counts the jobs it enqueued, a worker the runs it ran.
 `failed` counts every failed delivery (a step that failed for good, a timeout), as the seed's
 worker_jobs_failed does; `retried` and `dead_lettered` say what became of it (the rest ended
 failed). A run's duration is from its start to its end, waits included. Depth (jobs due now and
-not started) and the age of the oldest of them are sampled every SAMPLE_S seconds by each worker
-for the queues it serves, and only while a meter provider is set.
+not started) and the age of the oldest of them are sampled every SAMPLE_S seconds (or
+$BLOK_METRICS_SAMPLE_S) by each worker for the queues it serves, while a meter provider is set.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("blok.metrics")
 
 SAMPLE_S = 5.0  # how often a worker samples the depth of the queues it serves
+SAMPLE_ENV = "BLOK_METRICS_SAMPLE_S"  # another interval, in seconds
 # Seconds: a no-op job takes well under a millisecond, a workflow with waits may take days.
 DURATION_BUCKETS = (
     0.001,
@@ -172,8 +173,23 @@ def start_sampling(
     tg.start_soon(_sample, instruments, operator, served)
 
 
+def _interval() -> float:
+    try:
+        every = float(os.environ.get(SAMPLE_ENV, SAMPLE_S))
+    except ValueError:
+        log.warning(
+            "%s=%r is not a number of seconds: sampling every %gs",
+            SAMPLE_ENV,
+            os.environ[SAMPLE_ENV],
+            SAMPLE_S,
+        )
+        return SAMPLE_S
+    return every if every > 0 else SAMPLE_S
+
+
 async def _sample(instruments: Instruments, operator: QueueReader, served: ServedQueues) -> None:
     key = id(operator)
+    every = _interval()
     try:
         while True:
             if collected():
@@ -188,7 +204,7 @@ async def _sample(instruments: Instruments, operator: QueueReader, served: Serve
                     age = (utcnow() - since).total_seconds() if since is not None else 0.0
                     samples[queue] = QueueSample(stats.waiting, max(age, 0.0))
                 instruments.samples[key] = samples
-            await anyio.sleep(SAMPLE_S)
+            await anyio.sleep(every)
     finally:
         instruments.samples.pop(key, None)
 
