@@ -117,9 +117,14 @@ class _StepAttempt:
         tracer = self._tracing.tracer()
         if tracer is not None:
             run, ctx = self._run, self._ctx
-            attributes = _run_attributes(run)
-            attributes["blok.step.name"] = self._name
-            attributes["blok.step.attempt"] = ctx.attempt
+            # What finds the step; the rest of the run's attributes are on its parent span.
+            attributes: dict[str, Any] = {
+                "blok.run.id": run.id,
+                "blok.queue": run.queue,
+                "blok.workflow.name": run.workflow_name,
+                "blok.step.name": self._name,
+                "blok.step.attempt": ctx.attempt,
+            }
             if ctx.step_index is not None:
                 attributes["blok.step.index"] = ctx.step_index
             self._span = span = tracer.start_span(f"step {self._name}", attributes=attributes)
