@@ -114,8 +114,10 @@ class _StepAttempt:
         self._started = 0.0
 
     def __enter__(self) -> None:
-        tracer = self._tracing.tracer()
-        if tracer is not None:
+        # A step is traced when its run is (the provider is looked up once per run).
+        traced = self._tracing.traced.get(self._run.id)
+        if traced is not None:
+            tracer = traced[2]
             run, ctx = self._run, self._ctx
             # What finds the step; the rest of the run's attributes are on its parent span.
             attributes: dict[str, Any] = {
@@ -177,8 +179,8 @@ class OtelTelemetry(Observer):
     def __init__(self) -> None:
         self._provider: object = None
         self._tracer: Tracer | None = None
-        # Runs executing here: their span and the token that made it current.
-        self._runs: dict[str, tuple[Span, object]] = {}
+        # Runs traced here: their span, the token that made it current, the tracer.
+        self.traced: dict[str, tuple[Span, object, Tracer]] = {}
         self.metrics = Instruments()
 
     def tracer(self) -> Tracer | None:
@@ -267,14 +269,14 @@ class OtelTelemetry(Observer):
             # Written with the run's start record (the ledger saves it next).
             run.headers = {**run.headers, TRACEPARENT: _traceparent(span)}
         token = otel_context.attach(trace.set_span_in_context(span))
-        self._runs[run.id] = (span, token)
+        self.traced[run.id] = (span, token, tracer)
 
     def run_ended(self, run: Run) -> None:
         self.metrics.active.add(-1, {"queue": run.queue})
-        entry = self._runs.pop(run.id, None)
+        entry = self.traced.pop(run.id, None)
         if entry is None:
             return
-        span, token = entry
+        span, token, _ = entry
         otel_context.detach(token)  # type: ignore[arg-type]
         span.set_attribute("blok.run.status", str(run.status))
         if run.status in _FAILED:
