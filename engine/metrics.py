@@ -198,8 +198,10 @@ async def _sample(instruments: Instruments, operator: QueueReader, served: Serve
                     try:
                         stats = await operator.queue_stats(queue)
                         since = await operator.oldest_waiting(queue)
-                    except EngineError as error:  # the queue went away meanwhile
-                        log.info("queue %s not sampled: %s", queue, error)
+                    except Exception as error:
+                        # A sample is not worth the worker: a queue that went away meanwhile or
+                        # a busy database costs this one reading, said in the log.
+                        log.warning("queue %s: depth not sampled: %s", queue, error)
                         continue
                     age = (utcnow() - since).total_seconds() if since is not None else 0.0
                     samples[queue] = QueueSample(stats.waiting, max(age, 0.0))

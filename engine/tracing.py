@@ -144,15 +144,16 @@ class _StepAttempt:
             status = "failed"
         else:
             status = "cancelled"  # the run was cancelled, lost its lease, or the worker stops
+        span = self._span
+        if span is not None:
+            otel_context.detach(self._token)  # type: ignore[arg-type]
         run = self._run
         self._tracing.metrics.step_duration.record(
             elapsed,
             {"workflow": run.workflow_name, "step": self._name, "status": status},
         )
-        span = self._span
         if span is None:
             return
-        otel_context.detach(self._token)  # type: ignore[arg-type]
         span.set_attribute("blok.step.status", status)
         if status == "failed":
             assert isinstance(error, Exception)

@@ -26,7 +26,7 @@ from opentelemetry.test.globals_test import reset_trace_globals
 from opentelemetry.trace import SpanKind, StatusCode
 from support import until
 
-from engine import Engine, Retry, Run, RunStatus, Step, WorkerTrigger, Workflow, wait
+from engine import Engine, Retry, Run, RunStatus, Step, WorkerTrigger, Workflow, subworkflow, wait
 
 SECRET = "sk-live-0123456789abcdef"
 
@@ -407,3 +407,48 @@ async def test_a_step_attempt_cut_by_its_max_duration_is_a_timed_out_error_span(
     assert (step.attributes or {})["blok.step.status"] == "timed_out"
     assert step.status.status_code is StatusCode.ERROR
     assert (only(spans, "run slow").attributes or {})["blok.run.status"] == "timed_out"
+
+
+@pytest.mark.anyio
+async def test_a_nodes_own_spans_nest_under_its_step(
+    tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    async def call_async(ctx: Any) -> None:
+        with trace.get_tracer("client").start_as_current_span("GET /async"):
+            pass
+
+    def call_sync(ctx: Any) -> None:  # runs in a worker thread
+        with trace.get_tracer("client").start_as_current_span("GET /sync"):
+            pass
+
+    flow = Workflow(
+        name="calls",
+        trigger=WorkerTrigger(queue="calls"),
+        steps=[Step("async", call_async), Step("sync", call_sync)],
+    )
+    async with Engine(workflows=[flow], database=tmp_path / "blok.db") as engine:
+        run = await engine.wait_for_job(await engine.enqueue("calls", {}), timeout=10)
+    assert run.status is RunStatus.COMPLETED, run.error
+    assert parent_id(only(spans, "GET /async")) == only(spans, "step async").context.span_id
+    assert parent_id(only(spans, "GET /sync")) == only(spans, "step sync").context.span_id
+
+
+@pytest.mark.anyio
+async def test_a_child_run_joins_its_parents_trace(
+    tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    child = Workflow(name="child", trigger=WorkerTrigger(queue="child"), steps=[Step("one", first)])
+    parent = Workflow(
+        name="parent",
+        trigger=WorkerTrigger(queue="parent"),
+        steps=[subworkflow("call", workflow="child", wait=True)],
+    )
+    async with Engine(workflows=[parent, child], database=tmp_path / "blok.db") as engine:
+        run = await engine.wait_for_job(await engine.enqueue("parent", {}), timeout=10)
+    assert run.status is RunStatus.COMPLETED, run.error
+    parent_runs = named(spans, "run parent")
+    child_run = only(spans, "run child")
+    assert {s.context.trace_id for s in parent_runs} == {child_run.context.trace_id}
+    enqueue_child = only(spans, "enqueue child")
+    assert parent_id(child_run) == enqueue_child.context.span_id
+    assert parent_id(enqueue_child) in {s.context.span_id for s in parent_runs}
