@@ -50,6 +50,8 @@ examples:
   blok-tui send --by-key paid '{"order_id": "A1"}'         to the runs waiting on that key
   blok-tui schedules                        schedules, next and last fire, last status
   blok-tui schedules pause orders.ship      pause a workflow's schedule (resume, run: likewise)
+  blok-tui health --db app.db --max-age 2m  exit 0 if a worker is alive and no queue is stuck
+  blok-tui worker --metrics-port 9464       serve with Prometheus metrics on :9464/metrics
 
 The database defaults to $BLOK_DB, else ./.blok/blok.db.
 """
@@ -201,6 +203,26 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {_clip(text)}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0 to 65535, not {value}")
+    return value
+
+
+def _traceparent_arg(text: str) -> str:
+    from engine.observer import valid_traceparent
+
+    if not valid_traceparent(text):
+        raise argparse.ArgumentTypeError(
+            f"not a W3C traceparent ({_clip(text)}): 00-<32 hex>-<16 hex>-<2 hex>"
+        )
+    return text.strip()
+
+
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -286,6 +308,19 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DURATION",
         help="delete runs that ended longer ago than this: 12h, 7d, 30d (default 7d)",
     )
+    worker.add_argument(
+        "--metrics-port",
+        type=_port,
+        metavar="N",
+        help="serve Prometheus metrics at http://HOST:N/metrics (0: any free port; needs "
+        'pip install "blok-tui[metrics]")',
+    )
+    worker.add_argument(
+        "--metrics-host",
+        default="0.0.0.0",
+        metavar="HOST",
+        help="the address the metrics endpoint listens on (default 0.0.0.0)",
+    )
     worker.add_argument("--no-watch", action="store_true", help="do not hot-reload workflow files")
     worker.add_argument(
         "--log-level",
@@ -321,6 +356,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=_duration_arg,
         metavar="DURATION",
         help="not before this long: 500ms, 5s, 2m, 1h",
+    )
+    enqueue.add_argument(
+        "--traceparent",
+        type=_traceparent_arg,
+        default=os.environ.get("TRACEPARENT") or None,
+        metavar="TRACEPARENT",
+        help="the W3C trace context the run joins (default: $TRACEPARENT), e.g. "
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
     )
     db_option(enqueue, keep)
 
@@ -362,6 +405,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--input", type=_json_arg, metavar="JSON", help="a different input: JSON, @FILE or -"
     )
     db_option(replay, keep)
+
+    health = commands.add_parser(
+        "health",
+        help="exit 0 if the database answers, a worker is alive and no queue is stuck",
+        description="Exit 0 when the database answers, at least one worker is alive on it and "
+        "no queue's oldest waiting job has waited longer than --max-age (paused queues aside); "
+        "exit 1 otherwise, with the reason in one line.",
+    )
+    health.add_argument(
+        "--max-age",
+        type=_duration_arg,
+        default="5m",
+        metavar="DURATION",
+        help="the longest a due job may wait for a worker (default 5m)",
+    )
+    db_option(health, keep)
 
     for name, what in (("pause", "claim nothing new from"), ("resume", "claim again from")):
         command = commands.add_parser(
@@ -520,6 +579,7 @@ async def _worker(args: argparse.Namespace) -> None:
         lease=args.lease,
         retention=args.retention,
     )
+    endpoint = _serve_metrics(args)
     # Signals are received from the start, so that one arriving while booting still drains.
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with engine:
@@ -531,6 +591,8 @@ async def _worker(args: argparse.Namespace) -> None:
                 f"{engine.capabilities.location}",
                 flush=True,
             )
+            if endpoint is not None:
+                print(f"metrics at http://{endpoint.host}:{endpoint.port}/metrics", flush=True)
             async for signum in signals:
                 log.info(
                     "%s: draining, running jobs have %gs to finish",
@@ -552,13 +614,30 @@ async def _worker(args: argparse.Namespace) -> None:
                 tg.start_soon(insist)
                 await engine.shutdown(args.grace)
                 tg.cancel_scope.cancel()
+    if endpoint is not None:
+        endpoint.stop()
     log.info("worker %s stopped", engine.worker.id)
+
+
+def _serve_metrics(args: argparse.Namespace) -> Any:
+    """The Prometheus endpoint `--metrics-port` asks for (engine/metrics.py), or None."""
+    if args.metrics_port is None:
+        return None
+    from engine import EngineError
+    from engine.telemetry import available
+
+    if not available():
+        raise EngineError('--metrics-port needs OpenTelemetry: pip install "blok-tui[metrics]"')
+    from engine.metrics import serve_prometheus
+
+    return serve_prometheus(args.metrics_port, args.metrics_host)
 
 
 async def _enqueue(args: argparse.Namespace) -> None:
     async with _client(args) as engine:
+        headers = {"traceparent": args.traceparent} if args.traceparent else None
         job_id = await engine.enqueue(
-            args.queue, args.payload, priority=args.priority, delay=args.delay
+            args.queue, args.payload, priority=args.priority, delay=args.delay, headers=headers
         )
     print(printable(job_id))
 
@@ -704,6 +783,19 @@ def _schedule_table(infos: Sequence[Any]) -> str:
     )
 
 
+async def _health(args: argparse.Namespace) -> None:
+    from engine import DatabaseError, EngineError
+
+    try:
+        async with _client(args) as engine:
+            report = await engine.health(args.max_age)
+    except DatabaseError as error:  # no database there, or not a blok one
+        raise EngineError(f"unhealthy: {error}") from None
+    if not report.ok:
+        raise EngineError(f"unhealthy: {report.reason}")
+    print(f"healthy: {printable(report.reason)}")
+
+
 COMMANDS = {
     None: _console,
     "worker": _worker,
@@ -716,6 +808,7 @@ COMMANDS = {
     "resume": _pause_or_resume,
     "send": _send,
     "schedules": _schedules,
+    "health": _health,
 }
 
 

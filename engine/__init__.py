@@ -21,6 +21,7 @@ from .events import (
     WorkflowReloaded,
 )
 from .filters import RunFilter
+from .health import Health
 from .loader import WorkflowLoadError
 from .models import (
     Attempt,
@@ -81,6 +82,7 @@ __all__ = [
     "EventMessage",
     "EventWaitStep",
     "ForEach",
+    "Health",
     "InvalidInput",
     "Job",
     "JobState",

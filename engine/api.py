@@ -7,6 +7,7 @@ database; `capabilities` says which, so a UI adapts to it instead of probing for
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -14,6 +15,7 @@ from .backends.base import EventMessage
 from .engine import Capabilities
 from .events import Subscription
 from .filters import RunFilter
+from .health import Health
 from .models import Job, QueueInfo, QueueStats, Run, WorkerInfo, WorkflowInfo
 from .operations import BulkResult, ProgressCallback
 from .scheduler import ScheduleInfo
@@ -43,6 +45,8 @@ class EngineAPI(Protocol):
     async def workers(self) -> list[WorkerInfo]: ...
 
     async def live_workers(self) -> list[WorkerInfo]: ...
+
+    async def health(self, max_age: str | int | float | timedelta = "5m") -> Health: ...
 
     async def get_run(self, run_id: str) -> Run: ...
 

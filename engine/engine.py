@@ -23,6 +23,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
+from . import telemetry
 from .backends import describe, open_backend
 from .backends.base import Backend, EventMessage
 from .catalog import Catalog, WorkflowSource
@@ -32,6 +33,7 @@ from .errors import EngineError
 from .events import EventBus, Subscription
 from .feed import Follower
 from .filters import RunFilter
+from .health import Health
 from .ledger import Ledger
 from .loader import IMPORT_TIMEOUT_S
 from .mailbox import Mailbox
@@ -214,6 +216,7 @@ class Engine:
             await stack.enter_async_context(backend)
             self._backend = backend
             ledger = Ledger(backend, self.bus)
+            ledger.on_run_ended.append(telemetry.activate().run_finished)
             self._tg = tg = await stack.enter_async_context(anyio.create_task_group())
             self.catalog.load_initial()
             self._operator = operator = Operator(
@@ -259,6 +262,7 @@ class Engine:
                 if not scheduling_disabled():
                     scheduler = Scheduler(backend, ledger, operator, self.catalog)
                     tg.start_soon(self._guard(scheduler.loop))
+                telemetry.OBSERVE.sample_queues(tg, operator, self._serving.runtimes.keys)
             follow = self._follow
             if follow is None:
                 follow = self._serving is None and backend.multi_process
@@ -525,6 +529,12 @@ class Engine:
 
     async def live_workers(self) -> list[WorkerInfo]:
         return await self.operator.live_workers()
+
+    async def health(self, max_age: str | int | float | timedelta = "5m") -> Health:
+        """Healthy: the database answers, at least one worker is alive on it, and no queue's
+        oldest waiting job has waited longer than `max_age` (paused queues aside). `.reason`
+        says what is wrong in one line."""
+        return await self.operator.health(_ms(max_age, "max_age") / 1000)
 
     async def pause(self, queue: str) -> None:
         """Claim nothing new from the queue (running jobs finish); survives a restart."""

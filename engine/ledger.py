@@ -23,6 +23,7 @@ from typing import Any
 
 import anyio
 
+from . import telemetry
 from .backends.base import Backend, Claim, JobQueue, JobUpdate, Transition
 from .events import EventBus, RunFinished, RunQueued, RunStarted, RunStatusChanged
 from .models import (
@@ -224,6 +225,7 @@ class Ledger:
     async def add(self, queue: JobQueue, jobs: list[Job], runs: list[Run]) -> list[str]:
         """Enqueue jobs with their first runs; the ids of those added (known ids are not)."""
         added = await queue.add(jobs, runs)
+        telemetry.OBSERVE.enqueued(jobs, added)
         if added:
             fresh = set(added)
             self.queued([run for run in runs if run.job_id in fresh])
@@ -310,6 +312,7 @@ class Ledger:
                 state=JobState.DELAYED, run_id=next_id, run_at=run_at, meta=meta, error=error
             )
             queue.submit(self._transition(job, job.epoch, update, run, next_run))
+            telemetry.OBSERVE.job_failed(run, "retried")
             self._finished(run)
             self.queued([next_run])
             return
@@ -323,6 +326,7 @@ class Ledger:
                 "error",
             )
         state = JobState.DEAD if dead else JobState.FAILED
+        telemetry.OBSERVE.job_failed(run, "dead" if dead else "failed")
         self._settle(claim, queue, run, JobUpdate(state=state, error=error, meta=meta))
 
     def _close(

@@ -17,15 +17,18 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import anyio
 
+from . import telemetry
 from .backends.base import Backend, EventMessage, JobQueue, ServedQueue, WorkerCatalog
 from .catalog import Catalog
 from .errors import EngineError, UnknownJob, UnknownQueue, UnknownRun
 from .filters import RunFilter
+from .health import DEFAULT_MAX_AGE_S, Health
+from .health import check as check_health
 from .ledger import Ledger, make_job, make_run
 from .liveness import worker_alive
 from .models import (
@@ -239,6 +242,16 @@ class Operator:
             return await self._stats_from_runs(queue)  # a memory queue of another process
         return await target.queue.stats(queue)
 
+    async def oldest_waiting(self, queue: str) -> datetime | None:
+        """Since when the queue's longest-waiting due job has been due (None: none waits)."""
+        target = await self.target(queue)
+        return await target.queue.oldest_waiting(queue)
+
+    async def health(self, max_age_s: float = DEFAULT_MAX_AGE_S) -> Health:
+        """The database answers, a worker is alive, no queue's oldest waiting job is older
+        than `max_age_s` (engine/health.py)."""
+        return await check_health(self, max_age_s)
+
     async def _stats_from_runs(self, queue: str) -> QueueStats:
         async def count(*statuses: str) -> int:
             return await self.store.count_runs(RunFilter(status=statuses, queue=queue))
@@ -328,6 +341,7 @@ class Operator:
             job_id=job_id,
             meta=meta,
         )
+        telemetry.OBSERVE.enqueuing(job)
         status = RunStatus.DELAYED if run_at else RunStatus.QUEUED
         return job, make_run(job, workflow_version=target.version, status=status)
 
@@ -562,7 +576,7 @@ class Operator:
         self, target: QueueTarget, source: Run, *, from_step: str | None, input: Any = None
     ) -> tuple[Job, Run]:
         payload = source.input if input is None else input
-        meta: dict[str, Any] = {"replay_of": source.id}
+        meta: dict[str, Any] = {"replay_of": source.id, **telemetry.OBSERVE.replay_link(source)}
         if from_step is not None:
             meta["replay_from_step"] = from_step
         job, run = self._job(

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import anyio
 
-from . import expressions
+from . import expressions, telemetry
 from .backends.base import key_text
 from .context import Context
 from .events import AttemptFailed, EventBus, LogRecorded, StepFinished, StepStarted
@@ -496,7 +496,7 @@ class Runner:
             result: Any = None
             scope = anyio.move_on_after(step.max_duration / 1000) if step.max_duration else None
             try:
-                with scope or nullcontext():
+                with telemetry.OBSERVE.step(run, ctx, step.name, scope), scope or nullcontext():
                     if self._is_async(step):
                         result = await step.node(ctx, **inputs)
                     else:

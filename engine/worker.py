@@ -26,6 +26,7 @@ import anyio
 import anyio.lowlevel
 from anyio.abc import TaskGroup
 
+from . import telemetry
 from .backends.base import Backend, Claim, Fence, JobQueue
 from .catalog import Catalog
 from .context import Context
@@ -440,6 +441,7 @@ class Worker:
             if "cancel" in signals:
                 handle.cancel_requested = True
             handle.seen.update(signals)
+            telemetry.OBSERVE.run_started(run, job, workflow.version)
             self.ledger.start(claim, queue, run, self.info.id, workflow.version)
             ctx = Context.for_job(run, job, dict(run.state) if resuming else None)
             ctx._sink = self.runner.log_sink(run, ctx)
@@ -504,6 +506,7 @@ class Worker:
                 )
         finally:
             if handle is not None:
+                telemetry.OBSERVE.run_ended(handle.run)
                 self.gates.release(handle.run.id)
                 self.handles.pop(handle.run.id, None)
                 self.by_job.pop(job.id, None)

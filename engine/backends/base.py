@@ -488,6 +488,12 @@ class JobQueue(ABC):
         """Counts by state; `waiting` are due now, `delayed` wait for their run_at."""
 
     @abstractmethod
+    async def oldest_waiting(self, queue: str) -> datetime | None:
+        """Since when the longest-waiting job that is due now and not started has been due:
+        the later of its `created_at` and its `run_at`; None when no job waits. Jobs claimed
+        ahead and not started count as waiting, as in `stats`."""
+
+    @abstractmethod
     async def dead_letters(self, queue: str, limit: int = 1000) -> list[Job]:
         """Dead jobs, the last to die first."""
 

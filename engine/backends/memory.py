@@ -660,6 +660,18 @@ class MemoryQueue(JobQueue):
             cancelled=counts[JobState.CANCELLED],
         )
 
+    async def oldest_waiting(self, queue: str) -> datetime | None:
+        self._promote(queue)
+        oldest: datetime | None = None
+        for _, _, job_id, epoch in self._ready.get(queue, ()):
+            job = self._live(job_id, epoch, JobState.WAITING)
+            if job is None:
+                continue
+            due = max(job.created_at, job.run_at) if job.run_at else job.created_at
+            if oldest is None or due < oldest:
+                oldest = due
+        return oldest
+
     async def dead_letters(self, queue: str, limit: int = 1000) -> list[Job]:
         dead = [j for j in self._jobs.values() if j.queue == queue and j.state is JobState.DEAD]
         dead.sort(key=lambda job: job.finished_at or job.created_at, reverse=True)

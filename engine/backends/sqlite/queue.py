@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 import anyio
 
-from ...models import Job, JobState, LogLine, QueueStats, Run, to_epoch
+from ...models import Job, JobState, LogLine, QueueStats, Run, from_epoch, to_epoch
 from ..base import Claim, Fence, JobQueue, JobUpdate, Renewal, Transition
 from ..rows import JOB_COLUMNS, dump, job_from_row, job_row
 from .db import INSERT_LOG, SqliteDatabase, write_runs
@@ -339,6 +339,21 @@ class SqliteQueue(JobQueue):
             dead=counts[JobState.DEAD],
             cancelled=counts[JobState.CANCELLED],
         )
+
+    async def oldest_waiting(self, queue: str) -> datetime | None:
+        await self.db.flush()
+        row = await self.db.fetchone(
+            "SELECT min(max(created_at, coalesce(run_at, 0))) FROM jobs WHERE queue = ?"
+            " AND state IN ('waiting', 'delayed') AND (run_at IS NULL OR run_at <= ?)",
+            (queue, time.time()),
+        )
+        oldest: float | None = row[0] if row else None
+        for claim in self._ahead.get(queue) or ():  # claimed ahead, not started: waiting
+            job = claim.job
+            due = max(job.created_at, job.run_at) if job.run_at else job.created_at
+            if oldest is None or due.timestamp() < oldest:
+                oldest = due.timestamp()
+        return from_epoch(oldest)
 
     async def dead_letters(self, queue: str, limit: int = 1000) -> list[Job]:
         await self.db.flush()

@@ -1,0 +1,120 @@
+"""The engine's observation hooks, as a class whose methods do nothing: what the engine has
+without OpenTelemetry (engine/telemetry.py chooses; engine/tracing.py implements them).
+
+The engine calls `telemetry.OBSERVE.<hook>(...)` at each point worth a span or a number, one call
+per point:
+
+- `enqueuing(job)` (Operator._job): the job carries the trace context of the code enqueuing it,
+  as a W3C `traceparent` header, so its run joins that trace in whichever process runs it.
+- `replay_link(source)` (Operator._replay_job): a replay's job notes its source run's trace.
+- `enqueued(jobs, added)` (Ledger.add), `job_failed(run, outcome)` (Ledger.fail),
+  `run_finished(run)` (every run that ends: Ledger.on_run_ended): counters and durations.
+- `run_started(run, job, version)` / `run_ended(run)` (Worker._execute): the span of one
+  delivery of a run, current while its steps run; `step(run, ctx, name, scope)` (Runner._node):
+  a context manager around one step attempt, the span current while the node runs.
+- `sample_queues(tg, operator, served)` (a worker engine's start): the queue-depth gauges.
+"""
+
+from __future__ import annotations
+
+import re
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from anyio import CancelScope
+    from anyio.abc import TaskGroup
+
+    from .context import Context
+    from .models import Job, Run
+
+INSTRUMENTATION = "blok-tui"  # the tracer's and the meter's name
+TRACEPARENT = "traceparent"
+TRACE_LINK = "trace_link"  # job meta: the traceparent of the run a replay was made from
+
+# W3C Trace Context: version-traceid-parentid-flags, lowercase hex; all-zero ids are invalid and
+# version ff is forbidden.
+_TRACEPARENT = re.compile(
+    r"(?!ff)[0-9a-f]{2}-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}"
+)
+
+
+def valid_traceparent(value: str) -> bool:
+    """A W3C `traceparent` value (`00-<32 hex>-<16 hex>-<2 hex>`)?"""
+    return _TRACEPARENT.fullmatch(value.strip()) is not None
+
+
+def traceparent_of(headers: dict[str, str] | None) -> str | None:
+    """The `traceparent` among headers, whatever the case of its name (HTTP's are any)."""
+    if not headers:
+        return None
+    value = headers.get(TRACEPARENT)
+    if value is not None:
+        return value
+    for name, value in headers.items():
+        if name.lower() == TRACEPARENT:
+            return value
+    return None
+
+
+class _Nothing:
+    """A context manager that does nothing, cheaper than contextlib.nullcontext()."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+NOTHING = _Nothing()
+
+
+class Observer:
+    """The hooks, doing nothing: what the engine has without OpenTelemetry."""
+
+    enabled = False
+
+    def enqueuing(self, job: Job) -> None:
+        """A job is about to be added: give it the current trace context."""
+
+    def replay_link(self, source: Run) -> dict[str, str]:
+        """Job meta that links a replay of `source` to its trace."""
+        return {}
+
+    def enqueued(self, jobs: list[Job], added: list[str]) -> None:
+        """Jobs were added (`added`: the ids that were new)."""
+
+    def run_started(self, run: Run, job: Job, version: str) -> None:
+        """This worker starts (or resumes) `run` for `job`."""
+
+    def run_ended(self, run: Run) -> None:
+        """This worker is done with `run` for now: it ended, waits, or went back."""
+
+    def step(
+        self, run: Run, ctx: Context, name: str, scope: CancelScope | None
+    ) -> AbstractContextManager[None]:
+        """Around one attempt of step `name` (`scope`: its max_duration's, if any)."""
+        return NOTHING
+
+    def job_failed(self, run: Run, outcome: str) -> None:
+        """A delivery failed: `outcome` is "retried", "dead" (dead-lettered) or "failed"."""
+
+    def run_finished(self, run: Run) -> None:
+        """`run` reached a terminal status."""
+
+    def sample_queues(self, tg: TaskGroup, operator: Any, served: Any) -> None:
+        """Start sampling the depth of the queues `served()` names, for the metrics."""
+
+
+__all__ = [
+    "INSTRUMENTATION",
+    "NOTHING",
+    "TRACEPARENT",
+    "TRACE_LINK",
+    "Observer",
+    "traceparent_of",
+    "valid_traceparent",
+]

@@ -1,0 +1,313 @@
+"""OpenTelemetry behind the engine's hooks (engine/telemetry.py): spans, trace context, metrics.
+
+Imported only when `opentelemetry-api` is installed, the first time an engine starts
+(engine/telemetry.py); the hooks it implements are described in engine/observer.py.
+
+Traces. A job carries the trace context it was enqueued in as a W3C `traceparent` header: with
+a tracer provider set where it is enqueued, a short PRODUCER span `enqueue <queue>` is made in
+the current trace and the header points at it; with none, the current span context (if any) is
+passed on as it is; a `traceparent` the caller put in the headers itself is kept. Each delivery
+of the run is a CONSUMER span `run <workflow>`, a child of that context, in whichever process
+claims the job, and each step attempt a child span `step <name>` of it; both are current while
+their code runs, so a node's own spans (an HTTP client's) nest under its step, and a sub-workflow
+enqueued by a step joins the same trace. A run that waits ends its span; the delivery that
+resumes it (here or in another process, after a restart too) starts another span under the same
+parent, so the run stays one trace. A job enqueued with no trace context at all starts a new
+trace at its first delivery, whose context is kept in the run's headers for the deliveries that
+resume it. A replay's spans link to its source run's trace.
+
+Metrics: see engine/metrics.py.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode, Tracer
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from .metrics import Instruments, start_sampling
+from .models import RunStatus
+from .observer import INSTRUMENTATION, TRACE_LINK, TRACEPARENT, Observer, traceparent_of
+
+if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
+    from anyio import CancelScope
+    from anyio.abc import TaskGroup
+
+    from .context import Context
+    from .metrics import QueueReader, ServedQueues
+    from .models import Job, Run
+
+# The header the job carries is ours to read, whatever propagator the application configured.
+PROPAGATOR = TraceContextTextMapPropagator()
+_FAILED = frozenset({RunStatus.FAILED, RunStatus.TIMED_OUT, RunStatus.CRASHED})
+_UNSET = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
+
+
+def _context_of(traceparent: str | None) -> otel_context.Context | None:
+    """The context a `traceparent` value names; None if it names none (absent or malformed)."""
+    if not traceparent:
+        return None
+    found = PROPAGATOR.extract({TRACEPARENT: traceparent})
+    if not trace.get_current_span(found).get_span_context().is_valid:
+        return None
+    return found
+
+
+def _links(job: Job) -> Sequence[Link] | None:
+    linked = _context_of(job.meta.get(TRACE_LINK)) if job.meta else None
+    if linked is None:
+        return None
+    return [Link(trace.get_current_span(linked).get_span_context(), {"blok.link": "replay_of"})]
+
+
+def _traceparent(span: Span) -> str:
+    carrier: dict[str, str] = {}
+    PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
+    return carrier[TRACEPARENT]
+
+
+def _run_attributes(run: Run) -> dict[str, Any]:
+    attributes: dict[str, Any] = {
+        "blok.run.id": run.id,
+        "blok.job.id": run.job_id,
+        "blok.queue": run.queue,
+        "blok.workflow.name": run.workflow_name,
+        "blok.job.attempt": run.job_attempt,
+        "messaging.system": "blok",
+        "messaging.destination.name": run.queue,
+        "messaging.message.id": run.job_id,
+    }
+    if run.workflow_version:
+        attributes["blok.workflow.version"] = run.workflow_version
+    return attributes
+
+
+class _StepAttempt:
+    """One step attempt: its span (current while the node runs) and its duration."""
+
+    __slots__ = ("_ctx", "_name", "_run", "_scope", "_span", "_started", "_token", "_tracing")
+
+    def __init__(
+        self,
+        tracing: OtelTelemetry,
+        run: Run,
+        ctx: Context,
+        name: str,
+        scope: CancelScope | None,
+    ) -> None:
+        self._tracing = tracing
+        self._run = run
+        self._ctx = ctx
+        self._name = name
+        self._scope = scope
+        self._span: Span | None = None
+        self._token: object = None
+        self._started = 0.0
+
+    def __enter__(self) -> None:
+        # A step is traced when its run is (the provider is looked up once per run).
+        traced = self._tracing.traced.get(self._run.id)
+        if traced is not None:
+            tracer = traced[2]
+            run, ctx = self._run, self._ctx
+            # What finds the step; the rest of the run's attributes are on its parent span.
+            attributes: dict[str, Any] = {
+                "blok.run.id": run.id,
+                "blok.queue": run.queue,
+                "blok.workflow.name": run.workflow_name,
+                "blok.step.name": self._name,
+                "blok.step.attempt": ctx.attempt,
+            }
+            if ctx.step_index is not None:
+                attributes["blok.step.index"] = ctx.step_index
+            self._span = span = tracer.start_span(f"step {self._name}", attributes=attributes)
+            self._token = otel_context.attach(trace.set_span_in_context(span))
+        self._started = time.perf_counter()
+
+    def __exit__(self, kind: Any, error: BaseException | None, tb: Any) -> None:
+        elapsed = time.perf_counter() - self._started
+        # The step's own timeout (max_duration) is caught by its scope, inside this one: the
+        # attempt ends here with no exception and the scope says it was cut short.
+        if error is None:
+            timed_out = self._scope is not None and self._scope.cancelled_caught
+            status = "timed_out" if timed_out else "completed"
+        elif isinstance(error, Exception):
+            status = "failed"
+        else:
+            status = "cancelled"  # the run was cancelled, lost its lease, or the worker stops
+        span = self._span
+        if span is not None:
+            otel_context.detach(self._token)  # type: ignore[arg-type]
+        run = self._run
+        self._tracing.metrics.step_duration.record(
+            elapsed,
+            {"workflow": run.workflow_name, "step": self._name, "status": status},
+        )
+        if span is None:
+            return
+        span.set_attribute("blok.step.status", status)
+        if status == "failed":
+            assert isinstance(error, Exception)
+            ctx = self._ctx
+            # What the node raised may quote a secret header: recorded as the run's record
+            # keeps it, redacted.
+            message = ctx.redact(str(error) or type(error).__name__)
+            span.record_exception(
+                error,
+                attributes={
+                    "exception.message": message,
+                    "exception.stacktrace": ctx.redact("".join(traceback.format_exception(error))),
+                },
+            )
+            span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {message}"))
+        elif status == "timed_out":
+            span.set_status(Status(StatusCode.ERROR, "timed out (max_duration)"))
+        span.end()
+
+
+class OtelTelemetry(Observer):
+    enabled = True
+
+    def __init__(self) -> None:
+        self._provider: object = None
+        self._tracer: Tracer | None = None
+        # Runs traced here: their span, the token that made it current, the tracer.
+        self.traced: dict[str, tuple[Span, object, Tracer]] = {}
+        self.metrics = Instruments()
+
+    def tracer(self) -> Tracer | None:
+        """The tracer of the provider the user set; None while none is set (no spans then)."""
+        provider = trace.get_tracer_provider()
+        if isinstance(provider, _UNSET):
+            return None
+        if provider is not self._provider:
+            self._tracer = provider.get_tracer(INSTRUMENTATION)
+            self._provider = provider
+        return self._tracer
+
+    # ---- enqueue ---------------------------------------------------------------------------
+    def enqueuing(self, job: Job) -> None:
+        if traceparent_of(job.headers) is not None:
+            return  # the caller's own trace context wins
+        carrier: dict[str, str] = {}
+        tracer = self.tracer()
+        if tracer is not None:
+            attributes = {
+                "blok.job.id": job.id,
+                "blok.queue": job.queue,
+                "blok.workflow.name": job.workflow_name,
+                "messaging.system": "blok",
+                "messaging.destination.name": job.queue,
+                "messaging.message.id": job.id,
+            }
+            span = tracer.start_span(
+                f"enqueue {job.queue}",
+                kind=SpanKind.PRODUCER,
+                attributes=attributes,
+                links=_links(job),
+            )
+            PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
+            span.end()
+        elif trace.get_current_span().get_span_context().is_valid:
+            PROPAGATOR.inject(carrier)  # nothing recorded here, but the context goes on
+        if carrier:
+            job.headers = {**job.headers, **carrier}
+
+    def replay_link(self, source: Run) -> dict[str, str]:
+        traceparent = traceparent_of(source.headers)
+        return {TRACE_LINK: traceparent} if traceparent else {}
+
+    def enqueued(self, jobs: list[Job], added: list[str]) -> None:
+        if not added:
+            return
+        counter = self.metrics.enqueued
+        if len(jobs) == 1:
+            counter.add(1, {"queue": jobs[0].queue})
+            return
+        fresh = set(added)
+        counts: dict[str, int] = {}
+        for job in jobs:
+            if job.id in fresh:
+                counts[job.queue] = counts.get(job.queue, 0) + 1
+        for queue, count in counts.items():
+            counter.add(count, {"queue": queue})
+
+    # ---- a run in this worker --------------------------------------------------------------
+    def run_started(self, run: Run, job: Job, version: str) -> None:
+        self.metrics.active.add(1, {"queue": run.queue})
+        tracer = self.tracer()
+        if tracer is None:
+            return
+        # Enqueued with no trace context, the run's first delivery started a trace, kept in
+        # the run's headers for the deliveries that resume it.
+        parent = _context_of(traceparent_of(job.headers))
+        if parent is None:
+            parent = _context_of(traceparent_of(run.headers))
+        attributes = _run_attributes(run)
+        attributes["blok.workflow.version"] = version
+        attributes["blok.run.resumed"] = run.started_at is not None
+        if run.replay_of:
+            attributes["blok.run.replay_of"] = run.replay_of
+        if run.parent_run_id:
+            attributes["blok.run.parent_run_id"] = run.parent_run_id
+        span = tracer.start_span(
+            f"run {run.workflow_name}",
+            context=parent,
+            kind=SpanKind.CONSUMER,
+            attributes=attributes,
+            links=_links(job),
+        )
+        if parent is None:
+            # Written with the run's start record (the ledger saves it next).
+            run.headers = {**run.headers, TRACEPARENT: _traceparent(span)}
+        token = otel_context.attach(trace.set_span_in_context(span))
+        self.traced[run.id] = (span, token, tracer)
+
+    def run_ended(self, run: Run) -> None:
+        self.metrics.active.add(-1, {"queue": run.queue})
+        entry = self.traced.pop(run.id, None)
+        if entry is None:
+            return
+        span, token, _ = entry
+        otel_context.detach(token)  # type: ignore[arg-type]
+        span.set_attribute("blok.run.status", str(run.status))
+        if run.status in _FAILED:
+            span.set_status(Status(StatusCode.ERROR, run.error or str(run.status)))
+        elif run.status is RunStatus.WAITING and run.wait_until is not None:
+            span.add_event("wait", {"blok.run.wait_until": run.wait_until.isoformat()})
+        span.end()
+
+    def step(
+        self, run: Run, ctx: Context, name: str, scope: CancelScope | None
+    ) -> AbstractContextManager[None]:
+        return _StepAttempt(self, run, ctx, name, scope)
+
+    # ---- outcomes --------------------------------------------------------------------------
+    def job_failed(self, run: Run, outcome: str) -> None:
+        attributes = {"queue": run.queue, "workflow": run.workflow_name}
+        self.metrics.failed.add(1, attributes)
+        if outcome == "retried":
+            self.metrics.retried.add(1, attributes)
+        elif outcome == "dead":
+            self.metrics.dead_lettered.add(1, attributes)
+
+    def run_finished(self, run: Run) -> None:
+        attributes = {"queue": run.queue, "workflow": run.workflow_name}
+        if run.status is RunStatus.COMPLETED:
+            self.metrics.completed.add(1, attributes)
+        if run.started_at is not None and run.finished_at is not None:
+            took: timedelta = run.finished_at - run.started_at
+            attributes["status"] = str(run.status)
+            self.metrics.run_duration.record(took.total_seconds(), attributes)
+
+    def sample_queues(self, tg: TaskGroup, operator: QueueReader, served: ServedQueues) -> None:
+        start_sampling(self.metrics, tg, operator, served)

@@ -1,0 +1,154 @@
+"""Health: `engine.health()` and `blok-tui health` — the database answers, a worker is alive, no
+queue's oldest waiting job is older than the threshold; and the queue read it rests on,
+`JobQueue.oldest_waiting`, on each backend."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from cli_helpers import blok, eventually, start_worker, write_workflows
+from support import until
+
+from engine import Engine, Step, WorkerTrigger, Workflow
+from engine.backends import open_backend
+from engine.ledger import make_job, make_run
+from engine.models import utcnow
+
+
+def database(kind: str, tmp_path: Path) -> Path | None:
+    return tmp_path / "blok.db" if kind == "sqlite" else None
+
+
+# ---- the queue read ------------------------------------------------------------------------
+@pytest.mark.anyio
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+async def test_oldest_waiting_is_when_the_longest_waiting_due_job_became_due(
+    kind: str, tmp_path: Path
+) -> None:
+    now = utcnow()
+
+    def job(created_ago_s: float, run_at_in_s: float | None = None) -> Any:
+        made = make_job(
+            queue="q",
+            workflow_name="w",
+            payload={},
+            headers=None,
+            priority=0,
+            run_at=now + timedelta(seconds=run_at_in_s) if run_at_in_s is not None else None,
+            max_retries=0,
+        )
+        made.created_at = now - timedelta(seconds=created_ago_s)
+        return made
+
+    async with open_backend(database(kind, tmp_path)) as backend:
+        queue = backend.queue(None)
+        assert await queue.oldest_waiting("q") is None
+        jobs = [
+            job(60, run_at_in_s=-10),  # delayed, due for 10 s: waits since its run_at
+            job(30),  # due since it was made, 30 s ago: the oldest
+            job(600, run_at_in_s=3600),  # not due for an hour: not waiting
+            job(5),
+        ]
+        await queue.add(jobs, [make_run(j, workflow_version="v1") for j in jobs])
+        oldest = await queue.oldest_waiting("q")
+        assert oldest is not None
+        assert abs((oldest - jobs[1].created_at).total_seconds()) < 0.01
+        assert await queue.oldest_waiting("other") is None
+        # Once the oldest is claimed, the next one is.
+        claims = await queue.claim("q", 1, "w1", 30.0, timeout=1)
+        assert [c.job.id for c in claims] == [jobs[0].id]  # same priority: first added first
+        claims = await queue.claim("q", 1, "w1", 30.0, timeout=1)
+        assert [c.job.id for c in claims] == [jobs[1].id]
+        later = await queue.oldest_waiting("q")
+        assert later is not None
+        assert abs((later - jobs[3].created_at).total_seconds()) < 0.01
+
+
+# ---- engine.health() -----------------------------------------------------------------------
+def blocking_flow(release: anyio.Event) -> Workflow:
+    async def hold(ctx: Any) -> str:
+        await release.wait()
+        return "done"
+
+    return Workflow(
+        name="one.at.a.time",
+        trigger=WorkerTrigger(queue="narrow", concurrency=1),
+        steps=[Step("hold", hold)],
+    )
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+async def test_health_fails_once_a_queue_leaves_a_job_waiting_too_long(
+    kind: str, tmp_path: Path
+) -> None:
+    release = anyio.Event()
+    async with Engine(workflows=[blocking_flow(release)], database=database(kind, tmp_path)) as e:
+        healthy = await e.health()
+        assert healthy.ok, healthy.reason
+        assert healthy.workers_alive == 1
+        first = await e.enqueue("narrow", {})
+
+        async def running() -> bool:
+            return (await e.queue_stats("narrow")).active == 1
+
+        await until(running)
+        await e.enqueue("narrow", {})  # waits behind the first: the only slot is taken
+
+        async def stale() -> bool:
+            return not (await e.health(max_age="100ms")).ok
+
+        await until(stale)
+        report = await e.health(max_age="100ms")
+        assert report.reason.startswith("queue narrow: its oldest waiting job has waited")
+        assert "narrow" in report.waiting
+        assert (await e.health(max_age="1h")).ok  # the same wait is fine with more patience
+
+        await e.pause("narrow")  # a paused queue holds its jobs on purpose
+        assert (await e.health(max_age="100ms")).ok
+        await e.resume("narrow")
+        release.set()
+        await e.wait_for_job(first, timeout=10)
+
+
+# ---- blok-tui health -----------------------------------------------------------------------
+def test_blok_tui_health_exit_codes(tmp_path: Path) -> None:
+    db = tmp_path / "blok.db"
+    missing = blok("health", "--db", tmp_path / "nowhere.db")
+    assert missing.returncode == 1
+    assert missing.stderr.startswith("blok-tui: error: unhealthy: ")
+    assert "nowhere.db" in missing.stderr
+    assert len(missing.stderr.strip().splitlines()) == 1
+
+    folder = write_workflows(tmp_path / "workflows")
+    worker = start_worker(db, folder, "--no-watch")
+    try:
+        ok = blok("health", "--db", db)
+        assert ok.returncode == 0, ok.stderr
+        assert ok.stdout.startswith("healthy: ") and "1 worker alive" in ok.stdout
+
+        # One slot, taken for a while: the next job waits, and past --max-age that is unhealthy.
+        for seconds in (3, 0):
+            enqueued = blok("enqueue", "single", f'{{"seconds": {seconds}}}', "--db", db)
+            assert enqueued.returncode == 0, enqueued.stderr
+
+        def stale() -> Any:
+            done = blok("health", "--db", db, "--max-age", "300ms")
+            return done if done.returncode == 1 else None
+
+        done = eventually(stale, timeout=10)
+        assert done.stderr.startswith(
+            "blok-tui: error: unhealthy: queue single: its oldest waiting job has waited"
+        ), done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1
+        assert blok("health", "--db", db, "--max-age", "1h").returncode == 0
+    finally:
+        assert worker.stop() == 0, worker.stderr()
+
+    gone = blok("health", "--db", db, "--max-age", "1h")
+    assert gone.returncode == 1
+    assert gone.stderr.strip() == f"blok-tui: error: unhealthy: no worker alive on {db}"

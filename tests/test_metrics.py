@@ -1,0 +1,153 @@
+"""`blok-tui worker --metrics-port`: the engine's OpenTelemetry metrics, scraped over HTTP from a
+real worker process, read with prometheus_client's own parser."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+from cli_helpers import blok, eventually, start_worker
+from prometheus_client.parser import text_string_to_metric_families
+
+WORKFLOWS = """
+from engine import Step, Workflow, WorkerTrigger, subworkflow
+
+
+async def fine(ctx):
+    return "ok"
+
+
+async def broken(ctx):
+    raise RuntimeError("always")
+
+
+workflows = [
+    Workflow(name="fine", trigger=WorkerTrigger(queue="fine"), steps=[Step("fine", fine)]),
+    Workflow(
+        name="broken",
+        trigger=WorkerTrigger(queue="broken", retries=1, delay="1ms"),
+        steps=[Step("broken", broken)],
+    ),
+    Workflow(
+        name="parent",
+        trigger=WorkerTrigger(queue="parent"),
+        steps=[subworkflow("child", workflow="fine", wait=True)],
+    ),
+    Workflow(name="held", trigger=WorkerTrigger(queue="held"), steps=[Step("fine", fine)]),
+]
+"""
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(url: str) -> Samples:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        text = response.read().decode()
+    samples: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = tuple(
+                sorted((k, v) for k, v in sample.labels.items() if not k.startswith("otel_"))
+            )
+            samples[(sample.name, labels)] = sample.value
+    return samples
+
+
+def value(samples: Samples, name: str, **labels: str) -> float | None:
+    return samples.get((name, tuple(sorted(labels.items()))))
+
+
+def test_a_worker_serves_its_metrics_for_prometheus(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "workflows"
+    folder.mkdir()
+    (folder / "flows.py").write_text(WORKFLOWS)
+    database = tmp_path / "blok.db"
+    monkeypatch.setenv("BLOK_METRICS_SAMPLE_S", "0.2")  # the worker inherits it
+    worker = start_worker(database, folder, "--metrics-port", "0", "--no-watch")
+    try:
+        assert worker.process.stdout is not None
+        line = worker.process.stdout.readline().strip()
+        assert line.startswith("metrics at http://"), line
+        url = line.removeprefix("metrics at ").replace("0.0.0.0", "127.0.0.1")
+        assert blok("pause", "held", "--db", database).returncode == 0
+        for queue, count in (("fine", 2), ("broken", 1), ("parent", 1), ("held", 3)):
+            for _ in range(count):
+                done = blok("enqueue", queue, "{}", "--db", database)
+                assert done.returncode == 0, done.stderr
+
+        def settled() -> Samples | None:
+            samples = scrape(url)
+            done = value(samples, "blok_jobs_completed_total", queue="fine", workflow="fine")
+            dead = value(
+                samples, "blok_jobs_dead_lettered_total", queue="broken", workflow="broken"
+            )
+            depth = value(samples, "blok_queue_depth", queue="held")
+            return samples if (done, dead, depth) == (3.0, 1.0, 3.0) else None
+
+        samples = eventually(settled, timeout=20)
+    finally:
+        assert worker.stop() == 0, worker.stderr()
+
+    # The parent's child job was enqueued in the worker's own process: counted there.
+    assert value(samples, "blok_jobs_enqueued_total", queue="fine") == 1.0
+    assert value(samples, "blok_jobs_completed_total", queue="parent", workflow="parent") == 1.0
+    assert value(samples, "blok_jobs_failed_total", queue="broken", workflow="broken") == 2.0
+    assert value(samples, "blok_jobs_retried_total", queue="broken", workflow="broken") == 1.0
+    run_count = value(
+        samples,
+        "blok_run_duration_seconds_count",
+        queue="fine",
+        workflow="fine",
+        status="completed",
+    )
+    assert run_count == 3.0
+    step_failures = value(
+        samples,
+        "blok_step_duration_seconds_count",
+        workflow="broken",
+        step="broken",
+        status="failed",
+    )
+    assert step_failures == 2.0
+    assert value(samples, "blok_runs_active", queue="fine") == 0.0
+    age = value(samples, "blok_queue_oldest_age_seconds", queue="held")
+    assert age is not None and age > 0.0
+
+
+def test_a_metrics_port_in_use_is_one_line_and_exit_1(tmp_path: Path) -> None:
+    import socket
+
+    folder = tmp_path / "workflows"
+    folder.mkdir()
+    (folder / "flows.py").write_text(WORKFLOWS)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "blok_tui",
+                "worker",
+                "--db",
+                str(tmp_path / "blok.db"),
+                "--workflows",
+                str(folder),
+                "--metrics-port",
+                str(port),
+                "--metrics-host",
+                "127.0.0.1",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    assert done.returncode == 1
+    assert done.stderr.startswith(f"blok-tui: error: cannot serve metrics on 127.0.0.1:{port}")
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr

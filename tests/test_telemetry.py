@@ -1,0 +1,454 @@
+"""Tracing with OpenTelemetry: a run and its steps are spans in the trace of the code that
+enqueued the job, in this process or another, across waits and restarts; a replay links back.
+
+The spans are read with the SDK's in-memory exporter, on a tracer provider set for each test
+(and reset after it: the provider is process-wide).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from cli_helpers import blok
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.test.globals_test import reset_trace_globals
+from opentelemetry.trace import SpanKind, StatusCode
+from support import until
+
+from engine import Engine, Retry, Run, RunStatus, Step, WorkerTrigger, Workflow, subworkflow, wait
+
+SECRET = "sk-live-0123456789abcdef"
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    reset_trace_globals()
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    yield exporter
+    provider.shutdown()
+    reset_trace_globals()
+
+
+def database(kind: str, tmp_path: Path) -> Path | None:
+    return tmp_path / "blok.db" if kind == "sqlite" else None
+
+
+def named(spans: InMemorySpanExporter, name: str) -> list[ReadableSpan]:
+    return [s for s in spans.get_finished_spans() if s.name == name]
+
+
+def only(spans: InMemorySpanExporter, name: str) -> ReadableSpan:
+    found = named(spans, name)
+    assert len(found) == 1, [s.name for s in spans.get_finished_spans()]
+    return found[0]
+
+
+def parent_id(span: ReadableSpan) -> int:
+    assert span.parent is not None, f"{span.name} has no parent"
+    return span.parent.span_id
+
+
+def traceparent_ids(traceparent: str) -> tuple[int, int]:
+    """(trace id, parent span id) of a W3C traceparent."""
+    _, trace_id, span_id, _ = traceparent.split("-")
+    return int(trace_id, 16), int(span_id, 16)
+
+
+async def flaky(ctx: Any) -> str:
+    if ctx.attempt == 1:
+        raise ValueError(f"the API refused key {ctx.headers['x-api-key']}")
+    return "ok"
+
+
+async def first(ctx: Any) -> int:
+    return 1
+
+
+async def last(ctx: Any) -> int:
+    return int(ctx.state["first"]) + 1
+
+
+def charge_flow() -> Workflow:
+    return Workflow(
+        name="orders.charge",
+        trigger=WorkerTrigger(queue="orders"),
+        steps=[
+            Step("first", first),
+            Step("flaky", flaky, retry=Retry(max_attempts=2, min_timeout="1ms")),
+        ],
+    )
+
+
+def waiting_flow() -> Workflow:
+    return Workflow(
+        name="orders.ship",
+        trigger=WorkerTrigger(queue="ship"),
+        steps=[Step("first", first), wait.for_("300ms"), Step("last", last)],
+    )
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+async def test_a_run_and_its_step_attempts_are_spans_in_the_enqueuers_trace(
+    kind: str, tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    async with Engine(workflows=[charge_flow()], database=database(kind, tmp_path)) as engine:
+        with trace.get_tracer("app").start_as_current_span("POST /orders") as request:
+            job_id = await engine.enqueue("orders", {}, headers={"x-api-key": SECRET})
+        run = await engine.wait_for_job(job_id, timeout=10)
+    assert run.status is RunStatus.COMPLETED, run.error
+    trace_id = request.get_span_context().trace_id
+
+    enqueue = only(spans, "enqueue orders")
+    run_span = only(spans, "run orders.charge")
+    assert enqueue.kind is SpanKind.PRODUCER and run_span.kind is SpanKind.CONSUMER
+    assert parent_id(enqueue) == request.get_span_context().span_id
+    assert parent_id(run_span) == enqueue.context.span_id
+    assert {s.context.trace_id for s in spans.get_finished_spans()} == {trace_id}
+    attributes = run_span.attributes or {}
+    assert attributes["blok.run.id"] == run.id
+    assert attributes["blok.job.id"] == job_id
+    assert attributes["blok.queue"] == "orders"
+    assert attributes["blok.job.attempt"] == 1
+    assert attributes["blok.workflow.version"] == run.workflow_version
+    assert attributes["blok.run.status"] == "completed"
+    assert run_span.status.status_code is not StatusCode.ERROR
+
+    steps = named(spans, "step first") + named(spans, "step flaky")
+    assert [(s.name, (s.attributes or {})["blok.step.attempt"]) for s in steps] == [
+        ("step first", 1),
+        ("step flaky", 1),
+        ("step flaky", 2),
+    ]
+    assert all(parent_id(s) == run_span.context.span_id for s in steps)
+    failed, retried = named(spans, "step flaky")
+    assert (failed.attributes or {})["blok.step.status"] == "failed"
+    assert failed.status.status_code is StatusCode.ERROR
+    (exception,) = [e for e in failed.events if e.name == "exception"]
+    message = str((exception.attributes or {})["exception.message"])
+    assert "the API refused key [redacted]" in message
+    assert SECRET not in message + str((exception.attributes or {})["exception.stacktrace"])
+    assert (retried.attributes or {})["blok.step.status"] == "completed"
+
+
+@pytest.mark.anyio
+async def test_a_failed_run_is_an_error_span(tmp_path: Path, spans: InMemorySpanExporter) -> None:
+    async def broken(ctx: Any) -> None:
+        raise RuntimeError("card declined")
+
+    flow = Workflow(name="pay", trigger=WorkerTrigger(queue="pay"), steps=[Step("pay", broken)])
+    async with Engine(workflows=[flow], database=tmp_path / "blok.db") as engine:
+        run = await engine.wait_for_job(await engine.enqueue("pay", {}), timeout=10)
+    assert run.status is RunStatus.FAILED
+    run_span = only(spans, "run pay")
+    assert run_span.status.status_code is StatusCode.ERROR
+    assert "card declined" in (run_span.status.description or "")
+    assert (run_span.attributes or {})["blok.run.status"] == "failed"
+
+
+async def run_across_a_restart(path: Path, enqueue: Any) -> Run:
+    """Enqueue, let the run reach its wait, stop the engine, finish it in a new engine."""
+    async with Engine(workflows=[waiting_flow()], database=path) as engine:
+        job_id = await enqueue(engine)
+
+        async def waits() -> bool:
+            return (await engine.get_job(job_id)).resume
+
+        await until(waits)
+    async with Engine(workflows=[waiting_flow()], database=path) as engine:
+        return await engine.wait_for_job(job_id, timeout=10)
+
+
+@pytest.mark.anyio
+async def test_a_run_that_waits_stays_in_its_trace_across_a_restart(
+    tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    async def enqueue(engine: Engine) -> str:
+        with trace.get_tracer("app").start_as_current_span("checkout"):
+            return await engine.enqueue("ship", {})
+
+    run = await run_across_a_restart(tmp_path / "blok.db", enqueue)
+    assert run.status is RunStatus.COMPLETED, run.error
+    checkout = only(spans, "checkout")
+    enqueue_span = only(spans, "enqueue ship")
+    before, after = named(spans, "run orders.ship")
+    assert {s.context.trace_id for s in spans.get_finished_spans()} == {checkout.context.trace_id}
+    assert parent_id(before) == parent_id(after) == enqueue_span.context.span_id
+    assert (before.attributes or {})["blok.run.status"] == "waiting"
+    assert [e.name for e in before.events] == ["wait"]
+    assert (after.attributes or {})["blok.run.resumed"] is True
+    assert parent_id(only(spans, "step first")) == before.context.span_id
+    assert parent_id(only(spans, "step last")) == after.context.span_id
+
+
+@pytest.mark.anyio
+async def test_a_job_enqueued_outside_any_trace_keeps_the_trace_its_run_started(
+    tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    path = tmp_path / "blok.db"
+
+    async def enqueue(engine: Engine) -> str:
+        # From a process with no tracer provider and no trace context: the job carries none.
+        await engine.flush()
+        env = {k: v for k, v in os.environ.items() if k != "TRACEPARENT"}
+        done = await anyio.run_process(
+            [sys.executable, "-m", "blok_tui", "enqueue", "ship", "{}", "--db", str(path)],
+            check=False,
+            env=env,
+        )
+        assert done.returncode == 0, done.stderr.decode()
+        return done.stdout.decode().strip()
+
+    run = await run_across_a_restart(path, enqueue)
+    assert run.status is RunStatus.COMPLETED, run.error
+    before, after = named(spans, "run orders.ship")
+    assert before.parent is None  # the run started the trace
+    assert parent_id(after) == before.context.span_id
+    assert len({s.context.trace_id for s in spans.get_finished_spans()}) == 1
+
+
+@pytest.mark.anyio
+async def test_a_replay_links_to_the_trace_of_its_source_run(
+    tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    async with Engine(workflows=[waiting_flow()], database=tmp_path / "blok.db") as engine:
+        with trace.get_tracer("app").start_as_current_span("first try") as first_try:
+            source = await engine.wait_for_job(await engine.enqueue("ship", {}), timeout=10)
+        replay_id = await engine.replay(source.id)
+        replay = await engine.wait_for_job((await engine.get_run(replay_id)).job_id, timeout=10)
+    assert replay.status is RunStatus.COMPLETED
+    replay_spans = [
+        s
+        for s in named(spans, "run orders.ship")
+        if (s.attributes or {})["blok.run.id"] == replay.id
+    ]
+    assert replay_spans
+    source_trace = first_try.get_span_context().trace_id
+    for span in replay_spans:
+        assert span.context.trace_id != source_trace
+        assert [link.context.trace_id for link in span.links] == [source_trace]
+        assert (span.attributes or {})["blok.run.replay_of"] == source.id
+
+
+PRODUCER = """
+import json, sys
+import anyio
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from engine import Engine
+
+exporter = InMemorySpanExporter()
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(exporter))
+trace.set_tracer_provider(provider)
+
+
+async def main():
+    async with Engine(database=sys.argv[1]) as engine:
+        with trace.get_tracer("web").start_as_current_span("POST /ship") as request:
+            job_id = await engine.enqueue("ship", {})
+    (enqueue,) = [s for s in exporter.get_finished_spans() if s.name == "enqueue ship"]
+    print(json.dumps({
+        "job_id": job_id,
+        "trace_id": request.get_span_context().trace_id,
+        "request": request.get_span_context().span_id,
+        "enqueue": enqueue.context.span_id,
+        "enqueue_parent": enqueue.parent.span_id,
+    }))
+
+anyio.run(main)
+"""
+
+
+@pytest.mark.anyio
+async def test_a_run_joins_the_trace_of_a_producer_in_another_process(
+    tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    path = tmp_path / "blok.db"
+    script = tmp_path / "producer.py"
+    script.write_text(textwrap.dedent(PRODUCER))
+    async with Engine(workflows=[waiting_flow()], database=path) as engine:
+        await engine.flush()  # the queue it serves is known to other processes
+        done = await anyio.run_process([sys.executable, str(script), str(path)], check=False)
+        assert done.returncode == 0, done.stderr.decode()
+        produced = json.loads(done.stdout)
+        run = await engine.wait_for_job(produced["job_id"], timeout=10)
+    assert run.status is RunStatus.COMPLETED, run.error
+    assert produced["enqueue_parent"] == produced["request"]
+    runs = named(spans, "run orders.ship")
+    assert len(runs) == 2  # before and after the wait
+    for span in runs:
+        assert span.context.trace_id == produced["trace_id"]
+        assert parent_id(span) == produced["enqueue"]
+    for name in ("step first", "step last"):
+        assert only(spans, name).context.trace_id == produced["trace_id"]
+
+
+@pytest.mark.anyio
+async def test_blok_tui_enqueue_passes_a_traceparent_on_to_the_run(
+    tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    path = tmp_path / "blok.db"
+    given = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    from_env = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    async with Engine(workflows=[charge_flow()], database=path) as engine:
+        await engine.flush()
+        jobs = []
+        for args, env in (
+            (["--traceparent", given], {}),
+            ([], {"TRACEPARENT": from_env}),
+        ):
+            command = ["enqueue", "orders", "{}", "--db", str(path), *args]
+            done = await anyio.run_process(
+                [sys.executable, "-m", "blok_tui", *command],
+                check=False,
+                env={**os.environ, **env},
+            )
+            assert done.returncode == 0, done.stderr.decode()
+            jobs.append(done.stdout.decode().strip())
+        runs = [await engine.wait_for_job(job_id, timeout=10) for job_id in jobs]
+    for run, traceparent in zip(runs, (given, from_env), strict=True):
+        (span,) = [
+            s
+            for s in named(spans, "run orders.charge")
+            if (s.attributes or {})["blok.run.id"] == run.id
+        ]
+        assert (span.context.trace_id, parent_id(span)) == traceparent_ids(traceparent)
+
+
+def test_blok_tui_enqueue_refuses_a_malformed_traceparent(tmp_path: Path) -> None:
+    done = blok("enqueue", "orders", "{}", "--traceparent", "00-abc-def-01", "--db", tmp_path)
+    assert done.returncode == 2
+    assert "not a W3C traceparent" in done.stderr
+
+
+@pytest.mark.anyio
+async def test_with_no_tracer_provider_set_jobs_carry_no_trace_context(tmp_path: Path) -> None:
+    reset_trace_globals()
+    async with Engine(workflows=[charge_flow()], database=tmp_path / "blok.db") as engine:
+        with trace.get_tracer("app").start_as_current_span("unrecorded"):
+            job_id = await engine.enqueue("orders", {}, headers={"x-api-key": SECRET})
+        run = await engine.wait_for_job(job_id, timeout=10)
+    assert run.status is RunStatus.COMPLETED
+    assert run.headers == {"x-api-key": "[redacted]"}
+
+
+NO_OPENTELEMETRY = """
+import sys
+sys.modules["opentelemetry"] = None  # as if the extra were not installed
+import anyio
+from engine import Engine, Step, WorkerTrigger, Workflow
+from engine import telemetry
+from engine.observer import Observer
+
+async def node(ctx):
+    return 1
+
+async def main():
+    flow = Workflow(name="w", trigger=WorkerTrigger(queue="q"), steps=[Step("s", node)])
+    async with Engine(workflows=[flow]) as engine:
+        run = await engine.wait_for_job(await engine.enqueue("q", {}), timeout=10)
+    assert run.status == "completed", run.error
+    assert type(telemetry.OBSERVE) is Observer, telemetry.OBSERVE
+    loaded = sorted(m for m in sys.modules if m.startswith(("opentelemetry.", "engine.tracing", "engine.metrics", "prometheus")))
+    assert not loaded, loaded
+    print("no-op")
+
+anyio.run(main)
+"""
+
+
+def test_without_opentelemetry_nothing_of_it_is_imported(tmp_path: Path) -> None:
+    script = tmp_path / "bare.py"
+    script.write_text(textwrap.dedent(NO_OPENTELEMETRY))
+    done = blok_python(script)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "no-op"
+
+
+def blok_python(script: Path) -> Any:
+    import subprocess
+
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.anyio
+async def test_a_step_attempt_cut_by_its_max_duration_is_a_timed_out_error_span(
+    tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    async def slow(ctx: Any) -> None:
+        await anyio.sleep_forever()
+
+    flow = Workflow(
+        name="slow",
+        trigger=WorkerTrigger(queue="slow"),
+        steps=[Step("slow", slow, max_duration="50ms")],
+    )
+    async with Engine(workflows=[flow], database=tmp_path / "blok.db") as engine:
+        run = await engine.wait_for_job(await engine.enqueue("slow", {}), timeout=10)
+    assert run.status is RunStatus.TIMED_OUT
+    step = only(spans, "step slow")
+    assert (step.attributes or {})["blok.step.status"] == "timed_out"
+    assert step.status.status_code is StatusCode.ERROR
+    assert (only(spans, "run slow").attributes or {})["blok.run.status"] == "timed_out"
+
+
+@pytest.mark.anyio
+async def test_a_nodes_own_spans_nest_under_its_step(
+    tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    async def call_async(ctx: Any) -> None:
+        with trace.get_tracer("client").start_as_current_span("GET /async"):
+            pass
+
+    def call_sync(ctx: Any) -> None:  # runs in a worker thread
+        with trace.get_tracer("client").start_as_current_span("GET /sync"):
+            pass
+
+    flow = Workflow(
+        name="calls",
+        trigger=WorkerTrigger(queue="calls"),
+        steps=[Step("async", call_async), Step("sync", call_sync)],
+    )
+    async with Engine(workflows=[flow], database=tmp_path / "blok.db") as engine:
+        run = await engine.wait_for_job(await engine.enqueue("calls", {}), timeout=10)
+    assert run.status is RunStatus.COMPLETED, run.error
+    assert parent_id(only(spans, "GET /async")) == only(spans, "step async").context.span_id
+    assert parent_id(only(spans, "GET /sync")) == only(spans, "step sync").context.span_id
+
+
+@pytest.mark.anyio
+async def test_a_child_run_joins_its_parents_trace(
+    tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    child = Workflow(name="child", trigger=WorkerTrigger(queue="child"), steps=[Step("one", first)])
+    parent = Workflow(
+        name="parent",
+        trigger=WorkerTrigger(queue="parent"),
+        steps=[subworkflow("call", workflow="child", wait=True)],
+    )
+    async with Engine(workflows=[parent, child], database=tmp_path / "blok.db") as engine:
+        run = await engine.wait_for_job(await engine.enqueue("parent", {}), timeout=10)
+    assert run.status is RunStatus.COMPLETED, run.error
+    parent_runs = named(spans, "run parent")
+    child_run = only(spans, "run child")
+    assert {s.context.trace_id for s in parent_runs} == {child_run.context.trace_id}
+    enqueue_child = only(spans, "enqueue child")
+    assert parent_id(child_run) == enqueue_child.context.span_id
+    assert parent_id(enqueue_child) in {s.context.span_id for s in parent_runs}
