@@ -27,7 +27,7 @@ from . import expressions
 from .context import Context
 from .events import StepFinished, StepStarted
 from .models import RunStatus, StepRun, StepStatus, utcnow
-from .runner import Frame, Runner, StepError, WaitRequested
+from .runner import Frame, Runner, StepError, WaitRequested, user_error
 from .workflow import (
     StepDefinition,
     WaitStep,
@@ -128,7 +128,9 @@ class _Primitive(StepDefinition):
     def _resolve(self, frame: Frame, value: Any, what: str) -> Any:
         try:
             return frame.runner._resolve(value, frame.ctx)
-        except Exception as error:
+        except BaseException as error:
+            if not user_error(error):
+                raise
             self._finish(frame, StepStatus.FAILED, error=f"bad {what}: {error}")
             raise StepError(f"{frame.where} failed: bad {what}: {error}", self.name) from error
 
@@ -218,15 +220,7 @@ class ForEach(_Primitive):
                     return
                 # Each iteration its own context: parallel inner steps must not see each
                 # other's item or outputs, and their logs go to their own records.
-                child = Context(
-                    run_id=ctx.run_id,
-                    workflow_name=ctx.workflow_name,
-                    body=ctx.body,
-                    headers=ctx.headers,
-                    params=ctx.params,
-                    state=dict(ctx.state),
-                    sink=lambda record: None,
-                )
+                child = ctx.branch(dict(ctx.state))
                 child._sink = runner.log_sink(run, child)
                 try:
                     await self._iteration(frame, child, items, i, done, None, track=False)
@@ -275,7 +269,9 @@ class Loop(_Primitive):
     def _check(self, frame: Frame, condition: Callable[[Any], Any], which: str) -> bool:
         try:
             return bool(condition(frame.ctx))
-        except Exception as error:
+        except BaseException as error:
+            if not user_error(error):
+                raise
             message = f"{which} condition raised {type(error).__name__}: {error}"
             raise StepError(f"{frame.where} failed: {message}", self.name) from error
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import nullcontext
@@ -35,6 +36,7 @@ from .models import (
     utcnow,
 )
 from .records import construct
+from .threads import SyncCall
 from .workflow import Step, StepDefinition, WaitStep, Workflow
 
 DEFAULT_SNAPSHOT_CAP = 1_048_576
@@ -136,6 +138,13 @@ class Outcome:
     cause: BaseException | None = None
 
 
+def user_error(error: BaseException) -> bool:
+    """An error raised by a user's code (a node, an input, a condition) fails its step: any
+    exception, SystemExit, KeyboardInterrupt and GeneratorExit included. Only the engine's own
+    cancellation (an operator's cancel, a timeout, a stop) goes through."""
+    return not isinstance(error, anyio.get_cancelled_exc_class())
+
+
 def parse_until(value: Any) -> datetime:
     """A wait.until moment: datetime, ISO string, epoch milliseconds (number or digits)."""
     if isinstance(value, datetime):
@@ -194,6 +203,14 @@ class Runner:
         # Step.is_async asks `inspect` each time; a step's node never changes (steps are
         # frozen), so the answer is kept by step identity.
         self._async_nodes: dict[int, tuple[Step, bool]] = {}
+        # Sync nodes' calls by run id, kept while their thread runs: a retry waits for them,
+        # and the worker asks before it hands a job back.
+        self._calls: dict[str, set[SyncCall]] = {}
+        # The frames of async nodes running now (id of the coroutine's frame → what runs
+        # there), for the watchdog to name the step that blocks the event loop, and what the
+        # watchdog noticed (frame id → seconds blocked).
+        self.async_frames: dict[int, tuple[str, str, str]] = {}
+        self.stalls: dict[int, float] = {}
 
     # ---- records ---------------------------------------------------------------------------
     @staticmethod
@@ -424,7 +441,9 @@ class Runner:
             key = None
             if step.idempotency_key is not None:
                 key = str(self._resolve(step.idempotency_key, ctx))
-        except Exception as error:
+        except BaseException as error:
+            if not user_error(error):
+                raise
             record.status = StepStatus.FAILED
             record.error = f"bad input: {error}"
             record.finished_at = utcnow()
@@ -473,21 +492,35 @@ class Runner:
             timed_out = False
             failure: BaseException | None = None
             result: Any = None
-            scope = anyio.move_on_after(step.max_duration / 1000) if step.max_duration else None
+            call: SyncCall | None = None
+            ctx.attempt_stopped = False
+            limit_s = step.max_duration / 1000 if step.max_duration else None
+            began = time.monotonic()
             try:
-                with scope or nullcontext():
+                with anyio.move_on_after(limit_s) if limit_s else nullcontext() as scope:
                     if self._is_async(step):
-                        result = await step.node(ctx, **inputs)
+                        result = await self._await_node(run, step, where, ctx, inputs)
                     else:
-                        result = await anyio.to_thread.run_sync(
-                            partial(step.node, ctx, **inputs), abandon_on_cancel=True
-                        )
-                if scope is not None and scope.cancelled_caught:
+                        call = SyncCall(partial(step.node, ctx, **inputs), step.name)
+                        self._calls.setdefault(run.id, set()).add(call)
+                        result = await call.outcome()
+                if (scope is not None and scope.cancelled_caught) or (
+                    limit_s is not None and time.monotonic() - began > limit_s
+                ):
+                    # Cancelled at its deadline, or it returned past it without giving the
+                    # event loop a chance to cancel it (it blocked the loop): timed out both.
                     timed_out = True
+                    ctx.attempt_stopped = True
                 else:
                     _jsonable(result, f"the return value of {step.name}")
-            except Exception as error:
+            except BaseException as error:
+                if not user_error(error):
+                    ctx.cancelled = True  # the run is being stopped: a sync node sees it
+                    raise
                 failure = error
+            finally:
+                if call is not None and not call.running:
+                    self._calls[run.id].discard(call)
             attempt.finished_at = utcnow()
             if failure is None and not timed_out:
                 attempt.status = AttemptStatus.COMPLETED
@@ -518,6 +551,19 @@ class Runner:
             last = attempt_no >= max_attempts
             if not last and retry is not None:
                 attempt.backoff_ms = retry.backoff_ms(attempt_no)
+            if call is not None and call.running:
+                # A thread cannot be stopped: it was told (ctx.cancelled), and nothing more
+                # of this step starts until it returned, so attempts never overlap.
+                self.engine_log(
+                    run,
+                    f"{where}: attempt {attempt_no} timed out but its sync node still runs in "
+                    f"its thread; {'the step ends' if last else 'the next attempt starts'} "
+                    "once it returns (a sync node should return when ctx.cancelled is set)",
+                    "warning",
+                )
+                self.save(run)
+                await call.ended()
+                self._calls[run.id].discard(call)
             if self.bus.active:
                 self.bus.publish(
                     AttemptFailed(
@@ -543,6 +589,38 @@ class Runner:
             self.save(run)
             await self._backoff(run, (attempt.backoff_ms or 0) / 1000)
         raise AssertionError("unreachable: the attempt loop returns or raises")
+
+    async def _await_node(
+        self, run: Run, step: Step, where: str, ctx: Context, inputs: dict[str, Any]
+    ) -> Any:
+        coro = step.node(ctx, **inputs)
+        frame = getattr(coro, "cr_frame", None)
+        if frame is None:
+            return await coro
+        key = id(frame)
+        self.async_frames[key] = (run.id, run.workflow_name, where)
+        try:
+            return await coro
+        finally:
+            del self.async_frames[key]
+            stalled = self.stalls.pop(key, None)
+            if stalled is not None:
+                self.engine_log(
+                    run,
+                    f"{where} blocked the event loop for {stalled:.1f}s (an async node must not "
+                    "call blocking code: make it a plain def, or await anyio.to_thread.run_sync)",
+                    "warning",
+                )
+
+    def running_threads(self, run_id: str) -> list[str]:
+        """Names of the steps of the run whose sync node still runs in its thread."""
+        calls = self._calls.get(run_id)
+        if not calls:
+            return []
+        return sorted({call.name for call in calls if call.running})
+
+    def forget_threads(self, run_id: str) -> None:
+        self._calls.pop(run_id, None)
 
     async def _backoff(self, run: Run, seconds: float) -> None:
         """Sleep before the next attempt; `Engine.retry_now` sets the run's event to cut the
@@ -575,7 +653,9 @@ class Runner:
                     deadline = now + timedelta(milliseconds=step.for_ms)
                 else:
                     deadline = parse_until(self._resolve(step.until, ctx))
-            except Exception as error:
+            except BaseException as error:
+                if not user_error(error):
+                    raise
                 record.status = StepStatus.FAILED
                 record.error = str(error)
                 record.started_at = record.finished_at = now
