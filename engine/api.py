@@ -75,6 +75,8 @@ class EngineAPI(Protocol):
         job_id: str | None = None,
         headers: dict[str, str] | None = None,
         force: bool = False,
+        retries: int | None = None,
+        timeout: Any = None,
     ) -> str: ...
 
     async def cancel(self, run_id: str) -> Run: ...

@@ -388,10 +388,13 @@ class Engine:
         job_id: str | None = None,
         headers: dict[str, str] | None = None,
         force: bool = False,
+        retries: int | None = None,
+        timeout: Any = None,
     ) -> str:
         """Add a job; returns its id once it is durable. A known `job_id` is not added twice.
         `force`: start it at once, even on a paused queue or past its delay (an operator's
-        explicit "run this one")."""
+        explicit "run this one"). `retries` and `timeout` (a duration) replace the trigger's
+        for this job (the seed's dispatch options)."""
         return await self.operator.enqueue(
             queue,
             payload,
@@ -400,6 +403,8 @@ class Engine:
             job_id=job_id,
             headers=headers,
             force=force,
+            retries=retries,
+            timeout=timeout,
         )
 
     async def enqueue_many(

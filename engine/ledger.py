@@ -279,8 +279,9 @@ class Ledger:
         retry: bool,
     ) -> None:
         """A failed or timed-out delivery. With `retry`, the job is tried again while its
-        budget (`job.max_retries`) lasts, after `backoff_ms(failures so far)`, and dead-lettered
-        once it is used up; without, it ends failed."""
+        budget (`job.max_retries`) lasts, after `backoff_ms(failures so far)`, and goes to the
+        dead-letter queue once it is used up (at once with no retries: the seed's "max retries
+        exhausted → DLQ"); without (the job's own timeout), it ends failed."""
         job = claim.job
         self._close(run, status, error, error_step)
         if status is RunStatus.TIMED_OUT:
@@ -313,16 +314,12 @@ class Ledger:
             self._finished(run)
             self.queued([next_run])
             return
-        # A job that used up its retries goes to the dead-letter queue; one that had none, or
-        # that may not be retried, ends failed.
-        dead = retry and retries > 0
-        if dead:
-            self.log(
-                run,
-                f"job {job.id} used up its {retries} retries: moved to the dead-letter queue",
-                "error",
-            )
-        state = JobState.DEAD if dead else JobState.FAILED
+        # A job that used up its retries (or had none) goes to the dead-letter queue, where a
+        # requeue gives it a fresh budget; one that may not be retried ends failed.
+        if retry:
+            spent = f"used up its {retries} retries" if retries else "failed with no retries"
+            self.log(run, f"job {job.id} {spent}: moved to the dead-letter queue", "error")
+        state = JobState.DEAD if retry else JobState.FAILED
         self._settle(claim, queue, run, JobUpdate(state=state, error=error, meta=meta))
 
     def _close(
@@ -468,6 +465,9 @@ class Ledger:
         """A dead or failed job goes back to its queue with a fresh retry budget and a new
         run; None if the job moved meanwhile."""
         meta = {k: v for k, v in job.meta.items() if k not in ("failures", "gate_tries")}
+        # Counted, and it tells the worker that the run is not the job's first: its record
+        # (the requeue's log line, its creation time) is read, not made again from the job.
+        meta["requeued"] = int(job.meta.get("requeued", 0)) + 1
         follow = construct(
             Job, {**job.__dict__, "run_id": new_id("run"), "run_at": None, "meta": meta}
         )

@@ -59,6 +59,8 @@ from .validation import (
     check_headers,
     check_payload,
     check_priority,
+    check_retries,
+    check_timeout,
 )
 from .worker import Worker
 from .workflow import Workflow
@@ -306,6 +308,8 @@ class Operator:
         headers: dict[str, str] | None = None,
         meta: dict[str, Any] | None = None,
         what: str = "payload",
+        retries: int | None = None,
+        timeout: Any = None,
     ) -> tuple[Job, Run]:
         self.check_payload(payload, what)
         if delay is None and target.start_delay_ms:
@@ -314,9 +318,18 @@ class Operator:
             headers = check_headers(headers)
             priority = check_priority(priority)
             delay_ms = check_delay(delay) if delay is not None else 0
+            max_retries = check_retries(retries) if retries is not None else target.retries
+            timeout_ms = check_timeout(timeout) if timeout is not None else None
         except InvalidInput as error:
             raise EngineError(str(error)) from None
         run_at = utcnow() + timedelta(milliseconds=delay_ms) if delay_ms > 0 else None
+        if delay_ms or timeout_ms is not None:
+            # The job's own settings (ctx.job shows them; the worker applies the timeout).
+            meta = dict(meta or {})
+            if delay_ms:
+                meta["delay_ms"] = delay_ms
+            if timeout_ms is not None:
+                meta["timeout_ms"] = timeout_ms
         job = make_job(
             queue=target.name,
             workflow_name=target.workflow_name,
@@ -324,7 +337,7 @@ class Operator:
             headers=headers,
             priority=priority,
             run_at=run_at,
-            max_retries=target.retries,
+            max_retries=max_retries,
             job_id=job_id,
             meta=meta,
         )
@@ -341,10 +354,19 @@ class Operator:
         job_id: str | None = None,
         headers: dict[str, str] | None = None,
         force: bool = False,
+        retries: int | None = None,
+        timeout: Any = None,
     ) -> str:
         target = await self.target(queue)
         job, run = self._job(
-            target, payload, priority=priority, delay=delay, job_id=job_id, headers=headers
+            target,
+            payload,
+            priority=priority,
+            delay=delay,
+            job_id=job_id,
+            headers=headers,
+            retries=retries,
+            timeout=timeout,
         )
         added = await self.ledger.add(target.queue, [job], [run])
         if force and added:

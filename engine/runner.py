@@ -136,6 +136,9 @@ class Outcome:
     error_step: str | None = None
     wait_until: datetime | None = None
     cause: BaseException | None = None
+    # Not retried whatever the budget: the job's own time limit ran out (a step's timeout,
+    # like any failure, goes through the trigger's retries, then the dead-letter queue).
+    final: bool = False
 
 
 def user_error(error: BaseException) -> bool:

@@ -41,6 +41,8 @@ log = logging.getLogger("blok.worker")
 PAUSE_SYNC_S = 1.0  # pauses made by other processes are followed at least this often
 SIGNAL_POLL_S = 1.0  # signals are looked for at least this often, and on every change
 CLAIM_TIMEOUT_S = 0.25
+# Job meta that only carries the job's own settings: its first run is as the job says.
+JOB_SETTINGS = frozenset({"delay_ms", "timeout_ms"})
 
 
 @dataclass
@@ -366,7 +368,12 @@ class Worker:
         """The run a claimed job executes, and whether it resumes one that already began."""
         job = claim.job
         version = runtime.workflow.version
-        fresh = claim.taken_from is None and job.attempts == 1 and not job.resume and not job.meta
+        fresh = (
+            claim.taken_from is None
+            and job.attempts == 1
+            and not job.resume
+            and not (job.meta.keys() - JOB_SETTINGS)
+        )
         run: Run | None = None
         if not fresh:
             # A redelivery, a retry, a resume, a run the gates held back: its record has more
@@ -441,10 +448,12 @@ class Worker:
                 handle.cancel_requested = True
             handle.seen.update(signals)
             self.ledger.start(claim, queue, run, self.info.id, workflow.version)
-            ctx = Context.for_job(run, job, dict(run.state) if resuming else None)
+            timeout: int | None = job.meta.get("timeout_ms")  # enqueue(timeout=...)
+            if timeout is None and workflow.trigger is not None:
+                timeout = workflow.trigger.timeout
+            ctx = Context.for_job(run, job, dict(run.state) if resuming else None, timeout)
             ctx._sink = self.runner.log_sink(run, ctx)
             handle.ctx = ctx
-            timeout = workflow.trigger.timeout if workflow.trigger else None
             outcome: Outcome | None = None
             # One scope serves the operator's cancel, a lost lease and the trigger's timeout:
             # the first two set their flag first, so a scope caught without one is the timeout.
@@ -469,9 +478,12 @@ class Worker:
                 )
                 return
             if scope.cancelled_caught and not handle.cancel_requested:
+                # The job's own time limit is final (the seed's WorkerTimeoutError): no retry.
+                whose = "the job's timeout" if "timeout_ms" in job.meta else "the trigger's timeout"
                 outcome = Outcome(
                     RunStatus.TIMED_OUT,
-                    error=f"run timed out after {timeout}ms (the trigger's timeout)",
+                    error=f"run timed out after {timeout}ms ({whose})",
+                    final=True,
                 )
             if handle.cancel_requested or outcome is None:
                 self.ledger.cancelled(claim, queue, run)
@@ -537,7 +549,7 @@ class Worker:
                 outcome.error,
                 outcome.error_step,
                 backoff,
-                retry=outcome.status is RunStatus.FAILED,
+                retry=not outcome.final,
             )
 
     # ---- parents waiting on children --------------------------------------------------------

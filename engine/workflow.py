@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from . import expressions
 from .durations import Duration
-from .validation import check_queue_name
+from .validation import MAX_RETRIES, check_queue_name
 
 Provider = Literal["memory", "sqlite"]
 Input = Any  # a literal, a "$.path" expression, or a callable taking the context
@@ -26,7 +26,6 @@ DEFAULT_IDEMPOTENCY_TTL_MS = 24 * 60 * 60 * 1000
 # Upper bounds of the whole-number settings. Past them a value is a typo (or 10**19, which no
 # database column holds); within them the engine's arithmetic stays exact and finite.
 MAX_CONCURRENCY = 10_000  # runs at once per engine and queue (or per concurrency key)
-MAX_RETRIES = 1_000  # job-level: whole-run retries, each waiting at most 30 s
 # Step-level: with factor <= MAX_FACTOR, factor ** (attempts - 1) stays a finite float
 # (10.0 ** 99), where 10.0 ** 1000 raises OverflowError in the backoff.
 MAX_ATTEMPTS = 100
