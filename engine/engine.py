@@ -56,6 +56,14 @@ def _worker_id() -> str:
     return worker_id
 
 
+def switched_on(value: bool | None, disabled_by: str) -> bool:
+    """An operator switch: the Engine argument when given, else on unless the seed's
+    environment variable `disabled_by` is set ("1", "true", "yes" or "on")."""
+    if value is not None:
+        return value
+    return os.environ.get(disabled_by, "").strip().lower() not in ("1", "true", "yes", "on")
+
+
 def _ms(value: str | int | float | timedelta, what: str) -> float:
     if isinstance(value, timedelta):
         return value.total_seconds() * 1000
@@ -96,11 +104,25 @@ class Engine:
         follow: bool | None = None,
         create: bool = True,
         import_timeout: float = IMPORT_TIMEOUT_S,
+        state_snapshots: bool | None = None,
+        concurrency_keys: bool | None = None,
+        scheduling: bool | None = None,
+        janitor: bool | None = None,
+        crash_recovery: bool | None = None,
     ) -> None:
         """`lease`: how long a claimed job stays this worker's without a renewal (a number is
         seconds; a string a duration). `consume=False`: run nothing here. `follow`: publish
         what other processes write as events (default: when this engine runs nothing itself).
-        `create=False`: refuse a database that does not exist instead of making one."""
+        `create=False`: refuse a database that does not exist instead of making one.
+
+        The seed's operator switches, each on unless turned off here or by its environment
+        variable: `state_snapshots` (BLOK_STATE_SNAPSHOT_DISABLED: ctx.state is not saved at
+        a wait; a run resuming in another process starts with an empty state),
+        `concurrency_keys` (BLOK_CONCURRENCY_DISABLED: WorkerTrigger.concurrency_key limits
+        nothing), `scheduling` (BLOK_SCHEDULING_DISABLED: no debounce, start_delay or ttl),
+        `janitor` (BLOK_JANITOR_DISABLED: nothing is purged), `crash_recovery`
+        (BLOK_CRASH_AUTOFLIP_DISABLED: runs of dead workers are not recorded crashed and
+        their jobs released at boot; jobs whose lease ran out are still taken over)."""
         self.database: Path | str | None = (
             None
             if database is None
@@ -134,6 +156,11 @@ class Engine:
         )
         env_cap = os.environ.get("BLOK_STATE_SNAPSHOT_MAX_BYTES", "")
         self._snapshot_cap = snapshot_cap or (int(env_cap) if env_cap.isdigit() else None)
+        self.state_snapshots = switched_on(state_snapshots, "BLOK_STATE_SNAPSHOT_DISABLED")
+        self.concurrency_keys = switched_on(concurrency_keys, "BLOK_CONCURRENCY_DISABLED")
+        self.scheduling = switched_on(scheduling, "BLOK_SCHEDULING_DISABLED")
+        self.janitor = switched_on(janitor, "BLOK_JANITOR_DISABLED")
+        self.crash_recovery = switched_on(crash_recovery, "BLOK_CRASH_AUTOFLIP_DISABLED")
         self._backend: Backend | None = None
         self._operator: Operator | None = None
         self._serving: Worker | None = None
@@ -217,9 +244,10 @@ class Engine:
                 self.catalog,
                 provider_of=self._provider_of,
                 max_payload_bytes=self.max_payload_bytes,
+                scheduling=self.scheduling,
             )
             if self.consume and self.catalog.source is not None:
-                runner = Runner(operator, self.bus)
+                runner = Runner(operator, self.bus, snapshots=self.state_snapshots)
                 if self._snapshot_cap:
                     runner.snapshot_cap = self._snapshot_cap
                 runner.middleware = run_middleware
@@ -234,6 +262,8 @@ class Engine:
                     renew_s=self.heartbeat_interval,
                     provider=self._provider_of,
                     guard=self._guard,
+                    scheduling=self.scheduling,
+                    concurrency=self.concurrency_keys,
                 )
             if self._serving is not None:
                 self._chores = Chores(
@@ -245,6 +275,8 @@ class Engine:
                     retention=self.retention,
                     janitor_interval=self.janitor_interval,
                     alive_here=_live_workers,
+                    janitor=self.janitor,
+                    recovery=self.crash_recovery,
                 )
                 await self._chores.recover()  # before claiming: dead workers' jobs go back
                 await self._serving.start(tg)

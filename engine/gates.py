@@ -82,12 +82,25 @@ def _decide(
 class Gates:
     """The scheduling gates of one worker; `admit` is asked for every claimed job."""
 
-    def __init__(self, backend: Backend, ledger: Ledger, worker: str, lease_s: float) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        ledger: Ledger,
+        worker: str,
+        lease_s: float,
+        *,
+        scheduling: bool = True,
+        concurrency: bool = True,
+    ) -> None:
+        """`scheduling=False` (BLOK_SCHEDULING_DISABLED) turns debounce and ttl off;
+        `concurrency=False` (BLOK_CONCURRENCY_DISABLED) the concurrency keys."""
         self.backend = backend
         self.shared = backend.shared
         self.ledger = ledger
         self.worker = worker
         self.lease_s = lease_s
+        self.scheduling = scheduling
+        self.concurrency = concurrency
         self._holding: set[str] = set()  # runs of this worker that hold a slot
         self._purged_at = 0.0
 
@@ -99,7 +112,7 @@ class Gates:
         if trigger is None:
             return True
         job = claim.job
-        if not resuming:
+        if not resuming and self.scheduling:
             if trigger.debounce is not None and not await self._debounce(
                 claim, queue, run, workflow
             ):
@@ -115,7 +128,7 @@ class Gates:
                         f"(enqueued {run.created_at.isoformat()}, deadline {deadline.isoformat()})",
                     )
                     return False
-        if trigger.concurrency_key is None:
+        if trigger.concurrency_key is None or not self.concurrency:
             return True
         key = self._key(trigger.concurrency_key, job, run, "concurrency_key")
         if key is None:

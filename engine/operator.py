@@ -13,6 +13,7 @@ importing its workflows.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Sequence
@@ -99,8 +100,10 @@ class Operator:
         provider_of: Any,
         worker: Worker | None = None,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        scheduling: bool = True,
     ) -> None:
         self.backend = backend
+        self.scheduling = scheduling  # False (BLOK_SCHEDULING_DISABLED): no start_delay
         self.store = backend.runs
         self.ledger = ledger
         self.catalog = catalog
@@ -174,6 +177,37 @@ class Operator:
             jobs,
             None,
             steps,
+        )
+
+    async def run_target(self, queue: str, workflow_name: str) -> QueueTarget:
+        """Where a run of `workflow_name` on `queue` goes: the queue's own workflow, or a
+        helper workflow (one with no trigger) that a sub-workflow step ran on its parent's
+        queue — a job of that queue that runs the helper (the worker finds it by the job's
+        workflow name), with no retries nor gates, as it has no trigger."""
+        base = await self.target(queue)
+        if workflow_name == base.workflow_name:
+            return base
+        wf = self.catalog.workflow(workflow_name)
+        if wf is not None and wf.trigger is None:
+            steps = tuple((s.name, s.kind) for s in wf.steps)
+            version, workflow = wf.version, wf
+        else:
+            for catalog in reversed(await self._declared()):
+                found = [i for i in catalog.workflows if i.name == workflow_name and not i.queue]
+                if found:
+                    steps = catalog.step_kinds.get(workflow_name, ())
+                    version, workflow = found[0].version, None
+                    break
+            else:
+                return base  # renamed since: the queue's workflow runs it, as any job of it
+        return dataclasses.replace(
+            base,
+            workflow_name=workflow_name,
+            version=version,
+            retries=0,
+            start_delay_ms=None,
+            workflow=workflow,
+            steps=steps,
         )
 
     async def _declared_names(self) -> set[str]:
@@ -312,7 +346,7 @@ class Operator:
         timeout: Any = None,
     ) -> tuple[Job, Run]:
         self.check_payload(payload, what)
-        if delay is None and target.start_delay_ms:
+        if delay is None and target.start_delay_ms and self.scheduling:
             delay = target.start_delay_ms  # the delay gate: every job of this trigger waits
         try:
             headers = check_headers(headers)
@@ -573,7 +607,7 @@ class Operator:
         `from_step`, steps before it are not run again: their outputs come from the source run.
         `force`: start it at once, even on a paused queue."""
         source = await self.get_run(run_id)
-        target = await self.target(source.queue)
+        target = await self.run_target(source.queue, source.workflow_name)
         job, run = self._replay_job(target, source, from_step=from_step, input=input)
         await self.ledger.add(target.queue, [job], [run])
         if force:
@@ -615,19 +649,32 @@ class Operator:
             run.steps = [_pending(i, name, kind) for i, (name, kind) in enumerate(target.steps)]
         for i in range(index):
             step = done.get(names[i])
-            if step is None or step.status not in (StepStatus.COMPLETED, StepStatus.CACHED):
+            done_then = (StepStatus.COMPLETED, StepStatus.CACHED, StepStatus.SKIPPED)
+            if step is None or step.status not in done_then:
                 raise EngineError(
                     f"cannot replay from {from_step!r}: step {names[i]!r} did not complete in "
                     f"run {source.id}"
                 )
             record = run.steps[i]
+            record.started_at = record.finished_at = utcnow()
+            if step.status is StepStatus.SKIPPED:  # switched off (active=False): still is
+                record.status = StepStatus.SKIPPED
+                continue
             record.status = StepStatus.CACHED
             record.output = step.output
             record.input = step.input
             record.cached_from = source.id
-            record.started_at = record.finished_at = utcnow()
-            if target.steps[i][1] != "wait":  # nodes and primitives keep an output
+            if target.steps[i][1] == "wait":  # nodes and primitives keep an output
+                continue
+            if target.workflow is None:
                 run.state[names[i]] = step.output
+                continue
+            definition = target.workflow.steps[i]
+            if definition.recorded and definition.runs:
+                try:
+                    definition.keep(run.state, step.output)  # under as_, spread: as it ran
+                except TypeError as error:
+                    raise EngineError(f"cannot replay from {from_step!r}: {error}") from None
         run.cursor = [index]
 
     async def requeue(self, job_id: str) -> str:
@@ -643,7 +690,7 @@ class Operator:
                     f"job {job_id} is {job.state}, only dead or failed jobs are requeued"
                 )
             try:
-                target = await self.target(job.queue)
+                target = await self.run_target(job.queue, job.workflow_name)
             except EngineError as error:
                 raise EngineError(f"cannot requeue job {job_id}: {error}") from None
             if await self.ledger.requeue(queue, job, target.version) is not None:
@@ -720,7 +767,7 @@ class Operator:
             if not source.terminal:
                 raise Skip("not finished yet")
             try:
-                queue = await self.target(source.queue)
+                queue = await self.run_target(source.queue, source.workflow_name)
                 job, run = self._replay_job(queue, source, from_step=from_step)
             except EngineError as error:
                 raise Skip(_reason(error, source.id)) from None
@@ -795,13 +842,15 @@ class Operator:
         return found[1] if found else None
 
     async def dispatch(
-        self, workflow: Workflow, payload: Any, job_id: str, meta: dict[str, Any]
+        self, workflow: Workflow, payload: Any, job_id: str, meta: dict[str, Any], queue: str
     ) -> str:
-        assert workflow.queue is not None
         existing = await self.find_job(job_id)
         if existing is not None:
             return existing.run_id
-        target = await self.target(workflow.queue)
+        if workflow.queue is not None:
+            target = await self.target(workflow.queue)
+        else:
+            target = await self.run_target(queue, workflow.name)
         job, run = self._job(target, payload, job_id=job_id, meta=meta)
         added = await self.ledger.add(target.queue, [job], [run])
         if not added:  # added by an earlier pass meanwhile

@@ -441,7 +441,8 @@ class TryCatch(_Primitive):
 
 
 class Subworkflow(_Primitive):
-    """Run another workflow (by name, on its own queue) as a child run. `wait=True` waits for
+    """Run another workflow (by name, on its own queue; one with no trigger of its own on the
+    parent's queue) as a child run. `wait=True` waits for
     it, without holding a worker slot, and uses its output; `wait=False` dispatches it and goes
     on with {"run_id", "job_id"}."""
 
@@ -510,9 +511,10 @@ class Subworkflow(_Primitive):
             return StepError(f"{frame.where} failed: {message}", self.name)
 
         target = runner.services.workflow(self.workflow)
-        if target is None or target.queue is None:
-            why = "is not loaded" if target is None else "has no trigger (no queue to run it on)"
-            raise fail(f"workflow {self.workflow!r} {why}")
+        if target is None:
+            raise fail(f"workflow {self.workflow!r} is not loaded")
+        if target.middleware:
+            raise fail(f"workflow {self.workflow!r} is middleware, not a sub-workflow")
         if run.depth + 1 > MAX_SUBWORKFLOW_DEPTH:
             raise fail(f"sub-workflow depth {run.depth + 1} is above {MAX_SUBWORKFLOW_DEPTH}")
         payload = (
@@ -523,7 +525,8 @@ class Subworkflow(_Primitive):
         job_id = f"{run.id}.{record.index}"
         meta = {"parent_run_id": run.id, "depth": run.depth + 1, "parent_step": self.name}
         try:
-            child_run_id = await runner.services.dispatch(target, payload, job_id, meta)
+            # A helper workflow (no trigger) runs on the parent's queue.
+            child_run_id = await runner.services.dispatch(target, payload, job_id, meta, run.queue)
         except Exception as error:
             raise fail(f"cannot start {self.workflow!r}: {error}") from error
         record.child_run_id = child_run_id

@@ -40,6 +40,9 @@ from .threads import SyncCall
 from .workflow import Step, StepDefinition, WaitStep, Workflow
 
 DEFAULT_SNAPSHOT_CAP = 1_048_576
+# The key of a snapshot that was not saved, with why (the state stays in this process only).
+SNAPSHOT_SKIPPED = "__blok_snapshot_skipped__"
+KEPT_STATES = 256  # unsaved states a process keeps for its runs to resume with
 
 
 class Recorder(Protocol):
@@ -72,10 +75,11 @@ class Services(Protocol):
     async def get_run(self, run_id: str) -> Run | None: ...
 
     async def dispatch(
-        self, workflow: Workflow, payload: Any, job_id: str, meta: dict[str, Any]
+        self, workflow: Workflow, payload: Any, job_id: str, meta: dict[str, Any], queue: str
     ) -> str:
         """Enqueue a child run of `workflow` under a fixed job id (known ids are not added
-        twice); the id of the job's run."""
+        twice), on its own queue, or on `queue` (the parent's) for a workflow with no
+        trigger; the id of the job's run."""
 
 
 class _Unrecorded:
@@ -96,6 +100,10 @@ class StepError(Exception):
         super().__init__(message)
         self.step = step
         self.timed_out = timed_out
+
+
+class SnapshotLost(Exception):
+    """A run resumes where its ctx.state is neither saved nor kept: it cannot go on."""
 
 
 class WaitRequested(Exception):
@@ -193,10 +201,14 @@ class Runner:
         services: Services,
         bus: EventBus,
         snapshot_cap: int = DEFAULT_SNAPSHOT_CAP,
+        snapshots: bool = True,
     ) -> None:
         self.services = services
         self.bus = bus
         self.snapshot_cap = snapshot_cap
+        self.snapshots = snapshots  # False: BLOK_STATE_SNAPSHOT_DISABLED
+        # States not saved with their runs (see _snapshot), by run id, oldest first.
+        self.kept_states: dict[str, dict[str, Any]] = {}
         # The middleware chain (engine/primitives.py), run before a workflow's own steps.
         self.middleware: Callable[[Runner, Workflow, Run, Context], Awaitable[None]] | None = None
         self._recorders: dict[str, Recorder] = {}
@@ -338,7 +350,11 @@ class Runner:
             frame = Frame(self, workflow, run, ctx, record, depth + 1, resume, where, track)
             return await execute(frame)
         if isinstance(step, WaitStep):
+            # A wait passes on the output before it, whether it paused or not.
             await self._wait(run, ctx, step, record, where)
+            return previous
+        if not step.runs:
+            self._skip(run, record)
             return previous
         if isinstance(step, Step):
             return await self._node(workflow, run, ctx, step, record, where)
@@ -368,7 +384,8 @@ class Runner:
         """
         top = parent is None and not tags
         start = resume[0] if resume else 0
-        output: Any = None
+        # Resuming part-way (after a wait): the output that flowed to `start` on the first pass.
+        output = self._flowed(run, ctx, steps, start, parent, tags) if start else None
         for i in range(start, len(steps)):
             step = steps[i]
             if track:
@@ -381,10 +398,13 @@ class Runner:
                 )
                 continue
             record = self.nested_record(run, step, parent, tags)
-            if record.status in (StepStatus.COMPLETED, StepStatus.CACHED, StepStatus.SKIPPED):
-                output = record.output
-                if step.kind != "wait":
-                    ctx.state[step.name] = output
+            if record.status in (StepStatus.COMPLETED, StepStatus.CACHED):
+                if step.kind != "wait":  # a wait passes on what came before it
+                    output = record.output
+                    if step.recorded:
+                        step.keep(ctx.state, output)
+                continue
+            if record.status is StepStatus.SKIPPED:
                 continue
             label = f"{where} › {step.name}" if where else f"{' '.join(tags)} › {step.name}"
             output = await self._step(
@@ -401,6 +421,47 @@ class Runner:
                 track=track,
             )
         return output
+
+    def _flowed(
+        self,
+        run: Run,
+        ctx: Context,
+        steps: Sequence[StepDefinition],
+        start: int,
+        parent: int | None,
+        tags: tuple[str, ...],
+    ) -> Any:
+        """The output that reached step `start` on an earlier pass of this list: the last
+        one of a step before it that ran (waits and skipped steps pass theirs on), as the
+        context holds it (real values), else as its record does."""
+        top = parent is None and not tags
+        for j in range(start - 1, -1, -1):
+            step = steps[j]
+            if step.kind == "wait":
+                continue
+            record = run.steps[j] if top else self._find_nested(run, step, parent, tags)
+            if record is None or record.status is StepStatus.SKIPPED:
+                continue
+            keys = step.state_keys()
+            if keys and keys[0] in ctx.state:
+                return ctx.state[keys[0]]
+            return record.output
+        return None
+
+    def _find_nested(
+        self, run: Run, step: StepDefinition, parent: int | None, tags: tuple[str, ...]
+    ) -> StepRun | None:
+        key = (parent, step.name, tuple(tags[:1]))
+        for record in run.steps:
+            if (record.parent, record.name, tuple(record.tags[:1])) == key:
+                return record
+        return None
+
+    def _skip(self, run: Run, record: StepRun) -> None:
+        """A step switched off (`active=False`): recorded skipped, its node not called."""
+        record.status = StepStatus.SKIPPED
+        record.started_at = record.finished_at = utcnow()
+        self._finished(run, record)
 
     def nested_record(
         self, run: Run, step: StepDefinition, parent: int | None, tags: tuple[str, ...]
@@ -443,7 +504,8 @@ class Runner:
             inputs = {name: self._resolve(value, ctx) for name, value in step.inputs.items()}
             key = None
             if step.idempotency_key is not None:
-                key = str(self._resolve(step.idempotency_key, ctx))
+                resolved = self._resolve(step.idempotency_key, ctx)
+                key = None if resolved is None else str(resolved)  # None: nothing to cache
         except BaseException as error:
             if not user_error(error):
                 raise
@@ -459,9 +521,15 @@ class Runner:
                 now = utcnow()
                 record.status = StepStatus.CACHED
                 record.started_at = record.finished_at = now
-                record.output = hit.output
+                record.output = hit.output if step.recorded else None
                 record.cached_from = hit.run_id
-                ctx.state[step.name] = hit.output
+                try:
+                    step.keep(ctx.state, hit.output)
+                except TypeError as error:
+                    record.status = StepStatus.FAILED
+                    record.error = str(error)
+                    self._finished(run, record)
+                    raise StepError(f"{where} failed: {error}", step.name) from error
                 self._finished(run, record)
                 return hit.output
         retry = step.retry
@@ -516,6 +584,7 @@ class Runner:
                     ctx.attempt_stopped = True
                 else:
                     _jsonable(result, f"the return value of {step.name}")
+                    step.keep(ctx.state, result)  # a spread of a non-dict fails the attempt
             except BaseException as error:
                 if not user_error(error):
                     ctx.cancelled = True  # the run is being stopped: a sync node sees it
@@ -528,10 +597,9 @@ class Runner:
             if failure is None and not timed_out:
                 attempt.status = AttemptStatus.COMPLETED
                 record.status = StepStatus.COMPLETED
-                recorded = ctx.redact_value(result)
-                record.output = recorded
+                recorded = ctx.redact_value(result)  # later steps see the real value
+                record.output = recorded if step.recorded else None
                 record.finished_at = attempt.finished_at
-                ctx.state[step.name] = result  # later steps see the real value
                 if key is not None:
                     # Cached as recorded: a secret is stored nowhere, the cache included.
                     self.services.cache_put(
@@ -677,29 +745,83 @@ class Runner:
         raise WaitRequested(deadline)
 
     def _snapshot(self, run: Run, ctx: Context) -> None:
-        try:
-            blob = json.dumps(ctx.state)
-        except (TypeError, ValueError) as error:
+        """Save ctx.state with the run, for it to resume after a wait, also in another process
+        or after a restart. A state that cannot be saved (snapshots off, above the cap, not
+        JSON) stays in this process's memory: the run resumes with it here; elsewhere it
+        resumes with an empty state (snapshots off, as the seed) or fails naming the cause."""
+        reason: dict[str, Any] | None = None
+        if not self.snapshots:
+            reason = {"reason": "disabled"}
+        else:
+            try:
+                blob = json.dumps(ctx.state)
+            except (TypeError, ValueError) as error:
+                reason = {"reason": "unserializable", "error": str(error)}
+            else:
+                if len(blob) > self.snapshot_cap:
+                    reason = {"reason": "cap", "bytes": len(blob), "cap": self.snapshot_cap}
+        if reason is None:
+            # Secret header values are not kept: a step after the wait reads ctx.headers.
+            run.state = ctx.redact_value(dict(ctx.state))
+            return
+        run.state = {SNAPSHOT_SKIPPED: reason}
+        self._keep_state(run.id, ctx.state)
+        if reason["reason"] == "cap":
             self.engine_log(
                 run,
-                f"ctx.state could not be saved for the wait ({error}); after a restart this "
-                "run resumes with an empty ctx.state",
+                f"ctx.state is {reason['bytes']:,} bytes, above the {self.snapshot_cap:,}-byte "
+                "snapshot cap (BLOK_STATE_SNAPSHOT_MAX_BYTES): it is kept in this process only; "
+                "resumed anywhere else (another worker, after a restart) the run fails. Keep "
+                "large data out of step outputs.",
                 "warning",
             )
-            run.state = {}
-            return
-        if len(blob) > self.snapshot_cap:
+        elif reason["reason"] == "unserializable":
             self.engine_log(
                 run,
-                f"ctx.state is {len(blob):,} bytes, above the {self.snapshot_cap:,}-byte snapshot "
-                "cap; it is not saved, and after a restart this run resumes with an empty "
-                "ctx.state. Keep large data out of step outputs.",
+                f"ctx.state cannot be saved ({reason['error']}): it is kept in this process "
+                "only; resumed anywhere else (another worker, after a restart) the run fails",
                 "warning",
             )
-            run.state = {}
-            return
-        # Secret header values are not kept: a step after the wait reads them from ctx.headers.
-        run.state = ctx.redact_value(dict(ctx.state))
+
+    def _keep_state(self, run_id: str, state: dict[str, Any]) -> None:
+        kept = self.kept_states
+        kept.pop(run_id, None)
+        kept[run_id] = state
+        while len(kept) > KEPT_STATES:  # the oldest go: those runs fail as after a restart
+            del kept[next(iter(kept))]
+
+    def resume_state(
+        self, run: Run, note: Callable[[Run, str, str], None] | None = None
+    ) -> dict[str, Any]:
+        """The ctx.state a resuming run starts with: the one kept in this process, else its
+        snapshot. Raises SnapshotLost when the state was neither saved nor kept here. `note`
+        writes an engine line on the run (default: the runner's log)."""
+        kept = self.kept_states.pop(run.id, None)
+        if kept is not None:
+            return kept
+        skipped = run.state.get(SNAPSHOT_SKIPPED)
+        if skipped is None:
+            return dict(run.state)
+        why = skipped.get("reason")
+        if why == "disabled":
+            (note or self.engine_log)(
+                run,
+                "resumed with an empty ctx.state: state snapshots are off "
+                "(BLOK_STATE_SNAPSHOT_DISABLED) and the run began in another process",
+                "warning",
+            )
+            return {}
+        if why == "cap":
+            raise SnapshotLost(
+                f"ctx.state ({skipped.get('bytes', 0):,} bytes) was above the "
+                f"{skipped.get('cap', self.snapshot_cap):,}-byte snapshot cap "
+                "(BLOK_STATE_SNAPSHOT_MAX_BYTES), so it was not saved, and this process does "
+                "not hold it (the run began in another process, or before a restart)"
+            )
+        raise SnapshotLost(
+            f"ctx.state could not be saved ({skipped.get('error', why)}) and this process does "
+            "not hold it (the run began in another process, or before a restart)"
+        )
 
     def _finished(self, run: Run, record: StepRun) -> None:
         self.save(run)

@@ -33,7 +33,7 @@ from .events import EventBus, QueueChanged
 from .gates import Gates
 from .ledger import Ledger, make_run
 from .models import Job, JobState, LogLine, Run, RunStatus, StepStatus, WorkerInfo, utcnow
-from .runner import Outcome, Runner
+from .runner import Outcome, Runner, SnapshotLost
 from .workflow import Workflow
 
 log = logging.getLogger("blok.worker")
@@ -130,6 +130,8 @@ class Worker:
         renew_s: float,
         provider: Callable[[Workflow], str | None],
         guard: Callable[[Callable[..., Awaitable[None]]], Callable[..., Coroutine[Any, Any, None]]],
+        scheduling: bool = True,
+        concurrency: bool = True,
     ) -> None:
         self.backend = backend
         self.ledger = ledger
@@ -141,7 +143,9 @@ class Worker:
         self.renew_s = renew_s
         self.provider = provider
         self.guard = guard  # wraps the worker's own tasks: an error in one is the engine's
-        self.gates = Gates(backend, ledger, info.id, lease_s)
+        self.gates = Gates(
+            backend, ledger, info.id, lease_s, scheduling=scheduling, concurrency=concurrency
+        )
         self.runtimes: dict[str, QueueRuntime] = {}
         self.handles: dict[str, RunHandle] = {}  # by run id
         self.by_job: dict[str, RunHandle] = {}
@@ -364,10 +368,21 @@ class Worker:
             runtime.poke()
 
     # ---- running one job -------------------------------------------------------------------
-    async def _run_for(self, claim: Claim, runtime: QueueRuntime) -> tuple[Run, bool]:
+    def _current(self, runtime: QueueRuntime, job: Job) -> Workflow:
+        """The workflow a job of the queue runs: the queue's, or a helper workflow (one with no
+        trigger) that a sub-workflow step dispatched on its parent's queue."""
+        if job.workflow_name != runtime.workflow.name:
+            helper = self.catalog.workflow(job.workflow_name)
+            if helper is not None and helper.trigger is None:
+                return helper
+        return runtime.workflow
+
+    async def _run_for(
+        self, claim: Claim, runtime: QueueRuntime, current: Workflow
+    ) -> tuple[Run, bool]:
         """The run a claimed job executes, and whether it resumes one that already began."""
         job = claim.job
-        version = runtime.workflow.version
+        version = current.version
         fresh = (
             claim.taken_from is None
             and job.attempts == 1
@@ -388,11 +403,10 @@ class Worker:
         # A wait's redelivery, or a replay from a step: on from the run's cursor and state.
         return run, job.resume
 
-    def _workflow_for(self, runtime: QueueRuntime, run: Run, resuming: bool) -> Workflow:
+    def _workflow_for(self, current: Workflow, run: Run, resuming: bool) -> Workflow:
         """The definition a claimed run executes: the current one, except for a run resuming
         after a reload that changed the shape of its steps (the cursor and the step records
         would point at different steps), which finishes on the version it started on."""
-        current = runtime.workflow
         if not resuming or run.workflow_version in ("", current.version):
             return current
         older = self.catalog.version(run.workflow_name, run.workflow_version)
@@ -436,8 +450,9 @@ class Worker:
             return
         handle: RunHandle | None = None
         try:
-            run, resuming = await self._run_for(claim, runtime)
-            workflow = self._workflow_for(runtime, run, resuming)
+            current = self._current(runtime, job)
+            run, resuming = await self._run_for(claim, runtime, current)
+            workflow = self._workflow_for(current, run, resuming)
             if not await self.gates.admit(claim, queue, run, workflow, resuming):
                 return  # debounced, delayed, throttled, queued or expired: the job went back
             handle = RunHandle(claim, queue, run)
@@ -447,11 +462,21 @@ class Worker:
             if "cancel" in signals:
                 handle.cancel_requested = True
             handle.seen.update(signals)
+            lost: SnapshotLost | None = None
+            try:
+                state = self.runner.resume_state(run, self.ledger.log) if resuming else None
+            except SnapshotLost as error:
+                lost, state = error, None
             self.ledger.start(claim, queue, run, self.info.id, workflow.version)
+            if lost is not None:
+                # It cannot go on where it stopped: a failure, retried from the start.
+                failed = Outcome(RunStatus.FAILED, error=f"cannot resume: {lost}")
+                self._settle(runtime, claim, run, workflow, failed)
+                return
             timeout: int | None = job.meta.get("timeout_ms")  # enqueue(timeout=...)
             if timeout is None and workflow.trigger is not None:
                 timeout = workflow.trigger.timeout
-            ctx = Context.for_job(run, job, dict(run.state) if resuming else None, timeout)
+            ctx = Context.for_job(run, job, state, timeout)
             ctx._sink = self.runner.log_sink(run, ctx)
             handle.ctx = ctx
             outcome: Outcome | None = None
@@ -554,6 +579,7 @@ class Worker:
 
     # ---- parents waiting on children --------------------------------------------------------
     def _run_ended(self, run: Run) -> None:
+        self.runner.kept_states.pop(run.id, None)
         if run.parent_run_id is not None and self._jobs_tg is not None:
             self._jobs_tg.start_soon(self._wake_parent, run)
 
