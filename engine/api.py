@@ -56,6 +56,7 @@ class EngineAPI(Protocol):
         offset: int = 0,
         retrying: bool = False,
         stuck: float | None = None,
+        replay_of: str | None = None,
     ) -> list[Run]: ...
 
     async def count_runs(self, where: RunFilter | None = None) -> int: ...

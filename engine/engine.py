@@ -466,9 +466,12 @@ class Engine:
         offset: int = 0,
         retrying: bool = False,
         stuck: float | None = None,
+        replay_of: str | None = None,
     ) -> list[Run]:
-        """Newest first. `retrying`: still going with a failed attempt behind them; `stuck`:
-        running longer than `stuck` × their workflow's median duration of completed runs."""
+        """Newest first. `text`: in the id, job id, workflow, queue, status, error or input;
+        `retrying`: still going with a failed attempt behind them; `stuck`: running longer
+        than `stuck` × their workflow's median duration of completed runs; `replay_of`: the
+        replays of that run."""
         return await self.operator.runs(
             status,
             workflow,
@@ -478,6 +481,7 @@ class Engine:
             offset=offset,
             retrying=retrying,
             stuck=stuck,
+            replay_of=replay_of,
         )
 
     async def count_runs(self, where: RunFilter | None = None) -> int:

@@ -451,11 +451,15 @@ class Operator:
         offset: int = 0,
         retrying: bool = False,
         stuck: float | None = None,
+        replay_of: str | None = None,
     ) -> list[Run]:
         """Newest first. `retrying`: still going with a failed attempt behind them; `stuck`:
-        running longer than `stuck` × their workflow's median duration of completed runs."""
+        running longer than `stuck` × their workflow's median duration of completed runs;
+        `replay_of`: the replays of that run."""
         try:
-            where = RunFilter.of(status, workflow, queue, text, retrying=retrying, stuck=stuck)
+            where = RunFilter.of(
+                status, workflow, queue, text, retrying=retrying, stuck=stuck, replay_of=replay_of
+            )
         except ValueError as error:
             raise EngineError(f"bad filter: {error}") from None
         where = await resolve_stuck(self.store, where)

@@ -24,6 +24,7 @@ import anyio
 from . import expressions
 from .context import Context
 from .events import AttemptFailed, EventBus, LogRecorded, StepFinished, StepStarted
+from .loader import user_names
 from .models import (
     Attempt,
     AttemptStatus,
@@ -267,7 +268,7 @@ class Runner:
         def sink(record: logging.LogRecord) -> None:
             message = record.getMessage()
             if record.exc_info:
-                message += "\n" + "".join(traceback.format_exception(*record.exc_info))
+                message += "\n" + user_names("".join(traceback.format_exception(*record.exc_info)))
             line = LogLine.model_construct(
                 ts=datetime.fromtimestamp(record.created, UTC),
                 level=record.levelname.lower(),
@@ -618,7 +619,9 @@ class Runner:
                 # A node's error may quote a secret header (an API refusing a key): hidden.
                 attempt.error = ctx.redact(str(failure) or type(failure).__name__)
                 attempt.error_type = type(failure).__name__
-                attempt.traceback = ctx.redact("".join(traceback.format_exception(failure)))
+                attempt.traceback = ctx.redact(
+                    user_names("".join(traceback.format_exception(failure)))
+                )
             last = attempt_no >= max_attempts
             if not last and retry is not None:
                 attempt.backoff_ms = retry.backoff_ms(attempt_no)
