@@ -610,14 +610,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     from engine import DatabaseError, EngineError, WorkflowLoadError
     from engine.validation import InvalidInput
 
+    refusals = (EngineError, DatabaseError, WorkflowLoadError, InvalidInput)
     try:
         anyio.run(COMMANDS[args.command], args)
-    except (EngineError, DatabaseError, WorkflowLoadError, InvalidInput) as error:
+    except refusals as error:
         _error(str(error))
+        return 1
+    except BaseExceptionGroup as group:
+        # A refusal from one of the engine's own tasks (the database writer found the file
+        # damaged): one line too, not the task group's traceback.
+        found = _first_leaf(group, refusals)
+        if found is None:
+            raise
+        _error(str(found))
         return 1
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def _first_leaf(
+    group: BaseExceptionGroup[BaseException], kinds: tuple[type[BaseException], ...]
+) -> BaseException | None:
+    """The first error of `kinds` in a (nested) exception group."""
+    for error in group.exceptions:
+        if isinstance(error, BaseExceptionGroup):
+            found = _first_leaf(error, kinds)
+            if found is not None:
+                return found
+        elif isinstance(error, kinds):
+            return error
+    return None
 
 
 if __name__ == "__main__":
