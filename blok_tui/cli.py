@@ -255,8 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
         "worker",
         help="serve the queues headless",
         description="Serve the workflows' queues without a console. SIGTERM or Ctrl-C drains: "
-        "no new claims, running jobs get --grace seconds to finish, the rest go back to the "
-        "queue.",
+        "no new claims, running jobs get --grace seconds to finish, the rest are stopped and "
+        "go back to the queue to go on where they stopped; a second signal stops them at once.",
     )
     engine_options(worker, keep)
     db_option(worker, keep)
@@ -499,11 +499,11 @@ async def _worker(args: argparse.Namespace) -> None:
                 async def insist() -> None:
                     async for signum in signals:
                         log.warning(
-                            "%s again: still draining (at most %gs); running jobs that do not "
-                            "finish go back to the queue",
+                            "%s again: stopping now; running jobs are recorded where they "
+                            "stopped and go back to the queue once their code stopped",
                             signal.Signals(signum).name,
-                            args.grace,
                         )
+                        engine.force_stop()
 
                 tg.start_soon(insist)
                 await engine.shutdown(args.grace)

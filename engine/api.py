@@ -26,6 +26,9 @@ class EngineAPI(Protocol):
 
     database: Path | str | None
 
+    @property
+    def in_flight(self) -> int: ...
+
     def events(self) -> Subscription: ...
 
     # reads

@@ -39,12 +39,14 @@ from .operations import BulkResult, ProgressCallback
 from .operator import DEFAULT_MAX_PAYLOAD_BYTES, Operator
 from .primitives import run_middleware
 from .runner import Runner
+from .watchdog import WATCHDOG_S
 from .worker import Worker
 from .workflow import Workflow
 
 log = logging.getLogger("blok.engine")
 
 _live_workers: set[str] = set()  # engines alive in this process, for recovery
+EXIT_CODE_RUNNING = 3  # the process exits with this when a stopped run's code still ran
 
 
 def _worker_id() -> str:
@@ -109,6 +111,7 @@ class Engine:
         scheduling: bool | None = None,
         janitor: bool | None = None,
         crash_recovery: bool | None = None,
+        watchdog: float | None = WATCHDOG_S,
     ) -> None:
         """`lease`: how long a claimed job stays this worker's without a renewal (a number is
         seconds; a string a duration). `consume=False`: run nothing here. `follow`: publish
@@ -122,7 +125,10 @@ class Engine:
         nothing), `scheduling` (BLOK_SCHEDULING_DISABLED: no debounce, start_delay or ttl),
         `janitor` (BLOK_JANITOR_DISABLED: nothing is purged), `crash_recovery`
         (BLOK_CRASH_AUTOFLIP_DISABLED: runs of dead workers are not recorded crashed and
-        their jobs released at boot; jobs whose lease ran out are still taken over)."""
+        their jobs released at boot; jobs whose lease ran out are still taken over).
+
+        `watchdog`: seconds the event loop may stand still before a thread logs which step
+        blocks it (None: no watchdog)."""
         self.database: Path | str | None = (
             None
             if database is None
@@ -161,6 +167,7 @@ class Engine:
         self.scheduling = switched_on(scheduling, "BLOK_SCHEDULING_DISABLED")
         self.janitor = switched_on(janitor, "BLOK_JANITOR_DISABLED")
         self.crash_recovery = switched_on(crash_recovery, "BLOK_CRASH_AUTOFLIP_DISABLED")
+        self.watchdog = watchdog
         self._backend: Backend | None = None
         self._operator: Operator | None = None
         self._serving: Worker | None = None
@@ -264,6 +271,7 @@ class Engine:
                     guard=self._guard,
                     scheduling=self.scheduling,
                     concurrency=self.concurrency_keys,
+                    watchdog_s=self.watchdog,
                 )
             if self._serving is not None:
                 self._chores = Chores(
@@ -333,19 +341,48 @@ class Engine:
         return bool(suppressed) and isinstance(exc, cancelled)
 
     async def shutdown(self, grace_period: float | None = None) -> None:
-        """Stop claiming, let running jobs finish within the grace period, then cancel the
-        rest and put their jobs back in the queue for another worker."""
+        """Stop claiming, let running jobs finish within the grace period (cut short by
+        `force_stop()`), then stop the rest: each such run is recorded where it stopped and
+        its job goes back to the queue, to go on from there — a stop is not a crash.
+
+        A run whose code does not stop (a sync node's thread, async code ignoring the cancel)
+        is recorded but its job is not handed back while that code runs: the process exits
+        (status 3) once everything is written, which ends the code; the job's lease then runs
+        out, or a worker starting on the database finds this process gone, and the run goes on
+        there."""
         if self._stopping:
             return
         self._stopping = True
         grace = self.grace_period if grace_period is None else grace_period
+        held: list[str] = []
         if self._serving is not None:
-            await self._serving.drain(grace)
+            held = await self._serving.drain(grace)
         if self._backend is not None:
             with anyio.CancelScope(shield=True):
                 await self._backend.runs.flush()
+        if held:
+            log.critical(
+                "exiting the process now: the code of run(s) %s did not stop and cannot be "
+                "stopped otherwise; their jobs go on elsewhere once this process is gone",
+                ", ".join(held),
+            )
+            logging.shutdown()
+            os._exit(EXIT_CODE_RUNNING)
         if self._tg is not None:
             self._tg.cancel_scope.cancel()
+
+    @property
+    def in_flight(self) -> int:
+        """Runs this engine is running right now (0 for a client of other workers): what a
+        stop interrupts."""
+        return len(self._serving.handles) if self._serving is not None else 0
+
+    def force_stop(self) -> None:
+        """Cut the grace period of a shutdown under way short (a second SIGTERM or Ctrl-C):
+        runs still going are stopped now, recorded, and their jobs handed back if their code
+        stopped."""
+        if self._serving is not None:
+            self._serving.force()
 
     def _guard(
         self, task: Callable[..., Awaitable[None]]

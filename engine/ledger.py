@@ -351,7 +351,8 @@ class Ledger:
         `until`, then its job is claimed again; the retry budget is not touched."""
         run.status = status
         run.run_at = until
-        update = JobUpdate(state=JobState.DELAYED, run_at=until, meta=meta)
+        # A resuming run held back keeps resuming when it is let through.
+        update = JobUpdate(state=JobState.DELAYED, run_at=until, meta=meta, resume=claim.job.resume)
         queue.submit(self._transition(claim.job, claim.job.epoch, update, run))
         self._changed(run)
 
@@ -369,6 +370,36 @@ class Ledger:
         run.finished_at = utcnow()
         run.error = error
         self._settle(claim, queue, run, JobUpdate(state=state, error=error))
+
+    def suspend(
+        self, claim: Claim, queue: JobQueue, run: Run, reason: str, *, hand_back: bool = True
+    ) -> None:
+        """The worker stopped the run (a stop past the drain's grace), not the run failing: it
+        is recorded queued where it stopped — its cursor and state kept, the attempt under
+        way cancelled with the reason — and its job goes back to the queue to resume it on
+        the next delivery, without touching the retry budget. `hand_back=False`: its code
+        still runs here, so the job stays held until this process is gone; whoever takes it
+        over then resumes the run the same way."""
+        if run.terminal:
+            return
+        now = utcnow()
+        run.status = RunStatus.QUEUED
+        run.wait_until = None
+        for step in run.steps:
+            if step.status is StepStatus.RUNNING:
+                step.status = StepStatus.PENDING
+            for attempt in step.attempts:
+                if attempt.status is AttemptStatus.RUNNING:
+                    attempt.status = AttemptStatus.CANCELLED
+                    attempt.finished_at = now
+                    attempt.error = reason
+        self.log(run, reason, "warning")
+        job = claim.job
+        update = (
+            JobUpdate(state=JobState.WAITING, resume=True, meta=job.meta) if hand_back else None
+        )
+        queue.submit(self._transition(job, job.epoch, update, run))
+        self._changed(run)
 
     def interrupt(self, claim: Claim, queue: JobQueue, run: Run, reason: str) -> None:
         """The worker stops before the run ended (a drain past its grace, an engine error): the

@@ -672,6 +672,7 @@ class Runner:
         if frame is None:
             return await coro
         key = id(frame)
+        self.stalls.pop(key, None)  # left by an earlier frame at the same address
         self.async_frames[key] = (run.id, run.workflow_name, where)
         try:
             return await coro
