@@ -1,16 +1,18 @@
-"""Sync nodes (plain `def`) run in threads of their own, which the engine keeps watching.
+"""Sync nodes (plain `def`) run in daemon threads, which the engine keeps watching.
 
 Python cannot interrupt a thread: a timeout or a cancel can only tell a sync node (it sets
-`ctx.cancelled`) and stop waiting for it. So each call gets its own daemon thread — one that
-never returns does not keep the process alive at exit — and `SyncCall.running` tells whether
-the code still runs, which the runner asks before it starts a retry and the worker before it
-hands a job back to the queue.
+`ctx.cancelled`) and stop waiting for it. So the threads are daemon threads — one that never
+returns does not keep the process alive at exit (anyio's worker threads would) — and
+`SyncCall.running` tells whether the code still runs, which the runner asks before it starts a
+retry and the worker before it hands a job back to the queue. Idle threads are reused, as a
+thread pool's, and end after a while without work.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import queue
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -33,10 +35,7 @@ class SyncCall:
         self._done = anyio.Event()
         self._token = anyio.lowlevel.current_token()
         context = contextvars.copy_context()  # the caller's context variables, as to_thread
-        thread = threading.Thread(
-            target=self._run, args=(context, fn), name=f"blok node {name}", daemon=True
-        )
-        thread.start()
+        _POOL.submit(lambda: self._run(context, fn))
 
     def _run(self, context: contextvars.Context, fn: Callable[[], Any]) -> None:
         try:
@@ -63,3 +62,40 @@ class SyncCall:
         if self.error is not None:
             raise self.error
         return self.result
+
+
+class _DaemonPool:
+    """Daemon threads that take calls one at a time and wait `idle_s` for the next."""
+
+    def __init__(self, idle_s: float = 10.0) -> None:
+        self.idle_s = idle_s
+        self._calls: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._idle = 0
+        self._lock = threading.Lock()
+
+    def submit(self, call: Callable[[], None]) -> None:
+        with self._lock:
+            if self._idle:
+                self._idle -= 1
+                self._calls.put(call)
+                return
+        threading.Thread(target=self._serve, args=(call,), name="blok node", daemon=True).start()
+
+    def _serve(self, call: Callable[[], None]) -> None:
+        while True:
+            call()
+            with self._lock:
+                self._idle += 1
+            try:
+                call = self._calls.get(timeout=self.idle_s)
+            except queue.Empty:
+                with self._lock:
+                    # A call may have been handed to this thread as it gave up waiting.
+                    try:
+                        call = self._calls.get_nowait()
+                    except queue.Empty:
+                        self._idle -= 1
+                        return
+
+
+_POOL = _DaemonPool()
