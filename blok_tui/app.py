@@ -120,6 +120,29 @@ class BlokApp(App[None]):
         title = kwargs.pop("title", "")
         super().notify(printable(message), title=printable(title), markup=False, **kwargs)
 
+    async def action_quit(self) -> None:
+        """Quit; with runs in flight in this console's engine, ask first: quitting stops
+        them (recorded where they stopped, to go on at the next start on a durable
+        database)."""
+        count = self.engine.in_flight if self.engine is not None else 0
+        if not count:
+            self.exit()
+            return
+        runs = "1 run is" if count == 1 else f"{count:,} runs are"
+        if self.engine is not None and self.engine.capabilities.location == "memory":
+            then = "The engine keeps its runs in memory: they end with it."
+        else:
+            then = (
+                "Those that do not finish at once are stopped and recorded where they "
+                "stopped; they go on from there when a worker next serves this database."
+            )
+
+        def answer(yes: bool | None) -> None:
+            if yes:
+                self.exit()
+
+        self.push_screen(ConfirmScreen(f"Quit while {runs} running?", then, confirm="Quit"), answer)
+
     def action_help_quit(self) -> None:
         # Textual's own says "Press [b]ctrl+q[/b] …" in markup, which notify shows as written.
         self.notify("press q (or ctrl+q) to quit", title="Do you want to quit?")
@@ -463,8 +486,11 @@ class BlokApp(App[None]):
         if not words:
             return
         word, args = words[0].lower(), words[1:]
-        if word in ("q", "q!", "quit", "exit"):
+        if word == "q!":  # quit without asking
             self.exit()
+            return
+        if word in ("q", "quit", "exit"):
+            await self.action_quit()
             return
         entry = actions.by_command(word)
         if entry is None:

@@ -281,8 +281,8 @@ def build_parser() -> argparse.ArgumentParser:
         "worker",
         help="serve the queues headless",
         description="Serve the workflows' queues without a console. SIGTERM or Ctrl-C drains: "
-        "no new claims, running jobs get --grace seconds to finish, the rest go back to the "
-        "queue.",
+        "no new claims, running jobs get --grace seconds to finish, the rest are stopped and "
+        "go back to the queue to go on where they stopped; a second signal stops them at once.",
     )
     engine_options(worker, keep)
     db_option(worker, keep)
@@ -605,11 +605,11 @@ async def _worker(args: argparse.Namespace) -> None:
                 async def insist() -> None:
                     async for signum in signals:
                         log.warning(
-                            "%s again: still draining (at most %gs); running jobs that do not "
-                            "finish go back to the queue",
+                            "%s again: stopping now; running jobs are recorded where they "
+                            "stopped and go back to the queue once their code stopped",
                             signal.Signals(signum).name,
-                            args.grace,
                         )
+                        engine.force_stop()
 
                 tg.start_soon(insist)
                 await engine.shutdown(args.grace)
@@ -827,17 +827,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     from engine import DatabaseError, EngineError, WorkflowLoadError
     from engine.validation import InvalidInput
 
+    refusals = (EngineError, DatabaseError, WorkflowLoadError, InvalidInput)
     try:
         anyio.run(COMMANDS[args.command], args)
     except UsageError as error:
         _error(f"{error} (see {error.prog} --help)")
         return 2
-    except (EngineError, DatabaseError, WorkflowLoadError, InvalidInput) as error:
+    except refusals as error:
         _error(str(error))
+        return 1
+    except BaseExceptionGroup as group:
+        # A refusal from one of the engine's own tasks (the database writer found the file
+        # damaged): one line too, not the task group's traceback.
+        found = _first_leaf(group, refusals)
+        if found is None:
+            raise
+        _error(str(found))
         return 1
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def _first_leaf(
+    group: BaseExceptionGroup[BaseException], kinds: tuple[type[BaseException], ...]
+) -> BaseException | None:
+    """The first error of `kinds` in a (nested) exception group."""
+    for error in group.exceptions:
+        if isinstance(error, BaseExceptionGroup):
+            found = _first_leaf(error, kinds)
+            if found is not None:
+                return found
+        elif isinstance(error, kinds):
+            return error
+    return None
 
 
 if __name__ == "__main__":

@@ -31,6 +31,9 @@ class EngineAPI(Protocol):
 
     database: Path | str | None
 
+    @property
+    def in_flight(self) -> int: ...
+
     def events(self) -> Subscription: ...
 
     # reads
@@ -63,6 +66,7 @@ class EngineAPI(Protocol):
         offset: int = 0,
         retrying: bool = False,
         stuck: float | None = None,
+        replay_of: str | None = None,
     ) -> list[Run]: ...
 
     async def count_runs(self, where: RunFilter | None = None) -> int: ...
@@ -82,6 +86,8 @@ class EngineAPI(Protocol):
         job_id: str | None = None,
         headers: dict[str, str] | None = None,
         force: bool = False,
+        retries: int | None = None,
+        timeout: Any = None,
     ) -> str: ...
 
     async def cancel(self, run_id: str) -> Run: ...

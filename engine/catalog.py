@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from . import expressions
 from .backends.base import ServedQueue, WorkerCatalog
 from .errors import EngineError
 from .events import EventBus, ReloadErrorCleared, ReloadFailed, WorkflowReloaded
@@ -24,13 +25,43 @@ from .loader import (
     workflow_files,
 )
 from .models import WorkflowInfo
-from .workflow import Workflow
+from .workflow import StepDefinition, Workflow
 
 log = logging.getLogger("blok.catalog")
 
 KEPT_VERSIONS = 100  # per workflow, for waiting runs that resume on the version they began on
 
 WorkflowSource = str | os.PathLike[str] | Sequence[Workflow] | None
+
+
+def body_fields(wf: Workflow) -> list[str]:
+    """The `$.body.<path>` expressions a workflow's steps (nested ones too) and trigger read,
+    as dotted paths, each once, in order. Callables cannot be read this way."""
+    found: dict[str, None] = {}
+
+    def add(expr: object) -> None:
+        if expressions.is_expression(expr):
+            try:
+                parts = expressions.parse(str(expr))
+            except expressions.ExpressionError:
+                return
+            if parts[0] == "body" and len(parts) > 1:
+                found.setdefault(".".join(parts[1:]))
+
+    def walk(steps: Sequence[StepDefinition]) -> None:
+        for step in steps:
+            for expr in step.expressions():
+                add(expr)
+            for branch in step.children():
+                walk(branch)
+
+    walk(wf.steps)
+    trigger = wf.trigger
+    if trigger is not None:
+        add(trigger.concurrency_key)
+        if trigger.debounce is not None:
+            add(trigger.debounce.key)
+    return list(found)
 
 
 class Catalog:
@@ -215,6 +246,7 @@ class Catalog:
                 queue=wf.queue,
                 path=wf.path,
                 steps=[s.name for s in wf.steps],
+                body_fields=body_fields(wf),
             )
             for wf in sorted(self.workflows.values(), key=lambda w: w.name)
         ]

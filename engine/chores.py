@@ -38,7 +38,12 @@ class Chores:
         retention: timedelta,
         janitor_interval: float,
         alive_here: Collection[str] = (),
+        janitor: bool = True,
+        recovery: bool = True,
     ) -> None:
+        """`janitor=False` (BLOK_JANITOR_DISABLED): nothing is purged. `recovery=False`
+        (BLOK_CRASH_AUTOFLIP_DISABLED): runs dead workers left are not recorded crashed nor
+        their jobs released by recovery; a job whose lease runs out is still taken over."""
         self.backend = backend
         self.ledger = ledger
         self.me = me
@@ -47,6 +52,8 @@ class Chores:
         self.retention = retention
         self.janitor_interval = janitor_interval
         self.alive_here = alive_here  # engines alive in this very process
+        self.janitor = janitor
+        self.recovery = recovery
 
     # ---- dead workers ----------------------------------------------------------------------
     def _gone(self, worker: WorkerInfo) -> bool:
@@ -62,6 +69,8 @@ class Chores:
         """Release the jobs of dead workers (a run one had started is recorded crashed and its
         job gets a new run), record their orphaned runs crashed, and forget them. The number
         of runs found crashed."""
+        if not self.recovery:
+            return 0
         dead = [w.id for w in await self.backend.shared.workers() if self._gone(w)]
         if not dead:
             return 0
@@ -124,4 +133,5 @@ class Chores:
             await anyio.sleep(every)
             if await self.backend.shared.try_lead("chores", self.me.id, 2 * every):
                 await self.recover()
-                await self.purge()
+                if self.janitor:
+                    await self.purge()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from .redact import redact_text, redact_value, secret_values
@@ -55,6 +57,37 @@ def _discard(record: logging.LogRecord) -> None:
     pass
 
 
+@dataclass(frozen=True, slots=True)
+class JobInfo:
+    """The job a run executes, as `ctx.job` (the seed's `_worker_job`): a node can tell, for
+    one, that it runs on the job's last attempt."""
+
+    id: str
+    queue: str
+    attempt: int  # which attempt of the job this run is: 1, then one more per job retry
+    max_retries: int  # the job's retry budget (the trigger's, or enqueue(retries=...))
+    delivery: int  # times the job was handed to a worker, this one included
+    created_at: datetime
+    delay_ms: int  # the delay it was enqueued with
+    timeout_ms: int | None  # the whole run's time limit (the trigger's, or enqueue(timeout=))
+    priority: int
+
+    @property
+    def last_attempt(self) -> bool:
+        """No job retry is left after this one."""
+        return self.attempt > self.max_retries
+
+
+class StopFlag:
+    """The run is being stopped (an operator's cancel, the job's timeout, a stop): shared by the
+    contexts of one run, parallel branches included."""
+
+    __slots__ = ("set",)
+
+    def __init__(self) -> None:
+        self.set = False
+
+
 class Context:
     """What a node sees: the job's input, earlier steps' outputs, a logger, cancellation."""
 
@@ -62,10 +95,12 @@ class Context:
         "_logger",
         "_secrets",
         "_sink",
+        "_stop",
         "attempt",
+        "attempt_stopped",
         "body",
-        "cancelled",
         "headers",
+        "job",
         "params",
         "run_id",
         "state",
@@ -83,6 +118,8 @@ class Context:
         params: dict[str, Any],
         state: dict[str, Any],
         sink: Callable[[logging.LogRecord], None],
+        stop: StopFlag | None = None,
+        job: JobInfo | None = None,
     ) -> None:
         self.run_id = run_id
         self.workflow_name = workflow_name
@@ -91,11 +128,38 @@ class Context:
         self.params = params
         self.state = state
         self.attempt = 1
-        self.cancelled = False
+        self._stop = stop if stop is not None else StopFlag()
+        self.attempt_stopped = False  # this step attempt timed out
+        self.job = job
         self.step_index: int | None = None
         self._sink = sink
         self._logger: RunLogger | None = None
         self._secrets: tuple[str, ...] | None = None
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the run is being stopped or the current attempt timed out: a node that
+        cannot be interrupted (a sync node in its thread, a polling loop) should return."""
+        return self._stop.set or self.attempt_stopped
+
+    @cancelled.setter
+    def cancelled(self, value: bool) -> None:
+        self._stop.set = value
+
+    def branch(self, state: dict[str, Any]) -> Context:
+        """A context for a parallel branch of this run: its own state and logs, the run's
+        cancellation."""
+        return Context(
+            run_id=self.run_id,
+            workflow_name=self.workflow_name,
+            body=self.body,
+            headers=self.headers,
+            params=self.params,
+            state=state,
+            sink=_discard,
+            stop=self._stop,
+            job=self.job,
+        )
 
     @property
     def logger(self) -> logging.Logger:
@@ -121,8 +185,25 @@ class Context:
         return redact_value(value, self.secrets) if self.secrets else value
 
     @classmethod
-    def for_job(cls, run: Run, job: Job, state: dict[str, Any] | None = None) -> Context:
+    def for_job(
+        cls,
+        run: Run,
+        job: Job,
+        state: dict[str, Any] | None = None,
+        timeout_ms: int | None = None,
+    ) -> Context:
         """The context of `run` executing `job`, logging nowhere until a sink is set."""
+        info = JobInfo(
+            id=job.id,
+            queue=job.queue,
+            attempt=run.job_attempt,
+            max_retries=job.max_retries,
+            delivery=job.attempts,
+            created_at=job.created_at,
+            delay_ms=int(job.meta.get("delay_ms", 0)),
+            timeout_ms=timeout_ms,
+            priority=job.priority,
+        )
         return cls(
             run_id=run.id,
             workflow_name=run.workflow_name,
@@ -136,6 +217,7 @@ class Context:
             },
             state=state if state is not None else {},
             sink=_discard,
+            job=info,
         )
 
     def __repr__(self) -> str:

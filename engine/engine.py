@@ -44,12 +44,14 @@ from .primitives import run_middleware
 from .runner import Runner
 from .scheduler import ScheduleInfo, Scheduler, Schedules, scheduling_disabled
 from .waiting import WaitReason, explain
+from .watchdog import WATCHDOG_S
 from .worker import Worker
 from .workflow import Workflow
 
 log = logging.getLogger("blok.engine")
 
 _live_workers: set[str] = set()  # engines alive in this process, for recovery
+EXIT_CODE_RUNNING = 3  # the process exits with this when a stopped run's code still ran
 
 
 def _worker_id() -> str:
@@ -59,6 +61,14 @@ def _worker_id() -> str:
         n += 1
         worker_id = f"{base}#{n}"
     return worker_id
+
+
+def switched_on(value: bool | None, disabled_by: str) -> bool:
+    """An operator switch: the Engine argument when given, else on unless the seed's
+    environment variable `disabled_by` is set ("1", "true", "yes" or "on")."""
+    if value is not None:
+        return value
+    return os.environ.get(disabled_by, "").strip().lower() not in ("1", "true", "yes", "on")
 
 
 def _ms(value: str | int | float | timedelta, what: str) -> float:
@@ -101,11 +111,29 @@ class Engine:
         follow: bool | None = None,
         create: bool = True,
         import_timeout: float = IMPORT_TIMEOUT_S,
+        state_snapshots: bool | None = None,
+        concurrency_keys: bool | None = None,
+        scheduling: bool | None = None,
+        janitor: bool | None = None,
+        crash_recovery: bool | None = None,
+        watchdog: float | None = WATCHDOG_S,
     ) -> None:
         """`lease`: how long a claimed job stays this worker's without a renewal (a number is
         seconds; a string a duration). `consume=False`: run nothing here. `follow`: publish
         what other processes write as events (default: when this engine runs nothing itself).
-        `create=False`: refuse a database that does not exist instead of making one."""
+        `create=False`: refuse a database that does not exist instead of making one.
+
+        The seed's operator switches, each on unless turned off here or by its environment
+        variable: `state_snapshots` (BLOK_STATE_SNAPSHOT_DISABLED: ctx.state is not saved at
+        a wait; a run resuming in another process starts with an empty state),
+        `concurrency_keys` (BLOK_CONCURRENCY_DISABLED: WorkerTrigger.concurrency_key limits
+        nothing), `scheduling` (BLOK_SCHEDULING_DISABLED: no debounce, start_delay or ttl),
+        `janitor` (BLOK_JANITOR_DISABLED: nothing is purged), `crash_recovery`
+        (BLOK_CRASH_AUTOFLIP_DISABLED: runs of dead workers are not recorded crashed and
+        their jobs released at boot; jobs whose lease ran out are still taken over).
+
+        `watchdog`: seconds the event loop may stand still before a thread logs which step
+        blocks it (None: no watchdog)."""
         self.database: Path | str | None = (
             None
             if database is None
@@ -139,6 +167,12 @@ class Engine:
         )
         env_cap = os.environ.get("BLOK_STATE_SNAPSHOT_MAX_BYTES", "")
         self._snapshot_cap = snapshot_cap or (int(env_cap) if env_cap.isdigit() else None)
+        self.state_snapshots = switched_on(state_snapshots, "BLOK_STATE_SNAPSHOT_DISABLED")
+        self.concurrency_keys = switched_on(concurrency_keys, "BLOK_CONCURRENCY_DISABLED")
+        self.scheduling = switched_on(scheduling, "BLOK_SCHEDULING_DISABLED")
+        self.janitor = switched_on(janitor, "BLOK_JANITOR_DISABLED")
+        self.crash_recovery = switched_on(crash_recovery, "BLOK_CRASH_AUTOFLIP_DISABLED")
+        self.watchdog = watchdog
         self._backend: Backend | None = None
         self._operator: Operator | None = None
         self._serving: Worker | None = None
@@ -225,11 +259,12 @@ class Engine:
                 self.catalog,
                 provider_of=self._provider_of,
                 max_payload_bytes=self.max_payload_bytes,
+                scheduling=self.scheduling,
             )
             self._mailbox = Mailbox(backend, ledger)
             self._schedules = Schedules(backend, operator)
             if self.consume and self.catalog.source is not None:
-                runner = Runner(operator, self.bus)
+                runner = Runner(operator, self.bus, snapshots=self.state_snapshots)
                 if self._snapshot_cap:
                     runner.snapshot_cap = self._snapshot_cap
                 runner.middleware = run_middleware
@@ -244,6 +279,9 @@ class Engine:
                     renew_s=self.heartbeat_interval,
                     provider=self._provider_of,
                     guard=self._guard,
+                    scheduling=self.scheduling,
+                    concurrency=self.concurrency_keys,
+                    watchdog_s=self.watchdog,
                 )
             if self._serving is not None:
                 self._chores = Chores(
@@ -255,9 +293,13 @@ class Engine:
                     retention=self.retention,
                     janitor_interval=self.janitor_interval,
                     alive_here=_live_workers,
+                    janitor=self.janitor,
+                    recovery=self.crash_recovery,
                 )
                 await self._chores.recover()  # before claiming: dead workers' jobs go back
                 await self._serving.start(tg)
+                # Started means seen: what it serves is committed before `async with` enters.
+                await backend.runs.flush()
                 tg.start_soon(self._guard(self._chores.loop))
                 if not scheduling_disabled():
                     scheduler = Scheduler(backend, ledger, operator, self.catalog)
@@ -315,19 +357,48 @@ class Engine:
         return bool(suppressed) and isinstance(exc, cancelled)
 
     async def shutdown(self, grace_period: float | None = None) -> None:
-        """Stop claiming, let running jobs finish within the grace period, then cancel the
-        rest and put their jobs back in the queue for another worker."""
+        """Stop claiming, let running jobs finish within the grace period (cut short by
+        `force_stop()`), then stop the rest: each such run is recorded where it stopped and
+        its job goes back to the queue, to go on from there — a stop is not a crash.
+
+        A run whose code does not stop (a sync node's thread, async code ignoring the cancel)
+        is recorded but its job is not handed back while that code runs: the process exits
+        (status 3) once everything is written, which ends the code; the job's lease then runs
+        out, or a worker starting on the database finds this process gone, and the run goes on
+        there."""
         if self._stopping:
             return
         self._stopping = True
         grace = self.grace_period if grace_period is None else grace_period
+        held: list[str] = []
         if self._serving is not None:
-            await self._serving.drain(grace)
+            held = await self._serving.drain(grace)
         if self._backend is not None:
             with anyio.CancelScope(shield=True):
                 await self._backend.runs.flush()
+        if held:
+            log.critical(
+                "exiting the process now: the code of run(s) %s did not stop and cannot be "
+                "stopped otherwise; their jobs go on elsewhere once this process is gone",
+                ", ".join(held),
+            )
+            logging.shutdown()
+            os._exit(EXIT_CODE_RUNNING)
         if self._tg is not None:
             self._tg.cancel_scope.cancel()
+
+    @property
+    def in_flight(self) -> int:
+        """Runs this engine is running right now (0 for a client of other workers): what a
+        stop interrupts."""
+        return len(self._serving.handles) if self._serving is not None else 0
+
+    def force_stop(self) -> None:
+        """Cut the grace period of a shutdown under way short (a second SIGTERM or Ctrl-C):
+        runs still going are stopped now, recorded, and their jobs handed back if their code
+        stopped."""
+        if self._serving is not None:
+            self._serving.force()
 
     def _guard(
         self, task: Callable[..., Awaitable[None]]
@@ -402,10 +473,13 @@ class Engine:
         job_id: str | None = None,
         headers: dict[str, str] | None = None,
         force: bool = False,
+        retries: int | None = None,
+        timeout: Any = None,
     ) -> str:
         """Add a job; returns its id once it is durable. A known `job_id` is not added twice.
         `force`: start it at once, even on a paused queue or past its delay (an operator's
-        explicit "run this one")."""
+        explicit "run this one"). `retries` and `timeout` (a duration) replace the trigger's
+        for this job (the seed's dispatch options)."""
         return await self.operator.enqueue(
             queue,
             payload,
@@ -414,6 +488,8 @@ class Engine:
             job_id=job_id,
             headers=headers,
             force=force,
+            retries=retries,
+            timeout=timeout,
         )
 
     async def enqueue_many(
@@ -443,9 +519,12 @@ class Engine:
         offset: int = 0,
         retrying: bool = False,
         stuck: float | None = None,
+        replay_of: str | None = None,
     ) -> list[Run]:
-        """Newest first. `retrying`: still going with a failed attempt behind them; `stuck`:
-        running longer than `stuck` × their workflow's median duration of completed runs."""
+        """Newest first. `text`: in the id, job id, workflow, queue, status, error or input;
+        `retrying`: still going with a failed attempt behind them; `stuck`: running longer
+        than `stuck` × their workflow's median duration of completed runs; `replay_of`: the
+        replays of that run."""
         return await self.operator.runs(
             status,
             workflow,
@@ -455,6 +534,7 @@ class Engine:
             offset=offset,
             retrying=retrying,
             stuck=stuck,
+            replay_of=replay_of,
         )
 
     async def count_runs(self, where: RunFilter | None = None) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from .models import Run, RunStatus
@@ -14,7 +15,7 @@ class RunFilter:
     status: tuple[str, ...] | None = None
     workflow: str | None = None
     queue: str | None = None
-    text: str | None = None  # matches id, workflow, queue or error
+    text: str | None = None  # in the id, job id, workflow, queue, status, error or input (JSON)
     job_id: str | None = None
     retrying: bool = False  # still going, with a failed attempt behind it
     # Running longer than `stuck` × the median duration of its workflow's completed runs. The
@@ -24,6 +25,7 @@ class RunFilter:
     stuck_cutoffs: tuple[tuple[str, float], ...] | None = None
     finished_after: float | None = None  # epoch seconds: ended after this moment
     workers: tuple[str, ...] | None = None  # run by one of these workers
+    replay_of: str | None = None  # replays of this run
 
     @classmethod
     def of(
@@ -35,13 +37,23 @@ class RunFilter:
         job_id: str | None = None,
         retrying: bool = False,
         stuck: float | None = None,
+        replay_of: str | None = None,
     ) -> RunFilter:
         if isinstance(status, str):
             status = (status,)
         statuses = tuple(str(RunStatus(s)) for s in status) if status else None
         if stuck is not None and not stuck > 0:
             raise ValueError(f"stuck must be a factor above 0, not {stuck!r}")
-        return cls(statuses, workflow, queue, text or None, job_id, retrying, stuck)
+        return cls(
+            statuses,
+            workflow,
+            queue,
+            text or None,
+            job_id,
+            retrying,
+            stuck,
+            replay_of=replay_of or None,
+        )
 
     def stuck_before(self) -> dict[str, float] | None:
         if self.stuck is None:
@@ -54,6 +66,8 @@ class RunFilter:
         return dict(self.stuck_cutoffs)
 
     def matches(self, run: Run) -> bool:
+        """Whether the run passes the filter: for the memory store, what
+        `engine.backends.rows.where_clause` asks of the SQL stores."""
         if self.status and run.status not in self.status:
             return False
         if self.workflow and run.workflow_name != self.workflow:
@@ -62,15 +76,16 @@ class RunFilter:
             return False
         if self.job_id and run.job_id != self.job_id:
             return False
+        if self.replay_of and run.replay_of != self.replay_of:
+            return False
         if self.workers is not None and run.worker not in self.workers:
             return False
         if self.finished_after is not None and (
             run.finished_at is None or run.finished_at.timestamp() < self.finished_after
         ):
             return False
-        if self.retrying and (
-            run.terminal or not any(a.error for s in run.steps for a in s.attempts)
-        ):
+        # Still going, with a failed step attempt or an earlier failed delivery behind it.
+        if self.retrying and (run.terminal or (run.failed_attempts == 0 and run.job_attempt <= 1)):
             return False
         cutoffs = self.stuck_before()
         if cutoffs is not None:
@@ -84,9 +99,11 @@ class RunFilter:
                 return False
         if self.text:
             needle = self.text.lower()
-            haystack = " ".join(
-                (run.id, run.workflow_name, run.queue, run.status, run.error or "")
-            ).lower()
+            fields = (run.id, run.job_id, run.workflow_name, run.queue, run.status, run.error or "")
+            haystack = " ".join(fields).lower()
+            if needle not in haystack and run.input is not None:
+                # The input as the SQL stores hold it (JSON text), so both match alike.
+                haystack = json.dumps(run.input, default=str).lower()
             if needle not in haystack:
                 return False
         return True

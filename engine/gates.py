@@ -85,12 +85,25 @@ def _decide(
 class Gates:
     """The scheduling gates of one worker; `admit` is asked for every claimed job."""
 
-    def __init__(self, backend: Backend, ledger: Ledger, worker: str, lease_s: float) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        ledger: Ledger,
+        worker: str,
+        lease_s: float,
+        *,
+        scheduling: bool = True,
+        concurrency: bool = True,
+    ) -> None:
+        """`scheduling=False` (BLOK_SCHEDULING_DISABLED) turns debounce and ttl off;
+        `concurrency=False` (BLOK_CONCURRENCY_DISABLED) the concurrency keys."""
         self.backend = backend
         self.shared = backend.shared
         self.ledger = ledger
         self.worker = worker
         self.lease_s = lease_s
+        self.scheduling = scheduling
+        self.concurrency = concurrency
         self._holding: set[str] = set()  # runs of this worker that hold a slot
         self._purged_at = 0.0
         self._starts_purged_at = 0.0
@@ -103,7 +116,7 @@ class Gates:
         if trigger is None:
             return True
         job = claim.job
-        if not resuming:
+        if not resuming and self.scheduling:
             if trigger.debounce is not None and not await self._debounce(
                 claim, queue, run, workflow
             ):
@@ -119,7 +132,7 @@ class Gates:
                         f"(enqueued {run.created_at.isoformat()}, deadline {deadline.isoformat()})",
                     )
                     return False
-        if trigger.concurrency_key is not None:
+        if trigger.concurrency_key is not None and self.concurrency:
             key = self._key(trigger.concurrency_key, job, run, "concurrency_key")
             # No key for this job: the gate lets it through, as an unset key would.
             if key is not None:

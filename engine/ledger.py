@@ -281,8 +281,9 @@ class Ledger:
         retry: bool,
     ) -> None:
         """A failed or timed-out delivery. With `retry`, the job is tried again while its
-        budget (`job.max_retries`) lasts, after `backoff_ms(failures so far)`, and dead-lettered
-        once it is used up; without, it ends failed."""
+        budget (`job.max_retries`) lasts, after `backoff_ms(failures so far)`, and goes to the
+        dead-letter queue once it is used up (at once with no retries: the seed's "max retries
+        exhausted → DLQ"); without (the job's own timeout), it ends failed."""
         job = claim.job
         self._close(run, status, error, error_step)
         if status is RunStatus.TIMED_OUT:
@@ -316,17 +317,13 @@ class Ledger:
             self._finished(run)
             self.queued([next_run])
             return
-        # A job that used up its retries goes to the dead-letter queue; one that had none, or
-        # that may not be retried, ends failed.
-        dead = retry and retries > 0
-        if dead:
-            self.log(
-                run,
-                f"job {job.id} used up its {retries} retries: moved to the dead-letter queue",
-                "error",
-            )
-        state = JobState.DEAD if dead else JobState.FAILED
-        telemetry.OBSERVE.job_failed(run, "dead" if dead else "failed")
+        # A job that used up its retries (or had none) goes to the dead-letter queue, where a
+        # requeue gives it a fresh budget; one that may not be retried ends failed.
+        if retry:
+            spent = f"used up its {retries} retries" if retries else "failed with no retries"
+            self.log(run, f"job {job.id} {spent}: moved to the dead-letter queue", "error")
+        state = JobState.DEAD if retry else JobState.FAILED
+        telemetry.OBSERVE.job_failed(run, "dead" if retry else "failed")
         self._settle(claim, queue, run, JobUpdate(state=state, error=error, meta=meta))
 
     def _close(
@@ -358,7 +355,8 @@ class Ledger:
         `until`, then its job is claimed again; the retry budget is not touched."""
         run.status = status
         run.run_at = until
-        update = JobUpdate(state=JobState.DELAYED, run_at=until, meta=meta)
+        # A resuming run held back keeps resuming when it is let through.
+        update = JobUpdate(state=JobState.DELAYED, run_at=until, meta=meta, resume=claim.job.resume)
         queue.submit(self._transition(claim.job, claim.job.epoch, update, run))
         self._changed(run)
 
@@ -376,6 +374,36 @@ class Ledger:
         run.finished_at = utcnow()
         run.error = error
         self._settle(claim, queue, run, JobUpdate(state=state, error=error))
+
+    def suspend(
+        self, claim: Claim, queue: JobQueue, run: Run, reason: str, *, hand_back: bool = True
+    ) -> None:
+        """The worker stopped the run (a stop past the drain's grace), not the run failing: it
+        is recorded queued where it stopped — its cursor and state kept, the attempt under
+        way cancelled with the reason — and its job goes back to the queue to resume it on
+        the next delivery, without touching the retry budget. `hand_back=False`: its code
+        still runs here, so the job stays held until this process is gone; whoever takes it
+        over then resumes the run the same way."""
+        if run.terminal:
+            return
+        now = utcnow()
+        run.status = RunStatus.QUEUED
+        run.wait_until = None
+        for step in run.steps:
+            if step.status is StepStatus.RUNNING:
+                step.status = StepStatus.PENDING
+            for attempt in step.attempts:
+                if attempt.status is AttemptStatus.RUNNING:
+                    attempt.status = AttemptStatus.CANCELLED
+                    attempt.finished_at = now
+                    attempt.error = reason
+        self.log(run, reason, "warning")
+        job = claim.job
+        update = (
+            JobUpdate(state=JobState.WAITING, resume=True, meta=job.meta) if hand_back else None
+        )
+        queue.submit(self._transition(job, job.epoch, update, run))
+        self._changed(run)
 
     def interrupt(self, claim: Claim, queue: JobQueue, run: Run, reason: str) -> None:
         """The worker stops before the run ended (a drain past its grace, an engine error): the
@@ -472,6 +500,9 @@ class Ledger:
         """A dead or failed job goes back to its queue with a fresh retry budget and a new
         run; None if the job moved meanwhile."""
         meta = {k: v for k, v in job.meta.items() if k not in ("failures", "gate_tries")}
+        # Counted, and it tells the worker that the run is not the job's first: its record
+        # (the requeue's log line, its creation time) is read, not made again from the job.
+        meta["requeued"] = int(job.meta.get("requeued", 0)) + 1
         follow = construct(
             Job, {**job.__dict__, "run_id": new_id("run"), "run_at": None, "meta": meta}
         )

@@ -7,6 +7,7 @@ the helper modules beside it that it imports, so editing a helper makes a new ve
 from __future__ import annotations
 
 import hashlib
+import re
 import sys
 import threading
 import traceback
@@ -17,6 +18,16 @@ from pathlib import Path
 from .workflow import Workflow
 
 IMPORT_TIMEOUT_S = 5.0  # a workflow file whose import takes longer is reported, not waited for
+
+# Each workflow file is imported as a module of its own: PACKAGE.<file stem>_<path hash>.
+PACKAGE = "blok_workflows"
+_MODULE_PREFIX = re.compile(rf"\b{PACKAGE}\.[^\s.:]+_[0-9a-f]{{8}}\.")
+
+
+def user_names(text: str) -> str:
+    """`text` (a traceback, a log line) with the names of a workflow file's classes as the
+    user wrote them: `CardDeclined`, not `blok_workflows.orders_1a2b3c4d.CardDeclined`."""
+    return _MODULE_PREFIX.sub("", text) if PACKAGE in text else text
 
 
 class WorkflowLoadError(Exception):
@@ -104,7 +115,7 @@ def load_file(path: Path) -> LoadedFile:
         if name in _helper_names or (origin and Path(origin).parent == folder):
             del sys.modules[name]
     before = set(sys.modules)
-    module_name = f"blok_workflows.{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
+    module_name = f"{PACKAGE}.{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
     module = types.ModuleType(module_name)
     module.__file__ = str(path)
     added_path = str(folder) not in sys.path

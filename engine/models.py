@@ -267,6 +267,9 @@ class WorkflowInfo(_Record):
     queue: str | None
     path: str | None
     steps: list[str]
+    # The `$.body` paths its steps and trigger read ("order_id", "customer.email"), in the
+    # order they are first read: what an input for it should hold (the inject template).
+    body_fields: list[str] = Field(default_factory=list)
 
 
 class WorkerInfo(_Record):

@@ -13,6 +13,7 @@ importing its workflows.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Sequence
@@ -62,6 +63,8 @@ from .validation import (
     check_headers,
     check_payload,
     check_priority,
+    check_retries,
+    check_timeout,
 )
 from .worker import Worker
 from .workflow import Workflow
@@ -100,8 +103,10 @@ class Operator:
         provider_of: Any,
         worker: Worker | None = None,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        scheduling: bool = True,
     ) -> None:
         self.backend = backend
+        self.scheduling = scheduling  # False (BLOK_SCHEDULING_DISABLED): no start_delay
         self.store = backend.runs
         self.ledger = ledger
         self.catalog = catalog
@@ -175,6 +180,37 @@ class Operator:
             jobs,
             None,
             steps,
+        )
+
+    async def run_target(self, queue: str, workflow_name: str) -> QueueTarget:
+        """Where a run of `workflow_name` on `queue` goes: the queue's own workflow, or a
+        helper workflow (one with no trigger) that a sub-workflow step ran on its parent's
+        queue — a job of that queue that runs the helper (the worker finds it by the job's
+        workflow name), with no retries nor gates, as it has no trigger."""
+        base = await self.target(queue)
+        if workflow_name == base.workflow_name:
+            return base
+        wf = self.catalog.workflow(workflow_name)
+        if wf is not None and wf.trigger is None:
+            steps = tuple((s.name, s.kind) for s in wf.steps)
+            version, workflow = wf.version, wf
+        else:
+            for catalog in reversed(await self._declared()):
+                found = [i for i in catalog.workflows if i.name == workflow_name and not i.queue]
+                if found:
+                    steps = catalog.step_kinds.get(workflow_name, ())
+                    version, workflow = found[0].version, None
+                    break
+            else:
+                return base  # renamed since: the queue's workflow runs it, as any job of it
+        return dataclasses.replace(
+            base,
+            workflow_name=workflow_name,
+            version=version,
+            retries=0,
+            start_delay_ms=None,
+            workflow=workflow,
+            steps=steps,
         )
 
     async def _declared_names(self) -> set[str]:
@@ -319,17 +355,28 @@ class Operator:
         headers: dict[str, str] | None = None,
         meta: dict[str, Any] | None = None,
         what: str = "payload",
+        retries: int | None = None,
+        timeout: Any = None,
     ) -> tuple[Job, Run]:
         self.check_payload(payload, what)
-        if delay is None and target.start_delay_ms:
+        if delay is None and target.start_delay_ms and self.scheduling:
             delay = target.start_delay_ms  # the delay gate: every job of this trigger waits
         try:
             headers = check_headers(headers)
             priority = check_priority(priority)
             delay_ms = check_delay(delay) if delay is not None else 0
+            max_retries = check_retries(retries) if retries is not None else target.retries
+            timeout_ms = check_timeout(timeout) if timeout is not None else None
         except InvalidInput as error:
             raise EngineError(str(error)) from None
         run_at = utcnow() + timedelta(milliseconds=delay_ms) if delay_ms > 0 else None
+        if delay_ms or timeout_ms is not None:
+            # The job's own settings (ctx.job shows them; the worker applies the timeout).
+            meta = dict(meta or {})
+            if delay_ms:
+                meta["delay_ms"] = delay_ms
+            if timeout_ms is not None:
+                meta["timeout_ms"] = timeout_ms
         job = make_job(
             queue=target.name,
             workflow_name=target.workflow_name,
@@ -337,7 +384,7 @@ class Operator:
             headers=headers,
             priority=priority,
             run_at=run_at,
-            max_retries=target.retries,
+            max_retries=max_retries,
             job_id=job_id,
             meta=meta,
         )
@@ -355,10 +402,19 @@ class Operator:
         job_id: str | None = None,
         headers: dict[str, str] | None = None,
         force: bool = False,
+        retries: int | None = None,
+        timeout: Any = None,
     ) -> str:
         target = await self.target(queue)
         job, run = self._job(
-            target, payload, priority=priority, delay=delay, job_id=job_id, headers=headers
+            target,
+            payload,
+            priority=priority,
+            delay=delay,
+            job_id=job_id,
+            headers=headers,
+            retries=retries,
+            timeout=timeout,
         )
         added = await self.ledger.add(target.queue, [job], [run])
         if force and added:
@@ -409,11 +465,15 @@ class Operator:
         offset: int = 0,
         retrying: bool = False,
         stuck: float | None = None,
+        replay_of: str | None = None,
     ) -> list[Run]:
         """Newest first. `retrying`: still going with a failed attempt behind them; `stuck`:
-        running longer than `stuck` × their workflow's median duration of completed runs."""
+        running longer than `stuck` × their workflow's median duration of completed runs;
+        `replay_of`: the replays of that run."""
         try:
-            where = RunFilter.of(status, workflow, queue, text, retrying=retrying, stuck=stuck)
+            where = RunFilter.of(
+                status, workflow, queue, text, retrying=retrying, stuck=stuck, replay_of=replay_of
+            )
         except ValueError as error:
             raise EngineError(f"bad filter: {error}") from None
         where = await resolve_stuck(self.store, where)
@@ -565,7 +625,7 @@ class Operator:
         `from_step`, steps before it are not run again: their outputs come from the source run.
         `force`: start it at once, even on a paused queue."""
         source = await self.get_run(run_id)
-        target = await self.target(source.queue)
+        target = await self.run_target(source.queue, source.workflow_name)
         job, run = self._replay_job(target, source, from_step=from_step, input=input)
         await self.ledger.add(target.queue, [job], [run])
         if force:
@@ -607,19 +667,32 @@ class Operator:
             run.steps = [_pending(i, name, kind) for i, (name, kind) in enumerate(target.steps)]
         for i in range(index):
             step = done.get(names[i])
-            if step is None or step.status not in (StepStatus.COMPLETED, StepStatus.CACHED):
+            done_then = (StepStatus.COMPLETED, StepStatus.CACHED, StepStatus.SKIPPED)
+            if step is None or step.status not in done_then:
                 raise EngineError(
                     f"cannot replay from {from_step!r}: step {names[i]!r} did not complete in "
                     f"run {source.id}"
                 )
             record = run.steps[i]
+            record.started_at = record.finished_at = utcnow()
+            if step.status is StepStatus.SKIPPED:  # switched off (active=False): still is
+                record.status = StepStatus.SKIPPED
+                continue
             record.status = StepStatus.CACHED
             record.output = step.output
             record.input = step.input
             record.cached_from = source.id
-            record.started_at = record.finished_at = utcnow()
-            if target.steps[i][1] != "wait":  # nodes and primitives keep an output
+            if target.steps[i][1] == "wait":  # nodes and primitives keep an output
+                continue
+            if target.workflow is None:
                 run.state[names[i]] = step.output
+                continue
+            definition = target.workflow.steps[i]
+            if definition.recorded and definition.runs:
+                try:
+                    definition.keep(run.state, step.output)  # under as_, spread: as it ran
+                except TypeError as error:
+                    raise EngineError(f"cannot replay from {from_step!r}: {error}") from None
         run.cursor = [index]
 
     async def requeue(self, job_id: str) -> str:
@@ -635,7 +708,7 @@ class Operator:
                     f"job {job_id} is {job.state}, only dead or failed jobs are requeued"
                 )
             try:
-                target = await self.target(job.queue)
+                target = await self.run_target(job.queue, job.workflow_name)
             except EngineError as error:
                 raise EngineError(f"cannot requeue job {job_id}: {error}") from None
             if await self.ledger.requeue(queue, job, target.version) is not None:
@@ -712,7 +785,7 @@ class Operator:
             if not source.terminal:
                 raise Skip("not finished yet")
             try:
-                queue = await self.target(source.queue)
+                queue = await self.run_target(source.queue, source.workflow_name)
                 job, run = self._replay_job(queue, source, from_step=from_step)
             except EngineError as error:
                 raise Skip(_reason(error, source.id)) from None
@@ -801,13 +874,15 @@ class Operator:
         )
 
     async def dispatch(
-        self, workflow: Workflow, payload: Any, job_id: str, meta: dict[str, Any]
+        self, workflow: Workflow, payload: Any, job_id: str, meta: dict[str, Any], queue: str
     ) -> str:
-        assert workflow.queue is not None
         existing = await self.find_job(job_id)
         if existing is not None:
             return existing.run_id
-        target = await self.target(workflow.queue)
+        if workflow.queue is not None:
+            target = await self.target(workflow.queue)
+        else:
+            target = await self.run_target(queue, workflow.name)
         job, run = self._job(target, payload, job_id=job_id, meta=meta)
         added = await self.ledger.add(target.queue, [job], [run])
         if not added:  # added by an earlier pass meanwhile

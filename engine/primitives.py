@@ -27,7 +27,7 @@ from . import expressions
 from .context import Context
 from .events import StepFinished, StepStarted
 from .models import RunStatus, StepRun, StepStatus, utcnow
-from .runner import Frame, Runner, StepError, WaitRequested
+from .runner import Frame, Runner, StepError, WaitRequested, user_error
 from .workflow import (
     StepDefinition,
     WaitStep,
@@ -128,7 +128,9 @@ class _Primitive(StepDefinition):
     def _resolve(self, frame: Frame, value: Any, what: str) -> Any:
         try:
             return frame.runner._resolve(value, frame.ctx)
-        except Exception as error:
+        except BaseException as error:
+            if not user_error(error):
+                raise
             self._finish(frame, StepStatus.FAILED, error=f"bad {what}: {error}")
             raise StepError(f"{frame.where} failed: bad {what}: {error}", self.name) from error
 
@@ -218,15 +220,7 @@ class ForEach(_Primitive):
                     return
                 # Each iteration its own context: parallel inner steps must not see each
                 # other's item or outputs, and their logs go to their own records.
-                child = Context(
-                    run_id=ctx.run_id,
-                    workflow_name=ctx.workflow_name,
-                    body=ctx.body,
-                    headers=ctx.headers,
-                    params=ctx.params,
-                    state=dict(ctx.state),
-                    sink=lambda record: None,
-                )
+                child = ctx.branch(dict(ctx.state))
                 child._sink = runner.log_sink(run, child)
                 try:
                     await self._iteration(frame, child, items, i, done, None, track=False)
@@ -275,7 +269,9 @@ class Loop(_Primitive):
     def _check(self, frame: Frame, condition: Callable[[Any], Any], which: str) -> bool:
         try:
             return bool(condition(frame.ctx))
-        except Exception as error:
+        except BaseException as error:
+            if not user_error(error):
+                raise
             message = f"{which} condition raised {type(error).__name__}: {error}"
             raise StepError(f"{frame.where} failed: {message}", self.name) from error
 
@@ -445,7 +441,8 @@ class TryCatch(_Primitive):
 
 
 class Subworkflow(_Primitive):
-    """Run another workflow (by name, on its own queue) as a child run. `wait=True` waits for
+    """Run another workflow (by name, on its own queue; one with no trigger of its own on the
+    parent's queue) as a child run. `wait=True` waits for
     it, without holding a worker slot, and uses its output; `wait=False` dispatches it and goes
     on with {"run_id", "job_id"}."""
 
@@ -514,9 +511,10 @@ class Subworkflow(_Primitive):
             return StepError(f"{frame.where} failed: {message}", self.name)
 
         target = runner.services.workflow(self.workflow)
-        if target is None or target.queue is None:
-            why = "is not loaded" if target is None else "has no trigger (no queue to run it on)"
-            raise fail(f"workflow {self.workflow!r} {why}")
+        if target is None:
+            raise fail(f"workflow {self.workflow!r} is not loaded")
+        if target.middleware:
+            raise fail(f"workflow {self.workflow!r} is middleware, not a sub-workflow")
         if run.depth + 1 > MAX_SUBWORKFLOW_DEPTH:
             raise fail(f"sub-workflow depth {run.depth + 1} is above {MAX_SUBWORKFLOW_DEPTH}")
         payload = (
@@ -527,7 +525,8 @@ class Subworkflow(_Primitive):
         job_id = f"{run.id}.{record.index}"
         meta = {"parent_run_id": run.id, "depth": run.depth + 1, "parent_step": self.name}
         try:
-            child_run_id = await runner.services.dispatch(target, payload, job_id, meta)
+            # A helper workflow (no trigger) runs on the parent's queue.
+            child_run_id = await runner.services.dispatch(target, payload, job_id, meta, run.queue)
         except Exception as error:
             raise fail(f"cannot start {self.workflow!r}: {error}") from error
         record.child_run_id = child_run_id

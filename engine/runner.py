@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import nullcontext
@@ -24,6 +25,7 @@ from . import expressions, telemetry
 from .backends.base import key_text
 from .context import Context
 from .events import AttemptFailed, EventBus, LogRecorded, StepFinished, StepStarted
+from .loader import user_names
 from .models import (
     Attempt,
     AttemptStatus,
@@ -36,10 +38,14 @@ from .models import (
     utcnow,
 )
 from .records import construct
+from .threads import SyncCall
 from .workflow import EventWaitStep, Step, StepDefinition, WaitStep, Workflow
 
 DEFAULT_SNAPSHOT_CAP = 1_048_576
 NO_TIMEOUT = timedelta(days=36_500)  # an event wait without a timeout: parked this long
+# The key of a snapshot that was not saved, with why (the state stays in this process only).
+SNAPSHOT_SKIPPED = "__blok_snapshot_skipped__"
+KEPT_STATES = 256  # unsaved states a process keeps for its runs to resume with
 
 
 class Recorder(Protocol):
@@ -89,10 +95,11 @@ class Services(Protocol):
         """The event a wait step takes from the run's mailbox (see RunStore.take_event)."""
 
     async def dispatch(
-        self, workflow: Workflow, payload: Any, job_id: str, meta: dict[str, Any]
+        self, workflow: Workflow, payload: Any, job_id: str, meta: dict[str, Any], queue: str
     ) -> str:
         """Enqueue a child run of `workflow` under a fixed job id (known ids are not added
-        twice); the id of the job's run."""
+        twice), on its own queue, or on `queue` (the parent's) for a workflow with no
+        trigger; the id of the job's run."""
 
 
 class _Unrecorded:
@@ -113,6 +120,10 @@ class StepError(Exception):
         super().__init__(message)
         self.step = step
         self.timed_out = timed_out
+
+
+class SnapshotLost(Exception):
+    """A run resumes where its ctx.state is neither saved nor kept: it cannot go on."""
 
 
 class WaitRequested(Exception):
@@ -153,6 +164,16 @@ class Outcome:
     error_step: str | None = None
     wait_until: datetime | None = None
     cause: BaseException | None = None
+    # Not retried whatever the budget: the job's own time limit ran out (a step's timeout,
+    # like any failure, goes through the trigger's retries, then the dead-letter queue).
+    final: bool = False
+
+
+def user_error(error: BaseException) -> bool:
+    """An error raised by a user's code (a node, an input, a condition) fails its step: any
+    exception, SystemExit, KeyboardInterrupt and GeneratorExit included. Only the engine's own
+    cancellation (an operator's cancel, a timeout, a stop) goes through."""
+    return not isinstance(error, anyio.get_cancelled_exc_class())
 
 
 def parse_until(value: Any) -> datetime:
@@ -200,10 +221,14 @@ class Runner:
         services: Services,
         bus: EventBus,
         snapshot_cap: int = DEFAULT_SNAPSHOT_CAP,
+        snapshots: bool = True,
     ) -> None:
         self.services = services
         self.bus = bus
         self.snapshot_cap = snapshot_cap
+        self.snapshots = snapshots  # False: BLOK_STATE_SNAPSHOT_DISABLED
+        # States not saved with their runs (see _snapshot), by run id, oldest first.
+        self.kept_states: dict[str, dict[str, Any]] = {}
         # The middleware chain (engine/primitives.py), run before a workflow's own steps.
         self.middleware: Callable[[Runner, Workflow, Run, Context], Awaitable[None]] | None = None
         self._recorders: dict[str, Recorder] = {}
@@ -213,6 +238,14 @@ class Runner:
         # Step.is_async asks `inspect` each time; a step's node never changes (steps are
         # frozen), so the answer is kept by step identity.
         self._async_nodes: dict[int, tuple[Step, bool]] = {}
+        # Sync nodes' calls by run id, kept while their thread runs: a retry waits for them,
+        # and the worker asks before it hands a job back.
+        self._calls: dict[str, set[SyncCall]] = {}
+        # The frames of async nodes running now (id of the coroutine's frame → what runs
+        # there), for the watchdog to name the step that blocks the event loop, and what the
+        # watchdog noticed (frame id → seconds blocked).
+        self.async_frames: dict[int, tuple[str, str, str]] = {}
+        self.stalls: dict[int, float] = {}
 
     # ---- records ---------------------------------------------------------------------------
     @staticmethod
@@ -254,7 +287,7 @@ class Runner:
         def sink(record: logging.LogRecord) -> None:
             message = record.getMessage()
             if record.exc_info:
-                message += "\n" + "".join(traceback.format_exception(*record.exc_info))
+                message += "\n" + user_names("".join(traceback.format_exception(*record.exc_info)))
             line = LogLine.model_construct(
                 ts=datetime.fromtimestamp(record.created, UTC),
                 level=record.levelname.lower(),
@@ -337,10 +370,14 @@ class Runner:
             frame = Frame(self, workflow, run, ctx, record, depth + 1, resume, where, track)
             return await execute(frame)
         if isinstance(step, WaitStep):
+            # A wait passes on the output before it, whether it paused or not.
             await self._wait(run, ctx, step, record, where)
             return previous
         if isinstance(step, EventWaitStep):
             return await self._event_wait(run, ctx, step, record, where)
+        if not step.runs:
+            self._skip(run, record)
+            return previous
         if isinstance(step, Step):
             return await self._node(workflow, run, ctx, step, record, where)
         raise StepError(f"{where} failed: step kind {step.kind!r} is not supported", step.name)
@@ -369,7 +406,8 @@ class Runner:
         """
         top = parent is None and not tags
         start = resume[0] if resume else 0
-        output: Any = None
+        # Resuming part-way (after a wait): the output that flowed to `start` on the first pass.
+        output = self._flowed(run, ctx, steps, start, parent, tags) if start else None
         for i in range(start, len(steps)):
             step = steps[i]
             if track:
@@ -382,10 +420,13 @@ class Runner:
                 )
                 continue
             record = self.nested_record(run, step, parent, tags)
-            if record.status in (StepStatus.COMPLETED, StepStatus.CACHED, StepStatus.SKIPPED):
-                output = record.output
-                if step.kind != "wait":
-                    ctx.state[step.name] = output
+            if record.status in (StepStatus.COMPLETED, StepStatus.CACHED):
+                if step.kind != "wait":  # a wait passes on what came before it
+                    output = record.output
+                    if step.recorded:
+                        step.keep(ctx.state, output)
+                continue
+            if record.status is StepStatus.SKIPPED:
                 continue
             label = f"{where} › {step.name}" if where else f"{' '.join(tags)} › {step.name}"
             output = await self._step(
@@ -402,6 +443,47 @@ class Runner:
                 track=track,
             )
         return output
+
+    def _flowed(
+        self,
+        run: Run,
+        ctx: Context,
+        steps: Sequence[StepDefinition],
+        start: int,
+        parent: int | None,
+        tags: tuple[str, ...],
+    ) -> Any:
+        """The output that reached step `start` on an earlier pass of this list: the last
+        one of a step before it that ran (waits and skipped steps pass theirs on), as the
+        context holds it (real values), else as its record does."""
+        top = parent is None and not tags
+        for j in range(start - 1, -1, -1):
+            step = steps[j]
+            if step.kind == "wait":
+                continue
+            record = run.steps[j] if top else self._find_nested(run, step, parent, tags)
+            if record is None or record.status is StepStatus.SKIPPED:
+                continue
+            keys = step.state_keys()
+            if keys and keys[0] in ctx.state:
+                return ctx.state[keys[0]]
+            return record.output
+        return None
+
+    def _find_nested(
+        self, run: Run, step: StepDefinition, parent: int | None, tags: tuple[str, ...]
+    ) -> StepRun | None:
+        key = (parent, step.name, tuple(tags[:1]))
+        for record in run.steps:
+            if (record.parent, record.name, tuple(record.tags[:1])) == key:
+                return record
+        return None
+
+    def _skip(self, run: Run, record: StepRun) -> None:
+        """A step switched off (`active=False`): recorded skipped, its node not called."""
+        record.status = StepStatus.SKIPPED
+        record.started_at = record.finished_at = utcnow()
+        self._finished(run, record)
 
     def nested_record(
         self, run: Run, step: StepDefinition, parent: int | None, tags: tuple[str, ...]
@@ -444,8 +526,11 @@ class Runner:
             inputs = {name: self._resolve(value, ctx) for name, value in step.inputs.items()}
             key = None
             if step.idempotency_key is not None:
-                key = str(self._resolve(step.idempotency_key, ctx))
-        except Exception as error:
+                resolved = self._resolve(step.idempotency_key, ctx)
+                key = None if resolved is None else str(resolved)  # None: nothing to cache
+        except BaseException as error:
+            if not user_error(error):
+                raise
             record.status = StepStatus.FAILED
             record.error = f"bad input: {error}"
             record.finished_at = utcnow()
@@ -458,9 +543,15 @@ class Runner:
                 now = utcnow()
                 record.status = StepStatus.CACHED
                 record.started_at = record.finished_at = now
-                record.output = hit.output
+                record.output = hit.output if step.recorded else None
                 record.cached_from = hit.run_id
-                ctx.state[step.name] = hit.output
+                try:
+                    step.keep(ctx.state, hit.output)
+                except TypeError as error:
+                    record.status = StepStatus.FAILED
+                    record.error = str(error)
+                    self._finished(run, record)
+                    raise StepError(f"{where} failed: {error}", step.name) from error
                 self._finished(run, record)
                 return hit.output
         retry = step.retry
@@ -494,29 +585,44 @@ class Runner:
             timed_out = False
             failure: BaseException | None = None
             result: Any = None
-            scope = anyio.move_on_after(step.max_duration / 1000) if step.max_duration else None
+            call: SyncCall | None = None
+            ctx.attempt_stopped = False
+            limit_s = step.max_duration / 1000 if step.max_duration else None
+            began = time.monotonic()
             try:
+                scope = anyio.move_on_after(limit_s) if limit_s else None
                 with telemetry.OBSERVE.step(run, ctx, step.name, scope), scope or nullcontext():
                     if self._is_async(step):
-                        result = await step.node(ctx, **inputs)
+                        result = await self._await_node(run, step, where, ctx, inputs)
                     else:
-                        result = await anyio.to_thread.run_sync(
-                            partial(step.node, ctx, **inputs), abandon_on_cancel=True
-                        )
-                if scope is not None and scope.cancelled_caught:
+                        call = SyncCall(partial(step.node, ctx, **inputs), step.name)
+                        self._calls.setdefault(run.id, set()).add(call)
+                        result = await call.outcome()
+                if (scope is not None and scope.cancelled_caught) or (
+                    limit_s is not None and time.monotonic() - began > limit_s
+                ):
+                    # Cancelled at its deadline, or it returned past it without giving the
+                    # event loop a chance to cancel it (it blocked the loop): timed out both.
                     timed_out = True
+                    ctx.attempt_stopped = True
                 else:
                     _jsonable(result, f"the return value of {step.name}")
-            except Exception as error:
+                    step.keep(ctx.state, result)  # a spread of a non-dict fails the attempt
+            except BaseException as error:
+                if not user_error(error):
+                    ctx.cancelled = True  # the run is being stopped: a sync node sees it
+                    raise
                 failure = error
+            finally:
+                if call is not None and not call.running:
+                    self._calls[run.id].discard(call)
             attempt.finished_at = utcnow()
             if failure is None and not timed_out:
                 attempt.status = AttemptStatus.COMPLETED
                 record.status = StepStatus.COMPLETED
-                recorded = ctx.redact_value(result)
-                record.output = recorded
+                recorded = ctx.redact_value(result)  # later steps see the real value
+                record.output = recorded if step.recorded else None
                 record.finished_at = attempt.finished_at
-                ctx.state[step.name] = result  # later steps see the real value
                 if key is not None:
                     # Cached as recorded: a secret is stored nowhere, the cache included.
                     self.services.cache_put(
@@ -535,10 +641,25 @@ class Runner:
                 # A node's error may quote a secret header (an API refusing a key): hidden.
                 attempt.error = ctx.redact(str(failure) or type(failure).__name__)
                 attempt.error_type = type(failure).__name__
-                attempt.traceback = ctx.redact("".join(traceback.format_exception(failure)))
+                attempt.traceback = ctx.redact(
+                    user_names("".join(traceback.format_exception(failure)))
+                )
             last = attempt_no >= max_attempts
             if not last and retry is not None:
                 attempt.backoff_ms = retry.backoff_ms(attempt_no)
+            if call is not None and call.running:
+                # A thread cannot be stopped: it was told (ctx.cancelled), and nothing more
+                # of this step starts until it returned, so attempts never overlap.
+                self.engine_log(
+                    run,
+                    f"{where}: attempt {attempt_no} timed out but its sync node still runs in "
+                    f"its thread; {'the step ends' if last else 'the next attempt starts'} "
+                    "once it returns (a sync node should return when ctx.cancelled is set)",
+                    "warning",
+                )
+                self.save(run)
+                await call.ended()
+                self._calls[run.id].discard(call)
             if self.bus.active:
                 self.bus.publish(
                     AttemptFailed(
@@ -564,6 +685,39 @@ class Runner:
             self.save(run)
             await self._backoff(run, (attempt.backoff_ms or 0) / 1000)
         raise AssertionError("unreachable: the attempt loop returns or raises")
+
+    async def _await_node(
+        self, run: Run, step: Step, where: str, ctx: Context, inputs: dict[str, Any]
+    ) -> Any:
+        coro = step.node(ctx, **inputs)
+        frame = getattr(coro, "cr_frame", None)
+        if frame is None:
+            return await coro
+        key = id(frame)
+        self.stalls.pop(key, None)  # left by an earlier frame at the same address
+        self.async_frames[key] = (run.id, run.workflow_name, where)
+        try:
+            return await coro
+        finally:
+            del self.async_frames[key]
+            stalled = self.stalls.pop(key, None)
+            if stalled is not None:
+                self.engine_log(
+                    run,
+                    f"{where} blocked the event loop for {stalled:.1f}s (an async node must not "
+                    "call blocking code: make it a plain def, or await anyio.to_thread.run_sync)",
+                    "warning",
+                )
+
+    def running_threads(self, run_id: str) -> list[str]:
+        """Names of the steps of the run whose sync node still runs in its thread."""
+        calls = self._calls.get(run_id)
+        if not calls:
+            return []
+        return sorted({call.name for call in calls if call.running})
+
+    def forget_threads(self, run_id: str) -> None:
+        self._calls.pop(run_id, None)
 
     async def _backoff(self, run: Run, seconds: float) -> None:
         """Sleep before the next attempt; `Engine.retry_now` sets the run's event to cut the
@@ -596,7 +750,9 @@ class Runner:
                     deadline = now + timedelta(milliseconds=step.for_ms)
                 else:
                     deadline = parse_until(self._resolve(step.until, ctx))
-            except Exception as error:
+            except BaseException as error:
+                if not user_error(error):
+                    raise
                 record.status = StepStatus.FAILED
                 record.error = str(error)
                 record.started_at = record.finished_at = now
@@ -664,29 +820,83 @@ class Runner:
         return output
 
     def _snapshot(self, run: Run, ctx: Context) -> None:
-        try:
-            blob = json.dumps(ctx.state)
-        except (TypeError, ValueError) as error:
+        """Save ctx.state with the run, for it to resume after a wait, also in another process
+        or after a restart. A state that cannot be saved (snapshots off, above the cap, not
+        JSON) stays in this process's memory: the run resumes with it here; elsewhere it
+        resumes with an empty state (snapshots off, as the seed) or fails naming the cause."""
+        reason: dict[str, Any] | None = None
+        if not self.snapshots:
+            reason = {"reason": "disabled"}
+        else:
+            try:
+                blob = json.dumps(ctx.state)
+            except (TypeError, ValueError) as error:
+                reason = {"reason": "unserializable", "error": str(error)}
+            else:
+                if len(blob) > self.snapshot_cap:
+                    reason = {"reason": "cap", "bytes": len(blob), "cap": self.snapshot_cap}
+        if reason is None:
+            # Secret header values are not kept: a step after the wait reads ctx.headers.
+            run.state = ctx.redact_value(dict(ctx.state))
+            return
+        run.state = {SNAPSHOT_SKIPPED: reason}
+        self._keep_state(run.id, ctx.state)
+        if reason["reason"] == "cap":
             self.engine_log(
                 run,
-                f"ctx.state could not be saved for the wait ({error}); after a restart this "
-                "run resumes with an empty ctx.state",
+                f"ctx.state is {reason['bytes']:,} bytes, above the {self.snapshot_cap:,}-byte "
+                "snapshot cap (BLOK_STATE_SNAPSHOT_MAX_BYTES): it is kept in this process only; "
+                "resumed anywhere else (another worker, after a restart) the run fails. Keep "
+                "large data out of step outputs.",
                 "warning",
             )
-            run.state = {}
-            return
-        if len(blob) > self.snapshot_cap:
+        elif reason["reason"] == "unserializable":
             self.engine_log(
                 run,
-                f"ctx.state is {len(blob):,} bytes, above the {self.snapshot_cap:,}-byte snapshot "
-                "cap; it is not saved, and after a restart this run resumes with an empty "
-                "ctx.state. Keep large data out of step outputs.",
+                f"ctx.state cannot be saved ({reason['error']}): it is kept in this process "
+                "only; resumed anywhere else (another worker, after a restart) the run fails",
                 "warning",
             )
-            run.state = {}
-            return
-        # Secret header values are not kept: a step after the wait reads them from ctx.headers.
-        run.state = ctx.redact_value(dict(ctx.state))
+
+    def _keep_state(self, run_id: str, state: dict[str, Any]) -> None:
+        kept = self.kept_states
+        kept.pop(run_id, None)
+        kept[run_id] = state
+        while len(kept) > KEPT_STATES:  # the oldest go: those runs fail as after a restart
+            del kept[next(iter(kept))]
+
+    def resume_state(
+        self, run: Run, note: Callable[[Run, str, str], None] | None = None
+    ) -> dict[str, Any]:
+        """The ctx.state a resuming run starts with: the one kept in this process, else its
+        snapshot. Raises SnapshotLost when the state was neither saved nor kept here. `note`
+        writes an engine line on the run (default: the runner's log)."""
+        kept = self.kept_states.pop(run.id, None)
+        if kept is not None:
+            return kept
+        skipped = run.state.get(SNAPSHOT_SKIPPED)
+        if skipped is None:
+            return dict(run.state)
+        why = skipped.get("reason")
+        if why == "disabled":
+            (note or self.engine_log)(
+                run,
+                "resumed with an empty ctx.state: state snapshots are off "
+                "(BLOK_STATE_SNAPSHOT_DISABLED) and the run began in another process",
+                "warning",
+            )
+            return {}
+        if why == "cap":
+            raise SnapshotLost(
+                f"ctx.state ({skipped.get('bytes', 0):,} bytes) was above the "
+                f"{skipped.get('cap', self.snapshot_cap):,}-byte snapshot cap "
+                "(BLOK_STATE_SNAPSHOT_MAX_BYTES), so it was not saved, and this process does "
+                "not hold it (the run began in another process, or before a restart)"
+            )
+        raise SnapshotLost(
+            f"ctx.state could not be saved ({skipped.get('error', why)}) and this process does "
+            "not hold it (the run began in another process, or before a restart)"
+        )
 
     def _finished(self, run: Run, record: StepRun) -> None:
         self.save(run)

@@ -27,6 +27,8 @@ INT64_MAX = 2**63 - 1
 # near 1000. 64 leaves room below all of them, also for the envelope a payload is stored in.
 MAX_DEPTH = 64
 
+MAX_RETRIES = 1_000  # job-level retries (each waits at most 30 s): more is a typo
+
 MAX_QUEUE_NAME = 128  # characters: fits a table column and a log line
 # Headers are a request's metadata, not its body: HTTP servers cap them at 8 to 64 KB.
 MAX_HEADERS_BYTES = 64 * 1024
@@ -67,6 +69,26 @@ def check_delay(delay: object) -> int:
         return parse_duration(delay)
     except ValueError as error:
         raise InvalidInput(f"delay: {error}") from None
+
+
+def check_retries(value: object) -> int:
+    """A job's retry budget: a whole number from 0 to MAX_RETRIES (as WorkerTrigger.retries)."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise InvalidInput(f"retries must be an integer, not {_shown(value)}")
+    if not 0 <= value <= MAX_RETRIES:
+        raise InvalidInput(f"retries must be from 0 to {MAX_RETRIES}, not {_shown(value)}")
+    return int(value)
+
+
+def check_timeout(value: object) -> int:
+    """A job's time limit in milliseconds: a duration above zero, at most 100 years."""
+    try:
+        ms = parse_duration(value)
+    except ValueError as error:
+        raise InvalidInput(f"timeout: {error}") from None
+    if ms <= 0:
+        raise InvalidInput(f"timeout must be above zero, not {_shown(value)}")
+    return ms
 
 
 # ---- names ------------------------------------------------------------------------------------

@@ -34,7 +34,8 @@ from .events import EventBus, QueueChanged
 from .gates import Gates
 from .ledger import Ledger, make_run
 from .models import Job, JobState, LogLine, Run, RunStatus, StepStatus, WorkerInfo, utcnow
-from .runner import Outcome, Runner
+from .runner import Outcome, Runner, SnapshotLost
+from .watchdog import WATCHDOG_S, LoopWatchdog
 from .workflow import Workflow
 
 log = logging.getLogger("blok.worker")
@@ -42,6 +43,9 @@ log = logging.getLogger("blok.worker")
 PAUSE_SYNC_S = 1.0  # pauses made by other processes are followed at least this often
 SIGNAL_POLL_S = 1.0  # signals are looked for at least this often, and on every change
 CLAIM_TIMEOUT_S = 0.25
+UNWIND_S = 1.0  # how long stopped code may take to unwind before it counts as not stopping
+# Job meta that only carries the job's own settings: its first run is as the job says.
+JOB_SETTINGS = frozenset({"delay_ms", "timeout_ms"})
 
 
 @dataclass
@@ -55,6 +59,8 @@ class RunHandle:
     scope: anyio.CancelScope | None = None
     cancel_requested: bool = False
     lost: bool = False  # the lease went to another worker
+    stopping: bool = False  # the worker stops (past a drain's grace): the run goes on later
+    held: bool = False  # stopped, but its code still runs: the job is not handed back
     seen: dict[str, float] = field(default_factory=dict)  # signals acted on
     done: anyio.Event = field(default_factory=anyio.Event)
 
@@ -64,6 +70,10 @@ class RunHandle:
 
     def lose(self) -> None:
         self.lost = True
+        self._stop()
+
+    def interrupt(self) -> None:
+        self.stopping = True
         self._stop()
 
     def _stop(self) -> None:
@@ -129,6 +139,9 @@ class Worker:
         renew_s: float,
         provider: Callable[[Workflow], str | None],
         guard: Callable[[Callable[..., Awaitable[None]]], Callable[..., Coroutine[Any, Any, None]]],
+        scheduling: bool = True,
+        concurrency: bool = True,
+        watchdog_s: float | None = WATCHDOG_S,
     ) -> None:
         self.backend = backend
         self.ledger = ledger
@@ -140,7 +153,9 @@ class Worker:
         self.renew_s = renew_s
         self.provider = provider
         self.guard = guard  # wraps the worker's own tasks: an error in one is the engine's
-        self.gates = Gates(backend, ledger, info.id, lease_s)
+        self.gates = Gates(
+            backend, ledger, info.id, lease_s, scheduling=scheduling, concurrency=concurrency
+        )
         self.runtimes: dict[str, QueueRuntime] = {}
         self.handles: dict[str, RunHandle] = {}  # by run id
         self.by_job: dict[str, RunHandle] = {}
@@ -150,6 +165,9 @@ class Worker:
         self._jobs_tg: TaskGroup | None = None
         self._jobs_scope: anyio.CancelScope | None = None
         self._started = False
+        self._forced = anyio.Event()
+        self._watchdog: LoopWatchdog | None = None
+        self.watchdog_s = watchdog_s
         # Signals read for jobs claimed here but not started yet (claimed ahead).
         self._early: dict[str, dict[str, float]] = {}
         catalog.on_change.append(self.sync)
@@ -167,6 +185,9 @@ class Worker:
         await self._requeue_memory_runs()
         tg.start_soon(self.guard(self._lease_loop))
         tg.start_soon(self.guard(self._follow_loop))
+        if self.watchdog_s:
+            self._watchdog = LoopWatchdog(self.runner, self.watchdog_s)
+            tg.start_soon(self._watchdog.beat)
 
     async def _host_jobs(self, tg: TaskGroup) -> TaskGroup:
         """Job tasks live in their own group so that a drain can wait for them, then cancel."""
@@ -185,33 +206,62 @@ class Worker:
         await ready.wait()
         return holder["tg"]
 
-    async def drain(self, grace: float) -> None:
-        """Stop claiming, let running jobs finish within `grace` seconds, then cancel the rest
-        and put their jobs back in the queue for another worker."""
+    async def drain(self, grace: float) -> list[str]:
+        """Stop claiming, let running jobs finish within `grace` seconds (less if `force()` is
+        called), then stop the rest: each run is recorded where it stopped and its job goes
+        back to the queue, to go on from there on its next delivery — a stop is not a crash.
+
+        A job whose code did not stop (a sync node in its thread, async code that ignores the
+        cancel) is recorded the same but not handed back: it stays this worker's until the
+        process is gone (its lease runs out, or recovery finds the process dead). Returns those
+        jobs' runs: the caller must end the process."""
         self.stopping = True
         for runtime in self.runtimes.values():
             runtime.stop()
         for runtime in list(self.runtimes.values()):
             await runtime.loop_done.wait()
         with anyio.move_on_after(grace):
-            while self.handles:
-                await self._any_job_done()
+            async with anyio.create_task_group() as tg:
+
+                async def forced() -> None:
+                    await self._forced.wait()
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(forced)
+                while self.handles:
+                    await self._any_job_done()
+                tg.cancel_scope.cancel()
         interrupted = list(self.handles.values())
+        for handle in interrupted:
+            handle.interrupt()
+        for handle in interrupted:
+            with anyio.move_on_after(UNWIND_S):
+                await handle.done.wait()
+            if not handle.done.is_set():  # async code that does not stop when cancelled
+                self._hold(handle, "its code did not stop when cancelled")
+        held = [h.run.id for h in interrupted if h.held]
         if self._jobs_scope is not None:
             self._jobs_scope.cancel()
-        for handle in interrupted:
-            with anyio.move_on_after(1):
-                await handle.done.wait()
         with anyio.CancelScope(shield=True):
-            await self._release_held()
-            await self.backend.shared.forget_worker(self.info.id)
+            await self._release_held({h.claim.job.id for h in interrupted if h.held})
+            if not held:
+                await self.backend.shared.forget_worker(self.info.id)
             await self.backend.runs.flush()
+        if self._watchdog is not None:
+            self._watchdog.stop()
+        return held
 
-    async def _release_held(self) -> None:
-        """Jobs this worker still holds (claimed, never started) go back to their queues."""
+    def force(self) -> None:
+        """Cut a drain's grace period short (a second stop signal)."""
+        self._forced.set()
+
+    async def _release_held(self, keep: set[str]) -> None:
+        """Jobs this worker still holds (claimed, never started) go back to their queues,
+        except those whose code still runs."""
         for queue in self.backend.queues:
             for job in await queue.held_by([self.info.id]):
-                await self.ledger.release(queue, job, None, "")
+                if job.id not in keep:
+                    await self.ledger.release(queue, job, None, "")
 
     async def _any_job_done(self) -> None:
         events = [h.done for h in self.handles.values()]
@@ -363,11 +413,27 @@ class Worker:
             runtime.poke()
 
     # ---- running one job -------------------------------------------------------------------
-    async def _run_for(self, claim: Claim, runtime: QueueRuntime) -> tuple[Run, bool]:
+    def _current(self, runtime: QueueRuntime, job: Job) -> Workflow:
+        """The workflow a job of the queue runs: the queue's, or a helper workflow (one with no
+        trigger) that a sub-workflow step dispatched on its parent's queue."""
+        if job.workflow_name != runtime.workflow.name:
+            helper = self.catalog.workflow(job.workflow_name)
+            if helper is not None and helper.trigger is None:
+                return helper
+        return runtime.workflow
+
+    async def _run_for(
+        self, claim: Claim, runtime: QueueRuntime, current: Workflow
+    ) -> tuple[Run, bool]:
         """The run a claimed job executes, and whether it resumes one that already began."""
         job = claim.job
-        version = runtime.workflow.version
-        fresh = claim.taken_from is None and job.attempts == 1 and not job.resume and not job.meta
+        version = current.version
+        fresh = (
+            claim.taken_from is None
+            and job.attempts == 1
+            and not job.resume
+            and not (job.meta.keys() - JOB_SETTINGS)
+        )
         run: Run | None = None
         if not fresh:
             # A redelivery, a retry, a resume, a run the gates held back: its record has more
@@ -379,14 +445,14 @@ class Worker:
         if claim.taken_from is not None and (run.status is RunStatus.RUNNING or run.terminal):
             # The worker that lost the lease had started it: it crashed there.
             return self.ledger.take_over(claim, runtime.queue, run), False
-        # A wait's redelivery, or a replay from a step: on from the run's cursor and state.
-        return run, job.resume
+        # A wait's redelivery, a replay from a step, a run a stop or a gate handed back after
+        # it began: on from the run's cursor and state.
+        return run, job.resume or bool(run.cursor)
 
-    def _workflow_for(self, runtime: QueueRuntime, run: Run, resuming: bool) -> Workflow:
+    def _workflow_for(self, current: Workflow, run: Run, resuming: bool) -> Workflow:
         """The definition a claimed run executes: the current one, except for a run resuming
         after a reload that changed the shape of its steps (the cursor and the step records
         would point at different steps), which finishes on the version it started on."""
-        current = runtime.workflow
         if not resuming or run.workflow_version in ("", current.version):
             return current
         older = self.catalog.version(run.workflow_name, run.workflow_version)
@@ -430,8 +496,9 @@ class Worker:
             return
         handle: RunHandle | None = None
         try:
-            run, resuming = await self._run_for(claim, runtime)
-            workflow = self._workflow_for(runtime, run, resuming)
+            current = self._current(runtime, job)
+            run, resuming = await self._run_for(claim, runtime, current)
+            workflow = self._workflow_for(current, run, resuming)
             if not await self.gates.admit(claim, queue, run, workflow, resuming):
                 return  # debounced, delayed, throttled, queued or expired: the job went back
             handle = RunHandle(claim, queue, run)
@@ -441,12 +508,24 @@ class Worker:
             if "cancel" in signals:
                 handle.cancel_requested = True
             handle.seen.update(signals)
+            lost: SnapshotLost | None = None
+            try:
+                state = self.runner.resume_state(run, self.ledger.log) if resuming else None
+            except SnapshotLost as error:
+                lost, state = error, None
             telemetry.OBSERVE.run_started(run, job, workflow.version)
             self.ledger.start(claim, queue, run, self.info.id, workflow.version)
-            ctx = Context.for_job(run, job, dict(run.state) if resuming else None)
+            if lost is not None:
+                # It cannot go on where it stopped: a failure, retried from the start.
+                failed = Outcome(RunStatus.FAILED, error=f"cannot resume: {lost}")
+                self._settle(runtime, claim, run, workflow, failed)
+                return
+            timeout: int | None = job.meta.get("timeout_ms")  # enqueue(timeout=...)
+            if timeout is None and workflow.trigger is not None:
+                timeout = workflow.trigger.timeout
+            ctx = Context.for_job(run, job, state, timeout)
             ctx._sink = self.runner.log_sink(run, ctx)
             handle.ctx = ctx
-            timeout = workflow.trigger.timeout if workflow.trigger else None
             outcome: Outcome | None = None
             # One scope serves the operator's cancel, a lost lease and the trigger's timeout:
             # the first two set their flag first, so a scope caught without one is the timeout.
@@ -470,18 +549,24 @@ class Worker:
                     job.id,
                 )
                 return
+            if handle.stopping and not handle.cancel_requested:
+                self._stopped(handle, workflow)
+                return
             if scope.cancelled_caught and not handle.cancel_requested:
+                # The job's own time limit is final (the seed's WorkerTimeoutError): no retry.
+                whose = "the job's timeout" if "timeout_ms" in job.meta else "the trigger's timeout"
                 outcome = Outcome(
                     RunStatus.TIMED_OUT,
-                    error=f"run timed out after {timeout}ms (the trigger's timeout)",
+                    error=f"run timed out after {timeout}ms ({whose})",
+                    final=True,
                 )
             if handle.cancel_requested or outcome is None:
                 self.ledger.cancelled(claim, queue, run)
             else:
                 self._settle(runtime, claim, run, workflow, outcome)
         except anyio.get_cancelled_exc_class():
-            # The engine is shutting down past its grace period: hand the job back.
-            if handle is not None and not handle.lost:
+            # The engine's own tasks are torn down (an engine error): hand the job back.
+            if handle is not None and not handle.lost and not handle.stopping:
                 self.ledger.interrupt(
                     claim,
                     queue,
@@ -510,7 +595,51 @@ class Worker:
                 self.gates.release(handle.run.id)
                 self.handles.pop(handle.run.id, None)
                 self.by_job.pop(job.id, None)
+                self.runner.forget_threads(handle.run.id)
                 handle.done.set()
+
+    def _stopped(self, handle: RunHandle, workflow: Workflow) -> None:
+        """A run the worker stopped (past a drain's grace): recorded where it stopped, with
+        its state, and its job handed back to go on from there — unless its code still runs
+        (a sync node's thread): then the job stays this worker's until the process is gone."""
+        threads = self.runner.running_threads(handle.run.id)
+        if threads:
+            self._hold(handle, f"step {', '.join(threads)} still runs in its thread")
+            return
+        if handle.ctx is not None:
+            self.runner._snapshot(handle.run, handle.ctx)
+        self.ledger.suspend(
+            handle.claim,
+            handle.queue,
+            handle.run,
+            f"interrupted by a stop: worker {self.info.id} shut down before the run finished; "
+            "it goes on from where it stopped on its next delivery",
+        )
+
+    def _hold(self, handle: RunHandle, why: str) -> None:
+        """A stopped run whose code still runs: recorded, its job not handed back (another
+        worker must not run it while it runs here); the process has to end."""
+        if handle.held or handle.lost:
+            return
+        handle.held = True
+        if handle.ctx is not None:
+            self.runner._snapshot(handle.run, handle.ctx)
+        log.error(
+            "run %s: %s; its job %s is not handed back while its code runs: this process "
+            "must exit (its lease then runs out, or recovery finds it gone)",
+            handle.run.id,
+            why,
+            handle.claim.job.id,
+        )
+        self.ledger.suspend(
+            handle.claim,
+            handle.queue,
+            handle.run,
+            f"interrupted by a stop: worker {self.info.id} shut down while {why}; the process "
+            "exits so that it stops, and the run goes on from where it stopped once another "
+            "worker takes the job over",
+            hand_back=False,
+        )
 
     def _settle(
         self, runtime: QueueRuntime, claim: Claim, run: Run, workflow: Workflow, outcome: Outcome
@@ -540,11 +669,12 @@ class Worker:
                 outcome.error,
                 outcome.error_step,
                 backoff,
-                retry=outcome.status is RunStatus.FAILED,
+                retry=not outcome.final,
             )
 
     # ---- parents waiting on children --------------------------------------------------------
     def _run_ended(self, run: Run) -> None:
+        self.runner.kept_states.pop(run.id, None)
         if run.parent_run_id is not None and self._jobs_tg is not None:
             self._jobs_tg.start_soon(self._wake_parent, run)
 
@@ -669,7 +799,7 @@ class Worker:
                 run_at=run.wait_until or run.run_at,
                 run_id=run.id,
                 created_at=run.created_at,
-                resume=run.status is RunStatus.WAITING,
+                resume=run.status is RunStatus.WAITING or bool(run.cursor),
                 max_retries=trigger.retries if trigger else 0,
                 meta={"recovered": True},
             )

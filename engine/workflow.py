@@ -19,7 +19,7 @@ from .durations import Duration
 from .errors import WorkflowDefinitionError as WorkflowDefinitionError
 from .ratelimit import RateLimit
 from .schedules import Schedule
-from .validation import check_queue_name
+from .validation import MAX_RETRIES, check_queue_name
 
 Provider = Literal["memory", "sqlite"]
 Input = Any  # a literal, a "$.path" expression, or a callable taking the context
@@ -29,7 +29,6 @@ DEFAULT_IDEMPOTENCY_TTL_MS = 24 * 60 * 60 * 1000
 # Upper bounds of the whole-number settings. Past them a value is a typo (or 10**19, which no
 # database column holds); within them the engine's arithmetic stays exact and finite.
 MAX_CONCURRENCY = 10_000  # runs at once per engine and queue (or per concurrency key)
-MAX_RETRIES = 1_000  # job-level: whole-run retries, each waiting at most 30 s
 # Step-level: with factor <= MAX_FACTOR, factor ** (attempts - 1) stays a finite float
 # (10.0 ** 99), where 10.0 ** 1000 raises OverflowError in the backoff.
 MAX_ATTEMPTS = 100
@@ -167,12 +166,38 @@ class StepDefinition(_Definition):
         """Nested step lists (for primitives such as for_each and switch)."""
         return []
 
+    @property
+    def runs(self) -> bool:
+        """False for a step switched off (`active=False`): recorded skipped, not run."""
+        return True
+
+    def state_keys(self) -> list[str] | None:
+        """The ctx.state keys the step's output lands under ([]: none; None: any key, the
+        output's own)."""
+        return [self.name]
+
+    def keep(self, state: dict[str, Any], output: Any) -> None:
+        """Put the step's output in ctx.state."""
+        state[self.name] = output
+
+    @property
+    def recorded(self) -> bool:
+        """Whether the output is stored with the step's record."""
+        return True
+
     def fingerprint(self) -> str:
         return f"{self.kind}:{self.name}"
 
 
 class Step(StepDefinition):
-    """Call `node(ctx, **inputs)`; its return value becomes `ctx.state[name]`."""
+    """Call `node(ctx, **inputs)`; its return value becomes `ctx.state[name]`.
+
+    The seed's persistence options: `active=False` records the step skipped without running
+    it; `ephemeral=True` keeps the output out of ctx.state and the stored record (later steps
+    cannot read it); `as_="key"` puts it in `ctx.state["key"]` instead; `spread=True` merges a
+    dict output into ctx.state, key by key. An idempotency cache entry keeps the output in
+    every case: that is what it is for.
+    """
 
     kind: Literal["node"] = "node"
     node: Callable[..., Any]
@@ -181,6 +206,10 @@ class Step(StepDefinition):
     max_duration: Duration | None = None
     idempotency_key: Input | None = None
     idempotency_ttl: Duration = DEFAULT_IDEMPOTENCY_TTL_MS
+    active: bool = True
+    ephemeral: bool = False
+    as_: str | None = Field(None, min_length=1)
+    spread: bool = False
 
     def __init__(self, name: str, node: Callable[..., Any], **data: Any) -> None:
         try:
@@ -189,6 +218,20 @@ class Step(StepDefinition):
             raise WorkflowDefinitionError(f"step {name!r}: {_explain(error)}") from None
         if not callable(node):
             raise WorkflowDefinitionError(f"step {name!r}: node {node!r} is not callable")
+        chosen = [
+            o
+            for o, on in (
+                ("ephemeral", self.ephemeral),
+                ("as_", self.as_ is not None),
+                ("spread", self.spread),
+            )
+            if on
+        ]
+        if len(chosen) > 1:
+            raise WorkflowDefinitionError(
+                f"step {name!r}: {' and '.join(chosen)} cannot be used together (each says "
+                "where the output goes: nowhere, under another key, or spread into ctx.state)"
+            )
         for expr in self.expressions():
             try:
                 expressions.parse(expr)
@@ -198,6 +241,34 @@ class Step(StepDefinition):
     @property
     def max_attempts(self) -> int:
         return self.retry.max_attempts if self.retry else 1
+
+    @property
+    def runs(self) -> bool:
+        return self.active
+
+    def state_keys(self) -> list[str] | None:
+        if self.ephemeral:
+            return []
+        if self.spread:
+            return None
+        return [self.as_ or self.name]
+
+    def keep(self, state: dict[str, Any], output: Any) -> None:
+        if self.ephemeral:
+            return
+        if self.spread:
+            if not isinstance(output, dict):
+                raise TypeError(
+                    f"step {self.name!r} has spread=True but returned "
+                    f"{type(output).__name__}, not a dict to merge into ctx.state"
+                )
+            state.update(output)
+            return
+        state[self.as_ or self.name] = output
+
+    @property
+    def recorded(self) -> bool:
+        return not self.ephemeral
 
     @property
     def is_async(self) -> bool:
@@ -356,9 +427,14 @@ class Workflow(_Definition):
                 digest.update(step.fingerprint().encode())
             object.__setattr__(self, "version", digest.hexdigest()[:8])
 
-    def _check_steps(self, steps: Sequence[StepDefinition], seen: set[str]) -> None:
+    def _check_steps(
+        self, steps: Sequence[StepDefinition], seen: set[str], keys: _Keys | None = None
+    ) -> None:
+        """Step names are unique, and a `$.state.<key>` expression reads a key that a step
+        before it puts in ctx.state (its name, its `as_`; anything after a `spread`)."""
         if not steps and not seen:
             raise WorkflowDefinitionError(f"workflow {self.name!r} has no steps")
+        keys = keys if keys is not None else _Keys()
         for step in steps:
             if step.name in seen:
                 raise WorkflowDefinitionError(
@@ -366,15 +442,30 @@ class Workflow(_Definition):
                 )
             for expr in step.expressions():
                 target = expressions.referenced_step(expr)
-                if target is not None and target not in seen:
-                    known = ", ".join(sorted(seen)) or "none yet"
+                if target is None or target in keys.known or keys.open:
+                    continue
+                where = f"workflow {self.name!r}, step {step.name!r}: {expr}"
+                if target in keys.hidden:
                     raise WorkflowDefinitionError(
-                        f"workflow {self.name!r}, step {step.name!r}: {expr} refers to step "
-                        f"{target!r}, which does not run before it (earlier steps: {known})"
+                        f"{where} reads step {target!r}, whose output is not kept in ctx.state "
+                        f"({keys.hidden[target]})"
                     )
+                known = ", ".join(sorted(keys.known)) or "none yet"
+                raise WorkflowDefinitionError(
+                    f"{where} refers to step {target!r}, which does not run before it "
+                    f"(earlier steps: {known})"
+                )
             seen.add(step.name)
+            found = step.state_keys()
+            if found is None:
+                keys.open = True
+            else:
+                keys.known.update(found)
+                if step.name not in found:
+                    reason = "ephemeral=True" if not found else f"as_={found[0]!r}"
+                    keys.hidden[step.name] = reason
             for branch in step.children():
-                self._check_steps(branch, seen)
+                self._check_steps(branch, seen, keys)
 
     def _check_schedules(self) -> None:
         ids: set[str] = set()
@@ -399,6 +490,15 @@ class Workflow(_Definition):
     def with_version(self, version: str, path: str | None) -> Workflow:
         copy = self.model_copy(update={"version": version, "path": path})
         return copy
+
+
+class _Keys:
+    """The ctx.state keys earlier steps provide, while a workflow's steps are checked."""
+
+    def __init__(self) -> None:
+        self.known: set[str] = set()
+        self.hidden: dict[str, str] = {}  # step name -> why its output is not under its name
+        self.open = False  # a spread step put keys that cannot be known before it runs
 
 
 def _name_waits(steps: list[Any]) -> list[Any]:

@@ -97,6 +97,7 @@ async def setup(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
     database = None if request.param == "local-memory" else tmp_path / "blok.db"
     async with Engine(workflows=workflows(controls), database=database, grace_period=0.5) as worker:
         if request.param.startswith("attached"):
+            await worker.flush()  # what it serves is in the file before the client reads it
             async with Engine(database=database, create=False) as client:
                 assert not client.capabilities.runs_workflows
                 yield Setup(worker, client, controls)

@@ -351,8 +351,22 @@ LIVE_STATUSES = tuple(str(s) for s in RunStatus if not s.terminal)
 TERMINAL = tuple(str(s) for s in TERMINAL_RUN_STATUSES)
 
 
-def where_clause(where: RunFilter | None, mark: Callable[[], str]) -> tuple[str, list[Any]]:
-    """`where` as " WHERE ..." over the runs table, with `mark()` giving each placeholder."""
+def like_pattern(text: str) -> str:
+    """`text` anywhere, for `LIKE ... ESCAPE '\\'`: its own % and _ match only themselves."""
+    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
+
+
+def where_clause(
+    where: RunFilter | None,
+    mark: Callable[[], str],
+    *,
+    like: str = "LIKE",
+    as_text: Callable[[str], str] = lambda column: column,
+) -> tuple[str, list[Any]]:
+    """`where` as " WHERE ..." over the runs table, with `mark()` giving each placeholder.
+    `like`: the case-blind LIKE of the dialect (SQLite's LIKE is; PostgreSQL's ILIKE);
+    `as_text`: a JSON column as text (PostgreSQL: `input::text`)."""
     if where is None:
         return "", []
     clauses: list[str] = []
@@ -370,6 +384,8 @@ def where_clause(where: RunFilter | None, mark: Callable[[], str]) -> tuple[str,
         clauses.append(f"queue = {marks([where.queue])}")
     if where.job_id:
         clauses.append(f"job_id = {marks([where.job_id])}")
+    if where.replay_of:
+        clauses.append(f"replay_of = {marks([where.replay_of])}")
     if where.workers is not None:
         clauses.append(f"worker IN ({marks(where.workers) or 'NULL'})")
     if where.finished_after is not None:
@@ -386,7 +402,9 @@ def where_clause(where: RunFilter | None, mark: Callable[[], str]) -> tuple[str,
         ]
         clauses.append(f"status = 'running' AND ({' OR '.join(parts) or '1 = 0'})")
     if where.text:
-        like = f"%{where.text}%"
-        fields = ("id", "job_id", "workflow_name", "queue", "status", "error")
-        clauses.append("(" + " OR ".join(f"{f} LIKE {marks([like])}" for f in fields) + ")")
+        pattern = like_pattern(where.text)
+        fields = ("id", "job_id", "workflow_name", "queue", "status", "error", as_text("input"))
+        clauses.append(
+            "(" + " OR ".join(f"{f} {like} {marks([pattern])} ESCAPE '\\'" for f in fields) + ")"
+        )
     return (" WHERE " + " AND ".join(clauses)) if clauses else "", params

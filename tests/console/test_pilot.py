@@ -266,3 +266,27 @@ async def test_runs_and_logs_arrive_live_without_a_key_press(engine: Engine) -> 
         log = app.screen.query_one("#step-log", Static)
         await until(pilot, lambda: "started sleeping for S1" in text_of(log))
         await engine.cancel(slow_id)
+
+
+async def test_q_with_runs_in_flight_asks_first(engine: Engine) -> None:
+    app = BlokApp(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        await pilot.press("q")  # nothing running: it quits at once
+        await until(pilot, lambda: not app.is_running)
+    run_id = await _running(engine, "slow")
+    app = BlokApp(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        await pilot.press("q")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        assert "Quit while 1 run is running?" in text_of(app.screen.query_one(".question", Static))
+        assert "go on from there" in text_of(app.screen.query_one(".detail", Static))
+        await pilot.press("n")  # kept: the console goes on
+        await until(pilot, lambda: not isinstance(app.screen, ConfirmScreen))
+        assert app.is_running
+        await command(pilot, "q")  # :q asks too
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        await pilot.press("y")
+        await until(pilot, lambda: not app.is_running)
+    assert (await engine.get_run(run_id)).status == "running"  # quitting the app alone

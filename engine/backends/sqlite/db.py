@@ -18,6 +18,7 @@ import os
 import sqlite3
 import stat
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +37,8 @@ from .schema import MIGRATIONS, SCHEMA_VERSION
 log = logging.getLogger("blok.sqlite")
 T = TypeVar("T")
 
-BUSY_TIMEOUT_MS = 10_000
+BUSY_TIMEOUT_MS = 10_000  # BLOK_SQLITE_BUSY_TIMEOUT_MS: how long one statement waits for a lock
+RETRY_MAX_S = 5.0  # a write the database refused (busy, disk full) is tried again this often
 FENCE = " WHERE ?1 IS NULL OR (SELECT epoch FROM jobs WHERE id = ?1) = ?2"
 
 
@@ -95,6 +97,85 @@ def write_runs(conn: sqlite3.Connection, runs: list[tuple[Run, Fence | None]]) -
         conn.executemany(UPSERT_ATTEMPT, attempts)
 
 
+def busy_timeout_ms() -> int:
+    value = os.environ.get("BLOK_SQLITE_BUSY_TIMEOUT_MS", "")
+    return int(value) if value.isdigit() else BUSY_TIMEOUT_MS
+
+
+def transient(error: BaseException) -> str | None:
+    """What keeps the database from being written now, if it may pass: "busy" (another
+    process holds the write lock), "full" (no space left) or "io" (an I/O error); None for an
+    error that will not go away by waiting (a damaged file, a read-only one, a bug)."""
+    if not isinstance(error, sqlite3.Error):
+        return None
+    code = getattr(error, "sqlite_errorcode", 0) & 0xFF
+    if code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+        return "busy"
+    if code == sqlite3.SQLITE_FULL:
+        return "full"
+    if code == sqlite3.SQLITE_IOERR:
+        return "io"
+    return None
+
+
+def damaged(error: BaseException) -> bool:
+    return getattr(error, "sqlite_errorcode", 0) & 0xFF == sqlite3.SQLITE_CORRUPT
+
+
+class Troubles:
+    """One line in the log when the database starts refusing writes for a reason that may
+    pass, one when it takes them again: not a traceback per attempt."""
+
+    def __init__(self, path: Path, what: str) -> None:
+        self.path = path
+        self.what = what
+        self.kind: str | None = None
+        self.since = 0.0
+        self.delay = 0.05
+
+    def failed(self, error: BaseException, kind: str) -> float:
+        """Note a refusal; the seconds to wait before trying again."""
+        if kind != self.kind:
+            self.kind, self.since = kind, time.monotonic()
+            if kind == "busy":
+                log.warning(
+                    "database %s is busy: another process holds its write lock (a VACUUM, a "
+                    "migration, an open transaction); %s waits and tries again",
+                    self.path,
+                    self.what,
+                )
+            elif kind == "full":
+                log.error(
+                    "disk full: cannot write to %s (%s); %s is kept and tried again until "
+                    "there is space, nothing is lost",
+                    self.path,
+                    error,
+                    self.what,
+                )
+            else:
+                log.error(
+                    "cannot write to %s: %s; %s is kept and tried again",
+                    self.path,
+                    error,
+                    self.what,
+                )
+        else:
+            self.delay = min(self.delay * 2, RETRY_MAX_S)
+        return self.delay
+
+    def cleared(self) -> None:
+        if self.kind is not None:
+            log.warning(
+                "database %s: written again after %.1fs (%s)",
+                self.path,
+                time.monotonic() - self.since,
+                {"busy": "the lock was released", "full": "there is space again"}.get(
+                    self.kind, "the error went away"
+                ),
+            )
+            self.kind, self.delay = None, 0.05
+
+
 @dataclass
 class InTransaction(Generic[T]):
     """A function riding in the writer's next transaction; `done` once it committed."""
@@ -116,9 +197,12 @@ class _Batch:
 
 
 def _connect(path: Path) -> sqlite3.Connection:
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=10)
-    conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-    conn.execute("PRAGMA journal_mode = WAL")
+    timeout_ms = busy_timeout_ms()
+    conn = sqlite3.connect(
+        path, isolation_level=None, check_same_thread=False, timeout=timeout_ms / 1000
+    )
+    conn.execute(f"PRAGMA busy_timeout = {timeout_ms}")
+    # WAL is set by `migrate`, once the file is known to be blok's (it changes the file).
     # NORMAL in WAL mode: a commit survives a process crash (kill -9); only an OS crash or
     # power loss may lose the last transactions. fsync on every batch would cap throughput.
     conn.execute("PRAGMA synchronous = NORMAL")
@@ -127,27 +211,42 @@ def _connect(path: Path) -> sqlite3.Connection:
     return conn
 
 
+def schema_version(conn: sqlite3.Connection) -> int | None:
+    """The file's blok schema version, None if it has no blok tables (a read: no lock)."""
+    known = conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'"
+    ).fetchone()
+    if known is None:
+        return None
+    return int(conn.execute("SELECT max(version) FROM schema_version").fetchone()[0] or 0)
+
+
 def migrate(conn: sqlite3.Connection, path: Path, *, create: bool) -> None:
-    try:
-        conn.execute("BEGIN IMMEDIATE")
-    except sqlite3.DatabaseError as error:
-        raise DatabaseError(f"{path}: not a usable SQLite database ({error})") from error
+    """Create or upgrade the schema. A file that is current is only read: a command on it
+    does not need the write lock (another process may hold it for long)."""
+    found = schema_version(conn)
+    if found is None:
+        tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+        if not create or tables:
+            # Another program's database (left exactly as it was: not even its journal
+            # mode changes), or a new one that a command which only reads must not make.
+            raise DatabaseError(
+                f"{path}: not a blok database"
+                + (
+                    f" (it holds {tables} other table(s); blok will not add its own)"
+                    if tables
+                    else " (start a worker on it first: blok-tui worker --db PATH)"
+                )
+            )
+    conn.execute("PRAGMA journal_mode = WAL")
+    if found == SCHEMA_VERSION:
+        return
+    conn.execute("BEGIN IMMEDIATE")  # busy: the caller waits and tries again
     try:
         known = conn.execute(
             "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'"
         ).fetchone()
         if known is None:
-            tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
-            if not create or tables:
-                # Another program's database, or one a read-only command must not touch.
-                raise DatabaseError(
-                    f"{path}: not a blok database"
-                    + (
-                        f" (it holds {tables} other table(s); blok will not add its own)"
-                        if tables
-                        else " (start a worker on it first: blok-tui worker --db PATH)"
-                    )
-                )
             conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
         row = conn.execute("SELECT max(version) FROM schema_version").fetchone()
         current = row[0] or 0
@@ -163,8 +262,18 @@ def migrate(conn: sqlite3.Connection, path: Path, *, create: bool) -> None:
             conn.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
         conn.execute("COMMIT")
     except BaseException:
-        conn.execute("ROLLBACK")
+        rollback(conn)
         raise
+
+
+def rollback(conn: sqlite3.Connection) -> None:
+    """Undo an open transaction, if SQLite has not already (it has, after a disk full): a
+    failed ROLLBACK must not hide the error that caused it."""
+    if conn.in_transaction:
+        try:
+            conn.execute("ROLLBACK")
+        except sqlite3.Error as error:
+            log.debug("rollback after an error failed too: %s", error)
 
 
 class SqliteDatabase:
@@ -187,6 +296,7 @@ class SqliteDatabase:
         self._lock = threading.Lock()
         self._version = 0
         self.batches = 0
+        self._troubles = Troubles(self.path, "the next write")
 
     # ---- lifecycle -------------------------------------------------------------------------
     async def open(self) -> None:
@@ -209,13 +319,17 @@ class SqliteDatabase:
             )
         new = not self.path.exists()
         try:
-            self._writer = await anyio.to_thread.run_sync(_connect, self.path)
-            await anyio.to_thread.run_sync(
-                lambda: migrate(self._writer, self.path, create=self.create)  # type: ignore[arg-type]
+            self._writer = await self._patiently(lambda: _connect(self.path), "opening it")
+            writer = self._writer
+            await self._patiently(
+                lambda: migrate(writer, self.path, create=self.create), "opening it"
             )
-        except sqlite3.DatabaseError as error:
+            await self._patiently(lambda: self._quick_check(writer), "opening it")
+        except sqlite3.Error as error:
             self._close_writer()
-            raise DatabaseError(f"{self.path}: not a usable SQLite database ({error})") from error
+            if damaged(error):
+                raise DatabaseError(self._damaged(error)) from None
+            raise DatabaseError(f"{self.path}: not a usable SQLite database ({error})") from None
         except BaseException:
             self._close_writer()
             raise
@@ -224,9 +338,57 @@ class SqliteDatabase:
                 target = Path(f"{self.path}{suffix}")
                 if target.exists():
                     target.chmod(stat.S_IRUSR | stat.S_IWUSR)
-        self._reader = await aiosqlite.connect(self.path, timeout=10)
-        await self._reader.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        else:
+            self._warn_if_shared()  # a blok database now known: say if others can read it
+        timeout_ms = busy_timeout_ms()
+        self._reader = await aiosqlite.connect(self.path, timeout=timeout_ms / 1000)
+        await self._reader.execute(f"PRAGMA busy_timeout = {timeout_ms}")
         self._reader.row_factory = sqlite3.Row
+
+    async def _patiently(self, fn: Callable[[], T], what: str) -> T:
+        """`fn` in a thread, tried again while the database is busy or full (logged once)."""
+        troubles = Troubles(self.path, what)
+        while True:
+            try:
+                result = await anyio.to_thread.run_sync(fn)
+            except sqlite3.Error as error:
+                kind = transient(error)
+                if kind is None:
+                    raise
+                await anyio.sleep(troubles.failed(error, kind))
+                continue
+            troubles.cleared()
+            return result
+
+    def _quick_check(self, conn: sqlite3.Connection) -> None:
+        """SQLite's quick_check (structure, not index contents): a damaged file is refused
+        on open instead of failing half-way through serving it."""
+        row = conn.execute("PRAGMA quick_check(1)").fetchone()
+        if row is None or row[0] != "ok":
+            raise DatabaseError(self._damaged(row[0] if row else "no answer"))
+
+    def _damaged(self, detail: object) -> str:
+        return (
+            f"{self.path}: the database file is damaged ({detail}); restore it from a backup, "
+            "or move it aside to start with a new one"
+        )
+
+    def _warn_if_shared(self) -> None:
+        """Runs hold their inputs, outputs and logs: a database others can read leaks them."""
+        try:
+            mode = self.path.stat().st_mode
+        except OSError:
+            return
+        readers = [who for who, bit in (("group", 0o040), ("others", 0o004)) if mode & bit]
+        if readers:
+            log.warning(
+                "%s is readable by %s (mode %s): it holds run inputs, outputs and logs; "
+                "chmod 600 %s",
+                self.path,
+                " and ".join(readers),
+                oct(stat.S_IMODE(mode)),
+                self.path,
+            )
 
     def _close_writer(self) -> None:
         if self._writer is not None:
@@ -269,8 +431,15 @@ class SqliteDatabase:
         self._wake.set()
         await call.done.wait()
         if call.error is not None:
+            if isinstance(call.error, sqlite3.Error):
+                raise DatabaseError(self._describe(call.error)) from call.error
             raise call.error
         return call.result  # type: ignore[return-value]
+
+    def _describe(self, error: BaseException) -> str:
+        if damaged(error):
+            return self._damaged(error)
+        return f"{self.path}: {error}"
 
     def _pending(self) -> bool:
         return bool(self._ops or self._calls or self._runs or self._flushers or self._committing)
@@ -310,15 +479,17 @@ class SqliteDatabase:
                 self._committing = True
                 self._inflight = batch
                 try:
-                    await anyio.to_thread.run_sync(self._commit, batch, limiter=self._limiter)
+                    await self._commit_patiently(batch)
                 except BaseException as error:
+                    if isinstance(error, sqlite3.Error):
+                        error = DatabaseError(self._describe(error))
                     self._failure = error
                     for call in batch.calls:
                         call.error = error
                         call.done.set()
                     for flusher in flushers:
                         flusher.set()
-                    raise
+                    raise error from None
                 finally:
                     self._committing = False
                 self.batches += 1
@@ -326,6 +497,37 @@ class SqliteDatabase:
                 call.done.set()
             for flusher in flushers:
                 flusher.set()
+
+    async def _commit_patiently(self, batch: _Batch) -> None:
+        """Commit the batch; while the database refuses it for a reason that may pass (busy,
+        disk full), keep it and try again, logging once (the engine keeps running)."""
+        troubles = self._troubles
+        while True:
+            try:
+                await anyio.to_thread.run_sync(self._commit, batch, limiter=self._limiter)
+            except sqlite3.Error as error:
+                kind = transient(error)
+                if kind is None:
+                    raise
+                await anyio.sleep(troubles.failed(error, kind))
+                if kind == "full":
+                    await anyio.to_thread.run_sync(self._checkpoint, limiter=self._limiter)
+                continue
+            troubles.cleared()
+            return
+
+    def _checkpoint(self) -> None:
+        """Move the write-ahead log into the file and truncate it: the log holds every
+        version of the pages written since the last checkpoint, and giving its space back is
+        often enough for the next write to fit on a full disk."""
+        conn = self._writer
+        if conn is None:
+            return
+        with self._lock:
+            try:
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            except sqlite3.Error as error:
+                log.debug("checkpoint on a full disk failed too: %s", error)
 
     def _commit(self, batch: _Batch) -> None:
         conn = self._writer
@@ -352,6 +554,7 @@ class SqliteDatabase:
                 conn.executemany(sql, [params for _, params in ops[i:j]])
                 i = j
             for call in batch.calls:
+                call.result, call.error = None, None  # a batch tried again runs them again
                 conn.execute("SAVEPOINT call")
                 try:
                     call.result = call.fn(conn)
@@ -363,8 +566,7 @@ class SqliteDatabase:
                 conn.execute("RELEASE call")
             conn.execute("COMMIT")
         except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
+            rollback(conn)
             raise
 
     def flush_now(self) -> None:
@@ -375,15 +577,20 @@ class SqliteDatabase:
             return
         batch = self._take()
         calls, batch.calls = batch.calls, []  # nobody is left to read their results
-        with self._lock:
-            # The writer thread may hold an older batch it has not committed yet: it goes
-            # first, or its stale rows would land on top of these.
-            inflight = self._inflight
-            if inflight is not None and not inflight.committed:
-                self._commit_locked(conn, inflight)
-                inflight.committed = True
-            if batch.runs or batch.ops:
-                self._commit_locked(conn, batch)
+        try:
+            with self._lock:
+                # The writer thread may hold an older batch it has not committed yet: it goes
+                # first, or its stale rows would land on top of these.
+                inflight = self._inflight
+                if inflight is not None and not inflight.committed:
+                    self._commit_locked(conn, inflight)
+                    inflight.committed = True
+                if batch.runs or batch.ops:
+                    self._commit_locked(conn, batch)
+        except sqlite3.Error as error:
+            # Going down, with no time to wait: the leases of its jobs run out and another
+            # worker takes them over, as after a crash.
+            log.error("%s: the last writes could not be made (%s)", self.path, error)
         for call in calls:
             call.error = DatabaseError(f"{self.path}: closed before the write was made")
 
@@ -398,11 +605,23 @@ class SqliteDatabase:
     # cursor left open between calls would pin the connection's snapshot, and the other tasks'
     # reads interleaved meanwhile would miss what was committed after it opened.
     async def fetchall(self, sql: str, params: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
-        return list(await self.reader.execute_fetchall(sql, params))
+        troubles: Troubles | None = None
+        while True:
+            try:
+                rows = list(await self.reader.execute_fetchall(sql, params))
+            except sqlite3.Error as error:
+                if transient(error) != "busy":
+                    raise DatabaseError(self._describe(error)) from error
+                troubles = troubles or Troubles(self.path, "reading it")
+                await anyio.sleep(troubles.failed(error, "busy"))
+                continue
+            if troubles is not None:
+                troubles.cleared()
+            return rows
 
     async def fetchone(self, sql: str, params: tuple[Any, ...] = ()) -> sqlite3.Row | None:
         """The first row of a query that returns one (it reads them all)."""
-        rows = list(await self.reader.execute_fetchall(sql, params))
+        rows = await self.fetchall(sql, params)
         return rows[0] if rows else None
 
     def data_version(self) -> int:

@@ -61,7 +61,8 @@ def catalog_from_row(row: Any) -> WorkerCatalog:
     workflows = []
     kinds: dict[str, tuple[tuple[str, str], ...]] = {}
     for w in json.loads(row[2]):
-        workflows.append(WorkflowInfo(**{k: w.get(k) for k in WorkflowInfo.model_fields}))
+        # Fields an older worker did not write take their defaults.
+        workflows.append(WorkflowInfo(**{k: w[k] for k in WorkflowInfo.model_fields if k in w}))
         kinds[w["name"]] = tuple((name, kind) for name, kind in w.get("kinds", ()))
     return WorkerCatalog(row[0], queues, tuple(workflows), kinds, json.loads(row[3]), row[4])
 

@@ -1,0 +1,103 @@
+"""The loop watchdog: notices an event loop that stops turning and says which step blocks it.
+
+An `async def` node that calls blocking code (`time.sleep`, a sync HTTP client, heavy CPU work)
+holds the event loop: no other run advances, leases are not renewed, the operator's requests
+wait. Nothing inside the loop can see it happen, so a thread watches a heartbeat the loop
+keeps; when the heartbeat stops, the thread looks at the loop thread's stack for the frame of
+an async node the runner registered (`Runner.async_frames`) and logs which step of which run
+blocks it. The runner adds the time blocked to the step's record when the node returns, and
+an attempt that overran its `max_duration` this way is recorded timed out (engine/runner.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+from types import FrameType
+from typing import TYPE_CHECKING
+
+import anyio
+
+if TYPE_CHECKING:
+    from .runner import Runner
+
+log = logging.getLogger("blok.watchdog")
+
+WATCHDOG_S = 1.0  # a loop that has not turned for this long is reported
+
+
+class LoopWatchdog:
+    def __init__(self, runner: Runner, threshold_s: float = WATCHDOG_S) -> None:
+        self.runner = runner
+        self.threshold_s = threshold_s
+        self._beat = time.monotonic()
+        self._loop_thread: int | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    async def beat(self) -> None:
+        """The heartbeat, in the event loop; starts the watching thread."""
+        self._loop_thread = threading.get_ident()
+        self._beat = time.monotonic()
+        self._thread = threading.Thread(target=self._watch, name="blok loop watchdog", daemon=True)
+        self._thread.start()
+        try:
+            while True:
+                self._beat = time.monotonic()
+                await anyio.sleep(self.threshold_s / 4)
+        finally:
+            self.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _watch(self) -> None:
+        stalled_since: float | None = None
+        culprit: tuple[int, tuple[str, str, str]] | None = None
+        while not self._stop.wait(self.threshold_s / 4):
+            now = time.monotonic()
+            blocked = now - self._beat
+            if blocked < self.threshold_s:
+                if stalled_since is not None:
+                    log.warning(
+                        "the event loop runs again after %.1fs blocked", self._beat - stalled_since
+                    )
+                stalled_since, culprit = None, None
+                continue
+            if stalled_since is None:
+                stalled_since = self._beat
+                culprit = self._culprit()
+                if culprit is None:
+                    log.warning(
+                        "the event loop has been blocked for %.1fs, not by a step's node "
+                        "(engine code or another task of this process)",
+                        blocked,
+                    )
+                else:
+                    run_id, workflow, where = culprit[1]
+                    log.warning(
+                        "the event loop has been blocked for %.1fs by %s of run %s (%s): an "
+                        "async node must not call blocking code (time.sleep, sync I/O); make "
+                        "it a plain def, or await anyio.to_thread.run_sync",
+                        blocked,
+                        where,
+                        run_id,
+                        workflow,
+                    )
+            if culprit is not None and culprit[0] in self.runner.async_frames:
+                self.runner.stalls[culprit[0]] = now - stalled_since
+
+    def _culprit(self) -> tuple[int, tuple[str, str, str]] | None:
+        """The async node whose frame is on the loop thread's stack (innermost first)."""
+        if self._loop_thread is None:
+            return None
+        frame: FrameType | None = sys._current_frames().get(self._loop_thread)
+        frames = self.runner.async_frames
+        while frame is not None:
+            found = frames.get(id(frame))
+            if found is not None:
+                return id(frame), found
+            frame = frame.f_back
+        return None

@@ -1,0 +1,340 @@
+"""Faults in user code and in the process around it (issue 15): the engine records them and
+keeps serving; a stop never leaves code running under a job another worker may take."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+from cli_helpers import blok, start_worker
+from support import until
+
+from engine import (
+    AttemptStatus,
+    Engine,
+    JobState,
+    Retry,
+    RunStatus,
+    Step,
+    StepStatus,
+    WorkerTrigger,
+    Workflow,
+)
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def database(request: pytest.FixtureRequest, tmp_path: Path) -> Path | None:
+    return None if request.param == "memory" else tmp_path / "blok.db"
+
+
+class Halt(BaseException):
+    """A user's own BaseException subclass."""
+
+
+RAISED: dict[str, BaseException] = {
+    "SystemExit": SystemExit(3),
+    "GeneratorExit": GeneratorExit("closed"),
+    "KeyboardInterrupt": KeyboardInterrupt(),
+    "Halt": Halt("stop everything"),
+}
+
+
+@pytest.mark.parametrize("sync", [False, True], ids=["async", "sync"])
+async def test_a_base_exception_from_a_node_fails_the_run_and_the_engine_serves_on(
+    database: Path | None, sync: bool
+) -> None:
+    def raise_it(ctx) -> None:
+        if ctx.body.get("raise"):
+            raise RAISED[ctx.body["raise"]]
+
+    async def raise_it_async(ctx) -> None:
+        raise_it(ctx)
+
+    def ok(ctx) -> str:
+        return "served"
+
+    wf = Workflow(
+        name="fragile",
+        trigger=WorkerTrigger(queue="fragile"),
+        steps=[Step("risky", raise_it if sync else raise_it_async), Step("after", ok)],
+    )
+    async with Engine(workflows=[wf], database=database) as engine:
+        for name, error in RAISED.items():
+            run = await engine.wait_for_job(
+                await engine.enqueue("fragile", {"raise": name}), timeout=10
+            )
+            assert run.status is RunStatus.FAILED, name
+            assert run.error_step == "risky"
+            step = run.step("risky")
+            assert step.status is StepStatus.FAILED
+            assert step.attempts[0].error_type == type(error).__name__
+            assert run.step("after").status is StepStatus.PENDING
+            # The engine is still serving: the next job runs to the end.
+            fine = await engine.wait_for_job(await engine.enqueue("fragile", {}), timeout=10)
+            assert fine.status is RunStatus.COMPLETED and fine.output == "served"
+
+
+async def test_a_timed_out_sync_attempt_is_told_and_its_retry_waits_for_its_thread(
+    database: Path | None,
+) -> None:
+    spans: list[tuple[int, float, float, bool]] = []
+
+    def stubborn(ctx) -> str:
+        began = time.monotonic()
+        saw_cancelled = False
+        while time.monotonic() - began < 0.4:  # does not return early: it only notes the flag
+            saw_cancelled = saw_cancelled or ctx.cancelled
+            time.sleep(0.02)
+        spans.append((ctx.attempt, began, time.monotonic(), saw_cancelled))
+        return "late"
+
+    wf = Workflow(
+        name="stubborn",
+        trigger=WorkerTrigger(queue="stubborn"),
+        steps=[Step("slow", stubborn, max_duration="100ms", retry=Retry(2, min_timeout=1))],
+    )
+    async with Engine(workflows=[wf], database=database) as engine:
+        run = await engine.wait_for_job(await engine.enqueue("stubborn", {}), timeout=10)
+    assert run.status is RunStatus.TIMED_OUT
+    assert [a.status for a in run.step("slow").attempts] == [AttemptStatus.TIMED_OUT] * 2
+    assert [span[0] for span in spans] == [1, 2]
+    assert all(saw for *_, saw in spans), "ctx.cancelled was not set on the timeout"
+    (_, _, first_end, _), (_, second_start, _, _) = spans
+    assert second_start >= first_end, "the retry started while the timed-out attempt ran"
+    assert any("still runs in its thread" in line.message for line in run.logs)
+
+
+@pytest.mark.parametrize("how", ["job timeout", "cancel"])
+async def test_a_sync_node_sees_ctx_cancelled_on_a_job_timeout_and_a_cancel(
+    database: Path | None, how: str
+) -> None:
+    started, returned = threading.Event(), threading.Event()
+
+    def polls(ctx) -> str:
+        started.set()
+        deadline = time.monotonic() + 5
+        while not ctx.cancelled and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if ctx.cancelled:
+            returned.set()
+        return "stopped"
+
+    timeout = {"timeout": "150ms"} if how == "job timeout" else {}
+    wf = Workflow(
+        name="polls",
+        trigger=WorkerTrigger(queue="polls", **timeout),
+        steps=[Step("poll", polls)],
+    )
+    async with Engine(workflows=[wf], database=database) as engine:
+        job = await engine.enqueue("polls", {})
+        await until(started.is_set)
+        if how == "cancel":
+            await engine.cancel((await engine.get_job(job)).run_id)
+        run = await engine.wait_for_job(job, timeout=10)
+        await until(returned.is_set, timeout=3)
+    assert run.status is (RunStatus.TIMED_OUT if how == "job timeout" else RunStatus.CANCELLED)
+
+
+# ---- an async node blocking the loop (item 9) ----------------------------------------------------
+async def test_an_async_node_blocking_the_loop_is_named_and_timed_out(
+    database: Path | None, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="blok.watchdog")
+
+    async def blocker(ctx) -> str:
+        time.sleep(1.2)  # noqa: ASYNC251 - blocks the whole event loop, as the bug does
+        return "late"
+
+    wf = Workflow(
+        name="blocking",
+        trigger=WorkerTrigger(queue="blocking"),
+        steps=[Step("blocker", blocker, max_duration="300ms")],
+    )
+    async with Engine(workflows=[wf], database=database, watchdog=0.3) as engine:
+        run = await engine.wait_for_job(await engine.enqueue("blocking", {}), timeout=10)
+    assert run.status is RunStatus.TIMED_OUT  # 1.2 s against 300 ms: not completed
+    [attempt] = run.step("blocker").attempts
+    assert attempt.status is AttemptStatus.TIMED_OUT
+    assert "blocked for" in caplog.text
+    assert f"by [step 1/1] blocker of run {run.id} (blocking)" in caplog.text
+    assert any("blocked the event loop for" in line.message for line in run.logs)
+
+
+# ---- an exception inside `async with Engine` (item 13) -------------------------------------------
+async def test_an_exception_in_the_engines_body_reaches_the_caller_as_itself(
+    database: Path | None,
+) -> None:
+    started = threading.Event()
+
+    def busy(ctx) -> None:
+        started.set()
+        while not ctx.cancelled:
+            time.sleep(0.01)
+
+    async def sleepy(ctx) -> None:
+        await anyio.sleep(30)
+
+    wf = Workflow(
+        name="busy",
+        trigger=WorkerTrigger(queue="busy", concurrency=2),
+        steps=[Step("busy", busy)],
+    )
+    other = Workflow(name="nap", trigger=WorkerTrigger(queue="nap"), steps=[Step("nap", sleepy)])
+    with pytest.raises(LookupError) as raised:
+        async with Engine(workflows=[wf, other], database=database, grace_period=0.1) as engine:
+            await engine.enqueue("busy", {})
+            await engine.enqueue("nap", {})
+            await until(started.is_set)
+            raise LookupError("the app's own error")
+    assert type(raised.value) is LookupError  # not an ExceptionGroup around it
+    assert str(raised.value) == "the app's own error"
+
+
+# ---- a stop is not a crash (item 15) -------------------------------------------------------------
+async def test_a_run_stopped_by_a_graceful_stop_goes_on_where_it_stopped(tmp_path: Path) -> None:
+    db = tmp_path / "blok.db"
+    calls: list[str] = []
+    long_started = anyio.Event()
+    resumed = [False]
+
+    async def prepare(ctx) -> dict:
+        calls.append("prepare")
+        return {"token": 41}
+
+    async def long(ctx, token: int) -> int:
+        calls.append("long")
+        if not resumed[0]:
+            long_started.set()
+            await anyio.sleep(30)
+        return token + 1
+
+    wf = Workflow(
+        name="stoppable",
+        trigger=WorkerTrigger(queue="stoppable", retries=0),
+        steps=[
+            Step("prepare", prepare),
+            Step("long", long, inputs={"token": "$.state.prepare.token"}),
+        ],
+    )
+    async with Engine(workflows=[wf], database=db, grace_period=0.2) as engine:
+        job = await engine.enqueue("stoppable", {})
+        with anyio.fail_after(10):
+            await long_started.wait()
+    resumed[0] = True
+    async with Engine(workflows=[wf], database=db) as engine:
+        run = await engine.wait_for_job(job, timeout=10)
+        runs = await engine.runs(queue="stoppable")
+        stats = await engine.queue_stats("stoppable")
+    assert [r.id for r in runs] == [run.id]  # the same run, not a crashed one and a new one
+    assert run.status is RunStatus.COMPLETED and run.output == 42
+    assert calls == ["prepare", "long", "long"]  # prepare not again: its state came back
+    long_attempts = run.step("long").attempts
+    assert [a.status for a in long_attempts] == [AttemptStatus.CANCELLED, AttemptStatus.COMPLETED]
+    assert "interrupted by a stop" in (long_attempts[0].error or "")
+    assert (stats.failed, stats.dead, stats.completed) == (0, 0, 1)
+    assert run.job_attempt == 1  # the retry budget untouched
+
+
+# ---- stopping a worker process (items 8 and 14) --------------------------------------------------
+STOPPABLE = textwrap.dedent(
+    """
+    import time
+    from pathlib import Path
+    import anyio
+    from engine import Step, WorkerTrigger, Workflow
+
+    HERE = Path(__file__).parent
+
+    async def nap(ctx):
+        (HERE / f"started-{ctx.run_id}").touch()
+        await anyio.sleep(ctx.body.get("seconds", 60))
+        return "rested"
+
+    def grind(ctx):  # a sync node that does not look at ctx.cancelled
+        (HERE / f"started-{ctx.run_id}").touch()
+        while not (HERE / "release").exists():
+            time.sleep(0.02)
+        return "ground"
+
+    workflows = [
+        Workflow(name="nap", trigger=WorkerTrigger(queue="nap"), steps=[Step("nap", nap)]),
+        Workflow(name="grind", trigger=WorkerTrigger(queue="grind"), steps=[Step("grind", grind)]),
+    ]
+    """
+)
+
+
+@pytest.fixture
+def stoppable(tmp_path: Path) -> Path:
+    folder = tmp_path / "workflows"
+    folder.mkdir()
+    (folder / "stoppable.py").write_text(STOPPABLE)
+    return folder
+
+
+def started(folder: Path) -> bool:
+    return any(folder.glob("started-*"))
+
+
+async def test_a_second_stop_signal_stops_at_once_and_hands_stopped_jobs_back(
+    tmp_path: Path, stoppable: Path
+) -> None:
+    db = tmp_path / "blok.db"
+    worker = start_worker(db, stoppable, "--grace", "60", "--no-watch")
+    try:
+        job = blok("enqueue", "nap", "{}", "--db", db).stdout.strip()
+        await until(lambda: started(stoppable))
+        worker.process.send_signal(signal.SIGTERM)
+        await until(lambda: "draining" in worker.stderr())
+        began = time.monotonic()
+        worker.process.send_signal(signal.SIGTERM)  # do not wait the 60 s
+        code = await anyio.to_thread.run_sync(worker.process.wait, 20)
+        assert time.monotonic() - began < 10
+        assert code == 0, worker.stderr()
+    finally:
+        worker.stop()
+    async with Engine(database=db, create=False) as client:
+        handed_back = await client.get_job(job)
+        run = await client.get_run(handed_back.run_id)
+    assert handed_back.state is JobState.WAITING and handed_back.resume  # its code stopped
+    assert run.status is RunStatus.QUEUED
+    assert any("interrupted by a stop" in line.message for line in run.logs)
+
+
+async def test_a_sync_node_that_does_not_stop_ends_the_process_and_keeps_its_job(
+    tmp_path: Path, stoppable: Path
+) -> None:
+    db = tmp_path / "blok.db"
+    worker = start_worker(db, stoppable, "--grace", "0.3", "--no-watch")
+    try:
+        job = blok("enqueue", "grind", "{}", "--db", db).stdout.strip()
+        await until(lambda: started(stoppable))
+        worker.process.send_signal(signal.SIGTERM)
+        # The thread cannot be stopped and does not keep the process alive: it exits.
+        code = await anyio.to_thread.run_sync(worker.process.wait, 20)
+        assert code == 3, worker.stderr()
+    finally:
+        worker.stop()
+    assert "is not handed back while its code runs" in worker.stderr()
+    async with Engine(database=db, create=False) as client:
+        held = await client.get_job(job)
+        run = await client.get_run(held.run_id)
+    # Recorded, but not handed back while the code ran: still the dead worker's job.
+    assert held.state is JobState.ACTIVE and held.worker == worker.id
+    assert run.status is RunStatus.QUEUED
+    assert any("still runs in its thread" in line.message for line in run.logs)
+    (stoppable / "release").touch()
+    # A worker starting on the database finds that process gone and the run goes on.
+    async with Engine(workflows=stoppable, database=db) as engine:
+        done = await engine.wait_for_job(job, timeout=20)
+        runs = await engine.runs(queue="grind")
+    assert done.id == run.id and done.status is RunStatus.COMPLETED and done.output == "ground"
+    assert [r.id for r in runs] == [run.id]
