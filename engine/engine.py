@@ -117,6 +117,7 @@ class Engine:
         janitor: bool | None = None,
         crash_recovery: bool | None = None,
         watchdog: float | None = WATCHDOG_S,
+        exit_when_stuck: bool = True,
     ) -> None:
         """`lease`: how long a claimed job stays this worker's without a renewal (a number is
         seconds; a string a duration). `consume=False`: run nothing here. `follow`: publish
@@ -148,6 +149,10 @@ class Engine:
         self.retention = timedelta(milliseconds=_ms(retention, "retention"))
         self.janitor_interval = janitor_interval
         self.grace_period = grace_period
+        # A run whose code does not stop at a stop: exit the process (the code ends with it)
+        # rather than let its job be taken over while it still runs. An app that embeds the
+        # engine may prefer to keep its process and accept that risk.
+        self.exit_when_stuck = exit_when_stuck
         # Leases are renewed well before they run out: three times per lease at least.
         self.heartbeat_interval = min(heartbeat or 2.0, self.lease / 3)
         self.max_payload_bytes = max_payload_bytes
@@ -376,7 +381,14 @@ class Engine:
         if self._backend is not None:
             with anyio.CancelScope(shield=True):
                 await self._backend.runs.flush()
-        if held:
+        if held and not self.exit_when_stuck:
+            log.critical(
+                "run(s) %s did not stop; their jobs stay this worker's until the lease runs "
+                "out (Engine(exit_when_stuck=False)): another worker may then run them while "
+                "this code still does",
+                ", ".join(held),
+            )
+        elif held:
             log.critical(
                 "exiting the process now: the code of run(s) %s did not stop and cannot be "
                 "stopped otherwise; their jobs go on elsewhere once this process is gone",

@@ -338,3 +338,21 @@ async def test_a_sync_node_that_does_not_stop_ends_the_process_and_keeps_its_job
         runs = await engine.runs(queue="grind")
     assert done.id == run.id and done.status is RunStatus.COMPLETED and done.output == "ground"
     assert [r.id for r in runs] == [run.id]
+
+
+async def test_an_embedding_app_may_keep_its_process_when_code_does_not_stop(
+    tmp_path: Path, stoppable: Path
+) -> None:
+    """Engine(exit_when_stuck=False): the stop returns instead of exiting the process; the
+    job stays this worker's (not handed back) until its lease runs out."""
+    db = tmp_path / "blok.db"
+    async with Engine(
+        workflows=stoppable, database=db, grace_period=0.3, exit_when_stuck=False, lease=30
+    ) as engine:
+        job = await engine.enqueue("grind", {})
+        await until(lambda: started(stoppable))
+        await engine.shutdown()  # ends the `async with`, and this process lives on
+    async with Engine(database=db, create=False) as client:
+        held = await client.get_job(job)
+    assert held.state is JobState.ACTIVE  # not handed back while its code runs
+    (stoppable / "release").touch()
