@@ -144,6 +144,18 @@ def _clip(text: str, width: int = 60) -> str:
     return shown if len(shown) <= width else shown[: width - 1] + "…"
 
 
+def _retries_arg(text: str) -> int:
+    from engine.validation import MAX_RETRIES
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if not 0 <= value <= MAX_RETRIES:
+        raise argparse.ArgumentTypeError(f"must be between 0 and {MAX_RETRIES}, not {value}")
+    return value
+
+
 def _duration_arg(text: str) -> str:
     from engine import parse_duration
 
@@ -356,6 +368,18 @@ def build_parser() -> argparse.ArgumentParser:
         type=_duration_arg,
         metavar="DURATION",
         help="not before this long: 500ms, 5s, 2m, 1h",
+    )
+    enqueue.add_argument(
+        "--retries",
+        type=_retries_arg,
+        metavar="N",
+        help="this job's retry budget instead of its trigger's",
+    )
+    enqueue.add_argument(
+        "--timeout",
+        type=_duration_arg,
+        metavar="DURATION",
+        help="this job's run timeout instead of its trigger's (final: not retried)",
     )
     enqueue.add_argument(
         "--traceparent",
@@ -637,7 +661,13 @@ async def _enqueue(args: argparse.Namespace) -> None:
     async with _client(args) as engine:
         headers = {"traceparent": args.traceparent} if args.traceparent else None
         job_id = await engine.enqueue(
-            args.queue, args.payload, priority=args.priority, delay=args.delay, headers=headers
+            args.queue,
+            args.payload,
+            priority=args.priority,
+            delay=args.delay,
+            headers=headers,
+            retries=args.retries,
+            timeout=args.timeout,
         )
     print(printable(job_id))
 

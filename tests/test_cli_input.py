@@ -14,7 +14,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_helpers import Worker, blok, blok_json, eventually, run_of, start_worker
+from cli_helpers import (
+    Worker,
+    blok,
+    blok_json,
+    eventually,
+    run_of,
+    start_worker,
+    write_workflows,
+)
 
 from engine.validation import MAX_DEPTH
 
@@ -350,3 +358,28 @@ def test_an_error_line_is_escaped(tmp_path: Path) -> None:
     line = one_error_line(done, 1)
     assert not CONTROL.search(done.stderr), repr(done.stderr)
     assert "evil\\x1b]0;pwned\\x07" in line
+
+
+def test_enqueue_takes_a_retry_budget_and_a_timeout_for_one_job(tmp_path: Path) -> None:
+    database = tmp_path / "blok.db"
+    worker = start_worker(database, write_workflows(tmp_path / "workflows"))
+    try:
+        done = blok(
+            "enqueue",
+            "naps",
+            '{"seconds": 5}',
+            "--retries",
+            "4",
+            "--timeout",
+            "100ms",
+            "--db",
+            database,
+        )
+        assert done.returncode == 0, done.stderr
+        job = done.stdout.strip()
+        run = eventually(lambda: (r := run_of(database, job)) and r["status"] == "timed_out" and r)
+        assert run["status"] == "timed_out"  # the job's own timeout, not the trigger's (none)
+        refused = blok("enqueue", "naps", "{}", "--retries", "-1", "--db", database)
+        assert refused.returncode == 2 and "--retries" in refused.stderr
+    finally:
+        assert worker.stop() == 0, worker.stderr()
