@@ -4,12 +4,12 @@
 and the change feed, `queue.py` the jobs, `shared.py` what workers share, `sql.py` the
 statements and `schema.py` the tables. Each process opens five connections at most.
 
-Waiting for other processes (`wait_for_change`, the worker's follow loop and an attached
-console's feed) listens instead of polling: the change token moves when a NOTIFY says something
-this process cares about happened — a signal on a job one of its workers holds, a pause, a
-catalog, a new or forgotten worker, and (once someone here reads the feed) runs written by
-another process. While the listener is reconnecting, the token moves every half second, so the
-waiters look for themselves.
+Waiting for other processes (`wait_for_change`: the worker's follow loop, an attached console's
+feed) listens instead of polling: every batch of a writer, every claim that took jobs, every
+signal and every enqueue notifies, and the change token moves when another process's
+notification arrives (at most every COALESCE_S: a busy cluster's hundreds of batches a second
+are read as one change). Lease renewals do not notify. While the listener is reconnecting, the
+token moves every half second, so the waiters look for themselves.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from .store import PostgresRunStore
 
 UNHEARD_POLL_S = 0.5  # the token moves this often while the listener is down
 STRAGGLER_WAIT_S = (0.01, 0.5)  # a feed held back by an older transaction is read again after
-COALESCE_S = 0.02  # changes are told at most this often
+COALESCE_S = 0.05  # changes are told at most this often (SQLite's backend polls as often)
 
 
 class PostgresBackend(Backend):
@@ -53,6 +53,7 @@ class PostgresBackend(Backend):
         self._changed = anyio.Event()
         self._straggler_wait = STRAGGLER_WAIT_S[0]
         self._last_return = 0.0
+        self._unheard_at = 0.0
         self._feed_wanted = 0  # the newest transaction another process said wrote runs
         self.db.on_notify = self._notified
         self.db.on_listening = self._heard_again
@@ -63,7 +64,13 @@ class PostgresBackend(Backend):
         await tg.__aenter__()
         self._tg = tg
         tg.start_soon(self.db.writer_loop)
-        tg.start_soon(self.db.listener_loop)
+        try:
+            await tg.start(self.db.listener_loop)
+        except BaseException:
+            tg.cancel_scope.cancel()
+            await tg.__aexit__(None, None, None)
+            await self.db.close()
+            raise
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -104,17 +111,12 @@ class PostgresBackend(Backend):
         self._changed = anyio.Event()
 
     def _notified(self, channel: str, payload: str) -> None:
+        """Another process committed: its batch, a claim, a signal, new jobs of a queue."""
         if channel == sql.JOBS_CHANNEL:
             self._durable.wake(payload)
-        elif channel == sql.SIGNALS_CHANNEL:
-            if payload in self._durable.workers:
-                self._move()
-        elif channel == sql.RUNS_CHANNEL:
-            if payload.isdigit():
-                self._feed_wanted = max(self._feed_wanted, int(payload))
-            self._move()
-        else:
-            self._move()
+        elif channel == sql.RUNS_CHANNEL and payload.isdigit():
+            self._feed_wanted = max(self._feed_wanted, int(payload))
+        self._move()
 
     def _heard_again(self) -> None:
         """The listener (re)connected: what was notified while it was away is unknown."""
@@ -140,11 +142,15 @@ class PostgresBackend(Backend):
                 break
             self._straggler_wait = STRAGGLER_WAIT_S[0]
             if not self.db.listening:
-                with anyio.move_on_after(min(remaining, UNHEARD_POLL_S)):
-                    await self._changed.wait()
-                if self._token == token and not self.db.listening:
+                # Nothing is heard: the waiters look for themselves every UNHEARD_POLL_S.
+                due = self._unheard_at + UNHEARD_POLL_S - time.monotonic()
+                if due <= 0:
+                    self._unheard_at = time.monotonic()
                     self._move()
-                break
+                    break
+                with anyio.move_on_after(min(remaining, due)):
+                    await self._changed.wait()
+                continue
             with anyio.move_on_after(min(remaining, 1.0)):
                 await self._changed.wait()
         # A burst of changes (every batch of every worker notifies) is read once, not once

@@ -75,7 +75,9 @@ def explain(location: str, error: BaseException) -> DatabaseError:
         text = "the server refused the connection (is PostgreSQL running there?)"
     elif isinstance(error, TimeoutError):
         text = f"the server did not answer within {CONNECT_TIMEOUT_S:g}s"
-    elif isinstance(error, (pgerr.InvalidAuthorizationSpecificationError, pgerr.InvalidPasswordError)):
+    elif isinstance(
+        error, (pgerr.InvalidAuthorizationSpecificationError, pgerr.InvalidPasswordError)
+    ):
         text = f"the server refused the login: {error}"
     elif isinstance(error, pgerr.InvalidCatalogNameError):
         text = f"{error} (create it first, e.g. createdb)"

@@ -36,6 +36,9 @@ from typing import Any, Generic, TypeVar
 import anyio
 import anyio.lowlevel
 import asyncpg
+from anyio import TASK_STATUS_IGNORED
+from anyio.abc import TaskStatus
+from asyncpg.pool import PoolConnectionProxy
 
 from ...errors import DatabaseError
 from ...models import Run
@@ -55,7 +58,9 @@ BACKOFF_MAX_S = 2.0
 FLUSH_NOW_TIMEOUT_S = 15.0
 
 Params = tuple[Any, ...]
-Fn = Callable[[asyncpg.Connection], Awaitable[T]]
+# A connection of the writer, the listener or the pool (a proxy of one).
+Conn = asyncpg.Connection | PoolConnectionProxy
+Fn = Callable[[Conn], Awaitable[T]]
 
 
 def clean(row: Params) -> Params:
@@ -63,10 +68,7 @@ def clean(row: Params) -> Params:
     is written as the four characters \\x00, which is how the console shows it anyway."""
     for value in row:
         if value.__class__ is str and "\x00" in value:
-            return tuple(
-                v.replace("\x00", "\\x00") if v.__class__ is str else v  # type: ignore[union-attr]
-                for v in row
-            )
+            return tuple(v.replace("\x00", "\\x00") if isinstance(v, str) else v for v in row)
     return row
 
 
@@ -91,7 +93,7 @@ def run_rows(
     return rows, steps, attempts
 
 
-async def write_runs(conn: asyncpg.Connection, runs: list[tuple[Run, Fence | None]]) -> None:
+async def write_runs(conn: Conn, runs: Iterable[tuple[Run, Fence | None]]) -> None:
     """The runs' rows, inside the caller's transaction."""
     rows, steps, attempts = run_rows(runs)
     if rows:
@@ -160,7 +162,7 @@ class PostgresDatabase:
         self._down_since: float | None = None
         # The listener.
         self.listening = False
-        self._channels: set[str] = {sql.JOBS_CHANNEL, sql.SIGNALS_CHANNEL, sql.SHARED_CHANNEL}
+        self._channels: set[str] = set(sql.CHANNELS)
         self._listener: asyncpg.Connection | None = None
         self._listener_lock = anyio.Lock()
         self.on_notify: Callable[[str, str], None] = lambda channel, payload: None
@@ -194,7 +196,7 @@ class PostgresDatabase:
             await self._writer.close()
             raise explain(self.location, error) from None
 
-    async def _init_pooled(self, conn: asyncpg.Connection) -> None:
+    async def _init_pooled(self, conn: Conn) -> None:
         self.own_pids.add(conn.get_server_pid())
 
     async def close(self) -> None:
@@ -375,7 +377,7 @@ class PostgresDatabase:
                 return bool(status == "committed")
             await anyio.sleep(BACKOFF_MIN_S)
 
-    async def _run(self, conn: asyncpg.Connection, batch: Batch) -> None:
+    async def _run(self, conn: Conn, batch: Batch) -> None:
         await conn.execute("BEGIN")
         if batch.runs:
             await conn.executemany(sql.UPSERT_RUN, batch.runs)
@@ -413,7 +415,7 @@ class PostgresDatabase:
                 await self._call_in_savepoint(conn, call)
         await self._finish(conn, batch)
 
-    async def _call_in_savepoint(self, conn: asyncpg.Connection, call: InTransaction[Any]) -> None:
+    async def _call_in_savepoint(self, conn: Conn, call: InTransaction[Any]) -> None:
         await conn.execute("SAVEPOINT call")
         try:
             call.result = await call.fn(conn)
@@ -425,18 +427,15 @@ class PostgresDatabase:
             call.error = error
         await conn.execute("RELEASE SAVEPOINT call")
 
-    async def _finish(self, conn: asyncpg.Connection, batch: Batch) -> None:
-        if batch.feed:
-            batch.xid = await conn.fetchval(
-                f"SELECT x, pg_notify('{sql.RUNS_CHANNEL}', x::text)::text"
-                " FROM (SELECT pg_current_xact_id()::text::bigint AS x) AS t"
-            )
-        else:
-            batch.xid = await conn.fetchval(sql.CURRENT_XID)
+    async def _finish(self, conn: Conn, batch: Batch) -> None:
+        """Announce the batch (other processes' change tokens move; with runs or log lines,
+        the payload is the transaction's id, for the feed's readers), then COMMIT."""
+        channel = sql.RUNS_CHANNEL if batch.feed else sql.SHARED_CHANNEL
+        batch.xid = await conn.fetchval(sql.ANNOUNCE, channel)
         batch.commit_sent = True
         await conn.execute("COMMIT")
 
-    async def _run_one_by_one(self, conn: asyncpg.Connection, batch: Batch) -> None:
+    async def _run_one_by_one(self, conn: Conn, batch: Batch) -> None:
         """The batch again, each write under its own savepoint: a write the server refuses for
         its data is dropped with a logged error instead of taking the others with it."""
         await conn.execute("BEGIN")
@@ -501,30 +500,17 @@ class PostgresDatabase:
         return await self.pooled(lambda c: c.fetchval(statement, *args))
 
     # ---- the listener ----------------------------------------------------------------------
-    def _notified(self, conn: Any, pid: int, channel: str, payload: str) -> None:
+    def _notified(self, conn: Conn, pid: int, channel: str, payload: object) -> None:
         if pid not in self.own_pids:
-            self.on_notify(channel, payload)
+            self.on_notify(channel, str(payload))
 
-    async def listen(self, channel: str) -> None:
-        """Listen on one more channel from now on (and after every reconnect)."""
-        if channel in self._channels:
-            return
-        self._channels.add(channel)
-        async with self._listener_lock:
-            conn = self._listener
-            if conn is not None and not conn.is_closed():
-                try:
-                    await conn.add_listener(channel, self._notified)
-                except Exception as error:
-                    if not connection_lost(error):
-                        raise
-                    conn.terminate()  # the listener loop reconnects and listens on it
-
-    async def listener_loop(self) -> None:
-        """Hold the LISTEN connection: reconnect when it drops; until then the waiters poll."""
+    async def listener_loop(self, *, task_status: TaskStatus[None] = TASK_STATUS_IGNORED) -> None:
+        """Hold the LISTEN connection: reconnect when it drops; until then the waiters poll.
+        Started once it listens (or failed to, the first time)."""
         delay = BACKOFF_MIN_S
+        started = False
         while True:
-            conn: asyncpg.Connection | None = None
+            conn: Conn | None = None
             try:
                 conn = await connect(self.url, "listener")
                 async with self._listener_lock:
@@ -534,6 +520,9 @@ class PostgresDatabase:
                 self.listening = True
                 delay = BACKOFF_MIN_S
                 self.on_listening()  # what was notified while it was down is unknown
+                if not started:
+                    started = True
+                    task_status.started()
                 while True:
                     await anyio.sleep(KEEPALIVE_S)
                     async with self._listener_lock:
@@ -548,6 +537,9 @@ class PostgresDatabase:
                 self._listener = None
                 if conn is not None:
                     conn.terminate()
+            if not started:
+                started = True
+                task_status.started()
             await anyio.sleep(delay)
             delay = min(2 * delay, BACKOFF_MAX_S)
 

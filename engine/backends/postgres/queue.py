@@ -11,10 +11,10 @@ four times there), so that a worker slot that frees up starts its next job witho
 Jobs claimed ahead are `active` under this worker's lease in the database; `stats` counts them as
 waiting, and a pause, a stop or a lost lease hands them back.
 
-An idle claim does not poll the table: it sleeps until a NOTIFY says its queue has jobs (an
-enqueue or a settle anywhere, sent in the same transaction), or until the next delayed job or
-lease of the queue falls due, and looks anyway at least every second (less often than that
-nothing is missed: only an expired lease that nobody announced, or a notification lost while the
+A claim that finds nothing does not poll the table for the rest of its timeout: it sleeps until
+a NOTIFY says its queue has jobs (an enqueue or a settle anywhere, sent in the same
+transaction), or until the next delayed job or lease of the queue falls due, and looks anyway
+at least every second (only an expired lease nobody announced, or a notification lost while the
 listener reconnected, waits for that look).
 """
 
@@ -33,7 +33,7 @@ from ...models import Job, JobState, LogLine, QueueStats, Run, to_epoch
 from ..base import Claim, Fence, JobQueue, JobUpdate, Renewal, Transition
 from ..rows import JOB_COLUMNS, dump, job_from_row, job_row, run_row
 from . import sql
-from .db import PostgresDatabase, Unavailable, clean, write_runs
+from .db import Conn, PostgresDatabase, Unavailable, clean, write_runs
 from .store import log_params
 
 AHEAD = 2  # a claim takes up to this many times what was asked
@@ -75,19 +75,16 @@ class PostgresQueue(JobQueue):
     def __init__(self, db: PostgresDatabase) -> None:
         self.db = db
         self._signals: dict[str, anyio.Event] = {}
-        self._quiet_until: dict[str, float] = {}  # queue → no need to look before (monotonic)
         self._ahead: dict[str, deque[Claim]] = {}
         self.workers: set[str] = set()  # workers that claimed here: their signals are news
 
     # ---- wake-ups --------------------------------------------------------------------------
     def wake(self, queue: str) -> None:
-        self._quiet_until.pop(queue, None)
         signal = self._signals.pop(queue, None)
         if signal is not None:
             signal.set()
 
     def wake_all(self) -> None:
-        self._quiet_until.clear()
         for queue in list(self._signals):
             self.wake(queue)
 
@@ -98,12 +95,10 @@ class PostgresQueue(JobQueue):
         by_job = {run.job_id: run for run in runs}
         job_rows = [clean(job_row(job)) for job in jobs]
 
-        async def add(conn: asyncpg.Connection) -> list[str]:
+        async def add(conn: Conn) -> list[str]:
             added = [
                 row[0]
-                for row in await conn.fetch(
-                    sql.INSERT_JOBS, *columns(job_rows, len(JOB_COLUMNS))
-                )
+                for row in await conn.fetch(sql.INSERT_JOBS, *columns(job_rows, len(JOB_COLUMNS)))
             ]
             new_runs = [clean(run_row(by_job[i])) for i in added if i in by_job]
             if new_runs:
@@ -159,40 +154,39 @@ class PostgresQueue(JobQueue):
         statement = sql.CLAIM_FORCED if forced_only else sql.CLAIM
         asking = limit if forced_only else AHEAD * limit
         while True:
-            now = time.monotonic()
-            if self._quiet_until.get(queue, 0.0) <= now:
-                asked = now
-                try:
-                    rows, next_due = await self.db.pooled(
-                        lambda c: self._claim(c, statement, queue, asking, worker, lease_s),
-                        deadline=deadline,
-                    )
-                except Unavailable:
-                    return []
-                if rows:
-                    rows.sort(key=lambda r: (-r["priority"], r["seq"]))
-                    claims = [
-                        Claim(job_from_row(row), lease_s, asked, row["taken_from"])  # type: ignore[arg-type]
-                        for row in rows
-                    ]
-                    if len(claims) > limit:
-                        self._ahead.setdefault(queue, deque()).extend(claims[limit:])
-                    return claims[:limit]
-                look = LOOK_ANYWAY_S if self.db.listening else LOOK_UNHEARD_S
-                if next_due is not None:
-                    look = min(look, max(0.0, float(next_due)))
-                self._quiet_until[queue] = time.monotonic() + look
+            asked = time.monotonic()
+            # Registered before the look: a NOTIFY that arrives while it runs is not missed.
+            signal = self._signals.setdefault(queue, anyio.Event())
+            try:
+                rows, next_due = await self.db.pooled(
+                    lambda c: self._claim(c, statement, queue, asking, worker, lease_s),
+                    deadline=deadline,
+                )
+            except Unavailable:
+                return []
+            if rows:
+                rows.sort(key=lambda r: (-r["priority"], r["seq"]))
+                claims = [
+                    Claim(job_from_row(row), lease_s, asked, row["taken_from"])  # type: ignore[arg-type]
+                    for row in rows
+                ]
+                if len(claims) > limit:
+                    self._ahead.setdefault(queue, deque()).extend(claims[limit:])
+                return claims[:limit]
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return []
-            pause = min(remaining, self._quiet_until.get(queue, 0.0) - time.monotonic())
-            signal = self._signals.setdefault(queue, anyio.Event())
-            with anyio.move_on_after(max(pause, 0.001)):
+            # Nothing due: sleep until a NOTIFY (or a wake-up in this process) says the queue
+            # has jobs, or something of it falls due, or it is time to look anyway.
+            look = LOOK_ANYWAY_S if self.db.listening else LOOK_UNHEARD_S
+            if next_due is not None:
+                look = min(look, max(0.0, float(next_due)))
+            with anyio.move_on_after(max(min(remaining, look), 0.001)):
                 await signal.wait()
 
     @staticmethod
     async def _claim(
-        conn: asyncpg.Connection,
+        conn: Conn,
         statement: str,
         queue: str,
         limit: int,
@@ -220,7 +214,7 @@ class PostgresQueue(JobQueue):
         runs = [(run, None) for run in transition.runs]
         logs = [log_params(run_id, line, None) for run_id, line in transition.logs]
 
-        async def apply(conn: asyncpg.Connection) -> bool:
+        async def apply(conn: Conn) -> bool:
             if transition.update is not None:
                 statement, params = update_params(
                     transition.job_id, transition.epoch, transition.update
@@ -290,7 +284,9 @@ class PostgresQueue(JobQueue):
             if state in (JobState.WAITING, JobState.DELAYED):
                 state = JobState.DELAYED if row["later"] else JobState.WAITING
             counts[state] += row["n"]
-        ahead = len(self._ahead.get(queue) or ())
+        # Jobs claimed ahead are active in the database but waiting here; those whose lease ran
+        # out may be another worker's by now, and count as the database says.
+        ahead = sum(1 for claim in self._ahead.get(queue) or () if not claim.lease_lost())
         counts[JobState.ACTIVE] -= ahead
         counts[JobState.WAITING] += ahead
         return QueueStats(
@@ -315,4 +311,3 @@ class PostgresQueue(JobQueue):
             lambda c: c.execute(sql.PURGE_JOBS, finished_before.timestamp())
         )
         return int(status.rsplit(" ", 1)[-1])
-

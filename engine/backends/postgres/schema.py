@@ -243,7 +243,9 @@ async def installed_version(conn: asyncpg.Connection) -> int | None:
     known = await conn.fetchval("SELECT to_regclass($1)", f"{SCHEMA}.schema_version")
     if known is None:
         return None
-    return int(await conn.fetchval(f"SELECT coalesce(max(version), 0) FROM {SCHEMA}.schema_version"))
+    return int(
+        await conn.fetchval(f"SELECT coalesce(max(version), 0) FROM {SCHEMA}.schema_version")
+    )
 
 
 async def migrate(conn: asyncpg.Connection, *, create: bool = True) -> int:

@@ -3,8 +3,7 @@ slots, debounce windows and leader leases.
 
 Slots and windows are read-decide-write: each runs in the writer's transaction behind an
 advisory lock on its (workflow, key), so two processes never decide on the same ones at once.
-Leases of slots and leaders are on the server's clock. Changes other processes follow (a new
-worker, a catalog, a pause) are announced on the shared channel.
+Leases of slots and leaders are on the server's clock.
 """
 
 from __future__ import annotations
@@ -13,13 +12,11 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TypeVar
 
-import asyncpg
-
 from ...models import WorkerInfo
 from ..base import SharedState, Window, WorkerCatalog
 from ..sqlite.shared import catalog_from_row, catalog_row
 from . import sql
-from .db import PostgresDatabase, clean
+from .db import Conn, PostgresDatabase, clean
 
 T = TypeVar("T")
 
@@ -60,7 +57,6 @@ class PostgresShared(SharedState):
     async def forget_worker(self, worker_id: str) -> None:
         self.db.write("DELETE FROM workers WHERE id = $1", (worker_id,))
         self.db.write("DELETE FROM concurrency_slots WHERE worker = $1", (worker_id,))
-        self.db.write(sql.NOTIFY_SHARED, ("workers",))
         await self.db.flush()
 
     def publish_catalog(self, catalog: WorkerCatalog) -> None:
@@ -68,7 +64,6 @@ class PostgresShared(SharedState):
         # What stopped workers declared stays known (a producer can still enqueue to their
         # queues) until a worker that runs now declares what it serves.
         self.db.write(sql.FORGET_CATALOGS, ())
-        self.db.write(sql.NOTIFY_SHARED, ("catalogs",))
 
     async def catalogs(self) -> list[WorkerCatalog]:
         await self.db.flush()
@@ -90,14 +85,13 @@ class PostgresShared(SharedState):
             )
         else:
             self.db.write("DELETE FROM paused_queues WHERE queue = $1", (queue,))
-        self.db.write(sql.NOTIFY_SHARED, ("pauses",))
         await self.db.flush()
 
     # ---- concurrency slots -----------------------------------------------------------------
     async def acquire_slot(
         self, workflow: str, key: str, limit: int, run_id: str, worker: str, lease_s: float
     ) -> tuple[bool, int]:
-        async def acquire(conn: asyncpg.Connection) -> tuple[bool, int]:
+        async def acquire(conn: Conn) -> tuple[bool, int]:
             await conn.execute(sql.SLOTS_LOCK, workflow, key)
             # Slots of workers whose lease ran out, or that recovery found dead and forgot,
             # are free again: a crash never keeps a key blocked.
@@ -159,7 +153,7 @@ class PostgresShared(SharedState):
         mode: str,
         decide: Callable[[Window | None], tuple[T, Window | None, bool]],
     ) -> T:
-        async def update(conn: asyncpg.Connection) -> T:
+        async def update(conn: Conn) -> T:
             await conn.execute(sql.WINDOW_LOCK, workflow, key, mode)
             row = await conn.fetchrow(
                 "SELECT run_id, job_id, created_at, opened_at, until FROM debounce_windows"

@@ -25,7 +25,16 @@ NOW = "extract(epoch FROM now())::double precision"
 JOBS_CHANNEL = "blok_jobs"  # payload: a queue that has jobs due (or newly delayed)
 SIGNALS_CHANNEL = "blok_signals"  # payload: the worker holding a job an operator signalled
 RUNS_CHANNEL = "blok_runs"  # payload: the writing transaction's xid (the change feed moved)
-SHARED_CHANNEL = "blok_shared"  # payload: what moved (pauses, catalogs, workers)
+SHARED_CHANNEL = "blok_changes"  # payload: what moved (a batch of other writes, a claim)
+CHANNELS = (JOBS_CHANNEL, SIGNALS_CHANNEL, RUNS_CHANNEL, SHARED_CHANNEL)
+# The writer's last statement before COMMIT: the transaction's id (if the connection drops
+# during the COMMIT, `pg_xact_status` on a new one says whether it happened) and the batch's
+# announcement on $1 (the xid as payload: the feed's readers learn which transaction to wait
+# for).
+ANNOUNCE = (
+    "SELECT x FROM (SELECT pg_current_xact_id()::text::bigint AS x) AS t,"
+    " LATERAL (SELECT pg_notify($1, x::text)) AS n"
+)
 
 # ---- column types ----------------------------------------------------------------------------
 # The types cast the placeholders of statements whose parameters the server cannot type from a
@@ -176,12 +185,14 @@ WITH due AS (
     SELECT seq FROM (SELECT * FROM due UNION ALL SELECT * FROM expired) AS candidates
     ORDER BY priority DESC, seq
     LIMIT $2
+), claimed AS (
+    UPDATE jobs SET taken_from = CASE WHEN jobs.state = 'active' THEN jobs.worker END,
+        state = 'active', worker = $3, lease_until = {NOW} + $4, attempts = jobs.attempts + 1,
+        epoch = jobs.epoch + 1, signals = NULL
+    FROM picked WHERE jobs.seq = picked.seq
+    RETURNING {", ".join(f"jobs.{c}" for c in JOB_COLUMNS)}, jobs.seq, jobs.taken_from
 )
-UPDATE jobs SET taken_from = CASE WHEN jobs.state = 'active' THEN jobs.worker END,
-    state = 'active', worker = $3, lease_until = {NOW} + $4, attempts = jobs.attempts + 1,
-    epoch = jobs.epoch + 1, signals = NULL
-FROM picked WHERE jobs.seq = picked.seq
-RETURNING {", ".join(f"jobs.{c}" for c in JOB_COLUMNS)}, jobs.seq, jobs.taken_from
+SELECT claimed.*, pg_notify('{SHARED_CHANNEL}', 'claim')::text AS notified FROM claimed
 """
 CLAIM = _CLAIM.format(forced="")
 CLAIM_FORCED = _CLAIM.format(forced="AND forced = 1")
@@ -261,17 +272,11 @@ PURGE_JOBS = (
 )
 
 # ---- shared state ----------------------------------------------------------------------------
-# A heartbeat notifies only when the worker is new (its row inserted, not updated).
-HEARTBEAT = f"""
-WITH beat AS (
-    INSERT INTO workers (id, host, pid, started_at, heartbeat_at) VALUES ($1, $2, $3, $4, $5)
-    ON CONFLICT (id) DO UPDATE SET host = excluded.host, pid = excluded.pid,
-        started_at = excluded.started_at, heartbeat_at = excluded.heartbeat_at
-    RETURNING (xmax = 0) AS inserted
+HEARTBEAT = (
+    "INSERT INTO workers (id, host, pid, started_at, heartbeat_at) VALUES ($1, $2, $3, $4, $5)"
+    " ON CONFLICT (id) DO UPDATE SET host = excluded.host, pid = excluded.pid,"
+    " started_at = excluded.started_at, heartbeat_at = excluded.heartbeat_at"
 )
-SELECT pg_notify('{SHARED_CHANNEL}', 'workers')::text FROM beat WHERE inserted
-"""
-NOTIFY_SHARED = f"SELECT pg_notify('{SHARED_CHANNEL}', $1)"
 PUBLISH_CATALOG = (
     "INSERT INTO worker_catalog (worker, queues, workflows, reload_errors, updated_at)"
     " VALUES ($1, $2, $3, $4, $5) ON CONFLICT (worker) DO UPDATE SET queues = excluded.queues,"
@@ -302,9 +307,6 @@ WINDOW_LOCK = "SELECT pg_advisory_xact_lock(hashtext($1 || chr(31) || $2 || chr(
 # commit can land below it. A reader that takes the rows between its last horizon and this one
 # misses nothing and reads each change once (a row rewritten since shows again, once).
 FEED_HORIZON = "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint"
-# The writer's transaction id, taken before its COMMIT: if the connection drops during the
-# COMMIT, `pg_xact_status` on a new one says whether it happened.
-CURRENT_XID = "SELECT pg_current_xact_id()::text::bigint"
 XACT_STATUS = "SELECT pg_xact_status($1::text::xid8)"
 FEED_RUNS = f"""
 SELECT {", ".join(RUN_COLUMNS)} FROM runs

@@ -19,14 +19,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 import anyio
-import asyncpg
 
 from ...filters import RunFilter
 from ...models import LogLine, Run
 from ..base import CacheHit, FeedCursor, FeedLog, FeedPage, Fence, RunStore
 from ..rows import TERMINAL, assemble, dump, load, run_from_row, where_clause
 from . import sql
-from .db import PostgresDatabase, clean, fence_of
+from .db import Conn, PostgresDatabase, clean, fence_of
 
 PENDING = ["queued", "delayed", "waiting", "throttled"]
 OWN_WRITES_WAIT_S = 2.0  # a feed read waits this long at most for this process's own writes
@@ -52,7 +51,7 @@ def where_sql(filter_: RunFilter | None, first: int = 1) -> tuple[str, list[Any]
     return clause.replace(" LIKE ", " ILIKE "), params
 
 
-async def with_steps(conn: asyncpg.Connection, runs: list[Run]) -> list[Run]:
+async def with_steps(conn: Conn, runs: list[Run]) -> list[Run]:
     if runs:
         ids = [run.id for run in runs]
         steps = await conn.fetch(
@@ -107,7 +106,7 @@ class PostgresRunStore(RunStore):
     async def get_run(self, run_id: str) -> Run | None:
         await self.db.flush()
 
-        async def read(conn: asyncpg.Connection) -> Run | None:
+        async def read(conn: Conn) -> Run | None:
             row = await conn.fetchrow(f"{sql.SELECT_RUN} WHERE id = $1", run_id)
             if row is None:
                 return None
@@ -170,7 +169,7 @@ class PostgresRunStore(RunStore):
     async def purge(self, finished_before: datetime, limit: int = 500) -> int:
         cutoff = finished_before.timestamp()
 
-        async def purge(conn: asyncpg.Connection) -> int:
+        async def purge(conn: Conn) -> int:
             async with conn.transaction():
                 ids = [
                     row[0]
@@ -192,14 +191,7 @@ class PostgresRunStore(RunStore):
         return await self.db.pooled(purge)
 
     # ---- the change feed -------------------------------------------------------------------
-    async def _follow(self) -> None:
-        """Someone reads the feed here: from now on the listener hears the runs channel (a
-        worker that nobody follows here does not hear of every other worker's batch)."""
-        if not self.followed:
-            self.followed = True
-            await self.db.listen(sql.RUNS_CHANNEL)
-
-    async def _horizon(self, conn: asyncpg.Connection) -> int:
+    async def _horizon(self, conn: Conn) -> int:
         """The current horizon; if this process committed something the horizon has not passed
         yet (another transaction older than it still runs), wait a little for it: a reader
         sees its own process's writes."""
@@ -211,9 +203,9 @@ class PostgresRunStore(RunStore):
         return horizon
 
     async def feed(self, cursor: FeedCursor, limit: int = 1000) -> FeedPage:
-        await self._follow()
+        self.followed = True
 
-        async def read(conn: asyncpg.Connection) -> FeedPage:
+        async def read(conn: Conn) -> FeedPage:
             horizon = await self._horizon(conn)
             lagged = 0
             start = cursor.rev
@@ -238,7 +230,7 @@ class PostgresRunStore(RunStore):
         return page
 
     async def feed_cursor(self) -> FeedCursor:
-        await self._follow()
+        self.followed = True
         await self.db.flush()
         horizon = await self.db.pooled(self._horizon)
         self.horizon = max(self.horizon, horizon)
