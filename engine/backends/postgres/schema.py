@@ -255,11 +255,10 @@ async def migrate(conn: asyncpg.Connection, *, create: bool = True) -> int:
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK)
         current = await installed_version(conn)
-        database = await conn.fetchval("SELECT current_database()")
         if current is None:
             if not create:
                 raise SchemaError(
-                    f"database {database!r}: not a blok database (no {SCHEMA!r} schema in it; "
+                    f"not a blok database (no {SCHEMA!r} schema in it; "
                     "start a worker on it first: blok-tui worker --db URL)"
                 )
             await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}")
@@ -270,7 +269,7 @@ async def migrate(conn: asyncpg.Connection, *, create: bool = True) -> int:
             current = 0
         if current > SCHEMA_VERSION:
             raise SchemaError(
-                f"database {database!r}: written by a newer blok-tui (schema {current}, this "
+                f"written by a newer blok-tui (schema {current}, this "
                 f"one knows {SCHEMA_VERSION}); upgrade blok-tui"
             )
         if current < SCHEMA_VERSION:

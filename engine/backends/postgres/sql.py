@@ -307,7 +307,7 @@ WINDOW_LOCK = "SELECT pg_advisory_xact_lock(hashtext($1 || chr(31) || $2 || chr(
 # commit can land below it. A reader that takes the rows between its last horizon and this one
 # misses nothing and reads each change once (a row rewritten since shows again, once).
 FEED_HORIZON = "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint"
-XACT_STATUS = "SELECT pg_xact_status($1::text::xid8)"
+XACT_STATUS = "SELECT pg_xact_status($1::bigint::text::xid8)"
 FEED_RUNS = f"""
 SELECT {", ".join(RUN_COLUMNS)} FROM runs
 WHERE xid >= $1 AND xid < $2 ORDER BY xid, created_at LIMIT $3
