@@ -14,7 +14,7 @@ import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,8 +107,6 @@ def private_server() -> Iterator[PrivateServer]:
     try:
         yield server
     finally:
-        try:
+        with suppress(subprocess.CalledProcessError):  # already stopped by the test
             server.ctl("-m", "immediate", "stop")
-        except subprocess.CalledProcessError:
-            pass  # already stopped by the test
         shutil.rmtree(folder, ignore_errors=True)

@@ -10,6 +10,7 @@ import time
 import anyio
 import pytest
 from pg import NO_DRIVER
+from support import until
 
 asyncpg = pytest.importorskip("asyncpg", reason=NO_DRIVER)
 
@@ -106,13 +107,14 @@ async def test_a_stale_write_waits_for_a_takeover_in_flight_then_writes_nothing(
             async with anyio.create_task_group() as tg:
                 tg.start_soon(flush)
                 # The late write is blocked on the job's row (the server's own view).
-                with anyio.fail_after(10):
-                    while not await taker.fetchval(
+                # (The server has no event to await for it: polled, bounded.)
+                await until(
+                    lambda: taker.fetchval(
                         "SELECT count(*) > 0 FROM pg_stat_activity WHERE wait_event_type"
                         " = 'Lock' AND application_name LIKE 'blok-tui writer%'"
                         " AND datname = current_database()"
-                    ):
-                        await anyio.sleep(0.01)
+                    )
+                )
                 assert not flushed.is_set()
                 await taker.execute("COMMIT")
                 with anyio.fail_after(10):

@@ -100,9 +100,13 @@ class PostgresQueue(JobQueue):
                 row[0]
                 for row in await conn.fetch(sql.INSERT_JOBS, *columns(job_rows, len(JOB_COLUMNS)))
             ]
-            new_runs = [clean(run_row(by_job[i])) for i in added if i in by_job]
-            if new_runs:
-                await conn.execute(sql.INSERT_RUNS, *columns(new_runs, len(new_runs[0])))
+            new_runs = [by_job[i] for i in added if i in by_job]
+            # Runs of new jobs in bulk; a run that comes with steps (a replay from a step
+            # carries the steps it reuses) with its step and attempt rows.
+            bare = [clean(run_row(run)) for run in new_runs if not run.steps]
+            if bare:
+                await conn.execute(sql.INSERT_RUNS, *columns(bare, len(bare[0])))
+            await write_runs(conn, [(run, None) for run in new_runs if run.steps])
             if added:
                 fresh = set(added)
                 queues = sorted({job.queue for job in jobs if job.id in fresh})
