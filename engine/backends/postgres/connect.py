@@ -32,6 +32,9 @@ _CONNECTION_LOST: tuple[type[BaseException], ...] = (
     pgerr.CrashShutdownError,  # 57P02
     pgerr.CannotConnectNowError,  # 57P03: starting up, shutting down, in recovery
     pgerr.TooManyConnectionsError,  # 53300: others may leave
+    # asyncpg out of step with a session the server ended while it sat idle ("cannot switch
+    # to state ..."): the connection is dropped and another made.
+    pgerr.InternalClientError,
 )
 # The statement lost a race with another transaction: run the transaction again.
 _CONFLICT: tuple[type[BaseException], ...] = (

@@ -36,14 +36,16 @@ from typing import Any, Generic, TypeVar
 import anyio
 import anyio.lowlevel
 import asyncpg
+import asyncpg.exceptions as pgerr
 from anyio import TASK_STATUS_IGNORED
 from anyio.abc import TaskStatus
+from asyncpg.exceptions import ConnectionDoesNotExistError
 from asyncpg.pool import PoolConnectionProxy
 
 from ...errors import DatabaseError
 from ...models import Run
 from ..base import Fence
-from ..rows import attempt_row, run_row, step_row
+from ..rows import ATTEMPT_COLUMNS, RUN_COLUMNS, STEP_COLUMNS, attempt_row, run_row, step_row
 from . import sql
 from .connect import conflict, connect, connection_lost, explain, retryable, settings
 from .schema import SchemaError, migrate
@@ -70,6 +72,19 @@ def clean(row: Params) -> Params:
         if value.__class__ is str and "\x00" in value:
             return tuple(v.replace("\x00", "\\x00") if isinstance(v, str) else v for v in row)
     return row
+
+
+def transpose(rows: list[Params], width: int) -> list[list[Any]]:
+    """Row tuples as one list per column: the arrays of a bulk statement."""
+    if not rows:
+        return [[] for _ in range(width)]
+    return [list(column) for column in zip(*rows, strict=True)]
+
+
+def latest(rows: list[Params], key: int) -> list[Params]:
+    """Rows of several batches, the last of each key (its first `key` columns) kept: one
+    statement may not write a row twice."""
+    return list({row[:key]: row for row in rows}.values())
 
 
 def fence_of(fence: Fence | None) -> tuple[str | None, int | None]:
@@ -133,6 +148,11 @@ class Batch:
         return bool(self.runs or self.ops or self.calls)
 
 
+async def _keep_session(conn: Conn) -> None:
+    """The pool's reset of a connection given back: nothing to do (an open transaction is
+    rolled back by asyncpg before this)."""
+
+
 class Unavailable(Exception):
     """The server could not be reached before the caller's deadline."""
 
@@ -191,6 +211,7 @@ class PostgresDatabase:
                 timeout=5.0,
                 server_settings=settings("pool"),
                 init=self._init_pooled,
+                reset=_keep_session,  # nothing here changes a session: no reset round trip
             )
         except Exception as error:
             await self._writer.close()
@@ -332,6 +353,7 @@ class PostgresDatabase:
         one_by_one = False
         while not batch.committed:
             conn = await self._writer_connection()
+            batch.xid = None
             try:
                 if one_by_one:
                     await self._run_one_by_one(conn, batch)
@@ -342,7 +364,9 @@ class PostgresDatabase:
                     self.last_xid = max(self.last_xid, batch.xid)
                 return
             except Exception as error:
-                if not conn.is_closed():
+                if connection_lost(error):
+                    conn.terminate()
+                elif not conn.is_closed():
                     try:
                         await conn.execute("ROLLBACK")
                     except Exception:
@@ -380,11 +404,12 @@ class PostgresDatabase:
     async def _run(self, conn: Conn, batch: Batch) -> None:
         await conn.execute("BEGIN")
         if batch.runs:
-            await conn.executemany(sql.UPSERT_RUN, batch.runs)
-        if batch.steps:
-            await conn.executemany(sql.UPSERT_STEP, batch.steps)
-        if batch.attempts:
-            await conn.executemany(sql.UPSERT_ATTEMPT, batch.attempts)
+            batch.xid = await conn.fetchval(
+                sql.WRITE_RUNS,
+                *transpose(batch.runs, len(RUN_COLUMNS) + 2),
+                *transpose(batch.steps, len(STEP_COLUMNS) + 2),
+                *transpose(batch.attempts, len(ATTEMPT_COLUMNS) + 2),
+            )
         ops = batch.ops
         i = 0
         while i < len(ops):
@@ -429,15 +454,18 @@ class PostgresDatabase:
 
     async def _finish(self, conn: Conn, batch: Batch) -> None:
         """Announce the batch (other processes' change tokens move; with runs or log lines,
-        the payload is the transaction's id, for the feed's readers), then COMMIT."""
-        channel = sql.RUNS_CHANNEL if batch.feed else sql.SHARED_CHANNEL
-        batch.xid = await conn.fetchval(sql.ANNOUNCE, channel)
+        the payload is the transaction's id, for the feed's readers), then COMMIT. (A batch
+        with runs was announced by the statement that wrote them.)"""
+        if batch.xid is None or not batch.runs:
+            channel = sql.RUNS_CHANNEL if batch.feed else sql.SHARED_CHANNEL
+            batch.xid = await conn.fetchval(sql.ANNOUNCE, channel)
         batch.commit_sent = True
         await conn.execute("COMMIT")
 
     async def _run_one_by_one(self, conn: Conn, batch: Batch) -> None:
         """The batch again, each write under its own savepoint: a write the server refuses for
         its data is dropped with a logged error instead of taking the others with it."""
+        batch.xid = None
         await conn.execute("BEGIN")
         items: list[tuple[str, str, list[Params]]] = []
         items += [("run", sql.UPSERT_RUN, [row]) for row in batch.runs]
@@ -477,7 +505,15 @@ class PostgresDatabase:
                 raise DatabaseError(f"{self.location}: the database is not open")
             try:
                 async with self._pool.acquire() as conn:
-                    result = await fn(conn)
+                    try:
+                        result = await fn(conn)
+                    except Exception as error:
+                        if conn.is_closed() or isinstance(error, pgerr.InternalClientError):
+                            # The session was ended while the connection sat in the pool
+                            # (asyncpg may then be out of step with it): never reuse it.
+                            conn.terminate()
+                            raise ConnectionDoesNotExistError(str(error)) from error
+                        raise
                 self._back()
                 return result
             except Exception as error:
@@ -613,9 +649,9 @@ class PostgresDatabase:
                     inflight_done = status == "committed"
             todo = batches[1:] if inflight_done else batches
             merged = Batch(
-                [r for b in todo for r in b.runs],
-                [r for b in todo for r in b.steps],
-                [r for b in todo for r in b.attempts],
+                latest([r for b in todo for r in b.runs], 1),
+                latest([r for b in todo for r in b.steps], 2),
+                latest([r for b in todo for r in b.attempts], 3),
                 [op for b in todo for op in b.ops],
                 [c for b in todo for c in b.calls],
                 [],

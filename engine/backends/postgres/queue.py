@@ -33,7 +33,7 @@ from ...models import Job, JobState, LogLine, QueueStats, Run, to_epoch
 from ..base import Claim, Fence, JobQueue, JobUpdate, Renewal, Transition
 from ..rows import JOB_COLUMNS, dump, job_from_row, job_row, run_row
 from . import sql
-from .db import Conn, PostgresDatabase, Unavailable, clean, write_runs
+from .db import Conn, PostgresDatabase, Unavailable, clean, transpose, write_runs
 from .store import log_params
 
 AHEAD = 2  # a claim takes up to this many times what was asked
@@ -64,11 +64,6 @@ def update_params(job_id: str, epoch: int, update: JobUpdate) -> tuple[str, tupl
     )
 
 
-def columns(rows: list[tuple[Any, ...]], width: int) -> list[list[Any]]:
-    """Row tuples as one list per column (the arrays of an `unnest` insert)."""
-    return [list(column) for column in zip(*rows, strict=True)] if rows else [[]] * width
-
-
 class PostgresQueue(JobQueue):
     provider: ClassVar[str] = "postgres"
 
@@ -76,7 +71,13 @@ class PostgresQueue(JobQueue):
         self.db = db
         self._signals: dict[str, anyio.Event] = {}
         self._ahead: dict[str, deque[Claim]] = {}
-        self.workers: set[str] = set()  # workers that claimed here: their signals are news
+        self.workers: set[str] = set()  # workers that claimed here
+        # A renewal must see every claim this process made before it asked: claims run on
+        # their own connections, and a claim committed after the renewal's snapshot would
+        # look lost. So a renewal waits for the claims in flight, and new ones wait for it.
+        self._claiming = 0
+        self._claims_done = anyio.Event()
+        self._renewing: anyio.Event | None = None
 
     # ---- wake-ups --------------------------------------------------------------------------
     def wake(self, queue: str) -> None:
@@ -98,14 +99,14 @@ class PostgresQueue(JobQueue):
         async def add(conn: Conn) -> list[str]:
             added = [
                 row[0]
-                for row in await conn.fetch(sql.INSERT_JOBS, *columns(job_rows, len(JOB_COLUMNS)))
+                for row in await conn.fetch(sql.INSERT_JOBS, *transpose(job_rows, len(JOB_COLUMNS)))
             ]
             new_runs = [by_job[i] for i in added if i in by_job]
             # Runs of new jobs in bulk; a run that comes with steps (a replay from a step
             # carries the steps it reuses) with its step and attempt rows.
             bare = [clean(run_row(run)) for run in new_runs if not run.steps]
             if bare:
-                await conn.execute(sql.INSERT_RUNS, *columns(bare, len(bare[0])))
+                await conn.execute(sql.INSERT_RUNS, *transpose(bare, len(bare[0])))
             await write_runs(conn, [(run, None) for run in new_runs if run.steps])
             if added:
                 fresh = set(added)
@@ -161,6 +162,9 @@ class PostgresQueue(JobQueue):
             asked = time.monotonic()
             # Registered before the look: a NOTIFY that arrives while it runs is not missed.
             signal = self._signals.setdefault(queue, anyio.Event())
+            while self._renewing is not None:
+                await self._renewing.wait()
+            self._claiming += 1
             try:
                 rows, next_due = await self.db.pooled(
                     lambda c: self._claim(c, statement, queue, asking, worker, lease_s),
@@ -168,6 +172,11 @@ class PostgresQueue(JobQueue):
                 )
             except Unavailable:
                 return []
+            finally:
+                self._claiming -= 1
+                if not self._claiming:
+                    self._claims_done.set()
+                    self._claims_done = anyio.Event()
             if rows:
                 rows.sort(key=lambda r: (-r["priority"], r["seq"]))
                 claims = [
@@ -247,7 +256,14 @@ class PostgresQueue(JobQueue):
     async def renew(self, worker: str, lease_s: float) -> Renewal:
         self.workers.add(worker)
         asked = time.monotonic()
-        rows = await self.db.fetch(sql.RENEW, worker, lease_s)
+        renewing = self._renewing = anyio.Event()
+        try:
+            while self._claiming:
+                await self._claims_done.wait()
+            rows = await self.db.fetch(sql.RENEW, worker, lease_s)
+        finally:
+            self._renewing = None
+            renewing.set()
         held = {row[0]: row[1] for row in rows}
         for ahead in self._ahead.values():
             for claim in ahead:

@@ -134,6 +134,47 @@ def _fenced_upsert(table: str, columns: tuple[str, ...], key: tuple[str, ...]) -
 UPSERT_RUN = _fenced_upsert("runs", RUN_COLUMNS, ("id",))
 UPSERT_STEP = _fenced_upsert("steps", STEP_COLUMNS, ("run_id", "idx"))
 UPSERT_ATTEMPT = _fenced_upsert("attempts", ATTEMPT_COLUMNS, ("run_id", "step_idx", "number"))
+
+
+def _fenced_bulk(
+    table: str, columns: tuple[str, ...], key: tuple[str, ...], first: int
+) -> tuple[str, int]:
+    """The rows of `table` as arrays, one per column and then the fences' job ids and epochs,
+    from placeholder `first` on; a row lands only while its fence holds. (The statement and
+    the next free placeholder.)"""
+    arrays = [f"${first + i}::{column_type(table, c)}[]" for i, c in enumerate(columns)]
+    n = first + len(columns)
+    arrays += [f"${n}::text[]", f"${n + 1}::bigint[]"]
+    updates = [f"{c} = excluded.{c}" for c in columns if c not in key]
+    if table == "runs":
+        updates.append("xid = excluded.xid")
+    statement = (
+        f"INSERT INTO {table} ({', '.join(columns)})"
+        f" SELECT {', '.join(f'u.{c}' for c in columns)}"
+        f" FROM unnest({', '.join(arrays)}) AS u({', '.join(columns)}, fence_job, fence_epoch)"
+        " WHERE u.fence_job IS NULL"
+        " OR (SELECT epoch FROM jobs WHERE id = u.fence_job FOR SHARE) = u.fence_epoch"
+        f" ON CONFLICT ({', '.join(key)}) DO UPDATE SET {', '.join(updates)}"
+    )
+    return statement, n + 2
+
+
+def _write_runs_and_announce() -> str:
+    runs, n = _fenced_bulk("runs", RUN_COLUMNS, ("id",), 1)
+    steps, n = _fenced_bulk("steps", STEP_COLUMNS, ("run_id", "idx"), n)
+    attempts, n = _fenced_bulk("attempts", ATTEMPT_COLUMNS, ("run_id", "step_idx", "number"), n)
+    return (
+        f"WITH r AS ({runs}), s AS ({steps}), a AS ({attempts})"
+        f" SELECT x FROM (SELECT pg_current_xact_id()::text::bigint AS x) AS t,"
+        f" LATERAL (SELECT pg_notify('{RUNS_CHANNEL}', x::text)) AS n"
+    )
+
+
+# A batch's runs, steps and attempts in one statement (one round trip, whatever their number),
+# each row fenced, and the batch's announcement (see ANNOUNCE); the transaction's id comes back.
+# $1.. the run columns, then the fences' job ids and epochs; then the steps', the attempts'.
+WRITE_RUNS = _write_runs_and_announce()
+
 # $1 run, $2 step index, $3 time, $4 level, $5 message, $6 job id or NULL, $7 epoch.
 INSERT_LOG = (
     "INSERT INTO logs (run_id, step_idx, ts, level, message)"
