@@ -441,6 +441,16 @@ class Worker:
                 handle.cancel_requested = True
             handle.seen.update(signals)
             self.ledger.start(claim, queue, run, self.info.id, workflow.version)
+            if queue.provider != "memory":
+                # The record says `running` before any of the run's code runs. Were the start
+                # still in the writer when this process died or froze past its lease, the run
+                # would be found `queued`, and the job's next delivery would run that same run
+                # again: a side effect done twice with no crashed run to show for it.
+                await self.backend.runs.flush()
+                if claim.lease_lost():
+                    handle.lost = True
+                    log.warning("job %s: the lease ran out as it started; left to others", job.id)
+                    return
             ctx = Context.for_job(run, job, dict(run.state) if resuming else None)
             ctx._sink = self.runner.log_sink(run, ctx)
             handle.ctx = ctx
