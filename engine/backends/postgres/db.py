@@ -30,6 +30,7 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -146,6 +147,14 @@ class Batch:
 
     def __bool__(self) -> bool:
         return bool(self.runs or self.ops or self.calls)
+
+
+def _dead(conn: Conn) -> bool:
+    """The connection is closed, or the pool already took it back (it died under a query)."""
+    try:
+        return conn.is_closed()
+    except pgerr.InterfaceError:
+        return True
 
 
 async def _keep_session(conn: Conn) -> None:
@@ -508,10 +517,11 @@ class PostgresDatabase:
                     try:
                         result = await fn(conn)
                     except Exception as error:
-                        if conn.is_closed() or isinstance(error, pgerr.InternalClientError):
+                        if _dead(conn) or isinstance(error, pgerr.InternalClientError):
                             # The session was ended while the connection sat in the pool
                             # (asyncpg may then be out of step with it): never reuse it.
-                            conn.terminate()
+                            with suppress(pgerr.InterfaceError):
+                                conn.terminate()
                             raise ConnectionDoesNotExistError(str(error)) from error
                         raise
                 self._back()
