@@ -142,10 +142,8 @@ async def run_procrastinate(url: str, n: int, concurrency: int) -> float:
 
 
 # ==== THE BLOK ROW ==============================================================================
-# Filled in for real once the PostgreSQL backend exists (issue 13). It already runs the real
-# thing: an Engine on the database URL. Until Engine accepts a postgresql:// URL the row is
-# skipped with the reason (today Engine takes the URL for a SQLite file name: the check below
-# sees that no blok schema appeared in the PostgreSQL database and refuses to time it).
+# An Engine on the database URL (engine/backends/postgres). The check below refuses to time
+# anything else: if no blok tables appeared in the PostgreSQL database, the URL was not used.
 async def run_blok(url: str, n: int, concurrency: int) -> float:
     sys.path.insert(0, str(ROOT))
     import anyio
@@ -168,7 +166,8 @@ async def run_blok(url: str, n: int, concurrency: int) -> float:
         async with engine:
             conn = await asyncpg.connect(url)
             blok_tables = await conn.fetchval(
-                "SELECT count(*) FROM pg_tables WHERE tablename IN ('runs', 'jobs')"
+                "SELECT count(*) FROM pg_tables WHERE schemaname = 'blok'"
+                " AND tablename IN ('runs', 'jobs')"
             )
             await conn.close()
             if blok_tables != 2:

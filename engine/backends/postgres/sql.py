@@ -140,8 +140,8 @@ def _fenced_bulk(
     table: str, columns: tuple[str, ...], key: tuple[str, ...], first: int
 ) -> tuple[str, int]:
     """The rows of `table` as arrays, one per column and then the fences' job ids and epochs,
-    from placeholder `first` on; a row lands only while its fence holds. (The statement and
-    the next free placeholder.)"""
+    from placeholder `first` on; a row lands only while its fence holds (see WRITE_RUNS).
+    (The statement and the next free placeholder.)"""
     arrays = [f"${first + i}::{column_type(table, c)}[]" for i, c in enumerate(columns)]
     n = first + len(columns)
     arrays += [f"${n}::text[]", f"${n + 1}::bigint[]"]
@@ -152,19 +152,21 @@ def _fenced_bulk(
         f"INSERT INTO {table} ({', '.join(columns)})"
         f" SELECT {', '.join(f'u.{c}' for c in columns)}"
         f" FROM unnest({', '.join(arrays)}) AS u({', '.join(columns)}, fence_job, fence_epoch)"
-        " WHERE u.fence_job IS NULL"
-        " OR (SELECT epoch FROM jobs WHERE id = u.fence_job FOR SHARE) = u.fence_epoch"
+        " WHERE u.fence_job IS NULL OR EXISTS (SELECT 1 FROM fences AS f"
+        " WHERE f.id = u.fence_job AND f.epoch = u.fence_epoch)"
         f" ON CONFLICT ({', '.join(key)}) DO UPDATE SET {', '.join(updates)}"
     )
     return statement, n + 2
 
 
 def _write_runs_and_announce() -> str:
-    runs, n = _fenced_bulk("runs", RUN_COLUMNS, ("id",), 1)
+    runs, n = _fenced_bulk("runs", RUN_COLUMNS, ("id",), 2)
     steps, n = _fenced_bulk("steps", STEP_COLUMNS, ("run_id", "idx"), n)
     attempts, n = _fenced_bulk("attempts", ATTEMPT_COLUMNS, ("run_id", "step_idx", "number"), n)
     return (
-        f"WITH r AS ({runs}), s AS ({steps}), a AS ({attempts})"
+        "WITH fences AS (SELECT id, epoch FROM jobs WHERE id = ANY($1::text[])"
+        " ORDER BY id FOR SHARE),"
+        f" r AS ({runs}), s AS ({steps}), a AS ({attempts})"
         f" SELECT x FROM (SELECT pg_current_xact_id()::text::bigint AS x) AS t,"
         f" LATERAL (SELECT pg_notify('{RUNS_CHANNEL}', x::text)) AS n"
     )
@@ -172,7 +174,11 @@ def _write_runs_and_announce() -> str:
 
 # A batch's runs, steps and attempts in one statement (one round trip, whatever their number),
 # each row fenced, and the batch's announcement (see ANNOUNCE); the transaction's id comes back.
-# $1.. the run columns, then the fences' job ids and epochs; then the steps', the attempts'.
+# $1 the fenced jobs' ids; then the run columns, then the fences' job ids and epochs; then the
+# steps', the attempts'. The fenced jobs' epochs are read once, FOR SHARE and in id order (two
+# writers lock rows in the same order): a claim taking a job over at this moment makes the
+# write wait for it and then see the new epoch, so a stale write cannot slip in before the
+# takeover commits; and a takeover waits for a write in flight.
 WRITE_RUNS = _write_runs_and_announce()
 
 # $1 run, $2 step index, $3 time, $4 level, $5 message, $6 job id or NULL, $7 epoch.
@@ -271,6 +277,32 @@ WITH updated AS (
 SELECT queue, CASE WHEN state IN ('waiting', 'delayed')
     THEN pg_notify('{JOBS_CHANNEL}', queue)::text END AS notified
 FROM updated
+"""
+# UPDATE_JOB for many jobs in one statement, its parameters as arrays ($1..$11, one per column,
+# each job once); only the queues with a job due now or later are returned (notified).
+UPDATE_JOBS = f"""
+WITH u AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::double precision[], $4::integer[],
+        $5::text[], $6::jsonb[], $7::boolean[], $8::integer[], $9::json[], $10::text[],
+        $11::bigint[]) AS u(state, run_id, run_at, resume, error, meta, fresh, forced, headers,
+        id, epoch)
+), updated AS (
+    UPDATE jobs SET
+        state = CASE WHEN u.state IN ('waiting', 'delayed')
+            THEN CASE WHEN u.run_at > {NOW} THEN 'delayed' ELSE 'waiting' END
+            ELSE u.state END,
+        run_id = coalesce(u.run_id, jobs.run_id), run_at = u.run_at, resume = u.resume,
+        error = u.error, meta = coalesce(u.meta, jobs.meta),
+        attempts = CASE WHEN u.fresh THEN 0 ELSE jobs.attempts END, forced = u.forced,
+        headers = coalesce(u.headers, jobs.headers),
+        finished_at = CASE WHEN u.state IN ('waiting', 'delayed') THEN NULL ELSE {NOW} END,
+        worker = NULL, lease_until = NULL, signals = NULL, taken_from = NULL,
+        epoch = jobs.epoch + 1
+    FROM u WHERE jobs.id = u.id AND jobs.epoch = u.epoch
+    RETURNING jobs.queue, jobs.state
+)
+SELECT DISTINCT queue, pg_notify('{JOBS_CHANNEL}', queue)::text FROM updated
+WHERE state IN ('waiting', 'delayed')
 """
 # The holder's own update while it keeps the job (a new run after a takeover): $1 run id or
 # NULL, $2 meta or NULL, $3 job id, $4 epoch. Epoch, worker and lease stay.
