@@ -6,8 +6,8 @@ in `taken_from` and bumping the epoch, so the late worker's writes are refused f
 Claims run beside the writer, not in its batches: claimers on many machines pass over each
 other's rows (SKIP LOCKED) instead of waiting for one another.
 
-A claim takes up to twice what was asked and keeps the extra ahead (as the SQLite queue does,
-four times there), so that a worker slot that frees up starts its next job without a round trip.
+A claim takes up to four times what was asked and keeps the extra ahead (as the SQLite queue
+does), so that a worker slot that frees up starts its next job without a round trip.
 Jobs claimed ahead are `active` under this worker's lease in the database; `stats` counts them as
 waiting, and a pause, a stop or a lost lease hands them back.
 
@@ -36,7 +36,7 @@ from . import sql
 from .db import Conn, PostgresDatabase, Unavailable, clean, transpose, write_runs
 from .store import log_params
 
-AHEAD = 2  # a claim takes up to this many times what was asked
+AHEAD = 4  # a claim takes up to this many times what was asked
 LOOK_ANYWAY_S = 1.0  # an idle claim looks at least this often while the listener is up
 LOOK_UNHEARD_S = 0.25  # ... and this often while it is down (notifications may be missed)
 
