@@ -18,7 +18,7 @@ from . import expressions
 from .durations import Duration
 from .validation import check_queue_name
 
-Provider = Literal["memory", "sqlite"]
+Provider = Literal["memory", "sqlite", "postgres"]
 Input = Any  # a literal, a "$.path" expression, or a callable taking the context
 
 DEFAULT_IDEMPOTENCY_TTL_MS = 24 * 60 * 60 * 1000
