@@ -99,8 +99,8 @@ class PostgresBackend(Backend):
                 self._memory = MemoryQueue(self.runs)
             return self._memory
         raise ValueError(
-            f"unknown queue provider {provider!r} for a PostgreSQL database: use 'postgres' or"
-            " 'memory'"
+            f"unknown queue provider {provider!r} for a PostgreSQL database: use 'postgres' (or"
+            " leave it unset) or 'memory'"
         )
 
     @property

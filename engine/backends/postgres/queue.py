@@ -31,7 +31,7 @@ import asyncpg
 
 from ...models import Job, JobState, LogLine, QueueStats, Run, to_epoch
 from ..base import Claim, Fence, JobQueue, JobUpdate, Renewal, Transition
-from ..rows import JOB_COLUMNS, dump, job_from_row, job_row, run_row
+from ..rows import JOB_COLUMNS, RUN_COLUMNS, dump, job_from_row, job_row, run_row
 from . import sql
 from .db import Conn, PostgresDatabase, Unavailable, clean, transpose, write_runs
 from .store import log_params
@@ -93,25 +93,22 @@ class PostgresQueue(JobQueue):
     async def add(self, jobs: list[Job], runs: list[Run]) -> list[str]:
         if not jobs:
             return []
-        by_job = {run.job_id: run for run in runs}
         job_rows = [clean(job_row(job)) for job in jobs]
 
+        # A run that comes with steps (a replay from a step carries the steps it reuses) is
+        # written with its step and attempt rows after its job.
+        bare = [clean(run_row(run)) for run in runs if not run.steps]
+        whole = [run for run in runs if run.steps]
+
         async def add(conn: Conn) -> list[str]:
-            added = [
-                row[0]
-                for row in await conn.fetch(sql.INSERT_JOBS, *transpose(job_rows, len(JOB_COLUMNS)))
-            ]
-            new_runs = [by_job[i] for i in added if i in by_job]
-            # Runs of new jobs in bulk; a run that comes with steps (a replay from a step
-            # carries the steps it reuses) with its step and attempt rows.
-            bare = [clean(run_row(run)) for run in new_runs if not run.steps]
-            if bare:
-                await conn.execute(sql.INSERT_RUNS, *transpose(bare, len(bare[0])))
-            await write_runs(conn, [(run, None) for run in new_runs if run.steps])
-            if added:
-                fresh = set(added)
-                queues = sorted({job.queue for job in jobs if job.id in fresh})
-                await conn.execute(sql.NOTIFY_QUEUES, queues)
+            rows = await conn.fetch(
+                sql.ENQUEUE,
+                *transpose(job_rows, len(JOB_COLUMNS)),
+                *transpose(bare, len(RUN_COLUMNS)),
+            )
+            added = [row[0] for row in rows]
+            fresh = set(added)
+            await write_runs(conn, [(run, None) for run in whole if run.job_id in fresh])
             return added
 
         added = await self.db.transaction(add, feed=True)

@@ -189,23 +189,30 @@ INSERT_LOG = (
 )
 SELECT_RUN = f"SELECT {', '.join(RUN_COLUMNS)} FROM runs"
 
-# New runs in bulk (an enqueue's): one statement of arrays, one round trip for any number.
-INSERT_RUNS = (
-    f"INSERT INTO runs ({', '.join(RUN_COLUMNS)}) SELECT * FROM unnest("
-    + ", ".join(f"${i}::{column_type('runs', c)}[]" for i, c in enumerate(RUN_COLUMNS, start=1))
-    + ") ON CONFLICT (id) DO NOTHING"
-)
-
 # ---- jobs ------------------------------------------------------------------------------------
 SELECT_JOB = f"SELECT {', '.join(JOB_COLUMNS)} FROM jobs"
-# New jobs in bulk, in order (their `seq` follows it); the ids of those added come back.
-INSERT_JOBS = (
-    f"INSERT INTO jobs ({', '.join(JOB_COLUMNS)}) SELECT * FROM unnest("
-    + ", ".join(f"${i}::{column_type('jobs', c)}[]" for i, c in enumerate(JOB_COLUMNS, start=1))
-    + ") ON CONFLICT (id) DO NOTHING RETURNING id"
-)
-# $1 the queues that have new jobs.
-NOTIFY_QUEUES = f"SELECT pg_notify('{JOBS_CHANNEL}', q) FROM unnest($1::text[]) AS q"
+
+
+def _enqueue() -> str:
+    jobs = ", ".join(f"${i}::{column_type('jobs', c)}[]" for i, c in enumerate(JOB_COLUMNS, 1))
+    first = len(JOB_COLUMNS) + 1
+    runs = ", ".join(f"${i}::{column_type('runs', c)}[]" for i, c in enumerate(RUN_COLUMNS, first))
+    return (
+        f"WITH added AS (INSERT INTO jobs ({', '.join(JOB_COLUMNS)}) SELECT * FROM unnest({jobs})"
+        " ON CONFLICT (id) DO NOTHING RETURNING id, queue),"
+        f" runs_added AS (INSERT INTO runs ({', '.join(RUN_COLUMNS)})"
+        f" SELECT * FROM unnest({runs}) AS u({', '.join(RUN_COLUMNS)})"
+        " WHERE u.job_id IN (SELECT id FROM added) ON CONFLICT (id) DO NOTHING)"
+        f" SELECT id, pg_notify('{JOBS_CHANNEL}', queue)::text FROM added"
+    )
+
+
+# New jobs and their first runs in bulk, one statement of arrays (one round trip, whatever
+# their number): the jobs in order (their `seq` follows it), then the runs of those added (a job
+# whose id is known already is not added again, nor its run). The ids of the jobs added come
+# back, and their queues are notified (once per queue: identical notifications fold).
+# $1.. the job columns, then the run columns.
+ENQUEUE = _enqueue()
 
 # $1 queue, $2 how many, $3 the claiming worker, $4 lease seconds.
 # One statement takes due jobs and jobs whose lease expired (their worker stopped renewing: it
