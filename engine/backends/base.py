@@ -192,7 +192,9 @@ class RunStore(ABC):
         """Persist the run as it is now, with its steps and attempts."""
 
     @abstractmethod
-    def add_log(self, run_id: str, line: LogLine, fence: Fence | None = None) -> None: ...
+    def add_log(self, run_id: str, line: LogLine, fence: Fence | None = None) -> None:
+        """Persist a line the caller has also put on the run (`run.logs`, or its step's
+        `logs`): `get_run` shows it once, and the change feed hands it to followers."""
 
     @abstractmethod
     def cache_put(
@@ -352,7 +354,8 @@ class SharedState(ABC):
 
     @abstractmethod
     def publish_catalog(self, catalog: WorkerCatalog) -> None:
-        """Declare what a worker serves; catalogs of workers no longer registered go."""
+        """Declare what a worker serves (it has sent its heartbeat); catalogs of workers no
+        longer registered go."""
 
     @abstractmethod
     async def catalogs(self) -> list[WorkerCatalog]:

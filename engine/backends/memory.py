@@ -26,6 +26,7 @@ from ..models import (
     LogLine,
     QueueStats,
     Run,
+    RunStatus,
     WorkerInfo,
     utcnow,
 )
@@ -79,6 +80,45 @@ def copy_job(job: Job) -> Job:
 
 
 # ---- runs --------------------------------------------------------------------------------
+def matches(where: RunFilter, run: Run) -> bool:
+    """Whether the run passes the filter: in memory what `rows.where_clause` asks of SQL."""
+    if where.status and run.status not in where.status:
+        return False
+    if where.workflow and run.workflow_name != where.workflow:
+        return False
+    if where.queue and run.queue != where.queue:
+        return False
+    if where.job_id and run.job_id != where.job_id:
+        return False
+    if where.workers is not None and run.worker not in where.workers:
+        return False
+    if where.finished_after is not None and (
+        run.finished_at is None or run.finished_at.timestamp() < where.finished_after
+    ):
+        return False
+    # Still going, with a failed step attempt or an earlier failed delivery behind it.
+    if where.retrying and (run.terminal or (run.failed_attempts == 0 and run.job_attempt <= 1)):
+        return False
+    cutoffs = where.stuck_before()
+    if cutoffs is not None:
+        cutoff = cutoffs.get(run.workflow_name)
+        if (
+            run.status is not RunStatus.RUNNING
+            or run.started_at is None
+            or cutoff is None
+            or run.started_at.timestamp() >= cutoff
+        ):
+            return False
+    if where.text:
+        needle = where.text.lower()
+        haystack = " ".join(
+            (run.id, run.job_id, run.workflow_name, run.queue, run.status, run.error or "")
+        ).lower()
+        if needle not in haystack:
+            return False
+    return True
+
+
 class MemoryRunStore(RunStore):
     """Runs in a dict. `check` tells whether a fence still holds (the memory queue's)."""
 
@@ -134,7 +174,7 @@ class MemoryRunStore(RunStore):
     def _select(self, where: RunFilter | None) -> list[Run]:
         runs = list(self._runs.values())
         if where:
-            runs = [run for run in runs if where.matches(run)]
+            runs = [run for run in runs if matches(where, run)]
         return runs
 
     async def list_runs(
@@ -678,4 +718,5 @@ __all__ = [
     "MemoryShared",
     "copy_job",
     "copy_run",
+    "matches",
 ]

@@ -346,7 +346,8 @@ def job_from_row(row: Mapping[str, Any]) -> Job:
 
 
 # ---- filters -----------------------------------------------------------------------------
-LIVE_STATUSES = ("queued", "delayed", "running", "waiting")
+# Still going: every status but the terminal ones (throttled too: a gate holds the run back).
+LIVE_STATUSES = tuple(str(s) for s in RunStatus if not s.terminal)
 TERMINAL = tuple(str(s) for s in TERMINAL_RUN_STATUSES)
 
 
