@@ -163,7 +163,9 @@ async def test_a_dead_workers_job_is_taken_over_when_its_lease_expires(
     monkeypatch.setenv("FENCING_EFFECTS", str(project_.effects))
     monkeypatch.setenv("FENCING_WORK_S", "0.01")
     # Started while the victim lives: its boot recovery finds nobody dead.
-    async with Engine(workflows=project_.workflows, database=url, janitor_interval=3600) as survivor:
+    async with Engine(
+        workflows=project_.workflows, database=url, janitor_interval=3600
+    ) as survivor:
         first = (await survivor.get_job(job)).run_id
         victim.kill()
         victim.wait()

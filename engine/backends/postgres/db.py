@@ -394,6 +394,9 @@ class PostgresDatabase:
                     self.last_xid = max(self.last_xid, batch.xid)
                 return
             except Exception as error:
+                if batch.committed:  # by flush_now, which ended this session to do it
+                    conn.terminate()
+                    return
                 if connection_lost(error):
                     conn.terminate()
                 elif not conn.is_closed():
