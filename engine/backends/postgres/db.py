@@ -3,12 +3,15 @@ and the listener that turns NOTIFY into wake-ups.
 
 Group commit, as the SQLite writer: every write goes to one writer task, and whatever piled up
 while the previous batch was committing is written in the next transaction, in order. A lone
-write does not wait for company: the writer starts as soon as the event loop has run the tasks
-woken with it. A batch writes, in this order: the latest state of every run saved since the last
-batch (one row per table however often it changed, each fenced on its job's epoch), the queued
-statements (consecutive ones with the same SQL in one pipelined `executemany`), then the
-functions that run inside the transaction and see its result (enqueues, fenced transitions,
-slots, windows), each under a savepoint so that one's failure is its own.
+write does not wait for company: the writer takes its batch once the event loop has turned
+twice without a new write (microseconds), gathering meanwhile what the tasks woken with it add.
+A batch is one transaction and writes, in this order: the latest state of every run saved since
+the last batch (one row per table however often it changed, each fenced on its job's epoch) in
+one statement that also announces the batch; the queued statements (consecutive ones with the
+same SQL together: job settles in one statement, others in one pipelined `executemany`); then
+the functions that run inside the transaction and see its result (enqueues, fenced transitions,
+slots, windows), each under a savepoint so that one's failure is its own. The hot path of a busy
+worker (runs started and finished, jobs settled) is BEGIN, two statements and COMMIT.
 
 Nothing is lost when the connection drops (a server restart, `pg_terminate_backend`): the batch
 is run again on a new connection, after a backoff. A batch whose COMMIT was under way when the
