@@ -32,7 +32,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -62,6 +62,7 @@ KEEPALIVE_S = 5.0  # the listener's probe: a dead connection is found within thi
 BACKOFF_MIN_S = 0.05
 BACKOFF_MAX_S = 2.0
 FLUSH_NOW_TIMEOUT_S = 15.0
+HOT = (sql.INSERT_LOG, sql.UPDATE_JOB)  # what WRITE_BATCH writes besides runs
 GATHER_TURNS = 50  # at most this many turns of the event loop gather a batch
 
 Params = tuple[Any, ...]
@@ -113,13 +114,30 @@ def run_rows(
     return rows, steps, attempts
 
 
-async def update_jobs(conn: Conn, updates: list[Params]) -> None:
-    """Consecutive UPDATE_JOB parameters in one statement. A job twice among them: the first
-    at its epoch moves the epoch on, so a second at that same epoch would have found nothing."""
+def once_each(updates: list[Params]) -> list[Params]:
+    """UPDATE_JOB parameters for one statement: a job twice among them at the same epoch, the
+    first moves the epoch on, so the second would have found nothing."""
     first: dict[tuple[Any, Any], Params] = {}
     for params in updates:
         first.setdefault((params[9], params[10]), params)
-    await conn.execute(sql.UPDATE_JOBS, *transpose(list(first.values()), 11))
+    return list(first.values())
+
+
+async def update_jobs(conn: Conn, updates: list[Params]) -> None:
+    """Consecutive UPDATE_JOB parameters in one statement."""
+    await conn.execute(sql.UPDATE_JOBS, *transpose(once_each(updates), 11))
+
+
+def run_params(batch: Batch, logs: Sequence[Params] = ()) -> list[Any]:
+    """WRITE_RUNS' parameters: the fenced jobs (in id order), then the rows' arrays."""
+    fenced = {row[-2] for rows in (batch.runs, batch.steps, batch.attempts, logs) for row in rows}
+    fenced.discard(None)
+    return [
+        sorted(fenced),
+        *transpose(batch.runs, len(RUN_COLUMNS) + 2),
+        *transpose(batch.steps, len(STEP_COLUMNS) + 2),
+        *transpose(batch.attempts, len(ATTEMPT_COLUMNS) + 2),
+    ]
 
 
 async def write_runs(conn: Conn, runs: Iterable[tuple[Run, Fence | None]]) -> None:
@@ -415,6 +433,12 @@ class PostgresDatabase:
                 elif conflict(error):
                     log.info("%s: batch ran into %s; running it again", self.location, error)
                 elif not one_by_one:
+                    log.warning(
+                        "%s: the server refused a batch (%s: %s); writing it one write at a time",
+                        self.location,
+                        type(error).__name__,
+                        error,
+                    )
                     one_by_one = True
                     continue
                 else:
@@ -439,17 +463,18 @@ class PostgresDatabase:
 
     async def _run(self, conn: Conn, batch: Batch) -> None:
         await conn.execute("BEGIN")
-        if batch.runs:
-            fenced = {row[-2] for rows in (batch.runs, batch.steps, batch.attempts) for row in rows}
-            fenced.discard(None)
+        if batch.calls or any(op[0] not in HOT for op in batch.ops):
+            if batch.runs:
+                batch.xid = await conn.fetchval(sql.WRITE_RUNS, *run_params(batch))
+            ops = batch.ops
+        else:
+            # The usual batch of a busy worker: one statement.
+            logs = [params for statement, params in batch.ops if statement is sql.INSERT_LOG]
+            jobs = once_each([p for statement, p in batch.ops if statement is sql.UPDATE_JOB])
             batch.xid = await conn.fetchval(
-                sql.WRITE_RUNS,
-                sorted(fenced),
-                *transpose(batch.runs, len(RUN_COLUMNS) + 2),
-                *transpose(batch.steps, len(STEP_COLUMNS) + 2),
-                *transpose(batch.attempts, len(ATTEMPT_COLUMNS) + 2),
+                sql.WRITE_BATCH, *run_params(batch, logs), *transpose(logs, 7), *transpose(jobs, 11)
             )
-        ops = batch.ops
+            ops = []
         i = 0
         while i < len(ops):
             statement = ops[i][0]
@@ -497,7 +522,7 @@ class PostgresDatabase:
         """Announce the batch (other processes' change tokens move; with runs or log lines,
         the payload is the transaction's id, for the feed's readers), then COMMIT. (A batch
         with runs was announced by the statement that wrote them.)"""
-        if batch.xid is None or not batch.runs:
+        if batch.xid is None:
             channel = sql.RUNS_CHANNEL if batch.feed else sql.SHARED_CHANNEL
             batch.xid = await conn.fetchval(sql.ANNOUNCE, channel)
         batch.commit_sent = True

@@ -181,6 +181,33 @@ def _write_runs_and_announce() -> str:
 # takeover commits; and a takeover waits for a write in flight.
 WRITE_RUNS = _write_runs_and_announce()
 
+
+def _write_batch() -> str:
+    runs, n = _fenced_bulk("runs", RUN_COLUMNS, ("id",), 2)
+    steps, n = _fenced_bulk("steps", STEP_COLUMNS, ("run_id", "idx"), n)
+    attempts, n = _fenced_bulk("attempts", ATTEMPT_COLUMNS, ("run_id", "step_idx", "number"), n)
+    p = [f"${n + i}" for i in range(7)]
+    logs = (
+        "INSERT INTO logs (run_id, step_idx, ts, level, message)"
+        " SELECT g.run_id, g.step_idx, g.ts, g.level, g.message"
+        f" FROM unnest({p[0]}::text[], {p[1]}::integer[], {p[2]}::double precision[],"
+        f" {p[3]}::text[], {p[4]}::text[], {p[5]}::text[], {p[6]}::bigint[])"
+        " WITH ORDINALITY AS g(run_id, step_idx, ts, level, message, fence_job, fence_epoch, o)"
+        " WHERE g.fence_job IS NULL OR EXISTS (SELECT 1 FROM fences AS f"
+        " WHERE f.id = g.fence_job AND f.epoch = g.fence_epoch)"
+        " ORDER BY g.o"
+    )
+    jobs = _update_jobs(n + 7, gate=" AND (SELECT count(*) FROM fences) >= 0")
+    return (
+        "WITH fences AS (SELECT id, epoch FROM jobs WHERE id = ANY($1::text[])"
+        " ORDER BY id FOR SHARE),"
+        f" r AS ({runs}), s AS ({steps}), a AS ({attempts}), l AS ({logs}), {jobs}"
+        " SELECT x FROM (SELECT pg_current_xact_id()::text::bigint AS x) AS t,"
+        f" LATERAL (SELECT pg_notify('{RUNS_CHANNEL}', x::text)) AS n,"
+        " LATERAL (SELECT count(*) FROM notified) AS k"
+    )
+
+
 # $1 run, $2 step index, $3 time, $4 level, $5 message, $6 job id or NULL, $7 epoch.
 INSERT_LOG = (
     "INSERT INTO logs (run_id, step_idx, ts, level, message)"
@@ -285,32 +312,39 @@ SELECT queue, CASE WHEN state IN ('waiting', 'delayed')
     THEN pg_notify('{JOBS_CHANNEL}', queue)::text END AS notified
 FROM updated
 """
+
+
+def _update_jobs(first: int, gate: str = "") -> str:
+    """The CTEs `u` (UPDATE_JOB's parameters as arrays from placeholder `first`, one per
+    column), `updated` (the jobs moved on; `gate`: a further condition) and `notified` (the
+    queues with a job due now or later, notified once each)."""
+    p = [f"${first + i}" for i in range(11)]
+    return (
+        f"u AS (SELECT * FROM unnest({p[0]}::text[], {p[1]}::text[],"
+        f" {p[2]}::double precision[], {p[3]}::integer[], {p[4]}::text[], {p[5]}::jsonb[],"
+        f" {p[6]}::boolean[], {p[7]}::integer[], {p[8]}::json[], {p[9]}::text[],"
+        f" {p[10]}::bigint[])"
+        " AS u(state, run_id, run_at, resume, error, meta, fresh, forced, headers, id, epoch)),"
+        " updated AS (UPDATE jobs SET"
+        " state = CASE WHEN u.state IN ('waiting', 'delayed')"
+        f" THEN CASE WHEN u.run_at > {NOW} THEN 'delayed' ELSE 'waiting' END ELSE u.state END,"
+        " run_id = coalesce(u.run_id, jobs.run_id), run_at = u.run_at, resume = u.resume,"
+        " error = u.error, meta = coalesce(u.meta, jobs.meta),"
+        " attempts = CASE WHEN u.fresh THEN 0 ELSE jobs.attempts END, forced = u.forced,"
+        " headers = coalesce(u.headers, jobs.headers),"
+        f" finished_at = CASE WHEN u.state IN ('waiting', 'delayed') THEN NULL ELSE {NOW} END,"
+        " worker = NULL, lease_until = NULL, signals = NULL, taken_from = NULL,"
+        " epoch = jobs.epoch + 1"
+        f" FROM u WHERE jobs.id = u.id AND jobs.epoch = u.epoch{gate}"
+        " RETURNING jobs.queue, jobs.state),"
+        f" notified AS (SELECT DISTINCT queue, pg_notify('{JOBS_CHANNEL}', queue)::text"
+        " FROM updated WHERE state IN ('waiting', 'delayed'))"
+    )
+
+
 # UPDATE_JOB for many jobs in one statement, its parameters as arrays ($1..$11, one per column,
-# each job once); only the queues with a job due now or later are returned (notified).
-UPDATE_JOBS = f"""
-WITH u AS (
-    SELECT * FROM unnest($1::text[], $2::text[], $3::double precision[], $4::integer[],
-        $5::text[], $6::jsonb[], $7::boolean[], $8::integer[], $9::json[], $10::text[],
-        $11::bigint[]) AS u(state, run_id, run_at, resume, error, meta, fresh, forced, headers,
-        id, epoch)
-), updated AS (
-    UPDATE jobs SET
-        state = CASE WHEN u.state IN ('waiting', 'delayed')
-            THEN CASE WHEN u.run_at > {NOW} THEN 'delayed' ELSE 'waiting' END
-            ELSE u.state END,
-        run_id = coalesce(u.run_id, jobs.run_id), run_at = u.run_at, resume = u.resume,
-        error = u.error, meta = coalesce(u.meta, jobs.meta),
-        attempts = CASE WHEN u.fresh THEN 0 ELSE jobs.attempts END, forced = u.forced,
-        headers = coalesce(u.headers, jobs.headers),
-        finished_at = CASE WHEN u.state IN ('waiting', 'delayed') THEN NULL ELSE {NOW} END,
-        worker = NULL, lease_until = NULL, signals = NULL, taken_from = NULL,
-        epoch = jobs.epoch + 1
-    FROM u WHERE jobs.id = u.id AND jobs.epoch = u.epoch
-    RETURNING jobs.queue, jobs.state
-)
-SELECT DISTINCT queue, pg_notify('{JOBS_CHANNEL}', queue)::text FROM updated
-WHERE state IN ('waiting', 'delayed')
-"""
+# each job once); the queues with a job due now or later are notified.
+UPDATE_JOBS = f"WITH {_update_jobs(1)} SELECT count(*) FROM notified"
 # The holder's own update while it keeps the job (a new run after a takeover): $1 run id or
 # NULL, $2 meta or NULL, $3 job id, $4 epoch. Epoch, worker and lease stay.
 UPDATE_HELD = (
@@ -398,3 +432,12 @@ SELECT id, run_id, step_idx, level, message FROM logs
 WHERE xid >= $1 AND xid < $2 ORDER BY xid, id LIMIT $3
 """
 FEED_LOGS_COUNT = "SELECT count(*) FROM logs WHERE xid >= $1 AND xid < $2"
+
+# The usual batch of a busy worker (runs, their log lines, the settles of their jobs) in one
+# statement: WRITE_RUNS's parameters, then INSERT_LOG's as arrays (7), then UPDATE_JOBS' (11).
+# Serially, a run's rows and lines fenced at its job's epoch land before the job's settle moves
+# the epoch on; here every part reads the epochs of `fences`, which are locked FOR SHARE before
+# any job is updated (the settle's condition counts them first: a one-time filter), so the same
+# holds in one statement. Only for batches of nothing else (the writer checks): another
+# statement would have to come in its own order.
+WRITE_BATCH = _write_batch()
