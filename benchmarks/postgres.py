@@ -271,8 +271,10 @@ def start_attach_worker(database: str) -> subprocess.Popen[bytes]:
     (folder / "naps.py").write_text(ATTACH_FLOW)
     with open("worker.log", "wb") as log:
         worker = subprocess.Popen(
-            [sys.executable, "-m", "blok_tui", "worker", "--db", database]
-            + ["--workflows", str(folder), "--no-watch"],
+            [
+                *(sys.executable, "-m", "blok_tui", "worker", "--db", database),
+                *("--workflows", str(folder), "--no-watch"),
+            ],
             stdout=subprocess.PIPE,
             stderr=log,
             cwd=ROOT,
