@@ -6,6 +6,9 @@ the server."""
 from __future__ import annotations
 
 import asyncio
+import signal
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -333,3 +336,64 @@ async def test_a_worker_rides_out_a_server_restart() -> None:
             assert sorted(done) == list(range(60))
             assert await engine.count_runs() == 60
             assert await engine.runs(status="crashed") == []
+
+
+FROZEN_IN_A_TRANSACTION = """
+import os, signal, sys
+
+import anyio
+
+from engine.backends import open_backend
+from engine.backends.base import Fence
+
+
+async def main() -> None:
+    async with open_backend(sys.argv[1], lease_s=1.0) as backend:
+        queue = backend.queue(None)
+        [claim] = await queue.claim(sys.argv[2], 1, "frozen", 1.0)
+
+        async def freeze(conn) -> None:
+            # The writer's transaction holds the job's row (as a batch's fence does), then the
+            # process stops dead in the middle of it.
+            await conn.execute("SELECT 1 FROM jobs WHERE id = $1 FOR SHARE", claim.job.id)
+            print("frozen", flush=True)
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+        await backend.db.transaction(freeze)
+
+
+anyio.run(main)
+"""
+
+
+def start_frozen(folder: Any, url: str) -> subprocess.Popen[str]:
+    script = folder / "frozen.py"
+    script.write_text(FROZEN_IN_A_TRANSACTION)
+    return subprocess.Popen(
+        [sys.executable, str(script), url, QUEUE], stdout=subprocess.PIPE, text=True
+    )
+
+
+async def test_a_process_frozen_inside_a_transaction_does_not_keep_its_jobs(
+    pg_schema: str, tmp_path: Any
+) -> None:
+    """A worker frozen (SIGSTOP) in the middle of its writer's transaction keeps no lock past
+    half a lease: the server ends the idle session, and another worker takes the job over once
+    the lease ran out (SKIP LOCKED would pass over it for as long as the lock was held)."""
+    job, run = job_and_run()
+    async with open_backend(pg_schema) as backend:
+        queue = backend.queue(None)
+        await queue.add([job], [run])
+        child = start_frozen(tmp_path, pg_schema)
+        try:
+            assert child.stdout is not None
+            line = await anyio.to_thread.run_sync(child.stdout.readline)
+            assert line.strip() == "frozen"
+            with anyio.fail_after(10):
+                while not (claims := await queue.claim(QUEUE, 1, "survivor", 30.0, timeout=0.2)):
+                    pass
+            assert claims[0].job.id == job.id and claims[0].taken_from == "frozen"
+        finally:
+            child.send_signal(signal.SIGCONT)
+            child.kill()
+            child.wait()

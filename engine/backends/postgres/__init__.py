@@ -44,7 +44,7 @@ class PostgresBackend(Backend):
         from .. import describe
 
         self.location = describe(url)
-        self.db = PostgresDatabase(url, self.location, create=create)
+        self.db = PostgresDatabase(url, self.location, create=create, lease_s=lease_s)
         self.runs: PostgresRunStore = PostgresRunStore(self.db)
         self.shared = PostgresShared(self.db)
         self._durable = PostgresQueue(self.db)

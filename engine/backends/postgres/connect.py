@@ -58,13 +58,32 @@ def retryable(error: BaseException) -> bool:
     return connection_lost(error) or conflict(error)
 
 
-def settings(role: str) -> dict[str, str]:
-    return {"search_path": SCHEMA, "application_name": f"blok-tui {role} pid {os.getpid()}"}
+def settings(role: str, idle_in_transaction_s: float | None = None) -> dict[str, str]:
+    """The session settings of a connection in `role`. `idle_in_transaction_s`: the server
+    ends the session if it sits inside a transaction that long without a statement — a process
+    frozen in the middle of one (SIGSTOP, a long pause) would otherwise keep the rows it locked
+    from a worker taking its jobs over once their leases ran out. blok's own transactions never
+    wait between their statements."""
+    values = {"search_path": SCHEMA, "application_name": f"blok-tui {role} pid {os.getpid()}"}
+    if idle_in_transaction_s is not None:
+        values["idle_in_transaction_session_timeout"] = str(int(idle_in_transaction_s * 1000))
+    return values
 
 
-async def connect(url: str, role: str, **kwargs: Any) -> asyncpg.Connection:
+def idle_limit(lease_s: float) -> float:
+    """How long a transaction of blok's may sit idle: half a lease (at least a second), so that
+    a frozen process's locks are gone before its leases run out."""
+    return max(1.0, lease_s / 2)
+
+
+async def connect(
+    url: str, role: str, idle_in_transaction_s: float | None = None, **kwargs: Any
+) -> asyncpg.Connection:
     return await asyncpg.connect(
-        url, timeout=CONNECT_TIMEOUT_S, server_settings=settings(role), **kwargs
+        url,
+        timeout=CONNECT_TIMEOUT_S,
+        server_settings=settings(role, idle_in_transaction_s),
+        **kwargs,
     )
 
 

@@ -51,7 +51,15 @@ from ...models import Run
 from ..base import Fence
 from ..rows import ATTEMPT_COLUMNS, RUN_COLUMNS, STEP_COLUMNS, attempt_row, run_row, step_row
 from . import sql
-from .connect import conflict, connect, connection_lost, explain, retryable, settings
+from .connect import (
+    conflict,
+    connect,
+    connection_lost,
+    explain,
+    idle_limit,
+    retryable,
+    settings,
+)
 from .schema import SchemaError, migrate
 
 log = logging.getLogger("blok.postgres")
@@ -198,8 +206,11 @@ class Unavailable(Exception):
 
 
 class PostgresDatabase:
-    def __init__(self, url: str, location: str, *, create: bool = True) -> None:
+    def __init__(
+        self, url: str, location: str, *, create: bool = True, lease_s: float = 30.0
+    ) -> None:
         self.url = url
+        self.idle_s = idle_limit(lease_s)
         self.location = location
         self.create = create
         self._writer: asyncpg.Connection | None = None
@@ -232,7 +243,7 @@ class PostgresDatabase:
     # ---- lifecycle -------------------------------------------------------------------------
     async def open(self) -> None:
         try:
-            self._writer = await connect(self.url, "writer")
+            self._writer = await connect(self.url, "writer", self.idle_s)
         except Exception as error:
             raise explain(self.location, error) from None
         try:
@@ -250,7 +261,7 @@ class PostgresDatabase:
                 min_size=1,
                 max_size=POOL_SIZE,
                 timeout=5.0,
-                server_settings=settings("pool"),
+                server_settings=settings("pool", self.idle_s),
                 init=self._init_pooled,
                 reset=_keep_session,  # nothing here changes a session: no reset round trip
             )
@@ -387,7 +398,7 @@ class PostgresDatabase:
         delay = BACKOFF_MIN_S
         while self._writer is None or self._writer.is_closed():
             try:
-                self._writer = await connect(self.url, "writer")
+                self._writer = await connect(self.url, "writer", self.idle_s)
                 self.own_pids.add(self._writer.get_server_pid())
                 self._back()
             except Exception as error:
