@@ -30,6 +30,19 @@ Each system is set up as its documentation recommends:
 
     python benchmarks/postgres.py [--url postgresql://postgres@127.0.0.1:5432/test] [-n 5000]
         [--concurrency 8] [--repeat 1] [--systems blok,pgqueuer,pgqueuer-8,procrastinate]
+
+Two more measurements of blok on PostgreSQL, each next to blok on a SQLite file in the same
+invocation (the same machine, at the same time), every case in a fresh process and database:
+
+- `--contract`: the contract path (benchmarks/contract.py), one `enqueue` call per job and
+  `wait_for_job` for each: `submit-all` (N jobs, then every result), `producers` (C concurrent
+  producers, enqueue then wait, N jobs) and `sequential` (one job at a time, N / 10 jobs); the
+  `echo` workflow, concurrency C.
+- `--attach N`: a `blok-tui worker` process serves the database; an Engine with no workflows
+  (what `blok-tui attach` runs) enqueues N short jobs one after the other and measures, from
+  the worker's own timestamps of each run's start and end (written just before the commit that
+  carries them), to the RunStarted / RunFinished event arriving here; then N / 10 times how long
+  `cancel` of a running step takes until the worker has cancelled and stored it.
 """
 
 from __future__ import annotations
@@ -39,6 +52,7 @@ import asyncio
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -142,10 +156,8 @@ async def run_procrastinate(url: str, n: int, concurrency: int) -> float:
 
 
 # ==== THE BLOK ROW ==============================================================================
-# Filled in for real once the PostgreSQL backend exists (issue 13). It already runs the real
-# thing: an Engine on the database URL. Until Engine accepts a postgresql:// URL the row is
-# skipped with the reason (today Engine takes the URL for a SQLite file name: the check below
-# sees that no blok schema appeared in the PostgreSQL database and refuses to time it).
+# An Engine on the database URL (engine/backends/postgres). The check below refuses to time
+# anything else: if no blok tables appeared in the PostgreSQL database, the URL was not used.
 async def run_blok(url: str, n: int, concurrency: int) -> float:
     sys.path.insert(0, str(ROOT))
     import anyio
@@ -168,7 +180,8 @@ async def run_blok(url: str, n: int, concurrency: int) -> float:
         async with engine:
             conn = await asyncpg.connect(url)
             blok_tables = await conn.fetchval(
-                "SELECT count(*) FROM pg_tables WHERE tablename IN ('runs', 'jobs')"
+                "SELECT count(*) FROM pg_tables WHERE schemaname = 'blok'"
+                " AND tablename IN ('runs', 'jobs')"
             )
             await conn.close()
             if blok_tables != 2:
@@ -206,7 +219,208 @@ async def run_blok(url: str, n: int, concurrency: int) -> float:
 # ==== end of the blok row =======================================================================
 
 
+# ---- the contract path and attach latency, blok on PostgreSQL and on SQLite ---------------------
+CONTRACT_SHAPES = ("submit-all", "producers", "sequential")
+KINDS = ("postgres", "sqlite")
+
+
+def blok_database(kind: str, url: str) -> str:
+    """Where a child's blok engine keeps its data: the URL, or a file in its scratch folder."""
+    return url if kind == "postgres" else str(Path.cwd() / "blok.db")
+
+
+async def run_contract_shape(kind: str, url: str, shape: str, n: int, concurrency: int) -> float:
+    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import contract
+
+    from engine import Engine
+
+    provider = "postgres" if kind == "postgres" else "sqlite"
+    flow = contract.workflow("echo", concurrency, provider)
+    async with Engine(workflows=[flow], database=blok_database(kind, url)) as engine:
+        started = time.perf_counter()
+        runs = await contract.DRIVERS[shape](engine, n, concurrency)
+        seconds = time.perf_counter() - started
+        await contract.check(engine, runs, n, "echo", f"blok {kind}/{shape}")
+    return seconds
+
+
+ATTACH_FLOW = """
+import anyio
+from engine import Step, Workflow, WorkerTrigger
+
+
+async def nap(ctx, seconds: float):
+    await anyio.sleep(seconds)
+    return {"slept": seconds}
+
+
+workflow = Workflow(
+    name="bench.nap",
+    trigger=WorkerTrigger(queue="naps", concurrency=4),
+    steps=[Step("nap", nap, inputs={"seconds": "$.body.seconds"})],
+)
+"""
+
+
+def start_attach_worker(database: str) -> subprocess.Popen[bytes]:
+    """`blok-tui worker` on the database, once it says it is ready."""
+    folder = Path.cwd() / "workflows"
+    folder.mkdir()
+    (folder / "naps.py").write_text(ATTACH_FLOW)
+    with open("worker.log", "wb") as log:
+        worker = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "blok_tui", "worker", "--db", database),
+                *("--workflows", str(folder), "--no-watch"),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=log,
+            cwd=ROOT,
+        )
+    assert worker.stdout is not None
+    ready = worker.stdout.readline().decode()
+    if not ready.startswith("blok worker "):
+        raise SystemExit(f"attach: the worker did not start: {Path('worker.log').read_text()}")
+    return worker
+
+
+async def run_attach(kind: str, url: str, n: int) -> dict[str, list[float]]:
+    sys.path.insert(0, str(ROOT))
+    import anyio
+
+    from engine import Engine, RunFinished, RunStarted, StepStarted
+
+    database = blok_database(kind, url)
+    worker = start_attach_worker(database)
+    started: list[float] = []
+    finished: list[float] = []
+    cancels: list[float] = []
+    try:
+        async with Engine(database=database, create=False) as engine:
+            events = engine.events()
+            for _ in range(n):
+                job_id = await engine.enqueue("naps", {"seconds": 0.05})
+                run_id = (await engine.get_job(job_id)).run_id
+                seen: dict[type, float] = {}
+                with anyio.fail_after(10):
+                    async for event in events:
+                        if getattr(event, "run_id", None) != run_id:
+                            continue
+                        if isinstance(event, RunStarted | RunFinished):
+                            seen[type(event)] = time.time()
+                        if isinstance(event, RunFinished):
+                            break
+                run = await engine.get_run(run_id)
+                assert run.started_at is not None and run.finished_at is not None
+                started.append(seen[RunStarted] - run.started_at.timestamp())
+                finished.append(seen[RunFinished] - run.finished_at.timestamp())
+            for _ in range(max(1, n // 10)):
+                job_id = await engine.enqueue("naps", {"seconds": 30})
+                run_id = (await engine.get_job(job_id)).run_id
+                with anyio.fail_after(10):
+                    async for event in events:
+                        if isinstance(event, StepStarted) and event.run_id == run_id:
+                            break
+                began = time.monotonic()
+                run = await engine.cancel(run_id)
+                cancels.append(time.monotonic() - began)
+                assert run.status == "cancelled" and run.steps[0].status == "cancelled"
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(30)
+    return {"started": started, "finished": finished, "cancel": cancels}
+
+
+async def measure_blok(kind: str, url: str, mode: str, *extra: str) -> dict[str, Any]:
+    """One blok measurement in a fresh process, on a fresh PostgreSQL database or SQLite file."""
+    name = f"blok_bench_{mode.replace('-', '_')}_{uuid.uuid4().hex[:8]}"
+    admin = await asyncpg.connect(url)
+    if kind == "postgres":
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        with tempfile.TemporaryDirectory(prefix="blok-pg-bench-") as folder:
+            command = [
+                sys.executable,
+                str(Path(__file__).resolve()),
+                "--child",
+                f"{mode}:{kind}",
+                "--url",
+                database_url(url, name),
+                *extra,
+            ]
+            result = await asyncio.to_thread(
+                subprocess.run, command, cwd=folder, capture_output=True, text=True, timeout=900
+            )
+        if result.returncode != 0:
+            raise SystemExit(f"{mode} {kind}: exit {result.returncode}\n{result.stderr[-3000:]}")
+        return dict(json.loads(result.stdout.strip().splitlines()[-1]))
+    finally:
+        if kind == "postgres":
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()
+
+
+async def contract_table(args: argparse.Namespace) -> None:
+    sizes = {"submit-all": args.n, "producers": args.n, "sequential": max(1, args.n // 10)}
+    seconds: dict[tuple[str, str], list[float]] = {}
+    for _ in range(args.repeat):
+        for shape in CONTRACT_SHAPES:
+            for kind in KINDS:
+                extra = ["--shape", shape, "-n", str(sizes[shape])]
+                extra += ["--concurrency", str(args.concurrency)]
+                outcome = await measure_blok(kind, args.url, "contract", *extra)
+                seconds.setdefault((shape, kind), []).append(outcome["seconds"])
+    await header(args, f"contract path, echo workflow, C = {args.concurrency}")
+    print("| shape      |     N | blok on PostgreSQL, jobs/s | blok on SQLite, jobs/s |")
+    print("|------------|------:|---------------------------:|-----------------------:|")
+    for shape in CONTRACT_SHAPES:
+        rates = [sizes[shape] / statistics.median(seconds[(shape, k)]) for k in KINDS]
+        print(f"| {shape:<10} | {sizes[shape]:>5} | {rates[0]:>26,.0f} | {rates[1]:>22,.0f} |")
+
+
+async def attach_table(args: argparse.Namespace) -> None:
+    results = {
+        kind: await measure_blok(kind, args.url, "attach", "-n", str(args.attach)) for kind in KINDS
+    }
+    await header(
+        args, f"attach latency, N = {args.attach} runs ({max(1, args.attach // 10)} cancels)"
+    )
+    print(
+        "| from the worker's ... to the event here | PostgreSQL median / p95 ms | SQLite median / p95 ms |"
+    )
+    print(
+        "|-----------------------------------------|---------------------------:|-----------------------:|"
+    )
+    labels = {"started": "run start", "finished": "run end", "cancel": "cancel call (to stored)"}
+    for name, label in labels.items():
+        cells = []
+        for kind in KINDS:
+            values = sorted(v * 1000 for v in results[kind][name])
+            p95 = values[min(len(values) - 1, int(0.95 * len(values)))]
+            cells.append(f"{statistics.median(values):.1f} / {p95:.1f}")
+        print(f"| {label:<39} | {cells[0]:>26} | {cells[1]:>22} |")
+
+
+async def header(args: argparse.Namespace, what: str) -> None:
+    admin = await asyncpg.connect(args.url)
+    server = str(await admin.fetchval("SHOW server_version")).split()[0]
+    await admin.close()
+    print(f"machine: {machine()}")
+    print(f"server: PostgreSQL {server} on {args.url.split('@')[-1].split('/')[0]}")
+    print(
+        f"date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {what}; median of {args.repeat}"
+    )
+    print()
+
+
 async def child(system: str, url: str, n: int, concurrency: int) -> dict[str, Any]:
+    mode, _, kind = system.partition(":")
+    if mode == "contract":
+        return {"seconds": await run_contract_shape(kind, url, CHILD_SHAPE[0], n, concurrency)}
+    if mode == "attach":
+        return await run_attach(kind, url, n)
     try:
         if system == "blok":
             seconds = await run_blok(url, n, concurrency)
@@ -338,12 +552,23 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--systems", default=",".join(SYSTEMS))
-    parser.add_argument("--child", choices=SYSTEMS, help=argparse.SUPPRESS)
+    parser.add_argument("--contract", action="store_true", help="the contract path instead")
+    parser.add_argument("--attach", type=int, metavar="N", help="attach latency instead")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--shape", choices=CONTRACT_SHAPES, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
+        CHILD_SHAPE[0] = args.shape or ""
         print(json.dumps(asyncio.run(child(args.child, args.url, args.n, args.concurrency))))
+    elif args.contract:
+        asyncio.run(contract_table(args))
+    elif args.attach:
+        asyncio.run(attach_table(args))
     else:
         asyncio.run(parent(args))
+
+
+CHILD_SHAPE = [""]  # the contract shape a child runs (set from --shape)
 
 
 if __name__ == "__main__":

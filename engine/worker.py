@@ -520,6 +520,16 @@ class Worker:
                 failed = Outcome(RunStatus.FAILED, error=f"cannot resume: {lost}")
                 self._settle(runtime, claim, run, workflow, failed)
                 return
+            if queue.provider != "memory":
+                # The record says `running` before any of the run's code runs. Were the start
+                # still in the writer when this process died or froze past its lease, the run
+                # would be found `queued`, and the job's next delivery would run that same run
+                # again: a side effect done twice with no crashed run to show for it.
+                await self.backend.runs.flush()
+                if claim.lease_lost():
+                    handle.lost = True
+                    log.warning("job %s: the lease ran out as it started; left to others", job.id)
+                    return
             timeout: int | None = job.meta.get("timeout_ms")  # enqueue(timeout=...)
             if timeout is None and workflow.trigger is not None:
                 timeout = workflow.trigger.timeout

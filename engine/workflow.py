@@ -21,7 +21,7 @@ from .ratelimit import RateLimit
 from .schedules import Schedule
 from .validation import MAX_RETRIES, check_queue_name
 
-Provider = Literal["memory", "sqlite"]
+Provider = Literal["memory", "sqlite", "postgres"]
 Input = Any  # a literal, a "$.path" expression, or a callable taking the context
 
 DEFAULT_IDEMPOTENCY_TTL_MS = 24 * 60 * 60 * 1000

@@ -1,16 +1,18 @@
-"""The operator API, one suite run three ways: on the in-process engine (memory and SQLite),
-and from an attached client — an Engine with no workflows on the same database, whose actions
-on runs a worker holds are signals that worker picks up."""
+"""The operator API, one suite run five ways: on the in-process engine (memory, SQLite and
+PostgreSQL), and from an attached client — an Engine with no workflows on the same database
+(SQLite, PostgreSQL), whose actions on runs a worker holds are signals that worker picks up."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
+from pg import fresh_database
 from support import until
 
 from engine import (
@@ -91,11 +93,32 @@ class Setup:
     controls: Controls
 
 
-@pytest.fixture(params=["local-memory", "local-sqlite", "attached-sqlite"])
+@asynccontextmanager
+async def a_database(kind: str, tmp_path: Path) -> AsyncIterator[str | Path | None]:
+    if kind == "memory":
+        yield None
+    elif kind == "sqlite":
+        yield tmp_path / "blok.db"
+    else:
+        async with fresh_database() as url:
+            yield url
+
+
+@pytest.fixture(
+    params=[
+        "local-memory",
+        "local-sqlite",
+        "attached-sqlite",
+        "local-postgres",
+        "attached-postgres",
+    ]
+)
 async def setup(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Setup]:
     controls = Controls()
-    database = None if request.param == "local-memory" else tmp_path / "blok.db"
-    async with Engine(workflows=workflows(controls), database=database, grace_period=0.5) as worker:
+    async with (
+        a_database(request.param.split("-")[1], tmp_path) as database,
+        Engine(workflows=workflows(controls), database=database, grace_period=0.5) as worker,
+    ):
         if request.param.startswith("attached"):
             await worker.flush()  # what it serves is in the file before the client reads it
             async with Engine(database=database, create=False) as client:

@@ -9,7 +9,7 @@ import anyio
 import pytest
 from support import expect_events
 
-from engine import Engine, JobState, RunStarted, Step, WorkerTrigger, Workflow
+from engine import Engine, JobState, Step, StepStarted, WorkerTrigger, Workflow
 
 pytestmark = pytest.mark.anyio
 
@@ -38,7 +38,7 @@ async def test_an_error_in_the_body_crashes_the_runs_in_flight(tmp_path: Path) -
     db = tmp_path / "blok.db"
     with pytest.raises(RuntimeError, match="the app broke"):
         async with Engine(workflows=[WORKFLOW], database=db) as engine:
-            async with expect_events(engine, RunStarted):
+            async with expect_events(engine, StepStarted):  # mid-step
                 job = await engine.enqueue("naps", {"seconds": 30})
             raise RuntimeError("the app broke")
     await crashed_then_redelivered(db, job, "unhandled error: RuntimeError: the app broke")
@@ -52,7 +52,7 @@ async def test_a_failing_engine_task_crashes_the_runs_in_flight(tmp_path: Path) 
 
     with pytest.raises(BaseExceptionGroup) as raised:
         async with Engine(workflows=[WORKFLOW], database=db) as engine:
-            async with expect_events(engine, RunStarted):
+            async with expect_events(engine, StepStarted):  # mid-step
                 job = await engine.enqueue("naps", {"seconds": 30})
             assert engine._tg is not None
             engine._tg.start_soon(engine._guard(janitor_bug))  # as the engine starts its tasks

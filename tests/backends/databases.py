@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+from pg import fresh_database
+
 Location = str | Path | None  # what `open_backend` takes: None (memory), a path, a URL
 
 
@@ -39,11 +41,11 @@ async def _sqlite_file(tmp_path: Path) -> AsyncIterator[Location]:
 DATABASES: dict[str, Database] = {
     "memory": Database(_in_memory, providers=("memory",), multi_process=False),
     "sqlite": Database(_sqlite_file, providers=("sqlite", "memory"), multi_process=True),
-    # With tests/pg.py (`from pg import fresh_database`): a database of its own per test on
-    # the server BLOK_TEST_POSTGRES names, skipped with the reason where there is none.
-    # "postgres": Database(
-    #     lambda tmp_path: fresh_database(), providers=("postgres", "memory"), multi_process=True
-    # ),
+    # A database of its own per test on the server BLOK_TEST_POSTGRES names (tests/pg.py),
+    # skipped with the reason where there is none (a failure where BLOK_REQUIRE_POSTGRES=1).
+    "postgres": Database(
+        lambda tmp_path: fresh_database(), providers=("postgres", "memory"), multi_process=True
+    ),
 }
 MULTI_PROCESS = [kind for kind, database in DATABASES.items() if database.multi_process]
 

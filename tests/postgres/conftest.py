@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from importlib.util import find_spec
+from typing import Any
 
 import pytest
 from pg import NO_DRIVER, fresh_database, required
@@ -24,13 +25,20 @@ async def pg_url(anyio_backend: str) -> AsyncIterator[str]:
 @pytest.fixture
 async def pg_schema(pg_url: str) -> AsyncIterator[str]:
     """`pg_url` with blok's schema applied."""
-    import asyncpg
-
     from engine.backends.postgres.schema import migrate
 
-    conn = await asyncpg.connect(pg_url)
+    conn = await connect(pg_url)
     try:
         await migrate(conn)
     finally:
         await conn.close()
     yield pg_url
+
+
+async def connect(url: str) -> Any:
+    """A connection as blok's own are made: blok's schema on the search path."""
+    import asyncpg
+
+    from engine.backends.postgres.connect import settings
+
+    return await asyncpg.connect(url, server_settings=settings("test"))

@@ -1,210 +1,179 @@
-"""Fencing against a real server: a write that names a stale epoch lands nowhere, even when the
-takeover is still in flight; job transitions move the epoch; the leader lease; the change feed."""
+"""The fencing scenarios of tests/test_fencing.py on PostgreSQL: a frozen worker rewrites
+nothing, a live worker keeps its job however long it runs, a dead one's job is taken over when
+its lease expires. Real `blok-tui worker` processes on one database URL."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 from pg import NO_DRIVER
+from support import until
 
 asyncpg = pytest.importorskip("asyncpg", reason=NO_DRIVER)
 
-from engine.backends.postgres import sql
+from test_fencing import Project
 
-from .rows import attempt, job, run, step
+from engine import Engine, RunStatus, Step, WorkerTrigger, Workflow
+
+from .conftest import connect
 
 pytestmark = pytest.mark.anyio
 
 
-async def held_job(conn: asyncpg.Connection, job_id: str = "j1", worker: str = "w1") -> int:
-    """Enqueue and claim a job; return the epoch its worker holds."""
-    await conn.execute(sql.INSERT_JOB, *job(job_id))
-    [claimed] = await conn.fetch(sql.CLAIM, "q", 1, worker, 30.0)
-    return int(claimed["epoch"])
+class Database:
+    """Reads of the database the workers write, on one connection of the test's own."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+    async def scalar(self, statement: str, *args: Any) -> int:
+        return int(await self.conn.fetchval(statement, *args))
+
+    async def runs(self, status: str) -> dict[str, tuple[Any, ...]]:
+        """Every run in this status with everything stored of it (run, steps, attempts)."""
+        found = {}
+        for run in await self.conn.fetch(
+            "SELECT id, status, output::text, error, finished_at, worker FROM runs"
+            " WHERE status = $1",
+            status,
+        ):
+            steps = await self.conn.fetch(
+                "SELECT idx, status, output::text, error, finished_at FROM steps"
+                " WHERE run_id = $1 ORDER BY idx",
+                run[0],
+            )
+            attempts = await self.conn.fetch(
+                "SELECT step_idx, number, status, error, finished_at FROM attempts"
+                " WHERE run_id = $1 ORDER BY step_idx, number",
+                run[0],
+            )
+            found[run[0]] = (tuple(run), tuple(map(tuple, steps)), tuple(map(tuple, attempts)))
+        return found
 
 
-async def write_records(conn: asyncpg.Connection, epoch: int, status: str) -> None:
-    await conn.execute(sql.UPSERT_RUN, *run("r1", "j1", status=status), "j1", epoch)
-    await conn.execute(sql.UPSERT_STEP, *step("r1", 0, status=status), "j1", epoch)
-    await conn.execute(sql.UPSERT_ATTEMPT, *attempt("r1", 0, 1, status=status), "j1", epoch)
-    await conn.execute(sql.INSERT_LOG, "r1", 0, time.time(), "INFO", status, "j1", epoch)
-
-
-async def records(conn: asyncpg.Connection) -> list[str | None]:
-    return [
-        await conn.fetchval("SELECT status FROM runs WHERE id = 'r1'"),
-        await conn.fetchval("SELECT status FROM steps WHERE run_id = 'r1'"),
-        await conn.fetchval("SELECT status FROM attempts WHERE run_id = 'r1'"),
-        await conn.fetchval("SELECT string_agg(message, ',' ORDER BY id) FROM logs"),
-    ]
-
-
-async def test_the_holders_epoch_writes_and_rewrites(pg_schema: str) -> None:
-    conn = await asyncpg.connect(pg_schema)
+@pytest.fixture
+async def project(pg_url: str, tmp_path: Path) -> AsyncIterator[tuple[Project, Database]]:
+    made = Project(tmp_path, work_s=0.05)
+    made.database = pg_url  # type: ignore[assignment]  # a URL where the SQLite test has a path
+    async with Engine(database=pg_url):  # installs blok's schema
+        pass
+    conn = await connect(pg_url)
     try:
-        epoch = await held_job(conn)
-        await write_records(conn, epoch, "running")
-        await write_records(conn, epoch, "completed")
-        assert await records(conn) == ["completed"] * 3 + ["running,completed"]
+        yield made, Database(conn)
     finally:
+        made.close()
         await conn.close()
 
 
-async def test_a_stale_epoch_writes_nothing(pg_schema: str) -> None:
-    conn = await asyncpg.connect(pg_schema)
-    try:
-        stale = await held_job(conn)
-        await write_records(conn, stale, "running")
-        # The lease ran out and another worker took the job over: the epoch moved on.
-        await conn.execute("UPDATE jobs SET lease_until = 0")
-        [taken] = await conn.fetch(sql.CLAIM, "q", 1, "w2", 30.0)
-        assert taken["epoch"] == stale + 1
-        # The first worker wakes up and finishes what it had: none of it lands, new rows
-        # (a step and attempt it had not written yet) included.
-        await write_records(conn, stale, "completed")
-        await conn.execute(sql.UPSERT_STEP, *step("r1", 1, status="completed"), "j1", stale)
-        assert await records(conn) == ["running"] * 3 + ["running"]
-        assert await conn.fetchval("SELECT count(*) FROM steps") == 1
-        # Nor can it settle the job.
-        assert (
-            await conn.fetchval(sql.SETTLE_DONE, "j1", stale, "completed", None, "r1", None, None)
-            is None
-        )
-        assert await conn.fetchval("SELECT (state, worker) FROM jobs") == ("active", "w2")
-    finally:
-        await conn.close()
-
-
-async def test_a_stale_write_waits_for_a_takeover_in_flight_then_writes_nothing(
-    pg_schema: str,
+async def test_a_frozen_worker_wakes_up_and_rewrites_nothing(
+    project: tuple[Project, Database],
 ) -> None:
-    """A takeover that has not committed yet must not let the old holder's write slip in
-    before it: the fence reads the epoch FOR SHARE, so the write waits and then sees it."""
-    setup, taker, stale_writer = [await asyncpg.connect(pg_schema) for _ in range(3)]
-    try:
-        stale = await held_job(setup)
-        await write_records(setup, stale, "running")
-        await setup.execute("UPDATE jobs SET lease_until = 0")
-        writer_pid = stale_writer.get_server_pid()
-        finished = anyio.Event()
-
-        async def write_late() -> None:
-            await write_records(stale_writer, stale, "completed")
-            finished.set()
-
-        async with anyio.create_task_group() as tg:
-            async with taker.transaction():
-                [taken] = await taker.fetch(sql.CLAIM, "q", 1, "w2", 30.0)
-                tg.start_soon(write_late)
-                # Wait (on the server's own view) until the late write is blocked on the row.
-                # (The server has no event for it: poll, bounded.)
-                with anyio.fail_after(10):
-                    while True:
-                        if await setup.fetchval(
-                            "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1",
-                            writer_pid,
-                        ):
-                            break
-                        await anyio.sleep(0.01)
-                assert not finished.is_set()
-            with anyio.fail_after(10):
-                await finished.wait()
-        assert taken["epoch"] == stale + 1
-        assert await records(setup) == ["running"] * 4
-    finally:
-        for conn in (setup, taker, stale_writer):
-            await conn.close()
-
-
-async def test_transitions_move_the_epoch_and_need_the_current_one(pg_schema: str) -> None:
-    conn = await asyncpg.connect(pg_schema)
-    try:
-        epoch = await held_job(conn)
-        # A signal is a request to the holder, not a change of state: the epoch stays.
-        assert await conn.fetchval(sql.SIGNAL, "j1", "retry_now") == "w1"
-        [(job_id, renewed_epoch, signal)] = await conn.fetch(sql.RENEW, "w1", 30.0)
-        assert (job_id, renewed_epoch) == ("j1", epoch) and "retry_now" in signal
-
-        again = await conn.fetchval(
-            sql.SETTLE_AGAIN, "j1", epoch, "delayed", time.time() + 60, "r1", True, None, None
-        )
-        assert again == epoch + 1
-        assert await conn.fetchval("SELECT (state, worker, lease_until, signal) FROM jobs") == (
-            "delayed",
-            None,
-            None,
-            None,
-        )
-        # The old epoch can no longer settle it, even with the job not held by anyone.
-        assert (
-            await conn.fetchval(sql.SETTLE_DONE, "j1", epoch, "completed", None, "r1", None, None)
-            is None
-        )
-        assert await conn.fetchval(sql.CANCEL_PENDING, "j1") == epoch + 2
-        assert await conn.fetchval(sql.CANCEL_PENDING, "j1") is None
-    finally:
-        await conn.close()
+    project_, db = project
+    jobs = 60
+    async with Engine(database=str(project_.database)) as producer:
+        frozen, frozen_log = await anyio.to_thread.run_sync(project_.worker, "frozen")
+        await until(lambda: db.scalar("SELECT count(*) FROM worker_catalog"))
+        ids = await producer.enqueue_many("fenced", [{"n": n} for n in range(jobs)])
+        held = "SELECT count(*) FROM jobs WHERE state = 'active' AND worker LIKE $1"
+        pattern = f"%:{frozen.pid}"
+        # Running and claimed ahead.
+        await until(lambda: check(db.scalar(held, pattern), lambda n: n >= 8))
+        os.kill(frozen.pid, signal.SIGSTOP)
+        survivor, _ = await anyio.to_thread.run_sync(project_.worker, "survivor")
+        completed = "SELECT count(*) FROM jobs WHERE state = 'completed'"
+        await until(lambda: check(db.scalar(completed), lambda n: n == jobs), timeout=60)
+        before = await db.runs("completed")
+        assert len(before) == jobs
+        os.kill(frozen.pid, signal.SIGCONT)
+        # Awake: its next renewal finds it holds nothing; it says so and writes nothing more.
+        await until(lambda: "lease" in frozen_log.read_text(), timeout=20)
+        await until(lambda: check(db.scalar(held, pattern), lambda n: n == 0))
+        frozen.send_signal(signal.SIGTERM)
+        survivor.send_signal(signal.SIGTERM)
+        assert frozen.wait(20) == 0 and survivor.wait(20) == 0
+        after = await db.runs("completed")
+        assert after == before, "a completed run was rewritten by the worker that woke up"
+        for job_id in ids:
+            job = await producer.get_job(job_id)
+            run = await producer.get_run(job.run_id)
+            assert (job.state, run.status) == ("completed", RunStatus.COMPLETED)
+            assert len(await producer.runs(status="completed", limit=10, text=job_id)) == 1
+        crashed_runs = await producer.runs(status="crashed", limit=1000)
+        assert await producer.count_runs() == jobs + len(crashed_runs)
+    # Side effects done twice belong to runs the store records as crashed, never completed.
+    crashed = set(await db.runs("crashed"))
+    for job_id, runs in project_.executions().items():
+        assert len([r for r in runs if r not in crashed]) <= 1, (job_id, runs)
+    assert await db.scalar("SELECT count(*) FROM runs WHERE status = 'running'") == 0
 
 
-async def test_one_leader_at_a_time(pg_schema: str) -> None:
-    conn = await asyncpg.connect(pg_schema)
-    try:
-        assert await conn.fetchval(sql.ACQUIRE_LEADER, "janitor", "w1", 30.0) is not None
-        assert await conn.fetchval(sql.ACQUIRE_LEADER, "janitor", "w2", 30.0) is None
-        assert await conn.fetchval(sql.ACQUIRE_LEADER, "janitor", "w1", 30.0) is not None
-        assert await conn.fetchval(sql.ACQUIRE_LEADER, "recovery", "w2", 30.0) is not None
-        # w1 stops renewing (its last lease was already over): w2 takes the chore.
-        await conn.fetchval(sql.ACQUIRE_LEADER, "janitor", "w1", -1.0)
-        assert await conn.fetchval(sql.ACQUIRE_LEADER, "janitor", "w2", 30.0) is not None
-        assert await conn.fetchval(sql.ACQUIRE_LEADER, "janitor", "w1", 30.0) is None
-        await conn.execute(sql.RELEASE_LEADER, "janitor", "w2")
-        assert await conn.fetchval(sql.ACQUIRE_LEADER, "janitor", "w1", 30.0) is not None
-    finally:
-        await conn.close()
+async def check(value: Any, test: Any) -> bool:
+    return bool(test(await value))
 
 
-async def read_until(
-    read: Callable[[int], Awaitable[tuple[int, list[str]]]], horizon: int, count: int
-) -> tuple[int, list[str]]:
-    """Read the feed until `count` changes came. The horizon is the server's oldest running
-    transaction, in any database: another client's open transaction can hold it back a while."""
-    seen: list[str] = []
-    with anyio.fail_after(10):
-        while len(seen) < count:
-            horizon, more = await read(horizon)
-            seen += more
-            if len(seen) < count:
-                await anyio.sleep(0.01)
-    return horizon, seen
+async def test_a_job_running_four_leases_long_is_never_taken_over(pg_url: str) -> None:
+    """A worker renews its leases while it runs: a second engine on the same database,
+    claiming the whole time, never takes over a job that runs four times longer than the
+    lease."""
+    executions: list[str] = []
+
+    async def long(ctx: Any) -> str:
+        executions.append(ctx.run_id)
+        await anyio.sleep(2.0)
+        return "done"
+
+    wf = Workflow(
+        name="long",
+        trigger=WorkerTrigger(queue="long", concurrency=1),
+        steps=[Step("long", long)],
+    )
+    async with (
+        Engine(workflows=[wf], database=pg_url, lease=0.5) as first,
+        Engine(workflows=[wf], database=pg_url, lease=0.5) as second,
+    ):
+        job = await first.enqueue("long")
+        run = await second.wait_for_job(job, timeout=20)
+        assert run.status is RunStatus.COMPLETED
+        assert executions == [run.id], "taken over while its worker was alive and renewing"
+        assert await first.count_runs() == 1
+        assert not await first.runs(status="crashed")
 
 
-async def test_the_change_feed_does_not_skip_a_late_commit(pg_schema: str) -> None:
-    """A run written by a transaction that commits after a later one is still read once."""
-    reader, slow, fast = [await asyncpg.connect(pg_schema) for _ in range(3)]
-    try:
-        for job_id in ("j1", "j2"):
-            await reader.execute(sql.INSERT_JOB, *job(job_id))
-
-        async def read(horizon: int) -> tuple[int, list[str]]:
-            rows = await reader.fetch(sql.CHANGED_RUNS, horizon)
-            return rows[0]["xmin"], [r["id"] for r in rows if r["id"] is not None]
-
-        horizon, seen = await read(0)
-        assert seen == []
-        async with slow.transaction():
-            await slow.execute(sql.UPSERT_RUN, *run("r-slow", "j1"), "j1", 0)
-            await fast.execute(sql.UPSERT_RUN, *run("r-fast", "j2"), "j2", 0)
-            # `fast` committed, `slow` has not: the feed holds back rather than pass `slow` by.
-            horizon, seen = await read(horizon)
-            assert seen == []
-        horizon, seen = await read_until(read, horizon, 2)
-        assert sorted(seen) == ["r-fast", "r-slow"]
-        await fast.execute(sql.UPSERT_RUN, *run("r-fast", "j2", status="completed"), "j2", 0)
-        horizon, seen = await read_until(read, horizon, 1)
-        assert seen == ["r-fast"]
-    finally:
-        for conn in (reader, slow, fast):
-            await conn.close()
+async def test_a_dead_workers_job_is_taken_over_when_its_lease_expires(
+    project: tuple[Project, Database], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No restart and no recovery round: only the lease running out (on the server's clock)
+    frees the job, and the claim that takes it records the old run crashed, saying why."""
+    project_, db = project
+    project_.env["FENCING_WORK_S"] = "30"  # the victim's runs never end by themselves
+    victim, _ = await anyio.to_thread.run_sync(project_.worker, "victim")
+    url = str(project_.database)
+    async with Engine(database=url) as producer:
+        await until(lambda: db.scalar("SELECT count(*) FROM worker_catalog"))
+        job = await producer.enqueue("fenced", {"n": 1})
+    started = "SELECT count(*) FROM runs WHERE status = 'running' AND worker LIKE $1"
+    await until(lambda: check(db.scalar(started, f"%:{victim.pid}"), lambda n: n == 1))
+    monkeypatch.setenv("FENCING_EFFECTS", str(project_.effects))
+    monkeypatch.setenv("FENCING_WORK_S", "0.01")
+    # Started while the victim lives: its boot recovery finds nobody dead.
+    async with Engine(
+        workflows=project_.workflows, database=url, janitor_interval=3600
+    ) as survivor:
+        first = (await survivor.get_job(job)).run_id
+        victim.kill()
+        victim.wait()
+        killed_at = time.monotonic()
+        run = await survivor.wait_for_job(job, timeout=20)
+        assert time.monotonic() - killed_at >= 1.0, "taken before the lease could expire"
+        assert run.status is RunStatus.COMPLETED and run.id != first
+        old = await survivor.get_run(first)
+        assert old.status is RunStatus.CRASHED
+        assert "lease expired" in (old.error or "")
+        assert any("redelivery" in line.message for line in run.logs)

@@ -1,5 +1,5 @@
 """The PostgreSQL schema: migrations from empty, again, at once from many processes, and from a
-newer blok; what the schema promises about the data it keeps."""
+newer blok; blok's tables beside an application's own; what the schema keeps of the data."""
 
 from __future__ import annotations
 
@@ -11,10 +11,13 @@ from pg import NO_DRIVER
 
 asyncpg = pytest.importorskip("asyncpg", reason=NO_DRIVER)
 
-from engine.backends.postgres import sql
-from engine.backends.postgres.schema import MIGRATIONS, SCHEMA_VERSION, SchemaError, migrate
+from backends.builders import a_run, job_and_run, line
 
-from .rows import job, run
+from engine import DatabaseError
+from engine.backends import open_backend
+from engine.backends.postgres.schema import MIGRATIONS, SCHEMA, SCHEMA_VERSION, SchemaError, migrate
+
+from .conftest import connect
 
 pytestmark = pytest.mark.anyio
 
@@ -26,7 +29,6 @@ TABLES = {
     "logs",
     "idempotency",
     "jobs",
-    "control",
     "workers",
     "worker_catalog",
     "paused_queues",
@@ -36,17 +38,18 @@ TABLES = {
 }
 
 
-async def tables(conn: asyncpg.Connection) -> set[str]:
-    rows = await conn.fetch("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
+async def tables(conn: asyncpg.Connection, schema: str = SCHEMA) -> set[str]:
+    rows = await conn.fetch("SELECT tablename FROM pg_tables WHERE schemaname = $1", schema)
     return {row["tablename"] for row in rows}
 
 
 async def test_migrations_apply_from_empty(pg_url: str) -> None:
-    conn = await asyncpg.connect(pg_url)
+    conn = await connect(pg_url)
     try:
         assert await tables(conn) == set()
         assert await migrate(conn) == SCHEMA_VERSION
         assert await tables(conn) == TABLES
+        assert await tables(conn, "public") == set()
         versions = await conn.fetch("SELECT version FROM schema_version ORDER BY version")
         assert [row["version"] for row in versions] == list(range(1, SCHEMA_VERSION + 1))
         assert sorted(MIGRATIONS) == list(range(1, SCHEMA_VERSION + 1))
@@ -55,76 +58,132 @@ async def test_migrations_apply_from_empty(pg_url: str) -> None:
             row["column_name"]: (row["data_type"], row["is_nullable"], row["column_default"])
             for row in await conn.fetch(
                 "SELECT column_name, data_type, is_nullable, column_default"
-                " FROM information_schema.columns WHERE table_name = 'jobs'"
+                " FROM information_schema.columns WHERE table_schema = $1 AND table_name = 'jobs'",
+                SCHEMA,
             )
         }
         assert columns["epoch"] == ("bigint", "NO", "0")
-        assert columns["signal"][0] == "jsonb"
-        assert columns["taken_from"][0] == "text"
-        assert columns["force"][:2] == ("boolean", "NO")
+        assert columns["signals"][0] == "jsonb"
+        assert columns["payload"][0] == "json"
         assert columns["lease_until"][0] == "double precision"
 
         indexes = {
             row["indexname"]: row["indexdef"]
-            for row in await conn.fetch("SELECT indexname, indexdef FROM pg_indexes")
+            for row in await conn.fetch(
+                "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = $1", SCHEMA
+            )
         }
         assert "(queue, priority DESC, seq) WHERE (state = ANY" in indexes["jobs_ready"]
-        assert "(lease_until) WHERE (state = 'active'" in indexes["jobs_leases"]
+        assert "(queue, lease_until) WHERE (state = 'active'" in indexes["jobs_active"]
     finally:
         await conn.close()
 
 
 async def test_migrations_are_idempotent_and_keep_the_data(pg_url: str) -> None:
-    conn = await asyncpg.connect(pg_url)
+    job, run = job_and_run()
+    async with open_backend(pg_url) as backend:
+        await backend.queue(None).add([job], [run])
+    conn = await connect(pg_url)
     try:
-        await migrate(conn)
-        await conn.execute(sql.INSERT_JOB, *job("j1"))
         assert await migrate(conn) == SCHEMA_VERSION
         assert await conn.fetchval("SELECT count(*) FROM schema_version") == SCHEMA_VERSION
-        assert await conn.fetchval("SELECT id FROM jobs") == "j1"
+        assert await conn.fetchval("SELECT id FROM jobs") == job.id
     finally:
         await conn.close()
 
 
 async def test_processes_starting_together_migrate_once(pg_url: str) -> None:
-    conns = [await asyncpg.connect(pg_url) for _ in range(4)]
-    try:
-        async with anyio.create_task_group() as tg:
-            for conn in conns:
-                tg.start_soon(migrate, conn)
-        assert await conns[0].fetchval("SELECT count(*) FROM schema_version") == SCHEMA_VERSION
-        assert await tables(conns[0]) == TABLES
-    finally:
-        for conn in conns:
-            await conn.close()
+    opened = 0
 
+    async def start() -> None:
+        nonlocal opened
+        async with open_backend(pg_url):
+            opened += 1
 
-async def test_a_database_from_a_newer_blok_is_refused_in_one_line(pg_url: str) -> None:
-    conn = await asyncpg.connect(pg_url)
+    async with anyio.create_task_group() as tg:
+        for _ in range(4):
+            tg.start_soon(start)
+    assert opened == 4
+    conn = await connect(pg_url)
     try:
-        await migrate(conn)
-        await conn.execute("INSERT INTO schema_version (version) VALUES ($1)", SCHEMA_VERSION + 1)
-        with pytest.raises(SchemaError) as raised:
-            await migrate(conn)
-        message = str(raised.value)
-        assert "\n" not in message
-        assert f"schema {SCHEMA_VERSION + 1}" in message and "upgrade blok-tui" in message
-        assert pg_url.rsplit("/", 1)[1] in message
+        assert await conn.fetchval("SELECT count(*) FROM schema_version") == SCHEMA_VERSION
+        assert await tables(conn) == TABLES
     finally:
         await conn.close()
 
 
-async def test_user_data_comes_back_as_it_went_in(pg_schema: str) -> None:
-    """Payloads and outputs are `json`: key order and NUL characters survive, as with SQLite
-    (`jsonb` would sort the keys and refuse "\\u0000")."""
-    conn = await asyncpg.connect(pg_schema)
+async def test_a_database_from_a_newer_blok_is_refused_in_one_line(pg_url: str) -> None:
+    conn = await connect(pg_url)
     try:
-        value = json.dumps({"zeta": 1, "alpha": {"b": 2, "a": "x\u0000y"}})
-        await conn.execute(sql.INSERT_JOB, *job("j1", payload=value))
-        await conn.execute(sql.UPSERT_RUN, *run("r1", "j1", output=value), "j1", 0)
-        assert await conn.fetchval("SELECT payload::text FROM jobs") == value
-        stored = await conn.fetchval("SELECT output::text FROM runs")
-        assert list(json.loads(stored)) == ["zeta", "alpha"]
-        assert json.loads(stored) == json.loads(value)
+        await migrate(conn)
+        await conn.execute("INSERT INTO schema_version (version) VALUES ($1)", SCHEMA_VERSION + 1)
+        with pytest.raises(SchemaError):
+            await migrate(conn)
+    finally:
+        await conn.close()
+    with pytest.raises(DatabaseError) as raised:
+        async with open_backend(pg_url):
+            pass
+    message = str(raised.value)
+    assert "\n" not in message
+    assert message.startswith(pg_url)
+    assert f"schema {SCHEMA_VERSION + 1}" in message and "upgrade blok-tui" in message
+
+
+async def test_a_read_only_command_does_not_install_blok(pg_url: str) -> None:
+    with pytest.raises(DatabaseError, match="not a blok database") as raised:
+        async with open_backend(pg_url, create=False):
+            pass
+    assert "blok-tui worker --db" in str(raised.value)
+    conn = await connect(pg_url)
+    try:
+        assert await conn.fetchval("SELECT to_regnamespace($1)", SCHEMA) is None
+    finally:
+        await conn.close()
+
+
+async def test_blok_lives_beside_an_applications_own_tables(pg_url: str) -> None:
+    """A database that already has `runs` and `jobs` tables of its own (the application's)
+    takes blok's beside them, untouched."""
+    conn = await asyncpg.connect(pg_url)
+    try:
+        await conn.execute("CREATE TABLE public.jobs (id INTEGER PRIMARY KEY, title TEXT)")
+        await conn.execute("CREATE TABLE public.runs (x TEXT)")
+        await conn.execute("INSERT INTO public.jobs VALUES (1, 'the app''s own')")
+        job, run = job_and_run()
+        async with open_backend(pg_url) as backend:
+            assert await backend.queue(None).add([job], [run]) == [job.id]
+            assert (await backend.queue(None).get_job(job.id)) is not None
+        assert await conn.fetch("SELECT * FROM public.jobs") == [(1, "the app's own")]
+        assert await conn.fetchval("SELECT count(*) FROM public.runs") == 0
+        assert await conn.fetchval(f"SELECT id FROM {SCHEMA}.jobs") == job.id
+    finally:
+        await conn.close()
+
+
+async def test_user_data_comes_back_as_it_went_in(pg_url: str) -> None:
+    """Payloads and outputs are `json`: key order and NUL characters inside JSON survive, as
+    with SQLite; a NUL in plain text (an error message, a log line), which PostgreSQL's text
+    cannot hold, is kept as the four characters \\x00 instead of failing the write."""
+    value = {"zeta": 1, "alpha": {"b": 2, "a": "x\u0000y"}}
+    job, run = job_and_run(payload=value)
+    odd = a_run(output=value, error="bad\x00byte")
+    async with open_backend(pg_url) as backend:
+        await backend.queue(None).add([job], [run])
+        backend.runs.save_run(odd)
+        backend.runs.add_log(odd.id, line("nul\x00here"))
+        await backend.runs.flush()
+        stored_job = await backend.queue(None).get_job(job.id)
+        stored = await backend.runs.get_run(odd.id)
+    assert stored_job is not None and stored is not None
+    assert list(stored_job.payload) == ["zeta", "alpha"]
+    assert stored_job.payload == value
+    assert list(stored.output) == ["zeta", "alpha"] and stored.output == value
+    assert stored.error == "bad\\x00byte"
+    assert [entry.message for entry in stored.logs] == ["nul\\x00here"]
+    conn = await connect(pg_url)
+    try:
+        text = await conn.fetchval("SELECT payload::text FROM jobs")
+        assert text == json.dumps(value)
     finally:
         await conn.close()

@@ -1,5 +1,200 @@
 """The PostgreSQL backend: many workers on many machines share one database.
 
-Only its schema (`schema.py`) and statements (`sql.py`) are here so far; the backend itself
-plugs into the seam of `engine/backends/` once that exists.
+`db.py` holds the connections (the batching writer, a pool, the listener), `store.py` the runs
+and the change feed, `queue.py` the jobs, `shared.py` what workers share, `sql.py` the
+statements and `schema.py` the tables. Each process opens five connections at most.
+
+Waiting for other processes (`wait_for_change`: the worker's follow loop, an attached console's
+feed) listens instead of polling: every batch of a writer, every claim that took jobs, every
+signal and every enqueue notifies, and the change token moves when another process's
+notification arrives: at once for a waiter that is waiting, at most every COALESCE_S for one
+that keeps coming back to find more changes already (a busy cluster's hundreds of batches a
+second are read as a few changes), at once for a signal. Lease renewals do not notify. While the listener is reconnecting, the
+token moves every half second, so the waiters look for themselves.
 """
+
+from __future__ import annotations
+
+import time
+from typing import Any, ClassVar
+
+import anyio
+from anyio.abc import TaskGroup
+
+from ...errors import DatabaseError
+from ..base import Backend, JobQueue
+from ..memory import MemoryQueue
+from . import sql
+from .db import PostgresDatabase
+from .queue import PostgresQueue
+from .schema import SCHEMA, SCHEMA_VERSION
+from .shared import PostgresShared
+from .store import PostgresRunStore
+
+UNHEARD_POLL_S = 0.5  # the token moves this often while the listener is down
+STRAGGLER_WAIT_S = (0.01, 0.5)  # a feed held back by an older transaction is read again after
+COALESCE_S = 0.05  # changes are told at most this often (SQLite's backend polls as often)
+
+
+class PostgresBackend(Backend):
+    kind: ClassVar[str] = "postgres"
+    multi_process: ClassVar[bool] = True
+
+    def __init__(self, url: str, *, create: bool = True, lease_s: float = 30.0) -> None:
+        from .. import describe
+
+        self.location = describe(url)
+        self.db = PostgresDatabase(url, self.location, create=create, lease_s=lease_s)
+        self.runs: PostgresRunStore = PostgresRunStore(self.db)
+        self.shared = PostgresShared(self.db)
+        self._durable = PostgresQueue(self.db)
+        self._memory: MemoryQueue | None = None
+        self._tg: TaskGroup | None = None
+        self._token = 0
+        self._changed = anyio.Event()
+        self._straggler_wait = STRAGGLER_WAIT_S[0]
+        self._last_return = 0.0
+        self._unheard_at = 0.0
+        self._urgent = False  # a signal arrived: tell it without waiting out the window
+        self._was_busy = False  # the last wait found the token moved already
+        self._feed_wanted = 0  # the newest transaction another process said wrote runs
+        self.db.on_notify = self._notified
+        self.db.on_listening = self._heard_again
+
+    async def __aenter__(self) -> PostgresBackend:
+        await self.db.open()
+        tg = anyio.create_task_group()
+        await tg.__aenter__()
+        self._tg = tg
+        tg.start_soon(self.db.writer_loop)
+        try:
+            await tg.start(self.db.listener_loop)
+        except BaseException:
+            tg.cancel_scope.cancel()
+            await tg.__aexit__(None, None, None)
+            await self.db.close()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        try:
+            if self._tg is not None:
+                try:
+                    # While the writer still runs: afterwards nothing would commit.
+                    with anyio.CancelScope(shield=True), anyio.move_on_after(10) as waited:
+                        await self.db.flush()
+                    if waited.cancelled_caught:
+                        self.db.flush_now()
+                finally:
+                    self._tg.cancel_scope.cancel()
+                    await self._tg.__aexit__(None, None, None)
+        finally:
+            await self.db.close()
+
+    def queue(self, provider: str | None) -> JobQueue:
+        if provider in (None, "postgres"):
+            return self._durable
+        if provider == "memory":
+            if self._memory is None:
+                self._memory = MemoryQueue(self.runs)
+            return self._memory
+        raise ValueError(
+            f"unknown queue provider {provider!r} for a PostgreSQL database: use 'postgres' (or"
+            " leave it unset) or 'memory'"
+        )
+
+    @property
+    def queues(self) -> tuple[JobQueue, ...]:
+        return (self._durable,) if self._memory is None else (self._durable, self._memory)
+
+    # ---- following other processes ---------------------------------------------------------
+    def _move(self) -> None:
+        self._token += 1
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    def _notified(self, channel: str, payload: str) -> None:
+        """Another process committed: its batch, a claim, a signal, new jobs of a queue."""
+        if channel == sql.JOBS_CHANNEL:
+            self._durable.wake(payload)
+        elif channel == sql.SIGNALS_CHANNEL:
+            self._urgent = True
+        elif channel == sql.RUNS_CHANNEL and payload.isdigit():
+            self._feed_wanted = max(self._feed_wanted, int(payload))
+        self._move()
+
+    def _heard_again(self) -> None:
+        """The listener (re)connected: what was notified while it was away is unknown."""
+        self._durable.wake_all()
+        self._move()
+
+    async def change_token(self) -> int:
+        return self._token
+
+    async def wait_for_change(self, token: int, timeout: float) -> int:
+        deadline = time.monotonic() + timeout
+        # A burst of changes (every batch of every worker notifies) is read once, not once per
+        # batch: a reader that finds the token moved already when it asks, twice running (the
+        # changes keep coming while it reads the last ones: the cluster is busy), is told at
+        # most every COALESCE_S. One that had to wait is told at once, and so is a signal (an
+        # operator waits for it).
+        busy = self._token != token
+        if busy and self._was_busy and not self._urgent:
+            gap = self._last_return + COALESCE_S - time.monotonic()
+            if gap > 0:
+                await anyio.sleep(min(gap, max(0.0, deadline - time.monotonic())))
+        self._was_busy = busy
+        while self._token == token:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return token
+            if self.runs.followed and self._feed_wanted >= max(self.runs.horizon, 1):
+                # Runs another process committed are not readable yet: a transaction older
+                # than theirs still runs. Look again shortly, then less and less often.
+                with anyio.move_on_after(min(remaining, self._straggler_wait)):
+                    await self._changed.wait()
+                self._straggler_wait = min(2 * self._straggler_wait, STRAGGLER_WAIT_S[1])
+                self._move()
+                break
+            self._straggler_wait = STRAGGLER_WAIT_S[0]
+            if not self.db.listening:
+                # Nothing is heard: the waiters look for themselves every UNHEARD_POLL_S.
+                due = self._unheard_at + UNHEARD_POLL_S - time.monotonic()
+                if due <= 0:
+                    self._unheard_at = time.monotonic()
+                    self._move()
+                    break
+                with anyio.move_on_after(min(remaining, due)):
+                    await self._changed.wait()
+                continue
+            with anyio.move_on_after(min(remaining, 1.0)):
+                await self._changed.wait()
+        self._urgent = False
+        self._last_return = time.monotonic()
+        return self._token
+
+    async def health(self) -> dict[str, Any]:
+        try:
+            version = await self.db.fetchval(f"SELECT max(version) FROM {SCHEMA}.schema_version")
+            server = await self.db.fetchval("SHOW server_version")
+        except Exception as error:
+            return {
+                "ok": False,
+                "backend": "postgres",
+                "url": self.location,
+                "error": f"{type(error).__name__}: {error}",
+            }
+        return {
+            "ok": version == SCHEMA_VERSION,
+            "backend": "postgres",
+            "url": self.location,
+            "schema": version,
+            "server": str(server).split()[0],
+            "listening": self.db.listening,
+        }
+
+    def flush_now(self) -> None:
+        self.db.flush_now()
+
+
+__all__ = ["DatabaseError", "PostgresBackend"]

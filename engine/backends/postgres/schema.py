@@ -1,42 +1,41 @@
 """The PostgreSQL schema: versioned DDL and the migration that applies it.
 
-It mirrors the SQLite schema (`engine/sqlite_db.py`) table for table, with what the redesign
-adds: the fencing token and the operator's signal on `jobs`, and `leader_leases` for the cluster
-chores. Where it differs from SQLite, and why:
+It mirrors the SQLite schema (`backends/sqlite/schema.py`) table for table and column for
+column, so that the row codecs of `backends/rows.py` serve both. Where it differs, and why:
 
-- Times are `double precision` epoch seconds, as in SQLite: the row codecs stay one for both
-  backends, the drivers decode a float far cheaper than a `timestamptz` into a `datetime`, and a
-  lease is a plain comparison. Everything that expires (leases, slots, leader leases) is computed
-  from the server's clock (`sql.NOW`), so workers whose clocks disagree still agree on who holds
-  what. `to_timestamp(col)` shows a time in psql.
+- Everything lives in its own schema, `blok` (every connection's search_path): a database that
+  already holds an application's own `runs` or `jobs` tables can take blok's beside them.
+- Times are `double precision` epoch seconds, as in SQLite: one codec for both backends, and the
+  driver decodes a float far cheaper than a `timestamptz` into a `datetime`. Everything that
+  decides who holds what (leases, slots, leader leases) is computed from the server's clock
+  (`sql.NOW`), so workers whose clocks disagree still agree. `to_timestamp(col)` shows one in psql.
+- Flags (`resume`, `forced`, `timed_out`) are integers, as the codecs write them.
 - Data the user owns (payloads, inputs, outputs, state, headers) is `json`, not `jsonb`: `json`
-  keeps the text as written, so a dict comes back in the order it went in, as it does from
-  SQLite and memory (`jsonb` sorts keys, drops duplicates and refuses "\\u0000"), and it is cheaper
-  to write. What SQL inspects or merges, the engine's own `meta` and `signal`, is `jsonb`.
-- Ids in order (`jobs.seq`, `logs.id`, `control.id`) are identity columns.
-- `runs.rev` is not `max(rev) + 1`: under concurrent transactions that hands two writers the same
-  number and commits out of order. A run's row records the transaction that last wrote it
-  (`changed_xid`, `pg_current_xact_id()` as a bigint, which every driver reads); an attached
-  reader takes the rows whose transaction is below the oldest one still running
-  (`sql.CHANGED_RUNS`), so it never skips a late commit.
-- Each migration runs in one transaction under an advisory lock: two workers starting on an empty
-  database do not both apply it.
+  keeps the text as written, so a dict comes back in the order it went in, as from SQLite and
+  memory (`jsonb` sorts keys and drops duplicates), and it is cheaper to write. What SQL merges,
+  the operator's `signals` on a job and the engine's `meta`, is `jsonb`.
+- Ids in order (`jobs.seq`, `logs.id`) are identity columns.
+- The change feed cannot use SQLite's `max(rev) + 1`: concurrent transactions would take the same
+  number, and a number taken early can commit late, behind a reader that already passed it. A
+  run row and a log line record the transaction that last wrote them (`xid`, from
+  `pg_current_xact_id()`); a reader takes what lies below the oldest transaction still running
+  (see `sql.FEED_HORIZON`), so it reads every change once and never skips a late commit.
+- A migration runs in one transaction under an advisory lock: workers starting together on an
+  empty database do not both apply it.
 """
 
 from __future__ import annotations
 
 import asyncpg
 
+SCHEMA = "blok"
 SCHEMA_VERSION = 1
 
-# pg_advisory_xact_lock key that serializes migrations (any constant unique to blok; "blok").
+# pg_advisory_xact_lock key that serializes migrations (a constant unique to blok: "blok").
 MIGRATION_LOCK = 0x626C6F6B
 
+_XID = "(pg_current_xact_id()::text::bigint)"
 _JOB_STATES = "'waiting', 'delayed', 'active', 'completed', 'failed', 'cancelled', 'dead'"
-_RUN_STATUSES = (
-    "'queued', 'delayed', 'debounced', 'running', 'waiting', 'completed', 'failed',"
-    " 'cancelled', 'timed_out', 'crashed', 'throttled', 'expired'"
-)
 
 MIGRATIONS: dict[int, str] = {
     1: f"""
@@ -46,7 +45,7 @@ MIGRATIONS: dict[int, str] = {
         workflow_version TEXT NOT NULL,
         queue TEXT NOT NULL,
         job_id TEXT NOT NULL,
-        status TEXT NOT NULL CONSTRAINT runs_status_known CHECK (status IN ({_RUN_STATUSES})),
+        status TEXT NOT NULL,
         input JSON,
         headers JSON,
         output JSON,
@@ -68,7 +67,8 @@ MIGRATIONS: dict[int, str] = {
         state JSON,
         attempts INTEGER NOT NULL DEFAULT 0,
         failed_attempts INTEGER NOT NULL DEFAULT 0,
-        changed_xid BIGINT NOT NULL DEFAULT (pg_current_xact_id()::text::bigint)
+        -- the transaction that last wrote the row: the change feed's order
+        xid BIGINT NOT NULL DEFAULT {_XID}
     );
     CREATE INDEX runs_created ON runs (created_at DESC);
     CREATE INDEX runs_status ON runs (status, created_at DESC);
@@ -77,7 +77,7 @@ MIGRATIONS: dict[int, str] = {
     CREATE INDEX runs_job ON runs (job_id);
     CREATE INDEX runs_finished ON runs (finished_at) WHERE finished_at IS NOT NULL;
     CREATE INDEX runs_parent ON runs (parent_run_id) WHERE parent_run_id IS NOT NULL;
-    CREATE INDEX runs_changed ON runs (changed_xid);
+    CREATE INDEX runs_xid ON runs (xid);
 
     CREATE TABLE steps (
         run_id TEXT NOT NULL,
@@ -93,7 +93,7 @@ MIGRATIONS: dict[int, str] = {
         max_attempts INTEGER NOT NULL,
         cached_from TEXT,
         wait_until DOUBLE PRECISION,
-        timed_out BOOLEAN NOT NULL DEFAULT false,
+        timed_out INTEGER NOT NULL DEFAULT 0,
         tags JSON,
         parent INTEGER,
         child_run_id TEXT,
@@ -120,9 +120,11 @@ MIGRATIONS: dict[int, str] = {
         step_idx INTEGER,
         ts DOUBLE PRECISION NOT NULL,
         level TEXT NOT NULL,
-        message TEXT NOT NULL
+        message TEXT NOT NULL,
+        xid BIGINT NOT NULL DEFAULT {_XID}
     );
     CREATE INDEX logs_run ON logs (run_id, id);
+    CREATE INDEX logs_xid ON logs (xid);
 
     CREATE TABLE idempotency (
         workflow TEXT NOT NULL,
@@ -136,11 +138,10 @@ MIGRATIONS: dict[int, str] = {
     CREATE INDEX idempotency_expires ON idempotency (expires_at);
 
     -- epoch: the fencing token. Every claim and every change of state adds one; a write of the
-    --   job or its run carries the epoch its writer was given and lands only if it still holds.
-    -- signal: what an operator asks of the job's holder ({{"cancel": ts, "retry_now": ts}});
-    --   the holder reads it with its lease renewal. Writing it does not move the epoch.
+    --   job or its run names the epoch its writer was given and lands only while it holds.
+    -- signals: what an operator asks of the job's holder ({{"cancel": ts, "retry_now": ts}}).
     -- taken_from: the worker whose expired lease the last claim took over (NULL: a fresh claim).
-    -- force: due now even though its queue is paused (retry-now of a job on a paused queue).
+    -- forced: due now even though its queue is paused (an operator's "run it now").
     CREATE TABLE jobs (
         seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
         id TEXT NOT NULL UNIQUE,
@@ -159,36 +160,26 @@ MIGRATIONS: dict[int, str] = {
         error TEXT,
         worker TEXT,
         lease_until DOUBLE PRECISION,
-        resume BOOLEAN NOT NULL DEFAULT false,
+        resume INTEGER NOT NULL DEFAULT 0,
         meta JSONB,
         epoch BIGINT NOT NULL DEFAULT 0,
-        signal JSONB,
+        signals JSONB,
+        forced INTEGER NOT NULL DEFAULT 0,
         taken_from TEXT,
-        force BOOLEAN NOT NULL DEFAULT false,
         CONSTRAINT jobs_active_leased CHECK (
             state <> 'active' OR (worker IS NOT NULL AND lease_until IS NOT NULL))
     );
     -- The claim walks this index in claim order and stops after the batch.
     CREATE INDEX jobs_ready ON jobs (queue, priority DESC, seq)
         WHERE state IN ('waiting', 'delayed');
-    -- Expired leases, and a worker's renewal, read only the active jobs.
-    CREATE INDEX jobs_leases ON jobs (lease_until) WHERE state = 'active';
-    CREATE INDEX jobs_held ON jobs (worker) WHERE state = 'active';
+    -- Expired leases (the claim takes them over) and a worker's renewal read only active jobs.
+    CREATE INDEX jobs_active ON jobs (queue, lease_until) WHERE state = 'active';
+    CREATE INDEX jobs_holder ON jobs (worker) WHERE state = 'active';
     CREATE INDEX jobs_state ON jobs (queue, state);
     CREATE INDEX jobs_run ON jobs (run_id);
-    CREATE INDEX jobs_finished ON jobs (finished_at) WHERE finished_at IS NOT NULL;
-
-    CREATE TABLE control (
-        id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-        action TEXT NOT NULL,
-        run_id TEXT,
-        target TEXT,
-        payload JSONB,
-        created_at DOUBLE PRECISION NOT NULL,
-        taken_by TEXT,
-        result JSONB
-    );
-    CREATE INDEX control_open ON control (id) WHERE taken_by IS NULL;
+    CREATE INDEX jobs_finished ON jobs (finished_at)
+        WHERE state IN ('completed', 'failed', 'cancelled');
+    CREATE INDEX jobs_dead ON jobs (queue, finished_at DESC) WHERE state = 'dead';
 
     CREATE TABLE workers (
         id TEXT PRIMARY KEY,
@@ -200,9 +191,9 @@ MIGRATIONS: dict[int, str] = {
 
     CREATE TABLE worker_catalog (
         worker TEXT PRIMARY KEY,
-        queues JSONB NOT NULL,
-        workflows JSONB NOT NULL,
-        reload_errors JSONB NOT NULL,
+        queues JSON NOT NULL,
+        workflows JSON NOT NULL,
+        reload_errors JSON NOT NULL,
         updated_at DOUBLE PRECISION NOT NULL
     );
 
@@ -228,7 +219,7 @@ MIGRATIONS: dict[int, str] = {
         created_at DOUBLE PRECISION NOT NULL,
         opened_at DOUBLE PRECISION NOT NULL,
         until DOUBLE PRECISION NOT NULL,
-        PRIMARY KEY (workflow, key)
+        PRIMARY KEY (workflow, key, mode)
     );
 
     -- One row per cluster chore (janitor, recovery of dead workers): whoever holds an unexpired
@@ -243,26 +234,47 @@ MIGRATIONS: dict[int, str] = {
 
 
 class SchemaError(RuntimeError):
-    """The database cannot be used as it is: written by a newer blok-tui."""
+    """The database cannot be used as it is (written by a newer blok-tui, not a blok
+    database); the message is one line for the user."""
 
 
-async def migrate(conn: asyncpg.Connection) -> int:
+async def installed_version(conn: asyncpg.Connection) -> int | None:
+    """The schema version of the database, None if blok was never installed there."""
+    known = await conn.fetchval("SELECT to_regclass($1)", f"{SCHEMA}.schema_version")
+    if known is None:
+        return None
+    return int(
+        await conn.fetchval(f"SELECT coalesce(max(version), 0) FROM {SCHEMA}.schema_version")
+    )
+
+
+async def migrate(conn: asyncpg.Connection, *, create: bool = True) -> int:
     """Bring the database to SCHEMA_VERSION and return it. Safe to call from every process at
-    start: the advisory lock makes the others wait, and they then find nothing left to do."""
+    start: the advisory lock makes the others wait, and they then find nothing left to do.
+    `create=False`: refuse a database where blok was never installed."""
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK)
-        await conn.execute(
-            "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY,"
-            " applied_at DOUBLE PRECISION NOT NULL DEFAULT extract(epoch FROM now()))"
-        )
-        current: int = await conn.fetchval("SELECT coalesce(max(version), 0) FROM schema_version")
+        current = await installed_version(conn)
+        if current is None:
+            if not create:
+                raise SchemaError(
+                    f"not a blok database (no {SCHEMA!r} schema in it; "
+                    "start a worker on it first: blok-tui worker --db URL)"
+                )
+            await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}")
+            await conn.execute(
+                f"CREATE TABLE {SCHEMA}.schema_version (version INTEGER PRIMARY KEY,"
+                " applied_at DOUBLE PRECISION NOT NULL DEFAULT extract(epoch FROM now()))"
+            )
+            current = 0
         if current > SCHEMA_VERSION:
-            database = await conn.fetchval("SELECT current_database()")
             raise SchemaError(
-                f"database {database!r}: written by a newer blok-tui (schema {current}, this "
+                f"written by a newer blok-tui (schema {current}, this "
                 f"one knows {SCHEMA_VERSION}); upgrade blok-tui"
             )
-        for version in range(current + 1, SCHEMA_VERSION + 1):
-            await conn.execute(MIGRATIONS[version])
-            await conn.execute("INSERT INTO schema_version (version) VALUES ($1)", version)
+        if current < SCHEMA_VERSION:
+            await conn.execute(f"SET LOCAL search_path = {SCHEMA}")
+            for version in range(current + 1, SCHEMA_VERSION + 1):
+                await conn.execute(MIGRATIONS[version])
+                await conn.execute("INSERT INTO schema_version (version) VALUES ($1)", version)
     return SCHEMA_VERSION

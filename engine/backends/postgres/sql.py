@@ -1,260 +1,406 @@
-"""The PostgreSQL backend's key statements, with `$n` placeholders (the server's own).
+"""The PostgreSQL backend's statements, with `$n` placeholders (the server's own).
 
 Nothing here runs anything: these are the statements the backend sends, kept in one place so
-that tests can run each against a real server. Every time that decides who holds what is the
-server's (`NOW`), never a worker's clock.
+that tests can run each against a real server. Rows are the tuples of `backends/rows.py`, in its
+column order. Every time that decides who holds what is the server's (`NOW`), never a worker's.
 
-Fencing: a claim gives its worker the job's `epoch`; every later write of that job or of its
-run, steps and attempts names it and lands only while it is still the job's epoch. A claim, a
-settle or any other change of the job's state adds one, so a worker that lost its lease (frozen
+Fencing: a claim gives its worker the job's `epoch`; every later write of that job or of its run,
+steps, attempts and log lines names it and lands only while it is still the job's epoch. A claim,
+a settle or any other change of the job's state adds one, so a worker that lost its lease (frozen
 past it, cut off from the server) writes nothing once it wakes up.
 """
 
 from __future__ import annotations
 
+from ..rows import ATTEMPT_COLUMNS, JOB_COLUMNS, RUN_COLUMNS, STEP_COLUMNS
+
 # The server's time in epoch seconds. `now()` is the transaction's start: stable within a
-# statement, so the planner can use it against an index (`clock_timestamp()` is volatile,
-# evaluated per row, and keeps `lease_until < …` off the index).
+# statement, so the planner can use it against an index.
 NOW = "extract(epoch FROM now())::double precision"
 
 # ---- NOTIFY channels -----------------------------------------------------------------------
-# Payloads are short: a notification is a wake-up, the reader then queries. PostgreSQL folds
-# identical notifications of one transaction into one, so a batch of 500 enqueues to one queue
-# wakes the listeners once.
-JOBS_CHANNEL = "blok_jobs"  # payload: the queue that has new due jobs
-SIGNALS_CHANNEL = "blok_signals"  # payload: the worker holding a job that was signalled
-RUNS_CHANNEL = "blok_runs"  # payload: empty; the change feed has news (attached consoles)
-NOTIFY = "SELECT pg_notify($1, $2)"
-
-# ---- columns -------------------------------------------------------------------------------
-# (name, type) in the order of the row tuples; the types cast the placeholders of statements
-# whose parameters the server cannot type from a target column (`INSERT … SELECT`).
-JOB_FIELDS: tuple[tuple[str, str], ...] = (
-    ("id", "text"),
-    ("queue", "text"),
-    ("workflow_name", "text"),
-    ("payload", "json"),
-    ("headers", "json"),
-    ("priority", "integer"),
-    ("state", "text"),
-    ("run_at", "double precision"),
-    ("attempts", "integer"),
-    ("max_retries", "integer"),
-    ("run_id", "text"),
-    ("created_at", "double precision"),
-    ("finished_at", "double precision"),
-    ("error", "text"),
-    ("worker", "text"),
-    ("lease_until", "double precision"),
-    ("resume", "boolean"),
-    ("meta", "jsonb"),
-)
-# What a claim and a read return: the stored fields, then the fencing columns.
-JOB_COLUMNS = ", ".join(name for name, _ in JOB_FIELDS) + ", epoch, signal, taken_from, force, seq"
-
-RUN_FIELDS: tuple[tuple[str, str], ...] = (
-    ("id", "text"),
-    ("workflow_name", "text"),
-    ("workflow_version", "text"),
-    ("queue", "text"),
-    ("job_id", "text"),
-    ("status", "text"),
-    ("input", "json"),
-    ("headers", "json"),
-    ("output", "json"),
-    ("error", "text"),
-    ("error_step", "text"),
-    ("priority", "integer"),
-    ("job_attempt", "integer"),
-    ("created_at", "double precision"),
-    ("started_at", "double precision"),
-    ("finished_at", "double precision"),
-    ("run_at", "double precision"),
-    ("wait_until", "double precision"),
-    ("replay_of", "text"),
-    ("replay_from_step", "text"),
-    ("parent_run_id", "text"),
-    ("depth", "integer"),
-    ("worker", "text"),
-    ("cursor", "json"),
-    ("state", "json"),
-    ("attempts", "integer"),
-    ("failed_attempts", "integer"),
-)
-STEP_FIELDS: tuple[tuple[str, str], ...] = (
-    ("run_id", "text"),
-    ("idx", "integer"),
-    ("name", "text"),
-    ("kind", "text"),
-    ("status", "text"),
-    ("started_at", "double precision"),
-    ("finished_at", "double precision"),
-    ("input", "json"),
-    ("output", "json"),
-    ("error", "text"),
-    ("max_attempts", "integer"),
-    ("cached_from", "text"),
-    ("wait_until", "double precision"),
-    ("timed_out", "boolean"),
-    ("tags", "json"),
-    ("parent", "integer"),
-    ("child_run_id", "text"),
-)
-ATTEMPT_FIELDS: tuple[tuple[str, str], ...] = (
-    ("run_id", "text"),
-    ("step_idx", "integer"),
-    ("number", "integer"),
-    ("status", "text"),
-    ("started_at", "double precision"),
-    ("finished_at", "double precision"),
-    ("error", "text"),
-    ("error_type", "text"),
-    ("traceback", "text"),
-    ("backoff_ms", "bigint"),
+# A notification is a wake-up; the listener then queries. PostgreSQL folds identical
+# notifications of one transaction into one: a batch of 5,000 enqueues to one queue wakes each
+# listener once.
+JOBS_CHANNEL = "blok_jobs"  # payload: a queue that has jobs due (or newly delayed)
+SIGNALS_CHANNEL = "blok_signals"  # payload: the worker holding a job an operator signalled
+RUNS_CHANNEL = "blok_runs"  # payload: the writing transaction's xid (the change feed moved)
+SHARED_CHANNEL = "blok_changes"  # payload: what moved (a batch of other writes, a claim)
+CHANNELS = (JOBS_CHANNEL, SIGNALS_CHANNEL, RUNS_CHANNEL, SHARED_CHANNEL)
+# The writer's last statement before COMMIT: the transaction's id (if the connection drops
+# during the COMMIT, `pg_xact_status` on a new one says whether it happened) and the batch's
+# announcement on $1 (the xid as payload: the feed's readers learn which transaction to wait
+# for).
+ANNOUNCE = (
+    "SELECT x FROM (SELECT pg_current_xact_id()::text::bigint AS x) AS t,"
+    " LATERAL (SELECT pg_notify($1, x::text)) AS n"
 )
 
-# ---- enqueue -------------------------------------------------------------------------------
-INSERT_JOB = (
-    f"INSERT INTO jobs ({', '.join(name for name, _ in JOB_FIELDS)})"
-    f" VALUES ({', '.join(f'${i}' for i in range(1, len(JOB_FIELDS) + 1))})"
-    " ON CONFLICT (id) DO NOTHING"
-)
+# ---- column types ----------------------------------------------------------------------------
+# The types cast the placeholders of statements whose parameters the server cannot type from a
+# target column (`INSERT … SELECT`, `unnest`).
+_TYPES: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "id",
+            "workflow_name",
+            "workflow_version",
+            "queue",
+            "job_id",
+            "status",
+            "error",
+            "error_step",
+            "replay_of",
+            "replay_from_step",
+            "parent_run_id",
+            "worker",
+            "run_id",
+            "name",
+            "kind",
+            "cached_from",
+            "child_run_id",
+            "error_type",
+            "traceback",
+            "state",
+        ),
+        "text",
+    ),
+    **dict.fromkeys(
+        ("input", "headers", "output", "cursor", "payload", "tags"),
+        "json",
+    ),
+    **dict.fromkeys(("meta", "signals"), "jsonb"),
+    **dict.fromkeys(
+        (
+            "priority",
+            "job_attempt",
+            "depth",
+            "attempts",
+            "failed_attempts",
+            "idx",
+            "max_attempts",
+            "timed_out",
+            "parent",
+            "step_idx",
+            "number",
+            "max_retries",
+            "resume",
+            "forced",
+        ),
+        "integer",
+    ),
+    **dict.fromkeys(
+        (
+            "created_at",
+            "started_at",
+            "finished_at",
+            "run_at",
+            "wait_until",
+            "lease_until",
+        ),
+        "double precision",
+    ),
+    **dict.fromkeys(("backoff_ms", "epoch"), "bigint"),
+}
 
-# ---- claim ---------------------------------------------------------------------------------
-_QUEUE_OPEN = "(force OR NOT EXISTS (SELECT 1 FROM paused_queues WHERE queue = $1))"
+
+def column_type(table: str, column: str) -> str:
+    if table == "runs" and column == "state":
+        return "json"  # a run's state is the workflow's data; a job's `state` is its status
+    return _TYPES[column]
+
+
+def _fenced_upsert(table: str, columns: tuple[str, ...], key: tuple[str, ...]) -> str:
+    """`INSERT … SELECT <row> WHERE <fence> ON CONFLICT (key) DO UPDATE` for `table`: the two
+    parameters after the row are the job id and the epoch its writer holds, NULL for none.
+
+    The epoch is read FOR SHARE: a claim taking the job over at this moment (its UPDATE holds
+    the row) makes the write wait for it and then see the new epoch, so a stale write cannot
+    slip in before the takeover commits; and a takeover waits for a write in flight."""
+    n = len(columns)
+    values = ", ".join(f"${i}::{column_type(table, c)}" for i, c in enumerate(columns, start=1))
+    updates = [f"{c} = excluded.{c}" for c in columns if c not in key]
+    if table == "runs":
+        updates.append("xid = excluded.xid")
+    return (
+        f"INSERT INTO {table} ({', '.join(columns)}) SELECT {values}"
+        f" WHERE ${n + 1}::text IS NULL"
+        f" OR (SELECT epoch FROM jobs WHERE id = ${n + 1} FOR SHARE) = ${n + 2}::bigint"
+        f" ON CONFLICT ({', '.join(key)}) DO UPDATE SET {', '.join(updates)}"
+    )
+
+
+# ---- run records (fenced) ------------------------------------------------------------------
+UPSERT_RUN = _fenced_upsert("runs", RUN_COLUMNS, ("id",))
+UPSERT_STEP = _fenced_upsert("steps", STEP_COLUMNS, ("run_id", "idx"))
+UPSERT_ATTEMPT = _fenced_upsert("attempts", ATTEMPT_COLUMNS, ("run_id", "step_idx", "number"))
+
+
+def _fenced_bulk(
+    table: str, columns: tuple[str, ...], key: tuple[str, ...], first: int
+) -> tuple[str, int]:
+    """The rows of `table` as arrays, one per column and then the fences' job ids and epochs,
+    from placeholder `first` on; a row lands only while its fence holds (see WRITE_RUNS).
+    (The statement and the next free placeholder.)"""
+    arrays = [f"${first + i}::{column_type(table, c)}[]" for i, c in enumerate(columns)]
+    n = first + len(columns)
+    arrays += [f"${n}::text[]", f"${n + 1}::bigint[]"]
+    updates = [f"{c} = excluded.{c}" for c in columns if c not in key]
+    if table == "runs":
+        updates.append("xid = excluded.xid")
+    statement = (
+        f"INSERT INTO {table} ({', '.join(columns)})"
+        f" SELECT {', '.join(f'u.{c}' for c in columns)}"
+        f" FROM unnest({', '.join(arrays)}) AS u({', '.join(columns)}, fence_job, fence_epoch)"
+        " WHERE u.fence_job IS NULL OR EXISTS (SELECT 1 FROM fences AS f"
+        " WHERE f.id = u.fence_job AND f.epoch = u.fence_epoch)"
+        f" ON CONFLICT ({', '.join(key)}) DO UPDATE SET {', '.join(updates)}"
+    )
+    return statement, n + 2
+
+
+def _write_runs_and_announce() -> str:
+    runs, n = _fenced_bulk("runs", RUN_COLUMNS, ("id",), 2)
+    steps, n = _fenced_bulk("steps", STEP_COLUMNS, ("run_id", "idx"), n)
+    attempts, n = _fenced_bulk("attempts", ATTEMPT_COLUMNS, ("run_id", "step_idx", "number"), n)
+    return (
+        "WITH fences AS (SELECT id, epoch FROM jobs WHERE id = ANY($1::text[])"
+        " ORDER BY id FOR SHARE),"
+        f" r AS ({runs}), s AS ({steps}), a AS ({attempts})"
+        f" SELECT x FROM (SELECT pg_current_xact_id()::text::bigint AS x) AS t,"
+        f" LATERAL (SELECT pg_notify('{RUNS_CHANNEL}', x::text)) AS n"
+    )
+
+
+# A batch's runs, steps and attempts in one statement (one round trip, whatever their number),
+# each row fenced, and the batch's announcement (see ANNOUNCE); the transaction's id comes back.
+# $1 the fenced jobs' ids; then the run columns, then the fences' job ids and epochs; then the
+# steps', the attempts'. The fenced jobs' epochs are read once, FOR SHARE and in id order (two
+# writers lock rows in the same order): a claim taking a job over at this moment makes the
+# write wait for it and then see the new epoch, so a stale write cannot slip in before the
+# takeover commits; and a takeover waits for a write in flight.
+WRITE_RUNS = _write_runs_and_announce()
+
+
+def _write_batch() -> str:
+    runs, n = _fenced_bulk("runs", RUN_COLUMNS, ("id",), 2)
+    steps, n = _fenced_bulk("steps", STEP_COLUMNS, ("run_id", "idx"), n)
+    attempts, n = _fenced_bulk("attempts", ATTEMPT_COLUMNS, ("run_id", "step_idx", "number"), n)
+    p = [f"${n + i}" for i in range(7)]
+    logs = (
+        "INSERT INTO logs (run_id, step_idx, ts, level, message)"
+        " SELECT g.run_id, g.step_idx, g.ts, g.level, g.message"
+        f" FROM unnest({p[0]}::text[], {p[1]}::integer[], {p[2]}::double precision[],"
+        f" {p[3]}::text[], {p[4]}::text[], {p[5]}::text[], {p[6]}::bigint[])"
+        " WITH ORDINALITY AS g(run_id, step_idx, ts, level, message, fence_job, fence_epoch, o)"
+        " WHERE g.fence_job IS NULL OR EXISTS (SELECT 1 FROM fences AS f"
+        " WHERE f.id = g.fence_job AND f.epoch = g.fence_epoch)"
+        " ORDER BY g.o"
+    )
+    jobs = _update_jobs(n + 7, gate=" AND (SELECT count(*) FROM fences) >= 0")
+    return (
+        "WITH fences AS (SELECT id, epoch FROM jobs WHERE id = ANY($1::text[])"
+        " ORDER BY id FOR SHARE),"
+        f" r AS ({runs}), s AS ({steps}), a AS ({attempts}), l AS ({logs}), {jobs}"
+        " SELECT x FROM (SELECT pg_current_xact_id()::text::bigint AS x) AS t,"
+        f" LATERAL (SELECT pg_notify('{RUNS_CHANNEL}', x::text)) AS n,"
+        " LATERAL (SELECT count(*) FROM notified) AS k"
+    )
+
+
+# $1 run, $2 step index, $3 time, $4 level, $5 message, $6 job id or NULL, $7 epoch.
+INSERT_LOG = (
+    "INSERT INTO logs (run_id, step_idx, ts, level, message)"
+    " SELECT $1::text, $2::integer, $3::double precision, $4::text, $5::text"
+    " WHERE $6::text IS NULL OR (SELECT epoch FROM jobs WHERE id = $6 FOR SHARE) = $7::bigint"
+)
+SELECT_RUN = f"SELECT {', '.join(RUN_COLUMNS)} FROM runs"
+
+# ---- jobs ------------------------------------------------------------------------------------
+SELECT_JOB = f"SELECT {', '.join(JOB_COLUMNS)} FROM jobs"
+
+
+def _enqueue() -> str:
+    jobs = ", ".join(f"${i}::{column_type('jobs', c)}[]" for i, c in enumerate(JOB_COLUMNS, 1))
+    first = len(JOB_COLUMNS) + 1
+    runs = ", ".join(f"${i}::{column_type('runs', c)}[]" for i, c in enumerate(RUN_COLUMNS, first))
+    return (
+        f"WITH added AS (INSERT INTO jobs ({', '.join(JOB_COLUMNS)}) SELECT * FROM unnest({jobs})"
+        " ON CONFLICT (id) DO NOTHING RETURNING id, queue),"
+        f" runs_added AS (INSERT INTO runs ({', '.join(RUN_COLUMNS)})"
+        f" SELECT * FROM unnest({runs}) AS u({', '.join(RUN_COLUMNS)})"
+        " WHERE u.job_id IN (SELECT id FROM added) ON CONFLICT (id) DO NOTHING)"
+        f" SELECT id, pg_notify('{JOBS_CHANNEL}', queue)::text FROM added"
+    )
+
+
+# New jobs and their first runs in bulk, one statement of arrays (one round trip, whatever
+# their number): the jobs in order (their `seq` follows it), then the runs of those added (a job
+# whose id is known already is not added again, nor its run). The ids of the jobs added come
+# back, and their queues are notified (once per queue: identical notifications fold).
+# $1.. the job columns, then the run columns.
+ENQUEUE = _enqueue()
 
 # $1 queue, $2 how many, $3 the claiming worker, $4 lease seconds.
-# One statement takes jobs whose lease expired (their worker stopped renewing: it died or froze)
-# first, then due jobs in priority order, so there is no separate reaper to get wrong.
-# SKIP LOCKED: concurrent claimers pass over each other's rows instead of queueing behind them.
-# `due` is read only as far as the batch still has room (a CTE is evaluated on demand), so it
-# locks no row it does not take; its LIMIT is there for the planner, which otherwise costs it
-# for the whole backlog and sorts the table instead of walking `jobs_ready`. A paused queue gives nothing, expired leases included, except
-# jobs forced due (`force`). Each claimed job's epoch moves on, and `taken_from` names the
-# worker whose lease was taken over (NULL for a fresh claim): its run is to be marked crashed.
-# RETURNING has no order: sort by (taken_from IS NULL, priority DESC, seq).
-CLAIM = f"""
-WITH expired AS (
-    SELECT seq, worker AS holder FROM jobs
-    WHERE queue = $1 AND state = 'active' AND lease_until < {NOW} AND {_QUEUE_OPEN}
-    ORDER BY lease_until
+# One statement takes due jobs and jobs whose lease expired (their worker stopped renewing: it
+# died or froze) in one order, highest priority then oldest, so there is no separate reaper to
+# get wrong. SKIP LOCKED: claimers pass over each other's rows instead of queueing behind them.
+# Each claimed job's epoch moves on and its signals are cleared; `taken_from` names the worker
+# whose lease was taken over (NULL for a fresh claim): its run is to be recorded crashed.
+# RETURNING has no order: the caller sorts by (priority DESC, seq).
+_CLAIM = f"""
+WITH due AS (
+    SELECT seq, priority FROM jobs
+    WHERE queue = $1 AND state IN ('waiting', 'delayed') AND (run_at IS NULL OR run_at <= {NOW})
+        {{forced}}
+    ORDER BY priority DESC, seq
     LIMIT $2
     FOR UPDATE SKIP LOCKED
-), due AS (
-    SELECT seq, NULL::text AS holder FROM jobs
-    WHERE queue = $1 AND state IN ('waiting', 'delayed') AND (run_at IS NULL OR run_at <= {NOW})
-        AND {_QUEUE_OPEN}
+), expired AS (
+    SELECT seq, priority FROM jobs
+    WHERE queue = $1 AND state = 'active' AND lease_until < {NOW}
     ORDER BY priority DESC, seq
     LIMIT $2
     FOR UPDATE SKIP LOCKED
 ), picked AS (
-    SELECT seq, holder FROM expired
-    UNION ALL
-    (SELECT seq, holder FROM due LIMIT greatest($2 - (SELECT count(*) FROM expired), 0))
+    SELECT seq FROM (SELECT * FROM due UNION ALL SELECT * FROM expired) AS candidates
+    ORDER BY priority DESC, seq
+    LIMIT $2
+), claimed AS (
+    UPDATE jobs SET taken_from = CASE WHEN jobs.state = 'active' THEN jobs.worker END,
+        state = 'active', worker = $3, lease_until = {NOW} + $4, attempts = jobs.attempts + 1,
+        epoch = jobs.epoch + 1, signals = NULL
+    FROM picked WHERE jobs.seq = picked.seq
+    RETURNING {", ".join(f"jobs.{c}" for c in JOB_COLUMNS)}, jobs.seq, jobs.taken_from
 )
-UPDATE jobs SET state = 'active', worker = $3, lease_until = {NOW} + $4,
-    attempts = jobs.attempts + 1, epoch = jobs.epoch + 1, taken_from = picked.holder,
-    force = false
-FROM picked WHERE jobs.seq = picked.seq
-RETURNING {", ".join(f"jobs.{c.strip()}" for c in JOB_COLUMNS.split(","))}
+SELECT claimed.*, pg_notify('{SHARED_CHANNEL}', 'claim')::text AS notified FROM claimed
+"""
+CLAIM = _CLAIM.format(forced="")
+CLAIM_FORCED = _CLAIM.format(forced="AND forced = 1")
+
+# $1 queue: seconds until something of the queue may become claimable without anyone saying so
+# (a delayed job falls due, a lease runs out); NULL if nothing will.
+NEXT_DUE = f"""
+SELECT least(
+    (SELECT min(run_at) FROM jobs WHERE queue = $1 AND state IN ('waiting', 'delayed')
+        AND run_at > {NOW}),
+    (SELECT min(lease_until) FROM jobs WHERE queue = $1 AND state = 'active')
+) - {NOW}
 """
 
-# $1 queue: when the next delayed job of a queue falls due (the idle claim loop's sleep).
-NEXT_DUE = "SELECT min(run_at) - " + NOW + " FROM jobs WHERE queue = $1 AND state = 'delayed'"
-
-# ---- leases --------------------------------------------------------------------------------
-# $1 worker, $2 lease seconds. Returns what the worker still holds, with each job's epoch and
-# any operator signal: a job missing from the answer, or with another epoch, is no longer its.
-RENEW = (
-    f"UPDATE jobs SET lease_until = {NOW} + $2 WHERE worker = $1 AND state = 'active'"
-    " RETURNING id, epoch, signal"
+# A job's next state (a JobUpdate other than the holder's own): $1 state, $2 run id or NULL
+# (unchanged), $3 run_at, $4 resume, $5 error, $6 meta or NULL (unchanged), $7 fresh budget,
+# $8 forced, $9 headers or NULL (unchanged), $10 job id, $11 the epoch it must be at. A waiting
+# job whose run_at is ahead of the server's clock is delayed. The queue comes back (a row: it
+# was applied), and a queue with a job due now or later is notified.
+UPDATE_JOB = f"""
+WITH updated AS (
+    UPDATE jobs SET
+        state = CASE WHEN $1::text IN ('waiting', 'delayed')
+            THEN CASE WHEN $3::double precision > {NOW} THEN 'delayed' ELSE 'waiting' END
+            ELSE $1::text END,
+        run_id = coalesce($2::text, run_id), run_at = $3::double precision,
+        resume = $4::integer, error = $5::text, meta = coalesce($6::jsonb, meta),
+        attempts = CASE WHEN $7::boolean THEN 0 ELSE attempts END, forced = $8::integer,
+        headers = coalesce($9::json, headers),
+        finished_at = CASE WHEN $1::text IN ('waiting', 'delayed') THEN NULL ELSE {NOW} END,
+        worker = NULL, lease_until = NULL, signals = NULL, taken_from = NULL, epoch = epoch + 1
+    WHERE id = $10::text AND epoch = $11::bigint
+    RETURNING queue, state
 )
-RENEW_SLOTS = f"UPDATE concurrency_slots SET lease_until = {NOW} + $2 WHERE worker = $1"
-
-# ---- fenced writes of a held job's records ---------------------------------------------------
-# The epoch is read FOR SHARE: a claim that is taking the job over at this moment (its UPDATE
-# holds the row) makes this write wait for it and then see the new epoch, so the stale write
-# does not slip in before the takeover commits; and a takeover waits for a write in flight.
-_FENCE_JOB = "(SELECT epoch FROM jobs WHERE id = ${job} FOR SHARE) = ${epoch}"
+SELECT queue, CASE WHEN state IN ('waiting', 'delayed')
+    THEN pg_notify('{JOBS_CHANNEL}', queue)::text END AS notified
+FROM updated
+"""
 
 
-def fenced_upsert(
-    table: str, fields: tuple[tuple[str, str], ...], key: tuple[str, ...], where: str = ""
-) -> str:
-    """`INSERT … SELECT $1..$k WHERE <fence> ON CONFLICT (key) DO UPDATE` for `table`; the two
-    parameters after the row are the job id and the epoch its writer holds."""
-    n = len(fields)
-    values = ", ".join(f"${i}::{kind}" for i, (_, kind) in enumerate(fields, start=1))
-    updates = [f"{name} = excluded.{name}" for name, _ in fields if name not in key]
-    if table == "runs":
-        updates.append("changed_xid = excluded.changed_xid")
+def _update_jobs(first: int, gate: str = "") -> str:
+    """The CTEs `u` (UPDATE_JOB's parameters as arrays from placeholder `first`, one per
+    column), `updated` (the jobs moved on; `gate`: a further condition) and `notified` (the
+    queues with a job due now or later, notified once each)."""
+    p = [f"${first + i}" for i in range(11)]
     return (
-        f"INSERT INTO {table} ({', '.join(name for name, _ in fields)})"
-        f" SELECT {values} WHERE {_FENCE_JOB.format(job=n + 1, epoch=n + 2)}"
-        f" ON CONFLICT ({', '.join(key)}) DO UPDATE SET {', '.join(updates)}{where}"
+        f"u AS (SELECT * FROM unnest({p[0]}::text[], {p[1]}::text[],"
+        f" {p[2]}::double precision[], {p[3]}::integer[], {p[4]}::text[], {p[5]}::jsonb[],"
+        f" {p[6]}::boolean[], {p[7]}::integer[], {p[8]}::json[], {p[9]}::text[],"
+        f" {p[10]}::bigint[])"
+        " AS u(state, run_id, run_at, resume, error, meta, fresh, forced, headers, id, epoch)),"
+        " updated AS (UPDATE jobs SET"
+        " state = CASE WHEN u.state IN ('waiting', 'delayed')"
+        f" THEN CASE WHEN u.run_at > {NOW} THEN 'delayed' ELSE 'waiting' END ELSE u.state END,"
+        " run_id = coalesce(u.run_id, jobs.run_id), run_at = u.run_at, resume = u.resume,"
+        " error = u.error, meta = coalesce(u.meta, jobs.meta),"
+        " attempts = CASE WHEN u.fresh THEN 0 ELSE jobs.attempts END, forced = u.forced,"
+        " headers = coalesce(u.headers, jobs.headers),"
+        f" finished_at = CASE WHEN u.state IN ('waiting', 'delayed') THEN NULL ELSE {NOW} END,"
+        " worker = NULL, lease_until = NULL, signals = NULL, taken_from = NULL,"
+        " epoch = jobs.epoch + 1"
+        f" FROM u WHERE jobs.id = u.id AND jobs.epoch = u.epoch{gate}"
+        " RETURNING jobs.queue, jobs.state),"
+        f" notified AS (SELECT DISTINCT queue, pg_notify('{JOBS_CHANNEL}', queue)::text"
+        " FROM updated WHERE state IN ('waiting', 'delayed'))"
     )
 
 
-# $1..$27 the run row, $28 its job's id, $29 the epoch its writer holds.
-UPSERT_RUN = fenced_upsert("runs", RUN_FIELDS, ("id",))
-# $1..$17 the step row, $18 job id, $19 epoch.
-UPSERT_STEP = fenced_upsert("steps", STEP_FIELDS, ("run_id", "idx"))
-# $1..$10 the attempt row, $11 job id, $12 epoch.
-UPSERT_ATTEMPT = fenced_upsert("attempts", ATTEMPT_FIELDS, ("run_id", "step_idx", "number"))
-# $1 run, $2 step index, $3 time, $4 level, $5 message, $6 job id, $7 epoch.
-INSERT_LOG = (
-    "INSERT INTO logs (run_id, step_idx, ts, level, message)"
-    " SELECT $1::text, $2::integer, $3::double precision, $4::text, $5::text"
-    f" WHERE {_FENCE_JOB.format(job=6, epoch=7)}"
+# UPDATE_JOB for many jobs in one statement, its parameters as arrays ($1..$11, one per column,
+# each job once); the queues with a job due now or later are notified.
+UPDATE_JOBS = f"WITH {_update_jobs(1)} SELECT count(*) FROM notified"
+# The holder's own update while it keeps the job (a new run after a takeover): $1 run id or
+# NULL, $2 meta or NULL, $3 job id, $4 epoch. Epoch, worker and lease stay.
+UPDATE_HELD = (
+    "UPDATE jobs SET run_id = coalesce($1::text, run_id), meta = coalesce($2::jsonb, meta)"
+    " WHERE id = $3::text AND epoch = $4::bigint RETURNING queue"
+)
+# $1 job id, $2 epoch: a transition that only writes runs still needs the job at its epoch.
+HOLDS = "SELECT 1 FROM jobs WHERE id = $1 AND epoch = $2 FOR SHARE"
+
+# $1 worker, $2 lease seconds. What the worker still holds, each job's epoch and signals: a job
+# missing from the answer, or at another epoch, is no longer its.
+RENEW = (
+    f"UPDATE jobs SET lease_until = {NOW} + $2 WHERE worker = $1 AND state = 'active'"
+    " RETURNING id, epoch, signals"
+)
+# $1 signal name, $2 job id, $3 epoch. A held job is asked, not taken: its holder is notified
+# and carries the request out with its own fenced writes. The epoch stays.
+SIGNAL = f"""
+WITH signalled AS (
+    UPDATE jobs SET signals = coalesce(signals, '{{}}'::jsonb) || jsonb_build_object($1::text, {NOW})
+    WHERE id = $2 AND epoch = $3 AND state = 'active'
+    RETURNING worker
+)
+SELECT pg_notify('{SIGNALS_CHANNEL}', worker)::text FROM signalled
+"""
+SIGNALS_FOR = (
+    "SELECT id, signals FROM jobs WHERE worker = $1 AND state = 'active' AND signals IS NOT NULL"
+)
+HELD_BY = f"{SELECT_JOB} WHERE state = 'active' AND worker = ANY($1::text[])"
+STATS = (
+    f"SELECT state, coalesce(run_at > {NOW}, false) AS later, count(*) AS n FROM jobs"
+    " WHERE queue = $1 GROUP BY state, later"
+)
+DEAD_LETTERS = (
+    f"{SELECT_JOB} WHERE queue = $1 AND state = 'dead' ORDER BY finished_at DESC LIMIT $2"
+)
+PURGE_JOBS = (
+    "DELETE FROM jobs WHERE state IN ('completed', 'failed', 'cancelled') AND finished_at < $1"
 )
 
-# ---- fenced transitions of a job -------------------------------------------------------------
-# Each takes the job from the epoch its caller holds to the next; no row back means the caller
-# no longer holds the job (taken over, cancelled, settled by someone else) and must drop it.
+# ---- shared state ----------------------------------------------------------------------------
+HEARTBEAT = (
+    "INSERT INTO workers (id, host, pid, started_at, heartbeat_at) VALUES ($1, $2, $3, $4, $5)"
+    " ON CONFLICT (id) DO UPDATE SET host = excluded.host, pid = excluded.pid,"
+    " started_at = excluded.started_at, heartbeat_at = excluded.heartbeat_at"
+)
+PUBLISH_CATALOG = (
+    "INSERT INTO worker_catalog (worker, queues, workflows, reload_errors, updated_at)"
+    " VALUES ($1, $2, $3, $4, $5) ON CONFLICT (worker) DO UPDATE SET queues = excluded.queues,"
+    " workflows = excluded.workflows, reload_errors = excluded.reload_errors,"
+    " updated_at = excluded.updated_at"
+)
+FORGET_CATALOGS = "DELETE FROM worker_catalog WHERE worker NOT IN (SELECT id FROM workers)"
 
-# $1 job id, $2 epoch, $3 terminal state, $4 error, $5 run id, $6 meta (jsonb),
-# $7 headers to keep (redacted) or NULL to leave them.
-SETTLE_DONE = f"""
-UPDATE jobs SET state = $3, finished_at = {NOW}, error = $4, run_id = $5, meta = $6::jsonb,
-    headers = coalesce($7::json, headers), worker = NULL, lease_until = NULL, signal = NULL,
-    force = false, epoch = epoch + 1
-WHERE id = $1 AND epoch = $2
-RETURNING epoch
-"""
-# $1 job id, $2 epoch, $3 'waiting' or 'delayed', $4 run_at, $5 run id, $6 resume, $7 error,
-# $8 meta (jsonb). A job that waits (a retry's backoff, a run's wait) or is handed back.
-SETTLE_AGAIN = """
-UPDATE jobs SET state = $3, run_at = $4, run_id = $5, resume = $6, error = $7, meta = $8::jsonb,
-    worker = NULL, lease_until = NULL, signal = NULL, epoch = epoch + 1
-WHERE id = $1 AND epoch = $2
-RETURNING epoch
-"""
-
-# ---- operator actions (no lease held) --------------------------------------------------------
-# $1 job id. A job nobody runs yet is cancelled outright.
-CANCEL_PENDING = f"""
-UPDATE jobs SET state = 'cancelled', finished_at = {NOW}, epoch = epoch + 1
-WHERE id = $1 AND state IN ('waiting', 'delayed')
-RETURNING epoch
-"""
-# $1 job id, $2 the request ('cancel' or 'retry_now'). A held job is asked, not taken: the
-# holder sees the signal with its next renewal (sooner on SIGNALS_CHANNEL) and carries it out
-# with its own fenced writes. Returns the holder to notify.
-SIGNAL = f"""
-UPDATE jobs SET signal = coalesce(signal, '{{}}'::jsonb) || jsonb_build_object($2::text, {NOW})
-WHERE id = $1 AND state = 'active'
-RETURNING worker
-"""
-# $1 job id. Due now, even past a pause of its queue.
-FORCE_DUE = f"""
-UPDATE jobs SET state = 'waiting', run_at = {NOW}, force = true, epoch = epoch + 1
-WHERE id = $1 AND state IN ('waiting', 'delayed')
-RETURNING queue
-"""
-
-# ---- cluster chores ------------------------------------------------------------------------
-# $1 chore name, $2 worker, $3 seconds. Takes the chore if it is free or its holder's lease ran
-# out, renews it if this worker holds it; a row back means this worker is the leader until then.
+# $1 chore, $2 worker, $3 seconds. Takes the chore if it is free or its holder's lease ran
+# out, renews it if this worker holds it; a row back means this worker leads until then.
 ACQUIRE_LEADER = f"""
 INSERT INTO leader_leases AS l (name, holder, until) VALUES ($1, $2, {NOW} + $3)
 ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, until = excluded.until
@@ -263,14 +409,35 @@ RETURNING until
 """
 RELEASE_LEADER = "DELETE FROM leader_leases WHERE name = $1 AND holder = $2"
 
-# ---- change feed -----------------------------------------------------------------------------
-# $1 the horizon the reader got last time (0 at first). Every transaction below the returned
-# horizon has ended, so a run row it wrote is visible now and no later commit can land below
-# it: the reader misses nothing and reads each change once (a row rewritten since shows again).
-CHANGED_RUNS = """
-WITH horizon AS (SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS xmin)
-SELECT horizon.xmin, runs.id, runs.status
-FROM horizon LEFT JOIN runs
-    ON runs.changed_xid >= $1 AND runs.changed_xid < horizon.xmin
-ORDER BY runs.changed_xid
+# Concurrency slots and debounce windows are read-decide-write: the transaction first takes an
+# advisory lock on the (workflow, key) it decides for, held until it commits, so two processes
+# never decide on the same slots or window at once. The lock's second key keeps slots and
+# windows apart.
+SLOTS_LOCK = "SELECT pg_advisory_xact_lock(hashtext($1 || chr(31) || $2), 1)"
+WINDOW_LOCK = "SELECT pg_advisory_xact_lock(hashtext($1 || chr(31) || $2 || chr(31) || $3), 2)"
+
+# ---- the change feed -------------------------------------------------------------------------
+# Every transaction below the horizon has ended: a row it wrote is visible now, and no later
+# commit can land below it. A reader that takes the rows between its last horizon and this one
+# misses nothing and reads each change once (a row rewritten since shows again, once).
+FEED_HORIZON = "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint"
+XACT_STATUS = "SELECT pg_xact_status($1::bigint::text::xid8)"
+FEED_RUNS = f"""
+SELECT {", ".join(RUN_COLUMNS)} FROM runs
+WHERE xid >= $1 AND xid < $2 ORDER BY xid, created_at LIMIT $3
 """
+FEED_RUNS_COUNT = "SELECT count(*) FROM runs WHERE xid >= $1 AND xid < $2"
+FEED_LOGS = """
+SELECT id, run_id, step_idx, level, message FROM logs
+WHERE xid >= $1 AND xid < $2 ORDER BY xid, id LIMIT $3
+"""
+FEED_LOGS_COUNT = "SELECT count(*) FROM logs WHERE xid >= $1 AND xid < $2"
+
+# The usual batch of a busy worker (runs, their log lines, the settles of their jobs) in one
+# statement: WRITE_RUNS's parameters, then INSERT_LOG's as arrays (7), then UPDATE_JOBS' (11).
+# Serially, a run's rows and lines fenced at its job's epoch land before the job's settle moves
+# the epoch on; here every part reads the epochs of `fences`, which are locked FOR SHARE before
+# any job is updated (the settle's condition counts them first: a one-time filter), so the same
+# holds in one statement. Only for batches of nothing else (the writer checks): another
+# statement would have to come in its own order.
+WRITE_BATCH = _write_batch()

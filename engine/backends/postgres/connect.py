@@ -1,0 +1,114 @@
+"""Connections to the server, and what their failures mean.
+
+Every connection blok opens is named in `pg_stat_activity` (`application_name`: "blok-tui
+<role> pid <pid>") and has blok's schema on its search path. A failure to connect becomes one
+line for the user (`DatabaseError`): a URL that cannot be used, a server that does not answer,
+a login the server refuses. A failure while connected is sorted into those worth trying again
+(the connection dropped, the server restarts, a deadlock or serialization failure) and the
+others, which are the caller's.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+import asyncpg
+import asyncpg.exceptions as pgerr
+
+from ...errors import DatabaseError
+from .schema import SCHEMA
+
+CONNECT_TIMEOUT_S = 5.0
+
+# The connection is gone or the server cannot serve it now: reconnect and try again.
+_CONNECTION_LOST: tuple[type[BaseException], ...] = (
+    OSError,
+    TimeoutError,
+    pgerr.ConnectionDoesNotExistError,
+    pgerr.PostgresConnectionError,  # class 08
+    pgerr.AdminShutdownError,  # 57P01: pg_terminate_backend, a fast shutdown
+    pgerr.CrashShutdownError,  # 57P02
+    pgerr.CannotConnectNowError,  # 57P03: starting up, shutting down, in recovery
+    pgerr.TooManyConnectionsError,  # 53300: others may leave
+    # asyncpg out of step with a session the server ended while it sat idle ("cannot switch
+    # to state ..."): the connection is dropped and another made.
+    pgerr.InternalClientError,
+)
+# The statement lost a race with another transaction: run the transaction again.
+_CONFLICT: tuple[type[BaseException], ...] = (
+    pgerr.SerializationError,  # 40001
+    pgerr.DeadlockDetectedError,  # 40P01
+)
+
+
+def connection_lost(error: BaseException) -> bool:
+    if isinstance(error, _CONNECTION_LOST):
+        return True
+    # asyncpg says "connection is closed" with a plain InterfaceError once a connection died.
+    return isinstance(error, pgerr.InterfaceError) and "closed" in str(error)
+
+
+def conflict(error: BaseException) -> bool:
+    return isinstance(error, _CONFLICT)
+
+
+def retryable(error: BaseException) -> bool:
+    return connection_lost(error) or conflict(error)
+
+
+def settings(role: str, idle_in_transaction_s: float | None = None) -> dict[str, str]:
+    """The session settings of a connection in `role`. `idle_in_transaction_s`: the server
+    ends the session if it sits inside a transaction that long without a statement — a process
+    frozen in the middle of one (SIGSTOP, a long pause) would otherwise keep the rows it locked
+    from a worker taking its jobs over once their leases ran out. blok's own transactions never
+    wait between their statements."""
+    values = {"search_path": SCHEMA, "application_name": f"blok-tui {role} pid {os.getpid()}"}
+    if idle_in_transaction_s is not None:
+        values["idle_in_transaction_session_timeout"] = str(int(idle_in_transaction_s * 1000))
+    return values
+
+
+def idle_limit(lease_s: float) -> float:
+    """How long a transaction of blok's may sit idle: half a lease (at least a second), so that
+    a frozen process's locks are gone before its leases run out."""
+    return max(1.0, lease_s / 2)
+
+
+async def connect(
+    url: str, role: str, idle_in_transaction_s: float | None = None, **kwargs: Any
+) -> asyncpg.Connection:
+    return await asyncpg.connect(
+        url,
+        timeout=CONNECT_TIMEOUT_S,
+        server_settings=settings(role, idle_in_transaction_s),
+        **kwargs,
+    )
+
+
+def explain(location: str, error: BaseException) -> DatabaseError:
+    """A failure to connect as the one line the user reads: what and where, and what to do."""
+    if isinstance(error, (ValueError, pgerr.ClientConfigurationError)):
+        text = f"not a usable PostgreSQL URL ({error})"
+    elif isinstance(error, socket.gaierror):
+        text = f"cannot find the server's host ({error.strerror or error})"
+    elif isinstance(error, ConnectionRefusedError):
+        text = "the server refused the connection (is PostgreSQL running there?)"
+    elif isinstance(error, TimeoutError):
+        text = f"the server did not answer within {CONNECT_TIMEOUT_S:g}s"
+    elif isinstance(
+        error, (pgerr.InvalidAuthorizationSpecificationError, pgerr.InvalidPasswordError)
+    ):
+        text = f"the server refused the login: {error}"
+    elif isinstance(error, pgerr.InvalidCatalogNameError):
+        text = f"{error} (create it first, e.g. createdb)"
+    elif isinstance(error, pgerr.CannotConnectNowError):
+        text = f"the server cannot take connections now: {error}"
+    elif isinstance(error, pgerr.InsufficientPrivilegeError):
+        text = f"not allowed: {error} (blok keeps its tables in a schema {SCHEMA!r} of its own)"
+    elif isinstance(error, OSError):
+        text = f"cannot connect: {error.strerror or error}"
+    else:
+        text = f"cannot connect: {type(error).__name__}: {error}"
+    return DatabaseError(f"{location}: {text}".replace("\n", " "))

@@ -1,0 +1,741 @@
+"""One PostgreSQL database: the writer that batches every write, a pool for reads and claims,
+and the listener that turns NOTIFY into wake-ups.
+
+Group commit, as the SQLite writer: every write goes to one writer task, and whatever piled up
+while the previous batch was committing is written in the next transaction, in order. A lone
+write does not wait for company: the writer takes its batch once the event loop has turned
+twice without a new write (microseconds), gathering meanwhile what the tasks woken with it add.
+A batch is one transaction and writes, in this order: the latest state of every run saved since
+the last batch (one row per table however often it changed, each fenced on its job's epoch) in
+one statement that also announces the batch; the queued statements (consecutive ones with the
+same SQL together: job settles in one statement, others in one pipelined `executemany`); then
+the functions that run inside the transaction and see its result (enqueues, fenced transitions,
+slots, windows), each under a savepoint so that one's failure is its own. The hot path of a busy
+worker (runs started and finished, jobs settled) is BEGIN, two statements and COMMIT.
+
+Nothing is lost when the connection drops (a server restart, `pg_terminate_backend`): the batch
+is run again on a new connection, after a backoff. A batch whose COMMIT was under way when the
+connection dropped is looked up by its transaction id (`pg_xact_status`) first, so it is never
+applied twice. A deadlock or a serialization failure runs the batch again. A statement the
+server refuses for its data (which retrying cannot fix) is found by running the batch again one
+write at a time: that write is dropped with a logged error, the others commit.
+
+Reads, claims and lease renewals go through a small pool beside the writer, retried the same
+way. The listener holds one more connection: LISTEN on blok's channels, a keep-alive query
+every few seconds, and a reconnect (with a wake-up of everything, since notifications may have
+been missed) when it drops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from contextlib import suppress
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import anyio
+import anyio.lowlevel
+import asyncpg
+import asyncpg.exceptions as pgerr
+from anyio import TASK_STATUS_IGNORED
+from anyio.abc import TaskStatus
+from asyncpg.exceptions import ConnectionDoesNotExistError
+from asyncpg.pool import PoolConnectionProxy
+
+from ...errors import DatabaseError
+from ...models import Run
+from ..base import Fence
+from ..rows import ATTEMPT_COLUMNS, RUN_COLUMNS, STEP_COLUMNS, attempt_row, run_row, step_row
+from . import sql
+from .connect import (
+    conflict,
+    connect,
+    connection_lost,
+    explain,
+    idle_limit,
+    retryable,
+    settings,
+)
+from .schema import SchemaError, migrate
+
+log = logging.getLogger("blok.postgres")
+T = TypeVar("T")
+
+POOL_SIZE = 3  # reads, claims, renewals; with the writer and the listener, 5 connections
+KEEPALIVE_S = 5.0  # the listener's probe: a dead connection is found within this
+BACKOFF_MIN_S = 0.05
+BACKOFF_MAX_S = 2.0
+FLUSH_NOW_TIMEOUT_S = 15.0
+HOT = (sql.INSERT_LOG, sql.UPDATE_JOB)  # what WRITE_BATCH writes besides runs
+GATHER_TURNS = 50  # at most this many turns of the event loop gather a batch
+
+Params = tuple[Any, ...]
+# A connection of the writer, the listener or the pool (a proxy of one).
+Conn = asyncpg.Connection | PoolConnectionProxy
+Fn = Callable[[Conn], Awaitable[T]]
+
+
+def clean(row: Params) -> Params:
+    """PostgreSQL's text cannot hold NUL: a NUL in a string (an exception's message, a log line)
+    is written as the four characters \\x00, which is how the console shows it anyway."""
+    for value in row:
+        if value.__class__ is str and "\x00" in value:
+            return tuple(v.replace("\x00", "\\x00") if isinstance(v, str) else v for v in row)
+    return row
+
+
+def transpose(rows: list[Params], width: int) -> list[list[Any]]:
+    """Row tuples as one list per column: the arrays of a bulk statement."""
+    if not rows:
+        return [[] for _ in range(width)]
+    return [list(column) for column in zip(*rows, strict=True)]
+
+
+def latest(rows: list[Params], key: int) -> list[Params]:
+    """Rows of several batches, the last of each key (its first `key` columns) kept: one
+    statement may not write a row twice."""
+    return list({row[:key]: row for row in rows}.values())
+
+
+def fence_of(fence: Fence | None) -> tuple[str | None, int | None]:
+    return (fence.job_id, fence.epoch) if fence is not None else (None, None)
+
+
+def run_rows(
+    runs: Iterable[tuple[Run, Fence | None]],
+) -> tuple[list[Params], list[Params], list[Params]]:
+    """Run, step and attempt rows of these runs, each with its fence (job id, epoch) after it."""
+    rows: list[Params] = []
+    steps: list[Params] = []
+    attempts: list[Params] = []
+    for run, fence in runs:
+        tail = fence_of(fence)
+        rows.append(clean((*run_row(run), *tail)))
+        for step in run.steps:
+            steps.append(clean((*step_row(run.id, step), *tail)))
+            for attempt in step.attempts:
+                attempts.append(clean((*attempt_row(run.id, step.index, attempt), *tail)))
+    return rows, steps, attempts
+
+
+def once_each(updates: list[Params]) -> list[Params]:
+    """UPDATE_JOB parameters for one statement: a job twice among them at the same epoch, the
+    first moves the epoch on, so the second would have found nothing."""
+    first: dict[tuple[Any, Any], Params] = {}
+    for params in updates:
+        first.setdefault((params[9], params[10]), params)
+    return list(first.values())
+
+
+async def update_jobs(conn: Conn, updates: list[Params]) -> None:
+    """Consecutive UPDATE_JOB parameters in one statement."""
+    await conn.execute(sql.UPDATE_JOBS, *transpose(once_each(updates), 11))
+
+
+def run_params(batch: Batch, logs: Sequence[Params] = ()) -> list[Any]:
+    """WRITE_RUNS' parameters: the fenced jobs (in id order), then the rows' arrays."""
+    fenced = {row[-2] for rows in (batch.runs, batch.steps, batch.attempts, logs) for row in rows}
+    fenced.discard(None)
+    return [
+        sorted(fenced),
+        *transpose(batch.runs, len(RUN_COLUMNS) + 2),
+        *transpose(batch.steps, len(STEP_COLUMNS) + 2),
+        *transpose(batch.attempts, len(ATTEMPT_COLUMNS) + 2),
+    ]
+
+
+async def write_runs(conn: Conn, runs: Iterable[tuple[Run, Fence | None]]) -> None:
+    """The runs' rows, inside the caller's transaction."""
+    rows, steps, attempts = run_rows(runs)
+    if rows:
+        await conn.executemany(sql.UPSERT_RUN, rows)
+    if steps:
+        await conn.executemany(sql.UPSERT_STEP, steps)
+    if attempts:
+        await conn.executemany(sql.UPSERT_ATTEMPT, attempts)
+
+
+@dataclass
+class InTransaction(Generic[T]):
+    """A function riding in the writer's next transaction; `done` once it committed (or
+    failed: `error`). `feed`: it writes runs or log lines (the change feed moves)."""
+
+    fn: Fn[T]
+    feed: bool = False
+    done: anyio.Event = field(default_factory=anyio.Event)
+    result: T | None = None
+    error: BaseException | None = None
+
+
+@dataclass
+class Batch:
+    runs: list[Params]
+    steps: list[Params]
+    attempts: list[Params]
+    ops: list[tuple[str, Params]]
+    calls: list[InTransaction[Any]]
+    after: list[Callable[[], None]]  # run once committed (local wake-ups)
+    feed: bool
+    xid: int | None = None
+    commit_sent: bool = False
+    committed: bool = False
+
+    def __bool__(self) -> bool:
+        return bool(self.runs or self.ops or self.calls)
+
+
+def _dead(conn: Conn) -> bool:
+    """The connection is closed, or the pool already took it back (it died under a query)."""
+    try:
+        return conn.is_closed()
+    except pgerr.InterfaceError:
+        return True
+
+
+async def _keep_session(conn: Conn) -> None:
+    """The pool's reset of a connection given back: nothing to do (an open transaction is
+    rolled back by asyncpg before this)."""
+
+
+class Unavailable(Exception):
+    """The server could not be reached before the caller's deadline."""
+
+
+class PostgresDatabase:
+    def __init__(
+        self, url: str, location: str, *, create: bool = True, lease_s: float = 30.0
+    ) -> None:
+        self.url = url
+        self.idle_s = idle_limit(lease_s)
+        self.location = location
+        self.create = create
+        self._writer: asyncpg.Connection | None = None
+        self._pool: asyncpg.Pool | None = None
+        self._closing = False
+        # The next batch.
+        self._runs: dict[str, tuple[Run, Fence | None]] = {}
+        self._ops: list[tuple[str, Params]] = []
+        self._calls: list[InTransaction[Any]] = []
+        self._after: list[Callable[[], None]] = []
+        self._feed = False
+        self._flushers: list[anyio.Event] = []
+        self._wake = anyio.Event()
+        self._inflight: Batch | None = None
+        self._committing = False
+        self.batches = 0
+        self._writes = 0  # writes queued so far (the writer gathers while this grows)
+        self.last_xid = 0  # of this process's last committed batch
+        # Connections of this backend, by server pid: their own notifications are not news.
+        self.own_pids: set[int] = set()
+        self._down_since: float | None = None
+        # The listener.
+        self.listening = False
+        self._channels: set[str] = set(sql.CHANNELS)
+        self._listener: asyncpg.Connection | None = None
+        self._listener_lock = anyio.Lock()
+        self.on_notify: Callable[[str, str], None] = lambda channel, payload: None
+        self.on_listening: Callable[[], None] = lambda: None
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    async def open(self) -> None:
+        try:
+            self._writer = await connect(self.url, "writer", self.idle_s)
+        except Exception as error:
+            raise explain(self.location, error) from None
+        try:
+            await migrate(self._writer, create=self.create)
+        except SchemaError as error:
+            await self._writer.close()
+            raise DatabaseError(f"{self.location}: {error}") from None
+        except asyncpg.PostgresError as error:
+            await self._writer.close()
+            raise explain(self.location, error) from None
+        self.own_pids.add(self._writer.get_server_pid())
+        try:
+            self._pool = await asyncpg.create_pool(
+                self.url,
+                min_size=1,
+                max_size=POOL_SIZE,
+                timeout=5.0,
+                server_settings=settings("pool", self.idle_s),
+                init=self._init_pooled,
+                reset=_keep_session,  # nothing here changes a session: no reset round trip
+            )
+        except Exception as error:
+            await self._writer.close()
+            raise explain(self.location, error) from None
+
+    async def _init_pooled(self, conn: Conn) -> None:
+        self.own_pids.add(conn.get_server_pid())
+
+    async def close(self) -> None:
+        self._closing = True
+        with anyio.CancelScope(shield=True):
+            for conn in (self._writer, self._listener):
+                if conn is not None and not conn.is_closed():
+                    try:
+                        with anyio.fail_after(2):
+                            await conn.close()
+                    except Exception:
+                        conn.terminate()
+            self._writer = self._listener = None
+            if self._pool is not None:
+                try:
+                    with anyio.fail_after(5):
+                        await self._pool.close()
+                except Exception:
+                    self._pool.terminate()
+                self._pool = None
+
+    # ---- connection trouble ----------------------------------------------------------------
+    def _lost(self, what: str, error: BaseException) -> None:
+        if self._down_since is None:
+            self._down_since = time.monotonic()
+            log.warning(
+                "%s: lost the database (%s: %s) during %s; reconnecting with backoff",
+                self.location,
+                type(error).__name__,
+                error,
+                what,
+            )
+
+    def _back(self) -> None:
+        if self._down_since is not None:
+            log.warning(
+                "%s: reconnected after %.1fs", self.location, time.monotonic() - self._down_since
+            )
+            self._down_since = None
+
+    # ---- writes ----------------------------------------------------------------------------
+    def write(self, statement: str, params: Params, *, feed: bool = False) -> None:
+        """Queue one statement for the next batch."""
+        self._ops.append((statement, params))
+        self._writes += 1
+        self._feed = self._feed or feed
+        self._wake.set()
+
+    def save(self, run: Run, fence: Fence | None) -> None:
+        """Queue the run's rows (its latest state when the batch is taken)."""
+        self._runs[run.id] = (run, fence)
+        self._writes += 1
+        self._wake.set()
+
+    def after_commit(self, callback: Callable[[], None]) -> None:
+        """Call `callback` once what is queued now has committed."""
+        self._after.append(callback)
+        self._wake.set()
+
+    async def transaction(self, fn: Fn[T], *, feed: bool = False) -> T:
+        """Run `fn` inside the next write transaction and return its result once committed.
+        An error it raises is its caller's; the rest of the batch still commits."""
+        call: InTransaction[T] = InTransaction(fn, feed)
+        self._writes += 1
+        self._calls.append(call)
+        self._wake.set()
+        await call.done.wait()
+        if call.error is not None:
+            raise call.error
+        return call.result  # type: ignore[return-value]
+
+    def _pending(self) -> bool:
+        return bool(self._ops or self._calls or self._runs or self._after or self._committing)
+
+    async def flush(self) -> None:
+        """Wait until everything queued so far is committed."""
+        if not self._pending():
+            return
+        done = anyio.Event()
+        self._flushers.append(done)
+        self._wake.set()
+        await done.wait()
+
+    def _take(self) -> Batch:
+        runs, steps, attempts = run_rows(self._runs.values())
+        feed = self._feed or bool(runs) or any(call.feed for call in self._calls)
+        batch = Batch(runs, steps, attempts, self._ops, self._calls, self._after, feed)
+        self._runs, self._ops, self._calls, self._after, self._feed = {}, [], [], [], False
+        return batch
+
+    async def writer_loop(self) -> None:
+        """The one task that commits; run it in the backend's task group."""
+        while True:
+            await self._wake.wait()
+            # Turns of the event loop first, as long as they bring more writes: the tasks
+            # woken with us (worker slots whose job started or ended, the claim loop they
+            # poke) add theirs to this batch instead of waiting a whole commit for the next
+            # one. A lone write waits two idle turns of the loop, microseconds.
+            quiet = 0
+            for _ in range(GATHER_TURNS):
+                before = self._writes
+                await anyio.lowlevel.checkpoint()
+                quiet = quiet + 1 if self._writes == before else 0
+                if quiet == 2:
+                    break
+            self._wake = anyio.Event()
+            batch = self._take()
+            flushers, self._flushers = self._flushers, []
+            if batch:
+                self._committing = True
+                self._inflight = batch
+                try:
+                    await self._commit(batch)
+                finally:
+                    self._committing = False
+                    self._inflight = None
+                self.batches += 1
+            for call in batch.calls:
+                call.done.set()
+            for callback in batch.after:
+                callback()
+            for flusher in flushers:
+                flusher.set()
+
+    async def _writer_connection(self) -> asyncpg.Connection:
+        delay = BACKOFF_MIN_S
+        while self._writer is None or self._writer.is_closed():
+            try:
+                self._writer = await connect(self.url, "writer", self.idle_s)
+                self.own_pids.add(self._writer.get_server_pid())
+                self._back()
+            except Exception as error:
+                if not connection_lost(error):
+                    raise
+                self._lost("a write", error)
+                await anyio.sleep(delay)
+                delay = min(2 * delay, BACKOFF_MAX_S)
+        return self._writer
+
+    async def _commit(self, batch: Batch) -> None:
+        """Commit the batch, however many connections and tries it takes."""
+        delay = BACKOFF_MIN_S
+        one_by_one = False
+        while not batch.committed:
+            conn = await self._writer_connection()
+            batch.xid = None
+            try:
+                if one_by_one:
+                    await self._run_one_by_one(conn, batch)
+                else:
+                    await self._run(conn, batch)
+                batch.committed = True
+                if batch.xid is not None:
+                    self.last_xid = max(self.last_xid, batch.xid)
+                return
+            except Exception as error:
+                if batch.committed:  # by flush_now, which ended this session to do it
+                    conn.terminate()
+                    return
+                if connection_lost(error):
+                    conn.terminate()
+                elif not conn.is_closed():
+                    try:
+                        await conn.execute("ROLLBACK")
+                    except Exception:
+                        conn.terminate()
+                if connection_lost(error):
+                    self._lost("a write", error)
+                    if batch.commit_sent and await self._committed_before(batch):
+                        batch.committed = True
+                        return
+                elif conflict(error):
+                    log.info("%s: batch ran into %s; running it again", self.location, error)
+                elif not one_by_one:
+                    log.warning(
+                        "%s: the server refused a batch (%s: %s); writing it one write at a time",
+                        self.location,
+                        type(error).__name__,
+                        error,
+                    )
+                    one_by_one = True
+                    continue
+                else:
+                    raise
+                batch.commit_sent = False
+                await anyio.sleep(delay)
+                delay = min(2 * delay, BACKOFF_MAX_S)
+
+    async def _committed_before(self, batch: Batch) -> bool:
+        """The connection dropped during the batch's COMMIT: did it happen?"""
+        while True:
+            try:
+                status = await self.pooled(lambda c: c.fetchval(sql.XACT_STATUS, batch.xid))
+            except Exception as error:
+                if not retryable(error):
+                    raise
+                await anyio.sleep(BACKOFF_MIN_S)
+                continue
+            if status != "in progress":  # the server is still ending the dropped session
+                return bool(status == "committed")
+            await anyio.sleep(BACKOFF_MIN_S)
+
+    async def _run(self, conn: Conn, batch: Batch) -> None:
+        await conn.execute("BEGIN")
+        if batch.calls or any(op[0] not in HOT for op in batch.ops):
+            if batch.runs:
+                batch.xid = await conn.fetchval(sql.WRITE_RUNS, *run_params(batch))
+            ops = batch.ops
+        else:
+            # The usual batch of a busy worker: one statement.
+            logs = [params for statement, params in batch.ops if statement is sql.INSERT_LOG]
+            jobs = once_each([p for statement, p in batch.ops if statement is sql.UPDATE_JOB])
+            batch.xid = await conn.fetchval(
+                sql.WRITE_BATCH, *run_params(batch, logs), *transpose(logs, 7), *transpose(jobs, 11)
+            )
+            ops = []
+        i = 0
+        while i < len(ops):
+            statement = ops[i][0]
+            j = i
+            while j < len(ops) and ops[j][0] == statement:
+                j += 1
+            if statement is sql.UPDATE_JOB and j - i > 1:
+                await update_jobs(conn, [params for _, params in ops[i:j]])
+            elif j - i == 1:
+                await conn.execute(statement, *ops[i][1])
+            else:
+                await conn.executemany(statement, [params for _, params in ops[i:j]])
+            i = j
+        alone = len(batch.calls) == 1 and not (batch.runs or batch.ops)
+        for call in batch.calls:
+            call.error = None
+            if alone:
+                try:
+                    call.result = await call.fn(conn)
+                except Exception as error:
+                    if retryable(error):
+                        raise
+                    # Its own failure, and nothing else rides in this batch.
+                    await conn.execute("ROLLBACK")
+                    call.error = error
+                    batch.committed = True
+                    return
+            else:
+                await self._call_in_savepoint(conn, call)
+        await self._finish(conn, batch)
+
+    async def _call_in_savepoint(self, conn: Conn, call: InTransaction[Any]) -> None:
+        await conn.execute("SAVEPOINT call")
+        try:
+            call.result = await call.fn(conn)
+        except Exception as error:
+            if retryable(error):
+                raise
+            # A call's own failure is its caller's: its writes are undone, the batch goes on.
+            await conn.execute("ROLLBACK TO SAVEPOINT call")
+            call.error = error
+        await conn.execute("RELEASE SAVEPOINT call")
+
+    async def _finish(self, conn: Conn, batch: Batch) -> None:
+        """Announce the batch (other processes' change tokens move; with runs or log lines,
+        the payload is the transaction's id, for the feed's readers), then COMMIT. (A batch
+        with runs was announced by the statement that wrote them.)"""
+        if batch.xid is None:
+            channel = sql.RUNS_CHANNEL if batch.feed else sql.SHARED_CHANNEL
+            batch.xid = await conn.fetchval(sql.ANNOUNCE, channel)
+        batch.commit_sent = True
+        await conn.execute("COMMIT")
+
+    async def _run_one_by_one(self, conn: Conn, batch: Batch) -> None:
+        """The batch again, each write under its own savepoint: a write the server refuses for
+        its data is dropped with a logged error instead of taking the others with it."""
+        batch.xid = None
+        await conn.execute("BEGIN")
+        items: list[tuple[str, str, list[Params]]] = []
+        items += [("run", sql.UPSERT_RUN, [row]) for row in batch.runs]
+        items += [("step", sql.UPSERT_STEP, [row]) for row in batch.steps]
+        items += [("attempt", sql.UPSERT_ATTEMPT, [row]) for row in batch.attempts]
+        items += [("statement", statement, [params]) for statement, params in batch.ops]
+        for what, statement, rows in items:
+            await conn.execute("SAVEPOINT item")
+            try:
+                await conn.executemany(statement, rows)
+            except Exception as error:
+                if retryable(error):
+                    raise
+                await conn.execute("ROLLBACK TO SAVEPOINT item")
+                log.error(
+                    "%s: the server refused a %s write, which is dropped: %s: %s (%s)",
+                    self.location,
+                    what,
+                    type(error).__name__,
+                    error,
+                    str(rows[0][0])[:80],
+                )
+            await conn.execute("RELEASE SAVEPOINT item")
+        for call in batch.calls:
+            call.error = None
+            await self._call_in_savepoint(conn, call)
+        await self._finish(conn, batch)
+
+    # ---- reads and single statements: the pool ---------------------------------------------
+    async def pooled(self, fn: Fn[T], *, deadline: float | None = None) -> T:
+        """`fn` on a pooled connection, tried again (after a backoff) when the connection
+        drops or the statement loses a race; `deadline` (time.monotonic): raise `Unavailable`
+        rather than wait past it."""
+        delay = BACKOFF_MIN_S
+        while True:
+            if self._pool is None:
+                raise DatabaseError(f"{self.location}: the database is not open")
+            try:
+                async with self._pool.acquire() as conn:
+                    try:
+                        result = await fn(conn)
+                    except Exception as error:
+                        if _dead(conn) or isinstance(error, pgerr.InternalClientError):
+                            # The session was ended while the connection sat in the pool
+                            # (asyncpg may then be out of step with it): never reuse it.
+                            with suppress(pgerr.InterfaceError):
+                                conn.terminate()
+                            raise ConnectionDoesNotExistError(str(error)) from error
+                        raise
+                self._back()
+                return result
+            except Exception as error:
+                if self._closing or not retryable(error):
+                    raise
+                if connection_lost(error):
+                    self._lost("a read", error)
+            if deadline is not None and time.monotonic() + delay > deadline:
+                raise Unavailable(self.location)
+            await anyio.sleep(delay)
+            delay = min(2 * delay, BACKOFF_MAX_S)
+
+    async def fetch(self, statement: str, *args: Any) -> list[asyncpg.Record]:
+        return await self.pooled(lambda c: c.fetch(statement, *args))
+
+    async def fetchrow(self, statement: str, *args: Any) -> asyncpg.Record | None:
+        return await self.pooled(lambda c: c.fetchrow(statement, *args))
+
+    async def fetchval(self, statement: str, *args: Any) -> Any:
+        return await self.pooled(lambda c: c.fetchval(statement, *args))
+
+    # ---- the listener ----------------------------------------------------------------------
+    def _notified(self, conn: Conn, pid: int, channel: str, payload: object) -> None:
+        if pid not in self.own_pids:
+            self.on_notify(channel, str(payload))
+
+    async def listener_loop(self, *, task_status: TaskStatus[None] = TASK_STATUS_IGNORED) -> None:
+        """Hold the LISTEN connection: reconnect when it drops; until then the waiters poll.
+        Started once it listens (or failed to, the first time)."""
+        delay = BACKOFF_MIN_S
+        started = False
+        while True:
+            conn: Conn | None = None
+            try:
+                conn = await connect(self.url, "listener")
+                async with self._listener_lock:
+                    for channel in sorted(self._channels):
+                        await conn.add_listener(channel, self._notified)
+                    self._listener = conn
+                self.listening = True
+                delay = BACKOFF_MIN_S
+                self.on_listening()  # what was notified while it was down is unknown
+                if not started:
+                    started = True
+                    task_status.started()
+                while True:
+                    await anyio.sleep(KEEPALIVE_S)
+                    async with self._listener_lock:
+                        with anyio.fail_after(KEEPALIVE_S):
+                            await conn.fetchval("SELECT 1")
+            except Exception as error:
+                if not (connection_lost(error) or isinstance(error, TimeoutError)):
+                    raise
+                log.info("%s: the listener lost its connection (%s)", self.location, error)
+            finally:
+                self.listening = False
+                self._listener = None
+                if conn is not None:
+                    conn.terminate()
+            if not started:
+                started = True
+                task_status.started()
+            await anyio.sleep(delay)
+            delay = min(2 * delay, BACKOFF_MAX_S)
+
+    # ---- a process going down --------------------------------------------------------------
+    def flush_now(self) -> None:
+        """Commit what is pending from the calling thread, without the event loop: for a
+        process going down on an unhandled error (the loop is blocked meanwhile).
+
+        asyncpg connections belong to the event loop, so this opens a fresh connection from a
+        thread of its own. A batch the writer was committing goes first, or its older rows
+        would land on top of these: its session is ended (`pg_terminate_backend`, which rolls
+        it back unless its COMMIT got through, which `pg_xact_status` tells) and the batch is
+        committed again here, with what is pending, in one transaction. Functions queued
+        after it (an enqueue, an operator's transition) are refused: nobody is left to wait for
+        their results. Gives up after FLUSH_NOW_TIMEOUT_S (a server that is down), logging
+        how many writes were lost."""
+        if self._pool is None:
+            return
+        inflight = self._inflight if self._inflight and not self._inflight.committed else None
+        pending = self._take()
+        dropped, pending.calls = pending.calls, []
+        batches = [b for b in (inflight, pending) if b]
+        writer = self._writer
+        writer_pid = writer.get_server_pid() if inflight and writer is not None else None
+        outcome: dict[str, BaseException | None] = {"error": None}
+        if batches:
+
+            def commit() -> None:
+                try:
+                    asyncio.run(self._flush_fresh(batches, writer_pid))
+                except BaseException as error:
+                    outcome["error"] = error
+
+            thread = threading.Thread(target=commit, name="blok-flush-now", daemon=True)
+            thread.start()
+            thread.join(FLUSH_NOW_TIMEOUT_S)
+            if thread.is_alive() or outcome["error"] is not None:
+                lost = sum(len(b.runs) + len(b.ops) + len(b.calls) for b in batches)
+                log.error(
+                    "%s: could not commit %d pending write(s) before going down: %s",
+                    self.location,
+                    lost,
+                    outcome["error"] or "timed out",
+                )
+            else:
+                for batch in batches:
+                    batch.committed = True
+        for call in dropped:
+            call.error = DatabaseError(f"{self.location}: closed before the write was made")
+            call.done.set()
+        for callback in pending.after:
+            callback()
+
+    async def _flush_fresh(self, batches: list[Batch], writer_pid: int | None) -> None:
+        conn = await connect(self.url, "flush")
+        try:
+            inflight_done = False
+            if writer_pid is not None:
+                await conn.execute("SELECT pg_terminate_backend($1)", writer_pid)
+                for _ in range(100):
+                    gone = await conn.fetchval(
+                        "SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)",
+                        writer_pid,
+                    )
+                    if gone:
+                        break
+                    await asyncio.sleep(0.02)
+                first = batches[0]
+                if first.commit_sent and first.xid is not None:
+                    status = await conn.fetchval(sql.XACT_STATUS, first.xid)
+                    inflight_done = status == "committed"
+            todo = batches[1:] if inflight_done else batches
+            merged = Batch(
+                latest([r for b in todo for r in b.runs], 1),
+                latest([r for b in todo for r in b.steps], 2),
+                latest([r for b in todo for r in b.attempts], 3),
+                [op for b in todo for op in b.ops],
+                [c for b in todo for c in b.calls],
+                [],
+                any(b.feed for b in todo),
+            )
+            if merged:
+                await self._run(conn, merged)
+        finally:
+            await conn.close()

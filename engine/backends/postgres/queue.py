@@ -1,0 +1,330 @@
+"""Jobs on PostgreSQL: claims under a lease with a fencing token, fenced transitions, signals.
+
+A claim is one statement on a pooled connection (`sql.CLAIM`): it takes due jobs and, in the
+same statement, jobs whose lease ran out on the server's clock, noting the worker that lost them
+in `taken_from` and bumping the epoch, so the late worker's writes are refused from then on.
+Claims run beside the writer, not in its batches: claimers on many machines pass over each
+other's rows (SKIP LOCKED) instead of waiting for one another.
+
+A claim takes up to four times what was asked and keeps the extra ahead (as the SQLite queue
+does), so that a worker slot that frees up starts its next job without a round trip.
+Jobs claimed ahead are `active` under this worker's lease in the database; `stats` counts them as
+waiting, and a pause, a stop or a lost lease hands them back.
+
+A claim that finds nothing does not poll the table for the rest of its timeout: it sleeps until
+a NOTIFY says its queue has jobs (an enqueue or a settle anywhere, sent in the same
+transaction), or until the next delayed job or lease of the queue falls due, and looks anyway
+at least every second (only an expired lease nobody announced, or a notification lost while the
+listener reconnected, waits for that look).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+from datetime import datetime
+from typing import Any, ClassVar
+
+import anyio
+import asyncpg
+
+from ...models import Job, JobState, LogLine, QueueStats, Run, to_epoch
+from ..base import Claim, Fence, JobQueue, JobUpdate, Renewal, Transition
+from ..rows import JOB_COLUMNS, RUN_COLUMNS, dump, job_from_row, job_row, run_row
+from . import sql
+from .db import Conn, PostgresDatabase, Unavailable, clean, transpose, write_runs
+from .store import log_params
+
+AHEAD = 4  # a claim takes up to this many times what was asked
+LOOK_ANYWAY_S = 1.0  # an idle claim looks at least this often while the listener is up
+LOOK_UNHEARD_S = 0.25  # ... and this often while it is down (notifications may be missed)
+
+
+def update_params(job_id: str, epoch: int, update: JobUpdate) -> tuple[str, tuple[Any, ...]]:
+    meta = json.dumps(update.meta) if update.meta is not None else None
+    if update.state is JobState.ACTIVE:
+        return sql.UPDATE_HELD, (update.run_id, meta, job_id, epoch)
+    pending = update.state in (JobState.WAITING, JobState.DELAYED)
+    run_at = None if update.force or not pending else to_epoch(update.run_at)
+    return sql.UPDATE_JOB, clean(
+        (
+            str(update.state),
+            update.run_id,
+            run_at,
+            int(update.resume),
+            update.error,
+            meta,
+            update.fresh_budget,
+            int(update.force),
+            dump(update.headers) if update.headers is not None else None,
+            job_id,
+            epoch,
+        )
+    )
+
+
+class PostgresQueue(JobQueue):
+    provider: ClassVar[str] = "postgres"
+
+    def __init__(self, db: PostgresDatabase) -> None:
+        self.db = db
+        self._signals: dict[str, anyio.Event] = {}
+        self._ahead: dict[str, deque[Claim]] = {}
+        self.workers: set[str] = set()  # workers that claimed here
+        # A renewal must see every claim this process made before it asked: claims run on
+        # their own connections, and a claim committed after the renewal's snapshot would
+        # look lost. So a renewal waits for the claims in flight, and new ones wait for it.
+        self._claiming = 0
+        self._claims_done = anyio.Event()
+        self._renewing: anyio.Event | None = None
+
+    # ---- wake-ups --------------------------------------------------------------------------
+    def wake(self, queue: str) -> None:
+        signal = self._signals.pop(queue, None)
+        if signal is not None:
+            signal.set()
+
+    def wake_all(self) -> None:
+        for queue in list(self._signals):
+            self.wake(queue)
+
+    # ---- adding and claiming ---------------------------------------------------------------
+    async def add(self, jobs: list[Job], runs: list[Run]) -> list[str]:
+        if not jobs:
+            return []
+        job_rows = [clean(job_row(job)) for job in jobs]
+
+        # A run that comes with steps (a replay from a step carries the steps it reuses) is
+        # written with its step and attempt rows after its job.
+        bare = [clean(run_row(run)) for run in runs if not run.steps]
+        whole = [run for run in runs if run.steps]
+
+        async def add(conn: Conn) -> list[str]:
+            rows = await conn.fetch(
+                sql.ENQUEUE,
+                *transpose(job_rows, len(JOB_COLUMNS)),
+                *transpose(bare, len(RUN_COLUMNS)),
+            )
+            added = [row[0] for row in rows]
+            fresh = set(added)
+            await write_runs(conn, [(run, None) for run in whole if run.job_id in fresh])
+            return added
+
+        added = await self.db.transaction(add, feed=True)
+        for queue in {job.queue for job in jobs}:
+            self.wake(queue)
+        return added
+
+    def claim_nowait(self, queue: str, worker: str, lease_s: float) -> Claim | None:
+        ahead = self._ahead.get(queue)
+        while ahead:
+            claim = ahead.popleft()
+            if not claim.lease_lost():
+                return claim
+        return None
+
+    def return_ahead(self, queue: str) -> None:
+        for claim in self._ahead.pop(queue, None) or ():
+            job = claim.job
+            update = JobUpdate(
+                state=JobState.WAITING, resume=job.resume, run_at=job.run_at, force=job.force
+            )
+            self.submit(Transition(job.id, job.epoch, update))
+
+    async def claim(
+        self,
+        queue: str,
+        limit: int,
+        worker: str,
+        lease_s: float,
+        *,
+        forced_only: bool = False,
+        timeout: float = 0.0,
+    ) -> list[Claim]:
+        self.workers.add(worker)
+        ahead = self._ahead.get(queue)
+        if ahead and not forced_only:
+            taken: list[Claim] = []
+            while ahead and len(taken) < limit:
+                claim = ahead.popleft()
+                if not claim.lease_lost():
+                    taken.append(claim)
+            if taken:
+                return taken
+        deadline = time.monotonic() + timeout
+        statement = sql.CLAIM_FORCED if forced_only else sql.CLAIM
+        asking = limit if forced_only else AHEAD * limit
+        while True:
+            asked = time.monotonic()
+            # Registered before the look: a NOTIFY that arrives while it runs is not missed.
+            signal = self._signals.setdefault(queue, anyio.Event())
+            while self._renewing is not None:
+                await self._renewing.wait()
+            self._claiming += 1
+            try:
+                rows, next_due = await self.db.pooled(
+                    lambda c: self._claim(c, statement, queue, asking, worker, lease_s),
+                    deadline=deadline,
+                )
+            except Unavailable:
+                return []
+            finally:
+                self._claiming -= 1
+                if not self._claiming:
+                    self._claims_done.set()
+                    self._claims_done = anyio.Event()
+            if rows:
+                rows.sort(key=lambda r: (-r["priority"], r["seq"]))
+                claims = [
+                    Claim(job_from_row(row), lease_s, asked, row["taken_from"])  # type: ignore[arg-type]
+                    for row in rows
+                ]
+                if len(claims) > limit:
+                    self._ahead.setdefault(queue, deque()).extend(claims[limit:])
+                return claims[:limit]
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return []
+            # Nothing due: sleep until a NOTIFY (or a wake-up in this process) says the queue
+            # has jobs, or something of it falls due, or it is time to look anyway.
+            look = LOOK_ANYWAY_S if self.db.listening else LOOK_UNHEARD_S
+            if next_due is not None:
+                look = min(look, max(0.0, float(next_due)))
+            with anyio.move_on_after(max(min(remaining, look), 0.001)):
+                await signal.wait()
+
+    @staticmethod
+    async def _claim(
+        conn: Conn,
+        statement: str,
+        queue: str,
+        limit: int,
+        worker: str,
+        lease_s: float,
+    ) -> tuple[list[asyncpg.Record], float | None]:
+        rows = await conn.fetch(statement, queue, limit, worker, lease_s)
+        if rows:
+            return rows, None
+        return rows, await conn.fetchval(sql.NEXT_DUE, queue)
+
+    # ---- transitions -----------------------------------------------------------------------
+    def submit(self, transition: Transition) -> None:
+        fence = Fence(transition.job_id, transition.epoch)
+        for run in transition.runs:
+            self.db.save(run, fence)
+        for run_id, line in transition.logs:
+            self.db.write(sql.INSERT_LOG, log_params(run_id, line, fence), feed=True)
+        if transition.update is not None:
+            self.db.write(*update_params(transition.job_id, transition.epoch, transition.update))
+            if transition.update.state in (JobState.WAITING, JobState.DELAYED):
+                self.db.after_commit(self.wake_all)
+
+    async def apply(self, transition: Transition) -> bool:
+        runs = [(run, None) for run in transition.runs]
+        logs = [log_params(run_id, line, None) for run_id, line in transition.logs]
+
+        async def apply(conn: Conn) -> bool:
+            if transition.update is not None:
+                statement, params = update_params(
+                    transition.job_id, transition.epoch, transition.update
+                )
+                if await conn.fetchrow(statement, *params) is None:
+                    return False
+            elif await conn.fetchval(sql.HOLDS, transition.job_id, transition.epoch) is None:
+                return False
+            # The job's update above checked the fence inside this transaction.
+            await write_runs(conn, runs)
+            if logs:
+                await conn.executemany(sql.INSERT_LOG, logs)
+            return True
+
+        applied = await self.db.transaction(apply, feed=True)
+        if applied and transition.update is not None:
+            self.wake_all()
+        return applied
+
+    def record(self, run: Run, fence: Fence) -> None:
+        self.db.save(run, fence)
+
+    def record_log(self, run_id: str, line: LogLine, fence: Fence) -> None:
+        self.db.write(sql.INSERT_LOG, log_params(run_id, line, fence), feed=True)
+
+    async def renew(self, worker: str, lease_s: float) -> Renewal:
+        self.workers.add(worker)
+        asked = time.monotonic()
+        renewing = self._renewing = anyio.Event()
+        try:
+            while self._claiming:
+                await self._claims_done.wait()
+            rows = await self.db.fetch(sql.RENEW, worker, lease_s)
+        finally:
+            self._renewing = None
+            renewing.set()
+        held = {row[0]: row[1] for row in rows}
+        for ahead in self._ahead.values():
+            for claim in ahead:
+                if held.get(claim.job.id) == claim.job.epoch:
+                    claim.held_since = asked
+        signals = {row[0]: json.loads(row[2]) for row in rows if row[2]}
+        return Renewal(held, signals)
+
+    async def signal(self, job_id: str, epoch: int, name: str) -> bool:
+        # Straight to the server, not through the writer: it is one statement, and its NOTIFY
+        # reaches the holder as soon as it commits.
+        rows = await self.db.fetch(sql.SIGNAL, name, job_id, epoch)
+        return bool(rows)
+
+    async def signals_for(self, worker: str) -> dict[str, dict[str, float]]:
+        self.workers.add(worker)
+        rows = await self.db.fetch(sql.SIGNALS_FOR, worker)
+        return {row[0]: json.loads(row[1]) for row in rows}
+
+    # ---- reads -----------------------------------------------------------------------------
+    async def get_job(self, job_id: str) -> Job | None:
+        await self.db.flush()
+        row = await self.db.fetchrow(f"{sql.SELECT_JOB} WHERE id = $1", job_id)
+        return job_from_row(row) if row else None  # type: ignore[arg-type]
+
+    async def held_by(self, workers: list[str]) -> list[Job]:
+        if not workers:
+            return []
+        await self.db.flush()
+        rows = await self.db.fetch(sql.HELD_BY, workers)
+        return [job_from_row(row) for row in rows]  # type: ignore[arg-type]
+
+    async def stats(self, queue: str) -> QueueStats:
+        await self.db.flush()
+        counts = dict.fromkeys(JobState, 0)
+        for row in await self.db.fetch(sql.STATS, queue):
+            state = JobState(row["state"])
+            if state in (JobState.WAITING, JobState.DELAYED):
+                state = JobState.DELAYED if row["later"] else JobState.WAITING
+            counts[state] += row["n"]
+        # Jobs claimed ahead are active in the database but waiting here; those whose lease ran
+        # out may be another worker's by now, and count as the database says.
+        ahead = sum(1 for claim in self._ahead.get(queue) or () if not claim.lease_lost())
+        counts[JobState.ACTIVE] -= ahead
+        counts[JobState.WAITING] += ahead
+        return QueueStats(
+            queue=queue,
+            waiting=counts[JobState.WAITING],
+            active=counts[JobState.ACTIVE],
+            completed=counts[JobState.COMPLETED],
+            failed=counts[JobState.FAILED],
+            delayed=counts[JobState.DELAYED],
+            dead=counts[JobState.DEAD],
+            cancelled=counts[JobState.CANCELLED],
+        )
+
+    async def dead_letters(self, queue: str, limit: int = 1000) -> list[Job]:
+        await self.db.flush()
+        rows = await self.db.fetch(sql.DEAD_LETTERS, queue, limit)
+        return [job_from_row(row) for row in rows]  # type: ignore[arg-type]
+
+    async def purge(self, finished_before: datetime) -> int:
+        await self.db.flush()
+        status = await self.db.pooled(
+            lambda c: c.execute(sql.PURGE_JOBS, finished_before.timestamp())
+        )
+        return int(status.rsplit(" ", 1)[-1])

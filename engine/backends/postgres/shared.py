@@ -1,0 +1,204 @@
+"""What the processes on one PostgreSQL database share: workers, catalogs, pauses, concurrency
+slots, debounce windows and leader leases.
+
+Slots and windows are read-decide-write: each runs in the writer's transaction behind an
+advisory lock on its (workflow, key), so two processes never decide on the same ones at once.
+Leases of slots and leaders are on the server's clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import TypeVar
+
+from ...models import WorkerInfo
+from ..base import SharedState, Window, WorkerCatalog
+from ..sqlite.shared import catalog_from_row, catalog_row
+from . import sql
+from .db import Conn, PostgresDatabase, clean
+
+T = TypeVar("T")
+
+
+class PostgresShared(SharedState):
+    def __init__(self, db: PostgresDatabase) -> None:
+        self.db = db
+
+    # ---- workers ---------------------------------------------------------------------------
+    def heartbeat(self, worker: WorkerInfo) -> None:
+        self.db.write(
+            sql.HEARTBEAT,
+            clean(
+                (
+                    worker.id,
+                    worker.host,
+                    worker.pid,
+                    worker.started_at.timestamp(),
+                    worker.heartbeat_at.timestamp(),
+                )
+            ),
+        )
+
+    async def workers(self) -> list[WorkerInfo]:
+        await self.db.flush()
+        rows = await self.db.fetch("SELECT * FROM workers ORDER BY started_at")
+        return [
+            WorkerInfo(
+                id=row["id"],
+                host=row["host"],
+                pid=row["pid"],
+                started_at=datetime.fromtimestamp(row["started_at"], UTC),
+                heartbeat_at=datetime.fromtimestamp(row["heartbeat_at"], UTC),
+            )
+            for row in rows
+        ]
+
+    async def forget_worker(self, worker_id: str) -> None:
+        self.db.write("DELETE FROM workers WHERE id = $1", (worker_id,))
+        self.db.write("DELETE FROM concurrency_slots WHERE worker = $1", (worker_id,))
+        await self.db.flush()
+
+    def publish_catalog(self, catalog: WorkerCatalog) -> None:
+        self.db.write(sql.PUBLISH_CATALOG, clean(catalog_row(catalog)))
+        # What stopped workers declared stays known (a producer can still enqueue to their
+        # queues) until a worker that runs now declares what it serves.
+        self.db.write(sql.FORGET_CATALOGS, ())
+
+    async def catalogs(self) -> list[WorkerCatalog]:
+        await self.db.flush()
+        rows = await self.db.fetch(
+            "SELECT worker, queues::text, workflows::text, reload_errors::text, updated_at"
+            " FROM worker_catalog ORDER BY updated_at"
+        )
+        return [catalog_from_row(row) for row in rows]
+
+    # ---- pauses ----------------------------------------------------------------------------
+    async def paused_queues(self) -> set[str]:
+        await self.db.flush()
+        return {row[0] for row in await self.db.fetch("SELECT queue FROM paused_queues")}
+
+    async def set_paused(self, queue: str, paused: bool) -> None:
+        if paused:
+            self.db.write(
+                "INSERT INTO paused_queues (queue) VALUES ($1) ON CONFLICT DO NOTHING", (queue,)
+            )
+        else:
+            self.db.write("DELETE FROM paused_queues WHERE queue = $1", (queue,))
+        await self.db.flush()
+
+    # ---- concurrency slots -----------------------------------------------------------------
+    async def acquire_slot(
+        self, workflow: str, key: str, limit: int, run_id: str, worker: str, lease_s: float
+    ) -> tuple[bool, int]:
+        async def acquire(conn: Conn) -> tuple[bool, int]:
+            await conn.execute(sql.SLOTS_LOCK, workflow, key)
+            # Slots of workers whose lease ran out, or that recovery found dead and forgot,
+            # are free again: a crash never keeps a key blocked.
+            await conn.execute(
+                "DELETE FROM concurrency_slots WHERE workflow = $1 AND key = $2 AND"
+                f" (lease_until < {sql.NOW} OR worker NOT IN (SELECT id FROM workers))",
+                workflow,
+                key,
+            )
+            holders = [
+                row[0]
+                for row in await conn.fetch(
+                    "SELECT run_id FROM concurrency_slots WHERE workflow = $1 AND key = $2",
+                    workflow,
+                    key,
+                )
+            ]
+            if run_id in holders:
+                return True, len(holders)
+            if len(holders) >= limit:
+                return False, len(holders)
+            await conn.execute(
+                "INSERT INTO concurrency_slots (workflow, key, run_id, worker, lease_until)"
+                f" VALUES ($1, $2, $3, $4, {sql.NOW} + $5)",
+                workflow,
+                key,
+                run_id,
+                worker,
+                lease_s,
+            )
+            return True, len(holders) + 1
+
+        return await self.db.transaction(acquire)
+
+    def release_slot(self, run_id: str) -> None:
+        self.db.write("DELETE FROM concurrency_slots WHERE run_id = $1", (run_id,))
+
+    def renew_slots(self, worker: str, lease_s: float) -> None:
+        self.db.write(
+            f"UPDATE concurrency_slots SET lease_until = {sql.NOW} + $2 WHERE worker = $1",
+            (worker, lease_s),
+        )
+
+    async def slot_holders(self, workflow: str, key: str) -> list[str]:
+        await self.db.flush()
+        rows = await self.db.fetch(
+            "SELECT run_id FROM concurrency_slots WHERE workflow = $1 AND key = $2"
+            f" AND lease_until >= {sql.NOW}",
+            workflow,
+            key,
+        )
+        return [row[0] for row in rows]
+
+    # ---- debounce windows ------------------------------------------------------------------
+    async def update_window(
+        self,
+        workflow: str,
+        key: str,
+        mode: str,
+        decide: Callable[[Window | None], tuple[T, Window | None, bool]],
+    ) -> T:
+        async def update(conn: Conn) -> T:
+            await conn.execute(sql.WINDOW_LOCK, workflow, key, mode)
+            row = await conn.fetchrow(
+                "SELECT run_id, job_id, created_at, opened_at, until FROM debounce_windows"
+                " WHERE workflow = $1 AND key = $2 AND mode = $3",
+                workflow,
+                key,
+                mode,
+            )
+            result, window, write = decide(Window(*row) if row else None)
+            if write and window is None:
+                await conn.execute(
+                    "DELETE FROM debounce_windows WHERE workflow = $1 AND key = $2 AND mode = $3",
+                    workflow,
+                    key,
+                    mode,
+                )
+            elif write and window is not None:
+                await conn.execute(
+                    "INSERT INTO debounce_windows (workflow, key, mode, run_id, job_id,"
+                    " created_at, opened_at, until) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
+                    " ON CONFLICT (workflow, key, mode) DO UPDATE SET run_id = excluded.run_id,"
+                    " job_id = excluded.job_id, created_at = excluded.created_at,"
+                    " opened_at = excluded.opened_at, until = excluded.until",
+                    workflow,
+                    key,
+                    mode,
+                    window.run_id,
+                    window.job_id,
+                    window.created_at,
+                    window.opened_at,
+                    window.until,
+                )
+            return result
+
+        return await self.db.transaction(update)
+
+    async def close_windows(self, before: float) -> None:
+        # Closed leading windows are only history; one row per key would pile up.
+        self.db.write(
+            "DELETE FROM debounce_windows WHERE mode = 'leading' AND until < $1", (before,)
+        )
+
+    # ---- cluster chores --------------------------------------------------------------------
+    async def try_lead(self, chore: str, worker: str, ttl_s: float) -> bool:
+        return await self.db.fetchval(sql.ACQUIRE_LEADER, chore, worker, ttl_s) is not None
+
+    async def resign(self, chore: str, worker: str) -> None:
+        await self.db.pooled(lambda c: c.execute(sql.RELEASE_LEADER, chore, worker))

@@ -1,0 +1,237 @@
+"""Runs on PostgreSQL: run, step and attempt rows, log lines, the idempotency cache, the feed.
+
+Writes only queue the run in the writer (`PostgresDatabase.save`): a run that starts and
+finishes within one batch costs one row per table, not one per change.
+
+The change feed reads by transaction: a run row and a log line carry the id of the transaction
+that last wrote them, and a page holds what was written by transactions between the reader's
+last horizon and the current one, the oldest transaction still running on the server (see
+`schema.py`). `FeedCursor.rev` and `.log_id` are both that horizon. What a transaction still
+running wrote comes with a later page, once it has ended, so nothing is skipped and nothing is
+read twice; the price is that a transaction left open for long on the same server (any that
+wrote something, in any database) holds the feed back until it ends.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import anyio
+
+from ...filters import RunFilter
+from ...models import LogLine, Run
+from ..base import CacheHit, FeedCursor, FeedLog, FeedPage, Fence, RunStore
+from ..rows import TERMINAL, assemble, dump, load, run_from_row, where_clause
+from . import sql
+from .db import Conn, PostgresDatabase, clean, fence_of
+
+PENDING = ["queued", "delayed", "waiting", "throttled"]
+OWN_WRITES_WAIT_S = 2.0  # a feed read waits this long at most for this process's own writes
+
+UPSERT_CACHE = (
+    "INSERT INTO idempotency (workflow, step, key, output, run_id, expires_at)"
+    " VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (workflow, step, key) DO UPDATE SET"
+    " output = excluded.output, run_id = excluded.run_id, expires_at = excluded.expires_at"
+)
+
+
+def log_params(run_id: str, line: LogLine, fence: Fence | None) -> tuple[Any, ...]:
+    return clean(
+        (run_id, line.step, line.ts.timestamp(), line.level, line.message, *fence_of(fence))
+    )
+
+
+def where_sql(filter_: RunFilter | None, first: int = 1) -> tuple[str, list[Any]]:
+    """The shared RunFilter clause with PostgreSQL's placeholders, text matched without case
+    (as SQLite's LIKE does)."""
+    counter = iter(range(first, first + 10_000))
+    clause, params = where_clause(filter_, lambda: f"${next(counter)}")
+    return clause.replace(" LIKE ", " ILIKE "), params
+
+
+async def with_steps(conn: Conn, runs: list[Run]) -> list[Run]:
+    if runs:
+        ids = [run.id for run in runs]
+        steps = await conn.fetch(
+            "SELECT * FROM steps WHERE run_id = ANY($1::text[]) ORDER BY run_id, idx", ids
+        )
+        attempts = await conn.fetch(
+            "SELECT * FROM attempts WHERE run_id = ANY($1::text[])"
+            " ORDER BY run_id, step_idx, number",
+            ids,
+        )
+        assemble(runs, steps, attempts)  # type: ignore[arg-type]
+    return runs
+
+
+class PostgresRunStore(RunStore):
+    def __init__(self, db: PostgresDatabase) -> None:
+        self.db = db
+        self.followed = False  # someone reads the feed: listen to the runs channel
+        self.horizon = 0  # the last horizon a feed read reached
+
+    # ---- writes ----------------------------------------------------------------------------
+    def save_run(self, run: Run, fence: Fence | None = None) -> None:
+        self.db.save(run, fence)
+
+    def add_log(self, run_id: str, line: LogLine, fence: Fence | None = None) -> None:
+        self.db.write(sql.INSERT_LOG, log_params(run_id, line, fence), feed=True)
+
+    def cache_put(
+        self, workflow: str, step: str, key: str, output: Any, run_id: str, ttl_ms: int
+    ) -> None:
+        self.db.write(
+            UPSERT_CACHE,
+            clean((workflow, step, key, dump(output), run_id, time.time() + ttl_ms / 1000)),
+        )
+
+    async def flush(self) -> None:
+        await self.db.flush()
+
+    # ---- reads -----------------------------------------------------------------------------
+    async def cache_get(self, workflow: str, step: str, key: str) -> CacheHit | None:
+        await self.db.flush()
+        row = await self.db.fetchrow(
+            "SELECT output::text, run_id FROM idempotency WHERE workflow = $1 AND step = $2"
+            " AND key = $3 AND expires_at > $4",
+            workflow,
+            step,
+            key,
+            time.time(),
+        )
+        return CacheHit(load(row[0]), row[1]) if row else None
+
+    async def get_run(self, run_id: str) -> Run | None:
+        await self.db.flush()
+
+        async def read(conn: Conn) -> Run | None:
+            row = await conn.fetchrow(f"{sql.SELECT_RUN} WHERE id = $1", run_id)
+            if row is None:
+                return None
+            run = run_from_row(row)  # type: ignore[arg-type]
+            await with_steps(conn, [run])
+            lines = await conn.fetch(
+                "SELECT step_idx, ts, level, message FROM logs WHERE run_id = $1 ORDER BY id",
+                run_id,
+            )
+            steps = {step.index: step for step in run.steps}
+            for lrow in lines:
+                line = LogLine.model_construct(
+                    ts=datetime.fromtimestamp(lrow["ts"], UTC),
+                    level=lrow["level"],
+                    message=lrow["message"],
+                    step=lrow["step_idx"],
+                )
+                step = steps.get(line.step) if line.step is not None else None
+                (step.logs if step is not None else run.logs).append(line)
+            return run
+
+        return await self.db.pooled(read)
+
+    async def list_runs(
+        self, where: RunFilter | None = None, limit: int = 100, offset: int = 0
+    ) -> list[Run]:
+        await self.db.flush()
+        clause, params = where_sql(where)
+        n = len(params)
+        rows = await self.db.fetch(
+            f"{sql.SELECT_RUN}{clause} ORDER BY created_at DESC LIMIT ${n + 1} OFFSET ${n + 2}",
+            *params,
+            limit,
+            offset,
+        )
+        return [run_from_row(row) for row in rows]  # type: ignore[arg-type]
+
+    async def count_runs(self, where: RunFilter | None = None) -> int:
+        await self.db.flush()
+        clause, params = where_sql(where)
+        return int(await self.db.fetchval(f"SELECT count(*) FROM runs{clause}", *params))
+
+    async def runs_by_id(self, run_ids: list[str]) -> list[Run]:
+        await self.db.flush()
+        rows = await self.db.fetch(f"{sql.SELECT_RUN} WHERE id = ANY($1::text[])", run_ids)
+        return [run_from_row(row) for row in rows]  # type: ignore[arg-type]
+
+    async def pending_runs(self, queues: list[str]) -> list[Run]:
+        if not queues:
+            return []
+        await self.db.flush()
+        rows = await self.db.fetch(
+            f"{sql.SELECT_RUN} WHERE status = ANY($1::text[]) AND queue = ANY($2::text[])",
+            PENDING,
+            queues,
+        )
+        return [run_from_row(row) for row in rows]  # type: ignore[arg-type]
+
+    # ---- housekeeping ----------------------------------------------------------------------
+    async def purge(self, finished_before: datetime, limit: int = 500) -> int:
+        cutoff = finished_before.timestamp()
+
+        async def purge(conn: Conn) -> int:
+            async with conn.transaction():
+                ids = [
+                    row[0]
+                    for row in await conn.fetch(
+                        "SELECT id FROM runs WHERE finished_at < $1 AND status = ANY($2::text[])"
+                        " LIMIT $3 FOR UPDATE SKIP LOCKED",
+                        cutoff,
+                        list(TERMINAL),
+                        limit,
+                    )
+                ]
+                for table in ("steps", "attempts", "logs"):
+                    await conn.execute(f"DELETE FROM {table} WHERE run_id = ANY($1::text[])", ids)
+                await conn.execute("DELETE FROM runs WHERE id = ANY($1::text[])", ids)
+                await conn.execute("DELETE FROM idempotency WHERE expires_at <= $1", time.time())
+                return len(ids)
+
+        await self.db.flush()
+        return await self.db.pooled(purge)
+
+    # ---- the change feed -------------------------------------------------------------------
+    async def _horizon(self, conn: Conn) -> int:
+        """The current horizon; if this process committed something the horizon has not passed
+        yet (another transaction older than it still runs), wait a little for it: a reader
+        sees its own process's writes."""
+        horizon = int(await conn.fetchval(sql.FEED_HORIZON))
+        deadline = time.monotonic() + OWN_WRITES_WAIT_S
+        while self.db.last_xid >= horizon and time.monotonic() < deadline:
+            await anyio.sleep(0.005)
+            horizon = int(await conn.fetchval(sql.FEED_HORIZON))
+        return horizon
+
+    async def feed(self, cursor: FeedCursor, limit: int = 1000) -> FeedPage:
+        self.followed = True
+
+        async def read(conn: Conn) -> FeedPage:
+            horizon = await self._horizon(conn)
+            lagged = 0
+            start = cursor.rev
+            rows = await conn.fetch(sql.FEED_RUNS, start, horizon, limit + 1)
+            if len(rows) > limit:
+                lagged += int(await conn.fetchval(sql.FEED_RUNS_COUNT, start, horizon))
+                rows = []
+            runs = await with_steps(conn, [run_from_row(row) for row in rows])  # type: ignore[arg-type]
+            start = cursor.log_id
+            lines = await conn.fetch(sql.FEED_LOGS, start, horizon, limit + 1)
+            if len(lines) > limit:
+                lagged += int(await conn.fetchval(sql.FEED_LOGS_COUNT, start, horizon))
+                lines = []
+            logs = [
+                FeedLog(r["id"], r["run_id"], r["step_idx"], r["level"], r["message"])
+                for r in lines
+            ]
+            return FeedPage(runs, logs, FeedCursor(horizon, horizon), lagged)
+
+        page = await self.db.pooled(read)
+        self.horizon = max(self.horizon, page.cursor.rev)
+        return page
+
+    async def feed_cursor(self) -> FeedCursor:
+        self.followed = True
+        await self.db.flush()
+        horizon = await self.db.pooled(self._horizon)
+        self.horizon = max(self.horizon, horizon)
+        return FeedCursor(horizon, horizon)

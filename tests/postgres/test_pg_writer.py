@@ -1,0 +1,399 @@
+"""The PostgreSQL writer and its connections: group commit, a lone write not kept waiting, and
+nothing lost when a connection drops (pg_terminate_backend: between batches, in the middle of
+one, during its COMMIT), a deadlock run again, a process going down (flush_now), a restart of
+the server."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import anyio
+import pytest
+from pg import NO_DRIVER
+from support import until
+
+asyncpg = pytest.importorskip("asyncpg", reason=NO_DRIVER)
+
+from backends.builders import QUEUE, a_run, job_and_run, line
+
+from engine import Engine, RunStatus, Step, WorkerTrigger, Workflow
+from engine.backends import open_backend
+from engine.backends.base import JobUpdate, Transition
+from engine.backends.postgres import PostgresBackend
+from engine.models import JobState
+
+from .conftest import connect
+from .server import private_server
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(autouse=True)
+def _writer_log(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO", logger="blok.postgres")
+
+
+async def terminate(url: str, role: str) -> int:
+    """End blok's `role` sessions on the database (as an operator would); how many."""
+    conn = await connect(url)
+    try:
+        return int(
+            await conn.fetchval(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND application_name LIKE $1",
+                f"blok-tui {role} %",
+            )
+        )
+    finally:
+        await conn.close()
+
+
+async def count(url: str, statement: str, *args: Any) -> int:
+    conn = await connect(url)
+    try:
+        return int(await conn.fetchval(statement, *args))
+    finally:
+        await conn.close()
+
+
+def hold_row_lock(url: str, job_id: str, seconds: float) -> threading.Event:
+    """Lock a job's row from another thread (another client) for `seconds`; the event is set
+    once the lock is held. The test's event loop may be blocked meanwhile."""
+    held = threading.Event()
+
+    async def hold() -> None:
+        conn = await connect(url)
+        try:
+            async with conn.transaction():
+                await conn.execute("SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE", job_id)
+                held.set()
+                await asyncio.sleep(seconds)
+        finally:
+            await conn.close()
+
+    threading.Thread(target=asyncio.run, args=(hold(),), daemon=True).start()
+    return held
+
+
+async def test_many_small_writes_ride_one_transaction(pg_schema: str) -> None:
+    async with open_backend(pg_schema) as backend:
+        assert isinstance(backend, PostgresBackend)
+        before = backend.db.batches
+        runs = [a_run() for _ in range(300)]
+
+        async def write(n: int) -> None:
+            backend.runs.save_run(runs[n])
+            backend.runs.add_log(runs[n].id, line(f"line {n}"))
+            await backend.runs.flush()
+
+        async with anyio.create_task_group() as tg:
+            for n in range(len(runs)):
+                tg.start_soon(write, n)
+        assert backend.db.batches - before <= 3
+    assert await count(pg_schema, "SELECT count(*) FROM runs") == 300
+    assert await count(pg_schema, "SELECT count(*) FROM logs") == 300
+
+
+async def test_a_lone_write_is_not_kept_waiting(pg_schema: str) -> None:
+    async with open_backend(pg_schema) as backend:
+        assert isinstance(backend, PostgresBackend)
+        before = backend.db.batches
+        started = time.monotonic()
+        for _ in range(20):
+            backend.runs.save_run(a_run())
+            await backend.runs.flush()
+        elapsed = time.monotonic() - started
+        assert backend.db.batches - before == 20  # each committed at once, alone
+        assert elapsed < 2.0, f"20 lone writes took {elapsed:.2f}s"
+
+
+async def test_writes_survive_the_writers_connection_being_ended(pg_schema: str) -> None:
+    async with open_backend(pg_schema) as backend:
+        backend.runs.save_run(first := a_run())
+        await backend.runs.flush()
+        assert await terminate(pg_schema, "writer") == 1
+        backend.runs.save_run(second := a_run())
+        with anyio.fail_after(10):
+            await backend.runs.flush()
+        assert {r.id for r in await backend.runs.runs_by_id([first.id, second.id])} == {
+            first.id,
+            second.id,
+        }
+
+
+async def test_a_batch_cut_off_mid_way_is_run_again_once(pg_schema: str) -> None:
+    """The writer's batch waits on a row another client locked; its session is ended under
+    it. The batch is run again on a new connection: every write of it lands, once."""
+    job, run = job_and_run()
+    async with open_backend(pg_schema) as backend:
+        queue = backend.queue(None)
+        await queue.add([job], [run])
+        [claim] = await queue.claim(QUEUE, 1, "w1", 30.0)
+        held = hold_row_lock(pg_schema, job.id, 1.5)
+        await anyio.to_thread.run_sync(held.wait)
+        run.status = RunStatus.RUNNING
+        queue.record(run, claim.fence)
+        queue.record_log(run.id, line("once"), claim.fence)
+        with anyio.fail_after(15):
+            flushing = anyio.Event()
+
+            async def flush() -> None:
+                await backend.runs.flush()
+                flushing.set()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(flush)
+                await until(lambda: count_blocked(pg_schema), timeout=5)
+                assert await terminate(pg_schema, "writer") == 1
+        stored = await backend.runs.get_run(run.id)
+        assert stored is not None and stored.status is RunStatus.RUNNING
+        assert [entry.message for entry in stored.logs] == ["once"]
+
+
+async def count_blocked(url: str) -> bool:
+    return bool(
+        await count(
+            url,
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND application_name LIKE 'blok-tui writer %' AND wait_event_type = 'Lock'",
+        )
+    )
+
+
+async def test_a_batch_whose_commit_was_cut_off_is_looked_up_then_run_again(
+    pg_schema: str,
+) -> None:
+    """The session ends while the batch's COMMIT runs (a deferred trigger makes it slow): the
+    writer asks the server whether that transaction committed (it did not) and runs the
+    batch again — once."""
+    conn = await connect(pg_schema)
+    try:
+        await conn.execute(
+            "CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS"
+            " $$ BEGIN IF NEW.message = 'slow' THEN PERFORM pg_sleep(2); END IF;"
+            " RETURN NULL; END $$"
+        )
+        await conn.execute(
+            "CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON logs DEFERRABLE INITIALLY"
+            " DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit()"
+        )
+    finally:
+        await conn.close()
+    run = a_run()
+    async with open_backend(pg_schema) as backend:
+        backend.runs.save_run(run)
+        backend.runs.add_log(run.id, line("slow"))
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(backend.runs.flush)
+
+                async def committing() -> bool:
+                    return bool(
+                        await count(
+                            pg_schema,
+                            "SELECT count(*) FROM pg_stat_activity WHERE datname ="
+                            " current_database() AND application_name LIKE 'blok-tui writer %'"
+                            " AND query = 'COMMIT' AND state = 'active'",
+                        )
+                    )
+
+                await until(committing, timeout=5)
+                assert await terminate(pg_schema, "writer") == 1
+        stored = await backend.runs.get_run(run.id)
+        assert stored is not None
+        assert [entry.message for entry in stored.logs] == ["slow"]
+
+
+async def test_a_batch_chosen_as_a_deadlock_victim_is_run_again(
+    pg_schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The writer's batch and another client lock two jobs in opposite orders; the server
+    ends the batch's transaction as the deadlock's victim (the one that waited first runs the
+    deadlock check first); the writer runs it again."""
+    (a, run_a), (b, run_b) = job_and_run(), job_and_run()
+    async with open_backend(pg_schema) as backend:
+        queue = backend.queue(None)
+        await queue.add([a, b], [run_a, run_b])
+        claims = {c.job.id: c for c in await queue.claim(QUEUE, 2, "w1", 30.0)}
+        other = await connect(pg_schema)
+        try:
+            await other.execute("BEGIN")
+            await other.execute("UPDATE jobs SET error = 'x' WHERE id = $1", b.id)
+            # The batch: a's records (locks a), then b's settle (waits for b).
+            run_a.status = RunStatus.RUNNING
+            queue.record(run_a, claims[a.id].fence)
+            queue.submit(
+                Transition(b.id, claims[b.id].job.epoch, JobUpdate(state=JobState.COMPLETED))
+            )
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(backend.runs.flush)
+                await until(lambda: count_blocked(pg_schema), timeout=5)
+                # Waits for a, which the batch holds, until the batch gives way.
+                await other.execute("UPDATE jobs SET error = 'y' WHERE id = $1", a.id)
+                await other.execute("ROLLBACK")
+        finally:
+            await other.close()
+        assert "deadlock detected" in caplog.text and "running it again" in caplog.text
+        assert (await queue.get_job(b.id)).state is JobState.COMPLETED  # type: ignore[union-attr]
+        assert (await backend.runs.get_run(run_a.id)).status is RunStatus.RUNNING  # type: ignore[union-attr]
+
+
+async def test_reads_survive_the_pools_connections_being_ended(pg_schema: str) -> None:
+    run = a_run()
+    async with open_backend(pg_schema) as backend:
+        backend.runs.save_run(run)
+        assert await backend.runs.get_run(run.id) is not None
+        assert await terminate(pg_schema, "pool") >= 1
+        with anyio.fail_after(10):
+            assert await backend.runs.get_run(run.id) is not None
+            assert await backend.runs.count_runs() == 1
+
+
+async def test_the_listener_reconnects_and_wakes_the_waiters(pg_schema: str) -> None:
+    async with open_backend(pg_schema) as backend, open_backend(pg_schema) as other:
+        token = await backend.change_token()
+        assert await terminate(pg_schema, "listener") == 2  # both backends'
+        with anyio.fail_after(10):
+            # Reconnected: what was notified meanwhile is unknown, so the token moves.
+            token = await backend.wait_for_change(token, timeout=10)
+            assert isinstance(backend, PostgresBackend)
+            await until(lambda: backend.db.listening)
+            token = await backend.change_token()
+            other.runs.save_run(a_run())
+            await other.runs.flush()
+            assert await backend.wait_for_change(token, timeout=5) != token
+
+
+async def test_flush_now_commits_from_a_blocked_event_loop(pg_schema: str) -> None:
+    """A process going down on an error: the event loop does not turn again, yet what is
+    pending commits, and a batch the writer had in flight goes first (its older state does
+    not land on top of the newer)."""
+    job, run = job_and_run()
+    async with open_backend(pg_schema) as backend:
+        queue = backend.queue(None)
+        await queue.add([job], [run])
+        [claim] = await queue.claim(QUEUE, 1, "w1", 30.0)
+        held = hold_row_lock(pg_schema, job.id, 1.0)
+        await anyio.to_thread.run_sync(held.wait)
+        run.status = RunStatus.RUNNING
+        queue.record(run, claim.fence)
+        queue.record_log(run.id, line("in flight"), claim.fence)
+        flushing = anyio.Event()
+
+        async def flush() -> None:
+            flushing.set()
+            await backend.runs.flush()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(flush)
+            await flushing.wait()
+            await until(lambda: count_blocked(pg_schema), timeout=5)
+            # Now the loop stops turning: the crash path.
+            crashed = run.model_copy(deep=True)
+            crashed.status = RunStatus.CRASHED
+            queue.record(crashed, claim.fence)
+            queue.record_log(run.id, line("pending"), claim.fence)
+            backend.flush_now()
+            tg.cancel_scope.cancel()
+    conn = await connect(pg_schema)
+    try:
+        assert await conn.fetchval("SELECT status FROM runs WHERE id = $1", run.id) == "crashed"
+        lines = await conn.fetch("SELECT message FROM logs WHERE run_id = $1 ORDER BY id", run.id)
+        assert [r[0] for r in lines] == ["in flight", "pending"]
+    finally:
+        await conn.close()
+
+
+async def test_a_worker_rides_out_a_server_restart() -> None:
+    """A worker runs jobs while the server restarts (every session ended, the server gone for
+    a moment): every job completes once, nothing is recorded crashed, nothing is lost."""
+    done: list[int] = []
+
+    async def work(ctx: Any, n: int) -> int:
+        await anyio.sleep(0.02)
+        done.append(n)
+        return n
+
+    flow = Workflow(
+        name="steady",
+        trigger=WorkerTrigger(queue="steady", concurrency=4),
+        steps=[Step("work", work, inputs={"n": "$.body.n"})],
+    )
+    with private_server() as server:
+        async with Engine(workflows=[flow], database=server.url) as engine:
+            ids = await engine.enqueue_many("steady", [{"n": n} for n in range(60)])
+            await until(lambda: len(done) >= 10, timeout=20)
+            await anyio.to_thread.run_sync(server.restart)
+            for job_id in ids:
+                run = await engine.wait_for_job(job_id, timeout=60)
+                assert run.status is RunStatus.COMPLETED
+            assert sorted(done) == list(range(60))
+            assert await engine.count_runs() == 60
+            assert await engine.runs(status="crashed") == []
+
+
+FROZEN_IN_A_TRANSACTION = """
+import os, signal, sys
+
+import anyio
+
+from engine.backends import open_backend
+from engine.backends.base import Fence
+
+
+async def main() -> None:
+    async with open_backend(sys.argv[1], lease_s=1.0) as backend:
+        queue = backend.queue(None)
+        [claim] = await queue.claim(sys.argv[2], 1, "frozen", 1.0)
+
+        async def freeze(conn) -> None:
+            # The writer's transaction holds the job's row (as a batch's fence does), then the
+            # process stops dead in the middle of it.
+            await conn.execute("SELECT 1 FROM jobs WHERE id = $1 FOR SHARE", claim.job.id)
+            print("frozen", flush=True)
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+        await backend.db.transaction(freeze)
+
+
+anyio.run(main)
+"""
+
+
+def start_frozen(folder: Any, url: str) -> subprocess.Popen[str]:
+    script = folder / "frozen.py"
+    script.write_text(FROZEN_IN_A_TRANSACTION)
+    return subprocess.Popen(
+        [sys.executable, str(script), url, QUEUE], stdout=subprocess.PIPE, text=True
+    )
+
+
+async def test_a_process_frozen_inside_a_transaction_does_not_keep_its_jobs(
+    pg_schema: str, tmp_path: Any
+) -> None:
+    """A worker frozen (SIGSTOP) in the middle of its writer's transaction keeps no lock past
+    half a lease: the server ends the idle session, and another worker takes the job over once
+    the lease ran out (SKIP LOCKED would pass over it for as long as the lock was held)."""
+    job, run = job_and_run()
+    async with open_backend(pg_schema) as backend:
+        queue = backend.queue(None)
+        await queue.add([job], [run])
+        child = start_frozen(tmp_path, pg_schema)
+        try:
+            assert child.stdout is not None
+            line = await anyio.to_thread.run_sync(child.stdout.readline)
+            assert line.strip() == "frozen"
+            with anyio.fail_after(10):
+                while not (claims := await queue.claim(QUEUE, 1, "survivor", 30.0, timeout=0.2)):
+                    pass
+            assert claims[0].job.id == job.id and claims[0].taken_from == "frozen"
+        finally:
+            child.send_signal(signal.SIGCONT)
+            child.kill()
+            child.wait()
