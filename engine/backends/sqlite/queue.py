@@ -324,7 +324,9 @@ class SqliteQueue(JobQueue):
             if job_state in (JobState.WAITING, JobState.DELAYED):
                 job_state = JobState.DELAYED if later else JobState.WAITING
             counts[job_state] += count
-        ahead = len(self._ahead.get(queue) or ())
+        # Jobs claimed ahead are active in the file but waiting here; those whose lease ran
+        # out may be another worker's by now, and count as the file says.
+        ahead = sum(1 for claim in self._ahead.get(queue) or () if not claim.lease_lost())
         counts[JobState.ACTIVE] -= ahead
         counts[JobState.WAITING] += ahead
         return QueueStats(

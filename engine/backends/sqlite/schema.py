@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 MIGRATIONS: dict[int, str] = {
     1: """
@@ -211,5 +211,25 @@ MIGRATIONS: dict[int, str] = {
     );
 
     DROP TABLE control;
+    """,
+    # A debounce window is one per (workflow, key, mode), as SharedState.update_window reads
+    # it: keyed by (workflow, key) alone, writing one mode's window replaced the other's.
+    5: """
+    CREATE TABLE debounce_windows_by_mode (
+        workflow TEXT NOT NULL,
+        key TEXT NOT NULL,
+        mode TEXT NOT NULL,
+        run_id TEXT NOT NULL,
+        job_id TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        opened_at REAL NOT NULL,
+        until REAL NOT NULL,
+        PRIMARY KEY (workflow, key, mode)
+    ) WITHOUT ROWID;
+    INSERT INTO debounce_windows_by_mode
+        SELECT workflow, key, mode, run_id, job_id, created_at, opened_at, until
+        FROM debounce_windows;
+    DROP TABLE debounce_windows;
+    ALTER TABLE debounce_windows_by_mode RENAME TO debounce_windows;
     """,
 }

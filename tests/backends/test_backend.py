@@ -1,0 +1,96 @@
+"""The Backend contract (engine/backends/base.py), run against every backend: its queues by
+provider, finding a job in any of them, the change token another process moves, health."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from engine.backends import Backend
+
+from .builders import QUEUE, a_run, job_and_run
+from .databases import DATABASES, MULTI_PROCESS
+
+pytestmark = pytest.mark.anyio
+
+PROVIDERS = ("memory", "sqlite", "postgres")  # every provider some backend serves
+
+
+async def test_the_backend_is_what_its_kind_says(backend: Backend, database_kind: str) -> None:
+    assert backend.kind == database_kind
+    assert backend.multi_process is DATABASES[database_kind].multi_process
+    assert backend.runs is not None and backend.shared is not None
+    health = await backend.health()
+    assert health["ok"] is True
+
+
+async def test_each_provider_served_has_one_queue(backend: Backend, database_kind: str) -> None:
+    served = DATABASES[database_kind].providers
+    for provider in served:
+        queue = backend.queue(provider)
+        assert queue.provider == provider
+        assert backend.queue(provider) is queue
+    # The default is the database's own queue, listed first among those opened.
+    assert backend.queue(None) is backend.queue(served[0])
+    assert backend.queues[0] is backend.queue(None)
+    assert {q.provider for q in backend.queues} == set(served)
+
+
+async def test_a_provider_the_backend_does_not_serve_is_refused(
+    backend: Backend, database_kind: str
+) -> None:
+    for provider in [
+        p for p in (*PROVIDERS, "redis") if p not in DATABASES[database_kind].providers
+    ]:
+        with pytest.raises(ValueError, match=provider):
+            backend.queue(provider)
+
+
+async def test_find_job_looks_in_every_queue(backend: Backend, database_kind: str) -> None:
+    placed = {}
+    for provider in DATABASES[database_kind].providers:
+        queue = backend.queue(provider)
+        job, run = job_and_run()
+        assert await queue.add([job], [run]) == [job.id]
+        placed[job.id] = queue
+
+    for job_id, queue in placed.items():
+        found = await backend.find_job(job_id)
+        assert found is not None
+        assert found[0] is queue
+        assert (found[1].id, found[1].queue) == (job_id, QUEUE)
+    assert await backend.find_job("job_nobody") is None
+
+
+@pytest.mark.parametrize("database_kind", MULTI_PROCESS, indirect=True)
+async def test_the_change_token_moves_when_another_process_commits(
+    backend: Backend, other_backend: Backend
+) -> None:
+    token = await backend.change_token()
+    assert await backend.wait_for_change(token, timeout=0.1) == token  # nothing happened
+
+    other_backend.runs.save_run(a_run())
+    await other_backend.runs.flush()
+
+    with anyio.fail_after(5):
+        moved = await backend.wait_for_change(token, timeout=4)
+    assert moved != token
+
+
+@pytest.mark.parametrize("database_kind", MULTI_PROCESS, indirect=True)
+async def test_the_change_token_moves_for_another_processes_job_writes(
+    backend: Backend, other_backend: Backend
+) -> None:
+    queue = other_backend.queue(None)
+    job, run = job_and_run()
+    await queue.add([job], [run])
+    token = await backend.change_token()
+
+    [claim] = await queue.claim(QUEUE, 1, "w2", 30.0)
+
+    with anyio.fail_after(5):
+        assert await backend.wait_for_change(token, timeout=4) != token
+    token = await backend.change_token()
+    assert await queue.signal(job.id, claim.job.epoch, "cancel")
+    with anyio.fail_after(5):
+        assert await backend.wait_for_change(token, timeout=4) != token

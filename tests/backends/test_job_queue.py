@@ -1,0 +1,908 @@
+"""The JobQueue contract (engine/backends/base.py), run against every queue of every backend:
+each backend's own queue, and the "memory" queue a database backend also serves (its jobs in
+this process, its runs in the database).
+
+Above all, fencing: a claim bumps the job's epoch, and every later write for the job — a
+transition (`apply`, `submit`), a run's progress (`record`), a log line (`record_log`) — lands
+only while the job is still at the epoch it names. Leases that must run out are 50 ms long.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+from engine.backends import Backend
+from engine.backends.base import Claim, Fence, JobQueue, JobUpdate, Transition
+from engine.models import Job, JobState, Run, RunStatus, utcnow
+
+from .builders import QUEUE, after, job_and_run, line, run_of
+from .databases import QUEUES, SHARED_QUEUES, QueueCase
+
+pytestmark = pytest.mark.anyio
+
+LONG = 30.0  # a lease that does not run out during a test
+SHORT = 0.05  # a lease that does, once `outlive_lease` waited
+
+
+async def outlive_lease() -> None:
+    await anyio.sleep(SHORT + 0.02)
+
+
+@pytest.fixture(params=QUEUES, ids=str)
+def queue_case(request: pytest.FixtureRequest) -> QueueCase:
+    case: QueueCase = request.param
+    return case
+
+
+@pytest.fixture
+def database_kind(queue_case: QueueCase) -> str:
+    return queue_case.database
+
+
+@pytest.fixture
+def queue(backend: Backend, queue_case: QueueCase) -> JobQueue:
+    return backend.queue(queue_case.provider)
+
+
+async def add(target: JobQueue, count: int = 1, **fields: object) -> list[tuple[Job, Run]]:
+    """Enqueue `count` new jobs (built with `fields`) with their first runs."""
+    made = [job_and_run(**fields) for _ in range(count)]  # type: ignore[arg-type]
+    added = await target.add([job for job, _ in made], [run for _, run in made])
+    assert added == [job.id for job, _ in made]
+    return made
+
+
+async def claim_one(queue: JobQueue, worker: str = "w1", lease_s: float = LONG) -> Claim:
+    claims = await queue.claim(QUEUE, 1, worker, lease_s)
+    assert len(claims) == 1, claims
+    return claims[0]
+
+
+async def job_of(queue: JobQueue, job_id: str) -> Job:
+    job = await queue.get_job(job_id)
+    assert job is not None
+    return job
+
+
+def done(claim: Claim, run: Run, **update: object) -> Transition:
+    """The holder's settle: the job completed and its run with it."""
+    finished = run.model_copy(update={"status": RunStatus.COMPLETED, "finished_at": utcnow()})
+    job_update = JobUpdate(state=JobState.COMPLETED, **update)  # type: ignore[arg-type]
+    return Transition(claim.job.id, claim.job.epoch, job_update, (finished,))
+
+
+# ---- adding ------------------------------------------------------------------------------
+async def test_add_returns_the_jobs_added_and_stores_their_runs(
+    backend: Backend, queue: JobQueue
+) -> None:
+    made = [job_and_run(payload={"n": n}) for n in range(3)]
+
+    added = await queue.add([job for job, _ in made], [run for _, run in made])
+
+    assert added == [job.id for job, _ in made]
+    for job, run in made:
+        found = await job_of(queue, job.id)
+        assert (found.state, found.payload, found.run_id, found.epoch) == (
+            JobState.WAITING,
+            job.payload,
+            run.id,
+            0,
+        )
+        stored = await backend.runs.get_run(run.id)
+        assert stored is not None and stored.model_dump() == run.model_dump()
+
+
+async def test_a_known_job_is_not_added_again_nor_its_run_overwritten(
+    backend: Backend, queue: JobQueue
+) -> None:
+    [(job, run)] = await add(queue, payload={"first": True})
+    [claim] = await queue.claim(QUEUE, 1, "w1", LONG)
+    twin, twin_run = job_and_run(job_id=job.id, run_id=run.id, payload={"second": True})
+    twin_run.status = RunStatus.FAILED
+    fresh, fresh_run = job_and_run()
+
+    added = await queue.add([twin, fresh], [twin_run, fresh_run])
+
+    assert added == [fresh.id]
+    kept = await job_of(queue, job.id)
+    assert (kept.payload, kept.state, kept.epoch) == (
+        {"first": True},
+        JobState.ACTIVE,
+        claim.job.epoch,
+    )
+    stored = await backend.runs.get_run(run.id)
+    assert stored is not None and (stored.status, stored.input) == (
+        RunStatus.QUEUED,
+        {"first": True},
+    )
+    assert await queue.add([twin], [twin_run]) == []
+
+
+# ---- claiming ----------------------------------------------------------------------------
+async def test_claims_go_by_priority_then_oldest_first(queue: JobQueue) -> None:
+    made = []
+    for priority in (0, 5, 0, 9, 5):
+        made += await add(queue, priority=priority)
+    ids = [job.id for job, _ in made]
+
+    claims = await queue.claim(QUEUE, 10, "w1", LONG)
+
+    assert [c.job.id for c in claims] == [ids[3], ids[1], ids[4], ids[0], ids[2]]
+
+
+async def test_a_claim_takes_at_most_limit_jobs(queue: JobQueue) -> None:
+    made = await add(queue, 5)
+    ids = [job.id for job, _ in made]
+
+    first = await queue.claim(QUEUE, 2, "w1", LONG)
+    second = await queue.claim(QUEUE, 2, "w1", LONG)
+    third = await queue.claim(QUEUE, 2, "w1", LONG)
+
+    assert [len(first), len(second), len(third)] == [2, 2, 1]
+    assert [c.job.id for c in first + second + third] == ids
+    assert await queue.claim(QUEUE, 2, "w1", LONG) == []
+
+
+async def test_a_claim_is_of_one_queue(queue: JobQueue) -> None:
+    [(job, _)] = await add(queue, queue="billing")
+
+    assert await queue.claim(QUEUE, 5, "w1", LONG) == []
+    [claim] = await queue.claim("billing", 5, "w1", LONG)
+    assert claim.job.id == job.id
+
+
+async def test_a_claim_bumps_the_epoch_and_the_attempts_and_leases_the_job(
+    queue: JobQueue,
+) -> None:
+    [(job, _)] = await add(queue)
+    added = await job_of(queue, job.id)
+    before = time.monotonic()
+
+    claim = await claim_one(queue, "w1", lease_s=LONG)
+
+    assert claim.job.id == job.id
+    assert (claim.job.state, claim.job.worker, claim.job.attempts) == (JobState.ACTIVE, "w1", 1)
+    assert claim.job.epoch > added.epoch
+    assert claim.taken_from is None
+    assert claim.lease_s == LONG
+    assert before <= claim.held_since <= time.monotonic()
+    assert claim.fence == Fence(job.id, claim.job.epoch)
+    assert claim.job.lease_until is not None
+    assert abs(claim.job.lease_until - (utcnow() + timedelta(seconds=LONG))) < timedelta(seconds=5)
+    stored = await job_of(queue, job.id)
+    assert (stored.state, stored.worker, stored.epoch, stored.attempts) == (
+        JobState.ACTIVE,
+        "w1",
+        claim.job.epoch,
+        1,
+    )
+
+
+async def test_a_delayed_job_is_not_claimed_before_its_run_at(queue: JobQueue) -> None:
+    await add(queue, run_at=after(3600))
+
+    assert await queue.claim(QUEUE, 5, "w1", LONG) == []
+    stats = await queue.stats(QUEUE)
+    assert (stats.delayed, stats.waiting) == (1, 0)
+
+
+async def test_a_delayed_job_is_claimed_once_its_run_at_came(queue: JobQueue) -> None:
+    due = after(0.1)
+    [(job, _)] = await add(queue, run_at=due)
+
+    with anyio.fail_after(5):
+        claims = await queue.claim(QUEUE, 1, "w1", LONG, timeout=4)
+
+    assert [c.job.id for c in claims] == [job.id]
+    assert time.time() >= due.timestamp()
+
+
+async def test_a_claim_with_a_timeout_returns_nothing_when_nothing_comes(queue: JobQueue) -> None:
+    started = time.monotonic()
+
+    with anyio.fail_after(5):
+        claims = await queue.claim(QUEUE, 1, "w1", LONG, timeout=0.1)
+
+    assert claims == []
+    assert 0.1 <= time.monotonic() - started < 2
+
+
+async def test_a_waiting_claim_gets_a_job_added_meanwhile(queue: JobQueue) -> None:
+    claimed: list[Claim] = []
+
+    async def wait_for_work() -> None:
+        claimed.extend(await queue.claim(QUEUE, 1, "w1", LONG, timeout=10))
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait_for_work)
+            await anyio.sleep(0.02)  # the claim is waiting by now
+            [(job, _)] = await add(queue)
+
+    assert [c.job.id for c in claimed] == [job.id]
+
+
+async def test_an_expired_lease_is_taken_over_with_a_new_epoch(queue: JobQueue) -> None:
+    [(job, _)] = await add(queue)
+    first = await claim_one(queue, "w1", lease_s=SHORT)
+    assert await queue.claim(QUEUE, 1, "w2", LONG) == []  # not while the lease holds
+
+    await outlive_lease()
+    [second] = await queue.claim(QUEUE, 1, "w2", LONG)
+
+    assert second.job.id == job.id
+    assert second.taken_from == "w1"
+    assert second.job.worker == "w2"
+    assert second.job.epoch > first.job.epoch
+    assert second.job.attempts == 2
+    assert first.lease_lost()
+    stored = await job_of(queue, job.id)
+    assert (stored.worker, stored.epoch) == ("w2", second.job.epoch)
+
+
+# ---- fencing: transitions ----------------------------------------------------------------
+async def test_apply_at_the_current_epoch_writes_the_job_its_runs_and_logs(
+    backend: Backend, queue: JobQueue
+) -> None:
+    [(job, run)] = await add(queue)
+    claim = await claim_one(queue)
+    cursor = await backend.runs.feed_cursor()
+    transition = done(claim, run)
+    transition.logs = ((run.id, line("all done")),)
+
+    assert await queue.apply(transition) is True
+
+    stored = await job_of(queue, job.id)
+    assert stored.state is JobState.COMPLETED
+    assert stored.epoch > claim.job.epoch
+    found = await backend.runs.get_run(run.id)
+    assert found is not None and found.status is RunStatus.COMPLETED
+    page = await backend.runs.feed(cursor)
+    assert [entry.message for entry in page.logs] == ["all done"]
+
+
+async def test_apply_at_a_stale_epoch_returns_false_and_writes_nothing(
+    backend: Backend, queue: JobQueue
+) -> None:
+    [(job, run)] = await add(queue)
+    first = await claim_one(queue, "w1", lease_s=SHORT)
+    await outlive_lease()
+    second = await claim_one(queue, "w2")
+    cursor = await backend.runs.feed_cursor()
+    other = run_of(job, id="run_stale_extra")
+    stale = done(first, run, error="late")
+    stale.runs = (*stale.runs, other)
+    stale.logs = ((run.id, line("late line")),)
+
+    assert await queue.apply(stale) is False
+
+    stored = await job_of(queue, job.id)
+    assert (stored.state, stored.worker, stored.epoch, stored.error) == (
+        JobState.ACTIVE,
+        "w2",
+        second.job.epoch,
+        None,
+    )
+    found = await backend.runs.get_run(run.id)
+    assert found is not None and found.status is RunStatus.QUEUED
+    assert await backend.runs.get_run(other.id) is None
+    page = await backend.runs.feed(cursor)
+    assert (page.runs, page.logs) == ([], [])
+
+
+async def test_apply_with_runs_only_is_fenced_too(backend: Backend, queue: JobQueue) -> None:
+    [(job, run)] = await add(queue)
+    claim = await claim_one(queue)
+    running = run.model_copy(update={"status": RunStatus.RUNNING})
+
+    assert await queue.apply(Transition(job.id, claim.job.epoch, None, (running,))) is True
+    stored = await job_of(queue, job.id)
+    assert (stored.state, stored.epoch) == (JobState.ACTIVE, claim.job.epoch)
+    found = await backend.runs.get_run(run.id)
+    assert found is not None and found.status is RunStatus.RUNNING
+
+    late = run.model_copy(update={"status": RunStatus.FAILED})
+    assert await queue.apply(Transition(job.id, claim.job.epoch - 1, None, (late,))) is False
+    found = await backend.runs.get_run(run.id)
+    assert found is not None and found.status is RunStatus.RUNNING
+
+
+async def test_apply_to_an_unknown_job_returns_false(backend: Backend, queue: JobQueue) -> None:
+    job, run = job_and_run()
+    update = JobUpdate(state=JobState.COMPLETED)
+
+    assert await queue.apply(Transition(job.id, 0, update, (run,))) is False
+    assert await queue.get_job(job.id) is None
+    assert await backend.runs.get_run(run.id) is None
+
+
+async def test_submit_at_the_current_epoch_lands_with_the_next_commit(
+    backend: Backend, queue: JobQueue
+) -> None:
+    [(job, run)] = await add(queue)
+    claim = await claim_one(queue)
+
+    queue.submit(done(claim, run))
+    await backend.runs.flush()
+
+    assert (await job_of(queue, job.id)).state is JobState.COMPLETED
+    found = await backend.runs.get_run(run.id)
+    assert found is not None and found.status is RunStatus.COMPLETED
+
+
+async def test_submit_at_a_stale_epoch_writes_nothing(backend: Backend, queue: JobQueue) -> None:
+    [(job, run)] = await add(queue)
+    first = await claim_one(queue, "w1", lease_s=SHORT)
+    await outlive_lease()
+    second = await claim_one(queue, "w2")
+    cursor = await backend.runs.feed_cursor()
+    stale = done(first, run, error="late")
+    stale.logs = ((run.id, line("late line")),)
+
+    queue.submit(stale)
+    await backend.runs.flush()
+
+    stored = await job_of(queue, job.id)
+    assert (stored.state, stored.worker, stored.epoch) == (JobState.ACTIVE, "w2", second.job.epoch)
+    found = await backend.runs.get_run(run.id)
+    assert found is not None and found.status is RunStatus.QUEUED
+    page = await backend.runs.feed(cursor)
+    assert (page.runs, page.logs) == ([], [])
+
+
+# ---- fencing: a holder's progress --------------------------------------------------------
+async def test_record_and_record_log_land_at_the_current_fence(
+    backend: Backend, queue: JobQueue
+) -> None:
+    [(_, run)] = await add(queue)
+    claim = await claim_one(queue)
+    cursor = await backend.runs.feed_cursor()
+    running = run.model_copy(update={"status": RunStatus.RUNNING, "started_at": utcnow()})
+
+    queue.record(running, claim.fence)
+    queue.record_log(run.id, line("working"), claim.fence)
+    await backend.runs.flush()
+
+    found = await backend.runs.get_run(run.id)
+    assert found is not None and found.status is RunStatus.RUNNING
+    page = await backend.runs.feed(cursor)
+    assert [entry.message for entry in page.logs] == ["working"]
+
+
+async def test_record_and_record_log_at_a_stale_fence_write_nothing(
+    backend: Backend, queue: JobQueue
+) -> None:
+    [(_, run)] = await add(queue)
+    first = await claim_one(queue, "w1", lease_s=SHORT)
+    await outlive_lease()
+    await claim_one(queue, "w2")
+    cursor = await backend.runs.feed_cursor()
+    late = run.model_copy(update={"status": RunStatus.FAILED, "error": "late"})
+
+    queue.record(late, first.fence)
+    queue.record_log(run.id, line("late line"), first.fence)
+    await backend.runs.flush()
+
+    found = await backend.runs.get_run(run.id)
+    assert found is not None and (found.status, found.error) == (RunStatus.QUEUED, None)
+    page = await backend.runs.feed(cursor)
+    assert (page.runs, page.logs) == ([], [])
+
+
+async def test_a_settled_job_takes_no_more_progress(backend: Backend, queue: JobQueue) -> None:
+    [(_, run)] = await add(queue)
+    claim = await claim_one(queue)
+    assert await queue.apply(done(claim, run))
+    cursor = await backend.runs.feed_cursor()
+
+    queue.record(run.model_copy(update={"status": RunStatus.RUNNING}), claim.fence)
+    queue.record_log(run.id, line("after the end"), claim.fence)
+    await backend.runs.flush()
+
+    found = await backend.runs.get_run(run.id)
+    assert found is not None and found.status is RunStatus.COMPLETED
+    page = await backend.runs.feed(cursor)
+    assert (page.runs, page.logs) == ([], [])
+
+
+# ---- what an update does -----------------------------------------------------------------
+async def test_a_terminal_update_finishes_the_job_and_lets_it_go(queue: JobQueue) -> None:
+    [(job, run)] = await add(queue)
+    claim = await claim_one(queue)
+    update = JobUpdate(state=JobState.FAILED, error="boom", meta={"failures": 1})
+
+    assert await queue.apply(Transition(job.id, claim.job.epoch, update, ()))
+
+    stored = await job_of(queue, job.id)
+    assert (stored.state, stored.error, stored.meta, stored.worker, stored.lease_until) == (
+        JobState.FAILED,
+        "boom",
+        {"failures": 1},
+        None,
+        None,
+    )
+    assert stored.epoch > claim.job.epoch
+    assert stored.finished_at is not None
+    assert abs(stored.finished_at - utcnow()) < timedelta(seconds=5)
+    assert stored.run_id == run.id  # unchanged when the update names no run
+    assert await queue.claim(QUEUE, 1, "w2", LONG) == []
+
+
+@pytest.mark.parametrize("state", [JobState.WAITING, JobState.DELAYED])
+async def test_an_update_to_pending_without_run_at_is_due_now(
+    queue: JobQueue, state: JobState
+) -> None:
+    [(job, _)] = await add(queue)
+    claim = await claim_one(queue)
+    update = JobUpdate(state=state, run_id="run_next", resume=True, error="crashed")
+
+    assert await queue.apply(Transition(job.id, claim.job.epoch, update, ()))
+
+    stored = await job_of(queue, job.id)
+    assert (stored.state, stored.run_id, stored.resume, stored.worker, stored.finished_at) == (
+        JobState.WAITING,
+        "run_next",
+        True,
+        None,
+        None,
+    )
+    [again] = await queue.claim(QUEUE, 1, "w2", LONG)
+    assert (again.job.id, again.job.run_id, again.job.resume) == (job.id, "run_next", True)
+    assert again.job.epoch > claim.job.epoch
+
+
+@pytest.mark.parametrize("state", [JobState.WAITING, JobState.DELAYED])
+async def test_an_update_to_pending_with_a_later_run_at_is_delayed(
+    queue: JobQueue, state: JobState
+) -> None:
+    [(job, _)] = await add(queue)
+    claim = await claim_one(queue)
+    update = JobUpdate(state=state, run_at=after(3600))
+
+    assert await queue.apply(Transition(job.id, claim.job.epoch, update, ()))
+
+    assert (await job_of(queue, job.id)).state is JobState.DELAYED
+    assert await queue.claim(QUEUE, 1, "w2", LONG) == []
+    stats = await queue.stats(QUEUE)
+    assert (stats.delayed, stats.waiting, stats.active) == (1, 0, 0)
+
+
+async def test_an_update_with_a_past_run_at_is_due_now(queue: JobQueue) -> None:
+    [(job, _)] = await add(queue)
+    claim = await claim_one(queue)
+    update = JobUpdate(state=JobState.DELAYED, run_at=after(-5))
+
+    assert await queue.apply(Transition(job.id, claim.job.epoch, update, ()))
+
+    [again] = await queue.claim(QUEUE, 1, "w2", LONG)
+    assert again.job.id == job.id
+
+
+async def test_attempts_are_kept_unless_the_update_gives_a_fresh_budget(queue: JobQueue) -> None:
+    [(job, _)] = await add(queue)
+    claim = await claim_one(queue)
+    assert await queue.apply(Transition(job.id, claim.job.epoch, JobUpdate(state=JobState.WAITING)))
+    claim = await claim_one(queue)
+    assert claim.job.attempts == 2
+    dead = JobUpdate(state=JobState.DEAD, error="used up")
+    assert await queue.apply(Transition(job.id, claim.job.epoch, dead))
+
+    # An operator's requeue of the dead letter, at the epoch it read.
+    stored = await job_of(queue, job.id)
+    requeue = JobUpdate(state=JobState.WAITING, fresh_budget=True, run_id="run_requeued")
+    assert await queue.apply(Transition(job.id, stored.epoch, requeue))
+
+    requeued = await job_of(queue, job.id)
+    assert (requeued.state, requeued.attempts, requeued.finished_at, requeued.error) == (
+        JobState.WAITING,
+        0,
+        None,
+        None,
+    )
+    claim = await claim_one(queue)
+    assert (claim.job.attempts, claim.job.run_id) == (1, "run_requeued")
+
+
+async def test_a_forced_job_is_claimed_by_a_forced_only_claim(queue: JobQueue) -> None:
+    [(plain, _), (delayed, _)] = await add(queue, 2)
+    # The second job waits in a backoff an operator cuts short ("run it now").
+    claim = await queue.claim(QUEUE, 2, "w1", LONG)
+    assert [c.job.id for c in claim] == [plain.id, delayed.id]
+    back = JobUpdate(state=JobState.WAITING)
+    assert await queue.apply(Transition(plain.id, claim[0].job.epoch, back))
+    later = JobUpdate(state=JobState.DELAYED, run_at=after(3600))
+    assert await queue.apply(Transition(delayed.id, claim[1].job.epoch, later))
+    stored = await job_of(queue, delayed.id)
+    forced = JobUpdate(state=JobState.DELAYED, run_at=after(3600), force=True)
+    assert await queue.apply(Transition(delayed.id, stored.epoch, forced))
+
+    forced_claims = await queue.claim(QUEUE, 5, "w2", LONG, forced_only=True)
+
+    assert [c.job.id for c in forced_claims] == [delayed.id]
+    assert forced_claims[0].job.force is True
+    assert await queue.claim(QUEUE, 5, "w2", LONG, forced_only=True) == []
+    assert [c.job.id for c in await queue.claim(QUEUE, 5, "w2", LONG)] == [plain.id]
+
+
+async def test_headers_and_meta_are_replaced_only_when_the_update_names_them(
+    queue: JobQueue,
+) -> None:
+    [(job, _)] = await add(queue, headers={"authorization": "secret", "x-id": "1"})
+    claim = await claim_one(queue)
+    keep = JobUpdate(state=JobState.WAITING)
+    assert await queue.apply(Transition(job.id, claim.job.epoch, keep))
+    stored = await job_of(queue, job.id)
+    assert (stored.headers, stored.meta) == ({"authorization": "secret", "x-id": "1"}, {})
+
+    claim = await claim_one(queue)
+    replace = JobUpdate(
+        state=JobState.CANCELLED, headers={"authorization": "[redacted]"}, meta={"by": "op"}
+    )
+    assert await queue.apply(Transition(job.id, claim.job.epoch, replace))
+
+    stored = await job_of(queue, job.id)
+    assert (stored.headers, stored.meta) == ({"authorization": "[redacted]"}, {"by": "op"})
+
+
+async def test_an_active_update_keeps_the_holder_and_the_epoch(
+    backend: Backend, queue: JobQueue
+) -> None:
+    [(job, run)] = await add(queue)
+    claim = await claim_one(queue)
+    crashed = run.model_copy(update={"status": RunStatus.CRASHED, "finished_at": utcnow()})
+    fresh = run_of(job, id="run_fresh")
+    update = JobUpdate(state=JobState.ACTIVE, run_id=fresh.id, meta={"takeover": 1})
+
+    assert await queue.apply(Transition(job.id, claim.job.epoch, update, (crashed, fresh)))
+
+    stored = await job_of(queue, job.id)
+    assert (stored.state, stored.worker, stored.epoch, stored.run_id, stored.meta) == (
+        JobState.ACTIVE,
+        "w1",
+        claim.job.epoch,
+        fresh.id,
+        {"takeover": 1},
+    )
+    assert await backend.runs.get_run(fresh.id) is not None
+    # Still the holder: its fence holds, nobody else may claim the job.
+    assert await queue.claim(QUEUE, 1, "w2", LONG) == []
+    assert await queue.apply(done(claim, fresh))
+    assert (await job_of(queue, job.id)).state is JobState.COMPLETED
+
+
+# ---- leases and signals ------------------------------------------------------------------
+async def test_renew_returns_the_jobs_held_with_their_epochs(queue: JobQueue) -> None:
+    mine = await add(queue, 2)
+    claims = await queue.claim(QUEUE, 2, "w1", LONG)
+    [(theirs, _)] = await add(queue)
+    other = await claim_one(queue, "w2")
+    assert other.job.id == theirs.id
+
+    renewal = await queue.renew("w1", LONG)
+
+    assert renewal.held == {c.job.id: c.job.epoch for c in claims}
+    assert set(renewal.held) == {job.id for job, _ in mine}
+    assert renewal.signals == {}
+    assert (await queue.renew("nobody", LONG)).held == {}
+
+
+async def test_renew_extends_the_lease(queue: JobQueue) -> None:
+    await add(queue)
+    await claim_one(queue, "w1", lease_s=SHORT)
+
+    await queue.renew("w1", LONG)
+    await outlive_lease()
+
+    assert await queue.claim(QUEUE, 1, "w2", LONG) == []
+
+
+async def test_a_job_taken_over_is_no_longer_renewed_by_its_old_holder(queue: JobQueue) -> None:
+    [(job, _)] = await add(queue)
+    await claim_one(queue, "w1", lease_s=SHORT)
+    await outlive_lease()
+    second = await claim_one(queue, "w2")
+
+    assert (await queue.renew("w1", LONG)).held == {}
+    assert (await queue.renew("w2", LONG)).held == {job.id: second.job.epoch}
+
+
+async def test_a_signal_reaches_the_holder_at_its_epoch_only(queue: JobQueue) -> None:
+    [(job, _)] = await add(queue)
+    claim = await claim_one(queue)
+    before = time.time()
+
+    assert await queue.signal(job.id, claim.job.epoch - 1, "cancel") is False
+    assert await queue.signal(job.id, claim.job.epoch, "cancel") is True
+    assert await queue.signal(job.id, claim.job.epoch, "retry_now") is True
+
+    waiting = await queue.signals_for("w1")
+    assert set(waiting) == {job.id}
+    assert set(waiting[job.id]) == {"cancel", "retry_now"}
+    assert all(before <= at <= time.time() for at in waiting[job.id].values())
+    assert await queue.signals_for("w2") == {}
+    renewal = await queue.renew("w1", LONG)
+    assert renewal.signals == waiting
+
+
+async def test_a_job_nobody_holds_takes_no_signal(queue: JobQueue) -> None:
+    [(job, _)] = await add(queue)
+
+    assert await queue.signal(job.id, 0, "cancel") is False
+    assert await queue.signal("job_nobody", 0, "cancel") is False
+
+    claim = await claim_one(queue)
+    assert await queue.apply(done(claim, run_of(claim.job)))
+    settled = await job_of(queue, job.id)
+    assert await queue.signal(job.id, settled.epoch, "cancel") is False
+
+
+async def test_signals_go_with_the_epoch_they_were_left_at(queue: JobQueue) -> None:
+    [(job, _)] = await add(queue)
+    first = await claim_one(queue, "w1", lease_s=SHORT)
+    assert await queue.signal(job.id, first.job.epoch, "cancel")
+    await outlive_lease()
+
+    second = await claim_one(queue, "w2")
+
+    assert second.job.signals == {}
+    assert await queue.signals_for("w2") == {}
+    assert (await queue.renew("w2", LONG)).signals == {}
+
+
+# ---- reads -------------------------------------------------------------------------------
+async def test_stats_count_the_jobs_in_each_state(queue: JobQueue) -> None:
+    made = await add(queue, 5)
+    claims = await queue.claim(QUEUE, 5, "w1", LONG)
+    assert [c.job.id for c in claims] == [job.id for job, _ in made]
+    for claim, state in zip(
+        claims,
+        (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.DEAD),
+        strict=False,
+    ):
+        assert await queue.apply(Transition(claim.job.id, claim.job.epoch, JobUpdate(state=state)))
+    await add(queue, 2)
+    await add(queue, run_at=after(3600))
+    await add(queue, 3, queue="billing")
+
+    stats = await queue.stats(QUEUE)
+
+    assert stats.queue == QUEUE
+    assert (
+        stats.waiting,
+        stats.delayed,
+        stats.active,
+        stats.completed,
+        stats.failed,
+        stats.cancelled,
+        stats.dead,
+    ) == (2, 1, 1, 1, 1, 1, 1)
+    billing = await queue.stats("billing")
+    assert (billing.waiting, billing.active, billing.completed) == (3, 0, 0)
+    empty = await queue.stats("unused")
+    assert empty.model_dump() == {
+        "queue": "unused",
+        "waiting": 0,
+        "active": 0,
+        "completed": 0,
+        "failed": 0,
+        "delayed": 0,
+        "dead": 0,
+        "cancelled": 0,
+    }
+
+
+async def test_a_delayed_job_counts_as_waiting_once_due(queue: JobQueue) -> None:
+    await add(queue, run_at=after(0.05))
+    assert (await queue.stats(QUEUE)).delayed == 1
+
+    await anyio.sleep(0.07)
+
+    stats = await queue.stats(QUEUE)
+    assert (stats.waiting, stats.delayed) == (1, 0)
+
+
+async def test_dead_letters_are_newest_first(queue: JobQueue) -> None:
+    made = await add(queue, 3)
+    claims = await queue.claim(QUEUE, 3, "w1", LONG)
+    for claim in claims:
+        dead = JobUpdate(state=JobState.DEAD, error=f"dead {claim.job.id}")
+        assert await queue.apply(Transition(claim.job.id, claim.job.epoch, dead))
+    await add(queue, 1, queue="billing")
+
+    letters = await queue.dead_letters(QUEUE)
+
+    ids = [job.id for job, _ in made]
+    assert [job.id for job in letters] == ids[::-1]
+    assert all(job.state is JobState.DEAD and job.error == f"dead {job.id}" for job in letters)
+    assert [job.id for job in await queue.dead_letters(QUEUE, limit=2)] == ids[:0:-1]
+    assert await queue.dead_letters("billing") == []
+
+
+async def test_held_by_lists_the_active_jobs_of_these_workers(queue: JobQueue) -> None:
+    [(one, _)] = await add(queue)
+    await claim_one(queue, "w1")
+    [(two, _)] = await add(queue)
+    await claim_one(queue, "w2")
+    [(_, run)] = await add(queue)
+    finished = await claim_one(queue, "w1")
+    assert await queue.apply(done(finished, run))
+
+    assert [job.id for job in await queue.held_by(["w1"])] == [one.id]
+    assert sorted(job.id for job in await queue.held_by(["w1", "w2"])) == sorted([one.id, two.id])
+    assert await queue.held_by(["w3"]) == []
+    assert await queue.held_by([]) == []
+
+
+async def test_purge_forgets_finished_jobs_that_ended_before_the_cut_off(queue: JobQueue) -> None:
+    made = await add(queue, 5)
+    claims = await queue.claim(QUEUE, 5, "w1", LONG)
+    states = (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.DEAD)
+    for claim, state in zip(claims, states, strict=False):
+        assert await queue.apply(Transition(claim.job.id, claim.job.epoch, JobUpdate(state=state)))
+    [(waiting, _)] = await add(queue)
+    ids = [job.id for job, _ in made]
+
+    assert await queue.purge(after(-3600)) == 0  # all of them ended after that
+    assert await queue.purge(after(1)) == 3
+
+    for job_id in ids[:3]:
+        assert await queue.get_job(job_id) is None
+    assert (await job_of(queue, ids[3])).state is JobState.DEAD  # dead letters stay
+    assert (await job_of(queue, ids[4])).state is JobState.ACTIVE
+    assert (await job_of(queue, waiting.id)).state is JobState.WAITING
+    stats = await queue.stats(QUEUE)
+    assert (stats.completed, stats.failed, stats.cancelled, stats.dead) == (0, 0, 0, 1)
+    assert await queue.purge(after(1)) == 0
+
+
+async def test_get_job_of_an_unknown_id_is_none(queue: JobQueue) -> None:
+    assert await queue.get_job("job_nobody") is None
+
+
+# ---- two processes on one database -------------------------------------------------------
+@pytest.fixture
+def other_queue(other_backend: Backend, queue_case: QueueCase) -> JobQueue:
+    return other_backend.queue(queue_case.provider)
+
+
+two_processes = pytest.mark.parametrize("queue_case", SHARED_QUEUES, indirect=True, ids=str)
+
+
+@two_processes
+async def test_concurrent_claims_never_hand_a_job_to_both(
+    queue: JobQueue, other_queue: JobQueue
+) -> None:
+    made = await add(queue, 200)
+    taken: dict[str, list[str]] = {"w1": [], "w2": []}
+
+    async def drain(from_queue: JobQueue, worker: str) -> None:
+        while claims := await from_queue.claim(QUEUE, 1, worker, LONG):
+            taken[worker] += [c.job.id for c in claims]
+            await anyio.lowlevel.checkpoint()
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(drain, queue, "w1")
+            tg.start_soon(drain, other_queue, "w2")
+
+    # Which process gets how many is up to the database's locks (one may get them all).
+    assert not set(taken["w1"]) & set(taken["w2"])
+    assert sorted(taken["w1"] + taken["w2"]) == sorted(job.id for job, _ in made)
+
+
+@two_processes
+async def test_claims_taking_turns_between_processes_share_the_jobs_out(
+    queue: JobQueue, other_queue: JobQueue
+) -> None:
+    made = await add(queue, 12)
+    taken: dict[str, list[str]] = {"w1": [], "w2": []}
+    turns = [(queue, "w1"), (other_queue, "w2")]
+
+    while True:
+        claims = [await q.claim(QUEUE, 1, worker, LONG) for q, worker in turns]
+        if not any(claims):
+            break
+        for (_, worker), got in zip(turns, claims, strict=True):
+            taken[worker] += [c.job.id for c in got]
+
+    assert taken["w1"] and taken["w2"]
+    assert not set(taken["w1"]) & set(taken["w2"])
+    assert sorted(taken["w1"] + taken["w2"]) == sorted(job.id for job, _ in made)
+
+
+@two_processes
+async def test_a_stale_process_writes_nowhere_after_a_takeover(
+    backend: Backend, other_backend: Backend, queue: JobQueue, other_queue: JobQueue
+) -> None:
+    [(job, run)] = await add(queue)
+    frozen = await claim_one(queue, "w1", lease_s=SHORT)
+    await outlive_lease()
+    taker = await claim_one(other_queue, "w2")
+    assert (taker.taken_from, taker.job.id) == ("w1", job.id)
+    cursor = await other_backend.runs.feed_cursor()
+
+    # The frozen worker wakes up and writes what it had: progress, a line, its settle.
+    late = run.model_copy(update={"status": RunStatus.RUNNING, "worker": "w1"})
+    queue.record(late, frozen.fence)
+    queue.record_log(run.id, line("woke up"), frozen.fence)
+    queue.submit(done(frozen, run, error="late"))
+    assert await queue.apply(done(frozen, run)) is False
+    await backend.runs.flush()
+
+    stored = await job_of(other_queue, job.id)
+    assert (stored.state, stored.worker, stored.epoch) == (JobState.ACTIVE, "w2", taker.job.epoch)
+    found = await other_backend.runs.get_run(run.id)
+    assert found is not None and (found.status, found.worker) == (RunStatus.QUEUED, None)
+    page = await other_backend.runs.feed(cursor)
+    assert (page.runs, page.logs) == ([], [])
+    # The worker that took over settles it.
+    assert await other_queue.apply(done(taker, run))
+    assert (await job_of(queue, job.id)).state is JobState.COMPLETED
+
+
+@two_processes
+async def test_jobs_handed_back_can_be_claimed_by_another_process(
+    backend: Backend, queue: JobQueue, other_queue: JobQueue
+) -> None:
+    made = await add(queue, 3)
+    [mine] = await queue.claim(QUEUE, 1, "w1", LONG)
+
+    queue.return_ahead(QUEUE)
+    await backend.runs.flush()
+
+    theirs = await other_queue.claim(QUEUE, 5, "w2", LONG)
+    assert sorted(c.job.id for c in theirs) == sorted(
+        job.id for job, _ in made if job.id != mine.job.id
+    )
+
+
+@two_processes
+async def test_a_process_does_not_hand_out_a_job_whose_lease_it_lost(
+    queue: JobQueue, other_queue: JobQueue
+) -> None:
+    await add(queue, 2)
+    [first] = await queue.claim(QUEUE, 1, "w1", SHORT)
+    await outlive_lease()
+
+    taken = await other_queue.claim(QUEUE, 5, "w2", LONG)
+    assert {c.job.id: c.taken_from for c in taken}[first.job.id] == "w1"
+    assert len(taken) == 2
+
+    assert await queue.claim(QUEUE, 5, "w1", LONG) == []
+    assert queue.claim_nowait(QUEUE, "w1", LONG) is None
+    assert first.lease_lost()
+
+
+@two_processes
+async def test_a_job_added_by_another_process_is_claimed(
+    queue: JobQueue, other_queue: JobQueue
+) -> None:
+    [(job, _)] = await add(other_queue)
+
+    with anyio.fail_after(5):
+        claims = await queue.claim(QUEUE, 1, "w1", LONG, timeout=4)
+
+    assert [c.job.id for c in claims] == [job.id]
+
+
+@two_processes
+async def test_stats_do_not_count_jobs_whose_lease_this_process_lost(
+    queue: JobQueue, other_queue: JobQueue
+) -> None:
+    await add(queue, 4)
+    await queue.claim(QUEUE, 1, "w1", SHORT)
+    mine = await queue.stats(QUEUE)
+    assert (mine.waiting, mine.active) == (3, 1)
+    await outlive_lease()
+
+    taken = await other_queue.claim(QUEUE, 4, "w2", LONG)
+    for claim in taken:
+        assert await other_queue.apply(done(claim, run_of(claim.job)))
+
+    for stats in (await queue.stats(QUEUE), await other_queue.stats(QUEUE)):
+        assert (stats.waiting, stats.active, stats.completed) == (0, 0, 4)
