@@ -1,14 +1,29 @@
 """One SQLite file: its connections, its migrations, and the writer that batches every write.
 
-Every write the engine makes goes through one writer that batches them: whatever piled up while
-the previous batch was committing is written in the next transaction, in order, in a single hop
-to the writer thread. A batch writes, in this order: the latest state of every run saved since
-the last batch (one row per table however often it changed), the queued statements, then the
-functions that must run inside a transaction and see its result (claims, fenced transitions).
-A run's rows carry their fence: they land only if the job is still at the epoch the writer of
-the run claimed it at, checked inside the same transaction.
+Writes. Every write the engine makes goes through one writer task that batches them (group
+commit, with no timer): a write that finds the writer idle is committed at once, and whatever
+piles up meanwhile goes in the next transaction, so concurrent callers share a commit. A batch
+writes, in this order: the latest state of every run saved since the last batch (one row per
+table however often it changed), the queued statements, then the functions that must run inside
+a transaction and see its result (claims, fenced transitions). A run's rows carry their fence:
+they land only if the job is still at the epoch the writer of the run claimed it at, checked
+inside the same transaction.
 
-Reads go through aiosqlite on their own connection; WAL lets them run beside the writer.
+A batch is committed in the event loop's own thread. In WAL mode with synchronous=NORMAL a
+commit appends a few pages to the WAL without an fsync: tens of microseconds, less than handing
+the batch to a thread and back (and no fight for the GIL with a busy event loop). The two things
+that could make a commit long never happen in the loop: waiting for another process's write lock
+(the writer's busy timeout is 0 there; a batch that finds the lock taken is committed in a thread
+that waits up to BUSY_TIMEOUT_MS), and checkpoints, which fsync (the writer's automatic
+checkpoint is off; every CHECKPOINT_EVERY batches the writer checkpoints in a thread, between two
+batches). A batch heavier than INLINE_WEIGHT rows (a bulk enqueue, a purge) is committed in a
+thread too.
+
+Reads. Point reads (a job, a run with its steps, a cache entry) run in the loop's thread too, on
+a connection of their own: WAL readers never wait for a writer, and such a read costs less than
+a hop to a thread. They wait only for this process's writes to the same record still queued
+(`flush_for`), not for the whole writer. Scans (lists, counts, the feed) go through aiosqlite's
+thread.
 """
 
 from __future__ import annotations
@@ -37,6 +52,8 @@ log = logging.getLogger("blok.sqlite")
 T = TypeVar("T")
 
 BUSY_TIMEOUT_MS = 10_000
+INLINE_WEIGHT = 512  # rows: a heavier batch is committed in a thread, off the event loop
+CHECKPOINT_EVERY = 64  # batches between two checkpoints (about 1,000 WAL pages, as SQLite does)
 FENCE = " WHERE ?1 IS NULL OR (SELECT epoch FROM jobs WHERE id = ?1) = ?2"
 
 
@@ -100,6 +117,7 @@ class InTransaction(Generic[T]):
     """A function riding in the writer's next transaction; `done` once it committed."""
 
     fn: Callable[[sqlite3.Connection], T]
+    weight: int = 1
     done: anyio.Event = field(default_factory=anyio.Event)
     result: T | None = None
     error: BaseException | None = None
@@ -112,6 +130,7 @@ class _Batch:
     runs: list[tuple[Run, Fence | None]]
     ops: list[tuple[str, tuple[Any, ...]]]
     calls: list[InTransaction[Any]]
+    weight: int = 0
     committed: bool = False
 
 
@@ -168,25 +187,34 @@ def migrate(conn: sqlite3.Connection, path: Path, *, create: bool) -> None:
 
 
 class SqliteDatabase:
-    """The file: a batching writer on one connection, reads on an aiosqlite one."""
+    """The file: a batching writer and point reads in the event loop's thread, scans through
+    aiosqlite, checkpoints in a thread."""
 
     def __init__(self, path: str | os.PathLike[str], *, create: bool = True) -> None:
         self.path = Path(path)
         self.create = create
         self._writer: sqlite3.Connection | None = None
+        self._point: sqlite3.Connection | None = None
         self._reader: aiosqlite.Connection | None = None
         self._runs: dict[str, tuple[Run, Fence | None]] = {}
         self._ops: list[tuple[str, tuple[Any, ...]]] = []
         self._calls: list[InTransaction[Any]] = []
+        self._weight = 0
+        # The records (run ids, job ids, cache keys) the queued writes touch, and those of the
+        # batch being committed in a thread: a point read of one of them waits for the commit.
+        self._keys: set[str] = set()
+        self._inflight_keys: set[str] = set()
         self._flushers: list[anyio.Event] = []
         self._wake = anyio.Event()
         self._failure: BaseException | None = None
         self._inflight: _Batch | None = None
         self._committing = False  # a batch taken but not committed yet: flush waits for it
         self._limiter = anyio.CapacityLimiter(1)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the writer connection: loop, commit thread, flush_now
+        self._checkpoint_at = CHECKPOINT_EVERY  # batches
         self._version = 0
         self.batches = 0
+        self.batches_in_thread = 0
 
     # ---- lifecycle -------------------------------------------------------------------------
     async def open(self) -> None:
@@ -213,11 +241,16 @@ class SqliteDatabase:
             await anyio.to_thread.run_sync(
                 lambda: migrate(self._writer, self.path, create=self.create)  # type: ignore[arg-type]
             )
+            # In the loop, a commit must not wait for another process's lock (see above), and
+            # checkpoints are the writer loop's, in a thread.
+            self._writer.execute("PRAGMA busy_timeout = 0")
+            self._writer.execute("PRAGMA wal_autocheckpoint = 0")
+            self._point = await anyio.to_thread.run_sync(_connect, self.path)
         except sqlite3.DatabaseError as error:
-            self._close_writer()
+            self._close_connections()
             raise DatabaseError(f"{self.path}: not a usable SQLite database ({error})") from error
         except BaseException:
-            self._close_writer()
+            self._close_connections()
             raise
         if new:
             for suffix in ("", "-wal", "-shm"):
@@ -228,10 +261,12 @@ class SqliteDatabase:
         await self._reader.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         self._reader.row_factory = sqlite3.Row
 
-    def _close_writer(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+    def _close_connections(self) -> None:
+        for name in ("_point", "_writer"):
+            conn = getattr(self, name)
+            if conn is not None:
+                conn.close()
+                setattr(self, name, None)
 
     async def close(self) -> None:
         # Closed while the engine's task group is being cancelled: the reader's close is
@@ -248,24 +283,33 @@ class SqliteDatabase:
                 with anyio.CancelScope(shield=True):
                     await self._reader.close()
                 self._reader = None
-            self._close_writer()
+            self._close_connections()
 
     # ---- writes ----------------------------------------------------------------------------
-    def write(self, sql: str, params: tuple[Any, ...]) -> None:
-        """Queue one statement for the next batch."""
+    def write(self, sql: str, params: tuple[Any, ...], key: str | None = None) -> None:
+        """Queue one statement for the next batch; `key`: the record it writes (a run id, a
+        job id), which a point read of that record waits for."""
         self._ops.append((sql, params))
+        self._weight += 1
+        if key is not None:
+            self._keys.add(key)
         self._wake.set()
 
     def save(self, run: Run, fence: Fence | None) -> None:
         """Queue the run's rows (its latest state when the batch is written)."""
+        if run.id not in self._runs:
+            self._weight += 1 + len(run.steps)
         self._runs[run.id] = (run, fence)
+        self._keys.add(run.id)
         self._wake.set()
 
-    async def transaction(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    async def transaction(self, fn: Callable[[sqlite3.Connection], T], weight: int = 1) -> T:
         """Run `fn` inside the next write transaction and return its result once committed.
-        An error it raises is its caller's; the rest of the batch still commits."""
-        call: InTransaction[T] = InTransaction(fn)
+        An error it raises is its caller's; the rest of the batch still commits. `weight`:
+        about how many rows it writes (a heavy batch is committed in a thread)."""
+        call: InTransaction[T] = InTransaction(fn, weight)
         self._calls.append(call)
+        self._weight += weight
         self._wake.set()
         await call.done.wait()
         if call.error is not None:
@@ -275,42 +319,58 @@ class SqliteDatabase:
     def _pending(self) -> bool:
         return bool(self._ops or self._calls or self._runs or self._flushers or self._committing)
 
-    async def flush(self) -> None:
-        """Wait until everything queued so far is committed."""
+    def _raise_failure(self) -> None:
         if self._failure is not None:
             raise DatabaseError(f"{self.path}: the writer failed") from self._failure
+
+    async def flush(self) -> None:
+        """Wait until everything queued so far is committed."""
+        self._raise_failure()
         if not self._pending():
             return
         done = anyio.Event()
         self._flushers.append(done)
         self._wake.set()
         await done.wait()
-        if self._failure is not None:
-            raise DatabaseError(f"{self.path}: the writer failed") from self._failure
+        self._raise_failure()
+
+    async def flush_for(self, key: str) -> None:
+        """Wait until this process's queued writes to one record are committed (all of them,
+        if it has any): read-your-writes for a point read, without waiting on the writer
+        otherwise."""
+        if key in self._keys or key in self._inflight_keys:
+            await self.flush()
+        else:
+            self._raise_failure()
 
     def _take(self) -> _Batch:
         runs = list(self._runs.values())
         self._runs = {}
         ops, self._ops = self._ops, []
         calls, self._calls = self._calls, []
-        return _Batch(runs, ops, calls)
+        weight, self._weight = self._weight, 0
+        return _Batch(runs, ops, calls, weight)
 
     async def writer_loop(self) -> None:
         """The one task that commits; run it in the backend's task group."""
         while True:
             await self._wake.wait()
             # One turn of the event loop first: the tasks woken with us (a finished job's
-            # worker slot, the claim loop it pokes) add their writes to this batch instead of
-            # waiting a whole commit for the next one.
+            # worker slot, the claim loop it pokes, concurrent callers) add their writes to
+            # this batch instead of waiting a whole commit for the next one.
             await anyio.lowlevel.checkpoint()
             self._wake = anyio.Event()
             batch = self._take()
+            keys, self._keys = self._keys, set()
             flushers, self._flushers = self._flushers, []
             if batch.runs or batch.ops or batch.calls:
                 self._committing = True
                 self._inflight = batch
                 try:
-                    await anyio.to_thread.run_sync(self._commit, batch, limiter=self._limiter)
+                    if batch.weight > INLINE_WEIGHT or not self._commit_here(batch):
+                        self._inflight_keys = keys
+                        self.batches_in_thread += 1
+                        await anyio.to_thread.run_sync(self._commit, batch, limiter=self._limiter)
                 except BaseException as error:
                     self._failure = error
                     for call in batch.calls:
@@ -321,24 +381,61 @@ class SqliteDatabase:
                     raise
                 finally:
                     self._committing = False
+                    self._inflight_keys = set()
                 self.batches += 1
             for call in batch.calls:
                 call.done.set()
             for flusher in flushers:
                 flusher.set()
+            if self.batches >= self._checkpoint_at:
+                self._checkpoint_at = self.batches + CHECKPOINT_EVERY
+                # Writes made meanwhile wait for it, then go in one batch.
+                await anyio.to_thread.run_sync(self._checkpoint, limiter=self._limiter)
+
+    def _commit_here(self, batch: _Batch) -> bool:
+        """Commit the batch in this (the loop's) thread; False, with nothing written, if the
+        write lock is another process's right now (or the connection busy in a thread)."""
+        conn = self._writer
+        assert conn is not None
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            if batch.committed:
+                return True
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as error:
+                if error.sqlite_errorcode & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+                    return False
+                raise
+            self._commit_begun(conn, batch)
+            batch.committed = True
+            return True
+        finally:
+            self._lock.release()
 
     def _commit(self, batch: _Batch) -> None:
+        """Commit the batch from a thread, waiting for the write lock if need be."""
         conn = self._writer
         assert conn is not None
         with self._lock:
             # flush_now() may have committed this batch already, to keep the order of writes.
             if not batch.committed:
-                self._commit_locked(conn, batch)
+                self._commit_waiting(conn, batch)
                 batch.committed = True
 
+    @classmethod
+    def _commit_waiting(cls, conn: sqlite3.Connection, batch: _Batch) -> None:
+        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            cls._commit_begun(conn, batch)
+        finally:
+            conn.execute("PRAGMA busy_timeout = 0")
+
     @staticmethod
-    def _commit_locked(conn: sqlite3.Connection, batch: _Batch) -> None:
-        conn.execute("BEGIN IMMEDIATE")
+    def _commit_begun(conn: sqlite3.Connection, batch: _Batch) -> None:
+        """Write the batch in the transaction just begun, and commit it."""
         try:
             write_runs(conn, batch.runs)
             # Consecutive statements with the same SQL go in one executemany.
@@ -346,10 +443,13 @@ class SqliteDatabase:
             i = 0
             while i < len(ops):
                 sql = ops[i][0]
-                j = i
+                j = i + 1
                 while j < len(ops) and ops[j][0] == sql:
                     j += 1
-                conn.executemany(sql, [params for _, params in ops[i:j]])
+                if j == i + 1:
+                    conn.execute(sql, ops[i][1])
+                else:
+                    conn.executemany(sql, [params for _, params in ops[i:j]])
                 i = j
             for call in batch.calls:
                 conn.execute("SAVEPOINT call")
@@ -367,6 +467,21 @@ class SqliteDatabase:
                 conn.execute("ROLLBACK")
             raise
 
+    # ---- checkpoints -----------------------------------------------------------------------
+    def _checkpoint(self) -> None:
+        """Copy the WAL back into the database file (it fsyncs: in a thread). The writer's own
+        job, between two batches: a checkpoint that runs beside a busy writer never catches up
+        with it, and the WAL, which restarts only once fully copied back, would grow without
+        end (and every commit with it)."""
+        conn = self._writer
+        if conn is None:
+            return
+        with self._lock:
+            try:
+                conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            except sqlite3.Error as error:  # the next one tries again
+                log.warning("%s: checkpoint failed: %s", self.path, error)
+
     def flush_now(self) -> None:
         """Commit everything pending from the calling thread, without the event loop: for a
         process that is going down (an unhandled error, a cancelled close)."""
@@ -374,27 +489,48 @@ class SqliteDatabase:
         if conn is None or self._failure is not None:
             return
         batch = self._take()
+        self._keys = set()
         calls, batch.calls = batch.calls, []  # nobody is left to read their results
         with self._lock:
             # The writer thread may hold an older batch it has not committed yet: it goes
             # first, or its stale rows would land on top of these.
             inflight = self._inflight
             if inflight is not None and not inflight.committed:
-                self._commit_locked(conn, inflight)
+                self._commit_waiting(conn, inflight)
                 inflight.committed = True
             if batch.runs or batch.ops:
-                self._commit_locked(conn, batch)
+                self._commit_waiting(conn, batch)
         for call in calls:
             call.error = DatabaseError(f"{self.path}: closed before the write was made")
 
     # ---- reads -----------------------------------------------------------------------------
+    def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """A point read: `fn` on the point reader, in the calling (the loop's) thread, in one
+        read transaction (one snapshot of the file). Keep it to rows found by key."""
+        conn = self._point
+        if conn is None:
+            raise DatabaseError(f"{self.path}: database is not open")
+        conn.execute("BEGIN")
+        try:
+            return fn(conn)
+        finally:
+            conn.execute("COMMIT")
+
+    def read_one(self, sql: str, params: tuple[Any, ...] = ()) -> sqlite3.Row | None:
+        """One row found by key, read in the calling thread (see `read`)."""
+        conn = self._point
+        if conn is None:
+            raise DatabaseError(f"{self.path}: database is not open")
+        rows = conn.execute(sql, params).fetchall()
+        return rows[0] if rows else None
+
     @property
     def reader(self) -> aiosqlite.Connection:
         if self._reader is None:
             raise DatabaseError(f"{self.path}: database is not open")
         return self._reader
 
-    # Each read is one call into the reader's thread that runs the statement to its end: a
+    # Each scan is one call into the reader's thread that runs the statement to its end: a
     # cursor left open between calls would pin the connection's snapshot, and the other tasks'
     # reads interleaved meanwhile would miss what was committed after it opened.
     async def fetchall(self, sql: str, params: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
@@ -408,7 +544,7 @@ class SqliteDatabase:
     def data_version(self) -> int:
         """A number that moves when another connection (another process, another engine)
         committed: asked of the writer's connection, so this process's own batches do not
-        move it. Non-blocking: while a batch commits, the last number read stands."""
+        move it. Non-blocking: while a batch commits in a thread, the last number read stands."""
         conn = self._writer
         if conn is None or not self._lock.acquire(blocking=False):
             return self._version
