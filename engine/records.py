@@ -4,6 +4,9 @@
 defaults and copies the input: about 7 µs for a Run, several times per job. The engine always
 passes every field, so it can set the instance's dict directly (about 1 µs), which is what
 `model_construct` ends up doing. `tests/test_records.py` checks the result is the same.
+
+`copy_run` is the copy the engine makes before it changes a run record it read: records read
+from a store are snapshots other readers may hold (see `RunStore.get_run`).
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
+
+from .models import Attempt, Run, StepRun
 
 M = TypeVar("M", bound=BaseModel)
 _set = object.__setattr__
@@ -25,3 +30,36 @@ def construct(cls: type[M], fields: dict[str, Any]) -> M:
     _set(record, "__pydantic_extra__", None)
     _set(record, "__pydantic_private__", None)
     return record
+
+
+def _fresh(cls: type[M], fields: dict[str, Any], names: set[str]) -> M:
+    record = cls.__new__(cls)
+    _set(record, "__dict__", fields)
+    _set(record, "__pydantic_fields_set__", set(names))
+    _set(record, "__pydantic_extra__", None)
+    _set(record, "__pydantic_private__", None)
+    return record
+
+
+def copy_run(run: Run) -> Run:
+    """A copy of a run's record to change: the run, its steps and their attempts are new
+    objects, with new lists (steps, attempts, logs, tags, cursor) and a new `state` dict. Log
+    lines and JSON values (input, output, step inputs and outputs) are shared: the engine
+    replaces those, it never changes one in place. About 5 µs for a run of two steps, against
+    about 80 µs for `model_copy(deep=True)`."""
+    steps = []
+    for step in run.steps:
+        fields = dict(step.__dict__)
+        fields["attempts"] = [
+            _fresh(Attempt, dict(a.__dict__), a.__pydantic_fields_set__) for a in step.attempts
+        ]
+        fields["logs"] = list(step.logs)
+        fields["tags"] = list(step.tags)
+        steps.append(_fresh(StepRun, fields, step.__pydantic_fields_set__))
+    fields = dict(run.__dict__)
+    fields["steps"] = steps
+    fields["logs"] = list(run.logs)
+    fields["cursor"] = list(run.cursor)
+    fields["state"] = dict(run.state)
+    fields["headers"] = dict(run.headers)
+    return _fresh(Run, fields, run.__pydantic_fields_set__)
