@@ -208,7 +208,10 @@ class RunStore(ABC):
 
     @abstractmethod
     async def get_run(self, run_id: str) -> Run | None:
-        """The run with its steps, attempts and logs. The caller may keep and change it."""
+        """The run with its steps, attempts and logs: a snapshot the caller may keep, which
+        never changes afterwards. A store may hand the same record to every reader (a memory
+        store does, for a run that ended), so a caller must not change it: it changes a copy
+        (`engine.records.copy_run`) and saves that."""
 
     @abstractmethod
     async def list_runs(
