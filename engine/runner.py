@@ -24,6 +24,7 @@ from . import expressions
 from .context import Context
 from .events import AttemptFailed, EventBus, LogRecorded, StepFinished, StepStarted
 from .models import (
+    TERMINAL_RUN_STATUSES,
     Attempt,
     AttemptStatus,
     Job,
@@ -251,6 +252,10 @@ class Runner:
         self._recorders.get(run.id, UNRECORDED).save(run)
 
     def add_log(self, run: Run, line: LogLine) -> None:
+        if run.status in TERMINAL_RUN_STATUSES:
+            # A node a timeout abandoned in its thread may still log: the run's record is
+            # final (and may be in readers' hands), the line goes nowhere.
+            return
         if line.step is not None and line.step < len(run.steps):
             run.steps[line.step].logs.append(line)
         else:
