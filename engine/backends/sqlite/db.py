@@ -66,13 +66,17 @@ def _fenced_insert(table: str, columns: tuple[str, ...]) -> str:
 
 # `rev` orders run changes across processes: every write of a run row takes max(rev) + 1 inside
 # its transaction, so a follower reads the changed runs in commit order (`WHERE rev > ?`).
+# A run's identity (its workflow, queue, job, parent and creation time) is fixed when it is made:
+# rewriting those columns would rewrite their index entries at every save of the run (about a
+# third of a finished run's commit), for values that never change.
+FIXED_RUN_COLUMNS = ("id", "workflow_name", "queue", "job_id", "created_at", "parent_run_id")
 UPSERT_RUN = (
     f"INSERT INTO runs ({', '.join(RUN_COLUMNS)}, rev)"
     f" SELECT {', '.join(f'?{i + 3}' for i in range(len(RUN_COLUMNS)))},"
     " (SELECT coalesce(max(rev), 0) + 1 FROM runs)"
     + FENCE
     + " ON CONFLICT(id) DO UPDATE SET "
-    + ", ".join(f"{c} = excluded.{c}" for c in RUN_COLUMNS if c != "id")
+    + ", ".join(f"{c} = excluded.{c}" for c in RUN_COLUMNS if c not in FIXED_RUN_COLUMNS)
     + ", rev = excluded.rev"
 )
 UPSERT_STEP = _fenced_insert("steps", STEP_COLUMNS).replace("INSERT INTO", "INSERT OR REPLACE INTO")
@@ -105,11 +109,11 @@ def write_runs(conn: sqlite3.Connection, runs: list[tuple[Run, Fence | None]]) -
         rows.append(row)
         steps.extend(run_steps)
         attempts.extend(run_attempts)
-    conn.executemany(UPSERT_RUN, rows)
-    if steps:
-        conn.executemany(UPSERT_STEP, steps)
-    if attempts:
-        conn.executemany(UPSERT_ATTEMPT, attempts)
+    for sql, params in ((UPSERT_RUN, rows), (UPSERT_STEP, steps), (UPSERT_ATTEMPT, attempts)):
+        if len(params) == 1:
+            conn.execute(sql, params[0])
+        elif params:
+            conn.executemany(sql, params)
 
 
 @dataclass
@@ -451,16 +455,26 @@ class SqliteDatabase:
                 else:
                     conn.executemany(sql, [params for _, params in ops[i:j]])
                 i = j
-            for call in batch.calls:
-                conn.execute("SAVEPOINT call")
+            calls = batch.calls
+            if len(calls) == 1 and not batch.runs and not ops:
+                # Alone in its transaction: a failure rolls back nothing but its own writes.
                 try:
-                    call.result = call.fn(conn)
+                    calls[0].result = calls[0].fn(conn)
                 except Exception as error:
-                    # A call's own failure is its caller's: its writes are undone, the batch
-                    # still commits.
-                    conn.execute("ROLLBACK TO call")
-                    call.error = error
-                conn.execute("RELEASE call")
+                    conn.execute("ROLLBACK")
+                    calls[0].error = error
+                    return
+            else:
+                for call in calls:
+                    conn.execute("SAVEPOINT call")
+                    try:
+                        call.result = call.fn(conn)
+                    except Exception as error:
+                        # A call's own failure is its caller's: its writes are undone, the
+                        # batch still commits.
+                        conn.execute("ROLLBACK TO call")
+                        call.error = error
+                    conn.execute("RELEASE call")
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:

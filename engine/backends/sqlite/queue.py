@@ -35,11 +35,14 @@ INSERT_JOB = (
     " ON CONFLICT(id) DO NOTHING"
 )
 UPDATE_JOB = (
-    "UPDATE jobs SET state = ?, run_id = coalesce(?, run_id), run_at = ?, resume = ?, error = ?,"
+    "UPDATE jobs SET state = ?, run_id = ?, run_at = ?, resume = ?, error = ?,"
     " meta = coalesce(?, meta), attempts = CASE WHEN ? THEN 0 ELSE attempts END, forced = ?,"
     " headers = coalesce(?, headers), finished_at = ?, worker = NULL, lease_until = NULL,"
     " signals = NULL, epoch = epoch + 1 WHERE id = ? AND epoch = ?"
 )
+# The same when the job keeps its run (a settle): run_id, indexed, is left out of the SET, so
+# its index entry is not rewritten.
+UPDATE_JOB_SAME_RUN = UPDATE_JOB.replace(" run_id = ?,", "")
 # The holder's own update while it keeps the job: a new run after a takeover.
 UPDATE_HELD = (
     "UPDATE jobs SET run_id = coalesce(?, run_id), meta = coalesce(?, meta)"
@@ -57,6 +60,20 @@ def update_params(job_id: str, epoch: int, update: JobUpdate) -> tuple[str, tupl
     if pending:
         state = (
             JobState.DELAYED if run_at is not None and run_at > time.time() else JobState.WAITING
+        )
+    if update.run_id is None:
+        return UPDATE_JOB_SAME_RUN, (
+            str(state),
+            run_at,
+            int(update.resume),
+            update.error,
+            meta,
+            int(update.fresh_budget),
+            int(update.force),
+            dump(update.headers) if update.headers is not None else None,
+            None if pending else time.time(),
+            job_id,
+            epoch,
         )
     return UPDATE_JOB, (
         str(state),
