@@ -174,12 +174,30 @@ class JobWaiter:
     with the run it ended with and the epoch the job is at once that change lands: a waiter
     that then reads the job at that epoch knows the run without reading it."""
 
-    __slots__ = ("epoch", "event", "run")
+    __slots__ = ("_event", "epoch", "run")
 
     def __init__(self) -> None:
-        self.event = anyio.Event()
+        self._event: anyio.Event | None = None  # made only for a caller that has to wait
         self.run: Run | None = None
         self.epoch = -1
+
+    @property
+    def ended(self) -> bool:
+        return self.epoch >= 0
+
+    @property
+    def event(self) -> anyio.Event:
+        """Set once the job ended here."""
+        if self._event is None:
+            self._event = anyio.Event()
+            if self.ended:
+                self._event.set()
+        return self._event
+
+    def end(self, run: Run, epoch: int) -> None:
+        self.run, self.epoch = run, epoch
+        if self._event is not None:
+            self._event.set()
 
 
 class Ledger:
@@ -208,8 +226,7 @@ class Ledger:
         waiter = self._job_done.pop(job.id, None)
         if waiter is not None:
             # The transition that ended it bumps the epoch it was made at.
-            waiter.run, waiter.epoch = run, job.epoch + 1
-            waiter.event.set()
+            waiter.end(run, job.epoch + 1)
 
     # ---- publishing ------------------------------------------------------------------------
     def _finished(self, run: Run) -> None:

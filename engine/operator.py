@@ -433,7 +433,7 @@ class Operator:
                 run = await self._if_ended(job_id, waiter)
                 if run is not None:
                     return run
-                if waiter.event.is_set():  # ended here, then requeued meanwhile: wait again
+                if waiter.ended:  # ended here, then requeued meanwhile: wait again
                     waiter = self.ledger.job_waiter(job_id)
 
     async def _if_ended(self, job_id: str, waiter: JobWaiter) -> Run | None:
