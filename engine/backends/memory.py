@@ -27,7 +27,6 @@ from ..models import (
     QueueStats,
     Run,
     WorkerInfo,
-    utcnow,
 )
 from ..records import construct, copy_run
 from .base import (
@@ -299,11 +298,14 @@ class MemoryQueue(JobQueue):
     def _hand_out(
         self, job: Job, worker: str, lease_s: float, since: float, taken_from: str | None
     ) -> Claim:
-        job.epoch += 1
-        job.worker = worker
-        job.attempts += 1
-        job.lease_until = datetime.fromtimestamp(time.time() + lease_s, UTC)
-        job.signals = {}
+        # The queue's own records: their fields written straight into their dict (every field
+        # is set already; pydantic's __setattr__ would cost several times as much).
+        fields = job.__dict__
+        fields["epoch"] += 1
+        fields["worker"] = worker
+        fields["attempts"] += 1
+        fields["lease_until"] = datetime.fromtimestamp(time.time() + lease_s, UTC)
+        fields["signals"] = {}
         self._active[job.id] = job
         self._watch_lease(job)
         return Claim(copy_job(job), lease_s, since, taken_from)
@@ -361,7 +363,7 @@ class MemoryQueue(JobQueue):
                 skipped.append(entry)
                 continue
             counts[JobState.WAITING] -= 1
-            job.state = JobState.ACTIVE
+            job.__dict__["state"] = JobState.ACTIVE
             counts[JobState.ACTIVE] += 1
             claimed.append(self._hand_out(job, worker, lease_s, since, None))
         for entry in skipped:
@@ -410,37 +412,39 @@ class MemoryQueue(JobQueue):
 
     # ---- transitions -----------------------------------------------------------------------
     def _update(self, job: Job, update: JobUpdate) -> None:
+        fields = job.__dict__  # the queue's own record (see _hand_out)
         if update.state is JobState.ACTIVE:  # the holder keeps it: a new run, nothing else
             if update.run_id is not None:
-                job.run_id = update.run_id
+                fields["run_id"] = update.run_id
             if update.meta is not None:
-                job.meta = dict(update.meta)
+                fields["meta"] = dict(update.meta)
             return
         self._count(job.queue, job.state, -1)
         self._active.pop(job.id, None)
-        job.epoch += 1
-        job.worker = None
-        job.lease_until = None
-        job.signals = {}
-        job.force = update.force
+        fields["epoch"] += 1
+        fields["worker"] = None
+        fields["lease_until"] = None
+        fields["signals"] = {}
+        fields["force"] = update.force
         if update.run_id is not None:
-            job.run_id = update.run_id
-        job.resume = update.resume
-        job.error = update.error
+            fields["run_id"] = update.run_id
+        fields["resume"] = update.resume
+        fields["error"] = update.error
         if update.meta is not None:
-            job.meta = dict(update.meta)
+            fields["meta"] = dict(update.meta)
         if update.fresh_budget:
-            job.attempts = 0
+            fields["attempts"] = 0
         if update.headers is not None:
-            job.headers = update.headers
+            fields["headers"] = update.headers
         if update.state in (JobState.WAITING, JobState.DELAYED):
-            job.finished_at = None
-            job.run_at = None if update.force else update.run_at
+            fields["finished_at"] = None
+            fields["run_at"] = None if update.force else update.run_at
             self._push(job)
         else:
-            job.state = update.state
-            job.finished_at = utcnow()
-            self._finished.append((time.time(), job.id))
+            fields["state"] = update.state
+            now = time.time()
+            fields["finished_at"] = datetime.fromtimestamp(now, UTC)
+            self._finished.append((now, job.id))
         self._count(job.queue, job.state, 1)
 
     def _apply(self, transition: Transition) -> bool:
