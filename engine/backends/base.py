@@ -99,6 +99,11 @@ class Transition:
     update: JobUpdate | None  # None: only the runs are written (still fenced)
     runs: tuple[Run, ...] = ()
     logs: tuple[tuple[str, LogLine], ...] = ()  # (run id, line): engine lines for the runs
+    # For `submit`: told, once the commit that decided it is done, whether the transition
+    # landed (True) or was refused at its epoch (False), so that the process which submitted
+    # it knows without reading the job back. Called in the event loop's thread, at most once;
+    # not at all if the process goes down first.
+    landed: Callable[[bool], None] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,7 +291,8 @@ class JobQueue(ABC):
 
     @abstractmethod
     def submit(self, transition: Transition) -> None:
-        """Apply a transition with the next commit, without waiting (a worker's settle)."""
+        """Apply a transition with the next commit, without waiting (a worker's settle); then
+        call `transition.landed`, if any, with whether it landed."""
 
     @abstractmethod
     async def apply(self, transition: Transition) -> bool:
