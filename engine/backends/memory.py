@@ -461,7 +461,9 @@ class MemoryQueue(JobQueue):
         return True
 
     def submit(self, transition: Transition) -> None:
-        self._apply(transition)
+        landed = self._apply(transition)
+        if transition.landed is not None:
+            transition.landed(landed)
 
     async def apply(self, transition: Transition) -> bool:
         return self._apply(transition)

@@ -116,6 +116,10 @@ def write_runs(conn: sqlite3.Connection, runs: list[tuple[Run, Fence | None]]) -
             conn.executemany(sql, params)
 
 
+# A queued statement: SQL, parameters, and whom to tell whether it changed a row.
+Op = tuple[str, tuple[Any, ...], Callable[[bool], None] | None]
+
+
 @dataclass
 class InTransaction(Generic[T]):
     """A function riding in the writer's next transaction; `done` once it committed."""
@@ -132,10 +136,13 @@ class _Batch:
     """A batch taken by the writer; `committed` once written (by the writer or flush_now)."""
 
     runs: list[tuple[Run, Fence | None]]
-    ops: list[tuple[str, tuple[Any, ...]]]
+    ops: list[Op]
     calls: list[InTransaction[Any]]
     weight: int = 0
     committed: bool = False
+    # The ops that asked to be told whether they changed a row, with the answer: told once
+    # the batch is committed.
+    told: list[tuple[Callable[[bool], None], bool]] = field(default_factory=list)
 
 
 def _connect(path: Path) -> sqlite3.Connection:
@@ -201,7 +208,7 @@ class SqliteDatabase:
         self._point: sqlite3.Connection | None = None
         self._reader: aiosqlite.Connection | None = None
         self._runs: dict[str, tuple[Run, Fence | None]] = {}
-        self._ops: list[tuple[str, tuple[Any, ...]]] = []
+        self._ops: list[Op] = []
         self._calls: list[InTransaction[Any]] = []
         self._weight = 0
         # The records (run ids, job ids, cache keys) the queued writes touch, and those of the
@@ -290,10 +297,17 @@ class SqliteDatabase:
             self._close_connections()
 
     # ---- writes ----------------------------------------------------------------------------
-    def write(self, sql: str, params: tuple[Any, ...], key: str | None = None) -> None:
+    def write(
+        self,
+        sql: str,
+        params: tuple[Any, ...],
+        key: str | None = None,
+        changed: Callable[[bool], None] | None = None,
+    ) -> None:
         """Queue one statement for the next batch; `key`: the record it writes (a run id, a
-        job id), which a point read of that record waits for."""
-        self._ops.append((sql, params))
+        job id), which a point read of that record waits for; `changed`: told, once the batch
+        is committed, whether the statement changed a row."""
+        self._ops.append((sql, params, changed))
         self._weight += 1
         if key is not None:
             self._keys.add(key)
@@ -382,11 +396,16 @@ class SqliteDatabase:
                         call.done.set()
                     for flusher in flushers:
                         flusher.set()
+                    for _, _, changed in batch.ops:
+                        if changed is not None:
+                            changed(False)
                     raise
                 finally:
                     self._committing = False
                     self._inflight_keys = set()
                 self.batches += 1
+            for changed, answer in batch.told:
+                changed(answer)
             for call in batch.calls:
                 call.done.set()
             for flusher in flushers:
@@ -446,14 +465,18 @@ class SqliteDatabase:
             ops = batch.ops
             i = 0
             while i < len(ops):
-                sql = ops[i][0]
+                sql, params, changed = ops[i]
+                if changed is not None:
+                    batch.told.append((changed, conn.execute(sql, params).rowcount == 1))
+                    i += 1
+                    continue
                 j = i + 1
-                while j < len(ops) and ops[j][0] == sql:
+                while j < len(ops) and ops[j][0] == sql and ops[j][2] is None:
                     j += 1
                 if j == i + 1:
-                    conn.execute(sql, ops[i][1])
+                    conn.execute(sql, params)
                 else:
-                    conn.executemany(sql, [params for _, params in ops[i:j]])
+                    conn.executemany(sql, [op[1] for op in ops[i:j]])
                 i = j
             calls = batch.calls
             if len(calls) == 1 and not batch.runs and not ops:

@@ -255,9 +255,16 @@ class SqliteQueue(JobQueue):
             self.db.write(INSERT_LOG, log_row(run_id, line, fence), run_id)
         if transition.update is not None:
             sql, params = update_params(transition.job_id, transition.epoch, transition.update)
-            self.db.write(sql, params, transition.job_id)
+            self.db.write(sql, params, transition.job_id, transition.landed)
             if transition.update.state in (JobState.WAITING, JobState.DELAYED):
                 self.wake_all()
+        elif transition.landed is not None:  # runs only: the fence is the answer
+            self.db.write(
+                "UPDATE jobs SET epoch = epoch WHERE id = ? AND epoch = ?",
+                (transition.job_id, transition.epoch),
+                transition.job_id,
+                transition.landed,
+            )
 
     def wake_all(self) -> None:
         for queue in list(self._signals):
