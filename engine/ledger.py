@@ -170,32 +170,28 @@ def _ended(job: Job) -> dict[str, str] | None:
 
 
 class JobWaiter:
-    """The `wait_for_job` callers of one job in this process. Set when the job ends here,
-    with the run it ended with and the epoch the job is at once that change lands: a waiter
-    that then reads the job at that epoch knows the run without reading it."""
+    """The `wait_for_job` callers of one job in this process, told when a transition of this
+    process that ends the job has been decided: `run` is the run the job ended with if it
+    landed, None if it was refused (the job had moved on: read it again)."""
 
-    __slots__ = ("_event", "epoch", "run")
+    __slots__ = ("_event", "ended", "run")
 
     def __init__(self) -> None:
         self._event: anyio.Event | None = None  # made only for a caller that has to wait
+        self.ended = False
         self.run: Run | None = None
-        self.epoch = -1
-
-    @property
-    def ended(self) -> bool:
-        return self.epoch >= 0
 
     @property
     def event(self) -> anyio.Event:
-        """Set once the job ended here."""
+        """Set once told."""
         if self._event is None:
             self._event = anyio.Event()
             if self.ended:
                 self._event.set()
         return self._event
 
-    def end(self, run: Run, epoch: int) -> None:
-        self.run, self.epoch = run, epoch
+    def end(self, run: Run | None) -> None:
+        self.ended, self.run = True, run
         if self._event is not None:
             self._event.set()
 
@@ -222,11 +218,12 @@ class Ledger:
     def forget_waiter(self, job_id: str) -> None:
         self._job_done.pop(job_id, None)
 
-    def _job_ended(self, job: Job, run: Run) -> None:
-        waiter = self._job_done.pop(job.id, None)
+    def _job_ended(self, job_id: str, run: Run | None) -> None:
+        """A transition that ends the job landed (`run`: the run it ended with) or was
+        refused (None)."""
+        waiter = self._job_done.pop(job_id, None)
         if waiter is not None:
-            # The transition that ended it bumps the epoch it was made at.
-            waiter.end(run, job.epoch + 1)
+            waiter.end(run)
 
     # ---- publishing ------------------------------------------------------------------------
     def _finished(self, run: Run) -> None:
@@ -376,9 +373,14 @@ class Ledger:
         run.wait_until = None
 
     def _settle(self, claim: Claim, queue: JobQueue, run: Run, update: JobUpdate) -> None:
-        queue.submit(self._transition(claim.job, claim.job.epoch, update, run))
+        transition = self._transition(claim.job, claim.job.epoch, update, run)
+        job_id = claim.job.id
+        if job_id in self._job_done:
+            # Someone here waits for the job: tell them once the settle is committed, with
+            # the run if it landed (nothing to read back), without if the fence refused it.
+            transition.landed = lambda landed: self._job_ended(job_id, run if landed else None)
+        queue.submit(transition)
         self._finished(run)
-        self._job_ended(claim.job, run)
 
     def hold(
         self,
@@ -479,7 +481,7 @@ class Ledger:
         if not await queue.apply(self._transition(job, job.epoch, update, run)):
             return False
         self._finished(run)
-        self._job_ended(job, run)
+        self._job_ended(job.id, run)
         return True
 
     async def cancel_abandoned(self, queue: JobQueue, job: Job, run: Run) -> bool:
@@ -491,7 +493,7 @@ class Ledger:
         if not await queue.apply(self._transition(job, job.epoch, update, run)):
             return False
         self._finished(run)
-        self._job_ended(job, run)
+        self._job_ended(job.id, run)
         return True
 
     async def debounce_into(self, queue: JobQueue, job: Job, run: Run, into: str) -> bool:
@@ -505,7 +507,7 @@ class Ledger:
         if not await queue.apply(self._transition(job, job.epoch, update, run)):
             return False
         self._finished(run)
-        self._job_ended(job, run)
+        self._job_ended(job.id, run)
         return True
 
     async def requeue(self, queue: JobQueue, job: Job, version: str) -> Run | None:

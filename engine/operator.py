@@ -413,10 +413,10 @@ class Operator:
     async def wait_for_job(self, job_id: str, timeout: float | None = None) -> Run:
         """The job's last run, once the job has ended (completed, cancelled, failed, dead).
 
-        No polling here: a job that ends in this process wakes its waiters with the run it
-        ended with, which they return once the job is read at the epoch that ending gave it (so
-        never a run whose transition did not land); a job that another process ends is read
-        again when the database reports a change."""
+        No polling here: a job that ends in this process wakes its waiters once the transition
+        that ended it is committed, with the run it ended with (nothing to read back; a
+        transition the fence refused wakes them without, to read the job again); a job that
+        another process ends is read again when the database reports a change."""
         # Registered before the read, so that a job ending during the read wakes us.
         waiter = self.ledger.job_waiter(job_id)
         run = await self._if_ended(job_id, waiter)
@@ -438,12 +438,12 @@ class Operator:
 
     async def _if_ended(self, job_id: str, waiter: JobWaiter) -> Run | None:
         """The job's last run if the job has ended, else None."""
+        if waiter.run is not None:
+            return waiter.run  # the transition that ended it landed, with this run
         job = await self.get_job(job_id)
         if not job.state.terminal:
             return None
         self.ledger.forget_waiter(job_id)
-        if waiter.run is not None and waiter.run.id == job.run_id and waiter.epoch == job.epoch:
-            return waiter.run  # the settle that ended it landed: no need to read it back
         run = await self.store.get_run(job.run_id)
         if run is None:
             raise UnknownRun(f"job {job_id}'s run {job.run_id} is not in the store")
