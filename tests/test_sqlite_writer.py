@@ -13,7 +13,12 @@ import anyio.lowlevel
 import pytest
 
 from engine.backends.sqlite import SqliteBackend
-from engine.backends.sqlite.db import CHECKPOINT_EVERY, INLINE_WEIGHT, SqliteDatabase
+from engine.backends.sqlite.db import (
+    CHECKPOINT_EVERY,
+    INLINE_WEIGHT,
+    RESTART_EVERY,
+    SqliteDatabase,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -105,7 +110,7 @@ async def test_a_write_that_finds_the_lock_taken_waits_for_it_in_a_thread(
 
 async def test_checkpoints_let_the_wal_restart(backend: SqliteBackend) -> None:
     db = backend.db
-    commits = 3 * CHECKPOINT_EVERY
+    commits = (RESTART_EVERY + 1) * CHECKPOINT_EVERY
     for n in range(commits):
         await db.transaction(insert(f"row {n}"))
 

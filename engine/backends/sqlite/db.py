@@ -15,9 +15,8 @@ the batch to a thread and back (and no fight for the GIL with a busy event loop)
 that could make a commit long never happen in the loop: waiting for another process's write lock
 (the writer's busy timeout is 0 there; a batch that finds the lock taken is committed in a thread
 that waits up to BUSY_TIMEOUT_MS), and checkpoints, which fsync (the writer's automatic
-checkpoint is off; every CHECKPOINT_EVERY batches the writer checkpoints in a thread, between two
-batches). A batch heavier than INLINE_WEIGHT rows (a bulk enqueue, a purge) is committed in a
-thread too.
+checkpoint is off; checkpoints run in threads, see "checkpoints" below). A batch heavier than
+INLINE_WEIGHT rows (a bulk enqueue, a purge) is committed in a thread too.
 
 Reads. Point reads (a job, a run with its steps, a cache entry) run in the loop's thread too, on
 a connection of their own: WAL readers never wait for a writer, and such a read costs less than
@@ -41,6 +40,7 @@ from typing import Any, Generic, TypeVar
 import aiosqlite
 import anyio
 import anyio.lowlevel
+from anyio.abc import TaskGroup
 
 from ...errors import DatabaseError
 from ...models import Run
@@ -54,6 +54,7 @@ T = TypeVar("T")
 BUSY_TIMEOUT_MS = 10_000
 INLINE_WEIGHT = 512  # rows: a heavier batch is committed in a thread, off the event loop
 CHECKPOINT_EVERY = 64  # batches between two checkpoints (about 1,000 WAL pages, as SQLite does)
+RESTART_EVERY = 4  # every 4th checkpoint is the writer's own (see "checkpoints" below)
 FENCE = " WHERE ?1 IS NULL OR (SELECT epoch FROM jobs WHERE id = ?1) = ?2"
 
 
@@ -223,6 +224,10 @@ class SqliteDatabase:
         self._limiter = anyio.CapacityLimiter(1)
         self._lock = threading.Lock()  # the writer connection: loop, commit thread, flush_now
         self._checkpoint_at = CHECKPOINT_EVERY  # batches
+        self._checkpoints = 0
+        self._checkpointing = False  # one beside the writer is under way
+        self._checkpointer: sqlite3.Connection | None = None
+        self._checkpoint_lock = threading.Lock()
         self._version = 0
         self.batches = 0
         self.batches_in_thread = 0
@@ -278,6 +283,10 @@ class SqliteDatabase:
             if conn is not None:
                 conn.close()
                 setattr(self, name, None)
+        with self._checkpoint_lock:
+            if self._checkpointer is not None:
+                self._checkpointer.close()
+                self._checkpointer = None
 
     async def close(self) -> None:
         # Closed while the engine's task group is being cancelled: the reader's close is
@@ -371,6 +380,10 @@ class SqliteDatabase:
 
     async def writer_loop(self) -> None:
         """The one task that commits; run it in the backend's task group."""
+        async with anyio.create_task_group() as group:
+            await self._write_batches(group)
+
+    async def _write_batches(self, group: TaskGroup) -> None:
         while True:
             await self._wake.wait()
             # One turn of the event loop first: the tasks woken with us (a finished job's
@@ -410,10 +423,16 @@ class SqliteDatabase:
                 call.done.set()
             for flusher in flushers:
                 flusher.set()
-            if self.batches >= self._checkpoint_at:
+            if self.batches >= self._checkpoint_at and not self._checkpointing:
                 self._checkpoint_at = self.batches + CHECKPOINT_EVERY
-                # Writes made meanwhile wait for it, then go in one batch.
-                await anyio.to_thread.run_sync(self._checkpoint, limiter=self._limiter)
+                self._checkpoints += 1
+                if self._checkpoints % RESTART_EVERY == 0:
+                    # The writer's own, between two batches: writes made meanwhile wait for
+                    # it (little is left to copy), then go in one batch.
+                    await anyio.to_thread.run_sync(self._checkpoint, limiter=self._limiter)
+                else:
+                    self._checkpointing = True
+                    group.start_soon(self._checkpoint_beside)
 
     def _commit_here(self, batch: _Batch) -> bool:
         """Commit the batch in this (the loop's) thread; False, with nothing written, if the
@@ -505,11 +524,30 @@ class SqliteDatabase:
             raise
 
     # ---- checkpoints -----------------------------------------------------------------------
+    # Checkpoints copy the WAL back into the database file and fsync it: always in a thread.
+    # Most run on a connection of their own, beside the writer, which goes on committing. But
+    # the WAL restarts (is written from its start again) only once a checkpoint caught up with
+    # it, which one running beside a busy writer never does: left at that, the WAL would grow
+    # without end, and every commit with it. So every RESTART_EVERY-th checkpoint is the
+    # writer's own, between two batches, with little left to copy.
+    async def _checkpoint_beside(self) -> None:
+        try:
+            await anyio.to_thread.run_sync(self._checkpoint_other)
+        finally:
+            self._checkpointing = False
+
+    def _checkpoint_other(self) -> None:
+        with self._checkpoint_lock:
+            if self._writer is None:  # closed meanwhile
+                return
+            try:
+                if self._checkpointer is None:
+                    self._checkpointer = _connect(self.path)
+                self._checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            except sqlite3.Error as error:  # the next one tries again
+                log.warning("%s: checkpoint failed: %s", self.path, error)
+
     def _checkpoint(self) -> None:
-        """Copy the WAL back into the database file (it fsyncs: in a thread). The writer's own
-        job, between two batches: a checkpoint that runs beside a busy writer never catches up
-        with it, and the WAL, which restarts only once fully copied back, would grow without
-        end (and every commit with it)."""
         conn = self._writer
         if conn is None:
             return
