@@ -318,16 +318,17 @@ class Runner:
         record = run.steps[index]
         ctx.step_index = index
         where = where or f"[step {index + 1}/{total}] {step.name}"
-        # Looked up on the class: a node step has no `execute`, and a miss on the instance goes
-        # through pydantic's __getattr__ and an AttributeError (a few µs a step).
-        if hasattr(type(step), "execute"):  # a primitive (engine/primitives.py) runs its own
-            frame = Frame(self, workflow, run, ctx, record, depth + 1, resume, where, track)
-            return await step.execute(frame)  # type: ignore[attr-defined]
+        # Node steps first: asking a node step (a pydantic model) for an `execute` it does not
+        # have goes through pydantic's __getattr__ and an AttributeError, a few µs a step.
+        if isinstance(step, Step):
+            return await self._node(workflow, run, ctx, step, record, where)
         if isinstance(step, WaitStep):
             await self._wait(run, ctx, step, record, where)
             return previous
-        if isinstance(step, Step):
-            return await self._node(workflow, run, ctx, step, record, where)
+        execute = getattr(step, "execute", None)
+        if execute is not None:  # a primitive (engine/primitives.py) runs its own inner steps
+            frame = Frame(self, workflow, run, ctx, record, depth + 1, resume, where, track)
+            return await execute(frame)
         raise StepError(f"{where} failed: step kind {step.kind!r} is not supported", step.name)
 
     async def run_steps(
