@@ -98,9 +98,11 @@ DUE = (
     "SELECT seq, priority FROM jobs WHERE queue = ? AND state IN ('waiting', 'delayed')"
     " AND (run_at IS NULL OR run_at <= ?){forced} ORDER BY priority DESC, seq LIMIT ?"
 )
+# Jobs whose lease ran out, the longest expired first (the order of the jobs_active index: no
+# sort); merged with the due ones by priority below.
 EXPIRED = (
     "SELECT seq, priority FROM jobs WHERE queue = ? AND state = 'active' AND lease_until < ?"
-    " ORDER BY priority DESC, seq LIMIT ?"
+    " ORDER BY lease_until LIMIT ?"
 )
 TAKE = (
     "UPDATE jobs SET taken_from = CASE WHEN state = 'active' THEN worker END,"
