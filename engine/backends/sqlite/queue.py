@@ -151,12 +151,16 @@ class SqliteQueue(JobQueue):
         self.db = db
         self.poll_s = poll_s
         self._signals: dict[str, anyio.Event] = {}
+        # Claims of a paused queue, which want only jobs an operator forced: a new job is
+        # never forced (a transition makes it so), so an add does not wake them.
+        self._forced_signals: dict[str, anyio.Event] = {}
         self._ahead: dict[str, deque[Claim]] = {}
 
     def wake(self, queue: str) -> None:
-        signal = self._signals.pop(queue, None)
-        if signal is not None:
-            signal.set()
+        for signals in (self._signals, self._forced_signals):
+            signal = signals.pop(queue, None)
+            if signal is not None:
+                signal.set()
 
     # ---- adding and claiming ---------------------------------------------------------------
     async def add(self, jobs: list[Job], runs: list[Run]) -> list[str]:
@@ -172,7 +176,9 @@ class SqliteQueue(JobQueue):
 
         added = await self.db.transaction(add, weight=len(jobs) + len(runs))
         for queue in {job.queue for job in jobs}:
-            self.wake(queue)
+            signal = self._signals.pop(queue, None)
+            if signal is not None:
+                signal.set()
         return added
 
     def claim_nowait(self, queue: str, worker: str, lease_s: float) -> Claim | None:
@@ -244,7 +250,8 @@ class SqliteQueue(JobQueue):
             now = time.time()
             pause = min(remaining, self.poll_s if next_due is None else max(0.0, next_due - now))
             # Another process may add jobs at any time, so a local wake-up is only a shortcut.
-            signal = self._signals.setdefault(queue, anyio.Event())
+            signals = self._forced_signals if forced_only else self._signals
+            signal = signals.setdefault(queue, anyio.Event())
             with anyio.move_on_after(max(pause, 0.001)):
                 await signal.wait()
 
@@ -269,7 +276,7 @@ class SqliteQueue(JobQueue):
             )
 
     def wake_all(self) -> None:
-        for queue in list(self._signals):
+        for queue in {*self._signals, *self._forced_signals}:
             self.wake(queue)
 
     async def apply(self, transition: Transition) -> bool:
