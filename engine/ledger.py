@@ -10,6 +10,10 @@ Workers call the claim-side methods (start, settle, hold, end, interrupt, take_o
 operator API and cluster chores call the others after reading the job (cancel_pending, requeue,
 make_due, release). Events for a live UI are published here, after each change, and waiters of
 `wait_for_job` in this process are woken.
+
+The ledger never changes a run record it was handed by a reader (the operator, a chore, a worker
+taking a job over): records read from a store are snapshots that other readers may hold, so it
+changes a copy (`copy_run`) and that copy is what its transition writes.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from .models import (
     StepStatus,
     utcnow,
 )
-from .records import construct
+from .records import construct, copy_run
 from .redact import redact_headers
 
 log = logging.getLogger("blok.ledger")
@@ -166,29 +170,61 @@ def _ended(job: Job) -> dict[str, str] | None:
     return redacted if redacted != job.headers else None
 
 
+class JobWaiter:
+    """The `wait_for_job` callers of one job in this process, told when a transition of this
+    process that ends the job has been decided: `run` is the run the job ended with if it
+    landed, None if it was refused (the job had moved on: read it again)."""
+
+    __slots__ = ("_event", "ended", "run")
+
+    def __init__(self) -> None:
+        self._event: anyio.Event | None = None  # made only for a caller that has to wait
+        self.ended = False
+        self.run: Run | None = None
+
+    @property
+    def event(self) -> anyio.Event:
+        """Set once told."""
+        if self._event is None:
+            self._event = anyio.Event()
+            if self.ended:
+                self._event.set()
+        return self._event
+
+    def end(self, run: Run | None) -> None:
+        self.ended, self.run = True, run
+        if self._event is not None:
+            self._event.set()
+
+
 class Ledger:
     def __init__(self, backend: Backend, bus: EventBus) -> None:
         self.backend = backend
         self.bus = bus
         # wait_for_job callers in this process, woken when the job ends here.
-        self._job_done: dict[str, anyio.Event] = {}
+        self._job_done: dict[str, JobWaiter] = {}
         # Called with every run that ends here (the worker wakes a waiting parent).
         self.on_run_ended: list[Callable[[Run], None]] = []
         # Engine lines made for a run and not written yet: they ride in its next transition.
         self._notes: dict[str, list[LogLine]] = {}
 
     # ---- waiters ---------------------------------------------------------------------------
-    def job_waiter(self, job_id: str) -> anyio.Event:
-        """An event set when the job ends in this process (register it before reading)."""
-        return self._job_done.setdefault(job_id, anyio.Event())
+    def job_waiter(self, job_id: str) -> JobWaiter:
+        """A waiter set when the job ends in this process (register it before reading)."""
+        waiter = self._job_done.get(job_id)
+        if waiter is None:
+            waiter = self._job_done[job_id] = JobWaiter()
+        return waiter
 
     def forget_waiter(self, job_id: str) -> None:
         self._job_done.pop(job_id, None)
 
-    def _job_ended(self, job_id: str) -> None:
-        event = self._job_done.pop(job_id, None)
-        if event is not None:
-            event.set()
+    def _job_ended(self, job_id: str, run: Run | None) -> None:
+        """A transition that ends the job landed (`run`: the run it ended with) or was
+        refused (None)."""
+        waiter = self._job_done.pop(job_id, None)
+        if waiter is not None:
+            waiter.end(run)
 
     # ---- publishing ------------------------------------------------------------------------
     def _finished(self, run: Run) -> None:
@@ -338,9 +374,14 @@ class Ledger:
         run.wait_until = None
 
     def _settle(self, claim: Claim, queue: JobQueue, run: Run, update: JobUpdate) -> None:
-        queue.submit(self._transition(claim.job, claim.job.epoch, update, run))
+        transition = self._transition(claim.job, claim.job.epoch, update, run)
+        job_id = claim.job.id
+        if job_id in self._job_done:
+            # Someone here waits for the job: tell them once the settle is committed, with
+            # the run if it landed (nothing to read back), without if the fence refused it.
+            transition.landed = lambda landed: self._job_ended(job_id, run if landed else None)
+        queue.submit(transition)
         self._finished(run)
-        self._job_ended(claim.job.id)
 
     def hold(
         self,
@@ -438,6 +479,7 @@ class Ledger:
             f"crashed: worker {claim.taken_from} stopped renewing its lease (lease expired); "
             "the job was taken over by another worker"
         )
+        run = copy_run(run)  # read from the store: others may hold that record
         self._close(run, RunStatus.CRASHED, reason, None)
         close_open_steps(run, StepStatus.FAILED, AttemptStatus.FAILED, reason)
         job = claim.job
@@ -453,6 +495,7 @@ class Ledger:
     def abandon(self, run: Run, reason: str) -> None:
         """A run left `running` by a dead worker whose job is gone with it (a memory queue's):
         recorded crashed. Nothing else can write it: there is no job to fence on."""
+        run = copy_run(run)
         self._close(run, RunStatus.CRASHED, reason, None)
         close_open_steps(run, StepStatus.FAILED, AttemptStatus.FAILED, reason)
         self.backend.runs.save_run(run)
@@ -463,28 +506,31 @@ class Ledger:
     async def cancel_pending(self, queue: JobQueue, job: Job, run: Run) -> bool:
         """Cancel a queued, delayed, waiting or throttled run whose job no worker holds (as
         read at `job.epoch`). False if the job moved meanwhile."""
+        run = copy_run(run)
         self._close(run, RunStatus.CANCELLED, CANCELLED_BEFORE_RUN, None)
         close_open_steps(run, StepStatus.CANCELLED, AttemptStatus.CANCELLED, "cancelled")
         update = JobUpdate(state=JobState.CANCELLED, headers=_ended(job), meta=job.meta)
         if not await queue.apply(self._transition(job, job.epoch, update, run)):
             return False
         self._finished(run)
-        self._job_ended(job.id)
+        self._job_ended(job.id, run)
         return True
 
     async def cancel_abandoned(self, queue: JobQueue, job: Job, run: Run) -> bool:
         """Cancel a run whose worker is gone (its lease ran out): nobody will finish it."""
+        run = copy_run(run)
         close_open_steps(run, StepStatus.CANCELLED, AttemptStatus.CANCELLED, "cancelled")
         self._close(run, RunStatus.CANCELLED, f"{CANCELLED} (its worker was gone)", None)
         update = JobUpdate(state=JobState.CANCELLED, headers=_ended(job), meta=job.meta)
         if not await queue.apply(self._transition(job, job.epoch, update, run)):
             return False
         self._finished(run)
-        self._job_ended(job.id)
+        self._job_ended(job.id, run)
         return True
 
     async def debounce_into(self, queue: JobQueue, job: Job, run: Run, into: str) -> bool:
         """A pending run replaced by a newer one of its debounce burst ends debounced."""
+        run = copy_run(run)
         run.status = RunStatus.DEBOUNCED
         run.output = {"debounced_into": into}
         run.finished_at = utcnow()
@@ -493,7 +539,7 @@ class Ledger:
         if not await queue.apply(self._transition(job, job.epoch, update, run)):
             return False
         self._finished(run)
-        self._job_ended(job.id)
+        self._job_ended(job.id, run)
         return True
 
     async def requeue(self, queue: JobQueue, job: Job, version: str) -> Run | None:
@@ -518,6 +564,7 @@ class Ledger:
         """Bring a waiting or delayed job forward to now (`force`: even on a paused queue)."""
         runs: tuple[Run, ...] = ()
         if run is not None and run.status in (RunStatus.DELAYED, RunStatus.THROTTLED):
+            run = copy_run(run)
             run.status = RunStatus.QUEUED
             run.run_at = None
             self.log(run, "retry now: the operator started it without waiting")
@@ -548,6 +595,7 @@ class Ledger:
                 force=job.force,
             )
             return await queue.apply(self._transition(job, job.epoch, update))
+        run = copy_run(run)
         self._close(run, RunStatus.CRASHED, reason, None)
         close_open_steps(run, StepStatus.FAILED, AttemptStatus.FAILED, reason)
         next_run = self._redelivery(job, run)

@@ -30,7 +30,7 @@ from .errors import EngineError, UnknownJob, UnknownQueue, UnknownRun
 from .filters import RunFilter
 from .health import DEFAULT_MAX_AGE_S, Health
 from .health import check as check_health
-from .ledger import Ledger, make_job, make_run
+from .ledger import JobWaiter, Ledger, make_job, make_run
 from .liveness import worker_alive
 from .models import (
     PENDING_RUN_STATUSES,
@@ -485,24 +485,43 @@ class Operator:
         return await self.store.count_runs(where)
 
     async def wait_for_job(self, job_id: str, timeout: float | None = None) -> Run:
-        """The job's last run, once the job has ended (completed, cancelled, failed, dead)."""
+        """The job's last run, once the job has ended (completed, cancelled, failed, dead).
+
+        No polling here: a job that ends in this process wakes its waiters once the transition
+        that ended it is committed, with the run it ended with (nothing to read back; a
+        transition the fence refused wakes them without, to read the job again); a job that
+        another process ends is read again when the database reports a change."""
+        # Registered before the read, so that a job ending during the read wakes us.
+        waiter = self.ledger.job_waiter(job_id)
+        run = await self._if_ended(job_id, waiter)
+        if run is not None:
+            return run
         token = await self.backend.change_token() if self.backend.multi_process else 0
         with anyio.fail_after(timeout):
             while True:
-                # Registered before the read, so that a job ending during the read wakes us.
-                done = self.ledger.job_waiter(job_id)
-                job = await self.get_job(job_id)
-                if job.state.terminal:
-                    self.ledger.forget_waiter(job_id)
-                    run = await self.store.get_run(job.run_id)
-                    if run is None:
-                        raise UnknownRun(f"job {job_id}'s run {job.run_id} is not in the store")
-                    return run
                 if not self.backend.multi_process:
-                    await done.wait()
-                    continue
-                # Another process may settle it: wake on our own settle or on any change.
-                token = await self._settled_or_changed(done, token)
+                    await waiter.event.wait()
+                else:
+                    # Another process may settle it: wake on our own settle or on any change.
+                    token = await self._settled_or_changed(waiter.event, token)
+                run = await self._if_ended(job_id, waiter)
+                if run is not None:
+                    return run
+                if waiter.ended:  # ended here, then requeued meanwhile: wait again
+                    waiter = self.ledger.job_waiter(job_id)
+
+    async def _if_ended(self, job_id: str, waiter: JobWaiter) -> Run | None:
+        """The job's last run if the job has ended, else None."""
+        if waiter.run is not None:
+            return waiter.run  # the transition that ended it landed, with this run
+        job = await self.get_job(job_id)
+        if not job.state.terminal:
+            return None
+        self.ledger.forget_waiter(job_id)
+        run = await self.store.get_run(job.run_id)
+        if run is None:
+            raise UnknownRun(f"job {job_id}'s run {job.run_id} is not in the store")
+        return run
 
     async def _settled_or_changed(self, done: anyio.Event, token: int) -> int:
         """Wait until this process settles the job (`done`) or the database changed."""

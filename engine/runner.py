@@ -27,6 +27,7 @@ from .context import Context
 from .events import AttemptFailed, EventBus, LogRecorded, StepFinished, StepStarted
 from .loader import user_names
 from .models import (
+    TERMINAL_RUN_STATUSES,
     Attempt,
     AttemptStatus,
     Job,
@@ -303,6 +304,10 @@ class Runner:
         self._recorders.get(run.id, UNRECORDED).save(run)
 
     def add_log(self, run: Run, line: LogLine) -> None:
+        if run.status in TERMINAL_RUN_STATUSES:
+            # A node a timeout abandoned in its thread may still log: the run's record is
+            # final (and may be in readers' hands), the line goes nowhere.
+            return
         if line.step is not None and line.step < len(run.steps):
             run.steps[line.step].logs.append(line)
         else:
@@ -365,21 +370,23 @@ class Runner:
         record = run.steps[index]
         ctx.step_index = index
         where = where or f"[step {index + 1}/{total}] {step.name}"
-        execute = getattr(step, "execute", None)
-        if execute is not None:  # a primitive (engine/primitives.py) runs its own inner steps
-            frame = Frame(self, workflow, run, ctx, record, depth + 1, resume, where, track)
-            return await execute(frame)
+        # Node steps first: asking a node step (a pydantic model) for an `execute` it does not
+        # have goes through pydantic's __getattr__ and an AttributeError, a few µs a step.
+        if isinstance(step, Step):
+            if not step.runs:
+                self._skip(run, record)
+                return previous
+            return await self._node(workflow, run, ctx, step, record, where)
         if isinstance(step, WaitStep):
             # A wait passes on the output before it, whether it paused or not.
             await self._wait(run, ctx, step, record, where)
             return previous
         if isinstance(step, EventWaitStep):
             return await self._event_wait(run, ctx, step, record, where)
-        if not step.runs:
-            self._skip(run, record)
-            return previous
-        if isinstance(step, Step):
-            return await self._node(workflow, run, ctx, step, record, where)
+        execute = getattr(step, "execute", None)
+        if execute is not None:  # a primitive (engine/primitives.py) runs its own inner steps
+            frame = Frame(self, workflow, run, ctx, record, depth + 1, resume, where, track)
+            return await execute(frame)
         raise StepError(f"{where} failed: step kind {step.kind!r} is not supported", step.name)
 
     async def run_steps(

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pytest
 
 from engine import Engine, Step, WorkerTrigger, Workflow
-from engine.models import Attempt, AttemptStatus, Job, Run, StepRun
-from engine.records import construct
+from engine.models import Attempt, AttemptStatus, Job, LogLine, Run, RunStatus, StepRun
+from engine.records import construct, copy_run
 from engine.runner import Runner
 
 
@@ -50,3 +52,50 @@ def test_prepare_records_carry_every_field() -> None:
     run = Run.model_construct(id="r", steps=[])
     Runner.prepare(workflow, run)
     assert [set(s.__dict__) == set(StepRun.model_fields) for s in run.steps] == [True, True]
+
+
+def test_copy_run_is_a_record_of_its_own() -> None:
+    now = datetime.now(UTC)
+    attempt = Attempt(number=1, status=AttemptStatus.FAILED, started_at=now)
+    line = LogLine(ts=now, level="info", message="hello")
+    step = StepRun(index=0, name="a", attempts=[attempt], logs=[line], tags=["t"])
+    run = Run(
+        id="r",
+        workflow_name="w",
+        workflow_version="v",
+        queue="q",
+        job_id="j",
+        status=RunStatus.RUNNING,
+        created_at=now,
+        headers={"x": "1"},
+        cursor=[0],
+        state={"a": 1},
+        steps=[step],
+        logs=[line],
+    )
+    before = run.model_dump()
+
+    copy = copy_run(run)
+    assert copy.model_dump() == before
+    copy.status = RunStatus.FAILED
+    copy.cursor.append(1)
+    copy.state["b"] = 2
+    copy.headers["y"] = "2"
+    copy.logs.append(line)
+    copy.steps[0].attempts[0].error = "boom"
+    copy.steps[0].attempts.append(attempt)
+    copy.steps[0].logs.clear()
+    copy.steps[0].tags.append("u")
+    copy.steps.append(step)
+
+    assert run.model_dump() == before
+
+
+def test_copies_of_records_do_not_share_what_they_set() -> None:
+    fields = {name: None for name in Attempt.model_fields}
+    fields.update(number=1, status=AttemptStatus.RUNNING)
+    one = construct(Attempt, dict(fields))
+    other = construct(Attempt, dict(fields))
+    changed = one.model_copy(update={"error": "boom"})
+    assert (changed.error, one.error, other.error) == ("boom", None, None)
+    assert one.model_fields_set == other.model_fields_set == set(Attempt.model_fields)

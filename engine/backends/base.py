@@ -100,6 +100,11 @@ class Transition:
     update: JobUpdate | None  # None: only the runs are written (still fenced)
     runs: tuple[Run, ...] = ()
     logs: tuple[tuple[str, LogLine], ...] = ()  # (run id, line): engine lines for the runs
+    # For `submit`: told, once the commit that decided it is done, whether the transition
+    # landed (True) or was refused at its epoch (False), so that the process which submitted
+    # it knows without reading the job back. Called in the event loop's thread, at most once;
+    # not at all if the process goes down first.
+    landed: Callable[[bool], None] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -321,7 +326,10 @@ class RunStore(ABC):
 
     @abstractmethod
     async def get_run(self, run_id: str) -> Run | None:
-        """The run with its steps, attempts and logs. The caller may keep and change it."""
+        """The run with its steps, attempts and logs: a snapshot the caller may keep, which
+        never changes afterwards. A store may hand the same record to every reader (a memory
+        store does, for a run that ended), so a caller must not change it: it changes a copy
+        (`engine.records.copy_run`) and saves that."""
 
     @abstractmethod
     async def list_runs(
@@ -448,7 +456,8 @@ class JobQueue(ABC):
 
     @abstractmethod
     def submit(self, transition: Transition) -> None:
-        """Apply a transition with the next commit, without waiting (a worker's settle)."""
+        """Apply a transition with the next commit, without waiting (a worker's settle); then
+        call `transition.landed`, if any, with whether it landed."""
 
     @abstractmethod
     async def apply(self, transition: Transition) -> bool:

@@ -28,9 +28,8 @@ from ..models import (
     QueueStats,
     Run,
     WorkerInfo,
-    utcnow,
 )
-from ..records import construct
+from ..records import construct, copy_run
 from .base import (
     Backend,
     CacheHit,
@@ -60,18 +59,16 @@ T = TypeVar("T")
 FEED_LOG_LINES = 100_000  # log lines the in-memory change feed remembers
 
 
-def copy_run(run: Run, *, full: bool = True) -> Run:
-    """A copy the caller may keep and change: with steps and logs, or (`full=False`) the
-    run's own fields only, as a listing returns them."""
-    if full:
-        return run.model_copy(deep=True)
+def summary(run: Run) -> Run:
+    """The run's own fields, as a listing returns them (no steps, no logs), in a record of its
+    own: the stored one may still be changing."""
     fields = dict(run.__dict__)
     fields.update(steps=[], logs=[], cursor=list(run.cursor), state=dict(run.state))
     return construct(Run, fields)
 
 
 def _without_logs(run: Run) -> Run:
-    copy = run.model_copy(deep=True)
+    copy = copy_run(run)
     copy.logs = []
     for step in copy.steps:
         step.logs = []
@@ -139,8 +136,14 @@ class MemoryRunStore(RunStore):
         pass
 
     async def get_run(self, run_id: str) -> Run | None:
+        # An ended run's record is final: the worker that settled it is done with it, and
+        # whoever changes a run it read (the ledger) changes a copy and saves that. So it is
+        # handed out as it is, to every reader. A live run's record is the worker's own object,
+        # still changing: readers get a copy of it as it is now.
         run = self._runs.get(run_id)
-        return copy_run(run) if run else None
+        if run is None:
+            return None
+        return run if run.status in TERMINAL_RUN_STATUSES else copy_run(run)
 
     def _select(self, where: RunFilter | None) -> list[Run]:
         runs = list(self._runs.values())
@@ -153,19 +156,19 @@ class MemoryRunStore(RunStore):
     ) -> list[Run]:
         runs = self._select(where)
         runs.sort(key=lambda run: run.created_at, reverse=True)
-        return [copy_run(run, full=False) for run in runs[offset : offset + limit]]
+        return [summary(run) for run in runs[offset : offset + limit]]
 
     async def count_runs(self, where: RunFilter | None = None) -> int:
         return len(self._select(where)) if where else len(self._runs)
 
     async def runs_by_id(self, run_ids: list[str]) -> list[Run]:
         found = (self._runs.get(run_id) for run_id in run_ids)
-        return [copy_run(run, full=False) for run in found if run is not None]
+        return [summary(run) for run in found if run is not None]
 
     async def pending_runs(self, queues: list[str]) -> list[Run]:
         wanted = set(queues)
         return [
-            copy_run(run, full=False)
+            summary(run)
             for run in self._runs.values()
             if run.queue in wanted and run.status in PENDING_RUN_STATUSES
         ]
@@ -411,16 +414,33 @@ class MemoryQueue(JobQueue):
     def _hand_out(
         self, job: Job, worker: str, lease_s: float, since: float, taken_from: str | None
     ) -> Claim:
-        job.epoch += 1
-        job.worker = worker
-        job.attempts += 1
-        job.lease_until = datetime.fromtimestamp(time.time() + lease_s, UTC)
-        job.signals = {}
+        # The queue's own records: their fields written straight into their dict (every field
+        # is set already; pydantic's __setattr__ would cost several times as much).
+        fields = job.__dict__
+        fields["epoch"] += 1
+        fields["worker"] = worker
+        fields["attempts"] += 1
+        fields["lease_until"] = datetime.fromtimestamp(time.time() + lease_s, UTC)
+        fields["signals"] = {}
         self._active[job.id] = job
-        heapq.heappush(
-            self._leases, (job.lease_until.timestamp(), next(self._seq), job.id, job.epoch)
-        )
+        self._watch_lease(job)
         return Claim(copy_job(job), lease_s, since, taken_from)
+
+    def _watch_lease(self, job: Job) -> None:
+        """Note when the job's lease runs out (a claim, a renewal). Entries of jobs settled or
+        renewed since are dropped as they come up, or all at once when they outnumber the
+        jobs held: otherwise a lease's worth of finished jobs would stay listed."""
+        assert job.lease_until is not None
+        leases = self._leases
+        if len(leases) > 2 * len(self._active) + 1024:
+            live: dict[str, tuple[float, int, str, int]] = {}
+            for entry in leases:
+                held = self._active.get(entry[2])
+                if held is not None and held.epoch == entry[3]:
+                    live[entry[2]] = max(live.get(entry[2], entry), entry)
+            self._leases = leases = list(live.values())
+            heapq.heapify(leases)
+        heapq.heappush(leases, (job.lease_until.timestamp(), next(self._seq), job.id, job.epoch))
 
     def _take_expired(self, queue: str, limit: int, worker: str, lease_s: float) -> list[Claim]:
         now = time.time()
@@ -459,7 +479,7 @@ class MemoryQueue(JobQueue):
                 skipped.append(entry)
                 continue
             counts[JobState.WAITING] -= 1
-            job.state = JobState.ACTIVE
+            job.__dict__["state"] = JobState.ACTIVE
             counts[JobState.ACTIVE] += 1
             claimed.append(self._hand_out(job, worker, lease_s, since, None))
         for entry in skipped:
@@ -508,37 +528,39 @@ class MemoryQueue(JobQueue):
 
     # ---- transitions -----------------------------------------------------------------------
     def _update(self, job: Job, update: JobUpdate) -> None:
+        fields = job.__dict__  # the queue's own record (see _hand_out)
         if update.state is JobState.ACTIVE:  # the holder keeps it: a new run, nothing else
             if update.run_id is not None:
-                job.run_id = update.run_id
+                fields["run_id"] = update.run_id
             if update.meta is not None:
-                job.meta = dict(update.meta)
+                fields["meta"] = dict(update.meta)
             return
         self._count(job.queue, job.state, -1)
         self._active.pop(job.id, None)
-        job.epoch += 1
-        job.worker = None
-        job.lease_until = None
-        job.signals = {}
-        job.force = update.force
+        fields["epoch"] += 1
+        fields["worker"] = None
+        fields["lease_until"] = None
+        fields["signals"] = {}
+        fields["force"] = update.force
         if update.run_id is not None:
-            job.run_id = update.run_id
-        job.resume = update.resume
-        job.error = update.error
+            fields["run_id"] = update.run_id
+        fields["resume"] = update.resume
+        fields["error"] = update.error
         if update.meta is not None:
-            job.meta = dict(update.meta)
+            fields["meta"] = dict(update.meta)
         if update.fresh_budget:
-            job.attempts = 0
+            fields["attempts"] = 0
         if update.headers is not None:
-            job.headers = update.headers
+            fields["headers"] = update.headers
         if update.state in (JobState.WAITING, JobState.DELAYED):
-            job.finished_at = None
-            job.run_at = None if update.force else update.run_at
+            fields["finished_at"] = None
+            fields["run_at"] = None if update.force else update.run_at
             self._push(job)
         else:
-            job.state = update.state
-            job.finished_at = utcnow()
-            self._finished.append((time.time(), job.id))
+            fields["state"] = update.state
+            now = time.time()
+            fields["finished_at"] = datetime.fromtimestamp(now, UTC)
+            self._finished.append((now, job.id))
         self._count(job.queue, job.state, 1)
 
     def _apply(self, transition: Transition) -> bool:
@@ -555,7 +577,9 @@ class MemoryQueue(JobQueue):
         return True
 
     def submit(self, transition: Transition) -> None:
-        self._apply(transition)
+        landed = self._apply(transition)
+        if transition.landed is not None:
+            transition.landed(landed)
 
     async def apply(self, transition: Transition) -> bool:
         return self._apply(transition)
@@ -576,7 +600,7 @@ class MemoryQueue(JobQueue):
             if job.worker != worker:
                 continue
             job.lease_until = datetime.fromtimestamp(until, UTC)
-            heapq.heappush(self._leases, (until, next(self._seq), job.id, job.epoch))
+            self._watch_lease(job)
             held[job.id] = job.epoch
             if job.signals:
                 signals[job.id] = dict(job.signals)
@@ -896,5 +920,5 @@ __all__ = [
     "MemoryRunStore",
     "MemoryShared",
     "copy_job",
-    "copy_run",
+    "summary",
 ]

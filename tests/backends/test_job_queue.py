@@ -362,6 +362,33 @@ async def test_submit_at_a_stale_epoch_writes_nothing(backend: Backend, queue: J
     assert (page.runs, page.logs) == ([], [])
 
 
+async def test_submit_tells_whether_the_transition_landed_once_committed(
+    backend: Backend, queue: JobQueue
+) -> None:
+    [(job, run), (other, other_run)] = await add(queue, 2)
+    first = await claim_one(queue, "w1", lease_s=SHORT)
+    await outlive_lease()
+    [second, kept] = await queue.claim(QUEUE, 2, "w2", LONG)
+    assert (second.job.id, kept.job.id) == (job.id, other.id)
+    told: list[tuple[str, bool]] = []
+    stale = done(first, run, error="late")
+    stale.landed = lambda landed: told.append(("stale", landed))
+    fresh = done(second, run)
+    fresh.landed = lambda landed: told.append(("fresh", landed))
+    # Only the runs (no job update): the fence alone is the answer.
+    progress = Transition(kept.job.id, kept.job.epoch, None, (other_run,))
+    progress.landed = lambda landed: told.append(("progress", landed))
+
+    queue.submit(stale)
+    queue.submit(fresh)
+    queue.submit(progress)
+    await backend.runs.flush()
+
+    assert told == [("stale", False), ("fresh", True), ("progress", True)]
+    assert (await job_of(queue, job.id)).state is JobState.COMPLETED
+    assert (await job_of(queue, other.id)).epoch == kept.job.epoch
+
+
 # ---- fencing: a holder's progress --------------------------------------------------------
 async def test_record_and_record_log_land_at_the_current_fence(
     backend: Backend, queue: JobQueue

@@ -15,6 +15,7 @@ from engine.backends import Backend
 from engine.backends.base import FeedCursor, Fence, RunStore
 from engine.filters import RunFilter
 from engine.models import Attempt, AttemptStatus, Run, RunStatus, StepRun, StepStatus, utcnow
+from engine.records import copy_run
 
 from .builders import QUEUE, WORKFLOW, a_run, after, finished_run, job_and_run, line
 from .databases import MULTI_PROCESS
@@ -80,22 +81,35 @@ async def test_saving_a_run_again_replaces_its_record(backend: Backend) -> None:
     assert await backend.runs.count_runs() == 1
 
 
-async def test_get_run_hands_out_a_copy_the_caller_may_change(backend: Backend) -> None:
-    run = finished_run()
-    save_with_logs(backend.runs, run)
-    first = await backend.runs.get_run(run.id)
-    assert first is not None
-    expected = first.model_dump()
+async def test_get_run_hands_out_a_snapshot_that_later_writes_leave_alone(
+    backend: Backend,
+) -> None:
+    run = a_run(status=RunStatus.RUNNING, started_at=utcnow())
+    backend.runs.save_run(run)
+    running = await backend.runs.get_run(run.id)
+    assert running is not None
+    seen_running = running.model_dump()
+    # The writer goes on changing its own record (as a worker does) and saves it again.
+    run.status = RunStatus.COMPLETED
+    run.finished_at = utcnow()
+    run.logs.append(line("done"))
+    backend.runs.add_log(run.id, run.logs[-1])
+    backend.runs.save_run(run)
+    ended = await backend.runs.get_run(run.id)
+    assert ended is not None
+    seen_ended = ended.model_dump()
 
-    first.status = RunStatus.FAILED
-    first.steps[0].attempts.clear()
-    first.steps.pop()
-    first.logs.append(line("scribbled"))
-    first.state["fetch"] = "changed"
+    # A copy to change (as the ledger makes) saved as the run's next record.
+    later = copy_run(ended)
+    later.status = RunStatus.CRASHED
+    later.steps.append(StepRun(index=0, name="late", status=StepStatus.FAILED))
+    backend.runs.save_run(later)
+    await backend.runs.flush()
 
+    assert running.model_dump() == seen_running
+    assert ended.model_dump() == seen_ended
     again = await backend.runs.get_run(run.id)
-    assert again is not None
-    assert again.model_dump() == expected
+    assert again is not None and again.model_dump() == later.model_dump()
 
 
 # ---- listing -----------------------------------------------------------------------------

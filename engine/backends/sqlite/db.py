@@ -1,14 +1,28 @@
 """One SQLite file: its connections, its migrations, and the writer that batches every write.
 
-Every write the engine makes goes through one writer that batches them: whatever piled up while
-the previous batch was committing is written in the next transaction, in order, in a single hop
-to the writer thread. A batch writes, in this order: the latest state of every run saved since
-the last batch (one row per table however often it changed), the queued statements, then the
-functions that must run inside a transaction and see its result (claims, fenced transitions).
-A run's rows carry their fence: they land only if the job is still at the epoch the writer of
-the run claimed it at, checked inside the same transaction.
+Writes. Every write the engine makes goes through one writer task that batches them (group
+commit, with no timer): a write that finds the writer idle is committed at once, and whatever
+piles up meanwhile goes in the next transaction, so concurrent callers share a commit. A batch
+writes, in this order: the latest state of every run saved since the last batch (one row per
+table however often it changed), the queued statements, then the functions that must run inside
+a transaction and see its result (claims, fenced transitions). A run's rows carry their fence:
+they land only if the job is still at the epoch the writer of the run claimed it at, checked
+inside the same transaction.
 
-Reads go through aiosqlite on their own connection; WAL lets them run beside the writer.
+A batch is committed in the event loop's own thread. In WAL mode with synchronous=NORMAL a
+commit appends a few pages to the WAL without an fsync: tens of microseconds, less than handing
+the batch to a thread and back (and no fight for the GIL with a busy event loop). The two things
+that could make a commit long never happen in the loop: waiting for another process's write lock
+(the writer's busy timeout is 0 there; a batch that finds the lock taken is committed in a thread
+that waits up to BUSY_TIMEOUT_MS), and checkpoints, which fsync (the writer's automatic
+checkpoint is off; checkpoints run in threads, see "checkpoints" below). A batch heavier than
+INLINE_WEIGHT rows (a bulk enqueue, a purge) is committed in a thread too.
+
+Reads. Point reads (a job, a run with its steps, a cache entry) run in the loop's thread too, on
+a connection of their own: WAL readers never wait for a writer, and such a read costs less than
+a hop to a thread. They wait only for this process's writes to the same record still queued
+(`flush_for`), not for the whole writer. Scans (lists, counts, the feed) go through aiosqlite's
+thread.
 """
 
 from __future__ import annotations
@@ -27,6 +41,7 @@ from typing import Any, Generic, TypeVar
 import aiosqlite
 import anyio
 import anyio.lowlevel
+from anyio.abc import TaskGroup
 
 from ...errors import DatabaseError
 from ...models import Run
@@ -37,8 +52,16 @@ from .schema import MIGRATIONS, SCHEMA_VERSION
 log = logging.getLogger("blok.sqlite")
 T = TypeVar("T")
 
+# sqlite3 binds None as NULL, but first looks for an adapter the slow way: a miss on its
+# protocol type raises, and formats, an AttributeError for every None parameter (about fifty
+# a job). An adapter registered for None is found at once and hands None back unchanged.
+sqlite3.register_adapter(type(None), lambda value: value)
+
 BUSY_TIMEOUT_MS = 10_000  # BLOK_SQLITE_BUSY_TIMEOUT_MS: how long one statement waits for a lock
 RETRY_MAX_S = 5.0  # a write the database refused (busy, disk full) is tried again this often
+INLINE_WEIGHT = 512  # rows: a heavier batch is committed in a thread, off the event loop
+CHECKPOINT_EVERY = 64  # batches between two checkpoints (about 1,000 WAL pages, as SQLite does)
+RESTART_EVERY = 4  # every 4th checkpoint is the writer's own (see "checkpoints" below)
 FENCE = " WHERE ?1 IS NULL OR (SELECT epoch FROM jobs WHERE id = ?1) = ?2"
 
 
@@ -51,13 +74,17 @@ def _fenced_insert(table: str, columns: tuple[str, ...]) -> str:
 
 # `rev` orders run changes across processes: every write of a run row takes max(rev) + 1 inside
 # its transaction, so a follower reads the changed runs in commit order (`WHERE rev > ?`).
+# A run's identity (its workflow, queue, job, parent and creation time) is fixed when it is made:
+# rewriting those columns would rewrite their index entries at every save of the run (about a
+# third of a finished run's commit), for values that never change.
+FIXED_RUN_COLUMNS = ("id", "workflow_name", "queue", "job_id", "created_at", "parent_run_id")
 UPSERT_RUN = (
     f"INSERT INTO runs ({', '.join(RUN_COLUMNS)}, rev)"
     f" SELECT {', '.join(f'?{i + 3}' for i in range(len(RUN_COLUMNS)))},"
     " (SELECT coalesce(max(rev), 0) + 1 FROM runs)"
     + FENCE
     + " ON CONFLICT(id) DO UPDATE SET "
-    + ", ".join(f"{c} = excluded.{c}" for c in RUN_COLUMNS if c != "id")
+    + ", ".join(f"{c} = excluded.{c}" for c in RUN_COLUMNS if c not in FIXED_RUN_COLUMNS)
     + ", rev = excluded.rev"
 )
 UPSERT_STEP = _fenced_insert("steps", STEP_COLUMNS).replace("INSERT INTO", "INSERT OR REPLACE INTO")
@@ -90,11 +117,40 @@ def write_runs(conn: sqlite3.Connection, runs: list[tuple[Run, Fence | None]]) -
         rows.append(row)
         steps.extend(run_steps)
         attempts.extend(run_attempts)
-    conn.executemany(UPSERT_RUN, rows)
-    if steps:
-        conn.executemany(UPSERT_STEP, steps)
-    if attempts:
-        conn.executemany(UPSERT_ATTEMPT, attempts)
+    for sql, params in ((UPSERT_RUN, rows), (UPSERT_STEP, steps), (UPSERT_ATTEMPT, attempts)):
+        if len(params) == 1:
+            conn.execute(sql, params[0])
+        elif params:
+            conn.executemany(sql, params)
+
+
+# A queued statement: SQL, parameters, and whom to tell whether it changed a row.
+Op = tuple[str, tuple[Any, ...], Callable[[bool], None] | None]
+
+
+@dataclass
+class InTransaction(Generic[T]):
+    """A function riding in the writer's next transaction; `done` once it committed."""
+
+    fn: Callable[[sqlite3.Connection], T]
+    weight: int = 1
+    done: anyio.Event = field(default_factory=anyio.Event)
+    result: T | None = None
+    error: BaseException | None = None
+
+
+@dataclass
+class _Batch:
+    """A batch taken by the writer; `committed` once written (by the writer or flush_now)."""
+
+    runs: list[tuple[Run, Fence | None]]
+    ops: list[Op]
+    calls: list[InTransaction[Any]]
+    weight: int = 0
+    committed: bool = False
+    # The ops that asked to be told whether they changed a row, with the answer: told once
+    # the batch is committed.
+    told: list[tuple[Callable[[bool], None], bool]] = field(default_factory=list)
 
 
 def busy_timeout_ms() -> int:
@@ -174,26 +230,6 @@ class Troubles:
                 ),
             )
             self.kind, self.delay = None, 0.05
-
-
-@dataclass
-class InTransaction(Generic[T]):
-    """A function riding in the writer's next transaction; `done` once it committed."""
-
-    fn: Callable[[sqlite3.Connection], T]
-    done: anyio.Event = field(default_factory=anyio.Event)
-    result: T | None = None
-    error: BaseException | None = None
-
-
-@dataclass
-class _Batch:
-    """A batch taken by the writer; `committed` once written (by the writer or flush_now)."""
-
-    runs: list[tuple[Run, Fence | None]]
-    ops: list[tuple[str, tuple[Any, ...]]]
-    calls: list[InTransaction[Any]]
-    committed: bool = False
 
 
 def _connect(path: Path) -> sqlite3.Connection:
@@ -277,26 +313,39 @@ def rollback(conn: sqlite3.Connection) -> None:
 
 
 class SqliteDatabase:
-    """The file: a batching writer on one connection, reads on an aiosqlite one."""
+    """The file: a batching writer and point reads in the event loop's thread, scans through
+    aiosqlite, checkpoints in a thread."""
 
     def __init__(self, path: str | os.PathLike[str], *, create: bool = True) -> None:
         self.path = Path(path)
         self.create = create
         self._writer: sqlite3.Connection | None = None
+        self._point: sqlite3.Connection | None = None
         self._reader: aiosqlite.Connection | None = None
         self._runs: dict[str, tuple[Run, Fence | None]] = {}
-        self._ops: list[tuple[str, tuple[Any, ...]]] = []
+        self._ops: list[Op] = []
         self._calls: list[InTransaction[Any]] = []
+        self._weight = 0
+        # The records (run ids, job ids, cache keys) the queued writes touch, and those of the
+        # batch being committed in a thread: a point read of one of them waits for the commit.
+        self._keys: set[str] = set()
+        self._inflight_keys: set[str] = set()
         self._flushers: list[anyio.Event] = []
         self._wake = anyio.Event()
         self._failure: BaseException | None = None
         self._inflight: _Batch | None = None
         self._committing = False  # a batch taken but not committed yet: flush waits for it
         self._limiter = anyio.CapacityLimiter(1)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the writer connection: loop, commit thread, flush_now
+        self._checkpoint_at = CHECKPOINT_EVERY  # batches
+        self._checkpoints = 0
+        self._checkpointing = False  # one beside the writer is under way
+        self._checkpointer: sqlite3.Connection | None = None
+        self._checkpoint_lock = threading.Lock()
         self._version = 0
-        self.batches = 0
         self._troubles = Troubles(self.path, "the next write")
+        self.batches = 0
+        self.batches_in_thread = 0
 
     # ---- lifecycle -------------------------------------------------------------------------
     async def open(self) -> None:
@@ -325,13 +374,18 @@ class SqliteDatabase:
                 lambda: migrate(writer, self.path, create=self.create), "opening it"
             )
             await self._patiently(lambda: self._quick_check(writer), "opening it")
+            # In the loop, a commit must not wait for another process's lock (see above), and
+            # checkpoints are the writer loop's, in a thread.
+            writer.execute("PRAGMA busy_timeout = 0")
+            writer.execute("PRAGMA wal_autocheckpoint = 0")
+            self._point = await self._patiently(lambda: _connect(self.path), "opening it")
         except sqlite3.Error as error:
-            self._close_writer()
+            self._close_connections()
             if damaged(error):
                 raise DatabaseError(self._damaged(error)) from None
             raise DatabaseError(f"{self.path}: not a usable SQLite database ({error})") from None
         except BaseException:
-            self._close_writer()
+            self._close_connections()
             raise
         if new:
             for suffix in ("", "-wal", "-shm"):
@@ -390,10 +444,16 @@ class SqliteDatabase:
                 self.path,
             )
 
-    def _close_writer(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+    def _close_connections(self) -> None:
+        for name in ("_point", "_writer"):
+            conn = getattr(self, name)
+            if conn is not None:
+                conn.close()
+                setattr(self, name, None)
+        with self._checkpoint_lock:
+            if self._checkpointer is not None:
+                self._checkpointer.close()
+                self._checkpointer = None
 
     async def close(self) -> None:
         # Closed while the engine's task group is being cancelled: the reader's close is
@@ -410,24 +470,40 @@ class SqliteDatabase:
                 with anyio.CancelScope(shield=True):
                     await self._reader.close()
                 self._reader = None
-            self._close_writer()
+            self._close_connections()
 
     # ---- writes ----------------------------------------------------------------------------
-    def write(self, sql: str, params: tuple[Any, ...]) -> None:
-        """Queue one statement for the next batch."""
-        self._ops.append((sql, params))
+    def write(
+        self,
+        sql: str,
+        params: tuple[Any, ...],
+        key: str | None = None,
+        changed: Callable[[bool], None] | None = None,
+    ) -> None:
+        """Queue one statement for the next batch; `key`: the record it writes (a run id, a
+        job id), which a point read of that record waits for; `changed`: told, once the batch
+        is committed, whether the statement changed a row."""
+        self._ops.append((sql, params, changed))
+        self._weight += 1
+        if key is not None:
+            self._keys.add(key)
         self._wake.set()
 
     def save(self, run: Run, fence: Fence | None) -> None:
         """Queue the run's rows (its latest state when the batch is written)."""
+        if run.id not in self._runs:
+            self._weight += 1 + len(run.steps)
         self._runs[run.id] = (run, fence)
+        self._keys.add(run.id)
         self._wake.set()
 
-    async def transaction(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    async def transaction(self, fn: Callable[[sqlite3.Connection], T], weight: int = 1) -> T:
         """Run `fn` inside the next write transaction and return its result once committed.
-        An error it raises is its caller's; the rest of the batch still commits."""
-        call: InTransaction[T] = InTransaction(fn)
+        An error it raises is its caller's; the rest of the batch still commits. `weight`:
+        about how many rows it writes (a heavy batch is committed in a thread)."""
+        call: InTransaction[T] = InTransaction(fn, weight)
         self._calls.append(call)
+        self._weight += weight
         self._wake.set()
         await call.done.wait()
         if call.error is not None:
@@ -444,42 +520,62 @@ class SqliteDatabase:
     def _pending(self) -> bool:
         return bool(self._ops or self._calls or self._runs or self._flushers or self._committing)
 
-    async def flush(self) -> None:
-        """Wait until everything queued so far is committed."""
+    def _raise_failure(self) -> None:
         if self._failure is not None:
             raise DatabaseError(f"{self.path}: the writer failed") from self._failure
+
+    async def flush(self) -> None:
+        """Wait until everything queued so far is committed."""
+        self._raise_failure()
         if not self._pending():
             return
         done = anyio.Event()
         self._flushers.append(done)
         self._wake.set()
         await done.wait()
-        if self._failure is not None:
-            raise DatabaseError(f"{self.path}: the writer failed") from self._failure
+        self._raise_failure()
+
+    async def flush_for(self, key: str) -> None:
+        """Wait until this process's queued writes to one record are committed (all of them,
+        if it has any): read-your-writes for a point read, without waiting on the writer
+        otherwise."""
+        if key in self._keys or key in self._inflight_keys:
+            await self.flush()
+        else:
+            self._raise_failure()
 
     def _take(self) -> _Batch:
         runs = list(self._runs.values())
         self._runs = {}
         ops, self._ops = self._ops, []
         calls, self._calls = self._calls, []
-        return _Batch(runs, ops, calls)
+        weight, self._weight = self._weight, 0
+        return _Batch(runs, ops, calls, weight)
 
     async def writer_loop(self) -> None:
         """The one task that commits; run it in the backend's task group."""
+        async with anyio.create_task_group() as group:
+            await self._write_batches(group)
+
+    async def _write_batches(self, group: TaskGroup) -> None:
         while True:
             await self._wake.wait()
             # One turn of the event loop first: the tasks woken with us (a finished job's
-            # worker slot, the claim loop it pokes) add their writes to this batch instead of
-            # waiting a whole commit for the next one.
+            # worker slot, the claim loop it pokes, concurrent callers) add their writes to
+            # this batch instead of waiting a whole commit for the next one.
             await anyio.lowlevel.checkpoint()
             self._wake = anyio.Event()
             batch = self._take()
+            keys, self._keys = self._keys, set()
             flushers, self._flushers = self._flushers, []
             if batch.runs or batch.ops or batch.calls:
                 self._committing = True
                 self._inflight = batch
                 try:
-                    await self._commit_patiently(batch)
+                    if batch.weight > INLINE_WEIGHT or not self._commit_here(batch):
+                        self._inflight_keys = keys
+                        self.batches_in_thread += 1
+                        await self._commit_patiently(batch)
                 except BaseException as error:
                     if isinstance(error, sqlite3.Error):
                         error = DatabaseError(self._describe(error))
@@ -489,18 +585,132 @@ class SqliteDatabase:
                         call.done.set()
                     for flusher in flushers:
                         flusher.set()
+                    for _, _, changed in batch.ops:
+                        if changed is not None:
+                            changed(False)
                     raise error from None
                 finally:
                     self._committing = False
+                    self._inflight_keys = set()
                 self.batches += 1
+            for changed, answer in batch.told:
+                changed(answer)
             for call in batch.calls:
                 call.done.set()
             for flusher in flushers:
                 flusher.set()
+            if self.batches >= self._checkpoint_at and not self._checkpointing:
+                self._checkpoint_at = self.batches + CHECKPOINT_EVERY
+                self._checkpoints += 1
+                if self._checkpoints % RESTART_EVERY == 0:
+                    # The writer's own, between two batches: writes made meanwhile wait for
+                    # it (little is left to copy), then go in one batch.
+                    await anyio.to_thread.run_sync(self._checkpoint, limiter=self._limiter)
+                else:
+                    self._checkpointing = True
+                    group.start_soon(self._checkpoint_beside)
+
+    def _commit_here(self, batch: _Batch) -> bool:
+        """Commit the batch in this (the loop's) thread; False, with nothing written, if the
+        write lock is another process's right now (or the connection busy in a thread)."""
+        conn = self._writer
+        assert conn is not None
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            if batch.committed:
+                return True
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as error:
+                if error.sqlite_errorcode & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+                    return False
+                raise
+            try:
+                self._commit_begun(conn, batch)
+            except sqlite3.Error as error:
+                if transient(error) is None:
+                    raise
+                return False  # rolled back: the thread path waits, and logs, and tries again
+            batch.committed = True
+            return True
+        finally:
+            self._lock.release()
+
+    def _commit(self, batch: _Batch) -> None:
+        """Commit the batch from a thread, waiting for the write lock if need be."""
+        conn = self._writer
+        assert conn is not None
+        with self._lock:
+            # flush_now() may have committed this batch already, to keep the order of writes.
+            if not batch.committed:
+                self._commit_waiting(conn, batch)
+                batch.committed = True
+
+    @classmethod
+    def _commit_waiting(cls, conn: sqlite3.Connection, batch: _Batch) -> None:
+        conn.execute(f"PRAGMA busy_timeout = {busy_timeout_ms()}")
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            cls._commit_begun(conn, batch)
+        finally:
+            conn.execute("PRAGMA busy_timeout = 0")
+
+    @staticmethod
+    def _commit_begun(conn: sqlite3.Connection, batch: _Batch) -> None:
+        """Write the batch in the transaction just begun, and commit it. A batch tried again
+        (the database was busy or full) runs its calls again: their earlier answers went with
+        the rollback."""
+        batch.told = []
+        for call in batch.calls:
+            call.result, call.error = None, None
+        try:
+            write_runs(conn, batch.runs)
+            # Consecutive statements with the same SQL go in one executemany.
+            ops = batch.ops
+            i = 0
+            while i < len(ops):
+                sql, params, changed = ops[i]
+                if changed is not None:
+                    batch.told.append((changed, conn.execute(sql, params).rowcount == 1))
+                    i += 1
+                    continue
+                j = i + 1
+                while j < len(ops) and ops[j][0] == sql and ops[j][2] is None:
+                    j += 1
+                if j == i + 1:
+                    conn.execute(sql, params)
+                else:
+                    conn.executemany(sql, [op[1] for op in ops[i:j]])
+                i = j
+            calls = batch.calls
+            if len(calls) == 1 and not batch.runs and not ops:
+                # Alone in its transaction: a failure rolls back nothing but its own writes.
+                try:
+                    calls[0].result = calls[0].fn(conn)
+                except Exception as error:
+                    conn.execute("ROLLBACK")
+                    calls[0].error = error
+                    return
+            else:
+                for call in calls:
+                    conn.execute("SAVEPOINT call")
+                    try:
+                        call.result = call.fn(conn)
+                    except Exception as error:
+                        # A call's own failure is its caller's: its writes are undone, the
+                        # batch still commits.
+                        conn.execute("ROLLBACK TO call")
+                        call.error = error
+                    conn.execute("RELEASE call")
+            conn.execute("COMMIT")
+        except BaseException:
+            rollback(conn)
+            raise
 
     async def _commit_patiently(self, batch: _Batch) -> None:
-        """Commit the batch; while the database refuses it for a reason that may pass (busy,
-        disk full), keep it and try again, logging once (the engine keeps running)."""
+        """Commit the batch in a thread; while the database refuses it for a reason that may
+        pass (busy, disk full), keep it and try again, logging once (the engine keeps running)."""
         troubles = self._troubles
         while True:
             try:
@@ -511,12 +721,12 @@ class SqliteDatabase:
                     raise
                 await anyio.sleep(troubles.failed(error, kind))
                 if kind == "full":
-                    await anyio.to_thread.run_sync(self._checkpoint, limiter=self._limiter)
+                    await anyio.to_thread.run_sync(self._truncate_wal, limiter=self._limiter)
                 continue
             troubles.cleared()
             return
 
-    def _checkpoint(self) -> None:
+    def _truncate_wal(self) -> None:
         """Move the write-ahead log into the file and truncate it: the log holds every
         version of the pages written since the last checkpoint, and giving its space back is
         often enough for the next write to fit on a full disk."""
@@ -529,45 +739,39 @@ class SqliteDatabase:
             except sqlite3.Error as error:
                 log.debug("checkpoint on a full disk failed too: %s", error)
 
-    def _commit(self, batch: _Batch) -> None:
-        conn = self._writer
-        assert conn is not None
-        with self._lock:
-            # flush_now() may have committed this batch already, to keep the order of writes.
-            if not batch.committed:
-                self._commit_locked(conn, batch)
-                batch.committed = True
-
-    @staticmethod
-    def _commit_locked(conn: sqlite3.Connection, batch: _Batch) -> None:
-        conn.execute("BEGIN IMMEDIATE")
+    # ---- checkpoints -----------------------------------------------------------------------
+    # Checkpoints copy the WAL back into the database file and fsync it: always in a thread.
+    # Most run on a connection of their own, beside the writer, which goes on committing. But
+    # the WAL restarts (is written from its start again) only once a checkpoint caught up with
+    # it, which one running beside a busy writer never does: left at that, the WAL would grow
+    # without end, and every commit with it. So every RESTART_EVERY-th checkpoint is the
+    # writer's own, between two batches, with little left to copy.
+    async def _checkpoint_beside(self) -> None:
         try:
-            write_runs(conn, batch.runs)
-            # Consecutive statements with the same SQL go in one executemany.
-            ops = batch.ops
-            i = 0
-            while i < len(ops):
-                sql = ops[i][0]
-                j = i
-                while j < len(ops) and ops[j][0] == sql:
-                    j += 1
-                conn.executemany(sql, [params for _, params in ops[i:j]])
-                i = j
-            for call in batch.calls:
-                call.result, call.error = None, None  # a batch tried again runs them again
-                conn.execute("SAVEPOINT call")
-                try:
-                    call.result = call.fn(conn)
-                except Exception as error:
-                    # A call's own failure is its caller's: its writes are undone, the batch
-                    # still commits.
-                    conn.execute("ROLLBACK TO call")
-                    call.error = error
-                conn.execute("RELEASE call")
-            conn.execute("COMMIT")
-        except BaseException:
-            rollback(conn)
-            raise
+            await anyio.to_thread.run_sync(self._checkpoint_other)
+        finally:
+            self._checkpointing = False
+
+    def _checkpoint_other(self) -> None:
+        with self._checkpoint_lock:
+            if self._writer is None:  # closed meanwhile
+                return
+            try:
+                if self._checkpointer is None:
+                    self._checkpointer = _connect(self.path)
+                self._checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            except sqlite3.Error as error:  # the next one tries again
+                log.warning("%s: checkpoint failed: %s", self.path, error)
+
+    def _checkpoint(self) -> None:
+        conn = self._writer
+        if conn is None:
+            return
+        with self._lock:
+            try:
+                conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            except sqlite3.Error as error:  # the next one tries again
+                log.warning("%s: checkpoint failed: %s", self.path, error)
 
     def flush_now(self) -> None:
         """Commit everything pending from the calling thread, without the event loop: for a
@@ -576,6 +780,7 @@ class SqliteDatabase:
         if conn is None or self._failure is not None:
             return
         batch = self._take()
+        self._keys = set()
         calls, batch.calls = batch.calls, []  # nobody is left to read their results
         try:
             with self._lock:
@@ -583,10 +788,10 @@ class SqliteDatabase:
                 # first, or its stale rows would land on top of these.
                 inflight = self._inflight
                 if inflight is not None and not inflight.committed:
-                    self._commit_locked(conn, inflight)
+                    self._commit_waiting(conn, inflight)
                     inflight.committed = True
                 if batch.runs or batch.ops:
-                    self._commit_locked(conn, batch)
+                    self._commit_waiting(conn, batch)
         except sqlite3.Error as error:
             # Going down, with no time to wait: the leases of its jobs run out and another
             # worker takes them over, as after a crash.
@@ -595,13 +800,51 @@ class SqliteDatabase:
             call.error = DatabaseError(f"{self.path}: closed before the write was made")
 
     # ---- reads -----------------------------------------------------------------------------
+    def read(self, fn: Callable[[sqlite3.Connection], T], *, snapshot: bool = True) -> T:
+        """A point read: `fn` in the calling (the loop's) thread, in one read transaction (one
+        snapshot of the file). Keep it to rows found by key.
+
+        On the writer's connection when it is idle (it is, between two batches, unless one is
+        committed or checkpointed in a thread): its page cache holds what the last batches
+        wrote, where another connection would find its cache stale after every commit and
+        read every page again. Else on the point reader's own connection. `snapshot=False`:
+        `fn` runs one statement, which is a snapshot of its own."""
+        if self._lock.acquire(blocking=False):
+            try:
+                conn = self._writer
+                if conn is not None:
+                    return self._read_on(conn, fn, snapshot)
+            finally:
+                self._lock.release()
+        conn = self._point
+        if conn is None:
+            raise DatabaseError(f"{self.path}: database is not open")
+        return self._read_on(conn, fn, snapshot)
+
+    @staticmethod
+    def _read_on(
+        conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T], snapshot: bool
+    ) -> T:
+        if not snapshot:
+            return fn(conn)
+        conn.execute("BEGIN")
+        try:
+            return fn(conn)
+        finally:
+            conn.execute("COMMIT")
+
+    def read_one(self, sql: str, params: tuple[Any, ...] = ()) -> sqlite3.Row | None:
+        """One row found by key, read in the calling thread (see `read`)."""
+        rows = self.read(lambda conn: conn.execute(sql, params).fetchall(), snapshot=False)
+        return rows[0] if rows else None
+
     @property
     def reader(self) -> aiosqlite.Connection:
         if self._reader is None:
             raise DatabaseError(f"{self.path}: database is not open")
         return self._reader
 
-    # Each read is one call into the reader's thread that runs the statement to its end: a
+    # Each scan is one call into the reader's thread that runs the statement to its end: a
     # cursor left open between calls would pin the connection's snapshot, and the other tasks'
     # reads interleaved meanwhile would miss what was committed after it opened.
     async def fetchall(self, sql: str, params: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
@@ -627,7 +870,7 @@ class SqliteDatabase:
     def data_version(self) -> int:
         """A number that moves when another connection (another process, another engine)
         committed: asked of the writer's connection, so this process's own batches do not
-        move it. Non-blocking: while a batch commits, the last number read stands."""
+        move it. Non-blocking: while a batch commits in a thread, the last number read stands."""
         conn = self._writer
         if conn is None or not self._lock.acquire(blocking=False):
             return self._version

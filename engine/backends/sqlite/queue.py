@@ -1,8 +1,8 @@
 """Jobs on SQLite: claims under a lease with a fencing token, fenced transitions, signals.
 
-A claim is one UPDATE … RETURNING inside the writer's transaction. It takes due jobs and, in
-the same statement, jobs whose lease ran out, noting the worker that lost them in `taken_from`
-and bumping the epoch, so the late worker's writes are refused from then on.
+A claim runs inside the writer's transaction: it finds due jobs and jobs whose lease ran out,
+then takes each with an UPDATE … RETURNING that notes the worker that lost it in `taken_from`
+and bumps the epoch, so the late worker's writes are refused from then on.
 
 A claim takes up to four times what was asked (like Celery's default prefetch) and keeps the
 extra ahead, so that a worker slot that frees up starts its next job without a round trip to
@@ -26,7 +26,7 @@ import anyio
 from ...models import Job, JobState, LogLine, QueueStats, Run, from_epoch, to_epoch
 from ..base import Claim, Fence, JobQueue, JobUpdate, Renewal, Transition
 from ..rows import JOB_COLUMNS, dump, job_from_row, job_row
-from .db import INSERT_LOG, SqliteDatabase, write_runs
+from .db import INLINE_WEIGHT, INSERT_LOG, SqliteDatabase, write_runs
 from .store import log_row
 
 SELECT_JOB = f"SELECT {', '.join(JOB_COLUMNS)} FROM jobs"
@@ -35,11 +35,14 @@ INSERT_JOB = (
     " ON CONFLICT(id) DO NOTHING"
 )
 UPDATE_JOB = (
-    "UPDATE jobs SET state = ?, run_id = coalesce(?, run_id), run_at = ?, resume = ?, error = ?,"
+    "UPDATE jobs SET state = ?, run_id = ?, run_at = ?, resume = ?, error = ?,"
     " meta = coalesce(?, meta), attempts = CASE WHEN ? THEN 0 ELSE attempts END, forced = ?,"
     " headers = coalesce(?, headers), finished_at = ?, worker = NULL, lease_until = NULL,"
     " signals = NULL, epoch = epoch + 1 WHERE id = ? AND epoch = ?"
 )
+# The same when the job keeps its run (a settle): run_id, indexed, is left out of the SET, so
+# its index entry is not rewritten.
+UPDATE_JOB_SAME_RUN = UPDATE_JOB.replace(" run_id = ?,", "")
 # The holder's own update while it keeps the job: a new run after a takeover.
 UPDATE_HELD = (
     "UPDATE jobs SET run_id = coalesce(?, run_id), meta = coalesce(?, meta)"
@@ -58,6 +61,20 @@ def update_params(job_id: str, epoch: int, update: JobUpdate) -> tuple[str, tupl
         state = (
             JobState.DELAYED if run_at is not None and run_at > time.time() else JobState.WAITING
         )
+    if update.run_id is None:
+        return UPDATE_JOB_SAME_RUN, (
+            str(state),
+            run_at,
+            int(update.resume),
+            update.error,
+            meta,
+            int(update.fresh_budget),
+            int(update.force),
+            dump(update.headers) if update.headers is not None else None,
+            None if pending else time.time(),
+            job_id,
+            epoch,
+        )
     return UPDATE_JOB, (
         str(state),
         update.run_id,
@@ -74,6 +91,30 @@ def update_params(job_id: str, epoch: int, update: JobUpdate) -> tuple[str, tupl
     )
 
 
+# A claim finds its jobs first, then takes them one UPDATE by primary key each: one statement
+# with the search as a subquery (`WHERE seq IN (SELECT … UNION ALL … ORDER BY … LIMIT ?)`)
+# cost ten times as much (a co-routine, a list subquery and a temporary b-tree for every claim).
+DUE = (
+    "SELECT seq, priority FROM jobs WHERE queue = ? AND state IN ('waiting', 'delayed')"
+    " AND (run_at IS NULL OR run_at <= ?){forced} ORDER BY priority DESC, seq LIMIT ?"
+)
+# Jobs whose lease ran out, the longest expired first (the order of the jobs_active index: no
+# sort); merged with the due ones by priority below.
+EXPIRED = (
+    "SELECT seq, priority FROM jobs WHERE queue = ? AND state = 'active' AND lease_until < ?"
+    " ORDER BY lease_until LIMIT ?"
+)
+TAKE = (
+    "UPDATE jobs SET taken_from = CASE WHEN state = 'active' THEN worker END,"
+    " state = 'active', worker = ?, lease_until = ?, attempts = attempts + 1,"
+    " epoch = epoch + 1, signals = NULL WHERE seq = ?"
+    f" RETURNING {', '.join(JOB_COLUMNS)}, taken_from"
+)
+FORCED_WAITING = (
+    "SELECT 1 FROM jobs WHERE queue = ? AND state IN ('waiting', 'delayed') AND forced = 1 LIMIT 1"
+)
+
+
 def _claim(
     conn: sqlite3.Connection,
     queue: str,
@@ -82,26 +123,18 @@ def _claim(
     lease_s: float,
     forced_only: bool,
 ) -> tuple[list[tuple[Job, str | None]], float | None]:
-    """Inside the writer's transaction: take due jobs and jobs whose lease ran out."""
+    """Inside the writer's transaction: take due jobs and jobs whose lease ran out, highest
+    priority first, then oldest."""
     now = time.time()
-    forced = " AND forced = 1" if forced_only else ""
-    rows = conn.execute(
-        "UPDATE jobs SET taken_from = CASE WHEN state = 'active' THEN worker END,"
-        " state = 'active', worker = ?, lease_until = ?, attempts = attempts + 1,"
-        " epoch = epoch + 1, signals = NULL"
-        " WHERE seq IN (SELECT seq FROM ("
-        "   SELECT seq, priority FROM jobs WHERE queue = ? AND state IN ('waiting', 'delayed')"
-        f"   AND (run_at IS NULL OR run_at <= ?){forced}"
-        "   UNION ALL"
-        "   SELECT seq, priority FROM jobs WHERE queue = ? AND state = 'active'"
-        "   AND lease_until < ?"
-        " ) ORDER BY priority DESC, seq LIMIT ?)"
-        f" RETURNING {', '.join(JOB_COLUMNS)}, seq, taken_from",
-        (worker, now + lease_s, queue, now, queue, now, limit),
+    due = conn.execute(
+        DUE.format(forced=" AND forced = 1" if forced_only else ""), (queue, now, limit)
     ).fetchall()
-    # RETURNING does not keep the subquery's order.
-    rows.sort(key=lambda r: (-r["priority"], r["seq"]))
-    claimed = [(job_from_row(row), row["taken_from"]) for row in rows]
+    expired = conn.execute(EXPIRED, (queue, now, limit)).fetchall()
+    found = sorted(due + expired, key=lambda r: (-r[1], r[0]))[:limit] if expired else due
+    claimed: list[tuple[Job, str | None]] = []
+    for seq, _ in found:
+        row = conn.execute(TAKE, (worker, now + lease_s, seq)).fetchone()
+        claimed.append((job_from_row(row), row["taken_from"]))
     next_due = None
     if not claimed:
         row = conn.execute(
@@ -118,12 +151,16 @@ class SqliteQueue(JobQueue):
         self.db = db
         self.poll_s = poll_s
         self._signals: dict[str, anyio.Event] = {}
+        # Claims of a paused queue, which want only jobs an operator forced: a new job is
+        # never forced (a transition makes it so), so an add does not wake them.
+        self._forced_signals: dict[str, anyio.Event] = {}
         self._ahead: dict[str, deque[Claim]] = {}
 
     def wake(self, queue: str) -> None:
-        signal = self._signals.pop(queue, None)
-        if signal is not None:
-            signal.set()
+        for signals in (self._signals, self._forced_signals):
+            signal = signals.pop(queue, None)
+            if signal is not None:
+                signal.set()
 
     # ---- adding and claiming ---------------------------------------------------------------
     async def add(self, jobs: list[Job], runs: list[Run]) -> list[str]:
@@ -137,9 +174,11 @@ class SqliteQueue(JobQueue):
             write_runs(conn, [(by_job[i], None) for i in added if i in by_job])
             return added
 
-        added = await self.db.transaction(add)
+        added = await self.db.transaction(add, weight=len(jobs) + len(runs))
         for queue in {job.queue for job in jobs}:
-            self.wake(queue)
+            signal = self._signals.pop(queue, None)
+            if signal is not None:
+                signal.set()
         return added
 
     def claim_nowait(self, queue: str, worker: str, lease_s: float) -> Claim | None:
@@ -183,16 +222,23 @@ class SqliteQueue(JobQueue):
         deadline = time.monotonic() + timeout
         while True:
             asked = time.monotonic()
-            fetched, next_due = await self.db.transaction(
-                partial(
-                    _claim,
-                    queue=queue,
-                    limit=limit if forced_only else 4 * limit,
-                    worker=worker,
-                    lease_s=lease_s,
-                    forced_only=forced_only,
+            # A paused queue's claims want only jobs an operator forced, which no index finds:
+            # looked for with a read in aiosqlite's thread, not in a write transaction.
+            fetched: list[tuple[Job, str | None]] = []
+            next_due: float | None = None
+            if forced_only and not await self.db.fetchone(FORCED_WAITING, (queue,)):
+                pass
+            else:
+                fetched, next_due = await self.db.transaction(
+                    partial(
+                        _claim,
+                        queue=queue,
+                        limit=limit if forced_only else 4 * limit,
+                        worker=worker,
+                        lease_s=lease_s,
+                        forced_only=forced_only,
+                    )
                 )
-            )
             if fetched:
                 claims = [Claim(job, lease_s, asked, taken_from) for job, taken_from in fetched]
                 if len(claims) > limit:
@@ -204,7 +250,8 @@ class SqliteQueue(JobQueue):
             now = time.time()
             pause = min(remaining, self.poll_s if next_due is None else max(0.0, next_due - now))
             # Another process may add jobs at any time, so a local wake-up is only a shortcut.
-            signal = self._signals.setdefault(queue, anyio.Event())
+            signals = self._forced_signals if forced_only else self._signals
+            signal = signals.setdefault(queue, anyio.Event())
             with anyio.move_on_after(max(pause, 0.001)):
                 await signal.wait()
 
@@ -214,14 +261,22 @@ class SqliteQueue(JobQueue):
         for run in transition.runs:
             self.db.save(run, fence)
         for run_id, line in transition.logs:
-            self.db.write(INSERT_LOG, log_row(run_id, line, fence))
+            self.db.write(INSERT_LOG, log_row(run_id, line, fence), run_id)
         if transition.update is not None:
-            self.db.write(*update_params(transition.job_id, transition.epoch, transition.update))
+            sql, params = update_params(transition.job_id, transition.epoch, transition.update)
+            self.db.write(sql, params, transition.job_id, transition.landed)
             if transition.update.state in (JobState.WAITING, JobState.DELAYED):
                 self.wake_all()
+        elif transition.landed is not None:  # runs only: the fence is the answer
+            self.db.write(
+                "UPDATE jobs SET epoch = epoch WHERE id = ? AND epoch = ?",
+                (transition.job_id, transition.epoch),
+                transition.job_id,
+                transition.landed,
+            )
 
     def wake_all(self) -> None:
-        for queue in list(self._signals):
+        for queue in {*self._signals, *self._forced_signals}:
             self.wake(queue)
 
     async def apply(self, transition: Transition) -> bool:
@@ -254,7 +309,7 @@ class SqliteQueue(JobQueue):
         self.db.save(run, fence)
 
     def record_log(self, run_id: str, line: LogLine, fence: Fence) -> None:
-        self.db.write(INSERT_LOG, log_row(run_id, line, fence))
+        self.db.write(INSERT_LOG, log_row(run_id, line, fence), run_id)
 
     async def renew(self, worker: str, lease_s: float) -> Renewal:
         def renew(conn: sqlite3.Connection) -> list[Any]:
@@ -297,8 +352,8 @@ class SqliteQueue(JobQueue):
 
     # ---- reads -----------------------------------------------------------------------------
     async def get_job(self, job_id: str) -> Job | None:
-        await self.db.flush()
-        row = await self.db.fetchone(f"{SELECT_JOB} WHERE id = ?", (job_id,))
+        await self.db.flush_for(job_id)
+        row = self.db.read_one(f"{SELECT_JOB} WHERE id = ?", (job_id,))
         return job_from_row(row) if row else None  # type: ignore[arg-type]
 
     async def held_by(self, workers: list[str]) -> list[Job]:
@@ -371,4 +426,4 @@ class SqliteQueue(JobQueue):
                 (finished_before.timestamp(),),
             ).rowcount
 
-        return await self.db.transaction(purge)
+        return await self.db.transaction(purge, weight=INLINE_WEIGHT + 1)  # off the loop

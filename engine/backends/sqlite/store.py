@@ -10,10 +10,12 @@ import json
 import sqlite3
 import time
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from ...filters import RunFilter
 from ...models import LogLine, Run
+from ...records import construct
 from ..base import (
     CacheHit,
     Delivery,
@@ -35,7 +37,7 @@ from ..rows import (
     run_from_row,
     where_clause,
 )
-from .db import INSERT_LOG, SqliteDatabase
+from .db import INLINE_WEIGHT, INSERT_LOG, SqliteDatabase
 
 SELECT_RUN = f"SELECT {', '.join(RUN_COLUMNS)} FROM runs"
 PENDING = ("queued", "delayed", "waiting", "throttled")
@@ -140,6 +142,39 @@ def take_event(
     return None
 
 
+def _cache_key(workflow: str, step: str, key: str) -> str:
+    return f"cache\x00{workflow}\x00{step}\x00{key}"
+
+
+def _read_run(conn: sqlite3.Connection, run_id: str) -> Run | None:
+    """A run with its steps, attempts and logs, in one read transaction (a point read)."""
+    row = conn.execute(f"{SELECT_RUN} WHERE id = ?", (run_id,)).fetchone()
+    if row is None:
+        return None
+    run = run_from_row(row)
+    steps = conn.execute("SELECT * FROM steps WHERE run_id = ? ORDER BY idx", (run_id,)).fetchall()
+    attempts = conn.execute(
+        "SELECT * FROM attempts WHERE run_id = ? ORDER BY step_idx, number", (run_id,)
+    ).fetchall()
+    assemble([run], steps, attempts)
+    by_index = {step.index: step for step in run.steps}
+    for lrow in conn.execute(
+        "SELECT step_idx, ts, level, message FROM logs WHERE run_id = ? ORDER BY id", (run_id,)
+    ):
+        line = construct(
+            LogLine,
+            {
+                "ts": datetime.fromtimestamp(lrow[1], UTC),
+                "level": lrow[2],
+                "message": lrow[3],
+                "step": lrow[0],
+            },
+        )
+        step = by_index.get(line.step) if line.step is not None else None
+        (step.logs if step is not None else run.logs).append(line)
+    return run
+
+
 class SqliteRunStore(RunStore):
     def __init__(self, db: SqliteDatabase) -> None:
         self.db = db
@@ -149,7 +184,7 @@ class SqliteRunStore(RunStore):
         self.db.save(run, fence)
 
     def add_log(self, run_id: str, line: LogLine, fence: Fence | None = None) -> None:
-        self.db.write(INSERT_LOG, log_row(run_id, line, fence))
+        self.db.write(INSERT_LOG, log_row(run_id, line, fence), run_id)
 
     def cache_put(
         self, workflow: str, step: str, key: str, output: Any, run_id: str, ttl_ms: int
@@ -158,6 +193,7 @@ class SqliteRunStore(RunStore):
             "INSERT OR REPLACE INTO idempotency (workflow, step, key, output, run_id, expires_at)"
             " VALUES (?, ?, ?, ?, ?, ?)",
             (workflow, step, key, dump(output), run_id, time.time() + ttl_ms / 1000),
+            _cache_key(workflow, step, key),
         )
 
     async def flush(self) -> None:
@@ -165,8 +201,8 @@ class SqliteRunStore(RunStore):
 
     # ---- reads -----------------------------------------------------------------------------
     async def cache_get(self, workflow: str, step: str, key: str) -> CacheHit | None:
-        await self.db.flush()
-        row = await self.db.fetchone(
+        await self.db.flush_for(_cache_key(workflow, step, key))
+        row = self.db.read_one(
             "SELECT output, run_id FROM idempotency WHERE workflow = ? AND step = ? AND key = ?"
             " AND expires_at > ?",
             (workflow, step, key, time.time()),
@@ -191,26 +227,8 @@ class SqliteRunStore(RunStore):
         return runs
 
     async def get_run(self, run_id: str) -> Run | None:
-        await self.db.flush()
-        row = await self.db.fetchone(f"{SELECT_RUN} WHERE id = ?", (run_id,))
-        if row is None:
-            return None
-        run = run_from_row(row)  # type: ignore[arg-type]
-        await self._with_steps([run])
-        steps = {step.index: step for step in run.steps}
-        for lrow in await self.db.fetchall(
-            "SELECT step_idx, ts, level, message FROM logs WHERE run_id = ? ORDER BY id",
-            (run_id,),
-        ):
-            line = LogLine.model_construct(
-                ts=datetime.fromtimestamp(lrow["ts"], UTC),
-                level=lrow["level"],
-                message=lrow["message"],
-                step=lrow["step_idx"],
-            )
-            step = steps.get(line.step) if line.step is not None else None
-            (step.logs if step is not None else run.logs).append(line)
-        return run
+        await self.db.flush_for(run_id)
+        return self.db.read(partial(_read_run, run_id=run_id))
 
     async def list_runs(
         self, where: RunFilter | None = None, limit: int = 100, offset: int = 0
@@ -269,7 +287,7 @@ class SqliteRunStore(RunStore):
             conn.execute("DELETE FROM idempotency WHERE expires_at <= ?", (time.time(),))
             return len(ids)
 
-        return await self.db.transaction(purge)
+        return await self.db.transaction(purge, weight=INLINE_WEIGHT + 1)  # off the loop
 
     # ---- event mailboxes -------------------------------------------------------------------
     async def post_event(

@@ -1,0 +1,147 @@
+"""The SQLite writer: group commit without a timer, commits in the event loop's thread unless
+another process holds the write lock (then in a thread that waits for it), checkpoints that let
+the WAL restart, and point reads that see this process's queued writes."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import AsyncIterator
+from contextlib import closing
+from pathlib import Path
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+from engine.backends.sqlite import SqliteBackend
+from engine.backends.sqlite.db import (
+    CHECKPOINT_EVERY,
+    INLINE_WEIGHT,
+    RESTART_EVERY,
+    SqliteDatabase,
+)
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+async def backend(tmp_path: Path) -> AsyncIterator[SqliteBackend]:
+    async with SqliteBackend(tmp_path / "blok.db") as opened:
+        opened.db.write("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)", ())
+        await opened.db.flush()
+        yield opened
+
+
+def insert(value: str, rows: int = 1) -> object:
+    def fn(conn: sqlite3.Connection) -> int:
+        conn.executemany("INSERT INTO t (v) VALUES (?)", [(value,)] * rows)
+        return rows
+
+    return fn
+
+
+def count(path: Path) -> int:
+    with closing(sqlite3.connect(path)) as conn:
+        return int(conn.execute("SELECT count(*) FROM t").fetchone()[0])
+
+
+async def test_concurrent_callers_share_one_commit_made_in_the_loop(
+    backend: SqliteBackend,
+) -> None:
+    db = backend.db
+    batches, in_thread = db.batches, db.batches_in_thread
+
+    async with anyio.create_task_group() as group:
+        for n in range(8):
+            group.start_soon(db.transaction, insert(f"caller {n}"))
+
+    assert db.batches - batches == 1
+    assert db.batches_in_thread == in_thread
+    assert count(db.path) == 8
+
+
+async def test_a_lone_write_is_committed_without_a_thread(backend: SqliteBackend) -> None:
+    db = backend.db
+    batches, in_thread = db.batches, db.batches_in_thread
+
+    assert await db.transaction(insert("alone")) == 1
+
+    assert (db.batches - batches, db.batches_in_thread - in_thread) == (1, 0)
+    assert count(db.path) == 1
+
+
+async def test_a_heavy_batch_is_committed_in_a_thread(backend: SqliteBackend) -> None:
+    db = backend.db
+    in_thread = db.batches_in_thread
+
+    await db.transaction(insert("bulk", INLINE_WEIGHT + 1), weight=INLINE_WEIGHT + 1)
+
+    assert db.batches_in_thread == in_thread + 1
+    assert count(db.path) == INLINE_WEIGHT + 1
+
+
+async def test_a_write_that_finds_the_lock_taken_waits_for_it_in_a_thread(
+    backend: SqliteBackend,
+) -> None:
+    db = backend.db
+    other = sqlite3.connect(db.path, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")  # another process's write transaction
+    other.execute("INSERT INTO t (v) VALUES ('other')")
+    in_thread = db.batches_in_thread
+    done = anyio.Event()
+
+    async def write() -> None:
+        await db.transaction(insert("mine"))
+        done.set()
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(write)
+        with anyio.fail_after(5):
+            while db.batches_in_thread == in_thread:  # the loop gave up on the lock
+                await anyio.lowlevel.checkpoint()
+        await anyio.wait_all_tasks_blocked()
+        assert not done.is_set()  # waiting for the lock, in a thread: the loop runs on
+        other.execute("COMMIT")
+        with anyio.fail_after(5):
+            await done.wait()
+    other.close()
+
+    assert count(db.path) == 2
+
+
+def wal_salts(database: Path) -> bytes:
+    """The WAL header's salts: SQLite draws new ones each time it restarts the log."""
+    with open(f"{database}-wal", "rb") as wal:
+        return wal.read(24)[16:24]
+
+
+async def test_checkpoints_let_the_wal_restart(backend: SqliteBackend) -> None:
+    db = backend.db
+    await db.transaction(insert("first"))
+    first = wal_salts(db.path)
+
+    # Checkpoints beside the writer may take longer than many tiny commits: the writer's own
+    # comes after RESTART_EVERY of them, whenever that is. Without it the WAL never restarts.
+    commits = 1
+    with anyio.fail_after(60):
+        while wal_salts(db.path) == first:
+            assert commits < 20 * RESTART_EVERY * CHECKPOINT_EVERY, "the WAL never restarted"
+            await db.transaction(insert(f"row {commits}"))
+            commits += 1
+    assert count(db.path) == commits
+
+
+async def test_a_point_read_sees_this_processes_queued_write(tmp_path: Path) -> None:
+    db = SqliteDatabase(tmp_path / "blok.db")
+    await db.open()
+    try:
+        async with anyio.create_task_group() as group:
+            group.start_soon(db.writer_loop)
+            db.write("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)", ())
+            await db.flush()
+            db.write("INSERT INTO t (id, v) VALUES (1, 'queued')", (), key="t:1")
+            await db.flush_for("t:1")
+            assert db.read_one("SELECT v FROM t WHERE id = 1") is not None
+            group.cancel_scope.cancel()
+    finally:
+        await db.close()
