@@ -52,6 +52,7 @@ from .console import Clock, printable, system_clock
 from .dead_letters_screen import DeadLettersScreen
 from .help_screen import HelpScreen
 from .inject_screen import InjectScreen
+from .jobs import JobBook
 from .logs_screen import LogsScreen
 from .queues_screen import QueuesScreen
 from .run_screen import RunScreen
@@ -109,6 +110,7 @@ class BlokApp(App[None]):
         self.last_bulk: BulkResult | None = None  # what the last bulk action did (for tests)
         self.step_stats_cache: dict[str, Any] = {}  # workflow → (read at, StepStats)
         self.last_injected: str | None = None  # the run of the job injected last (O opens it)
+        self.jobs = JobBook()  # jobs read lately: what became of a failed run's job
         # The newest log lines of every run, numbered, for the live log view.
         self.log_lines: deque[tuple[int, LogRecorded]] = deque(maxlen=LOG_LINES)
         self._log_numbers = itertools.count()
@@ -360,9 +362,11 @@ class BlokApp(App[None]):
         return True
 
     def confirm_bulk(self, plan: BulkPlan, detail: str, done: Callable[[], Any]) -> None:
-        """Ask once, saying how many runs it touches; then act, with progress, and report."""
+        """Ask once, saying how many runs (or jobs) it touches, once per job, and what it
+        leaves out; then act, with progress, and report."""
         if plan.count == 0:
-            self.notify(f"{plan.chosen}: no runs to act on", severity="warning")
+            why = f" {plan.per_job}" if plan.per_job else ""
+            self.notify(f"{plan.chosen}: no {plan.item}s to act on.{why}", severity="warning")
             return
 
         def answer(yes: bool | None) -> None:
@@ -373,7 +377,15 @@ class BlokApp(App[None]):
         self.push_screen(
             ConfirmScreen(
                 plan.question,
-                f"{plan.chosen[:1].upper()}{plan.chosen[1:]}. {detail}",
+                " ".join(
+                    part
+                    for part in (
+                        f"{plan.chosen[:1].upper()}{plan.chosen[1:]}.",
+                        plan.per_job,
+                        detail,
+                    )
+                    if part
+                ),
                 confirm=f"{verb} all",
             ),
             answer,
@@ -403,6 +415,8 @@ class BlokApp(App[None]):
             severity="warning" if result.skipped else "information",
         )
         self.last_bulk = result
+        if plan.action == "requeue":
+            self.jobs.forget(result.ids)  # back in their queues: what they became is stale
         done()
         return result
 
