@@ -36,6 +36,7 @@ from engine import (
     StepFinished,
     StepStarted,
     UnknownRun,
+    WorkflowInfo,
     WorkflowReloaded,
 )
 from engine.api import EngineAPI
@@ -111,6 +112,7 @@ class BlokApp(App[None]):
         self.step_stats_cache: dict[str, Any] = {}  # workflow → (read at, StepStats)
         self.last_injected: str | None = None  # the run of the job injected last (O opens it)
         self.jobs = JobBook()  # jobs read lately: what became of a failed run's job
+        self.workflow_infos: dict[str, WorkflowInfo] = {}  # queue → the workflow it runs
         # The newest log lines of every run, numbered, for the live log view.
         self.log_lines: deque[tuple[int, LogRecorded]] = deque(maxlen=LOG_LINES)
         self._log_numbers = itertools.count()
@@ -253,6 +255,9 @@ class BlokApp(App[None]):
 
     async def _refresh_queue_names(self) -> None:
         self.queue_names = [q.name for q in await self.engine.queues()]
+        # What each queue's workflow reads of a job's input: the inject modal's template.
+        infos = await self.engine.workflows()
+        self.workflow_infos = {info.queue: info for info in infos if info.queue}
 
     @property
     def idle(self) -> bool:
@@ -454,7 +459,10 @@ class BlokApp(App[None]):
             self.last_injected = job.run_id
             self.notify(f"job {job_id}, run {job.run_id}: O opens it", title="Injected")
 
-        self.push_screen(InjectScreen(self.engine, list(self.queue_names), queue), injected)
+        modal = InjectScreen(
+            self.engine, list(self.queue_names), queue, workflows=self.workflow_infos
+        )
+        self.push_screen(modal, injected)
 
     def action_open_injected(self) -> None:
         if self.last_injected is None:

@@ -1,5 +1,6 @@
-"""Failures per job, not per run (issue 18, item 4), and what a person met in the views: keys
-that apply, a reason said once, times in the console's clock, a not-started run's input. Over a real engine on a real SQLite
+"""Failures per job, not per run (issue 18, item 4), the inject template from the queue's
+workflow (item 7), and what a person met in the views: keys that apply, a reason said once,
+times in the console's clock, a not-started run's input. Over a real engine on a real SQLite
 file, driven with Textual's pilot."""
 
 from __future__ import annotations
@@ -9,15 +10,19 @@ import re
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
-from textual.widgets import Static
+from textual.pilot import Pilot
+from textual.widgets import Select, Static, TextArea
 
 from blok_tui.app import BlokApp
 from blok_tui.confirm_screen import ConfirmScreen
 from blok_tui.console import countdown, short_ids
 from blok_tui.dead_letters_screen import DeadLettersScreen
+from blok_tui.inject_screen import InjectScreen
+from blok_tui.payload_template import body_template
 from blok_tui.queues_screen import QueuesScreen
 from blok_tui.run_screen import RunScreen
 from blok_tui.runs_screen import RunsScreen
@@ -322,3 +327,97 @@ def test_a_countdown_counts_whole_seconds() -> None:
     assert countdown(now + timedelta(seconds=0.4), now) == "in <1s"
     assert countdown(now + timedelta(seconds=61), now) == "in 1m01s"
     assert countdown(now - timedelta(seconds=1), now) == "due now"
+
+
+# ---- the inject template ---------------------------------------------------------------------------
+SIGNUP = Workflow(
+    name="accounts.signup",
+    trigger=WorkerTrigger(queue="signups"),
+    steps=[
+        Step(
+            "create",
+            lambda ctx, email, name: {"ok": True},
+            inputs={"email": "$.body.customer.email", "name": "$.body.customer.name"},
+        ),
+        Step(
+            "welcome",
+            lambda ctx, sku, plan: {"sent": True},
+            inputs={"sku": "$.body.items.0.sku", "plan": "$.body.plan"},
+        ),
+    ],
+)
+PLAIN = Workflow(
+    name="plain.echo",
+    trigger=WorkerTrigger(queue="plain"),
+    steps=[Step("echo", lambda ctx: {"echo": ctx.body})],
+)
+
+
+def test_body_fields_become_a_nested_template() -> None:
+    fields = ["customer.email", "customer.name", "items.0.sku", "plan", "customer"]
+    assert body_template(fields) == {
+        "customer": {"email": None, "name": None},
+        "items": [{"sku": None}],
+        "plan": None,
+    }
+    assert body_template([]) == {}
+
+
+async def _inject_modal(app: BlokApp, pilot: Pilot[Any], queue: str) -> InjectScreen:
+    app.action_inject(queue)
+    await until(pilot, lambda: isinstance(app.screen, InjectScreen))
+    await pilot.pause()
+    modal = app.screen
+    assert isinstance(modal, InjectScreen)
+    return modal
+
+
+async def test_the_inject_template_holds_the_fields_the_queues_workflow_reads(
+    tmp_path: Path,
+) -> None:
+    async with Engine(workflows=[SIGNUP, PLAIN], database=tmp_path / "blok.db") as engine:
+        app = BlokApp(engine)
+        async with app.run_test(size=SIZE) as pilot:
+            await settled(pilot)
+            modal = await _inject_modal(app, pilot, "signups")
+            area = modal.query_one(TextArea)
+            assert json.loads(area.text) == {
+                "customer": {"email": None, "name": None},
+                "items": [{"sku": None}],
+                "plan": None,
+            }
+            assert "the fields accounts.signup reads" in str(
+                modal.query_one("#payload-label").render()
+            )
+            assert area.selected_text == "null"  # typing replaces the first blank
+            # Another queue, untouched payload: its template instead.
+            modal.query_one("#queue", Select).value = "plain"
+            await pilot.pause()
+            assert area.text == "{}"
+            assert "plain.echo reads no $.body field" in str(
+                modal.query_one("#payload-label").render()
+            )
+            # Written by hand: picking a queue keeps it.
+            area.text = '{"mine": 1}'
+            modal.query_one("#queue", Select).value = "signups"
+            await pilot.pause()
+            assert area.text == '{"mine": 1}'
+
+
+async def test_an_attached_console_gets_the_template_from_the_workers_catalog(
+    tmp_path: Path,
+) -> None:
+    database = tmp_path / "blok.db"
+    # The worker first, then a console with no workflows of its own on its database.
+    async with (
+        Engine(workflows=[SIGNUP], database=database),
+        Engine(database=database, create=False, follow=True) as client,
+    ):
+        app = BlokApp(client)
+        async with app.run_test(size=SIZE) as pilot:
+            await settled(pilot)
+            modal = await _inject_modal(app, pilot, "signups")
+            assert json.loads(modal.query_one(TextArea).text)["customer"] == {
+                "email": None,
+                "name": None,
+            }
