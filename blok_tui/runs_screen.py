@@ -16,7 +16,7 @@ from textual.app import ComposeResult
 from textual.binding import BindingType
 from textual.widgets import Static
 
-from engine import Job, Run, RunFilter
+from engine import DatabaseError, EngineError, Job, Run, RunFilter
 
 from . import actions
 from .actions import RUN_FLAGS, STATUS_FILTERS
@@ -40,6 +40,7 @@ from .widgets.row_table import Column, RowTable
 PAGE = 100  # rows held in the table; the window slides as the cursor reaches an edge
 SEARCHED = 1_000  # newest runs a `/` search reads and matches
 READ_PAGE = 1_000  # runs read at a time when a bulk action takes every run the filter matches
+PLAN_NOTICE = 2_000  # runs the filter matches from which planning says it is reading them
 MARK = "●"
 # Narrow terminals drop the lowest priorities first; the workflow column takes spare room.
 COLUMNS = (
@@ -109,6 +110,7 @@ class RunsScreen(BlokScreen):
         self.matched: list[Run] = []  # the runs the last search matched
         self.fates: dict[str, Job] = {}  # run id → its job, for runs their job outlived
         self.loaded = False  # the first page is on screen (the benchmark waits for this)
+        self.planning = False  # a bulk action's plan is being read
 
     @property
     def crumb(self) -> str:
@@ -484,22 +486,47 @@ class RunsScreen(BlokScreen):
         self.marked.clear()
         self.request_reload()
 
-    async def action_bulk_cancel(self) -> None:
-        plan = await self._plan("cancel")
-        detail = (
-            "Runs that have already ended are skipped; the others are interrupted and not retried."
-        )
-        self.blok.confirm_bulk(plan, detail, self._bulk_done)
+    def action_bulk_cancel(self) -> None:
+        self._ask("cancel")
 
-    async def action_bulk_replay(self) -> None:
-        plan = await self._plan("replay")
-        detail = "Each starts again as a new run with the same input; runs still going are skipped."
-        self.blok.confirm_bulk(plan, detail, self._bulk_done)
+    def action_bulk_replay(self) -> None:
+        self._ask("replay")
 
-    async def action_bulk_requeue(self) -> None:
-        plan = await self._plan("requeue")
-        detail = (
-            "Each goes back in its queue with a fresh run and its retry budget again: "
-            f"{plan.budget}."
-        )
+    def action_bulk_requeue(self) -> None:
+        self._ask("requeue")
+
+    @property
+    def idle(self) -> bool:
+        return super().idle and not self.planning
+
+    def _ask(self, action: str) -> None:
+        """Plan the action off the input path (10,000 runs take a second or so to read, with
+        their jobs), then ask. A second press while planning is not a second plan."""
+        if self.planning:
+            self.notify("still reading the runs for the bulk action asked for", severity="warning")
+            return
+        self.planning = True
+        self.run_worker(self._plan_and_ask(action), group="plan")
+
+    async def _plan_and_ask(self, action: str) -> None:
+        try:
+            if not self.marked and not self.text and self.total > PLAN_NOTICE:
+                self.notify(
+                    f"reading the {self.total:,} runs the filter matches, to act once per job…"
+                )
+            plan = await self._plan(action)
+        except (EngineError, DatabaseError) as error:
+            self.notify(str(error), title=f"Bulk {action} not planned", severity="error")
+            return
+        finally:
+            self.planning = False
+        if action == "cancel":
+            detail = "Runs that have already ended are skipped; the others are interrupted and "
+            detail += "not retried."
+        elif action == "replay":
+            detail = "Each starts again as a new run with the same input; runs still going are "
+            detail += "skipped."
+        else:
+            detail = "Each goes back in its queue with a fresh run and its retry budget again: "
+            detail += f"{plan.budget}."
         self.blok.confirm_bulk(plan, detail, self._bulk_done)

@@ -159,6 +159,24 @@ async def test_replaying_every_failed_run_replays_each_dead_job_once(engine: Eng
     assert {(await engine.get_run(r.replay_of)).job_id for r in replays} == set(jobs)
 
 
+async def test_a_bulk_key_pressed_again_while_planning_plans_nothing_more(engine: Engine) -> None:
+    await _dead(engine, 1)
+    app = BlokApp(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        await command(pilot, "runs failed")
+        screen = app.screen
+        assert isinstance(screen, RunsScreen)
+        screen.planning = True  # as while 10,000 runs and their jobs are read
+        await pilot.press("R")
+        await pilot.pause()
+        assert not isinstance(app.screen, ConfirmScreen)
+        assert any("still reading the runs" in n.message for n in app._notifications)
+        screen.planning = False
+        await pilot.press("R")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+
+
 async def test_requeue_of_marked_runs_takes_each_dead_job_once_and_states_its_budget(
     engine: Engine,
 ) -> None:
