@@ -15,7 +15,16 @@ from textual.binding import BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import OptionList, Static
 
-from engine import EngineError, EventMessage, Job, LogLine, Run, StepRun, WaitReason
+from engine import (
+    EngineError,
+    EventMessage,
+    Job,
+    JobState,
+    LogLine,
+    Run,
+    StepRun,
+    WaitReason,
+)
 
 from . import actions
 from .base_screen import BlokScreen, Changes
@@ -338,6 +347,9 @@ class RunScreen(BlokScreen):
         if run.job_attempt > 1 or (str(run.status) in RETRIED_AFTER and (deliveries or 1) > 1):
             of = f" of {deliveries}" if deliveries else ""
             line.append(f"  delivery {run.job_attempt}{of}", style="khaki3")
+        job = self.job
+        if job is not None and job.run_id == run.id and job.state is JobState.DEAD:
+            line.append("  dead letter", style="bold magenta")  # the last of its deliveries
         line.append("\n")
         line.append(f"created {day_time(run.created_at, tz, now)}", style="grey70")
         if run.started_at:

@@ -232,6 +232,7 @@ async def test_recent_failures_are_one_line_per_job(engine: Engine) -> None:
 async def test_the_run_view_names_its_replay_once_per_replay_job(engine: Engine) -> None:
     [job_id] = await _dead(engine, 1)
     source = await engine.wait_for_job(job_id, timeout=10)
+    assert source.job_attempt == 2
     replay = await engine.replay(source.id)
     # The replay is a doomed job too: two deliveries, two runs with replay_of set.
     await engine.wait_for_job((await engine.get_run(replay)).job_id, timeout=10)
@@ -240,6 +241,7 @@ async def test_the_run_view_names_its_replay_once_per_replay_job(engine: Engine)
         await settled(pilot)
         await command(pilot, f"run {source.id}")
         header = text_of(app.screen.query_one("#run-header", Static))
+        assert "delivery 2 of 2  dead letter" in header  # its job's last delivery
         assert "⟲ replayed as run" in header and "more" not in header
         await pilot.press("J")
         await until(pilot, lambda: app.screen.run_id != source.id)
