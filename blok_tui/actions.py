@@ -250,7 +250,7 @@ ACTIONS: tuple[ConsoleAction, ...] = (
     ConsoleAction("clear_marks", "Unmark every run", RUNS, "u", "", palette=True),
     ConsoleAction(
         "bulk_cancel",
-        "Cancel the marked runs (or all the filter matches)",
+        "Cancel the marked runs (or all the filter matches), once per job",
         RUNS,
         "C",
         "",
@@ -258,11 +258,13 @@ ACTIONS: tuple[ConsoleAction, ...] = (
     ),
     ConsoleAction(
         "bulk_replay",
-        "Replay the marked runs (or all the filter matches)",
+        "Replay the marked runs (or all the filter matches), once per job",
         RUNS,
         "R",
         "",
         destructive=True,
+        help="A job retried three times is replayed once (its newest run); a job that "
+        "completed on a later delivery is left out",
     ),
     ConsoleAction(
         "bulk_requeue",
@@ -287,6 +289,15 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         "t",
         "",
         help="Skip the backoff before a step's next attempt, or start a delayed run now",
+    ),
+    ConsoleAction(
+        "open_later",
+        "Open the run the selected run's job went on to",
+        RUNS,
+        "J",
+        "",
+        help="A failed run whose job was retried: the job's latest delivery (↻ in the then "
+        "column says how it went)",
     ),
     ConsoleAction("first_page", "First run", RUNS, "g", "", palette=False),
     ConsoleAction("last_page", "Last (oldest) run", RUNS, "G", "", palette=False),
@@ -333,6 +344,14 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         palette=False,
     ),
     ConsoleAction("open_source", "Open the run this one replays", RUN, "o", "source"),
+    ConsoleAction(
+        "open_later",
+        "Open the run that came after this one",
+        RUN,
+        "J",
+        "later run",
+        help="Its job's latest delivery when the job was retried after it, else its newest replay",
+    ),
     ConsoleAction("copy_id", "Copy this run's full id", RUN, "y", ""),
     ConsoleAction(
         "diff",

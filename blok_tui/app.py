@@ -36,6 +36,7 @@ from engine import (
     StepFinished,
     StepStarted,
     UnknownRun,
+    WorkflowInfo,
     WorkflowReloaded,
 )
 from engine.api import EngineAPI
@@ -52,6 +53,7 @@ from .console import Clock, printable, system_clock
 from .dead_letters_screen import DeadLettersScreen
 from .help_screen import HelpScreen
 from .inject_screen import InjectScreen
+from .jobs import JobBook
 from .logs_screen import LogsScreen
 from .queues_screen import QueuesScreen
 from .run_screen import RunScreen
@@ -109,6 +111,8 @@ class BlokApp(App[None]):
         self.last_bulk: BulkResult | None = None  # what the last bulk action did (for tests)
         self.step_stats_cache: dict[str, Any] = {}  # workflow → (read at, StepStats)
         self.last_injected: str | None = None  # the run of the job injected last (O opens it)
+        self.jobs = JobBook()  # jobs read lately: what became of a failed run's job
+        self.workflow_infos: dict[str, WorkflowInfo] = {}  # queue → the workflow it runs
         # The newest log lines of every run, numbered, for the live log view.
         self.log_lines: deque[tuple[int, LogRecorded]] = deque(maxlen=LOG_LINES)
         self._log_numbers = itertools.count()
@@ -251,6 +255,9 @@ class BlokApp(App[None]):
 
     async def _refresh_queue_names(self) -> None:
         self.queue_names = [q.name for q in await self.engine.queues()]
+        # What each queue's workflow reads of a job's input: the inject modal's template.
+        infos = await self.engine.workflows()
+        self.workflow_infos = {info.queue: info for info in infos if info.queue}
 
     @property
     def idle(self) -> bool:
@@ -360,9 +367,11 @@ class BlokApp(App[None]):
         return True
 
     def confirm_bulk(self, plan: BulkPlan, detail: str, done: Callable[[], Any]) -> None:
-        """Ask once, saying how many runs it touches; then act, with progress, and report."""
+        """Ask once, saying how many runs (or jobs) it touches, once per job, and what it
+        leaves out; then act, with progress, and report."""
         if plan.count == 0:
-            self.notify(f"{plan.chosen}: no runs to act on", severity="warning")
+            why = f" {plan.per_job}" if plan.per_job else ""
+            self.notify(f"{plan.chosen}: no {plan.item}s to act on.{why}", severity="warning")
             return
 
         def answer(yes: bool | None) -> None:
@@ -373,7 +382,15 @@ class BlokApp(App[None]):
         self.push_screen(
             ConfirmScreen(
                 plan.question,
-                f"{plan.chosen[:1].upper()}{plan.chosen[1:]}. {detail}",
+                " ".join(
+                    part
+                    for part in (
+                        f"{plan.chosen[:1].upper()}{plan.chosen[1:]}.",
+                        plan.per_job,
+                        detail,
+                    )
+                    if part
+                ),
                 confirm=f"{verb} all",
             ),
             answer,
@@ -403,6 +420,8 @@ class BlokApp(App[None]):
             severity="warning" if result.skipped else "information",
         )
         self.last_bulk = result
+        if plan.action == "requeue":
+            self.jobs.forget(result.ids)  # back in their queues: what they became is stale
         done()
         return result
 
@@ -440,7 +459,10 @@ class BlokApp(App[None]):
             self.last_injected = job.run_id
             self.notify(f"job {job_id}, run {job.run_id}: O opens it", title="Injected")
 
-        self.push_screen(InjectScreen(self.engine, list(self.queue_names), queue), injected)
+        modal = InjectScreen(
+            self.engine, list(self.queue_names), queue, workflows=self.workflow_infos
+        )
+        self.push_screen(modal, injected)
 
     def action_open_injected(self) -> None:
         if self.last_injected is None:

@@ -97,7 +97,7 @@ class BlokScreen(Screen[None]):
         if len([s for s in self.app.screen_stack if isinstance(s, BlokScreen)]) > 1:
             keys.append(("esc", "back", "screen.back"))
         for entry in actions.in_scope(self.SCOPE):
-            if entry.key and entry.label:
+            if entry.key and entry.label and self.key_applies(entry.action):
                 keys.append((entry.key_display, entry.label, f"screen.{entry.action}"))
         pinned = []
         for entry in actions.in_scope(actions.APP):
@@ -107,6 +107,11 @@ class BlokScreen(Screen[None]):
             (pinned if entry.action == "help" else keys).append(key)
         pinned.append(("^p", "palette", "app.command_palette"))
         self.query_one(KeyBar).show(keys, pinned)
+
+    def key_applies(self, action: str) -> bool:
+        """Whether the footer offers this view's `action` just now (every key stays bound;
+        the footer shows only those that would do something)."""
+        return True
 
     def show_reload_errors(self, errors: dict[str, str]) -> None:
         self.query_one(ReloadBanner).show_errors(errors)

@@ -1,21 +1,29 @@
-"""Bulk actions from the console: what a confirmation promises (how many runs, chosen how) and
-carrying it out with progress.
+"""Bulk actions from the console: what a confirmation promises (how many, chosen how, what is
+left out and why) and carrying it out with progress.
 
-The engine takes a filter, not a list of 10,000 ids, and reports progress as it goes.
+Bulk actions act once per job: a job retried three times is three failed runs, and "replay
+every failed run" must replay it once, not three times. So the plan takes the runs chosen (the
+marked rows, or every run the filter matches), keeps the newest run of each job, leaves out the
+jobs the action would wrong (a job that completed on a later delivery is not replayed), and
+hands the engine's bulk API the ids that remain.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from engine import RunFilter
+from engine import JobState, Run, RunFilter
 from engine.api import EngineAPI
 from engine.operations import BulkProgress, BulkResult
+
+from .jobs import JobBook, budget_words, one_per_job
 
 Progress = Callable[[BulkProgress], Awaitable[None] | None]
 
 VERBS = {"cancel": "Cancel", "replay": "Replay", "requeue": "Requeue"}
+REQUEUED = (JobState.DEAD, JobState.FAILED)  # what the engine's requeue takes back
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,18 +32,91 @@ class BulkPlan:
 
     action: str  # cancel | replay | requeue
     target: RunFilter | tuple[str, ...]  # a filter, or ids (run ids; job ids for requeue)
-    count: int  # runs it touches at most (what the confirmation says)
+    count: int  # runs (or jobs) it touches at most (what the confirmation says)
     chosen: str  # how the runs were chosen, in words: "the 3 marked runs", "every failed run"
-    item: str = "run"  # what the ids are, in words: "run", or "dead letter" (job ids)
+    item: str = "run"  # what the ids are, in words: "run", "dead job", "dead letter"
     # Requeue every dead letter of this queue (the engine's requeue_dead, not a list of ids).
     dead_of: str | None = None
+    given: int = 0  # runs chosen before keeping one per job (0: not counted)
+    jobs: int = 0  # the jobs of those runs
+    # (why, how many jobs) the action leaves alone; "why" reads after the count of jobs:
+    # "3 completed on a later delivery".
+    left_out: tuple[tuple[str, int], ...] = ()
+    budget: str = ""  # the retry budget a requeue gives, in words
 
     @property
     def question(self) -> str:
         noun = self.item if self.count == 1 else f"{self.item}s"
-        if self.action == "requeue" and self.item == "run":
-            return f"Requeue the dead jobs of {self.count:,} {noun}?"
         return f"{VERBS[self.action]} {self.count:,} {noun}?"
+
+    @property
+    def per_job(self) -> str:
+        """How the runs chosen became what is acted on, in words (empty when nothing merged
+        or was left out)."""
+        parts = []
+        if self.given > self.jobs:
+            runs = f"{self.given:,} runs" if self.given != 1 else "1 run"
+            jobs = f"{self.jobs:,} jobs" if self.jobs != 1 else "1 job"
+            parts.append(f"{runs} of {jobs}, each job once (its newest run).")
+        if self.left_out:
+            jobs = ", ".join(f"{n:,} {why}" for why, n in self.left_out)
+            parts.append(f"Left out, by job: {jobs}.")
+        return " ".join(parts)
+
+
+async def plan_for_runs(
+    engine: EngineAPI, book: JobBook, action: str, runs: Sequence[Run], chosen: str
+) -> BulkPlan:
+    """The plan for `action` over the runs chosen, once per job."""
+    per_job = one_per_job(runs)
+    newest = per_job.runs
+    left_out: Counter[str] = Counter()
+    if action == "cancel":
+        ids = tuple(run.id for run in newest)
+        return BulkPlan(action, ids, len(ids), chosen, given=per_job.given, jobs=len(newest))
+    jobs = await book.read(engine, (run.job_id for run in newest))
+    if action == "replay":
+        kept = []
+        for run in newest:
+            job = jobs.get(run.job_id)
+            if job is not None and job.run_id != run.id:
+                if job.state is JobState.COMPLETED:
+                    left_out["completed on a later delivery"] += 1
+                    continue
+                if not job.state.terminal:
+                    left_out["still retrying"] += 1
+                    continue
+            kept.append(run.id)
+        return BulkPlan(
+            action,
+            tuple(kept),
+            len(kept),
+            chosen,
+            given=per_job.given,
+            jobs=len(newest),
+            left_out=tuple(left_out.most_common()),
+        )
+    # requeue: the dead (or failed) jobs of the runs chosen, each once.
+    dead = []
+    for run in newest:
+        job = jobs.get(run.job_id)
+        if job is None:
+            left_out["no longer in any queue"] += 1  # removed by the janitor
+        elif job.state not in REQUEUED:
+            left_out[str(job.state)] += 1
+        else:
+            dead.append(job)
+    return BulkPlan(
+        action,
+        tuple(job.id for job in dead),
+        len(dead),
+        chosen,
+        item="dead job",
+        given=per_job.given,
+        jobs=len(newest),
+        left_out=tuple(left_out.most_common()),
+        budget=budget_words(dead),
+    )
 
 
 async def execute(

@@ -1,4 +1,5 @@
-"""A yes/no question before a destructive action. y or enter confirms; n or escape does not."""
+"""A yes/no question before a destructive action. y confirms; n or escape does not (enter
+presses the focused button, which starts on the safe one)."""
 
 from __future__ import annotations
 

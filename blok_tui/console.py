@@ -7,6 +7,8 @@ snapshot test freezes every "3s ago" and countdown on screen.
 from __future__ import annotations
 
 import itertools
+import math
+import re
 from collections.abc import Callable
 from datetime import UTC, datetime, tzinfo
 
@@ -80,10 +82,37 @@ def day_time(moment: datetime | None, tz: tzinfo | None, now: datetime) -> str:
 
 
 def countdown(until: datetime | None, now: datetime) -> str:
+    """ "in 19s", "in 4m20s": whole seconds, rounded up, since a countdown moves once a
+    second (tenths would tick down by exactly 1.0 each time)."""
     if until is None:
         return ""
-    left = (until - now).total_seconds() * 1000
-    return "due now" if left <= 0 else f"in {duration(left)}"
+    left = (until - now).total_seconds()
+    if left <= 0:
+        return "due now"
+    if left < 1:
+        return "in <1s"
+    seconds = math.ceil(left)
+    return f"in {seconds}s" if seconds < 60 else f"in {duration(seconds * 1000)}"
+
+
+# An ISO 8601 moment as the engine writes it into messages ("may start at 2026-01-15T09:30:03
+# .155286+00:00"): the console says it in its own clock instead.
+ISO_MOMENT = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:[+-]\d{2}:\d{2}|Z)?")
+
+
+def local_times(text: str, tz: tzinfo | None) -> str:
+    """`text` with each ISO 8601 moment in it as HH:MM:SS in the console's time zone."""
+
+    def local(match: re.Match[str]) -> str:
+        try:
+            moment = datetime.fromisoformat(match.group(0).replace("Z", "+00:00"))
+        except ValueError:
+            return match.group(0)
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=UTC)
+        return clock_time(moment, tz)
+
+    return ISO_MOMENT.sub(local, text)
 
 
 def count(value: int) -> str:

@@ -1,5 +1,6 @@
 """The dead-letter view of a queue: jobs that used up their retries, newest first, with the
-error that killed them. r puts the selected one back in its queue with a fresh run."""
+error that killed them. r puts the selected one back in its queue with a fresh run and its
+retry budget again (the job's max_retries), and says how many retries that is."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from . import actions
 from .base_screen import Changes, RowFilterScreen
 from .bulk import BulkPlan
 from .console import day_time, printable, short_ids
+from .jobs import budget_words
 from .widgets import FilterInput
 from .widgets.row_table import Column, RowTable
 
@@ -124,33 +126,44 @@ class DeadLettersScreen(RowFilterScreen):
             self.request_reload()
 
     async def action_requeue(self) -> None:
-        job_id = self.selected_job_id()
-        if job_id is None:
+        job = next((j for j in self.jobs if j.id == self.selected_job_id()), None)
+        if job is None:
             return
         try:
-            await self.engine.requeue(job_id)
+            await self.engine.requeue(job.id)
         except EngineError as error:
             self.notify(str(error), title="Requeue refused", severity="error")
             return
-        self.notify(f"job {job_id} is back on {self.queue} with a fresh run", title="Requeued")
+        self.blok.jobs.forget([job.id])
+        self.notify(
+            f"job {job.id} is back on {self.queue} with a fresh run and {budget_words([job])}",
+            title="Requeued",
+        )
         self.request_reload()
 
     def action_requeue_all(self) -> None:
         """Every dead letter of the queue (or the ones the text filter shows), after asking."""
         needle = self.text.lower()
-        shown = [j.id for j in self.jobs if needle in f"{j.id} {j.error or ''}".lower()]
-        chosen = f"the {len(shown):,} dead letters on {self.queue}"
+        shown = [j for j in self.jobs if needle in f"{j.id} {j.error or ''}".lower()]
+        chosen = (
+            f"the dead letter on {self.queue}"
+            if len(shown) == 1
+            else f"the {len(shown):,} dead letters on {self.queue}"
+        )
         if self.text:
             chosen += f" matching {self.text!r}"
         plan = BulkPlan(
             "requeue",
-            tuple(shown),
+            tuple(j.id for j in shown),
             len(shown),
             chosen,
             item="dead letter",
             dead_of=self.queue if not self.text else None,
         )
-        detail = "Each goes back in its queue with a fresh run and a fresh retry budget."
+        detail = (
+            "Each goes back in its queue with a fresh run and its retry budget again: "
+            f"{budget_words(shown)}."
+        )
         self.blok.confirm_bulk(plan, detail, self.request_reload)
 
     def on_row_table_selected(self, event: RowTable.Selected) -> None:

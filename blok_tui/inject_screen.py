@@ -1,5 +1,8 @@
 """The inject modal: pick a queue, write a JSON payload, set priority and delay. Nothing is
-sent until everything is valid; what is wrong is said right here, in the modal.
+sent until everything is valid; what is wrong is said right here, in the modal. The payload
+starts as the queue's template: the `$.body` fields its workflow reads, each null to fill in
+(the first one selected, so typing replaces it); picking another queue swaps the template in
+while the payload is untouched.
 
 The same editor serves edit-and-replay: the run's input opens in it, and sending replays the
 run with the edited input (its queue is the run's, so there is no queue, priority or delay);
@@ -17,9 +20,12 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, Static, TextArea
+from textual.widgets.text_area import Selection
 
-from engine import EngineError, Run, parse_duration
+from engine import EngineError, Run, WorkflowInfo, parse_duration
 from engine.api import EngineAPI
+
+from .payload_template import template_text
 
 
 def check_payload(source: str) -> tuple[Any, str | None]:
@@ -51,9 +57,13 @@ class InjectScreen(ModalScreen[str | None]):
         replay_of: Run | None = None,
         event_for: Run | None = None,
         event: str = "",
+        workflows: dict[str, WorkflowInfo] | None = None,
     ) -> None:
+        """`workflows`: queue → the workflow its jobs run, for the payload's template."""
         super().__init__()
         self.engine = engine
+        self.workflows = workflows or {}
+        self.template = ""  # the template in the editor, while the operator has not edited it
         self.replay_of = replay_of
         self.event_for = event_for
         self.event = event
@@ -108,16 +118,17 @@ class InjectScreen(ModalScreen[str | None]):
             yield Label(
                 "payload (JSON): the wait's output"
                 if target is not None
-                else "payload (JSON)"
+                else self.template_label(self.initial)
                 if source is None
                 else "input (JSON): the new run gets this",
                 classes="label wide",
+                id="payload-label",
             )
-            text = '{\n  "order_id": "A2001",\n  "amount": 1500\n}'
-            if target is not None:
-                text = "{}"
-            elif source is not None:
+            text = "{}"
+            if source is not None and target is None:
                 text = json.dumps(source.input, indent=2, ensure_ascii=False, default=str)
+            elif target is None:
+                text = self.template = self.template_for(self.initial)
             area = TextArea(text, id="payload", show_line_numbers=True, tab_behavior="focus")
             area.cursor_blink = False
             yield area
@@ -150,6 +161,48 @@ class InjectScreen(ModalScreen[str | None]):
             self.query_one("#event", Input).focus()
         else:
             self.query_one(TextArea).focus()
+        if self.template:
+            self.select_first_blank()
+
+    # ---- the template --------------------------------------------------------------------
+    def template_for(self, queue: str | None) -> str:
+        info = self.workflows.get(queue or "")
+        return template_text(info.body_fields) if info is not None else "{}"
+
+    def template_label(self, queue: str | None) -> Text:
+        label = Text("payload (JSON)")
+        info = self.workflows.get(queue or "")
+        if info is None:
+            return label
+        if info.body_fields:
+            label.append(f": the fields {info.name} reads", style="dim")
+        else:
+            label.append(f": {info.name} reads no $.body field by name", style="dim")
+        return label
+
+    def select_first_blank(self) -> None:
+        """Select the template's first null, so that typing replaces it."""
+        area = self.query_one(TextArea)
+        for row, line in enumerate(area.text.splitlines()):
+            column = line.find("null")
+            if column >= 0:
+                area.selection = Selection((row, column), (row, column + 4))
+                return
+
+    def swap_template(self) -> None:
+        """Another queue picked: its template, unless the operator has written a payload."""
+        if self.replay_of is not None or self.event_for is not None:
+            return
+        area = self.query_one(TextArea)
+        if area.text != self.template and area.text.strip() not in ("", "{}"):
+            return  # edited by hand: theirs to keep
+        queue = self.query_one("#queue", Select).value
+        name = None if queue is Select.NULL else str(queue)
+        self.template = self.template_for(name)
+        area.text = self.template
+        self.query_one("#payload-label", Label).update(self.template_label(name))
+        if self.template != "{}":
+            self.select_first_blank()
 
     def say(self, problem: str | None) -> None:
         box = self.query_one("#problem", Static)
@@ -200,6 +253,7 @@ class InjectScreen(ModalScreen[str | None]):
         self.check()
 
     def on_select_changed(self) -> None:
+        self.swap_template()
         self.check()
 
     async def action_send(self) -> None:

@@ -1,5 +1,7 @@
 """The queues view: one row per queue with its counts, jobs/s and a sparkline of recent
-throughput. Enter opens the queue's runs; d its dead letters; p pauses or resumes it."""
+throughput, and the recent failures, one line per job (a job retried three times failed once,
+and one whose later delivery completed says so). Enter opens the queue's runs; d its dead
+letters; p pauses or resumes it."""
 
 from __future__ import annotations
 
@@ -10,11 +12,12 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.widgets import Static
 
-from engine import EngineError, QueueInfo, QueueStats, Run, RunFilter
+from engine import EngineError, Job, JobState, QueueInfo, QueueStats, Run, RunFilter
 
 from . import actions
 from .base_screen import Changes, RowFilterScreen
 from .console import count, day_time, printable, short_ids, status_text
+from .jobs import RETRIED_AFTER, one_per_job, then_text
 from .widgets import FilterInput, sparkline
 from .widgets.row_table import Column, RowTable
 from .workers_screen import workers_line
@@ -37,6 +40,10 @@ COLUMNS = (
     Column("jobs/s", "jobs/s", 6, priority=6, justify="right"),
     Column("last 3 min", "last 3 min", 20, priority=4),
 )
+
+
+FAILURES_SHOWN = 6  # jobs in "recent failures"
+FAILURES_READ = 40  # failed runs read to find them (a job may have failed several times)
 
 
 def _right(value: str, style: str = "") -> Text:
@@ -90,7 +97,9 @@ class QueuesScreen(RowFilterScreen):
                 RunFilter.of("waiting", queue=info.name)
             )
         workers = await self.engine.workers()
-        failures = await self.engine.runs(status=["failed", "timed_out", "crashed"], limit=6)
+        failed = await self.engine.runs(status=sorted(RETRIED_AFTER), limit=FAILURES_READ)
+        failures = one_per_job(failed).runs[:FAILURES_SHOWN]
+        jobs = await self.blok.jobs.read(self.engine, (run.job_id for run in failures))
         # Everything read first, then drawn at once: the view may be gone after any await.
         if self.closing:
             return
@@ -99,7 +108,7 @@ class QueuesScreen(RowFilterScreen):
         self.waiting = waiting
         self.render_rows()
         self.query_one("#workers-line", Static).update(workers_line(workers, self.blok.now()))
-        self.render_failures(failures)
+        self.render_failures(failures, jobs)
 
     def render_rows(self) -> None:
         history = self.blok.throughput_history
@@ -154,7 +163,7 @@ class QueuesScreen(RowFilterScreen):
             line.append("   enter: its runs", style="dim")
         self.query_one("#summary", Static).update(line, layout=False)
 
-    def render_failures(self, runs: list[Run]) -> None:
+    def render_failures(self, runs: list[Run], jobs: dict[str, Job]) -> None:
         now, tz = self.blok.now(), self.blok.tz
         text = Text()
         short = short_ids([run.id for run in runs])
@@ -164,6 +173,7 @@ class QueuesScreen(RowFilterScreen):
             text.append_text(status_text(str(run.status), label=False))
             text.append(f" {printable(run.workflow_name):<18.18} ", style="bold")
             text.append(f"{short[run.id]}  ", style="grey62")
+            text.append_text(job_note(run, jobs.get(run.job_id)))
             error = printable(run.error.splitlines()[0]) if run.error else ""
             text.append(error, style="red1")
             if n < len(runs) - 1:
@@ -208,3 +218,18 @@ class QueuesScreen(RowFilterScreen):
             return
         await self.blok.set_paused(info.name, not info.paused)
         self.request_reload()
+
+
+def job_note(run: Run, job: Job | None) -> Text:
+    """Before a failure's error: what became of its job ("↻ completed " when a later delivery
+    went through), or how many deliveries it took to die ("3 deliveries, dead ")."""
+    if job is None:
+        return Text()
+    if job.run_id != run.id:
+        return then_text(job) + Text("  ")
+    words = []
+    if job.attempts > 1:
+        words.append(f"{job.attempts} deliveries")
+    if job.state is JobState.DEAD:
+        words.append("dead")
+    return Text(", ".join(words) + "  ", style="magenta") if words else Text()

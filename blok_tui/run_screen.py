@@ -1,5 +1,8 @@
 """The run view: the step rail on the left; on the right, the selected step's attempts (with
-errors, tracebacks and backoff), its input and output as JSON, and its log lines, all live."""
+errors, tracebacks and backoff), its input and output as JSON, and its log lines, all live.
+The header says what the run is waiting for, which delivery of its job it is and what came
+after it (the job's later delivery, or a replay: J opens it); the footer shows only the keys
+that apply to this run."""
 
 from __future__ import annotations
 
@@ -12,18 +15,38 @@ from textual.binding import BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import OptionList, Static
 
-from engine import EngineError, EventMessage, LogLine, Run, StepRun, WaitReason
+from engine import (
+    EngineError,
+    EventMessage,
+    Job,
+    JobState,
+    LogLine,
+    Run,
+    StepRun,
+    WaitReason,
+)
 
 from . import actions
 from .base_screen import BlokScreen, Changes
-from .console import clock_time, countdown, day_time, duration, printable, status_text
+from .console import (
+    clock_time,
+    countdown,
+    day_time,
+    duration,
+    local_times,
+    printable,
+    short_ids,
+    status_text,
+)
 from .diff_screen import DiffScreen
 from .inject_screen import InjectScreen
+from .jobs import RETRIED_AFTER, one_per_job, then_text
 from .step_stats import StepStats, step_stats, typical_text
 from .timeline_screen import TimelineScreen
 from .tracebacks import clean_error
 from .widgets import AttemptsView, FilterInput, JsonView, StepRail
 
+REPLAYS = 50  # replay runs of a run read (one per delivery of each replay job)
 NARROW = 110  # below this many columns the rail narrows and the run log moves under the step
 WIDE = 160  # from this many columns the rail also shows each step's usual duration
 
@@ -46,7 +69,7 @@ def log_lines(lines: list[LogLine], tz: object, limit: int = 200) -> Text:
         text.append(clock_time(line.ts, tz), style="grey50")  # type: ignore[arg-type]
         level = line.level.lower()
         text.append(f" {LEVELS.get(level, level[:4]):<4} ", style=LOG_STYLES.get(level) or "grey70")
-        text.append(clean_error(line.message), style=LOG_STYLES.get(level, ""))
+        text.append(local_times(clean_error(line.message), tz), style=LOG_STYLES.get(level, ""))  # type: ignore[arg-type]
         if n < len(shown) - 1:
             text.append("\n")
     return text
@@ -72,19 +95,18 @@ def why_text(
     # A wait, a delay or a plain queue is said in the header already: the panel adds what a
     # gate, a pause or a child run holds it with.
     if why is not None and why.gate in PANEL_GATES:
-        summary = why.summary
-        if why.until is not None:  # the engine says it in ISO 8601; the console in its clock
-            summary = summary.replace(
-                why.until.isoformat(timespec="seconds"), clock_time(why.until, tz)
-            )
+        summary = local_times(why.summary, tz)  # the engine says ISO 8601; we, the clock
+        gate = why.gate.replace("_", " ")
+        summary = summary.removeprefix(f"{gate}: ")  # said by the tag already
         text.append("why waiting ", style="bold")
-        text.append(f"[{why.gate.replace('_', ' ')}] ", style="khaki3")
+        text.append(f"[{gate}] ", style="khaki3")
         text.append(clean_error(summary), style="grey85")
         if why.holders:
+            short = short_ids(list(why.holders))
             text.append("\nheld by ", style="grey62")
             for n, run_id in enumerate(why.holders[:4]):
                 style = "bold deep_sky_blue1" if n == holder % len(why.holders) else "grey70"
-                text.append(("" if n == 0 else ", ") + run_id, style=style)
+                text.append(("" if n == 0 else ", ") + short[run_id], style=style)
             if len(why.holders) > 4:
                 text.append(f" +{len(why.holders) - 4}", style="grey62")
             text.append("   h opens the highlighted one", style="grey50")
@@ -92,17 +114,51 @@ def why_text(
     if untaken:
         if text:
             text.append("\n")
-        text.append(f"✉ {len(untaken)} event(s) nobody took: ", style="khaki1")
+        events_word = "event" if len(untaken) == 1 else "events"
+        text.append(f"✉ {len(untaken)} {events_word} nobody took: ", style="khaki1")
         text.append(", ".join(printable(m.event) for m in untaken[:5]), style="grey85")
     return text or None
 
 
-def gate_reason(run: Run, now: datetime, tz: tzinfo | None) -> Text | None:
-    """Why a run is held or ended by a scheduling gate, and until when."""
+def wait_line(step: StepRun, now: datetime, tz: tzinfo | None) -> Text:
+    """Under a wait step's title: what it waits for and until when (an event wait's deadline
+    is a timeout, not the moment it resumes)."""
+    line = Text()
+    waiting = str(step.status) == "waiting"
+    if step.kind == "event":
+        wanted = step.input if isinstance(step.input, dict) else {}
+        line.append(
+            f"\n✉ {'waits' if waiting else 'waited'} for event {wanted.get('event', '?')!r}",
+            style="khaki1",
+        )
+        if wanted.get("key") is not None:
+            line.append(f" with key {printable(str(wanted['key']))!r}", style="khaki1")
+        if waiting and step.wait_until is not None:
+            line.append(
+                f"; times out at {clock_time(step.wait_until, tz)} "
+                f"({countdown(step.wait_until, now)})",
+                style="khaki1",
+            )
+        elif waiting:
+            line.append(" (no timeout)", style="khaki1")
+        return line
+    if step.wait_until is not None:
+        verb = "waits" if waiting else "waited"
+        line.append(f"\n{verb} until {clock_time(step.wait_until, tz)}", style="khaki1")
+        if waiting:
+            line.append(f" — resumes {countdown(step.wait_until, now)}", style="khaki1")
+    return line
+
+
+def gate_reason(
+    run: Run, now: datetime, tz: tzinfo | None, *, explained: bool = False
+) -> Text | None:
+    """Why a run is held or ended by a scheduling gate, and until when. `explained`: the why
+    panel under the header says what holds it, so its reason is not said twice."""
     status = str(run.status)
     if status not in GATE_STATUSES:
         return None
-    why = clean_error(run.error or "").strip()
+    why = "" if explained else local_times(clean_error(run.error or "").strip(), tz)
     line = Text()
     if status == "debounced":
         into = run.output.get("debounced_into") if isinstance(run.output, dict) else None
@@ -147,6 +203,8 @@ class RunScreen(BlokScreen):
         self.why: WaitReason | None = None  # why a pending run waits (h opens its holders)
         self.events: list[EventMessage] = []  # the run's mailbox
         self.holder = 0  # which holder h opens next
+        self.job: Job | None = None  # the run's job: which delivery this is, what came after
+        self.replays: list[Run] = []  # replays of this run, newest first, one run per job
 
     @property
     def crumb(self) -> str:
@@ -200,7 +258,28 @@ class RunScreen(BlokScreen):
         if self.run is not None and self.stats is None:
             self.stats = await step_stats(self.blok, self.run.workflow_name)
         await self.load_why()
+        await self.load_lineage()
         self.render_run()
+
+    async def load_lineage(self) -> None:
+        """Its job (which delivery the run is; whether the job went on after it) and its
+        replays."""
+        run = self.run
+        if run is None:
+            return
+        jobs = await self.blok.jobs.read(self.engine, [run.job_id])
+        self.job = jobs.get(run.job_id)
+        replays = await self.engine.runs(replay_of=run.id, limit=REPLAYS) if run.terminal else []
+        # A replay is a job: each of its deliveries is a run with replay_of set.
+        self.replays = one_per_job(replays).runs
+
+    @property
+    def later_delivery(self) -> Job | None:
+        """The run's job, when the job went on to another delivery after this run."""
+        run, job = self.run, self.job
+        if run is None or job is None or str(run.status) not in RETRIED_AFTER:
+            return None
+        return job if job.run_id != run.id else None
 
     async def load_why(self) -> None:
         run = self.run
@@ -264,8 +343,13 @@ class RunScreen(BlokScreen):
         line.append(f"  queue {printable(run.queue)}", style="grey70")
         if not self.narrow:
             line.append(f"  {run.id}  job {run.job_id}", style="grey62")
-        if run.job_attempt > 1:
-            line.append(f"  delivery {run.job_attempt}", style="khaki3")
+        deliveries = self.job.max_retries + 1 if self.job is not None else None
+        if run.job_attempt > 1 or (str(run.status) in RETRIED_AFTER and (deliveries or 1) > 1):
+            of = f" of {deliveries}" if deliveries else ""
+            line.append(f"  delivery {run.job_attempt}{of}", style="khaki3")
+        job = self.job
+        if job is not None and job.run_id == run.id and job.state is JobState.DEAD:
+            line.append("  dead letter", style="bold magenta")  # the last of its deliveries
         line.append("\n")
         line.append(f"created {day_time(run.created_at, tz, now)}", style="grey70")
         if run.started_at:
@@ -275,13 +359,33 @@ class RunScreen(BlokScreen):
             took = (now - run.started_at).total_seconds() * 1000
         if took is not None:
             line.append(f"   took {duration(took)}", style="grey70")
-        line.append(f"   attempts {run.attempts}", style="grey70")
+        if run.attempts:  # none before it starts, or while it waits for its first step
+            line.append(f"   attempts {run.attempts}", style="grey70")
         if run.failed_attempts:
             line.append(f" ({run.failed_attempts} failed)", style="red1")
         if run.replay_of:
             line.append(f"   replay of {run.replay_of}", style="medium_purple1")
             if run.replay_from_step:
                 line.append(f" from {run.replay_from_step}", style="medium_purple1")
+        later = self.later_delivery
+        if later is not None:
+            line.append("\n")
+            shown = short_ids([run.id, later.run_id])[later.run_id]
+            line.append_text(then_text(later, long=True, shown_id=shown))
+            line.append("   J opens it", style="grey50")
+        elif self.replays:
+            newest = self.replays[0]
+            short = short_ids([r.id for r in self.replays])
+            line.append("\n")
+            line.append("⟲ replayed as run ", style="medium_purple1")
+            line.append(short[newest.id], style="bold medium_purple1")
+            line.append(" (")
+            line.append_text(status_text(str(newest.status)))
+            line.append(")")
+            if len(self.replays) > 1:
+                more = len(self.replays) - 1
+                line.append(f" and {more} more", style="grey62")
+            line.append("   J opens it", style="grey50")
         parked = event_wait(run) if str(run.status) == "waiting" else None
         if parked is not None:
             wanted = parked.input if isinstance(parked.input, dict) else {}
@@ -289,15 +393,16 @@ class RunScreen(BlokScreen):
             line.append(f"✉ waiting for event {wanted.get('event', '?')!r}", style="bold khaki1")
             if wanted.get("key") is not None:
                 line.append(f" with key {printable(str(wanted['key']))!r}", style="khaki1")
+            # At 80 columns the line keeps to one: the countdown says when, the footer s.
             if parked.wait_until is not None:
+                until = "" if self.narrow else f" until {clock_time(parked.wait_until, tz)}"
                 line.append(
-                    f" until {clock_time(parked.wait_until, tz)} — times out "
-                    f"{countdown(parked.wait_until, now)}",
-                    style="khaki1",
+                    f"{until} — times out {countdown(parked.wait_until, now)}", style="khaki1"
                 )
             else:
                 line.append(" (no timeout)", style="khaki1")
-            line.append("   s sends it", style="grey50")
+            if not self.narrow:
+                line.append("   s sends it", style="grey50")
         elif str(run.status) == "waiting" and run.wait_until:
             line.append("\n")
             line.append(
@@ -306,7 +411,8 @@ class RunScreen(BlokScreen):
                 style="bold khaki1",
             )
         else:
-            reason = gate_reason(run, now, tz)
+            explained = self.why is not None and self.why.gate in PANEL_GATES
+            reason = gate_reason(run, now, tz, explained=explained)
             if reason is not None:
                 line.append("\n")
                 line.append_text(reason)
@@ -332,11 +438,16 @@ class RunScreen(BlokScreen):
         )
         self.query_one("#run-log", Static).update(run_log)
         self.query_one("#run-log-narrow", Static).update(run_log)
+        self.query_one("#steps-title", Static).update(
+            "steps" if run.steps else "steps: not started"
+        )
         self.render_step()
+        self.show_keys()
 
     def render_step(self) -> None:
         step = self.selected_step()
         if step is None:
+            self.render_unstarted()
             return
         tz = self.blok.tz
         title = Text()
@@ -356,10 +467,7 @@ class RunScreen(BlokScreen):
         if step.child_run_id:
             title.append(f"\n↳ child run {step.child_run_id}", style="deep_sky_blue1")
             title.append("  enter opens it", style="grey62")
-        if step.wait_until is not None:
-            title.append(f"\nwaits until {clock_time(step.wait_until, tz)}", style="khaki1")
-            if str(step.status) == "waiting":
-                title.append(f" — resumes {countdown(step.wait_until, self.blok.now())}")
+        title.append_text(wait_line(step, self.blok.now(), tz))
         if step.error:
             title.append(f"\n{clean_error(step.error)}", style="red1")
         if self.stats is not None and self.run is not None:
@@ -372,7 +480,7 @@ class RunScreen(BlokScreen):
         self.query_one("#step-input", JsonView).show(step.input, search=self.search)
         folded = self.query_one("#step-output", JsonView).show(
             step.output,
-            empty="none yet" if str(step.status) in ("pending", "running") else "none",
+            empty="none yet" if str(step.status) in ("pending", "running", "waiting") else "none",
             search=self.search,
             fold=not self.unfolded,
         )
@@ -392,9 +500,63 @@ class RunScreen(BlokScreen):
         if str(step.status) == "running" and following and step.logs:
             detail.call_after_refresh(detail.scroll_end, animate=False)
 
+    def render_unstarted(self) -> None:
+        """A run no worker has started has no steps yet: its input is what there is to see."""
+        run = self.run
+        if run is None:
+            return
+        self.query_one("#step-title", Static).update(
+            Text("not started yet: the run's input", style="dim italic")
+        )
+        self.query_one(AttemptsView).update("")
+        self.query_one("#step-input", JsonView).show(run.input, search=self.search)
+        self.query_one("#step-output", JsonView).show(None, empty="none yet")
+        self.query_one("#output-title", Static).update("output")
+        self.query_one("#step-log", Static).update(Text("no log lines", style="dim italic"))
+
     def on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
         self.unfolded = False
         self.render_step()
+        self.show_keys()  # enter opens a child run only on a step that has one
+
+    def key_applies(self, action: str) -> bool:
+        """The keys the footer offers for this run: no "diff" on a run that is no replay, no
+        "cancel" on one that has ended."""
+        run = self.run
+        if run is None:
+            return action in ("timeline", "search")
+        status = str(run.status)
+        step = self.selected_step()
+        match action:
+            case "cancel_run":
+                return not run.terminal
+            case "replay_run" | "edit_replay":
+                return run.terminal
+            case "replay_from_step":
+                return run.terminal and bool(run.steps)
+            case "retry_now":
+                going = run.failed_attempts > 0 and status == "running"
+                job = self.later_delivery
+                return (
+                    status in ("queued", "delayed", "throttled")
+                    or going
+                    or (job is not None and not job.state.terminal)
+                )
+            case "open_child":
+                return step is not None and step.child_run_id is not None
+            case "open_source" | "diff":
+                return run.replay_of is not None
+            case "open_later":
+                return self.later_delivery is not None or bool(self.replays)
+            case "open_parent":
+                return run.parent_run_id is not None
+            case "send_event":
+                return event_wait(run) is not None
+            case "open_holder":
+                return self.why is not None and bool(self.why.holders)
+            case "timeline":
+                return bool(run.steps)
+        return True
 
     # ---- search and fold -------------------------------------------------------------------
     def action_search(self) -> None:
@@ -514,6 +676,18 @@ class RunScreen(BlokScreen):
         run_id = holders[self.holder % len(holders)]
         self.holder += 1
         self.blok.open_run(run_id)
+
+    def action_open_later(self) -> None:
+        job = self.later_delivery
+        if job is not None:
+            self.blok.open_run(job.run_id)
+        elif self.replays:
+            self.blok.open_run(self.replays[0].id)
+        else:
+            self.notify(
+                "nothing came after this run: its job did not go on, and it was not replayed",
+                severity="warning",
+            )
 
     def action_open_parent(self) -> None:
         if self.run is not None and self.run.parent_run_id:

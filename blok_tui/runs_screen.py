@@ -1,11 +1,14 @@
 """The runs view: a live table of runs, newest first, paged from the store so that 100,000
 runs open as fast as 100. `/` filters by text, 0-8 (or s) by status, retrying or stuck; enter
 opens a run, c cancels it (after a confirmation), r replays it and opens the new run. Space
-marks rows; C, R and D act on the marked rows, or on every run the filter matches."""
+marks rows; C, R and D act on the marked rows, or on every run the filter matches, once per job.
+A failed run whose job went on to another delivery says what became of the job (`↻ completed`),
+and J opens the job's latest run."""
 
 from __future__ import annotations
 
 import json
+from datetime import tzinfo
 from typing import ClassVar
 
 from rich.text import Text
@@ -13,32 +16,38 @@ from textual.app import ComposeResult
 from textual.binding import BindingType
 from textual.widgets import Static
 
-from engine import Run, RunFilter
+from engine import DatabaseError, EngineError, Job, Run, RunFilter
 
 from . import actions
 from .actions import RUN_FLAGS, STATUS_FILTERS
 from .base_screen import BlokScreen, Changes
-from .bulk import BulkPlan
+from .bulk import BulkPlan, plan_for_runs
 from .console import (
     clock_time,
     countdown,
     day_time,
     duration,
+    local_times,
     printable,
     short_ids,
     status_text,
 )
+from .jobs import then_text
 from .tracebacks import clean_error
 from .widgets import FilterInput
 from .widgets.row_table import Column, RowTable
 
 PAGE = 100  # rows held in the table; the window slides as the cursor reaches an edge
 SEARCHED = 1_000  # newest runs a `/` search reads and matches
+READ_PAGE = 1_000  # runs read at a time when a bulk action takes every run the filter matches
+PLAN_NOTICE = 2_000  # runs the filter matches from which planning says it is reading them
 MARK = "●"
 # Narrow terminals drop the lowest priorities first; the workflow column takes spare room.
 COLUMNS = (
     Column("mark", "", 1, priority=9),
     Column("status", "status", 11, priority=10),
+    # What the run's job did after it, for a run its job outlived (shown when a row has it).
+    Column("then", "then", 11, priority=6),
     Column("run", "run", 12, priority=9),
     Column("workflow", "workflow", 16, priority=8),
     Column("version", "version", 8, priority=2),
@@ -60,10 +69,16 @@ def matches(run: Run, text: str) -> bool:
     return needle in json.dumps(run.input, ensure_ascii=False, default=str).lower()
 
 
-def detail_cell(run: Run) -> Text:
+def error_line(run: Run, tz: tzinfo | None) -> str:
+    """The first line of the run's error, its moments in the console's clock."""
+    lines = (run.error or "").strip().splitlines() or [""]
+    return local_times(clean_error(lines[0]), tz)
+
+
+def detail_cell(run: Run, tz: tzinfo | None) -> Text:
     """What a wide terminal has room for: the first line of the error, else the input."""
     if run.error:
-        return Text(clean_error(run.error.strip().splitlines()[0]), style="red1")
+        return Text(error_line(run, tz), style="red1")
     return Text(
         printable(json.dumps(run.input, ensure_ascii=False, default=str)[:200]), style="grey50"
     )
@@ -86,14 +101,16 @@ class RunsScreen(BlokScreen):
         self.queue = queue
         self.workflow = workflow
         self.text = text
-        self.marked: dict[str, str] = {}  # run id → its job id, in the order marked
+        self.marked: dict[str, Run] = {}  # run id → the run, in the order marked
         self.start = 0
         self.total = 0
         self.runs: list[Run] = []
         self.short: dict[str, str] = {}  # run id → its shortest unique prefix on this page
         self.searched = 0  # runs the last `/` search read
-        self.matched: list[tuple[str, str]] = []  # (run id, job id) the last search matched
+        self.matched: list[Run] = []  # the runs the last search matched
+        self.fates: dict[str, Job] = {}  # run id → its job, for runs their job outlived
         self.loaded = False  # the first page is on screen (the benchmark waits for this)
+        self.planning = False  # a bulk action's plan is being read
 
     @property
     def crumb(self) -> str:
@@ -160,6 +177,7 @@ class RunsScreen(BlokScreen):
                 offset=self.start,
                 **self.flags,
             )
+        self.fates = await self.blok.jobs.fates(self.engine, self.runs)
         self.render_rows()
         self.loaded = True
 
@@ -177,7 +195,7 @@ class RunsScreen(BlokScreen):
         )
         self.searched = len(window)
         matched = [run for run in window if matches(run, self.text)]
-        self.matched = [(run.id, run.job_id) for run in matched]
+        self.matched = matched
         self.total = len(matched)
         if self.start >= self.total:
             self.start = max(0, self.total - PAGE)
@@ -195,9 +213,11 @@ class RunsScreen(BlokScreen):
         if run.started_at is not None and run.finished_at is None:
             took = (now - run.started_at).total_seconds() * 1000
         short = self.short
+        fate = self.fates.get(run.id)
         return [
             Text(MARK if run.id in self.marked else " ", style="bold khaki1"),
             status_text(str(run.status)),
+            then_text(fate) if fate is not None else "",
             Text(short.get(run.id, run.id), style="grey85"),
             printable(run.workflow_name),
             Text(run.workflow_version[:8], style="grey62"),
@@ -211,12 +231,17 @@ class RunsScreen(BlokScreen):
                 short.get(run.replay_of, run.replay_of) if run.replay_of else "",
                 style="medium_purple1",
             ),
-            detail_cell(run),
+            detail_cell(run, tz),
         ]
 
     def render_rows(self) -> None:
         ids = [run.id for run in self.runs]
         self.short = short_ids([*ids, *(r.replay_of for r in self.runs if r.replay_of)])
+        # Columns empty on every row of the page give their room to the error or input.
+        empty = [] if self.fates else ["then"]
+        if not any(run.replay_of for run in self.runs):
+            empty.append("replay of")
+        self.table.hide_columns(empty)
         self.table.set_rows([(run.id, self.row_cells(run)) for run in self.runs])
         self.render_filters()
         self.render_preview()
@@ -279,6 +304,11 @@ class RunsScreen(BlokScreen):
             text.append(f"{run.id}  ", style="bold")
             text.append(f"job {run.job_id}  priority {run.priority}", style="grey62")
             text.append("\n")
+            fate = self.fates.get(run.id)
+            if fate is not None:
+                shown = short_ids([run.id, fate.run_id])[fate.run_id]
+                text.append_text(then_text(fate, long=True, shown_id=shown))
+                text.append("  J opens it  ", style="grey50")
             held = str(run.status) in ("delayed", "throttled", "queued") and run.run_at
             if held and run.run_at is not None:
                 now, tz = self.blok.now(), self.blok.tz
@@ -288,7 +318,7 @@ class RunsScreen(BlokScreen):
                     style="khaki3",
                 )
             if run.error:
-                text.append(clean_error(run.error.splitlines()[0]), style="red1")
+                text.append(error_line(run, self.blok.tz), style="red1")
             else:
                 text.append("input ", style="grey62")
                 text.append(printable(json.dumps(run.input, ensure_ascii=False, default=str)[:400]))
@@ -371,6 +401,19 @@ class RunsScreen(BlokScreen):
     def selected_run(self) -> Run | None:
         return next((r for r in self.runs if r.id == self.selected_run_id()), None)
 
+    def action_open_later(self) -> None:
+        run = self.selected_run()
+        if run is None:
+            return
+        fate = self.fates.get(run.id)
+        if fate is None:
+            self.notify(
+                f"run {run.id} is its job's latest run: no later delivery to open",
+                severity="warning",
+            )
+            return
+        self.blok.open_run(fate.run_id)
+
     def action_copy_id(self) -> None:
         run_id = self.selected_run_id()
         if run_id is not None:
@@ -392,7 +435,7 @@ class RunsScreen(BlokScreen):
         if run is None:
             return
         if self.marked.pop(run.id, None) is None:
-            self.marked[run.id] = run.job_id
+            self.marked[run.id] = run
         self.table.update_row(run.id, self.row_cells(run))
         self.render_filters()
         # Marking row after row: space moves on, as in a file manager.
@@ -404,33 +447,86 @@ class RunsScreen(BlokScreen):
         self.render_rows()
 
     async def _plan(self, action: str) -> BulkPlan:
+        """The marked runs, else what the search matched (as it matched it), else every run
+        the filter matches; once per job."""
         if self.marked:
-            ids = tuple(self.marked.values() if action == "requeue" else self.marked)
             n = len(self.marked)
-            return BulkPlan(action, ids, n, f"the {n:,} marked run{'s' if n != 1 else ''}")
-        if self.text:  # what the search matched, as it matched it
-            ids = tuple(job if action == "requeue" else run for run, job in self.matched)
-            return BulkPlan(action, ids, len(ids), self.describe_filter())
+            runs, chosen = (
+                list(self.marked.values()),
+                f"the {n:,} marked run{'s' if n != 1 else ''}",
+            )
+        elif self.text:
+            runs, chosen = list(self.matched), self.describe_filter()
+        else:
+            runs, chosen = await self._every_match(), self.describe_filter()
+        return await plan_for_runs(self.engine, self.blok.jobs, action, runs, chosen)
+
+    async def _every_match(self) -> list[Run]:
+        """Every run the status, queue and workflow chosen match, newest first (paged; a run
+        that a new one pushed onto the next page is counted once)."""
         where = self.where
-        return BulkPlan(action, where, await self.engine.count_runs(where), self.describe_filter())
+        found: dict[str, Run] = {}
+        offset = 0
+        while True:
+            chunk = await self.engine.runs(
+                status=list(where.status) if where.status else None,
+                workflow=self.workflow,
+                queue=self.queue,
+                limit=READ_PAGE,
+                offset=offset,
+                **self.flags,
+            )
+            for run in chunk:
+                found.setdefault(run.id, run)
+            if len(chunk) < READ_PAGE:
+                return list(found.values())
+            offset += READ_PAGE
 
     def _bulk_done(self) -> None:
         self.marked.clear()
         self.request_reload()
 
-    async def action_bulk_cancel(self) -> None:
-        plan = await self._plan("cancel")
-        detail = (
-            "Runs that have already ended are skipped; the others are interrupted and not retried."
-        )
-        self.blok.confirm_bulk(plan, detail, self._bulk_done)
+    def action_bulk_cancel(self) -> None:
+        self._ask("cancel")
 
-    async def action_bulk_replay(self) -> None:
-        plan = await self._plan("replay")
-        detail = "Each finished run starts again as a new run with the same input; runs still going are skipped."
-        self.blok.confirm_bulk(plan, detail, self._bulk_done)
+    def action_bulk_replay(self) -> None:
+        self._ask("replay")
 
-    async def action_bulk_requeue(self) -> None:
-        plan = await self._plan("requeue")
-        detail = "Their dead-lettered (or failed) jobs go back in their queues with fresh runs; other jobs are skipped."
+    def action_bulk_requeue(self) -> None:
+        self._ask("requeue")
+
+    @property
+    def idle(self) -> bool:
+        return super().idle and not self.planning
+
+    def _ask(self, action: str) -> None:
+        """Plan the action off the input path (10,000 runs take a second or so to read, with
+        their jobs), then ask. A second press while planning is not a second plan."""
+        if self.planning:
+            self.notify("still reading the runs for the bulk action asked for", severity="warning")
+            return
+        self.planning = True
+        self.run_worker(self._plan_and_ask(action), group="plan")
+
+    async def _plan_and_ask(self, action: str) -> None:
+        try:
+            if not self.marked and not self.text and self.total > PLAN_NOTICE:
+                self.notify(
+                    f"reading the {self.total:,} runs the filter matches, to act once per job…"
+                )
+            plan = await self._plan(action)
+        except (EngineError, DatabaseError) as error:
+            self.notify(str(error), title=f"Bulk {action} not planned", severity="error")
+            return
+        finally:
+            self.planning = False
+        if action == "cancel":
+            detail = "Runs that have already ended are skipped; the others are interrupted and "
+            detail += "not retried."
+        elif action == "replay":
+            detail = "Each starts again as a new run with the same input; runs still going are "
+            detail += "skipped."
+        else:
+            detail = "Each goes back in its queue with a fresh run and its retry budget again: "
+            detail += f"{plan.budget}."
         self.blok.confirm_bulk(plan, detail, self._bulk_done)

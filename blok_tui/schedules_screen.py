@@ -20,13 +20,14 @@ from .console import countdown, day_time, printable, short_ids, status_text
 from .widgets.row_table import Column, RowTable
 
 COLUMNS = (
-    Column("workflow", "workflow", 18, priority=10, flex=True),
-    Column("schedule", "schedule", 22, priority=9),
+    Column("workflow", "workflow", 18, priority=10),
+    # The flexible one: a cron with its time zone is the longest thing in a row.
+    Column("schedule", "schedule", 22, priority=9, flex=True),
     Column("state", "state", 8, priority=8),
-    Column("next", "next", 14, priority=7),
+    Column("next", "next", 10, priority=7),
     Column("last", "last fired", 11, priority=4),
     Column("run", "last run", 12, priority=3),
-    Column("status", "status", 12, priority=6),
+    Column("status", "status", 11, priority=6),
     Column("queue", "queue", 12, priority=2),
 )
 

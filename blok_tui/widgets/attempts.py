@@ -29,6 +29,8 @@ class AttemptsView(Static):
             note = "cached from run " + step.cached_from if step.cached_from else "no attempts yet"
             if step.kind == "wait":
                 note = "a wait: no attempts"
+            elif step.kind == "event":
+                note = "waits for an event: no attempts"
             self.update(Text(note, style="dim italic"))
             return
         rows = []

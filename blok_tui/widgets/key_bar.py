@@ -25,6 +25,8 @@ class KeyBar(Static):
         self.pinned: list[Key] = []
 
     def show(self, keys: Sequence[Key], pinned: Sequence[Key]) -> None:
+        if list(keys) == self.keys and list(pinned) == self.pinned and self.size.width:
+            return  # the run view asks at every redraw: nothing to draw when nothing changed
         self.keys, self.pinned = list(keys), list(pinned)
         self.render_keys()
 

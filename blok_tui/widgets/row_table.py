@@ -91,11 +91,22 @@ class RowTable(ScrollView, can_focus=True):
         self._layout: list[tuple[Column, int]] = []  # the columns shown, with their widths
         self._layout_width = -1
         self.cursor_row = 0
+        self.hidden: frozenset[str] = frozenset()  # columns with nothing to show just now
+
+    def hide_columns(self, keys: Iterable[str]) -> None:
+        """Leave these columns out (their room goes to the others) until hidden no more: for
+        a column that is empty on every row shown."""
+        hidden = frozenset(keys)
+        if hidden != self.hidden:
+            self.hidden = hidden
+            self._layout_width = -1  # lay out again at the next draw
+            self._strips.clear()
+            self.refresh()
 
     # ---- columns -------------------------------------------------------------------------
     def fit_columns(self, width: int) -> list[tuple[Column, int]]:
         """The columns that fit in `width`, most important kept, in their order."""
-        shown = list(self.columns)
+        shown = [c for c in self.columns if c.key not in self.hidden]
 
         def used(columns: list[Column]) -> int:
             return sum(c.width for c in columns) + GAP * max(0, len(columns) - 1) + 1

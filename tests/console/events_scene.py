@@ -41,6 +41,7 @@ def rate_runs() -> list[object]:
     second = scene._order(18, 0.7, RunStatus.RUNNING)
     held = scene._order(19, 0.3, RunStatus.THROTTLED, started_at=None)
     held.run_at = NOW + timedelta(seconds=14)
+    held.steps = []  # not started: its steps are not laid out yet
     until = held.run_at.isoformat()
     held.error = f"throttled: rate limit: 2/2 runs started in the last 1m; may start at {until}"
     return [first, second, held]

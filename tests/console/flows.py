@@ -162,3 +162,19 @@ CHATTY = Workflow(
     steps=[Step("talk", chatty)],
 )
 ALL.append(CHATTY)
+
+
+def fail_first_delivery(ctx) -> dict:
+    if ctx.job.attempt == 1:
+        raise ConnectionError(f"POST {ctx.body.get('url')}: connection reset")
+    return {"status": 200}
+
+
+# A job whose first delivery fails and whose second goes through: a failed run, then a
+# completed one, of one job.
+RECOVERS = Workflow(
+    name="recovers.hook",
+    trigger=WorkerTrigger(queue="recovers", concurrency=2, retries=2, delay=10),
+    steps=[Step("deliver", fail_first_delivery)],
+)
+ALL.append(RECOVERS)

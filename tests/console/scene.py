@@ -134,6 +134,44 @@ def _completed_order(n: int, minutes: float) -> Run:
     return run
 
 
+def retried_order() -> list[Run]:
+    """A job whose first delivery failed (the gateway said no four times) and whose second
+    went through: run 4 failed, then run 5 completed, one job."""
+    first = _order(4, 17, RunStatus.FAILED)
+    _done(first.steps[0], first.created_at, 2, first.input, first.input)
+    charge = first.steps[1]
+    charge.status = StepStatus.FAILED
+    charge.started_at = first.created_at + timedelta(milliseconds=2)
+    charge.input = {"order_id": "A994", "amount": 1228, "flaky": 4}
+    t = charge.started_at
+    for k in (1, 2, 3, 4):
+        charge.attempts.append(
+            Attempt(
+                number=k,
+                status=AttemptStatus.FAILED,
+                started_at=t,
+                finished_at=t + timedelta(milliseconds=150),
+                error=f"GatewayDeclined: gateway 503 for order A994 (attempt {k})",
+                backoff_ms=400 * 2 ** (k - 1) if k < 4 else None,
+            )
+        )
+        t += timedelta(milliseconds=150 + (400 * 2 ** (k - 1) if k < 4 else 0))
+    charge.finished_at = t
+    charge.error = "GatewayDeclined: gateway 503 for order A994 (attempt 4) (after 4 attempts)"
+    first.finished_at = t
+    first.error = "[step 2/5] charge failed: " + charge.error
+    first.error_step = "charge"
+    first.attempts, first.failed_attempts = 5, 4
+    first.logs = [
+        LogLine(ts=t, level="warning", message=f"job attempt 1/2 failed; retrying as run {rid(5)}")
+    ]
+    second = _completed_order(5, 12)
+    second.job_id = first.job_id
+    second.job_attempt = 2
+    second.input = first.input
+    return [first, second]
+
+
 def showcase_runs() -> list[Run]:
     runs: list[Run] = []
     # A flaky charge that went through on the third attempt.
@@ -153,8 +191,9 @@ def showcase_runs() -> list[Run]:
     ]
     flaky.attempts, flaky.failed_attempts = 6, 2
     runs.append(flaky)
-    for n, minutes in ((2, 26), (3, 21), (4, 17), (5, 12)):
+    for n, minutes in ((2, 26), (3, 21)):
         runs.append(_completed_order(n, minutes))
+    runs.extend(retried_order())
 
     # An order that failed: the gateway said no four times.
     failed = _order(6, 9, RunStatus.FAILED)
@@ -389,6 +428,7 @@ def flow_control_runs() -> list[Run]:
     throttled = _order(16, 0.5, RunStatus.THROTTLED, started_at=None)
     throttled.error = "throttled: 2 runs of key 'acme' hold its 2 slots"
     throttled.run_at = NOW + timedelta(seconds=3)
+    throttled.steps = []  # no worker has started it: its steps are not laid out yet
     debounced = _order(17, 0.3, RunStatus.DEBOUNCED, started_at=None)
     debounced.finished_at = at(0.25)
     debounced.output = {"debounced_into": rid(9)}
@@ -434,8 +474,8 @@ def showcase_jobs(runs: list[Run]) -> list[Job]:
     }
     jobs = []
     for run in runs:
-        if run.id == rid(6):
-            continue  # its job was retried as run 7
+        if run.id in (rid(4), rid(6)):
+            continue  # run 4's job went on to run 5; run 6's job was removed since
         job = Job(
             id=run.job_id,
             queue=run.queue,

@@ -10,6 +10,7 @@ import pytest
 from textual.widgets import Input, Static, TextArea
 
 from blok_tui.app import BlokApp
+from blok_tui.console import short_ids
 from blok_tui.inject_screen import InjectScreen
 from blok_tui.run_screen import RunScreen
 from blok_tui.schedules_screen import SchedulesScreen
@@ -164,7 +165,7 @@ async def test_why_waiting_names_the_rate_limit_holders_and_h_opens_one() -> Non
             await command(pilot, f"run {held}")
             why = text_of(app.screen.query_one("#why", Static))
             assert "[rate limit]" in why and "1/1 runs started in the window" in why
-            assert f"held by {done.id}" in why
+            assert f"held by {short_ids([done.id])[done.id]}" in why  # short, as everywhere
             await pilot.press("h")
             await until(
                 pilot, lambda: isinstance(app.screen, RunScreen) and app.screen.run_id == done.id

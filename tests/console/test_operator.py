@@ -4,6 +4,7 @@ replay, retry now, the retrying filter, and opening a subworkflow's child run.""
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -315,8 +316,8 @@ async def test_filters_pause_and_bulk_actions_are_reachable_by_command_and_palet
         await command(pilot, "runs")
         provider = ActionCommands(app.screen)
         shown = [str(hit.prompt) async for hit in provider.search("marked")]
-        assert "Cancel the marked runs (or all the filter matches)  C" in shown
-        assert "Replay the marked runs (or all the filter matches)  R" in shown
+        assert "Cancel the marked runs (or all the filter matches), once per job  C" in shown
+        assert "Replay the marked runs (or all the filter matches), once per job  R" in shown
 
 
 async def test_a_delayed_run_says_until_when_and_retry_now_starts_it(engine: Engine) -> None:
@@ -329,7 +330,9 @@ async def test_a_delayed_run_says_until_when_and_retry_now_starts_it(engine: Eng
         header = text_of(app.screen.query_one("#run-header", Static))
         run_at = (await engine.get_run(run_id)).run_at
         assert run_at is not None
-        assert f"◷ delayed until {clock_time(run_at, None)} — starts in 4m" in header
+        # Counted down in whole seconds, rounded up: 4m59.9s to go reads "in 5m00s".
+        assert f"◷ delayed until {clock_time(run_at, None)} — starts in " in header
+        assert re.search(r"starts in (4m\d\ds|5m00s)", header), header
         assert "t starts it now" in header
         await pilot.press("t")
         run = await engine.wait_for_job(job_id, timeout=10)

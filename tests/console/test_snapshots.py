@@ -49,8 +49,17 @@ MAIN: dict[str, Callable[[BlokApp], Any]] = {
     "inject": lambda app: app.action_inject("orders"),
     "help": lambda app: app.action_help(),
     "dead-letters": lambda app: app.run_command("dlq webhooks"),
+    # Failures per job: run 4 failed, then its job's second delivery (run 5) completed.
+    "runs-failed": lambda app: app.run_command("runs failed"),
+    "run-retried": lambda app: app.run_command(f"run {scene.rid(4)}"),
+    "bulk-replay-per-job": lambda app: app.screen.action_bulk_replay(),
+    "dlq-requeue-all": lambda app: app.screen.action_requeue_all(),
 }
-BEFORE = {"run-timeline": [MAIN["run-failed-attempt"]]}
+BEFORE = {
+    "run-timeline": [MAIN["run-failed-attempt"]],
+    "bulk-replay-per-job": [MAIN["runs-failed"]],
+    "dlq-requeue-all": [MAIN["dead-letters"]],
+}
 
 
 @pytest.mark.parametrize("size", list(SIZES))

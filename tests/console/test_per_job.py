@@ -1,0 +1,443 @@
+"""Failures per job, not per run (issue 18, item 4), the inject template from the queue's
+workflow (item 7), and what a person met in the views: keys that apply, a reason said once,
+times in the console's clock, a not-started run's input. Over a real engine on a real SQLite
+file, driven with Textual's pilot."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from textual.pilot import Pilot
+from textual.widgets import Select, Static, TextArea
+
+from blok_tui.app import BlokApp
+from blok_tui.confirm_screen import ConfirmScreen
+from blok_tui.console import countdown, short_ids
+from blok_tui.dead_letters_screen import DeadLettersScreen
+from blok_tui.inject_screen import InjectScreen
+from blok_tui.payload_template import body_template
+from blok_tui.queues_screen import QueuesScreen
+from blok_tui.run_screen import RunScreen
+from blok_tui.runs_screen import RunsScreen
+from blok_tui.widgets.key_bar import KeyBar
+from blok_tui.widgets.row_table import RowTable
+from engine import Engine, RateLimit, RunStatus, Step, WorkerTrigger, Workflow, wait
+
+from .flows import ALL
+from .helpers import column, command, settled, text_of, until
+
+pytestmark = pytest.mark.anyio
+SIZE = (140, 40)
+ISO = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}")
+
+
+@pytest.fixture
+async def engine(tmp_path: Path) -> AsyncIterator[Engine]:
+    async with Engine(workflows=ALL, database=tmp_path / "blok.db", grace_period=0.5) as engine:
+        yield engine
+
+
+async def _recovered(engine: Engine) -> tuple[str, str]:
+    """A job whose first delivery failed and whose second completed: (failed run, later run)."""
+    job_id = await engine.enqueue("recovers", {"url": "https://hooks.example.com/1"})
+    later = await engine.wait_for_job(job_id, timeout=10)
+    assert later.status == "completed" and later.job_attempt == 2
+    [failed] = [
+        r for r in await engine.runs(queue="recovers", status="failed") if r.job_id == job_id
+    ]
+    return failed.id, later.id
+
+
+async def _dead(engine: Engine, n: int) -> list[str]:
+    """`n` dead jobs of the doomed queue, each failed twice (retries=1)."""
+    jobs = [await engine.enqueue("doomed", {"order_id": f"D{k}"}) for k in range(n)]
+    for job_id in jobs:
+        await engine.wait_for_job(job_id, timeout=10)
+    return jobs
+
+
+def _keys(app: BlokApp) -> str:
+    bar = app.screen.query_one(KeyBar)
+    return " ".join(f"{key} {label}" for key, label, _ in bar.keys)
+
+
+# ---- a failed run whose job went on -----------------------------------------------------------
+async def test_a_failed_run_whose_job_completed_later_says_so_and_J_opens_that_run(
+    engine: Engine,
+) -> None:
+    failed, later = await _recovered(engine)
+    app = BlokApp(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        await command(pilot, "runs failed")
+        screen = app.screen
+        assert isinstance(screen, RunsScreen)
+        table = screen.query_one("#runs", RowTable)
+        assert table.keys == [failed]
+        assert "then" in table.shown_columns
+        assert column(table, "then") == ["↻ completed"]
+        preview = text_of(screen.query_one("#preview", Static))
+        assert "↻ then completed: its job went on to delivery 2 of 3" in preview
+        await pilot.press("J")
+        await until(pilot, lambda: isinstance(app.screen, RunScreen))
+        assert app.screen.run_id == later
+        # The failed run's own view says it too, and J goes the same way.
+        await command(pilot, f"run {failed}")
+        header = text_of(app.screen.query_one("#run-header", Static))
+        short = short_ids([failed, later])  # the later run by its short id, as everywhere
+        assert "delivery 1 of 3" in header
+        assert f"↻ then completed: its job went on to delivery 2 of 3 ({short[later]})" in header
+        assert "J later run" in _keys(app)
+        await pilot.press("J")
+        await until(pilot, lambda: isinstance(app.screen, RunScreen) and app.screen.run_id == later)
+
+
+async def test_the_then_column_shows_only_when_a_run_on_the_page_has_it(engine: Engine) -> None:
+    await engine.wait_for_job(await engine.enqueue("quick", {"n": 1}), timeout=10)
+    app = BlokApp(engine)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settled(pilot)
+        await command(pilot, "runs")
+        table = app.screen.query_one("#runs", RowTable)
+        # Nothing was retried: the column's room goes to the others.
+        assert "then" not in table.shown_columns and "replay of" not in table.shown_columns
+        assert "attempts" in table.shown_columns
+        await _recovered(engine)
+        await until(pilot, lambda: "then" in table.shown_columns)
+        # At 80 columns it stays, with status and id.
+        assert {"status", "then", "run"} <= set(table.shown_columns)
+
+
+async def test_redraws_do_not_read_the_jobs_again(engine: Engine) -> None:
+    await _recovered(engine)
+    await _dead(engine, 2)
+    app = BlokApp(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        await command(pilot, "runs failed")
+        screen = app.screen
+        assert isinstance(screen, RunsScreen)
+        read = app.jobs.reads
+        assert 1 <= read <= 3  # each job once
+        for _ in range(5):
+            screen.request_reload()
+            await settled(pilot)
+        assert app.jobs.reads == read
+
+
+# ---- bulk actions act once per job --------------------------------------------------------------
+async def test_replaying_every_failed_run_replays_each_dead_job_once(engine: Engine) -> None:
+    jobs = await _dead(engine, 2)  # four failed runs: two deliveries each
+    await _recovered(engine)  # one failed run whose job completed later
+    newest = {}
+    for run in await engine.runs(status="failed", queue="doomed", limit=10):
+        newest.setdefault(run.job_id, run.id)  # newest first
+    app = BlokApp(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        await command(pilot, "runs failed")
+        assert len(app.screen.query_one("#runs", RowTable).keys) == 5
+        await pilot.press("R")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        confirm = app.screen
+        assert text_of(confirm.query_one(".question", Static)).strip() == "Replay 2 runs?"
+        detail = " ".join(text_of(confirm.query_one(".detail", Static)).split())
+        assert "5 runs of 3 jobs, each job once (its newest run)." in detail
+        assert "Left out, by job: 1 completed on a later delivery." in detail
+        await pilot.press("y")
+        await until(pilot, lambda: app.last_bulk is not None)
+        assert set(app.last_bulk.replayed) == set(newest.values())
+    replays = [r for r in await engine.runs(limit=50) if r.replay_of]
+    assert {r.job_id for r in replays} and len({r.replay_of for r in replays}) == 2
+    assert {(await engine.get_run(r.replay_of)).job_id for r in replays} == set(jobs)
+
+
+async def test_a_bulk_key_pressed_again_while_planning_plans_nothing_more(engine: Engine) -> None:
+    await _dead(engine, 1)
+    app = BlokApp(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        await command(pilot, "runs failed")
+        screen = app.screen
+        assert isinstance(screen, RunsScreen)
+        screen.planning = True  # as while 10,000 runs and their jobs are read
+        await pilot.press("R")
+        await pilot.pause()
+        assert not isinstance(app.screen, ConfirmScreen)
+        assert any("still reading the runs" in n.message for n in app._notifications)
+        screen.planning = False
+        await pilot.press("R")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+
+
+async def test_requeue_of_marked_runs_takes_each_dead_job_once_and_states_its_budget(
+    engine: Engine,
+) -> None:
+    [job_id] = await _dead(engine, 1)
+    app = BlokApp(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        await command(pilot, "runs doomed")
+        await pilot.press("space", "space")  # both deliveries of the one dead job
+        await pilot.press("D")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        confirm = app.screen
+        assert text_of(confirm.query_one(".question", Static)).strip() == "Requeue 1 dead job?"
+        detail = " ".join(text_of(confirm.query_one(".detail", Static)).split())
+        assert "2 runs of 1 job, each job once" in detail
+        assert "its retry budget again: 1 retry (up to 2 deliveries)." in detail
+        await pilot.press("y")
+        await until(pilot, lambda: app.last_bulk is not None)
+        assert app.last_bulk.ids == [job_id]
+        assert app.last_bulk.skipped == 0
+
+
+async def test_requeue_from_the_dead_letters_says_the_budget_it_gives(engine: Engine) -> None:
+    [job_id] = await _dead(engine, 1)
+    app = BlokApp(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        await command(pilot, "dlq doomed")
+        assert isinstance(app.screen, DeadLettersScreen)
+        await pilot.press("r")
+        await until(pilot, lambda: any(n.title == "Requeued" for n in app._notifications))
+        [note] = [n.message for n in app._notifications if n.title == "Requeued"]
+        assert note == (
+            f"job {job_id} is back on doomed with a fresh run and 1 retry (up to 2 deliveries)"
+        )
+
+
+async def test_recent_failures_are_one_line_per_job(engine: Engine) -> None:
+    await _dead(engine, 1)
+    await _recovered(engine)
+    app = BlokApp(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        assert isinstance(app.screen, QueuesScreen)
+        lines = text_of(app.screen.query_one("#failures", Static), 200).splitlines()
+        failures = [line for line in lines if "✗" in line]
+        assert len(failures) == 2, lines  # three failed runs, two jobs
+        assert "doomed.retry" in failures[1] and "2 deliveries, dead" in failures[1]
+        assert "recovers.hook" in failures[0] and "↻ completed" in failures[0]
+
+
+# ---- a run's replays, per job --------------------------------------------------------------------
+async def test_the_run_view_names_its_replay_once_per_replay_job(engine: Engine) -> None:
+    [job_id] = await _dead(engine, 1)
+    source = await engine.wait_for_job(job_id, timeout=10)
+    assert source.job_attempt == 2
+    replay = await engine.replay(source.id)
+    # The replay is a doomed job too: two deliveries, two runs with replay_of set.
+    await engine.wait_for_job((await engine.get_run(replay)).job_id, timeout=10)
+    app = BlokApp(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        await command(pilot, f"run {source.id}")
+        header = text_of(app.screen.query_one("#run-header", Static))
+        assert "delivery 2 of 2  dead letter" in header  # its job's last delivery
+        assert "⟲ replayed as run" in header and "more" not in header
+        await pilot.press("J")
+        await until(pilot, lambda: app.screen.run_id != source.id)
+        assert (await engine.get_run(app.screen.run_id)).replay_of == source.id
+
+
+# ---- the footer offers the keys that apply ---------------------------------------------------------
+async def test_the_run_views_footer_offers_only_the_keys_that_apply(engine: Engine) -> None:
+    done = await engine.wait_for_job(await engine.enqueue("quick", {"n": 1}), timeout=10)
+    events = engine.events()
+    slow = await engine.enqueue("slow", {"order_id": "S1"})
+    async for event in events:
+        if getattr(event, "queue", None) == "slow" and type(event).__name__ == "RunStarted":
+            break
+    await events.aclose()
+    app = BlokApp(engine)
+    async with app.run_test(size=(200, 40)) as pilot:
+        await settled(pilot)
+        await command(pilot, f"run {done.id}")
+        keys = _keys(app)
+        assert "r replay" in keys and "f from step" in keys
+        for absent in ("c cancel", "D diff", "o source", "s send event", "h holder", "p parent"):
+            assert absent not in keys, keys
+        assert "enter child run" not in keys
+        await command(pilot, f"run {(await engine.get_job(slow)).run_id}")
+        keys = _keys(app)
+        assert "c cancel" in keys
+        assert "r replay" not in keys and "f from step" not in keys
+
+
+# ---- a throttled run: the reason once, in the console's clock, and its input --------------------
+LIMITED = Workflow(
+    name="api.calls",
+    trigger=WorkerTrigger(queue="calls", rate_limit=RateLimit(limit=1, period="1m")),
+    steps=[Step("call", lambda ctx: {"ok": True})],
+)
+
+
+async def test_a_throttled_run_says_why_once_in_local_time_and_shows_its_input() -> None:
+    async with Engine(workflows=[LIMITED]) as engine:
+        first = await engine.enqueue("calls", {"n": 1})
+        second = await engine.enqueue("calls", {"n": 2, "customer": "acme"})
+        await engine.wait_for_job(first, timeout=10)
+        with anyio.fail_after(10):
+            while True:
+                run = await engine.get_run((await engine.get_job(second)).run_id)
+                if run.status is RunStatus.THROTTLED:
+                    break
+                await anyio.sleep(0.02)
+        app = BlokApp(engine)
+        async with app.run_test(size=SIZE) as pilot:
+            await settled(pilot)
+            await command(pilot, f"run {run.id}")
+            screen = app.screen
+            header = text_of(screen.query_one("#run-header", Static))
+            why = text_of(screen.query_one("#why", Static))
+            log = text_of(screen.query_one("#run-log", Static))
+            # The rate limit's words are in the panel, not again in the header.
+            assert "runs started in the" in why and "runs started in the" not in header
+            assert "[rate limit] 1/1 runs" in why  # the tag is not repeated either
+            for shown in (header, why, log):
+                assert not ISO.search(shown), shown
+            # No steps until a worker starts it: its input is what there is to see.
+            assert text_of(screen.query_one("#steps-title", Static)).strip() == "steps: not started"
+            shown_input = text_of(screen.query_one("#step-input"))
+            assert json.loads(shown_input) == {"n": 2, "customer": "acme"}
+        await engine.cancel(run.id)
+
+
+# ---- an event wait says what it waits for, and its deadline is a timeout ---------------------------
+APPROVAL = Workflow(
+    name="orders.approval",
+    trigger=WorkerTrigger(queue="approvals"),
+    steps=[wait.for_event("approved", timeout="1h", match="$.body.order_id", name="approval")],
+)
+
+
+async def test_an_event_waits_step_says_it_times_out_not_that_it_resumes() -> None:
+    async with Engine(workflows=[APPROVAL]) as engine:
+        job_id = await engine.enqueue("approvals", {"order_id": "A7"})
+        with anyio.fail_after(10):
+            while True:
+                run = await engine.get_run((await engine.get_job(job_id)).run_id)
+                if run.status is RunStatus.WAITING:
+                    break
+                await anyio.sleep(0.02)
+        app = BlokApp(engine)
+        async with app.run_test(size=SIZE) as pilot:
+            await settled(pilot)
+            await command(pilot, f"run {run.id}")
+            title = text_of(app.screen.query_one("#step-title", Static))
+            assert "✉ waits for event 'approved' with key 'A7'; times out at" in title
+            assert "resumes" not in title
+            attempts = text_of(app.screen.query_one("#attempts", Static))
+            assert attempts.strip() == "waits for an event: no attempts"
+            assert "s send event" in _keys(app)
+        await engine.cancel(run.id)
+
+
+def test_a_countdown_counts_whole_seconds() -> None:
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    assert countdown(now + timedelta(seconds=18.2), now) == "in 19s"
+    assert countdown(now + timedelta(seconds=0.4), now) == "in <1s"
+    assert countdown(now + timedelta(seconds=61), now) == "in 1m01s"
+    assert countdown(now - timedelta(seconds=1), now) == "due now"
+
+
+# ---- the inject template ---------------------------------------------------------------------------
+SIGNUP = Workflow(
+    name="accounts.signup",
+    trigger=WorkerTrigger(queue="signups"),
+    steps=[
+        Step(
+            "create",
+            lambda ctx, email, name: {"ok": True},
+            inputs={"email": "$.body.customer.email", "name": "$.body.customer.name"},
+        ),
+        Step(
+            "welcome",
+            lambda ctx, sku, plan: {"sent": True},
+            inputs={"sku": "$.body.items.0.sku", "plan": "$.body.plan"},
+        ),
+    ],
+)
+PLAIN = Workflow(
+    name="plain.echo",
+    trigger=WorkerTrigger(queue="plain"),
+    steps=[Step("echo", lambda ctx: {"echo": ctx.body})],
+)
+
+
+def test_body_fields_become_a_nested_template() -> None:
+    fields = ["customer.email", "customer.name", "items.0.sku", "plan", "customer"]
+    assert body_template(fields) == {
+        "customer": {"email": None, "name": None},
+        "items": [{"sku": None}],
+        "plan": None,
+    }
+    assert body_template([]) == {}
+
+
+async def _inject_modal(app: BlokApp, pilot: Pilot[Any], queue: str) -> InjectScreen:
+    app.action_inject(queue)
+    await until(pilot, lambda: isinstance(app.screen, InjectScreen))
+    await pilot.pause()
+    modal = app.screen
+    assert isinstance(modal, InjectScreen)
+    return modal
+
+
+async def test_the_inject_template_holds_the_fields_the_queues_workflow_reads(
+    tmp_path: Path,
+) -> None:
+    async with Engine(workflows=[SIGNUP, PLAIN], database=tmp_path / "blok.db") as engine:
+        app = BlokApp(engine)
+        async with app.run_test(size=SIZE) as pilot:
+            await settled(pilot)
+            modal = await _inject_modal(app, pilot, "signups")
+            area = modal.query_one(TextArea)
+            assert json.loads(area.text) == {
+                "customer": {"email": None, "name": None},
+                "items": [{"sku": None}],
+                "plan": None,
+            }
+            assert "the fields accounts.signup reads" in str(
+                modal.query_one("#payload-label").render()
+            )
+            assert area.selected_text == "null"  # typing replaces the first blank
+            # Another queue, untouched payload: its template instead.
+            modal.query_one("#queue", Select).value = "plain"
+            await pilot.pause()
+            assert area.text == "{}"
+            assert "plain.echo reads no $.body field" in str(
+                modal.query_one("#payload-label").render()
+            )
+            # Written by hand: picking a queue keeps it.
+            area.text = '{"mine": 1}'
+            modal.query_one("#queue", Select).value = "signups"
+            await pilot.pause()
+            assert area.text == '{"mine": 1}'
+
+
+async def test_an_attached_console_gets_the_template_from_the_workers_catalog(
+    tmp_path: Path,
+) -> None:
+    database = tmp_path / "blok.db"
+    # The worker first, then a console with no workflows of its own on its database.
+    async with (
+        Engine(workflows=[SIGNUP], database=database),
+        Engine(database=database, create=False, follow=True) as client,
+    ):
+        app = BlokApp(client)
+        async with app.run_test(size=SIZE) as pilot:
+            await settled(pilot)
+            modal = await _inject_modal(app, pilot, "signups")
+            assert json.loads(modal.query_one(TextArea).text)["customer"] == {
+                "email": None,
+                "name": None,
+            }
