@@ -22,6 +22,7 @@ OPENING: list[tuple[str, dict[str, Any]]] = [
     ("reports", {"month": "2026-11", "seconds": 40}),
     ("webhooks", {"url": "https://gone.example.com/hooks/orders", "event": "order.paid"}),
     ("orders", {"order_id": "A1002", "amount": 1299, "items": 1}),
+    ("webhooks", {"url": "https://warming.example.com/hooks/orders", "event": "order.paid"}),
     ("exports", {"size_mb": 90}),
     ("orders", {"order_id": "A1003", "amount": 560, "items": 2, "flaky": 1}),
     ("exports", {"size_mb": 12}),
@@ -40,8 +41,14 @@ def _next_job(n: int, rng: random.Random) -> tuple[str, dict[str, Any]]:
     if roll < 0.8:
         return "exports", {"size_mb": rng.choice([5, 10, 20, 25, 60])}
     if roll < 0.95:
-        gone = rng.random() < 0.3
-        host = "gone.example.com" if gone else "hooks.example.com"
+        kind = rng.random()
+        host = (
+            "gone.example.com"
+            if kind < 0.25
+            else "warming.example.com"
+            if kind < 0.5
+            else "hooks.example.com"
+        )
         return "webhooks", {"url": f"https://{host}/e/{n}", "event": "order.shipped"}
     return "reports", {"month": "2026-10", "seconds": rng.randint(20, 60)}
 

@@ -42,3 +42,14 @@ async def test_the_opening_shows_every_feature_within_ten_seconds() -> None:
             tg.cancel_scope.cancel()
         await events.aclose()
     assert wanted <= seen
+
+
+async def test_a_warming_webhook_fails_its_first_delivery_then_completes() -> None:
+    """What the console marks `↻ then completed`: a failed run whose job went on to complete."""
+    folder = Path(examples.__file__).parent
+    async with Engine(workflows=folder, grace_period=0.2) as engine:
+        job = await engine.enqueue("webhooks", {"url": "https://warming.example.com/h"})
+        done = await engine.wait_for_job(job, timeout=10)
+        runs = await engine.runs(queue="webhooks")
+    assert done.status == "completed" and done.job_attempt == 2
+    assert sorted(str(r.status) for r in runs) == ["completed", "failed"]
