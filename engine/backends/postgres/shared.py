@@ -14,7 +14,7 @@ from typing import TypeVar
 
 from ...models import WorkerInfo
 from ..base import SharedState, Window, WorkerCatalog
-from ..sqlite.shared import catalog_from_row, catalog_row
+from ..rows import catalog_from_row, catalog_row
 from . import sql
 from .db import Conn, PostgresDatabase, clean
 
