@@ -759,12 +759,16 @@ async def test_stats_count_the_jobs_in_each_state(queue: JobQueue) -> None:
 
 async def test_a_job_claimed_but_not_handed_out_counts_as_waiting(queue: JobQueue) -> None:
     # A queue may claim ahead of what was asked; what it did not hand out nobody runs yet.
-    await add(queue, 3)
+    made = await add(queue, 3)
     await queue.claim(QUEUE, 1, "w1", LONG)
 
     stats = await queue.stats(QUEUE)
 
     assert (stats.waiting, stats.active) == (2, 1)
+    # And it has waited since it was made: the oldest of them, the second job added.
+    oldest = await queue.oldest_waiting(QUEUE)
+    assert oldest is not None
+    assert abs((oldest - made[1][0].created_at).total_seconds()) < 0.001
 
 
 async def test_a_delayed_job_counts_as_waiting_once_due(queue: JobQueue) -> None:
@@ -979,3 +983,7 @@ async def test_stats_do_not_count_jobs_whose_lease_this_process_lost(
 
     for stats in (await queue.stats(QUEUE), await other_queue.stats(QUEUE)):
         assert (stats.waiting, stats.active, stats.completed) == (0, 0, 4)
+    assert (await queue.oldest_waiting(QUEUE), await other_queue.oldest_waiting(QUEUE)) == (
+        None,
+        None,
+    )
