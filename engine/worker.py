@@ -167,6 +167,9 @@ class Worker:
         self._started = False
         self._forced = anyio.Event()
         self._watchdog: LoopWatchdog | None = None
+        # Set once a drain unregistered the worker: a renewal still due before the engine's
+        # tasks end must not register it again with its heartbeat.
+        self._unregistered = False
         self.watchdog_s = watchdog_s
         # Signals read for jobs claimed here but not started yet (claimed ahead).
         self._early: dict[str, dict[str, float]] = {}
@@ -245,6 +248,7 @@ class Worker:
         with anyio.CancelScope(shield=True):
             await self._release_held({h.claim.job.id for h in interrupted if h.held})
             if not held:
+                self._unregistered = True
                 await self.backend.shared.forget_worker(self.info.id)
             await self.backend.runs.flush()
         if self._watchdog is not None:
@@ -722,8 +726,9 @@ class Worker:
 
     async def renew(self) -> None:
         """Renew every lease this worker holds; drop the jobs it no longer holds."""
-        self.info.heartbeat_at = utcnow()
-        self.backend.shared.heartbeat(self.info)
+        if not self._unregistered:
+            self.info.heartbeat_at = utcnow()
+            self.backend.shared.heartbeat(self.info)
         for queue in self.backend.queues:
             asked = time.monotonic()
             renewal = await queue.renew(self.info.id, self.lease_s)

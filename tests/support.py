@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import anyio
+from pg import fresh_database
 
 from engine import Engine, Event
 
@@ -52,3 +54,25 @@ async def until(condition: Callable[[], Any], timeout: float = 10, every: float 
             if held:
                 return
             await anyio.sleep(every)
+
+
+# The databases an engine test can run on: "memory", "sqlite", "postgres"; DURABLE are those
+# that outlive an engine and that several engines (processes) can share.
+DATABASES = ("memory", "sqlite", "postgres")
+DURABLE = ("sqlite", "postgres")
+
+
+@asynccontextmanager
+async def a_database(kind: str, tmp_path: Path) -> AsyncIterator[Path | str | None]:
+    """A fresh database of `kind` for `Engine(database=...)`: None (memory), a SQLite file in
+    `tmp_path`, or a PostgreSQL database of its own (tests/pg.py: skipped where there is no
+    server, failed where BLOK_REQUIRE_POSTGRES=1)."""
+    if kind == "memory":
+        yield None
+    elif kind == "sqlite":
+        yield tmp_path / "blok.db"
+    elif kind == "postgres":
+        async with fresh_database() as url:
+            yield url
+    else:
+        raise ValueError(f"no database kind {kind!r}: one of {', '.join(DATABASES)}")

@@ -1,18 +1,19 @@
-"""wait.for_event and send_event on memory and SQLite: delivered, sent before the wait, timeout,
-across a restart with no worker alive, from another process (the CLI), by key, and the errors."""
+"""wait.for_event and send_event on memory, SQLite and PostgreSQL: delivered, sent before the
+wait, timeout, across a restart with no worker alive, from another process (the CLI), by key,
+and the errors."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 from cli_helpers import blok
-from support import until
+from support import DATABASES, DURABLE, a_database, until
 
 from engine import (
     Engine,
@@ -29,9 +30,22 @@ from engine import (
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture(params=["memory", "sqlite"])
-def database(request: pytest.FixtureRequest, tmp_path: Path) -> Path | None:
-    return None if request.param == "memory" else tmp_path / "events.db"
+@pytest.fixture(params=DATABASES)
+async def database(
+    request: pytest.FixtureRequest, tmp_path: Path, anyio_backend: str
+) -> AsyncIterator[Path | str | None]:
+    async with a_database(request.param, tmp_path) as location:
+        yield location
+
+
+@pytest.fixture(params=DURABLE)
+async def durable(
+    request: pytest.FixtureRequest, tmp_path: Path, anyio_backend: str
+) -> AsyncIterator[Path | str]:
+    """A database that outlives an engine, which other processes can open."""
+    async with a_database(request.param, tmp_path) as location:
+        assert location is not None
+        yield location
 
 
 def approval_flow(
@@ -68,7 +82,7 @@ async def waiting(engine: Engine, job_id: str) -> Any:
     return await run_of(engine, job_id)
 
 
-async def test_the_event_is_the_output_of_the_wait(database: Path | None) -> None:
+async def test_the_event_is_the_output_of_the_wait(database: Path | str | None) -> None:
     async with Engine(workflows=[approval_flow()], database=database) as engine:
         job_id = await engine.enqueue("ship", {"order": 1})
         run = await waiting(engine, job_id)
@@ -83,7 +97,7 @@ async def test_the_event_is_the_output_of_the_wait(database: Path | None) -> Non
         assert done.id == run.id  # the same run went on: no new delivery
 
 
-async def test_an_event_sent_before_the_wait_is_kept(database: Path | None) -> None:
+async def test_an_event_sent_before_the_wait_is_kept(database: Path | str | None) -> None:
     go = anyio.Event()
     async with Engine(workflows=[approval_flow(before=go.wait)], database=database) as engine:
         job_id = await engine.enqueue("ship", {})
@@ -104,7 +118,7 @@ async def test_an_event_sent_before_the_wait_is_kept(database: Path | None) -> N
         assert [m.taken_by for m in await engine.events_of(run.id)] == ["1:approval"]
 
 
-async def test_the_timeout_gives_none_and_the_run_goes_on(database: Path | None) -> None:
+async def test_the_timeout_gives_none_and_the_run_goes_on(database: Path | str | None) -> None:
     async with Engine(workflows=[approval_flow(timeout="300ms")], database=database) as engine:
         job_id = await engine.enqueue("ship", {})
         done = await engine.wait_for_job(job_id, timeout=10)
@@ -115,7 +129,7 @@ async def test_the_timeout_gives_none_and_the_run_goes_on(database: Path | None)
             await engine.send_event(done.id, "approved", 1)
 
 
-async def test_waiting_runs_hold_no_worker_slot(database: Path | None) -> None:
+async def test_waiting_runs_hold_no_worker_slot(database: Path | str | None) -> None:
     async with Engine(workflows=[approval_flow(concurrency=1)], database=database) as engine:
         jobs = [await engine.enqueue("ship", {"n": n}) for n in range(3)]
         runs = [await waiting(engine, job_id) for job_id in jobs]  # all three parked at once
@@ -125,7 +139,7 @@ async def test_waiting_runs_hold_no_worker_slot(database: Path | None) -> None:
             assert (await engine.wait_for_job(job_id, timeout=10)).output["approval"] == run.id
 
 
-async def test_unknown_and_finished_runs_are_refused(database: Path | None) -> None:
+async def test_unknown_and_finished_runs_are_refused(database: Path | str | None) -> None:
     async with Engine(workflows=[approval_flow(timeout="10ms")], database=database) as engine:
         with pytest.raises(UnknownRun, match="unknown run 'run_nope'"):
             await engine.send_event("run_nope", "approved", 1)
@@ -136,7 +150,7 @@ async def test_unknown_and_finished_runs_are_refused(database: Path | None) -> N
             await engine.send_event(done.id, "approved", 1)
 
 
-async def test_an_event_nobody_waits_for_stays_with_the_run(database: Path | None) -> None:
+async def test_an_event_nobody_waits_for_stays_with_the_run(database: Path | str | None) -> None:
     async with Engine(workflows=[approval_flow()], database=database) as engine:
         job_id = await engine.enqueue("ship", {})
         run = await waiting(engine, job_id)
@@ -157,7 +171,7 @@ def keyed_flow() -> Workflow:
     )
 
 
-async def test_delivery_by_key_wakes_the_runs_waiting_on_it(database: Path | None) -> None:
+async def test_delivery_by_key_wakes_the_runs_waiting_on_it(database: Path | str | None) -> None:
     async with Engine(workflows=[keyed_flow()], database=database) as engine:
         a1 = await engine.enqueue("pay", {"order_id": "A1"})
         b2 = await engine.enqueue("pay", {"order_id": "B2"})
@@ -200,9 +214,9 @@ workflow = Workflow(
 
 
 async def test_an_event_sent_with_no_worker_alive_is_delivered_when_one_comes_back(
-    tmp_path: Path,
+    tmp_path: Path, durable: Path | str
 ) -> None:
-    database = tmp_path / "restart.db"
+    database = durable
     flows = tmp_path / "flows"
     flows.mkdir()
     (flows / "ship.py").write_text(FLOW_FILE)
@@ -219,8 +233,8 @@ async def test_an_event_sent_with_no_worker_alive_is_delivered_when_one_comes_ba
         assert done.output == {"ok": True}
 
 
-async def test_an_event_from_the_command_line_reaches_the_worker(tmp_path: Path) -> None:
-    database = tmp_path / "cli.db"
+async def test_an_event_from_the_command_line_reaches_the_worker(durable: Path | str) -> None:
+    database = durable
     async with Engine(workflows=[approval_flow(timeout="1h")], database=database) as engine:
         job_id = await engine.enqueue("ship", {})
         run = await waiting(engine, job_id)

@@ -9,11 +9,12 @@ import textwrap
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 from cli_helpers import blok, start_worker
-from support import until
+from support import DURABLE, a_database, until
 
 from engine import (
     AttemptStatus,
@@ -26,6 +27,7 @@ from engine import (
     WorkerTrigger,
     Workflow,
 )
+from engine.backends import open_backend
 
 pytestmark = pytest.mark.anyio
 
@@ -241,6 +243,34 @@ async def test_a_run_stopped_by_a_graceful_stop_goes_on_where_it_stopped(tmp_pat
     assert "interrupted by a stop" in (long_attempts[0].error or "")
     assert (stats.failed, stats.dead, stats.completed) == (0, 0, 1)
     assert run.job_attempt == 1  # the retry budget untouched
+
+
+@pytest.mark.parametrize("kind", DURABLE)
+async def test_a_stopped_worker_is_not_registered_again_by_a_renewal_due_as_it_stops(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker's lease renewals (each also a heartbeat) go on while it drains; once the
+    drain unregistered it, one still due before its tasks end must not register it again,
+    leaving a worker nobody runs in the registry."""
+    from engine.backends.postgres.shared import PostgresShared
+    from engine.backends.sqlite.shared import SqliteShared
+
+    for shared in (SqliteShared, PostgresShared):
+
+        def slow_to_forget(forget: Any) -> Any:
+            async def forget_worker(self: Any, worker_id: str) -> None:
+                await forget(self, worker_id)
+                await anyio.sleep(0.1)  # renewals of a 30 ms lease come due meanwhile
+
+            return forget_worker
+
+        monkeypatch.setattr(shared, "forget_worker", slow_to_forget(shared.forget_worker))
+    wf = Workflow(name="idle", trigger=WorkerTrigger(queue="idle"), steps=[Step("s", print)])
+    async with a_database(kind, tmp_path) as database:
+        async with Engine(workflows=[wf], database=database, lease=0.03) as engine:
+            assert len(await engine.workers()) == 1
+        async with open_backend(database) as backend:
+            assert await backend.shared.workers() == []
 
 
 # ---- stopping a worker process (items 8 and 14) --------------------------------------------------

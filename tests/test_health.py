@@ -4,6 +4,7 @@ queue's oldest waiting job is older than the threshold; and the queue read it re
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 import anyio
 import pytest
 from cli_helpers import blok, eventually, start_worker, write_workflows
-from support import until
+from support import DATABASES, a_database, until
 
 from engine import Engine, Step, WorkerTrigger, Workflow
 from engine.backends import open_backend
@@ -19,21 +20,24 @@ from engine.ledger import make_job, make_run
 from engine.models import utcnow
 
 
-def database(kind: str, tmp_path: Path) -> Path | None:
-    return tmp_path / "blok.db" if kind == "sqlite" else None
+@pytest.fixture(params=DATABASES)
+async def database(
+    request: pytest.FixtureRequest, tmp_path: Path, anyio_backend: str
+) -> AsyncIterator[Path | str | None]:
+    async with a_database(request.param, tmp_path) as location:
+        yield location
 
 
 # ---- the queue read ------------------------------------------------------------------------
 @pytest.mark.anyio
-@pytest.mark.parametrize("kind", ["memory", "sqlite"])
 async def test_oldest_waiting_is_when_the_longest_waiting_due_job_became_due(
-    kind: str, tmp_path: Path
+    database: Path | str | None,
 ) -> None:
     now = utcnow()
 
-    def job(created_ago_s: float, run_at_in_s: float | None = None) -> Any:
+    def job(created_ago_s: float, run_at_in_s: float | None = None, queue: str = "q") -> Any:
         made = make_job(
-            queue="q",
+            queue=queue,
             workflow_name="w",
             payload={},
             headers=None,
@@ -44,9 +48,13 @@ async def test_oldest_waiting_is_when_the_longest_waiting_due_job_became_due(
         made.created_at = now - timedelta(seconds=created_ago_s)
         return made
 
-    async with open_backend(database(kind, tmp_path)) as backend:
+    async with open_backend(database) as backend:
         queue = backend.queue(None)
         assert await queue.oldest_waiting("q") is None
+        # A job not due yet is not waiting: a queue with only such a job has none waiting.
+        later = job(600, run_at_in_s=3600, queue="later")
+        await queue.add([later], [make_run(later, workflow_version="v1")])
+        assert await queue.oldest_waiting("later") is None
         jobs = [
             job(60, run_at_in_s=-10),  # delayed, due for 10 s: waits since its run_at
             job(30),  # due since it was made, 30 s ago: the oldest
@@ -82,12 +90,11 @@ def blocking_flow(release: anyio.Event) -> Workflow:
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("kind", ["memory", "sqlite"])
 async def test_health_fails_once_a_queue_leaves_a_job_waiting_too_long(
-    kind: str, tmp_path: Path
+    database: Path | str | None,
 ) -> None:
     release = anyio.Event()
-    async with Engine(workflows=[blocking_flow(release)], database=database(kind, tmp_path)) as e:
+    async with Engine(workflows=[blocking_flow(release)], database=database) as e:
         healthy = await e.health()
         assert healthy.ok, healthy.reason
         assert healthy.workers_alive == 1

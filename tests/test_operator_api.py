@@ -5,15 +5,13 @@ PostgreSQL), and from an attached client — an Engine with no workflows on the 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from pg import fresh_database
-from support import until
+from support import a_database, until
 
 from engine import (
     Engine,
@@ -91,17 +89,6 @@ class Setup:
     worker: Engine  # runs the workflows
     actor: Engine  # what the tests act through
     controls: Controls
-
-
-@asynccontextmanager
-async def a_database(kind: str, tmp_path: Path) -> AsyncIterator[str | Path | None]:
-    if kind == "memory":
-        yield None
-    elif kind == "sqlite":
-        yield tmp_path / "blok.db"
-    else:
-        async with fresh_database() as url:
-            yield url
 
 
 @pytest.fixture(

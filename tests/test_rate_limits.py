@@ -1,15 +1,16 @@
-"""RateLimit on memory and SQLite: no more than `limit` starts in any sliding window, across two
-engines on one database; the rest wait `throttled` without using retries; per key."""
+"""RateLimit on memory, SQLite and PostgreSQL: no more than `limit` starts in any sliding window,
+across two engines on one database; the rest wait `throttled` without using retries; per key."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support import until
+from support import DATABASES, DURABLE, a_database, until
 
 from engine import (
     Engine,
@@ -43,13 +44,33 @@ def limited(starts: list[tuple[float, Any]], **rate: Any) -> Workflow:
     )
 
 
+@pytest.fixture(params=DATABASES)
+async def database(
+    request: pytest.FixtureRequest, tmp_path: Path, anyio_backend: str
+) -> AsyncIterator[Path | str | None]:
+    async with a_database(request.param, tmp_path) as location:
+        yield location
+
+
+@pytest.fixture(params=DURABLE)
+async def durable(
+    request: pytest.FixtureRequest, tmp_path: Path, anyio_backend: str
+) -> AsyncIterator[Path | str]:
+    """A database that several engines (processes) share."""
+    async with a_database(request.param, tmp_path) as location:
+        assert location is not None
+        yield location
+
+
 def most_in_a_window(times: list[float], period: float) -> int:
     times = sorted(times)
     return max(sum(1 for t in times if start <= t < start + period - SKEW_S) for start in times)
 
 
-async def test_no_more_than_limit_starts_in_any_window_across_two_engines(tmp_path: Path) -> None:
-    database = tmp_path / "rate.db"
+async def test_no_more_than_limit_starts_in_any_window_across_two_engines(
+    durable: Path | str,
+) -> None:
+    database = durable
     starts: list[tuple[float, Any]] = []
     wf = limited(starts, limit=3, period="1s")
     async with AsyncExitStack() as stack:
@@ -75,10 +96,10 @@ async def test_no_more_than_limit_starts_in_any_window_across_two_engines(tmp_pa
     assert span >= 3 - SKEW_S
 
 
-async def test_the_limit_holds_per_key_on_memory() -> None:
+async def test_the_limit_holds_per_key(database: Path | str | None) -> None:
     starts: list[tuple[float, Any]] = []
     wf = limited(starts, limit=1, period="1s", key="$.body.tenant")
-    async with Engine(workflows=[wf]) as engine:
+    async with Engine(workflows=[wf], database=database) as engine:
         jobs = [
             await engine.enqueue("calls", {"tenant": tenant, "n": n})
             for n in range(3)

@@ -1,6 +1,6 @@
-"""Schedules on memory and SQLite: one job per tick however many engines serve the database,
-catch-up policies after a restart, hot reload, pause/resume/run now (API and CLI), definition
-errors, BLOK_SCHEDULING_DISABLED."""
+"""Schedules on memory, SQLite and PostgreSQL: one job per tick however many engines serve the
+database, catch-up policies after a restart, hot reload, pause/resume/run now (API and CLI),
+definition errors, BLOK_SCHEDULING_DISABLED."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import itertools
 import math
 import sqlite3
 import time
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, closing
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 import anyio
 import pytest
 from cli_helpers import blok, blok_json
-from support import until
+from support import DURABLE, a_database, until
 
 from engine import (
     Engine,
@@ -31,6 +32,16 @@ from engine.reload import wait_until_watching
 pytestmark = pytest.mark.anyio
 
 DAY_S = 86_400.0
+
+
+@pytest.fixture(params=DURABLE)
+async def database(
+    request: pytest.FixtureRequest, tmp_path: Path, anyio_backend: str
+) -> AsyncIterator[Path | str]:
+    """A database that outlives an engine, which several engines (processes) share."""
+    async with a_database(request.param, tmp_path) as location:
+        assert location is not None
+        yield location
 
 
 def ticking(*schedules: Schedule, name: str = "reports.daily") -> Workflow:
@@ -50,8 +61,7 @@ async def ticks_of(engine: Engine, workflow: str) -> list[float]:
     return sorted([float((await engine.get_job(r.job_id)).meta["tick"]) for r in runs])
 
 
-async def test_every_second_on_two_engines_fires_once_per_tick(tmp_path: Path) -> None:
-    database = tmp_path / "ticks.db"
+async def test_every_second_on_two_engines_fires_once_per_tick(database: Path | str) -> None:
     wf = ticking(Schedule(every="1s", payload={"kind": "tick"}))
     async with AsyncExitStack() as stack:
         first = await stack.enter_async_context(Engine(workflows=[wf], database=database))
@@ -86,20 +96,28 @@ async def test_every_second_on_memory_fires_each_tick(tmp_path: Path) -> None:
         assert info.last_status in (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.COMPLETED)
 
 
-def rewind(database: Path, days: int) -> None:
-    """Downtime, as the file sees it: the schedule's last tick `days` ticks ago."""
-    with closing(sqlite3.connect(database)) as conn, conn:
-        conn.execute("UPDATE schedules SET last_tick = last_tick - ?", (days * DAY_S,))
+async def rewind(database: Path | str, days: int) -> None:
+    """Downtime, as the database sees it: the schedule's last tick `days` ticks ago."""
+    if isinstance(database, Path):
+        with closing(sqlite3.connect(database)) as conn, conn:
+            conn.execute("UPDATE schedules SET last_tick = last_tick - ?", (days * DAY_S,))
+        return
+    import asyncpg
+
+    conn = await asyncpg.connect(database)
+    try:
+        await conn.execute("UPDATE blok.schedules SET last_tick = last_tick - $1", days * DAY_S)
+    finally:
+        await conn.close()
 
 
 @pytest.mark.parametrize(("catch_up", "expected"), [("latest", 1), ("all", 5), ("none", 0)])
-async def test_catch_up_after_a_restart(tmp_path: Path, catch_up: str, expected: int) -> None:
-    database = tmp_path / "catchup.db"
+async def test_catch_up_after_a_restart(database: Path | str, catch_up: str, expected: int) -> None:
     wf = ticking(Schedule(every="1d", catch_up=catch_up))
     async with Engine(workflows=[wf], database=database) as engine:
         await until(lambda: engine.schedules())  # declared
         assert await engine.runs(workflow=wf.name) == []  # no tick before it existed
-    rewind(database, 5)
+    await rewind(database, 5)
     newest = math.floor(time.time() / DAY_S) * DAY_S
     async with Engine(workflows=[wf], database=database) as engine:
 
@@ -116,9 +134,9 @@ async def test_catch_up_after_a_restart(tmp_path: Path, catch_up: str, expected:
         assert ticks == [newest]
 
 
-async def test_a_cron_schedule_in_its_time_zone(tmp_path: Path) -> None:
+async def test_a_cron_schedule_in_its_time_zone(database: Path | str) -> None:
     wf = ticking(Schedule(cron="30 2 * * *", timezone="Asia/Kolkata"))
-    async with Engine(workflows=[wf], database=tmp_path / "cron.db") as engine:
+    async with Engine(workflows=[wf], database=database) as engine:
         await until(lambda: engine.schedules())
         [info] = await engine.schedules()
         assert info.schedule == "cron 30 2 * * * Asia/Kolkata"
@@ -128,9 +146,9 @@ async def test_a_cron_schedule_in_its_time_zone(tmp_path: Path) -> None:
         assert 0 < info.next_at.timestamp() - time.time() <= DAY_S
 
 
-async def test_pause_resume_and_run_now(tmp_path: Path) -> None:
+async def test_pause_resume_and_run_now(database: Path | str) -> None:
     wf = ticking(Schedule(every="1d", payload={"now": True}))
-    async with Engine(workflows=[wf], database=tmp_path / "ops.db") as engine:
+    async with Engine(workflows=[wf], database=database) as engine:
         await until(lambda: engine.schedules())
         assert await engine.pause_schedule(wf.name) == "every 1d"
         [info] = await engine.schedules()
@@ -149,8 +167,7 @@ async def test_pause_resume_and_run_now(tmp_path: Path) -> None:
             await engine.pause_schedule("nope")
 
 
-async def test_the_cli_lists_pauses_and_runs_schedules(tmp_path: Path) -> None:
-    database = tmp_path / "cli.db"
+async def test_the_cli_lists_pauses_and_runs_schedules(database: Path | str) -> None:
     wf = ticking(Schedule(every="1d"), Schedule(every="2d"))
     async with Engine(workflows=[wf], database=database) as engine:
         await until(lambda: engine.schedules())
@@ -195,7 +212,9 @@ workflow = Workflow(
 """
 
 
-async def test_hot_reload_adds_changes_and_removes_schedules(tmp_path: Path) -> None:
+async def test_hot_reload_adds_changes_and_removes_schedules(
+    tmp_path: Path, database: Path | str
+) -> None:
     flows = tmp_path / "flows"
     flows.mkdir()
     file = flows / "hourly.py"
@@ -204,7 +223,7 @@ async def test_hot_reload_adds_changes_and_removes_schedules(tmp_path: Path) -> 
     async def ids(engine: Engine) -> list[tuple[str, Any]]:
         return [(s.schedule, s.paused) for s in await engine.schedules()]
 
-    async with Engine(workflows=flows, database=tmp_path / "reload.db", watch=True) as engine:
+    async with Engine(workflows=flows, database=database, watch=True) as engine:
         await wait_until_watching(engine)
         await until(lambda: engine.schedules())
         assert await ids(engine) == [("cron 0 * * * * UTC", False)]
@@ -276,15 +295,16 @@ def test_missed_ticks_by_policy(catch_up: str, expected: tuple[list[float], list
     assert due_ticks(spec, 50.0, 59.9) == ([], [])
 
 
-async def test_a_tick_claimed_by_a_worker_that_died_is_enqueued_by_another(tmp_path: Path) -> None:
+async def test_a_tick_claimed_by_a_worker_that_died_is_enqueued_by_another(
+    database: Path | str,
+) -> None:
     from engine.backends import open_backend
     from engine.scheduler import tick_job_id, tick_run_id
 
-    database = tmp_path / "repair.db"
     wf = ticking(Schedule(every="1d"))
     async with Engine(workflows=[wf], database=database) as engine:
         await until(lambda: engine.schedules())
-    rewind(database, 1)
+    await rewind(database, 1)
     newest = math.floor(time.time() / DAY_S) * DAY_S
     job_id = tick_job_id(wf.name, "every 1d", newest)
     # A scheduler that claimed today's tick and died before it enqueued the job.

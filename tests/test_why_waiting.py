@@ -1,30 +1,34 @@
-"""engine.why_waiting on memory and SQLite: the gate that holds a pending run, its key, the runs
+"""engine.why_waiting on memory, SQLite and PostgreSQL: the gate that holds a pending run, its key, the runs
 holding its slots, and when it may start."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from support import until
+from support import DATABASES, a_database, until
 
 from engine import Debounce, Engine, RunStatus, Step, WorkerTrigger, Workflow
 
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture(params=["memory", "sqlite"])
-def database(request: pytest.FixtureRequest, tmp_path: Path) -> Path | None:
-    return None if request.param == "memory" else tmp_path / "why.db"
+@pytest.fixture(params=DATABASES)
+async def database(
+    request: pytest.FixtureRequest, tmp_path: Path, anyio_backend: str
+) -> AsyncIterator[Path | str | None]:
+    async with a_database(request.param, tmp_path) as location:
+        yield location
 
 
 async def run_of(engine: Engine, job_id: str) -> Any:
     return await engine.get_run((await engine.get_job(job_id)).run_id)
 
 
-async def test_a_concurrency_key_names_the_runs_in_its_slots(database: Path | None) -> None:
+async def test_a_concurrency_key_names_the_runs_in_its_slots(database: Path | str | None) -> None:
     release = anyio.Event()
 
     async def hold(ctx: Any) -> None:
@@ -60,7 +64,7 @@ async def test_a_concurrency_key_names_the_runs_in_its_slots(database: Path | No
             assert (await engine.wait_for_job(job_id, timeout=15)).status is RunStatus.COMPLETED
 
 
-async def test_debounce_pause_and_delay_say_what_holds_them(database: Path | None) -> None:
+async def test_debounce_pause_and_delay_say_what_holds_them(database: Path | str | None) -> None:
     wf = Workflow(
         name="search.index",
         trigger=WorkerTrigger(queue="index", debounce=Debounce(key="$.body.doc", delay="1h")),

@@ -1,5 +1,6 @@
-"""Records as table rows and back, and a RunFilter as a WHERE clause: shared by the SQL
-backends (SQLite and PostgreSQL), whose dialect files differ only in placeholders and types.
+"""Records as table rows and back (runs, jobs, worker catalogs, schedules), and a RunFilter as a
+WHERE clause: shared by the SQL backends (SQLite and PostgreSQL), whose dialect files differ
+only in placeholders and types.
 
 Times are epoch seconds (floats); JSON values are text; booleans are integers.
 """
@@ -21,10 +22,12 @@ from ..models import (
     RunStatus,
     StepRun,
     StepStatus,
+    WorkflowInfo,
     from_epoch,
     to_epoch,
 )
 from ..records import construct
+from .base import ScheduleSpec, ScheduleState, ServedQueue, WorkerCatalog
 
 RUN_COLUMNS = (
     "id",
@@ -343,6 +346,84 @@ def job_from_row(row: Mapping[str, Any]) -> Job:
             force=bool(row["forced"]),
         ),
     )
+
+
+# ---- shared state ------------------------------------------------------------------------
+def catalog_row(catalog: WorkerCatalog) -> tuple[Any, ...]:
+    queues = [
+        {
+            "name": q.name,
+            "workflow_name": q.workflow_name,
+            "workflow_version": q.workflow_version,
+            "provider": q.provider,
+            "concurrency": q.concurrency,
+            "retries": q.retries,
+            "start_delay_ms": q.start_delay_ms,
+            "timeout_ms": q.timeout_ms,
+        }
+        for q in catalog.queues
+    ]
+    workflows = [
+        {**info.model_dump(mode="json"), "kinds": catalog.step_kinds.get(info.name, ())}
+        for info in catalog.workflows
+    ]
+    return (
+        catalog.worker,
+        json.dumps(queues),
+        json.dumps(workflows),
+        json.dumps(catalog.reload_errors),
+        catalog.updated_at,
+    )
+
+
+def catalog_from_row(row: Any) -> WorkerCatalog:
+    # Only the fields this version knows: a newer worker may write more.
+    queues = tuple(
+        ServedQueue(**{k: q.get(k) for k in ServedQueue.__dataclass_fields__ if k in q})
+        for q in json.loads(row[1])
+    )
+    workflows = []
+    kinds: dict[str, tuple[tuple[str, str], ...]] = {}
+    for w in json.loads(row[2]):
+        # Fields an older worker did not write take their defaults.
+        workflows.append(WorkflowInfo(**{k: w[k] for k in WorkflowInfo.model_fields if k in w}))
+        kinds[w["name"]] = tuple((name, kind) for name, kind in w.get("kinds", ()))
+    return WorkerCatalog(row[0], queues, tuple(workflows), kinds, json.loads(row[3]), row[4])
+
+
+def spec_text(spec: ScheduleSpec) -> str:
+    return json.dumps(
+        {
+            "queue": spec.queue,
+            "cron": spec.cron,
+            "every_ms": spec.every_ms,
+            "timezone": spec.timezone,
+            "catch_up": spec.catch_up,
+            "payload": spec.payload,
+        },
+        default=str,
+    )
+
+
+def schedule_from_row(row: Any) -> ScheduleState:
+    """A row of SCHEDULE_COLUMNS, its spec as JSON text."""
+    fields = json.loads(row[2])
+    spec = ScheduleSpec(
+        workflow=row[0],
+        schedule=row[1],
+        queue=fields.get("queue", ""),
+        cron=fields.get("cron"),
+        every_ms=fields.get("every_ms"),
+        timezone=fields.get("timezone", "UTC"),
+        catch_up=fields.get("catch_up", "latest"),
+        payload=fields.get("payload"),
+    )
+    return ScheduleState(spec, row[3], bool(row[4]), row[5], row[6], row[7])
+
+
+SCHEDULE_COLUMNS = (
+    "workflow, schedule, spec, last_tick, paused, last_fired_at, last_job_id, last_run_id"
+)
 
 
 # ---- filters -----------------------------------------------------------------------------

@@ -2,8 +2,8 @@
 
 Each entry says how a test gets a fresh database of that kind, which queue providers its
 backend serves and whether several processes can share it. A new backend is one more entry
-(PostgreSQL: the commented one, with `fresh_database` from tests/pg.py), and every contract test
-in tests/backends/ then runs against it too.
+(as PostgreSQL's, with `fresh_database` from tests/pg.py), and every contract test in
+tests/backends/ then runs against it too.
 """
 
 from __future__ import annotations

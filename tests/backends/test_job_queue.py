@@ -18,9 +18,19 @@ import pytest
 
 from engine.backends import Backend
 from engine.backends.base import Claim, Fence, JobQueue, JobUpdate, Transition
-from engine.models import Job, JobState, Run, RunStatus, utcnow
+from engine.models import (
+    Attempt,
+    AttemptStatus,
+    Job,
+    JobState,
+    Run,
+    RunStatus,
+    StepRun,
+    StepStatus,
+    utcnow,
+)
 
-from .builders import QUEUE, after, job_and_run, line, run_of
+from .builders import QUEUE, after, job_and_run, line, new_id, run_of
 from .databases import QUEUES, SHARED_QUEUES, QueueCase
 
 pytestmark = pytest.mark.anyio
@@ -121,6 +131,50 @@ async def test_a_known_job_is_not_added_again_nor_its_run_overwritten(
         {"first": True},
     )
     assert await queue.add([twin], [twin_run]) == []
+
+
+async def test_a_run_added_with_steps_is_stored_with_them(
+    backend: Backend, queue: JobQueue
+) -> None:
+    """A replay from a step enqueues a run that carries the steps it reuses (completed, their
+    outputs copied from the source run) and the pending ones after them; its job resumes it."""
+    started = utcnow()
+    reused = StepRun(
+        index=0,
+        name="fetch",
+        status=StepStatus.COMPLETED,
+        started_at=started,
+        finished_at=started,
+        output={"rows": 3},
+        attempts=[Attempt(number=1, status=AttemptStatus.COMPLETED, started_at=started)],
+    )
+    job, _ = job_and_run()
+    job.resume = True
+    run = run_of(
+        job,
+        replay_of=new_id("run"),
+        replay_from_step="ship",
+        steps=[reused, StepRun(index=1, name="ship")],
+    )
+    plain, plain_run = job_and_run()
+
+    assert await queue.add([job, plain], [run, plain_run]) == [job.id, plain.id]
+
+    stored = await backend.runs.get_run(run.id)
+    assert stored is not None and stored.model_dump() == run.model_dump()
+    assert [(s.name, s.status, len(s.attempts)) for s in stored.steps] == [
+        ("fetch", StepStatus.COMPLETED, 1),
+        ("ship", StepStatus.PENDING, 0),
+    ]
+    stored_plain = await backend.runs.get_run(plain_run.id)
+    assert stored_plain is not None and stored_plain.model_dump() == plain_run.model_dump()
+    claim = await claim_one(queue)
+    assert (claim.job.id, claim.job.resume) == (job.id, True)
+    # Known already: neither the job nor its run's steps are written again.
+    twin = run_of(job, steps=[StepRun(index=0, name="other")])
+    assert await queue.add([job], [twin]) == []
+    kept = await backend.runs.get_run(run.id)
+    assert kept is not None and [s.name for s in kept.steps] == ["fetch", "ship"]
 
 
 # ---- claiming ----------------------------------------------------------------------------
@@ -732,12 +786,16 @@ async def test_stats_count_the_jobs_in_each_state(queue: JobQueue) -> None:
 
 async def test_a_job_claimed_but_not_handed_out_counts_as_waiting(queue: JobQueue) -> None:
     # A queue may claim ahead of what was asked; what it did not hand out nobody runs yet.
-    await add(queue, 3)
+    made = await add(queue, 3)
     await queue.claim(QUEUE, 1, "w1", LONG)
 
     stats = await queue.stats(QUEUE)
 
     assert (stats.waiting, stats.active) == (2, 1)
+    # And it has waited since it was made: the oldest of them, the second job added.
+    oldest = await queue.oldest_waiting(QUEUE)
+    assert oldest is not None
+    assert abs((oldest - made[1][0].created_at).total_seconds()) < 0.001
 
 
 async def test_a_delayed_job_counts_as_waiting_once_due(queue: JobQueue) -> None:
@@ -952,3 +1010,7 @@ async def test_stats_do_not_count_jobs_whose_lease_this_process_lost(
 
     for stats in (await queue.stats(QUEUE), await other_queue.stats(QUEUE)):
         assert (stats.waiting, stats.active, stats.completed) == (0, 0, 4)
+    assert (await queue.oldest_waiting(QUEUE), await other_queue.oldest_waiting(QUEUE)) == (
+        None,
+        None,
+    )

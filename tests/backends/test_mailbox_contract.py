@@ -13,6 +13,8 @@ from engine.backends.base import Backend
 from engine.ledger import make_job, make_run
 from engine.models import Run, RunStatus, utcnow
 
+from .databases import MULTI_PROCESS
+
 pytestmark = pytest.mark.anyio
 
 
@@ -160,3 +162,87 @@ async def test_purge_forgets_old_unaddressed_events_and_ended_waiters(backend: B
     assert await backend.runs.purge(utcnow() - timedelta(days=1)) >= 1
     await backend.runs.purge_events(0)
     assert await backend.runs.events_of(kept.id) == []
+
+
+async def test_purge_deletes_the_mailbox_and_waiter_of_each_run_it_deletes(
+    backend: Backend,
+) -> None:
+    gone = await a_run(backend)
+    await backend.runs.post_event("note", 1, run_id=gone.id)
+    await backend.runs.take_event(gone.id, "1:w", "go")  # cancelled while it waited
+    gone.status = RunStatus.CANCELLED
+    gone.finished_at = utcnow() - timedelta(days=2)
+    backend.runs.save_run(gone)
+    await backend.runs.flush()
+    assert await backend.runs.purge(utcnow() - timedelta(days=1)) == 1
+    # With the run, not at the next purge_events.
+    assert await backend.runs.events_of(gone.id) == []
+    assert await backend.runs.event_waiters([gone.id]) == []
+
+
+# ---- two processes ---------------------------------------------------------------------------
+# A backend serializes what one process does on its own (memory runs each call to its end, a
+# SQL backend's writer commits one batch at a time), so the guarantees that matter between
+# processes are tested from two backends on one database: sends from one, waits from the other.
+ROUNDS = 10
+RUNS_PER_ROUND = 10
+
+
+@pytest.mark.parametrize("database_kind", MULTI_PROCESS, indirect=True)
+async def test_a_send_from_another_process_and_a_wait_never_miss_each_other(
+    backend: Backend, other_backend: Backend
+) -> None:
+    reported: dict[str, bool] = {}
+    found: dict[str, bool] = {}
+
+    async def send(run: Run) -> None:
+        sent = await other_backend.runs.post_event("go", run.id, run_id=run.id)
+        assert sent is not None
+        reported[run.id] = sent[0].waiting
+
+    async def wait(run: Run) -> None:
+        found[run.id] = await backend.runs.take_event(run.id, "0:w", "go") is not None
+
+    for _ in range(ROUNDS):
+        runs = [await a_run(backend) for _ in range(RUNS_PER_ROUND)]
+        async with anyio.create_task_group() as tg:
+            for run in runs:
+                tg.start_soon(send, run)
+                tg.start_soon(wait, run)
+    # Each event is found by the wait, or reported sent to a waiter (its job is woken).
+    assert len(found) == ROUNDS * RUNS_PER_ROUND
+    assert [run_id for run_id in found if found[run_id] == reported[run_id]] == []
+
+
+@pytest.mark.parametrize("database_kind", MULTI_PROCESS, indirect=True)
+async def test_a_send_by_key_from_another_process_and_a_wait_on_the_key_never_miss_each_other(
+    backend: Backend, other_backend: Backend
+) -> None:
+    runs: dict[str, Run] = {}
+    reached: dict[str, list[str]] = {}
+    found: dict[str, bool] = {}
+
+    async def send(key: str) -> None:
+        sent = await other_backend.runs.post_event("paid", {"order_id": key}, run_id=None)
+        assert sent is not None and all(d.waiting for d in sent)
+        reached[key] = [d.run_id for d in sent]
+
+    async def wait(key: str) -> None:
+        taken = await backend.runs.take_event(
+            runs[key].id, "0:paid", "paid", key=key, path=("order_id",)
+        )
+        found[key] = taken is not None
+
+    for round_ in range(ROUNDS):
+        keys = [f"{round_}-{n}" for n in range(RUNS_PER_ROUND)]
+        for key in keys:
+            runs[key] = await a_run(backend, {"order_id": key})
+        async with anyio.create_task_group() as tg:
+            for key in keys:
+                tg.start_soon(send, key)
+                tg.start_soon(wait, key)
+    # The wait took the message the send kept for it, or the send reached the waiter.
+    assert len(found) == ROUNDS * RUNS_PER_ROUND
+    missed = {key: reached[key] for key in found if (reached[key] == []) != found[key]}
+    assert missed == {}
+    assert all(reached[key] in ([], [runs[key].id]) for key in found)

@@ -170,9 +170,9 @@ def filter_runs() -> dict[str, Run]:
     """Runs that each filter field tells apart."""
     from engine.models import from_epoch
 
-    def attempt(error: str | None) -> Attempt:
+    def attempt(error: str | None, number: int = 1) -> Attempt:
         status = AttemptStatus.FAILED if error else AttemptStatus.COMPLETED
-        return Attempt(number=1, status=status, started_at=utcnow(), error=error)
+        return Attempt(number=number, status=status, started_at=utcnow(), error=error)
 
     def step(*attempts: Attempt) -> StepRun:
         return StepRun(index=0, name="work", attempts=list(attempts))
@@ -199,7 +199,7 @@ def filter_runs() -> dict[str, Run]:
             status=RunStatus.RUNNING,
             failed_attempts=1,
             attempts=2,
-            steps=[step(attempt("ValueError: nope"), attempt(None))],
+            steps=[step(attempt("ValueError: nope"), attempt(None, number=2))],
         ),
         # The next delivery of a job whose first one failed (a job-level retry).
         "again": a_run(queue="slow", status=RunStatus.QUEUED, job_attempt=2),

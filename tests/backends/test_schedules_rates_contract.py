@@ -8,6 +8,8 @@ import pytest
 
 from engine.backends.base import Backend, ScheduleSpec
 
+from .databases import MULTI_PROCESS
+
 pytestmark = pytest.mark.anyio
 
 
@@ -87,3 +89,54 @@ async def test_concurrent_starts_never_exceed_the_limit(backend: Backend) -> Non
         for i in range(30):
             tg.start_soon(start, i)
     assert allowed.count(True) == 5
+
+
+# ---- two processes ---------------------------------------------------------------------------
+# One backend serializes its own calls (a SQL backend's writer commits one batch at a time):
+# what must hold between processes is tested from two backends on one database.
+@pytest.mark.parametrize("database_kind", MULTI_PROCESS, indirect=True)
+async def test_each_tick_is_claimed_once_across_processes(
+    backend: Backend, other_backend: Backend
+) -> None:
+    names = [f"every {n}s" for n in range(1, 11)]
+    await backend.shared.declare_schedules("wf", [(spec(name), 100.0) for name in names])
+    wins: dict[str, list[str]] = {name: [] for name in names}
+
+    async def claim(shared: Backend, who: str, name: str, tick: float) -> None:
+        if await shared.shared.claim_tick("wf", name, tick, f"job-{who}", f"run-{who}"):
+            wins[name].append(who)
+
+    for tick in (101.0, 102.0, 103.0):
+        async with anyio.create_task_group() as tg:
+            for name in names:
+                for i in range(3):
+                    tg.start_soon(claim, backend, f"a{i}-{tick}", name, tick)
+                    tg.start_soon(claim, other_backend, f"b{i}-{tick}", name, tick)
+    assert {name: len(won) for name, won in wins.items()} == dict.fromkeys(names, 3)
+    states = {s.spec.schedule: s for s in await other_backend.shared.schedules()}
+    assert {name: (states[name].last_tick, states[name].last_job_id) for name in names} == {
+        name: (103.0, f"job-{wins[name][-1]}") for name in names
+    }
+
+
+@pytest.mark.parametrize("database_kind", MULTI_PROCESS, indirect=True)
+async def test_concurrent_starts_from_two_processes_never_exceed_the_limit(
+    backend: Backend, other_backend: Backend
+) -> None:
+    keys = [f"k{n}" for n in range(10)]
+    allowed: dict[str, list[str]] = {key: [] for key in keys}
+
+    async def start(target: Backend, key: str, run_id: str) -> None:
+        decision = await target.shared.acquire_start("wf", key, 3, 60.0, run_id, 100.0)
+        if decision.allowed:
+            allowed[key].append(run_id)
+
+    async with anyio.create_task_group() as tg:
+        for key in keys:
+            for i in range(4):
+                tg.start_soon(start, backend, key, f"a{i}")
+                tg.start_soon(start, other_backend, key, f"b{i}")
+    assert {key: len(runs) for key, runs in allowed.items()} == dict.fromkeys(keys, 3)
+    for key in keys:
+        held = [run for run, _ in await other_backend.shared.recent_starts("wf", key, 0.0)]
+        assert sorted(held) == sorted(allowed[key])

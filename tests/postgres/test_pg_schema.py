@@ -35,6 +35,10 @@ TABLES = {
     "concurrency_slots",
     "debounce_windows",
     "leader_leases",
+    "events",
+    "event_waiters",
+    "schedules",
+    "rate_starts",
 }
 
 

@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 import anyio
 import asyncpg
 
-from ...models import Job, JobState, LogLine, QueueStats, Run, to_epoch
+from ...models import Job, JobState, LogLine, QueueStats, Run, from_epoch, to_epoch
 from ..base import Claim, Fence, JobQueue, JobUpdate, Renewal, Transition
 from ..rows import JOB_COLUMNS, RUN_COLUMNS, dump, job_from_row, job_row, run_row
 from . import sql
@@ -316,6 +316,20 @@ class PostgresQueue(JobQueue):
             dead=counts[JobState.DEAD],
             cancelled=counts[JobState.CANCELLED],
         )
+
+    async def oldest_waiting(self, queue: str) -> datetime | None:
+        await self.db.flush()
+        oldest: float | None = await self.db.fetchval(sql.OLDEST_WAITING, queue)
+        # Jobs claimed ahead are waiting too, as in `stats` (those whose lease this process
+        # lost may have been started elsewhere by now).
+        for claim in self._ahead.get(queue) or ():
+            if claim.lease_lost():
+                continue
+            job = claim.job
+            due = (max(job.created_at, job.run_at) if job.run_at else job.created_at).timestamp()
+            if oldest is None or due < oldest:
+                oldest = due
+        return from_epoch(oldest)
 
     async def dead_letters(self, queue: str, limit: int = 1000) -> list[Job]:
         await self.db.flush()

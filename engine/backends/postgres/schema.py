@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncpg
 
 SCHEMA = "blok"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # pg_advisory_xact_lock key that serializes migrations (a constant unique to blok: "blok").
 MIGRATION_LOCK = 0x626C6F6B
@@ -229,6 +229,56 @@ MIGRATIONS: dict[int, str] = {
         holder TEXT NOT NULL,
         until DOUBLE PRECISION NOT NULL
     );
+    """,
+    # Events, schedules, rate limits (SQLite's migration 5): each run's mailbox and the waiter
+    # parked on it; schedules with their last claimed tick (one row per schedule: a tick is
+    # claimed by moving last_tick forward, once); the starts each rate-limit window counts.
+    # What a run's mailbox and waiter hold is changed only with the run's row locked, and what
+    # is sent or taken by key only under an advisory lock on the event's name (store.py).
+    2: """
+    CREATE TABLE events (
+        id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        run_id TEXT,  -- NULL: sent by key, kept for the first run that waits on its key
+        event TEXT NOT NULL,
+        payload JSON,
+        sent_at DOUBLE PRECISION NOT NULL,
+        taken_by TEXT,  -- the wait step that took it ("3:approval")
+        taken_at DOUBLE PRECISION
+    );
+    CREATE INDEX events_run ON events (run_id, event);
+    CREATE INDEX events_unaddressed ON events (event, id) WHERE run_id IS NULL;
+
+    -- path: the payload's path to the key (a JSON list), NULL for a wait on the run's mailbox.
+    CREATE TABLE event_waiters (
+        run_id TEXT PRIMARY KEY,
+        step TEXT NOT NULL,
+        event TEXT NOT NULL,
+        key TEXT,
+        path JSON
+    );
+    CREATE INDEX event_waiters_event ON event_waiters (event);
+
+    CREATE TABLE schedules (
+        workflow TEXT NOT NULL,
+        schedule TEXT NOT NULL,
+        spec JSON NOT NULL,
+        last_tick DOUBLE PRECISION NOT NULL,
+        paused INTEGER NOT NULL DEFAULT 0,
+        last_fired_at DOUBLE PRECISION,
+        last_job_id TEXT,
+        last_run_id TEXT,
+        PRIMARY KEY (workflow, schedule)
+    );
+
+    CREATE TABLE rate_starts (
+        scope TEXT NOT NULL,
+        key TEXT NOT NULL,
+        run_id TEXT NOT NULL,
+        started_at DOUBLE PRECISION NOT NULL,
+        until DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (scope, key, run_id)
+    );
+    CREATE INDEX rate_starts_until ON rate_starts (until);
     """,
 }
 

@@ -1,20 +1,30 @@
 """What the processes on one PostgreSQL database share: workers, catalogs, pauses, concurrency
-slots, debounce windows and leader leases.
+slots, debounce windows, schedules, rate-limit windows and leader leases.
 
-Slots and windows are read-decide-write: each runs in the writer's transaction behind an
-advisory lock on its (workflow, key), so two processes never decide on the same ones at once.
-Leases of slots and leaders are on the server's clock.
+Slots, windows and rate-limit windows are read-decide-write: each runs in the writer's
+transaction behind an advisory lock on its key, so two processes never decide on the same ones
+at once. A schedule's tick is claimed by one conditional UPDATE (`sql.CLAIM_TICK`). Leases of
+slots and leaders are on the server's clock; rate-limit windows on the caller's `now`, as the
+contract has it.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TypeVar
 
 from ...models import WorkerInfo
-from ..base import SharedState, Window, WorkerCatalog
-from ..sqlite.shared import catalog_from_row, catalog_row
+from ..base import (
+    RateDecision,
+    ScheduleSpec,
+    ScheduleState,
+    SharedState,
+    Window,
+    WorkerCatalog,
+)
+from ..rows import catalog_from_row, catalog_row, schedule_from_row, spec_text
 from . import sql
 from .db import Conn, PostgresDatabase, clean
 
@@ -202,3 +212,113 @@ class PostgresShared(SharedState):
 
     async def resign(self, chore: str, worker: str) -> None:
         await self.db.pooled(lambda c: c.execute(sql.RELEASE_LEADER, chore, worker))
+
+    # ---- schedules -------------------------------------------------------------------------
+    async def declare_schedules(
+        self, workflow: str, specs: list[tuple[ScheduleSpec, float]]
+    ) -> None:
+        [workflow] = clean((workflow,))
+        # In name order: two workers declaring the same workflow lock its rows in one order.
+        rows = sorted(
+            clean((workflow, spec.schedule, spec_text(spec), first)) for spec, first in specs
+        )
+
+        async def declare(conn: Conn) -> None:
+            await conn.execute(
+                "DELETE FROM schedules WHERE workflow = $1 AND NOT schedule = ANY($2::text[])",
+                workflow,
+                [row[1] for row in rows],
+            )
+            if rows:
+                await conn.executemany(sql.DECLARE_SCHEDULE, rows)
+
+        await self.db.transaction(declare)
+
+    async def schedules(self) -> list[ScheduleState]:
+        await self.db.flush()
+        return [schedule_from_row(row) for row in await self.db.fetch(sql.SELECT_SCHEDULES)]
+
+    async def claim_tick(
+        self,
+        workflow: str,
+        schedule: str,
+        tick: float,
+        job_id: str | None = None,
+        run_id: str | None = None,
+    ) -> bool:
+        params = (*clean((workflow, schedule)), tick, job_id, run_id, time.time())
+        return (
+            await self.db.transaction(lambda conn: conn.fetchval(sql.CLAIM_TICK, *params))
+            is not None
+        )
+
+    async def note_fired(
+        self, workflow: str, schedule: str, job_id: str, run_id: str, at: float
+    ) -> bool:
+        params = (*clean((workflow, schedule)), job_id, run_id, at)
+        return (
+            await self.db.transaction(
+                lambda conn: conn.fetchval(
+                    "UPDATE schedules SET last_job_id = $3, last_run_id = $4, last_fired_at = $5"
+                    " WHERE workflow = $1 AND schedule = $2 RETURNING 1",
+                    *params,
+                )
+            )
+            is not None
+        )
+
+    async def set_schedule_paused(
+        self, workflow: str, schedule: str, paused: bool, resume_from: float | None = None
+    ) -> bool:
+        params = (*clean((workflow, schedule)), int(paused), None if paused else resume_from)
+        return (
+            await self.db.transaction(lambda conn: conn.fetchval(sql.PAUSE_SCHEDULE, *params))
+            is not None
+        )
+
+    # ---- rate limits -----------------------------------------------------------------------
+    async def acquire_start(
+        self, scope: str, key: str, limit: int, period_s: float, run_id: str, now: float
+    ) -> RateDecision:
+        scope, key = clean((scope, key))
+
+        async def acquire(conn: Conn) -> RateDecision:
+            await conn.execute(sql.RATE_LOCK, scope, key)
+            await conn.execute(
+                "DELETE FROM rate_starts WHERE scope = $1 AND key = $2 AND until <= $3",
+                scope,
+                key,
+                now,
+            )
+            rows = await conn.fetch(
+                "SELECT run_id, until FROM rate_starts WHERE scope = $1 AND key = $2", scope, key
+            )
+            if any(row[0] == run_id for row in rows):
+                return RateDecision(True, len(rows))
+            if len(rows) >= limit:
+                return RateDecision(False, len(rows), min(row[1] for row in rows))
+            await conn.execute(
+                "INSERT INTO rate_starts (scope, key, run_id, started_at, until)"
+                " VALUES ($1, $2, $3, $4, $5)",
+                scope,
+                key,
+                run_id,
+                now,
+                now + period_s,
+            )
+            return RateDecision(True, len(rows) + 1)
+
+        return await self.db.transaction(acquire)
+
+    async def recent_starts(self, scope: str, key: str, since: float) -> list[tuple[str, float]]:
+        await self.db.flush()
+        rows = await self.db.fetch(
+            "SELECT run_id, started_at FROM rate_starts WHERE scope = $1 AND key = $2"
+            " AND started_at > $3 ORDER BY started_at",
+            *clean((scope, key)),
+            since,
+        )
+        return [(row[0], row[1]) for row in rows]
+
+    async def forget_starts(self, before: float) -> None:
+        self.db.write("DELETE FROM rate_starts WHERE until < $1", (before,))

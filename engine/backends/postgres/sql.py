@@ -374,6 +374,11 @@ SIGNALS_FOR = (
     "SELECT id, signals FROM jobs WHERE worker = $1 AND state = 'active' AND signals IS NOT NULL"
 )
 HELD_BY = f"{SELECT_JOB} WHERE state = 'active' AND worker = ANY($1::text[])"
+# $1 queue: since when the longest-waiting due job has been due (epoch seconds, NULL: none).
+OLDEST_WAITING = f"""
+SELECT min(greatest(created_at, coalesce(run_at, 0))) FROM jobs
+WHERE queue = $1 AND state IN ('waiting', 'delayed') AND (run_at IS NULL OR run_at <= {NOW})
+"""
 STATS = (
     f"SELECT state, coalesce(run_at > {NOW}, false) AS later, count(*) AS n FROM jobs"
     " WHERE queue = $1 GROUP BY state, later"
@@ -415,6 +420,70 @@ RELEASE_LEADER = "DELETE FROM leader_leases WHERE name = $1 AND holder = $2"
 # windows apart.
 SLOTS_LOCK = "SELECT pg_advisory_xact_lock(hashtext($1 || chr(31) || $2), 1)"
 WINDOW_LOCK = "SELECT pg_advisory_xact_lock(hashtext($1 || chr(31) || $2 || chr(31) || $3), 2)"
+# A rate-limit window (scope, key) is read-decide-write the same way: $1 scope, $2 key.
+RATE_LOCK = "SELECT pg_advisory_xact_lock(hashtext($1 || chr(31) || $2), 4)"
+
+# ---- event mailboxes -------------------------------------------------------------------------
+# What a run's mailbox holds and whether the run waits are read and written with the run's row
+# locked (RUN_LOCK): a sender and the run's wait step go one after the other, so the sender
+# either sees the waiter or the wait finds the message (under READ COMMITTED each statement
+# after the lock reads what the other committed). Delivery by key has no run to lock until it
+# has read the waiters: a send by key and a wait on a key both take EVENT_LOCK, on the event's
+# name, first (then the run's row: always in that order), or each could miss the other.
+RUN_LOCK = "SELECT status FROM runs WHERE id = $1 FOR UPDATE"
+EVENT_LOCK = "SELECT pg_advisory_xact_lock(hashtext($1), 3)"
+EVENT_COLUMNS = "id, run_id, event, payload::text, sent_at, taken_by, taken_at"
+# $1 run ids (NULL: none), $2 event, $3 payload, $4 sent at: one message per run id, in order.
+POST_EVENTS = """
+INSERT INTO events (run_id, event, payload, sent_at)
+SELECT u.run_id, $2::text, $3::json, $4::double precision
+FROM unnest($1::text[]) WITH ORDINALITY AS u(run_id, o) ORDER BY u.o
+RETURNING id, run_id
+"""
+# $1 event: the runs waiting on a key for it, that have not ended ($2 the terminal statuses).
+KEY_WAITERS = """
+SELECT w.run_id, w.key, w.path::text FROM event_waiters AS w JOIN runs AS r ON r.id = w.run_id
+WHERE w.event = $1 AND w.path IS NOT NULL AND w.key IS NOT NULL AND r.status <> ALL($2::text[])
+ORDER BY w.run_id
+"""
+# $1 run, $2 step, $3 event, $4 key, $5 path: the run's waiter, replacing the one it had.
+REGISTER_WAITER = """
+INSERT INTO event_waiters (run_id, step, event, key, path) VALUES ($1, $2, $3, $4, $5::json)
+ON CONFLICT (run_id) DO UPDATE SET step = excluded.step, event = excluded.event,
+    key = excluded.key, path = excluded.path
+"""
+
+# ---- schedules -------------------------------------------------------------------------------
+# In the order memory and SQLite give them: by code point, whatever the database's collation.
+SELECT_SCHEDULES = """
+SELECT workflow, schedule, spec::text, last_tick, paused, last_fired_at, last_job_id,
+    last_run_id
+FROM schedules ORDER BY workflow COLLATE "C", schedule COLLATE "C"
+"""
+# $1 workflow, $2 schedule, $3 spec, $4 first tick: a new schedule starts at its first tick; a
+# known one takes the new spec and keeps its state.
+DECLARE_SCHEDULE = """
+INSERT INTO schedules (workflow, schedule, spec, last_tick) VALUES ($1, $2, $3::json, $4)
+ON CONFLICT (workflow, schedule) DO UPDATE SET spec = excluded.spec
+"""
+# $1 workflow, $2 schedule, $3 tick, $4 job id (NULL: the tick is skipped), $5 run id, $6 now.
+# The claim of a tick is this one conditional UPDATE: of claimers racing for the same tick, the
+# first moves last_tick to it and the others, who waited on its row lock, find the condition
+# no longer holds (READ COMMITTED reads the row again after the wait). A row back: claimed.
+CLAIM_TICK = """
+UPDATE schedules SET last_tick = $3,
+    last_job_id = coalesce($4::text, last_job_id),
+    last_run_id = CASE WHEN $4::text IS NULL THEN last_run_id ELSE $5::text END,
+    last_fired_at = CASE WHEN $4::text IS NULL THEN last_fired_at ELSE $6 END
+WHERE workflow = $1 AND schedule = $2 AND paused = 0 AND last_tick < $3
+RETURNING 1
+"""
+# $1 workflow, $2 schedule, $3 paused, $4 the tick to resume from or NULL (greatest() skips it).
+PAUSE_SCHEDULE = """
+UPDATE schedules SET paused = $3, last_tick = greatest(last_tick, $4::double precision)
+WHERE workflow = $1 AND schedule = $2
+RETURNING 1
+"""
 
 # ---- the change feed -------------------------------------------------------------------------
 # Every transaction below the horizon has ended: a row it wrote is visible now, and no later

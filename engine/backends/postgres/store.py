@@ -10,10 +10,14 @@ last horizon and the current one, the oldest transaction still running on the se
 running wrote comes with a later page, once it has ended, so nothing is skipped and nothing is
 read twice; the price is that a transaction left open for long on the same server (any that
 wrote something, in any database) holds the feed back until it ends.
+
+Event mailboxes are changed in the writer's transaction, under the locks `sql.RUN_LOCK` and
+`sql.EVENT_LOCK` describe: a send and a wait never miss each other, in any process.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -22,7 +26,18 @@ import anyio
 
 from ...filters import RunFilter
 from ...models import LogLine, Run
-from ..base import CacheHit, FeedCursor, FeedLog, FeedPage, Fence, RunStore
+from ..base import (
+    CacheHit,
+    Delivery,
+    EventMessage,
+    EventWaiter,
+    FeedCursor,
+    FeedLog,
+    FeedPage,
+    Fence,
+    RunStore,
+    payload_key,
+)
 from ..rows import TERMINAL, assemble, dump, load, run_from_row, where_clause
 from . import sql
 from .db import Conn, PostgresDatabase, clean, fence_of
@@ -45,10 +60,100 @@ def log_params(run_id: str, line: LogLine, fence: Fence | None) -> tuple[Any, ..
 
 def where_sql(filter_: RunFilter | None, first: int = 1) -> tuple[str, list[Any]]:
     """The shared RunFilter clause with PostgreSQL's placeholders, text matched without case
-    (as SQLite's LIKE does)."""
+    (as SQLite's LIKE does), a JSON column (the input) matched as its text."""
     counter = iter(range(first, first + 10_000))
-    clause, params = where_clause(filter_, lambda: f"${next(counter)}")
-    return clause.replace(" LIKE ", " ILIKE "), params
+    return where_clause(
+        filter_, lambda: f"${next(counter)}", like="ILIKE", as_text=lambda column: f"{column}::text"
+    )
+
+
+def _message(row: Any) -> EventMessage:
+    return EventMessage(row[0], row[1], row[2], load(row[3]), row[4], row[5], row[6])
+
+
+def _stored_key(key: str | None) -> str | None:
+    """A key as the database keeps it: text cannot hold NUL (see `clean`), so a key computed
+    from a payload is compared in the form a waiter's key was stored in."""
+    return None if key is None else clean((key,))[0]
+
+
+async def post_event(
+    conn: Conn, event: str, payload: Any, run_id: str | None
+) -> list[Delivery] | None:
+    """Inside the writer's transaction: see RunStore.post_event."""
+    encoded = dump(payload)
+    now = time.time()
+    if run_id is not None:
+        status = await conn.fetchval(sql.RUN_LOCK, run_id)
+        if status is None or status in TERMINAL:
+            return None
+        [row] = await conn.fetch(sql.POST_EVENTS, [run_id], event, encoded, now)
+        waiting = await conn.fetchval(
+            "SELECT 1 FROM event_waiters WHERE run_id = $1 AND event = $2", run_id, event
+        )
+        return [Delivery(run_id, int(row[0]), waiting is not None)]
+    await conn.execute(sql.EVENT_LOCK, event)
+    to = [
+        waiter
+        for waiter, key, path in await conn.fetch(sql.KEY_WAITERS, event, list(TERMINAL))
+        if _stored_key(payload_key(payload, tuple(json.loads(path)))) == key
+    ]
+    rows = await conn.fetch(sql.POST_EVENTS, to or [None], event, encoded, now)
+    return [Delivery(row[1], int(row[0]), True) for row in rows if row[1] is not None]
+
+
+async def take_event(
+    conn: Conn,
+    run_id: str,
+    step: str,
+    event: str,
+    key: str | None,
+    path: tuple[str, ...],
+    register: bool,
+) -> EventMessage | None:
+    """Inside the writer's transaction: see RunStore.take_event."""
+    if path:
+        await conn.execute(sql.EVENT_LOCK, event)
+    await conn.execute(sql.RUN_LOCK, run_id)
+    row: Any = await conn.fetchrow(
+        f"SELECT {sql.EVENT_COLUMNS} FROM events WHERE run_id = $1 AND taken_by = $2"
+        " ORDER BY id LIMIT 1",
+        run_id,
+        step,
+    )
+    if row is None:
+        row = await conn.fetchrow(
+            f"SELECT {sql.EVENT_COLUMNS} FROM events WHERE run_id = $1 AND event = $2"
+            " AND taken_by IS NULL ORDER BY id LIMIT 1",
+            run_id,
+            event,
+        )
+        if row is None and path and key is not None:
+            for candidate in await conn.fetch(
+                f"SELECT {sql.EVENT_COLUMNS} FROM events WHERE run_id IS NULL AND event = $1"
+                " ORDER BY id",
+                event,
+            ):
+                if _stored_key(payload_key(load(candidate[3]), path)) == key:
+                    row = candidate
+                    break
+        if row is not None:
+            now = time.time()
+            await conn.execute(
+                "UPDATE events SET run_id = $1, taken_by = $2, taken_at = $3 WHERE id = $4",
+                run_id,
+                step,
+                now,
+                row[0],
+            )
+            row = (row[0], run_id, row[2], row[3], row[4], step, now)
+    if row is not None or not register:
+        await conn.execute("DELETE FROM event_waiters WHERE run_id = $1", run_id)
+        return _message(row) if row is not None else None
+    await conn.execute(
+        sql.REGISTER_WAITER, run_id, step, event, key, json.dumps(list(path)) if path else None
+    )
+    return None
 
 
 async def with_steps(conn: Conn, runs: list[Run]) -> list[Run]:
@@ -181,7 +286,7 @@ class PostgresRunStore(RunStore):
                         limit,
                     )
                 ]
-                for table in ("steps", "attempts", "logs"):
+                for table in ("steps", "attempts", "logs", "events", "event_waiters"):
                     await conn.execute(f"DELETE FROM {table} WHERE run_id = ANY($1::text[])", ids)
                 await conn.execute("DELETE FROM runs WHERE id = ANY($1::text[])", ids)
                 await conn.execute("DELETE FROM idempotency WHERE expires_at <= $1", time.time())
@@ -189,6 +294,67 @@ class PostgresRunStore(RunStore):
 
         await self.db.flush()
         return await self.db.pooled(purge)
+
+    # ---- event mailboxes -------------------------------------------------------------------
+    async def post_event(
+        self, event: str, payload: Any, *, run_id: str | None
+    ) -> list[Delivery] | None:
+        event, run_id = clean((event, run_id))
+        return await self.db.transaction(lambda conn: post_event(conn, event, payload, run_id))
+
+    async def take_event(
+        self,
+        run_id: str,
+        step: str,
+        event: str,
+        *,
+        key: str | None = None,
+        path: tuple[str, ...] = (),
+        register: bool = True,
+    ) -> EventMessage | None:
+        run_id, step, event, key = clean((run_id, step, event, key))
+        path = clean(path)
+        return await self.db.transaction(
+            lambda conn: take_event(conn, run_id, step, event, key, path, register)
+        )
+
+    async def events_of(self, run_id: str) -> list[EventMessage]:
+        await self.db.flush()
+        rows = await self.db.fetch(
+            f"SELECT {sql.EVENT_COLUMNS} FROM events WHERE run_id = $1 ORDER BY id", run_id
+        )
+        return [_message(row) for row in rows]
+
+    async def event_waiters(self, run_ids: list[str] | None = None) -> list[EventWaiter]:
+        await self.db.flush()
+        sql_text = "SELECT run_id, step, event, key, path::text FROM event_waiters"
+        if run_ids is None:
+            rows = await self.db.fetch(f"{sql_text} ORDER BY run_id")
+        else:
+            rows = await self.db.fetch(
+                f"{sql_text} WHERE run_id = ANY($1::text[]) ORDER BY run_id", run_ids
+            )
+        return [
+            EventWaiter(r[0], r[1], r[2], r[3], tuple(json.loads(r[4])) if r[4] else ())
+            for r in rows
+        ]
+
+    async def purge_events(self, sent_before: float) -> int:
+        async def purge(conn: Conn) -> int:
+            status = await conn.execute(
+                "DELETE FROM events AS e WHERE (e.run_id IS NULL AND e.sent_at < $1)"
+                " OR (e.run_id IS NOT NULL"
+                " AND NOT EXISTS (SELECT 1 FROM runs AS r WHERE r.id = e.run_id))",
+                sent_before,
+            )
+            await conn.execute(
+                "DELETE FROM event_waiters AS w WHERE NOT EXISTS (SELECT 1 FROM runs AS r"
+                " WHERE r.id = w.run_id AND r.status <> ALL($1::text[]))",
+                list(TERMINAL),
+            )
+            return int(status.rsplit(" ", 1)[-1])
+
+        return await self.db.transaction(purge)
 
     # ---- the change feed -------------------------------------------------------------------
     async def _horizon(self, conn: Conn) -> int:

@@ -404,6 +404,8 @@ class SqliteQueue(JobQueue):
         )
         oldest: float | None = row[0] if row else None
         for claim in self._ahead.get(queue) or ():  # claimed ahead, not started: waiting
+            if claim.lease_lost():  # as in `stats`: it may have started elsewhere by now
+                continue
             job = claim.job
             due = max(job.created_at, job.run_at) if job.run_at else job.created_at
             if oldest is None or due.timestamp() < oldest:
