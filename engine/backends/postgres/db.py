@@ -324,6 +324,15 @@ class PostgresDatabase:
         self._writes += 1
         self._wake.set()
 
+    def call_soon(self, fn: Fn[T], then: Callable[[T | None, BaseException | None], None]) -> None:
+        """Run `fn` inside the next write transaction without waiting for it; `then` is told
+        its result (or its error) once the batch committed."""
+        call: InTransaction[T] = InTransaction(fn, False)
+        self._writes += 1
+        self._calls.append(call)
+        self._after.append(lambda: then(call.result, call.error))
+        self._wake.set()
+
     def after_commit(self, callback: Callable[[], None]) -> None:
         """Call `callback` once what is queued now has committed."""
         self._after.append(callback)

@@ -215,10 +215,29 @@ class PostgresQueue(JobQueue):
             self.db.save(run, fence)
         for run_id, line in transition.logs:
             self.db.write(sql.INSERT_LOG, log_params(run_id, line, fence), feed=True)
-        if transition.update is not None:
-            self.db.write(*update_params(transition.job_id, transition.epoch, transition.update))
-            if transition.update.state in (JobState.WAITING, JobState.DELAYED):
-                self.db.after_commit(self.wake_all)
+        landed = transition.landed
+        if landed is None:
+            if transition.update is not None:
+                self.db.write(
+                    *update_params(transition.job_id, transition.epoch, transition.update)
+                )
+        else:
+            # Whoever waits on this transition is told whether the fence let it land: the job's
+            # update (or, for runs alone, the fence itself) inside the batch's transaction.
+            job_id, epoch, update = transition.job_id, transition.epoch, transition.update
+
+            async def settle(conn: Conn) -> bool:
+                if update is None:
+                    return await conn.fetchval(sql.HOLDS, job_id, epoch) is not None
+                statement, params = update_params(job_id, epoch, update)
+                return await conn.fetchrow(statement, *params) is not None
+
+            self.db.call_soon(settle, lambda done, error: landed(bool(done) and error is None))
+        if transition.update is not None and transition.update.state in (
+            JobState.WAITING,
+            JobState.DELAYED,
+        ):
+            self.db.after_commit(self.wake_all)
 
     async def apply(self, transition: Transition) -> bool:
         runs = [(run, None) for run in transition.runs]
