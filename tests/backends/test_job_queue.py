@@ -1014,3 +1014,18 @@ async def test_stats_do_not_count_jobs_whose_lease_this_process_lost(
         None,
         None,
     )
+
+
+@two_processes
+async def test_a_pause_from_another_process_holds_claims_before_the_worker_hears_of_it(
+    queue: JobQueue, other_backend: Backend
+) -> None:
+    # The operator in another process pauses; this process's worker has not followed the pause
+    # yet (it does so about once a second), so the claim itself must read it.
+    await other_backend.shared.set_paused(QUEUE, True)
+    [(held, _)] = await add(queue)
+    assert await queue.claim(QUEUE, 5, "w1", LONG) == []
+    assert (await job_of(queue, held.id)).state is JobState.WAITING
+
+    await other_backend.shared.set_paused(QUEUE, False)
+    assert [c.job.id for c in await queue.claim(QUEUE, 5, "w1", LONG)] == [held.id]

@@ -275,7 +275,11 @@ WITH due AS (
 )
 SELECT claimed.*, pg_notify('{SHARED_CHANNEL}', 'claim')::text AS notified FROM claimed
 """
-CLAIM = _CLAIM.format(forced="")
+# A queue paused by another process gives only forced jobs even before this worker hears of
+# the pause: the pause is a row the claim reads, so a job enqueued after `pause` returned waits.
+CLAIM = _CLAIM.format(
+    forced="AND (forced = 1 OR NOT EXISTS (SELECT 1 FROM paused_queues WHERE queue = $1))"
+)
 CLAIM_FORCED = _CLAIM.format(forced="AND forced = 1")
 
 # $1 queue: seconds until something of the queue may become claimable without anyone saying so

@@ -110,6 +110,7 @@ TAKE = (
     " epoch = epoch + 1, signals = NULL WHERE seq = ?"
     f" RETURNING {', '.join(JOB_COLUMNS)}, taken_from"
 )
+PAUSED = "SELECT 1 FROM paused_queues WHERE queue = ?"
 FORCED_WAITING = (
     "SELECT 1 FROM jobs WHERE queue = ? AND state IN ('waiting', 'delayed') AND forced = 1 LIMIT 1"
 )
@@ -126,6 +127,10 @@ def _claim(
     """Inside the writer's transaction: take due jobs and jobs whose lease ran out, highest
     priority first, then oldest."""
     now = time.time()
+    # A queue paused by another process gives only forced jobs even before this worker hears of
+    # the pause: the pause is a row read here, so a job enqueued after `pause` returned waits.
+    if not forced_only and conn.execute(PAUSED, (queue,)).fetchone():
+        forced_only = True
     due = conn.execute(
         DUE.format(forced=" AND forced = 1" if forced_only else ""), (queue, now, limit)
     ).fetchall()
