@@ -41,7 +41,6 @@ from .models import (
     QueueStats,
     Run,
     RunStatus,
-    StepRun,
     StepStatus,
     WorkerInfo,
     WorkflowInfo,
@@ -55,8 +54,7 @@ from .operations import (
     resolve_stuck,
     run_bulk,
 )
-from .records import construct
-from .runner import Runner
+from .replay_seed import seed_from_step
 from .validation import (
     InvalidInput,
     check_delay,
@@ -666,53 +664,11 @@ class Operator:
             what="payload" if input is None else "input",
         )
         if from_step is not None:
-            self._seed_from(target, source, run, from_step)
+            seed_from_step(
+                target.workflow_name, target.steps, target.workflow, source, run, from_step
+            )
             job.resume = True
         return job, run
-
-    @staticmethod
-    def _seed_from(target: QueueTarget, source: Run, run: Run, from_step: str) -> None:
-        names = [name for name, _ in target.steps]
-        if from_step not in names:
-            raise EngineError(
-                f"workflow {target.workflow_name} has no step {from_step!r} "
-                f"(steps: {', '.join(names)})"
-            )
-        index = names.index(from_step)
-        done = {s.name: s for s in source.steps}
-        if target.workflow is not None:
-            Runner.prepare(target.workflow, run)
-        else:
-            run.steps = [_pending(i, name, kind) for i, (name, kind) in enumerate(target.steps)]
-        for i in range(index):
-            step = done.get(names[i])
-            done_then = (StepStatus.COMPLETED, StepStatus.CACHED, StepStatus.SKIPPED)
-            if step is None or step.status not in done_then:
-                raise EngineError(
-                    f"cannot replay from {from_step!r}: step {names[i]!r} did not complete in "
-                    f"run {source.id}"
-                )
-            record = run.steps[i]
-            record.started_at = record.finished_at = utcnow()
-            if step.status is StepStatus.SKIPPED:  # switched off (active=False): still is
-                record.status = StepStatus.SKIPPED
-                continue
-            record.status = StepStatus.CACHED
-            record.output = step.output
-            record.input = step.input
-            record.cached_from = source.id
-            if target.steps[i][1] == "wait":  # nodes and primitives keep an output
-                continue
-            if target.workflow is None:
-                run.state[names[i]] = step.output
-                continue
-            definition = target.workflow.steps[i]
-            if definition.recorded and definition.runs:
-                try:
-                    definition.keep(run.state, step.output)  # under as_, spread: as it ran
-                except TypeError as error:
-                    raise EngineError(f"cannot replay from {from_step!r}: {error}") from None
-        run.cursor = [index]
 
     async def requeue(self, job_id: str) -> str:
         """Put a dead-lettered (or failed) job back in its queue with a fresh run and a fresh
@@ -916,32 +872,6 @@ class Operator:
             RunFilter(status=tuple(str(s) for s in PENDING_RUN_STATUSES), queue=queue),
             limit=limit,
         )
-
-
-def _pending(index: int, name: str, kind: str) -> StepRun:
-    return construct(
-        StepRun,
-        dict(
-            index=index,
-            name=name,
-            kind=kind,
-            status=StepStatus.PENDING,
-            started_at=None,
-            finished_at=None,
-            input=None,
-            output=None,
-            error=None,
-            max_attempts=1,
-            attempts=[],
-            logs=[],
-            cached_from=None,
-            wait_until=None,
-            timed_out=False,
-            tags=[],
-            parent=None,
-            child_run_id=None,
-        ),
-    )
 
 
 def _in_step_backoff(run: Run) -> bool:

@@ -17,7 +17,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import partial
-from typing import Any, Protocol
+from typing import Any
 
 import anyio
 
@@ -30,7 +30,6 @@ from .models import (
     TERMINAL_RUN_STATUSES,
     Attempt,
     AttemptStatus,
-    Job,
     LogLine,
     Run,
     RunStatus,
@@ -39,6 +38,7 @@ from .models import (
     utcnow,
 )
 from .records import construct
+from .services import UNRECORDED, Recorder, Services
 from .threads import SyncCall
 from .workflow import EventWaitStep, Step, StepDefinition, WaitStep, Workflow
 
@@ -47,71 +47,6 @@ NO_TIMEOUT = timedelta(days=36_500)  # an event wait without a timeout: parked t
 # The key of a snapshot that was not saved, with why (the state stays in this process only).
 SNAPSHOT_SKIPPED = "__blok_snapshot_skipped__"
 KEPT_STATES = 256  # unsaved states a process keeps for its runs to resume with
-
-
-class Recorder(Protocol):
-    """Where one run's records go while it runs (the worker fences them with its claim)."""
-
-    def save(self, run: Run) -> None: ...
-
-    def log(self, run_id: str, line: LogLine) -> None: ...
-
-
-class CacheHitLike(Protocol):
-    output: Any
-    run_id: str
-
-
-class EventLike(Protocol):
-    @property
-    def payload(self) -> Any: ...
-
-
-class Services(Protocol):
-    """What steps need from the engine around them."""
-
-    def workflow(self, name: str) -> Workflow | None:
-        """A loaded workflow by name (middleware, sub-workflows)."""
-
-    async def cache_get(self, workflow: str, step: str, key: str) -> CacheHitLike | None: ...
-
-    def cache_put(
-        self, workflow: str, step: str, key: str, output: Any, run_id: str, ttl_ms: int
-    ) -> None: ...
-
-    async def find_job(self, job_id: str) -> Job | None: ...
-
-    async def get_run(self, run_id: str) -> Run | None: ...
-
-    async def take_event(
-        self,
-        run_id: str,
-        step: str,
-        event: str,
-        *,
-        key: str | None,
-        path: tuple[str, ...],
-        register: bool,
-    ) -> EventLike | None:
-        """The event a wait step takes from the run's mailbox (see RunStore.take_event)."""
-
-    async def dispatch(
-        self, workflow: Workflow, payload: Any, job_id: str, meta: dict[str, Any], queue: str
-    ) -> str:
-        """Enqueue a child run of `workflow` under a fixed job id (known ids are not added
-        twice), on its own queue, or on `queue` (the parent's) for a workflow with no
-        trigger; the id of the job's run."""
-
-
-class _Unrecorded:
-    def save(self, run: Run) -> None:
-        pass
-
-    def log(self, run_id: str, line: LogLine) -> None:
-        pass
-
-
-UNRECORDED = _Unrecorded()
 
 
 class StepError(Exception):
