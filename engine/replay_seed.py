@@ -6,9 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .errors import EngineError
-from .models import Run, StepRun, StepStatus, utcnow
-from .records import construct
-from .runner import Runner
+from .models import Run, StepStatus, utcnow
+from .runner import Runner, pending_step
 from .workflow import Workflow
 
 
@@ -34,7 +33,7 @@ def seed_from_step(
     if workflow is not None:
         Runner.prepare(workflow, run)
     else:
-        run.steps = [_pending_step(i, name, kind) for i, (name, kind) in enumerate(steps)]
+        run.steps = [pending_step(i, name, kind) for i, (name, kind) in enumerate(steps)]
     for i in range(index):
         step = done.get(names[i])
         done_then = (StepStatus.COMPLETED, StepStatus.CACHED, StepStatus.SKIPPED)
@@ -64,29 +63,3 @@ def seed_from_step(
             except TypeError as error:
                 raise EngineError(f"cannot replay from {from_step!r}: {error}") from None
     run.cursor = [index]
-
-
-def _pending_step(index: int, name: str, kind: str) -> StepRun:
-    return construct(
-        StepRun,
-        dict(
-            index=index,
-            name=name,
-            kind=kind,
-            status=StepStatus.PENDING,
-            started_at=None,
-            finished_at=None,
-            input=None,
-            output=None,
-            error=None,
-            max_attempts=1,
-            attempts=[],
-            logs=[],
-            cached_from=None,
-            wait_until=None,
-            timed_out=False,
-            tags=[],
-            parent=None,
-            child_run_id=None,
-        ),
-    )

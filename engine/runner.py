@@ -151,6 +151,42 @@ def _jsonable(value: Any, what: str) -> None:
         ) from None
 
 
+def pending_step(
+    index: int,
+    name: str,
+    kind: str,
+    *,
+    max_attempts: int = 1,
+    tags: list[str] | None = None,
+    parent: int | None = None,
+) -> StepRun:
+    """A pending step record, also for a step known only by name and kind (a replay made by a
+    process that has not loaded the workflow)."""
+    return construct(
+        StepRun,
+        dict(
+            index=index,
+            name=name,
+            kind=kind,
+            status=StepStatus.PENDING,
+            started_at=None,
+            finished_at=None,
+            input=None,
+            output=None,
+            error=None,
+            max_attempts=max_attempts,
+            attempts=[],
+            logs=[],
+            cached_from=None,
+            wait_until=None,
+            timed_out=False,
+            tags=tags if tags is not None else [],
+            parent=parent,
+            child_run_id=None,
+        ),
+    )
+
+
 class Runner:
     def __init__(
         self,
@@ -189,28 +225,13 @@ class Runner:
         step: StepDefinition, index: int, tags: list[str] | None = None, parent: int | None = None
     ) -> StepRun:
         """A step record before the step runs: what the step rail shows as pending."""
-        return construct(
-            StepRun,
-            dict(
-                index=index,
-                name=step.name,
-                kind=step.kind,
-                status=StepStatus.PENDING,
-                started_at=None,
-                finished_at=None,
-                input=None,
-                output=None,
-                error=None,
-                max_attempts=getattr(step, "max_attempts", 1),
-                attempts=[],
-                logs=[],
-                cached_from=None,
-                wait_until=None,
-                timed_out=False,
-                tags=tags if tags is not None else [],
-                parent=parent,
-                child_run_id=None,
-            ),
+        return pending_step(
+            index,
+            step.name,
+            step.kind,
+            max_attempts=getattr(step, "max_attempts", 1),
+            tags=tags,
+            parent=parent,
         )
 
     @staticmethod
