@@ -47,6 +47,9 @@ log = logging.getLogger("blok.ledger")
 
 CANCELLED_BEFORE_RUN = "cancelled by operator before it ran"
 CANCELLED = "cancelled by operator"
+# Jobs enqueued here (one `enqueue` call each) whose completed run is kept for a later
+# `wait_for_job`: the most recent this many (a few MB of records at most).
+PARKED_MAX = 4096
 
 
 def new_id(prefix: str) -> str:
@@ -207,6 +210,11 @@ class Ledger:
         self.on_run_ended: list[Callable[[Run], None]] = []
         # Engine lines made for a run and not written yet: they ride in its next transition.
         self._notes: dict[str, list[LogLine]] = {}
+        # Jobs enqueued here, oldest first: None until the job completes here, then the run it
+        # completed with, for a `wait_for_job` that comes after the end (a script submits a
+        # batch, then collects the results): no read. Only completed runs are kept, since a
+        # completed job never moves again; a failed one may be requeued by another process.
+        self._parked: dict[str, Run | None] = {}
 
     # ---- waiters ---------------------------------------------------------------------------
     def job_waiter(self, job_id: str) -> JobWaiter:
@@ -219,12 +227,33 @@ class Ledger:
     def forget_waiter(self, job_id: str) -> None:
         self._job_done.pop(job_id, None)
 
+    def watch(self, job_id: str) -> None:
+        """Keep the run of this job (just enqueued here) if it completes here, for a later
+        `wait_for_job` (see `parked`); the oldest watched job is let go past `PARKED_MAX`."""
+        parked = self._parked
+        parked[job_id] = None
+        if len(parked) > PARKED_MAX:
+            del parked[next(iter(parked))]
+
+    def parked(self, job_id: str) -> Run | None:
+        """The run a watched job completed with here, once its settle is committed (taken:
+        asked once); None if it has not completed here, or was let go."""
+        run = self._parked.get(job_id)
+        if run is not None:
+            del self._parked[job_id]
+        return run
+
     def _job_ended(self, job_id: str, run: Run | None) -> None:
         """A transition that ends the job landed (`run`: the run it ended with) or was
         refused (None)."""
         waiter = self._job_done.pop(job_id, None)
         if waiter is not None:
             waiter.end(run)
+        if job_id in self._parked:
+            if waiter is None and run is not None and run.status is RunStatus.COMPLETED:
+                self._parked[job_id] = run
+            else:
+                del self._parked[job_id]  # told now, or not kept
 
     # ---- publishing ------------------------------------------------------------------------
     def _finished(self, run: Run) -> None:
@@ -376,9 +405,10 @@ class Ledger:
     def _settle(self, claim: Claim, queue: JobQueue, run: Run, update: JobUpdate) -> None:
         transition = self._transition(claim.job, claim.job.epoch, update, run)
         job_id = claim.job.id
-        if job_id in self._job_done:
-            # Someone here waits for the job: tell them once the settle is committed, with
-            # the run if it landed (nothing to read back), without if the fence refused it.
+        if job_id in self._job_done or job_id in self._parked:
+            # Someone here waits for the job, or may (it was enqueued here): tell them once
+            # the settle is committed, with the run if it landed (nothing to read back),
+            # without if the fence refused it.
             transition.landed = lambda landed: self._job_ended(job_id, run if landed else None)
         queue.submit(transition)
         self._finished(run)

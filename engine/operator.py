@@ -415,6 +415,8 @@ class Operator:
             timeout=timeout,
         )
         added = await self.ledger.add(target.queue, [job], [run])
+        if added:
+            self.ledger.watch(job.id)
         if force and added:
             await self._start_now(target.queue, job.id)
         return job.id
@@ -489,6 +491,9 @@ class Operator:
         that ended it is committed, with the run it ended with (nothing to read back; a
         transition the fence refused wakes them without, to read the job again); a job that
         another process ends is read again when the database reports a change."""
+        run = self.ledger.parked(job_id)
+        if run is not None:
+            return run  # enqueued here and completed here since: nothing to read
         # Registered before the read, so that a job ending during the read wakes us.
         waiter = self.ledger.job_waiter(job_id)
         run = await self._if_ended(job_id, waiter)

@@ -7,10 +7,14 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
+from pg import fresh_database, need_server
 
+from engine import Engine, Step, WorkerTrigger, Workflow
+from engine import ledger as ledger_module
 from engine.backends import Backend, open_backend
 from engine.events import EventBus
 from engine.ledger import Ledger, make_job, make_run
@@ -66,3 +70,86 @@ async def test_a_settle_the_fence_refused_hands_waiters_no_run(backend: Backend)
     assert stored is not None
     assert (stored.status, stored.output) == (RunStatus.COMPLETED, "mine")
     assert waiter.run.model_dump() == stored.model_dump()
+
+
+# ---- a wait that comes after the end ---------------------------------------------------------
+# A script that submits a batch and then collects the results asks for most jobs after they
+# ended. A job enqueued here and completed here keeps its run for that wait: no read. Only a
+# completed run is kept (a failed job may be requeued by another process meanwhile), and only
+# for the most recent `PARKED_MAX` jobs enqueued here; the others are read as before.
+
+
+async def echo_or_fail(ctx: Any) -> int:
+    if ctx.body["fail"]:
+        raise ValueError(f"job {ctx.body['i']} fails")
+    return int(ctx.body["i"])
+
+
+def _batch_workflow() -> Workflow:
+    # One slot: the jobs end in the order they were enqueued, so waiting for the last one
+    # means every earlier one has ended, without waiting for them (which would be a hand-off).
+    trigger = WorkerTrigger(queue="batch", concurrency=1, provider=None)
+    return Workflow(name="batch", trigger=trigger, steps=[Step("echo", echo_or_fail)])
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
+async def location(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str | None]:
+    if request.param == "memory":
+        yield None
+    elif request.param == "sqlite":
+        yield str(tmp_path / "blok.db")
+    else:
+        await need_server()
+        async with fresh_database() as url:
+            yield url
+
+
+async def _collect_after_the_end(
+    engine: Engine, n: int, failing: set[int]
+) -> tuple[list[str], list[str]]:
+    """Enqueue n jobs, wait until all ended, then count the store's run reads while each is
+    waited for: the job ids, and the ids of the runs the waits had to read."""
+    ids = [await engine.enqueue("batch", {"i": i, "fail": i in failing}) for i in range(n)]
+    last = await engine.enqueue("batch", {"i": n, "fail": False})
+    with anyio.fail_after(30):
+        await engine.wait_for_job(last)
+    store = engine.backend.runs
+    read: list[str] = []
+    real_get_run = store.get_run
+
+    async def counted(run_id: str) -> Any:
+        read.append(run_id)
+        return await real_get_run(run_id)
+
+    store.get_run = counted  # type: ignore[method-assign]
+    try:
+        runs = [await engine.wait_for_job(job_id, timeout=30) for job_id in ids]
+    finally:
+        del store.get_run  # the instance attribute goes: the method is back
+    for i, run in enumerate(runs):
+        stored = await engine.get_run(run.id)
+        assert run.model_dump() == stored.model_dump()  # what was handed over is the record
+        assert run.status is (RunStatus.FAILED if i in failing else RunStatus.COMPLETED)
+        assert run.output == (None if i in failing else i)
+    return ids, read
+
+
+async def test_a_job_completed_before_its_wait_is_handed_over_without_a_read(
+    location: str | None,
+) -> None:
+    async with Engine(workflows=[_batch_workflow()], database=location) as engine:
+        ids, read = await _collect_after_the_end(engine, 12, failing={3, 7})
+        runs = {job_id: (await engine.get_job(job_id)).run_id for job_id in ids}
+    # The completed ones came without a read; the failed ones were read (not kept).
+    assert read == [runs[ids[3]], runs[ids[7]]]
+
+
+async def test_past_the_cap_the_oldest_jobs_are_read(
+    location: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ledger_module, "PARKED_MAX", 4)
+    async with Engine(workflows=[_batch_workflow()], database=location) as engine:
+        ids, read = await _collect_after_the_end(engine, 10, failing=set())
+        runs = [(await engine.get_job(job_id)).run_id for job_id in ids]
+    # The last job (the barrier) was waited for and taken; the 3 before it stayed kept.
+    assert read == runs[:7]
