@@ -226,7 +226,10 @@ class BlokApp(App[None]):
 
     @property
     def view(self) -> BlokScreen | None:
-        """The topmost view (a modal may be above it)."""
+        """The topmost view (a modal may be above it); None once the app is closing, when the
+        views' widgets are being removed: a tick or a change told to a view then finds none."""
+        if not self.is_running:
+            return None
         for screen in reversed(self.screen_stack):
             if isinstance(screen, BlokScreen):
                 return screen

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -290,3 +291,23 @@ async def test_q_with_runs_in_flight_asks_first(engine: Engine) -> None:
         await pilot.press("y")
         await until(pilot, lambda: not app.is_running)
     assert (await engine.get_run(run_id)).status == "running"  # quitting the app alone
+
+
+async def test_the_clock_ticking_while_the_app_closes_is_harmless(engine: Engine) -> None:
+    # The app's clock (once a second) and the change feed tell the topmost view. While the app
+    # closes, the views' widgets are removed first: a tick then (a run view showing a running
+    # run redraws its durations) found no widgets and failed the app, at random, on quitting.
+    app = BlokApp(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        slow_id = await _running(engine, "slow")
+        await command(pilot, f"run {slow_id}")
+        await until(pilot, lambda: isinstance(app.screen, RunScreen) and app.screen.run is not None)
+        closing = asyncio.ensure_future(app._shutdown())
+        while not closing.done():
+            await app._tick()
+            app._changes.everything = True  # as after lost events: every view re-reads
+            await app._flush_changes()
+            await asyncio.sleep(0)
+        await closing
+        await engine.cancel(slow_id)
