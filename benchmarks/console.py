@@ -38,10 +38,10 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from textual.widgets import DataTable
 
 from blok_tui.app import BlokApp
 from blok_tui.runs_screen import RunsScreen
+from blok_tui.widgets.row_table import RowTable
 from engine import Engine, Run, RunFinished, RunStatus, Step, WorkerTrigger, Workflow
 
 
@@ -64,7 +64,7 @@ async def fill(database: Path, n: int) -> float:
         for start in range(0, n, 10_000):
             for i in range(start, min(n, start + 10_000)):
                 created = base + timedelta(milliseconds=500 * i)
-                engine.store.save_run(
+                engine.backend.runs.save_run(
                     Run.model_construct(
                         id=f"run_bench{i:09d}",
                         workflow_name=WORKFLOW.name,
@@ -97,7 +97,7 @@ async def fill(database: Path, n: int) -> float:
                         logs=[],
                     )
                 )
-            await engine.store.flush()
+            await engine.backend.runs.flush()
     return time.perf_counter() - started
 
 
@@ -125,7 +125,7 @@ async def first_paint(database: Path, repeats: int) -> tuple[list[float], list[f
                 )
                 await pilot.pause()  # the refresh that paints it
                 opens.append(time.perf_counter() - t1)
-                table = app.screen.query_one("#runs", DataTable)
+                table = app.screen.query_one("#runs", RowTable)
                 assert table.row_count == 100, table.row_count
     return starts, opens
 
@@ -148,11 +148,11 @@ async def status_latency(database: Path, samples: int) -> list[float]:
                 await app.run_command("runs")
                 await until(pilot, lambda: isinstance(app.screen, RunsScreen) and app.screen.loaded)
                 screen = app.screen
-                table = screen.query_one("#runs", DataTable)
+                table = screen.query_one("#runs", RowTable)
 
                 def shows_completed(run_id: str) -> bool:
                     try:
-                        return "completed" in str(table.get_cell(run_id, "status"))
+                        return "completed" in str(table.cell(run_id, "status"))
                     except Exception:  # row not there yet
                         return False
 

@@ -17,6 +17,7 @@ from engine.backends.sqlite import SqliteBackend
 from engine.backends.sqlite.db import (
     CHECKPOINT_EVERY,
     INLINE_WEIGHT,
+    PAGE_SIZE,
     RESTART_EVERY,
     SqliteDatabase,
 )
@@ -145,3 +146,32 @@ async def test_a_point_read_sees_this_processes_queued_write(tmp_path: Path) -> 
             group.cancel_scope.cancel()
     finally:
         await db.close()
+
+
+def page_size(path: Path) -> int:
+    with closing(sqlite3.connect(path)) as conn:
+        return int(conn.execute("PRAGMA page_size").fetchone()[0])
+
+
+async def test_a_new_database_gets_small_pages(tmp_path: Path) -> None:
+    # Every commit appends each page it changed to the WAL, whole: small pages are what keep
+    # a job's commits small (see PAGE_SIZE).
+    async with SqliteBackend(tmp_path / "blok.db"):
+        pass
+    assert page_size(tmp_path / "blok.db") == PAGE_SIZE == 1024
+
+
+async def test_a_database_made_with_other_pages_keeps_them_and_works(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    async with SqliteBackend(path) as opened:  # made, then converted as an older blok made it
+        pass
+    with closing(sqlite3.connect(path, isolation_level=None)) as conn:
+        conn.execute("PRAGMA journal_mode = DELETE")
+        conn.execute("PRAGMA page_size = 4096")
+        conn.execute("VACUUM")
+        conn.execute("PRAGMA journal_mode = WAL")
+    assert page_size(path) == 4096
+    async with SqliteBackend(path) as opened:
+        opened.db.write("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)", ())
+        await opened.db.transaction(insert("kept"))
+    assert page_size(path) == 4096 and count(path) == 1
