@@ -323,6 +323,14 @@ def rollback(conn: sqlite3.Connection) -> None:
             log.debug("rollback after an error failed too: %s", error)
 
 
+def _not_the_calls(conn: sqlite3.Connection, error: Exception) -> bool:
+    """Whether a call in a batch failed for the database's sake, not its own: the disk is
+    full, the file busy or unreadable (the whole batch is tried again, the call with it), or
+    SQLite rolled the transaction back itself (on a full disk it may: its savepoint is gone
+    with the rest)."""
+    return transient(error) is not None or not conn.in_transaction
+
+
 class SqliteDatabase:
     """The file: a batching writer and point reads in the event loop's thread, scans through
     aiosqlite, checkpoints in a thread."""
@@ -700,6 +708,8 @@ class SqliteDatabase:
                 try:
                     calls[0].result = calls[0].fn(conn)
                 except Exception as error:
+                    if _not_the_calls(conn, error):
+                        raise
                     conn.execute("ROLLBACK")
                     calls[0].error = error
                     return
@@ -709,6 +719,8 @@ class SqliteDatabase:
                     try:
                         call.result = call.fn(conn)
                     except Exception as error:
+                        if _not_the_calls(conn, error):
+                            raise
                         # A call's own failure is its caller's: its writes are undone, the
                         # batch still commits.
                         conn.execute("ROLLBACK TO call")
