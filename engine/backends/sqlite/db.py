@@ -32,7 +32,6 @@ import os
 import sqlite3
 import stat
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +46,7 @@ from ...errors import DatabaseError
 from ...models import Run
 from ..base import Fence
 from ..rows import ATTEMPT_COLUMNS, RUN_COLUMNS, STEP_COLUMNS, attempt_row, run_row, step_row
+from .refusals import Troubles, busy_timeout_ms, damaged, not_the_calls, rollback, transient
 from .schema import MIGRATIONS, SCHEMA_VERSION
 
 log = logging.getLogger("blok.sqlite")
@@ -65,8 +65,6 @@ sqlite3.register_adapter(type(None), lambda value: value)
 # CPU seconds a job and 25-30 % more jobs/s, with reads no slower. Rows bigger than a page
 # (a large payload or state snapshot) go to overflow pages, as they did at 4 KB.
 PAGE_SIZE = 1024
-BUSY_TIMEOUT_MS = 10_000  # BLOK_SQLITE_BUSY_TIMEOUT_MS: how long one statement waits for a lock
-RETRY_MAX_S = 5.0  # a write the database refused (busy, disk full) is tried again this often
 INLINE_WEIGHT = 512  # rows: a heavier batch is committed in a thread, off the event loop
 CHECKPOINT_EVERY = 64  # batches between two checkpoints (about 1,000 WAL pages, as SQLite does)
 RESTART_EVERY = 4  # every 4th checkpoint is the writer's own (see "checkpoints" below)
@@ -161,85 +159,6 @@ class _Batch:
     told: list[tuple[Callable[[bool], None], bool]] = field(default_factory=list)
 
 
-def busy_timeout_ms() -> int:
-    value = os.environ.get("BLOK_SQLITE_BUSY_TIMEOUT_MS", "")
-    return int(value) if value.isdigit() else BUSY_TIMEOUT_MS
-
-
-def transient(error: BaseException) -> str | None:
-    """What keeps the database from being written now, if it may pass: "busy" (another
-    process holds the write lock), "full" (no space left) or "io" (an I/O error); None for an
-    error that will not go away by waiting (a damaged file, a read-only one, a bug)."""
-    if not isinstance(error, sqlite3.Error):
-        return None
-    code = getattr(error, "sqlite_errorcode", 0) & 0xFF
-    if code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
-        return "busy"
-    if code == sqlite3.SQLITE_FULL:
-        return "full"
-    if code == sqlite3.SQLITE_IOERR:
-        return "io"
-    return None
-
-
-def damaged(error: BaseException) -> bool:
-    return getattr(error, "sqlite_errorcode", 0) & 0xFF == sqlite3.SQLITE_CORRUPT
-
-
-class Troubles:
-    """One line in the log when the database starts refusing writes for a reason that may
-    pass, one when it takes them again: not a traceback per attempt."""
-
-    def __init__(self, path: Path, what: str) -> None:
-        self.path = path
-        self.what = what
-        self.kind: str | None = None
-        self.since = 0.0
-        self.delay = 0.05
-
-    def failed(self, error: BaseException, kind: str) -> float:
-        """Note a refusal; the seconds to wait before trying again."""
-        if kind != self.kind:
-            self.kind, self.since = kind, time.monotonic()
-            if kind == "busy":
-                log.warning(
-                    "database %s is busy: another process holds its write lock (a VACUUM, a "
-                    "migration, an open transaction); %s waits and tries again",
-                    self.path,
-                    self.what,
-                )
-            elif kind == "full":
-                log.error(
-                    "disk full: cannot write to %s (%s); %s is kept and tried again until "
-                    "there is space, nothing is lost",
-                    self.path,
-                    error,
-                    self.what,
-                )
-            else:
-                log.error(
-                    "cannot write to %s: %s; %s is kept and tried again",
-                    self.path,
-                    error,
-                    self.what,
-                )
-        else:
-            self.delay = min(self.delay * 2, RETRY_MAX_S)
-        return self.delay
-
-    def cleared(self) -> None:
-        if self.kind is not None:
-            log.warning(
-                "database %s: written again after %.1fs (%s)",
-                self.path,
-                time.monotonic() - self.since,
-                {"busy": "the lock was released", "full": "there is space again"}.get(
-                    self.kind, "the error went away"
-                ),
-            )
-            self.kind, self.delay = None, 0.05
-
-
 def _connect(path: Path) -> sqlite3.Connection:
     timeout_ms = busy_timeout_ms()
     conn = sqlite3.connect(
@@ -311,24 +230,6 @@ def migrate(conn: sqlite3.Connection, path: Path, *, create: bool) -> None:
     except BaseException:
         rollback(conn)
         raise
-
-
-def rollback(conn: sqlite3.Connection) -> None:
-    """Undo an open transaction, if SQLite has not already (it has, after a disk full): a
-    failed ROLLBACK must not hide the error that caused it."""
-    if conn.in_transaction:
-        try:
-            conn.execute("ROLLBACK")
-        except sqlite3.Error as error:
-            log.debug("rollback after an error failed too: %s", error)
-
-
-def _not_the_calls(conn: sqlite3.Connection, error: Exception) -> bool:
-    """Whether a call in a batch failed for the database's sake, not its own: the disk is
-    full, the file busy or unreadable (the whole batch is tried again, the call with it), or
-    SQLite rolled the transaction back itself (on a full disk it may: its savepoint is gone
-    with the rest)."""
-    return transient(error) is not None or not conn.in_transaction
 
 
 class SqliteDatabase:
@@ -708,7 +609,7 @@ class SqliteDatabase:
                 try:
                     calls[0].result = calls[0].fn(conn)
                 except Exception as error:
-                    if _not_the_calls(conn, error):
+                    if not_the_calls(conn, error):
                         raise
                     conn.execute("ROLLBACK")
                     calls[0].error = error
@@ -719,7 +620,7 @@ class SqliteDatabase:
                     try:
                         call.result = call.fn(conn)
                     except Exception as error:
-                        if _not_the_calls(conn, error):
+                        if not_the_calls(conn, error):
                             raise
                         # A call's own failure is its caller's: its writes are undone, the
                         # batch still commits.
