@@ -61,9 +61,10 @@ sqlite3.register_adapter(type(None), lambda value: value)
 # page it changed to the WAL, whole: a job's enqueue changes about 13 (the job and run rows
 # and their index entries), its settle as many again, so with 4 KB pages a job writes some
 # 100 KB of WAL, mostly untouched bytes, and a checkpoint copies them all again. 1 KB pages
-# cut that by four; measured on the contract path (benchmarks/README.md): about 25 % fewer
-# CPU seconds a job and 25-30 % more jobs/s, with reads no slower. Rows bigger than a page
-# (a large payload or state snapshot) go to overflow pages, as they did at 4 KB.
+# cut that by four (benchmarks/page_size.py: 34 KB written a job against 136 KB); jobs/s on
+# the contract path 0-30 % higher depending on the day (benchmarks/README.md), never lower,
+# reads no slower. Rows bigger than a page (a large payload or state snapshot) go to
+# overflow pages, as they did at 4 KB.
 PAGE_SIZE = 1024
 INLINE_WEIGHT = 512  # rows: a heavier batch is committed in a thread, off the event loop
 CHECKPOINT_EVERY = 64  # batches between two checkpoints (about 1,000 WAL pages, as SQLite does)
