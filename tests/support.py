@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import random
+import signal
+import sqlite3
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, closing
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +58,34 @@ async def until(condition: Callable[[], Any], timeout: float = 10, every: float 
             if held:
                 return
             await anyio.sleep(every)
+
+
+def _write_lock_free(database: Path) -> bool:
+    """Whether a write transaction on the SQLite file can begin within a second: one that
+    another process is in the middle of ends in far less; one a stopped process holds never."""
+    with closing(sqlite3.connect(database, timeout=1, isolation_level=None)) as conn:
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError:
+            return False
+        conn.execute("ROLLBACK")
+        return True
+
+
+async def freeze(pid: int, database: Path, holding: Callable[[], bool], tries: int = 50) -> None:
+    """SIGSTOP a worker process on the SQLite file `database` while `holding()` (read while
+    it is stopped: it holds the jobs the test is about), at a moment it is not inside a write
+    transaction. A process stopped inside one keeps the file's write lock and no other process
+    can write until it wakes (SQLite's locks belong to the process, for any program on the
+    file): that is not "a worker frozen past its lease", so such a stop is undone and tried
+    again at another point of its cycle."""
+    for _ in range(tries):
+        os.kill(pid, signal.SIGSTOP)
+        if await anyio.to_thread.run_sync(_write_lock_free, database) and holding():
+            return
+        os.kill(pid, signal.SIGCONT)
+        await anyio.sleep(random.uniform(0.005, 0.05))
+    raise AssertionError(f"worker {pid}: no stop of {tries} found it holding jobs outside a write")
 
 
 # The databases an engine test can run on: "memory", "sqlite", "postgres"; DURABLE are those

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from support import until
+from support import freeze, until
 
 from engine import Engine, RunStatus, Step, WorkerTrigger, Workflow
 
@@ -175,7 +175,9 @@ async def test_a_frozen_worker_wakes_up_and_rewrites_nothing(project: Project) -
         pattern = f"%:{frozen.pid}"
         # Running and claimed ahead: the claim-ahead jobs are what used to be run twice.
         await until(lambda: scalar(project.database, held, pattern) >= 8)
-        os.kill(frozen.pid, signal.SIGSTOP)
+        await freeze(
+            frozen.pid, project.database, lambda: scalar(project.database, held, pattern) >= 8
+        )
         survivor, _ = project.worker("survivor")
         completed = "SELECT count(*) FROM jobs WHERE state = 'completed'"
         await until(lambda: scalar(project.database, completed) == jobs, timeout=60)

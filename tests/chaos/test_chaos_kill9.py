@@ -30,6 +30,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+from support import freeze
 
 from engine import Engine
 
@@ -363,7 +364,12 @@ async def test_a_worker_stalled_past_its_lease_does_not_complete_a_job_twice(
     held = f"SELECT count(*) FROM jobs WHERE state = 'active' AND worker = '{frozen.id}'"
     with reading(setup.database) as conn:
         assert count(conn, held) > 0, setup.why
-    os.kill(frozen.process.pid, signal.SIGSTOP)
+
+    def holding() -> bool:
+        with reading(setup.database) as conn:
+            return count(conn, held) > 0
+
+    await freeze(frozen.process.pid, setup.database, holding)
     try:
         await poll(setup, held, lambda n: n == 0, survivor)
     finally:
