@@ -83,7 +83,7 @@ class Chores:
         for queue in self.backend.queues:
             for job in await queue.held_by(dead):
                 run = await self.backend.runs.get_run(job.run_id)
-                was_running = run is not None and run.status is RunStatus.RUNNING
+                was_running = run is not None and (run.status is RunStatus.RUNNING or job.handed)
                 if await self.ledger.release(queue, job, run, reason):
                     released += 1
                     crashed += was_running

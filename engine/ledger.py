@@ -114,6 +114,7 @@ def make_job(
             lease_until=None,
             signals={},
             force=False,
+            handed=False,
         ),
     )
 
@@ -470,8 +471,12 @@ class Ledger:
                     attempt.error = reason
         self.log(run, reason, "warning")
         job = claim.job
+        # Kept (its code still runs): no longer `handed`, since the run's record now says
+        # where it stopped, and whoever takes the job over resumes it from there.
         update = (
-            JobUpdate(state=JobState.WAITING, resume=True, meta=job.meta) if hand_back else None
+            JobUpdate(state=JobState.WAITING, resume=True, meta=job.meta)
+            if hand_back
+            else JobUpdate(state=JobState.ACTIVE)
         )
         queue.submit(self._transition(job, job.epoch, update, run))
         self._changed(run)
@@ -505,10 +510,18 @@ class Ledger:
     def take_over(self, claim: Claim, queue: JobQueue, run: Run) -> Run:
         """A claim took the job over from a worker that stopped renewing its lease: a run that
         worker had started is recorded crashed, and this delivery runs a new one."""
-        reason = (
-            f"crashed: worker {claim.taken_from} stopped renewing its lease (lease expired); "
-            "the job was taken over by another worker"
-        )
+        if run.status is RunStatus.QUEUED:
+            # Handed to that worker, which may have begun the run before its start landed.
+            reason = (
+                f"crashed: worker {claim.taken_from} stopped renewing its lease (lease expired) "
+                "before the run's start was recorded; the run may have begun there; the job "
+                "was taken over by another worker"
+            )
+        else:
+            reason = (
+                f"crashed: worker {claim.taken_from} stopped renewing its lease (lease "
+                "expired); the job was taken over by another worker"
+            )
         run = copy_run(run)  # read from the store: others may hold that record
         self._close(run, RunStatus.CRASHED, reason, None)
         close_open_steps(run, StepStatus.FAILED, AttemptStatus.FAILED, reason)
@@ -516,6 +529,7 @@ class Ledger:
         fresh = self._redelivery(job, run)
         fresh.status = RunStatus.QUEUED
         job.run_id = fresh.id
+        job.handed = False  # the update clears it: this new run's start is committed first
         update = JobUpdate(state=JobState.ACTIVE, run_id=fresh.id)
         queue.submit(self._transition(job, job.epoch, update, run, fresh))
         self._finished(run)
@@ -614,9 +628,10 @@ class Ledger:
         return True
 
     async def release(self, queue: JobQueue, job: Job, run: Run | None, reason: str) -> bool:
-        """A dead worker's job goes back to its queue: a run it had started is recorded
-        crashed, and the job's next delivery runs a new one."""
-        if run is None or run.status is not RunStatus.RUNNING:
+        """A dead worker's job goes back to its queue: a run it had started, or may have begun
+        (a job handed to one of its slots), is recorded crashed, and the job's next delivery
+        runs a new one."""
+        if run is None or not (run.status is RunStatus.RUNNING or job.handed):
             update = JobUpdate(
                 state=JobState.WAITING,
                 run_id=job.run_id,

@@ -233,6 +233,9 @@ class Job(_Record):
     # each was made: the holder acts on those it has not seen yet.
     signals: dict[str, float] = Field(default_factory=dict)
     force: bool = False  # an operator's "run it now": claimed even from a paused queue
+    # While active: its claim gave it straight to a worker slot (not ahead), whose code may
+    # run before the run's start is recorded; losing it means the run may have begun.
+    handed: bool = False
 
     @property
     def job_id(self) -> str:

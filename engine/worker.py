@@ -446,8 +446,11 @@ class Worker:
         if run is None:
             failures = int(job.meta.get("failures", 0))
             return make_run(job, workflow_version=version, job_attempt=failures + 1), False
-        if claim.taken_from is not None and (run.status is RunStatus.RUNNING or run.terminal):
-            # The worker that lost the lease had started it: it crashed there.
+        if claim.taken_from is not None and (
+            claim.taken_handed or run.status is RunStatus.RUNNING or run.terminal
+        ):
+            # The worker that lost the lease had started it, or had been handed it and may
+            # have begun it before its start was committed: it crashed there.
             return self.ledger.take_over(claim, runtime.queue, run), False
         # A wait's redelivery, a replay from a step, a run a stop or a gate handed back after
         # it began: on from the run's cursor and state.
@@ -524,11 +527,13 @@ class Worker:
                 failed = Outcome(RunStatus.FAILED, error=f"cannot resume: {lost}")
                 self._settle(runtime, claim, run, workflow, failed)
                 return
-            if queue.provider != "memory":
+            if queue.provider != "memory" and not job.handed:
                 # The record says `running` before any of the run's code runs. Were the start
                 # still in the writer when this process died or froze past its lease, the run
                 # would be found `queued`, and the job's next delivery would run that same run
-                # again: a side effect done twice with no crashed run to show for it.
+                # again: a side effect done twice with no crashed run to show for it. A job
+                # its claim handed straight to this slot needs no wait: the claim's commit
+                # already says the run may have begun (`Job.handed`).
                 await self.backend.runs.flush()
                 if claim.lease_lost():
                     handle.lost = True

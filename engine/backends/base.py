@@ -53,13 +53,17 @@ class Fence:
 @dataclass(slots=True)
 class Claim:
     """A job handed to a worker. `job.epoch` is the fencing token of every write the worker
-    makes for it; `held_since` (time.monotonic, taken before the claim or the last renewal was
-    asked) tells the worker when it must consider the lease lost if no renewal confirmed it."""
+    makes for it; `held_since` (time.monotonic, taken no later than the claim set the lease or
+    the last renewal was asked) tells the worker when it must consider the lease lost if no
+    renewal confirmed it."""
 
     job: Job
     lease_s: float
     held_since: float
     taken_from: str | None = None  # the worker whose expired lease this claim took over
+    # The worker whose lease this claim took over had been handed the job (`Job.handed`): its
+    # run may have begun even if its record still says queued.
+    taken_handed: bool = False
 
     @property
     def fence(self) -> Fence:
@@ -77,7 +81,8 @@ class JobUpdate:
     signals; `finished_at` is set for a terminal state and cleared otherwise.
 
     `state=ACTIVE` is the holder's own update while it keeps the job (a takeover that gives the
-    job a new run): only `run_id` and `meta` change; the epoch, worker and lease stay."""
+    job a new run, a stopped run recorded): only `run_id` and `meta` change, and the job is no
+    longer `handed` (the run's record says where it is); the epoch, worker and lease stay."""
 
     state: JobState
     run_id: str | None = None  # the run the job now points at (None: unchanged)

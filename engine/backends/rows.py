@@ -111,6 +111,7 @@ JOB_COLUMNS = (
     "epoch",
     "signals",
     "forced",
+    "handed",
 )
 
 _dumps = json.dumps
@@ -316,6 +317,7 @@ def job_row(job: Job) -> tuple[Any, ...]:
         job.epoch,
         None,
         int(job.force),
+        0,  # a new job is nobody's
     )
 
 
@@ -344,6 +346,7 @@ def job_from_row(row: Mapping[str, Any]) -> Job:
             lease_until=from_epoch(row["lease_until"]),
             signals=load(row["signals"]) or {},
             force=bool(row["forced"]),
+            handed=bool(row["handed"]),
         ),
     )
 

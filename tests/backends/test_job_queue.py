@@ -306,6 +306,31 @@ async def test_an_expired_lease_is_taken_over_with_a_new_epoch(queue: JobQueue) 
     assert (stored.worker, stored.epoch) == ("w2", second.job.epoch)
 
 
+async def test_a_takeover_says_whether_the_lost_holder_had_been_handed_the_job(
+    queue: JobQueue,
+) -> None:
+    """A claim on a database hands the jobs it returns straight to worker slots (a memory
+    queue's never says so: its runs' starts are not committed anywhere); one claimed ahead is
+    not handed. Taking either over tells which it was: a handed job's run may have begun
+    before its start was recorded."""
+    await add(queue, 3)
+    first = await claim_one(queue, "w1", lease_s=SHORT)
+    later = queue.claim_nowait(QUEUE, "w1", SHORT)  # ahead of the first, or a claim of its own
+    assert later is not None
+    assert first.job.handed is (queue.provider != "memory")
+    assert not later.job.handed
+
+    await outlive_lease()
+    taken = {c.job.id: c for c in await queue.claim(QUEUE, 3, "w2", LONG)}
+
+    for lost in (first, later):
+        claim = taken[lost.job.id]
+        assert claim.taken_from == "w1"
+        assert claim.taken_handed is lost.job.handed
+        # Returned by this claim: handed on, where the queue hands.
+        assert claim.job.handed is first.job.handed
+
+
 # ---- fencing: transitions ----------------------------------------------------------------
 async def test_apply_at_the_current_epoch_writes_the_job_its_runs_and_logs(
     backend: Backend, queue: JobQueue

@@ -31,7 +31,7 @@ LEASE = 30.0
 async def claim_rows(
     conn: asyncpg.Connection, worker: str, limit: int, lease: float = LEASE
 ) -> list[str]:
-    rows = await conn.fetch(sql.CLAIM, QUEUE, limit, worker, lease)
+    rows = await conn.fetch(sql.CLAIM, QUEUE, limit, worker, lease, limit)
     return [r["id"] for r in sorted(rows, key=lambda r: (-r["priority"], r["seq"]))]
 
 

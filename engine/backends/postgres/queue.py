@@ -164,7 +164,7 @@ class PostgresQueue(JobQueue):
             self._claiming += 1
             try:
                 rows, next_due = await self.db.pooled(
-                    lambda c: self._claim(c, statement, queue, asking, worker, lease_s),
+                    lambda c: self._claim(c, statement, queue, asking, worker, lease_s, limit),
                     deadline=deadline,
                 )
             except Unavailable:
@@ -177,7 +177,13 @@ class PostgresQueue(JobQueue):
             if rows:
                 rows.sort(key=lambda r: (-r["priority"], r["seq"]))
                 claims = [
-                    Claim(job_from_row(row), lease_s, asked, row["taken_from"])  # type: ignore[arg-type]
+                    Claim(
+                        job_from_row(row),  # type: ignore[arg-type]
+                        lease_s,
+                        asked,
+                        row["taken_from"],
+                        taken_handed=row["taken_handed"],
+                    )
                     for row in rows
                 ]
                 if len(claims) > limit:
@@ -202,8 +208,9 @@ class PostgresQueue(JobQueue):
         limit: int,
         worker: str,
         lease_s: float,
+        handing: int,
     ) -> tuple[list[asyncpg.Record], float | None]:
-        rows = await conn.fetch(statement, queue, limit, worker, lease_s)
+        rows = await conn.fetch(statement, queue, limit, worker, lease_s, handing)
         if rows:
             return rows, None
         return rows, await conn.fetchval(sql.NEXT_DUE, queue)

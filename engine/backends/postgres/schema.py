@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncpg
 
 SCHEMA = "blok"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # pg_advisory_xact_lock key that serializes migrations (a constant unique to blok: "blok").
 MIGRATION_LOCK = 0x626C6F6B
@@ -279,6 +279,13 @@ MIGRATIONS: dict[int, str] = {
         PRIMARY KEY (scope, key, run_id)
     );
     CREATE INDEX rate_starts_until ON rate_starts (until);
+    """,
+    # `handed`: the claim that holds the job gave it straight to a worker slot, whose code may
+    # run before the run's start is committed (that commit is not awaited). A worker that takes
+    # the job over from an expired lease then records the run crashed even though its record
+    # still says queued. A job claimed ahead is not handed: its start is committed first.
+    3: """
+    ALTER TABLE jobs ADD COLUMN handed INTEGER NOT NULL DEFAULT 0;
     """,
 }
 

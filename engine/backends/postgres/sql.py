@@ -86,6 +86,7 @@ _TYPES: dict[str, str] = {
             "max_retries",
             "resume",
             "forced",
+            "handed",
         ),
         "integer",
     ),
@@ -241,37 +242,42 @@ def _enqueue() -> str:
 # $1.. the job columns, then the run columns.
 ENQUEUE = _enqueue()
 
-# $1 queue, $2 how many, $3 the claiming worker, $4 lease seconds.
+# $1 queue, $2 how many, $3 the claiming worker, $4 lease seconds, $5 how many of them go
+# straight to worker slots (`handed`, in that order; the rest are kept ahead).
 # One statement takes due jobs and jobs whose lease expired (their worker stopped renewing: it
 # died or froze) in one order, highest priority then oldest, so there is no separate reaper to
 # get wrong. SKIP LOCKED: claimers pass over each other's rows instead of queueing behind them.
 # Each claimed job's epoch moves on and its signals are cleared; `taken_from` names the worker
-# whose lease was taken over (NULL for a fresh claim): its run is to be recorded crashed.
+# whose lease was taken over (NULL for a fresh claim): its run is to be recorded crashed, and
+# `taken_handed` whether that worker had been handed the job (its run may have begun unrecorded).
 # RETURNING has no order: the caller sorts by (priority DESC, seq).
 _CLAIM = f"""
 WITH due AS (
-    SELECT seq, priority FROM jobs
+    SELECT seq, priority, 0 AS handed FROM jobs
     WHERE queue = $1 AND state IN ('waiting', 'delayed') AND (run_at IS NULL OR run_at <= {NOW})
         {{forced}}
     ORDER BY priority DESC, seq
     LIMIT $2
     FOR UPDATE SKIP LOCKED
 ), expired AS (
-    SELECT seq, priority FROM jobs
+    SELECT seq, priority, handed FROM jobs
     WHERE queue = $1 AND state = 'active' AND lease_until < {NOW}
     ORDER BY priority DESC, seq
     LIMIT $2
     FOR UPDATE SKIP LOCKED
 ), picked AS (
-    SELECT seq FROM (SELECT * FROM due UNION ALL SELECT * FROM expired) AS candidates
+    SELECT seq, handed AS was_handed,
+        (row_number() OVER (ORDER BY priority DESC, seq) <= $5)::int AS handing
+    FROM (SELECT * FROM due UNION ALL SELECT * FROM expired) AS candidates
     ORDER BY priority DESC, seq
     LIMIT $2
 ), claimed AS (
     UPDATE jobs SET taken_from = CASE WHEN jobs.state = 'active' THEN jobs.worker END,
         state = 'active', worker = $3, lease_until = {NOW} + $4, attempts = jobs.attempts + 1,
-        epoch = jobs.epoch + 1, signals = NULL
+        epoch = jobs.epoch + 1, signals = NULL, handed = picked.handing
     FROM picked WHERE jobs.seq = picked.seq
-    RETURNING {", ".join(f"jobs.{c}" for c in JOB_COLUMNS)}, jobs.seq, jobs.taken_from
+    RETURNING {", ".join(f"jobs.{c}" for c in JOB_COLUMNS)}, jobs.seq, jobs.taken_from,
+        jobs.taken_from IS NOT NULL AND picked.was_handed = 1 AS taken_handed
 )
 SELECT claimed.*, pg_notify('{SHARED_CHANNEL}', 'claim')::text AS notified FROM claimed
 """
@@ -308,7 +314,8 @@ WITH updated AS (
         attempts = CASE WHEN $7::boolean THEN 0 ELSE attempts END, forced = $8::integer,
         headers = coalesce($9::json, headers),
         finished_at = CASE WHEN $1::text IN ('waiting', 'delayed') THEN NULL ELSE {NOW} END,
-        worker = NULL, lease_until = NULL, signals = NULL, taken_from = NULL, epoch = epoch + 1
+        worker = NULL, lease_until = NULL, signals = NULL, taken_from = NULL, handed = 0,
+        epoch = epoch + 1
     WHERE id = $10::text AND epoch = $11::bigint
     RETURNING queue, state
 )
@@ -337,7 +344,7 @@ def _update_jobs(first: int, gate: str = "") -> str:
         " attempts = CASE WHEN u.fresh THEN 0 ELSE jobs.attempts END, forced = u.forced,"
         " headers = coalesce(u.headers, jobs.headers),"
         f" finished_at = CASE WHEN u.state IN ('waiting', 'delayed') THEN NULL ELSE {NOW} END,"
-        " worker = NULL, lease_until = NULL, signals = NULL, taken_from = NULL,"
+        " worker = NULL, lease_until = NULL, signals = NULL, taken_from = NULL, handed = 0,"
         " epoch = jobs.epoch + 1"
         f" FROM u WHERE jobs.id = u.id AND jobs.epoch = u.epoch{gate}"
         " RETURNING jobs.queue, jobs.state),"
@@ -349,11 +356,12 @@ def _update_jobs(first: int, gate: str = "") -> str:
 # UPDATE_JOB for many jobs in one statement, its parameters as arrays ($1..$11, one per column,
 # each job once); the queues with a job due now or later are notified.
 UPDATE_JOBS = f"WITH {_update_jobs(1)} SELECT count(*) FROM notified"
-# The holder's own update while it keeps the job (a new run after a takeover): $1 run id or
-# NULL, $2 meta or NULL, $3 job id, $4 epoch. Epoch, worker and lease stay.
+# The holder's own update while it keeps the job (a new run after a takeover, or the record of
+# a run it stopped): $1 run id or NULL, $2 meta or NULL, $3 job id, $4 epoch. Epoch, worker and
+# lease stay. The run's record is the holder's own from then on: no longer `handed`.
 UPDATE_HELD = (
-    "UPDATE jobs SET run_id = coalesce($1::text, run_id), meta = coalesce($2::jsonb, meta)"
-    " WHERE id = $3::text AND epoch = $4::bigint RETURNING queue"
+    "UPDATE jobs SET run_id = coalesce($1::text, run_id), meta = coalesce($2::jsonb, meta),"
+    " handed = 0 WHERE id = $3::text AND epoch = $4::bigint RETURNING queue"
 )
 # $1 job id, $2 epoch: a transition that only writes runs still needs the job at its epoch.
 HOLDS = "SELECT 1 FROM jobs WHERE id = $1 AND epoch = $2 FOR SHARE"

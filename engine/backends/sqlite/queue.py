@@ -8,7 +8,10 @@ A claim takes up to four times what was asked (like Celery's default prefetch) a
 extra ahead, so that a worker slot that frees up starts its next job without a round trip to
 the writer, which is what bounds a busy SQLite queue. Jobs claimed ahead are `active` under this
 worker's lease in the file; `stats` counts them as waiting since nothing runs them yet, and a
-pause, a stop or a lost lease hands them back.
+pause, a stop or a lost lease hands them back. The jobs a claim gives straight to worker slots
+are marked `handed` in their rows, in the claim's transaction: their runs' starts need not be
+committed before their code runs (engine/worker.py), since a worker taking such a job over
+records its run crashed whatever the run's record says.
 """
 
 from __future__ import annotations
@@ -38,14 +41,15 @@ UPDATE_JOB = (
     "UPDATE jobs SET state = ?, run_id = ?, run_at = ?, resume = ?, error = ?,"
     " meta = coalesce(?, meta), attempts = CASE WHEN ? THEN 0 ELSE attempts END, forced = ?,"
     " headers = coalesce(?, headers), finished_at = ?, worker = NULL, lease_until = NULL,"
-    " signals = NULL, epoch = epoch + 1 WHERE id = ? AND epoch = ?"
+    " signals = NULL, handed = 0, epoch = epoch + 1 WHERE id = ? AND epoch = ?"
 )
 # The same when the job keeps its run (a settle): run_id, indexed, is left out of the SET, so
 # its index entry is not rewritten.
 UPDATE_JOB_SAME_RUN = UPDATE_JOB.replace(" run_id = ?,", "")
-# The holder's own update while it keeps the job: a new run after a takeover.
+# The holder's own update while it keeps the job: a new run after a takeover, or the record of
+# a run it stopped. The run's record is the holder's own from then on: no longer `handed`.
 UPDATE_HELD = (
-    "UPDATE jobs SET run_id = coalesce(?, run_id), meta = coalesce(?, meta)"
+    "UPDATE jobs SET run_id = coalesce(?, run_id), meta = coalesce(?, meta), handed = 0"
     " WHERE id = ? AND epoch = ?"
 )
 
@@ -95,19 +99,19 @@ def update_params(job_id: str, epoch: int, update: JobUpdate) -> tuple[str, tupl
 # with the search as a subquery (`WHERE seq IN (SELECT … UNION ALL … ORDER BY … LIMIT ?)`)
 # cost ten times as much (a co-routine, a list subquery and a temporary b-tree for every claim).
 DUE = (
-    "SELECT seq, priority FROM jobs WHERE queue = ? AND state IN ('waiting', 'delayed')"
+    "SELECT seq, priority, 0 FROM jobs WHERE queue = ? AND state IN ('waiting', 'delayed')"
     " AND (run_at IS NULL OR run_at <= ?){forced} ORDER BY priority DESC, seq LIMIT ?"
 )
 # Jobs whose lease ran out, the longest expired first (the order of the jobs_active index: no
 # sort); merged with the due ones by priority below.
 EXPIRED = (
-    "SELECT seq, priority FROM jobs WHERE queue = ? AND state = 'active' AND lease_until < ?"
+    "SELECT seq, priority, handed FROM jobs WHERE queue = ? AND state = 'active' AND lease_until < ?"
     " ORDER BY lease_until LIMIT ?"
 )
 TAKE = (
     "UPDATE jobs SET taken_from = CASE WHEN state = 'active' THEN worker END,"
     " state = 'active', worker = ?, lease_until = ?, attempts = attempts + 1,"
-    " epoch = epoch + 1, signals = NULL WHERE seq = ?"
+    " epoch = epoch + 1, signals = NULL, handed = ? WHERE seq = ?"
     f" RETURNING {', '.join(JOB_COLUMNS)}, taken_from"
 )
 PAUSED = "SELECT 1 FROM paused_queues WHERE queue = ?"
@@ -123,9 +127,12 @@ def _claim(
     worker: str,
     lease_s: float,
     forced_only: bool,
-) -> tuple[list[tuple[Job, str | None]], float | None]:
+    handing: int,
+) -> tuple[list[Claim], float | None]:
     """Inside the writer's transaction: take due jobs and jobs whose lease ran out, highest
-    priority first, then oldest."""
+    priority first, then oldest; the first `handing` go straight to worker slots (`handed`),
+    the rest are kept ahead."""
+    asked = time.monotonic()
     now = time.time()
     # A queue paused by another process gives only forced jobs even before this worker hears of
     # the pause: the pause is a row read here, so a job enqueued after `pause` returned waits.
@@ -136,10 +143,19 @@ def _claim(
     ).fetchall()
     expired = conn.execute(EXPIRED, (queue, now, limit)).fetchall()
     found = sorted(due + expired, key=lambda r: (-r[1], r[0]))[:limit] if expired else due
-    claimed: list[tuple[Job, str | None]] = []
-    for seq, _ in found:
-        row = conn.execute(TAKE, (worker, now + lease_s, seq)).fetchone()
-        claimed.append((job_from_row(row), row["taken_from"]))
+    claimed: list[Claim] = []
+    for i, (seq, _, was_handed) in enumerate(found):
+        row = conn.execute(TAKE, (worker, now + lease_s, int(i < handing), seq)).fetchone()
+        taken_from = row["taken_from"]
+        claimed.append(
+            Claim(
+                job_from_row(row),
+                lease_s,
+                asked,
+                taken_from,
+                taken_handed=taken_from is not None and bool(was_handed),
+            )
+        )
     next_due = None
     if not claimed:
         row = conn.execute(
@@ -226,15 +242,14 @@ class SqliteQueue(JobQueue):
                 return taken
         deadline = time.monotonic() + timeout
         while True:
-            asked = time.monotonic()
             # A paused queue's claims want only jobs an operator forced, which no index finds:
             # looked for with a read in aiosqlite's thread, not in a write transaction.
-            fetched: list[tuple[Job, str | None]] = []
+            claims: list[Claim] = []
             next_due: float | None = None
             if forced_only and not await self.db.fetchone(FORCED_WAITING, (queue,)):
                 pass
             else:
-                fetched, next_due = await self.db.transaction(
+                claims, next_due = await self.db.transaction(
                     partial(
                         _claim,
                         queue=queue,
@@ -242,10 +257,10 @@ class SqliteQueue(JobQueue):
                         worker=worker,
                         lease_s=lease_s,
                         forced_only=forced_only,
+                        handing=limit,
                     )
                 )
-            if fetched:
-                claims = [Claim(job, lease_s, asked, taken_from) for job, taken_from in fetched]
+            if claims:
                 if len(claims) > limit:
                     self._ahead.setdefault(queue, deque()).extend(claims[limit:])
                 return claims[:limit]

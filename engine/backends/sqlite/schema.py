@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 MIGRATIONS: dict[int, str] = {
     1: """
@@ -278,5 +278,12 @@ MIGRATIONS: dict[int, str] = {
         FROM debounce_windows;
     DROP TABLE debounce_windows;
     ALTER TABLE debounce_windows_by_mode RENAME TO debounce_windows;
+    """,
+    # `handed`: the claim that holds the job gave it straight to a worker slot, whose code may
+    # run before the run's start is committed (that commit is not awaited). A worker that takes
+    # the job over from an expired lease then records the run crashed even though its record
+    # still says queued. A job claimed ahead is not handed: its start is committed first.
+    7: """
+    ALTER TABLE jobs ADD COLUMN handed INTEGER NOT NULL DEFAULT 0;
     """,
 }

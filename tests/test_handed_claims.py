@@ -1,0 +1,142 @@
+"""A job its claim handed straight to a worker slot starts without waiting for the commit of its
+run's start (engine/worker.py): the claim's own commit marks the job `handed`, so whoever takes
+the job from a worker that is gone (a claim after the lease expired, or the recovery a booting
+worker runs for dead workers) records the run crashed even though its record still says
+queued. A job claimed ahead is not handed: its start is committed before its code runs, and
+the run's record tells.
+
+The lost holder here is a worker process that claimed through the queue and died before it ran
+anything (as if killed -9 between its claim's commit and its start's): a real subprocess, so
+its pid is really gone; then a real worker takes over. On SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from pg import fresh_database
+
+from engine import Engine, RunStatus, Step, WorkerTrigger, Workflow
+from engine.ledger import make_job, make_run
+from engine.models import WorkerInfo, utcnow
+
+pytestmark = pytest.mark.anyio
+
+QUEUE = "handed"
+LEASE_S = 0.3
+
+
+async def echo(ctx: object) -> str:
+    return "done"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def database(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
+    if request.param == "sqlite":
+        yield str(tmp_path / "blok.db")
+    else:
+        async with fresh_database() as url:
+            yield url
+
+
+def provider(database: str) -> str:
+    return "postgres" if database.startswith("postgresql://") else "sqlite"
+
+
+def workflows(database: str) -> list[Workflow]:
+    trigger = WorkerTrigger(queue=QUEUE, concurrency=2, provider=provider(database))
+    return [Workflow(name="handed", trigger=trigger, steps=[Step("echo", echo)])]
+
+
+def dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+async def lost_holder(
+    database: str, jobs: int, slots: int, lease_s: float, registered: bool
+) -> tuple[dict[str, str], dict[str, str]]:
+    """Enqueue `jobs` jobs, then claim them as a worker with `slots` free slots whose process
+    is gone at once (`registered`: known as a worker, so that recovery finds it dead): the jobs
+    handed to its slots, and those it claimed ahead, each with its first run's id."""
+    holder = f"{socket.gethostname()}:{dead_pid()}"
+    async with Engine(database=database) as producer:
+        if registered:
+            pid = int(holder.rsplit(":", 1)[1])
+            now = utcnow()
+            producer.backend.shared.heartbeat(
+                WorkerInfo(
+                    id=holder, host=socket.gethostname(), pid=pid, started_at=now, heartbeat_at=now
+                )
+            )
+        # Added through the queue: nothing serves the queue yet, so `enqueue` would not know it.
+        made = [
+            make_job(
+                queue=QUEUE,
+                workflow_name="handed",
+                payload={"i": i},
+                headers=None,
+                priority=0,
+                run_at=None,
+                max_retries=0,
+            )
+            for i in range(jobs)
+        ]
+        queue = producer.backend.queue(provider(database))
+        await queue.add(made, [make_run(job, workflow_version="") for job in made])
+        claims = await queue.claim(QUEUE, slots, holder, lease_s)
+        ahead = []
+        while (claim := queue.claim_nowait(QUEUE, holder, lease_s)) is not None:
+            ahead.append(claim)
+        assert len(claims) + len(ahead) == jobs
+        assert all(c.job.handed for c in claims) and not any(c.job.handed for c in ahead)
+        held_at = time.monotonic()
+    # Closing the producer hands back nothing of the holder's: the jobs stay leased to it.
+    remaining = lease_s - (time.monotonic() - held_at)
+    if registered is False and remaining > 0:
+        time.sleep(remaining + 0.05)  # noqa: ASYNC251 - the lease must run out, nothing to await
+    return {c.job.id: c.job.run_id for c in claims}, {c.job.id: c.job.run_id for c in ahead}
+
+
+@pytest.mark.parametrize("found_by", ["lease", "recovery"])
+async def test_a_handed_job_taken_from_a_dead_worker_records_its_run_crashed(
+    database: str, found_by: str
+) -> None:
+    recovery = found_by == "recovery"
+    lease = 3600.0 if recovery else LEASE_S  # by recovery: long before the lease could expire
+    handed, ahead = await lost_holder(database, 3, 1, lease, registered=recovery)
+    assert len(handed) == 1 and len(ahead) == 2
+    async with Engine(workflows=workflows(database), database=database) as worker:
+        for job_id, first in handed.items():
+            run = await worker.wait_for_job(job_id, timeout=20)
+            assert run.status is RunStatus.COMPLETED
+            assert run.id != first, "the run the lost holder may have begun ran again as itself"
+            old = await worker.get_run(first)
+            assert old.status is RunStatus.CRASHED
+            why = "before the run's start was recorded" if not recovery else "found by recovery"
+            assert why in (old.error or "")
+            assert any("redelivery" in line.message for line in run.logs)
+
+
+@pytest.mark.parametrize("found_by", ["lease", "recovery"])
+async def test_a_job_claimed_ahead_and_lost_runs_its_own_run(database: str, found_by: str) -> None:
+    """Not handed: its start would have been committed before any of its code ran, and the
+    run's record says queued, so nothing of it ran; no crashed run is made up for it."""
+    recovery = found_by == "recovery"
+    lease = 3600.0 if recovery else LEASE_S
+    handed, ahead = await lost_holder(database, 3, 1, lease, registered=recovery)
+    async with Engine(workflows=workflows(database), database=database) as worker:
+        for job_id, first in ahead.items():
+            run = await worker.wait_for_job(job_id, timeout=20)
+            assert run.status is RunStatus.COMPLETED and run.id == first
+        [(job_id, first)] = handed.items()
+        await worker.wait_for_job(job_id, timeout=20)
+        # The handed job's first run only.
+        assert [run.id for run in await worker.runs(status="crashed")] == [first]
