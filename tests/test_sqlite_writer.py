@@ -175,3 +175,39 @@ async def test_a_database_made_with_other_pages_keeps_them_and_works(tmp_path: P
         opened.db.write("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)", ())
         await opened.db.transaction(insert("kept"))
     assert page_size(path) == 4096 and count(path) == 1
+
+
+async def test_a_call_that_fails_alone_leaves_the_rest_of_its_batch_committed(
+    backend: SqliteBackend,
+) -> None:
+    """Calls share one transaction: one that fails for its own reason (here: after writing
+    a row) gets its error, and its writes are undone, while the calls and writes queued with
+    it commit."""
+    db = backend.db
+    path = db.path
+    batches = db.batches
+
+    def write_then_fail(conn: sqlite3.Connection) -> int:
+        conn.execute("INSERT INTO t (v) VALUES ('undone')")
+        raise ValueError("this call's own mistake")
+
+    outcomes: dict[str, object] = {}
+
+    async def call(name: str, fn: object) -> None:
+        try:
+            outcomes[name] = await db.transaction(fn)  # type: ignore[arg-type]
+        except ValueError as error:
+            outcomes[name] = error
+
+    db.write("INSERT INTO t (v) VALUES (?)", ("queued write",))
+    async with anyio.create_task_group() as group:
+        group.start_soon(call, "before", insert("before"))
+        group.start_soon(call, "failing", write_then_fail)
+        group.start_soon(call, "after", insert("after", rows=2))
+
+    assert db.batches - batches == 1  # one batch, whatever was tried inside it
+    assert outcomes["before"] == 1 and outcomes["after"] == 2
+    assert isinstance(outcomes["failing"], ValueError)
+    with closing(sqlite3.connect(path)) as conn:
+        values = sorted(v for (v,) in conn.execute("SELECT v FROM t"))
+    assert values == ["after", "after", "before", "queued write"]

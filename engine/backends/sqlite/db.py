@@ -155,6 +155,9 @@ class _Batch:
     calls: list[InTransaction[Any]]
     weight: int = 0
     committed: bool = False
+    # A call of this batch failed on its own: from then on each call runs in a savepoint of
+    # its own (see `_commit_begun`).
+    careful: bool = False
     # The ops that asked to be told whether they changed a row, with the answer: told once
     # the batch is committed.
     told: list[tuple[Callable[[bool], None], bool]] = field(default_factory=list)
@@ -577,11 +580,16 @@ class SqliteDatabase:
         finally:
             conn.execute("PRAGMA busy_timeout = 0")
 
-    @staticmethod
-    def _commit_begun(conn: sqlite3.Connection, batch: _Batch) -> None:
+    @classmethod
+    def _commit_begun(cls, conn: sqlite3.Connection, batch: _Batch) -> None:
         """Write the batch in the transaction just begun, and commit it. A batch tried again
         (the database was busy or full) runs its calls again: their earlier answers went with
-        the rollback."""
+        the rollback.
+
+        A call's own failure is its caller's alone: its writes are undone, the rest of the
+        batch commits. Calls seldom fail, so they run bare first (a savepoint around each cost
+        ~14 µs a job, two statements a call); when one does fail, the batch is rolled back and
+        written again with a savepoint around each call."""
         batch.told = []
         for call in batch.calls:
             call.result, call.error = None, None
@@ -615,6 +623,20 @@ class SqliteDatabase:
                     conn.execute("ROLLBACK")
                     calls[0].error = error
                     return
+            elif not batch.careful:
+                for call in calls:
+                    try:
+                        call.result = call.fn(conn)
+                    except Exception as error:
+                        if not_the_calls(conn, error):
+                            raise
+                        batch.careful = True
+                        rollback(conn)
+                        # In the loop's thread, a BUSY here sends the batch to the thread path,
+                        # still careful.
+                        conn.execute("BEGIN IMMEDIATE")
+                        cls._commit_begun(conn, batch)
+                        return
             else:
                 for call in calls:
                     conn.execute("SAVEPOINT call")
