@@ -13,16 +13,19 @@ its pid is really gone; then a real worker takes over. On SQLite and PostgreSQL.
 from __future__ import annotations
 
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
+from contextlib import closing
 from pathlib import Path
 
 import pytest
 from pg import fresh_database
 
 from engine import Engine, RunStatus, Step, WorkerTrigger, Workflow
+from engine.backends.sqlite.schema import SCHEMA_VERSION
 from engine.ledger import make_job, make_run
 from engine.models import WorkerInfo, utcnow
 
@@ -140,3 +143,24 @@ async def test_a_job_claimed_ahead_and_lost_runs_its_own_run(database: str, foun
         await worker.wait_for_job(job_id, timeout=20)
         # The handed job's first run only.
         assert [run.id for run in await worker.runs(status="crashed")] == [first]
+
+
+async def test_a_file_of_the_previous_schema_is_migrated_and_its_jobs_run(tmp_path: Path) -> None:
+    """A SQLite file written before `handed` existed (schema 6) gets the column when a worker
+    opens it; a job that was active under a dead worker's lease there counts as not handed
+    (its start was committed first by the engine of that time), and everything runs."""
+    database = str(tmp_path / "blok.db")
+    handed, ahead = await lost_holder(database, 2, 1, LEASE_S, registered=False)
+    with closing(sqlite3.connect(database)) as conn:  # back to what schema 6 wrote
+        conn.execute("ALTER TABLE jobs DROP COLUMN handed")
+        conn.execute("DELETE FROM schema_version WHERE version = 7")
+        conn.commit()
+    async with Engine(workflows=workflows(database), database=database) as worker:
+        runs = {job: await worker.wait_for_job(job, timeout=20) for job in {**handed, **ahead}}
+    assert all(run.status is RunStatus.COMPLETED for run in runs.values())
+    # Without the column, the dead holder's claims read as not handed: their runs go on.
+    assert {job: run.id for job, run in runs.items()} == {**handed, **ahead}
+    with closing(sqlite3.connect(database)) as conn:
+        version = conn.execute("SELECT max(version) FROM schema_version").fetchone()[0]
+        columns = [row[1] for row in conn.execute("PRAGMA table_info(jobs)")]
+    assert version == SCHEMA_VERSION and "handed" in columns
