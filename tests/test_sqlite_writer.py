@@ -211,3 +211,19 @@ async def test_a_call_that_fails_alone_leaves_the_rest_of_its_batch_committed(
     with closing(sqlite3.connect(path)) as conn:
         values = sorted(v for (v,) in conn.execute("SELECT v FROM t"))
     assert values == ["after", "after", "before", "queued write"]
+
+
+async def test_a_lone_call_that_fails_gets_its_error_and_writes_nothing(
+    backend: SqliteBackend,
+) -> None:
+    db = backend.db
+    await db.flush()
+
+    def write_then_fail(conn: sqlite3.Connection) -> int:
+        conn.execute("INSERT INTO t (v) VALUES ('undone')")
+        raise ValueError("this call's own mistake")
+
+    with pytest.raises(ValueError, match="own mistake"):
+        await db.transaction(write_then_fail)
+    await db.transaction(insert("next"))  # the writer goes on
+    assert count(db.path) == 1

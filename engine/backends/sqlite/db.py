@@ -613,25 +613,19 @@ class SqliteDatabase:
                     conn.executemany(sql, [op[1] for op in ops[i:j]])
                 i = j
             calls = batch.calls
-            if len(calls) == 1 and not batch.runs and not ops:
-                # Alone in its transaction: a failure rolls back nothing but its own writes.
-                try:
-                    calls[0].result = calls[0].fn(conn)
-                except Exception as error:
-                    if not_the_calls(conn, error):
-                        raise
-                    conn.execute("ROLLBACK")
-                    calls[0].error = error
-                    return
-            elif not batch.careful:
+            if not batch.careful:
                 for call in calls:
                     try:
                         call.result = call.fn(conn)
                     except Exception as error:
                         if not_the_calls(conn, error):
                             raise
-                        batch.careful = True
                         rollback(conn)
+                        if len(calls) == 1 and not batch.runs and not ops:
+                            # Alone in its transaction: the rollback undid its writes only.
+                            call.error = error
+                            return
+                        batch.careful = True
                         # In the loop's thread, a BUSY here sends the batch to the thread path,
                         # still careful.
                         conn.execute("BEGIN IMMEDIATE")
