@@ -21,8 +21,9 @@ from collections.abc import AsyncIterator
 from contextlib import closing
 from pathlib import Path
 
+import anyio
 import pytest
-from pg import fresh_database
+from support import DURABLE, a_database
 
 from engine import Engine, RunStatus, Step, WorkerTrigger, Workflow
 from engine.backends.sqlite.schema import SCHEMA_VERSION
@@ -39,13 +40,10 @@ async def echo(ctx: object) -> str:
     return "done"
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=DURABLE)
 async def database(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
-    if request.param == "sqlite":
-        yield str(tmp_path / "blok.db")
-    else:
-        async with fresh_database() as url:
-            yield url
+    async with a_database(request.param, tmp_path) as location:
+        yield str(location)
 
 
 def provider(database: str) -> str:
@@ -103,8 +101,8 @@ async def lost_holder(
         held_at = time.monotonic()
     # Closing the producer hands back nothing of the holder's: the jobs stay leased to it.
     remaining = lease_s - (time.monotonic() - held_at)
-    if registered is False and remaining > 0:
-        time.sleep(remaining + 0.05)  # noqa: ASYNC251 - the lease must run out, nothing to await
+    if not registered and remaining > 0:
+        await anyio.sleep(remaining + 0.05)  # the lease must run out: time is the condition
     return {c.job.id: c.job.run_id for c in claims}, {c.job.id: c.job.run_id for c in ahead}
 
 
