@@ -17,7 +17,7 @@ import anyio.lowlevel
 
 from .backends.base import Backend
 from .filters import RunFilter
-from .ledger import Ledger
+from .ledger import Ledger, may_have_begun
 from .liveness import pid_alive
 from .models import RunStatus, WorkerInfo, utcnow
 
@@ -83,7 +83,7 @@ class Chores:
         for queue in self.backend.queues:
             for job in await queue.held_by(dead):
                 run = await self.backend.runs.get_run(job.run_id)
-                was_running = run is not None and (run.status is RunStatus.RUNNING or job.handed)
+                was_running = may_have_begun(run, job)
                 if await self.ledger.release(queue, job, run, reason):
                     released += 1
                     crashed += was_running

@@ -23,7 +23,7 @@ import secrets
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeGuard
 
 import anyio
 
@@ -172,6 +172,12 @@ def _ended(job: Job) -> dict[str, str] | None:
         return None
     redacted = redact_headers(job.headers)
     return redacted if redacted != job.headers else None
+
+
+def may_have_begun(run: Run | None, job: Job) -> TypeGuard[Run]:
+    """Whether the run of a job its holder lost may have begun there: its record says running,
+    or the job was handed straight to one of the holder's slots (`Job.handed`)."""
+    return run is not None and (run.status is RunStatus.RUNNING or job.handed)
 
 
 class JobWaiter:
@@ -631,7 +637,7 @@ class Ledger:
         """A dead worker's job goes back to its queue: a run it had started, or may have begun
         (a job handed to one of its slots), is recorded crashed, and the job's next delivery
         runs a new one."""
-        if run is None or not (run.status is RunStatus.RUNNING or job.handed):
+        if not may_have_begun(run, job):
             update = JobUpdate(
                 state=JobState.WAITING,
                 run_id=job.run_id,
