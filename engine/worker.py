@@ -13,6 +13,7 @@ requests (cancel, retry now) are signals on the job, picked up when the backend 
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import logging
 import math
@@ -46,6 +47,22 @@ CLAIM_TIMEOUT_S = 0.25
 UNWIND_S = 1.0  # how long stopped code may take to unwind before it counts as not stopping
 # Job meta that only carries the job's own settings: its first run is as the job says.
 JOB_SETTINGS = frozenset({"delay_ms", "timeout_ms"})
+
+
+class LoopTurn:
+    """Whether the event loop has gone round since this was made: a callback queued with
+    `call_soon` runs once the loop has run what was ready before it, so a slot can tell a job
+    that gave the rest of the engine its turn from one that never waited. (The engine runs on
+    asyncio: aiosqlite and asyncpg do.)"""
+
+    __slots__ = ("came",)
+
+    def __init__(self) -> None:
+        self.came = False
+        asyncio.get_running_loop().call_soon(self._come)
+
+    def _come(self) -> None:
+        self.came = True
 
 
 @dataclass
@@ -401,8 +418,16 @@ class Worker:
         than a short job itself."""
         try:
             while claim is not None:
+                turn = LoopTurn()
                 await self._execute(runtime, claim)
-                await anyio.lowlevel.checkpoint()  # the rest of the engine runs between jobs
+                if turn.came:
+                    # The job waited for something (a sleep, a read), so the rest of the
+                    # engine has had the loop since it began: on to the next job at once. A
+                    # slot that went round the loop again would queue behind the work of
+                    # every other slot ready then, at every job.
+                    await anyio.lowlevel.checkpoint_if_cancelled()
+                else:
+                    await anyio.lowlevel.checkpoint()  # the rest of the engine runs now
                 if (
                     runtime.stopped
                     or runtime.paused

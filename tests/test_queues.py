@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from pathlib import Path
 
 import anyio
+import anyio.lowlevel
 import pytest
 from support import expect_events
 
@@ -81,6 +83,42 @@ async def test_concurrency_is_never_exceeded(provider: str, database: Path) -> N
         stats = await engine.queue_stats("wide")
     assert peak == 3
     assert stats.completed == 60 and stats.active == 0 and stats.waiting == 0
+
+
+async def test_jobs_that_never_wait_let_the_rest_of_the_engine_run_between_them(
+    provider: str, database: Path
+) -> None:
+    # A slot runs the queue's next job in the same task; a job that never awaited anything has
+    # not let the event loop go round, so the slot must before the next one (a job that did
+    # wait lets it skip that trip: engine/worker.py LoopTurn).
+    ticks = 0
+    seen: list[int] = []
+
+    async def eager(ctx) -> None:
+        seen.append(ticks)
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await anyio.lowlevel.checkpoint()
+
+    wf = Workflow(
+        name="eager",
+        trigger=WorkerTrigger(queue="eager", concurrency=1, provider=provider),
+        steps=[Step("eager", eager)],
+    )
+    async with Engine(workflows=[wf], database=database) as engine:
+        await engine.pause("eager")
+        jobs = await engine.enqueue_many("eager", [{"i": i} for i in range(30)])
+        async with anyio.create_task_group() as group:
+            group.start_soon(ticker)
+            await engine.resume("eager")
+            for job in jobs:
+                await engine.wait_for_job(job, timeout=20)
+            group.cancel_scope.cancel()
+    assert len(seen) == 30
+    assert all(earlier < later for earlier, later in itertools.pairwise(seen)), seen
 
 
 async def test_delay_is_respected(provider: str, database: Path) -> None:
