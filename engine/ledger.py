@@ -242,6 +242,9 @@ class Ledger:
         if len(parked) > PARKED_MAX:
             del parked[next(iter(parked))]
 
+    def unwatch(self, job_id: str) -> None:
+        self._parked.pop(job_id, None)
+
     def parked(self, job_id: str) -> Run | None:
         """The run a watched job completed with here, once its settle is committed (taken:
         asked once); None if it has not completed here, or was let go."""
@@ -294,9 +297,22 @@ class Ledger:
         return Transition(claim_job.id, epoch, update, runs, logs)
 
     # ---- enqueue ---------------------------------------------------------------------------
-    async def add(self, queue: JobQueue, jobs: list[Job], runs: list[Run]) -> list[str]:
-        """Enqueue jobs with their first runs; the ids of those added (known ids are not)."""
-        added = await queue.add(jobs, runs)
+    async def add(
+        self, queue: JobQueue, jobs: list[Job], runs: list[Run], *, watch: bool = False
+    ) -> list[str]:
+        """Enqueue jobs with their first runs; the ids of those added (known ids are not).
+        With `watch`, each added job is watched (see `watch`) from before the add: every add
+        is a checkpoint, so a job may be done before its add returns."""
+        if watch:
+            for job in jobs:
+                self.watch(job.id)
+        added: list[str] = []
+        try:
+            added = await queue.add(jobs, runs)
+        finally:
+            if watch and len(added) < len(jobs):  # ids known already, or the add failed
+                for job_id in {job.id for job in jobs}.difference(added):
+                    self.unwatch(job_id)
         telemetry.OBSERVE.enqueued(jobs, added)
         if added:
             fresh = set(added)

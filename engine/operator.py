@@ -414,9 +414,7 @@ class Operator:
             retries=retries,
             timeout=timeout,
         )
-        added = await self.ledger.add(target.queue, [job], [run])
-        if added:
-            self.ledger.watch(job.id)
+        added = await self.ledger.add(target.queue, [job], [run], watch=True)
         if force and added:
             await self._start_now(target.queue, job.id)
         return job.id

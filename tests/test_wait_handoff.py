@@ -153,3 +153,16 @@ async def test_past_the_cap_the_oldest_jobs_are_read(
         runs = [(await engine.get_job(job_id)).run_id for job_id in ids]
     # The last job (the barrier) was waited for and taken; the 3 before it stayed kept.
     assert read == runs[:7]
+
+
+async def test_jobs_done_before_their_enqueue_returned_are_handed_over_without_a_read(
+    location: str | None,
+) -> None:
+    # Every add is a checkpoint: a slot free to take the next job may run it, and settle it,
+    # before its enqueue returns. A job is watched before its add, so its run is kept all the
+    # same. Two slots take turns with the producer: some jobs end inside their own enqueue.
+    trigger = WorkerTrigger(queue="batch", concurrency=2, provider=None)
+    wf = Workflow(name="batch", trigger=trigger, steps=[Step("echo", echo_or_fail)])
+    async with Engine(workflows=[wf], database=location) as engine:
+        _, read = await _collect_after_the_end(engine, 40, failing=set())
+    assert read == []

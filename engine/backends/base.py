@@ -434,7 +434,8 @@ class JobQueue(ABC):
     @abstractmethod
     async def add(self, jobs: list[Job], runs: list[Run]) -> list[str]:
         """Enqueue jobs together with their first runs; returns, once durable, the ids of the
-        jobs added (a job whose id is already known is not added again, nor its run)."""
+        jobs added (a job whose id is already known is not added again, nor its run). A
+        checkpoint on every queue: other tasks run before it returns."""
 
     @abstractmethod
     async def claim(

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 import anyio
+import anyio.lowlevel
 
 from ..filters import RunFilter
 from ..models import (
@@ -383,6 +384,10 @@ class MemoryQueue(JobQueue):
                 self.runs.save_run(run)
             added.append(job.id)
         self.changes += 1
+        # A checkpoint, as a database queue's add is (it waits for its commit): a producer
+        # enqueuing in a loop lets this process's workers run between its calls, not only
+        # after its last one.
+        await anyio.lowlevel.checkpoint()
         return added
 
     def _promote(self, queue: str) -> float | None:
@@ -505,6 +510,7 @@ class MemoryQueue(JobQueue):
         forced_only: bool = False,
         timeout: float = 0.0,
     ) -> list[Claim]:
+        deadline = time.monotonic() + timeout
         with anyio.move_on_after(timeout):
             while True:
                 claimed = self._claim_now(queue, limit, worker, lease_s, forced_only)
@@ -514,9 +520,16 @@ class MemoryQueue(JobQueue):
                 if self._leases:
                     expiry = self._leases[0][0] - time.time()
                     next_due = expiry if next_due is None else min(next_due, expiry)
-                signal = self._signals.setdefault(queue, anyio.Event())
-                with anyio.move_on_after(next_due if next_due is not None else timeout):
+                signal = self._signals.get(queue)
+                if signal is None:  # not setdefault: that would make an Event every time
+                    signal = self._signals[queue] = anyio.Event()
+                if next_due is None or next_due >= deadline - time.monotonic():
+                    # The claim's own timeout comes first (the common case: the next lease to
+                    # run out is far off): no second scope to enter and leave at every wake.
                     await signal.wait()
+                else:
+                    with anyio.move_on_after(next_due):
+                        await signal.wait()
         return []
 
     # ---- transitions -----------------------------------------------------------------------

@@ -107,6 +107,22 @@ async def test_add_returns_the_jobs_added_and_stores_their_runs(
         assert stored is not None and stored.model_dump() == run.model_dump()
 
 
+async def test_add_lets_other_tasks_run_before_it_returns(queue: JobQueue) -> None:
+    # A producer enqueuing in a loop must not keep this process's workers from running until
+    # its loop ends: an add is a checkpoint on every queue.
+    ran: list[str] = []
+
+    async def other() -> None:
+        ran.append("other")
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(other)
+        await add(queue)
+        ran.append("add returned")
+
+    assert ran == ["other", "add returned"]
+
+
 async def test_a_known_job_is_not_added_again_nor_its_run_overwritten(
     backend: Backend, queue: JobQueue
 ) -> None:
