@@ -302,16 +302,17 @@ class Ledger:
     ) -> list[str]:
         """Enqueue jobs with their first runs; the ids of those added (known ids are not).
         With `watch`, each added job is watched (see `watch`) from before the add: every add
-        is a checkpoint, so a job may be done before its add returns."""
-        if watch:
-            for job in jobs:
-                self.watch(job.id)
+        is a checkpoint, so a job may be done before its add returns. (An id watched already,
+        by an earlier enqueue of it here, is left as it is.)"""
+        watched = [job.id for job in jobs if job.id not in self._parked] if watch else []
+        for job_id in watched:
+            self.watch(job_id)
         added: list[str] = []
         try:
             added = await queue.add(jobs, runs)
         finally:
-            if watch and len(added) < len(jobs):  # ids known already, or the add failed
-                for job_id in {job.id for job in jobs}.difference(added):
+            if watched and len(added) < len(jobs):  # ids known already, or the add failed
+                for job_id in set(watched).difference(added):
                     self.unwatch(job_id)
         telemetry.OBSERVE.enqueued(jobs, added)
         if added:

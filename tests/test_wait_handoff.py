@@ -166,3 +166,30 @@ async def test_jobs_done_before_their_enqueue_returned_are_handed_over_without_a
     async with Engine(workflows=[wf], database=location) as engine:
         _, read = await _collect_after_the_end(engine, 40, failing=set())
     assert read == []
+
+
+async def test_enqueuing_a_done_job_again_keeps_its_run_for_the_wait(location: str | None) -> None:
+    # The same job id enqueued again is not added (the first one stands); the run the first
+    # one completed with here stays kept for the wait.
+    async with Engine(workflows=[_batch_workflow()], database=location) as engine:
+        first = await engine.enqueue("batch", {"i": 1, "fail": False}, job_id="job-once")
+        barrier = await engine.enqueue("batch", {"i": 2, "fail": False})
+        with anyio.fail_after(30):
+            await engine.wait_for_job(barrier)  # one slot: the first job ended before it
+        again = await engine.enqueue("batch", {"i": 9, "fail": False}, job_id="job-once")
+        store = engine.backend.runs
+        read: list[str] = []
+        real_get_run = store.get_run
+
+        async def counted(run_id: str) -> Any:
+            read.append(run_id)
+            return await real_get_run(run_id)
+
+        store.get_run = counted  # type: ignore[method-assign]
+        try:
+            run = await engine.wait_for_job(first, timeout=30)
+        finally:
+            del store.get_run
+    assert again == first
+    assert run.output == 1
+    assert read == []
