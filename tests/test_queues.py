@@ -89,8 +89,8 @@ async def test_jobs_that_never_wait_let_the_rest_of_the_engine_run_between_them(
     provider: str, database: Path
 ) -> None:
     # A slot runs the queue's next job in the same task; a job that never awaited anything has
-    # not let the event loop go round, so the slot must before the next one (a job that did
-    # wait lets it skip that trip: engine/worker.py LoopTurn).
+    # not let the event loop go round, so the slot lets it go round before the next one (after
+    # a job that did wait it need not: engine/worker.py LoopTurn).
     ticks = 0
     seen: list[int] = []
 

@@ -5,7 +5,8 @@ land: here a worker whose lease ran out settles after another worker took its jo
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -104,15 +105,9 @@ async def location(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncItera
             yield url
 
 
-async def _collect_after_the_end(
-    engine: Engine, n: int, failing: set[int]
-) -> tuple[list[str], list[str]]:
-    """Enqueue n jobs, wait until all ended, then count the store's run reads while each is
-    waited for: the job ids, and the ids of the runs the waits had to read."""
-    ids = [await engine.enqueue("batch", {"i": i, "fail": i in failing}) for i in range(n)]
-    last = await engine.enqueue("batch", {"i": n, "fail": False})
-    with anyio.fail_after(30):
-        await engine.wait_for_job(last)
+@contextmanager
+def reads_counted(engine: Engine) -> Iterator[list[str]]:
+    """The ids of the runs read from the engine's store while inside."""
     store = engine.backend.runs
     read: list[str] = []
     real_get_run = store.get_run
@@ -123,9 +118,22 @@ async def _collect_after_the_end(
 
     store.get_run = counted  # type: ignore[method-assign]
     try:
-        runs = [await engine.wait_for_job(job_id, timeout=30) for job_id in ids]
+        yield read
     finally:
         del store.get_run  # the instance attribute goes: the method is back
+
+
+async def _collect_after_the_end(
+    engine: Engine, n: int, failing: set[int]
+) -> tuple[list[str], list[str]]:
+    """Enqueue n jobs, wait until all ended, then count the store's run reads while each is
+    waited for: the job ids, and the ids of the runs the waits had to read."""
+    ids = [await engine.enqueue("batch", {"i": i, "fail": i in failing}) for i in range(n)]
+    last = await engine.enqueue("batch", {"i": n, "fail": False})
+    with anyio.fail_after(30):
+        await engine.wait_for_job(last)
+    with reads_counted(engine) as read:
+        runs = [await engine.wait_for_job(job_id, timeout=30) for job_id in ids]
     for i, run in enumerate(runs):
         stored = await engine.get_run(run.id)
         assert run.model_dump() == stored.model_dump()  # what was handed over is the record
@@ -177,19 +185,8 @@ async def test_enqueuing_a_done_job_again_keeps_its_run_for_the_wait(location: s
         with anyio.fail_after(30):
             await engine.wait_for_job(barrier)  # one slot: the first job ended before it
         again = await engine.enqueue("batch", {"i": 9, "fail": False}, job_id="job-once")
-        store = engine.backend.runs
-        read: list[str] = []
-        real_get_run = store.get_run
-
-        async def counted(run_id: str) -> Any:
-            read.append(run_id)
-            return await real_get_run(run_id)
-
-        store.get_run = counted  # type: ignore[method-assign]
-        try:
+        with reads_counted(engine) as read:
             run = await engine.wait_for_job(first, timeout=30)
-        finally:
-            del store.get_run
     assert again == first
     assert run.output == 1
     assert read == []
