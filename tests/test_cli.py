@@ -167,7 +167,9 @@ def test_refusals_exit_1_with_one_clear_line(served: tuple[Path, Worker], tmp_pa
 def test_sigterm_drains_and_the_queue_outlives_the_worker(tmp_path: Path) -> None:
     database = tmp_path / "blok.db"
     worker = start_worker(database, write_workflows(tmp_path / "workflows"), "--grace", "5")
-    job_id = blok("enqueue", "naps", '{"seconds": 1}', "--db", database).stdout.strip()
+    # A 3 s nap, well inside the 5 s grace: each `run_of` is a CLI process (about 1 s on a
+    # slow machine), and a poll has to land while the run is still running.
+    job_id = blok("enqueue", "naps", '{"seconds": 3}', "--db", database).stdout.strip()
     eventually(lambda: (r := run_of(database, job_id)) and r["status"] == "running")
     assert worker.stop(timeout=10) == 0
     assert "SIGTERM: draining" in worker.stderr()
