@@ -1070,3 +1070,20 @@ async def test_a_pause_from_another_process_holds_claims_before_the_worker_hears
 
     await other_backend.shared.set_paused(QUEUE, False)
     assert [c.job.id for c in await queue.claim(QUEUE, 5, "w1", LONG)] == [held.id]
+
+
+@two_processes
+async def test_a_pause_from_another_process_still_lets_a_forced_job_through(
+    queue: JobQueue, other_backend: Backend
+) -> None:
+    # An operator ran one job now ("force") on a queue another process paused; the worker here
+    # has not heard of the pause, so its claim is a plain one: it must take the forced job and
+    # leave the other.
+    [(plain, _), (forced, _)] = await add(queue, 2)
+    stored = await job_of(queue, forced.id)
+    now = JobUpdate(state=JobState.WAITING, force=True)
+    assert await queue.apply(Transition(forced.id, stored.epoch, now))
+    await other_backend.shared.set_paused(QUEUE, True)
+
+    assert [c.job.id for c in await queue.claim(QUEUE, 5, "w1", LONG)] == [forced.id]
+    assert (await job_of(queue, plain.id)).state is JobState.WAITING

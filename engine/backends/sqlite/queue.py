@@ -98,10 +98,18 @@ def update_params(job_id: str, epoch: int, update: JobUpdate) -> tuple[str, tupl
 # A claim finds its jobs first, then takes them one UPDATE by primary key each: one statement
 # with the search as a subquery (`WHERE seq IN (SELECT … UNION ALL … ORDER BY … LIMIT ?)`)
 # cost ten times as much (a co-routine, a list subquery and a temporary b-tree for every claim).
-DUE = (
-    "SELECT seq, priority, 0 FROM jobs WHERE queue = ? AND state IN ('waiting', 'delayed')"
-    " AND (run_at IS NULL OR run_at <= ?){forced} ORDER BY priority DESC, seq LIMIT ?"
+_DUE = (
+    "SELECT seq, priority, 0 FROM jobs WHERE queue = ?1 AND state IN ('waiting', 'delayed')"
+    " AND (run_at IS NULL OR run_at <= ?2) AND {forced} ORDER BY priority DESC, seq LIMIT ?3"
 )
+# A queue paused by another process gives only forced jobs even before this worker hears of
+# the pause: the pause is a row the claim reads, so a job enqueued after `pause` returned
+# waits. Read inside the search (SQLite evaluates the subquery once a statement), not by a
+# statement of its own before it: one statement fewer a claim, as on PostgreSQL.
+DUE = _DUE.format(
+    forced="(forced = 1 OR NOT EXISTS (SELECT 1 FROM paused_queues WHERE queue = ?1))"
+)
+DUE_FORCED = _DUE.format(forced="forced = 1")
 # Jobs whose lease ran out, the longest expired first (the order of the jobs_active index: no
 # sort); merged with the due ones by priority below.
 EXPIRED = (
@@ -114,7 +122,6 @@ TAKE = (
     " epoch = epoch + 1, signals = NULL, handed = ? WHERE seq = ?"
     f" RETURNING {', '.join(JOB_COLUMNS)}, taken_from"
 )
-PAUSED = "SELECT 1 FROM paused_queues WHERE queue = ?"
 FORCED_WAITING = (
     "SELECT 1 FROM jobs WHERE queue = ? AND state IN ('waiting', 'delayed') AND forced = 1 LIMIT 1"
 )
@@ -134,13 +141,7 @@ def _claim(
     the rest are kept ahead."""
     asked = time.monotonic()
     now = time.time()
-    # A queue paused by another process gives only forced jobs even before this worker hears of
-    # the pause: the pause is a row read here, so a job enqueued after `pause` returned waits.
-    if not forced_only and conn.execute(PAUSED, (queue,)).fetchone():
-        forced_only = True
-    due = conn.execute(
-        DUE.format(forced=" AND forced = 1" if forced_only else ""), (queue, now, limit)
-    ).fetchall()
+    due = conn.execute(DUE_FORCED if forced_only else DUE, (queue, now, limit)).fetchall()
     expired = conn.execute(EXPIRED, (queue, now, limit)).fetchall()
     found = sorted(due + expired, key=lambda r: (-r[1], r[0]))[:limit] if expired else due
     claimed: list[Claim] = []
