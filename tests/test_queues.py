@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import time
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.lowlevel
@@ -37,17 +38,18 @@ def database(tmp_path: Path) -> Path:
     return tmp_path / "blok.db"
 
 
+def queue_workflow(queue: str, step: Step, **trigger: Any) -> Workflow:
+    """A one-step workflow named after the queue it serves, with these trigger options."""
+    return Workflow(name=queue, trigger=WorkerTrigger(queue=queue, **trigger), steps=[step])
+
+
 async def test_priority_order_with_concurrency_one(provider: str, database: Path) -> None:
     order: list[int] = []
 
     async def record(ctx) -> None:
         order.append(ctx.body["n"])
 
-    wf = Workflow(
-        name="prio",
-        trigger=WorkerTrigger(queue="prio", concurrency=1, provider=provider),
-        steps=[Step("record", record)],
-    )
+    wf = queue_workflow("prio", Step("record", record), concurrency=1, provider=provider)
     async with Engine(workflows=[wf], database=database) as engine:
         await engine.pause("prio")
         jobs = []
@@ -71,11 +73,7 @@ async def test_concurrency_is_never_exceeded(provider: str, database: Path) -> N
         await anyio.sleep(0.01)
         running -= 1
 
-    wf = Workflow(
-        name="wide",
-        trigger=WorkerTrigger(queue="wide", concurrency=3, provider=provider),
-        steps=[Step("busy", busy)],
-    )
+    wf = queue_workflow("wide", Step("busy", busy), concurrency=3, provider=provider)
     async with Engine(workflows=[wf], database=database) as engine:
         jobs = await engine.enqueue_many("wide", [{"i": i} for i in range(60)])
         for job in jobs:
@@ -103,11 +101,7 @@ async def test_jobs_that_never_wait_let_the_rest_of_the_engine_run_between_them(
             ticks += 1
             await anyio.lowlevel.checkpoint()
 
-    wf = Workflow(
-        name="eager",
-        trigger=WorkerTrigger(queue="eager", concurrency=1, provider=provider),
-        steps=[Step("eager", eager)],
-    )
+    wf = queue_workflow("eager", Step("eager", eager), concurrency=1, provider=provider)
     async with Engine(workflows=[wf], database=database) as engine:
         await engine.pause("eager")
         jobs = await engine.enqueue_many("eager", [{"i": i} for i in range(30)])
@@ -127,11 +121,7 @@ async def test_delay_is_respected(provider: str, database: Path) -> None:
     async def stamp(ctx) -> None:
         started[ctx.body["name"]] = time.monotonic()
 
-    wf = Workflow(
-        name="later",
-        trigger=WorkerTrigger(queue="later", provider=provider),
-        steps=[Step("stamp", stamp)],
-    )
+    wf = queue_workflow("later", Step("stamp", stamp), provider=provider)
     async with Engine(workflows=[wf], database=database) as engine:
         t0 = time.monotonic()
         late = await engine.enqueue("later", {"name": "late"}, delay="400ms")
@@ -156,10 +146,8 @@ async def test_retries_then_dead_letter_then_requeue(provider: str, database: Pa
             raise RuntimeError("downstream is down")
         return "ok"
 
-    wf = Workflow(
-        name="fragile",
-        trigger=WorkerTrigger(queue="fragile", retries=2, delay="20ms", provider=provider),
-        steps=[Step("call", fragile)],
+    wf = queue_workflow(
+        "fragile", Step("call", fragile), retries=2, delay="20ms", provider=provider
     )
     async with Engine(workflows=[wf], database=database) as engine:
         job = await engine.enqueue("fragile", {"id": 7})
@@ -196,11 +184,7 @@ async def test_stats_are_exact(provider: str, database: Path) -> None:
         if ctx.body.get("hold"):
             await gate.wait()
 
-    wf = Workflow(
-        name="counted",
-        trigger=WorkerTrigger(queue="counted", concurrency=2, provider=provider),
-        steps=[Step("hold", hold)],
-    )
+    wf = queue_workflow("counted", Step("hold", hold), concurrency=2, provider=provider)
     async with Engine(workflows=[wf], database=database) as engine:
         done = [await engine.enqueue("counted", {}) for _ in range(3)]
         failed = await engine.enqueue("counted", {"fail": True})
@@ -229,10 +213,8 @@ async def test_job_timeout_ends_timed_out_without_requeue(provider: str, databas
     async def forever(ctx) -> None:
         await anyio.sleep(30)
 
-    wf = Workflow(
-        name="bounded",
-        trigger=WorkerTrigger(queue="bounded", timeout="150ms", retries=3, provider=provider),
-        steps=[Step("forever", forever)],
+    wf = queue_workflow(
+        "bounded", Step("forever", forever), timeout="150ms", retries=3, provider=provider
     )
     async with Engine(workflows=[wf], database=database) as engine:
         run = await engine.wait_for_job(await engine.enqueue("bounded", {}), timeout=5)
@@ -252,11 +234,7 @@ async def test_graceful_shutdown_finishes_short_jobs_and_releases_long_ones(
         await anyio.sleep(ctx.body["seconds"])
         return "done"
 
-    wf = Workflow(
-        name="drain",
-        trigger=WorkerTrigger(queue="drain", concurrency=2),
-        steps=[Step("work", work)],
-    )
+    wf = queue_workflow("drain", Step("work", work), concurrency=2)
     async with Engine(workflows=[wf], database=db, grace_period=2) as engine:
         async with expect_events(engine, RunStarted, count=2):
             short = await engine.enqueue("drain", {"seconds": 0.1})
