@@ -114,6 +114,7 @@ class QueueRuntime:
     loop_done: anyio.Event = field(default_factory=anyio.Event)
     changed: anyio.Event = field(default_factory=anyio.Event)
     completed_times: list[float] = field(default_factory=list)
+    parked: list[asyncio.Future[Claim | None]] = field(default_factory=list)
 
     def poke(self) -> None:
         self.changed.set()
@@ -121,9 +122,35 @@ class QueueRuntime:
         self.queue.wake(self.name)
 
     def stop(self) -> None:
-        """Stop claiming; the claim loop ends within one claim timeout."""
+        """Stop claiming; the claim loop ends within one claim timeout, parked slots at once."""
         self.stopped = True
         self.poke()
+        self.unpark()
+
+    # A slot with no job at hand parks here for the claim loop's next claim instead of
+    # ending: handing a claim to a parked slot (a future's result) costs a fraction of a task
+    # started for it, and a queue whose jobs come one at a time (each enqueue a claim of one)
+    # started a task per job. Parked slots are not `active`; they end when the queue stops.
+    def park(self) -> asyncio.Future[Claim | None]:
+        parked: asyncio.Future[Claim | None] = asyncio.get_running_loop().create_future()
+        self.parked.append(parked)
+        return parked
+
+    def hand(self, claim: Claim) -> bool:
+        """Give `claim` to a parked slot, if one is waiting (counted `active` by the caller)."""
+        while self.parked:
+            parked = self.parked.pop()
+            if not parked.done():  # not cancelled with its task
+                parked.set_result(claim)
+                return True
+        return False
+
+    def unpark(self) -> None:
+        """End every parked slot (the queue stops, or has more slots than it may run)."""
+        parked, self.parked = self.parked, []
+        for slot in parked:
+            if not slot.done():
+                slot.set_result(None)
 
 
 class FencedRecorder:
@@ -406,40 +433,49 @@ class Worker:
                 assert self._jobs_tg is not None
                 for claim in claims:
                     runtime.active += 1
-                    self._jobs_tg.start_soon(self._work, runtime, claim)
+                    if not runtime.hand(claim):
+                        self._jobs_tg.start_soon(self._work, runtime, claim)
         finally:
             queue.return_ahead(runtime.name)
             runtime.loop_done.set()
 
     async def _work(self, runtime: QueueRuntime, claim: Claim | None) -> None:
-        """One worker slot (counted in `runtime.active`): run the job, then the next one the
-        queue hands over at once, in this same task, until it has none, or the queue is
-        paused, stopped or narrowed. A task and a claim round trip per job would cost more
+        """One worker slot (counted in `runtime.active` while it has a job): run the job, then
+        the next one the queue hands over at once, in this same task, until it has none; then
+        park for the claim loop's next claim (see `QueueRuntime.park`). It ends when the queue
+        is paused, stopped or narrowed. A task and a claim round trip per job would cost more
         than a short job itself."""
-        try:
-            while claim is not None:
-                turn = LoopTurn()
-                await self._execute(runtime, claim)
-                if turn.came:
-                    # The job waited for something (a sleep, a read), so the rest of the
-                    # engine has had the loop since it began: on to the next job at once. A
-                    # slot that went round the loop again would queue behind the work of
-                    # every other slot ready then, at every job.
-                    await anyio.lowlevel.checkpoint_if_cancelled()
-                else:
-                    await anyio.lowlevel.checkpoint()  # the rest of the engine runs now
-                if (
-                    runtime.stopped
-                    or runtime.paused
-                    or self.stopping
-                    or runtime.active > runtime.concurrency
-                    or self.runtimes.get(runtime.name) is not runtime
-                ):
-                    return
-                claim = runtime.queue.claim_nowait(runtime.name, self.info.id, self.lease_s)
-        finally:
-            runtime.active -= 1
-            runtime.poke()
+        while claim is not None:
+            try:
+                while claim is not None:
+                    turn = LoopTurn()
+                    await self._execute(runtime, claim)
+                    if turn.came:
+                        # The job waited for something (a sleep, a read), so the rest of the
+                        # engine has had the loop since it began: on to the next job at once.
+                        # A slot that went round the loop again would queue behind the work of
+                        # every other slot ready then, at every job.
+                        await anyio.lowlevel.checkpoint_if_cancelled()
+                    else:
+                        await anyio.lowlevel.checkpoint()  # the rest of the engine runs now
+                    if self._slot_ends(runtime):
+                        return
+                    claim = runtime.queue.claim_nowait(runtime.name, self.info.id, self.lease_s)
+            finally:
+                runtime.active -= 1
+                runtime.poke()
+            if runtime.active >= runtime.concurrency:
+                return  # narrowed meanwhile: a slot too many
+            claim = await runtime.park()
+
+    def _slot_ends(self, runtime: QueueRuntime) -> bool:
+        return (
+            runtime.stopped
+            or runtime.paused
+            or self.stopping
+            or runtime.active > runtime.concurrency
+            or self.runtimes.get(runtime.name) is not runtime
+        )
 
     # ---- running one job -------------------------------------------------------------------
     def _current(self, runtime: QueueRuntime, job: Job) -> Workflow:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
 from pathlib import Path
@@ -113,6 +114,31 @@ async def test_jobs_that_never_wait_let_the_rest_of_the_engine_run_between_them(
             group.cancel_scope.cancel()
     assert len(seen) == 30
     assert all(earlier < later for earlier, later in itertools.pairwise(seen)), seen
+
+
+async def test_a_slot_between_jobs_is_handed_the_next_claim_and_ends_when_its_queue_stops(
+    provider: str, database: Path
+) -> None:
+    # Jobs that come one at a time (enqueue, then wait for it) find no job at hand when the one
+    # before ends: the slot parks for the claim loop's next claim instead of ending, so every
+    # job runs in the one task (engine/worker.py QueueRuntime.park), not a task started for
+    # each. When the queue stops, the parked slot ends by itself: it is not left to be
+    # cancelled.
+    tasks: list[asyncio.Task[Any]] = []
+
+    async def note(ctx) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        tasks.append(task)
+
+    wf = queue_workflow("one-by-one", Step("note", note), concurrency=2, provider=provider)
+    async with Engine(workflows=[wf], database=database) as engine:
+        for i in range(12):
+            job = await engine.enqueue("one-by-one", {"i": i})
+            assert (await engine.wait_for_job(job, timeout=10)).status is RunStatus.COMPLETED
+    assert len(tasks) == 12
+    assert len(set(tasks)) == 1
+    assert tasks[0].done() and not tasks[0].cancelled()
 
 
 async def test_delay_is_respected(provider: str, database: Path) -> None:
