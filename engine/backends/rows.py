@@ -8,7 +8,7 @@ Times are epoch seconds (floats); JSON values are text; booleans are integers.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..filters import RunFilter
@@ -114,11 +114,12 @@ JOB_COLUMNS = (
     "handed",
 )
 
-_dumps = json.dumps
+# One encoder for every row: `json.dumps(value, default=str)` builds a new one each call.
+_encode = json.JSONEncoder(default=str).encode
 
 
 def dump(value: Any) -> str | None:
-    return None if value is None else _dumps(value, default=str)
+    return None if value is None else _encode(value)
 
 
 def load(value: str | None) -> Any:
@@ -321,32 +322,59 @@ def job_row(job: Job) -> tuple[Any, ...]:
     )
 
 
-def job_from_row(row: Mapping[str, Any]) -> Job:
+def job_from_row(row: Sequence[Any]) -> Job:
+    """A job from a row whose first columns are `JOB_COLUMNS`, in that order (every query
+    that reads jobs selects them so): read by position, which costs a fifth of reading 21
+    columns by name from a `sqlite3.Row`."""
+    (
+        id_,
+        queue,
+        workflow_name,
+        payload,
+        headers,
+        priority,
+        state,
+        run_at,
+        attempts,
+        max_retries,
+        run_id,
+        created_at,
+        finished_at,
+        error,
+        worker,
+        lease_until,
+        resume,
+        meta,
+        epoch,
+        signals,
+        forced,
+        handed,
+    ) = row[: len(JOB_COLUMNS)]
     return construct(
         Job,
         dict(
-            id=row["id"],
-            queue=row["queue"],
-            workflow_name=row["workflow_name"],
-            payload=load(row["payload"]),
-            headers=load(row["headers"]) or {},
-            priority=row["priority"],
-            state=JobState(row["state"]),
-            run_at=from_epoch(row["run_at"]),
-            attempts=row["attempts"],
-            max_retries=row["max_retries"],
-            run_id=row["run_id"],
-            created_at=from_epoch(row["created_at"]),
-            finished_at=from_epoch(row["finished_at"]),
-            error=row["error"],
-            worker=row["worker"],
-            resume=bool(row["resume"]),
-            meta=load(row["meta"]) or {},
-            epoch=row["epoch"],
-            lease_until=from_epoch(row["lease_until"]),
-            signals=load(row["signals"]) or {},
-            force=bool(row["forced"]),
-            handed=bool(row["handed"]),
+            id=id_,
+            queue=queue,
+            workflow_name=workflow_name,
+            payload=load(payload),
+            headers=load(headers) or {},
+            priority=priority,
+            state=JobState(state),
+            run_at=from_epoch(run_at),
+            attempts=attempts,
+            max_retries=max_retries,
+            run_id=run_id,
+            created_at=from_epoch(created_at),
+            finished_at=from_epoch(finished_at),
+            error=error,
+            worker=worker,
+            resume=bool(resume),
+            meta=load(meta) or {},
+            epoch=epoch,
+            lease_until=from_epoch(lease_until),
+            signals=load(signals) or {},
+            force=bool(forced),
+            handed=bool(handed),
         ),
     )
 

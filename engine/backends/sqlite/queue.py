@@ -375,7 +375,7 @@ class SqliteQueue(JobQueue):
     async def get_job(self, job_id: str) -> Job | None:
         await self.db.flush_for(job_id)
         row = self.db.read_one(f"{SELECT_JOB} WHERE id = ?", (job_id,))
-        return job_from_row(row) if row else None  # type: ignore[arg-type]
+        return job_from_row(row) if row else None
 
     async def held_by(self, workers: list[str]) -> list[Job]:
         if not workers:
@@ -385,7 +385,7 @@ class SqliteQueue(JobQueue):
             f"{SELECT_JOB} WHERE state = 'active' AND worker IN ({', '.join('?' * len(workers))})",
             tuple(workers),
         )
-        return [job_from_row(row) for row in rows]  # type: ignore[arg-type]
+        return [job_from_row(row) for row in rows]
 
     async def stats(self, queue: str) -> QueueStats:
         await self.db.flush()
@@ -439,7 +439,7 @@ class SqliteQueue(JobQueue):
             f"{SELECT_JOB} WHERE queue = ? AND state = 'dead' ORDER BY finished_at DESC LIMIT ?",
             (queue, limit),
         )
-        return [job_from_row(row) for row in rows]  # type: ignore[arg-type]
+        return [job_from_row(row) for row in rows]
 
     async def purge(self, finished_before: datetime) -> int:
         def purge(conn: sqlite3.Connection) -> int:
