@@ -4,6 +4,7 @@ the WAL restart, and point reads that see this process's queued writes."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import closing
@@ -21,6 +22,7 @@ from engine.backends.sqlite.db import (
     RESTART_EVERY,
     SqliteDatabase,
 )
+from engine.errors import DatabaseError
 
 pytestmark = pytest.mark.anyio
 
@@ -227,3 +229,75 @@ async def test_a_lone_call_that_fails_gets_its_error_and_writes_nothing(
         await db.transaction(write_then_fail)
     await db.transaction(insert("next"))  # the writer goes on
     assert count(db.path) == 1
+
+
+class LoopTurned:
+    """Whether the event loop has gone round since this was made."""
+
+    def __init__(self) -> None:
+        self.came = False
+        asyncio.get_running_loop().call_soon(self._come)
+
+    def _come(self) -> None:
+        self.came = True
+
+
+async def test_a_flush_that_finds_the_writer_idle_commits_at_once(backend: SqliteBackend) -> None:
+    # A slot starting a job claimed ahead flushes its run's start before the job's code runs:
+    # with the writer idle it commits there and then, without waiting for the writer's task
+    # and then for its own turn of the loop (engine/backends/sqlite/db.py _commit_inline).
+    db = backend.db
+    batches, in_thread = db.batches, db.batches_in_thread
+    db.write("INSERT INTO t (v) VALUES ('started')", ())
+    turn = LoopTurned()
+
+    await db.flush()
+
+    assert not turn.came
+    assert (db.batches - batches, db.batches_in_thread - in_thread) == (1, 0)
+    assert count(db.path) == 1
+
+
+async def test_a_flush_that_finds_the_lock_taken_leaves_its_writes_to_the_writer(
+    backend: SqliteBackend,
+) -> None:
+    db = backend.db
+    other = sqlite3.connect(db.path, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")  # another process's write transaction
+    other.execute("INSERT INTO t (v) VALUES ('other')")
+    in_thread = db.batches_in_thread
+    done = anyio.Event()
+    db.write("INSERT INTO t (v) VALUES ('mine')", ())
+
+    async def flush() -> None:
+        await db.flush()
+        done.set()
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(flush)
+        with anyio.fail_after(5):
+            while db.batches_in_thread == in_thread:  # the writer waits for the lock
+                await anyio.lowlevel.checkpoint()
+        assert not done.is_set()
+        other.execute("COMMIT")
+        with anyio.fail_after(5):
+            await done.wait()
+    other.close()
+
+    assert count(db.path) == 2  # the write the flush could not make was the writer's
+
+
+async def test_a_flush_whose_batch_fails_gets_the_error(tmp_path: Path) -> None:
+    # As when the writer commits it: the error reaches whoever waits, and the writer ends.
+    db = SqliteDatabase(tmp_path / "blok.db")
+    await db.open()
+    try:
+        with pytest.raises(BaseExceptionGroup) as raised:
+            async with anyio.create_task_group() as group:
+                group.start_soon(db.writer_loop)
+                db.write("INSERT INTO missing (v) VALUES (1)", ())
+                with pytest.raises(DatabaseError, match="the writer failed"):
+                    await db.flush()
+        assert raised.group_contains(DatabaseError, match="no such table: missing")
+    finally:
+        await db.close()

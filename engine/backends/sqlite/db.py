@@ -2,7 +2,9 @@
 
 Writes. Every write the engine makes goes through one writer task that batches them (group
 commit, with no timer): a write that finds the writer idle is committed at once, and whatever
-piles up meanwhile goes in the next transaction, so concurrent callers share a commit. A batch
+piles up meanwhile goes in the next transaction, so concurrent callers share a commit. A caller
+that waits for everything queued so far (`flush`) and finds the writer idle commits it itself,
+at once, rather than waiting for the writer's task to have its turn. A batch
 writes, in this order: the latest state of every run saved since the last batch (one row per
 table however often it changed), the queued statements, then the functions that must run inside
 a transaction and see its result (claims, fenced transitions). A run's rows carry their fence:
@@ -449,9 +451,13 @@ class SqliteDatabase:
             raise DatabaseError(f"{self.path}: the writer failed") from self._failure
 
     async def flush(self) -> None:
-        """Wait until everything queued so far is committed."""
+        """Wait until everything queued so far is committed: at once, by the caller, when the
+        writer is idle (see `_commit_inline`)."""
         self._raise_failure()
         if not self._pending():
+            return
+        if self._commit_inline():
+            await anyio.lowlevel.checkpoint_if_cancelled()
             return
         done = anyio.Event()
         self._flushers.append(done)
@@ -467,6 +473,52 @@ class SqliteDatabase:
             await self.flush()
         else:
             self._raise_failure()
+
+    def _commit_inline(self) -> bool:
+        """Commit what is queued here and now, in the caller's task, as the writer would; False,
+        with everything left queued for the writer, if the writer is committing a batch, the
+        batch is heavy, a checkpoint is due, or the write lock is another process's.
+
+        A caller that must see its writes committed before it goes on (a slot whose job was
+        claimed ahead commits its run's start before the job's code runs) would otherwise
+        wait for the writer's task to wake, gather and commit, and then for its own turn: two
+        or three turns of a loop that other slots keep busy, four times the commit itself
+        (about 1 ms against 0.25 with eight slots of 10 ms jobs)."""
+        if (
+            self._committing
+            or self._failure is not None
+            or self._weight > INLINE_WEIGHT
+            or self.batches + 1 >= self._checkpoint_at
+        ):
+            return False
+        batch = self._take()
+        keys, self._keys = self._keys, set()
+        flushers, self._flushers = self._flushers, []
+        try:
+            committed = self._commit_here(batch)
+        except Exception:
+            # Rolled back, nothing written: the writer meets the same error with the same
+            # batch, and ends on it as it does for any batch (every waiter told).
+            committed = False
+        if not committed:
+            # Nothing was written: all of it goes back, as it was (nothing was queued since:
+            # nothing here awaits).
+            self._runs = {run.id: (run, fence) for run, fence in batch.runs}
+            self._ops, self._calls, self._weight = batch.ops, batch.calls, batch.weight
+            self._keys, self._flushers = keys, flushers
+            return False
+        self.batches += 1
+        self._committed(batch, flushers)
+        return True
+
+    def _committed(self, batch: _Batch, flushers: list[anyio.Event]) -> None:
+        """Tell whoever waits on a committed batch."""
+        for changed, answer in batch.told:
+            changed(answer)
+        for call in batch.calls:
+            call.done.set()
+        for flusher in flushers:
+            flusher.set()
 
     def _take(self) -> _Batch:
         runs = list(self._runs.values())
@@ -517,12 +569,7 @@ class SqliteDatabase:
                     self._committing = False
                     self._inflight_keys = set()
                 self.batches += 1
-            for changed, answer in batch.told:
-                changed(answer)
-            for call in batch.calls:
-                call.done.set()
-            for flusher in flushers:
-                flusher.set()
+            self._committed(batch, flushers)
             if self.batches >= self._checkpoint_at and not self._checkpointing:
                 self._checkpoint_at = self.batches + CHECKPOINT_EVERY
                 self._checkpoints += 1
