@@ -4,7 +4,6 @@ the WAL restart, and point reads that see this process's queued writes."""
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import closing
@@ -23,6 +22,7 @@ from engine.backends.sqlite.db import (
     SqliteDatabase,
 )
 from engine.errors import DatabaseError
+from engine.worker import LoopTurn
 
 pytestmark = pytest.mark.anyio
 
@@ -231,17 +231,6 @@ async def test_a_lone_call_that_fails_gets_its_error_and_writes_nothing(
     assert count(db.path) == 1
 
 
-class LoopTurned:
-    """Whether the event loop has gone round since this was made."""
-
-    def __init__(self) -> None:
-        self.came = False
-        asyncio.get_running_loop().call_soon(self._come)
-
-    def _come(self) -> None:
-        self.came = True
-
-
 async def test_a_flush_that_finds_the_writer_idle_commits_at_once(backend: SqliteBackend) -> None:
     # A slot starting a job claimed ahead flushes its run's start before the job's code runs:
     # with the writer idle it commits there and then, without waiting for the writer's task
@@ -249,7 +238,7 @@ async def test_a_flush_that_finds_the_writer_idle_commits_at_once(backend: Sqlit
     db = backend.db
     batches, in_thread = db.batches, db.batches_in_thread
     db.write("INSERT INTO t (v) VALUES ('started')", ())
-    turn = LoopTurned()
+    turn = LoopTurn()  # the loop goes round: a callback queued now has run
 
     await db.flush()
 
