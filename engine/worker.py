@@ -146,7 +146,7 @@ class QueueRuntime:
         return False
 
     def unpark(self) -> None:
-        """End every parked slot (the queue stops, or has more slots than it may run)."""
+        """End every parked slot: the queue stops (a drain, a reload that drops it)."""
         parked, self.parked = self.parked, []
         for slot in parked:
             if not slot.done():
