@@ -5,7 +5,7 @@ the WAL restart, and point reads that see this process's queued writes."""
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import closing
 from pathlib import Path
 
@@ -83,22 +83,24 @@ async def test_a_heavy_batch_is_committed_in_a_thread(backend: SqliteBackend) ->
     assert count(db.path) == INLINE_WEIGHT + 1
 
 
-async def test_a_write_that_finds_the_lock_taken_waits_for_it_in_a_thread(
-    backend: SqliteBackend,
+async def while_another_process_holds_the_lock(
+    db: SqliteDatabase, write: Callable[[], Awaitable[object]]
 ) -> None:
-    db = backend.db
+    """Run `write` while another process's write transaction holds the lock: it must wait for
+    the lock in the writer's thread (the loop runs on meanwhile), and end once the other
+    transaction commits."""
     other = sqlite3.connect(db.path, isolation_level=None, check_same_thread=False)
     other.execute("BEGIN IMMEDIATE")  # another process's write transaction
     other.execute("INSERT INTO t (v) VALUES ('other')")
     in_thread = db.batches_in_thread
     done = anyio.Event()
 
-    async def write() -> None:
-        await db.transaction(insert("mine"))
+    async def waited() -> None:
+        await write()
         done.set()
 
     async with anyio.create_task_group() as group:
-        group.start_soon(write)
+        group.start_soon(waited)
         with anyio.fail_after(5):
             while db.batches_in_thread == in_thread:  # the loop gave up on the lock
                 await anyio.lowlevel.checkpoint()
@@ -108,6 +110,14 @@ async def test_a_write_that_finds_the_lock_taken_waits_for_it_in_a_thread(
         with anyio.fail_after(5):
             await done.wait()
     other.close()
+
+
+async def test_a_write_that_finds_the_lock_taken_waits_for_it_in_a_thread(
+    backend: SqliteBackend,
+) -> None:
+    db = backend.db
+
+    await while_another_process_holds_the_lock(db, lambda: db.transaction(insert("mine")))
 
     assert count(db.path) == 2
 
@@ -251,27 +261,9 @@ async def test_a_flush_that_finds_the_lock_taken_leaves_its_writes_to_the_writer
     backend: SqliteBackend,
 ) -> None:
     db = backend.db
-    other = sqlite3.connect(db.path, isolation_level=None, check_same_thread=False)
-    other.execute("BEGIN IMMEDIATE")  # another process's write transaction
-    other.execute("INSERT INTO t (v) VALUES ('other')")
-    in_thread = db.batches_in_thread
-    done = anyio.Event()
     db.write("INSERT INTO t (v) VALUES ('mine')", ())
 
-    async def flush() -> None:
-        await db.flush()
-        done.set()
-
-    async with anyio.create_task_group() as group:
-        group.start_soon(flush)
-        with anyio.fail_after(5):
-            while db.batches_in_thread == in_thread:  # the writer waits for the lock
-                await anyio.lowlevel.checkpoint()
-        assert not done.is_set()
-        other.execute("COMMIT")
-        with anyio.fail_after(5):
-            await done.wait()
-    other.close()
+    await while_another_process_holds_the_lock(db, db.flush)
 
     assert count(db.path) == 2  # the write the flush could not make was the writer's
 
