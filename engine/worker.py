@@ -35,6 +35,7 @@ from .events import EventBus, QueueChanged
 from .gates import Gates
 from .ledger import Ledger, make_run
 from .models import Job, JobState, LogLine, Run, RunStatus, StepStatus, WorkerInfo, utcnow
+from .queue_runtime import QueueRuntime
 from .runner import Outcome, Runner, SnapshotLost
 from .watchdog import WATCHDOG_S, LoopWatchdog
 from .workflow import Workflow
@@ -98,59 +99,6 @@ class RunHandle:
             self.ctx.cancelled = True
         if self.scope is not None:
             self.scope.cancel()
-
-
-@dataclass
-class QueueRuntime:
-    """A queue as this worker serves it right now."""
-
-    name: str
-    workflow: Workflow
-    queue: JobQueue
-    concurrency: int
-    active: int = 0
-    paused: bool = False
-    stopped: bool = False
-    loop_done: anyio.Event = field(default_factory=anyio.Event)
-    changed: anyio.Event = field(default_factory=anyio.Event)
-    completed_times: list[float] = field(default_factory=list)
-    parked: list[asyncio.Future[Claim | None]] = field(default_factory=list)
-
-    def poke(self) -> None:
-        self.changed.set()
-        self.changed = anyio.Event()
-        self.queue.wake(self.name)
-
-    def stop(self) -> None:
-        """Stop claiming; the claim loop ends within one claim timeout, parked slots at once."""
-        self.stopped = True
-        self.poke()
-        self.unpark()
-
-    # A slot with no job at hand parks here for the claim loop's next claim instead of
-    # ending: handing a claim to a parked slot (a future's result) costs a fraction of a task
-    # started for it, and a queue whose jobs come one at a time (each enqueue a claim of one)
-    # started a task per job. Parked slots are not `active`; they end when the queue stops.
-    def park(self) -> asyncio.Future[Claim | None]:
-        parked: asyncio.Future[Claim | None] = asyncio.get_running_loop().create_future()
-        self.parked.append(parked)
-        return parked
-
-    def hand(self, claim: Claim) -> bool:
-        """Give `claim` to a parked slot, if one is waiting (counted `active` by the caller)."""
-        while self.parked:
-            parked = self.parked.pop()
-            if not parked.done():  # not cancelled with its task
-                parked.set_result(claim)
-                return True
-        return False
-
-    def unpark(self) -> None:
-        """End every parked slot: the queue stops (a drain, a reload that drops it)."""
-        parked, self.parked = self.parked, []
-        for slot in parked:
-            if not slot.done():
-                slot.set_result(None)
 
 
 class FencedRecorder:
@@ -408,7 +356,14 @@ class Worker:
         try:
             while not runtime.stopped:
                 if runtime.active >= runtime.concurrency:
-                    await runtime.changed.wait()
+                    changed = runtime.changed  # a stop or a freed slot while topping up counts
+                    if runtime.short_of_ahead() and await queue.claim_ahead(
+                        runtime.name, runtime.concurrency, self.info.id, self.lease_s
+                    ):
+                        if runtime.paused:  # paused meanwhile: back for other workers
+                            queue.return_ahead(runtime.name)
+                        continue
+                    await changed.wait()
                     continue
                 if runtime.paused:
                     queue.return_ahead(runtime.name)  # claimed ahead: back for other workers
@@ -461,6 +416,8 @@ class Worker:
                     if self._slot_ends(runtime):
                         return
                     claim = runtime.queue.claim_nowait(runtime.name, self.info.id, self.lease_s)
+                    if claim is not None and runtime.short_of_ahead():
+                        runtime.nudge()  # the claim loop tops up what is kept ahead
             finally:
                 runtime.active -= 1
                 runtime.poke()

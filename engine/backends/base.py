@@ -430,6 +430,9 @@ class JobQueue(ABC):
     job is still at the epoch they name."""
 
     provider: ClassVar[str]
+    # Keeps jobs claimed ahead of free slots, for `claim_nowait` (a round trip to the database
+    # saved at each job); the worker then tops them up while its slots are busy.
+    claims_ahead: ClassVar[bool] = False
 
     @abstractmethod
     async def add(self, jobs: list[Job], runs: list[Run]) -> list[str]:
@@ -459,6 +462,16 @@ class JobQueue(ABC):
 
     def return_ahead(self, queue: str) -> None:  # noqa: B027 - only a queue that claims ahead
         """Hand back jobs claimed ahead and not started (the queue was paused or stopped)."""
+
+    def ahead(self, queue: str) -> int:
+        """How many jobs of `queue` this queue keeps claimed ahead (0 if it never does)."""
+        return 0
+
+    async def claim_ahead(self, queue: str, limit: int, worker: str, lease_s: float) -> int:
+        """Claim up to `limit` more due jobs to keep ahead for `claim_nowait` (none handed to
+        a slot: their starts are committed before their code runs); how many it claimed.
+        0 from a queue that does not claim ahead."""
+        return 0
 
     @abstractmethod
     def submit(self, transition: Transition) -> None:

@@ -7,7 +7,8 @@ Claims run beside the writer, not in its batches: claimers on many machines pass
 other's rows (SKIP LOCKED) instead of waiting for one another.
 
 A claim takes up to four times what was asked and keeps the extra ahead (as the SQLite queue
-does), so that a worker slot that frees up starts its next job without a round trip.
+does), so that a worker slot that frees up starts its next job without a round trip; while its
+slots are busy with short jobs, the worker tops the jobs kept ahead up (`claim_ahead`).
 Jobs claimed ahead are `active` under this worker's lease in the database; `stats` counts them as
 waiting, and a pause, a stop or a lost lease hands them back.
 
@@ -66,6 +67,7 @@ def update_params(job_id: str, epoch: int, update: JobUpdate) -> tuple[str, tupl
 
 class PostgresQueue(JobQueue):
     provider: ClassVar[str] = "postgres"
+    claims_ahead: ClassVar[bool] = True
 
     def __init__(self, db: PostgresDatabase) -> None:
         self.db = db
@@ -156,36 +158,15 @@ class PostgresQueue(JobQueue):
         statement = sql.CLAIM_FORCED if forced_only else sql.CLAIM
         asking = limit if forced_only else AHEAD * limit
         while True:
-            asked = time.monotonic()
             # Registered before the look: a NOTIFY that arrives while it runs is not missed.
             signal = self._signals.setdefault(queue, anyio.Event())
-            while self._renewing is not None:
-                await self._renewing.wait()
-            self._claiming += 1
             try:
-                rows, next_due = await self.db.pooled(
-                    lambda c: self._claim(c, statement, queue, asking, worker, lease_s, limit),
-                    deadline=deadline,
+                claims, next_due = await self._take(
+                    statement, queue, asking, worker, lease_s, limit, deadline
                 )
             except Unavailable:
                 return []
-            finally:
-                self._claiming -= 1
-                if not self._claiming:
-                    self._claims_done.set()
-                    self._claims_done = anyio.Event()
-            if rows:
-                rows.sort(key=lambda r: (-r["priority"], r["seq"]))
-                claims = [
-                    Claim(
-                        job_from_row(row),  # type: ignore[arg-type]
-                        lease_s,
-                        asked,
-                        row["taken_from"],
-                        taken_handed=row["taken_handed"],
-                    )
-                    for row in rows
-                ]
+            if claims:
                 if len(claims) > limit:
                     self._ahead.setdefault(queue, deque()).extend(claims[limit:])
                 return claims[:limit]
@@ -199,6 +180,57 @@ class PostgresQueue(JobQueue):
                 look = min(look, max(0.0, float(next_due)))
             with anyio.move_on_after(max(min(remaining, look), 0.001)):
                 await signal.wait()
+
+    def ahead(self, queue: str) -> int:
+        return len(self._ahead.get(queue) or ())
+
+    async def claim_ahead(self, queue: str, limit: int, worker: str, lease_s: float) -> int:
+        self.workers.add(worker)
+        try:
+            claims, _ = await self._take(sql.CLAIM, queue, limit, worker, lease_s, 0, None)
+        except Unavailable:
+            return 0
+        self._ahead.setdefault(queue, deque()).extend(claims)
+        return len(claims)
+
+    async def _take(
+        self,
+        statement: str,
+        queue: str,
+        asking: int,
+        worker: str,
+        lease_s: float,
+        handing: int,
+        deadline: float | None,
+    ) -> tuple[list[Claim], float | None]:
+        """One claim statement: up to `asking` jobs, the first `handing` handed to slots, in
+        priority order; when it takes none, when the queue's next job falls due."""
+        asked = time.monotonic()
+        while self._renewing is not None:
+            await self._renewing.wait()
+        self._claiming += 1
+        try:
+            rows, next_due = await self.db.pooled(
+                lambda c: self._claim(c, statement, queue, asking, worker, lease_s, handing),
+                deadline=deadline,
+            )
+        finally:
+            self._claiming -= 1
+            if not self._claiming:
+                self._claims_done.set()
+                self._claims_done = anyio.Event()
+        rows.sort(key=lambda r: (-r["priority"], r["seq"]))
+        claims = [
+            Claim(
+                job_from_row(row),  # type: ignore[arg-type]
+                lease_s,
+                asked,
+                row["taken_from"],
+                taken_handed=row["taken_handed"],
+            )
+            for row in rows
+        ]
+        return claims, next_due
 
     @staticmethod
     async def _claim(

@@ -6,7 +6,8 @@ and bumps the epoch, so the late worker's writes are refused from then on.
 
 A claim takes up to four times what was asked (like Celery's default prefetch) and keeps the
 extra ahead, so that a worker slot that frees up starts its next job without a round trip to
-the writer, which is what bounds a busy SQLite queue. Jobs claimed ahead are `active` under this
+the writer, which is what bounds a busy SQLite queue; while its slots are busy with short jobs,
+the worker tops the jobs kept ahead up (`claim_ahead`). Jobs claimed ahead are `active` under this
 worker's lease in the file; `stats` counts them as waiting since nothing runs them yet, and a
 pause, a stop or a lost lease hands them back. The jobs a claim gives straight to worker slots
 are marked `handed` in their rows, in the claim's transaction: their runs' starts need not be
@@ -168,6 +169,7 @@ def _claim(
 
 class SqliteQueue(JobQueue):
     provider: ClassVar[str] = "sqlite"
+    claims_ahead: ClassVar[bool] = True
 
     def __init__(self, db: SqliteDatabase, poll_s: float = 0.05) -> None:
         self.db = db
@@ -214,6 +216,24 @@ class SqliteQueue(JobQueue):
     def return_ahead(self, queue: str) -> None:
         for claim in self._ahead.pop(queue, None) or ():
             self._hand_back(claim)
+
+    def ahead(self, queue: str) -> int:
+        return len(self._ahead.get(queue) or ())
+
+    async def claim_ahead(self, queue: str, limit: int, worker: str, lease_s: float) -> int:
+        claims, _ = await self.db.transaction(
+            partial(
+                _claim,
+                queue=queue,
+                limit=limit,
+                worker=worker,
+                lease_s=lease_s,
+                forced_only=False,
+                handing=0,
+            )
+        )
+        self._ahead.setdefault(queue, deque()).extend(claims)
+        return len(claims)
 
     def _hand_back(self, claim: Claim) -> None:
         job = claim.job

@@ -1,0 +1,124 @@
+"""A durable queue keeps jobs claimed ahead of its free slots, so that a slot that frees up
+finds its next job at hand instead of waiting for a claim (a transaction on SQLite, a round
+trip on PostgreSQL). While every slot is busy with short jobs, the worker tops what is kept
+ahead up before it runs out (engine/queue_runtime.py `QueueRuntime.short_of_ahead`); behind long
+jobs it does not, since another worker could run those now. On SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import pytest
+from support import DURABLE, a_database, until
+
+from engine import Engine, JobState, RunStatus, Step, WorkerTrigger, Workflow
+from engine.ledger import make_job, make_run
+from engine.queue_runtime import AHEAD_HORIZON_S, QueueRuntime
+
+pytestmark = pytest.mark.anyio
+
+QUEUE = "ahead"
+
+
+@pytest.fixture(params=DURABLE)
+async def database(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
+    async with a_database(request.param, tmp_path) as location:
+        yield str(location)
+
+
+def provider(database: str) -> str:
+    return "postgres" if database.startswith("postgresql://") else "sqlite"
+
+
+def gated_workflow(database: str, gates: list[anyio.Event], started: list[int]) -> Workflow:
+    """Two slots; job `i` runs until `gates[i]` is set."""
+
+    async def gated(ctx) -> int:
+        i: int = ctx.body["i"]
+        started.append(i)
+        await gates[i].wait()
+        return i
+
+    trigger = WorkerTrigger(queue=QUEUE, concurrency=2, provider=provider(database))
+    return Workflow(name="ahead", trigger=trigger, steps=[Step("gated", gated)])
+
+
+async def test_a_busy_queue_of_short_jobs_claims_more_ahead_before_a_slot_frees(
+    database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Short whatever this machine's pace: the two slots' last jobs count as short.
+    monkeypatch.setattr("engine.queue_runtime.AHEAD_HORIZON_S", 60.0)
+    gates = [anyio.Event() for _ in range(8)]
+    started: list[int] = []
+    async with Engine(
+        workflows=[gated_workflow(database, gates, started)], database=database
+    ) as engine:
+
+        async def states(ids: list[str]) -> set[JobState]:
+            return {(await engine.get_job(job_id)).state for job_id in ids}
+
+        # One claim for two free slots takes jobs 0 and 1 for them and 2 and 3 ahead.
+        first = await engine.enqueue_many(QUEUE, [{"i": i} for i in range(4)])
+        await until(lambda: sorted(started) == [0, 1])
+        later = await engine.enqueue_many(QUEUE, [{"i": i} for i in range(4, 8)])
+        gates[0].set()
+        gates[1].set()
+        await until(lambda: sorted(started) == [0, 1, 2, 3])
+
+        # Both slots are busy again and took the last jobs kept ahead: two more are claimed
+        # ahead now, before either slot frees up; the rest wait for a claim of their own.
+        async def topped_up() -> bool:
+            return await states(later[:2]) == {JobState.ACTIVE}
+
+        await until(topped_up)
+        assert await states(later[2:]) == {JobState.WAITING}
+        assert sorted(started) == [0, 1, 2, 3]
+
+        for gate in gates:
+            gate.set()
+        runs = [await engine.wait_for_job(job_id, timeout=10) for job_id in first + later]
+    assert [run.status for run in runs] == [RunStatus.COMPLETED] * 8
+    assert sorted(started) == list(range(8))
+
+
+async def test_more_is_claimed_ahead_only_for_short_jobs_and_few_kept(database: str) -> None:
+    async with Engine(database=database) as producer:
+        queue = producer.backend.queue(provider(database))
+        wf = gated_workflow(database, [], [])
+        runtime = QueueRuntime(QUEUE, wf, queue, concurrency=2)
+        now = time.monotonic()
+        assert not runtime.short_of_ahead()  # nothing finished yet: no pace to go by
+
+        runtime.completed_times[:] = [now - AHEAD_HORIZON_S / 4, now - AHEAD_HORIZON_S / 8]
+        assert runtime.short_of_ahead()  # two slots, two jobs finished just now
+        runtime.paused = True
+        assert not runtime.short_of_ahead()
+        runtime.paused = False
+
+        # The slots' last jobs took longer than the horizon: more ahead would wait here.
+        runtime.completed_times[:] = [now - 2 * AHEAD_HORIZON_S, now - AHEAD_HORIZON_S / 8]
+        assert not runtime.short_of_ahead()
+
+        # Enough is kept ahead already (half the slots' worth).
+        runtime.completed_times[:] = [now - AHEAD_HORIZON_S / 4, now - AHEAD_HORIZON_S / 8]
+        job = make_job(
+            queue=QUEUE,
+            workflow_name="ahead",
+            payload={},
+            headers=None,
+            priority=0,
+            run_at=None,
+            max_retries=0,
+        )
+        await queue.add([job], [make_run(job, workflow_version="")])
+        assert await queue.claim_ahead(QUEUE, 2, "w1", 30.0) == 1
+        assert not runtime.short_of_ahead()
+
+        # A queue that never claims ahead (memory) is never topped up.
+        in_memory = QueueRuntime(QUEUE, wf, producer.backend.queue("memory"), concurrency=2)
+        in_memory.completed_times[:] = runtime.completed_times
+        assert not in_memory.short_of_ahead()
