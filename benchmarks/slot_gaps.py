@@ -2,6 +2,7 @@
 
     python benchmarks/slot_gaps.py                 # memory and SQLite, N = 2000, 3 runs each
     python benchmarks/slot_gaps.py -n 1000 --repeat 1 --providers sqlite
+    python benchmarks/slot_gaps.py --providers sqlite,postgres --bulk [--url postgresql://...]
 
 Issue 14 asks 10 ms jobs at concurrency 8 to reach 90 % of the 800 jobs/s ceiling. A slot's
 cycle is its job's `anyio.sleep(0.01)` plus what the engine does between the end of one job's
@@ -14,6 +15,10 @@ The peer is the event loop alone: 8 tasks that each sleep 10 ms in a loop, the s
 in all, with nothing between them. asyncio wakes for a timer on whole milliseconds (its `epoll`
 wait is rounded up), so its sleeps run long too: that much of the cycle is the loop's, not
 blok's. Every measurement runs in a fresh process; the median of `--repeat` by jobs/s.
+
+`--bulk` enqueues the N jobs with one `enqueue_many` instead: on PostgreSQL one enqueue a call
+is a round trip each (about 360 a second here), which would bound the run before the slots do.
+`postgres` runs on a fresh database of the server at `--url`, dropped afterwards.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import statistics
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -82,7 +88,7 @@ async def loop_alone(n: int) -> dict[str, Any]:
     return summary(time.perf_counter() - wall, n, marks)
 
 
-async def blok(provider: str, n: int) -> dict[str, Any]:
+async def blok(provider: str, n: int, bulk: bool, database: str | None) -> dict[str, Any]:
     import anyio
     import contract
 
@@ -99,18 +105,46 @@ async def blok(provider: str, n: int) -> dict[str, Any]:
     trigger = WorkerTrigger(queue=contract.QUEUE, concurrency=SLOTS, provider=provider)
     workflow = Workflow(name="bench.sleep10", trigger=trigger, steps=[Step("sleep10", sleep10)])
     with tempfile.TemporaryDirectory() as folder:
-        database = Path(folder) / "blok.db" if provider == "sqlite" else None
-        async with Engine(workflows=[workflow], database=database) as engine:
+        location = Path(folder) / "blok.db" if provider == "sqlite" else database
+        async with Engine(workflows=[workflow], database=location) as engine:
             wall = time.perf_counter()
-            runs = await contract.submit_all(engine, n, SLOTS)
+            if bulk:
+                ids = await engine.enqueue_many(contract.QUEUE, [{"i": i} for i in range(n)])
+                runs = [await engine.wait_for_job(job_id, timeout=600) for job_id in ids]
+            else:
+                runs = await contract.submit_all(engine, n, SLOTS)
             wall = time.perf_counter() - wall
             await contract.check(engine, runs, n, "sleep10", f"slot gaps {provider}")
     return summary(wall, n, marks)
 
 
-def one(system: str, n: int) -> None:
-    measure = loop_alone(n) if system == "asyncio" else blok(system, n)
+def one(system: str, n: int, bulk: bool, database: str | None) -> None:
+    measure = loop_alone(n) if system == "asyncio" else blok(system, n, bulk, database)
     emit(asyncio.run(measure))
+
+
+def measure(system: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One run in a fresh process; on a fresh PostgreSQL database of its own for `postgres`."""
+    argv = ["--one", system, "-n", str(args.n), *(["--bulk"] if args.bulk else [])]
+    if system != "postgres":
+        return run_fresh(__file__, argv)
+    import asyncpg
+    from postgres import database_url
+
+    name = f"blok_slot_gaps_{uuid.uuid4().hex[:8]}"
+
+    async def admin(statement: str) -> None:
+        connection = await asyncpg.connect(args.url)
+        try:
+            await connection.execute(statement)
+        finally:
+            await connection.close()
+
+    asyncio.run(admin(f'CREATE DATABASE "{name}"'))
+    try:
+        return run_fresh(__file__, [*argv, "--database", database_url(args.url, name)])
+    finally:
+        asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
 def main() -> None:
@@ -118,16 +152,19 @@ def main() -> None:
     parser.add_argument("-n", type=int, default=2000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--providers", default="memory,sqlite")
+    parser.add_argument("--bulk", action="store_true", help="one enqueue_many for the N jobs")
+    parser.add_argument("--url", default="postgresql://postgres@127.0.0.1:5432/test")
     parser.add_argument("--one", help=argparse.SUPPRESS)
+    parser.add_argument("--database", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        one(args.one, args.n)
+        one(args.one, args.n, args.bulk, args.database)
         return
     systems = ["asyncio", *args.providers.split(",")]
     results: dict[str, list[dict[str, Any]]] = {system: [] for system in systems}
     for _ in range(args.repeat):  # interleaved
         for system in systems:
-            results[system].append(run_fresh(__file__, ["--one", system, "-n", str(args.n)]))
+            results[system].append(measure(system, args))
     median = {
         system: sorted(runs, key=lambda r: r["rate"])[len(runs) // 2]
         for system, runs in results.items()
@@ -136,7 +173,8 @@ def main() -> None:
     print(f"machine: {machine()}")
     print(f"engine: {engine_source()}")
     print(f"date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
-    print(f"N = {args.n}, {SLOTS} slots, median of {args.repeat} run(s) by jobs/s\n")
+    enqueued = "one enqueue_many" if args.bulk else "one enqueue a job (submit-all)"
+    print(f"N = {args.n} ({enqueued}), {SLOTS} slots, median of {args.repeat} run(s) by jobs/s\n")
     print(
         "| system | jobs/s | % of ceiling | sleep ms, mean / p90 | gap ms, mean / p90 "
         "| cycle ms | jobs/s vs loop alone |"
