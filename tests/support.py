@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 from pg import fresh_database
 
 from engine import Engine, Event
@@ -108,3 +109,16 @@ async def a_database(kind: str, tmp_path: Path) -> AsyncIterator[Path | str | No
             yield url
     else:
         raise ValueError(f"no database kind {kind!r}: one of {', '.join(DATABASES)}")
+
+
+@pytest.fixture(params=DURABLE, name="database")
+async def durable_database(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
+    """The `database` fixture: each DURABLE kind in turn, as a string (a file path or a URL).
+    A test module imports it and binds it (`database = durable_database`) to use it."""
+    async with a_database(request.param, tmp_path) as location:
+        yield str(location)
+
+
+def provider_of(database: str) -> str:
+    """The queue provider of jobs kept in a DURABLE `database`."""
+    return "postgres" if database.startswith("postgresql://") else "sqlite"

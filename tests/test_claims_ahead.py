@@ -8,12 +8,10 @@ jobs it does not, since another worker could run those now. On SQLite and Postgr
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import anyio
 import pytest
-from support import DURABLE, a_database, until
+from support import durable_database, provider_of, until
 
 from engine import Engine, JobState, RunStatus, Step, WorkerTrigger, Workflow
 from engine.ledger import make_job, make_run
@@ -21,17 +19,9 @@ from engine.queue_runtime import AHEAD_HORIZON_S, QueueRuntime
 
 pytestmark = pytest.mark.anyio
 
+database = durable_database  # the fixture: each DURABLE database in turn (tests/support.py)
+
 QUEUE = "ahead"
-
-
-@pytest.fixture(params=DURABLE)
-async def database(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
-    async with a_database(request.param, tmp_path) as location:
-        yield str(location)
-
-
-def provider(database: str) -> str:
-    return "postgres" if database.startswith("postgresql://") else "sqlite"
 
 
 def gated_workflow(database: str, gates: list[anyio.Event], started: list[int]) -> Workflow:
@@ -43,7 +33,7 @@ def gated_workflow(database: str, gates: list[anyio.Event], started: list[int]) 
         await gates[i].wait()
         return i
 
-    trigger = WorkerTrigger(queue=QUEUE, concurrency=2, provider=provider(database))
+    trigger = WorkerTrigger(queue=QUEUE, concurrency=2, provider=provider_of(database))
     return Workflow(name="ahead", trigger=trigger, steps=[Step("gated", gated)])
 
 
@@ -87,7 +77,7 @@ async def test_a_busy_queue_of_short_jobs_claims_more_ahead_before_a_slot_frees(
 
 async def test_more_is_claimed_ahead_only_for_short_jobs_and_few_kept(database: str) -> None:
     async with Engine(database=database) as producer:
-        queue = producer.backend.queue(provider(database))
+        queue = producer.backend.queue(provider_of(database))
         wf = gated_workflow(database, [], [])
         runtime = QueueRuntime(QUEUE, wf, queue, concurrency=2)
         now = time.monotonic()

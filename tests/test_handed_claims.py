@@ -17,13 +17,12 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
 from contextlib import closing
 from pathlib import Path
 
 import anyio
 import pytest
-from support import DURABLE, a_database
+from support import durable_database, provider_of
 
 from engine import Engine, RunStatus, Step, WorkerTrigger, Workflow
 from engine.backends.sqlite.schema import SCHEMA_VERSION
@@ -31,6 +30,8 @@ from engine.ledger import make_job, make_run
 from engine.models import WorkerInfo, utcnow
 
 pytestmark = pytest.mark.anyio
+
+database = durable_database  # the fixture: each DURABLE database in turn (tests/support.py)
 
 QUEUE = "handed"
 LEASE_S = 0.3
@@ -40,18 +41,8 @@ async def echo(ctx: object) -> str:
     return "done"
 
 
-@pytest.fixture(params=DURABLE)
-async def database(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
-    async with a_database(request.param, tmp_path) as location:
-        yield str(location)
-
-
-def provider(database: str) -> str:
-    return "postgres" if database.startswith("postgresql://") else "sqlite"
-
-
 def workflows(database: str) -> list[Workflow]:
-    trigger = WorkerTrigger(queue=QUEUE, concurrency=2, provider=provider(database))
+    trigger = WorkerTrigger(queue=QUEUE, concurrency=2, provider=provider_of(database))
     return [Workflow(name="handed", trigger=trigger, steps=[Step("echo", echo)])]
 
 
@@ -90,7 +81,7 @@ async def lost_holder(
             )
             for i in range(jobs)
         ]
-        queue = producer.backend.queue(provider(database))
+        queue = producer.backend.queue(provider_of(database))
         await queue.add(made, [make_run(job, workflow_version="") for job in made])
         claims = await queue.claim(QUEUE, slots, holder, lease_s)
         ahead = []

@@ -221,19 +221,25 @@ class SqliteQueue(JobQueue):
         return len(self._ahead.get(queue) or ())
 
     async def claim_ahead(self, queue: str, limit: int, worker: str, lease_s: float) -> int:
-        claims, _ = await self.db.transaction(
+        claims, _ = await self._take(queue, limit, worker, lease_s, False, 0)
+        self._ahead.setdefault(queue, deque()).extend(claims)
+        return len(claims)
+
+    async def _take(
+        self, queue: str, limit: int, worker: str, lease_s: float, forced_only: bool, handing: int
+    ) -> tuple[list[Claim], float | None]:
+        """One claim in the writer's transaction (`_claim`)."""
+        return await self.db.transaction(
             partial(
                 _claim,
                 queue=queue,
                 limit=limit,
                 worker=worker,
                 lease_s=lease_s,
-                forced_only=False,
-                handing=0,
+                forced_only=forced_only,
+                handing=handing,
             )
         )
-        self._ahead.setdefault(queue, deque()).extend(claims)
-        return len(claims)
 
     def _hand_back(self, claim: Claim) -> None:
         job = claim.job
@@ -270,16 +276,9 @@ class SqliteQueue(JobQueue):
             if forced_only and not await self.db.fetchone(FORCED_WAITING, (queue,)):
                 pass
             else:
-                claims, next_due = await self.db.transaction(
-                    partial(
-                        _claim,
-                        queue=queue,
-                        limit=limit if forced_only else 4 * limit,
-                        worker=worker,
-                        lease_s=lease_s,
-                        forced_only=forced_only,
-                        handing=limit,
-                    )
+                asking = limit if forced_only else 4 * limit
+                claims, next_due = await self._take(
+                    queue, asking, worker, lease_s, forced_only, limit
                 )
             if claims:
                 if len(claims) > limit:
