@@ -187,7 +187,11 @@ class PostgresQueue(JobQueue):
     async def claim_ahead(self, queue: str, limit: int, worker: str, lease_s: float) -> int:
         self.workers.add(worker)
         try:
-            claims, _ = await self._take(sql.CLAIM, queue, limit, worker, lease_s, 0, None)
+            # One try: a top-up is a spare, and must not hold the claim loop (and with it a
+            # stop) through an outage; the next claim for a free slot waits for the server.
+            claims, _ = await self._take(
+                sql.CLAIM, queue, limit, worker, lease_s, 0, time.monotonic()
+            )
         except Unavailable:
             return 0
         self._ahead.setdefault(queue, deque()).extend(claims)
