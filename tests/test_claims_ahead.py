@@ -75,26 +75,31 @@ async def test_a_busy_queue_of_short_jobs_claims_more_ahead_before_a_slot_frees(
     assert sorted(started) == list(range(8))
 
 
+def finished_just_now(runtime: QueueRuntime, *ago: float) -> None:
+    """The queue's slots finished jobs `ago` seconds before now (oldest first)."""
+    now = time.monotonic()
+    runtime.completed_times[:] = [now - seconds for seconds in ago]
+
+
 async def test_more_is_claimed_ahead_only_for_short_jobs_and_few_kept(database: str) -> None:
+    short = (AHEAD_HORIZON_S / 4, AHEAD_HORIZON_S / 8)  # two jobs finished just now
     async with Engine(database=database) as producer:
         queue = producer.backend.queue(provider_of(database))
         wf = gated_workflow(database, [], [])
         runtime = QueueRuntime(QUEUE, wf, queue, concurrency=2)
-        now = time.monotonic()
         assert not runtime.short_of_ahead()  # nothing finished yet: no pace to go by
 
-        runtime.completed_times[:] = [now - AHEAD_HORIZON_S / 4, now - AHEAD_HORIZON_S / 8]
+        finished_just_now(runtime, *short)
         assert runtime.short_of_ahead()  # two slots, two jobs finished just now
         runtime.paused = True
         assert not runtime.short_of_ahead()
         runtime.paused = False
 
         # The slots' last jobs took longer than the horizon: more ahead would wait here.
-        runtime.completed_times[:] = [now - 2 * AHEAD_HORIZON_S, now - AHEAD_HORIZON_S / 8]
+        finished_just_now(runtime, 2 * AHEAD_HORIZON_S, AHEAD_HORIZON_S / 8)
         assert not runtime.short_of_ahead()
 
         # Enough is kept ahead already (half the slots' worth).
-        runtime.completed_times[:] = [now - AHEAD_HORIZON_S / 4, now - AHEAD_HORIZON_S / 8]
         job = make_job(
             queue=QUEUE,
             workflow_name="ahead",
@@ -106,9 +111,10 @@ async def test_more_is_claimed_ahead_only_for_short_jobs_and_few_kept(database: 
         )
         await queue.add([job], [make_run(job, workflow_version="")])
         assert await queue.claim_ahead(QUEUE, 2, "w1", 30.0) == 1
+        finished_just_now(runtime, *short)
         assert not runtime.short_of_ahead()
 
         # A queue that never claims ahead (memory) is never topped up.
         in_memory = QueueRuntime(QUEUE, wf, producer.backend.queue("memory"), concurrency=2)
-        in_memory.completed_times[:] = runtime.completed_times
+        finished_just_now(in_memory, *short)
         assert not in_memory.short_of_ahead()
