@@ -16,6 +16,9 @@ import pytest
 from pg import fresh_database
 
 from engine import Engine, Event
+from engine.backends.base import JobQueue
+from engine.ledger import make_job, make_run
+from engine.models import Job
 
 
 @asynccontextmanager
@@ -122,3 +125,22 @@ async def durable_database(request: pytest.FixtureRequest, tmp_path: Path) -> As
 def provider_of(database: str) -> str:
     """The queue provider of jobs kept in a DURABLE `database`."""
     return "postgres" if database.startswith("postgresql://") else "sqlite"
+
+
+async def add_unserved(queue: JobQueue, name: str, payloads: list[Any]) -> list[Job]:
+    """Jobs of the queue `name` (for a workflow of that name), each with its first run, added
+    straight through `queue`: `enqueue` does not know a queue no engine serves yet."""
+    made = [
+        make_job(
+            queue=name,
+            workflow_name=name,
+            payload=payload,
+            headers=None,
+            priority=0,
+            run_at=None,
+            max_retries=0,
+        )
+        for payload in payloads
+    ]
+    await queue.add(made, [make_run(job, workflow_version="") for job in made])
+    return made

@@ -1,8 +1,8 @@
 """A durable queue keeps jobs claimed ahead of its free slots, so that a slot that frees up
 finds its next job at hand instead of waiting for a claim (a transaction on SQLite, a round
 trip on PostgreSQL). While every slot is busy with short jobs, the worker tops what is kept
-ahead up before it runs out (engine/queue_runtime.py `QueueRuntime.short_of_ahead`); behind long
-jobs it does not, since another worker could run those now. On SQLite and PostgreSQL.
+ahead up before it runs out (engine/queue_runtime.py `QueueRuntime.short_of_ahead`); behind
+long jobs it does not, since another worker could run those now. On SQLite and PostgreSQL.
 """
 
 from __future__ import annotations
@@ -11,10 +11,9 @@ import time
 
 import anyio
 import pytest
-from support import durable_database, provider_of, until
+from support import add_unserved, durable_database, provider_of, until
 
 from engine import Engine, JobState, RunStatus, Step, WorkerTrigger, Workflow
-from engine.ledger import make_job, make_run
 from engine.queue_runtime import AHEAD_HORIZON_S, QueueRuntime
 
 pytestmark = pytest.mark.anyio
@@ -100,16 +99,7 @@ async def test_more_is_claimed_ahead_only_for_short_jobs_and_few_kept(database: 
         assert not runtime.short_of_ahead()
 
         # Enough is kept ahead already (half the slots' worth).
-        job = make_job(
-            queue=QUEUE,
-            workflow_name="ahead",
-            payload={},
-            headers=None,
-            priority=0,
-            run_at=None,
-            max_retries=0,
-        )
-        await queue.add([job], [make_run(job, workflow_version="")])
+        await add_unserved(queue, QUEUE, [{}])
         assert await queue.claim_ahead(QUEUE, 2, "w1", 30.0) == 1
         finished_just_now(runtime, *short)
         assert not runtime.short_of_ahead()

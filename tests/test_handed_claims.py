@@ -22,11 +22,10 @@ from pathlib import Path
 
 import anyio
 import pytest
-from support import durable_database, provider_of
+from support import add_unserved, durable_database, provider_of
 
 from engine import Engine, RunStatus, Step, WorkerTrigger, Workflow
 from engine.backends.sqlite.schema import SCHEMA_VERSION
-from engine.ledger import make_job, make_run
 from engine.models import WorkerInfo, utcnow
 
 pytestmark = pytest.mark.anyio
@@ -68,21 +67,8 @@ async def lost_holder(
                     id=holder, host=socket.gethostname(), pid=pid, started_at=now, heartbeat_at=now
                 )
             )
-        # Added through the queue: nothing serves the queue yet, so `enqueue` would not know it.
-        made = [
-            make_job(
-                queue=QUEUE,
-                workflow_name="handed",
-                payload={"i": i},
-                headers=None,
-                priority=0,
-                run_at=None,
-                max_retries=0,
-            )
-            for i in range(jobs)
-        ]
         queue = producer.backend.queue(provider_of(database))
-        await queue.add(made, [make_run(job, workflow_version="") for job in made])
+        await add_unserved(queue, QUEUE, [{"i": i} for i in range(jobs)])
         claims = await queue.claim(QUEUE, slots, holder, lease_s)
         ahead = []
         while (claim := queue.claim_nowait(QUEUE, holder, lease_s)) is not None:

@@ -121,8 +121,8 @@ async def test_a_slot_between_jobs_is_handed_the_next_claim_and_ends_when_its_qu
 ) -> None:
     # Jobs that come one at a time (enqueue, then wait for it) find no job at hand when the one
     # before ends: the slot parks for the claim loop's next claim instead of ending, so every
-    # job runs in the one task (engine/queue_runtime.py QueueRuntime.park), not a task started for
-    # each. When the queue stops, the parked slot ends by itself: it is not left to be
+    # job runs in the one task (engine/queue_runtime.py QueueRuntime.park), not a task started
+    # for each. When the queue stops, the parked slot ends by itself: it is not left to be
     # cancelled.
     tasks: list[asyncio.Task[Any]] = []
 
