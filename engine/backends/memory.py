@@ -6,6 +6,7 @@ jobs live here while their runs go to the database's run store.
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import itertools
 import json
@@ -327,6 +328,7 @@ class MemoryQueue(JobQueue):
         self._active: dict[str, Job] = {}
         self._finished: deque[tuple[float, str]] = deque()
         self._signals: dict[str, anyio.Event] = {}
+        self._wakes_due: set[str] = set()
         self._seq = itertools.count()
         self._counts: dict[str, dict[JobState, int]] = {}
         self.changes = 0  # bumped by every write: the backend's change token
@@ -356,6 +358,8 @@ class MemoryQueue(JobQueue):
                 self._ready.setdefault(job.queue, []),
                 (-job.priority, next(self._seq), job.id, job.epoch),
             )
+            self._wake_if_unclaimed_soon(job.queue)
+            return
         self.wake(job.queue)
 
     def _live(self, job_id: str, epoch: int, state: JobState) -> Job | None:
@@ -368,6 +372,27 @@ class MemoryQueue(JobQueue):
         signal = self._signals.pop(queue, None)
         if signal is not None:
             signal.set()
+
+    # A job added while a slot of the queue is finishing another is usually taken by that slot
+    # (`claim_nowait`) when it is back, in the event loop's next turn. Waking the claim loop
+    # at once would have it run only to find the job gone: a task's turn and a claim for
+    # nothing at every job of a busy queue. So the claim loop is woken from the next turn, and
+    # only if the job is still waiting then.
+    def _wake_if_unclaimed_soon(self, queue: str) -> None:
+        if queue not in self._signals or queue in self._wakes_due:
+            return  # no claim waits (a claim looks before it waits), or one is on its way
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # not on the event loop: nothing to wait a turn for
+            self.wake(queue)
+            return
+        self._wakes_due.add(queue)
+        loop.call_soon(self._wake_if_unclaimed, queue)
+
+    def _wake_if_unclaimed(self, queue: str) -> None:
+        self._wakes_due.discard(queue)
+        if self._ready.get(queue):
+            self.wake(queue)
 
     # ---- adding and claiming ---------------------------------------------------------------
     async def add(self, jobs: list[Job], runs: list[Run]) -> list[str]:
@@ -516,6 +541,11 @@ class MemoryQueue(JobQueue):
                 claimed = self._claim_now(queue, limit, worker, lease_s, forced_only)
                 if claimed:
                     return claimed
+                if time.monotonic() >= deadline:
+                    # Timed out. Not left to the scope alone: while wake-ups keep coming (a
+                    # busy queue whose slots take every job first), its cancellation never
+                    # finds this task waiting and is tried again at every turn of the loop.
+                    return []
                 next_due = self._promote(queue)
                 if self._leases:
                     expiry = self._leases[0][0] - time.time()

@@ -282,6 +282,25 @@ async def test_a_claim_with_a_timeout_returns_nothing_when_nothing_comes(queue: 
     assert 0.1 <= time.monotonic() - started < 2
 
 
+async def test_a_claim_times_out_even_while_woken_at_every_turn(queue: JobQueue) -> None:
+    # What a busy queue does to its claim loop: every job added wakes it, and a slot that was
+    # already due takes the job first. The claim must still end at its timeout.
+    claims: list[Claim] | None = None
+
+    async def wait_for_work() -> None:
+        nonlocal claims
+        claims = await queue.claim(QUEUE, 1, "w1", LONG, timeout=0.1)
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait_for_work)
+            while claims is None:
+                queue.wake(QUEUE)
+                await anyio.lowlevel.checkpoint()
+
+    assert claims == []
+
+
 async def test_a_waiting_claim_gets_a_job_added_meanwhile(queue: JobQueue) -> None:
     claimed: list[Claim] = []
 
