@@ -40,7 +40,7 @@ from .models import (
     StepStatus,
     utcnow,
 )
-from .records import construct, copy_run
+from .records import assign, construct, copy_run
 from .redact import redact_headers
 
 log = logging.getLogger("blok.ledger")
@@ -322,13 +322,15 @@ class Ledger:
 
     # ---- a worker's job --------------------------------------------------------------------
     def start(self, claim: Claim, queue: JobQueue, run: Run, worker: str, version: str) -> None:
-        run.status = RunStatus.RUNNING
-        run.workflow_version = version
-        run.worker = worker
-        run.wait_until = None
-        run.error = None
-        if run.started_at is None:
-            run.started_at = utcnow()
+        assign(
+            run,
+            status=RunStatus.RUNNING,
+            workflow_version=version,
+            worker=worker,
+            wait_until=None,
+            error=None,
+            started_at=run.started_at or utcnow(),
+        )
         queue.record(run, claim.fence)
         for line in self._notes.pop(run.id, ()):
             queue.record_log(run.id, line, claim.fence)
@@ -418,13 +420,16 @@ class Ledger:
     def _close(
         self, run: Run, status: RunStatus, error: str | None, error_step: str | None
     ) -> None:
-        run.status = status
-        run.finished_at = utcnow()
-        run.error = error
-        run.error_step = error_step
-        run.state = {}
-        run.cursor = []
-        run.wait_until = None
+        assign(
+            run,
+            status=status,
+            finished_at=utcnow(),
+            error=error,
+            error_step=error_step,
+            state={},
+            cursor=[],
+            wait_until=None,
+        )
 
     def _settle(self, claim: Claim, queue: JobQueue, run: Run, update: JobUpdate) -> None:
         transition = self._transition(claim.job, claim.job.epoch, update, run)

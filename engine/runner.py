@@ -37,7 +37,7 @@ from .models import (
     StepStatus,
     utcnow,
 )
-from .records import construct
+from .records import assign, construct
 from .services import UNRECORDED, Recorder, Services
 from .threads import SyncCall
 from .workflow import EventWaitStep, Step, StepDefinition, WaitStep, Workflow
@@ -499,7 +499,7 @@ class Runner:
             record.finished_at = utcnow()
             self._finished(run, record)
             raise StepError(f"{where} failed: bad input: {error}", step.name) from error
-        record.input = ctx.redact_value(inputs) if inputs else None
+        assign(record, input=ctx.redact_value(inputs) if inputs else None)
         if key is not None:
             hit = await self.services.cache_get(workflow.name, step.name, key)
             if hit is not None:
@@ -519,7 +519,7 @@ class Runner:
                 return hit.output
         retry = step.retry
         max_attempts = step.max_attempts
-        record.max_attempts = max_attempts
+        assign(record, max_attempts=max_attempts)
         first = len(record.attempts) + 1
         for number in range(first, first + max_attempts):
             attempt_no = number - first + 1
@@ -537,9 +537,11 @@ class Runner:
                 ),
             )
             record.attempts.append(attempt)
-            record.status = StepStatus.RUNNING
-            if record.started_at is None:
-                record.started_at = attempt.started_at
+            assign(
+                record,
+                status=StepStatus.RUNNING,
+                started_at=record.started_at or attempt.started_at,
+            )
             run.attempts += 1
             ctx.attempt = attempt_no
             self.save(run)
@@ -579,13 +581,16 @@ class Runner:
             finally:
                 if call is not None and not call.running:
                     self._calls[run.id].discard(call)
-            attempt.finished_at = utcnow()
+            finished_at = utcnow()
             if failure is None and not timed_out:
-                attempt.status = AttemptStatus.COMPLETED
-                record.status = StepStatus.COMPLETED
+                assign(attempt, finished_at=finished_at, status=AttemptStatus.COMPLETED)
                 recorded = ctx.redact_value(result)  # later steps see the real value
-                record.output = recorded if step.recorded else None
-                record.finished_at = attempt.finished_at
+                assign(
+                    record,
+                    status=StepStatus.COMPLETED,
+                    output=recorded if step.recorded else None,
+                    finished_at=finished_at,
+                )
                 if key is not None:
                     # Cached as recorded: a secret is stored nowhere, the cache included.
                     self.services.cache_put(
@@ -593,6 +598,7 @@ class Runner:
                     )
                 self._finished(run, record)
                 return result
+            attempt.finished_at = finished_at
             run.failed_attempts += 1
             if timed_out:
                 attempt.status = AttemptStatus.TIMED_OUT

@@ -8,7 +8,7 @@ import pytest
 
 from engine import Engine, Step, WorkerTrigger, Workflow
 from engine.models import Attempt, AttemptStatus, Job, LogLine, Run, RunStatus, StepRun
-from engine.records import construct, copy_run
+from engine.records import assign, construct, copy_run
 from engine.runner import Runner
 
 
@@ -22,6 +22,27 @@ def test_construct_matches_model_construct() -> None:
     assert fast.model_fields_set == slow.model_fields_set
     fast.error = "boom"  # assignment still goes through pydantic and is recorded
     assert fast.error == "boom" and "error" in fast.model_fields_set
+
+
+def test_assign_sets_what_setattr_sets() -> None:
+    now = datetime.now(UTC)
+    # One built by the engine (every field set, the class's shared set) and one by pydantic
+    # with some fields left to their defaults (a set of its own).
+    fields = {name: None for name in Attempt.model_fields}
+    fields.update(number=1, status=AttemptStatus.RUNNING, started_at=now)
+    for made in (
+        lambda: construct(Attempt, dict(fields)),
+        lambda: Attempt(number=1, started_at=now),
+    ):
+        fast, slow = made(), made()
+        assign(fast, status=AttemptStatus.COMPLETED, finished_at=now, error="late")
+        slow.status, slow.finished_at, slow.error = AttemptStatus.COMPLETED, now, "late"
+        assert fast.model_dump() == slow.model_dump()
+        assert fast.model_fields_set == slow.model_fields_set
+        assert fast.model_dump(exclude_unset=True) == slow.model_dump(exclude_unset=True)
+    shared = construct(Attempt, dict(fields)).model_fields_set
+    assign(construct(Attempt, dict(fields)), error="x")
+    assert shared == set(Attempt.model_fields)  # the class's shared set is not grown
 
 
 async def noop(ctx: object) -> dict[str, int]:
