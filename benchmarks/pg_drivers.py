@@ -329,7 +329,7 @@ async def claim(db: Driver, url: str, connect: Callable[[str], Awaitable[Driver]
     async def claimer(conn: Driver, worker: str) -> None:
         while True:
             t0 = time.perf_counter()
-            rows = await conn.fetch(sql.CLAIM, "bench", CLAIM_BATCH, worker, 30.0)
+            rows = await conn.fetch(sql.CLAIM, "bench", CLAIM_BATCH, worker, 30.0, 0)
             measure.latencies.append(time.perf_counter() - t0)
             if not rows:
                 return
