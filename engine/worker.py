@@ -420,7 +420,9 @@ class Worker:
                         runtime.nudge()  # the claim loop tops up what is kept ahead
             finally:
                 runtime.active -= 1
-                runtime.poke()
+                # A slot is free: news for a claim loop waiting for one, none for a claim
+                # waiting for jobs (waking that would only make it look again for nothing).
+                runtime.nudge()
             if runtime.active >= runtime.concurrency:
                 return  # narrowed meanwhile: a slot too many
             claim = await runtime.park()

@@ -73,6 +73,9 @@ class PostgresQueue(JobQueue):
         self.db = db
         self._signals: dict[str, anyio.Event] = {}
         self._ahead: dict[str, deque[Claim]] = {}
+        # Per queue, after a claim that took all the queue had: the wake-up signal it left and
+        # when it would have looked again (see `claim`).
+        self._drained: dict[str, tuple[anyio.Event, float]] = {}
         self.workers: set[str] = set()  # workers that claimed here
         # A renewal must see every claim this process made before it asked: claims run on
         # their own connections, and a claim committed after the renewal's snapshot would
@@ -157,6 +160,15 @@ class PostgresQueue(JobQueue):
         deadline = time.monotonic() + timeout
         statement = sql.CLAIM_FORCED if forced_only else sql.CLAIM
         asking = limit if forced_only else AHEAD * limit
+        drained = self._drained.pop(queue, None)
+        if drained is not None and not forced_only and timeout > 0:
+            signal, look_at = drained
+            # The last claim took all there was, and no NOTIFY or wake-up came since (its
+            # signal is unset): a look now, a round trip, would find nothing. So wait for one,
+            # or until the last claim would have looked again, before the look.
+            if not signal.is_set():
+                with anyio.move_on_after(max(min(look_at, deadline) - time.monotonic(), 0.0)):
+                    await signal.wait()
         while True:
             # Registered before the look: a NOTIFY that arrives while it runs is not missed.
             signal = self._signals.setdefault(queue, anyio.Event())
@@ -166,7 +178,10 @@ class PostgresQueue(JobQueue):
                 )
             except Unavailable:
                 return []
+            look = self._look(next_due)
             if claims:
+                if len(claims) < asking and not forced_only:
+                    self._drained[queue] = (signal, time.monotonic() + look)
                 if len(claims) > limit:
                     self._ahead.setdefault(queue, deque()).extend(claims[limit:])
                 return claims[:limit]
@@ -175,11 +190,17 @@ class PostgresQueue(JobQueue):
                 return []
             # Nothing due: sleep until a NOTIFY (or a wake-up in this process) says the queue
             # has jobs, or something of it falls due, or it is time to look anyway.
-            look = LOOK_ANYWAY_S if self.db.listening else LOOK_UNHEARD_S
-            if next_due is not None:
-                look = min(look, max(0.0, float(next_due)))
             with anyio.move_on_after(max(min(remaining, look), 0.001)):
                 await signal.wait()
+
+    def _look(self, next_due: float | None) -> float:
+        """How long a claim that found nothing more waits before it looks again, unless told:
+        until something of the queue falls due, at most a while (less while notifications
+        may be missed)."""
+        look = LOOK_ANYWAY_S if self.db.listening else LOOK_UNHEARD_S
+        if next_due is not None:
+            look = min(look, max(0.0, float(next_due)))
+        return look
 
     def ahead(self, queue: str) -> int:
         return len(self._ahead.get(queue) or ())
@@ -208,7 +229,7 @@ class PostgresQueue(JobQueue):
         deadline: float | None,
     ) -> tuple[list[Claim], float | None]:
         """One claim statement: up to `asking` jobs, the first `handing` handed to slots, in
-        priority order; when it takes none, when the queue's next job falls due."""
+        priority order; and in how many seconds something of the queue falls due."""
         asked = time.monotonic()
         while self._renewing is not None:
             await self._renewing.wait()
@@ -248,7 +269,7 @@ class PostgresQueue(JobQueue):
     ) -> tuple[list[asyncpg.Record], float | None]:
         rows = await conn.fetch(statement, queue, limit, worker, lease_s, handing)
         if rows:
-            return rows, None
+            return rows, rows[0]["next_due"]
         return rows, await conn.fetchval(sql.NEXT_DUE, queue)
 
     # ---- transitions -----------------------------------------------------------------------

@@ -159,7 +159,7 @@ def _claim(
             )
         )
     next_due = None
-    if not claimed:
+    if len(claimed) < limit:  # all there was: when to look again (`SqliteQueue.claim`)
         row = conn.execute(
             "SELECT min(run_at) FROM jobs WHERE queue = ? AND state = 'delayed'", (queue,)
         ).fetchone()
@@ -179,6 +179,9 @@ class SqliteQueue(JobQueue):
         # never forced (a transition makes it so), so an add does not wake them.
         self._forced_signals: dict[str, anyio.Event] = {}
         self._ahead: dict[str, deque[Claim]] = {}
+        # Per queue, after a claim that took all the queue had: the wake-up signal it left and
+        # when it would have looked again (see `claim`).
+        self._drained: dict[str, tuple[anyio.Event, float]] = {}
 
     def wake(self, queue: str) -> None:
         for signals in (self._signals, self._forced_signals):
@@ -268,32 +271,50 @@ class SqliteQueue(JobQueue):
             if taken:
                 return taken
         deadline = time.monotonic() + timeout
+        signals = self._forced_signals if forced_only else self._signals
+        drained = self._drained.pop(queue, None)
+        if drained is not None and not forced_only and timeout > 0:
+            signal, look_at = drained
+            # The last claim took all there was, and nothing was added or handed back here
+            # since (its signal is unset): a look now would find nothing this process knows
+            # of. So wait for that, or until the last claim would have looked again (another
+            # process's jobs, a delayed job falling due), before the look: a queue whose jobs
+            # come one at a time made a write transaction for nothing after each claim.
+            if not signal.is_set():
+                with anyio.move_on_after(max(min(look_at, deadline) - time.monotonic(), 0.0)):
+                    await signal.wait()
         while True:
+            # Registered before the look: a job added while it runs wakes the wait after it.
+            signal = signals.setdefault(queue, anyio.Event())
             # A paused queue's claims want only jobs an operator forced, which no index finds:
             # looked for with a read in aiosqlite's thread, not in a write transaction.
             claims: list[Claim] = []
             next_due: float | None = None
+            asking = limit if forced_only else 4 * limit
             if forced_only and not await self.db.fetchone(FORCED_WAITING, (queue,)):
                 pass
             else:
-                asking = limit if forced_only else 4 * limit
                 claims, next_due = await self._take(
                     queue, asking, worker, lease_s, forced_only, limit
                 )
+            pause = self._pause(next_due)
             if claims:
+                if len(claims) < asking and not forced_only:
+                    self._drained[queue] = (signal, time.monotonic() + pause)
                 if len(claims) > limit:
                     self._ahead.setdefault(queue, deque()).extend(claims[limit:])
                 return claims[:limit]
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return []
-            now = time.time()
-            pause = min(remaining, self.poll_s if next_due is None else max(0.0, next_due - now))
             # Another process may add jobs at any time, so a local wake-up is only a shortcut.
-            signals = self._forced_signals if forced_only else self._signals
-            signal = signals.setdefault(queue, anyio.Event())
-            with anyio.move_on_after(max(pause, 0.001)):
+            with anyio.move_on_after(max(min(remaining, pause), 0.001)):
                 await signal.wait()
+
+    def _pause(self, next_due: float | None) -> float:
+        """How long a claim that found nothing more waits before it looks again: until the
+        queue's next delayed job falls due, else `poll_s`."""
+        return self.poll_s if next_due is None else max(0.0, next_due - time.time())
 
     # ---- transitions -----------------------------------------------------------------------
     def submit(self, transition: Transition) -> None:

@@ -1,0 +1,108 @@
+"""The database queues' claims after one that took all the queue had (engine/backends/sqlite/
+queue.py and postgres/queue.py): the next claim waits for a wake-up (a job added or handed
+back here; on PostgreSQL, any process's NOTIFY), for the next delayed job to fall due, or for
+its usual look, before it asks the database again. A look that finds nothing is a write
+transaction on SQLite and a round trip on PostgreSQL."""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+import pytest
+
+from engine.backends import Backend
+from engine.backends.base import Claim, JobQueue
+from engine.backends.postgres import queue as postgres_queue
+from engine.backends.postgres.queue import PostgresQueue
+from engine.backends.sqlite import queue as sqlite_queue
+
+from .builders import QUEUE, after, job_and_run
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.parametrize("database_kind", ["sqlite", "postgres"], indirect=True),
+]
+
+LONG = 30.0
+
+
+@pytest.fixture
+def queue(backend: Backend, monkeypatch: pytest.MonkeyPatch) -> JobQueue:
+    """The database's own queue, which looks again only when the test makes it."""
+    queue = backend.queue(None)
+    monkeypatch.setattr(queue, "poll_s", LONG, raising=False)  # SQLite's usual look
+    monkeypatch.setattr(postgres_queue, "LOOK_ANYWAY_S", LONG)  # PostgreSQL's
+    monkeypatch.setattr(postgres_queue, "LOOK_UNHEARD_S", LONG)
+    return queue
+
+
+@pytest.fixture
+def looks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The queues each claim statement (PostgreSQL) or transaction (SQLite) looked in."""
+    looked: list[str] = []
+    sqlite_claim = sqlite_queue._claim
+    postgres_claim = PostgresQueue._claim
+
+    def on_sqlite(conn: object, queue: str, *args: object, **kwargs: object) -> object:
+        looked.append(queue)
+        return sqlite_claim(conn, queue, *args, **kwargs)  # type: ignore[arg-type]
+
+    async def on_postgres(conn: object, statement: str, queue: str, *args: object) -> object:
+        looked.append(queue)
+        return await postgres_claim(conn, statement, queue, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sqlite_queue, "_claim", on_sqlite)
+    monkeypatch.setattr(PostgresQueue, "_claim", staticmethod(on_postgres))
+    return looked
+
+
+async def add_one(queue: JobQueue, **fields: object) -> str:
+    job, run = job_and_run(**fields)  # type: ignore[arg-type]
+    await queue.add([job], [run])
+    return job.id
+
+
+async def test_a_claim_after_one_that_took_all_waits_for_an_add_before_it_looks(
+    queue: JobQueue, looks: list[str]
+) -> None:
+    first = await add_one(queue)
+    [claim] = await queue.claim(QUEUE, 1, "w1", LONG, timeout=LONG)  # asked 4, got 1: all
+    assert claim.job.id == first and len(looks) == 1
+    claimed: list[Claim] = []
+
+    async def next_claim() -> None:
+        claimed.extend(await queue.claim(QUEUE, 1, "w1", LONG, timeout=LONG))
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(next_claim)
+            await anyio.wait_all_tasks_blocked()
+            assert len(looks) == 1  # nothing added since: no transaction to find nothing
+            second = await add_one(queue)
+    assert [c.job.id for c in claimed] == [second]
+    assert len(looks) == 2  # one look, for the job added
+
+
+async def test_a_claim_after_one_that_took_all_looks_when_a_delayed_job_falls_due(
+    queue: JobQueue, looks: list[str]
+) -> None:
+    await add_one(queue)
+    delayed = await add_one(queue, run_at=after(0.3))
+    await queue.claim(QUEUE, 1, "w1", LONG, timeout=LONG)
+    started = time.monotonic()
+    with anyio.fail_after(10):
+        claims = await queue.claim(QUEUE, 1, "w1", LONG, timeout=LONG)
+    assert [c.job.id for c in claims] == [delayed]
+    assert time.monotonic() - started < 5  # when it fell due, not at the next look (30 s)
+
+
+async def test_a_claim_that_does_not_wait_looks_at_once(
+    queue: JobQueue, other_backend: Backend, looks: list[str]
+) -> None:
+    await add_one(queue)
+    await queue.claim(QUEUE, 1, "w1", LONG, timeout=LONG)
+    # Another process adds a job: nothing here is told, but a claim that will not wait looks.
+    later = await add_one(other_backend.queue(None))
+    claims = await queue.claim(QUEUE, 1, "w1", LONG)
+    assert [c.job.id for c in claims] == [later]
