@@ -32,6 +32,7 @@ import asyncpg
 
 from ...models import Job, JobState, LogLine, QueueStats, Run, from_epoch, to_epoch
 from ..base import Claim, Fence, JobQueue, JobUpdate, Renewal, Transition
+from ..drained import Drained
 from ..rows import JOB_COLUMNS, RUN_COLUMNS, dump, job_from_row, job_row, run_row
 from . import sql
 from .db import Conn, PostgresDatabase, Unavailable, clean, transpose, write_runs
@@ -73,9 +74,7 @@ class PostgresQueue(JobQueue):
         self.db = db
         self._signals: dict[str, anyio.Event] = {}
         self._ahead: dict[str, deque[Claim]] = {}
-        # Per queue, after a claim that took all the queue had: the wake-up signal it left and
-        # when it would have looked again (see `claim`).
-        self._drained: dict[str, tuple[anyio.Event, float]] = {}
+        self._drained = Drained()  # after a claim that took all there was (drained.py)
         self.workers: set[str] = set()  # workers that claimed here
         # A renewal must see every claim this process made before it asked: claims run on
         # their own connections, and a claim committed after the renewal's snapshot would
@@ -160,15 +159,7 @@ class PostgresQueue(JobQueue):
         deadline = time.monotonic() + timeout
         statement = sql.CLAIM_FORCED if forced_only else sql.CLAIM
         asking = limit if forced_only else AHEAD * limit
-        drained = self._drained.pop(queue, None)
-        if drained is not None and not forced_only and timeout > 0:
-            signal, look_at = drained
-            # The last claim took all there was, and no NOTIFY or wake-up came since (its
-            # signal is unset): a look now, a round trip, would find nothing. So wait for one,
-            # or until the last claim would have looked again, before the look.
-            if not signal.is_set():
-                with anyio.move_on_after(max(min(look_at, deadline) - time.monotonic(), 0.0)):
-                    await signal.wait()
+        await self._drained.wait(queue, deadline, forced_only=forced_only)
         while True:
             # Registered before the look: a NOTIFY that arrives while it runs is not missed.
             signal = self._signals.setdefault(queue, anyio.Event())
@@ -180,8 +171,8 @@ class PostgresQueue(JobQueue):
                 return []
             look = self._look(next_due)
             if claims:
-                if len(claims) < asking and not forced_only:
-                    self._drained[queue] = (signal, time.monotonic() + look)
+                if len(claims) < asking and not forced_only:  # all there was (drained.py)
+                    self._drained.mark(queue, signal, look)
                 if len(claims) > limit:
                     self._ahead.setdefault(queue, deque()).extend(claims[limit:])
                 return claims[:limit]

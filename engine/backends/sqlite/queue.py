@@ -29,6 +29,7 @@ import anyio
 
 from ...models import Job, JobState, LogLine, QueueStats, Run, from_epoch, to_epoch
 from ..base import Claim, Fence, JobQueue, JobUpdate, Renewal, Transition
+from ..drained import Drained
 from ..rows import JOB_COLUMNS, dump, job_from_row, job_row
 from .db import INLINE_WEIGHT, INSERT_LOG, SqliteDatabase, write_runs
 from .store import log_row
@@ -179,9 +180,7 @@ class SqliteQueue(JobQueue):
         # never forced (a transition makes it so), so an add does not wake them.
         self._forced_signals: dict[str, anyio.Event] = {}
         self._ahead: dict[str, deque[Claim]] = {}
-        # Per queue, after a claim that took all the queue had: the wake-up signal it left and
-        # when it would have looked again (see `claim`).
-        self._drained: dict[str, tuple[anyio.Event, float]] = {}
+        self._drained = Drained()  # after a claim that took all there was (drained.py)
 
     def wake(self, queue: str) -> None:
         for signals in (self._signals, self._forced_signals):
@@ -272,17 +271,7 @@ class SqliteQueue(JobQueue):
                 return taken
         deadline = time.monotonic() + timeout
         signals = self._forced_signals if forced_only else self._signals
-        drained = self._drained.pop(queue, None)
-        if drained is not None and not forced_only and timeout > 0:
-            signal, look_at = drained
-            # The last claim took all there was, and nothing was added or handed back here
-            # since (its signal is unset): a look now would find nothing this process knows
-            # of. So wait for that, or until the last claim would have looked again (another
-            # process's jobs, a delayed job falling due), before the look: a queue whose jobs
-            # come one at a time made a write transaction for nothing after each claim.
-            if not signal.is_set():
-                with anyio.move_on_after(max(min(look_at, deadline) - time.monotonic(), 0.0)):
-                    await signal.wait()
+        await self._drained.wait(queue, deadline, forced_only=forced_only)
         while True:
             # Registered before the look: a job added while it runs wakes the wait after it.
             signal = signals.setdefault(queue, anyio.Event())
@@ -299,8 +288,8 @@ class SqliteQueue(JobQueue):
                 )
             pause = self._pause(next_due)
             if claims:
-                if len(claims) < asking and not forced_only:
-                    self._drained[queue] = (signal, time.monotonic() + pause)
+                if len(claims) < asking and not forced_only:  # all there was (drained.py)
+                    self._drained.mark(queue, signal, pause)
                 if len(claims) > limit:
                     self._ahead.setdefault(queue, deque()).extend(claims[limit:])
                 return claims[:limit]

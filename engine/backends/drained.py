@@ -1,0 +1,40 @@
+"""What a database queue remembers after a claim that took all the queue had, so that the next
+claim does not ask the database again before anything could have changed.
+
+A look that finds nothing is a write transaction on SQLite and a round trip on PostgreSQL. A
+worker's claim loop claims again as soon as a claim returns, so a queue whose jobs come one at
+a time paid one such look after every job. Now the claim that took all there was leaves the
+wake-up signal it registered before its look, and when it would have looked again anyway (the
+queue's next delayed job falling due, its usual poll). The next claim waits for the signal (a
+job added or handed back in this process; on PostgreSQL any process's NOTIFY) or for that time,
+then looks as before. A claim that will not wait (`timeout` 0) and a paused queue's claims
+(forced jobs only) look at once.
+"""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+
+
+class Drained:
+    """Per queue: the signal the last claim that took all there was left, and when it would
+    have looked again."""
+
+    def __init__(self) -> None:
+        self._marks: dict[str, tuple[anyio.Event, float]] = {}
+
+    def mark(self, queue: str, signal: anyio.Event, look_s: float) -> None:
+        self._marks[queue] = (signal, time.monotonic() + look_s)
+
+    async def wait(self, queue: str, deadline: float, *, forced_only: bool) -> None:
+        """Before a claim's first look: wait while nothing could have changed (see above), at
+        most until `deadline` (the claim's own)."""
+        mark = self._marks.pop(queue, None)
+        if mark is None or forced_only or deadline <= time.monotonic():
+            return
+        signal, look_at = mark
+        if not signal.is_set():
+            with anyio.move_on_after(max(min(look_at, deadline) - time.monotonic(), 0.0)):
+                await signal.wait()
