@@ -242,6 +242,17 @@ def _enqueue() -> str:
 # $1.. the job columns, then the run columns.
 ENQUEUE = _enqueue()
 
+# $1 queue: seconds until something of the queue may become claimable without anyone saying so
+# (a delayed job falls due, a lease runs out); NULL if nothing will. A claim returns it with
+# its rows too (the statement's snapshot: not the jobs it claims), for when it took all there
+# was (see PostgresQueue.claim).
+NEXT_DUE = f"""
+SELECT least(
+    (SELECT min(run_at) FROM jobs WHERE queue = $1 AND state IN ('waiting', 'delayed')
+        AND run_at > {NOW}),
+    (SELECT min(lease_until) FROM jobs WHERE queue = $1 AND state = 'active')
+) - {NOW}"""
+
 # $1 queue, $2 how many, $3 the claiming worker, $4 lease seconds, $5 how many of them go
 # straight to worker slots (`handed`, in that order; the rest are kept ahead).
 # One statement takes due jobs and jobs whose lease expired (their worker stopped renewing: it
@@ -251,18 +262,6 @@ ENQUEUE = _enqueue()
 # whose lease was taken over (NULL for a fresh claim): its run is to be recorded crashed, and
 # `taken_handed` whether that worker had been handed the job (its run may have begun unrecorded).
 # RETURNING has no order: the caller sorts by (priority DESC, seq).
-# $1 queue: seconds until something of the queue may become claimable without anyone saying so
-# (a delayed job falls due, a lease runs out); NULL if nothing will. A claim returns it with
-# its rows too (the statement's snapshot: not the jobs it claims), for when it took all there
-# was (see PostgresQueue.claim).
-_NEXT_DUE = f"""
-SELECT least(
-    (SELECT min(run_at) FROM jobs WHERE queue = $1 AND state IN ('waiting', 'delayed')
-        AND run_at > {NOW}),
-    (SELECT min(lease_until) FROM jobs WHERE queue = $1 AND state = 'active')
-) - {NOW}"""
-NEXT_DUE = _NEXT_DUE + "\n"
-
 _CLAIM = f"""
 WITH due AS (
     SELECT seq, priority, 0 AS handed FROM jobs
@@ -299,10 +298,9 @@ FROM claimed
 # the pause: the pause is a row the claim reads, so a job enqueued after `pause` returned waits.
 CLAIM = _CLAIM.format(
     forced="AND (forced = 1 OR NOT EXISTS (SELECT 1 FROM paused_queues WHERE queue = $1))",
-    next_due=_NEXT_DUE,
+    next_due=NEXT_DUE,
 )
-CLAIM_FORCED = _CLAIM.format(forced="AND forced = 1", next_due=_NEXT_DUE)
-
+CLAIM_FORCED = _CLAIM.format(forced="AND forced = 1", next_due=NEXT_DUE)
 
 # A job's next state (a JobUpdate other than the holder's own): $1 state, $2 run id or NULL
 # (unchanged), $3 run_at, $4 resume, $5 error, $6 meta or NULL (unchanged), $7 fresh budget,
