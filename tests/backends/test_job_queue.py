@@ -1087,6 +1087,26 @@ async def test_a_job_added_by_another_process_is_claimed(
 
 
 @two_processes
+async def test_a_waiting_claim_finds_another_process_job_while_a_delayed_one_is_far_off(
+    queue: JobQueue, other_queue: JobQueue
+) -> None:
+    # The delayed job an hour off must not stretch the claim's wait past its usual look.
+    await add(queue, run_at=after(3600))
+    claimed: list[Claim] = []
+
+    async def wait_for_work() -> None:
+        claimed.extend(await queue.claim(QUEUE, 1, "w1", LONG, timeout=30))
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait_for_work)
+            await anyio.sleep(0.1)  # the claim looked, found nothing due, and waits
+            [(job, _)] = await add(other_queue)
+
+    assert [c.job.id for c in claimed] == [job.id]
+
+
+@two_processes
 async def test_stats_do_not_count_jobs_whose_lease_this_process_lost(
     queue: JobQueue, other_queue: JobQueue
 ) -> None:

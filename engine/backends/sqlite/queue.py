@@ -301,9 +301,12 @@ class SqliteQueue(JobQueue):
                 await signal.wait()
 
     def _pause(self, next_due: float | None) -> float:
-        """How long a claim that found nothing more waits before it looks again: until the
-        queue's next delayed job falls due, else `poll_s`."""
-        return self.poll_s if next_due is None else max(0.0, next_due - time.time())
+        """How long a claim that found nothing more waits before it looks again: `poll_s`, or
+        less if the queue's next delayed job falls due sooner. (Not until that job whatever
+        its time: another process's jobs are found by looking.)"""
+        if next_due is None:
+            return self.poll_s
+        return max(0.0, min(self.poll_s, next_due - time.time()))
 
     # ---- transitions -----------------------------------------------------------------------
     def submit(self, transition: Transition) -> None:
