@@ -56,7 +56,7 @@ def assign(record: BaseModel, **fields: Any) -> None:
     """`record.name = value` for each of `fields`, for the engine's own records on the hot
     path (a run it runs, its step and attempt records): written straight into the record's
     dict, as pydantic's `__setattr__` does for a model that does not validate assignments,
-    without its per-name dispatch (about 0.5 µs a name, a dozen names a job). Every name
+    without its per-name dispatch (about 0.5 µs a name, some twenty names a job). Every name
     must be a field of the record."""
     record.__dict__.update(fields)
     names = record.__pydantic_fields_set__

@@ -286,10 +286,10 @@ class SqliteQueue(JobQueue):
                 claims, next_due = await self._take(
                     queue, asking, worker, lease_s, forced_only, limit
                 )
-            pause = self._pause(next_due)
+            look = self._look(next_due)
             if claims:
                 if len(claims) < asking and not forced_only:  # all there was (drained.py)
-                    self._drained.mark(queue, signal, pause)
+                    self._drained.mark(queue, signal, look)
                 if len(claims) > limit:
                     self._ahead.setdefault(queue, deque()).extend(claims[limit:])
                 return claims[:limit]
@@ -297,10 +297,10 @@ class SqliteQueue(JobQueue):
             if remaining <= 0:
                 return []
             # Another process may add jobs at any time, so a local wake-up is only a shortcut.
-            with anyio.move_on_after(max(min(remaining, pause), 0.001)):
+            with anyio.move_on_after(max(min(remaining, look), 0.001)):
                 await signal.wait()
 
-    def _pause(self, next_due: float | None) -> float:
+    def _look(self, next_due: float | None) -> float:
         """How long a claim that found nothing more waits before it looks again: `poll_s`, or
         less if the queue's next delayed job falls due sooner. (Not until that job whatever
         its time: another process's jobs are found by looking.)"""
