@@ -9,8 +9,8 @@ other's rows (SKIP LOCKED) instead of waiting for one another.
 A claim takes up to four times what was asked and keeps the extra ahead (as the SQLite queue
 does), so that a worker slot that frees up starts its next job without a round trip; while its
 slots are busy with short jobs, the worker tops the jobs kept ahead up (`claim_ahead`).
-Jobs claimed ahead are `active` under this worker's lease in the database; `stats` counts them as
-waiting, and a pause, a stop or a lost lease hands them back.
+Jobs claimed ahead are `active` under this worker's lease in the database; `stats` counts them
+as waiting, and a pause, a stop or a lost lease hands them back (`Ahead`, ../ahead.py).
 
 A claim that finds nothing does not poll the table for the rest of its timeout: it sleeps until
 a NOTIFY says its queue has jobs (an enqueue or a settle anywhere, sent in the same
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections import deque
 from datetime import datetime
 from typing import Any, ClassVar
 
@@ -31,6 +30,7 @@ import anyio
 import asyncpg
 
 from ...models import Job, JobState, LogLine, QueueStats, Run, from_epoch, to_epoch
+from ..ahead import Ahead
 from ..base import Claim, Fence, JobQueue, JobUpdate, Renewal, Transition
 from ..drained import Drained
 from ..rows import JOB_COLUMNS, RUN_COLUMNS, dump, job_from_row, job_row, run_row
@@ -73,7 +73,7 @@ class PostgresQueue(JobQueue):
     def __init__(self, db: PostgresDatabase) -> None:
         self.db = db
         self._signals: dict[str, anyio.Event] = {}
-        self._ahead: dict[str, deque[Claim]] = {}
+        self._ahead = Ahead()  # claimed beyond what claims asked for (ahead.py)
         self._drained = Drained()  # after a claim that took all there was (drained.py)
         self.workers: set[str] = set()  # workers that claimed here
         # A renewal must see every claim this process made before it asked: claims run on
@@ -121,20 +121,11 @@ class PostgresQueue(JobQueue):
         return added
 
     def claim_nowait(self, queue: str, worker: str, lease_s: float) -> Claim | None:
-        ahead = self._ahead.get(queue)
-        while ahead:
-            claim = ahead.popleft()
-            if not claim.lease_lost():
-                return claim
-        return None
+        return self._ahead.take_one(queue)
 
     def return_ahead(self, queue: str) -> None:
-        for claim in self._ahead.pop(queue, None) or ():
-            job = claim.job
-            update = JobUpdate(
-                state=JobState.WAITING, resume=job.resume, run_at=job.run_at, force=job.force
-            )
-            self.submit(Transition(job.id, job.epoch, update))
+        for transition in self._ahead.give_back(queue):
+            self.submit(transition)
 
     async def claim(
         self,
@@ -147,13 +138,8 @@ class PostgresQueue(JobQueue):
         timeout: float = 0.0,
     ) -> list[Claim]:
         self.workers.add(worker)
-        ahead = self._ahead.get(queue)
-        if ahead and not forced_only:
-            taken: list[Claim] = []
-            while ahead and len(taken) < limit:
-                claim = ahead.popleft()
-                if not claim.lease_lost():
-                    taken.append(claim)
+        if not forced_only:
+            taken = self._ahead.take(queue, limit)
             if taken:
                 return taken
         deadline = time.monotonic() + timeout
@@ -174,7 +160,7 @@ class PostgresQueue(JobQueue):
                 if len(claims) < asking and not forced_only:  # all there was (drained.py)
                     self._drained.mark(queue, signal, look)
                 if len(claims) > limit:
-                    self._ahead.setdefault(queue, deque()).extend(claims[limit:])
+                    self._ahead.keep(queue, claims[limit:])
                 return claims[:limit]
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -194,7 +180,7 @@ class PostgresQueue(JobQueue):
         return look
 
     def ahead(self, queue: str) -> int:
-        return len(self._ahead.get(queue) or ())
+        return self._ahead.count(queue)
 
     async def claim_ahead(self, queue: str, limit: int, worker: str, lease_s: float) -> int:
         self.workers.add(worker)
@@ -206,7 +192,7 @@ class PostgresQueue(JobQueue):
             )
         except Unavailable:
             return 0
-        self._ahead.setdefault(queue, deque()).extend(claims)
+        self._ahead.keep(queue, claims)
         return len(claims)
 
     async def _take(
@@ -336,10 +322,7 @@ class PostgresQueue(JobQueue):
             self._renewing = None
             renewing.set()
         held = {row[0]: row[1] for row in rows}
-        for ahead in self._ahead.values():
-            for claim in ahead:
-                if held.get(claim.job.id) == claim.job.epoch:
-                    claim.held_since = asked
+        self._ahead.renewed(held, asked)
         signals = {row[0]: json.loads(row[2]) for row in rows if row[2]}
         return Renewal(held, signals)
 
@@ -375,9 +358,8 @@ class PostgresQueue(JobQueue):
             if state in (JobState.WAITING, JobState.DELAYED):
                 state = JobState.DELAYED if row["later"] else JobState.WAITING
             counts[state] += row["n"]
-        # Jobs claimed ahead are active in the database but waiting here; those whose lease ran
-        # out may be another worker's by now, and count as the database says.
-        ahead = sum(1 for claim in self._ahead.get(queue) or () if not claim.lease_lost())
+        # Jobs claimed ahead are active in the database but waiting here (ahead.py).
+        ahead = self._ahead.waiting(queue)
         counts[JobState.ACTIVE] -= ahead
         counts[JobState.WAITING] += ahead
         return QueueStats(
@@ -394,16 +376,8 @@ class PostgresQueue(JobQueue):
     async def oldest_waiting(self, queue: str) -> datetime | None:
         await self.db.flush()
         oldest: float | None = await self.db.fetchval(sql.OLDEST_WAITING, queue)
-        # Jobs claimed ahead are waiting too, as in `stats` (those whose lease this process
-        # lost may have been started elsewhere by now).
-        for claim in self._ahead.get(queue) or ():
-            if claim.lease_lost():
-                continue
-            job = claim.job
-            due = (max(job.created_at, job.run_at) if job.run_at else job.created_at).timestamp()
-            if oldest is None or due < oldest:
-                oldest = due
-        return from_epoch(oldest)
+        # Jobs claimed ahead are waiting too, as in `stats`.
+        return from_epoch(self._ahead.oldest_due(queue, oldest))
 
     async def dead_letters(self, queue: str, limit: int = 1000) -> list[Job]:
         await self.db.flush()

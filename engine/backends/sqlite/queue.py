@@ -7,12 +7,12 @@ and bumps the epoch, so the late worker's writes are refused from then on.
 A claim takes up to four times what was asked (like Celery's default prefetch) and keeps the
 extra ahead, so that a worker slot that frees up starts its next job without a round trip to
 the writer, which is what bounds a busy SQLite queue; while its slots are busy with short jobs,
-the worker tops the jobs kept ahead up (`claim_ahead`). Jobs claimed ahead are `active` under this
-worker's lease in the file; `stats` counts them as waiting since nothing runs them yet, and a
-pause, a stop or a lost lease hands them back. The jobs a claim gives straight to worker slots
-are marked `handed` in their rows, in the claim's transaction: their runs' starts need not be
-committed before their code runs (engine/worker.py), since a worker taking such a job over
-records its run crashed whatever the run's record says.
+the worker tops the jobs kept ahead up (`claim_ahead`). Jobs claimed ahead are `active` under
+this worker's lease in the file; `stats` counts them as waiting since nothing runs them yet,
+and a pause, a stop or a lost lease hands them back (`Ahead`, ../ahead.py). The jobs a claim
+gives straight to worker slots are marked `handed` in their rows, in the claim's transaction:
+their runs' starts need not be committed before their code runs (engine/worker.py), since a
+worker taking such a job over records its run crashed whatever the run's record says.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections import deque
 from datetime import datetime
 from functools import partial
 from typing import Any, ClassVar
@@ -28,6 +27,7 @@ from typing import Any, ClassVar
 import anyio
 
 from ...models import Job, JobState, LogLine, QueueStats, Run, from_epoch, to_epoch
+from ..ahead import Ahead
 from ..base import Claim, Fence, JobQueue, JobUpdate, Renewal, Transition
 from ..drained import Drained
 from ..rows import JOB_COLUMNS, dump, job_from_row, job_row
@@ -179,7 +179,7 @@ class SqliteQueue(JobQueue):
         # Claims of a paused queue, which want only jobs an operator forced: a new job is
         # never forced (a transition makes it so), so an add does not wake them.
         self._forced_signals: dict[str, anyio.Event] = {}
-        self._ahead: dict[str, deque[Claim]] = {}
+        self._ahead = Ahead()  # claimed beyond what claims asked for (ahead.py)
         self._drained = Drained()  # after a claim that took all there was (drained.py)
 
     def wake(self, queue: str) -> None:
@@ -208,23 +208,18 @@ class SqliteQueue(JobQueue):
         return added
 
     def claim_nowait(self, queue: str, worker: str, lease_s: float) -> Claim | None:
-        ahead = self._ahead.get(queue)
-        while ahead:
-            claim = ahead.popleft()
-            if not claim.lease_lost():
-                return claim
-        return None
+        return self._ahead.take_one(queue)
 
     def return_ahead(self, queue: str) -> None:
-        for claim in self._ahead.pop(queue, None) or ():
-            self._hand_back(claim)
+        for transition in self._ahead.give_back(queue):
+            self.submit(transition)
 
     def ahead(self, queue: str) -> int:
-        return len(self._ahead.get(queue) or ())
+        return self._ahead.count(queue)
 
     async def claim_ahead(self, queue: str, limit: int, worker: str, lease_s: float) -> int:
         claims, _ = await self._take(queue, limit, worker, lease_s, False, 0)
-        self._ahead.setdefault(queue, deque()).extend(claims)
+        self._ahead.keep(queue, claims)
         return len(claims)
 
     async def _take(
@@ -243,13 +238,6 @@ class SqliteQueue(JobQueue):
             )
         )
 
-    def _hand_back(self, claim: Claim) -> None:
-        job = claim.job
-        update = JobUpdate(
-            state=JobState.WAITING, resume=job.resume, run_at=job.run_at, force=job.force
-        )
-        self.submit(Transition(job.id, job.epoch, update))
-
     async def claim(
         self,
         queue: str,
@@ -260,13 +248,8 @@ class SqliteQueue(JobQueue):
         forced_only: bool = False,
         timeout: float = 0.0,
     ) -> list[Claim]:
-        ahead = self._ahead.get(queue)
-        if ahead and not forced_only:
-            taken: list[Claim] = []
-            while ahead and len(taken) < limit:
-                claim = ahead.popleft()
-                if not claim.lease_lost():
-                    taken.append(claim)
+        if not forced_only:
+            taken = self._ahead.take(queue, limit)
             if taken:
                 return taken
         deadline = time.monotonic() + timeout
@@ -291,7 +274,7 @@ class SqliteQueue(JobQueue):
                 if len(claims) < asking and not forced_only:  # all there was (drained.py)
                     self._drained.mark(queue, signal, look)
                 if len(claims) > limit:
-                    self._ahead.setdefault(queue, deque()).extend(claims[limit:])
+                    self._ahead.keep(queue, claims[limit:])
                 return claims[:limit]
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -375,10 +358,7 @@ class SqliteQueue(JobQueue):
         asked = time.monotonic()
         rows = await self.db.transaction(renew)
         held = {row[0]: row[1] for row in rows}
-        for ahead in self._ahead.values():
-            for claim in ahead:
-                if held.get(claim.job.id) == claim.job.epoch:
-                    claim.held_since = asked
+        self._ahead.renewed(held, asked)
         signals = {row[0]: json.loads(row[2]) for row in rows if row[2]}
         return Renewal(held, signals)
 
@@ -432,9 +412,8 @@ class SqliteQueue(JobQueue):
             if job_state in (JobState.WAITING, JobState.DELAYED):
                 job_state = JobState.DELAYED if later else JobState.WAITING
             counts[job_state] += count
-        # Jobs claimed ahead are active in the file but waiting here; those whose lease ran
-        # out may be another worker's by now, and count as the file says.
-        ahead = sum(1 for claim in self._ahead.get(queue) or () if not claim.lease_lost())
+        # Jobs claimed ahead are active in the file but waiting here (ahead.py).
+        ahead = self._ahead.waiting(queue)
         counts[JobState.ACTIVE] -= ahead
         counts[JobState.WAITING] += ahead
         return QueueStats(
@@ -455,15 +434,8 @@ class SqliteQueue(JobQueue):
             " AND state IN ('waiting', 'delayed') AND (run_at IS NULL OR run_at <= ?)",
             (queue, time.time()),
         )
-        oldest: float | None = row[0] if row else None
-        for claim in self._ahead.get(queue) or ():  # claimed ahead, not started: waiting
-            if claim.lease_lost():  # as in `stats`: it may have started elsewhere by now
-                continue
-            job = claim.job
-            due = max(job.created_at, job.run_at) if job.run_at else job.created_at
-            if oldest is None or due.timestamp() < oldest:
-                oldest = due.timestamp()
-        return from_epoch(oldest)
+        # Jobs claimed ahead are waiting too, as in `stats`.
+        return from_epoch(self._ahead.oldest_due(queue, row[0] if row else None))
 
     async def dead_letters(self, queue: str, limit: int = 1000) -> list[Job]:
         await self.db.flush()
