@@ -503,6 +503,32 @@ async def test_submit_tells_whether_the_transition_landed_once_committed(
     assert (await job_of(queue, other.id)).epoch == kept.job.epoch
 
 
+async def test_of_two_settles_at_one_epoch_only_the_first_lands(
+    backend: Backend, queue: JobQueue
+) -> None:
+    """Submitted together (one batch on a database), as one after the other: the first moves
+    the job on, so the second finds it at another epoch."""
+    [(job, run)] = await add(queue)
+    claim = await claim_one(queue)
+    told: list[tuple[str, bool]] = []
+    first = done(claim, run)
+    first.landed = lambda landed: told.append(("first", landed))
+    second = done(claim, run, error="again")
+    second.landed = lambda landed: told.append(("second", landed))
+
+    queue.submit(first)
+    queue.submit(second)
+    await backend.runs.flush()
+
+    assert told == [("first", True), ("second", False)]
+    stored = await job_of(queue, job.id)
+    assert (stored.state, stored.error, stored.epoch) == (
+        JobState.COMPLETED,
+        None,
+        claim.job.epoch + 1,
+    )
+
+
 # ---- fencing: a holder's progress --------------------------------------------------------
 async def test_record_and_record_log_land_at_the_current_fence(
     backend: Backend, queue: JobQueue

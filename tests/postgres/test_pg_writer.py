@@ -113,6 +113,101 @@ async def test_a_lone_write_is_not_kept_waiting(pg_schema: str) -> None:
         assert elapsed < 2.0, f"20 lone writes took {elapsed:.2f}s"
 
 
+@pytest.mark.parametrize("batch", ["one statement", "statements", "one write at a time"])
+async def test_settles_say_whether_they_landed_whatever_way_their_batch_is_written(
+    pg_schema: str, batch: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A settle whose submitter waits for it (a `wait_for_job` here) rides in the batch like
+    any other; the batch tells which jobs it moved on. The batch is one statement (runs, lines
+    and settles; a function in the transaction, here an enqueue, after it), or one statement a
+    kind when it holds a write of another kind, or, once the server refused one of its writes,
+    one write at a time."""
+    async with open_backend(pg_schema) as backend:
+        queue = backend.queue("postgres")
+        made = [job_and_run() for _ in range(2)]
+        await queue.add([job for job, _ in made], [run for _, run in made])
+        [(job, run), (other, _)] = made
+        [lost] = await queue.claim(QUEUE, 1, "w1", 0.05)
+        await anyio.sleep(0.1)  # the lease runs out
+        taken = {c.job.id: c for c in await queue.claim(QUEUE, 2, "w2", 30.0)}
+        told: list[tuple[str, bool]] = []
+        batches = backend.db.batches
+
+        def settle(name: str, holder: Any, job_id: str) -> None:
+            finished = run.model_copy(update={"status": RunStatus.COMPLETED})
+            transition = Transition(
+                job_id, holder.job.epoch, JobUpdate(state=JobState.COMPLETED), (finished,)
+            )
+            transition.landed = lambda landed: told.append((name, landed))
+            queue.submit(transition)
+
+        settle("lost", lost, job.id)
+        settle("taken", taken[job.id], job.id)
+        settle("other", taken[other.id], other.id)
+        if batch == "statements":
+            backend.shared.release_slot(run.id)  # a write WRITE_BATCH does not hold
+        elif batch == "one write at a time":
+            backend.runs.add_log(run.id, line("out of range", step=2**40))  # refused
+        late, late_run = job_and_run()
+        enqueue = queue.add([late], [late_run])  # rides in the same batch
+        added = await enqueue
+
+        assert told == [("lost", False), ("taken", True), ("other", True)]
+        assert added == [late.id]
+        assert backend.db.batches - batches == 1
+        refused = [r for r in caplog.records if "one write at a time" in r.getMessage()]
+        assert len(refused) == (batch == "one write at a time")
+        for job_id in (job.id, other.id):
+            stored = await queue.get_job(job_id)
+            assert stored is not None and stored.state is JobState.COMPLETED
+
+
+@pytest.mark.parametrize("failing_at", [0, 1, 2])
+async def test_a_call_that_fails_leaves_the_rest_of_its_batch_committed(
+    pg_schema: str, failing_at: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Functions in one write transaction each run under a savepoint: one that fails for its
+    own reason (here: after writing a row) gets its error, and its write is undone, while the
+    calls and writes queued with it commit, wherever it falls among them (the savepoint of
+    one call is released with the next's, the last with the COMMIT)."""
+    async with open_backend(pg_schema) as backend:
+        assert isinstance(backend, PostgresBackend)
+        db = backend.db
+        await db.fetch("CREATE TABLE t (v text)")  # through the pool: committed at once
+        batches = db.batches
+
+        def call(name: str) -> Any:
+            async def fn(conn: Any) -> str:
+                await conn.execute("INSERT INTO t (v) VALUES ($1)", name)
+                if name == f"call {failing_at}":
+                    raise ValueError("this call's own mistake")
+                return name
+
+            return fn
+
+        outcomes: dict[str, object] = {}
+
+        async def run(name: str) -> None:
+            try:
+                outcomes[name] = await db.transaction(call(name))
+            except ValueError as error:
+                outcomes[name] = error
+
+        backend.runs.save_run(saved := a_run())
+        async with anyio.create_task_group() as group:
+            for n in range(3):
+                group.start_soon(run, f"call {n}")
+
+        assert db.batches - batches == 1  # one batch, whatever was tried inside it
+        # ... in one try: not refused and written again one write at a time.
+        assert not [r for r in caplog.records if "one write at a time" in r.getMessage()]
+        names = [f"call {n}" for n in range(3)]
+        assert all(isinstance(outcomes[n], ValueError) is (n == names[failing_at]) for n in names)
+        kept = [n for n in names if n != names[failing_at]]
+        assert sorted(r[0] for r in await db.fetch("SELECT v FROM t")) == kept
+        assert [r.id for r in await backend.runs.runs_by_id([saved.id])] == [saved.id]
+
+
 async def test_writes_survive_the_writers_connection_being_ended(pg_schema: str) -> None:
     async with open_backend(pg_schema) as backend:
         backend.runs.save_run(first := a_run())

@@ -10,8 +10,11 @@ the last batch (one row per table however often it changed, each fenced on its j
 one statement that also announces the batch; the queued statements (consecutive ones with the
 same SQL together: job settles in one statement, others in one pipelined `executemany`); then
 the functions that run inside the transaction and see its result (enqueues, fenced transitions,
-slots, windows), each under a savepoint so that one's failure is its own. The hot path of a busy
-worker (runs started and finished, jobs settled) is BEGIN, two statements and COMMIT.
+slots, windows), each under a savepoint so that one's failure is its own (released with the
+next one's, the last with the COMMIT). A busy worker's runs, log lines and job settles are one
+statement (WRITE_BATCH), which also says which settles landed, for the ones whose submitter
+waits to know (a `wait_for_job` in this process): BEGIN, that statement and COMMIT, and with an
+enqueue riding along, a savepoint and the enqueue's statement.
 
 Nothing is lost when the connection drops (a server restart, `pg_terminate_backend`): the batch
 is run again on a new connection, after a backoff. A batch whose COMMIT was under way when the
@@ -131,9 +134,15 @@ def once_each(updates: list[Params]) -> list[Params]:
     return list(first.values())
 
 
-async def update_jobs(conn: Conn, updates: list[Params]) -> None:
-    """Consecutive UPDATE_JOB parameters in one statement."""
-    await conn.execute(sql.UPDATE_JOBS, *transpose(once_each(updates), 11))
+def settled(ids: list[str] | None, epochs: list[int] | None) -> set[tuple[str, int]]:
+    """SETTLED's arrays as (job id, epoch fenced at) pairs (NULL arrays: none moved on)."""
+    return set(zip(ids or (), epochs or (), strict=True))
+
+
+async def update_jobs(conn: Conn, updates: list[Params]) -> set[tuple[str, int]]:
+    """Consecutive UPDATE_JOB parameters in one statement; the jobs it moved on (SETTLED)."""
+    row = await conn.fetchrow(sql.UPDATE_JOBS, *transpose(once_each(updates), 11))
+    return settled(row["ids"], row["epochs"]) if row is not None else set()
 
 
 def run_params(batch: Batch, logs: Sequence[Params] = ()) -> list[Any]:
@@ -180,12 +189,30 @@ class Batch:
     calls: list[InTransaction[Any]]
     after: list[Callable[[], None]]  # run once committed (local wake-ups)
     feed: bool
+    # Job settles (UPDATE_JOB in `ops`, by index) whose submitter is told whether they landed,
+    # and what this try of the batch moved on, as (job id, epoch fenced at): `tell_landed`.
+    settles: list[tuple[int, Callable[[bool], None]]] = field(default_factory=list)
+    landed: set[tuple[str, int]] = field(default_factory=set)
     xid: int | None = None
     commit_sent: bool = False
     committed: bool = False
 
     def __bool__(self) -> bool:
         return bool(self.runs or self.ops or self.calls)
+
+    def tell_landed(self) -> None:
+        """Once committed: tell each settle's submitter whether it landed. One statement moves
+        a job on once; of two settles at the same epoch only the first can land (`once_each`),
+        as when they run one after the other."""
+        told = dict(self.settles)
+        seen: set[tuple[str, int]] = set()
+        for i, (statement, params) in enumerate(self.ops):
+            if statement is not sql.UPDATE_JOB:
+                continue
+            key = (params[9], params[10])
+            if i in told:
+                told[i](key in self.landed and key not in seen)
+            seen.add(key)
 
 
 def _dead(conn: Conn) -> bool:
@@ -219,6 +246,7 @@ class PostgresDatabase:
         # The next batch.
         self._runs: dict[str, tuple[Run, Fence | None]] = {}
         self._ops: list[tuple[str, Params]] = []
+        self._settles: list[tuple[int, Callable[[bool], None]]] = []
         self._calls: list[InTransaction[Any]] = []
         self._after: list[Callable[[], None]] = []
         self._feed = False
@@ -311,8 +339,20 @@ class PostgresDatabase:
             self._down_since = None
 
     # ---- writes ----------------------------------------------------------------------------
-    def write(self, statement: str, params: Params, *, feed: bool = False) -> None:
-        """Queue one statement for the next batch."""
+    def write(
+        self,
+        statement: str,
+        params: Params,
+        *,
+        feed: bool = False,
+        landed: Callable[[bool], None] | None = None,
+    ) -> None:
+        """Queue one statement for the next batch. `landed` (a job's settle, UPDATE_JOB only):
+        told once the batch committed whether the settle moved the job on, or found it at
+        another epoch."""
+        if landed is not None:
+            assert statement is sql.UPDATE_JOB, "only a job's settle says whether it landed"
+            self._settles.append((len(self._ops), landed))
         self._ops.append((statement, params))
         self._writes += 1
         self._feed = self._feed or feed
@@ -365,8 +405,11 @@ class PostgresDatabase:
     def _take(self) -> Batch:
         runs, steps, attempts = run_rows(self._runs.values())
         feed = self._feed or bool(runs) or any(call.feed for call in self._calls)
-        batch = Batch(runs, steps, attempts, self._ops, self._calls, self._after, feed)
+        batch = Batch(
+            runs, steps, attempts, self._ops, self._calls, self._after, feed, self._settles
+        )
         self._runs, self._ops, self._calls, self._after, self._feed = {}, [], [], [], False
+        self._settles = []
         return batch
 
     async def writer_loop(self) -> None:
@@ -396,6 +439,7 @@ class PostgresDatabase:
                     self._committing = False
                     self._inflight = None
                 self.batches += 1
+            batch.tell_landed()
             for call in batch.calls:
                 call.done.set()
             for callback in batch.after:
@@ -425,6 +469,7 @@ class PostgresDatabase:
         while not batch.committed:
             conn = await self._writer_connection()
             batch.xid = None
+            batch.landed = set()
             try:
                 if one_by_one:
                     await self._run_one_by_one(conn, batch)
@@ -483,17 +528,22 @@ class PostgresDatabase:
 
     async def _run(self, conn: Conn, batch: Batch) -> None:
         await conn.execute("BEGIN")
-        if batch.calls or any(op[0] not in HOT for op in batch.ops):
+        if not (batch.runs or batch.ops) or any(op[0] not in HOT for op in batch.ops):
             if batch.runs:
                 batch.xid = await conn.fetchval(sql.WRITE_RUNS, *run_params(batch))
             ops = batch.ops
         else:
-            # The usual batch of a busy worker: one statement.
+            # The usual batch of a busy worker (runs, their lines, their jobs' settles) in one
+            # statement; functions in the transaction (an enqueue) come after it, as they
+            # would after those writes one by one.
             logs = [params for statement, params in batch.ops if statement is sql.INSERT_LOG]
             jobs = once_each([p for statement, p in batch.ops if statement is sql.UPDATE_JOB])
-            batch.xid = await conn.fetchval(
+            row = await conn.fetchrow(
                 sql.WRITE_BATCH, *run_params(batch, logs), *transpose(logs, 7), *transpose(jobs, 11)
             )
+            assert row is not None  # one row, whatever was written
+            batch.xid = row["x"]
+            batch.landed |= settled(row["ids"], row["epochs"])
             ops = []
         i = 0
         while i < len(ops):
@@ -501,52 +551,62 @@ class PostgresDatabase:
             j = i
             while j < len(ops) and ops[j][0] == statement:
                 j += 1
-            if statement is sql.UPDATE_JOB and j - i > 1:
-                await update_jobs(conn, [params for _, params in ops[i:j]])
+            if statement is sql.UPDATE_JOB:
+                batch.landed |= await update_jobs(conn, [params for _, params in ops[i:j]])
             elif j - i == 1:
                 await conn.execute(statement, *ops[i][1])
             else:
                 await conn.executemany(statement, [params for _, params in ops[i:j]])
             i = j
-        alone = len(batch.calls) == 1 and not (batch.runs or batch.ops)
-        for call in batch.calls:
+        if len(batch.calls) == 1 and not (batch.runs or batch.ops):
+            [call] = batch.calls
             call.error = None
-            if alone:
-                try:
-                    call.result = await call.fn(conn)
-                except Exception as error:
-                    if retryable(error):
-                        raise
-                    # Its own failure, and nothing else rides in this batch.
-                    await conn.execute("ROLLBACK")
-                    call.error = error
-                    batch.committed = True
-                    return
-            else:
-                await self._call_in_savepoint(conn, call)
-        await self._finish(conn, batch)
+            try:
+                call.result = await call.fn(conn)
+            except Exception as error:
+                if retryable(error):
+                    raise
+                # Its own failure, and nothing else rides in this batch.
+                await conn.execute("ROLLBACK")
+                call.error = error
+                batch.committed = True
+                return
+            await self._finish(conn, batch)
+            return
+        held = await self._calls_in_savepoints(conn, batch.calls)
+        await self._finish(conn, batch, release=held)
 
-    async def _call_in_savepoint(self, conn: Conn, call: InTransaction[Any]) -> None:
-        await conn.execute("SAVEPOINT call")
-        try:
-            call.result = await call.fn(conn)
-        except Exception as error:
-            if retryable(error):
-                raise
-            # A call's own failure is its caller's: its writes are undone, the batch goes on.
-            await conn.execute("ROLLBACK TO SAVEPOINT call")
-            call.error = error
-        await conn.execute("RELEASE SAVEPOINT call")
+    async def _calls_in_savepoints(self, conn: Conn, calls: list[InTransaction[Any]]) -> bool:
+        """Each call under a savepoint, so that its failure is its own; whether the last
+        savepoint is still open (the COMMIT releases it). A savepoint is released with the
+        next one, in the same round trip."""
+        held = False
+        for call in calls:
+            call.error = None
+            await conn.execute(
+                "RELEASE SAVEPOINT call; SAVEPOINT call" if held else "SAVEPOINT call"
+            )
+            held = True
+            try:
+                call.result = await call.fn(conn)
+            except Exception as error:
+                if retryable(error):
+                    raise
+                # A call's own failure is its caller's: its writes are undone, the batch goes on.
+                await conn.execute("ROLLBACK TO SAVEPOINT call")
+                call.error = error
+        return held
 
-    async def _finish(self, conn: Conn, batch: Batch) -> None:
+    async def _finish(self, conn: Conn, batch: Batch, *, release: bool = False) -> None:
         """Announce the batch (other processes' change tokens move; with runs or log lines,
-        the payload is the transaction's id, for the feed's readers), then COMMIT. (A batch
-        with runs was announced by the statement that wrote them.)"""
+        the payload is the transaction's id, for the feed's readers), then COMMIT, after
+        releasing the savepoint `call` if it is still open (`release`). (A batch with runs was
+        announced by the statement that wrote them.)"""
         if batch.xid is None:
             channel = sql.RUNS_CHANNEL if batch.feed else sql.SHARED_CHANNEL
             batch.xid = await conn.fetchval(sql.ANNOUNCE, channel)
         batch.commit_sent = True
-        await conn.execute("COMMIT")
+        await conn.execute("RELEASE SAVEPOINT call; COMMIT" if release else "COMMIT")
 
     async def _run_one_by_one(self, conn: Conn, batch: Batch) -> None:
         """The batch again, each write under its own savepoint: a write the server refuses for
@@ -561,7 +621,10 @@ class PostgresDatabase:
         for what, statement, rows in items:
             await conn.execute("SAVEPOINT item")
             try:
-                await conn.executemany(statement, rows)
+                if statement is sql.UPDATE_JOB:
+                    batch.landed |= await update_jobs(conn, rows)
+                else:
+                    await conn.executemany(statement, rows)
             except Exception as error:
                 if retryable(error):
                     raise
@@ -575,10 +638,8 @@ class PostgresDatabase:
                     str(rows[0][0])[:80],
                 )
             await conn.execute("RELEASE SAVEPOINT item")
-        for call in batch.calls:
-            call.error = None
-            await self._call_in_savepoint(conn, call)
-        await self._finish(conn, batch)
+        held = await self._calls_in_savepoints(conn, batch.calls)
+        await self._finish(conn, batch, release=held)
 
     # ---- reads and single statements: the pool ---------------------------------------------
     async def pooled(self, fn: Fn[T], *, deadline: float | None = None) -> T:

@@ -257,12 +257,16 @@ class PostgresQueue(JobQueue):
         for run_id, line in transition.logs:
             self.db.write(sql.INSERT_LOG, log_params(run_id, line, fence), feed=True)
         landed = transition.landed
-        if landed is None:
-            if transition.update is not None:
-                self.db.write(
-                    *update_params(transition.job_id, transition.epoch, transition.update)
-                )
-        else:
+        if transition.update is not None and (
+            landed is None or transition.update.state is not JobState.ACTIVE
+        ):
+            # A settle whose submitter waits to hear whether it landed rides in the batch's
+            # one statement too, which says which jobs it moved on (sql.SETTLED).
+            statement, params = update_params(
+                transition.job_id, transition.epoch, transition.update
+            )
+            self.db.write(statement, params, landed=landed)
+        elif landed is not None:
             # Whoever waits on this transition is told whether the fence let it land: the job's
             # update (or, for runs alone, the fence itself) inside the batch's transaction.
             job_id, epoch, update = transition.job_id, transition.epoch, transition.update

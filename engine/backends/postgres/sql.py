@@ -203,9 +203,10 @@ def _write_batch() -> str:
         "WITH fences AS (SELECT id, epoch FROM jobs WHERE id = ANY($1::text[])"
         " ORDER BY id FOR SHARE),"
         f" r AS ({runs}), s AS ({steps}), a AS ({attempts}), l AS ({logs}), {jobs}"
-        " SELECT x FROM (SELECT pg_current_xact_id()::text::bigint AS x) AS t,"
+        " SELECT x, settled.ids, settled.epochs"
+        " FROM (SELECT pg_current_xact_id()::text::bigint AS x) AS t,"
         f" LATERAL (SELECT pg_notify('{RUNS_CHANNEL}', x::text)) AS n,"
-        " LATERAL (SELECT count(*) FROM notified) AS k"
+        f" LATERAL ({SETTLED}) AS settled"
     )
 
 
@@ -331,8 +332,9 @@ FROM updated
 
 def _update_jobs(first: int, gate: str = "") -> str:
     """The CTEs `u` (UPDATE_JOB's parameters as arrays from placeholder `first`, one per
-    column), `updated` (the jobs moved on; `gate`: a further condition) and `notified` (the
-    queues with a job due now or later, notified once each)."""
+    column), `updated` (the jobs moved on, each with the epoch it was fenced at; `gate`: a
+    further condition) and `notified` (the queues with a job due now or later, notified once
+    each)."""
     p = [f"${first + i}" for i in range(11)]
     return (
         f"u AS (SELECT * FROM unnest({p[0]}::text[], {p[1]}::text[],"
@@ -351,15 +353,22 @@ def _update_jobs(first: int, gate: str = "") -> str:
         " worker = NULL, lease_until = NULL, signals = NULL, taken_from = NULL, handed = 0,"
         " epoch = jobs.epoch + 1"
         f" FROM u WHERE jobs.id = u.id AND jobs.epoch = u.epoch{gate}"
-        " RETURNING jobs.queue, jobs.state),"
+        " RETURNING jobs.queue, jobs.state, jobs.id, u.epoch AS fenced),"
         f" notified AS (SELECT DISTINCT queue, pg_notify('{JOBS_CHANNEL}', queue)::text"
         " FROM updated WHERE state IN ('waiting', 'delayed'))"
     )
 
 
+# The jobs a bulk update moved on, as (ids, the epochs they were fenced at): whoever waits on
+# one of the settles is told whether it landed (PostgresDatabase.write's `landed`). The
+# notifications are counted so that they are sent (a CTE nobody reads is not run).
+SETTLED = (
+    "SELECT array_agg(id) AS ids, array_agg(fenced) AS epochs,"
+    " (SELECT count(*) FROM notified) AS notified FROM updated"
+)
 # UPDATE_JOB for many jobs in one statement, its parameters as arrays ($1..$11, one per column,
-# each job once); the queues with a job due now or later are notified.
-UPDATE_JOBS = f"WITH {_update_jobs(1)} SELECT count(*) FROM notified"
+# each job once); the queues with a job due now or later are notified. SETTLED comes back.
+UPDATE_JOBS = f"WITH {_update_jobs(1)} {SETTLED}"
 # The holder's own update while it keeps the job (a new run after a takeover, or the record of
 # a run it stopped): $1 run id or NULL, $2 meta or NULL, $3 job id, $4 epoch. Epoch, worker and
 # lease stay. The run's record is the holder's own from then on: no longer `handed`.
@@ -519,7 +528,8 @@ WHERE xid >= $1 AND xid < $2 ORDER BY xid, id LIMIT $3
 FEED_LOGS_COUNT = "SELECT count(*) FROM logs WHERE xid >= $1 AND xid < $2"
 
 # The usual batch of a busy worker (runs, their log lines, the settles of their jobs) in one
-# statement: WRITE_RUNS's parameters, then INSERT_LOG's as arrays (7), then UPDATE_JOBS' (11).
+# statement: WRITE_RUNS's parameters, then INSERT_LOG's as arrays (7), then UPDATE_JOBS' (11);
+# the transaction's id comes back, and SETTLED's ids and epochs.
 # Serially, a run's rows and lines fenced at its job's epoch land before the job's settle moves
 # the epoch on; here every part reads the epochs of `fences`, which are locked FOR SHARE before
 # any job is updated (the settle's condition counts them first: a one-time filter), so the same
