@@ -368,8 +368,9 @@ async def test_the_listener_reconnects_and_wakes_the_waiters(pg_schema: str) -> 
 async def test_flush_now_commits_from_a_blocked_event_loop(pg_schema: str) -> None:
     """A process going down on an error: the event loop does not turn again, yet what is
     pending commits, and a batch the writer had in flight goes first (its older state does
-    not land on top of the newer)."""
+    not land on top of the newer). A settle among what is pending is told that it landed."""
     job, run = job_and_run()
+    told: list[bool] = []
     async with open_backend(pg_schema) as backend:
         queue = backend.queue(None)
         await queue.add([job], [run])
@@ -394,6 +395,9 @@ async def test_flush_now_commits_from_a_blocked_event_loop(pg_schema: str) -> No
             crashed.status = RunStatus.CRASHED
             queue.record(crashed, claim.fence)
             queue.record_log(run.id, line("pending"), claim.fence)
+            settle = Transition(job.id, claim.job.epoch, JobUpdate(state=JobState.FAILED))
+            settle.landed = told.append
+            queue.submit(settle)
             backend.flush_now()
             tg.cancel_scope.cancel()
     conn = await connect(pg_schema)
@@ -401,8 +405,10 @@ async def test_flush_now_commits_from_a_blocked_event_loop(pg_schema: str) -> No
         assert await conn.fetchval("SELECT status FROM runs WHERE id = $1", run.id) == "crashed"
         lines = await conn.fetch("SELECT message FROM logs WHERE run_id = $1 ORDER BY id", run.id)
         assert [r[0] for r in lines] == ["in flight", "pending"]
+        assert await conn.fetchval("SELECT state FROM jobs WHERE id = $1", job.id) == "failed"
     finally:
         await conn.close()
+    assert told == [True]
 
 
 async def test_a_worker_rides_out_a_server_restart() -> None:

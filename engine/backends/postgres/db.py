@@ -749,11 +749,12 @@ class PostgresDatabase:
         writer = self._writer
         writer_pid = writer.get_server_pid() if inflight and writer is not None else None
         outcome: dict[str, BaseException | None] = {"error": None}
+        written: list[Batch] = []  # what _flush_fresh wrote, in one transaction
         if batches:
 
             def commit() -> None:
                 try:
-                    asyncio.run(self._flush_fresh(batches, writer_pid))
+                    written.extend(asyncio.run(self._flush_fresh(batches, writer_pid)))
                 except BaseException as error:
                     outcome["error"] = error
 
@@ -771,13 +772,17 @@ class PostgresDatabase:
             else:
                 for batch in batches:
                     batch.committed = True
+                for merged in written:  # here, in the event loop's thread, as the writer does
+                    merged.tell_landed()
         for call in dropped:
             call.error = DatabaseError(f"{self.location}: closed before the write was made")
             call.done.set()
         for callback in pending.after:
             callback()
 
-    async def _flush_fresh(self, batches: list[Batch], writer_pid: int | None) -> None:
+    async def _flush_fresh(self, batches: list[Batch], writer_pid: int | None) -> list[Batch]:
+        """The batches in one transaction on a fresh connection (see `flush_now`); what was
+        written (one batch, or none if nothing was left to write)."""
         conn = await connect(self.url, "flush")
         try:
             inflight_done = False
@@ -796,16 +801,24 @@ class PostgresDatabase:
                     status = await conn.fetchval(sql.XACT_STATUS, first.xid)
                     inflight_done = status == "committed"
             todo = batches[1:] if inflight_done else batches
+            ops: list[tuple[str, Params]] = []
+            settles: list[tuple[int, Callable[[bool], None]]] = []
+            for b in todo:
+                settles += [(len(ops) + i, landed) for i, landed in b.settles]
+                ops += b.ops
             merged = Batch(
                 latest([r for b in todo for r in b.runs], 1),
                 latest([r for b in todo for r in b.steps], 2),
                 latest([r for b in todo for r in b.attempts], 3),
-                [op for b in todo for op in b.ops],
+                ops,
                 [c for b in todo for c in b.calls],
                 [],
                 any(b.feed for b in todo),
+                settles,
             )
-            if merged:
-                await self._run(conn, merged)
+            if not merged:
+                return []
+            await self._run(conn, merged)
+            return [merged]
         finally:
             await conn.close()
