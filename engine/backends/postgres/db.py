@@ -204,6 +204,8 @@ class Batch:
         """Once committed: tell each settle's submitter whether it landed. One statement moves
         a job on once; of two settles at the same epoch only the first can land (`once_each`),
         as when they run one after the other."""
+        if not self.settles:
+            return
         told = dict(self.settles)
         seen: set[tuple[str, int]] = set()
         for i, (statement, params) in enumerate(self.ops):
