@@ -142,7 +142,8 @@ def settled(ids: list[str] | None, epochs: list[int] | None) -> set[tuple[str, i
 async def update_jobs(conn: Conn, updates: list[Params]) -> set[tuple[str, int]]:
     """Consecutive UPDATE_JOB parameters in one statement; the jobs it moved on (SETTLED)."""
     row = await conn.fetchrow(sql.UPDATE_JOBS, *transpose(once_each(updates), 11))
-    return settled(row["ids"], row["epochs"]) if row is not None else set()
+    assert row is not None  # one row (an aggregate), whatever was updated
+    return settled(row["ids"], row["epochs"])
 
 
 def run_params(batch: Batch, logs: Sequence[Params] = ()) -> list[Any]:
