@@ -17,6 +17,9 @@ a NOTIFY says its queue has jobs (an enqueue or a settle anywhere, sent in the s
 transaction), or until the next delayed job or lease of the queue falls due, and looks anyway
 at least every second (only an expired lease nobody announced, or a notification lost while the
 listener reconnected, waits for that look).
+
+The claim loop around the look (jobs kept ahead, waits between looks) is the one SQLite uses
+too (`DatabaseQueue`, ../database_queue.py).
 """
 
 from __future__ import annotations
@@ -30,15 +33,13 @@ import anyio
 import asyncpg
 
 from ...models import Job, JobState, LogLine, QueueStats, Run, from_epoch, to_epoch
-from ..ahead import Ahead
-from ..base import Claim, Fence, JobQueue, JobUpdate, Renewal, Transition
-from ..drained import Drained
+from ..base import Claim, Fence, JobUpdate, Renewal, Transition
+from ..database_queue import DatabaseQueue
 from ..rows import JOB_COLUMNS, RUN_COLUMNS, dump, job_from_row, job_row, run_row
 from . import sql
 from .db import Conn, PostgresDatabase, Unavailable, clean, transpose, write_runs
 from .store import log_params
 
-AHEAD = 4  # a claim takes up to this many times what was asked
 LOOK_ANYWAY_S = 1.0  # an idle claim looks at least this often while the listener is up
 LOOK_UNHEARD_S = 0.25  # ... and this often while it is down (notifications may be missed)
 
@@ -66,15 +67,12 @@ def update_params(job_id: str, epoch: int, update: JobUpdate) -> tuple[str, tupl
     )
 
 
-class PostgresQueue(JobQueue):
+class PostgresQueue(DatabaseQueue):
     provider: ClassVar[str] = "postgres"
-    claims_ahead: ClassVar[bool] = True
 
     def __init__(self, db: PostgresDatabase) -> None:
+        super().__init__()
         self.db = db
-        self._signals: dict[str, anyio.Event] = {}
-        self._ahead = Ahead()  # claimed beyond what claims asked for (ahead.py)
-        self._drained = Drained()  # after a claim that took all there was (drained.py)
         self.workers: set[str] = set()  # workers that claimed here
         # A renewal must see every claim this process made before it asked: claims run on
         # their own connections, and a claim committed after the renewal's snapshot would
@@ -82,16 +80,6 @@ class PostgresQueue(JobQueue):
         self._claiming = 0
         self._claims_done = anyio.Event()
         self._renewing: anyio.Event | None = None
-
-    # ---- wake-ups --------------------------------------------------------------------------
-    def wake(self, queue: str) -> None:
-        signal = self._signals.pop(queue, None)
-        if signal is not None:
-            signal.set()
-
-    def wake_all(self) -> None:
-        for queue in list(self._signals):
-            self.wake(queue)
 
     # ---- adding and claiming ---------------------------------------------------------------
     async def add(self, jobs: list[Job], runs: list[Run]) -> list[str]:
@@ -116,98 +104,25 @@ class PostgresQueue(JobQueue):
             return added
 
         added = await self.db.transaction(add, feed=True)
-        for queue in {job.queue for job in jobs}:
-            self.wake(queue)
+        self._wake_added({job.queue for job in jobs})
         return added
 
-    def claim_nowait(self, queue: str, worker: str, lease_s: float) -> Claim | None:
-        return self._ahead.take_one(queue)
-
-    def return_ahead(self, queue: str) -> None:
-        for transition in self._ahead.give_back(queue):
-            self.submit(transition)
-
-    async def claim(
+    async def _look(
         self,
-        queue: str,
-        limit: int,
-        worker: str,
-        lease_s: float,
-        *,
-        forced_only: bool = False,
-        timeout: float = 0.0,
-    ) -> list[Claim]:
-        self.workers.add(worker)
-        if not forced_only:
-            taken = self._ahead.take(queue, limit)
-            if taken:
-                return taken
-        deadline = time.monotonic() + timeout
-        statement = sql.CLAIM_FORCED if forced_only else sql.CLAIM
-        asking = limit if forced_only else AHEAD * limit
-        await self._drained.wait(queue, deadline, forced_only=forced_only)
-        while True:
-            # Registered before the look: a NOTIFY that arrives while it runs is not missed.
-            signal = self._signals.setdefault(queue, anyio.Event())
-            try:
-                claims, next_due = await self._take(
-                    statement, queue, asking, worker, lease_s, limit, deadline
-                )
-            except Unavailable:
-                return []
-            look = self._look(next_due)
-            if claims:
-                if len(claims) < asking and not forced_only:  # all there was (drained.py)
-                    self._drained.mark(queue, signal, look)
-                if len(claims) > limit:
-                    self._ahead.keep(queue, claims[limit:])
-                return claims[:limit]
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return []
-            # Nothing due: sleep until a NOTIFY (or a wake-up in this process) says the queue
-            # has jobs, or something of it falls due, or it is time to look anyway.
-            with anyio.move_on_after(max(min(remaining, look), 0.001)):
-                await signal.wait()
-
-    def _look(self, next_due: float | None) -> float:
-        """How long a claim that found nothing more waits before it looks again, unless told:
-        until something of the queue falls due, at most a while (less while notifications
-        may be missed)."""
-        look = LOOK_ANYWAY_S if self.db.listening else LOOK_UNHEARD_S
-        if next_due is not None:
-            look = min(look, max(0.0, float(next_due)))
-        return look
-
-    def ahead(self, queue: str) -> int:
-        return self._ahead.count(queue)
-
-    async def claim_ahead(self, queue: str, limit: int, worker: str, lease_s: float) -> int:
-        self.workers.add(worker)
-        try:
-            # One try: a top-up is a spare, and must not hold the claim loop (and with it a
-            # stop) through an outage; the next claim for a free slot waits for the server.
-            claims, _ = await self._take(
-                sql.CLAIM, queue, limit, worker, lease_s, 0, time.monotonic()
-            )
-        except Unavailable:
-            return 0
-        self._ahead.keep(queue, claims)
-        return len(claims)
-
-    async def _take(
-        self,
-        statement: str,
         queue: str,
         asking: int,
         worker: str,
         lease_s: float,
+        *,
+        forced_only: bool,
         handing: int,
-        deadline: float | None,
-    ) -> tuple[list[Claim], float | None]:
+        deadline: float,
+    ) -> tuple[list[Claim], float] | None:
         """One claim statement: up to `asking` jobs, the first `handing` handed to slots, in
-        priority order; and in how many seconds something of the queue falls due."""
+        priority order."""
+        self.workers.add(worker)
         asked = time.monotonic()
+        statement = sql.CLAIM_FORCED if forced_only else sql.CLAIM
         while self._renewing is not None:
             await self._renewing.wait()
         self._claiming += 1
@@ -216,6 +131,8 @@ class PostgresQueue(JobQueue):
                 lambda c: self._claim(c, statement, queue, asking, worker, lease_s, handing),
                 deadline=deadline,
             )
+        except Unavailable:
+            return None
         finally:
             self._claiming -= 1
             if not self._claiming:
@@ -232,7 +149,16 @@ class PostgresQueue(JobQueue):
             )
             for row in rows
         ]
-        return claims, next_due
+        return claims, self._look_again_in(next_due)
+
+    def _look_again_in(self, next_due: float | None) -> float:
+        """How long a claim that found nothing more waits before it looks again, unless told:
+        until something of the queue falls due (`next_due` seconds from now, on the server's
+        clock), at most a while (less while notifications may be missed)."""
+        look = LOOK_ANYWAY_S if self.db.listening else LOOK_UNHEARD_S
+        if next_due is not None:
+            look = min(look, max(0.0, float(next_due)))
+        return look
 
     @staticmethod
     async def _claim(

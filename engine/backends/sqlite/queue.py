@@ -13,6 +13,9 @@ and a pause, a stop or a lost lease hands them back (`Ahead`, ../ahead.py). The 
 gives straight to worker slots are marked `handed` in their rows, in the claim's transaction:
 their runs' starts need not be committed before their code runs (engine/worker.py), since a
 worker taking such a job over records its run crashed whatever the run's record says.
+
+The claim loop around the look (jobs kept ahead, waits between looks) is the one PostgreSQL
+uses too (`DatabaseQueue`, ../database_queue.py).
 """
 
 from __future__ import annotations
@@ -24,12 +27,9 @@ from datetime import datetime
 from functools import partial
 from typing import Any, ClassVar
 
-import anyio
-
 from ...models import Job, JobState, LogLine, QueueStats, Run, from_epoch, to_epoch
-from ..ahead import Ahead
-from ..base import Claim, Fence, JobQueue, JobUpdate, Renewal, Transition
-from ..drained import Drained
+from ..base import Claim, Fence, JobUpdate, Renewal, Transition
+from ..database_queue import DatabaseQueue
 from ..rows import JOB_COLUMNS, dump, job_from_row, job_row
 from .db import INLINE_WEIGHT, INSERT_LOG, SqliteDatabase, write_runs
 from .store import log_row
@@ -168,25 +168,13 @@ def _claim(
     return claimed, next_due
 
 
-class SqliteQueue(JobQueue):
+class SqliteQueue(DatabaseQueue):
     provider: ClassVar[str] = "sqlite"
-    claims_ahead: ClassVar[bool] = True
 
     def __init__(self, db: SqliteDatabase, poll_s: float = 0.05) -> None:
+        super().__init__()
         self.db = db
         self.poll_s = poll_s
-        self._signals: dict[str, anyio.Event] = {}
-        # Claims of a paused queue, which want only jobs an operator forced: a new job is
-        # never forced (a transition makes it so), so an add does not wake them.
-        self._forced_signals: dict[str, anyio.Event] = {}
-        self._ahead = Ahead()  # claimed beyond what claims asked for (ahead.py)
-        self._drained = Drained()  # after a claim that took all there was (drained.py)
-
-    def wake(self, queue: str) -> None:
-        for signals in (self._signals, self._forced_signals):
-            signal = signals.pop(queue, None)
-            if signal is not None:
-                signal.set()
 
     # ---- adding and claiming ---------------------------------------------------------------
     async def add(self, jobs: list[Job], runs: list[Run]) -> list[str]:
@@ -201,89 +189,40 @@ class SqliteQueue(JobQueue):
             return added
 
         added = await self.db.transaction(add, weight=len(jobs) + len(runs))
-        for queue in {job.queue for job in jobs}:
-            signal = self._signals.pop(queue, None)
-            if signal is not None:
-                signal.set()
+        self._wake_added({job.queue for job in jobs})
         return added
 
-    def claim_nowait(self, queue: str, worker: str, lease_s: float) -> Claim | None:
-        return self._ahead.take_one(queue)
-
-    def return_ahead(self, queue: str) -> None:
-        for transition in self._ahead.give_back(queue):
-            self.submit(transition)
-
-    def ahead(self, queue: str) -> int:
-        return self._ahead.count(queue)
-
-    async def claim_ahead(self, queue: str, limit: int, worker: str, lease_s: float) -> int:
-        claims, _ = await self._take(queue, limit, worker, lease_s, False, 0)
-        self._ahead.keep(queue, claims)
-        return len(claims)
-
-    async def _take(
-        self, queue: str, limit: int, worker: str, lease_s: float, forced_only: bool, handing: int
-    ) -> tuple[list[Claim], float | None]:
-        """One claim in the writer's transaction (`_claim`)."""
-        return await self.db.transaction(
+    async def _look(
+        self,
+        queue: str,
+        asking: int,
+        worker: str,
+        lease_s: float,
+        *,
+        forced_only: bool,
+        handing: int,
+        deadline: float,
+    ) -> tuple[list[Claim], float]:
+        """One claim in the writer's transaction (`_claim`); the writer waits for the file
+        however long it is locked, so `deadline` is not needed."""
+        # A paused queue's claims want only jobs an operator forced, which no index finds:
+        # looked for with a read in aiosqlite's thread, not in a write transaction.
+        if forced_only and not await self.db.fetchone(FORCED_WAITING, (queue,)):
+            return [], self.poll_s
+        claims, next_due = await self.db.transaction(
             partial(
                 _claim,
                 queue=queue,
-                limit=limit,
+                limit=asking,
                 worker=worker,
                 lease_s=lease_s,
                 forced_only=forced_only,
                 handing=handing,
             )
         )
+        return claims, self._look_again_in(next_due)
 
-    async def claim(
-        self,
-        queue: str,
-        limit: int,
-        worker: str,
-        lease_s: float,
-        *,
-        forced_only: bool = False,
-        timeout: float = 0.0,
-    ) -> list[Claim]:
-        if not forced_only:
-            taken = self._ahead.take(queue, limit)
-            if taken:
-                return taken
-        deadline = time.monotonic() + timeout
-        signals = self._forced_signals if forced_only else self._signals
-        await self._drained.wait(queue, deadline, forced_only=forced_only)
-        while True:
-            # Registered before the look: a job added while it runs wakes the wait after it.
-            signal = signals.setdefault(queue, anyio.Event())
-            # A paused queue's claims want only jobs an operator forced, which no index finds:
-            # looked for with a read in aiosqlite's thread, not in a write transaction.
-            claims: list[Claim] = []
-            next_due: float | None = None
-            asking = limit if forced_only else 4 * limit
-            if forced_only and not await self.db.fetchone(FORCED_WAITING, (queue,)):
-                pass
-            else:
-                claims, next_due = await self._take(
-                    queue, asking, worker, lease_s, forced_only, limit
-                )
-            look = self._look(next_due)
-            if claims:
-                if len(claims) < asking and not forced_only:  # all there was (drained.py)
-                    self._drained.mark(queue, signal, look)
-                if len(claims) > limit:
-                    self._ahead.keep(queue, claims[limit:])
-                return claims[:limit]
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return []
-            # Another process may add jobs at any time, so a local wake-up is only a shortcut.
-            with anyio.move_on_after(max(min(remaining, look), 0.001)):
-                await signal.wait()
-
-    def _look(self, next_due: float | None) -> float:
+    def _look_again_in(self, next_due: float | None) -> float:
         """How long a claim that found nothing more waits before it looks again: `poll_s`, or
         less if the queue's next delayed job falls due sooner. (Not until that job whatever
         its time: another process's jobs are found by looking.)"""
@@ -310,10 +249,6 @@ class SqliteQueue(JobQueue):
                 transition.job_id,
                 transition.landed,
             )
-
-    def wake_all(self) -> None:
-        for queue in {*self._signals, *self._forced_signals}:
-            self.wake(queue)
 
     async def apply(self, transition: Transition) -> bool:
         def apply(conn: sqlite3.Connection) -> bool:

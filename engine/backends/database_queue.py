@@ -1,0 +1,147 @@
+"""What the SQLite and PostgreSQL queues share: the claim loop around a look in the database.
+
+A claim there is a look: a write transaction on SQLite, one statement on a pooled connection
+on PostgreSQL. Around it, both do the same:
+- serve from the jobs claimed ahead first (`Ahead`, ahead.py), with no look at all;
+- after a look that took all there was, let the next claim wait until something could have
+  changed (`Drained`, drained.py);
+- take up to `AHEAD` times what was asked and keep the extra ahead;
+- between looks that find nothing, sleep on a wake-up signal registered before the look (a job
+  added or handed back in this process; on PostgreSQL any process's NOTIFY), or until the
+  queue's next delayed job falls due, or until it is time to look anyway.
+
+Claims of a paused queue want only jobs an operator forced. A new job is never forced (a
+transition makes it so), so an add does not wake them; a transition does.
+
+The dialects say only how to look (`_look`): the database's part of a claim.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import abstractmethod
+from typing import ClassVar
+
+import anyio
+
+from .ahead import Ahead
+from .base import Claim, JobQueue
+from .drained import Drained
+
+AHEAD = 4  # a claim takes up to this many times what was asked
+
+
+class DatabaseQueue(JobQueue):
+    """A queue whose jobs are rows of a database, claimed by looking there."""
+
+    claims_ahead: ClassVar[bool] = True
+
+    def __init__(self) -> None:
+        self._signals: dict[str, anyio.Event] = {}
+        self._forced_signals: dict[str, anyio.Event] = {}  # claims of a paused queue
+        self._ahead = Ahead()  # claimed beyond what claims asked for (ahead.py)
+        self._drained = Drained()  # after a claim that took all there was (drained.py)
+
+    @abstractmethod
+    async def _look(
+        self,
+        queue: str,
+        asking: int,
+        worker: str,
+        lease_s: float,
+        *,
+        forced_only: bool,
+        handing: int,
+        deadline: float,
+    ) -> tuple[list[Claim], float] | None:
+        """One look in the database: up to `asking` claims in priority order (the first
+        `handing` go straight to worker slots), and how many seconds a claim that found them
+        all waits, unless woken, before it looks again. None if the database could not be
+        reached by `deadline` (a monotonic time): the claim then returns nothing."""
+
+    # ---- wake-ups --------------------------------------------------------------------------
+    def wake(self, queue: str) -> None:
+        for signals in (self._signals, self._forced_signals):
+            signal = signals.pop(queue, None)
+            if signal is not None:
+                signal.set()
+
+    def wake_all(self) -> None:
+        for queue in {*self._signals, *self._forced_signals}:
+            self.wake(queue)
+
+    def _wake_added(self, queues: set[str]) -> None:
+        """Jobs were added to these queues: wake their claims (not a paused queue's)."""
+        for queue in queues:
+            signal = self._signals.pop(queue, None)
+            if signal is not None:
+                signal.set()
+
+    # ---- claiming --------------------------------------------------------------------------
+    def claim_nowait(self, queue: str, worker: str, lease_s: float) -> Claim | None:
+        return self._ahead.take_one(queue)
+
+    def return_ahead(self, queue: str) -> None:
+        for transition in self._ahead.give_back(queue):
+            self.submit(transition)
+
+    def ahead(self, queue: str) -> int:
+        return self._ahead.count(queue)
+
+    async def claim_ahead(self, queue: str, limit: int, worker: str, lease_s: float) -> int:
+        # One try: a top-up is a spare, and must not hold the claim loop (and with it a stop)
+        # through an outage; the next claim for a free slot waits for the database.
+        looked = await self._look(
+            queue, limit, worker, lease_s, forced_only=False, handing=0, deadline=0.0
+        )
+        if looked is None:
+            return 0
+        claims, _ = looked
+        self._ahead.keep(queue, claims)
+        return len(claims)
+
+    async def claim(
+        self,
+        queue: str,
+        limit: int,
+        worker: str,
+        lease_s: float,
+        *,
+        forced_only: bool = False,
+        timeout: float = 0.0,
+    ) -> list[Claim]:
+        if not forced_only:
+            taken = self._ahead.take(queue, limit)
+            if taken:
+                return taken
+        deadline = time.monotonic() + timeout
+        signals = self._forced_signals if forced_only else self._signals
+        asking = limit if forced_only else AHEAD * limit
+        await self._drained.wait(queue, deadline, forced_only=forced_only)
+        while True:
+            # Registered before the look: a wake-up while it runs is not missed.
+            signal = signals.setdefault(queue, anyio.Event())
+            looked = await self._look(
+                queue,
+                asking,
+                worker,
+                lease_s,
+                forced_only=forced_only,
+                handing=limit,
+                deadline=deadline,
+            )
+            if looked is None:
+                return []
+            claims, look_s = looked
+            if claims:
+                if len(claims) < asking and not forced_only:  # all there was (drained.py)
+                    self._drained.mark(queue, signal, look_s)
+                if len(claims) > limit:
+                    self._ahead.keep(queue, claims[limit:])
+                return claims[:limit]
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return []
+            # Another process may add jobs at any time, so a wake-up here is only a shortcut.
+            with anyio.move_on_after(max(min(remaining, look_s), 0.001)):
+                await signal.wait()
