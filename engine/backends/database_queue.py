@@ -13,13 +13,23 @@ on PostgreSQL. Around it, both do the same:
 Claims of a paused queue want only jobs an operator forced. A new job is never forced (a
 transition makes it so), so an add does not wake them; a transition does.
 
-The dialects say only how to look (`_look`): the database's part of a claim.
+A claim asleep for want of jobs is also offered to this process's adds (`Offer`), on a
+dialect whose add takes offers (`hands_off`): the add writes its due jobs already claimed by
+the sleeping claim's worker, in its own transaction, and the claim returns them without a look.
+On the path users take (one `enqueue` a call while the worker waits) that is every job: a
+look is four statements on SQLite, one of them the update that takes the job. Such jobs are
+`handed`, as a claim's jobs for free slots are.
+
+The dialects say only how to look (`_look`) and how an add hands off: the database's part.
 """
 
 from __future__ import annotations
 
 import time
 from abc import abstractmethod
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import anyio
@@ -31,16 +41,35 @@ from .drained import Drained
 AHEAD = 4  # a claim takes up to this many times what was asked
 
 
+@dataclass(eq=False)
+class Offer:
+    """A claim asleep on a queue for want of jobs, with `limit` free slots, offered to this
+    process's adds until its wake-up `signal` is set. The add that takes it (`take_offer`)
+    sets `taken`: what the claim awaits for the claims handed to it (none if the add failed,
+    or the queue turned out paused)."""
+
+    worker: str
+    lease_s: float
+    limit: int
+    signal: anyio.Event
+    taken: Callable[[], Awaitable[list[Claim]]] | None = None
+    # The queue's wake-up signal from the moment the offer was taken: a claim that got jobs
+    # leaves it as its drained mark, so a job added after the hand-off is not slept through.
+    after: anyio.Event = field(default_factory=anyio.Event)
+
+
 class DatabaseQueue(JobQueue):
     """A queue whose jobs are rows of a database, claimed by looking there."""
 
     claims_ahead: ClassVar[bool] = True
+    hands_off: ClassVar[bool] = False  # the dialect's add takes offers (`take_offer`)
 
     def __init__(self) -> None:
         self._signals: dict[str, anyio.Event] = {}
         self._forced_signals: dict[str, anyio.Event] = {}  # claims of a paused queue
         self._ahead = Ahead()  # claimed beyond what claims asked for (ahead.py)
         self._drained = Drained()  # after a claim that took all there was (drained.py)
+        self._offers: dict[str, deque[Offer]] = {}  # sleeping claims, by queue, oldest first
 
     @abstractmethod
     async def _look(
@@ -76,6 +105,47 @@ class DatabaseQueue(JobQueue):
             signal = self._signals.pop(queue, None)
             if signal is not None:
                 signal.set()
+
+    # ---- handing off -----------------------------------------------------------------------
+    def take_offer(self, queue: str) -> Offer | None:
+        """For an add about to write due jobs of `queue`: the longest-asleep claim on it, if
+        any, taken off the offers. Its claim is woken now and awaits `taken`, which the caller
+        sets before its next checkpoint."""
+        offers = self._offers.get(queue)
+        while offers:
+            offer = offers.popleft()
+            if offer.signal.is_set():  # woken already: it looks anyway
+                continue
+            # Its signal is the queue's current one (a set one is popped as it is set).
+            self._signals[queue] = offer.after
+            offer.signal.set()
+            return offer
+        return None
+
+    async def _sleep(
+        self, queue: str, signal: anyio.Event, until: float, offer: Offer | None
+    ) -> list[Claim]:
+        """Sleep on `signal` until the monotonic time `until` at most, offered to adds if
+        `offer`; the claims an add handed over, if one took the offer."""
+        if offer is None:
+            with anyio.move_on_after(max(until - time.monotonic(), 0.0)):
+                await signal.wait()
+            return []
+        offers = self._offers.setdefault(queue, deque())
+        offers.append(offer)
+        try:
+            with anyio.move_on_after(max(until - time.monotonic(), 0.0)):
+                await signal.wait()
+        finally:
+            if offer.taken is None and offer in offers:  # (one woken may be gone already)
+                offers.remove(offer)
+        if offer.taken is None:
+            return []
+        claims = await offer.taken()
+        if claims:
+            # Asleep until the add: nothing else was due, as after a look that took all.
+            self._drained.mark(queue, offer.after, max(until - time.monotonic(), 0.0))
+        return claims
 
     # ---- claiming --------------------------------------------------------------------------
     def claim_nowait(self, queue: str, worker: str, lease_s: float) -> Claim | None:
@@ -117,7 +187,14 @@ class DatabaseQueue(JobQueue):
         deadline = time.monotonic() + timeout
         signals = self._forced_signals if forced_only else self._signals
         asking = limit if forced_only else AHEAD * limit
-        await self._drained.wait(queue, deadline, forced_only=forced_only)
+        offering = self.hands_off and not forced_only
+        drained = self._drained.pending(queue, deadline, forced_only=forced_only)
+        if drained is not None:
+            signal, until = drained
+            offer = Offer(worker, lease_s, limit, signal) if offering else None
+            handed = await self._sleep(queue, signal, until, offer)
+            if handed:
+                return handed
         while True:
             # Registered before the look: a wake-up while it runs is not missed.
             signal = signals.setdefault(queue, anyio.Event())
@@ -139,9 +216,12 @@ class DatabaseQueue(JobQueue):
                 if len(claims) > limit:
                     self._ahead.keep(queue, claims[limit:])
                 return claims[:limit]
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            now = time.monotonic()
+            if deadline <= now:
                 return []
             # Another process may add jobs at any time, so a wake-up here is only a shortcut.
-            with anyio.move_on_after(max(min(remaining, look_s), 0.001)):
-                await signal.wait()
+            until = now + max(min(deadline - now, look_s), 0.001)
+            offer = Offer(worker, lease_s, limit, signal) if offering else None
+            handed = await self._sleep(queue, signal, until, offer)
+            if handed:
+                return handed

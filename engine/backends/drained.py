@@ -28,13 +28,16 @@ class Drained:
     def mark(self, queue: str, signal: anyio.Event, look_s: float) -> None:
         self._marks[queue] = (signal, time.monotonic() + look_s)
 
-    async def wait(self, queue: str, deadline: float, *, forced_only: bool) -> None:
-        """Before a claim's first look: wait while nothing could have changed (see above), at
-        most until `deadline` (the claim's own)."""
+    def pending(
+        self, queue: str, deadline: float, *, forced_only: bool
+    ) -> tuple[anyio.Event, float] | None:
+        """Before a claim's first look: the signal to wait on while nothing could have changed
+        (see above), and until when (a monotonic time, at most `deadline`, the claim's own);
+        None to look at once. The mark is used up."""
         mark = self._marks.pop(queue, None)
         if mark is None or forced_only or deadline <= time.monotonic():
-            return
+            return None
         signal, look_at = mark
-        if not signal.is_set():
-            with anyio.move_on_after(max(min(look_at, deadline) - time.monotonic(), 0.0)):
-                await signal.wait()
+        if signal.is_set():
+            return None
+        return signal, min(look_at, deadline)

@@ -295,7 +295,8 @@ def assemble(
 
 # ---- jobs --------------------------------------------------------------------------------
 def job_row(job: Job) -> tuple[Any, ...]:
-    """A new job's row, in JOB_COLUMNS order."""
+    """A new job's row, in JOB_COLUMNS order (DatabaseQueue.take_offer: one may be added
+    already claimed)."""
     return (
         job.id,
         job.queue,
@@ -311,14 +312,14 @@ def job_row(job: Job) -> tuple[Any, ...]:
         job.created_at.timestamp(),
         None,
         None,
-        None,
-        None,
+        job.worker,  # a new job is nobody's, unless handed to a claim as it is added
+        to_epoch(job.lease_until),
         int(job.resume),
         dump(job.meta) if job.meta else None,
         job.epoch,
         None,
         int(job.force),
-        0,  # a new job is nobody's
+        int(job.handed),
     )
 
 

@@ -427,10 +427,19 @@ class SqliteDatabase:
         """Run `fn` inside the next write transaction and return its result once committed.
         An error it raises is its caller's; the rest of the batch still commits. `weight`:
         about how many rows it writes (a heavy batch is committed in a thread)."""
+        return await self.outcome(self.call_soon(fn, weight))
+
+    def call_soon(self, fn: Callable[[sqlite3.Connection], T], weight: int = 1) -> InTransaction[T]:
+        """`transaction` in two halves: `fn` queued for the next write transaction, and its
+        outcome awaited (`outcome`), by whoever needs it (`done` is set in any case)."""
         call: InTransaction[T] = InTransaction(fn, weight)
         self._calls.append(call)
         self._weight += weight
         self._wake.set()
+        return call
+
+    async def outcome(self, call: InTransaction[T]) -> T:
+        """The result of a queued call once committed; its error, raised."""
         await call.done.wait()
         if call.error is not None:
             if isinstance(call.error, sqlite3.Error):

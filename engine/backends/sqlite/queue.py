@@ -28,10 +28,11 @@ from functools import partial
 from typing import Any, ClassVar
 
 from ...models import Job, JobState, LogLine, QueueStats, Run, from_epoch, to_epoch
+from ...records import construct
 from ..base import Claim, Fence, JobUpdate, Renewal, Transition
-from ..database_queue import DatabaseQueue
+from ..database_queue import DatabaseQueue, Offer
 from ..rows import JOB_COLUMNS, dump, job_from_row, job_row
-from .db import INLINE_WEIGHT, INSERT_LOG, SqliteDatabase, write_runs
+from .db import INLINE_WEIGHT, INSERT_LOG, InTransaction, SqliteDatabase, write_runs
 from .store import log_row
 
 SELECT_JOB = f"SELECT {', '.join(JOB_COLUMNS)} FROM jobs"
@@ -168,8 +169,41 @@ def _claim(
     return claimed, next_due
 
 
+PAUSED = "SELECT 1 FROM paused_queues WHERE queue = ?"
+
+
+def handed_job(job: Job, offer: Offer, now: float) -> Job:
+    """A job being added, as the claim of `offer` takes it (`TAKE`): active under its worker's
+    lease, one delivery, the epoch moved on, and `handed` straight to a slot."""
+    fields = dict(job.__dict__)
+    fields.update(
+        state=JobState.ACTIVE,
+        attempts=job.attempts + 1,
+        epoch=job.epoch + 1,
+        worker=offer.worker,
+        lease_until=from_epoch(now + offer.lease_s),
+        signals={},
+        handed=True,
+    )
+    return construct(Job, fields)
+
+
+async def _handed_to(
+    db: SqliteDatabase,
+    call: InTransaction[tuple[list[str], dict[Offer, list[Claim]]]],
+    offer: Offer,
+) -> list[Claim]:
+    """What the sleeping claim of `offer` gets from an add: its claims once committed, none if
+    the add failed (its caller hears why)."""
+    await call.done.wait()
+    if call.error is not None or call.result is None:
+        return []
+    return call.result[1].get(offer, [])
+
+
 class SqliteQueue(DatabaseQueue):
     provider: ClassVar[str] = "sqlite"
+    hands_off: ClassVar[bool] = True
 
     def __init__(self, db: SqliteDatabase, poll_s: float = 0.05) -> None:
         super().__init__()
@@ -179,18 +213,50 @@ class SqliteQueue(DatabaseQueue):
     # ---- adding and claiming ---------------------------------------------------------------
     async def add(self, jobs: list[Job], runs: list[Run]) -> list[str]:
         by_job = {run.job_id: run for run in runs}
+        offers = self._offers_for(jobs) if self._offers else {}
 
-        def add(conn: sqlite3.Connection) -> list[str]:
-            added = []
+        def add(conn: sqlite3.Connection) -> tuple[list[str], dict[Offer, list[Claim]]]:
+            added: list[str] = []
+            handed: dict[Offer, list[Claim]] = {}
+            asked, now = time.monotonic(), time.time()
             for job in jobs:
-                if conn.execute(INSERT_JOB, job_row(job)).rowcount == 1:
+                offer = offers.get(job.id)
+                # Handed over only where no other process has paused the queue: a claim
+                # reads the pause in the same transaction (`DUE`).
+                if offer is not None and not conn.execute(PAUSED, (job.queue,)).fetchone():
+                    taken = handed_job(job, offer, now)
+                    if conn.execute(INSERT_JOB, job_row(taken)).rowcount == 1:
+                        added.append(job.id)
+                        handed.setdefault(offer, []).append(Claim(taken, offer.lease_s, asked))
+                elif conn.execute(INSERT_JOB, job_row(job)).rowcount == 1:
                     added.append(job.id)
             write_runs(conn, [(by_job[i], None) for i in added if i in by_job])
-            return added
+            return added, handed
 
-        added = await self.db.transaction(add, weight=len(jobs) + len(runs))
-        self._wake_added({job.queue for job in jobs})
+        call = self.db.call_soon(add, weight=len(jobs) + len(runs))
+        for offer in set(offers.values()):
+            offer.taken = partial(_handed_to, self.db, call, offer)
+        added, handed = await self.db.outcome(call)
+        taken = {c.job.id for claims in handed.values() for c in claims}
+        self._wake_added({job.queue for job in jobs if job.id not in taken})
         return added
+
+    def _offers_for(self, jobs: list[Job]) -> dict[str, Offer]:
+        """Which of these jobs go to a claim asleep in this process (`take_offer`), by id:
+        those due now, up to each claim's free slots."""
+        offers: dict[str, Offer] = {}
+        queues: dict[str, tuple[Offer, list[str]] | None] = {}
+        for job in jobs:
+            if job.state is not JobState.WAITING or job.run_at is not None:
+                continue
+            if job.queue not in queues:
+                offer = self.take_offer(job.queue)
+                queues[job.queue] = None if offer is None else (offer, [])
+            held = queues[job.queue]
+            if held is not None and len(held[1]) < held[0].limit:
+                held[1].append(job.id)
+                offers[job.id] = held[0]
+        return offers
 
     async def _look(
         self,

@@ -1,0 +1,188 @@
+"""A claim asleep for want of jobs gets the jobs an add in this process writes, in the add's own
+transaction, without a look (engine/backends/database_queue.py, `Offer`): on the queues whose
+add takes offers. The job is then exactly what a claim would have made of it in the database:
+active under the claimer's lease, one delivery, its epoch moved on, `handed` to a slot."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from engine.backends import Backend
+from engine.backends.base import Claim, JobQueue, JobUpdate, Transition
+from engine.backends.database_queue import DatabaseQueue
+from engine.backends.sqlite import queue as sqlite_queue
+from engine.models import Job, JobState, Run
+
+from .builders import QUEUE, after, job_and_run
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.parametrize("database_kind", ["sqlite"], indirect=True),
+]
+
+LONG = 30.0
+
+
+@pytest.fixture
+def queue(backend: Backend, monkeypatch: pytest.MonkeyPatch) -> DatabaseQueue:
+    queue = backend.queue(None)
+    assert isinstance(queue, DatabaseQueue) and queue.hands_off
+    monkeypatch.setattr(queue, "poll_s", LONG)  # it looks again only when woken
+    return queue
+
+
+@pytest.fixture
+def looks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The queues each claim transaction looked in."""
+    looked: list[str] = []
+    claim = sqlite_queue._claim
+
+    def counted(conn: object, queue: str, *args: object, **kwargs: object) -> object:
+        looked.append(queue)
+        return claim(conn, queue, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sqlite_queue, "_claim", counted)
+    return looked
+
+
+async def add(queue: JobQueue, *made: tuple[Job, Run]) -> list[str]:
+    return await queue.add([job for job, _ in made], [run for _, run in made])
+
+
+async def claim_while(
+    queue: JobQueue, limit: int, adding: list[tuple[Job, Run]], timeout: float = LONG
+) -> list[Claim]:
+    """A claim that found nothing and sleeps, then an add of `adding` in this process: what the
+    claim returns."""
+    claimed: list[Claim] = []
+
+    async def claim() -> None:
+        claimed.extend(await queue.claim(QUEUE, limit, "w1", 60.0, timeout=timeout))
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(claim)
+            await anyio.wait_all_tasks_blocked()
+            await add(queue, *adding)
+    return claimed
+
+
+async def test_an_add_hands_its_job_to_the_sleeping_claim_as_a_claim_would_take_it(
+    queue: DatabaseQueue, looks: list[str]
+) -> None:
+    made = job_and_run()
+    [claim] = await claim_while(queue, 1, [made])
+
+    assert looks == [QUEUE]  # the first look found nothing; the add needed none
+    job = claim.job
+    assert (job.id, job.state, job.worker, job.attempts, job.epoch, job.handed) == (
+        made[0].id,
+        JobState.ACTIVE,
+        "w1",
+        1,
+        1,
+        True,
+    )
+    stored = await queue.get_job(job.id)
+    assert stored is not None
+    assert (stored.state, stored.worker, stored.attempts, stored.epoch, stored.handed) == (
+        JobState.ACTIVE,
+        "w1",
+        1,
+        1,
+        True,
+    )
+    assert stored.lease_until is not None and stored.lease_until > after(50)
+    assert (await queue.stats(QUEUE)).active == 1
+    # Fenced as any claim: the holder's settle lands at this epoch, a late one does not.
+    update = JobUpdate(state=JobState.COMPLETED)
+    assert await queue.apply(Transition(job.id, job.epoch - 1, update, ())) is False
+    assert await queue.apply(Transition(job.id, job.epoch, update, ())) is True
+
+
+async def test_the_next_claim_after_a_hand_off_sleeps_until_a_job_is_added(
+    queue: DatabaseQueue, looks: list[str]
+) -> None:
+    """A hand-off leaves the claim drained, as a look that took all there was: the next claim
+    does not look for nothing, and a job added before it still wakes it."""
+    await claim_while(queue, 1, [job_and_run()])
+    second = job_and_run()
+    [claim] = await claim_while(queue, 1, [second])
+    assert claim.job.id == second[0].id and looks == [QUEUE]  # handed over twice, no look
+
+    third = job_and_run()
+    await add(queue, third)  # no claim asleep: added waiting, and the queue woken
+    with anyio.fail_after(10):  # not the 30 s look
+        [claim] = await queue.claim(QUEUE, 1, "w1", 60.0, timeout=LONG)
+    assert claim.job.id == third[0].id and looks == [QUEUE, QUEUE]
+
+
+async def test_a_queue_paused_by_another_process_gets_no_hand_off(
+    queue: DatabaseQueue, other_backend: Backend
+) -> None:
+    await other_backend.shared.set_paused(QUEUE, True)
+    made = job_and_run()
+    claimed = await claim_while(queue, 1, [made], timeout=1.0)
+
+    assert claimed == []
+    stored = await queue.get_job(made[0].id)
+    assert stored is not None and (stored.state, stored.worker) == (JobState.WAITING, None)
+
+
+async def test_a_delayed_job_is_not_handed_off(queue: DatabaseQueue) -> None:
+    made = job_and_run(run_at=after(LONG))
+    claimed = await claim_while(queue, 1, [made], timeout=1.0)
+
+    assert claimed == []
+    stored = await queue.get_job(made[0].id)
+    assert stored is not None and stored.state is JobState.DELAYED
+
+
+async def test_a_claim_is_handed_no_more_than_its_free_slots(
+    queue: DatabaseQueue, other_backend: Backend
+) -> None:
+    made = [job_and_run() for _ in range(3)]
+    claimed = await claim_while(queue, 2, made)
+
+    assert [c.job.id for c in claimed] == [job.id for job, _ in made[:2]]
+    stored = await queue.get_job(made[2][0].id)
+    assert stored is not None and stored.state is JobState.WAITING
+    rest = await other_backend.queue(None).claim(QUEUE, 5, "w2", LONG)
+    assert [c.job.id for c in rest] == [made[2][0].id]
+
+
+async def test_a_job_already_known_is_not_handed_off_again(queue: DatabaseQueue) -> None:
+    made = job_and_run()
+    assert await add(queue, made) == [made[0].id]
+    claimed = await claim_while(queue, 1, [made], timeout=1.0)  # the same id again
+
+    # The first add's job is claimed by the claim's own look; the second add adds nothing.
+    assert [c.job.id for c in claimed] == [made[0].id]
+    assert claimed[0].job.epoch == 1
+
+
+async def test_an_add_that_fails_hands_nothing_and_the_claim_goes_on(
+    queue: DatabaseQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(conn: object, runs: object) -> None:
+        raise RuntimeError("the disk is gone")
+
+    claimed: list[Claim] = []
+
+    async def claim() -> None:
+        claimed.extend(await queue.claim(QUEUE, 1, "w1", 60.0, timeout=LONG))
+
+    failed = job_and_run()
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(claim)
+            await anyio.wait_all_tasks_blocked()
+            with monkeypatch.context() as patched:
+                patched.setattr(sqlite_queue, "write_runs", broken)
+                with pytest.raises(RuntimeError, match="the disk is gone"):
+                    await add(queue, failed)
+            assert await queue.get_job(failed[0].id) is None
+            later = job_and_run()
+            await add(queue, later)
+    assert [c.job.id for c in claimed] == [later[0].id]
