@@ -51,14 +51,18 @@ async def add(queue: JobQueue, *made: tuple[Job, Run]) -> list[str]:
 
 
 async def claim_while(
-    queue: JobQueue, limit: int, adding: list[tuple[Job, Run]], timeout: float = LONG
+    queue: JobQueue,
+    limit: int,
+    adding: list[tuple[Job, Run]],
+    timeout: float = LONG,
+    lease_s: float = 60.0,
 ) -> list[Claim]:
     """A claim that found nothing and sleeps, then an add of `adding` in this process: what the
     claim returns."""
     claimed: list[Claim] = []
 
     async def claim() -> None:
-        claimed.extend(await queue.claim(QUEUE, limit, "w1", 60.0, timeout=timeout))
+        claimed.extend(await queue.claim(QUEUE, limit, "w1", lease_s, timeout=timeout))
 
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
@@ -186,3 +190,21 @@ async def test_an_add_that_fails_hands_nothing_and_the_claim_goes_on(
             later = job_and_run()
             await add(queue, later)
     assert [c.job.id for c in claimed] == [later[0].id]
+
+
+async def test_a_handed_off_job_whose_holder_stops_renewing_is_taken_over_as_begun(
+    queue: DatabaseQueue, other_backend: Backend
+) -> None:
+    """As with a claim's handed job: its run may have begun unrecorded, so whoever takes it
+    over after the lease runs out hears so (`taken_handed`) and records the run crashed."""
+    made = job_and_run()
+    [claim] = await claim_while(queue, 1, [made], lease_s=0.2)
+    other = other_backend.queue(None)
+    with anyio.fail_after(10):  # the other process's claim looks again until the lease ran out
+        [takeover] = await other.claim(QUEUE, 1, "w2", LONG, timeout=5.0)
+    assert (takeover.job.id, takeover.taken_from, takeover.taken_handed) == (
+        claim.job.id,
+        "w1",
+        True,
+    )
+    assert takeover.job.epoch == claim.job.epoch + 1
