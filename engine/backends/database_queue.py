@@ -34,6 +34,7 @@ from typing import ClassVar
 
 import anyio
 
+from ..models import Job, JobState
 from .ahead import Ahead
 from .base import Claim, JobQueue
 from .drained import Drained
@@ -121,6 +122,26 @@ class DatabaseQueue(JobQueue):
             offer.signal.set()
             return offer
         return None
+
+    def offers_for(self, jobs: list[Job]) -> dict[str, Offer]:
+        """For a dialect's add: which of these jobs go to a claim asleep in this process, by
+        job id (each queue's longest-asleep claim, `take_offer`): those due now, up to the
+        claim's free slots."""
+        if not self._offers:
+            return {}
+        offers: dict[str, Offer] = {}
+        queues: dict[str, tuple[Offer, list[str]] | None] = {}
+        for job in jobs:
+            if job.state is not JobState.WAITING or job.run_at is not None:
+                continue
+            if job.queue not in queues:
+                offer = self.take_offer(job.queue)
+                queues[job.queue] = None if offer is None else (offer, [])
+            held = queues[job.queue]
+            if held is not None and len(held[1]) < held[0].limit:
+                held[1].append(job.id)
+                offers[job.id] = held[0]
+        return offers
 
     async def _sleep(
         self, queue: str, signal: anyio.Event, until: float, offer: Offer | None

@@ -189,9 +189,7 @@ def handed_job(job: Job, offer: Offer, now: float) -> Job:
 
 
 async def _handed_to(
-    db: SqliteDatabase,
-    call: InTransaction[tuple[list[str], dict[Offer, list[Claim]]]],
-    offer: Offer,
+    call: InTransaction[tuple[list[str], dict[Offer, list[Claim]]]], offer: Offer
 ) -> list[Claim]:
     """What the sleeping claim of `offer` gets from an add: its claims once committed, none if
     the add failed (its caller hears why)."""
@@ -213,7 +211,7 @@ class SqliteQueue(DatabaseQueue):
     # ---- adding and claiming ---------------------------------------------------------------
     async def add(self, jobs: list[Job], runs: list[Run]) -> list[str]:
         by_job = {run.job_id: run for run in runs}
-        offers = self._offers_for(jobs) if self._offers else {}
+        offers = self.offers_for(jobs)
 
         def add(conn: sqlite3.Connection) -> tuple[list[str], dict[Offer, list[Claim]]]:
             added: list[str] = []
@@ -235,28 +233,11 @@ class SqliteQueue(DatabaseQueue):
 
         call = self.db.call_soon(add, weight=len(jobs) + len(runs))
         for offer in set(offers.values()):
-            offer.taken = partial(_handed_to, self.db, call, offer)
+            offer.taken = partial(_handed_to, call, offer)
         added, handed = await self.db.outcome(call)
         taken = {c.job.id for claims in handed.values() for c in claims}
         self._wake_added({job.queue for job in jobs if job.id not in taken})
         return added
-
-    def _offers_for(self, jobs: list[Job]) -> dict[str, Offer]:
-        """Which of these jobs go to a claim asleep in this process (`take_offer`), by id:
-        those due now, up to each claim's free slots."""
-        offers: dict[str, Offer] = {}
-        queues: dict[str, tuple[Offer, list[str]] | None] = {}
-        for job in jobs:
-            if job.state is not JobState.WAITING or job.run_at is not None:
-                continue
-            if job.queue not in queues:
-                offer = self.take_offer(job.queue)
-                queues[job.queue] = None if offer is None else (offer, [])
-            held = queues[job.queue]
-            if held is not None and len(held[1]) < held[0].limit:
-                held[1].append(job.id)
-                offers[job.id] = held[0]
-        return offers
 
     async def _look(
         self,
