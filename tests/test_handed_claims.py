@@ -139,3 +139,37 @@ async def test_a_file_of_the_previous_schema_is_migrated_and_its_jobs_run(tmp_pa
         version = conn.execute("SELECT max(version) FROM schema_version").fetchone()[0]
         columns = [row[1] for row in conn.execute("PRAGMA table_info(jobs)")]
     assert version == SCHEMA_VERSION and "handed" in columns
+
+
+async def test_a_job_handed_off_by_its_add_and_lost_records_its_run_crashed(
+    tmp_path: Path,
+) -> None:
+    """On SQLite an add hands its job to a claim asleep in its own process, in the add's
+    transaction (engine/backends/database_queue.py): handed as a claim's job is, so when that
+    process is gone the worker taking the job over records the first run crashed."""
+    database = str(tmp_path / "handed-off.db")
+    holder = f"{socket.gethostname()}:{dead_pid()}"
+    claimed = []
+    async with Engine(database=database) as producer:
+        queue = producer.backend.queue("sqlite")
+
+        async def claim() -> None:
+            claimed.extend(await queue.claim(QUEUE, 1, holder, LEASE_S, timeout=30))
+
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(claim)
+                await anyio.wait_all_tasks_blocked()  # its look found nothing: it sleeps
+                await add_unserved(queue, QUEUE, [{"i": 0}])
+        held_at = time.monotonic()
+    [lost] = claimed
+    assert lost.job.handed and lost.job.worker == holder
+    remaining = LEASE_S - (time.monotonic() - held_at)
+    if remaining > 0:
+        await anyio.sleep(remaining + 0.05)  # the lease must run out: time is the condition
+    async with Engine(workflows=workflows(database), database=database) as worker:
+        run = await worker.wait_for_job(lost.job.id, timeout=20)
+        assert run.status is RunStatus.COMPLETED and run.id != lost.job.run_id
+        old = await worker.get_run(lost.job.run_id)
+        assert old.status is RunStatus.CRASHED
+        assert "before the run's start was recorded" in (old.error or "")
