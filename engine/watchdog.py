@@ -76,18 +76,28 @@ class LoopWatchdog:
                         blocked,
                     )
                 else:
-                    run_id, workflow, where = culprit[1]
-                    log.warning(
-                        "the event loop has been blocked for %.1fs by %s of run %s (%s): an "
-                        "async node must not call blocking code (time.sleep, sync I/O); make "
-                        "it a plain def, or await anyio.to_thread.run_sync",
-                        blocked,
-                        where,
-                        run_id,
-                        workflow,
-                    )
+                    self._name(culprit, blocked)
+            elif culprit is None:
+                # What blocked the loop first (a garbage collection, engine code) may hand it
+                # to a node in the same turn of the loop: the stall is then the node's.
+                culprit = self._culprit()
+                if culprit is not None:
+                    self._name(culprit, blocked)
             if culprit is not None and culprit[0] in self.runner.async_frames:
                 self.runner.stalls[culprit[0]] = now - stalled_since
+
+    @staticmethod
+    def _name(culprit: tuple[int, tuple[str, str, str]], blocked: float) -> None:
+        run_id, workflow, where = culprit[1]
+        log.warning(
+            "the event loop has been blocked for %.1fs by %s of run %s (%s): an async node "
+            "must not call blocking code (time.sleep, sync I/O); make it a plain def, or await "
+            "anyio.to_thread.run_sync",
+            blocked,
+            where,
+            run_id,
+            workflow,
+        )
 
     def _culprit(self) -> tuple[int, tuple[str, str, str]] | None:
         """The async node whose frame is on the loop thread's stack (innermost first)."""

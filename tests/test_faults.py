@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
 import textwrap
 import threading
 import time
@@ -28,6 +29,7 @@ from engine import (
     Workflow,
 )
 from engine.backends import open_backend
+from engine.watchdog import LoopWatchdog
 
 pytestmark = pytest.mark.anyio
 
@@ -168,6 +170,42 @@ async def test_an_async_node_blocking_the_loop_is_named_and_timed_out(
     assert "blocked for" in caplog.text
     assert f"by [step 1/1] blocker of run {run.id} (blocking)" in caplog.text
     assert any("blocked the event loop for" in line.message for line in run.logs)
+
+
+class _Frames:
+    """What the watchdog reads of a runner: the frames of the async nodes running, and the
+    stalls it notes for them."""
+
+    def __init__(self) -> None:
+        self.async_frames: dict[int, tuple[str, str, str]] = {}
+        self.stalls: dict[int, float] = {}
+
+
+async def test_a_stall_that_a_node_takes_over_in_the_same_turn_is_named(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The loop blocked first by something else (a garbage collection, engine code), then, in
+    the same turn of the loop, by a node: the stall is named after the node (seen in a full
+    test run, where the suite's garbage collection ran just before the blocking node)."""
+    caplog.set_level(logging.WARNING, logger="blok.watchdog")
+    frames = _Frames()
+    dog = LoopWatchdog(frames, threshold_s=0.2)  # type: ignore[arg-type]
+
+    def node() -> None:
+        me = id(sys._getframe())
+        frames.async_frames[me] = ("run_x", "wf", "[step 1/1] n")
+        time.sleep(0.6)
+        del frames.async_frames[me]
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(dog.beat)
+        await anyio.wait_all_tasks_blocked()
+        time.sleep(0.4)  # noqa: ASYNC251 - not a node: the first report names nobody
+        node()
+        await until(lambda: "runs again" in caplog.text, timeout=5)
+        tg.cancel_scope.cancel()
+    assert "not by a step's node" in caplog.text
+    assert "by [step 1/1] n of run run_x (wf)" in caplog.text
 
 
 # ---- an exception inside `async with Engine` (item 13) -------------------------------------------
