@@ -217,11 +217,13 @@ class SqliteQueue(DatabaseQueue):
             added: list[str] = []
             handed: dict[Offer, list[Claim]] = {}
             asked, now = time.monotonic(), time.time()
+            # Handed over only where no other process has paused the queue: a claim reads
+            # the pause in the same transaction (`DUE`). Read once a queue.
+            offered = {job.queue for job in jobs if job.id in offers}
+            open_queues = {q for q in offered if not conn.execute(PAUSED, (q,)).fetchone()}
             for job in jobs:
                 offer = offers.get(job.id)
-                # Handed over only where no other process has paused the queue: a claim
-                # reads the pause in the same transaction (`DUE`).
-                if offer is not None and not conn.execute(PAUSED, (job.queue,)).fetchone():
+                if offer is not None and job.queue in open_queues:
                     taken = handed_job(job, offer, now)
                     if conn.execute(INSERT_JOB, job_row(taken)).rowcount == 1:
                         added.append(job.id)
