@@ -123,12 +123,14 @@ async def test_a_job_claimed_ahead_and_lost_runs_its_own_run(database: str, foun
 async def test_a_file_of_the_previous_schema_is_migrated_and_its_jobs_run(tmp_path: Path) -> None:
     """A SQLite file written before `handed` existed (schema 6) gets the column when a worker
     opens it; a job that was active under a dead worker's lease there counts as not handed
-    (its start was committed first by the engine of that time), and everything runs."""
+    (its start was committed first by the engine of that time), and everything runs. Schema 8
+    then drops `jobs_run`."""
     database = str(tmp_path / "blok.db")
     handed, ahead = await lost_holder(database, 2, 1, LEASE_S, registered=False)
     with closing(sqlite3.connect(database)) as conn:  # back to what schema 6 wrote
         conn.execute("ALTER TABLE jobs DROP COLUMN handed")
-        conn.execute("DELETE FROM schema_version WHERE version = 7")
+        conn.execute("CREATE INDEX jobs_run ON jobs(run_id)")
+        conn.execute("DELETE FROM schema_version WHERE version > 6")
         conn.commit()
     async with Engine(workflows=workflows(database), database=database) as worker:
         runs = {job: await worker.wait_for_job(job, timeout=20) for job in {**handed, **ahead}}
@@ -138,7 +140,9 @@ async def test_a_file_of_the_previous_schema_is_migrated_and_its_jobs_run(tmp_pa
     with closing(sqlite3.connect(database)) as conn:
         version = conn.execute("SELECT max(version) FROM schema_version").fetchone()[0]
         columns = [row[1] for row in conn.execute("PRAGMA table_info(jobs)")]
+        indexes = [row[1] for row in conn.execute("PRAGMA index_list(jobs)")]
     assert version == SCHEMA_VERSION and "handed" in columns
+    assert "jobs_run" not in indexes  # schema 8: no query reads jobs by run id
 
 
 async def test_a_job_handed_off_by_its_add_and_lost_records_its_run_crashed(

@@ -79,6 +79,7 @@ async def test_migrations_apply_from_empty(pg_url: str) -> None:
         }
         assert "(queue, priority DESC, seq) WHERE (state = ANY" in indexes["jobs_ready"]
         assert "(queue, lease_until) WHERE (state = 'active'" in indexes["jobs_active"]
+        assert "jobs_run" not in indexes  # schema 4: no query reads jobs by run id
     finally:
         await conn.close()
 

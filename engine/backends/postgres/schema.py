@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncpg
 
 SCHEMA = "blok"
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 # pg_advisory_xact_lock key that serializes migrations (a constant unique to blok: "blok").
 MIGRATION_LOCK = 0x626C6F6B
@@ -286,6 +286,11 @@ MIGRATIONS: dict[int, str] = {
     # still says queued. A job claimed ahead is not handed: its start is committed first.
     3: """
     ALTER TABLE jobs ADD COLUMN handed INTEGER NOT NULL DEFAULT 0;
+    """,
+    # No query reads jobs by run id (a job's run is read through runs.job_id, `runs_job`), yet
+    # every enqueue wrote an entry to `jobs_run` and every purge deleted it.
+    4: """
+    DROP INDEX IF EXISTS jobs_run;
     """,
 }
 
