@@ -18,8 +18,9 @@ column, so that the row codecs of `backends/rows.py` serve both. Where it differ
 - The change feed cannot use SQLite's `max(rev) + 1`: concurrent transactions would take the same
   number, and a number taken early can commit late, behind a reader that already passed it. A
   run row and a log line record the transaction that last wrote them (`xid`, from
-  `pg_current_xact_id()`); a reader takes what lies below the oldest transaction still running
-  (see `sql.FEED_HORIZON`), so it reads every change once and never skips a late commit.
+  `pg_current_xact_id()`); a reader takes what lies below the oldest transaction of this
+  database still running (see "the change feed" in sql.py), so it reads every change once and
+  never skips a late commit.
 - A migration runs in one transaction under an advisory lock: workers starting together on an
   empty database do not both apply it.
 """

@@ -511,10 +511,30 @@ RETURNING 1
 """
 
 # ---- the change feed -------------------------------------------------------------------------
-# Every transaction below the horizon has ended: a row it wrote is visible now, and no later
-# commit can land below it. A reader that takes the rows between its last horizon and this one
-# misses nothing and reads each change once (a row rewritten since shows again, once).
-FEED_HORIZON = "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint"
+# Every transaction of this database below the horizon has ended: a row it wrote is visible
+# now, and no later commit can land below it. A reader that takes the rows between its last
+# horizon and this one misses nothing and reads each change once (a row rewritten since shows
+# again, once).
+#
+# Transaction ids are the server's: a snapshot lists as running every transaction that has
+# written anywhere on the server, so its xmin (the horizon until 2026-12-04) stood still for as
+# long as a write stayed open in another database, and the feed with it. The horizon is the
+# oldest running transaction of this database (its sessions' `backend_xid`, its prepared
+# transactions), else the snapshot's xmax. The snapshot is read first, the sessions after, in
+# statements of their own (each its own transaction: pg_stat_activity is read afresh): a
+# transaction running at the snapshot is then either still running at the second read, and
+# found there, or over, and its rows visible to the feed's reads after.
+FEED_SNAPSHOT = (
+    "SELECT pg_snapshot_xmax(s)::text::bigint AS xmax,"
+    " ARRAY(SELECT pg_snapshot_xip(s)::text::bigint) AS running"
+    " FROM pg_current_snapshot() AS s"
+)
+RUNNING_HERE = """
+SELECT backend_xid::text::bigint FROM pg_stat_activity
+WHERE datname = current_database() AND backend_xid IS NOT NULL
+UNION ALL
+SELECT transaction::text::bigint FROM pg_prepared_xacts WHERE database = current_database()
+"""
 XACT_STATUS = "SELECT pg_xact_status($1::bigint::text::xid8)"
 FEED_RUNS = f"""
 SELECT {", ".join(RUN_COLUMNS)} FROM runs

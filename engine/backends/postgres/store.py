@@ -361,11 +361,11 @@ class PostgresRunStore(RunStore):
         """The current horizon; if this process committed something the horizon has not passed
         yet (another transaction older than it still runs), wait a little for it: a reader
         sees its own process's writes."""
-        horizon = int(await conn.fetchval(sql.FEED_HORIZON))
+        horizon = await _horizon_now(conn)
         deadline = time.monotonic() + OWN_WRITES_WAIT_S
         while self.db.last_xid >= horizon and time.monotonic() < deadline:
             await anyio.sleep(0.005)
-            horizon = int(await conn.fetchval(sql.FEED_HORIZON))
+            horizon = await _horizon_now(conn)
         return horizon
 
     async def feed(self, cursor: FeedCursor, limit: int = 1000) -> FeedPage:
@@ -401,3 +401,14 @@ class PostgresRunStore(RunStore):
         horizon = await self.db.pooled(self._horizon)
         self.horizon = max(self.horizon, horizon)
         return FeedCursor(horizon, horizon)
+
+
+async def _horizon_now(conn: Conn) -> int:
+    """Below this transaction id every transaction of this database has ended (sql.py, "the
+    change feed": another database's transactions do not count)."""
+    snapshot = await conn.fetchrow(sql.FEED_SNAPSHOT)
+    assert snapshot is not None  # one row, always
+    here = {int(row[0]) for row in await conn.fetch(sql.RUNNING_HERE)}
+    # xids in pg_stat_activity are 32 bits; the snapshot's are 64 (epoch and xid).
+    running = [xid for xid in snapshot["running"] if xid % 2**32 in here]
+    return min(running, default=int(snapshot["xmax"]))
