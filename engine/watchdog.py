@@ -66,23 +66,22 @@ class LoopWatchdog:
                     )
                 stalled_since, culprit = None, None
                 continue
+            starts = stalled_since is None
             if stalled_since is None:
                 stalled_since = self._beat
+            if culprit is None:
+                # Looked for at the stall's start and again while none is found: what blocked
+                # the loop first (a garbage collection, engine code) may hand it to a node in
+                # the same turn of the loop, and the stall is then the node's.
                 culprit = self._culprit()
-                if culprit is None:
+                if culprit is not None:
+                    self._name(culprit, blocked)
+                elif starts:
                     log.warning(
                         "the event loop has been blocked for %.1fs, not by a step's node "
                         "(engine code or another task of this process)",
                         blocked,
                     )
-                else:
-                    self._name(culprit, blocked)
-            elif culprit is None:
-                # What blocked the loop first (a garbage collection, engine code) may hand it
-                # to a node in the same turn of the loop: the stall is then the node's.
-                culprit = self._culprit()
-                if culprit is not None:
-                    self._name(culprit, blocked)
             if culprit is not None and culprit[0] in self.runner.async_frames:
                 self.runner.stalls[culprit[0]] = now - stalled_since
 
