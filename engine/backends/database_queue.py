@@ -45,7 +45,7 @@ AHEAD = 4  # a claim takes up to this many times what was asked
 @dataclass(eq=False)
 class Offer:
     """A claim asleep on a queue for want of jobs, with `limit` free slots, offered to this
-    process's adds until its wake-up `signal` is set. The add that takes it (`take_offer`)
+    process's adds until its wake-up `signal` is set. The add that takes it (`offers_for`)
     sets `taken`: what the claim awaits for the claims handed to it (none if the add failed,
     or the queue turned out paused)."""
 
@@ -63,7 +63,7 @@ class DatabaseQueue(JobQueue):
     """A queue whose jobs are rows of a database, claimed by looking there."""
 
     claims_ahead: ClassVar[bool] = True
-    hands_off: ClassVar[bool] = False  # the dialect's add takes offers (`take_offer`)
+    hands_off: ClassVar[bool] = False  # the dialect's add takes offers (`offers_for`)
 
     def __init__(self) -> None:
         self._signals: dict[str, anyio.Event] = {}
@@ -108,7 +108,7 @@ class DatabaseQueue(JobQueue):
                 signal.set()
 
     # ---- handing off -----------------------------------------------------------------------
-    def take_offer(self, queue: str) -> Offer | None:
+    def _take_offer(self, queue: str) -> Offer | None:
         """For an add about to write due jobs of `queue`: the longest-asleep claim on it, if
         any, taken off the offers. Its claim is woken now and awaits `taken`, which the caller
         sets before its next checkpoint."""
@@ -125,7 +125,7 @@ class DatabaseQueue(JobQueue):
 
     def offers_for(self, jobs: list[Job]) -> dict[str, Offer]:
         """For a dialect's add: which of these jobs go to a claim asleep in this process, by
-        job id (each queue's longest-asleep claim, `take_offer`): those due now, up to the
+        job id (each queue's longest-asleep claim, `_take_offer`): those due now, up to the
         claim's free slots."""
         if not self._offers:
             return {}
@@ -135,7 +135,7 @@ class DatabaseQueue(JobQueue):
             if job.state is not JobState.WAITING or job.run_at is not None:
                 continue
             if job.queue not in queues:
-                offer = self.take_offer(job.queue)
+                offer = self._take_offer(job.queue)
                 queues[job.queue] = None if offer is None else (offer, [])
             held = queues[job.queue]
             if held is not None and len(held[1]) < held[0].limit:

@@ -295,7 +295,7 @@ def assemble(
 
 # ---- jobs --------------------------------------------------------------------------------
 def job_row(job: Job) -> tuple[Any, ...]:
-    """A new job's row, in JOB_COLUMNS order (DatabaseQueue.take_offer: one may be added
+    """A new job's row, in JOB_COLUMNS order (DatabaseQueue.offers_for: one may be added
     already claimed)."""
     return (
         job.id,
