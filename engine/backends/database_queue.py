@@ -16,20 +16,25 @@ transition makes it so), so an add does not wake them; a transition does.
 A claim asleep for want of jobs is also offered to this process's adds (`Offer`), on a
 dialect whose add takes offers (`hands_off`): the add writes its due jobs already claimed by
 the sleeping claim's worker, in its own transaction, and the claim returns them without a look.
-On the path users take (one `enqueue` a call while the worker waits) that is every job: a
-look is four statements on SQLite, one of them the update that takes the job. Such jobs are
-`handed`, as a claim's jobs for free slots are.
+A claim that would go to sleep while an add of its queue waits in the writer joins that add
+instead (`PendingAdd`): when one job is enqueued while the last one is claimed, the add comes
+first and the claim a moment after, and it would otherwise look in the next transaction, for
+the job the add has just written. On the path users take (one `enqueue` a call, while the
+worker runs the jobs) that is every job: a look is four statements on SQLite, one of them the
+update that takes the job. Such jobs are `handed`, as a claim's jobs for free slots are.
 
 The dialects say only how to look (`_look`) and how an add hands off: the database's part.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from abc import abstractmethod
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import ClassVar
 
 import anyio
@@ -45,7 +50,7 @@ AHEAD = 4  # a claim takes up to this many times what was asked
 @dataclass(eq=False)
 class Offer:
     """A claim asleep on a queue for want of jobs, with `limit` free slots, offered to this
-    process's adds until its wake-up `signal` is set. The add that takes it (`offers_for`)
+    process's adds until its wake-up `signal` is set. The add that takes it (`PendingAdd`)
     sets `taken`: what the claim awaits for the claims handed to it (none if the add failed,
     or the queue turned out paused)."""
 
@@ -59,11 +64,66 @@ class Offer:
     after: anyio.Event = field(default_factory=anyio.Event)
 
 
+@dataclass(eq=False)
+class PendingAdd:
+    """An add of this process queued for the database and not yet run, with due jobs for
+    `queues`. It takes the claims asleep on those queues when it is made (`offers`); a claim
+    that would go to sleep on one of them before the add runs joins it (`join`). When it runs,
+    it hands its due jobs to them (`assign`), and from then on takes no one: the add may run in
+    another thread (a heavy batch), hence the lock."""
+
+    queues: frozenset[str]
+    offers: dict[str, Offer]  # by queue, one claim each
+    closed: bool = False
+    # The dialect's: what a claim handed to by this add awaits (`Offer.taken`), once queued.
+    taken: Callable[[Offer], Awaitable[list[Claim]]] | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def queued(self, taken: Callable[[Offer], Awaitable[list[Claim]]]) -> None:
+        """The add is queued: its claims will await `taken`."""
+        self.taken = taken
+        for offer in self.offers.values():
+            offer.taken = partial(taken, offer)
+
+    def join(self, queue: str, offer: Offer) -> bool:
+        """The claim of `offer` is handed this add's due jobs of `queue`, if the add has not run
+        yet and no other claim has that queue."""
+        with self.lock:
+            if self.closed or self.taken is None or queue in self.offers:
+                return False
+            self.offers[queue] = offer
+        offer.taken = partial(self.taken, offer)
+        return True
+
+    def assign(self, jobs: list[Job]) -> dict[str, Offer]:
+        """In the add's transaction: which jobs go to which claim, by job id (those due now,
+        up to each claim's free slots). The same answer if the transaction is run again."""
+        with self.lock:
+            self.closed = True
+        if not self.offers:
+            return {}
+        assigned: dict[str, Offer] = {}
+        counts: dict[str, int] = {}
+        for job in jobs:
+            offer = self.offers.get(job.queue)
+            if offer is None or not _due(job):
+                continue
+            count = counts.get(job.queue, 0)
+            if count < offer.limit:
+                counts[job.queue] = count + 1
+                assigned[job.id] = offer
+        return assigned
+
+
+def _due(job: Job) -> bool:
+    return job.state is JobState.WAITING and job.run_at is None
+
+
 class DatabaseQueue(JobQueue):
     """A queue whose jobs are rows of a database, claimed by looking there."""
 
     claims_ahead: ClassVar[bool] = True
-    hands_off: ClassVar[bool] = False  # the dialect's add takes offers (`offers_for`)
+    hands_off: ClassVar[bool] = False  # the dialect's add takes offers (`_pending_add`)
 
     def __init__(self) -> None:
         self._signals: dict[str, anyio.Event] = {}
@@ -71,6 +131,7 @@ class DatabaseQueue(JobQueue):
         self._ahead = Ahead()  # claimed beyond what claims asked for (ahead.py)
         self._drained = Drained()  # after a claim that took all there was (drained.py)
         self._offers: dict[str, deque[Offer]] = {}  # sleeping claims, by queue, oldest first
+        self._pending_adds: dict[str, PendingAdd] = {}  # by queue: the last one not yet run
 
     @abstractmethod
     async def _look(
@@ -123,43 +184,63 @@ class DatabaseQueue(JobQueue):
             return offer
         return None
 
-    def offers_for(self, jobs: list[Job]) -> dict[str, Offer]:
-        """For a dialect's add: which of these jobs go to a claim asleep in this process, by
-        job id (each queue's longest-asleep claim, `_take_offer`): those due now, up to the
-        claim's free slots."""
-        if not self._offers:
-            return {}
+    def _pending_add(self, jobs: list[Job]) -> PendingAdd | None:
+        """For a dialect's add about to queue these jobs: the claims asleep on their queues now
+        (each queue's longest-asleep one, `_take_offer`), and a claim about to sleep on one of
+        them before the add runs joins it; None where the add has no due job. The dialect calls
+        `queued` before its next checkpoint, and `_added` once the add is over."""
+        if not self.hands_off:
+            return None
+        queues = frozenset(job.queue for job in jobs if _due(job))
+        if not queues:
+            return None
         offers: dict[str, Offer] = {}
-        queues: dict[str, tuple[Offer, list[str]] | None] = {}
-        for job in jobs:
-            if job.state is not JobState.WAITING or job.run_at is not None:
-                continue
-            if job.queue not in queues:
-                offer = self._take_offer(job.queue)
-                queues[job.queue] = None if offer is None else (offer, [])
-            held = queues[job.queue]
-            if held is not None and len(held[1]) < held[0].limit:
-                held[1].append(job.id)
-                offers[job.id] = held[0]
-        return offers
+        for queue in queues:
+            offer = self._take_offer(queue)
+            if offer is not None:
+                offers[queue] = offer
+        pending = PendingAdd(queues, offers)
+        for queue in queues:
+            self._pending_adds[queue] = pending
+        return pending
+
+    def _added(self, pending: PendingAdd | None) -> None:
+        """The add of `pending` is over (committed or failed): no claim joins it any more."""
+        if pending is None:
+            return
+        for queue in pending.queues:
+            if self._pending_adds.get(queue) is pending:
+                del self._pending_adds[queue]
+
+    def _join(self, queue: str, offer: Offer) -> bool:
+        """Instead of sleeping: the claim of `offer` joins an add of `queue` not yet run, as if
+        it had been asleep when the add was made (`_take_offer`)."""
+        pending = self._pending_adds.get(queue)
+        if pending is None or not pending.join(queue, offer):
+            return False
+        self._signals[queue] = offer.after
+        offer.signal.set()  # as if taken from its sleep: other claims asleep on it look
+        return True
 
     async def _sleep(
         self, queue: str, signal: anyio.Event, until: float, offer: Offer | None
     ) -> list[Claim]:
         """Sleep on `signal` until the monotonic time `until` at most, offered to adds if
-        `offer`; the claims an add handed over, if one took the offer."""
+        `offer` (or join an add not yet run, `_join`); the claims an add handed over, if one
+        took the offer."""
         if offer is None:
             with anyio.move_on_after(max(until - time.monotonic(), 0.0)):
                 await signal.wait()
             return []
-        offers = self._offers.setdefault(queue, deque())
-        offers.append(offer)
-        try:
-            with anyio.move_on_after(max(until - time.monotonic(), 0.0)):
-                await signal.wait()
-        finally:
-            if offer.taken is None and offer in offers:  # (one woken may be gone already)
-                offers.remove(offer)
+        if not self._join(queue, offer):
+            offers = self._offers.setdefault(queue, deque())
+            offers.append(offer)
+            try:
+                with anyio.move_on_after(max(until - time.monotonic(), 0.0)):
+                    await signal.wait()
+            finally:
+                if offer.taken is None and offer in offers:  # (one woken may be gone already)
+                    offers.remove(offer)
         if offer.taken is None:
             return []
         claims = await offer.taken()

@@ -1,9 +1,14 @@
 """A claim asleep for want of jobs gets the jobs an add in this process writes, in the add's own
 transaction, without a look (engine/backends/database_queue.py, `Offer`): on the queues whose
-add takes offers. The job is then exactly what a claim would have made of it in the database:
+add takes offers. So does a claim that would go to sleep while such an add waits in the writer
+(`PendingAdd`). The job is then exactly what a claim would have made of it in the database:
 active under the claimer's lease, one delivery, its epoch moved on, `handed` to a slot."""
 
 from __future__ import annotations
+
+import sqlite3
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 
 import anyio
 import pytest
@@ -12,6 +17,7 @@ from engine.backends import Backend
 from engine.backends.base import Claim, JobQueue, JobUpdate, Transition
 from engine.backends.database_queue import DatabaseQueue
 from engine.backends.sqlite import queue as sqlite_queue
+from engine.backends.sqlite.queue import SqliteQueue
 from engine.models import Job, JobState, Run
 
 from .builders import QUEUE, after, job_and_run
@@ -70,6 +76,86 @@ async def claim_while(
             await anyio.wait_all_tasks_blocked()
             await add(queue, *adding)
     return claimed
+
+
+@asynccontextmanager
+async def writer_held(
+    queue: DatabaseQueue, first: Callable[[], Awaitable[object]]
+) -> AsyncIterator[anyio.abc.TaskGroup]:
+    """Another process holds the file's write lock while `first` runs until the writer waits
+    for the lock in its thread (so whatever `first` queued has not run yet), and while the body
+    starts more; the lock is let go when the body ends, and everything started is awaited."""
+    assert isinstance(queue, SqliteQueue)
+    db = queue.db
+    other = sqlite3.connect(db.path, isolation_level=None, check_same_thread=False)
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        in_thread = db.batches_in_thread
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(first)
+                while db.batches_in_thread == in_thread:  # the writer gave up on the lock
+                    await anyio.lowlevel.checkpoint()
+                yield tg
+                await anyio.wait_all_tasks_blocked()
+                other.execute("COMMIT")
+    finally:
+        other.close()
+
+
+async def test_a_claim_that_would_sleep_while_an_add_waits_in_the_writer_joins_the_add(
+    queue: DatabaseQueue, looks: list[str]
+) -> None:
+    """The add is queued first and the claim comes a moment later (on the path users take, the
+    claim for the job before): it is handed the add's job when the add runs, without a look."""
+    first = job_and_run()
+    await add(queue, first)
+    [claim] = await queue.claim(QUEUE, 1, "w1", 60.0)  # took all there was: drained
+    assert claim.job.id == first[0].id and looks == [QUEUE]
+
+    second = job_and_run()
+    claimed: list[Claim] = []
+
+    async def claim_next() -> None:
+        claimed.extend(await queue.claim(QUEUE, 1, "w1", 60.0, timeout=LONG))
+
+    async with writer_held(queue, lambda: add(queue, second)) as tg:
+        tg.start_soon(claim_next)
+
+    assert [c.job.id for c in claimed] == [second[0].id] and looks == [QUEUE]
+    stored = await queue.get_job(second[0].id)
+    assert stored is not None and (stored.state, stored.worker, stored.handed) == (
+        JobState.ACTIVE,
+        "w1",
+        True,
+    )
+
+
+async def test_a_look_that_took_an_adds_jobs_after_it_is_not_woken_by_that_add(
+    queue: DatabaseQueue, looks: list[str]
+) -> None:
+    """An add and then a claim's look in one transaction: the look took the add's job, so the
+    add wakes no one, and the next claim sleeps until the next add hands it its job (woken, it
+    would have looked again for nothing first)."""
+    first = job_and_run()
+    claimed: list[Claim] = []
+
+    async def claim_first() -> None:
+        claimed.extend(await queue.claim(QUEUE, 1, "w1", 60.0))
+
+    assert isinstance(queue, SqliteQueue)
+    batches = queue.db.batches
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            # Both queued in one turn of the loop, the add first: the writer's next batch.
+            tg.start_soon(add, queue, first)
+            tg.start_soon(claim_first)
+
+    assert queue.db.batches == batches + 1
+    assert [c.job.id for c in claimed] == [first[0].id] and looks == [QUEUE]
+    second = job_and_run()
+    [claim] = await claim_while(queue, 1, [second])
+    assert claim.job.id == second[0].id and claim.job.handed and looks == [QUEUE]
 
 
 async def test_an_add_hands_its_job_to_the_sleeping_claim_as_a_claim_would_take_it(

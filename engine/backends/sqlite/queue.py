@@ -20,6 +20,7 @@ uses too (`DatabaseQueue`, ../database_queue.py).
 
 from __future__ import annotations
 
+import itertools
 import json
 import sqlite3
 import time
@@ -207,15 +208,23 @@ class SqliteQueue(DatabaseQueue):
         super().__init__()
         self.db = db
         self.poll_s = poll_s
+        # The writer's order of adds and looks (`_wake_added`): a number each when it runs,
+        # and by queue, the number of the last look that took all there was.
+        self._order = itertools.count()
+        self._drained_at: dict[str, int] = {}
 
     # ---- adding and claiming ---------------------------------------------------------------
     async def add(self, jobs: list[Job], runs: list[Run]) -> list[str]:
         by_job = {run.job_id: run for run in runs}
-        offers = self.offers_for(jobs)
+        pending = self._pending_add(jobs)
+
+        ran = [0]
 
         def add(conn: sqlite3.Connection) -> tuple[list[str], dict[Offer, list[Claim]]]:
+            ran[0] = next(self._order)
             added: list[str] = []
             handed: dict[Offer, list[Claim]] = {}
+            offers = pending.assign(jobs) if pending is not None else {}
             asked, now = time.monotonic(), time.time()
             # Handed over only where no other process has paused the queue: a claim reads
             # the pause in the same transaction (`DUE`). Read once a queue.
@@ -233,12 +242,26 @@ class SqliteQueue(DatabaseQueue):
             write_runs(conn, [(by_job[i], None) for i in added if i in by_job])
             return added, handed
 
-        call = self.db.call_soon(add, weight=len(jobs) + len(runs))
-        for offer in set(offers.values()):
-            offer.taken = partial(_handed_to, call, offer)
-        added, handed = await self.db.outcome(call)
+        try:
+            call = self.db.call_soon(add, weight=len(jobs) + len(runs))
+            if pending is not None:
+                pending.queued(partial(_handed_to, call))
+            added, handed = await self.db.outcome(call)
+        finally:
+            self._added(pending)
         taken = {c.job.id for claims in handed.values() for c in claims}
-        self._wake_added({job.queue for job in jobs if job.id not in taken})
+        # A queue a look took all of after this add ran (in the same transaction, mostly:
+        # the claim's look queued behind the add) has no claim to wake for these jobs: that
+        # look took them. Woken, the claim would look again for nothing, in the transaction
+        # after, rather than wait for the next add and be handed its jobs.
+        looked = self._drained_at
+        self._wake_added(
+            {
+                job.queue
+                for job in jobs
+                if job.id not in taken and looked.get(job.queue, -1) < ran[0]
+            }
+        )
         return added
 
     async def _look(
@@ -258,17 +281,15 @@ class SqliteQueue(DatabaseQueue):
         # looked for with a read in aiosqlite's thread, not in a write transaction.
         if forced_only and not await self.db.fetchone(FORCED_WAITING, (queue,)):
             return [], self.poll_s
-        claims, next_due = await self.db.transaction(
-            partial(
-                _claim,
-                queue=queue,
-                limit=asking,
-                worker=worker,
-                lease_s=lease_s,
-                forced_only=forced_only,
-                handing=handing,
-            )
-        )
+
+        def look(conn: sqlite3.Connection) -> tuple[list[Claim], float | None]:
+            ran = next(self._order)
+            claimed, next_due = _claim(conn, queue, asking, worker, lease_s, forced_only, handing)
+            if len(claimed) < asking and not forced_only:  # all there was
+                self._drained_at[queue] = ran
+            return claimed, next_due
+
+        claims, next_due = await self.db.transaction(look)
         return claims, self._look_again_in(next_due)
 
     def _look_again_in(self, next_due: float | None) -> float:
