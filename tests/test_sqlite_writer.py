@@ -7,6 +7,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import closing
+from functools import partial
 from pathlib import Path
 
 import anyio
@@ -61,6 +62,29 @@ async def test_concurrent_callers_share_one_commit_made_in_the_loop(
     assert db.batches - batches == 1
     assert db.batches_in_thread == in_thread
     assert count(db.path) == 8
+
+
+async def test_a_late_call_runs_after_the_other_calls_of_its_batch(
+    backend: SqliteBackend,
+) -> None:
+    """A claim's look is late: it finds what the adds of its own transaction wrote, whichever
+    was asked for first."""
+    db = backend.db
+    ran: list[str] = []
+
+    def noted(name: str) -> Callable[[sqlite3.Connection], None]:
+        def fn(conn: sqlite3.Connection) -> None:
+            ran.append(name)
+
+        return fn
+
+    batches = db.batches
+    async with anyio.create_task_group() as group:
+        group.start_soon(partial(db.transaction, noted("look"), late=True))
+        group.start_soon(db.transaction, noted("add 1"))
+        group.start_soon(db.transaction, noted("add 2"))
+    assert db.batches - batches == 1
+    assert ran == ["add 1", "add 2", "look"]
 
 
 async def test_a_lone_write_is_committed_without_a_thread(backend: SqliteBackend) -> None:

@@ -158,6 +158,29 @@ async def test_a_look_that_took_an_adds_jobs_after_it_is_not_woken_by_that_add(
     assert claim.job.id == second[0].id and claim.job.handed and looks == [QUEUE]
 
 
+async def test_a_look_asked_for_before_an_add_of_its_transaction_finds_the_adds_job(
+    queue: DatabaseQueue, looks: list[str]
+) -> None:
+    """A look runs after the other calls of its transaction (`late`): asked for first, it
+    still takes the job an add of the same transaction wrote, instead of finding nothing and
+    looking again in the next one."""
+    made = job_and_run()
+    claimed: list[Claim] = []
+
+    async def claim_first() -> None:
+        claimed.extend(await queue.claim(QUEUE, 1, "w1", 60.0, timeout=LONG))
+
+    assert isinstance(queue, SqliteQueue)
+    batches = queue.db.batches
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(claim_first)  # its look asked for first, in the same turn
+            tg.start_soon(add, queue, made)
+
+    assert [c.job.id for c in claimed] == [made[0].id] and looks == [QUEUE]
+    assert queue.db.batches == batches + 1
+
+
 async def test_an_add_hands_its_job_to_the_sleeping_claim_as_a_claim_would_take_it(
     queue: DatabaseQueue, looks: list[str]
 ) -> None:

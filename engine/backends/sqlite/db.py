@@ -144,6 +144,7 @@ class InTransaction(Generic[T]):
     fn: Callable[[sqlite3.Connection], T]
     weight: int = 1
     done: anyio.Event = field(default_factory=anyio.Event)
+    late: bool = False  # runs after the batch's other calls (`SqliteDatabase.call_soon`)
     result: T | None = None
     error: BaseException | None = None
 
@@ -251,6 +252,7 @@ class SqliteDatabase:
         self._runs: dict[str, tuple[Run, Fence | None]] = {}
         self._ops: list[Op] = []
         self._calls: list[InTransaction[Any]] = []
+        self._late_calls: list[InTransaction[Any]] = []  # after the others (`call_soon`)
         self._weight = 0
         # The records (run ids, job ids, cache keys) the queued writes touch, and those of the
         # batch being committed in a thread: a point read of one of them waits for the commit.
@@ -423,17 +425,27 @@ class SqliteDatabase:
         self._keys.add(run.id)
         self._wake.set()
 
-    async def transaction(self, fn: Callable[[sqlite3.Connection], T], weight: int = 1) -> T:
+    async def transaction(
+        self, fn: Callable[[sqlite3.Connection], T], weight: int = 1, *, late: bool = False
+    ) -> T:
         """Run `fn` inside the next write transaction and return its result once committed.
         An error it raises is its caller's; the rest of the batch still commits. `weight`:
-        about how many rows it writes (a heavy batch is committed in a thread)."""
-        return await self.outcome(self.call_soon(fn, weight))
+        about how many rows it writes (a heavy batch is committed in a thread). `late`: after
+        the batch's other calls (see `call_soon`)."""
+        return await self.outcome(self.call_soon(fn, weight, late=late))
 
-    def call_soon(self, fn: Callable[[sqlite3.Connection], T], weight: int = 1) -> InTransaction[T]:
+    def call_soon(
+        self, fn: Callable[[sqlite3.Connection], T], weight: int = 1, *, late: bool = False
+    ) -> InTransaction[T]:
         """`transaction` in two halves: `fn` queued for the next write transaction, and its
-        outcome awaited (`outcome`), by whoever needs it (`done` is set in any case)."""
-        call: InTransaction[T] = InTransaction(fn, weight)
-        self._calls.append(call)
+        outcome awaited (`outcome`), by whoever needs it (`done` is set in any case).
+
+        The calls of a batch were all asked for before it began, none waiting for another, so
+        any order of them is one they could have had. A `late` one runs after the others: a
+        claim's look, so that it finds the jobs added in its own transaction (and the callers
+        of the others hear first that theirs committed)."""
+        call: InTransaction[T] = InTransaction(fn, weight, late=late)
+        (self._late_calls if late else self._calls).append(call)
         self._weight += weight
         self._wake.set()
         return call
@@ -453,7 +465,8 @@ class SqliteDatabase:
         return f"{self.path}: {error}"
 
     def _pending(self) -> bool:
-        return bool(self._ops or self._calls or self._runs or self._flushers or self._committing)
+        calls = self._calls or self._late_calls
+        return bool(self._ops or calls or self._runs or self._flushers or self._committing)
 
     def _raise_failure(self) -> None:
         if self._failure is not None:
@@ -513,7 +526,9 @@ class SqliteDatabase:
             # Nothing was written: all of it goes back, as it was (nothing was queued since:
             # nothing here awaits).
             self._runs = {run.id: (run, fence) for run, fence in batch.runs}
-            self._ops, self._calls, self._weight = batch.ops, batch.calls, batch.weight
+            self._ops, self._weight = batch.ops, batch.weight
+            self._calls = [call for call in batch.calls if not call.late]
+            self._late_calls = [call for call in batch.calls if call.late]
             self._keys, self._flushers = keys, flushers
             return False
         self.batches += 1
@@ -534,6 +549,9 @@ class SqliteDatabase:
         self._runs = {}
         ops, self._ops = self._ops, []
         calls, self._calls = self._calls, []
+        if self._late_calls:
+            calls += self._late_calls
+            self._late_calls = []
         weight, self._weight = self._weight, 0
         return _Batch(runs, ops, calls, weight)
 

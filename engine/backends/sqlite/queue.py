@@ -275,8 +275,9 @@ class SqliteQueue(DatabaseQueue):
         handing: int,
         deadline: float,
     ) -> tuple[list[Claim], float]:
-        """One claim in the writer's transaction (`_claim`); the writer waits for the file
-        however long it is locked, so `deadline` is not needed."""
+        """One claim in the writer's transaction (`_claim`), after the transaction's adds
+        (`late`), so that it takes their jobs; the writer waits for the file however long it
+        is locked, so `deadline` is not needed."""
         # A paused queue's claims want only jobs an operator forced, which no index finds:
         # looked for with a read in aiosqlite's thread, not in a write transaction.
         if forced_only and not await self.db.fetchone(FORCED_WAITING, (queue,)):
@@ -289,7 +290,7 @@ class SqliteQueue(DatabaseQueue):
                 self._drained_at[queue] = ran
             return claimed, next_due
 
-        claims, next_due = await self.db.transaction(look)
+        claims, next_due = await self.db.transaction(look, late=True)
         return claims, self._look_again_in(next_due)
 
     def _look_again_in(self, next_due: float | None) -> float:
