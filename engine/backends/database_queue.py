@@ -16,10 +16,11 @@ transition makes it so), so an add does not wake them; a transition does.
 A claim asleep for want of jobs is also offered to this process's adds (`Offer`), on a
 dialect whose add takes offers (`hands_off`): the add writes its due jobs already claimed by
 the sleeping claim's worker, in its own transaction, and the claim returns them without a look.
-A claim that would go to sleep while an add of its queue waits in the writer joins that add
-instead (`PendingAdd`): when one job is enqueued while the last one is claimed, the add comes
-first and the claim a moment after, and it would otherwise look in the next transaction, for
-the job the add has just written. On the path users take (one `enqueue` a call, while the
+A claim that would go to sleep while adds of its queue wait in the writer joins them instead,
+and the adds made while one such add waits join the claim it took (`PendingAdd`): when one job
+is enqueued while the last one is claimed, the add comes first and the claim a moment after,
+and it would otherwise look in the next transaction for the job the add has just written; and
+several producers' adds come together. On the path users take (one `enqueue` a call, while the
 worker runs the jobs) that is every job: a look is four statements on SQLite, one of them the
 update that takes the job. Such jobs are `handed`, as a claim's jobs for free slots are.
 
@@ -50,15 +51,17 @@ AHEAD = 4  # a claim takes up to this many times what was asked
 @dataclass(eq=False)
 class Offer:
     """A claim asleep on a queue for want of jobs, with `limit` free slots, offered to this
-    process's adds until its wake-up `signal` is set. The add that takes it (`PendingAdd`)
-    sets `taken`: what the claim awaits for the claims handed to it (none if the add failed,
-    or the queue turned out paused)."""
+    process's adds until its wake-up `signal` is set. The adds that take it (`PendingAdd`) each
+    add to `takes` what the claim awaits for the claims it handed over (none if it failed, or
+    the queue turned out paused); more may join until the first of them runs (`sealed`)."""
 
     worker: str
     lease_s: float
     limit: int
     signal: anyio.Event
-    taken: Callable[[], Awaitable[list[Claim]]] | None = None
+    takes: list[Callable[[], Awaitable[list[Claim]]]] = field(default_factory=list)
+    handed: int = 0  # jobs handed by the adds that ran, out of `limit`
+    sealed: bool = False
     # The queue's wake-up signal from the moment the offer was taken: a claim that got jobs
     # leaves it as its drained mark, so a job added after the hand-off is not slept through.
     after: anyio.Event = field(default_factory=anyio.Event)
@@ -67,52 +70,47 @@ class Offer:
 @dataclass(eq=False)
 class PendingAdd:
     """An add of this process queued for the database and not yet run, with due jobs for
-    `queues`. It takes the claims asleep on those queues when it is made (`offers`); a claim
-    that would go to sleep on one of them before the add runs joins it (`join`). When it runs,
-    it hands its due jobs to them (`assign`), and from then on takes no one: the add may run in
-    another thread (a heavy batch), hence the lock."""
+    `queues`, and the claims it hands them to (`offers`, one a queue): one asleep when the add
+    is made, one several adds made meanwhile share, or one that would have gone to sleep
+    before the add runs. When it runs it hands its due jobs to them (`assign`); from then on
+    it takes no claim, and its claims join no other add. The add may run in another thread (a
+    heavy batch), hence the queue's `lock` around both."""
 
     queues: frozenset[str]
-    offers: dict[str, Offer]  # by queue, one claim each
+    taken: Callable[[Offer], Awaitable[list[Claim]]]  # the dialect's, what a claim awaits
+    lock: threading.Lock
+    offers: dict[str, Offer] = field(default_factory=dict)
     closed: bool = False
-    # The dialect's: what a claim handed to by this add awaits (`Offer.taken`), once queued.
-    taken: Callable[[Offer], Awaitable[list[Claim]]] | None = None
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def queued(self, taken: Callable[[Offer], Awaitable[list[Claim]]]) -> None:
-        """The add is queued: its claims will await `taken`."""
-        self.taken = taken
-        for offer in self.offers.values():
-            offer.taken = partial(taken, offer)
+    assigned: dict[str, Offer] | None = None
 
     def join(self, queue: str, offer: Offer) -> bool:
-        """The claim of `offer` is handed this add's due jobs of `queue`, if the add has not run
-        yet and no other claim has that queue."""
+        """The claim of `offer` is handed this add's due jobs of `queue`, if neither this add
+        nor one the claim joined before has run, and no other claim has that queue here."""
         with self.lock:
-            if self.closed or self.taken is None or queue in self.offers:
+            if self.closed or offer.sealed or queue in self.offers:
                 return False
             self.offers[queue] = offer
-        offer.taken = partial(self.taken, offer)
+            offer.takes.append(partial(self.taken, offer))
         return True
 
     def assign(self, jobs: list[Job]) -> dict[str, Offer]:
         """In the add's transaction: which jobs go to which claim, by job id (those due now,
-        up to each claim's free slots). The same answer if the transaction is run again."""
+        up to each claim's free slots, shared with the other adds it joined). The same answer
+        if the transaction is run again."""
         with self.lock:
+            if self.assigned is not None:
+                return self.assigned
             self.closed = True
-        if not self.offers:
-            return {}
-        assigned: dict[str, Offer] = {}
-        counts: dict[str, int] = {}
-        for job in jobs:
-            offer = self.offers.get(job.queue)
-            if offer is None or not _due(job):
-                continue
-            count = counts.get(job.queue, 0)
-            if count < offer.limit:
-                counts[job.queue] = count + 1
-                assigned[job.id] = offer
-        return assigned
+            assigned: dict[str, Offer] = {}
+            for offer in self.offers.values():
+                offer.sealed = True
+            for job in jobs:
+                claim = self.offers.get(job.queue)
+                if claim is not None and claim.handed < claim.limit and _due(job):
+                    claim.handed += 1
+                    assigned[job.id] = claim
+            self.assigned = assigned
+            return assigned
 
 
 def _due(job: Job) -> bool:
@@ -131,7 +129,11 @@ class DatabaseQueue(JobQueue):
         self._ahead = Ahead()  # claimed beyond what claims asked for (ahead.py)
         self._drained = Drained()  # after a claim that took all there was (drained.py)
         self._offers: dict[str, deque[Offer]] = {}  # sleeping claims, by queue, oldest first
-        self._pending_adds: dict[str, PendingAdd] = {}  # by queue: the last one not yet run
+        # Adds not yet run, and a claim some of them took that takes more, by queue; and the
+        # lock around handing jobs over (`PendingAdd`).
+        self._pending_adds: dict[str, list[PendingAdd]] = {}
+        self._open_offers: dict[str, Offer] = {}
+        self._handing = threading.Lock()
 
     @abstractmethod
     async def _look(
@@ -171,8 +173,8 @@ class DatabaseQueue(JobQueue):
     # ---- handing off -----------------------------------------------------------------------
     def _take_offer(self, queue: str) -> Offer | None:
         """For an add about to write due jobs of `queue`: the longest-asleep claim on it, if
-        any, taken off the offers. Its claim is woken now and awaits `taken`, which the caller
-        sets before its next checkpoint."""
+        any, taken off the offers. Its claim is woken now and awaits its `takes`, which the
+        caller fills before its next checkpoint."""
         offers = self._offers.get(queue)
         while offers:
             offer = offers.popleft()
@@ -184,24 +186,27 @@ class DatabaseQueue(JobQueue):
             return offer
         return None
 
-    def _pending_add(self, jobs: list[Job]) -> PendingAdd | None:
-        """For a dialect's add about to queue these jobs: the claims asleep on their queues now
-        (each queue's longest-asleep one, `_take_offer`), and a claim about to sleep on one of
-        them before the add runs joins it; None where the add has no due job. The dialect calls
-        `queued` before its next checkpoint, and `_added` once the add is over."""
+    def _pending_add(
+        self, jobs: list[Job], taken: Callable[[Offer], Awaitable[list[Claim]]]
+    ) -> PendingAdd | None:
+        """For a dialect's add just queued with these jobs (none where it has no due job): the
+        claims it hands them to, by queue: the one an add made before it and not yet run took
+        or was joined by, else the longest-asleep one (`_take_offer`); and a claim about to
+        sleep on one of its queues before it runs joins it (`_join`). `taken`: what such a
+        claim awaits. The dialect calls `_added` once the add is over."""
         if not self.hands_off:
             return None
         queues = frozenset(job.queue for job in jobs if _due(job))
         if not queues:
             return None
-        offers: dict[str, Offer] = {}
+        pending = PendingAdd(queues, taken, self._handing)
         for queue in queues:
-            offer = self._take_offer(queue)
-            if offer is not None:
-                offers[queue] = offer
-        pending = PendingAdd(queues, offers)
-        for queue in queues:
-            self._pending_adds[queue] = pending
+            shared = self._open_offers.get(queue)
+            if shared is None or not pending.join(queue, shared):
+                offer = self._take_offer(queue)
+                if offer is not None and pending.join(queue, offer):
+                    self._open_offers[queue] = offer
+            self._pending_adds.setdefault(queue, []).append(pending)
         return pending
 
     def _added(self, pending: PendingAdd | None) -> None:
@@ -209,15 +214,24 @@ class DatabaseQueue(JobQueue):
         if pending is None:
             return
         for queue in pending.queues:
-            if self._pending_adds.get(queue) is pending:
-                del self._pending_adds[queue]
+            waiting = self._pending_adds.get(queue)
+            if waiting is not None and pending in waiting:
+                waiting.remove(pending)
+                if not waiting:
+                    del self._pending_adds[queue]
+            offer = self._open_offers.get(queue)
+            if offer is not None and offer.sealed:
+                del self._open_offers[queue]
 
     def _join(self, queue: str, offer: Offer) -> bool:
-        """Instead of sleeping: the claim of `offer` joins an add of `queue` not yet run, as if
-        it had been asleep when the add was made (`_take_offer`)."""
-        pending = self._pending_adds.get(queue)
-        if pending is None or not pending.join(queue, offer):
+        """Instead of sleeping: the claim of `offer` joins the adds of `queue` not yet run, as
+        if it had been asleep when the first was made (`_take_offer`)."""
+        joined = False
+        for pending in self._pending_adds.get(queue, ()):
+            joined = pending.join(queue, offer) or joined
+        if not joined:
             return False
+        self._open_offers[queue] = offer
         self._signals[queue] = offer.after
         offer.signal.set()  # as if taken from its sleep: other claims asleep on it look
         return True
@@ -239,11 +253,15 @@ class DatabaseQueue(JobQueue):
                 with anyio.move_on_after(max(until - time.monotonic(), 0.0)):
                     await signal.wait()
             finally:
-                if offer.taken is None and offer in offers:  # (one woken may be gone already)
+                if not offer.takes and offer in offers:  # (one woken may be gone already)
                     offers.remove(offer)
-        if offer.taken is None:
-            return []
-        claims = await offer.taken()
+        claims: list[Claim] = []
+        try:
+            for take in offer.takes:  # (complete by the time the first is over: `sealed`)
+                claims += await take()
+        finally:
+            with self._handing:  # an add that failed before it ran did not seal it
+                offer.sealed = True
         if claims:
             # Asleep until the add: nothing else was due, as after a look that took all.
             self._drained.mark(queue, offer.after, max(until - time.monotonic(), 0.0))

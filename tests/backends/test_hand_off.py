@@ -131,6 +131,53 @@ async def test_a_claim_that_would_sleep_while_an_add_waits_in_the_writer_joins_t
     )
 
 
+async def test_a_claim_that_would_sleep_joins_every_add_of_its_queue_waiting_in_the_writer(
+    queue: DatabaseQueue, looks: list[str]
+) -> None:
+    """Several producers' adds wait in the writer (here: the first in a batch held up by
+    another process's lock, the second queued behind it) when the claim comes: it is handed
+    both adds' jobs."""
+    zero = job_and_run()
+    await add(queue, zero)
+    [claim] = await queue.claim(QUEUE, 2, "w1", 60.0)  # took all there was: drained
+    assert claim.job.id == zero[0].id and looks == [QUEUE]
+
+    first, second = job_and_run(), job_and_run()
+    claimed: list[Claim] = []
+
+    async def claim_next() -> None:
+        claimed.extend(await queue.claim(QUEUE, 2, "w1", 60.0, timeout=LONG))
+
+    async with writer_held(queue, lambda: add(queue, first)) as tg:
+        tg.start_soon(add, queue, second)
+        await anyio.wait_all_tasks_blocked()
+        tg.start_soon(claim_next)
+
+    assert [c.job.id for c in claimed] == [first[0].id, second[0].id] and looks == [QUEUE]
+
+
+async def test_adds_made_while_a_claim_sleeps_all_hand_it_jobs_up_to_its_free_slots(
+    queue: DatabaseQueue, looks: list[str]
+) -> None:
+    made = [job_and_run() for _ in range(3)]
+    claimed: list[Claim] = []
+
+    async def claim() -> None:
+        claimed.extend(await queue.claim(QUEUE, 2, "w1", 60.0, timeout=LONG))
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(claim)
+            await anyio.wait_all_tasks_blocked()  # it found nothing and sleeps
+            for one in made:  # three producers' adds, made in one turn of the loop
+                tg.start_soon(add, queue, one)
+
+    assert [c.job.id for c in claimed] == [made[0][0].id, made[1][0].id]
+    assert looks == [QUEUE]
+    stored = await queue.get_job(made[2][0].id)
+    assert stored is not None and (stored.state, stored.worker) == (JobState.WAITING, None)
+
+
 async def test_a_look_that_took_an_adds_jobs_after_it_is_not_woken_by_that_add(
     queue: DatabaseQueue, looks: list[str]
 ) -> None:

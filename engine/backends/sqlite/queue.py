@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 from ...models import Job, JobState, LogLine, QueueStats, Run, from_epoch, to_epoch
 from ...records import construct
 from ..base import Claim, Fence, JobUpdate, Renewal, Transition
-from ..database_queue import DatabaseQueue, Offer
+from ..database_queue import DatabaseQueue, Offer, PendingAdd
 from ..rows import JOB_COLUMNS, dump, job_from_row, job_row
 from .db import INLINE_WEIGHT, INSERT_LOG, InTransaction, SqliteDatabase, write_runs
 from .store import log_row
@@ -216,8 +216,7 @@ class SqliteQueue(DatabaseQueue):
     # ---- adding and claiming ---------------------------------------------------------------
     async def add(self, jobs: list[Job], runs: list[Run]) -> list[str]:
         by_job = {run.job_id: run for run in runs}
-        pending = self._pending_add(jobs)
-
+        pending: PendingAdd | None = None  # set as soon as the add is queued
         ran = [0]
 
         def add(conn: sqlite3.Connection) -> tuple[list[str], dict[Offer, list[Claim]]]:
@@ -244,8 +243,7 @@ class SqliteQueue(DatabaseQueue):
 
         try:
             call = self.db.call_soon(add, weight=len(jobs) + len(runs))
-            if pending is not None:
-                pending.queued(partial(_handed_to, call))
+            pending = self._pending_add(jobs, partial(_handed_to, call))
             added, handed = await self.db.outcome(call)
         finally:
             self._added(pending)
