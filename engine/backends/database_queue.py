@@ -240,8 +240,8 @@ class DatabaseQueue(JobQueue):
         self, queue: str, signal: anyio.Event, until: float, offer: Offer | None
     ) -> list[Claim]:
         """Sleep on `signal` until the monotonic time `until` at most, offered to adds if
-        `offer` (or join an add not yet run, `_join`); the claims an add handed over, if one
-        took the offer."""
+        `offer` (or join the adds not yet run, `_join`); the claims the adds that took the
+        offer handed over."""
         if offer is None:
             with anyio.move_on_after(max(until - time.monotonic(), 0.0)):
                 await signal.wait()

@@ -217,10 +217,11 @@ class SqliteQueue(DatabaseQueue):
     async def add(self, jobs: list[Job], runs: list[Run]) -> list[str]:
         by_job = {run.job_id: run for run in runs}
         pending: PendingAdd | None = None  # set as soon as the add is queued
-        ran = [0]
+        ran = 0  # its place in the writer's order (`_drained_at`), once it ran
 
         def add(conn: sqlite3.Connection) -> tuple[list[str], dict[Offer, list[Claim]]]:
-            ran[0] = next(self._order)
+            nonlocal ran
+            ran = next(self._order)
             added: list[str] = []
             handed: dict[Offer, list[Claim]] = {}
             offers = pending.assign(jobs) if pending is not None else {}
@@ -254,11 +255,7 @@ class SqliteQueue(DatabaseQueue):
         # after, rather than wait for the next add and be handed its jobs.
         looked = self._drained_at
         self._wake_added(
-            {
-                job.queue
-                for job in jobs
-                if job.id not in taken and looked.get(job.queue, -1) < ran[0]
-            }
+            {job.queue for job in jobs if job.id not in taken and looked.get(job.queue, -1) < ran}
         )
         return added
 
