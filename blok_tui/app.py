@@ -9,6 +9,7 @@ because they are cheap and move without events.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 from collections import deque
@@ -20,6 +21,7 @@ from typing import Any, ClassVar
 
 from textual.app import App
 from textual.binding import BindingType
+from textual.worker import WorkerCancelled
 
 from engine import (
     EngineError,
@@ -172,6 +174,16 @@ class BlokApp(App[None]):
             self.engine = engine
             await self._start()
             await asyncio.Event().wait()
+
+    async def on_unmount(self) -> None:
+        # Textual cancels an app's workers at exit without waiting for them. The engine this
+        # app opened must finish closing (its database connections' threads) while the event
+        # loop still runs: a connection's thread that answers after the loop has closed fails.
+        for worker in list(self.workers):
+            if worker.group == "engine":
+                # The cancel is how Textual ends it; once `wait` returns, the close has run.
+                with contextlib.suppress(WorkerCancelled):
+                    await worker.wait()
 
     async def _start(self) -> None:
         self.reload_errors = dict(self.engine.reload_errors)
