@@ -529,7 +529,9 @@ class PostgresDatabase:
                 return bool(status == "committed")
             await anyio.sleep(BACKOFF_MIN_S)
 
-    async def _run(self, conn: Conn, batch: Batch) -> None:
+    async def _run(self, conn: Conn, batch: Batch, *, calls: bool = True) -> None:
+        """The batch in one transaction; `calls=False`: without its functions (one of them
+        failed, and the rest of the batch is written again without it)."""
         await conn.execute("BEGIN")
         if not (batch.runs or batch.ops) or any(op[0] not in HOT for op in batch.ops):
             if batch.runs:
@@ -561,7 +563,9 @@ class PostgresDatabase:
             else:
                 await conn.executemany(statement, [params for _, params in ops[i:j]])
             i = j
-        if len(batch.calls) == 1 and not (batch.runs or batch.ops):
+        if calls and len(batch.calls) == 1:
+            # A lone function (a batch's usual enqueue) needs no savepoint, a round trip: on
+            # a failure of its own, the rest of the batch is written again without it.
             [call] = batch.calls
             call.error = None
             try:
@@ -569,14 +573,18 @@ class PostgresDatabase:
             except Exception as error:
                 if retryable(error):
                     raise
-                # Its own failure, and nothing else rides in this batch.
                 await conn.execute("ROLLBACK")
                 call.error = error
-                batch.committed = True
+                if not (batch.runs or batch.ops):
+                    batch.committed = True
+                    return
+                batch.xid = None
+                batch.landed = set()
+                await self._run(conn, batch, calls=False)
                 return
             await self._finish(conn, batch)
             return
-        held = await self._calls_in_savepoints(conn, batch.calls)
+        held = await self._calls_in_savepoints(conn, batch.calls if calls else [])
         await self._finish(conn, batch, release=held)
 
     async def _calls_in_savepoints(self, conn: Conn, calls: list[InTransaction[Any]]) -> bool:
