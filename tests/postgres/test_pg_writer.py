@@ -234,6 +234,96 @@ async def test_a_lone_call_that_fails_leaves_the_writes_of_its_batch_committed(
         assert [r.id for r in await backend.runs.runs_by_id([saved.id])] == [saved.id]
 
 
+async def test_enqueues_in_one_batch_ride_its_one_statement(
+    pg_schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Enqueues in one batch with a run riding along are written by the batch's one statement
+    (WRITE_BATCH_ENQUEUE): each caller hears which of its jobs were added, a job known already
+    is not added again, and the jobs' order is the calls' order."""
+    async with open_backend(pg_schema) as backend:
+        assert isinstance(backend, PostgresBackend)
+        queue = backend.queue("postgres")
+        known, known_run = job_and_run()
+        await queue.add([known], [known_run])
+        batches = backend.db.batches
+        made = {f"call {n}": [job_and_run() for _ in range(n)] for n in (1, 2, 3)}
+        made["again"] = [(known, known_run)]
+        added: dict[str, list[str]] = {}
+
+        async def enqueue(name: str) -> None:
+            pairs = made[name]
+            added[name] = await queue.add([job for job, _ in pairs], [run for _, run in pairs])
+
+        backend.runs.save_run(saved := a_run())
+        async with anyio.create_task_group() as group:
+            for name in made:
+                group.start_soon(enqueue, name)
+
+        assert backend.db.batches - batches == 1
+        assert not [r for r in caplog.records if "one write at a time" in r.getMessage()]
+        fresh = {name: [job.id for job, _ in pairs] for name, pairs in made.items()}
+        assert added == {**fresh, "again": []}
+        in_order = [job_id for name in made for job_id in added[name]]
+        rows = await backend.db.fetch("SELECT id FROM jobs WHERE id <> $1 ORDER BY seq", known.id)
+        assert [row["id"] for row in rows] == in_order
+        for name in made:
+            runs = await backend.runs.runs_by_id([run.id for _, run in made[name]])
+            assert len(runs) == len(made[name])
+        assert [r.id for r in await backend.runs.runs_by_id([saved.id])] == [saved.id]
+
+
+async def test_a_job_enqueued_twice_in_one_batch_is_added_once(pg_schema: str) -> None:
+    """As if one enqueue ran after the other: the first caller adds the job, the second
+    hears it was known already."""
+    async with open_backend(pg_schema) as backend:
+        queue = backend.queue("postgres")
+        job, run = job_and_run()
+        added: list[list[str]] = []
+
+        async def enqueue() -> None:
+            added.append(await queue.add([job], [run]))
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(enqueue)
+            group.start_soon(enqueue)
+
+        assert sorted(added) == [[], [job.id]]
+        assert await backend.db.fetch("SELECT count(*) FROM jobs") == [(1,)]
+
+
+async def test_an_enqueue_refused_for_its_data_fails_alone_in_a_folded_batch(
+    pg_schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The batch's one statement fails for one enqueue's data: the batch is written again the
+    usual way, where that enqueue fails alone and the others and the runs commit."""
+    async with open_backend(pg_schema) as backend:
+        assert isinstance(backend, PostgresBackend)
+        queue = backend.queue("postgres")
+        good, good_run = job_and_run()
+        bad, bad_run = job_and_run(priority=2**70)  # past bigint
+        outcomes: dict[str, object] = {}
+        batches = backend.db.batches
+
+        async def enqueue(name: str, job: Any, run: Any) -> None:
+            try:
+                outcomes[name] = await queue.add([job], [run])
+            except Exception as error:
+                outcomes[name] = error
+
+        backend.runs.save_run(saved := a_run())
+        async with anyio.create_task_group() as group:
+            group.start_soon(enqueue, "good", good, good_run)
+            group.start_soon(enqueue, "bad", bad, bad_run)
+
+        assert backend.db.batches - batches == 1
+        # ... written again the usual way, not one write at a time (that is for the writes).
+        assert not [r for r in caplog.records if "one write at a time" in r.getMessage()]
+        assert outcomes["good"] == [good.id]
+        assert isinstance(outcomes["bad"], Exception)
+        assert await queue.get_job(bad.id) is None
+        assert [r.id for r in await backend.runs.runs_by_id([saved.id])] == [saved.id]
+
+
 async def test_writes_survive_the_writers_connection_being_ended(pg_schema: str) -> None:
     async with open_backend(pg_schema) as backend:
         backend.runs.save_run(first := a_run())

@@ -35,10 +35,9 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Callable
 from contextlib import suppress
-from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -47,13 +46,28 @@ import asyncpg.exceptions as pgerr
 from anyio import TASK_STATUS_IGNORED
 from anyio.abc import TaskStatus
 from asyncpg.exceptions import ConnectionDoesNotExistError
-from asyncpg.pool import PoolConnectionProxy
 
 from ...errors import DatabaseError
 from ...models import Run
 from ..base import Fence
-from ..rows import ATTEMPT_COLUMNS, RUN_COLUMNS, STEP_COLUMNS, attempt_row, run_row, step_row
+from ..rows import JOB_COLUMNS, RUN_COLUMNS
 from . import sql
+from .batch import (
+    Batch,
+    Conn,
+    Fn,
+    InTransaction,
+    Params,
+    folded,
+    folds,
+    latest,
+    once_each,
+    run_params,
+    run_rows,
+    settled,
+    transpose,
+    update_jobs,
+)
 from .connect import (
     conflict,
     connect,
@@ -75,147 +89,6 @@ BACKOFF_MAX_S = 2.0
 FLUSH_NOW_TIMEOUT_S = 15.0
 HOT = (sql.INSERT_LOG, sql.UPDATE_JOB)  # what WRITE_BATCH writes besides runs
 GATHER_TURNS = 50  # at most this many turns of the event loop gather a batch
-
-Params = tuple[Any, ...]
-# A connection of the writer, the listener or the pool (a proxy of one).
-Conn = asyncpg.Connection | PoolConnectionProxy
-Fn = Callable[[Conn], Awaitable[T]]
-
-
-def clean(row: Params) -> Params:
-    """PostgreSQL's text cannot hold NUL: a NUL in a string (an exception's message, a log line)
-    is written as the four characters \\x00, which is how the console shows it anyway."""
-    for value in row:
-        if value.__class__ is str and "\x00" in value:
-            return tuple(v.replace("\x00", "\\x00") if isinstance(v, str) else v for v in row)
-    return row
-
-
-def transpose(rows: list[Params], width: int) -> list[list[Any]]:
-    """Row tuples as one list per column: the arrays of a bulk statement."""
-    if not rows:
-        return [[] for _ in range(width)]
-    return [list(column) for column in zip(*rows, strict=True)]
-
-
-def latest(rows: list[Params], key: int) -> list[Params]:
-    """Rows of several batches, the last of each key (its first `key` columns) kept: one
-    statement may not write a row twice."""
-    return list({row[:key]: row for row in rows}.values())
-
-
-def fence_of(fence: Fence | None) -> tuple[str | None, int | None]:
-    return (fence.job_id, fence.epoch) if fence is not None else (None, None)
-
-
-def run_rows(
-    runs: Iterable[tuple[Run, Fence | None]],
-) -> tuple[list[Params], list[Params], list[Params]]:
-    """Run, step and attempt rows of these runs, each with its fence (job id, epoch) after it."""
-    rows: list[Params] = []
-    steps: list[Params] = []
-    attempts: list[Params] = []
-    for run, fence in runs:
-        tail = fence_of(fence)
-        rows.append(clean((*run_row(run), *tail)))
-        for step in run.steps:
-            steps.append(clean((*step_row(run.id, step), *tail)))
-            for attempt in step.attempts:
-                attempts.append(clean((*attempt_row(run.id, step.index, attempt), *tail)))
-    return rows, steps, attempts
-
-
-def once_each(updates: list[Params]) -> list[Params]:
-    """UPDATE_JOB parameters for one statement: a job twice among them at the same epoch, the
-    first moves the epoch on, so the second would have found nothing."""
-    first: dict[tuple[Any, Any], Params] = {}
-    for params in updates:
-        first.setdefault((params[9], params[10]), params)
-    return list(first.values())
-
-
-def settled(ids: list[str] | None, epochs: list[int] | None) -> set[tuple[str, int]]:
-    """SETTLED's arrays as (job id, epoch fenced at) pairs (NULL arrays: none moved on)."""
-    return set(zip(ids or (), epochs or (), strict=True))
-
-
-async def update_jobs(conn: Conn, updates: list[Params]) -> set[tuple[str, int]]:
-    """Consecutive UPDATE_JOB parameters in one statement; the jobs it moved on (SETTLED)."""
-    row = await conn.fetchrow(sql.UPDATE_JOBS, *transpose(once_each(updates), 11))
-    assert row is not None  # one row (an aggregate), whatever was updated
-    return settled(row["ids"], row["epochs"])
-
-
-def run_params(batch: Batch, logs: Sequence[Params] = ()) -> list[Any]:
-    """WRITE_RUNS' parameters: the fenced jobs (in id order), then the rows' arrays."""
-    fenced = {row[-2] for rows in (batch.runs, batch.steps, batch.attempts, logs) for row in rows}
-    fenced.discard(None)
-    return [
-        sorted(fenced),
-        *transpose(batch.runs, len(RUN_COLUMNS) + 2),
-        *transpose(batch.steps, len(STEP_COLUMNS) + 2),
-        *transpose(batch.attempts, len(ATTEMPT_COLUMNS) + 2),
-    ]
-
-
-async def write_runs(conn: Conn, runs: Iterable[tuple[Run, Fence | None]]) -> None:
-    """The runs' rows, inside the caller's transaction."""
-    rows, steps, attempts = run_rows(runs)
-    if rows:
-        await conn.executemany(sql.UPSERT_RUN, rows)
-    if steps:
-        await conn.executemany(sql.UPSERT_STEP, steps)
-    if attempts:
-        await conn.executemany(sql.UPSERT_ATTEMPT, attempts)
-
-
-@dataclass
-class InTransaction(Generic[T]):
-    """A function riding in the writer's next transaction; `done` once it committed (or
-    failed: `error`). `feed`: it writes runs or log lines (the change feed moves)."""
-
-    fn: Fn[T]
-    feed: bool = False
-    done: anyio.Event = field(default_factory=anyio.Event)
-    result: T | None = None
-    error: BaseException | None = None
-
-
-@dataclass
-class Batch:
-    runs: list[Params]
-    steps: list[Params]
-    attempts: list[Params]
-    ops: list[tuple[str, Params]]
-    calls: list[InTransaction[Any]]
-    after: list[Callable[[], None]]  # run once committed (local wake-ups)
-    feed: bool
-    # Job settles (UPDATE_JOB in `ops`, by index) whose submitter is told whether they landed,
-    # and what this try of the batch moved on, as (job id, epoch fenced at): `tell_landed`.
-    settles: list[tuple[int, Callable[[bool], None]]] = field(default_factory=list)
-    landed: set[tuple[str, int]] = field(default_factory=set)
-    xid: int | None = None
-    commit_sent: bool = False
-    committed: bool = False
-
-    def __bool__(self) -> bool:
-        return bool(self.runs or self.ops or self.calls)
-
-    def tell_landed(self) -> None:
-        """Once committed: tell each settle's submitter whether it landed. One statement moves
-        a job on once; of two settles at the same epoch only the first can land (`once_each`),
-        as when they run one after the other."""
-        if not self.settles:
-            return
-        told = dict(self.settles)
-        seen: set[tuple[str, int]] = set()
-        for i, (statement, params) in enumerate(self.ops):
-            if statement is not sql.UPDATE_JOB:
-                continue
-            key = (params[9], params[10])
-            if i in told:
-                told[i](key in self.landed and key not in seen)
-            seen.add(key)
 
 
 def _dead(conn: Conn) -> bool:
@@ -381,10 +254,17 @@ class PostgresDatabase:
         self._after.append(callback)
         self._wake.set()
 
-    async def transaction(self, fn: Fn[T], *, feed: bool = False) -> T:
+    async def transaction(
+        self,
+        fn: Fn[T],
+        *,
+        feed: bool = False,
+        enqueue: tuple[list[Params], list[Params]] | None = None,
+    ) -> T:
         """Run `fn` inside the next write transaction and return its result once committed.
-        An error it raises is its caller's; the rest of the batch still commits."""
-        call: InTransaction[T] = InTransaction(fn, feed)
+        An error it raises is its caller's; the rest of the batch still commits. `enqueue`:
+        `fn` runs ENQUEUE with these job and run rows, and nothing else (see InTransaction)."""
+        call: InTransaction[T] = InTransaction(fn, feed, enqueue)
         self._writes += 1
         self._calls.append(call)
         self._wake.set()
@@ -529,11 +409,18 @@ class PostgresDatabase:
                 return bool(status == "committed")
             await anyio.sleep(BACKOFF_MIN_S)
 
-    async def _run(self, conn: Conn, batch: Batch, *, calls: bool = True) -> None:
+    async def _run(
+        self, conn: Conn, batch: Batch, *, calls: bool = True, fold: bool = True
+    ) -> None:
         """The batch in one transaction; `calls=False`: without its functions (one of them
-        failed, and the rest of the batch is written again without it)."""
+        failed, and the rest of the batch is written again without it); `fold=False`: its
+        enqueues are not folded into WRITE_BATCH (that statement failed)."""
         await conn.execute("BEGIN")
-        if not (batch.runs or batch.ops) or any(op[0] not in HOT for op in batch.ops):
+        hot = all(op[0] in HOT for op in batch.ops)
+        if calls and fold and hot and folds(batch):
+            await self._run_folded(conn, batch)
+            return
+        if not (batch.runs or batch.ops) or not hot:
             if batch.runs:
                 batch.xid = await conn.fetchval(sql.WRITE_RUNS, *run_params(batch))
             ops = batch.ops
@@ -586,6 +473,42 @@ class PostgresDatabase:
             return
         held = await self._calls_in_savepoints(conn, batch.calls if calls else [])
         await self._finish(conn, batch, release=held)
+
+    async def _run_folded(self, conn: Conn, batch: Batch) -> None:
+        """The batch and its enqueues in one statement (WRITE_BATCH_ENQUEUE, or
+        ENQUEUE_ANNOUNCED when enqueues are all there is), then COMMIT: BEGIN, the statement
+        and COMMIT, against BEGIN, WRITE_BATCH, then a savepoint and an ENQUEUE each, and
+        COMMIT. If the statement fails for its data, the batch is run again the usual way,
+        which finds whose failure it was."""
+        job_rows, run_rows_ = folded(batch.calls)
+        statement, params = sql.ENQUEUE_ANNOUNCED, []
+        if batch.runs or batch.ops:
+            logs = [p for op, p in batch.ops if op is sql.INSERT_LOG]
+            jobs = once_each([p for op, p in batch.ops if op is sql.UPDATE_JOB])
+            statement = sql.WRITE_BATCH_ENQUEUE
+            params = [*run_params(batch, logs), *transpose(logs, 7), *transpose(jobs, 11)]
+        try:
+            row = await conn.fetchrow(
+                statement,
+                *params,
+                *transpose(job_rows, len(JOB_COLUMNS)),
+                *transpose(run_rows_, len(RUN_COLUMNS)),
+            )
+        except Exception as error:
+            if retryable(error):
+                raise
+            await conn.execute("ROLLBACK")
+            await self._run(conn, batch, fold=False)
+            return
+        assert row is not None  # one row, whatever was written
+        batch.xid = row["x"]
+        batch.landed |= settled(row["ids"], row["epochs"])
+        added = set(row["added"])
+        for call in batch.calls:
+            assert call.enqueue is not None
+            call.error = None
+            call.result = [job[0] for job in call.enqueue[0] if job[0] in added]
+        await self._finish(conn, batch)
 
     async def _calls_in_savepoints(self, conn: Conn, calls: list[InTransaction[Any]]) -> bool:
         """Each call under a savepoint, so that its failure is its own; whether the last

@@ -37,7 +37,8 @@ from ..base import Claim, Fence, JobUpdate, Renewal, Transition
 from ..database_queue import DatabaseQueue
 from ..rows import JOB_COLUMNS, RUN_COLUMNS, dump, job_from_row, job_row, run_row
 from . import sql
-from .db import Conn, PostgresDatabase, Unavailable, clean, transpose, write_runs
+from .batch import Conn, clean, transpose, write_runs
+from .db import PostgresDatabase, Unavailable
 from .store import log_params
 
 LOOK_ANYWAY_S = 1.0  # an idle claim looks at least this often while the listener is up
@@ -103,7 +104,9 @@ class PostgresQueue(DatabaseQueue):
             await write_runs(conn, [(run, None) for run in whole if run.job_id in fresh])
             return added
 
-        added = await self.db.transaction(add, feed=True)
+        # Bare jobs and runs only: the writer may fold them into its batch's statement.
+        rows = None if whole else (job_rows, bare)
+        added = await self.db.transaction(add, feed=True, enqueue=rows)
         self._wake_added({job.queue for job in jobs})
         return added
 

@@ -26,7 +26,8 @@ from ..base import (
 )
 from ..rows import catalog_from_row, catalog_row, schedule_from_row, spec_text
 from . import sql
-from .db import Conn, PostgresDatabase, clean
+from .batch import Conn, clean
+from .db import PostgresDatabase
 
 T = TypeVar("T")
 

@@ -183,7 +183,7 @@ def _write_runs_and_announce() -> str:
 WRITE_RUNS = _write_runs_and_announce()
 
 
-def _write_batch() -> str:
+def _write_batch(enqueue: bool = False) -> str:
     runs, n = _fenced_bulk("runs", RUN_COLUMNS, ("id",), 2)
     steps, n = _fenced_bulk("steps", STEP_COLUMNS, ("run_id", "idx"), n)
     attempts, n = _fenced_bulk("attempts", ATTEMPT_COLUMNS, ("run_id", "step_idx", "number"), n)
@@ -199,11 +199,18 @@ def _write_batch() -> str:
         " ORDER BY g.o"
     )
     jobs = _update_jobs(n + 7, gate=" AND (SELECT count(*) FROM fences) >= 0")
+    added = added_ids = ""
+    if enqueue:
+        added = f", {_enqueue_ctes(n + 18)}"
+        added_ids = (
+            ", ARRAY(SELECT id FROM added) AS added,"
+            f" (SELECT count(pg_notify('{JOBS_CHANNEL}', queue)) FROM added) AS told"
+        )
     return (
         "WITH fences AS (SELECT id, epoch FROM jobs WHERE id = ANY($1::text[])"
         " ORDER BY id FOR SHARE),"
-        f" r AS ({runs}), s AS ({steps}), a AS ({attempts}), l AS ({logs}), {jobs}"
-        " SELECT x, settled.ids, settled.epochs"
+        f" r AS ({runs}), s AS ({steps}), a AS ({attempts}), l AS ({logs}), {jobs}{added}"
+        f" SELECT x, settled.ids, settled.epochs{added_ids}"
         " FROM (SELECT pg_current_xact_id()::text::bigint AS x) AS t,"
         f" LATERAL (SELECT pg_notify('{RUNS_CHANNEL}', x::text)) AS n,"
         f" LATERAL ({SETTLED}) AS settled"
@@ -222,17 +229,18 @@ SELECT_RUN = f"SELECT {', '.join(RUN_COLUMNS)} FROM runs"
 SELECT_JOB = f"SELECT {', '.join(JOB_COLUMNS)} FROM jobs"
 
 
-def _enqueue() -> str:
-    jobs = ", ".join(f"${i}::{column_type('jobs', c)}[]" for i, c in enumerate(JOB_COLUMNS, 1))
-    first = len(JOB_COLUMNS) + 1
-    runs = ", ".join(f"${i}::{column_type('runs', c)}[]" for i, c in enumerate(RUN_COLUMNS, first))
+def _enqueue_ctes(first: int) -> str:
+    """The CTEs `added` (the new jobs, from placeholder `first` on, one array per column) and
+    `runs_added` (then their runs': those of the jobs added)."""
+    jobs = ", ".join(f"${i}::{column_type('jobs', c)}[]" for i, c in enumerate(JOB_COLUMNS, first))
+    after = first + len(JOB_COLUMNS)
+    runs = ", ".join(f"${i}::{column_type('runs', c)}[]" for i, c in enumerate(RUN_COLUMNS, after))
     return (
-        f"WITH added AS (INSERT INTO jobs ({', '.join(JOB_COLUMNS)}) SELECT * FROM unnest({jobs})"
+        f"added AS (INSERT INTO jobs ({', '.join(JOB_COLUMNS)}) SELECT * FROM unnest({jobs})"
         " ON CONFLICT (id) DO NOTHING RETURNING id, queue),"
         f" runs_added AS (INSERT INTO runs ({', '.join(RUN_COLUMNS)})"
         f" SELECT * FROM unnest({runs}) AS u({', '.join(RUN_COLUMNS)})"
         " WHERE u.job_id IN (SELECT id FROM added) ON CONFLICT (id) DO NOTHING)"
-        f" SELECT id, pg_notify('{JOBS_CHANNEL}', queue)::text FROM added"
     )
 
 
@@ -241,7 +249,7 @@ def _enqueue() -> str:
 # whose id is known already is not added again, nor its run). The ids of the jobs added come
 # back, and their queues are notified (once per queue: identical notifications fold).
 # $1.. the job columns, then the run columns.
-ENQUEUE = _enqueue()
+ENQUEUE = f"WITH {_enqueue_ctes(1)} SELECT id, pg_notify('{JOBS_CHANNEL}', queue)::text FROM added"
 
 # $1 queue: seconds until something of the queue may become claimable without anyone saying so
 # (a delayed job falls due, a lease runs out); NULL if nothing will. A claim returns it with
@@ -556,3 +564,19 @@ FEED_LOGS_COUNT = "SELECT count(*) FROM logs WHERE xid >= $1 AND xid < $2"
 # holds in one statement. Only for batches of nothing else (the writer checks): another
 # statement would have to come in its own order.
 WRITE_BATCH = _write_batch()
+# WRITE_BATCH and a batch's lone ENQUEUE in one statement (the contract path's usual batch: an
+# `enqueue` call and the writes of the jobs that ran meanwhile): WRITE_BATCH's parameters, then
+# ENQUEUE's; the ids of the jobs added come back too (`added`), and their queues are notified.
+# Every part reads the statement's one snapshot, so the writer folds an enqueue in only when no
+# run of it is among the batch's runs and none of its jobs among the batch's jobs.
+WRITE_BATCH_ENQUEUE = _write_batch(enqueue=True)
+# A batch of one enqueue and nothing else: ENQUEUE that also announces the batch (ANNOUNCE on
+# the runs' channel: its runs are new rows) and returns what WRITE_BATCH_ENQUEUE does.
+ENQUEUE_ANNOUNCED = (
+    f"WITH {_enqueue_ctes(1)}"
+    " SELECT x, NULL::text[] AS ids, NULL::bigint[] AS epochs,"
+    " ARRAY(SELECT id FROM added) AS added,"
+    f" (SELECT count(pg_notify('{JOBS_CHANNEL}', queue)) FROM added) AS told"
+    " FROM (SELECT pg_current_xact_id()::text::bigint AS x) AS t,"
+    f" LATERAL (SELECT pg_notify('{RUNS_CHANNEL}', x::text)) AS n"
+)

@@ -40,7 +40,8 @@ from ..base import (
 )
 from ..rows import TERMINAL, assemble, dump, load, run_from_row, where_clause
 from . import sql
-from .db import Conn, PostgresDatabase, clean, fence_of
+from .batch import Conn, clean, fence_of
+from .db import PostgresDatabase
 
 PENDING = ["queued", "delayed", "waiting", "throttled"]
 OWN_WRITES_WAIT_S = 2.0  # a feed read waits this long at most for this process's own writes
