@@ -217,11 +217,12 @@ class Ledger:
         self.on_run_ended: list[Callable[[Run], None]] = []
         # Engine lines made for a run and not written yet: they ride in its next transition.
         self._notes: dict[str, list[LogLine]] = {}
-        # Jobs enqueued here, oldest first: None until the job completes here, then the run it
-        # completed with, for a `wait_for_job` that comes after the end (a script submits a
-        # batch, then collects the results): no read. Only completed runs are kept, since a
-        # completed job never moves again; a failed one may be requeued by another process.
-        self._parked: dict[str, Run | None] = {}
+        # Jobs enqueued here, oldest first: until the job ends here, the change token from
+        # before its add (`pending_since`); once it completed here, the run it completed with,
+        # for a `wait_for_job` that comes after the end (a script submits a batch, then collects
+        # the results): no read. Only completed runs are kept, since a completed job never
+        # moves again; a failed one may be requeued by another process.
+        self._parked: dict[str, Run | int] = {}
 
     # ---- waiters ---------------------------------------------------------------------------
     def job_waiter(self, job_id: str) -> JobWaiter:
@@ -234,11 +235,12 @@ class Ledger:
     def forget_waiter(self, job_id: str) -> None:
         self._job_done.pop(job_id, None)
 
-    def watch(self, job_id: str) -> None:
-        """Keep the run of this job (just enqueued here) if it completes here, for a later
-        `wait_for_job` (see `parked`); the oldest watched job is let go past `PARKED_MAX`."""
+    def watch(self, job_id: str, since: int = 0) -> None:
+        """Keep the run of this job (about to be enqueued here; `since`: the backend's change
+        token from before the add) if it completes here, for a later `wait_for_job` (see
+        `parked`); the oldest watched job is let go past `PARKED_MAX`."""
         parked = self._parked
-        parked[job_id] = None
+        parked[job_id] = since
         if len(parked) > PARKED_MAX:
             del parked[next(iter(parked))]
 
@@ -249,9 +251,17 @@ class Ledger:
         """The run a watched job completed with here, once its settle is committed (taken:
         asked once); None if it has not completed here, or was let go."""
         run = self._parked.get(job_id)
-        if run is not None:
-            del self._parked[job_id]
+        if not isinstance(run, Run):
+            return None
+        del self._parked[job_id]
         return run
+
+    def pending_since(self, job_id: str) -> int | None:
+        """For a job enqueued here, watched and not ended here yet: the backend's change token
+        from before its add. Such a job ends here (its waiter hears it) or in another process,
+        after a commit there that moved the token on; None for any other job."""
+        since = self._parked.get(job_id)
+        return since if isinstance(since, int) else None
 
     def _job_ended(self, job_id: str, run: Run | None) -> None:
         """A transition that ends the job landed (`run`: the run it ended with) or was
@@ -305,8 +315,12 @@ class Ledger:
         is a checkpoint, so a job may be done before its add returns. (An id watched already,
         by an earlier enqueue of it here, is left as it is.)"""
         watched = [job.id for job in jobs if job.id not in self._parked] if watch else []
-        for job_id in watched:
-            self.watch(job_id)
+        if watched:
+            # Read before the add: a commit of another process after it moves it on.
+            multi = self.backend.multi_process
+            since = await self.backend.change_token() if multi else 0
+            for job_id in watched:
+                self.watch(job_id, since)
         added: list[str] = []
         try:
             added = await queue.add(jobs, runs)

@@ -492,12 +492,15 @@ class Operator:
         run = self.ledger.parked(job_id)
         if run is not None:
             return run  # enqueued here and completed here since: nothing to read
-        # Registered before the read, so that a job ending during the read wakes us.
-        waiter = self.ledger.job_waiter(job_id)
-        run = await self._if_ended(job_id, waiter)
-        if run is not None:
-            return run
-        token = await self.backend.change_token() if self.backend.multi_process else 0
+        waiter = self.ledger.job_waiter(job_id)  # before the read: an end during it wakes us
+        # A job enqueued here and not ended here yet is not read now: it ends here (the waiter
+        # hears it) or elsewhere, after a commit that moved the change token read before its add.
+        token = self.ledger.pending_since(job_id)
+        if token is None:
+            run = await self._if_ended(job_id, waiter)
+            if run is not None:
+                return run
+            token = await self.backend.change_token() if self.backend.multi_process else 0
         with anyio.fail_after(timeout):
             while True:
                 if not self.backend.multi_process:

@@ -5,12 +5,14 @@ land: here a worker whose lease ran out settles after another worker took its jo
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 from pg import fresh_database, need_server
 
@@ -190,3 +192,82 @@ async def test_enqueuing_a_done_job_again_keeps_its_run_for_the_wait(location: s
     assert again == first
     assert run.output == 1
     assert read == []
+
+
+# ---- a wait that comes before the end ---------------------------------------------------------
+# A job enqueued here and not ended here yet needs no read when it is waited for: it ends here
+# (its waiter hears it) or in another process, after a commit there that moves the change token
+# read before the add (then it is read at once).
+
+
+@contextmanager
+def job_reads_counted(engine: Engine) -> Iterator[list[str]]:
+    """The ids of the jobs read (`find_job`) from the engine's backend while inside."""
+    backend = engine.backend
+    read: list[str] = []
+    real_find_job = backend.find_job
+
+    async def counted(job_id: str) -> Any:
+        read.append(job_id)
+        return await real_find_job(job_id)
+
+    backend.find_job = counted  # type: ignore[method-assign]
+    try:
+        yield read
+    finally:
+        del backend.find_job
+
+
+GATE: dict[str, anyio.Event] = {}
+
+
+async def gated(ctx: Any) -> int:
+    await GATE[ctx.body["gate"]].wait()
+    return int(ctx.body["i"])
+
+
+async def test_a_wait_made_before_the_job_ends_here_reads_nothing(location: str | None) -> None:
+    trigger = WorkerTrigger(queue="gated", concurrency=1, provider=None)
+    wf = Workflow(name="gated", trigger=trigger, steps=[Step("gated", gated)])
+    gate = GATE["before-the-end"] = anyio.Event()
+    async with Engine(workflows=[wf], database=location) as engine:
+        job_id = await engine.enqueue("gated", {"i": 5, "gate": "before-the-end"})
+        runs = []
+
+        async def wait() -> None:
+            runs.append(await engine.wait_for_job(job_id, timeout=30))
+
+        with job_reads_counted(engine) as jobs_read, reads_counted(engine) as runs_read:
+            async with anyio.create_task_group() as group:
+                group.start_soon(wait)
+                await anyio.lowlevel.checkpoint()  # the wait is made while the job runs
+                gate.set()
+    assert [run.output for run in runs] == [5]
+    assert (jobs_read, runs_read) == ([], [])
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+async def test_a_job_enqueued_here_that_another_process_ended_is_read_at_once(
+    kind: str, tmp_path: Path
+) -> None:
+    """A client enqueues; another engine on the database (another process, to the change
+    token) runs the job and ends it before the client waits. The commit that ended it came
+    after the token the client read before its add, so the wait reads the job at once rather
+    than wait for the next change (a second, at most, with nothing else committing)."""
+    trigger = WorkerTrigger(queue="batch", concurrency=1, provider=kind)
+    wf = Workflow(name="batch", trigger=trigger, steps=[Step("echo", echo_or_fail)])
+    async with contextlib.AsyncExitStack() as stack:
+        if kind == "sqlite":
+            database = str(tmp_path / "blok.db")
+        else:
+            await need_server()
+            database = await stack.enter_async_context(fresh_database())
+        worker = await stack.enter_async_context(Engine(workflows=[wf], database=database))
+        client = await stack.enter_async_context(
+            Engine(workflows=[wf], database=database, consume=False)
+        )
+        job_id = await client.enqueue("batch", {"i": 3, "fail": False})
+        with anyio.fail_after(30):
+            await worker.wait_for_job(job_id)  # ended over there, before the client waits
+        run = await client.wait_for_job(job_id, timeout=0.5)
+    assert run.output == 3
