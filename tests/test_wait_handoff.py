@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -108,21 +108,25 @@ async def location(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncItera
 
 
 @contextmanager
-def reads_counted(engine: Engine) -> Iterator[list[str]]:
-    """The ids of the runs read from the engine's store while inside."""
-    store = engine.backend.runs
+def ids_read(owner: Any, method: str) -> Iterator[list[str]]:
+    """The ids asked of `owner.method` (an async read by id) while inside."""
     read: list[str] = []
-    real_get_run = store.get_run
+    real = getattr(owner, method)
 
-    async def counted(run_id: str) -> Any:
-        read.append(run_id)
-        return await real_get_run(run_id)
+    async def counted(ident: str) -> Any:
+        read.append(ident)
+        return await real(ident)
 
-    store.get_run = counted  # type: ignore[method-assign]
+    setattr(owner, method, counted)
     try:
         yield read
     finally:
-        del store.get_run  # the instance attribute goes: the method is back
+        delattr(owner, method)  # the instance attribute goes: the method is back
+
+
+def reads_counted(engine: Engine) -> AbstractContextManager[list[str]]:
+    """The ids of the runs read from the engine's store while inside."""
+    return ids_read(engine.backend.runs, "get_run")
 
 
 async def _collect_after_the_end(
@@ -200,22 +204,9 @@ async def test_enqueuing_a_done_job_again_keeps_its_run_for_the_wait(location: s
 # read before the add (then it is read at once).
 
 
-@contextmanager
-def job_reads_counted(engine: Engine) -> Iterator[list[str]]:
+def job_reads_counted(engine: Engine) -> AbstractContextManager[list[str]]:
     """The ids of the jobs read (`find_job`) from the engine's backend while inside."""
-    backend = engine.backend
-    read: list[str] = []
-    real_find_job = backend.find_job
-
-    async def counted(job_id: str) -> Any:
-        read.append(job_id)
-        return await real_find_job(job_id)
-
-    backend.find_job = counted  # type: ignore[method-assign]
-    try:
-        yield read
-    finally:
-        del backend.find_job
+    return ids_read(engine.backend, "find_job")
 
 
 GATE: dict[str, anyio.Event] = {}
