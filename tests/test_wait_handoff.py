@@ -260,5 +260,5 @@ async def test_a_job_enqueued_here_that_another_process_ended_is_read_at_once(
         job_id = await client.enqueue("batch", {"i": 3, "fail": False})
         with anyio.fail_after(30):
             await worker.wait_for_job(job_id)  # ended over there, before the client waits
-        run = await client.wait_for_job(job_id, timeout=0.5)
+        run = await client.wait_for_job(job_id, timeout=0.8)  # the next look: 1 s
     assert run.output == 3
