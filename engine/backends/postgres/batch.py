@@ -95,13 +95,13 @@ async def update_jobs(conn: Conn, updates: list[Params]) -> set[tuple[str, int]]
     return settled(row["ids"], row["epochs"])
 
 
-def folds(batch: Batch) -> bool:
-    """Whether the batch's functions can ride in one WRITE_BATCH_ENQUEUE: all are enqueues,
-    no job is in two of them, and they touch none of the rows the batch writes (one statement
-    reads one snapshot: an enqueue would not see those rows, nor they it, nor one enqueue the
-    job another added)."""
+def folds(batch: Batch) -> tuple[list[Params], list[Params]] | None:
+    """The job and run rows of the batch's functions (`folded`) if they can ride in one
+    WRITE_BATCH_ENQUEUE: all are enqueues, no job is in two of them, and they touch none of the
+    rows the batch writes (one statement reads one snapshot: an enqueue would not see those
+    rows, nor they it, nor one enqueue the job another added); else None."""
     if not batch.calls or any(call.enqueue is None for call in batch.calls):
-        return False
+        return None
     job_rows, run_rows_ = folded(batch.calls)
     jobs = {row[0] for row in job_rows}
     runs = {row[0] for row in run_rows_}
@@ -109,7 +109,9 @@ def folds(batch: Batch) -> bool:
     fenced = {row[-2] for rows in (batch.runs, batch.steps, batch.attempts) for row in rows}
     fenced |= {params[5] for statement, params in batch.ops if statement is sql.INSERT_LOG}
     fenced |= {params[9] for statement, params in batch.ops if statement is sql.UPDATE_JOB}
-    return len(jobs) == len(job_rows) and not (runs & written or jobs & fenced)
+    if len(jobs) != len(job_rows) or runs & written or jobs & fenced:
+        return None
+    return job_rows, run_rows_
 
 
 def folded(calls: list[InTransaction[Any]]) -> tuple[list[Params], list[Params]]:
@@ -133,6 +135,13 @@ def run_params(batch: Batch, logs: Sequence[Params] = ()) -> list[Any]:
         *transpose(batch.steps, len(STEP_COLUMNS) + 2),
         *transpose(batch.attempts, len(ATTEMPT_COLUMNS) + 2),
     ]
+
+
+def write_batch_params(batch: Batch) -> list[Any]:
+    """WRITE_BATCH's parameters: WRITE_RUNS', then its log lines' and its settles' arrays."""
+    logs = [params for statement, params in batch.ops if statement is sql.INSERT_LOG]
+    jobs = once_each([params for statement, params in batch.ops if statement is sql.UPDATE_JOB])
+    return [*run_params(batch, logs), *transpose(logs, 7), *transpose(jobs, 11)]
 
 
 async def write_runs(conn: Conn, runs: Iterable[tuple[Run, Fence | None]]) -> None:

@@ -58,15 +58,14 @@ from .batch import (
     Fn,
     InTransaction,
     Params,
-    folded,
     folds,
     latest,
-    once_each,
     run_params,
     run_rows,
     settled,
     transpose,
     update_jobs,
+    write_batch_params,
 )
 from .connect import (
     conflict,
@@ -417,8 +416,9 @@ class PostgresDatabase:
         enqueues are not folded into WRITE_BATCH (that statement failed)."""
         await conn.execute("BEGIN")
         hot = all(op[0] in HOT for op in batch.ops)
-        if calls and fold and hot and folds(batch):
-            await self._run_folded(conn, batch)
+        enqueues = folds(batch) if calls and fold and hot else None
+        if enqueues is not None:
+            await self._run_folded(conn, batch, *enqueues)
             return
         if not (batch.runs or batch.ops) or not hot:
             if batch.runs:
@@ -428,11 +428,7 @@ class PostgresDatabase:
             # The usual batch of a busy worker (runs, their lines, their jobs' settles) in one
             # statement; functions in the transaction (an enqueue) come after it, as they
             # would after those writes one by one.
-            logs = [params for statement, params in batch.ops if statement is sql.INSERT_LOG]
-            jobs = once_each([p for statement, p in batch.ops if statement is sql.UPDATE_JOB])
-            row = await conn.fetchrow(
-                sql.WRITE_BATCH, *run_params(batch, logs), *transpose(logs, 7), *transpose(jobs, 11)
-            )
+            row = await conn.fetchrow(sql.WRITE_BATCH, *write_batch_params(batch))
             assert row is not None  # one row, whatever was written
             batch.xid = row["x"]
             batch.landed |= settled(row["ids"], row["epochs"])
@@ -474,19 +470,17 @@ class PostgresDatabase:
         held = await self._calls_in_savepoints(conn, batch.calls if calls else [])
         await self._finish(conn, batch, release=held)
 
-    async def _run_folded(self, conn: Conn, batch: Batch) -> None:
-        """The batch and its enqueues in one statement (WRITE_BATCH_ENQUEUE, or
-        ENQUEUE_ANNOUNCED when enqueues are all there is), then COMMIT: BEGIN, the statement
-        and COMMIT, against BEGIN, WRITE_BATCH, then a savepoint and an ENQUEUE each, and
-        COMMIT. If the statement fails for its data, the batch is run again the usual way,
-        which finds whose failure it was."""
-        job_rows, run_rows_ = folded(batch.calls)
+    async def _run_folded(
+        self, conn: Conn, batch: Batch, job_rows: list[Params], run_rows_: list[Params]
+    ) -> None:
+        """The batch and its enqueues (their rows, from `folds`) in one statement
+        (WRITE_BATCH_ENQUEUE, or ENQUEUE_ANNOUNCED when enqueues are all there is), then
+        COMMIT: BEGIN, the statement and COMMIT, against BEGIN, WRITE_BATCH, then a savepoint
+        and an ENQUEUE each, and COMMIT. If the statement fails for its data, the batch is run
+        again the usual way, which finds whose failure it was."""
         statement, params = sql.ENQUEUE_ANNOUNCED, []
         if batch.runs or batch.ops:
-            logs = [p for op, p in batch.ops if op is sql.INSERT_LOG]
-            jobs = once_each([p for op, p in batch.ops if op is sql.UPDATE_JOB])
-            statement = sql.WRITE_BATCH_ENQUEUE
-            params = [*run_params(batch, logs), *transpose(logs, 7), *transpose(jobs, 11)]
+            statement, params = sql.WRITE_BATCH_ENQUEUE, write_batch_params(batch)
         try:
             row = await conn.fetchrow(
                 statement,

@@ -27,14 +27,22 @@ SIGNALS_CHANNEL = "blok_signals"  # payload: the worker holding a job an operato
 RUNS_CHANNEL = "blok_runs"  # payload: the writing transaction's xid (the change feed moved)
 SHARED_CHANNEL = "blok_changes"  # payload: what moved (a batch of other writes, a claim)
 CHANNELS = (JOBS_CHANNEL, SIGNALS_CHANNEL, RUNS_CHANNEL, SHARED_CHANNEL)
+
+
+def _announced(channel: str) -> str:
+    """The FROM of a statement whose `x` is its transaction's id, announced on `channel`."""
+    return (
+        " FROM (SELECT pg_current_xact_id()::text::bigint AS x) AS t,"
+        f" LATERAL (SELECT pg_notify({channel}, x::text)) AS n"
+    )
+
+
 # The writer's last statement before COMMIT: the transaction's id (if the connection drops
 # during the COMMIT, `pg_xact_status` on a new one says whether it happened) and the batch's
 # announcement on $1 (the xid as payload: the feed's readers learn which transaction to wait
 # for).
-ANNOUNCE = (
-    "SELECT x FROM (SELECT pg_current_xact_id()::text::bigint AS x) AS t,"
-    " LATERAL (SELECT pg_notify($1, x::text)) AS n"
-)
+ANNOUNCE = "SELECT x" + _announced("$1")
+_ANNOUNCED_RUNS = _announced(f"'{RUNS_CHANNEL}'")  # a batch with runs: the feed's channel
 
 # ---- column types ----------------------------------------------------------------------------
 # The types cast the placeholders of statements whose parameters the server cannot type from a
@@ -168,8 +176,7 @@ def _write_runs_and_announce() -> str:
         "WITH fences AS (SELECT id, epoch FROM jobs WHERE id = ANY($1::text[])"
         " ORDER BY id FOR SHARE),"
         f" r AS ({runs}), s AS ({steps}), a AS ({attempts})"
-        f" SELECT x FROM (SELECT pg_current_xact_id()::text::bigint AS x) AS t,"
-        f" LATERAL (SELECT pg_notify('{RUNS_CHANNEL}', x::text)) AS n"
+        f" SELECT x{_ANNOUNCED_RUNS}"
     )
 
 
@@ -199,20 +206,13 @@ def _write_batch(enqueue: bool = False) -> str:
         " ORDER BY g.o"
     )
     jobs = _update_jobs(n + 7, gate=" AND (SELECT count(*) FROM fences) >= 0")
-    added = added_ids = ""
-    if enqueue:
-        added = f", {_enqueue_ctes(n + 18)}"
-        added_ids = (
-            ", ARRAY(SELECT id FROM added) AS added,"
-            f" (SELECT count(pg_notify('{JOBS_CHANNEL}', queue)) FROM added) AS told"
-        )
+    added = f", {_enqueue_ctes(n + 18)}" if enqueue else ""
     return (
         "WITH fences AS (SELECT id, epoch FROM jobs WHERE id = ANY($1::text[])"
         " ORDER BY id FOR SHARE),"
         f" r AS ({runs}), s AS ({steps}), a AS ({attempts}), l AS ({logs}), {jobs}{added}"
-        f" SELECT x, settled.ids, settled.epochs{added_ids}"
-        " FROM (SELECT pg_current_xact_id()::text::bigint AS x) AS t,"
-        f" LATERAL (SELECT pg_notify('{RUNS_CHANNEL}', x::text)) AS n,"
+        f" SELECT x, settled.ids, settled.epochs{_ADDED if enqueue else ''}"
+        f"{_ANNOUNCED_RUNS},"
         f" LATERAL ({SETTLED}) AS settled"
     )
 
@@ -250,6 +250,12 @@ def _enqueue_ctes(first: int) -> str:
 # back, and their queues are notified (once per queue: identical notifications fold).
 # $1.. the job columns, then the run columns.
 ENQUEUE = f"WITH {_enqueue_ctes(1)} SELECT id, pg_notify('{JOBS_CHANNEL}', queue)::text FROM added"
+# What an ENQUEUE folded into a batch's statement returns besides: the ids of the jobs added,
+# and how many were notified on their queues' channel (`_enqueue_ctes`' `added`).
+_ADDED = (
+    ", ARRAY(SELECT id FROM added) AS added,"
+    f" (SELECT count(pg_notify('{JOBS_CHANNEL}', queue)) FROM added) AS told"
+)
 
 # $1 queue: seconds until something of the queue may become claimable without anyone saying so
 # (a delayed job falls due, a lease runs out); NULL if nothing will. A claim returns it with
@@ -564,19 +570,17 @@ FEED_LOGS_COUNT = "SELECT count(*) FROM logs WHERE xid >= $1 AND xid < $2"
 # holds in one statement. Only for batches of nothing else (the writer checks): another
 # statement would have to come in its own order.
 WRITE_BATCH = _write_batch()
-# WRITE_BATCH and a batch's lone ENQUEUE in one statement (the contract path's usual batch: an
-# `enqueue` call and the writes of the jobs that ran meanwhile): WRITE_BATCH's parameters, then
-# ENQUEUE's; the ids of the jobs added come back too (`added`), and their queues are notified.
-# Every part reads the statement's one snapshot, so the writer folds an enqueue in only when no
-# run of it is among the batch's runs and none of its jobs among the batch's jobs.
+# WRITE_BATCH and a batch's enqueues in one statement (the contract path's usual batch: the
+# `enqueue` calls and the writes of the jobs that ran meanwhile): WRITE_BATCH's parameters, then
+# ENQUEUE's (the enqueues' rows, in order); the ids of the jobs added come back too (`added`),
+# and their queues are notified. Every part reads the statement's one snapshot, so the writer
+# folds enqueues in only when no job is in two of them, no run of theirs is among the batch's
+# runs and none of their jobs among the batch's jobs (`folds`).
 WRITE_BATCH_ENQUEUE = _write_batch(enqueue=True)
-# A batch of one enqueue and nothing else: ENQUEUE that also announces the batch (ANNOUNCE on
-# the runs' channel: its runs are new rows) and returns what WRITE_BATCH_ENQUEUE does.
+# A batch of enqueues and nothing else: ENQUEUE that also announces the batch (ANNOUNCE on the
+# runs' channel: its runs are new rows) and returns what WRITE_BATCH_ENQUEUE does.
 ENQUEUE_ANNOUNCED = (
     f"WITH {_enqueue_ctes(1)}"
-    " SELECT x, NULL::text[] AS ids, NULL::bigint[] AS epochs,"
-    " ARRAY(SELECT id FROM added) AS added,"
-    f" (SELECT count(pg_notify('{JOBS_CHANNEL}', queue)) FROM added) AS told"
-    " FROM (SELECT pg_current_xact_id()::text::bigint AS x) AS t,"
-    f" LATERAL (SELECT pg_notify('{RUNS_CHANNEL}', x::text)) AS n"
+    f" SELECT x, NULL::text[] AS ids, NULL::bigint[] AS epochs{_ADDED}"
+    f"{_ANNOUNCED_RUNS}"
 )
