@@ -67,9 +67,20 @@ def workflow(body: str, concurrency: int, provider: str) -> Workflow:
     return Workflow(name=f"bench.{body}", trigger=trigger, steps=steps)
 
 
-def open_engine(provider: str, body: str, concurrency: int, folder: Path, **options: Any) -> Engine:
-    """An engine serving the one benchmark workflow; a fresh SQLite file under `folder`."""
-    database = folder / f"blok-{body}-{time.monotonic_ns()}.db" if provider == "sqlite" else None
+def open_engine(
+    provider: str,
+    body: str,
+    concurrency: int,
+    folder: Path,
+    database: str | None = None,
+    **options: Any,
+) -> Engine:
+    """An engine serving the one benchmark workflow: on `database` (a PostgreSQL URL) when
+    given, else a fresh SQLite file under `folder` for the SQLite provider, else in memory."""
+    if database is None and provider == "sqlite":
+        database = str(folder / f"blok-{body}-{time.monotonic_ns()}.db")
+    if provider == "postgres" and database is None:
+        raise SystemExit("the postgres provider needs a database URL")
     return Engine(workflows=[workflow(body, concurrency, provider)], database=database, **options)
 
 
@@ -135,11 +146,13 @@ async def run_contract(
     concurrency: int,
     folder: Path,
     clocked: Callable[[], AbstractContextManager[object]] = nullcontext,
+    database: str | None = None,
 ) -> float:
     """Seconds for N jobs through `shape` on a fresh engine; checks the records afterwards.
     `clocked()` is entered for the timed part alone (a measurement of what happens while the
-    clock runs: not the engine's opening, nor the checks after)."""
-    async with open_engine(provider, body, concurrency, folder) as engine:
+    clock runs: not the engine's opening, nor the checks after). `database`: a PostgreSQL URL
+    (see open_engine)."""
+    async with open_engine(provider, body, concurrency, folder, database) as engine:
         with clocked():
             started = time.perf_counter()
             runs = await DRIVERS[shape](engine, n, concurrency)

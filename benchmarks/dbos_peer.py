@@ -1,8 +1,9 @@
-"""blok against DBOS Transact on SQLite: 3-step workflows, jobs/s and the ratio blok/DBOS.
+"""blok against DBOS Transact on SQLite or PostgreSQL: workflows/s and the ratio blok/DBOS.
 
     pip install -e '.[bench]'          # DBOS is in the bench extra
-    python benchmarks/dbos_peer.py                     # N = 2000, both shapes
+    python benchmarks/dbos_peer.py                     # N = 2000, both shapes, on SQLite
     python benchmarks/dbos_peer.py -n 500 --shapes submit-all --repeat 3
+    python benchmarks/dbos_peer.py --database postgres --workflows three,echo
 
 DBOS Transact is a durable-workflow library that, like blok, records every workflow and every
 step in its database. The setup (DBOS 3.x, sync API, as DBOS's docs show it):
@@ -18,11 +19,21 @@ step in its database. The setup (DBOS 3.x, sync API, as DBOS's docs show it):
 - blok: an Engine on a SQLite file with a 3-step workflow (`contract.py`'s `three`) on a queue
   of concurrency 8; `enqueue` + `wait_for_job`.
 
+On PostgreSQL (`--database postgres`, the server at `--url`), both systems keep everything on
+the server, each measurement in a database of its own (dropped afterwards): DBOS with
+`system_database_url` set to it (its tables in the `dbos` schema, reached through SQLAlchemy
+and psycopg), blok with `Engine(database=<url>)`; both commit at the server's durability
+(synchronous_commit on). No tuning on either side.
+
+Workflows (`--workflows`): `three` (the issue's goal, three steps) and `echo` (one step returning
+its input: a DBOS workflow awaited with `get_result` is DBOS's contract path, a job and its
+result).
+
 Shapes (see contract.py): `submit-all` (the headline: enqueue N one call each, then await each
 in order) and `producers` (8 producer threads / tasks, each enqueue → await in a loop). Every
 measurement runs in a fresh subprocess, systems interleaved, median of `--repeat`. After the
-clock: every result is the input plus three; DBOS has 3 step records per workflow in its
-`operation_outputs` table, blok 3 step records per run.
+clock: every result is the input plus three (`echo`: the input); DBOS has a step record per
+step in its `operation_outputs` table, blok a step record per step of each run.
 """
 
 from __future__ import annotations
@@ -44,9 +55,13 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]  # this checkout's engine, not an i
 import contract  # noqa: E402
 from fresh import emit, run_fresh  # noqa: E402
 from queues import engine_source, machine  # noqa: E402
+from scratch_pg import DEFAULT_URL, scratch_database  # noqa: E402
 
 SYSTEMS = ("blok", "dbos")
 SHAPES = ("submit-all", "producers")
+DATABASES = ("sqlite", "postgres")
+WORKFLOWS = ("three", "echo")
+STEPS = {"three": 3, "echo": 1}
 
 
 def tune_sqlite() -> list[int]:
@@ -66,15 +81,16 @@ def tune_sqlite() -> list[int]:
     return levels
 
 
-def run_dbos(shape: str, n: int, concurrency: int, folder: Path) -> float:
+def run_dbos(shape: str, body: str, n: int, concurrency: int, database: str) -> float:
+    """`database`: a SQLite file's path or a PostgreSQL URL."""
     from dbos import DBOS
 
-    levels = tune_sqlite()
-    path = folder / f"dbos-{time.monotonic_ns()}.sqlite"
+    postgres = database.startswith("postgresql://")
+    levels = [] if postgres else tune_sqlite()
     DBOS(
         config={
             "name": "blok-bench",
-            "system_database_url": f"sqlite:///{path}",
+            "system_database_url": database if postgres else f"sqlite:///{database}",
             "log_level": "WARNING",
         }
     )
@@ -91,10 +107,19 @@ def run_dbos(shape: str, n: int, concurrency: int, folder: Path) -> float:
     def third(i: int) -> int:
         return i + 1
 
+    @DBOS.step()
+    def echo(i: int) -> int:
+        return i
+
     @DBOS.workflow()
     def three(i: int) -> int:
         return third(second(first(i)))
 
+    @DBOS.workflow()
+    def one(i: int) -> int:
+        return echo(i)
+
+    workflow = three if body == "three" else one
     DBOS.launch()
     try:
         queue = DBOS.register_queue(
@@ -104,13 +129,13 @@ def run_dbos(shape: str, n: int, concurrency: int, folder: Path) -> float:
         lock = threading.Lock()
         started = time.perf_counter()
         if shape == "submit-all":
-            handles = [queue.enqueue(three, i) for i in range(n)]
+            handles = [queue.enqueue(workflow, i) for i in range(n)]
             values = [h.get_result(polling_interval_sec=0.01) for h in handles]
         else:
 
             def producer(first_i: int) -> None:
                 for i in range(first_i, n, concurrency):
-                    value = queue.enqueue(three, i).get_result(polling_interval_sec=0.01)
+                    value = queue.enqueue(workflow, i).get_result(polling_interval_sec=0.01)
                     with lock:
                         values.append(value)
 
@@ -122,52 +147,97 @@ def run_dbos(shape: str, n: int, concurrency: int, folder: Path) -> float:
         seconds = time.perf_counter() - started
     finally:
         DBOS.destroy()
-    if sorted(values) != [i + 3 for i in range(n)]:
+    if sorted(values) != [contract.expected_output(body, i) for i in range(n)]:
         raise SystemExit(f"dbos {shape}: {len(values)} of {n} results, or wrong ones")
+    steps = count_dbos_steps(database) if postgres else check_dbos_sqlite(database, levels)
+    if steps < STEPS[body] * n:
+        raise SystemExit(f"dbos: {steps} step records for {n} {body} workflows")
+    return seconds
+
+
+def check_dbos_sqlite(path: str, levels: list[int]) -> int:
+    """The SQLite tuning took (WAL, synchronous=NORMAL on every connection); DBOS's step
+    records."""
     if not levels or any(level != 1 for level in levels):
         raise SystemExit(f"dbos: SQLite connections not at synchronous=NORMAL: {levels}")
     with sqlite3.connect(path) as db:
         mode = db.execute("PRAGMA journal_mode").fetchone()[0]
-        steps = db.execute("SELECT count(*) FROM operation_outputs").fetchone()[0]
-    if mode != "wal" or steps < 3 * n:
-        raise SystemExit(f"dbos: journal_mode {mode}, {steps} step records for {n} workflows")
-    return seconds
+        steps: int = db.execute("SELECT count(*) FROM operation_outputs").fetchone()[0]
+    if mode != "wal":
+        raise SystemExit(f"dbos: journal_mode {mode}")
+    return steps
 
 
-def measure_here(system: str, shape: str, n: int, concurrency: int) -> float:
+def count_dbos_steps(url: str) -> int:
+    import psycopg
+
+    with psycopg.connect(url) as db:
+        row = db.execute("SELECT count(*) FROM dbos.operation_outputs").fetchone()
+    return int(row[0]) if row else 0
+
+
+def measure_here(
+    system: str, shape: str, body: str, n: int, concurrency: int, database: str, url: str
+) -> float:
+    """One measurement in this (fresh) process, on a fresh SQLite file or PostgreSQL database."""
     with tempfile.TemporaryDirectory(prefix="blok-dbos-") as name:
-        if system == "dbos":
-            return run_dbos(shape, n, concurrency, Path(name))
-        return asyncio.run(
-            contract.run_contract("sqlite", "three", shape, n, concurrency, Path(name))
-        )
+        if database == "sqlite":
+            if system == "dbos":
+                path = Path(name) / f"dbos-{time.monotonic_ns()}.sqlite"
+                return run_dbos(shape, body, n, concurrency, str(path))
+            blok = contract.run_contract("sqlite", body, shape, n, concurrency, Path(name))
+            return asyncio.run(blok)
+        with scratch_database(url, f"blok_dbos_{system}") as scratch:
+            if system == "dbos":
+                return run_dbos(shape, body, n, concurrency, scratch)
+            blok = contract.run_contract(
+                "postgres", body, shape, n, concurrency, Path(name), database=scratch
+            )
+            return asyncio.run(blok)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", type=int, default=2000)
     parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--database", choices=DATABASES, default="sqlite")
+    parser.add_argument("--url", default=DEFAULT_URL, help="the PostgreSQL server (postgres)")
+    parser.add_argument("--workflows", default="three", help=",".join(WORKFLOWS))
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
-        system, shape = args.one.split(":")
-        emit({"seconds": measure_here(system, shape, args.n, args.concurrency)})
+        system, shape, body = args.one.split(":")
+        seconds = measure_here(
+            system, shape, body, args.n, args.concurrency, args.database, args.url
+        )
+        emit({"seconds": seconds})
         return
     shapes = args.shapes.split(",")
-    times: dict[tuple[str, str], list[float]] = {}
+    bodies = args.workflows.split(",")
+    for body in bodies:
+        if body not in WORKFLOWS:
+            raise SystemExit(f"unknown workflow {body!r}; choose from {WORKFLOWS}")
+    cases = [(body, shape) for body in bodies for shape in shapes]
+    times: dict[tuple[str, str, str], list[float]] = {}
     for _ in range(args.repeat):
-        for shape in shapes:
+        for body, shape in cases:
             for system in SYSTEMS:
-                argv_one = ["--one", f"{system}:{shape}", "-n", str(args.n)]
+                argv_one = ["--one", f"{system}:{shape}:{body}", "-n", str(args.n)]
                 argv_one += ["--concurrency", str(args.concurrency)]
+                argv_one += ["--database", args.database, "--url", args.url]
                 seconds = run_fresh(__file__, argv_one)["seconds"]
-                times.setdefault((system, shape), []).append(seconds)
-                print(f"  {system} {shape}: {args.n / seconds:,.0f} jobs/s", file=sys.stderr)
+                times.setdefault((system, body, shape), []).append(seconds)
+                rate = args.n / seconds
+                print(f"  {system} {body} {shape}: {rate:,.0f} workflows/s", file=sys.stderr)
     from importlib.metadata import version
 
-    print("\nblok vs DBOS Transact on SQLite (WAL + synchronous=NORMAL): 3-step workflows/s")
+    where = {
+        "sqlite": "SQLite (WAL + synchronous=NORMAL)",
+        "postgres": "PostgreSQL (synchronous_commit on)",
+    }[args.database]
+    print(f"\nblok vs DBOS Transact on {where}: workflows/s")
     print(f"machine: {machine()}")
     print(f"engine: {engine_source()}")
     print(f"date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
@@ -175,14 +245,14 @@ def main(argv: list[str] | None = None) -> None:
         f"dbos {version('dbos')}, N = {args.n}, concurrency = {args.concurrency}, "
         f"median of {args.repeat} run(s) each"
     )
-    head = "| shape      |   blok |   DBOS | blok/DBOS |"
+    head = "| workflow | shape      |   blok |   DBOS | blok/DBOS |"
     print(head)
     print("|" + "|".join("-" * len(c) for c in head.split("|")[1:-1]) + "|")
-    for shape in shapes:
-        blok = args.n / statistics.median(times[("blok", shape)])
-        dbos = args.n / statistics.median(times[("dbos", shape)])
-        print(f"| {shape:<10} | {blok:>6,.0f} | {dbos:>6,.0f} | {blok / dbos:>8.1f}x |")
-    print("(goal: blok at least 10x DBOS on the submit-all shape)")
+    for body, shape in cases:
+        blok = args.n / statistics.median(times[("blok", body, shape)])
+        dbos = args.n / statistics.median(times[("dbos", body, shape)])
+        print(f"| {body:<8} | {shape:<10} | {blok:>6,.0f} | {dbos:>6,.0f} | {blok / dbos:>8.1f}x |")
+    print("(goal: blok at least 10x DBOS with three steps, submit-all, on SQLite)")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,12 @@ polls the result store (first look at once, then sleeps from 50 ms up, x1.15 eac
 where blok differs: polling at `initial_delay=0.001, max_delay=0.01`, `results=False`, and
 WAL with `synchronous=NORMAL`, blok's own durability.
 
+On PostgreSQL (`peer.py --providers postgres`), huey as shipped is `SqlHuey` (huey's
+`huey.contrib.sql_huey`, on peewee, the `bench` extra) with the database URL: its tasks, results
+and schedule are rows, claimed with `FOR UPDATE SKIP LOCKED`, each write its own transaction at
+the server's durability (synchronous_commit on, as blok's). `huey-tuned` there is the same with
+the fast polling and no result store (there is no `synchronous` to match).
+
 On the contract path the task returns its number (huey stores no result for a task that returns
 None, and a blocking `get` would then never return); blok's `echo` step returns the number too.
 On the bulk path it returns None, as blok's `noop` step does: nothing is stored.
@@ -26,7 +32,8 @@ from typing import Any
 START_WAIT = 0.2  # the consumer's threads are up and polling, as blok's engine is
 
 
-def make_huey(provider: str, folder: Path, tuned: bool) -> Any:
+def make_huey(provider: str, folder: Path, tuned: bool, url: str | None = None) -> Any:
+    """`url`: the PostgreSQL database for the postgres provider (see scratch_pg.py)."""
     from huey import MemoryHuey, SqliteHuey
     from huey.storage import SqliteStorage
 
@@ -41,6 +48,12 @@ def make_huey(provider: str, folder: Path, tuned: bool) -> Any:
     options: dict[str, object] = {"results": False} if tuned else {}
     if provider == "memory":
         return MemoryHuey("bench", **options)
+    if provider == "postgres":
+        from huey.contrib.sql_huey import SqlHuey
+
+        if url is None:
+            raise SystemExit("huey on PostgreSQL needs a database URL")
+        return SqlHuey("bench", database=url, **options)
     if tuned:
         options["storage_class"] = NormalSyncStorage
     path = str(folder / f"huey-{time.monotonic_ns()}.db")
@@ -73,10 +86,16 @@ def start_consumer(huey: Any, concurrency: int, tuned: bool) -> Any:
 
 
 def run_contract(
-    provider: str, body: str, shape: str, n: int, concurrency: int, folder: Path
+    provider: str,
+    body: str,
+    shape: str,
+    n: int,
+    concurrency: int,
+    folder: Path,
+    url: str | None = None,
 ) -> float:
     """Seconds for N tasks through `shape` (see contract.py), huey as shipped."""
-    huey = make_huey(provider, folder, tuned=False)
+    huey = make_huey(provider, folder, tuned=False, url=url)
     task = define_task(huey, body)
     consumer = start_consumer(huey, concurrency, tuned=False)
     values: list[int] = []
@@ -112,7 +131,13 @@ def run_contract(
 
 
 def run_bulk(
-    provider: str, body: str, n: int, concurrency: int, folder: Path, tuned: bool
+    provider: str,
+    body: str,
+    n: int,
+    concurrency: int,
+    folder: Path,
+    tuned: bool,
+    url: str | None = None,
 ) -> float:
     """Seconds from the first enqueue until huey signals the N-th task complete.
 
@@ -120,7 +145,7 @@ def run_bulk(
     `SIGNAL_COMPLETE` hook, which fires right after a task ran (no result is awaited)."""
     from huey.signals import SIGNAL_COMPLETE, SIGNAL_ERROR
 
-    huey = make_huey(provider, folder, tuned)
+    huey = make_huey(provider, folder, tuned, url)
     task = define_task(huey, body, returns=False)
     done = threading.Event()
     lock = threading.Lock()

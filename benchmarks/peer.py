@@ -3,8 +3,11 @@
     pip install -e '.[bench]'          # huey (and DBOS, pyinstrument) are the bench extra
     python benchmarks/peer.py                          # every section, N = 2000 and 5000
     python benchmarks/peer.py --sections contract --ns 2000 --repeat 3
+    python benchmarks/peer.py --providers postgres --sections contract,producers,sequential
 
 Sections (rows), each for the memory and the SQLite provider, concurrency C = 8:
+(`--providers memory,sqlite,postgres` adds PostgreSQL rows: blok on the server at `--url`
+against huey's `SqlHuey` there, each measurement on a database of its own; see huey_peer.py)
 
 - `contract` (the headline): the contract path, `submit-all` shape: N jobs enqueued one call
   each, then each awaited (`wait_for_job` / huey's `result.get(blocking=True)`) in order.
@@ -38,6 +41,7 @@ import statistics
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,8 +52,9 @@ import contract  # noqa: E402
 import huey_peer  # noqa: E402
 from fresh import emit, run_fresh  # noqa: E402
 from queues import engine_source, machine, run_blok  # noqa: E402
+from scratch_pg import DEFAULT_URL, scratch_database  # noqa: E402
 
-PROVIDERS = ("memory", "sqlite")
+PROVIDERS = ("memory", "sqlite", "postgres")
 SECTIONS = ("contract", "producers", "sequential", "bulk", "sleep10")
 
 
@@ -65,33 +70,46 @@ class Cell:
     def systems(self) -> tuple[str, ...]:
         return ("blok", "huey", "huey-tuned") if self.path == "bulk" else ("blok", "huey")
 
-    def argv(self, system: str, concurrency: int) -> list[str]:
+    def argv(self, system: str, args: argparse.Namespace) -> list[str]:
         return [
             "--one",
             f"{system}:{self.path}:{self.provider}:{self.body}:{self.n}",
             "--concurrency",
-            str(concurrency),
+            str(args.concurrency),
+            "--url",
+            args.url,
         ]
 
 
-def measure_here(system: str, path: str, provider: str, body: str, n: int, c: int) -> float:
-    """One measurement in this (fresh) process: seconds."""
-    with tempfile.TemporaryDirectory(prefix="blok-peer-") as name:
-        folder = Path(name)
+def measure_here(
+    system: str, path: str, provider: str, body: str, n: int, c: int, server: str
+) -> float:
+    """One measurement in this (fresh) process: seconds. On PostgreSQL, in a database of its
+    own on `server`, dropped afterwards."""
+    with ExitStack() as stack:
+        folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="blok-peer-")))
+        url = None
+        if provider == "postgres":
+            url = stack.enter_context(scratch_database(server, f"blok_peer_{system[:4]}"))
         if system == "blok" and path == "bulk":
-            return asyncio.run(run_blok(provider, body, n, c, folder)).seconds
+            return asyncio.run(run_blok(provider, body, n, c, folder, url)).seconds
         if system == "blok":
-            return asyncio.run(contract.run_contract(provider, body, path, n, c, folder))
+            run = contract.run_contract(provider, body, path, n, c, folder, database=url)
+            return asyncio.run(run)
         if path == "bulk":
-            return huey_peer.run_bulk(provider, body, n, c, folder, system == "huey-tuned")
-        return huey_peer.run_contract(provider, body, path, n, c, folder)
+            return huey_peer.run_bulk(provider, body, n, c, folder, system == "huey-tuned", url)
+        return huey_peer.run_contract(provider, body, path, n, c, folder, url)
 
 
 def plan(args: argparse.Namespace) -> list[Cell]:
     ns = [int(n) for n in args.ns.split(",")]
     cells: list[Cell] = []
+    providers = args.providers.split(",")
+    for provider in providers:
+        if provider not in PROVIDERS:
+            raise SystemExit(f"unknown provider {provider!r}; choose from {PROVIDERS}")
     for section in args.sections.split(","):
-        for provider in PROVIDERS:
+        for provider in providers:
             if section == "contract":
                 cells += [Cell(section, "submit-all", provider, "echo", n) for n in ns]
             elif section == "producers":
@@ -123,7 +141,7 @@ def print_tables(
         rows = [c for c in cells if c.section == section]
         tuned = any(c.path == "bulk" for c in rows)
         print(f"\n[{section}]")
-        head = "| path       | queue  | job     |     N |   blok |   huey | blok/huey |"
+        head = "| path       | queue    | job     |     N |   blok |   huey | blok/huey |"
         if tuned:
             head += " huey tuned | blok/tuned |"
         if section == "sleep10":
@@ -135,7 +153,7 @@ def print_tables(
         for cell in rows:
             blok, huey = rates[(cell, "blok")], rates[(cell, "huey")]
             line = (
-                f"| {cell.path:<10} | {cell.provider:<6} | {cell.body:<7} | {cell.n:>5} "
+                f"| {cell.path:<10} | {cell.provider:<8} | {cell.body:<7} | {cell.n:>5} "
                 f"| {blok:>6,.0f} | {huey:>6,.0f} | {blok / huey:>8.2f}x |"
             )
             if tuned:
@@ -151,7 +169,8 @@ def print_tables(
             print(line)
     print(
         "\n(huey = huey as shipped, results awaited with result.get(blocking=True); huey tuned ="
-        "\n fast polling, no result store, synchronous=NORMAL like blok; see huey_peer.py)"
+        "\n fast polling, no result store, synchronous=NORMAL like blok; see huey_peer.py;"
+        "\n on PostgreSQL huey is SqlHuey, on peewee)"
     )
 
 
@@ -164,6 +183,8 @@ def span(cell: Cell, system: str, times: dict[tuple[Cell, str], list[float]]) ->
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sections", default=",".join(SECTIONS))
+    parser.add_argument("--providers", default="memory,sqlite", help=",".join(PROVIDERS))
+    parser.add_argument("--url", default=DEFAULT_URL, help="the PostgreSQL server (postgres)")
     parser.add_argument("--ns", default="2000,5000", help="N for contract, producers, bulk")
     parser.add_argument("--sequential-n", type=int, default=200)
     parser.add_argument("--sleep-n", type=int, default=2000)
@@ -173,7 +194,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.one:
         system, path, provider, body, n = args.one.split(":")
-        seconds = measure_here(system, path, provider, body, int(n), args.concurrency)
+        seconds = measure_here(system, path, provider, body, int(n), args.concurrency, args.url)
         emit({"seconds": seconds})
         return
     cells = plan(args)
@@ -181,7 +202,7 @@ def main(argv: list[str] | None = None) -> None:
     for _ in range(args.repeat):
         for cell in cells:
             for system in cell.systems:
-                result = run_fresh(__file__, cell.argv(system, args.concurrency))
+                result = run_fresh(__file__, cell.argv(system, args))
                 times.setdefault((cell, system), []).append(result["seconds"])
                 rate = cell.n / result["seconds"]
                 label = f"{cell.section}: {cell.path} {cell.provider} {cell.body} N={cell.n}"

@@ -33,8 +33,9 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]  # this checkout's engine, not an i
 import asyncpg  # noqa: E402
 import asyncpg.connection  # noqa: E402
 import contract  # noqa: E402
-from postgres import database_url, machine  # noqa: E402
+from postgres import machine  # noqa: E402
 from queues import engine_source  # noqa: E402
+from scratch_pg import DEFAULT_URL, database_url  # noqa: E402
 
 from engine import Engine  # noqa: E402
 
@@ -85,7 +86,7 @@ async def measure(url: str, shape: str, n: int) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", default="postgresql://postgres@127.0.0.1:5432/test")
+    parser.add_argument("--url", default=DEFAULT_URL)
     parser.add_argument("--shape", choices=contract.SHAPES, default="submit-all")
     parser.add_argument("-n", type=int, default=1000)
     parser.add_argument("--top", type=int, default=12)

@@ -64,6 +64,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+from scratch_pg import DEFAULT_URL, database_url
 
 ROOT = Path(__file__).resolve().parent.parent
 SYSTEMS = ("blok", "pgqueuer", "pgqueuer-8", "procrastinate")
@@ -449,11 +450,6 @@ class Row:
         return 0.0 if not self.seconds else 1 / statistics.median(self.seconds)
 
 
-def database_url(url: str, name: str) -> str:
-    base, sep, query = url.partition("?")
-    return f"{base.rsplit('/', 1)[0]}/{name}{sep}{query}"
-
-
 async def measure_once(url: str, system: str, n: int, concurrency: int) -> dict[str, Any]:
     name = f"blok_bench_{system.replace('-', '_')}_{uuid.uuid4().hex[:8]}"
     admin = await asyncpg.connect(url)
@@ -547,7 +543,7 @@ async def parent(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", default="postgresql://postgres@127.0.0.1:5432/test")
+    parser.add_argument("--url", default=DEFAULT_URL)
     parser.add_argument("-n", type=int, default=5000)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=1)

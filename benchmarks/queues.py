@@ -92,16 +92,19 @@ def engine_source() -> str:
     return f"{folder} at {commit[:60] or 'unknown commit'}"
 
 
-async def run_blok(provider: str, body: str, n: int, concurrency: int, folder: Path) -> Result:
+async def run_blok(
+    provider: str, body: str, n: int, concurrency: int, folder: Path, url: str | None = None
+) -> Result:
+    """`url`: the PostgreSQL database for the postgres provider (see scratch_pg.py)."""
     workflow = Workflow(
         name=f"bench.{body}",
         trigger=WorkerTrigger(queue="bench", concurrency=concurrency, provider=provider),
         steps=[Step(body, NODES[body])],
     )
-    database = folder / f"blok-{provider}-{body}-{time.monotonic_ns()}.db"
-    async with Engine(
-        workflows=[workflow], database=database if provider == "sqlite" else None
-    ) as engine:
+    database = str(folder / f"blok-{provider}-{body}-{time.monotonic_ns()}.db")
+    if provider != "sqlite":
+        database = url  # None: in memory
+    async with Engine(workflows=[workflow], database=database) as engine:
         payloads = [{"i": i} for i in range(n)]
         started = time.perf_counter()
         ids = await engine.enqueue_many("bench", payloads)

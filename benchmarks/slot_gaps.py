@@ -30,7 +30,6 @@ import statistics
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +38,7 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]  # this checkout's engine, not an i
 
 from fresh import emit, run_fresh  # noqa: E402
 from queues import engine_source, machine  # noqa: E402
+from scratch_pg import DEFAULT_URL, scratch_database  # noqa: E402
 
 SLOTS = 8
 SLEEP_S = 0.01
@@ -128,23 +128,8 @@ def measure(system: str, args: argparse.Namespace) -> dict[str, Any]:
     argv = ["--one", system, "-n", str(args.n), *(["--bulk"] if args.bulk else [])]
     if system != "postgres":
         return run_fresh(__file__, argv)
-    import asyncpg
-    from postgres import database_url
-
-    name = f"blok_slot_gaps_{uuid.uuid4().hex[:8]}"
-
-    async def admin(statement: str) -> None:
-        connection = await asyncpg.connect(args.url)
-        try:
-            await connection.execute(statement)
-        finally:
-            await connection.close()
-
-    asyncio.run(admin(f'CREATE DATABASE "{name}"'))
-    try:
-        return run_fresh(__file__, [*argv, "--database", database_url(args.url, name)])
-    finally:
-        asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    with scratch_database(args.url, "blok_slot_gaps") as url:
+        return run_fresh(__file__, [*argv, "--database", url])
 
 
 def main() -> None:
@@ -153,7 +138,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--providers", default="memory,sqlite")
     parser.add_argument("--bulk", action="store_true", help="one enqueue_many for the N jobs")
-    parser.add_argument("--url", default="postgresql://postgres@127.0.0.1:5432/test")
+    parser.add_argument("--url", default=DEFAULT_URL)
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--database", help=argparse.SUPPRESS)
     args = parser.parse_args()
