@@ -614,3 +614,37 @@ async def test_a_process_frozen_inside_a_transaction_does_not_keep_its_jobs(
             child.send_signal(signal.SIGCONT)
             child.kill()
             child.wait()
+
+
+@pytest.mark.parametrize("statement", ["WRITE_BATCH", "WRITE_BATCH_ENQUEUE", "WRITE_RUNS"])
+async def test_the_writers_plans_made_on_an_empty_table_find_jobs_by_key(
+    pg_schema: str, statement: str
+) -> None:
+    """The server keeps a prepared statement's generic plan for the session, made with the
+    tables as they were then: the writer's, made on a new database's empty `jobs`, must still
+    look its jobs up by key rather than scan the table (which grows with every job)."""
+    import re
+
+    from engine.backends.postgres import sql
+    from engine.backends.postgres.connect import WRITER
+    from engine.backends.postgres.connect import connect as blok_connect
+
+    text = getattr(sql, statement)
+    count = max(int(n) for n in re.findall(r"\$(\d+)", text))
+    empty = ", ".join(["'{}'"] * count)
+    conn = await blok_connect(pg_schema, WRITER)
+    try:
+        # What the server does on its own after a few runs of the same statement.
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
+        await conn.execute(f"PREPARE batch AS {text}")
+        await conn.execute(f"EXECUTE batch({empty})")  # the plan is made here, on no jobs
+        await conn.execute(
+            "INSERT INTO jobs (id, queue, workflow_name, state, run_id, created_at)"
+            " SELECT 'job_' || i, 'q', 'w', 'completed', 'run_' || i, 0"
+            " FROM generate_series(1, 2000) AS i"
+        )
+        plan = "\n".join(r[0] for r in await conn.fetch(f"EXPLAIN EXECUTE batch({empty})"))
+    finally:
+        await conn.close()
+    assert "Seq Scan on jobs" not in plan, plan
+    assert "on jobs" in plan  # the plan does look at jobs: by an index

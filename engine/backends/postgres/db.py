@@ -68,6 +68,7 @@ from .batch import (
     write_batch_params,
 )
 from .connect import (
+    WRITER,
     conflict,
     connect,
     connection_lost,
@@ -146,7 +147,7 @@ class PostgresDatabase:
     # ---- lifecycle -------------------------------------------------------------------------
     async def open(self) -> None:
         try:
-            self._writer = await connect(self.url, "writer", self.idle_s)
+            self._writer = await connect(self.url, WRITER, self.idle_s)
         except Exception as error:
             raise explain(self.location, error) from None
         try:
@@ -333,7 +334,7 @@ class PostgresDatabase:
         delay = BACKOFF_MIN_S
         while self._writer is None or self._writer.is_closed():
             try:
-                self._writer = await connect(self.url, "writer", self.idle_s)
+                self._writer = await connect(self.url, WRITER, self.idle_s)
                 self.own_pids.add(self._writer.get_server_pid())
                 self._back()
             except Exception as error:
