@@ -192,3 +192,59 @@ async def test_user_data_comes_back_as_it_went_in(pg_url: str) -> None:
         assert text == json.dumps(value)
     finally:
         await conn.close()
+
+
+async def test_the_row_types_of_the_bulk_statements_match_the_row_codecs(pg_url: str) -> None:
+    """The writer sends a table's rows as one array of a schema type (migration 5), the row
+    codecs' tuples as they are: each type must list its table's columns in the codecs' order,
+    with the columns' own types, and a fenced row's fence after them."""
+    from engine.backends.postgres.sql import column_type
+    from engine.backends.rows import ATTEMPT_COLUMNS, JOB_COLUMNS, RUN_COLUMNS, STEP_COLUMNS
+
+    fence = [("fence_job", "text"), ("fence_epoch", "bigint")]
+
+    def of(table: str, columns: tuple[str, ...]) -> list[tuple[str, str]]:
+        return [(c, column_type(table, c)) for c in columns]
+
+    expected = {
+        "fenced_run": of("runs", RUN_COLUMNS) + fence,
+        "fenced_step": of("steps", STEP_COLUMNS) + fence,
+        "fenced_attempt": of("attempts", ATTEMPT_COLUMNS) + fence,
+        "new_job": of("jobs", JOB_COLUMNS),
+        "new_run": of("runs", RUN_COLUMNS),
+    }
+    conn = await connect(pg_url)
+    try:
+        await migrate(conn)
+        found: dict[str, list[tuple[str, str]]] = {}
+        columns: dict[str, list[tuple[str, str]]] = {}
+        for name in [*expected, "fenced_log", "job_settle", "runs", "jobs", "logs"]:
+            rows = await conn.fetch(
+                "SELECT a.attname, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a"
+                " JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n"
+                " ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2"
+                " AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+                SCHEMA,
+                name,
+            )
+            found[name] = columns[name] = [(r[0], r[1]) for r in rows]
+    finally:
+        await conn.close()
+    for name, fields in expected.items():
+        assert found[name] == fields, name
+    # The settle and log rows are UPDATE_JOB's and INSERT_LOG's parameters, in their order.
+    assert [n for n, _ in found["job_settle"]] == [
+        "state", "run_id", "run_at", "resume", "error", "meta", "fresh", "forced", "headers",
+        "id", "epoch",
+    ]  # fmt: skip
+    assert [n for n, _ in found["fenced_log"]] == [
+        "run_id", "step_idx", "ts", "level", "message", "fence_job", "fence_epoch",
+    ]  # fmt: skip
+    # Each has the type of the column it writes.
+    logs = dict(columns["logs"])
+    for name, kind in found["fenced_log"][:5]:
+        assert kind == logs[name], name
+    jobs = dict(columns["jobs"])
+    for name, kind in found["job_settle"]:
+        if name != "fresh":  # a flag of the update, not a column
+            assert kind == jobs[name], name

@@ -14,9 +14,6 @@ from asyncpg.pool import PoolConnectionProxy
 from ...models import Run
 from ..base import Fence
 from ..rows import (
-    ATTEMPT_COLUMNS,
-    RUN_COLUMNS,
-    STEP_COLUMNS,
     attempt_row,
     run_row,
     step_row,
@@ -38,13 +35,6 @@ def clean(row: Params) -> Params:
         if value.__class__ is str and "\x00" in value:
             return tuple(v.replace("\x00", "\\x00") if isinstance(v, str) else v for v in row)
     return row
-
-
-def transpose(rows: list[Params], width: int) -> list[list[Any]]:
-    """Row tuples as one list per column: the arrays of a bulk statement."""
-    if not rows:
-        return [[] for _ in range(width)]
-    return [list(column) for column in zip(*rows, strict=True)]
 
 
 def latest(rows: list[Params], key: int) -> list[Params]:
@@ -90,7 +80,7 @@ def settled(ids: list[str] | None, epochs: list[int] | None) -> set[tuple[str, i
 
 async def update_jobs(conn: Conn, updates: list[Params]) -> set[tuple[str, int]]:
     """Consecutive UPDATE_JOB parameters in one statement; the jobs it moved on (SETTLED)."""
-    row = await conn.fetchrow(sql.UPDATE_JOBS, *transpose(once_each(updates), 11))
+    row = await conn.fetchrow(sql.UPDATE_JOBS, once_each(updates))
     assert row is not None  # one row (an aggregate), whatever was updated
     return settled(row["ids"], row["epochs"])
 
@@ -126,22 +116,19 @@ def folded(calls: list[InTransaction[Any]]) -> tuple[list[Params], list[Params]]
 
 
 def run_params(batch: Batch, logs: Sequence[Params] = ()) -> list[Any]:
-    """WRITE_RUNS' parameters: the fenced jobs (in id order), then the rows' arrays."""
+    """WRITE_RUNS' parameters: the fenced jobs (in id order), then the run, step and attempt
+    rows (each with its fence after it: the schema's `fenced_*` types)."""
     fenced = {row[-2] for rows in (batch.runs, batch.steps, batch.attempts, logs) for row in rows}
     fenced.discard(None)
-    return [
-        sorted(fenced),
-        *transpose(batch.runs, len(RUN_COLUMNS) + 2),
-        *transpose(batch.steps, len(STEP_COLUMNS) + 2),
-        *transpose(batch.attempts, len(ATTEMPT_COLUMNS) + 2),
-    ]
+    return [sorted(fenced), batch.runs, batch.steps, batch.attempts]
 
 
 def write_batch_params(batch: Batch) -> list[Any]:
-    """WRITE_BATCH's parameters: WRITE_RUNS', then its log lines' and its settles' arrays."""
+    """WRITE_BATCH's parameters: WRITE_RUNS', then its log lines and its settles (INSERT_LOG's
+    and UPDATE_JOB's parameters, as rows of `fenced_log` and `job_settle`)."""
     logs = [params for statement, params in batch.ops if statement is sql.INSERT_LOG]
     jobs = once_each([params for statement, params in batch.ops if statement is sql.UPDATE_JOB])
-    return [*run_params(batch, logs), *transpose(logs, 7), *transpose(jobs, 11)]
+    return [*run_params(batch, logs), logs, jobs]
 
 
 async def write_runs(conn: Conn, runs: Iterable[tuple[Run, Fence | None]]) -> None:

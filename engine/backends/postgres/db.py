@@ -50,7 +50,6 @@ from asyncpg.exceptions import ConnectionDoesNotExistError
 from ...errors import DatabaseError
 from ...models import Run
 from ..base import Fence
-from ..rows import JOB_COLUMNS, RUN_COLUMNS
 from . import sql
 from .batch import (
     Batch,
@@ -63,7 +62,6 @@ from .batch import (
     run_params,
     run_rows,
     settled,
-    transpose,
     update_jobs,
     write_batch_params,
 )
@@ -483,12 +481,7 @@ class PostgresDatabase:
         if batch.runs or batch.ops:
             statement, params = sql.WRITE_BATCH_ENQUEUE, write_batch_params(batch)
         try:
-            row = await conn.fetchrow(
-                statement,
-                *params,
-                *transpose(job_rows, len(JOB_COLUMNS)),
-                *transpose(run_rows_, len(RUN_COLUMNS)),
-            )
+            row = await conn.fetchrow(statement, *params, job_rows, run_rows_)
         except Exception as error:
             if retryable(error):
                 raise

@@ -35,9 +35,9 @@ import asyncpg
 from ...models import Job, JobState, LogLine, QueueStats, Run, from_epoch, to_epoch
 from ..base import Claim, Fence, JobUpdate, Renewal, Transition
 from ..database_queue import DatabaseQueue
-from ..rows import JOB_COLUMNS, RUN_COLUMNS, dump, job_from_row, job_row, run_row
+from ..rows import dump, job_from_row, job_row, run_row
 from . import sql
-from .batch import Conn, clean, transpose, write_runs
+from .batch import Conn, clean, write_runs
 from .db import PostgresDatabase, Unavailable
 from .store import log_params
 
@@ -94,11 +94,7 @@ class PostgresQueue(DatabaseQueue):
         whole = [run for run in runs if run.steps]
 
         async def add(conn: Conn) -> list[str]:
-            rows = await conn.fetch(
-                sql.ENQUEUE,
-                *transpose(job_rows, len(JOB_COLUMNS)),
-                *transpose(bare, len(RUN_COLUMNS)),
-            )
+            rows = await conn.fetch(sql.ENQUEUE, job_rows, bare)
             added = [row[0] for row in rows]
             fresh = set(added)
             await write_runs(conn, [(run, None) for run in whole if run.job_id in fresh])

@@ -146,32 +146,30 @@ UPSERT_ATTEMPT = _fenced_upsert("attempts", ATTEMPT_COLUMNS, ("run_id", "step_id
 
 
 def _fenced_bulk(
-    table: str, columns: tuple[str, ...], key: tuple[str, ...], first: int
+    table: str, columns: tuple[str, ...], key: tuple[str, ...], param: int, rows: str
 ) -> tuple[str, int]:
-    """The rows of `table` as arrays, one per column and then the fences' job ids and epochs,
-    from placeholder `first` on; a row lands only while its fence holds (see WRITE_RUNS).
-    (The statement and the next free placeholder.)"""
-    arrays = [f"${first + i}::{column_type(table, c)}[]" for i, c in enumerate(columns)]
-    n = first + len(columns)
-    arrays += [f"${n}::text[]", f"${n + 1}::bigint[]"]
+    """The rows of `table` as parameter `param`, an array of type `rows` (its columns, then the
+    fence's job id and epoch: schema 5); a row lands only while its fence holds (see
+    WRITE_RUNS). (The statement and the next free placeholder.)"""
     updates = [f"{c} = excluded.{c}" for c in columns if c not in key]
     if table == "runs":
         updates.append("xid = excluded.xid")
     statement = (
         f"INSERT INTO {table} ({', '.join(columns)})"
-        f" SELECT {', '.join(f'u.{c}' for c in columns)}"
-        f" FROM unnest({', '.join(arrays)}) AS u({', '.join(columns)}, fence_job, fence_epoch)"
+        f" SELECT {', '.join(f'u.{c}' for c in columns)} FROM unnest(${param}::{rows}[]) AS u"
         " WHERE u.fence_job IS NULL OR EXISTS (SELECT 1 FROM fences AS f"
         " WHERE f.id = u.fence_job AND f.epoch = u.fence_epoch)"
         f" ON CONFLICT ({', '.join(key)}) DO UPDATE SET {', '.join(updates)}"
     )
-    return statement, n + 2
+    return statement, param + 1
 
 
 def _write_runs_and_announce() -> str:
-    runs, n = _fenced_bulk("runs", RUN_COLUMNS, ("id",), 2)
-    steps, n = _fenced_bulk("steps", STEP_COLUMNS, ("run_id", "idx"), n)
-    attempts, n = _fenced_bulk("attempts", ATTEMPT_COLUMNS, ("run_id", "step_idx", "number"), n)
+    runs, n = _fenced_bulk("runs", RUN_COLUMNS, ("id",), 2, "fenced_run")
+    steps, n = _fenced_bulk("steps", STEP_COLUMNS, ("run_id", "idx"), n, "fenced_step")
+    attempts, n = _fenced_bulk(
+        "attempts", ATTEMPT_COLUMNS, ("run_id", "step_idx", "number"), n, "fenced_attempt"
+    )
     return (
         "WITH fences AS (SELECT id, epoch FROM jobs WHERE id = ANY($1::text[])"
         " ORDER BY id FOR SHARE),"
@@ -182,8 +180,9 @@ def _write_runs_and_announce() -> str:
 
 # A batch's runs, steps and attempts in one statement (one round trip, whatever their number),
 # each row fenced, and the batch's announcement (see ANNOUNCE); the transaction's id comes back.
-# $1 the fenced jobs' ids; then the run columns, then the fences' job ids and epochs; then the
-# steps', the attempts'. The fenced jobs' epochs are read once, FOR SHARE and in id order (two
+# $1 the fenced jobs' ids; then the runs, the steps and the attempts, each an array of rows of
+# the schema's types (`fenced_run`, `fenced_step`, `fenced_attempt`: a row's columns, then its
+# fence's job id and epoch). The fenced jobs' epochs are read once, FOR SHARE and in id order (two
 # writers lock rows in the same order): a claim taking a job over at this moment makes the
 # write wait for it and then see the new epoch, so a stale write cannot slip in before the
 # takeover commits; and a takeover waits for a write in flight.
@@ -191,22 +190,22 @@ WRITE_RUNS = _write_runs_and_announce()
 
 
 def _write_batch(enqueue: bool = False) -> str:
-    runs, n = _fenced_bulk("runs", RUN_COLUMNS, ("id",), 2)
-    steps, n = _fenced_bulk("steps", STEP_COLUMNS, ("run_id", "idx"), n)
-    attempts, n = _fenced_bulk("attempts", ATTEMPT_COLUMNS, ("run_id", "step_idx", "number"), n)
-    p = [f"${n + i}" for i in range(7)]
+    runs, n = _fenced_bulk("runs", RUN_COLUMNS, ("id",), 2, "fenced_run")
+    steps, n = _fenced_bulk("steps", STEP_COLUMNS, ("run_id", "idx"), n, "fenced_step")
+    attempts, n = _fenced_bulk(
+        "attempts", ATTEMPT_COLUMNS, ("run_id", "step_idx", "number"), n, "fenced_attempt"
+    )
     logs = (
         "INSERT INTO logs (run_id, step_idx, ts, level, message)"
         " SELECT g.run_id, g.step_idx, g.ts, g.level, g.message"
-        f" FROM unnest({p[0]}::text[], {p[1]}::integer[], {p[2]}::double precision[],"
-        f" {p[3]}::text[], {p[4]}::text[], {p[5]}::text[], {p[6]}::bigint[])"
+        f" FROM unnest(${n}::fenced_log[])"
         " WITH ORDINALITY AS g(run_id, step_idx, ts, level, message, fence_job, fence_epoch, o)"
         " WHERE g.fence_job IS NULL OR EXISTS (SELECT 1 FROM fences AS f"
         " WHERE f.id = g.fence_job AND f.epoch = g.fence_epoch)"
         " ORDER BY g.o"
     )
-    jobs = _update_jobs(n + 7, gate=" AND (SELECT count(*) FROM fences) >= 0")
-    added = f", {_enqueue_ctes(n + 18)}" if enqueue else ""
+    jobs = _update_jobs(n + 1, gate=" AND (SELECT count(*) FROM fences) >= 0")
+    added = f", {_enqueue_ctes(n + 2)}" if enqueue else ""
     return (
         "WITH fences AS (SELECT id, epoch FROM jobs WHERE id = ANY($1::text[])"
         " ORDER BY id FOR SHARE),"
@@ -230,25 +229,24 @@ SELECT_JOB = f"SELECT {', '.join(JOB_COLUMNS)} FROM jobs"
 
 
 def _enqueue_ctes(first: int) -> str:
-    """The CTEs `added` (the new jobs, from placeholder `first` on, one array per column) and
-    `runs_added` (then their runs': those of the jobs added)."""
-    jobs = ", ".join(f"${i}::{column_type('jobs', c)}[]" for i, c in enumerate(JOB_COLUMNS, first))
-    after = first + len(JOB_COLUMNS)
-    runs = ", ".join(f"${i}::{column_type('runs', c)}[]" for i, c in enumerate(RUN_COLUMNS, after))
+    """The CTEs `added` (the new jobs, parameter `first`, an array of `new_job`) and
+    `runs_added` (then their runs', parameter `first + 1`, of `new_run`: those of the jobs
+    added)."""
     return (
-        f"added AS (INSERT INTO jobs ({', '.join(JOB_COLUMNS)}) SELECT * FROM unnest({jobs})"
+        f"added AS (INSERT INTO jobs ({', '.join(JOB_COLUMNS)})"
+        f" SELECT * FROM unnest(${first}::new_job[])"
         " ON CONFLICT (id) DO NOTHING RETURNING id, queue),"
         f" runs_added AS (INSERT INTO runs ({', '.join(RUN_COLUMNS)})"
-        f" SELECT * FROM unnest({runs}) AS u({', '.join(RUN_COLUMNS)})"
+        f" SELECT * FROM unnest(${first + 1}::new_run[]) AS u"
         " WHERE u.job_id IN (SELECT id FROM added) ON CONFLICT (id) DO NOTHING)"
     )
 
 
-# New jobs and their first runs in bulk, one statement of arrays (one round trip, whatever
+# New jobs and their first runs in bulk, one statement (one round trip, whatever
 # their number): the jobs in order (their `seq` follows it), then the runs of those added (a job
 # whose id is known already is not added again, nor its run). The ids of the jobs added come
 # back, and their queues are notified (once per queue: identical notifications fold).
-# $1.. the job columns, then the run columns.
+# $1 the jobs (an array of `new_job`), $2 their runs (of `new_run`).
 ENQUEUE = f"WITH {_enqueue_ctes(1)} SELECT id, pg_notify('{JOBS_CHANNEL}', queue)::text FROM added"
 # What an ENQUEUE folded into a batch's statement returns besides: the ids of the jobs added,
 # and how many were notified on their queues' channel (`_enqueue_ctes`' `added`).
@@ -345,17 +343,12 @@ FROM updated
 
 
 def _update_jobs(first: int, gate: str = "") -> str:
-    """The CTEs `u` (UPDATE_JOB's parameters as arrays from placeholder `first`, one per
-    column), `updated` (the jobs moved on, each with the epoch it was fenced at; `gate`: a
+    """The CTEs `u` (UPDATE_JOB's parameters, a row of `job_settle` each, parameter `first`),
+    `updated` (the jobs moved on, each with the epoch it was fenced at; `gate`: a
     further condition) and `notified` (the queues with a job due now or later, notified once
     each)."""
-    p = [f"${first + i}" for i in range(11)]
     return (
-        f"u AS (SELECT * FROM unnest({p[0]}::text[], {p[1]}::text[],"
-        f" {p[2]}::double precision[], {p[3]}::integer[], {p[4]}::text[], {p[5]}::jsonb[],"
-        f" {p[6]}::boolean[], {p[7]}::integer[], {p[8]}::json[], {p[9]}::text[],"
-        f" {p[10]}::bigint[])"
-        " AS u(state, run_id, run_at, resume, error, meta, fresh, forced, headers, id, epoch)),"
+        f"u AS (SELECT * FROM unnest(${first}::job_settle[])),"
         " updated AS (UPDATE jobs SET"
         " state = CASE WHEN u.state IN ('waiting', 'delayed')"
         f" THEN CASE WHEN u.run_at > {NOW} THEN 'delayed' ELSE 'waiting' END ELSE u.state END,"
@@ -380,8 +373,8 @@ SETTLED = (
     "SELECT array_agg(id) AS ids, array_agg(fenced) AS epochs,"
     " (SELECT count(*) FROM notified) AS notified FROM updated"
 )
-# UPDATE_JOB for many jobs in one statement, its parameters as arrays ($1..$11, one per column,
-# each job once); the queues with a job due now or later are notified. SETTLED comes back.
+# UPDATE_JOB for many jobs in one statement, its parameters as $1, an array of `job_settle`
+# rows (each job once); the queues with a job due now or later are notified. SETTLED comes back.
 UPDATE_JOBS = f"WITH {_update_jobs(1)} {SETTLED}"
 # The holder's own update while it keeps the job (a new run after a takeover, or the record of
 # a run it stopped): $1 run id or NULL, $2 meta or NULL, $3 job id, $4 epoch. Epoch, worker and
@@ -562,7 +555,8 @@ WHERE xid >= $1 AND xid < $2 ORDER BY xid, id LIMIT $3
 FEED_LOGS_COUNT = "SELECT count(*) FROM logs WHERE xid >= $1 AND xid < $2"
 
 # The usual batch of a busy worker (runs, their log lines, the settles of their jobs) in one
-# statement: WRITE_RUNS's parameters, then INSERT_LOG's as arrays (7), then UPDATE_JOBS' (11);
+# statement: WRITE_RUNS's parameters, then INSERT_LOG's (an array of `fenced_log`), then
+# UPDATE_JOBS' (of `job_settle`);
 # the transaction's id comes back, and SETTLED's ids and epochs.
 # Serially, a run's rows and lines fenced at its job's epoch land before the job's settle moves
 # the epoch on; here every part reads the epochs of `fences`, which are locked FOR SHARE before
