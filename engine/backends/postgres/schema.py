@@ -295,10 +295,11 @@ MIGRATIONS: dict[int, str] = {
     """,
     # The rows of the writer's bulk statements, one parameter a table: an array of one of
     # these types (a row's columns, a fenced row's fence after them) instead of an array a
-    # column. asyncpg encodes some 100 one-column arrays a batch at ~2.5 µs each (checks
+    # column. asyncpg encodes some 100 one-column arrays a batch at ~2 µs each (checks
     # against collections.abc for every array and element), and the server parses as many
-    # parameters; an array of rows costs neither (sql.py, `_rows`). Each type lists its
-    # table's columns in the order of the row codecs (rows.py), which a test holds them to.
+    # parameters; an array of rows costs neither (sql.py: `_fenced_bulk`, `_enqueue_ctes`,
+    # `_update_jobs`). Each type lists its table's columns in the order of the row codecs
+    # (rows.py), which a test holds them to.
     5: """
     CREATE TYPE fenced_run AS (id TEXT, workflow_name TEXT, workflow_version TEXT, queue TEXT,
         job_id TEXT, status TEXT, input JSON, headers JSON, output JSON, error TEXT,
