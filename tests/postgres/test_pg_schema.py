@@ -216,8 +216,7 @@ async def test_the_row_types_of_the_bulk_statements_match_the_row_codecs(pg_url:
     conn = await connect(pg_url)
     try:
         await migrate(conn)
-        found: dict[str, list[tuple[str, str]]] = {}
-        columns: dict[str, list[tuple[str, str]]] = {}
+        found: dict[str, list[tuple[str, str]]] = {}  # a type's fields, a table's columns
         for name in [*expected, "fenced_log", "job_settle", "runs", "jobs", "logs"]:
             rows = await conn.fetch(
                 "SELECT a.attname, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a"
@@ -227,7 +226,7 @@ async def test_the_row_types_of_the_bulk_statements_match_the_row_codecs(pg_url:
                 SCHEMA,
                 name,
             )
-            found[name] = columns[name] = [(r[0], r[1]) for r in rows]
+            found[name] = [(r[0], r[1]) for r in rows]
     finally:
         await conn.close()
     for name, fields in expected.items():
@@ -241,10 +240,10 @@ async def test_the_row_types_of_the_bulk_statements_match_the_row_codecs(pg_url:
         "run_id", "step_idx", "ts", "level", "message", "fence_job", "fence_epoch",
     ]  # fmt: skip
     # Each has the type of the column it writes.
-    logs = dict(columns["logs"])
+    logs = dict(found["logs"])
     for name, kind in found["fenced_log"][:5]:
         assert kind == logs[name], name
-    jobs = dict(columns["jobs"])
+    jobs = dict(found["jobs"])
     for name, kind in found["job_settle"]:
         if name != "fresh":  # a flag of the update, not a column
             assert kind == jobs[name], name
