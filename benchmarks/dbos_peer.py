@@ -81,11 +81,12 @@ def tune_sqlite() -> list[int]:
     return levels
 
 
-def run_dbos(shape: str, body: str, n: int, concurrency: int, database: str) -> float:
-    """`database`: a SQLite file's path or a PostgreSQL URL."""
+def run_dbos(
+    shape: str, body: str, n: int, concurrency: int, database: str, postgres: bool
+) -> float:
+    """`database`: a SQLite file's path, or a PostgreSQL URL (`postgres`)."""
     from dbos import DBOS
 
-    postgres = database.startswith("postgresql://")
     levels = [] if postgres else tune_sqlite()
     DBOS(
         config={
@@ -184,12 +185,12 @@ def measure_here(
         if database == "sqlite":
             if system == "dbos":
                 path = Path(name) / f"dbos-{time.monotonic_ns()}.sqlite"
-                return run_dbos(shape, body, n, concurrency, str(path))
+                return run_dbos(shape, body, n, concurrency, str(path), postgres=False)
             blok = contract.run_contract("sqlite", body, shape, n, concurrency, Path(name))
             return asyncio.run(blok)
         with scratch_database(url, f"blok_dbos_{system}") as scratch:
             if system == "dbos":
-                return run_dbos(shape, body, n, concurrency, scratch)
+                return run_dbos(shape, body, n, concurrency, scratch, postgres=True)
             blok = contract.run_contract(
                 "postgres", body, shape, n, concurrency, Path(name), database=scratch
             )
