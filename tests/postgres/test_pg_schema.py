@@ -198,26 +198,16 @@ async def test_the_row_types_of_the_bulk_statements_match_the_row_codecs(pg_url:
     """The writer sends a table's rows as one array of a schema type (migration 5), the row
     codecs' tuples as they are: each type must list its table's columns in the codecs' order,
     with the columns' own types, and a fenced row's fence after them."""
-    from engine.backends.postgres.sql import column_type
     from engine.backends.rows import ATTEMPT_COLUMNS, JOB_COLUMNS, RUN_COLUMNS, STEP_COLUMNS
 
-    fence = [("fence_job", "text"), ("fence_epoch", "bigint")]
-
-    def of(table: str, columns: tuple[str, ...]) -> list[tuple[str, str]]:
-        return [(c, column_type(table, c)) for c in columns]
-
-    expected = {
-        "fenced_run": of("runs", RUN_COLUMNS) + fence,
-        "fenced_step": of("steps", STEP_COLUMNS) + fence,
-        "fenced_attempt": of("attempts", ATTEMPT_COLUMNS) + fence,
-        "new_job": of("jobs", JOB_COLUMNS),
-        "new_run": of("runs", RUN_COLUMNS),
-    }
     conn = await connect(pg_url)
     try:
         await migrate(conn)
         found: dict[str, list[tuple[str, str]]] = {}  # a type's fields, a table's columns
-        for name in [*expected, "fenced_log", "job_settle", "runs", "jobs", "logs"]:
+        for name in [
+            *("fenced_run", "fenced_step", "fenced_attempt", "fenced_log", "job_settle"),
+            *("new_job", "new_run", "runs", "steps", "attempts", "logs", "jobs"),
+        ]:
             rows = await conn.fetch(
                 "SELECT a.attname, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a"
                 " JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n"
@@ -229,21 +219,25 @@ async def test_the_row_types_of_the_bulk_statements_match_the_row_codecs(pg_url:
             found[name] = [(r[0], r[1]) for r in rows]
     finally:
         await conn.close()
-    for name, fields in expected.items():
-        assert found[name] == fields, name
-    # The settle and log rows are UPDATE_JOB's and INSERT_LOG's parameters, in their order.
-    assert [n for n, _ in found["job_settle"]] == [
-        "state", "run_id", "run_at", "resume", "error", "meta", "fresh", "forced", "headers",
-        "id", "epoch",
-    ]  # fmt: skip
-    assert [n for n, _ in found["fenced_log"]] == [
-        "run_id", "step_idx", "ts", "level", "message", "fence_job", "fence_epoch",
-    ]  # fmt: skip
-    # Each has the type of the column it writes.
-    logs = dict(found["logs"])
-    for name, kind in found["fenced_log"][:5]:
-        assert kind == logs[name], name
-    jobs = dict(found["jobs"])
-    for name, kind in found["job_settle"]:
-        if name != "fresh":  # a flag of the update, not a column
-            assert kind == jobs[name], name
+
+    def of(table: str, columns: tuple[str, ...]) -> list[tuple[str, str]]:
+        """The columns in the codecs' order, each with its type in the table."""
+        types = dict(found[table])
+        return [(c, types[c]) for c in columns]
+
+    fence = [("fence_job", "text"), ("fence_epoch", "bigint")]
+    assert found["fenced_run"] == of("runs", RUN_COLUMNS) + fence
+    assert found["fenced_step"] == of("steps", STEP_COLUMNS) + fence
+    assert found["fenced_attempt"] == of("attempts", ATTEMPT_COLUMNS) + fence
+    assert found["new_job"] == of("jobs", JOB_COLUMNS)
+    assert found["new_run"] == of("runs", RUN_COLUMNS)
+    # The log and settle rows are INSERT_LOG's and UPDATE_JOB's parameters, in their order.
+    logged = ("run_id", "step_idx", "ts", "level", "message")
+    assert found["fenced_log"] == of("logs", logged) + fence
+    settle = ("state", "run_id", "run_at", "resume", "error", "meta")
+    settle_after = ("forced", "headers", "id", "epoch")
+    assert found["job_settle"] == [
+        *of("jobs", settle),
+        ("fresh", "boolean"),  # a flag of the update, not a column
+        *of("jobs", settle_after),
+    ]

@@ -45,8 +45,9 @@ ANNOUNCE = "SELECT x" + _announced("$1")
 _ANNOUNCED_RUNS = _announced(f"'{RUNS_CHANNEL}'")  # a batch with runs: the feed's channel
 
 # ---- column types ----------------------------------------------------------------------------
-# The types cast the placeholders of statements whose parameters the server cannot type from a
-# target column (`INSERT … SELECT`, `unnest`).
+# The types cast the placeholders of the fenced upserts (UPSERT_RUN, UPSERT_STEP, UPSERT_ATTEMPT):
+# in `INSERT … SELECT` the server cannot type a parameter from its target column. By column of
+# runs, steps and attempts (the bulk statements take rows of the schema's types instead).
 _TYPES: dict[str, str] = {
     **dict.fromkeys(
         (
@@ -69,15 +70,11 @@ _TYPES: dict[str, str] = {
             "child_run_id",
             "error_type",
             "traceback",
-            "state",
         ),
         "text",
     ),
-    **dict.fromkeys(
-        ("input", "headers", "output", "cursor", "payload", "tags"),
-        "json",
-    ),
-    **dict.fromkeys(("meta", "signals"), "jsonb"),
+    # A run's `state` is the workflow's data.
+    **dict.fromkeys(("input", "headers", "output", "cursor", "state", "tags"), "json"),
     **dict.fromkeys(
         (
             "priority",
@@ -91,32 +88,15 @@ _TYPES: dict[str, str] = {
             "parent",
             "step_idx",
             "number",
-            "max_retries",
-            "resume",
-            "forced",
-            "handed",
         ),
         "integer",
     ),
     **dict.fromkeys(
-        (
-            "created_at",
-            "started_at",
-            "finished_at",
-            "run_at",
-            "wait_until",
-            "lease_until",
-        ),
+        ("created_at", "started_at", "finished_at", "run_at", "wait_until"),
         "double precision",
     ),
-    **dict.fromkeys(("backoff_ms", "epoch"), "bigint"),
+    "backoff_ms": "bigint",
 }
-
-
-def column_type(table: str, column: str) -> str:
-    if table == "runs" and column == "state":
-        return "json"  # a run's state is the workflow's data; a job's `state` is its status
-    return _TYPES[column]
 
 
 def _fenced_upsert(table: str, columns: tuple[str, ...], key: tuple[str, ...]) -> str:
@@ -127,7 +107,7 @@ def _fenced_upsert(table: str, columns: tuple[str, ...], key: tuple[str, ...]) -
     the row) makes the write wait for it and then see the new epoch, so a stale write cannot
     slip in before the takeover commits; and a takeover waits for a write in flight."""
     n = len(columns)
-    values = ", ".join(f"${i}::{column_type(table, c)}" for i, c in enumerate(columns, start=1))
+    values = ", ".join(f"${i}::{_TYPES[c]}" for i, c in enumerate(columns, start=1))
     updates = [f"{c} = excluded.{c}" for c in columns if c not in key]
     if table == "runs":
         updates.append("xid = excluded.xid")
