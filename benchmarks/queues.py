@@ -101,9 +101,9 @@ async def run_blok(
         trigger=WorkerTrigger(queue="bench", concurrency=concurrency, provider=provider),
         steps=[Step(body, NODES[body])],
     )
-    database = str(folder / f"blok-{provider}-{body}-{time.monotonic_ns()}.db")
-    if provider != "sqlite":
-        database = url  # None: in memory
+    database = url  # PostgreSQL's, or None: in memory
+    if provider == "sqlite":
+        database = str(folder / f"blok-{provider}-{body}-{time.monotonic_ns()}.db")
     async with Engine(workflows=[workflow], database=database) as engine:
         payloads = [{"i": i} for i in range(n)]
         started = time.perf_counter()
