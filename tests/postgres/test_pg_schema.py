@@ -39,6 +39,7 @@ TABLES = {
     "event_waiters",
     "schedules",
     "rate_starts",
+    "writer_marks",
 }
 
 

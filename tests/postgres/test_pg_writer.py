@@ -11,7 +11,9 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import suppress
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 import pytest
@@ -382,7 +384,7 @@ async def test_a_batch_whose_commit_was_cut_off_is_looked_up_then_run_again(
 ) -> None:
     """The session ends while the batch's COMMIT runs (a deferred trigger makes it slow): the
     writer asks the server whether that transaction committed (it did not) and runs the
-    batch again — once."""
+    batch again — once. (A batch of more than one statement: one alone has no COMMIT.)"""
     conn = await connect(pg_schema)
     try:
         await conn.execute(
@@ -400,6 +402,7 @@ async def test_a_batch_whose_commit_was_cut_off_is_looked_up_then_run_again(
     async with open_backend(pg_schema) as backend:
         backend.runs.save_run(run)
         backend.runs.add_log(run.id, line("slow"))
+        backend.shared.release_slot(run.id)  # a write WRITE_BATCH does not hold
         with anyio.fail_after(20):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(backend.runs.flush)
@@ -419,6 +422,99 @@ async def test_a_batch_whose_commit_was_cut_off_is_looked_up_then_run_again(
         stored = await backend.runs.get_run(run.id)
         assert stored is not None
         assert [entry.message for entry in stored.logs] == ["slow"]
+
+
+class CuttingRelay:
+    """A TCP relay between blok and the server that can cut a connection between a statement
+    and its answer: once `hold` is set for a connection, what the server says to it is kept
+    back; `cut` then closes both sides, so the client sees its connection lost, never having
+    heard how its statement ended, while the server ran it to the end."""
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        self.target = (parts.hostname or "127.0.0.1", parts.port or 5432)
+        self.url = url
+        self.sides: list[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = []
+        self.held: set[int] = set()
+        self._server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> CuttingRelay:
+        self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        port = self._server.sockets[0].getsockname()[1]
+        parts = urlsplit(self.url)
+        netloc = parts.netloc.rsplit("@", 1)
+        at = f"{netloc[0]}@" if len(netloc) == 2 else ""
+        self.url = urlunsplit(parts._replace(netloc=f"{at}127.0.0.1:{port}"))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        for client, server in self.sides:
+            client.close()
+            server.close()
+
+    async def _relay(self, client_in: asyncio.StreamReader, client: asyncio.StreamWriter) -> None:
+        server_in, server = await asyncio.open_connection(*self.target)
+        index = len(self.sides)
+        self.sides.append((client, server))
+
+        async def pump(
+            source: asyncio.StreamReader, sink: asyncio.StreamWriter, back: bool
+        ) -> None:
+            while data := await source.read(65536):
+                if back and index in self.held:
+                    continue  # kept back: the answer never arrives
+                sink.write(data)
+                await sink.drain()
+
+        with suppress(ConnectionError):
+            await asyncio.gather(pump(client_in, server, False), pump(server_in, client, True))
+
+    def cut(self, index: int) -> None:
+        client, server = self.sides[index]
+        client.transport.abort()
+        server.transport.abort()
+
+
+async def test_a_lone_statement_whose_answer_was_lost_after_it_committed_is_not_run_again(
+    pg_schema: str,
+) -> None:
+    """A batch that is one statement runs without BEGIN and COMMIT: it commits by itself. Its
+    connection is cut after the server committed it, before the answer arrived: the writer
+    finds its mark on the server, knows the batch landed, and does not write it again (its
+    log line would be there twice)."""
+    run = a_run()
+    async with CuttingRelay(pg_schema) as relay, open_backend(relay.url) as backend:
+        writer = 0  # the writer connects first (and migrates), then the pool
+        backend.runs.save_run(run)
+        await backend.runs.flush()
+        relay.held.add(writer)
+        run.status = RunStatus.RUNNING
+        backend.runs.save_run(run)
+        backend.runs.add_log(run.id, line("once"))
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(backend.runs.flush)
+
+                async def committed() -> bool:
+                    return bool(
+                        await count(
+                            pg_schema, "SELECT count(*) FROM logs WHERE run_id = $1", run.id
+                        )
+                    )
+
+                await until(committed, timeout=5)
+                relay.cut(writer)
+        stored = await backend.runs.get_run(run.id)
+        assert stored is not None and stored.status is RunStatus.RUNNING
+        assert [entry.message for entry in stored.logs] == ["once"]
+        # The writer carries on, on a new connection.
+        backend.runs.add_log(run.id, line("after"))
+        await backend.runs.flush()
+        stored = await backend.runs.get_run(run.id)
+        assert stored is not None
+        assert [entry.message for entry in stored.logs] == ["once", "after"]
 
 
 async def test_a_batch_chosen_as_a_deadlock_victim_is_run_again(
@@ -631,7 +727,10 @@ async def test_the_writers_plans_made_on_an_empty_table_find_jobs_by_key(
 
     text = getattr(sql, statement)
     count = max(int(n) for n in re.findall(r"\$(\d+)", text))
-    empty = ", ".join(["'{}'"] * count)
+    values = ["'{}'"] * count
+    if "writer_marks" in text:
+        values[-2:] = ["'writer'", "1"]  # the writer's mark: who, the batch's number
+    empty = ", ".join(values)
     conn = await blok_connect(pg_schema, WRITER)
     try:
         # What the server does on its own after a few runs of the same statement.

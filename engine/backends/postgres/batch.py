@@ -171,6 +171,10 @@ class Batch:
     settles: list[tuple[int, Callable[[bool], None]]] = field(default_factory=list)
     landed: set[tuple[str, int]] = field(default_factory=set)
     xid: int | None = None
+    # The batch's number, which its one-statement form leaves as the writer's mark (sql._mark).
+    mark: int = 0
+    # Its COMMIT went out, or its one statement did, which commits by itself (xid then None):
+    # if the connection drops now, whether it happened has to be looked up.
     commit_sent: bool = False
     committed: bool = False
 

@@ -13,15 +13,19 @@ the functions that run inside the transaction and see its result (enqueues, fenc
 slots, windows), each under a savepoint so that one's failure is its own (released with the
 next one's, the last with the COMMIT). A busy worker's runs, log lines and job settles are one
 statement (WRITE_BATCH), which also says which settles landed, for the ones whose submitter
-waits to know (a `wait_for_job` in this process): BEGIN, that statement and COMMIT, and with an
-enqueue riding along, a savepoint and the enqueue's statement.
+waits to know (a `wait_for_job` in this process); the enqueues that came meanwhile ride in it
+(WRITE_BATCH_ENQUEUE). A batch that is one statement goes alone, without BEGIN and COMMIT (one
+round trip instead of three): it commits by itself, and leaves the writer's mark, its number in
+`writer_marks`.
 
 Nothing is lost when the connection drops (a server restart, `pg_terminate_backend`): the batch
 is run again on a new connection, after a backoff. A batch whose COMMIT was under way when the
-connection dropped is looked up by its transaction id (`pg_xact_status`) first, so it is never
-applied twice. A deadlock or a serialization failure runs the batch again. A statement the
-server refuses for its data (which retrying cannot fix) is found by running the batch again one
-write at a time: that write is dropped with a logged error, the others commit.
+connection dropped is looked up by its transaction id (`pg_xact_status`) first, and a batch
+whose lone statement was under way by the writer's mark, once the statement's session is gone
+from the server (ended if need be), so it is never applied twice. A deadlock or a
+serialization failure runs the batch again. A statement the server refuses for its data (which
+retrying cannot fix) is found by running the batch again one write at a time: that write is
+dropped with a logged error, the others commit.
 
 Reads, claims and lease renewals go through a small pool beside the writer, retried the same
 way. The listener holds one more connection: LISTEN on blok's channels, a keep-alive query
@@ -32,9 +36,11 @@ been missed) when it drops.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from contextlib import suppress
 from typing import Any, TypeVar
@@ -131,6 +137,11 @@ class PostgresDatabase:
         self.batches = 0
         self._writes = 0  # writes queued so far (the writer gathers while this grows)
         self.last_xid = 0  # of this process's last committed batch
+        # The writer's mark (sql._mark): who it is, the next batch's number, and its session
+        # on the server (pid, start) for ending it when its connection is lost mid-statement.
+        self._writer_id = uuid.uuid4().hex
+        self._marks = itertools.count(1)
+        self._session: tuple[int, Any] | None = None
         # Connections of this backend, by server pid: their own notifications are not news.
         self.own_pids: set[int] = set()
         self._down_since: float | None = None
@@ -150,6 +161,8 @@ class PostgresDatabase:
             raise explain(self.location, error) from None
         try:
             await migrate(self._writer, create=self.create)
+            await self._writer.execute(sql.FORGET_OLD_MARKS)
+            await self._note_session(self._writer)
         except SchemaError as error:
             await self._writer.close()
             raise DatabaseError(f"{self.location}: {error}") from None
@@ -171,12 +184,30 @@ class PostgresDatabase:
             await self._writer.close()
             raise explain(self.location, error) from None
 
+    async def _note_session(self, writer: Conn) -> None:
+        row = await writer.fetchrow(sql.SESSION)
+        assert row is not None  # a session sees itself
+        self._session = (row["pid"], row["backend_start"])
+
+    async def _forget_mark(self) -> None:
+        """The writer's mark row goes with it (rows of writers that could not clear theirs go
+        a day later: FORGET_OLD_MARKS)."""
+        writer = self._writer
+        if writer is None or writer.is_closed() or writer.is_in_transaction():
+            return
+        try:
+            with anyio.fail_after(2):
+                await writer.execute(sql.FORGET_MARK, self._writer_id)
+        except Exception as error:
+            log.info("%s: left the writer's mark for later (%s)", self.location, error)
+
     async def _init_pooled(self, conn: Conn) -> None:
         self.own_pids.add(conn.get_server_pid())
 
     async def close(self) -> None:
         self._closing = True
         with anyio.CancelScope(shield=True):
+            await self._forget_mark()
             for conn in (self._writer, self._listener):
                 if conn is not None and not conn.is_closed():
                     try:
@@ -334,6 +365,7 @@ class PostgresDatabase:
             try:
                 self._writer = await connect(self.url, WRITER, self.idle_s)
                 self.own_pids.add(self._writer.get_server_pid())
+                await self._note_session(self._writer)
                 self._back()
             except Exception as error:
                 if not connection_lost(error):
@@ -349,7 +381,9 @@ class PostgresDatabase:
         one_by_one = False
         while not batch.committed:
             conn = await self._writer_connection()
+            session = self._session
             batch.xid = None
+            batch.commit_sent = False
             batch.landed = set()
             try:
                 if one_by_one:
@@ -366,14 +400,14 @@ class PostgresDatabase:
                     return
                 if connection_lost(error):
                     conn.terminate()
-                elif not conn.is_closed():
+                elif not conn.is_closed() and conn.is_in_transaction():
                     try:
                         await conn.execute("ROLLBACK")
                     except Exception:
                         conn.terminate()
                 if connection_lost(error):
                     self._lost("a write", error)
-                    if batch.commit_sent and await self._committed_before(batch):
+                    if batch.commit_sent and await self._committed_before(batch, session):
                         batch.committed = True
                         return
                 elif conflict(error):
@@ -393,8 +427,12 @@ class PostgresDatabase:
                 await anyio.sleep(delay)
                 delay = min(2 * delay, BACKOFF_MAX_S)
 
-    async def _committed_before(self, batch: Batch) -> bool:
-        """The connection dropped during the batch's COMMIT: did it happen?"""
+    async def _committed_before(self, batch: Batch, session: tuple[int, Any] | None) -> bool:
+        """The connection dropped during the batch's COMMIT, or during its one statement (which
+        commits by itself): did it happen?"""
+        if batch.xid is None:
+            assert session is not None  # noted with the connection
+            return await self._marked(batch, *session)
         while True:
             try:
                 status = await self.pooled(lambda c: c.fetchval(sql.XACT_STATUS, batch.xid))
@@ -407,18 +445,63 @@ class PostgresDatabase:
                 return bool(status == "committed")
             await anyio.sleep(BACKOFF_MIN_S)
 
+    async def _marked(self, batch: Batch, pid: int, started: Any) -> bool:
+        """Whether the batch's one statement committed, its connection lost before the answer:
+        the statement's session is ended on the server if it is still there (it may still be
+        running the statement, and commit it after a look), and once it is gone, the writer's
+        mark says (the statement wrote the batch's number there, in its own transaction)."""
+
+        async def look(conn: Conn) -> tuple[bool, Any]:
+            await conn.execute(sql.END_SESSION, pid, started)
+            if not await conn.fetchval(sql.SESSION_GONE, pid, started):
+                return False, None
+            return True, await conn.fetchval(sql.WRITER_MARK, self._writer_id)
+
+        while True:
+            try:
+                gone, mark = await self.pooled(look)
+            except Exception as error:
+                if not retryable(error):
+                    raise
+                gone, mark = False, None
+            if gone:
+                return bool(mark == batch.mark)
+            await anyio.sleep(BACKOFF_MIN_S)
+
+    def _mark_params(self, batch: Batch) -> list[Any]:
+        """The parameters of the writer's mark (sql._mark) for the batch."""
+        if not batch.mark:
+            batch.mark = next(self._marks)
+        return [self._writer_id, batch.mark]
+
+    async def _alone(self, conn: Conn, batch: Batch, statement: str, params: list[Any]) -> Any:
+        """The batch's one statement, without BEGIN and COMMIT (two round trips fewer): it
+        commits by itself, and leaves the writer's mark, which says whether it did if the
+        connection drops before the answer (`_marked`). Its row."""
+        batch.commit_sent = True
+        row = await conn.fetchrow(statement, *params, *self._mark_params(batch))
+        assert row is not None  # one row, whatever was written
+        return row
+
     async def _run(
         self, conn: Conn, batch: Batch, *, calls: bool = True, fold: bool = True
     ) -> None:
-        """The batch in one transaction; `calls=False`: without its functions (one of them
-        failed, and the rest of the batch is written again without it); `fold=False`: its
-        enqueues are not folded into WRITE_BATCH (that statement failed)."""
-        await conn.execute("BEGIN")
+        """The batch: one statement on its own if it can be (`_alone`), otherwise in one
+        transaction; `calls=False`: without its functions (one of them failed, and the rest of
+        the batch is written again without it); `fold=False`: its enqueues are not folded into
+        WRITE_BATCH (that statement failed)."""
         hot = all(op[0] in HOT for op in batch.ops)
         enqueues = folds(batch) if calls and fold and hot else None
         if enqueues is not None:
             await self._run_folded(conn, batch, *enqueues)
             return
+        if hot and (batch.runs or batch.ops) and not (calls and batch.calls):
+            # The usual batch of a busy worker (runs, their lines, their jobs' settles).
+            row = await self._alone(conn, batch, sql.WRITE_BATCH, write_batch_params(batch))
+            batch.xid = row["x"]
+            batch.landed |= settled(row["ids"], row["epochs"])
+            return
+        await conn.execute("BEGIN")
         if not (batch.runs or batch.ops) or not hot:
             if batch.runs:
                 batch.xid = await conn.fetchval(sql.WRITE_RUNS, *run_params(batch))
@@ -427,7 +510,9 @@ class PostgresDatabase:
             # The usual batch of a busy worker (runs, their lines, their jobs' settles) in one
             # statement; functions in the transaction (an enqueue) come after it, as they
             # would after those writes one by one.
-            row = await conn.fetchrow(sql.WRITE_BATCH, *write_batch_params(batch))
+            row = await conn.fetchrow(
+                sql.WRITE_BATCH, *write_batch_params(batch), *self._mark_params(batch)
+            )
             assert row is not None  # one row, whatever was written
             batch.xid = row["x"]
             batch.landed |= settled(row["ids"], row["epochs"])
@@ -472,23 +557,22 @@ class PostgresDatabase:
     async def _run_folded(
         self, conn: Conn, batch: Batch, job_rows: list[Params], run_rows_: list[Params]
     ) -> None:
-        """The batch and its enqueues (their rows, from `folds`) in one statement
-        (WRITE_BATCH_ENQUEUE, or ENQUEUE_ANNOUNCED when enqueues are all there is), then
-        COMMIT: BEGIN, the statement and COMMIT, against BEGIN, WRITE_BATCH, then a savepoint
-        and an ENQUEUE each, and COMMIT. If the statement fails for its data, the batch is run
-        again the usual way, which finds whose failure it was."""
+        """The batch and its enqueues (their rows, from `folds`) in one statement on its own
+        (WRITE_BATCH_ENQUEUE, or ENQUEUE_ANNOUNCED when enqueues are all there is; `_alone`):
+        one round trip, against BEGIN, WRITE_BATCH, then a savepoint and an ENQUEUE each, and
+        COMMIT. If the statement fails for its data, the batch is run again the usual way,
+        which finds whose failure it was."""
         statement, params = sql.ENQUEUE_ANNOUNCED, []
         if batch.runs or batch.ops:
             statement, params = sql.WRITE_BATCH_ENQUEUE, write_batch_params(batch)
         try:
-            row = await conn.fetchrow(statement, *params, job_rows, run_rows_)
+            row = await self._alone(conn, batch, statement, [*params, job_rows, run_rows_])
         except Exception as error:
             if retryable(error):
                 raise
-            await conn.execute("ROLLBACK")
+            batch.commit_sent = False  # it did not commit: the server refused it
             await self._run(conn, batch, fold=False)
             return
-        assert row is not None  # one row, whatever was written
         batch.xid = row["x"]
         batch.landed |= settled(row["ids"], row["epochs"])
         added = set(row["added"])
@@ -496,7 +580,6 @@ class PostgresDatabase:
             assert call.enqueue is not None
             call.error = None
             call.result = [job[0] for job in call.enqueue[0] if job[0] in added]
-        await self._finish(conn, batch)
 
     async def _calls_in_savepoints(self, conn: Conn, calls: list[InTransaction[Any]]) -> bool:
         """Each call under a savepoint, so that its failure is its own; whether the last
@@ -722,6 +805,9 @@ class PostgresDatabase:
                 if first.commit_sent and first.xid is not None:
                     status = await conn.fetchval(sql.XACT_STATUS, first.xid)
                     inflight_done = status == "committed"
+                elif first.commit_sent:  # its one statement (`_alone`): the mark says
+                    mark = await conn.fetchval(sql.WRITER_MARK, self._writer_id)
+                    inflight_done = mark == first.mark
             todo = batches[1:] if inflight_done else batches
             ops: list[tuple[str, Params]] = []
             settles: list[tuple[int, Callable[[bool], None]]] = []

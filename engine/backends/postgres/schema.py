@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncpg
 
 SCHEMA = "blok"
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 # pg_advisory_xact_lock key that serializes migrations (a constant unique to blok: "blok").
 MIGRATION_LOCK = 0x626C6F6B
@@ -335,6 +335,16 @@ MIGRATIONS: dict[int, str] = {
         wait_until DOUBLE PRECISION, replay_of TEXT, replay_from_step TEXT,
         parent_run_id TEXT, depth INTEGER, worker TEXT, cursor JSON, state JSON,
         attempts INTEGER, failed_attempts INTEGER);
+    """,
+    # The writer's mark: a batch that is one statement runs without BEGIN and COMMIT (two round
+    # trips fewer), and writes its number here as it goes. A connection lost before the answer
+    # leaves no transaction id to look up; the writer then ends the old session on the server
+    # and reads its mark: the batch committed if and only if the mark is its number (db.py,
+    # `_committed_before`). One row a writer (a process's database), its `at` for clearing rows
+    # of processes long gone.
+    6: """
+    CREATE TABLE writer_marks (writer TEXT PRIMARY KEY, mark BIGINT NOT NULL,
+        at DOUBLE PRECISION NOT NULL);
     """,
 }
 

@@ -169,6 +169,16 @@ def _write_runs_and_announce() -> str:
 WRITE_RUNS = _write_runs_and_announce()
 
 
+def _mark(first: int) -> str:
+    """The CTE `mark`: the writer (parameter `first`) marks its batch with the batch's number
+    (`first + 1`), in the batch's own transaction (schema 6: `writer_marks`)."""
+    return (
+        f"mark AS (INSERT INTO writer_marks (writer, mark, at) VALUES (${first}::text,"
+        f" ${first + 1}::bigint, {NOW}) ON CONFLICT (writer) DO UPDATE"
+        " SET mark = excluded.mark, at = excluded.at)"
+    )
+
+
 def _write_batch(enqueue: bool = False) -> str:
     runs, n = _fenced_bulk("runs", RUN_COLUMNS, ("id",), 2, "fenced_run")
     steps, n = _fenced_bulk("steps", STEP_COLUMNS, ("run_id", "idx"), n, "fenced_step")
@@ -186,10 +196,12 @@ def _write_batch(enqueue: bool = False) -> str:
     )
     jobs = _update_jobs(n + 1, gate=" AND (SELECT count(*) FROM fences) >= 0")
     added = f", {_enqueue_ctes(n + 2)}" if enqueue else ""
+    mark = _mark(n + 4 if enqueue else n + 2)
     return (
         "WITH fences AS (SELECT id, epoch FROM jobs WHERE id = ANY($1::text[])"
         " ORDER BY id FOR SHARE),"
-        f" r AS ({runs}), s AS ({steps}), a AS ({attempts}), l AS ({logs}), {jobs}{added}"
+        f" r AS ({runs}), s AS ({steps}), a AS ({attempts}), l AS ({logs}), {jobs}{added},"
+        f" {mark}"
         f" SELECT x, settled.ids, settled.epochs{_ADDED if enqueue else ''}"
         f"{_ANNOUNCED_RUNS},"
         f" LATERAL ({SETTLED}) AS settled"
@@ -523,6 +535,20 @@ UNION ALL
 SELECT transaction::text::bigint FROM pg_prepared_xacts WHERE database = current_database()
 """
 XACT_STATUS = "SELECT pg_xact_status($1::bigint::text::xid8)"
+# A session of the server, by pid and start (a pid alone may be another's by now).
+SESSION = "SELECT pid, backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()"
+# Ends that session if it is still there (it goes a moment later); whether it is gone, and
+# its transaction with it (each statement reads the activity anew: autocommit).
+END_SESSION = (
+    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid = $1 AND backend_start = $2"
+)
+SESSION_GONE = (
+    "SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND backend_start = $2)"
+)
+WRITER_MARK = "SELECT mark FROM writer_marks WHERE writer = $1"
+FORGET_MARK = "DELETE FROM writer_marks WHERE writer = $1"
+# Marks of writers gone a day (a writer looks its mark up within seconds of losing a session).
+FORGET_OLD_MARKS = f"DELETE FROM writer_marks WHERE at < {NOW} - 86400"
 FEED_RUNS = f"""
 SELECT {", ".join(RUN_COLUMNS)} FROM runs
 WHERE xid >= $1 AND xid < $2 ORDER BY xid, created_at LIMIT $3
@@ -536,8 +562,8 @@ FEED_LOGS_COUNT = "SELECT count(*) FROM logs WHERE xid >= $1 AND xid < $2"
 
 # The usual batch of a busy worker (runs, their log lines, the settles of their jobs) in one
 # statement: WRITE_RUNS's parameters, then INSERT_LOG's (an array of `fenced_log`), then
-# UPDATE_JOBS' (of `job_settle`);
-# the transaction's id comes back, and SETTLED's ids and epochs.
+# UPDATE_JOBS' (of `job_settle`), then the writer's mark (`_mark`: the writer, the batch's
+# number); the transaction's id comes back, and SETTLED's ids and epochs.
 # Serially, a run's rows and lines fenced at its job's epoch land before the job's settle moves
 # the epoch on; here every part reads the epochs of `fences`, which are locked FOR SHARE before
 # any job is updated (the settle's condition counts them first: a one-time filter), so the same
@@ -545,16 +571,17 @@ FEED_LOGS_COUNT = "SELECT count(*) FROM logs WHERE xid >= $1 AND xid < $2"
 # statement would have to come in its own order.
 WRITE_BATCH = _write_batch()
 # WRITE_BATCH and a batch's enqueues in one statement (the contract path's usual batch: the
-# `enqueue` calls and the writes of the jobs that ran meanwhile): WRITE_BATCH's parameters, then
-# ENQUEUE's (the enqueues' rows, in order); the ids of the jobs added come back too (`added`),
+# `enqueue` calls and the writes of the jobs that ran meanwhile): WRITE_BATCH's parameters but
+# the mark, ENQUEUE's (the enqueues' rows, in order), then the mark's; the ids of the jobs added come back too (`added`),
 # and their queues are notified. Every part reads the statement's one snapshot, so the writer
 # folds enqueues in only when no job is in two of them, no run of theirs is among the batch's
 # runs and none of their jobs among the batch's jobs (`folds`).
 WRITE_BATCH_ENQUEUE = _write_batch(enqueue=True)
 # A batch of enqueues and nothing else: ENQUEUE that also announces the batch (ANNOUNCE on the
-# runs' channel: its runs are new rows) and returns what WRITE_BATCH_ENQUEUE does.
+# runs' channel: its runs are new rows) and returns what WRITE_BATCH_ENQUEUE does; ENQUEUE's
+# parameters, then the mark's.
 ENQUEUE_ANNOUNCED = (
-    f"WITH {_enqueue_ctes(1)}"
+    f"WITH {_enqueue_ctes(1)}, {_mark(3)}"
     f" SELECT x, NULL::text[] AS ids, NULL::bigint[] AS epochs{_ADDED}"
     f"{_ANNOUNCED_RUNS}"
 )
