@@ -517,6 +517,34 @@ async def test_a_lone_statement_whose_answer_was_lost_after_it_committed_is_not_
         assert [entry.message for entry in stored.logs] == ["once", "after"]
 
 
+async def test_the_writers_mark_goes_with_it_and_marks_of_writers_long_gone_are_cleared(
+    pg_schema: str,
+) -> None:
+    """`writer_marks` holds a row a writer while it writes; a writer that closes takes its own
+    with it, and a process opening the database clears the rows of writers gone a day (killed
+    before they could), so the table does not grow with every process ever started."""
+    conn = await connect(pg_schema)
+    try:
+        await conn.execute(
+            "INSERT INTO writer_marks (writer, mark, at) VALUES"
+            " ('killed long ago', 7, extract(epoch FROM now()) - 2 * 86400),"
+            " ('killed just now', 3, extract(epoch FROM now()) - 60)"
+        )
+        async with open_backend(pg_schema) as backend:
+            backend.runs.save_run(a_run())
+            await backend.runs.flush()
+            rows = await conn.fetch("SELECT writer, mark FROM writer_marks ORDER BY writer")
+            writers = [row["writer"] for row in rows]
+            assert "killed long ago" not in writers
+            assert "killed just now" in writers  # it may still be looking its mark up
+            [own] = [row for row in rows if row["writer"] != "killed just now"]
+            assert own["mark"] >= 1
+        left = await conn.fetch("SELECT writer FROM writer_marks")
+        assert [row["writer"] for row in left] == ["killed just now"]
+    finally:
+        await conn.close()
+
+
 async def test_a_batch_chosen_as_a_deadlock_victim_is_run_again(
     pg_schema: str, caplog: pytest.LogCaptureFixture
 ) -> None:
