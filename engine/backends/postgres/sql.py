@@ -572,10 +572,11 @@ FEED_LOGS_COUNT = "SELECT count(*) FROM logs WHERE xid >= $1 AND xid < $2"
 WRITE_BATCH = _write_batch()
 # WRITE_BATCH and a batch's enqueues in one statement (the contract path's usual batch: the
 # `enqueue` calls and the writes of the jobs that ran meanwhile): WRITE_BATCH's parameters but
-# the mark, ENQUEUE's (the enqueues' rows, in order), then the mark's; the ids of the jobs added come back too (`added`),
-# and their queues are notified. Every part reads the statement's one snapshot, so the writer
-# folds enqueues in only when no job is in two of them, no run of theirs is among the batch's
-# runs and none of their jobs among the batch's jobs (`folds`).
+# the mark's, ENQUEUE's (the enqueues' rows, in order), then the mark's; the ids of the jobs
+# added come back too (`added`), and their queues are notified. Every part reads the
+# statement's one snapshot, so the writer folds enqueues in only when no job is in two of them,
+# no run of theirs is among the batch's runs and none of their jobs among the batch's jobs
+# (`folds`).
 WRITE_BATCH_ENQUEUE = _write_batch(enqueue=True)
 # A batch of enqueues and nothing else: ENQUEUE that also announces the batch (ANNOUNCE on the
 # runs' channel: its runs are new rows) and returns what WRITE_BATCH_ENQUEUE does; ENQUEUE's
