@@ -1,7 +1,7 @@
 """The PostgreSQL writer and its connections: group commit, a lone write not kept waiting, and
 nothing lost when a connection drops (pg_terminate_backend: between batches, in the middle of
-one, during its COMMIT), a deadlock run again, a process going down (flush_now), a restart of
-the server."""
+one, during its COMMIT; a relay cut after a lone statement committed), nothing written twice, a
+deadlock run again, a process going down (flush_now), a restart of the server."""
 
 from __future__ import annotations
 
@@ -426,9 +426,10 @@ async def test_a_batch_whose_commit_was_cut_off_is_looked_up_then_run_again(
 
 class CuttingRelay:
     """A TCP relay between blok and the server that can cut a connection between a statement
-    and its answer: once `hold` is set for a connection, what the server says to it is kept
-    back; `cut` then closes both sides, so the client sees its connection lost, never having
-    heard how its statement ended, while the server ran it to the end."""
+    and its answer: once a connection's index (in the order they were made) is in `held`,
+    what the server says to it is kept back; `cut` then closes both sides, so the client sees
+    its connection lost, never having heard how its statement ended, while the server ran it
+    to the end."""
 
     def __init__(self, url: str) -> None:
         parts = urlsplit(url)
