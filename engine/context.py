@@ -92,6 +92,7 @@ class Context:
     """What a node sees: the job's input, earlier steps' outputs, a logger, cancellation."""
 
     __slots__ = (
+        "__weakref__",  # the log sink's way back to its context (Runner.log_sink)
         "_logger",
         "_secrets",
         "_sink",

@@ -12,6 +12,7 @@ import json
 import logging
 import time
 import traceback
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -241,15 +242,21 @@ class Runner:
             run.steps = [Runner.pending_record(step, i) for i, step in enumerate(workflow.steps)]
 
     def log_sink(self, run: Run, ctx: Context) -> Callable[[logging.LogRecord], None]:
+        # The context holds its sink, so the sink holds the context weakly: a reference cycle
+        # a run would leave the run's context, its job info and the sink to the garbage
+        # collector instead of freeing them as the run ends.
+        context = weakref.ref(ctx)
+
         def sink(record: logging.LogRecord) -> None:
             message = record.getMessage()
             if record.exc_info:
                 message += "\n" + user_names("".join(traceback.format_exception(*record.exc_info)))
+            current = context()
             line = LogLine.model_construct(
                 ts=datetime.fromtimestamp(record.created, UTC),
                 level=record.levelname.lower(),
                 message=message,
-                step=ctx.step_index,
+                step=current.step_index if current is not None else None,
             )
             self.add_log(run, line)
 
