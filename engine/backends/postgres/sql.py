@@ -144,7 +144,9 @@ def _fenced_bulk(
     return statement, param + 1
 
 
-def _write_runs_and_announce() -> str:
+def _fenced_runs() -> tuple[str, int]:
+    """The `WITH` of WRITE_RUNS and WRITE_BATCH: the fenced jobs' epochs ($1, see WRITE_RUNS),
+    then the runs, steps and attempts ($2, $3, $4); and the next free placeholder."""
     runs, n = _fenced_bulk("runs", RUN_COLUMNS, ("id",), 2, "fenced_run")
     steps, n = _fenced_bulk("steps", STEP_COLUMNS, ("run_id", "idx"), n, "fenced_step")
     attempts, n = _fenced_bulk(
@@ -154,8 +156,12 @@ def _write_runs_and_announce() -> str:
         "WITH fences AS (SELECT id, epoch FROM jobs WHERE id = ANY($1::text[])"
         " ORDER BY id FOR SHARE),"
         f" r AS ({runs}), s AS ({steps}), a AS ({attempts})"
-        f" SELECT x{_ANNOUNCED_RUNS}"
-    )
+    ), n
+
+
+def _write_runs_and_announce() -> str:
+    ctes, _ = _fenced_runs()
+    return f"{ctes} SELECT x{_ANNOUNCED_RUNS}"
 
 
 # A batch's runs, steps and attempts in one statement (one round trip, whatever their number),
@@ -180,11 +186,7 @@ def _mark(first: int) -> str:
 
 
 def _write_batch(enqueue: bool = False) -> str:
-    runs, n = _fenced_bulk("runs", RUN_COLUMNS, ("id",), 2, "fenced_run")
-    steps, n = _fenced_bulk("steps", STEP_COLUMNS, ("run_id", "idx"), n, "fenced_step")
-    attempts, n = _fenced_bulk(
-        "attempts", ATTEMPT_COLUMNS, ("run_id", "step_idx", "number"), n, "fenced_attempt"
-    )
+    ctes, n = _fenced_runs()
     logs = (
         "INSERT INTO logs (run_id, step_idx, ts, level, message)"
         " SELECT g.run_id, g.step_idx, g.ts, g.level, g.message"
@@ -198,10 +200,7 @@ def _write_batch(enqueue: bool = False) -> str:
     added = f", {_enqueue_ctes(n + 2)}" if enqueue else ""
     mark = _mark(n + 4 if enqueue else n + 2)
     return (
-        "WITH fences AS (SELECT id, epoch FROM jobs WHERE id = ANY($1::text[])"
-        " ORDER BY id FOR SHARE),"
-        f" r AS ({runs}), s AS ({steps}), a AS ({attempts}), l AS ({logs}), {jobs}{added},"
-        f" {mark}"
+        f"{ctes}, l AS ({logs}), {jobs}{added}, {mark}"
         f" SELECT x, settled.ids, settled.epochs{_ADDED if enqueue else ''}"
         f"{_ANNOUNCED_RUNS},"
         f" LATERAL ({SETTLED}) AS settled"
