@@ -751,15 +751,15 @@ class PostgresDatabase:
         pending = self._take()
         dropped, pending.calls = pending.calls, []
         batches = [b for b in (inflight, pending) if b]
-        writer = self._writer
-        writer_pid = writer.get_server_pid() if inflight and writer is not None else None
+        # The writer's session on the server, to end if a batch was in flight on it.
+        session = self._session if inflight and self._writer is not None else None
         outcome: dict[str, BaseException | None] = {"error": None}
         written: list[Batch] = []  # what _flush_fresh wrote, in one transaction
         if batches:
 
             def commit() -> None:
                 try:
-                    written.extend(asyncio.run(self._flush_fresh(batches, writer_pid)))
+                    written.extend(asyncio.run(self._flush_fresh(batches, session)))
                 except BaseException as error:
                     outcome["error"] = error
 
@@ -785,20 +785,18 @@ class PostgresDatabase:
         for callback in pending.after:
             callback()
 
-    async def _flush_fresh(self, batches: list[Batch], writer_pid: int | None) -> list[Batch]:
+    async def _flush_fresh(
+        self, batches: list[Batch], session: tuple[int, Any] | None
+    ) -> list[Batch]:
         """The batches in one transaction on a fresh connection (see `flush_now`); what was
         written (one batch, or none if nothing was left to write)."""
         conn = await connect(self.url, "flush")
         try:
             inflight_done = False
-            if writer_pid is not None:
-                await conn.execute("SELECT pg_terminate_backend($1)", writer_pid)
+            if session is not None:
+                await conn.execute(sql.END_SESSION, *session)
                 for _ in range(100):
-                    gone = await conn.fetchval(
-                        "SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)",
-                        writer_pid,
-                    )
-                    if gone:
+                    if await conn.fetchval(sql.SESSION_GONE, *session):
                         break
                     await asyncio.sleep(0.02)
                 first = batches[0]
