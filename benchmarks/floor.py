@@ -23,6 +23,8 @@ loop, then each awaited in order) with 8 worker tasks and the one-step `echo` wo
 
 Each run also times the cyclic garbage collector (`gc.callbacks`): its µs a job are part of the
 level's, and grow with what the level keeps alive (every level keeps its records to the end).
+For `blok` and `MemoryHuey` they also hold what starting and stopping the engine or the
+consumer collected (a few ms at most, against a run of a second or more).
 
 The difference between two levels is what the added part costs a job; between `runner` and
 `blok`, the engine's machinery around a job (the operator and its checks, the ledger, the
