@@ -59,7 +59,6 @@ from engine.context import Context  # noqa: E402
 from engine.events import EventBus  # noqa: E402
 from engine.ledger import make_job, make_run  # noqa: E402
 from engine.models import (  # noqa: E402
-    Attempt,
     AttemptStatus,
     Job,
     JobState,
@@ -67,8 +66,8 @@ from engine.models import (  # noqa: E402
     RunStatus,
     StepStatus,
 )
-from engine.records import assign, construct  # noqa: E402
-from engine.runner import Runner, pending_step  # noqa: E402
+from engine.records import assign  # noqa: E402
+from engine.runner import Runner, pending_step, running_attempt  # noqa: E402
 
 LEVELS = ("bare", "records", "queue", "runner", "blok", "MemoryHuey")
 CONCURRENCY = 8
@@ -90,24 +89,11 @@ def new_job(i: int) -> tuple[Job, Run]:
 
 def hand_made_step(run: Run, output: Any) -> None:
     """The run's step and attempt records, as the runner sets them for a one-step run."""
-    now = datetime.now(UTC)
-    assign(run, status=RunStatus.RUNNING, started_at=now)
+    assign(run, status=RunStatus.RUNNING, started_at=datetime.now(UTC))
     step = pending_step(0, "echo", "step")
-    attempt = construct(
-        Attempt,
-        dict(
-            number=1,
-            status=AttemptStatus.RUNNING,
-            started_at=now,
-            finished_at=None,
-            error=None,
-            error_type=None,
-            traceback=None,
-            backoff_ms=None,
-        ),
-    )
+    attempt = running_attempt(1)
     step.attempts.append(attempt)
-    assign(step, status=StepStatus.RUNNING, started_at=now, max_attempts=1)
+    assign(step, status=StepStatus.RUNNING, started_at=attempt.started_at, max_attempts=1)
     run.steps.append(step)
     run.attempts += 1
     now = datetime.now(UTC)

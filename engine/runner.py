@@ -188,6 +188,23 @@ def pending_step(
     )
 
 
+def running_attempt(number: int) -> Attempt:
+    """The record of a step's attempt `number` as it begins, now."""
+    return construct(
+        Attempt,
+        dict(
+            number=number,
+            status=AttemptStatus.RUNNING,
+            started_at=utcnow(),
+            finished_at=None,
+            error=None,
+            error_type=None,
+            traceback=None,
+            backoff_ms=None,
+        ),
+    )
+
+
 class Runner:
     def __init__(
         self,
@@ -530,19 +547,7 @@ class Runner:
         first = len(record.attempts) + 1
         for number in range(first, first + max_attempts):
             attempt_no = number - first + 1
-            attempt = construct(
-                Attempt,
-                dict(
-                    number=number,
-                    status=AttemptStatus.RUNNING,
-                    started_at=utcnow(),
-                    finished_at=None,
-                    error=None,
-                    error_type=None,
-                    traceback=None,
-                    backoff_ms=None,
-                ),
-            )
+            attempt = running_attempt(number)
             record.attempts.append(attempt)
             assign(
                 record,
