@@ -28,6 +28,8 @@ from engine import Engine, RunStatus, Step, WorkerTrigger, Workflow
 from engine.backends import open_backend
 from engine.backends.base import JobUpdate, Transition
 from engine.backends.postgres import PostgresBackend
+from engine.backends.postgres import db as pg_db
+from engine.backends.postgres import sql as pg_sql
 from engine.models import JobState
 
 from .conftest import connect
@@ -650,6 +652,59 @@ async def test_flush_now_commits_from_a_blocked_event_loop(pg_schema: str) -> No
     finally:
         await conn.close()
     assert told == [True]
+
+
+async def test_flush_now_writes_nothing_over_a_writer_session_that_does_not_end(
+    pg_schema: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process going down while its writer's session will not end (here: ending it is made a
+    no-op): the batch in flight there may still commit, so `flush_now` writes nothing over it
+    and says so. That batch lands once, and what was pending is reported lost, not written on
+    top of it (its job's lease runs out, and whoever takes the job over records the run)."""
+    monkeypatch.setattr(pg_sql, "END_SESSION", "SELECT $1::int, $2::timestamptz")
+    monkeypatch.setattr(pg_db, "SESSION_END_WAIT_S", 0.5)
+    job, run = job_and_run()
+    told: list[bool] = []
+    async with open_backend(pg_schema) as backend:
+        queue = backend.queue(None)
+        await queue.add([job], [run])
+        [claim] = await queue.claim(QUEUE, 1, "w1", 30.0)
+        held = hold_row_lock(pg_schema, job.id, 2.0)
+        await anyio.to_thread.run_sync(held.wait)
+        run.status = RunStatus.RUNNING
+        queue.record(run, claim.fence)
+        queue.record_log(run.id, line("in flight"), claim.fence)
+        flushing = anyio.Event()
+
+        async def flush() -> None:
+            flushing.set()
+            await backend.runs.flush()
+
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(flush)
+                await flushing.wait()
+                await until(lambda: count_blocked(pg_schema), timeout=5)
+                crashed = run.model_copy(deep=True)
+                crashed.status = RunStatus.CRASHED
+                queue.record(crashed, claim.fence)
+                queue.record_log(run.id, line("pending"), claim.fence)
+                settle = Transition(job.id, claim.job.epoch, JobUpdate(state=JobState.FAILED))
+                settle.landed = told.append
+                queue.submit(settle)
+                backend.flush_now()
+                # The writer's batch goes on once the lock is let go, and commits.
+    assert "could not commit 3 pending write(s)" in caplog.text
+    assert "did not end within 0.5 s" in caplog.text
+    conn = await connect(pg_schema)
+    try:
+        assert await conn.fetchval("SELECT status FROM runs WHERE id = $1", run.id) == "running"
+        lines = await conn.fetch("SELECT message FROM logs WHERE run_id = $1 ORDER BY id", run.id)
+        assert [r[0] for r in lines] == ["in flight"]
+        assert await conn.fetchval("SELECT state FROM jobs WHERE id = $1", job.id) == "active"
+    finally:
+        await conn.close()
+    assert told == []
 
 
 async def test_a_worker_rides_out_a_server_restart() -> None:

@@ -91,8 +91,15 @@ KEEPALIVE_S = 5.0  # the listener's probe: a dead connection is found within thi
 BACKOFF_MIN_S = 0.05
 BACKOFF_MAX_S = 2.0
 FLUSH_NOW_TIMEOUT_S = 15.0
+# flush_now: how long the writer's session, once ended, may take to go (within the above).
+SESSION_END_WAIT_S = 5.0
 HOT = (sql.INSERT_LOG, sql.UPDATE_JOB)  # what WRITE_BATCH writes besides runs
 GATHER_TURNS = 50  # at most this many turns of the event loop gather a batch
+
+
+class SessionStays(DatabaseError):
+    """flush_now: the writer's session was ended and is still there; what it writes may
+    still commit, so nothing is written over it."""
 
 
 def _dead(conn: Conn) -> bool:
@@ -743,8 +750,10 @@ class PostgresDatabase:
         it back unless its COMMIT got through, which `pg_xact_status` tells) and the batch is
         committed again here, with what is pending, in one transaction. Functions queued
         after it (an enqueue, an operator's transition) are refused: nobody is left to wait for
-        their results. Gives up after FLUSH_NOW_TIMEOUT_S (a server that is down), logging
-        how many writes were lost."""
+        their results. Gives up after FLUSH_NOW_TIMEOUT_S (a server that is down), or when the
+        writer's session is still there SESSION_END_WAIT_S after it was ended (its batch could
+        commit after any look at it), logging how many writes were lost; the leases of the
+        process's jobs then run out, and the workers that take them over record the runs."""
         if self._pool is None:
             return
         inflight = self._inflight if self._inflight and not self._inflight.committed else None
@@ -767,7 +776,13 @@ class PostgresDatabase:
             thread.start()
             thread.join(FLUSH_NOW_TIMEOUT_S)
             if thread.is_alive() or outcome["error"] is not None:
-                lost = sum(len(b.runs) + len(b.ops) + len(b.calls) for b in batches)
+                # A batch left to a session that would not end may still land: not counted.
+                left = isinstance(outcome["error"], SessionStays)
+                lost = sum(
+                    len(b.runs) + len(b.ops) + len(b.calls)
+                    for b in batches
+                    if not (left and b is inflight)
+                )
                 log.error(
                     "%s: could not commit %d pending write(s) before going down: %s",
                     self.location,
@@ -795,9 +810,16 @@ class PostgresDatabase:
             inflight_done = False
             if session is not None:
                 await conn.execute(sql.END_SESSION, *session)
-                for _ in range(100):
-                    if await conn.fetchval(sql.SESSION_GONE, *session):
-                        break
+                deadline = time.monotonic() + SESSION_END_WAIT_S
+                while not await conn.fetchval(sql.SESSION_GONE, *session):
+                    if time.monotonic() > deadline:
+                        # Its batch may still commit after any look at it: writing it again
+                        # here could apply it twice, and land its older rows on these.
+                        raise SessionStays(
+                            f"the writer's session (pid {session[0]}) did not end within "
+                            f"{SESSION_END_WAIT_S:g} s, so what it was writing may still "
+                            "commit; nothing is written over it"
+                        )
                     await asyncio.sleep(0.02)
                 first = batches[0]
                 if first.commit_sent and first.xid is not None:
