@@ -264,12 +264,10 @@ class Gates:
             self._starts_purged_at = now
             await self.shared.forget_starts(now)
         period_s = rate.period / 1000
-        decision = await self.shared.acquire_start(
-            workflow.name, key, rate.limit, period_s, run.id, now
-        )
+        decision = await self.shared.acquire_start(workflow.name, key, rate.limit, period_s, run.id)
         if decision.allowed:
             return True
-        when = max(decision.free_at, now + 0.001)
+        when = max(decision.free_at, time.time() + 0.001)
         keyed = f" for key {key!r}" if rate.key is not None else ""
         until = from_epoch(when)
         assert until is not None

@@ -656,12 +656,24 @@ class SharedState(ABC):
     # rate limits (engine/gates.py)
     @abstractmethod
     async def acquire_start(
-        self, scope: str, key: str, limit: int, period_s: float, run_id: str, now: float
+        self,
+        scope: str,
+        key: str,
+        limit: int,
+        period_s: float,
+        run_id: str,
+        now: float | None = None,
     ) -> RateDecision:
         """Record that `run_id` starts now under the rate limit (scope, key) if fewer than
         `limit` starts were recorded in the sliding window (now - period_s, now]; atomic with
         respect to every process. A run already recorded in the window is allowed again
-        without counting twice (a redelivery of the same start)."""
+        without counting twice (a redelivery of the same start).
+
+        `now` None (the engine's case): the clock, read once the window is held. A start that
+        waited for another process's (or behind other writes) counts from when it was let
+        through, not from before it waited: counted earlier than it began, it would leave the
+        window early, and let the next start in less than a period after it. Tests pass a
+        fixed moment."""
 
     @abstractmethod
     async def recent_starts(self, scope: str, key: str, since: float) -> list[tuple[str, float]]:

@@ -187,8 +187,16 @@ class MemoryShared(SharedState):
 
     # ---- rate limits -----------------------------------------------------------------------
     async def acquire_start(
-        self, scope: str, key: str, limit: int, period_s: float, run_id: str, now: float
+        self,
+        scope: str,
+        key: str,
+        limit: int,
+        period_s: float,
+        run_id: str,
+        now: float | None = None,
     ) -> RateDecision:
+        if now is None:
+            now = time.time()
         starts = self._starts.setdefault((scope, key), [])
         starts[:] = [(r, at, until) for r, at, until in starts if until > now]
         if any(r == run_id for r, _, _ in starts):

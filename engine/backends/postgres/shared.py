@@ -279,17 +279,24 @@ class PostgresShared(SharedState):
 
     # ---- rate limits -----------------------------------------------------------------------
     async def acquire_start(
-        self, scope: str, key: str, limit: int, period_s: float, run_id: str, now: float
+        self,
+        scope: str,
+        key: str,
+        limit: int,
+        period_s: float,
+        run_id: str,
+        now: float | None = None,
     ) -> RateDecision:
         scope, key = clean((scope, key))
 
         async def acquire(conn: Conn) -> RateDecision:
             await conn.execute(sql.RATE_LOCK, scope, key)
+            at = time.time() if now is None else now  # held now: see `SharedState`
             await conn.execute(
                 "DELETE FROM rate_starts WHERE scope = $1 AND key = $2 AND until <= $3",
                 scope,
                 key,
-                now,
+                at,
             )
             rows = await conn.fetch(
                 "SELECT run_id, until FROM rate_starts WHERE scope = $1 AND key = $2", scope, key
@@ -304,8 +311,8 @@ class PostgresShared(SharedState):
                 scope,
                 key,
                 run_id,
-                now,
-                now + period_s,
+                at,
+                at + period_s,
             )
             return RateDecision(True, len(rows) + 1)
 

@@ -286,12 +286,19 @@ class SqliteShared(SharedState):
 
     # ---- rate limits -----------------------------------------------------------------------
     async def acquire_start(
-        self, scope: str, key: str, limit: int, period_s: float, run_id: str, now: float
+        self,
+        scope: str,
+        key: str,
+        limit: int,
+        period_s: float,
+        run_id: str,
+        now: float | None = None,
     ) -> RateDecision:
         def acquire(conn: sqlite3.Connection) -> RateDecision:
+            at = time.time() if now is None else now  # the writer's, now: see `SharedState`
             conn.execute(
                 "DELETE FROM rate_starts WHERE scope = ? AND key = ? AND until <= ?",
-                (scope, key, now),
+                (scope, key, at),
             )
             rows = conn.execute(
                 "SELECT run_id, until FROM rate_starts WHERE scope = ? AND key = ?",
@@ -304,7 +311,7 @@ class SqliteShared(SharedState):
             conn.execute(
                 "INSERT INTO rate_starts (scope, key, run_id, started_at, until)"
                 " VALUES (?, ?, ?, ?, ?)",
-                (scope, key, run_id, now, now + period_s),
+                (scope, key, run_id, at, at + period_s),
             )
             return RateDecision(True, len(rows) + 1)
 
