@@ -29,6 +29,7 @@ from typing import Any
 import anyio
 import pytest
 from pg import NO_DRIVER, fresh_database
+from support import until
 
 from engine import Engine
 
@@ -91,6 +92,12 @@ class Worker:
 
     def alive(self) -> None:
         assert self.process.poll() is None, f"worker exited early:\n{self.tail()}"
+
+    def ready(self) -> bool:
+        """It said it serves its queues: from then on a SIGTERM drains it. (Before, while
+        Python still starts and imports, a SIGTERM ends it as it ends any process.)"""
+        self.alive()
+        return b"serving queues" in self.log.read_bytes()
 
 
 @dataclass
@@ -221,6 +228,8 @@ async def test_kill9_five_times_and_a_terminated_session_lose_and_double_nothing
         chaos.workers.remove(victim)
         chaos.start_worker()  # restarted at once: its boot recovery finds the dead pid
     await chaos.until(ENDED, lambda done: done == JOBS, timeout=60)
+    # A worker restarted after the last kill may still be booting when the jobs run out.
+    await until(lambda: all(worker.ready() for worker in chaos.workers), timeout=30)
     for worker in chaos.workers:
         worker.process.send_signal(signal.SIGTERM)
     for worker in chaos.workers:
