@@ -608,68 +608,21 @@ async def test_the_listener_reconnects_and_wakes_the_waiters(pg_schema: str) -> 
             assert await backend.wait_for_change(token, timeout=5) != token
 
 
-async def test_flush_now_commits_from_a_blocked_event_loop(pg_schema: str) -> None:
-    """A process going down on an error: the event loop does not turn again, yet what is
-    pending commits, and a batch the writer had in flight goes first (its older state does
-    not land on top of the newer). A settle among what is pending is told that it landed."""
+async def crash_with_a_batch_in_flight(
+    url: str, lock_s: float, *, wait_for_the_batch: bool
+) -> tuple[str, str, list[bool]]:
+    """The crash path: the writer's batch (a run `running`, line "in flight") is in flight,
+    held on its job's row lock for `lock_s`; then the event loop stops turning while the run
+    is recorded `crashed` (line "pending") and its job settled, and `flush_now` is called.
+    With `wait_for_the_batch`, the writer's own flush is let finish afterwards. The run's and
+    job's ids, and what the settle was told."""
     job, run = job_and_run()
     told: list[bool] = []
-    async with open_backend(pg_schema) as backend:
+    async with open_backend(url) as backend:
         queue = backend.queue(None)
         await queue.add([job], [run])
         [claim] = await queue.claim(QUEUE, 1, "w1", 30.0)
-        held = hold_row_lock(pg_schema, job.id, 1.0)
-        await anyio.to_thread.run_sync(held.wait)
-        run.status = RunStatus.RUNNING
-        queue.record(run, claim.fence)
-        queue.record_log(run.id, line("in flight"), claim.fence)
-        flushing = anyio.Event()
-
-        async def flush() -> None:
-            flushing.set()
-            await backend.runs.flush()
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(flush)
-            await flushing.wait()
-            await until(lambda: count_blocked(pg_schema), timeout=5)
-            # Now the loop stops turning: the crash path.
-            crashed = run.model_copy(deep=True)
-            crashed.status = RunStatus.CRASHED
-            queue.record(crashed, claim.fence)
-            queue.record_log(run.id, line("pending"), claim.fence)
-            settle = Transition(job.id, claim.job.epoch, JobUpdate(state=JobState.FAILED))
-            settle.landed = told.append
-            queue.submit(settle)
-            backend.flush_now()
-            tg.cancel_scope.cancel()
-    conn = await connect(pg_schema)
-    try:
-        assert await conn.fetchval("SELECT status FROM runs WHERE id = $1", run.id) == "crashed"
-        lines = await conn.fetch("SELECT message FROM logs WHERE run_id = $1 ORDER BY id", run.id)
-        assert [r[0] for r in lines] == ["in flight", "pending"]
-        assert await conn.fetchval("SELECT state FROM jobs WHERE id = $1", job.id) == "failed"
-    finally:
-        await conn.close()
-    assert told == [True]
-
-
-async def test_flush_now_writes_nothing_over_a_writer_session_that_does_not_end(
-    pg_schema: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A process going down while its writer's session will not end (here: ending it is made a
-    no-op): the batch in flight there may still commit, so `flush_now` writes nothing over it
-    and says so. That batch lands once, and what was pending is reported lost, not written on
-    top of it (its job's lease runs out, and whoever takes the job over records the run)."""
-    monkeypatch.setattr(pg_sql, "END_SESSION", "SELECT $1::int, $2::timestamptz")
-    monkeypatch.setattr(pg_db, "SESSION_END_WAIT_S", 0.5)
-    job, run = job_and_run()
-    told: list[bool] = []
-    async with open_backend(pg_schema) as backend:
-        queue = backend.queue(None)
-        await queue.add([job], [run])
-        [claim] = await queue.claim(QUEUE, 1, "w1", 30.0)
-        held = hold_row_lock(pg_schema, job.id, 2.0)
+        held = hold_row_lock(url, job.id, lock_s)
         await anyio.to_thread.run_sync(held.wait)
         run.status = RunStatus.RUNNING
         queue.record(run, claim.fence)
@@ -684,7 +637,8 @@ async def test_flush_now_writes_nothing_over_a_writer_session_that_does_not_end(
             async with anyio.create_task_group() as tg:
                 tg.start_soon(flush)
                 await flushing.wait()
-                await until(lambda: count_blocked(pg_schema), timeout=5)
+                await until(lambda: count_blocked(url), timeout=5)
+                # Now the loop stops turning: the crash path.
                 crashed = run.model_copy(deep=True)
                 crashed.status = RunStatus.CRASHED
                 queue.record(crashed, claim.fence)
@@ -693,17 +647,54 @@ async def test_flush_now_writes_nothing_over_a_writer_session_that_does_not_end(
                 settle.landed = told.append
                 queue.submit(settle)
                 backend.flush_now()
-                # The writer's batch goes on once the lock is let go, and commits.
-    assert "could not commit 3 pending write(s)" in caplog.text
-    assert "did not end within 0.5 s" in caplog.text
-    conn = await connect(pg_schema)
+                if not wait_for_the_batch:
+                    tg.cancel_scope.cancel()
+    return run.id, job.id, told
+
+
+async def stored(url: str, run_id: str, job_id: str) -> tuple[str, list[str], str]:
+    """The run's status, its lines and its job's state, as the database has them."""
+    conn = await connect(url)
     try:
-        assert await conn.fetchval("SELECT status FROM runs WHERE id = $1", run.id) == "running"
-        lines = await conn.fetch("SELECT message FROM logs WHERE run_id = $1 ORDER BY id", run.id)
-        assert [r[0] for r in lines] == ["in flight"]
-        assert await conn.fetchval("SELECT state FROM jobs WHERE id = $1", job.id) == "active"
+        status = await conn.fetchval("SELECT status FROM runs WHERE id = $1", run_id)
+        lines = await conn.fetch("SELECT message FROM logs WHERE run_id = $1 ORDER BY id", run_id)
+        state = await conn.fetchval("SELECT state FROM jobs WHERE id = $1", job_id)
     finally:
         await conn.close()
+    return status, [r[0] for r in lines], state
+
+
+async def test_flush_now_commits_from_a_blocked_event_loop(pg_schema: str) -> None:
+    """A process going down on an error: the event loop does not turn again, yet what is
+    pending commits, and a batch the writer had in flight goes first (its older state does
+    not land on top of the newer). A settle among what is pending is told that it landed."""
+    run_id, job_id, told = await crash_with_a_batch_in_flight(
+        pg_schema, 1.0, wait_for_the_batch=False
+    )
+    assert await stored(pg_schema, run_id, job_id) == (
+        "crashed",
+        ["in flight", "pending"],
+        "failed",
+    )
+    assert told == [True]
+
+
+async def test_flush_now_writes_nothing_over_a_writer_session_that_does_not_end(
+    pg_schema: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process going down while its writer's session will not end (here: ending it is made a
+    no-op): the batch in flight there may still commit, so `flush_now` writes nothing over it
+    and says so. That batch lands once (the writer goes on once the lock is let go), and what
+    was pending is reported lost, not written on top of it (its job's lease runs out, and
+    whoever takes the job over records the run)."""
+    monkeypatch.setattr(pg_sql, "END_SESSION", "SELECT $1::int, $2::timestamptz")
+    monkeypatch.setattr(pg_db, "SESSION_END_WAIT_S", 0.5)
+    run_id, job_id, told = await crash_with_a_batch_in_flight(
+        pg_schema, 2.0, wait_for_the_batch=True
+    )
+    assert "could not commit 3 pending write(s)" in caplog.text
+    assert "did not end within 0.5 s" in caplog.text
+    assert await stored(pg_schema, run_id, job_id) == ("running", ["in flight"], "active")
     assert told == []
 
 
