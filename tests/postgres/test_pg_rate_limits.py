@@ -17,20 +17,19 @@ from engine.backends import open_backend
 from engine.backends.postgres import sql
 
 from .conftest import connect
+from .test_pg_writer import count
 
 pytestmark = pytest.mark.anyio
 
 
 async def waits_for_the_window(url: str) -> bool:
-    conn = await connect(url)
-    try:
-        waiting = await conn.fetchval(
+    return bool(
+        await count(
+            url,
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-            " AND wait_event_type = 'Lock' AND query LIKE '%pg_advisory_xact_lock%'"
+            " AND wait_event_type = 'Lock' AND query LIKE '%pg_advisory_xact_lock%'",
         )
-    finally:
-        await conn.close()
-    return bool(waiting)
+    )
 
 
 async def test_a_start_that_waited_for_the_window_counts_from_when_it_got_it(
