@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ClassVar, TypeVar
@@ -299,6 +299,19 @@ class RateDecision:
     allowed: bool
     in_window: int
     free_at: float = 0.0
+
+
+def decide_start(held: Mapping[str, float], run_id: str, limit: int) -> RateDecision | None:
+    """A rate window's answer to `run_id`, from the starts it holds (run id → when that start
+    leaves the window; those gone already dropped): allowed again, not counted twice, for a run
+    it holds (a redelivery of the same start); refused while it is full; None when the run gets
+    in, which the backend then records in the same transaction (`in_window`: len(held) + 1).
+    The backends differ only in where the window is kept and how it is locked."""
+    if run_id in held:
+        return RateDecision(True, len(held))
+    if len(held) >= limit:
+        return RateDecision(False, len(held), min(held.values()))
+    return None
 
 
 # ---- the interfaces ----------------------------------------------------------------------

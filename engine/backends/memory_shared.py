@@ -9,7 +9,15 @@ from dataclasses import replace
 from typing import TypeVar
 
 from ..models import WorkerInfo
-from .base import RateDecision, ScheduleSpec, ScheduleState, SharedState, Window, WorkerCatalog
+from .base import (
+    RateDecision,
+    ScheduleSpec,
+    ScheduleState,
+    SharedState,
+    Window,
+    WorkerCatalog,
+    decide_start,
+)
 
 T = TypeVar("T")
 
@@ -199,10 +207,9 @@ class MemoryShared(SharedState):
             now = time.time()
         starts = self._starts.setdefault((scope, key), [])
         starts[:] = [(r, at, until) for r, at, until in starts if until > now]
-        if any(r == run_id for r, _, _ in starts):
-            return RateDecision(True, len(starts))
-        if len(starts) >= limit:
-            return RateDecision(False, len(starts), min(until for _, _, until in starts))
+        decided = decide_start({r: until for r, _, until in starts}, run_id, limit)
+        if decided is not None:
+            return decided
         starts.append((run_id, now, now + period_s))
         return RateDecision(True, len(starts))
 

@@ -23,6 +23,7 @@ from ..base import (
     SharedState,
     Window,
     WorkerCatalog,
+    decide_start,
 )
 from ..rows import catalog_from_row, catalog_row, schedule_from_row, spec_text
 from . import sql
@@ -301,10 +302,10 @@ class PostgresShared(SharedState):
             rows = await conn.fetch(
                 "SELECT run_id, until FROM rate_starts WHERE scope = $1 AND key = $2", scope, key
             )
-            if any(row[0] == run_id for row in rows):
-                return RateDecision(True, len(rows))
-            if len(rows) >= limit:
-                return RateDecision(False, len(rows), min(row[1] for row in rows))
+            held = {row[0]: row[1] for row in rows}
+            decided = decide_start(held, run_id, limit)
+            if decided is not None:
+                return decided
             await conn.execute(
                 "INSERT INTO rate_starts (scope, key, run_id, started_at, until)"
                 " VALUES ($1, $2, $3, $4, $5)",
@@ -314,7 +315,7 @@ class PostgresShared(SharedState):
                 at,
                 at + period_s,
             )
-            return RateDecision(True, len(rows) + 1)
+            return RateDecision(True, len(held) + 1)
 
         return await self.db.transaction(acquire)
 

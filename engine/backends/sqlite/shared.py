@@ -10,7 +10,15 @@ from datetime import UTC, datetime
 from typing import TypeVar
 
 from ...models import WorkerInfo
-from ..base import RateDecision, ScheduleSpec, ScheduleState, SharedState, Window, WorkerCatalog
+from ..base import (
+    RateDecision,
+    ScheduleSpec,
+    ScheduleState,
+    SharedState,
+    Window,
+    WorkerCatalog,
+    decide_start,
+)
 from ..rows import SCHEDULE_COLUMNS, catalog_from_row, catalog_row, schedule_from_row, spec_text
 from .db import SqliteDatabase
 
@@ -300,20 +308,21 @@ class SqliteShared(SharedState):
                 "DELETE FROM rate_starts WHERE scope = ? AND key = ? AND until <= ?",
                 (scope, key, at),
             )
-            rows = conn.execute(
-                "SELECT run_id, until FROM rate_starts WHERE scope = ? AND key = ?",
-                (scope, key),
-            ).fetchall()
-            if any(row[0] == run_id for row in rows):
-                return RateDecision(True, len(rows))
-            if len(rows) >= limit:
-                return RateDecision(False, len(rows), min(row[1] for row in rows))
+            held = dict(
+                conn.execute(
+                    "SELECT run_id, until FROM rate_starts WHERE scope = ? AND key = ?",
+                    (scope, key),
+                ).fetchall()
+            )
+            decided = decide_start(held, run_id, limit)
+            if decided is not None:
+                return decided
             conn.execute(
                 "INSERT INTO rate_starts (scope, key, run_id, started_at, until)"
                 " VALUES (?, ?, ?, ?, ?)",
                 (scope, key, run_id, at, at + period_s),
             )
-            return RateDecision(True, len(rows) + 1)
+            return RateDecision(True, len(held) + 1)
 
         return await self.db.transaction(acquire)
 
