@@ -6,6 +6,7 @@ Times are timezone-aware UTC datetimes; the store keeps them as epoch seconds.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
@@ -252,6 +253,20 @@ class QueueStats(_Record):
     delayed: int = 0
     dead: int = 0
     cancelled: int = 0
+
+    @classmethod
+    def of(cls, queue: str, counts: Mapping[JobState, int]) -> QueueStats:
+        """The queue's stats from its jobs counted by state."""
+        return cls(
+            queue=queue,
+            waiting=counts[JobState.WAITING],
+            active=counts[JobState.ACTIVE],
+            completed=counts[JobState.COMPLETED],
+            failed=counts[JobState.FAILED],
+            delayed=counts[JobState.DELAYED],
+            dead=counts[JobState.DEAD],
+            cancelled=counts[JobState.CANCELLED],
+        )
 
 
 class QueueInfo(_Record):

@@ -33,14 +33,14 @@ import threading
 import time
 from abc import abstractmethod
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import anyio
 
-from ..models import Job, JobState
+from ..models import Job, JobState, QueueStats
 from .ahead import Ahead
 from .base import Claim, JobQueue
 from .drained import Drained
@@ -268,6 +268,21 @@ class DatabaseQueue(JobQueue):
         return claims
 
     # ---- claiming --------------------------------------------------------------------------
+    def _stats(self, queue: str, rows: Iterable[Any]) -> QueueStats:
+        """The queue's stats from its jobs counted by (state, due later, count): a waiting job
+        not due yet counts as delayed, and a job claimed ahead as waiting (active in the
+        database, but no slot has it: ahead.py)."""
+        counts = dict.fromkeys(JobState, 0)
+        for state, later, count in rows:
+            job_state = JobState(state)
+            if job_state in (JobState.WAITING, JobState.DELAYED):
+                job_state = JobState.DELAYED if later else JobState.WAITING
+            counts[job_state] += count
+        ahead = self._ahead.waiting(queue)
+        counts[JobState.ACTIVE] -= ahead
+        counts[JobState.WAITING] += ahead
+        return QueueStats.of(queue, counts)
+
     def claim_nowait(self, queue: str, worker: str, lease_s: float) -> Claim | None:
         return self._ahead.take_one(queue)
 

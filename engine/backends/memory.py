@@ -668,17 +668,7 @@ class MemoryQueue(JobQueue):
 
     async def stats(self, queue: str) -> QueueStats:
         self._promote(queue)
-        counts = self._counts.get(queue) or dict.fromkeys(JobState, 0)
-        return QueueStats(
-            queue=queue,
-            waiting=counts[JobState.WAITING],
-            active=counts[JobState.ACTIVE],
-            completed=counts[JobState.COMPLETED],
-            failed=counts[JobState.FAILED],
-            delayed=counts[JobState.DELAYED],
-            dead=counts[JobState.DEAD],
-            cancelled=counts[JobState.CANCELLED],
-        )
+        return QueueStats.of(queue, self._counts.get(queue) or dict.fromkeys(JobState, 0))
 
     async def oldest_waiting(self, queue: str) -> datetime | None:
         self._promote(queue)

@@ -281,26 +281,7 @@ class PostgresQueue(DatabaseQueue):
 
     async def stats(self, queue: str) -> QueueStats:
         await self.db.flush()
-        counts = dict.fromkeys(JobState, 0)
-        for row in await self.db.fetch(sql.STATS, queue):
-            state = JobState(row["state"])
-            if state in (JobState.WAITING, JobState.DELAYED):
-                state = JobState.DELAYED if row["later"] else JobState.WAITING
-            counts[state] += row["n"]
-        # Jobs claimed ahead are active in the database but waiting here (ahead.py).
-        ahead = self._ahead.waiting(queue)
-        counts[JobState.ACTIVE] -= ahead
-        counts[JobState.WAITING] += ahead
-        return QueueStats(
-            queue=queue,
-            waiting=counts[JobState.WAITING],
-            active=counts[JobState.ACTIVE],
-            completed=counts[JobState.COMPLETED],
-            failed=counts[JobState.FAILED],
-            delayed=counts[JobState.DELAYED],
-            dead=counts[JobState.DEAD],
-            cancelled=counts[JobState.CANCELLED],
-        )
+        return self._stats(queue, await self.db.fetch(sql.STATS, queue))
 
     async def oldest_waiting(self, queue: str) -> datetime | None:
         await self.db.flush()

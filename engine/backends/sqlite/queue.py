@@ -407,26 +407,7 @@ class SqliteQueue(DatabaseQueue):
             " GROUP BY state, later",
             (time.time(), queue),
         )
-        counts = dict.fromkeys(JobState, 0)
-        for state, later, count in rows:
-            job_state = JobState(state)
-            if job_state in (JobState.WAITING, JobState.DELAYED):
-                job_state = JobState.DELAYED if later else JobState.WAITING
-            counts[job_state] += count
-        # Jobs claimed ahead are active in the file but waiting here (ahead.py).
-        ahead = self._ahead.waiting(queue)
-        counts[JobState.ACTIVE] -= ahead
-        counts[JobState.WAITING] += ahead
-        return QueueStats(
-            queue=queue,
-            waiting=counts[JobState.WAITING],
-            active=counts[JobState.ACTIVE],
-            completed=counts[JobState.COMPLETED],
-            failed=counts[JobState.FAILED],
-            delayed=counts[JobState.DELAYED],
-            dead=counts[JobState.DEAD],
-            cancelled=counts[JobState.CANCELLED],
-        )
+        return self._stats(queue, rows)
 
     async def oldest_waiting(self, queue: str) -> datetime | None:
         await self.db.flush()
