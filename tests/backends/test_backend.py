@@ -39,11 +39,13 @@ async def test_each_provider_served_has_one_queue(backend: Backend, database_kin
 async def test_a_provider_the_backend_does_not_serve_is_refused(
     backend: Backend, database_kind: str
 ) -> None:
-    for provider in [
-        p for p in (*PROVIDERS, "redis") if p not in DATABASES[database_kind].providers
-    ]:
-        with pytest.raises(ValueError, match=provider):
+    served = DATABASES[database_kind].providers
+    for provider in [p for p in (*PROVIDERS, "redis") if p not in served]:
+        with pytest.raises(ValueError, match=provider) as refused:
             backend.queue(provider)
+        # The refusal says what to use instead: every provider this backend serves.
+        for instead in served:
+            assert repr(instead) in str(refused.value)
 
 
 async def test_find_job_looks_in_every_queue(backend: Backend, database_kind: str) -> None:

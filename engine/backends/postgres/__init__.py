@@ -22,8 +22,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from ...errors import DatabaseError
-from ..base import Backend, JobQueue
-from ..memory import MemoryQueue
+from ..database_backend import DatabaseBackend
 from . import sql
 from .db import PostgresDatabase
 from .queue import PostgresQueue
@@ -36,8 +35,9 @@ STRAGGLER_WAIT_S = (0.01, 0.5)  # a feed held back by an older transaction is re
 COALESCE_S = 0.05  # changes are told at most this often (SQLite's backend polls as often)
 
 
-class PostgresBackend(Backend):
+class PostgresBackend(DatabaseBackend):
     kind: ClassVar[str] = "postgres"
+    name: ClassVar[str] = "PostgreSQL"
     multi_process: ClassVar[bool] = True
 
     def __init__(self, url: str, *, create: bool = True, lease_s: float = 30.0) -> None:
@@ -47,8 +47,8 @@ class PostgresBackend(Backend):
         self.db = PostgresDatabase(url, self.location, create=create, lease_s=lease_s)
         self.runs: PostgresRunStore = PostgresRunStore(self.db)
         self.shared = PostgresShared(self.db)
-        self._durable = PostgresQueue(self.db)
-        self._memory: MemoryQueue | None = None
+        self._durable: PostgresQueue = PostgresQueue(self.db)
+        self._memory = None
         self._tg: TaskGroup | None = None
         self._token = 0
         self._changed = anyio.Event()
@@ -90,22 +90,6 @@ class PostgresBackend(Backend):
                     await self._tg.__aexit__(None, None, None)
         finally:
             await self.db.close()
-
-    def queue(self, provider: str | None) -> JobQueue:
-        if provider in (None, "postgres"):
-            return self._durable
-        if provider == "memory":
-            if self._memory is None:
-                self._memory = MemoryQueue(self.runs)
-            return self._memory
-        raise ValueError(
-            f"unknown queue provider {provider!r} for a PostgreSQL database: use 'postgres' (or"
-            " leave it unset) or 'memory'"
-        )
-
-    @property
-    def queues(self) -> tuple[JobQueue, ...]:
-        return (self._durable,) if self._memory is None else (self._durable, self._memory)
 
     # ---- following other processes ---------------------------------------------------------
     def _move(self) -> None:

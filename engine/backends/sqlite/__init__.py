@@ -8,16 +8,16 @@ from typing import Any, ClassVar
 import anyio
 from anyio.abc import TaskGroup
 
-from ..base import Backend, JobQueue
-from ..memory import MemoryQueue
+from ..database_backend import DatabaseBackend
 from .db import SqliteDatabase
 from .queue import SqliteQueue
 from .shared import SqliteShared
 from .store import SqliteRunStore
 
 
-class SqliteBackend(Backend):
+class SqliteBackend(DatabaseBackend):
     kind: ClassVar[str] = "sqlite"
+    name: ClassVar[str] = "SQLite"
     multi_process: ClassVar[bool] = True
 
     def __init__(self, path: Path, *, create: bool = True, lease_s: float = 30.0) -> None:
@@ -25,8 +25,8 @@ class SqliteBackend(Backend):
         self.db = SqliteDatabase(path, create=create)
         self.runs = SqliteRunStore(self.db)
         self.shared = SqliteShared(self.db)
-        self._durable = SqliteQueue(self.db)
-        self._memory: MemoryQueue | None = None
+        self._durable: SqliteQueue = SqliteQueue(self.db)
+        self._memory = None
         self._tg: TaskGroup | None = None
 
     async def __aenter__(self) -> SqliteBackend:
@@ -49,21 +49,6 @@ class SqliteBackend(Backend):
                     await self._tg.__aexit__(None, None, None)
         finally:
             await self.db.close()
-
-    def queue(self, provider: str | None) -> JobQueue:
-        if provider in (None, "sqlite"):
-            return self._durable
-        if provider == "memory":
-            if self._memory is None:
-                self._memory = MemoryQueue(self.runs)
-            return self._memory
-        raise ValueError(
-            f"unknown queue provider {provider!r} for a SQLite database: use 'sqlite' or 'memory'"
-        )
-
-    @property
-    def queues(self) -> tuple[JobQueue, ...]:
-        return (self._durable,) if self._memory is None else (self._durable, self._memory)
 
     async def change_token(self) -> int:
         return self.db.data_version()
