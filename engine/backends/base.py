@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ClassVar, TypeVar
@@ -301,17 +301,27 @@ class RateDecision:
     free_at: float = 0.0
 
 
-def decide_start(held: Mapping[str, float], run_id: str, limit: int) -> RateDecision | None:
-    """A rate window's answer to `run_id`, from the starts it holds (run id → when that start
-    leaves the window; those gone already dropped): allowed again, not counted twice, for a run
-    it holds (a redelivery of the same start); refused while it is full; None when the run gets
-    in, which the backend then records in the same transaction (`in_window`: len(held) + 1).
-    The backends differ only in where the window is kept and how it is locked."""
-    if run_id in held:
-        return RateDecision(True, len(held))
-    if len(held) >= limit:
-        return RateDecision(False, len(held), min(held.values()))
+def place_for(holders: Collection[str], run_id: str, limit: int) -> bool | None:
+    """Whether a run gets one of `limit` places (a concurrency slot, a start in a rate window)
+    whose `holders` are the runs holding one now (those whose place ran out dropped): True if it
+    holds one already (a redelivery keeps its place and is not counted twice), False if every
+    place is taken; None if it gets a place, which the backend records in the same transaction.
+    The backends differ only in where the places are kept and how they are locked."""
+    if run_id in holders:
+        return True
+    if len(holders) >= limit:
+        return False
     return None
+
+
+def decide_start(held: Mapping[str, float], run_id: str, limit: int) -> RateDecision | None:
+    """A rate window's answer to `run_id` (see `place_for`), from the starts it holds (run id →
+    when that start leaves the window): None when the run gets in (it is then the window's
+    len(held) + 1th start)."""
+    verdict = place_for(held, run_id, limit)
+    if verdict is None:
+        return None
+    return RateDecision(verdict, len(held), 0.0 if verdict else min(held.values()))
 
 
 # ---- the interfaces ----------------------------------------------------------------------

@@ -17,6 +17,7 @@ from .base import (
     Window,
     WorkerCatalog,
     decide_start,
+    place_for,
 )
 
 T = TypeVar("T")
@@ -73,10 +74,9 @@ class MemoryShared(SharedState):
         for gone in [r for r, (w, until) in holders.items() if until < now]:
             del holders[gone]
             self._slot_of.pop(gone, None)
-        if run_id in holders:
-            return True, len(holders)
-        if len(holders) >= limit:
-            return False, len(holders)
+        verdict = place_for(holders, run_id, limit)
+        if verdict is not None:
+            return verdict, len(holders)
         holders[run_id] = (worker, now + lease_s)
         self._slot_of[run_id] = (workflow, key)
         return True, len(holders)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from ..filters import RunFilter
@@ -22,6 +23,7 @@ from ..models import (
     RunStatus,
     StepRun,
     StepStatus,
+    WorkerInfo,
     WorkflowInfo,
     from_epoch,
     to_epoch,
@@ -381,6 +383,16 @@ def job_from_row(row: Sequence[Any]) -> Job:
 
 
 # ---- shared state ------------------------------------------------------------------------
+def worker_from_row(row: Any) -> WorkerInfo:
+    return WorkerInfo(
+        id=row["id"],
+        host=row["host"],
+        pid=row["pid"],
+        started_at=datetime.fromtimestamp(row["started_at"], UTC),
+        heartbeat_at=datetime.fromtimestamp(row["heartbeat_at"], UTC),
+    )
+
+
 def catalog_row(catalog: WorkerCatalog) -> tuple[Any, ...]:
     queues = [
         {

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import TypeVar
 
 from ...models import WorkerInfo
@@ -24,8 +23,9 @@ from ..base import (
     Window,
     WorkerCatalog,
     decide_start,
+    place_for,
 )
-from ..rows import catalog_from_row, catalog_row, schedule_from_row, spec_text
+from ..rows import catalog_from_row, catalog_row, schedule_from_row, spec_text, worker_from_row
 from . import sql
 from .batch import Conn, clean
 from .db import PostgresDatabase
@@ -55,16 +55,7 @@ class PostgresShared(SharedState):
     async def workers(self) -> list[WorkerInfo]:
         await self.db.flush()
         rows = await self.db.fetch("SELECT * FROM workers ORDER BY started_at")
-        return [
-            WorkerInfo(
-                id=row["id"],
-                host=row["host"],
-                pid=row["pid"],
-                started_at=datetime.fromtimestamp(row["started_at"], UTC),
-                heartbeat_at=datetime.fromtimestamp(row["heartbeat_at"], UTC),
-            )
-            for row in rows
-        ]
+        return [worker_from_row(row) for row in rows]
 
     async def forget_worker(self, worker_id: str) -> None:
         self.db.write("DELETE FROM workers WHERE id = $1", (worker_id,))
@@ -113,18 +104,17 @@ class PostgresShared(SharedState):
                 workflow,
                 key,
             )
-            holders = [
+            holders = {
                 row[0]
                 for row in await conn.fetch(
                     "SELECT run_id FROM concurrency_slots WHERE workflow = $1 AND key = $2",
                     workflow,
                     key,
                 )
-            ]
-            if run_id in holders:
-                return True, len(holders)
-            if len(holders) >= limit:
-                return False, len(holders)
+            }
+            verdict = place_for(holders, run_id, limit)
+            if verdict is not None:
+                return verdict, len(holders)
             await conn.execute(
                 "INSERT INTO concurrency_slots (workflow, key, run_id, worker, lease_until)"
                 f" VALUES ($1, $2, $3, $4, {sql.NOW} + $5)",

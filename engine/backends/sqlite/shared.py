@@ -6,7 +6,6 @@ from __future__ import annotations
 import sqlite3
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import TypeVar
 
 from ...models import WorkerInfo
@@ -18,8 +17,16 @@ from ..base import (
     Window,
     WorkerCatalog,
     decide_start,
+    place_for,
 )
-from ..rows import SCHEDULE_COLUMNS, catalog_from_row, catalog_row, schedule_from_row, spec_text
+from ..rows import (
+    SCHEDULE_COLUMNS,
+    catalog_from_row,
+    catalog_row,
+    schedule_from_row,
+    spec_text,
+    worker_from_row,
+)
 from .db import SqliteDatabase
 
 T = TypeVar("T")
@@ -46,16 +53,7 @@ class SqliteShared(SharedState):
     async def workers(self) -> list[WorkerInfo]:
         await self.db.flush()
         rows = await self.db.fetchall("SELECT * FROM workers ORDER BY started_at")
-        return [
-            WorkerInfo(
-                id=row["id"],
-                host=row["host"],
-                pid=row["pid"],
-                started_at=datetime.fromtimestamp(row["started_at"], UTC),
-                heartbeat_at=datetime.fromtimestamp(row["heartbeat_at"], UTC),
-            )
-            for row in rows
-        ]
+        return [worker_from_row(row) for row in rows]
 
     async def forget_worker(self, worker_id: str) -> None:
         for table, column in (("workers", "id"), ("concurrency_slots", "worker")):
@@ -106,20 +104,22 @@ class SqliteShared(SharedState):
                 " (lease_until < ? OR worker NOT IN (SELECT id FROM workers))",
                 (workflow, key, now),
             )
-            rows = conn.execute(
-                "SELECT run_id FROM concurrency_slots WHERE workflow = ? AND key = ?",
-                (workflow, key),
-            ).fetchall()
-            if any(row[0] == run_id for row in rows):
-                return True, len(rows)
-            if len(rows) >= limit:
-                return False, len(rows)
+            holders = {
+                row[0]
+                for row in conn.execute(
+                    "SELECT run_id FROM concurrency_slots WHERE workflow = ? AND key = ?",
+                    (workflow, key),
+                )
+            }
+            verdict = place_for(holders, run_id, limit)
+            if verdict is not None:
+                return verdict, len(holders)
             conn.execute(
                 "INSERT INTO concurrency_slots (workflow, key, run_id, worker, lease_until)"
                 " VALUES (?, ?, ?, ?, ?)",
                 (workflow, key, run_id, worker, now + lease_s),
             )
-            return True, len(rows) + 1
+            return True, len(holders) + 1
 
         return await self.db.transaction(acquire)
 
