@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+from collections import Counter
 from datetime import UTC, datetime
 
 import pytest
@@ -139,7 +140,7 @@ async def test_a_finished_job_leaves_no_reference_cycle_behind() -> None:
         trigger=WorkerTrigger(queue="cycles", provider="memory", concurrency=2),
         steps=[Step("noop", noop), Step("logs", logs)],
     )
-    n = 20
+    n = 60
     async with Engine(workflows=[workflow]) as engine:
         for i in range(5):  # first calls build caches that stay
             await engine.wait_for_job(await engine.enqueue("cycles", {"i": i}), timeout=10)
@@ -154,9 +155,12 @@ async def test_a_finished_job_leaves_no_reference_cycle_behind() -> None:
                 assert run.status is RunStatus.COMPLETED and run.steps[1].logs
             del run
             gc.collect()
-            left = [type(o).__name__ for o in gc.garbage]
+            left = Counter(type(o).__name__ for o in gc.garbage)
         finally:
             gc.set_debug(0)
             gc.garbage.clear()
             gc.enable()
-    assert len(left) < n, sorted(set(left))  # a cycle a job would leave n of each object in it
+    # A cycle a job made would leave n of each object in it. Counted by type, not in all: what
+    # an earlier test in this process let go of meanwhile (its engine's threads ending) is
+    # garbage too, a few hundred objects at once but far fewer than n of any one type.
+    assert max(left.values(), default=0) < n, left.most_common(8)
