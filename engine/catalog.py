@@ -82,6 +82,7 @@ class Catalog:
         self.files: dict[Path, LoadedFile] = {}
         self.inline: list[Workflow] = []
         self.workflows: dict[str, Workflow] = {}
+        self._served: dict[str, Workflow] = {}  # made with `workflows`, read at every enqueue
         self.versions: dict[tuple[str, str], Workflow] = {}
         self.reload_errors: dict[str, str] = {}
         self.on_change: list[Callable[[], None]] = []
@@ -211,6 +212,7 @@ class Catalog:
             if kept[key[0]] > KEPT_VERSIONS:
                 del self.versions[key]
         self.workflows = current
+        self._served = {wf.queue: wf for wf in current.values() if wf.queue is not None}
         self._changed()
 
     def _changed(self) -> None:
@@ -235,8 +237,8 @@ class Catalog:
         return self.versions.get((name, version))
 
     def served(self) -> dict[str, Workflow]:
-        """Queue name → the workflow its jobs run."""
-        return {wf.queue: wf for wf in self.workflows.values() if wf.queue is not None}
+        """Queue name → the workflow its jobs run (the catalog's own: not to be changed)."""
+        return self._served
 
     def infos(self) -> list[WorkflowInfo]:
         return [

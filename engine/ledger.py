@@ -361,7 +361,7 @@ class Ledger:
 
     def complete(self, claim: Claim, queue: JobQueue, run: Run, output: Any) -> None:
         self._close(run, RunStatus.COMPLETED, None, None)
-        run.output = output
+        assign(run, output=output)
         self._settle(
             claim, queue, run, JobUpdate(state=JobState.COMPLETED, headers=_ended(claim.job))
         )

@@ -38,7 +38,7 @@ def _all_set(cls: type[BaseModel]) -> set[str]:
 def construct(cls: type[M], fields: dict[str, Any]) -> M:
     """`cls.model_construct(**fields)` for a `fields` that names every field of `cls`; the
     dict is taken over, not copied."""
-    names = _all_set(cls)
+    names = _ALL_SET.get(cls) or _all_set(cls)
     return _fresh(cls, fields, names if len(fields) == len(names) else set(fields))
 
 

@@ -256,7 +256,8 @@ class Runner:
     def prepare(workflow: Workflow, run: Run) -> None:
         """Give a fresh run one pending step record per top-level step, for the step rail."""
         if not run.steps:
-            run.steps = [Runner.pending_record(step, i) for i, step in enumerate(workflow.steps)]
+            steps = [Runner.pending_record(step, i) for i, step in enumerate(workflow.steps)]
+            assign(run, steps=steps)
 
     def log_sink(self, run: Run, ctx: Context) -> Callable[[logging.LogRecord], None]:
         # The context holds its sink, so the sink holds the context weakly: a reference cycle
@@ -329,7 +330,7 @@ class Runner:
             return Outcome(status, error=str(error), error_step=error.step, cause=error)
         finally:
             self._nested.pop(run.id, None)
-        run.cursor = []
+        assign(run, cursor=[])
         return Outcome(RunStatus.COMPLETED, output=ctx.redact_value(output))
 
     async def _step(
@@ -554,7 +555,7 @@ class Runner:
                 status=StepStatus.RUNNING,
                 started_at=record.started_at or attempt.started_at,
             )
-            run.attempts += 1
+            assign(run, attempts=run.attempts + 1)
             ctx.attempt = attempt_no
             self.save(run)
             if self.bus.active:

@@ -98,7 +98,7 @@ class MemoryRunStore(RunStore):
         return fence is not None and self._check is not None and not self._check(fence)
 
     def save_run(self, run: Run, fence: Fence | None = None) -> None:
-        if self._fenced_out(fence):
+        if fence is not None and self._fenced_out(fence):  # a job's every write: checked here
             return
         # The worker mutates this very object, so it only needs recording once.
         self._runs[run.id] = run
@@ -347,13 +347,13 @@ class MemoryQueue(JobQueue):
     def _push(self, job: Job) -> None:
         """Queue a waiting or delayed job (its count is the caller's)."""
         if job.run_at is not None and job.run_at.timestamp() > time.time():
-            job.state = JobState.DELAYED
+            job.__dict__["state"] = JobState.DELAYED  # the queue's own record (see _hand_out)
             heapq.heappush(
                 self._delayed.setdefault(job.queue, []),
                 (job.run_at.timestamp(), next(self._seq), job.id, job.epoch),
             )
         else:
-            job.state = JobState.WAITING
+            job.__dict__["state"] = JobState.WAITING
             heapq.heappush(
                 self._ready.setdefault(job.queue, []),
                 (-job.priority, next(self._seq), job.id, job.epoch),
@@ -621,7 +621,8 @@ class MemoryQueue(JobQueue):
         return self._apply(transition)
 
     def record(self, run: Run, fence: Fence) -> None:
-        if self.holds(fence):
+        job = self._jobs.get(fence.job_id)  # `holds`, inline: a job's every step passes here
+        if job is not None and job.epoch == fence.epoch:
             self.runs.save_run(run)
 
     def record_log(self, run_id: str, line: LogLine, fence: Fence) -> None:
