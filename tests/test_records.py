@@ -161,6 +161,7 @@ async def test_a_finished_job_leaves_no_reference_cycle_behind() -> None:
             gc.garbage.clear()
             gc.enable()
     # A cycle a job made would leave n of each object in it. Counted by type, not in all: what
-    # an earlier test in this process let go of meanwhile (its engine's threads ending) is
-    # garbage too, a few hundred objects at once but far fewer than n of any one type.
+    # an earlier test in this process let go of meanwhile is garbage too (seen under xdist:
+    # some 230 objects of another engine, its trigger, its tasks' cancellations and their
+    # tracebacks), but far fewer than n of any one type.
     assert max(left.values(), default=0) < n, left.most_common(8)
