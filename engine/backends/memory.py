@@ -98,7 +98,7 @@ class MemoryRunStore(RunStore):
         return fence is not None and self._check is not None and not self._check(fence)
 
     def save_run(self, run: Run, fence: Fence | None = None) -> None:
-        if fence is not None and self._fenced_out(fence):  # a job's every write: checked here
+        if fence is not None and self._fenced_out(fence):  # most writes carry no fence
             return
         # The worker mutates this very object, so it only needs recording once.
         self._runs[run.id] = run
