@@ -267,7 +267,7 @@ class DatabaseQueue(JobQueue):
             self._drained.mark(queue, offer.after, max(until - time.monotonic(), 0.0))
         return claims
 
-    # ---- claiming --------------------------------------------------------------------------
+    # ---- reads -----------------------------------------------------------------------------
     def _stats(self, queue: str, rows: Iterable[Any]) -> QueueStats:
         """The queue's stats from its jobs counted by (state, due later, count): a waiting job
         not due yet counts as delayed, and a job claimed ahead as waiting (active in the
@@ -283,6 +283,7 @@ class DatabaseQueue(JobQueue):
         counts[JobState.WAITING] += ahead
         return QueueStats.of(queue, counts)
 
+    # ---- claiming --------------------------------------------------------------------------
     def claim_nowait(self, queue: str, worker: str, lease_s: float) -> Claim | None:
         return self._ahead.take_one(queue)
 
