@@ -7,8 +7,8 @@ engine serves more workflows?
 Each W runs in a fresh process: an in-memory engine serving `contract.py`'s `echo` workflow on
 the measured queue and W - 1 other one-step workflows, each on a queue of its own (idle, with a
 worker slot waiting). The headline shape (submit-all: N jobs enqueued one call each, then each
-awaited) runs twice: timed (jobs/s), then with a profile hook counting the Python calls the
-event loop's thread makes (calls a job). The ratio is to W = 1, measured in the same
+awaited) runs twice: timed (jobs/s), then with a profile hook counting the Python calls
+(`calls.py`'s counter; calls a job). The ratio is to W = 1, measured in the same
 invocation. The idle queues' claim loops wake now and then while the jobs run (their claims
 time out): that is part of what serving them costs.
 """
@@ -21,28 +21,18 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from types import FrameType
-from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE)]  # this checkout's engine, not an installed one
 
 import contract  # noqa: E402
+from calls import CallCounter  # noqa: E402
 from fresh import emit, run_fresh  # noqa: E402
 from queues import engine_source, machine  # noqa: E402
 
 from engine import Engine, Step, WorkerTrigger, Workflow  # noqa: E402
 
 CONCURRENCY = 8
-
-
-class Calls:
-    def __init__(self) -> None:
-        self.count = 0
-
-    def __call__(self, frame: FrameType, event: str, arg: Any) -> None:
-        if event == "call":
-            self.count += 1
 
 
 def workflows(w: int) -> list[Workflow]:
@@ -63,14 +53,16 @@ async def measure(w: int, n: int) -> dict[str, float]:
         runs = await contract.submit_all(engine, n, CONCURRENCY)
         seconds = time.perf_counter() - started
         await contract.check(engine, runs, n, "echo", f"many queues W={w}")
-        calls = Calls()
-        sys.setprofile(calls)
+        calls = CallCounter()
+        calls.install()
         try:
+            calls.on = True
             runs = await contract.submit_all(engine, n, CONCURRENCY)
         finally:
-            sys.setprofile(None)
+            calls.on = False
+            calls.remove()
         await contract.check(engine, runs, n, "echo", f"many queues W={w}, counted")
-    return {"jobs_s": n / seconds, "calls": calls.count / n}
+    return {"jobs_s": n / seconds, "calls": calls.python / n}
 
 
 def main() -> None:
