@@ -24,7 +24,13 @@ from engine import Step, Workflow, WorkerTrigger
 
 async def nap(ctx, seconds: float):
     ctx.logger.info("napping %s s", seconds)
-    await anyio.sleep(seconds)
+    # {"until": path}: the nap ends when that file exists (a test's release), at most `seconds`.
+    release = ctx.body.get("until")
+    with anyio.move_on_after(seconds):
+        while release is not None and not await anyio.Path(release).exists():
+            await anyio.sleep(0.05)
+        if release is None:
+            await anyio.sleep(seconds)
     return {"slept": seconds}
 
 

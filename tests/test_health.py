@@ -4,6 +4,7 @@ queue's oldest waiting job is older than the threshold; and the queue read it re
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
@@ -138,9 +139,12 @@ def test_blok_tui_health_exit_codes(tmp_path: Path) -> None:
         assert ok.returncode == 0, ok.stderr
         assert ok.stdout.startswith("healthy: ") and "1 worker alive" in ok.stdout
 
-        # One slot, taken for a while: the next job waits, and past --max-age that is unhealthy.
-        for seconds in (3, 0):
-            enqueued = blok("enqueue", "single", f'{{"seconds": {seconds}}}', "--db", db)
+        # One slot, taken until the test releases it (a fixed nap raced the commands' start on
+        # a loaded machine): the next job waits, and past --max-age that is unhealthy.
+        release = tmp_path / "release"
+        held = json.dumps({"seconds": 60, "until": str(release)})
+        for body in (held, '{"seconds": 0}'):
+            enqueued = blok("enqueue", "single", body, "--db", db)
             assert enqueued.returncode == 0, enqueued.stderr
 
         def stale() -> Any:
@@ -153,6 +157,7 @@ def test_blok_tui_health_exit_codes(tmp_path: Path) -> None:
         ), done.stderr
         assert len(done.stderr.strip().splitlines()) == 1
         assert blok("health", "--db", db, "--max-age", "1h").returncode == 0
+        release.touch()
     finally:
         assert worker.stop() == 0, worker.stderr()
 

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from support import freeze
+from support import freeze, until
 
 from engine import Engine
 
@@ -170,6 +170,12 @@ class Worker:
 
     def alive(self) -> None:
         assert self.process.poll() is None, f"worker exited early:\n{self.tail()}"
+
+    def ready(self) -> bool:
+        """Its engine has started: its boot recovery (which frees the jobs of a worker found
+        dead on this host at once) is behind it."""
+        self.alive()
+        return f"worker {self.id} ready".encode() in self.log.read_bytes()
 
     def kill9(self) -> None:
         os.kill(self.process.pid, signal.SIGKILL)
@@ -335,12 +341,18 @@ async def test_a_surviving_worker_takes_over_a_killed_ones_jobs_when_leases_expi
     for point in points:
         index = setup.rng.randrange(2)
         victim, survivor = workers[index], workers[1 - index]
+        # A worker still starting when the other is killed would free its jobs by boot
+        # recovery, not by their leases running out (seen on a loaded machine).
+        await until(lambda: all(worker.ready() for worker in workers), timeout=60)
         in_flight.append(await kill_under_load(setup, victim, survivor, point=point))
         # Not restarted yet, so no boot recovery: only the lease expiring frees its jobs.
         held = f"SELECT count(*) FROM jobs WHERE state = 'active' AND worker = '{victim.id}'"
         await poll(setup, held, lambda n: n == 0, survivor)
         workers[index] = setup.start_worker()
     await poll(setup, ENDED_JOBS, lambda done: done == JOBS, *workers)
+    # The worker started after the last kill may still be starting when the jobs run out: a
+    # SIGTERM then ends it as any process (-15), not by a drain.
+    await until(lambda: all(worker.ready() for worker in workers), timeout=60)
     for worker in workers:
         worker.stop()
     statuses = verify(setup)
