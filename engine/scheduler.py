@@ -126,7 +126,10 @@ class Scheduler:
         self._declared: dict[str, tuple[ScheduleSpec, ...]] = {}
         self._verified: set[str] = set()  # tick jobs seen in the queue
         self._changed = anyio.Event()
-        catalog.on_change.append(self._changed.set)
+        catalog.on_change.append(self._catalog_changed)
+
+    def _catalog_changed(self) -> None:
+        self._changed.set()  # the current event: the loop replaces it after each change
 
     async def declare(self) -> None:
         """Make the backend's schedules those of the workflows served here now (hot reload
@@ -137,13 +140,13 @@ class Scheduler:
         now = time.time()
         for name in set(current) | set(self._declared):
             specs = current.get(name, ())
-            if self._declared.get(name) == specs:
-                continue
+            if name in self._declared and self._declared[name] == specs:
+                continue  # declared already, "none" included: a write at every turn otherwise
             await self.shared.declare_schedules(
                 name,
                 [(s, latest_tick(s.cron, s.every_ms, s.timezone, now)) for s in specs],
             )
-            if specs:
+            if name in current:
                 self._declared[name] = specs
             else:
                 self._declared.pop(name, None)

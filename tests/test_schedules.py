@@ -26,6 +26,7 @@ from engine import (
     WorkerTrigger,
     Workflow,
     WorkflowDefinitionError,
+    scheduler,
 )
 from engine.reload import wait_until_watching
 
@@ -213,8 +214,11 @@ workflow = Workflow(
 
 
 async def test_hot_reload_adds_changes_and_removes_schedules(
-    tmp_path: Path, database: Path | str
+    tmp_path: Path, database: Path | str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Each change of the file wakes the scheduler, not its next turn (the second change once
+    # woke nothing: the scheduler listened to the event it had replaced after the first).
+    monkeypatch.setattr(scheduler, "POLL_S", DAY_S)
     flows = tmp_path / "flows"
     flows.mkdir()
     file = flows / "hourly.py"
@@ -245,6 +249,38 @@ async def test_hot_reload_adds_changes_and_removes_schedules(
             return await engine.schedules() == []
 
         await until(removed)
+
+
+async def test_an_idle_scheduler_writes_nothing(
+    database: Path | str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The workflows served without schedules are declared once (no schedules: any left by an
+    # earlier version go), not again at every turn: with 200 of them, 200 writes a second.
+    monkeypatch.setattr(scheduler, "POLL_S", 0.01)  # turns, quickly
+    plain = [ticking(name=f"plain.{i}") for i in range(3)]  # no schedules
+    workflows = [*plain, ticking(Schedule(cron="0 0 1 1 *"))]
+    async with Engine(workflows=workflows, database=database) as engine:
+        shared = engine.backend.shared
+        declare, schedules = shared.declare_schedules, shared.schedules
+        declared: list[str] = []
+        turns: list[int] = []
+
+        async def counted_declare(workflow: str, specs: Any) -> None:
+            declared.append(workflow)
+            await declare(workflow, specs)
+
+        async def counted_schedules() -> Any:
+            turns.append(1)
+            return await schedules()
+
+        monkeypatch.setattr(shared, "declare_schedules", counted_declare)
+        monkeypatch.setattr(shared, "schedules", counted_schedules)
+        await until(lambda: len(turns) >= 2)  # a whole turn since: everything is declared
+        declared.clear()
+        turns.clear()
+        await until(lambda: len(turns) >= 5)
+        assert declared == []
+        assert [s.workflow for s in await engine.schedules()] == ["reports.daily"]
 
 
 def test_definition_errors_name_the_workflow() -> None:
