@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import anyio
@@ -33,10 +34,18 @@ class QueueRuntime:
     changed: anyio.Event = field(default_factory=anyio.Event)
     completed_times: list[float] = field(default_factory=list)
     parked: list[asyncio.Future[Claim | None]] = field(default_factory=list)
+    pokes: int = 0  # news for the claim loop's claim (`poked_since`)
 
     def poke(self) -> None:
+        """News for the claim loop (a stop, a pause, a new concurrency): its claim, asleep in
+        the queue, returns at once."""
+        self.pokes += 1
         self.nudge()
         self.queue.wake(self.name)
+
+    def poked_since(self, pokes: int) -> Callable[[], bool]:
+        """For a claim begun when `pokes` was this: whether the runtime was poked since."""
+        return lambda: self.pokes != pokes
 
     def nudge(self) -> None:
         """Wake the claim loop (to look again at its slots and the jobs kept ahead)."""
@@ -59,7 +68,8 @@ class QueueRuntime:
         )
 
     def stop(self) -> None:
-        """Stop claiming; the claim loop ends within one claim timeout, parked slots at once."""
+        """Stop claiming: the claim loop ends once its claim returns (at once if it waits for
+        jobs), parked slots at once."""
         self.stopped = True
         self.poke()
         self.unpark()

@@ -473,10 +473,14 @@ class JobQueue(ABC):
         *,
         forced_only: bool = False,
         timeout: float = 0.0,
+        interrupted: Callable[[], bool] | None = None,
     ) -> list[Claim]:
         """Up to `limit` due jobs (waiting or delayed past run_at; or active with an expired
         lease), highest priority first then oldest; [] if none came within `timeout` seconds.
-        `forced_only`: only jobs an operator asked to run now (the queue is paused)."""
+        `forced_only`: only jobs an operator asked to run now (the queue is paused).
+        `interrupted`: asked whenever the claim is woken (`wake`) while it waits; once it
+        holds, the claim returns [] at once (its caller has news: a stop, a pause). Never
+        cancelled half-way, a claim leaves no job leased to nobody."""
 
     def claim_nowait(self, queue: str, worker: str, lease_s: float) -> Claim | None:
         """The next due job if the queue can hand it over at once, without a round trip (a

@@ -315,6 +315,7 @@ class DatabaseQueue(JobQueue):
         *,
         forced_only: bool = False,
         timeout: float = 0.0,
+        interrupted: Callable[[], bool] | None = None,
     ) -> list[Claim]:
         if not forced_only:
             taken = self._ahead.take(queue, limit)
@@ -326,11 +327,17 @@ class DatabaseQueue(JobQueue):
         offering = self.hands_off and not forced_only
         drained = self._drained.pending(queue, deadline, forced_only=forced_only)
         if drained is not None:
-            signal, until = drained
+            signal, look_at = drained
             offer = Offer(worker, lease_s, limit, signal) if offering else None
-            handed = await self._sleep(queue, signal, until, offer)
+            handed = await self._sleep(queue, signal, min(look_at, deadline), offer)
             if handed:
                 return handed
+            if interrupted is not None and interrupted():
+                return []
+            if not signal.is_set() and time.monotonic() < look_at:
+                # Out of time before anything could have changed: the next claim waits on.
+                self._drained.keep(queue, signal, look_at)
+                return []
         while True:
             # Registered before the look: a wake-up while it runs is not missed.
             signal = _registered(signals, queue)
@@ -352,15 +359,22 @@ class DatabaseQueue(JobQueue):
                 if len(claims) > limit:
                     self._ahead.keep(queue, claims[limit:])
                 return claims[:limit]
+            if not forced_only:
+                # Found nothing: so is the next claim told, if this one runs out of time first
+                # (a worker's claim loop claims again at once), when to look again.
+                self._drained.mark(queue, signal, look_s)
             now = time.monotonic()
             if deadline <= now:
                 return []
-            # Another process may add jobs at any time, so a wake-up here is only a shortcut.
             until = now + max(min(deadline - now, look_s), 0.001)
             offer = Offer(worker, lease_s, limit, signal) if offering else None
             handed = await self._sleep(queue, signal, until, offer)
             if handed:
                 return handed
+            if interrupted is not None and interrupted():
+                return []
+            if not signal.is_set() and until < now + look_s:
+                return []  # out of time before the next look: the mark above stands
 
 
 def _registered(signals: dict[str, anyio.Event], queue: str) -> anyio.Event:

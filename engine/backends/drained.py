@@ -9,6 +9,11 @@ queue's next delayed job falling due, its usual poll). The next claim waits for 
 job added or handed back in this process; on PostgreSQL any process's NOTIFY) or for that time,
 then looks as before. A claim that will not wait (`timeout` 0) and a paused queue's claims
 (forced jobs only) look at once.
+
+A look that found nothing leaves the same mark: the claim waits out its timeout (250 ms in a
+worker's claim loop) and returns, and the loop's next claim waits on where it left off instead
+of looking again. Before, every claim of an idle queue looked at least once, so an engine
+serving many idle workflows asked the database a few times a second for each of them.
 """
 
 from __future__ import annotations
@@ -26,18 +31,23 @@ class Drained:
         self._marks: dict[str, tuple[anyio.Event, float]] = {}
 
     def mark(self, queue: str, signal: anyio.Event, look_s: float) -> None:
-        self._marks[queue] = (signal, time.monotonic() + look_s)
+        self.keep(queue, signal, time.monotonic() + look_s)
+
+    def keep(self, queue: str, signal: anyio.Event, look_at: float) -> None:
+        """Until `look_at` (a monotonic time), nothing is new on `queue` unless `signal` is set."""
+        self._marks[queue] = (signal, look_at)
 
     def pending(
         self, queue: str, deadline: float, *, forced_only: bool
     ) -> tuple[anyio.Event, float] | None:
         """Before a claim's first look: the signal to wait on while nothing could have changed
-        (see above), and until when (a monotonic time, at most `deadline`, the claim's own);
-        None to look at once. The mark is used up."""
+        (see above), and until when (a monotonic time; the claim's own `deadline` may come
+        first); None to look at once. The mark is used up (`keep` puts it back)."""
         mark = self._marks.pop(queue, None)
-        if mark is None or forced_only or deadline <= time.monotonic():
+        now = time.monotonic()
+        if mark is None or forced_only or deadline <= now:
             return None
         signal, look_at = mark
-        if signal.is_set():
+        if signal.is_set() or look_at <= now:
             return None
-        return signal, min(look_at, deadline)
+        return signal, look_at

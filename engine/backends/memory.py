@@ -534,6 +534,7 @@ class MemoryQueue(JobQueue):
         *,
         forced_only: bool = False,
         timeout: float = 0.0,
+        interrupted: Callable[[], bool] | None = None,
     ) -> list[Claim]:
         deadline = time.monotonic() + timeout
         with anyio.move_on_after(timeout):
@@ -560,6 +561,8 @@ class MemoryQueue(JobQueue):
                 else:
                     with anyio.move_on_after(next_due):
                         await signal.wait()
+                if interrupted is not None and interrupted():
+                    return []
         return []
 
     # ---- transitions -----------------------------------------------------------------------

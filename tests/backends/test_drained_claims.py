@@ -108,3 +108,53 @@ async def test_a_claim_that_does_not_wait_looks_at_once(
     later = await add_one(other_backend.queue(None))
     claims = await queue.claim(QUEUE, 1, "w1", LONG)
     assert [c.job.id for c in claims] == [later]
+
+
+async def test_a_claim_that_found_nothing_and_ran_out_of_time_leaves_the_next_one_waiting(
+    queue: JobQueue, looks: list[str]
+) -> None:
+    # A worker's claim loop claims again as soon as a claim times out: each of those claims
+    # looked before (twice: at its start and at its end), so an engine serving 200 idle
+    # workflows asked the database 1,600 times a second for nothing.
+    for _ in range(3):
+        assert await queue.claim(QUEUE, 1, "w1", LONG, timeout=0.05) == []
+    assert looks == [QUEUE]  # the first look found nothing; nothing could have changed since
+    # Until something does: a job added here wakes the claim asleep where the last one left.
+    added = await add_one(queue)
+    with anyio.fail_after(10):
+        claims = await queue.claim(QUEUE, 1, "w1", LONG, timeout=LONG)
+    assert [c.job.id for c in claims] == [added]
+
+
+async def test_a_claim_asleep_hears_of_a_job_another_process_added(
+    queue: JobQueue, other_backend: Backend, looks: list[str]
+) -> None:
+    # PostgreSQL's claims hear a NOTIFY; SQLite's are woken when the file's data_version moves
+    # (another connection committed). Neither looks for itself before LONG here.
+    assert await queue.claim(QUEUE, 1, "w1", LONG, timeout=0.05) == []
+    claimed: list[Claim] = []
+
+    async def claim() -> None:
+        claimed.extend(await queue.claim(QUEUE, 1, "w1", LONG, timeout=LONG))
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(claim)
+            await anyio.wait_all_tasks_blocked()
+            later = await add_one(other_backend.queue(None))
+    assert [c.job.id for c in claimed] == [later]
+
+
+async def test_a_claim_asleep_takes_a_job_whose_lease_ran_out_when_it_does(
+    queue: JobQueue, other_backend: Backend, looks: list[str]
+) -> None:
+    # Another worker took the job and died: nobody announces that its lease ran out, so the
+    # claim asleep on the queue wakes for it when it falls due, not at its next usual look.
+    job = await add_one(other_backend.queue(None))
+    [lost] = await other_backend.queue(None).claim(QUEUE, 1, "dead", 0.5, timeout=LONG)
+    assert lost.job.id == job
+    started = time.monotonic()
+    with anyio.fail_after(10):
+        claims = await queue.claim(QUEUE, 1, "w1", LONG, timeout=LONG)
+    assert [(c.job.id, c.taken_from) for c in claims] == [(job, "dead")]
+    assert time.monotonic() - started < 5  # when the lease ran out, not at the next look (30 s)

@@ -282,6 +282,29 @@ async def test_a_claim_with_a_timeout_returns_nothing_when_nothing_comes(queue: 
     assert 0.1 <= time.monotonic() - started < 2
 
 
+async def test_a_claim_asleep_returns_at_once_when_woken_with_news(queue: JobQueue) -> None:
+    # A worker's stop or resume: the claim loop's claim, asleep for jobs, must end now (it is
+    # never cancelled: half-way, that would leave jobs leased to nobody). A wake-up without
+    # news (a job of the queue added and taken elsewhere) leaves it asleep.
+    news = False
+    claims: list[Claim] | None = None
+
+    async def claim() -> None:
+        nonlocal claims
+        claims = await queue.claim(QUEUE, 1, "w1", LONG, timeout=LONG, interrupted=lambda: news)
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(claim)
+            await anyio.wait_all_tasks_blocked()
+            queue.wake(QUEUE)
+            await anyio.wait_all_tasks_blocked()
+            assert claims is None
+            news = True
+            queue.wake(QUEUE)
+    assert claims == []
+
+
 async def test_a_claim_times_out_even_while_woken_at_every_turn(queue: JobQueue) -> None:
     # What a busy queue does to its claim loop: every job added wakes it, and a slot that was
     # already due takes the job first. The claim must still end at its timeout.
