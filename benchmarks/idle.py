@@ -14,6 +14,11 @@ PostgreSQL it also reads the CPU time of the server sessions it opened (`/proc/<
 its backends in `pg_stat_activity`), as the database's share of the cost. Then how long the
 engine takes to stop (leaving `async with Engine(...)`).
 
+`--busy` measures the same engine next to another process that keeps the database busy (it
+enqueues 100 one-step jobs at a time on a queue of its own and waits for them, for the whole
+measurement): what its commits cost the idle engine (SQLite's watcher of the file's
+`data_version`, PostgreSQL's NOTIFY), and how many jobs the busy process got through meanwhile.
+
 The peer, measured the same way in the same invocation: an idle huey consumer as shipped (8
 worker threads) on the same storage (MemoryHuey, SqliteHuey, SqlHuey on PostgreSQL). huey's
 tasks all share one queue, so it serves any number of them for the cost of one; its consumer
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import resource
 import sys
@@ -138,8 +144,26 @@ def workflows(w: int, provider: str) -> list[Workflow]:
     ]
 
 
-async def measure_blok(provider: str, w: int, seconds: float, url: str | None) -> dict[str, float]:
+async def keep_busy(provider: str, database: str, seconds: float) -> dict[str, float]:
+    """`--busy`'s other process: 100 jobs enqueued, then awaited, again and again."""
+    workflow = contract.workflow("echo", 8, provider)
+    done = 0
+    async with Engine(workflows=[workflow], database=database) as engine:
+        started = time.perf_counter()
+        while time.perf_counter() - started < seconds:
+            ids = [await engine.enqueue(contract.QUEUE, {"i": i}) for i in range(100)]
+            for job_id in ids:
+                await engine.wait_for_job(job_id, timeout=60)
+            done += len(ids)
+        took = time.perf_counter() - started
+    return {"jobs_s": done / took}
+
+
+async def measure_blok(
+    provider: str, w: int, seconds: float, url: str | None, busy: bool
+) -> dict[str, float]:
     counts = {"claims": 0, "looks": 0}
+    busy_jobs_s = 0.0
     with tempfile.TemporaryDirectory() as folder:
         database: str | None = None
         if provider == "sqlite":
@@ -148,6 +172,12 @@ async def measure_blok(provider: str, w: int, seconds: float, url: str | None) -
             database = url
         with counting(counts):
             async with Engine(workflows=workflows(w, provider), database=database):
+                other = None
+                if busy and database is not None:
+                    argv = ["--keep-busy", provider, database, str(seconds + SETTLE_S)]
+                    other = await asyncio.create_subprocess_exec(
+                        sys.executable, __file__, *argv, stdout=asyncio.subprocess.PIPE
+                    )
                 await asyncio.sleep(SETTLE_S)
                 for key in counts:
                     counts[key] = 0
@@ -155,6 +185,11 @@ async def measure_blok(provider: str, w: int, seconds: float, url: str | None) -
                 await asyncio.sleep(seconds)
                 took = time.perf_counter() - started
                 cpu, server = cpu_s() - cpu, server_cpu_s(url) - server
+                if other is not None:
+                    out, _ = await other.communicate()
+                    if other.returncode != 0:
+                        raise SystemExit(f"the busy process failed (exit {other.returncode})")
+                    busy_jobs_s = json.loads(out.decode().strip().splitlines()[-1])["jobs_s"]
                 stopping = time.perf_counter()
             stop = time.perf_counter() - stopping
     return {
@@ -163,6 +198,7 @@ async def measure_blok(provider: str, w: int, seconds: float, url: str | None) -
         "claims": counts["claims"] / took,
         "looks": counts["looks"] / took,
         "stop": stop,
+        "busy_jobs_s": busy_jobs_s,
     }
 
 
@@ -184,15 +220,17 @@ def measure_huey(provider: str, seconds: float, url: str | None) -> dict[str, fl
     return {"cpu": cpu / took, "server": server / took, "claims": 0.0, "looks": 0.0, "stop": stop}
 
 
-def one(system: str, provider: str, w: int, seconds: float, url: str) -> dict[str, float]:
+def one(
+    system: str, provider: str, w: int, seconds: float, url: str, busy: bool
+) -> dict[str, float]:
     if provider != "postgres":
         if system == "huey":
             return measure_huey(provider, seconds, None)
-        return asyncio.run(measure_blok(provider, w, seconds, None))
+        return asyncio.run(measure_blok(provider, w, seconds, None, busy))
     with scratch_database(url, "blok_idle") as scratch:
         if system == "huey":
             return measure_huey(provider, seconds, scratch)
-        return asyncio.run(measure_blok(provider, w, seconds, scratch))
+        return asyncio.run(measure_blok(provider, w, seconds, scratch, busy))
 
 
 def main() -> None:
@@ -201,16 +239,24 @@ def main() -> None:
     parser.add_argument("--ws", default="1,50,200")
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--url", default=DEFAULT_URL, help="PostgreSQL server (admin database)")
+    parser.add_argument("--busy", action="store_true", help="next to a busy process")
     parser.add_argument("--one", nargs=3, help=argparse.SUPPRESS)  # system provider W
+    parser.add_argument("--keep-busy", nargs=3, help=argparse.SUPPRESS)  # provider db seconds
     args = parser.parse_args()
+    if args.keep_busy:
+        provider, database, seconds = args.keep_busy
+        emit(asyncio.run(keep_busy(provider, database, float(seconds))))
+        return
     if args.one:
         system, provider, w = args.one
-        emit(one(system, provider, int(w), args.seconds, args.url))
+        emit(one(system, provider, int(w), args.seconds, args.url, args.busy))
         return
+    if args.busy and "memory" in args.providers.split(","):
+        raise SystemExit("--busy: a database is shared with another process; not memory")
     ws = [int(w) for w in args.ws.split(",")]
     rows: list[tuple[str, str, dict[str, float]]] = []
     for provider in args.providers.split(","):
-        extra = ["--seconds", str(args.seconds), "--url", args.url]
+        extra = ["--seconds", str(args.seconds), "--url", args.url, *(["--busy"] * args.busy)]
         huey = run_fresh(__file__, ["--one", "huey", provider, "1", *extra])
         rows.append((provider, "huey", huey))
         print(f"  huey     {provider:8s}: {huey['cpu']:6.1%} of a core", flush=True)
@@ -220,12 +266,15 @@ def main() -> None:
             print(
                 f"  blok W={w:<4d}{provider:8s}: {found['cpu']:6.1%} of a core, "
                 f"{found['claims']:7.1f} claims/s, {found['looks']:7.1f} looks/s, "
-                f"stopped in {found['stop'] * 1000:.0f} ms",
+                f"stopped in {found['stop'] * 1000:.0f} ms"
+                + (f", the busy process {found['busy_jobs_s']:,.0f} jobs/s" if args.busy else ""),
                 flush=True,
             )
 
     print()
     print("an idle engine: W one-step workflows served, each on its own queue, no job")
+    if args.busy:
+        print("next to another process keeping the database busy (100 jobs at a time)")
     print(f"machine: {machine()}")
     print(f"engine: {engine_source()}")
     print(f"measured over {args.seconds:g} s after {SETTLE_S:g} s, one fresh process each")

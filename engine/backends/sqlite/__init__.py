@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import logging
+import sqlite3
 from pathlib import Path
 from typing import Any, ClassVar
 
 import anyio
 from anyio.abc import TaskGroup
 
+from ...errors import DatabaseError
 from ..database_backend import DatabaseBackend
 from .db import SqliteDatabase
 from .queue import SqliteQueue
 from .shared import SqliteShared
 from .store import SqliteRunStore
+
+log = logging.getLogger("blok.sqlite")
 
 # How often the file's data_version is asked whether another connection committed (another
 # process's jobs, runs, signals): how late this process hears of them.
@@ -67,7 +72,12 @@ class SqliteBackend(DatabaseBackend):
             moved = self.db.data_version()
             if moved != version:
                 version = moved
-                self._durable.wake_all()
+                try:
+                    self._durable.others_committed()
+                except (sqlite3.Error, DatabaseError) as error:
+                    # Which queues changed is unknown: every claim asleep looks for itself.
+                    log.warning("%s: %s; every idle queue looks again", self.location, error)
+                    self._durable.wake_all()
                 self._moved.set()
                 self._moved = anyio.Event()
 
