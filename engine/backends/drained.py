@@ -10,9 +10,9 @@ job added or handed back in this process; on PostgreSQL any process's NOTIFY) or
 then looks as before. A claim that will not wait (`timeout` 0) and a paused queue's claims
 (forced jobs only) look at once.
 
-A look that found nothing leaves the same mark: the claim waits out its timeout (250 ms in a
-worker's claim loop) and returns, and the loop's next claim waits on where it left off instead
-of looking again. Before, every claim of an idle queue looked at least once, so an engine
+A look that found nothing leaves the same mark: the claim waits out its timeout (a worker's
+claim loop: `CLAIM_TIMEOUT_S`) and returns, and the loop's next claim waits on where it left
+off instead of looking again. Before, every claim of an idle queue looked at least once, so an engine
 serving many idle workflows asked the database a few times a second for each of them.
 """
 
