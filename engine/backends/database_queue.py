@@ -46,6 +46,10 @@ from .base import Claim, JobQueue
 from .drained import Drained
 
 AHEAD = 4  # a claim takes up to this many times what was asked
+# An idle claim looks at least this often. What else could have made a job claimable wakes it
+# sooner: this process's adds and hand-backs, another process's commits (NOTIFY on PostgreSQL,
+# the file's data_version on SQLite), the queue's next delayed job or lease falling due.
+LOOK_ANYWAY_S = 5.0
 
 
 @dataclass(eq=False)

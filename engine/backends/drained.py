@@ -12,8 +12,8 @@ then looks as before. A claim that will not wait (`timeout` 0) and a paused queu
 
 A look that found nothing leaves the same mark: the claim waits out its timeout (a worker's
 claim loop: `CLAIM_TIMEOUT_S`) and returns, and the loop's next claim waits on where it left
-off instead of looking again. Before, every claim of an idle queue looked at least once, so an engine
-serving many idle workflows asked the database a few times a second for each of them.
+off instead of looking again. Before, every claim of an idle queue looked at least once, so an
+engine serving many idle workflows asked the database a few times a second for each of them.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ transaction on SQLite and a round trip on PostgreSQL."""
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 
 import anyio
 import pytest
@@ -64,23 +65,36 @@ async def add_one(queue: JobQueue, **fields: object) -> str:
     return job.id
 
 
+async def claim_asleep_until(
+    queue: JobQueue, waking: Callable[[], Awaitable[str]]
+) -> tuple[list[Claim], str]:
+    """A claim on QUEUE, asleep (it would look for itself only after LONG), then `waking()`,
+    which adds a job somewhere: what the claim returned, and the job `waking` added."""
+    claimed: list[Claim] = []
+
+    async def claim() -> None:
+        claimed.extend(await queue.claim(QUEUE, 1, "w1", LONG, timeout=LONG))
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(claim)
+            await anyio.wait_all_tasks_blocked()
+            added = await waking()
+    return claimed, added
+
+
 async def test_a_claim_after_one_that_took_all_waits_for_an_add_before_it_looks(
     queue: JobQueue, looks: list[str]
 ) -> None:
     first = await add_one(queue)
     [claim] = await queue.claim(QUEUE, 1, "w1", LONG, timeout=LONG)  # asked 4, got 1: all
     assert claim.job.id == first and len(looks) == 1
-    claimed: list[Claim] = []
 
-    async def next_claim() -> None:
-        claimed.extend(await queue.claim(QUEUE, 1, "w1", LONG, timeout=LONG))
+    async def add_second() -> str:
+        assert len(looks) == 1  # nothing added since: no transaction to find nothing
+        return await add_one(queue)
 
-    with anyio.fail_after(10):
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(next_claim)
-            await anyio.wait_all_tasks_blocked()
-            assert len(looks) == 1  # nothing added since: no transaction to find nothing
-            second = await add_one(queue)
+    claimed, second = await claim_asleep_until(queue, add_second)
     assert [c.job.id for c in claimed] == [second]
     # One look for the job added; none where the add hands its job to the sleeping claim.
     assert len(looks) == (1 if isinstance(queue, DatabaseQueue) and queue.hands_off else 2)
@@ -132,16 +146,7 @@ async def test_a_claim_asleep_hears_of_a_job_another_process_added(
     # PostgreSQL's claims hear a NOTIFY; SQLite's are woken when the file's data_version moves
     # (another connection committed). Neither looks for itself before LONG here.
     assert await queue.claim(QUEUE, 1, "w1", LONG, timeout=0.05) == []
-    claimed: list[Claim] = []
-
-    async def claim() -> None:
-        claimed.extend(await queue.claim(QUEUE, 1, "w1", LONG, timeout=LONG))
-
-    with anyio.fail_after(10):
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(claim)
-            await anyio.wait_all_tasks_blocked()
-            later = await add_one(other_backend.queue(None))
+    claimed, later = await claim_asleep_until(queue, lambda: add_one(other_backend.queue(None)))
     assert [c.job.id for c in claimed] == [later]
 
 

@@ -2,7 +2,11 @@
 transaction, without a look (engine/backends/database_queue.py, `Offer`): on the queues whose
 add takes offers. So does a claim that would go to sleep while such an add waits in the writer
 (`PendingAdd`). The job is then exactly what a claim would have made of it in the database:
-active under the claimer's lease, one delivery, its epoch moved on, `handed` to a slot."""
+active under the claimer's lease, one delivery, its epoch moved on, `handed` to a slot.
+
+Another process's adds cannot hand jobs over; their commit wakes the claims asleep on the
+queues it may have left something to claim (`SqliteQueue.others_committed`, which the backend
+calls when the file's `data_version` moves), not every claim of the file."""
 
 from __future__ import annotations
 
@@ -364,3 +368,32 @@ async def test_a_handed_off_job_whose_holder_stops_renewing_is_taken_over_as_beg
         True,
     )
     assert takeover.job.epoch == claim.job.epoch + 1
+
+
+async def test_another_process_s_jobs_wake_only_the_claims_of_their_queue(
+    queue: DatabaseQueue, other_backend: Backend, looks: list[str]
+) -> None:
+    # Next to a process that keeps the file busy, waking every claim at each of its commits
+    # had each idle queue of an engine look 20 times a second.
+    assert isinstance(queue, SqliteQueue)
+    others = other_backend.queue(None)
+    assert await queue.claim(QUEUE, 1, "w1", LONG, timeout=0.01) == []
+    assert looks == [QUEUE]
+    claimed: list[Claim] = []
+
+    async def claim() -> None:
+        claimed.extend(await queue.claim(QUEUE, 1, "w1", LONG, timeout=LONG))
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(claim)
+            await anyio.wait_all_tasks_blocked()
+            await add(others, job_and_run("elsewhere"))
+            queue.others_committed()  # as the backend's watcher does when it sees the commit
+            await anyio.wait_all_tasks_blocked()
+            assert looks == [QUEUE] and claimed == []  # nothing of its queue: still asleep
+            mine = job_and_run(QUEUE)
+            await add(others, mine)
+            queue.others_committed()
+    assert [c.job.id for c in claimed] == [mine[0].id]
+    assert looks == [QUEUE, QUEUE]

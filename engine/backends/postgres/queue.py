@@ -35,15 +35,14 @@ import asyncpg
 
 from ...models import Job, JobState, LogLine, QueueStats, Run, from_epoch, to_epoch
 from ..base import Claim, Fence, JobUpdate, Renewal, Transition
-from ..database_queue import DatabaseQueue
+from ..database_queue import LOOK_ANYWAY_S, DatabaseQueue
 from ..rows import dump, job_from_row, job_row, run_row
 from . import sql
 from .batch import Conn, clean, write_runs
 from .db import PostgresDatabase, Unavailable
 from .store import log_params
 
-LOOK_ANYWAY_S = 5.0  # an idle claim looks at least this often while the listener is up
-LOOK_UNHEARD_S = 0.25  # ... and this often while it is down (notifications may be missed)
+LOOK_UNHEARD_S = 0.25  # an idle claim looks this often while the listener is down
 
 
 def update_params(job_id: str, epoch: int, update: JobUpdate) -> tuple[str, tuple[Any, ...]]:

@@ -38,7 +38,7 @@ from typing import Any, ClassVar
 from ...models import Job, JobState, LogLine, QueueStats, Run, from_epoch, to_epoch
 from ...records import construct
 from ..base import Claim, Fence, JobUpdate, Renewal, Transition
-from ..database_queue import DatabaseQueue, Offer, PendingAdd
+from ..database_queue import LOOK_ANYWAY_S, DatabaseQueue, Offer, PendingAdd
 from ..rows import JOB_COLUMNS, dump, job_from_row, job_row
 from .db import INLINE_WEIGHT, INSERT_LOG, InTransaction, SqliteDatabase, write_runs
 from .store import log_row
@@ -181,7 +181,6 @@ NEXT_DUE = (
     " AND state = 'delayed' UNION ALL SELECT min(lease_until) FROM jobs WHERE queue = ?1"
     " AND state = 'active')"
 )
-LOOK_ANYWAY_S = 5.0  # an idle claim looks at least this often (as PostgreSQL's does)
 # Of the queues given (a JSON array), those where another connection's commit may have left
 # something to claim: a job waiting or delayed, or a lease running out before the next look.
 MAY_HAVE_JOBS = (
