@@ -10,6 +10,7 @@ of the workers that share its database, and follows what they write as events.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -40,7 +41,7 @@ from .mailbox import Mailbox
 from .models import Job, QueueInfo, QueueStats, Run, WorkerInfo, WorkflowInfo, utcnow
 from .operations import BulkResult, ProgressCallback
 from .operator import DEFAULT_MAX_PAYLOAD_BYTES, Operator
-from .primitives import run_middleware
+from .primitives import global_middleware, run_middleware
 from .runner import Runner
 from .scheduler import ScheduleInfo, Scheduler, Schedules, scheduling_disabled
 from .waiting import WaitReason, explain
@@ -272,7 +273,9 @@ class Engine:
                 runner = Runner(operator, self.bus, snapshots=self.state_snapshots)
                 if self._snapshot_cap:
                     runner.snapshot_cap = self._snapshot_cap
-                runner.middleware = run_middleware
+                runner.middleware = functools.partial(
+                    run_middleware, global_names=global_middleware()
+                )
                 self._serving = operator.worker = Worker(
                     backend=backend,
                     ledger=ledger,

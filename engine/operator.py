@@ -46,14 +46,7 @@ from .models import (
     WorkflowInfo,
     utcnow,
 )
-from .operations import (
-    BulkResult,
-    ProgressCallback,
-    Skip,
-    matching_runs,
-    resolve_stuck,
-    run_bulk,
-)
+from .operations import BulkResult, ProgressCallback, Skip, matching_runs, resolve_stuck, run_bulk
 from .replay_seed import seed_from_step
 from .validation import (
     InvalidInput,
@@ -112,6 +105,7 @@ class Operator:
         self.worker = worker
         self.max_payload_bytes = max_payload_bytes
         self._catalogs: tuple[float, list[WorkerCatalog]] = (0.0, [])
+        self._served: dict[str, QueueTarget] = {}  # the last target of each queue served here
 
     # ---- queues ----------------------------------------------------------------------------
     async def _declared(self, fresh: bool = False) -> list[WorkerCatalog]:
@@ -129,8 +123,11 @@ class Operator:
                 jobs = self.backend.queue(self.provider_of(wf))
             except ValueError as error:
                 raise EngineError(str(error)) from None
+            cached = self._served.get(queue)
+            if cached is not None and cached.workflow is wf and cached.queue is jobs:
+                return cached  # a target never changes; a reload makes a new workflow
             trigger = wf.trigger
-            return QueueTarget(
+            target = self._served[queue] = QueueTarget(
                 queue,
                 wf.name,
                 wf.version,
@@ -140,6 +137,7 @@ class Operator:
                 wf,
                 tuple((s.name, s.kind) for s in wf.steps),
             )
+            return target
         for fresh in (False, True):
             declared: ServedQueue | None = None
             steps: tuple[tuple[str, str], ...] = ()
@@ -612,7 +610,7 @@ class Operator:
                 if self.worker is not None:
                     handle = self.worker.handles.get(run_id)
                     if handle is not None:
-                        await handle.done.wait()
+                        await handle.wait_ended()
                 run = await self.get_run(run_id)
                 if run.terminal:
                     return run

@@ -13,7 +13,6 @@ and middleware resume from their records alone.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -535,15 +534,17 @@ class Subworkflow(_Primitive):
 
 
 # ---- middleware --------------------------------------------------------------------------
-@functools.cache
-def _global_middleware(setting: str) -> tuple[str, ...]:
+def global_middleware() -> tuple[str, ...]:
+    """The process-global middleware (BLOK_GLOBAL_MIDDLEWARE, comma-separated), read when an
+    engine starts serving: once, not at every run (a missing variable costs an exception)."""
+    setting = os.environ.get(GLOBAL_MIDDLEWARE_ENV, "")
     return tuple(n.strip() for n in setting.split(",") if n.strip())
 
 
-def middleware_chain(workflow: Workflow) -> list[str]:
-    """Process-global (BLOK_GLOBAL_MIDDLEWARE, comma-separated) → workflow-level (`use`) →
-    trigger-level (`WorkerTrigger.middleware`), each name once, in that order."""
-    names = list(_global_middleware(os.environ.get(GLOBAL_MIDDLEWARE_ENV, "")))
+def middleware_chain(workflow: Workflow, global_names: Sequence[str] = ()) -> list[str]:
+    """Process-global (`global_middleware()`) → workflow-level (`use`) → trigger-level
+    (`WorkerTrigger.middleware`), each name once, in that order."""
+    names = list(global_names)
     names += list(getattr(workflow, "use", []) or [])
     if workflow.trigger is not None:
         names += list(getattr(workflow.trigger, "middleware", []) or [])
@@ -554,12 +555,19 @@ def middleware_chain(workflow: Workflow) -> list[str]:
     return chain
 
 
-async def run_middleware(runner: Runner, workflow: Workflow, run: Any, ctx: Context) -> None:
+async def run_middleware(
+    runner: Runner,
+    workflow: Workflow,
+    run: Any,
+    ctx: Context,
+    *,
+    global_names: Sequence[str] = (),
+) -> None:
     """Run the middleware chain on the run's own context before its steps. Middleware steps'
     records carry a `mw:<name>` tag; a finished one is not run again when the run resumes."""
     if workflow.middleware:
         return
-    chain = middleware_chain(workflow)
+    chain = middleware_chain(workflow, global_names)
     if not chain:
         return
     for name in chain:

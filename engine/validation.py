@@ -142,6 +142,10 @@ def check_headers(headers: object) -> dict[str, str]:
 
 
 # ---- payloads ---------------------------------------------------------------------------------
+# `json.dumps(value, allow_nan=False)` builds an encoder at each call (any option does).
+_strict_json = json.JSONEncoder(allow_nan=False).encode
+
+
 def check_payload(payload: Any, max_bytes: int | None, *, what: str = "payload") -> None:
     """A payload (or any JSON value the engine stores, named by `what`): standard JSON (no NaN
     or Infinity, string keys, no NUL or lone surrogate), at most `MAX_DEPTH` containers deep,
@@ -155,7 +159,7 @@ def check_payload(payload: Any, max_bytes: int | None, *, what: str = "payload")
     """
     _walk(payload, max_bytes, what)
     try:
-        blob = json.dumps(payload, allow_nan=False)
+        blob = _strict_json(payload)
     except (TypeError, ValueError) as error:  # e.g. an int of more than 4300 digits
         raise InvalidInput(f"{what} is not JSON-serialisable: {_short(str(error))}") from None
     if max_bytes is not None:

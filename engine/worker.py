@@ -84,7 +84,23 @@ class RunHandle:
     stopping: bool = False  # the worker stops (past a drain's grace): the run goes on later
     held: bool = False  # stopped, but its code still runs: the job is not handed back
     seen: dict[str, float] = field(default_factory=dict)  # signals acted on
-    done: anyio.Event = field(default_factory=anyio.Event)
+    ended: bool = False  # the slot is done with the run (recorded, handed back or lost)
+    # Made by the first waiter only: almost no run is waited on while it runs (a stop, an
+    # operator's cancel), and an event a run is a fifth of the slot's calls into anyio.
+    _ended_event: anyio.Event | None = None
+
+    def end(self) -> None:
+        self.ended = True
+        if self._ended_event is not None:
+            self._ended_event.set()
+
+    async def wait_ended(self) -> None:
+        if self.ended:
+            await anyio.lowlevel.checkpoint()  # as an event's wait does: callers loop on it
+            return
+        if self._ended_event is None:
+            self._ended_event = anyio.Event()
+        await self._ended_event.wait()
 
     def cancel(self) -> None:
         self.cancel_requested = True
@@ -235,8 +251,8 @@ class Worker:
             handle.interrupt()
         for handle in interrupted:
             with anyio.move_on_after(UNWIND_S):
-                await handle.done.wait()
-            if not handle.done.is_set():  # async code that does not stop when cancelled
+                await handle.wait_ended()
+            if not handle.ended:  # async code that does not stop when cancelled
                 self._hold(handle, "its code did not stop when cancelled")
         held = [h.run.id for h in interrupted if h.held]
         if self._jobs_scope is not None:
@@ -264,17 +280,17 @@ class Worker:
                     await self.ledger.release(queue, job, None, "")
 
     async def _any_job_done(self) -> None:
-        events = [h.done for h in self.handles.values()]
-        if not events:
+        handles = list(self.handles.values())
+        if not handles:
             return
         async with anyio.create_task_group() as tg:
 
-            async def wait_one(event: anyio.Event) -> None:
-                await event.wait()
+            async def wait_one(handle: RunHandle) -> None:
+                await handle.wait_ended()
                 tg.cancel_scope.cancel()
 
-            for event in events:
-                tg.start_soon(wait_one, event)
+            for handle in handles:
+                tg.start_soon(wait_one, handle)
 
     def crash_in_flight(self, error: BaseException) -> None:
         """The process is going down with an error: say so on every run it holds and hand
@@ -417,7 +433,9 @@ class Worker:
                         # every other slot ready then, at every job.
                         await anyio.lowlevel.checkpoint_if_cancelled()
                     else:
-                        await anyio.lowlevel.checkpoint()  # the rest of the engine runs now
+                        # The rest of the engine runs now. (asyncio's checkpoint: anyio's is
+                        # this sleep behind three calls that look up the loop's library.)
+                        await asyncio.sleep(0)
                     if self._slot_ends(runtime):
                         return
                     claim = runtime.queue.claim_nowait(runtime.name, self.info.id, self.lease_s)
@@ -640,7 +658,7 @@ class Worker:
                 self.handles.pop(handle.run.id, None)
                 self.by_job.pop(job.id, None)
                 self.runner.forget_threads(handle.run.id)
-                handle.done.set()
+                handle.end()
 
     def _stopped(self, handle: RunHandle, workflow: Workflow) -> None:
         """A run the worker stopped (past a drain's grace): recorded where it stopped, with

@@ -72,11 +72,13 @@ def flow_source(
     name: str = "orders",
     queue: str = "orders",
     concurrency: int = 4,
+    retries: int = 0,
     steps: str = 'Step("work", work)',
     header: str = "",
 ) -> str:
     """A workflow file whose node returns {"label": label}, waiting at the gate named in the
     job's body when there is one."""
+    extra = f", retries={retries}" if retries else ""
     return textwrap.dedent(
         f"""\
         from reload_gates import gates
@@ -93,7 +95,7 @@ def flow_source(
 
         workflow = Workflow(
             name={name!r},
-            trigger=WorkerTrigger(queue={queue!r}, concurrency={concurrency}),
+            trigger=WorkerTrigger(queue={queue!r}, concurrency={concurrency}{extra}),
             steps=[{steps}],
         )
         """
@@ -197,6 +199,23 @@ async def test_v1_run_mid_step_ends_on_v1_while_the_next_job_runs_v2(
             v1,
             {"label": "v1"},
         )
+
+
+async def test_a_job_enqueued_after_a_reload_takes_the_new_triggers_settings(
+    folder: Path, database: Path | None, gates: Gates
+) -> None:
+    # An enqueue before the reload as well: the queue's settings are not those it first saw.
+    file = folder / "orders.py"
+    file.write_text(flow_source("v1"))
+    async with running(folder, database) as (engine, events):
+        before = await engine.enqueue("orders", {})
+        assert (await engine.get_job(before)).max_retries == 0
+        file.write_text(flow_source("v2", retries=3))
+        await events.reloaded(file.resolve())
+        after = await engine.enqueue("orders", {})
+        assert (await engine.get_job(after)).max_retries == 3
+        run = await engine.wait_for_job(after, timeout=TIMEOUT)
+        assert run.output == {"label": "v2"}
 
 
 @pytest.mark.parametrize(
