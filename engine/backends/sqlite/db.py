@@ -29,6 +29,7 @@ thread.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import sqlite3
@@ -144,7 +145,7 @@ class InTransaction(Generic[T]):
 
     fn: Callable[[sqlite3.Connection], T]
     weight: int = 1
-    done: anyio.Event = field(default_factory=anyio.Event)
+    done: asyncio.Event = field(default_factory=asyncio.Event)  # (see `_wake`)
     late: bool = False  # runs after the batch's other calls (`SqliteDatabase.call_soon`)
     result: T | None = None
     error: BaseException | None = None
@@ -259,8 +260,11 @@ class SqliteDatabase:
         # batch being committed in a thread: a point read of one of them waits for the commit.
         self._keys: set[str] = set()
         self._inflight_keys: set[str] = set()
-        self._flushers: list[anyio.Event] = []
-        self._wake = anyio.Event()
+        self._flushers: list[asyncio.Event] = []
+        # asyncio's events, not anyio's, for the writer's wake-up and the calls and flushes it
+        # tells: a few of each a job, and anyio's costs six calls to make (three to find the
+        # event loop's library) and two to set. The writer is asyncio's anyway (aiosqlite).
+        self._wake = asyncio.Event()
         self._failure: BaseException | None = None
         self._inflight: _Batch | None = None
         self._committing = False  # a batch taken but not committed yet: flush waits for it
@@ -482,7 +486,7 @@ class SqliteDatabase:
         if self._commit_inline():
             await anyio.lowlevel.checkpoint_if_cancelled()
             return
-        done = anyio.Event()
+        done = asyncio.Event()
         self._flushers.append(done)
         self._wake.set()
         await done.wait()
@@ -536,7 +540,7 @@ class SqliteDatabase:
         self._committed(batch, flushers)
         return True
 
-    def _committed(self, batch: _Batch, flushers: list[anyio.Event]) -> None:
+    def _committed(self, batch: _Batch, flushers: list[asyncio.Event]) -> None:
         """Tell whoever waits on a committed batch."""
         for changed, answer in batch.told:
             changed(answer)
@@ -568,7 +572,7 @@ class SqliteDatabase:
             # worker slot, the claim loop it pokes, concurrent callers) add their writes to
             # this batch instead of waiting a whole commit for the next one.
             await anyio.lowlevel.checkpoint()
-            self._wake = anyio.Event()
+            self._wake = asyncio.Event()
             batch = self._take()
             keys, self._keys = self._keys, set()
             flushers, self._flushers = self._flushers, []
