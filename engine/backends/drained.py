@@ -18,9 +18,8 @@ engine serving many idle workflows asked the database a few times a second for e
 
 from __future__ import annotations
 
+import asyncio
 import time
-
-import anyio
 
 
 class Drained:
@@ -28,18 +27,18 @@ class Drained:
     have looked again."""
 
     def __init__(self) -> None:
-        self._marks: dict[str, tuple[anyio.Event, float]] = {}
+        self._marks: dict[str, tuple[asyncio.Event, float]] = {}
 
-    def mark(self, queue: str, signal: anyio.Event, look_s: float) -> None:
+    def mark(self, queue: str, signal: asyncio.Event, look_s: float) -> None:
         self.keep(queue, signal, time.monotonic() + look_s)
 
-    def keep(self, queue: str, signal: anyio.Event, look_at: float) -> None:
+    def keep(self, queue: str, signal: asyncio.Event, look_at: float) -> None:
         """Until `look_at` (a monotonic time), nothing is new on `queue` unless `signal` is set."""
         self._marks[queue] = (signal, look_at)
 
     def pending(
         self, queue: str, deadline: float, *, forced_only: bool
-    ) -> tuple[anyio.Event, float] | None:
+    ) -> tuple[asyncio.Event, float] | None:
         """Before a claim's first look: the signal to wait on while nothing could have changed
         (see above), and until when (a monotonic time; the claim's own `deadline` may come
         first); None to look at once. The mark is used up (`keep` puts it back)."""

@@ -261,9 +261,8 @@ class SqliteDatabase:
         self._keys: set[str] = set()
         self._inflight_keys: set[str] = set()
         self._flushers: list[asyncio.Event] = []
-        # asyncio's events, not anyio's, for the writer's wake-up and the calls and flushes it
-        # tells: a few of each a job, and anyio's costs six calls to make (three to find the
-        # event loop's library) and two to set. The writer is asyncio's anyway (aiosqlite).
+        # asyncio's events, not anyio's (six calls to make, two to set), for what the writer
+        # hears and tells: a few a job. The writer runs on asyncio anyway (aiosqlite).
         self._wake = asyncio.Event()
         self._failure: BaseException | None = None
         self._inflight: _Batch | None = None
