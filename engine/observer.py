@@ -77,6 +77,9 @@ class Observer:
 
     enabled = False
 
+    def engine_started(self) -> None:
+        """An engine starts: the providers the application set are looked up again."""
+
     def enqueuing(self, job: Job) -> None:
         """A job is about to be added: give it the current trace context."""
 

@@ -31,7 +31,8 @@ def available() -> bool:
 
 
 def activate() -> Observer:
-    """Choose the hooks, once: OpenTelemetry's if it is installed, else the no-ops."""
+    """Choose the hooks, once: OpenTelemetry's if it is installed, else the no-ops; and tell
+    them an engine starts."""
     global OBSERVE, _chosen
     if not _chosen:
         _chosen = True
@@ -39,6 +40,7 @@ def activate() -> Observer:
             from .tracing import OtelTelemetry
 
             OBSERVE = OtelTelemetry()
+    OBSERVE.engine_started()
     return OBSERVE
 
 

@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 PROPAGATOR = TraceContextTextMapPropagator()
 _FAILED = frozenset({RunStatus.FAILED, RunStatus.TIMED_OUT, RunStatus.CRASHED})
 _UNSET = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
+PROVIDER_LOOK_S = 1.0  # while none is set, the tracer provider is looked for this often
 
 
 def _context_of(traceparent: str | None) -> otel_context.Context | None:
@@ -180,14 +181,26 @@ class OtelTelemetry(Observer):
     def __init__(self) -> None:
         self._provider: object = None
         self._tracer: Tracer | None = None
+        self._unset_until = 0.0  # a monotonic time: no tracer provider was set when looked for
         # Runs traced here: their span, the token that made it current, the tracer.
         self.traced: dict[str, tuple[Span, object, Tracer]] = {}
         self.metrics = Instruments()
 
+    def engine_started(self) -> None:
+        self._unset_until = 0.0
+
     def tracer(self) -> Tracer | None:
-        """The tracer of the provider the user set; None while none is set (no spans then)."""
+        """The tracer of the provider the user set; None while none is set (no spans then).
+
+        While none is set, OpenTelemetry's lookup reads the environment (a KeyError raised and
+        caught a look, two looks a job), so an answer of none holds for PROVIDER_LOOK_S: a
+        provider set after an engine started is used from then on (one set before is used at
+        once: each engine's start looks again)."""
+        if self._unset_until and time.monotonic() < self._unset_until:
+            return None
         provider = trace.get_tracer_provider()
         if isinstance(provider, _UNSET):
+            self._unset_until = time.monotonic() + PROVIDER_LOOK_S
             return None
         if provider is not self._provider:
             self._tracer = provider.get_tracer(INSTRUMENTATION)

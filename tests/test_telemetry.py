@@ -26,7 +26,18 @@ from opentelemetry.test.globals_test import reset_trace_globals
 from opentelemetry.trace import SpanKind, StatusCode
 from support import until
 
-from engine import Engine, Retry, Run, RunStatus, Step, WorkerTrigger, Workflow, subworkflow, wait
+from engine import (
+    Engine,
+    Retry,
+    Run,
+    RunStatus,
+    Step,
+    WorkerTrigger,
+    Workflow,
+    subworkflow,
+    tracing,
+    wait,
+)
 
 SECRET = "sk-live-0123456789abcdef"
 
@@ -452,3 +463,55 @@ async def test_a_child_run_joins_its_parents_trace(
     enqueue_child = only(spans, "enqueue child")
     assert parent_id(child_run) == enqueue_child.context.span_id
     assert parent_id(enqueue_child) in {s.context.span_id for s in parent_runs}
+
+
+@pytest.fixture
+def late_spans() -> Iterator[InMemorySpanExporter]:
+    """No tracer provider as the test begins: it sets one later (`set_provider`)."""
+    reset_trace_globals()
+    yield InMemorySpanExporter()
+    reset_trace_globals()
+
+
+def set_provider(exporter: InMemorySpanExporter) -> TracerProvider:
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    return provider
+
+
+@pytest.mark.anyio
+async def test_a_provider_set_before_an_engine_starts_is_used_at_once(
+    tmp_path: Path, late_spans: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # With no provider, the answer "none" is kept a while (a look costs an exception); the
+    # next engine's start looks again, however long that while is.
+    monkeypatch.setattr(tracing, "PROVIDER_LOOK_S", 3600.0)
+    flow = Workflow(name="one", trigger=WorkerTrigger(queue="one"), steps=[Step("one", first)])
+    async with Engine(workflows=[flow], database=tmp_path / "blok.db") as engine:
+        await engine.wait_for_job(await engine.enqueue("one", {}), timeout=10)
+    provider = set_provider(late_spans)
+    async with Engine(workflows=[flow], database=tmp_path / "blok.db") as engine:
+        await engine.wait_for_job(await engine.enqueue("one", {}), timeout=10)
+    provider.shutdown()
+    assert len(named(late_spans, "enqueue one")) == 1
+    assert len(named(late_spans, "run one")) == 1
+
+
+@pytest.mark.anyio
+async def test_a_provider_set_while_an_engine_runs_is_used_once_it_looks_again(
+    tmp_path: Path, late_spans: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tracing, "PROVIDER_LOOK_S", 0.05)
+    flow = Workflow(name="one", trigger=WorkerTrigger(queue="one"), steps=[Step("one", first)])
+    async with Engine(workflows=[flow], database=tmp_path / "blok.db") as engine:
+        await engine.wait_for_job(await engine.enqueue("one", {}), timeout=10)
+        assert not late_spans.get_finished_spans()
+        provider = set_provider(late_spans)
+
+        async def traced() -> bool:
+            await engine.wait_for_job(await engine.enqueue("one", {}), timeout=10)
+            return bool(named(late_spans, "run one"))
+
+        await until(traced, timeout=10, every=0.02)
+    provider.shutdown()
