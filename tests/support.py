@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import signal
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 from pg import fresh_database
 
@@ -19,6 +21,24 @@ from engine import Engine, Event
 from engine.backends.base import JobQueue
 from engine.ledger import make_job, make_run
 from engine.models import Job
+
+
+async def all_tasks_blocked(timeout: float = 10) -> None:
+    """`anyio.wait_all_tasks_blocked()`, checked every 2 ms instead of every 100 ms. anyio's
+    check wakes every 100 ms and the SQLite backend's watcher every 50 ms (`OTHERS_POLL_S`):
+    the two fire in the same turn of the loop, the watcher is then not blocked, and the check
+    could fail in step with it for seconds (a claim's look every 5 s breaks the step)."""
+    this = asyncio.current_task()
+    with anyio.fail_after(timeout):
+        while True:
+            await anyio.lowlevel.checkpoint()
+            waiting = (
+                task is this or (task._fut_waiter is not None and not task._fut_waiter.done())  # type: ignore[attr-defined]
+                for task in asyncio.all_tasks()
+            )
+            if all(waiting):
+                return
+            await anyio.sleep(0.002)
 
 
 @asynccontextmanager

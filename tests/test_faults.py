@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 import pytest
 from cli_helpers import blok, start_worker
-from support import DURABLE, a_database, until
+from support import DURABLE, a_database, all_tasks_blocked, until
 
 from engine import (
     AttemptStatus,
@@ -199,7 +199,7 @@ async def test_a_stall_that_a_node_takes_over_in_the_same_turn_is_named(
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(dog.beat)
-        await anyio.wait_all_tasks_blocked()
+        await all_tasks_blocked()
         time.sleep(0.4)  # noqa: ASYNC251 - not a node: the first report names nobody
         node()
         await until(lambda: "runs again" in caplog.text, timeout=5)

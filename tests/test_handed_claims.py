@@ -22,7 +22,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from support import add_unserved, durable_database, provider_of
+from support import add_unserved, all_tasks_blocked, durable_database, provider_of
 
 from engine import Engine, RunStatus, Step, WorkerTrigger, Workflow
 from engine.backends.sqlite.schema import SCHEMA_VERSION
@@ -163,7 +163,7 @@ async def test_a_job_handed_off_by_its_add_and_lost_records_its_run_crashed(
         with anyio.fail_after(10):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(claim)
-                await anyio.wait_all_tasks_blocked()  # its look found nothing: it sleeps
+                await all_tasks_blocked()  # its look found nothing: it sleeps
                 await add_unserved(queue, QUEUE, [{"i": 0}])
         held_at = time.monotonic()
     [lost] = claimed

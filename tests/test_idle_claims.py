@@ -9,9 +9,8 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import anyio
 import pytest
-from support import DATABASES, a_database
+from support import DATABASES, a_database, all_tasks_blocked
 
 from engine import Engine, RunStatus, Step, WorkerTrigger, Workflow
 from engine import worker as worker_module
@@ -45,7 +44,7 @@ async def test_an_idle_engine_stops_at_once(database: Path | str | None) -> None
     async with Engine(workflows=workflows(3), database=database) as engine:
         run = await engine.wait_for_job(await engine.enqueue("idle0", {"i": 1}), timeout=10)
         assert run.output == 1
-        await anyio.wait_all_tasks_blocked()  # every claim loop asleep in its claim
+        await all_tasks_blocked()  # every claim loop asleep in its claim
         stopping = time.monotonic()
     # A stop is not a cancellation (a claim cancelled half-way would leave jobs leased to
     # nobody), so nothing else could end those claims before WAIT_S.
@@ -56,7 +55,7 @@ async def test_a_resumed_queue_runs_its_jobs_at_once(database: Path | str | None
     async with Engine(workflows=workflows(1), database=database) as engine:
         await engine.pause("idle0")
         job = await engine.enqueue("idle0", {"i": 7})
-        await anyio.wait_all_tasks_blocked()  # the paused queue's claim asleep, for forced jobs
+        await all_tasks_blocked()  # the paused queue's claim asleep, for forced jobs
         assert (await engine.get_job(job)).state == "waiting"
         await engine.resume("idle0")
         run = await engine.wait_for_job(job, timeout=WAIT_S / 3)

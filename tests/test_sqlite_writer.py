@@ -13,6 +13,7 @@ from pathlib import Path
 import anyio
 import anyio.lowlevel
 import pytest
+from support import all_tasks_blocked
 
 from engine.backends.sqlite import SqliteBackend
 from engine.backends.sqlite.db import (
@@ -128,7 +129,7 @@ async def while_another_process_holds_the_lock(
         with anyio.fail_after(5):
             while db.batches_in_thread == in_thread:  # the loop gave up on the lock
                 await anyio.lowlevel.checkpoint()
-        await anyio.wait_all_tasks_blocked()
+        await all_tasks_blocked()
         assert not done.is_set()  # waiting for the lock, in a thread: the loop runs on
         other.execute("COMMIT")
         with anyio.fail_after(5):

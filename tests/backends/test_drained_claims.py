@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 import pytest
+from support import all_tasks_blocked
 
 from engine.backends import Backend
 from engine.backends.base import Claim, JobQueue
@@ -78,7 +79,7 @@ async def claim_asleep_until(
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
             tg.start_soon(claim)
-            await anyio.wait_all_tasks_blocked()
+            await all_tasks_blocked()
             added = await waking()
     return claimed, added
 

@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 
 import anyio
 import pytest
+from support import all_tasks_blocked
 
 from engine.backends import Backend
 from engine.backends.base import Claim, JobQueue, JobUpdate, Transition
@@ -77,7 +78,7 @@ async def claim_while(
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
             tg.start_soon(claim)
-            await anyio.wait_all_tasks_blocked()
+            await all_tasks_blocked()
             await add(queue, *adding)
     return claimed
 
@@ -101,7 +102,7 @@ async def writer_held(
                 while db.batches_in_thread == in_thread:  # the writer gave up on the lock
                     await anyio.lowlevel.checkpoint()
                 yield tg
-                await anyio.wait_all_tasks_blocked()
+                await all_tasks_blocked()
                 other.execute("COMMIT")
     finally:
         other.close()
@@ -154,7 +155,7 @@ async def test_a_claim_that_would_sleep_joins_every_add_of_its_queue_waiting_in_
 
     async with writer_held(queue, lambda: add(queue, first)) as tg:
         tg.start_soon(add, queue, second)
-        await anyio.wait_all_tasks_blocked()
+        await all_tasks_blocked()
         tg.start_soon(claim_next)
 
     assert [c.job.id for c in claimed] == [first[0].id, second[0].id] and looks == [QUEUE]
@@ -172,7 +173,7 @@ async def test_adds_made_while_a_claim_sleeps_all_hand_it_jobs_up_to_its_free_sl
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
             tg.start_soon(claim)
-            await anyio.wait_all_tasks_blocked()  # it found nothing and sleeps
+            await all_tasks_blocked()  # it found nothing and sleeps
             for one in made:  # three producers' adds, made in one turn of the loop
                 tg.start_soon(add, queue, one)
 
@@ -341,7 +342,7 @@ async def test_an_add_that_fails_hands_nothing_and_the_claim_goes_on(
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
             tg.start_soon(claim)
-            await anyio.wait_all_tasks_blocked()
+            await all_tasks_blocked()
             with monkeypatch.context() as patched:
                 patched.setattr(sqlite_queue, "write_runs", broken)
                 with pytest.raises(RuntimeError, match="the disk is gone"):
@@ -387,10 +388,10 @@ async def test_another_process_s_jobs_wake_only_the_claims_of_their_queue(
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
             tg.start_soon(claim)
-            await anyio.wait_all_tasks_blocked()
+            await all_tasks_blocked()
             await add(others, job_and_run("elsewhere"))
             queue.others_committed()  # as the backend's watcher does when it sees the commit
-            await anyio.wait_all_tasks_blocked()
+            await all_tasks_blocked()
             assert looks == [QUEUE] and claimed == []  # nothing of its queue: still asleep
             mine = job_and_run(QUEUE)
             await add(others, mine)

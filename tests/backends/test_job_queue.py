@@ -15,6 +15,7 @@ from datetime import timedelta
 import anyio
 import anyio.lowlevel
 import pytest
+from support import all_tasks_blocked
 
 from engine.backends import Backend
 from engine.backends.base import Claim, Fence, JobQueue, JobUpdate, Transition
@@ -296,9 +297,9 @@ async def test_a_claim_asleep_returns_at_once_when_woken_with_news(queue: JobQue
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
             tg.start_soon(claim)
-            await anyio.wait_all_tasks_blocked()
+            await all_tasks_blocked()
             queue.wake(QUEUE)
-            await anyio.wait_all_tasks_blocked()
+            await all_tasks_blocked()
             assert claims is None
             news = True
             queue.wake(QUEUE)
