@@ -194,8 +194,8 @@ class OtelTelemetry(Observer):
 
         While none is set, OpenTelemetry's lookup reads the environment (a KeyError raised and
         caught a look, two looks a job), so an answer of none holds for PROVIDER_LOOK_S: a
-        provider set after an engine started is used from then on (one set before is used at
-        once: each engine's start looks again)."""
+        provider set while an engine runs is used within that time, one set before an engine
+        starts at once (each engine's start looks again, `engine_started`)."""
         if self._unset_until and time.monotonic() < self._unset_until:
             return None
         provider = trace.get_tracer_provider()

@@ -480,6 +480,14 @@ def set_provider(exporter: InMemorySpanExporter) -> TracerProvider:
     return provider
 
 
+def one_step() -> Workflow:
+    return Workflow(name="one", trigger=WorkerTrigger(queue="one"), steps=[Step("one", first)])
+
+
+async def run_one(engine: Engine) -> Run:
+    return await engine.wait_for_job(await engine.enqueue("one", {}), timeout=10)
+
+
 @pytest.mark.anyio
 async def test_a_provider_set_before_an_engine_starts_is_used_at_once(
     tmp_path: Path, late_spans: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
@@ -487,12 +495,11 @@ async def test_a_provider_set_before_an_engine_starts_is_used_at_once(
     # With no provider, the answer "none" is kept a while (a look costs an exception); the
     # next engine's start looks again, however long that while is.
     monkeypatch.setattr(tracing, "PROVIDER_LOOK_S", 3600.0)
-    flow = Workflow(name="one", trigger=WorkerTrigger(queue="one"), steps=[Step("one", first)])
-    async with Engine(workflows=[flow], database=tmp_path / "blok.db") as engine:
-        await engine.wait_for_job(await engine.enqueue("one", {}), timeout=10)
+    async with Engine(workflows=[one_step()], database=tmp_path / "blok.db") as engine:
+        await run_one(engine)
     provider = set_provider(late_spans)
-    async with Engine(workflows=[flow], database=tmp_path / "blok.db") as engine:
-        await engine.wait_for_job(await engine.enqueue("one", {}), timeout=10)
+    async with Engine(workflows=[one_step()], database=tmp_path / "blok.db") as engine:
+        await run_one(engine)
     provider.shutdown()
     assert len(named(late_spans, "enqueue one")) == 1
     assert len(named(late_spans, "run one")) == 1
@@ -503,14 +510,13 @@ async def test_a_provider_set_while_an_engine_runs_is_used_once_it_looks_again(
     tmp_path: Path, late_spans: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(tracing, "PROVIDER_LOOK_S", 0.05)
-    flow = Workflow(name="one", trigger=WorkerTrigger(queue="one"), steps=[Step("one", first)])
-    async with Engine(workflows=[flow], database=tmp_path / "blok.db") as engine:
-        await engine.wait_for_job(await engine.enqueue("one", {}), timeout=10)
+    async with Engine(workflows=[one_step()], database=tmp_path / "blok.db") as engine:
+        await run_one(engine)
         assert not late_spans.get_finished_spans()
         provider = set_provider(late_spans)
 
         async def traced() -> bool:
-            await engine.wait_for_job(await engine.enqueue("one", {}), timeout=10)
+            await run_one(engine)
             return bool(named(late_spans, "run one"))
 
         await until(traced, timeout=10, every=0.02)
