@@ -32,9 +32,16 @@ from opentelemetry import trace
 from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from .metrics import Instruments, start_sampling
+from .metrics import Instruments, collected, start_sampling
 from .models import RunStatus
-from .observer import INSTRUMENTATION, TRACE_LINK, TRACEPARENT, Observer, traceparent_of
+from .observer import (
+    INSTRUMENTATION,
+    NOTHING,
+    TRACE_LINK,
+    TRACEPARENT,
+    Observer,
+    traceparent_of,
+)
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -149,10 +156,11 @@ class _StepAttempt:
         if span is not None:
             otel_context.detach(self._token)  # type: ignore[arg-type]
         run = self._run
-        self._tracing.metrics.step_duration.record(
-            elapsed,
-            {"workflow": run.workflow_name, "step": self._name, "status": status},
-        )
+        if self._tracing.metering():
+            self._tracing.metrics.step_duration.record(
+                elapsed,
+                {"workflow": run.workflow_name, "step": self._name, "status": status},
+            )
         if span is None:
             return
         span.set_attribute("blok.step.status", status)
@@ -185,9 +193,24 @@ class OtelTelemetry(Observer):
         # Runs traced here: their span, the token that made it current, the tracer.
         self.traced: dict[str, tuple[Span, object, Tracer]] = {}
         self.metrics = Instruments()
+        self._metered = False  # a meter provider was set when last looked for
+        self._metered_until = 0.0  # a monotonic time: when to look again
+        self._counted_active: set[str] = set()  # runs whose start `blok.runs.active` counted
 
     def engine_started(self) -> None:
         self._unset_until = 0.0
+        self._metered_until = 0.0
+
+    def metering(self) -> bool:
+        """Whether the application set a meter provider. Until it does, the instruments are
+        OpenTelemetry's stand-ins, which drop what they are given, and looking costs what the
+        tracer's look does (`tracer`): the answer holds for PROVIDER_LOOK_S, or until the next
+        engine starts."""
+        now = time.monotonic()
+        if now >= self._metered_until:
+            self._metered = collected()
+            self._metered_until = now + PROVIDER_LOOK_S
+        return self._metered
 
     def tracer(self) -> Tracer | None:
         """The tracer of the provider the user set; None while none is set (no spans then).
@@ -240,7 +263,7 @@ class OtelTelemetry(Observer):
         return {TRACE_LINK: traceparent} if traceparent else {}
 
     def enqueued(self, jobs: list[Job], added: list[str]) -> None:
-        if not added:
+        if not added or not self.metering():
             return
         counter = self.metrics.enqueued
         if len(jobs) == 1:
@@ -256,7 +279,9 @@ class OtelTelemetry(Observer):
 
     # ---- a run in this worker --------------------------------------------------------------
     def run_started(self, run: Run, job: Job, version: str) -> None:
-        self.metrics.active.add(1, {"queue": run.queue})
+        if self.metering():
+            self.metrics.active.add(1, {"queue": run.queue})
+            self._counted_active.add(run.id)  # so that its end takes back only what it added
         tracer = self.tracer()
         if tracer is None:
             return
@@ -286,7 +311,9 @@ class OtelTelemetry(Observer):
         self.traced[run.id] = (span, token, tracer)
 
     def run_ended(self, run: Run) -> None:
-        self.metrics.active.add(-1, {"queue": run.queue})
+        if run.id in self._counted_active:
+            self._counted_active.discard(run.id)
+            self.metrics.active.add(-1, {"queue": run.queue})
         entry = self.traced.pop(run.id, None)
         if entry is None:
             return
@@ -302,10 +329,14 @@ class OtelTelemetry(Observer):
     def step(
         self, run: Run, ctx: Context, name: str, scope: CancelScope | None
     ) -> AbstractContextManager[None]:
+        if run.id not in self.traced and not self.metering():
+            return NOTHING  # neither a span nor a duration to record
         return _StepAttempt(self, run, ctx, name, scope)
 
     # ---- outcomes --------------------------------------------------------------------------
     def job_failed(self, run: Run, outcome: str) -> None:
+        if not self.metering():
+            return
         attributes = {"queue": run.queue, "workflow": run.workflow_name}
         self.metrics.failed.add(1, attributes)
         if outcome == "retried":
@@ -314,6 +345,8 @@ class OtelTelemetry(Observer):
             self.metrics.dead_lettered.add(1, attributes)
 
     def run_finished(self, run: Run) -> None:
+        if not self.metering():
+            return
         attributes = {"queue": run.queue, "workflow": run.workflow_name}
         if run.status is RunStatus.COMPLETED:
             self.metrics.completed.add(1, attributes)

@@ -3,6 +3,7 @@ real worker process, read with prometheus_client's own parser."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import urllib.request
@@ -151,3 +152,69 @@ def test_a_metrics_port_in_use_is_one_line_and_exit_1(tmp_path: Path) -> None:
     assert done.returncode == 1
     assert done.stderr.startswith(f"blok-tui: error: cannot serve metrics on 127.0.0.1:{port}")
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+LATE_METER = """
+import json, sys
+import anyio
+from opentelemetry import metrics
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from engine import Engine, Step, WorkerTrigger, Workflow, tracing
+
+tracing.PROVIDER_LOOK_S = 0.0  # look for a meter provider at every hook
+started, release = anyio.Event(), anyio.Event()
+
+
+async def held(ctx):
+    started.set()
+    await release.wait()
+
+
+def points(reader, name):
+    return [
+        point.value
+        for resource in reader.get_metrics_data().resource_metrics
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+        if metric.name == name
+        for point in metric.data.data_points
+    ]
+
+
+async def main():
+    flow = Workflow(name="held", trigger=WorkerTrigger(queue="held"), steps=[Step("held", held)])
+    reader = InMemoryMetricReader()
+    async with Engine(workflows=[flow], database=sys.argv[1]) as engine:
+        first = await engine.enqueue("held", {})
+        with anyio.fail_after(10):
+            await started.wait()
+        metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+        release.set()
+        await engine.wait_for_job(first, timeout=10)
+        await engine.wait_for_job(await engine.enqueue("held", {}), timeout=10)
+    print(json.dumps({
+        "active": points(reader, "blok.runs.active"),
+        "completed": points(reader, "blok.jobs.completed"),
+    }))
+
+anyio.run(main)
+"""
+
+
+def test_a_meter_provider_set_while_a_run_runs_counts_from_then_on(tmp_path: Path) -> None:
+    # Until a meter provider is set the engine records nothing (its instruments would drop it
+    # all). A run already under way when one is set is not taken off `blok.runs.active` at
+    # its end, where its start was never counted: the gauge never goes below zero.
+    script = tmp_path / "late_meter.py"
+    script.write_text(LATE_METER)
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "blok.db")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["active"] == [0]  # the second run: one up, one down; the first: neither
+    assert sum(seen["completed"]) == 2  # both ended once a provider was set
