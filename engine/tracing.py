@@ -57,7 +57,7 @@ if TYPE_CHECKING:
 PROPAGATOR = TraceContextTextMapPropagator()
 _FAILED = frozenset({RunStatus.FAILED, RunStatus.TIMED_OUT, RunStatus.CRASHED})
 _UNSET = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
-PROVIDER_LOOK_S = 1.0  # while none is set, the tracer provider is looked for this often
+PROVIDER_LOOK_S = 1.0  # while none is set, a tracer or meter provider is looked for this often
 
 
 def _context_of(traceparent: str | None) -> otel_context.Context | None:
