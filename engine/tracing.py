@@ -189,41 +189,44 @@ class OtelTelemetry(Observer):
     def __init__(self) -> None:
         self._provider: object = None
         self._tracer: Tracer | None = None
-        self._unset_until = 0.0  # a monotonic time: no tracer provider was set when looked for
         # Runs traced here: their span, the token that made it current, the tracer.
         self.traced: dict[str, tuple[Span, object, Tracer]] = {}
         self.metrics = Instruments()
-        self._metered = False  # a meter provider was set when last looked for
-        self._metered_until = 0.0  # a monotonic time: when to look again
         self._counted_active: set[str] = set()  # runs whose start `blok.runs.active` counted
+        # Which providers the application had set when last looked for (`_look`), and when
+        # to look again (a monotonic time; 0: at the next hook).
+        self._tracing = False
+        self._metered = False
+        self._look_at = 0.0
 
     def engine_started(self) -> None:
-        self._unset_until = 0.0
-        self._metered_until = 0.0
+        self._look_at = 0.0
+
+    def _look(self) -> None:
+        """Which providers the application set. While none is set, OpenTelemetry's lookups
+        read the environment (a KeyError raised and caught each), and a hook runs several
+        times a job: the answers hold for PROVIDER_LOOK_S, so a provider set while an engine
+        runs is used within that time, one set before an engine starts at once (each engine's
+        start looks again, `engine_started`)."""
+        self._tracing = not isinstance(trace.get_tracer_provider(), _UNSET)
+        self._metered = collected()
+        self._look_at = time.monotonic() + PROVIDER_LOOK_S
 
     def metering(self) -> bool:
         """Whether the application set a meter provider. Until it does, the instruments are
-        OpenTelemetry's stand-ins, which drop what they are given, and looking costs what the
-        tracer's look does (`tracer`): the answer holds for PROVIDER_LOOK_S, or until the next
-        engine starts."""
-        now = time.monotonic()
-        if now >= self._metered_until:
-            self._metered = collected()
-            self._metered_until = now + PROVIDER_LOOK_S
+        OpenTelemetry's stand-ins, which drop what they are given."""
+        if time.monotonic() >= self._look_at:
+            self._look()
         return self._metered
 
     def tracer(self) -> Tracer | None:
-        """The tracer of the provider the user set; None while none is set (no spans then).
-
-        While none is set, OpenTelemetry's lookup reads the environment (a KeyError raised and
-        caught a look, two looks a job), so an answer of none holds for PROVIDER_LOOK_S: a
-        provider set while an engine runs is used within that time, one set before an engine
-        starts at once (each engine's start looks again, `engine_started`)."""
-        if self._unset_until and time.monotonic() < self._unset_until:
+        """The tracer of the provider the user set; None while none is set (no spans then)."""
+        if time.monotonic() >= self._look_at:
+            self._look()
+        if not self._tracing:
             return None
         provider = trace.get_tracer_provider()
-        if isinstance(provider, _UNSET):
-            self._unset_until = time.monotonic() + PROVIDER_LOOK_S
+        if isinstance(provider, _UNSET):  # unset since the look (only tests reset providers)
             return None
         if provider is not self._provider:
             self._tracer = provider.get_tracer(INSTRUMENTATION)
