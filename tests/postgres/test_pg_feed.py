@@ -78,3 +78,29 @@ async def test_a_write_open_in_this_database_holds_the_feed_back_until_it_ends(
             assert sorted(r.id for r in page.runs) == sorted([late.id, run.id])
         finally:
             await open_here.close()
+
+
+async def test_a_cursor_moves_only_when_this_database_changes(pg_url: str) -> None:
+    """The horizon moves with every transaction on the server; a reader's cursor must not, or
+    two readers of the same changes disagree on where they are (and a CI run with another
+    database busy beside it saw the cursor one off)."""
+    async with fresh_database() as elsewhere, open_backend(pg_url) as backend:
+        backend.runs.save_run(a_run())
+        await backend.runs.flush()
+        cursor = await backend.runs.feed_cursor()
+        other = await connect(elsewhere)
+        try:
+            for _ in range(3):  # transactions that end in another database
+                await other.fetchval("SELECT pg_current_xact_id()")
+        finally:
+            await other.close()
+        page = await backend.runs.feed(cursor)
+        assert (page.runs, page.logs, page.cursor) == ([], [], cursor)
+        assert await backend.runs.feed_cursor() == cursor
+        run = a_run()
+        backend.runs.save_run(run)
+        await backend.runs.flush()
+        page = await backend.runs.feed(cursor)
+        assert [r.id for r in page.runs] == [run.id]
+        assert page.cursor.rev > cursor.rev
+        assert await backend.runs.feed_cursor() == page.cursor

@@ -549,15 +549,22 @@ FORGET_MARK = "DELETE FROM writer_marks WHERE writer = $1"
 # Marks of writers gone a day (a writer looks its mark up within seconds of losing a session).
 FORGET_OLD_MARKS = f"DELETE FROM writer_marks WHERE at < {NOW} - 86400"
 FEED_RUNS = f"""
-SELECT {", ".join(RUN_COLUMNS)} FROM runs
+SELECT {", ".join(RUN_COLUMNS)}, xid FROM runs
 WHERE xid >= $1 AND xid < $2 ORDER BY xid, created_at LIMIT $3
 """
 FEED_RUNS_COUNT = "SELECT count(*) FROM runs WHERE xid >= $1 AND xid < $2"
 FEED_LOGS = """
-SELECT id, run_id, step_idx, level, message FROM logs
+SELECT id, run_id, step_idx, level, message, xid FROM logs
 WHERE xid >= $1 AND xid < $2 ORDER BY xid, id LIMIT $3
 """
 FEED_LOGS_COUNT = "SELECT count(*) FROM logs WHERE xid >= $1 AND xid < $2"
+# A new reader's cursor: past the newest run and log line below the horizon ($1). A cursor is
+# the newest change read, not the horizon, so it moves only when this database changes: the
+# horizon's xmax moves with every transaction on the server.
+FEED_TOPS = (
+    "SELECT (SELECT max(xid) FROM runs WHERE xid < $1) AS runs,"
+    " (SELECT max(xid) FROM logs WHERE xid < $1) AS logs"
+)
 
 # The usual batch of a busy worker (runs, their log lines, the settles of their jobs) in one
 # statement: WRITE_RUNS's parameters, then INSERT_LOG's (an array of `fenced_log`), then

@@ -372,36 +372,51 @@ class PostgresRunStore(RunStore):
     async def feed(self, cursor: FeedCursor, limit: int = 1000) -> FeedPage:
         self.followed = True
 
-        async def read(conn: Conn) -> FeedPage:
+        async def read(conn: Conn) -> tuple[FeedPage, int]:
             horizon = await self._horizon(conn)
             lagged = 0
-            start = cursor.rev
+            # Each part's cursor goes past the newest row read (the rows come in xid order),
+            # or to the horizon when the part skipped ahead (FEED_TOPS: why not always there).
+            rev = start = cursor.rev
             rows = await conn.fetch(sql.FEED_RUNS, start, horizon, limit + 1)
             if len(rows) > limit:
                 lagged += int(await conn.fetchval(sql.FEED_RUNS_COUNT, start, horizon))
-                rows = []
+                rows, rev = [], horizon
+            elif rows:
+                rev = max(rev, int(rows[-1]["xid"]) + 1)
             runs = await with_steps(conn, [run_from_row(row) for row in rows])  # type: ignore[arg-type]
-            start = cursor.log_id
+            log_id = start = cursor.log_id
             lines = await conn.fetch(sql.FEED_LOGS, start, horizon, limit + 1)
             if len(lines) > limit:
                 lagged += int(await conn.fetchval(sql.FEED_LOGS_COUNT, start, horizon))
-                lines = []
+                lines, log_id = [], horizon
+            elif lines:
+                log_id = max(log_id, int(lines[-1]["xid"]) + 1)
             logs = [
                 FeedLog(r["id"], r["run_id"], r["step_idx"], r["level"], r["message"])
                 for r in lines
             ]
-            return FeedPage(runs, logs, FeedCursor(horizon, horizon), lagged)
+            return FeedPage(runs, logs, FeedCursor(rev, log_id), lagged), horizon
 
-        page = await self.db.pooled(read)
-        self.horizon = max(self.horizon, page.cursor.rev)
+        page, horizon = await self.db.pooled(read)
+        self.horizon = max(self.horizon, horizon)
         return page
 
     async def feed_cursor(self) -> FeedCursor:
         self.followed = True
         await self.db.flush()
-        horizon = await self.db.pooled(self._horizon)
+
+        async def read(conn: Conn) -> tuple[FeedCursor, int]:
+            horizon = await self._horizon(conn)
+            # After the horizon's reads: a transaction below it that ended meanwhile shows here.
+            tops = await conn.fetchrow(sql.FEED_TOPS, horizon)
+            assert tops is not None  # one row, always
+            rev, log_id = (0 if top is None else int(top) + 1 for top in tops)
+            return FeedCursor(rev, log_id), horizon
+
+        cursor, horizon = await self.db.pooled(read)
         self.horizon = max(self.horizon, horizon)
-        return FeedCursor(horizon, horizon)
+        return cursor
 
 
 async def _horizon_now(conn: Conn) -> int:
