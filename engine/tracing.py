@@ -256,8 +256,10 @@ class OtelTelemetry(Observer):
             )
             PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
             span.end()
-        elif trace.get_current_span().get_span_context().is_valid:
-            PROPAGATOR.inject(carrier)  # nothing recorded here, but the context goes on
+        elif otel_context.get_current() and trace.get_current_span().get_span_context().is_valid:
+            # Nothing recorded here, but the context goes on. (With no provider set the
+            # context is nearly always empty: one lookup, not the span's five.)
+            PROPAGATOR.inject(carrier)
         if carrier:
             job.headers = {**job.headers, **carrier}
 

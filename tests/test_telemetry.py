@@ -18,12 +18,14 @@ from typing import Any
 import anyio
 import pytest
 from cli_helpers import blok
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.test.globals_test import reset_trace_globals
 from opentelemetry.trace import SpanKind, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from support import until
 
 from engine import (
@@ -358,6 +360,26 @@ async def test_with_no_tracer_provider_set_jobs_carry_no_trace_context(tmp_path:
         run = await engine.wait_for_job(job_id, timeout=10)
     assert run.status is RunStatus.COMPLETED
     assert run.headers == {"x-api-key": "[redacted]"}
+
+
+@pytest.mark.anyio
+async def test_with_no_tracer_provider_set_a_current_trace_context_goes_on_with_the_job(
+    tmp_path: Path,
+) -> None:
+    """An application that propagates a caller's context without recording spans of its own
+    (no provider set): the job carries that context on, for whichever process records."""
+    reset_trace_globals()
+    caller = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    context = TraceContextTextMapPropagator().extract({"traceparent": caller})
+    async with Engine(workflows=[charge_flow()], database=tmp_path / "blok.db") as engine:
+        token = otel_context.attach(context)
+        try:
+            job_id = await engine.enqueue("orders", {})
+        finally:
+            otel_context.detach(token)
+        run = await engine.wait_for_job(job_id, timeout=10)
+    assert run.status is RunStatus.COMPLETED
+    assert run.headers["traceparent"] == caller
 
 
 NO_OPENTELEMETRY = """

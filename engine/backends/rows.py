@@ -26,7 +26,6 @@ from ..models import (
     WorkerInfo,
     WorkflowInfo,
     from_epoch,
-    to_epoch,
 )
 from ..records import construct
 from .base import ScheduleSpec, ScheduleState, ServedQueue, WorkerCatalog
@@ -129,6 +128,8 @@ def load(value: str | None) -> Any:
 
 
 # ---- runs --------------------------------------------------------------------------------
+# The rows below convert their times inline (`None if t is None else t.timestamp()`), not with
+# models.to_epoch: a job's rows hold about fourteen of them, and each was a call.
 def run_row(run: Run) -> tuple[Any, ...]:
     return (
         run.id,
@@ -145,10 +146,10 @@ def run_row(run: Run) -> tuple[Any, ...]:
         run.priority,
         run.job_attempt,
         run.created_at.timestamp(),
-        to_epoch(run.started_at),
-        to_epoch(run.finished_at),
-        to_epoch(run.run_at),
-        to_epoch(run.wait_until),
+        None if run.started_at is None else run.started_at.timestamp(),
+        None if run.finished_at is None else run.finished_at.timestamp(),
+        None if run.run_at is None else run.run_at.timestamp(),
+        None if run.wait_until is None else run.wait_until.timestamp(),
         run.replay_of,
         run.replay_from_step,
         run.parent_run_id,
@@ -168,14 +169,14 @@ def step_row(run_id: str, step: StepRun) -> tuple[Any, ...]:
         step.name,
         step.kind,
         str(step.status),
-        to_epoch(step.started_at),
-        to_epoch(step.finished_at),
+        None if step.started_at is None else step.started_at.timestamp(),
+        None if step.finished_at is None else step.finished_at.timestamp(),
         dump(step.input),
         dump(step.output),
         step.error,
         step.max_attempts,
         step.cached_from,
-        to_epoch(step.wait_until),
+        None if step.wait_until is None else step.wait_until.timestamp(),
         int(step.timed_out),
         dump(step.tags) if step.tags else None,
         step.parent,
@@ -190,7 +191,7 @@ def attempt_row(run_id: str, step_index: int, attempt: Attempt) -> tuple[Any, ..
         attempt.number,
         str(attempt.status),
         attempt.started_at.timestamp(),
-        to_epoch(attempt.finished_at),
+        None if attempt.finished_at is None else attempt.finished_at.timestamp(),
         attempt.error,
         attempt.error_type,
         attempt.traceback,
@@ -307,7 +308,7 @@ def job_row(job: Job) -> tuple[Any, ...]:
         dump(job.headers) if job.headers else None,
         job.priority,
         str(job.state),
-        to_epoch(job.run_at),
+        None if job.run_at is None else job.run_at.timestamp(),
         job.attempts,
         job.max_retries,
         job.run_id,
@@ -315,7 +316,7 @@ def job_row(job: Job) -> tuple[Any, ...]:
         None,
         None,
         job.worker,  # a new job is nobody's, unless handed to a claim as it is added
-        to_epoch(job.lease_until),
+        None if job.lease_until is None else job.lease_until.timestamp(),
         int(job.resume),
         dump(job.meta) if job.meta else None,
         job.epoch,
