@@ -319,7 +319,7 @@ class Ledger:
         if watched:
             # Read before the add: a commit of another process after it moves it on.
             multi = self.backend.multi_process
-            since = await self.backend.change_token() if multi else 0
+            since = await self.backend.change_mark() if multi else 0
             for job_id in watched:
                 self.watch(job_id, since)
         added: list[str] = []

@@ -753,6 +753,12 @@ class Backend(ABC):
     async def change_token(self) -> int:
         """A number that moves whenever another process committed something."""
 
+    async def change_mark(self) -> int:
+        """A change token to compare a later one with, cheaply: never newer than
+        `change_token()`'s (a change after it always shows as a move), but it may be older
+        (then a change from before shows too: one more look, nothing missed)."""
+        return await self.change_token()
+
     async def wait_for_change(self, token: int, timeout: float) -> int:
         """Return the change token once it moved from `token`, or after `timeout` seconds."""
         import anyio

@@ -80,6 +80,22 @@ async def test_the_change_token_moves_when_another_process_commits(
 
 
 @pytest.mark.parametrize("database_kind", MULTI_PROCESS, indirect=True)
+async def test_a_change_after_a_change_mark_shows_as_a_move(
+    backend: Backend, other_backend: Backend
+) -> None:
+    """A mark may be older than the token (SQLite's is the last one read), never newer: a
+    commit of another process after it is always seen."""
+    mark = await backend.change_mark()
+    other_backend.runs.save_run(a_run())
+    await other_backend.runs.flush()
+    with anyio.fail_after(5):
+        moved = await backend.wait_for_change(mark, timeout=4)
+    assert moved != mark
+    mark = await backend.change_mark()
+    assert mark in (moved, await backend.change_token())
+
+
+@pytest.mark.parametrize("database_kind", MULTI_PROCESS, indirect=True)
 async def test_the_change_token_moves_for_another_processes_job_writes(
     backend: Backend, other_backend: Backend
 ) -> None:

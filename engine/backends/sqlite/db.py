@@ -274,7 +274,7 @@ class SqliteDatabase:
         self._checkpointing = False  # one beside the writer is under way
         self._checkpointer: sqlite3.Connection | None = None
         self._checkpoint_lock = threading.Lock()
-        self._version = 0
+        self.known_version = 0  # data_version's last answer (not asked again: cheap, maybe old)
         self._troubles = Troubles(self.path, "the next write")
         self.batches = 0
         self.batches_in_thread = 0
@@ -892,9 +892,9 @@ class SqliteDatabase:
         move it. Non-blocking: while a batch commits in a thread, the last number read stands."""
         conn = self._writer
         if conn is None or not self._lock.acquire(blocking=False):
-            return self._version
+            return self.known_version
         try:
-            self._version = int(conn.execute("PRAGMA data_version").fetchone()[0])
+            self.known_version = int(conn.execute("PRAGMA data_version").fetchone()[0])
         finally:
             self._lock.release()
-        return self._version
+        return self.known_version
