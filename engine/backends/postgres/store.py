@@ -374,29 +374,19 @@ class PostgresRunStore(RunStore):
 
         async def read(conn: Conn) -> tuple[FeedPage, int]:
             horizon = await self._horizon(conn)
-            lagged = 0
-            # Each part's cursor goes past the newest row read (the rows come in xid order),
-            # or to the horizon when the part skipped ahead (FEED_TOPS: why not always there).
-            rev = start = cursor.rev
-            rows = await conn.fetch(sql.FEED_RUNS, start, horizon, limit + 1)
-            if len(rows) > limit:
-                lagged += int(await conn.fetchval(sql.FEED_RUNS_COUNT, start, horizon))
-                rows, rev = [], horizon
-            elif rows:
-                rev = max(rev, int(rows[-1]["xid"]) + 1)
-            runs = await with_steps(conn, [run_from_row(row) for row in rows])  # type: ignore[arg-type]
-            log_id = start = cursor.log_id
-            lines = await conn.fetch(sql.FEED_LOGS, start, horizon, limit + 1)
-            if len(lines) > limit:
-                lagged += int(await conn.fetchval(sql.FEED_LOGS_COUNT, start, horizon))
-                lines, log_id = [], horizon
-            elif lines:
-                log_id = max(log_id, int(lines[-1]["xid"]) + 1)
+            rows, runs_lagged, rev = await _feed_part(
+                conn, sql.FEED_RUNS, sql.FEED_RUNS_COUNT, cursor.rev, horizon, limit
+            )
+            runs = await with_steps(conn, [run_from_row(row) for row in rows])
+            lines, logs_lagged, log_id = await _feed_part(
+                conn, sql.FEED_LOGS, sql.FEED_LOGS_COUNT, cursor.log_id, horizon, limit
+            )
             logs = [
                 FeedLog(r["id"], r["run_id"], r["step_idx"], r["level"], r["message"])
                 for r in lines
             ]
-            return FeedPage(runs, logs, FeedCursor(rev, log_id), lagged), horizon
+            page = FeedPage(runs, logs, FeedCursor(rev, log_id), runs_lagged + logs_lagged)
+            return page, horizon
 
         page, horizon = await self.db.pooled(read)
         self.horizon = max(self.horizon, horizon)
@@ -417,6 +407,19 @@ class PostgresRunStore(RunStore):
         cursor, horizon = await self.db.pooled(read)
         self.horizon = max(self.horizon, horizon)
         return cursor
+
+
+async def _feed_part(
+    conn: Conn, rows_sql: str, count_sql: str, start: int, horizon: int, limit: int
+) -> tuple[list[Any], int, int]:
+    """One part of a feed page (runs, or log lines): its rows from `start` below `horizon`,
+    in xid order; how many it skipped (more than `limit`: none given); and the part's next
+    cursor: past the newest row read, or the horizon when it skipped ahead (FEED_TOPS: why
+    not always there)."""
+    rows = await conn.fetch(rows_sql, start, horizon, limit + 1)
+    if len(rows) > limit:
+        return [], int(await conn.fetchval(count_sql, start, horizon)), horizon
+    return rows, 0, max(start, int(rows[-1]["xid"]) + 1) if rows else start
 
 
 async def _horizon_now(conn: Conn) -> int:
