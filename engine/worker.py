@@ -114,6 +114,14 @@ class RunHandle:
         self.stopping = True
         self._stop()
 
+    def open_scope(self, scope: anyio.CancelScope) -> bool:
+        """The run's code is about to run in `scope`: False if it must not. A cancel, a lost
+        lease or a stop that came while its start was being written found no scope to cancel;
+        the code would have run on after it (and a drain taken it for code that does not
+        stop). Nor may it begin: a cancelled scope stops code only at its first await."""
+        self.scope = scope
+        return not (self.cancel_requested or self.lost or self.stopping)
+
     def _stop(self) -> None:
         if self.ctx is not None:
             self.ctx.cancelled = True
@@ -593,12 +601,10 @@ class Worker:
             # the first two set their flag first, so a scope caught without one is the timeout.
             deadline = anyio.current_time() + timeout / 1000 if timeout else math.inf
             with anyio.CancelScope(deadline=deadline) as scope:
-                handle.scope = scope
-                if handle.cancel_requested:
-                    scope.cancel()
-                outcome = await self.runner.run(
-                    workflow, run, ctx, FencedRecorder(queue, claim.fence)
-                )
+                if handle.open_scope(scope):
+                    outcome = await self.runner.run(
+                        workflow, run, ctx, FencedRecorder(queue, claim.fence)
+                    )
             if handle.lost or claim.lease_lost():
                 # Lost to another worker (the renewal said so), or no renewal confirmed the
                 # lease for longer than it lasts (this process was frozen): not ours to record.

@@ -284,6 +284,68 @@ async def test_a_run_stopped_by_a_graceful_stop_goes_on_where_it_stopped(tmp_pat
 
 
 @pytest.mark.parametrize("kind", DURABLE)
+async def test_a_stop_that_lands_while_a_start_is_written_stops_the_run_as_it_opens(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job claimed ahead waits for its run's start to be written before its code runs. A
+    stop landing in that wait found no scope to cancel yet: the code then ran on after the
+    stop, and a drain took it for code that would not stop (held, its job kept until the
+    lease ran out; a worker process exits with status 3 over it). The stop must take effect
+    as the run's scope opens: no code, the job back in its queue."""
+    from engine.worker import RunHandle
+
+    gates = [anyio.Event(), anyio.Event()]
+    started: list[int] = []
+
+    async def gated(ctx) -> int:
+        i: int = ctx.body["i"]
+        started.append(i)
+        await gates[i].wait()
+        return i
+
+    interrupted = anyio.Event()
+    interrupt = RunHandle.interrupt
+
+    def interrupt_and_tell(handle: RunHandle) -> None:
+        interrupt(handle)
+        interrupted.set()
+
+    monkeypatch.setattr(RunHandle, "interrupt", interrupt_and_tell)
+    async with a_database(kind, tmp_path) as database:
+        trigger = WorkerTrigger(queue="gated", concurrency=1, provider=kind, retries=0)
+        wf = Workflow(name="gated", trigger=trigger, steps=[Step("gated", gated)])
+        async with Engine(
+            workflows=[wf], database=database, exit_when_stuck=False, lease=30
+        ) as engine:
+            # One claim for the one free slot takes job 0 for it and job 1 ahead.
+            _, ahead = await engine.enqueue_many("gated", [{"i": 0}, {"i": 1}])
+            await until(lambda: started == [0])
+            runs = engine.backend.runs
+            flush = runs.flush
+            in_flush = anyio.Event()
+
+            async def flush_after_the_stop() -> None:
+                # The start of job 1, claimed ahead: written once the stop has landed.
+                in_flush.set()
+                await interrupted.wait()
+                await flush()
+
+            monkeypatch.setattr(runs, "flush", flush_after_the_stop)
+            gates[0].set()
+            with anyio.fail_after(10):
+                await in_flush.wait()
+            monkeypatch.setattr(runs, "flush", flush)
+            with anyio.fail_after(10):
+                await engine.shutdown(grace_period=0)
+        async with Engine(database=database, create=False) as client:
+            job = await client.get_job(ahead)
+            run = await client.get_run(job.run_id)
+    assert started == [0]  # job 1's code never ran
+    assert job.state is JobState.WAITING  # back in its queue, not held
+    assert run.status is not RunStatus.RUNNING
+
+
+@pytest.mark.parametrize("kind", DURABLE)
 async def test_a_stopped_worker_is_not_registered_again_by_a_renewal_due_as_it_stops(
     kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
