@@ -283,66 +283,130 @@ async def test_a_run_stopped_by_a_graceful_stop_goes_on_where_it_stopped(tmp_pat
     assert run.job_attempt == 1  # the retry budget untouched
 
 
+# ---- a stop, a cancel or a lost lease while a run's start is written ------------------------------
+# A job claimed ahead (not handed straight to its slot) waits for its run's start to be written
+# before its code runs, so that a crash there is never a silent double. What lands in that wait
+# found no cancel scope yet: the code then ran after it.
+
+
+class HeldStart:
+    """Two jobs on a queue of one slot: job 0 runs for the slot, job 1 is claimed ahead. Job
+    0 ends when `start_job_1` is called, and job 1's start is held in its flush (the real
+    flush, late) until the RunHandle method `method` has been called on a run."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, method: str) -> None:
+        from engine.worker import RunHandle
+
+        self.monkeypatch = monkeypatch
+        self.gates = [anyio.Event(), anyio.Event()]
+        self.started: list[int] = []
+        self.landed = anyio.Event()
+        real = getattr(RunHandle, method)
+
+        def and_tell(handle: RunHandle) -> None:
+            real(handle)
+            self.landed.set()
+
+        monkeypatch.setattr(RunHandle, method, and_tell)
+
+    def workflow(self, provider: str) -> Workflow:
+        async def gated(ctx) -> int:
+            i: int = ctx.body["i"]
+            self.started.append(i)
+            await self.gates[i].wait()
+            return i
+
+        trigger = WorkerTrigger(queue="gated", concurrency=1, provider=provider, retries=0)
+        return Workflow(name="gated", trigger=trigger, steps=[Step("gated", gated)])
+
+    async def start_job_1(self, engine: Engine) -> str:
+        """Job 1's id, once its start waits in the flush."""
+        _, ahead = await engine.enqueue_many("gated", [{"i": 0}, {"i": 1}])
+        await until(lambda: self.started == [0])
+        runs = engine.backend.runs
+        flush = runs.flush
+        in_flush = anyio.Event()
+
+        async def flush_once_landed() -> None:
+            in_flush.set()
+            await self.landed.wait()
+            await flush()
+
+        self.monkeypatch.setattr(runs, "flush", flush_once_landed)
+        self.gates[0].set()
+        with anyio.fail_after(10):
+            await in_flush.wait()
+        self.monkeypatch.setattr(runs, "flush", flush)
+        return ahead
+
+    async def job_1_done_here(self, engine: Engine) -> None:
+        """Until job 1 is done with here (or its code began, as it must not)."""
+        with anyio.fail_after(10):
+            await self.landed.wait()
+        await until(lambda: engine.in_flight == 0 or 1 in self.started)
+        self.gates[1].set()
+
+
 @pytest.mark.parametrize("kind", DURABLE)
 async def test_a_stop_that_lands_while_a_start_is_written_stops_the_run_as_it_opens(
     kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A job claimed ahead waits for its run's start to be written before its code runs. A
-    stop landing in that wait found no scope to cancel yet: the code then ran on after the
-    stop, and a drain took it for code that would not stop (held, its job kept until the
-    lease ran out; a worker process exits with status 3 over it). The stop must take effect
-    as the run's scope opens: no code, the job back in its queue."""
-    from engine.worker import RunHandle
-
-    gates = [anyio.Event(), anyio.Event()]
-    started: list[int] = []
-
-    async def gated(ctx) -> int:
-        i: int = ctx.body["i"]
-        started.append(i)
-        await gates[i].wait()
-        return i
-
-    interrupted = anyio.Event()
-    interrupt = RunHandle.interrupt
-
-    def interrupt_and_tell(handle: RunHandle) -> None:
-        interrupt(handle)
-        interrupted.set()
-
-    monkeypatch.setattr(RunHandle, "interrupt", interrupt_and_tell)
+    """The code ran on after the stop, and the drain took it for code that would not stop:
+    held, its job kept until the lease ran out (a worker process exits with status 3 over
+    it). Now it does not begin, and its job goes back to the queue."""
+    held = HeldStart(monkeypatch, "interrupt")
     async with a_database(kind, tmp_path) as database:
-        trigger = WorkerTrigger(queue="gated", concurrency=1, provider=kind, retries=0)
-        wf = Workflow(name="gated", trigger=trigger, steps=[Step("gated", gated)])
         async with Engine(
-            workflows=[wf], database=database, exit_when_stuck=False, lease=30
+            workflows=[held.workflow(kind)], database=database, exit_when_stuck=False, lease=30
         ) as engine:
-            # One claim for the one free slot takes job 0 for it and job 1 ahead.
-            _, ahead = await engine.enqueue_many("gated", [{"i": 0}, {"i": 1}])
-            await until(lambda: started == [0])
-            runs = engine.backend.runs
-            flush = runs.flush
-            in_flush = anyio.Event()
-
-            async def flush_after_the_stop() -> None:
-                # The start of job 1, claimed ahead: written once the stop has landed.
-                in_flush.set()
-                await interrupted.wait()
-                await flush()
-
-            monkeypatch.setattr(runs, "flush", flush_after_the_stop)
-            gates[0].set()
-            with anyio.fail_after(10):
-                await in_flush.wait()
-            monkeypatch.setattr(runs, "flush", flush)
+            ahead = await held.start_job_1(engine)
             with anyio.fail_after(10):
                 await engine.shutdown(grace_period=0)
         async with Engine(database=database, create=False) as client:
             job = await client.get_job(ahead)
             run = await client.get_run(job.run_id)
-    assert started == [0]  # job 1's code never ran
+    assert held.started == [0]  # job 1's code never ran
     assert job.state is JobState.WAITING  # back in its queue, not held
     assert run.status is not RunStatus.RUNNING
+
+
+async def test_a_cancel_that_lands_while_a_start_is_written_runs_no_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run was recorded cancelled, but its code ran to its first await first."""
+    held = HeldStart(monkeypatch, "cancel")
+    async with Engine(workflows=[held.workflow("sqlite")], database=tmp_path / "b.db") as engine:
+        ahead = await held.start_job_1(engine)
+        job = await engine.get_job(ahead)
+        await engine.cancel(job.run_id)
+        await held.job_1_done_here(engine)
+        run = await engine.wait_for_job(ahead, timeout=10)
+    assert held.started == [0]  # job 1's code never ran
+    assert run.status is RunStatus.CANCELLED
+
+
+async def test_a_lease_lost_while_a_start_is_written_runs_no_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another worker takes the job meanwhile (its claim written straight into the file): the
+    renewal tells this worker it lost the lease, and the code ran here beside the other's."""
+    import sqlite3
+    from contextlib import closing
+
+    held = HeldStart(monkeypatch, "lose")
+    db = tmp_path / "blok.db"
+    # A lease of 3 s, renewed every second: the lease itself has not run out when the
+    # renewal finds the job gone, so only the renewal's word stops the code.
+    async with Engine(workflows=[held.workflow("sqlite")], database=db, lease=3) as engine:
+        ahead = await held.start_job_1(engine)
+        with closing(sqlite3.connect(db, timeout=30)) as conn, conn:
+            conn.execute(
+                "UPDATE jobs SET worker = 'another', epoch = epoch + 1 WHERE id = ?", (ahead,)
+            )
+        await held.job_1_done_here(engine)
+        job = await engine.get_job(ahead)
+    assert held.started == [0]  # job 1's code never ran here
+    assert job.worker == "another"
 
 
 @pytest.mark.parametrize("kind", DURABLE)
