@@ -181,6 +181,9 @@ class Worker:
         self.by_job: dict[str, RunHandle] = {}
         self.paused: set[str] = set()
         self.stopping = False
+        # Set once a drain stops the runs in flight: a run that registers later (its job was
+        # in the gates or a read then) is stopped as it registers, before any of its code.
+        self._interrupting = False
         self._tg: TaskGroup | None = None
         self._jobs_tg: TaskGroup | None = None
         self._jobs_scope: anyio.CancelScope | None = None
@@ -254,6 +257,7 @@ class Worker:
                 while self.handles:
                     await self._any_job_done()
                 tg.cancel_scope.cancel()
+        self._interrupting = True
         interrupted = list(self.handles.values())
         for handle in interrupted:
             handle.interrupt()
@@ -562,6 +566,8 @@ class Worker:
             handle = RunHandle(claim, queue, run)
             self.handles[run.id] = handle
             self.by_job[job.id] = handle
+            if self._interrupting:
+                handle.interrupt()
             signals = {**job.signals, **self._early.pop(job.id, {})}
             if "cancel" in signals:
                 handle.cancel_requested = True

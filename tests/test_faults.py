@@ -30,6 +30,7 @@ from engine import (
 )
 from engine.backends import open_backend
 from engine.watchdog import LoopWatchdog
+from engine.worker import RunHandle
 
 pytestmark = pytest.mark.anyio
 
@@ -295,8 +296,6 @@ class HeldStart:
     flush, late) until the RunHandle method `method` has been called on a run."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, method: str) -> None:
-        from engine.worker import RunHandle
-
         self.monkeypatch = monkeypatch
         self.gates = [anyio.Event(), anyio.Event()]
         self.started: list[int] = []
@@ -407,6 +406,64 @@ async def test_a_lease_lost_while_a_start_is_written_runs_no_code(
         job = await engine.get_job(ahead)
     assert held.started == [0]  # job 1's code never ran here
     assert job.worker == "another"
+
+
+async def test_a_run_that_registers_after_a_drain_stopped_the_others_runs_no_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job still in the gates (a debounce, a concurrency key and a rate limit each ask the
+    database) when a drain stops the runs in flight was not among them: its run registered
+    after, and its code began after the stop. Now it stops as it registers: no code, its job
+    back in the queue."""
+    from engine.gates import Gates
+
+    db = tmp_path / "blok.db"
+    started: list[int] = []
+    in_gates, through = anyio.Event(), anyio.Event()
+    admit = Gates.admit
+
+    async def admit_late(self: Gates, claim: Any, *args: Any) -> bool:
+        if claim.job.payload["i"] == 1:
+            in_gates.set()
+            await stopping.wait()  # past the drain's grace: it stops the runs in flight
+        admitted = await admit(self, claim, *args)
+        through.set()
+        return admitted
+
+    async def slow_to_stop(ctx) -> int:
+        i: int = ctx.body["i"]
+        started.append(i)
+        try:
+            await anyio.sleep_forever()
+        finally:
+            if i == 0:  # job 0 unwinds once job 1 went through the gates and began or not
+                with anyio.CancelScope(shield=True), anyio.fail_after(10):
+                    await through.wait()
+                    await until(lambda: engine.in_flight == 1 or 1 in started)
+        return i
+
+    stopping = anyio.Event()
+    interrupt = RunHandle.interrupt
+
+    def interrupt_and_tell(handle: RunHandle) -> None:
+        interrupt(handle)
+        stopping.set()
+
+    monkeypatch.setattr(Gates, "admit", admit_late)
+    monkeypatch.setattr(RunHandle, "interrupt", interrupt_and_tell)
+    trigger = WorkerTrigger(queue="slow", concurrency=2, retries=0)
+    wf = Workflow(name="slow", trigger=trigger, steps=[Step("slow", slow_to_stop)])
+    async with Engine(workflows=[wf], database=db, exit_when_stuck=False, lease=30) as engine:
+        _, second = await engine.enqueue_many("slow", [{"i": 0}, {"i": 1}])
+        with anyio.fail_after(10):
+            await in_gates.wait()
+        await until(lambda: started == [0])
+        with anyio.fail_after(20):
+            await engine.shutdown(grace_period=0)
+    async with Engine(database=db, create=False) as client:
+        job = await client.get_job(second)
+    assert started == [0]  # job 1's code never began
+    assert job.state is JobState.WAITING
 
 
 @pytest.mark.parametrize("kind", DURABLE)
