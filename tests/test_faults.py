@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import logging
 import signal
+import sqlite3
 import sys
 import textwrap
 import threading
 import time
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,7 @@ from engine import (
     Workflow,
 )
 from engine.backends import open_backend
+from engine.gates import Gates
 from engine.watchdog import LoopWatchdog
 from engine.worker import RunHandle
 
@@ -290,6 +293,20 @@ async def test_a_run_stopped_by_a_graceful_stop_goes_on_where_it_stopped(tmp_pat
 # found no cancel scope yet: the code then ran after it.
 
 
+def called(monkeypatch: pytest.MonkeyPatch, method: str) -> anyio.Event:
+    """An event set once the RunHandle method `method` (which stops a run: `interrupt`,
+    `cancel`, `lose`) has been called on a run; the method still does its work."""
+    landed = anyio.Event()
+    real = getattr(RunHandle, method)
+
+    def and_tell(handle: RunHandle) -> None:
+        real(handle)
+        landed.set()
+
+    monkeypatch.setattr(RunHandle, method, and_tell)
+    return landed
+
+
 class HeldStart:
     """Two jobs on a queue of one slot: job 0 runs for the slot, job 1 is claimed ahead. Job
     0 ends when `start_job_1` is called, and job 1's start is held in its flush (the real
@@ -299,14 +316,7 @@ class HeldStart:
         self.monkeypatch = monkeypatch
         self.gates = [anyio.Event(), anyio.Event()]
         self.started: list[int] = []
-        self.landed = anyio.Event()
-        real = getattr(RunHandle, method)
-
-        def and_tell(handle: RunHandle) -> None:
-            real(handle)
-            self.landed.set()
-
-        monkeypatch.setattr(RunHandle, method, and_tell)
+        self.landed = called(monkeypatch, method)
 
     def workflow(self, provider: str) -> Workflow:
         async def gated(ctx) -> int:
@@ -389,9 +399,6 @@ async def test_a_lease_lost_while_a_start_is_written_runs_no_code(
 ) -> None:
     """Another worker takes the job meanwhile (its claim written straight into the file): the
     renewal tells this worker it lost the lease, and the code ran here beside the other's."""
-    import sqlite3
-    from contextlib import closing
-
     held = HeldStart(monkeypatch, "lose")
     db = tmp_path / "blok.db"
     # A lease of 3 s, renewed every second: the lease itself has not run out when the
@@ -415,17 +422,16 @@ async def test_a_run_that_registers_after_a_drain_stopped_the_others_runs_no_cod
     database) when a drain stops the runs in flight was not among them: its run registered
     after, and its code began after the stop. Now it stops as it registers: no code, its job
     back in the queue."""
-    from engine.gates import Gates
-
     db = tmp_path / "blok.db"
     started: list[int] = []
     in_gates, through = anyio.Event(), anyio.Event()
+    stopping = called(monkeypatch, "interrupt")  # past the drain's grace: runs are stopped
     admit = Gates.admit
 
     async def admit_late(self: Gates, claim: Any, *args: Any) -> bool:
         if claim.job.payload["i"] == 1:
             in_gates.set()
-            await stopping.wait()  # past the drain's grace: it stops the runs in flight
+            await stopping.wait()
         admitted = await admit(self, claim, *args)
         through.set()
         return admitted
@@ -442,15 +448,7 @@ async def test_a_run_that_registers_after_a_drain_stopped_the_others_runs_no_cod
                     await until(lambda: engine.in_flight == 1 or 1 in started)
         return i
 
-    stopping = anyio.Event()
-    interrupt = RunHandle.interrupt
-
-    def interrupt_and_tell(handle: RunHandle) -> None:
-        interrupt(handle)
-        stopping.set()
-
     monkeypatch.setattr(Gates, "admit", admit_late)
-    monkeypatch.setattr(RunHandle, "interrupt", interrupt_and_tell)
     trigger = WorkerTrigger(queue="slow", concurrency=2, retries=0)
     wf = Workflow(name="slow", trigger=trigger, steps=[Step("slow", slow_to_stop)])
     async with Engine(workflows=[wf], database=db, exit_when_stuck=False, lease=30) as engine:
