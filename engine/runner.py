@@ -663,7 +663,10 @@ class Runner:
                 message = f"{where} failed: {attempt.error}"
                 if max_attempts > 1:
                     message += f" (after {max_attempts} attempts)"
-                raise StepError(message, step.name, timed_out) from failure
+                try:
+                    raise StepError(message, step.name, timed_out) from failure
+                finally:
+                    failure = None  # it holds the frame (its traceback), the frame it: a cycle
             self.save(run)
             await self._backoff(run, (attempt.backoff_ms or 0) / 1000)
         raise AssertionError("unreachable: the attempt loop returns or raises")

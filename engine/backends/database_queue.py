@@ -269,6 +269,9 @@ class DatabaseQueue(JobQueue):
         finally:
             with self._handing:  # an add that failed before it ran did not seal it
                 offer.sealed = True
+                # Done with: each take holds its add's call, whose result holds this offer,
+                # a reference cycle a hand-off that only the cyclic collector would free.
+                offer.takes.clear()
         if claims:
             # Asleep until the add: nothing else was due, as after a look that took all.
             self._drained.mark(queue, offer.after, max(until - time.monotonic(), 0.0))
