@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .backends.base import Backend, FeedCursor, WorkerCatalog
+from .backends.base import Backend, FeedCursor, Pace, WorkerCatalog
 from .events import (
     AttemptFailed,
     Event,
@@ -92,9 +92,10 @@ class Follower:
 
     async def loop(self) -> None:
         token = await self.backend.change_token()
+        pace = Pace()
         while True:
             self.polls += 1
-            moved = await self.backend.wait_for_change(token, self.poll_s * 10)
+            moved = await self.backend.wait_for_change(token, self.poll_s * 10, pace)
             if moved == token:
                 continue
             token = moved

@@ -28,7 +28,7 @@ import anyio.lowlevel
 from anyio.abc import TaskGroup
 
 from . import telemetry
-from .backends.base import Backend, Claim, Fence, JobQueue
+from .backends.base import Backend, Claim, Fence, JobQueue, Pace
 from .catalog import Catalog
 from .context import Context
 from .events import EventBus, QueueChanged
@@ -809,8 +809,11 @@ class Worker:
         if not self.backend.multi_process:
             return
         token = await self.backend.change_token()
+        pace = Pace()
         while True:
-            moved = await self.backend.wait_for_change(token, min(SIGNAL_POLL_S, PAUSE_SYNC_S))
+            moved = await self.backend.wait_for_change(
+                token, min(SIGNAL_POLL_S, PAUSE_SYNC_S), pace
+            )
             token = moved
             for queue in self.backend.queues:
                 self._deliver(await queue.signals_for(self.info.id))

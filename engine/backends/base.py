@@ -35,6 +35,20 @@ from ..models import Job, JobState, LogLine, QueueStats, Run, WorkerInfo, Workfl
 T = TypeVar("T")
 
 
+@dataclass(slots=True)
+class Pace:
+    """One reader's pace through the changes (`Backend.wait_for_change`), for a reader that
+    reads everything that changed (a worker's signals and pauses, a console's feed): once it
+    comes back to find changes waiting already, twice running (they keep coming while it reads
+    the last ones: the database is busy), it is told at most every so often, not once per
+    change. Each such reader keeps its own: one reader's window does not hold up another, and a
+    `wait_for_job` (no pace: told at once) is held up by none."""
+
+    last_return: float = 0.0
+    was_busy: bool = False
+    urgent_seen: int = 0  # the backend's count of urgent changes (signals) at its last return
+
+
 @dataclass(frozen=True, slots=True)
 class CacheHit:
     output: Any
@@ -759,8 +773,11 @@ class Backend(ABC):
         (then a change from before shows too: one more look, nothing missed)."""
         return await self.change_token()
 
-    async def wait_for_change(self, token: int, timeout: float) -> int:
-        """Return the change token once it moved from `token`, or after `timeout` seconds."""
+    async def wait_for_change(self, token: int, timeout: float, pace: Pace | None = None) -> int:
+        """Return the change token once it moved from `token`, or after `timeout` seconds. A
+        backend that is told of changes as they happen may hold back a reader with a `pace`
+        while the database is busy; one that polls for them (every `change_poll_s`) is paced
+        by its polling already."""
         import anyio
 
         with anyio.move_on_after(timeout):
@@ -795,6 +812,7 @@ __all__ = [
     "Fence",
     "JobQueue",
     "JobUpdate",
+    "Pace",
     "RateDecision",
     "Renewal",
     "RunStore",

@@ -7,10 +7,11 @@ statements and `schema.py` the tables. Each process opens five connections at mo
 Waiting for other processes (`wait_for_change`: the worker's follow loop, an attached console's
 feed) listens instead of polling: every batch of a writer, every claim that took jobs, every
 signal and every enqueue notifies, and the change token moves when another process's
-notification arrives: at once for a waiter that is waiting, at most every COALESCE_S for one
-that keeps coming back to find more changes already (a busy cluster's hundreds of batches a
-second are read as a few changes), at once for a signal. Lease renewals do not notify. While the listener is reconnecting, the
-token moves every half second, so the waiters look for themselves.
+notification arrives: at once for a waiter that is waiting; for a reader with a `Pace` that keeps
+coming back to find more changes already, at most every COALESCE_S (a busy cluster's hundreds
+of batches a second are read as a few changes), but at once for a signal. Lease renewals do not
+notify. While the listener is reconnecting, the token moves every half second, so the waiters
+look for themselves.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from ...errors import DatabaseError
+from ..base import Pace
 from ..database_backend import DatabaseBackend
 from . import sql
 from .db import PostgresDatabase
@@ -53,10 +55,8 @@ class PostgresBackend(DatabaseBackend):
         self._token = 0
         self._changed = anyio.Event()
         self._straggler_wait = STRAGGLER_WAIT_S[0]
-        self._last_return = 0.0
         self._unheard_at = 0.0
-        self._urgent = False  # a signal arrived: tell it without waiting out the window
-        self._was_busy = False  # the last wait found the token moved already
+        self._urgent = 0  # signals heard: each is told without waiting out a pace's window
         self._feed_wanted = 0  # the newest transaction another process said wrote runs
         self.db.on_notify = self._notified
         self.db.on_listening = self._heard_again
@@ -102,7 +102,7 @@ class PostgresBackend(DatabaseBackend):
         if channel == sql.JOBS_CHANNEL:
             self._durable.wake(payload)
         elif channel == sql.SIGNALS_CHANNEL:
-            self._urgent = True
+            self._urgent += 1
         elif channel == sql.RUNS_CHANNEL and payload.isdigit():
             self._feed_wanted = max(self._feed_wanted, int(payload))
         self._move()
@@ -115,19 +115,20 @@ class PostgresBackend(DatabaseBackend):
     async def change_token(self) -> int:
         return self._token
 
-    async def wait_for_change(self, token: int, timeout: float) -> int:
+    async def wait_for_change(self, token: int, timeout: float, pace: Pace | None = None) -> int:
         deadline = time.monotonic() + timeout
-        # A burst of changes (every batch of every worker notifies) is read once, not once per
-        # batch: a reader that finds the token moved already when it asks, twice running (the
-        # changes keep coming while it reads the last ones: the cluster is busy), is told at
-        # most every COALESCE_S. One that had to wait is told at once, and so is a signal (an
-        # operator waits for it).
-        busy = self._token != token
-        if busy and self._was_busy and not self._urgent:
-            gap = self._last_return + COALESCE_S - time.monotonic()
-            if gap > 0:
-                await anyio.sleep(min(gap, max(0.0, deadline - time.monotonic())))
-        self._was_busy = busy
+        if pace is not None:
+            # A burst of changes (every batch of every worker notifies) is read once, not once
+            # per batch: a reader that finds the token moved already when it asks, twice
+            # running (the changes keep coming while it reads the last ones: the cluster is
+            # busy), is told at most every COALESCE_S. One that had to wait is told at once,
+            # and so is a signal (an operator waits for it).
+            busy = self._token != token
+            if busy and pace.was_busy and pace.urgent_seen == self._urgent:
+                gap = pace.last_return + COALESCE_S - time.monotonic()
+                if gap > 0:
+                    await anyio.sleep(min(gap, max(0.0, deadline - time.monotonic())))
+            pace.was_busy = busy
         while self._token == token:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -153,8 +154,8 @@ class PostgresBackend(DatabaseBackend):
                 continue
             with anyio.move_on_after(min(remaining, 1.0)):
                 await self._changed.wait()
-        self._urgent = False
-        self._last_return = time.monotonic()
+        if pace is not None:
+            pace.urgent_seen, pace.last_return = self._urgent, time.monotonic()
         return self._token
 
     async def health(self) -> dict[str, Any]:

@@ -11,6 +11,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from ...errors import DatabaseError
+from ..base import Pace
 from ..database_backend import DatabaseBackend
 from .db import SqliteDatabase
 from .queue import SqliteQueue
@@ -90,7 +91,8 @@ class SqliteBackend(DatabaseBackend):
         # and a PRAGMA in the event loop cost about 30 µs a job (benchmarks/statements.py).
         return self.db.known_version
 
-    async def wait_for_change(self, token: int, timeout: float) -> int:
+    async def wait_for_change(self, token: int, timeout: float, pace: Pace | None = None) -> int:
+        # Paced already: `_hear_others` reads the file's data_version every OTHERS_POLL_S.
         with anyio.move_on_after(timeout):
             while True:
                 current = self.db.data_version()
