@@ -186,12 +186,15 @@ class JobWaiter:
     process that ends the job has been decided: `run` is the run the job ended with if it
     landed, None if it was refused (the job had moved on: read it again)."""
 
-    __slots__ = ("_event", "ended", "run")
+    __slots__ = ("_event", "ended", "run", "wakes")
 
     def __init__(self) -> None:
         self._event: anyio.Event | None = None  # made only for a caller that has to wait
         self.ended = False
         self.run: Run | None = None
+        # Called when told: a caller's way to stop waiting for something else meanwhile (the
+        # database's changes), without a task of its own to wait for `event`.
+        self.wakes: list[Callable[[], None]] = []
 
     @property
     def event(self) -> anyio.Event:
@@ -206,6 +209,8 @@ class JobWaiter:
         self.ended, self.run = True, run
         if self._event is not None:
             self._event.set()
+        for wake in list(self.wakes):
+            wake()
 
 
 class Ledger:

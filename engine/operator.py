@@ -505,7 +505,7 @@ class Operator:
                     await waiter.event.wait()
                 else:
                     # Another process may settle it: wake on our own settle or on any change.
-                    token = await self._settled_or_changed(waiter.event, token)
+                    token = await self._settled_or_changed(waiter, token)
                 run = await self._if_ended(job_id, waiter)
                 if run is not None:
                     return run
@@ -525,17 +525,19 @@ class Operator:
             raise UnknownRun(f"job {job_id}'s run {job.run_id} is not in the store")
         return run
 
-    async def _settled_or_changed(self, done: anyio.Event, token: int) -> int:
-        """Wait until this process settles the job (`done`) or the database changed."""
-        async with anyio.create_task_group() as tg:
-
-            async def local() -> None:
-                await done.wait()
-                tg.cancel_scope.cancel()
-
-            tg.start_soon(local)
-            token = await self.backend.wait_for_change(token, 1.0)
-            tg.cancel_scope.cancel()
+    async def _settled_or_changed(self, waiter: JobWaiter, token: int) -> int:
+        """Wait until this process ends the job (`waiter` is told) or the database changed.
+        The waiter, told, stops the wait. (A task that awaited the waiter beside it was made
+        and cancelled at every change another process made: a reference cycle each time, in
+        anyio's own frames, left to the cyclic collector.)"""
+        if waiter.ended:
+            return token
+        with anyio.CancelScope() as told:
+            waiter.wakes.append(told.cancel)
+            try:
+                token = await self.backend.wait_for_change(token, 1.0)
+            finally:
+                waiter.wakes.remove(told.cancel)
         return token
 
     # ---- cancel ----------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from pg import fresh_database, need_server
 from engine import Engine, Step, WorkerTrigger, Workflow
 from engine import ledger as ledger_module
 from engine.backends import Backend, open_backend
+from engine.backends.base import Pace
 from engine.events import EventBus
 from engine.ledger import Ledger, make_job, make_run
 from engine.models import JobState, RunStatus
@@ -235,6 +236,41 @@ async def test_a_wait_made_before_the_job_ends_here_reads_nothing(location: str 
                 gate.set()
     assert [run.output for run in runs] == [5]
     assert (jobs_read, runs_read) == ([], [])
+
+
+async def test_a_wait_for_other_processes_stops_when_the_job_ends_here(tmp_path: Path) -> None:
+    """On a database other processes share, a wait also watches the database for changes (an
+    end over there); the end here stops that watch at once. A watch left to run out would
+    return the run only a second later. (On SQLite: this process's own commits do not move
+    the change token, so nothing else ends the watch.)"""
+    trigger = WorkerTrigger(queue="gated", concurrency=1, provider=None)
+    wf = Workflow(name="gated", trigger=trigger, steps=[Step("gated", gated)])
+    gate = GATE["ends-here"] = anyio.Event()
+    async with Engine(workflows=[wf], database=tmp_path / "blok.db") as engine:
+        backend = engine.backend
+        ran_out: list[float] = []
+        watch = backend.wait_for_change
+
+        async def watched(token: int, timeout: float, pace: Pace | None = None) -> int:
+            moved = await watch(token, timeout, pace)
+            if moved == token:
+                ran_out.append(timeout)
+            return moved
+
+        backend.wait_for_change = watched  # type: ignore[method-assign]
+        job_id = await engine.enqueue("gated", {"i": 7, "gate": "ends-here"})
+        runs = []
+
+        async def wait() -> None:
+            runs.append(await engine.wait_for_job(job_id, timeout=30))
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(wait)
+            await anyio.lowlevel.checkpoint()  # the wait watches while the job runs
+            gate.set()
+        del backend.wait_for_change
+    assert [run.output for run in runs] == [7]
+    assert ran_out == []
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "postgres"])
