@@ -35,7 +35,7 @@ from ..models import Job, JobState, LogLine, QueueStats, Run, WorkerInfo, Workfl
 T = TypeVar("T")
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # one reader's: the same pace only if the same object
 class Pace:
     """One reader's pace through the changes (`Backend.wait_for_change`), for a reader that
     reads everything that changed (a worker's signals and pauses, a console's feed): once it

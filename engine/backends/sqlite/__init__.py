@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import math
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -21,8 +23,14 @@ from .store import SqliteRunStore
 log = logging.getLogger("blok.sqlite")
 
 # How often the file's data_version is asked whether another connection committed (another
-# process's jobs, runs, signals): how late this process hears of them.
+# process's jobs, runs, signals): how late this process hears of them. Every OTHERS_POLL_S
+# (what an idle engine costs, next to a busy process too), but every OTHERS_BUSY_POLL_S while
+# a job is awaited here (`wait_for_job`) and for OTHERS_BUSY_S after a commit over there woke
+# a claim here: a producer in one process and a worker in another hear each other within a
+# few ms while they work together.
 OTHERS_POLL_S = 0.05
+OTHERS_BUSY_POLL_S = 0.005
+OTHERS_BUSY_S = 1.0
 
 
 class SqliteBackend(DatabaseBackend):
@@ -39,6 +47,7 @@ class SqliteBackend(DatabaseBackend):
         self._memory = None
         self._tg: TaskGroup | None = None
         self._moved = anyio.Event()  # set when another connection committed (`_hear_others`)
+        self._awaited = 0  # waits for changes with no pace under way (`OTHERS_BUSY_POLL_S`)
 
     async def __aenter__(self) -> SqliteBackend:
         await self.db.open()
@@ -64,17 +73,21 @@ class SqliteBackend(DatabaseBackend):
 
     async def _hear_others(self) -> None:
         """Tell this process when another connection committed: one read of a counter every
-        OTHERS_POLL_S for the whole engine. Before, each idle queue looked for jobs itself
-        every 50 ms (a write transaction each), and each waiter for changes (the worker's
-        signals and pauses, a console's feed) read the counter on its own."""
+        OTHERS_POLL_S (or OTHERS_BUSY_POLL_S, see there) for the whole engine. Before, each
+        idle queue looked for jobs itself every 50 ms (a write transaction each), and each
+        waiter for changes (the worker's signals and pauses, a console's feed) read the counter
+        on its own."""
         version = self.db.data_version()
+        woke_at = -math.inf  # when a commit over there last woke a claim here
         while True:
-            await anyio.sleep(OTHERS_POLL_S)
+            busy = self._awaited or time.monotonic() - woke_at < OTHERS_BUSY_S
+            await anyio.sleep(OTHERS_BUSY_POLL_S if busy else OTHERS_POLL_S)
             moved = self.db.data_version()
             if moved != version:
                 version = moved
                 try:
-                    self._durable.others_committed()
+                    if self._durable.others_committed():
+                        woke_at = time.monotonic()
                 except (sqlite3.Error, DatabaseError) as error:
                     # Which queues changed is unknown: every claim asleep looks for itself.
                     log.warning("%s: %s; every idle queue looks again", self.location, error)
@@ -92,14 +105,26 @@ class SqliteBackend(DatabaseBackend):
         return self.db.known_version
 
     async def wait_for_change(self, token: int, timeout: float, pace: Pace | None = None) -> int:
-        # Paced already: `_hear_others` reads the file's data_version every OTHERS_POLL_S.
-        with anyio.move_on_after(timeout):
-            while True:
-                current = self.db.data_version()
-                if current != token:
-                    return current
-                await self._moved.wait()
-        return token
+        deadline = time.monotonic() + timeout
+        if pace is not None:
+            # A reader of everything that changed (a worker's signals and pauses, a console's
+            # feed) is told at most every OTHERS_POLL_S, however fast `_hear_others` polls
+            # while another process works (that is for the waits of jobs and of claims).
+            gap = pace.last_return + OTHERS_POLL_S - time.monotonic()
+            if gap > 0:
+                await anyio.sleep(min(gap, timeout))
+        current = token
+        awaited = pace is None  # a job's wait, an operator's: heard within a few ms
+        self._awaited += awaited
+        try:
+            with anyio.move_on_after(max(0.0, deadline - time.monotonic())):
+                while (current := self.db.data_version()) == token:
+                    await self._moved.wait()
+        finally:
+            self._awaited -= awaited
+        if pace is not None:
+            pace.last_return = time.monotonic()
+        return current
 
     async def health(self) -> dict[str, Any]:
         row = await self.db.fetchone("PRAGMA quick_check")

@@ -319,20 +319,22 @@ class SqliteQueue(DatabaseQueue):
             return self.poll_s
         return max(0.0, min(self.poll_s, next_due - time.time()))
 
-    def others_committed(self) -> None:
+    def others_committed(self) -> bool:
         """Another connection committed (`SqliteBackend._hear_others`): wake the claims asleep on
         the queues where it may have left something to claim, found with one read of index
         entries. Not every claim of the file: next to a process that keeps the file busy, an
-        engine serving 200 idle workflows looked in each of them 20 times a second."""
+        engine serving 200 idle workflows looked in each of them 20 times a second. Whether it
+        woke any."""
         asleep = sorted({*self._signals, *self._forced_signals})
         if not asleep:
-            return
+            return False
         params = (json.dumps(asleep), time.time() + self.poll_s)
         rows = self.db.read(
             lambda conn: conn.execute(MAY_HAVE_JOBS, params).fetchall(), snapshot=False
         )
         for (queue,) in rows:
             self.wake(queue)
+        return bool(rows)
 
     # ---- transitions -----------------------------------------------------------------------
     def submit(self, transition: Transition) -> None:
