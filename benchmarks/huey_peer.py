@@ -85,6 +85,32 @@ def start_consumer(huey: Any, concurrency: int, tuned: bool) -> Any:
     return consumer
 
 
+def drive(task: Callable[[int], Any], shape: str, n: int, concurrency: int) -> list[int]:
+    """N tasks through `shape` (see contract.py): each one's result, awaited as huey awaits."""
+    if shape == "submit-all":
+        results = [task(i) for i in range(n)]
+        return [r.get(blocking=True, timeout=600) for r in results]
+    if shape == "sequential":
+        return [task(i).get(blocking=True, timeout=600) for i in range(n)]
+    if shape != "producers":
+        raise SystemExit(f"unknown shape {shape!r}")
+    values: list[int] = []
+    lock = threading.Lock()
+
+    def producer(first: int) -> None:
+        for i in range(first, n, concurrency):
+            value = task(i).get(blocking=True, timeout=600)
+            with lock:
+                values.append(value)
+
+    threads = [threading.Thread(target=producer, args=(k,)) for k in range(concurrency)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return values
+
+
 def run_contract(
     provider: str,
     body: str,
@@ -98,30 +124,9 @@ def run_contract(
     huey = make_huey(provider, folder, tuned=False, url=url)
     task = define_task(huey, body)
     consumer = start_consumer(huey, concurrency, tuned=False)
-    values: list[int] = []
-    lock = threading.Lock()
     try:
         started = time.perf_counter()
-        if shape == "submit-all":
-            results = [task(i) for i in range(n)]
-            values = [r.get(blocking=True, timeout=600) for r in results]
-        elif shape == "sequential":
-            values = [task(i).get(blocking=True, timeout=600) for i in range(n)]
-        elif shape == "producers":
-
-            def producer(first: int) -> None:
-                for i in range(first, n, concurrency):
-                    value = task(i).get(blocking=True, timeout=600)
-                    with lock:
-                        values.append(value)
-
-            threads = [threading.Thread(target=producer, args=(k,)) for k in range(concurrency)]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
-        else:
-            raise SystemExit(f"unknown shape {shape!r}")
+        values = drive(task, shape, n, concurrency)
         seconds = time.perf_counter() - started
     finally:
         consumer.stop(graceful=True)

@@ -31,7 +31,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
@@ -44,6 +43,7 @@ sys.path[:0] = [str(ROOT), str(HERE)]  # this checkout's engine, not an installe
 
 import anyio  # noqa: E402
 import contract  # noqa: E402
+import huey_peer  # noqa: E402
 from queues import engine_source, machine  # noqa: E402
 from scratch_pg import DEFAULT_URL, scratch_database  # noqa: E402
 
@@ -150,36 +150,13 @@ def huey_seconds(database: str, folder: Path, shape: str, n: int) -> float:
             echo: Callable[[int], Any] = hueybench.echo
             echo(-1).get(blocking=True, timeout=60)
             started = time.perf_counter()
-            values = _huey_drive(echo, shape, n)
+            values = huey_peer.drive(echo, shape, n, CONCURRENCY)
             seconds = time.perf_counter() - started
     finally:
         sys.path.remove(str(folder))
     if sorted(values) != list(range(n)):
         raise SystemExit(f"huey split {shape}: {len(values)} of {n} results")
     return seconds
-
-
-def _huey_drive(echo: Callable[[int], Any], shape: str, n: int) -> list[int]:
-    if shape == "submit-all":
-        results = [echo(i) for i in range(n)]
-        return [r.get(blocking=True, timeout=600) for r in results]
-    if shape == "sequential":
-        return [echo(i).get(blocking=True, timeout=600) for i in range(n)]
-    values: list[int] = []
-    lock = threading.Lock()
-
-    def producer(first: int) -> None:
-        for i in range(first, n, CONCURRENCY):
-            value = echo(i).get(blocking=True, timeout=600)
-            with lock:
-                values.append(value)
-
-    threads = [threading.Thread(target=producer, args=(k,)) for k in range(CONCURRENCY)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return values
 
 
 SYSTEMS: dict[str, Callable[[str, Path, str, int], float]] = {
