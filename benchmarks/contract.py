@@ -21,6 +21,7 @@ returning the number) and `three` (three steps, each returning its input plus on
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -101,6 +102,27 @@ async def producers(engine: Engine, n: int, concurrency: int) -> list[Run]:
         for k in range(concurrency):
             group.start_soon(producer, k)
     return runs
+
+
+def producers_in_threads(round_trip: Callable[[int], Any], n: int, concurrency: int) -> list[Any]:
+    """`producers` for a peer whose calls block: `concurrency` threads, each doing
+    `round_trip(i)` (enqueue job i, await its result) for its share of the N jobs, as a web
+    app's request threads do. The results, in the order they came."""
+    values: list[Any] = []
+    lock = threading.Lock()
+
+    def producer(first: int) -> None:
+        for i in range(first, n, concurrency):
+            value = round_trip(i)
+            with lock:
+                values.append(value)
+
+    threads = [threading.Thread(target=producer, args=(k,)) for k in range(concurrency)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return values
 
 
 async def sequential(engine: Engine, n: int, concurrency: int) -> list[Run]:

@@ -44,7 +44,6 @@ import sqlite3
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -126,25 +125,16 @@ def run_dbos(
         queue = DBOS.register_queue(
             "bench", worker_concurrency=concurrency, polling_interval_sec=0.01
         )
-        values: list[int] = []
-        lock = threading.Lock()
         started = time.perf_counter()
         if shape == "submit-all":
             handles = [queue.enqueue(workflow, i) for i in range(n)]
             values = [h.get_result(polling_interval_sec=0.01) for h in handles]
         else:
-
-            def producer(first_i: int) -> None:
-                for i in range(first_i, n, concurrency):
-                    value = queue.enqueue(workflow, i).get_result(polling_interval_sec=0.01)
-                    with lock:
-                        values.append(value)
-
-            threads = [threading.Thread(target=producer, args=(k,)) for k in range(concurrency)]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
+            values = contract.producers_in_threads(
+                lambda i: queue.enqueue(workflow, i).get_result(polling_interval_sec=0.01),
+                n,
+                concurrency,
+            )
         seconds = time.perf_counter() - started
     finally:
         DBOS.destroy()

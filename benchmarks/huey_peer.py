@@ -29,6 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import contract
+
 START_WAIT = 0.2  # the consumer's threads are up and polling, as blok's engine is
 
 
@@ -94,21 +96,9 @@ def drive(task: Callable[[int], Any], shape: str, n: int, concurrency: int) -> l
         return [task(i).get(blocking=True, timeout=600) for i in range(n)]
     if shape != "producers":
         raise SystemExit(f"unknown shape {shape!r}")
-    values: list[int] = []
-    lock = threading.Lock()
-
-    def producer(first: int) -> None:
-        for i in range(first, n, concurrency):
-            value = task(i).get(blocking=True, timeout=600)
-            with lock:
-                values.append(value)
-
-    threads = [threading.Thread(target=producer, args=(k,)) for k in range(concurrency)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return values
+    return contract.producers_in_threads(
+        lambda i: task(i).get(blocking=True, timeout=600), n, concurrency
+    )
 
 
 def run_contract(
