@@ -7,8 +7,11 @@ import os
 import random
 import signal
 import sqlite3
+import sys
+import types
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, closing
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +21,7 @@ import pytest
 from pg import fresh_database
 
 from engine import Engine, Event
-from engine.backends.base import JobQueue
+from engine.backends.base import Backend, JobQueue, Pace
 from engine.ledger import make_job, make_run
 from engine.models import Job
 
@@ -164,3 +167,34 @@ async def add_unserved(queue: JobQueue, name: str, payloads: list[Any]) -> list[
     ]
     await queue.add(made, [make_run(job, workflow_version="") for job in made])
     return made
+
+
+@dataclass(frozen=True)
+class Sleep:
+    """A sleep a backend's own code asked for (`record_sleeps`)."""
+
+    backend: Backend  # whose method slept
+    where: str  # that method
+    reader: str  # who called it (its qualified name)
+    seconds: float
+    pace: Pace | None  # the method's `pace` (wait_for_change's), None if it has none
+
+
+def record_sleeps(monkeypatch: pytest.MonkeyPatch, module: types.ModuleType) -> list[Sleep]:
+    """Every sleep the code of `module` (a backend's) asks of anyio from now on, as it asks
+    for it: what a backend holds back or waits between its looks, seen, not timed."""
+    slept: list[Sleep] = []
+
+    async def sleep(delay: float) -> None:
+        method, caller = sys._getframe(1), sys._getframe(2)
+        here = method.f_locals
+        where, reader = method.f_code.co_name, caller.f_code.co_qualname
+        slept.append(Sleep(here["self"], where, reader, delay, here.get("pace")))
+        await anyio.sleep(delay)
+
+    class Anyio(types.ModuleType):  # anyio, but for its sleep
+        def __getattr__(self, name: str) -> object:
+            return sleep if name == "sleep" else getattr(anyio, name)
+
+    monkeypatch.setattr(module, "anyio", Anyio("anyio"))
+    return slept

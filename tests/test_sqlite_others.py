@@ -9,17 +9,13 @@ on one file are two processes to each other (each has its own connections)."""
 
 from __future__ import annotations
 
-import sys
-import types
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 from backends.builders import a_run
-from support import until
+from support import Sleep, record_sleeps, until
 
 import engine.backends.sqlite as sqlite_backend
 from engine import Engine, RunStatus, Step, WorkerTrigger, Workflow
@@ -30,32 +26,12 @@ from engine.backends.sqlite import OTHERS_BUSY_POLL_S, OTHERS_POLL_S
 pytestmark = pytest.mark.anyio
 
 
-@dataclass(frozen=True)
-class Sleep:
-    backend: Backend
-    where: str  # the backend's method that slept
-    seconds: float
-    pace: Pace | None  # wait_for_change's
-
-
 @pytest.fixture
-def sleeps(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Sleep]]:
+def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[Sleep]:
     """Every sleep of a SQLite backend's own code (its looks at the file, its paced waits)."""
-    slept: list[Sleep] = []
-
-    async def sleep(delay: float) -> None:
-        frame = sys._getframe(1)
-        here = frame.f_locals
-        slept.append(Sleep(here["self"], frame.f_code.co_name, delay, here.get("pace")))
-        await anyio.sleep(delay)
-
-    class Anyio(types.ModuleType):  # anyio, but for its sleep
-        def __getattr__(self, name: str) -> object:
-            return sleep if name == "sleep" else getattr(anyio, name)
-
-    monkeypatch.setattr(sqlite_backend, "anyio", Anyio("anyio"))
+    slept = record_sleeps(monkeypatch, sqlite_backend)
     monkeypatch.setattr(sqlite_backend, "OTHERS_BUSY_S", 0.3)  # back to idle sooner
-    yield slept
+    return slept
 
 
 def looks(sleeps: list[Sleep], backend: Backend, since: int = 0) -> list[float]:

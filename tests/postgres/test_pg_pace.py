@@ -11,14 +11,10 @@ What is held back is seen, not timed: the backend's one sleep (its window) is re
 
 from __future__ import annotations
 
-import sys
-import types
-from dataclasses import dataclass
-
 import anyio
 import pytest
 from pg import NO_DRIVER
-from support import until
+from support import Sleep, record_sleeps, until
 
 asyncpg = pytest.importorskip("asyncpg", reason=NO_DRIVER)
 
@@ -32,30 +28,10 @@ from engine.backends.base import Pace
 pytestmark = pytest.mark.anyio
 
 
-@dataclass(frozen=True)
-class Hold:
-    backend: Backend
-    pace: Pace | None
-    reader: str  # who called wait_for_change
-
-
 @pytest.fixture
-def holds(monkeypatch: pytest.MonkeyPatch) -> list[Hold]:
+def holds(monkeypatch: pytest.MonkeyPatch) -> list[Sleep]:
     """Each time a PostgreSQL backend held a reader back (its only sleep: the window)."""
-    held: list[Hold] = []
-
-    async def sleep(delay: float) -> None:
-        waiting = sys._getframe(1).f_locals  # wait_for_change's
-        reader = sys._getframe(2).f_code.co_qualname
-        held.append(Hold(waiting["self"], waiting.get("pace"), reader))
-        await anyio.sleep(delay)
-
-    class Anyio(types.ModuleType):  # anyio, but for its sleep
-        def __getattr__(self, name: str) -> object:
-            return sleep if name == "sleep" else getattr(anyio, name)
-
-    monkeypatch.setattr(pg_backend, "anyio", Anyio("anyio"))
-    return held
+    return record_sleeps(monkeypatch, pg_backend)
 
 
 async def another_process_commits(backend: Backend, other: Backend) -> None:
@@ -74,7 +50,7 @@ TEST_NAME = "test_each_reader_has_its_own_window_and_one_without_a_pace_has_none
 
 
 async def test_each_reader_has_its_own_window_and_one_without_a_pace_has_none(
-    pg_schema: str, holds: list[Hold]
+    pg_schema: str, holds: list[Sleep]
 ) -> None:
     async with open_backend(pg_schema) as backend, open_backend(pg_schema) as other:
         stale = await backend.change_token()
@@ -97,7 +73,7 @@ async def echo(ctx: object) -> int:
 
 
 async def test_a_producer_collecting_results_is_not_held_back(
-    pg_url: str, holds: list[Hold]
+    pg_url: str, holds: list[Sleep]
 ) -> None:
     """A producer engine enqueues a batch, then waits for each job, which another engine (as
     another process would) runs: its waits find changes waiting nearly every time."""
