@@ -589,8 +589,9 @@ class Worker:
                 # still in the writer when this process died or froze past its lease, the run
                 # would be found `queued`, and the job's next delivery would run that same run
                 # again: a side effect done twice with no crashed run to show for it. A job
-                # its claim handed straight to this slot needs no wait: the claim's commit
-                # already says the run may have begun (`Job.handed`).
+                # its claim handed straight to this slot, or a top-up of short jobs kept
+                # ahead, needs no wait: the claim's commit already says the run may have
+                # begun (`Job.handed`).
                 await self.backend.runs.flush()
                 if claim.lease_lost():
                     handle.lost = True

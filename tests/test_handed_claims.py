@@ -2,8 +2,10 @@
 run's start (engine/worker.py): the claim's own commit marks the job `handed`, so whoever takes
 the job from a worker that is gone (a claim after the lease expired, or the recovery a booting
 worker runs for dead workers) records the run crashed even though its record still says
-queued. A job claimed ahead is not handed: its start is committed before its code runs, and
-the run's record tells.
+queued. So is each job of a top-up (`claim_ahead`: a worker whose slots are busy with short
+jobs claims more to keep ahead), which starts within moments. A job a claim keeps ahead of its
+free slots is not handed: its start is committed before its code runs, and the run's record
+tells.
 
 The lost holder here is a worker process that claimed through the queue and died before it ran
 anything (as if killed -9 between its claim's commit and its start's): a real subprocess, so
@@ -52,11 +54,12 @@ def dead_pid() -> int:
 
 
 async def lost_holder(
-    database: str, jobs: int, slots: int, lease_s: float, registered: bool
+    database: str, jobs: int, slots: int, lease_s: float, registered: bool, topped_up: int = 0
 ) -> tuple[dict[str, str], dict[str, str]]:
     """Enqueue `jobs` jobs, then claim them as a worker with `slots` free slots whose process
-    is gone at once (`registered`: known as a worker, so that recovery finds it dead): the jobs
-    handed to its slots, and those it claimed ahead, each with its first run's id."""
+    is gone at once (`registered`: known as a worker, so that recovery finds it dead), the
+    last `topped_up` of them by a top-up: the jobs handed (to its slots, or by the top-up), and
+    those it kept ahead of its free slots, each with its first run's id."""
     holder = f"{socket.gethostname()}:{dead_pid()}"
     async with Engine(database=database) as producer:
         if registered:
@@ -70,10 +73,13 @@ async def lost_holder(
         queue = producer.backend.queue(provider_of(database))
         await add_unserved(queue, QUEUE, [{"i": i} for i in range(jobs)])
         claims = await queue.claim(QUEUE, slots, holder, lease_s)
+        assert await queue.claim_ahead(QUEUE, topped_up, holder, lease_s) == topped_up
         ahead = []
         while (claim := queue.claim_nowait(QUEUE, holder, lease_s)) is not None:
             ahead.append(claim)
         assert len(claims) + len(ahead) == jobs
+        topped, ahead = ahead[len(ahead) - topped_up :], ahead[: len(ahead) - topped_up]
+        claims += topped
         assert all(c.job.handed for c in claims) and not any(c.job.handed for c in ahead)
         held_at = time.monotonic()
     # Closing the producer hands back nothing of the holder's: the jobs stay leased to it.
@@ -84,13 +90,16 @@ async def lost_holder(
 
 
 @pytest.mark.parametrize("found_by", ["lease", "recovery"])
+@pytest.mark.parametrize("handed_by", ["claim", "top-up"])
 async def test_a_handed_job_taken_from_a_dead_worker_records_its_run_crashed(
-    database: str, found_by: str
+    database: str, found_by: str, handed_by: str
 ) -> None:
     recovery = found_by == "recovery"
     lease = 3600.0 if recovery else LEASE_S  # by recovery: long before the lease could expire
-    handed, ahead = await lost_holder(database, 3, 1, lease, registered=recovery)
-    assert len(handed) == 1 and len(ahead) == 2
+    # One free slot: a claim takes up to 4 jobs, and a top-up 2 more after those.
+    jobs, topped_up = (6, 2) if handed_by == "top-up" else (3, 0)
+    handed, ahead = await lost_holder(database, jobs, 1, lease, recovery, topped_up)
+    assert len(handed) == 1 + topped_up and len(ahead) == jobs - len(handed)
     async with Engine(workflows=workflows(database), database=database) as worker:
         for job_id, first in handed.items():
             run = await worker.wait_for_job(job_id, timeout=20)

@@ -509,9 +509,10 @@ class JobQueue(ABC):
         return 0
 
     async def claim_ahead(self, queue: str, limit: int, worker: str, lease_s: float) -> int:
-        """Claim up to `limit` more due jobs to keep ahead for `claim_nowait` (none handed to
-        a slot: their starts are committed before their code runs); how many it claimed.
-        0 from a queue that does not claim ahead."""
+        """Claim up to `limit` more due jobs to keep ahead for `claim_nowait`, each `handed`
+        (the worker asks only while its jobs are short, so they start within moments: their
+        starts are not committed before their code runs); how many it claimed. 0 from a queue
+        that does not claim ahead."""
         return 0
 
     @abstractmethod

@@ -307,8 +307,14 @@ class DatabaseQueue(JobQueue):
     async def claim_ahead(self, queue: str, limit: int, worker: str, lease_s: float) -> int:
         # One try: a top-up is a spare, and must not hold the claim loop (and with it a stop)
         # through an outage; the next claim for a free slot waits for the database.
+        # Its jobs are `handed`: a worker tops up only while its jobs are short (`short_of_
+        # ahead`), so they start within moments, and their starts then need no commit of their
+        # own before their code runs. That wait, a writer's commit or two, was most of the gap
+        # between two 10 ms jobs on PostgreSQL (2.3 ms of a 12.9 ms cycle). The price: a worker
+        # that dies holding top-ups leaves runs recorded crashed ("may have begun") that never
+        # began, at most about its concurrency and a half; each job runs again as a new run.
         looked = await self._look(
-            queue, limit, worker, lease_s, forced_only=False, handing=0, deadline=0.0
+            queue, limit, worker, lease_s, forced_only=False, handing=limit, deadline=0.0
         )
         if looked is None:
             return 0

@@ -908,13 +908,14 @@ async def test_a_job_claimed_but_not_handed_out_counts_as_waiting(queue: JobQueu
     assert abs((oldest - made[1][0].created_at).total_seconds()) < 0.001
 
 
-async def test_claim_ahead_keeps_jobs_for_claim_nowait_none_of_them_handed(
+async def test_claim_ahead_keeps_jobs_for_claim_nowait_each_of_them_handed(
     queue: JobQueue,
 ) -> None:
     """A queue that claims ahead claims more on request (the worker tops up while its slots
-    are busy): leased to the worker, in priority order, kept for `claim_nowait`, none handed
-    to a slot (their starts are committed before their code runs), counted by `ahead` and as
-    waiting. A queue that does not claim ahead claims nothing."""
+    are busy with short jobs): leased to the worker, in priority order, kept for
+    `claim_nowait`, each `handed` in the database (they start within moments, and their starts
+    are not committed before their code runs), counted by `ahead` and as waiting. A queue that
+    does not claim ahead claims nothing."""
     made = []
     for priority in (0, 5, 0):
         made += await add(queue, priority=priority)
@@ -929,10 +930,10 @@ async def test_claim_ahead_keeps_jobs_for_claim_nowait_none_of_them_handed(
         return
     assert (got, queue.ahead(QUEUE)) == (2, 2)
     stored = await job_of(queue, ids[1])
-    assert (stored.state, stored.worker, stored.handed) == (JobState.ACTIVE, "w1", False)
+    assert (stored.state, stored.worker, stored.handed) == (JobState.ACTIVE, "w1", True)
     taken = [queue.claim_nowait(QUEUE, "w1", LONG) for _ in range(2)]
     assert [c.job.id for c in taken if c is not None] == [ids[1], ids[0]]
-    assert not any(c.job.handed for c in taken if c is not None)
+    assert all(c is not None and c.job.handed for c in taken)
     assert queue.ahead(QUEUE) == 0
     assert await queue.claim_ahead(QUEUE, 5, "w1", LONG) == 1
     assert await queue.claim_ahead(QUEUE, 5, "w1", LONG) == 0

@@ -12,7 +12,8 @@ this worker's lease in the file; `stats` counts them as waiting since nothing ru
 and a pause, a stop or a lost lease hands them back (`Ahead`, ../ahead.py). The jobs a claim
 gives straight to worker slots are marked `handed` in their rows, in the claim's transaction:
 their runs' starts need not be committed before their code runs (engine/worker.py), since a
-worker taking such a job over records its run crashed whatever the run's record says.
+worker taking such a job over records its run crashed whatever the run's record says. So are
+the jobs of a top-up (`claim_ahead`, made only while the worker's jobs are short).
 
 A claim that finds nothing does not poll the file: it sleeps until this process adds or hands
 back a job of its queue, another connection commits and may have left its queue something to

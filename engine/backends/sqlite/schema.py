@@ -282,7 +282,8 @@ MIGRATIONS: dict[int, str] = {
     # `handed`: the claim that holds the job gave it straight to a worker slot, whose code may
     # run before the run's start is committed (that commit is not awaited). A worker that takes
     # the job over from an expired lease then records the run crashed even though its record
-    # still says queued. A job claimed ahead is not handed: its start is committed first.
+    # still says queued. A job a claim keeps ahead of its free slots is not handed (its start
+    # is committed first), except a worker's top-up of short jobs (`claim_ahead`).
     7: """
     ALTER TABLE jobs ADD COLUMN handed INTEGER NOT NULL DEFAULT 0;
     """,
