@@ -47,7 +47,7 @@ log = logging.getLogger("blok.ledger")
 
 CANCELLED_BEFORE_RUN = "cancelled by operator before it ran"
 CANCELLED = "cancelled by operator"
-# Jobs enqueued here (one `enqueue` call each) whose completed run is kept for a later
+# Jobs enqueued here (by `enqueue` or `enqueue_many`) whose completed run is kept for a later
 # `wait_for_job`: the most recent this many (a few MB of records at most).
 PARKED_MAX = 4096
 

@@ -6,9 +6,8 @@ fenced write through the ledger; an action on a run another worker holds (cancel
 is a signal written on its job, which that worker picks up — not a remote call. So everything
 works with no worker alive, except what only a worker can do: stop code that runs.
 
-Queues are known from this engine's catalog, or from what the workers sharing the database
-declared (their catalogs): a producer enqueues to a queue a worker process serves without
-importing its workflows.
+Queues are known from this engine's catalog or the catalogs that workers sharing the database
+declared: a producer enqueues to a queue another process serves without importing its workflows.
 """
 
 from __future__ import annotations
@@ -422,8 +421,9 @@ class Operator:
     ) -> list[str]:
         target = await self.target(queue)
         made = [self._job(target, p, priority=priority) for p in payloads]
-        if made:
-            await self.ledger.add(target.queue, [m[0] for m in made], [m[1] for m in made])
+        if made:  # watched, as an `enqueue` is: a script collects a batch's runs without reads
+            jobs, runs = [m[0] for m in made], [m[1] for m in made]
+            await self.ledger.add(target.queue, jobs, runs, watch=True)
         return [m[0].id for m in made]
 
     async def _start_now(self, queue: JobQueue, job_id: str) -> bool:

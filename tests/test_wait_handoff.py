@@ -80,7 +80,8 @@ async def test_a_settle_the_fence_refused_hands_waiters_no_run(backend: Backend)
 # A script that submits a batch and then collects the results asks for most jobs after they
 # ended. A job enqueued here and completed here keeps its run for that wait: no read. Only a
 # completed run is kept (a failed job may be requeued by another process meanwhile), and only
-# for the most recent `PARKED_MAX` jobs enqueued here; the others are read as before.
+# for the most recent `PARKED_MAX` jobs enqueued here; the others are read as before. A batch
+# enqueued in one call (`enqueue_many`) is kept the same.
 
 
 async def echo_or_fail(ctx: Any) -> int:
@@ -131,12 +132,16 @@ def reads_counted(engine: Engine) -> AbstractContextManager[list[str]]:
 
 
 async def _collect_after_the_end(
-    engine: Engine, n: int, failing: set[int]
+    engine: Engine, n: int, failing: set[int], *, one_call: bool = False
 ) -> tuple[list[str], list[str]]:
-    """Enqueue n jobs, wait until all ended, then count the store's run reads while each is
-    waited for: the job ids, and the ids of the runs the waits had to read."""
-    ids = [await engine.enqueue("batch", {"i": i, "fail": i in failing}) for i in range(n)]
-    last = await engine.enqueue("batch", {"i": n, "fail": False})
+    """Enqueue n jobs (`one_call`: with one `enqueue_many`, the last one with them), wait until
+    all ended, then count the store's run reads while each is waited for: the job ids, and the
+    ids of the runs the waits had to read."""
+    bodies = [{"i": i, "fail": i in failing} for i in range(n)] + [{"i": n, "fail": False}]
+    if one_call:
+        *ids, last = await engine.enqueue_many("batch", bodies)
+    else:
+        *ids, last = [await engine.enqueue("batch", body) for body in bodies]
     with anyio.fail_after(30):
         await engine.wait_for_job(last)
     with reads_counted(engine) as read:
@@ -149,11 +154,12 @@ async def _collect_after_the_end(
     return ids, read
 
 
+@pytest.mark.parametrize("one_call", [False, True], ids=["enqueue", "enqueue_many"])
 async def test_a_job_completed_before_its_wait_is_handed_over_without_a_read(
-    location: str | None,
+    location: str | None, one_call: bool
 ) -> None:
     async with Engine(workflows=[_batch_workflow()], database=location) as engine:
-        ids, read = await _collect_after_the_end(engine, 12, failing={3, 7})
+        ids, read = await _collect_after_the_end(engine, 12, failing={3, 7}, one_call=one_call)
         runs = {job_id: (await engine.get_job(job_id)).run_id for job_id in ids}
     # The completed ones came without a read; the failed ones were read (not kept).
     assert read == [runs[ids[3]], runs[ids[7]]]
