@@ -214,6 +214,17 @@ INSERT_LOG = (
     " WHERE $6::text IS NULL OR (SELECT epoch FROM jobs WHERE id = $6 FOR SHARE) = $7::bigint"
 )
 SELECT_RUN = f"SELECT {', '.join(RUN_COLUMNS)} FROM runs"
+# $1 run id: the run with its steps, their attempts and its log lines, in one statement (one
+# round trip, and one snapshot, where a statement each took four), each as an array of rows.
+SELECT_WHOLE_RUN = (
+    f"SELECT {', '.join(RUN_COLUMNS)},"
+    " ARRAY(SELECT s FROM steps s WHERE s.run_id = runs.id ORDER BY s.idx) AS step_rows,"
+    " ARRAY(SELECT a FROM attempts a WHERE a.run_id = runs.id ORDER BY a.step_idx, a.number)"
+    " AS attempt_rows,"
+    " ARRAY(SELECT (l.step_idx, l.ts, l.level, l.message) FROM logs l WHERE l.run_id = runs.id"
+    " ORDER BY l.id) AS log_rows"
+    " FROM runs WHERE id = $1"
+)
 
 # ---- jobs ------------------------------------------------------------------------------------
 SELECT_JOB = f"SELECT {', '.join(JOB_COLUMNS)} FROM jobs"

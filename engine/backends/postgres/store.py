@@ -211,30 +211,19 @@ class PostgresRunStore(RunStore):
 
     async def get_run(self, run_id: str) -> Run | None:
         await self.db.flush()
-
-        async def read(conn: Conn) -> Run | None:
-            row = await conn.fetchrow(f"{sql.SELECT_RUN} WHERE id = $1", run_id)
-            if row is None:
-                return None
-            run = run_from_row(row)  # type: ignore[arg-type]
-            await with_steps(conn, [run])
-            lines = await conn.fetch(
-                "SELECT step_idx, ts, level, message FROM logs WHERE run_id = $1 ORDER BY id",
-                run_id,
+        row = await self.db.fetchrow(sql.SELECT_WHOLE_RUN, run_id)
+        if row is None:
+            return None
+        run = run_from_row(row)  # type: ignore[arg-type]
+        assemble([run], row["step_rows"], row["attempt_rows"])
+        steps = {step.index: step for step in run.steps}
+        for step_idx, ts, level, message in row["log_rows"]:
+            line = LogLine.model_construct(
+                ts=datetime.fromtimestamp(ts, UTC), level=level, message=message, step=step_idx
             )
-            steps = {step.index: step for step in run.steps}
-            for lrow in lines:
-                line = LogLine.model_construct(
-                    ts=datetime.fromtimestamp(lrow["ts"], UTC),
-                    level=lrow["level"],
-                    message=lrow["message"],
-                    step=lrow["step_idx"],
-                )
-                step = steps.get(line.step) if line.step is not None else None
-                (step.logs if step is not None else run.logs).append(line)
-            return run
-
-        return await self.db.pooled(read)
+            step = steps.get(step_idx) if step_idx is not None else None
+            (step.logs if step is not None else run.logs).append(line)
+        return run
 
     async def list_runs(
         self, where: RunFilter | None = None, limit: int = 100, offset: int = 0
