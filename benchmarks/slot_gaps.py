@@ -16,8 +16,8 @@ in all, with nothing between them. asyncio wakes for a timer on whole millisecon
 wait is rounded up), so its sleeps run long too: that much of the cycle is the loop's, not
 blok's. Every measurement runs in a fresh process; the median of `--repeat` by jobs/s.
 
-`--bulk` enqueues the N jobs with one `enqueue_many` instead: on PostgreSQL one enqueue a call
-is a round trip each (about 360 a second here), which would bound the run before the slots do.
+`--bulk` enqueues the N jobs with one `enqueue_many` instead (the bulk path's row): on
+PostgreSQL one enqueue a call is a commit each, which can bound the run before the slots do.
 `postgres` runs on a fresh database of the server at `--url`, dropped afterwards.
 """
 

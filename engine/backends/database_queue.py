@@ -312,7 +312,8 @@ class DatabaseQueue(JobQueue):
         # own before their code runs. That wait, a writer's commit or two, was most of the gap
         # between two 10 ms jobs on PostgreSQL (2.3 ms of a 12.9 ms cycle). The price: a worker
         # that dies holding top-ups leaves runs recorded crashed ("may have begun") that never
-        # began, at most about its concurrency and a half; each job runs again as a new run.
+        # began, up to about one and a half times its concurrency; each job runs again in a
+        # new run, with no retry spent.
         looked = await self._look(
             queue, limit, worker, lease_s, forced_only=False, handing=limit, deadline=0.0
         )
