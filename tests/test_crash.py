@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
+from contextlib import closing
 from pathlib import Path
 
 import anyio
@@ -145,3 +147,57 @@ async def test_crashed_run_is_flipped_on_boot_and_its_job_redelivered(project: P
         assert any("previous run" in line.message for line in fresh.logs)
         await engine.cancel(fresh.id)
         assert (await engine.get_job(job)).state is JobState.CANCELLED
+
+
+HELD_NOT_BEGUN = (
+    "SELECT count(*) FROM jobs JOIN runs ON runs.id = jobs.run_id"
+    " WHERE jobs.state = 'active' AND jobs.handed = 1 AND runs.status = 'queued'"
+)
+
+
+async def test_kill_9_holding_a_top_up_of_short_jobs_loses_and_doubles_nothing(
+    project: Path,
+) -> None:
+    """A worker busy with short jobs tops up what it keeps ahead, and a top-up's jobs are
+    `handed` (their slots start them without waiting for a commit of the run's start). Killed
+    while it holds such jobs, it leaves them active under its lease with runs that say queued:
+    the next worker records each of those runs crashed (it may have begun) and runs the job in
+    a new run. Every job completes once."""
+    db = project / "blok.db"
+    worker = start_worker(project)
+    try:
+        async with Engine(workflows=project / "workflows", database=db, consume=False) as client:
+            jobs = await client.enqueue_many(
+                "crashy", [{"n": n, "seconds": 0.002} for n in range(3000)]
+            )
+            # Frozen (SIGSTOP: the file holds still) until it shows handed jobs whose runs
+            # have not started, then killed there.
+            held = 0
+            with anyio.fail_after(30), closing(sqlite3.connect(db, timeout=30)) as conn:
+                while True:
+                    worker.send_signal(signal.SIGSTOP)
+                    held = conn.execute(HELD_NOT_BEGUN).fetchone()[0]
+                    if held >= 3:
+                        break
+                    worker.send_signal(signal.SIGCONT)
+                    await anyio.sleep(0.002)
+                worker.send_signal(signal.SIGKILL)
+            worker.wait(timeout=10)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+
+    async with Engine(workflows=project / "workflows", database=db) as engine:
+        for job in jobs:
+            await engine.wait_for_job(job, timeout=60)
+        runs = await engine.runs(queue="crashy", limit=10_000)
+    completed: dict[str, int] = {}
+    crashed = [run for run in runs if run.status is RunStatus.CRASHED]
+    for run in runs:
+        assert run.status in (RunStatus.COMPLETED, RunStatus.CRASHED), run.status
+        if run.status is RunStatus.COMPLETED:
+            completed[run.job_id] = completed.get(run.job_id, 0) + 1
+    assert sorted(completed) == sorted(jobs)
+    assert set(completed.values()) == {1}, "a job completed more than once"
+    assert len(crashed) >= held  # each held job's first run, and any begun when it died
+    assert all(run.job_id in completed for run in crashed)
