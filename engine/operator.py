@@ -483,9 +483,8 @@ class Operator:
     async def wait_for_job(self, job_id: str, timeout: float | None = None) -> Run:
         """The job's last run, once the job has ended (completed, cancelled, failed, dead).
 
-        No polling here: a job that ends in this process wakes its waiters once the transition
-        that ended it is committed, with the run it ended with (nothing to read back; a
-        transition the fence refused wakes them without, to read the job again); a job that
+        No polling: a job ending here wakes its waiters once the transition that ended it is
+        committed, with its run (none if the fence refused it: they read the job again); a job
         another process ends is read again when the database reports a change."""
         run = self.ledger.parked(job_id)
         if run is not None:
@@ -516,14 +515,15 @@ class Operator:
         """The job's last run if the job has ended, else None."""
         if waiter.run is not None:
             return waiter.run  # the transition that ended it landed, with this run
-        job = await self.get_job(job_id)
-        if not job.state.terminal:
+        found = await self.backend.find_ended(job_id)  # one read where the backend can
+        if found is None:
+            raise UnknownJob(f"unknown job {job_id!r}")
+        if not found[0].state.terminal:
             return None
         self.ledger.forget_waiter(job_id)
-        run = await self.store.get_run(job.run_id)
-        if run is None:
-            raise UnknownRun(f"job {job_id}'s run {job.run_id} is not in the store")
-        return run
+        if found[1] is None:
+            raise UnknownRun(f"job {job_id}'s run {found[0].run_id} is not in the store")
+        return found[1]
 
     async def _settled_or_changed(self, waiter: JobWaiter, token: int) -> int:
         """Wait until this process ends the job (`waiter` is told) or the database changed.

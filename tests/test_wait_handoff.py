@@ -126,9 +126,30 @@ def ids_read(owner: Any, method: str) -> Iterator[list[str]]:
         delattr(owner, method)  # the instance attribute goes: the method is back
 
 
-def reads_counted(engine: Engine) -> AbstractContextManager[list[str]]:
-    """The ids of the runs read from the engine's store while inside."""
-    return ids_read(engine.backend.runs, "get_run")
+@contextmanager
+def reads_counted(engine: Engine) -> Iterator[list[str]]:
+    """The ids of the runs read while inside: from the engine's store, or with their jobs (a
+    wait's read, `Backend.find_ended`, which may read both at once)."""
+    backend = engine.backend
+    real = backend.find_ended
+
+    async def counted(job_id: str) -> Any:
+        before = len(read)
+        found = await real(job_id)
+        if found is not None and found[1] is not None and len(read) == before:
+            read.append(found[1].id)  # read with its job, not through the store's get_run
+        return found
+
+    wrapped = "find_ended" in vars(backend)  # inside job_reads_counted's own wrapper
+    with ids_read(backend.runs, "get_run") as read:
+        backend.find_ended = counted  # type: ignore[method-assign]
+        try:
+            yield read
+        finally:
+            if wrapped:
+                backend.find_ended = real  # type: ignore[method-assign]
+            else:
+                del backend.find_ended  # the instance attribute goes: the method is back
 
 
 async def _collect_after_the_end(
@@ -212,8 +233,8 @@ async def test_enqueuing_a_done_job_again_keeps_its_run_for_the_wait(location: s
 
 
 def job_reads_counted(engine: Engine) -> AbstractContextManager[list[str]]:
-    """The ids of the jobs read (`find_job`) from the engine's backend while inside."""
-    return ids_read(engine.backend, "find_job")
+    """The ids of the jobs a wait read (`find_ended`) from the engine's backend while inside."""
+    return ids_read(engine.backend, "find_ended")
 
 
 GATE: dict[str, anyio.Event] = {}

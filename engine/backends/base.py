@@ -764,6 +764,23 @@ class Backend(ABC):
                 return queue, job
         return None
 
+    async def find_ended(self, job_id: str) -> tuple[Job, Run | None] | None:
+        """The job, looking in every queue, and its last run if the job has ended (None while
+        it has not, or if the store lacks it): what a `wait_for_job` reads."""
+        for queue in self.queues:
+            found = await self._job_and_run(queue, job_id)
+            if found is not None:
+                return found
+        return None
+
+    async def _job_and_run(self, queue: JobQueue, job_id: str) -> tuple[Job, Run | None] | None:
+        """`find_ended` in one queue: the job, then its run. A backend whose queue and run store
+        are one database reads both in one statement."""
+        job = await queue.get_job(job_id)
+        if job is None:
+            return None
+        return job, await self.runs.get_run(job.run_id) if job.state.terminal else None
+
     @abstractmethod
     async def change_token(self) -> int:
         """A number that moves whenever another process committed something."""

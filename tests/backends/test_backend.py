@@ -7,8 +7,10 @@ import anyio
 import pytest
 
 from engine.backends import Backend
+from engine.backends.base import JobUpdate, Transition
+from engine.models import JobState, RunStatus
 
-from .builders import QUEUE, a_run, job_and_run
+from .builders import QUEUE, a_run, finished_run, job_and_run, line
 from .databases import DATABASES, MULTI_PROCESS
 
 pytestmark = pytest.mark.anyio
@@ -62,6 +64,39 @@ async def test_find_job_looks_in_every_queue(backend: Backend, database_kind: st
         assert found[0] is queue
         assert (found[1].id, found[1].queue) == (job_id, QUEUE)
     assert await backend.find_job("job_nobody") is None
+
+
+async def test_find_ended_reads_a_job_and_once_it_ended_its_whole_run(
+    backend: Backend, database_kind: str
+) -> None:
+    """What a `wait_for_job` reads, in any queue: the job, and its run only once the job has
+    ended, as the store has it (steps, attempts, log lines in their places)."""
+    for provider in DATABASES[database_kind].providers:
+        queue = backend.queue(provider)
+        job, run = job_and_run()
+        assert await queue.add([job], [run]) == [job.id]
+        found = await backend.find_ended(job.id)
+        assert found is not None and found[1] is None  # not ended: no run
+        assert (found[0].id, found[0].state) == (job.id, JobState.WAITING)
+
+        [claim] = await queue.claim(QUEUE, 1, "w1", 30.0)
+        # Its lines on the record and with the transition, as the ledger writes them.
+        on_run, on_step = line("on the run"), line("on a step", step=0)
+        ended = finished_run(id=run.id, job_id=job.id, queue=QUEUE, logs=[on_run])
+        ended.steps[0].logs = [on_step]
+        update = JobUpdate(state=JobState.COMPLETED)
+        lines = ((run.id, on_run), (run.id, on_step))
+        assert await queue.apply(Transition(job.id, claim.job.epoch, update, (ended,), lines))
+        found = await backend.find_ended(job.id)
+        assert found is not None and found[1] is not None
+        assert (found[0].id, found[0].state) == (job.id, JobState.COMPLETED)
+        stored = await backend.runs.get_run(run.id)
+        assert stored is not None and found[1].model_dump() == stored.model_dump()
+        assert found[1].status is RunStatus.COMPLETED and found[1].output == ended.output
+        assert [len(step.attempts) for step in found[1].steps] == [2, 0]
+        assert [ln.message for ln in found[1].logs] == ["on the run"]
+        assert [ln.message for ln in found[1].steps[0].logs] == ["on a step"]
+    assert await backend.find_ended("job_nobody") is None
 
 
 @pytest.mark.parametrize("database_kind", MULTI_PROCESS, indirect=True)

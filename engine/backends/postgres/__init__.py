@@ -23,18 +23,21 @@ import anyio
 from anyio.abc import TaskGroup
 
 from ...errors import DatabaseError
-from ..base import Pace
+from ...models import Job, JobState, Run
+from ..base import JobQueue, Pace
 from ..database_backend import DatabaseBackend
+from ..rows import job_from_row
 from . import sql
 from .db import PostgresDatabase
 from .queue import PostgresQueue
 from .schema import SCHEMA, SCHEMA_VERSION
 from .shared import PostgresShared
-from .store import PostgresRunStore
+from .store import PostgresRunStore, whole_run
 
 UNHEARD_POLL_S = 0.5  # the token moves this often while the listener is down
 STRAGGLER_WAIT_S = (0.01, 0.5)  # a feed held back by an older transaction is read again after
 COALESCE_S = 0.05  # changes are told at most this often (SQLite's backend polls as often)
+ENDED_STATES = [str(state) for state in JobState if state.terminal]
 
 
 class PostgresBackend(DatabaseBackend):
@@ -114,6 +117,16 @@ class PostgresBackend(DatabaseBackend):
 
     async def change_token(self) -> int:
         return self._token
+
+    async def _job_and_run(self, queue: JobQueue, job_id: str) -> tuple[Job, Run | None] | None:
+        if queue is not self._durable:
+            return await super()._job_and_run(queue, job_id)
+        await self.db.flush()
+        row = await self.db.fetchrow(sql.SELECT_JOB_AND_RUN, job_id, ENDED_STATES)
+        if row is None:
+            return None
+        run = whole_run(row["run_row"], row) if row["run_row"] is not None else None
+        return job_from_row(row), run  # type: ignore[arg-type]
 
     async def wait_for_change(self, token: int, timeout: float, pace: Pace | None = None) -> int:
         deadline = time.monotonic() + timeout

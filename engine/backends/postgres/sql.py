@@ -214,16 +214,31 @@ INSERT_LOG = (
     " WHERE $6::text IS NULL OR (SELECT epoch FROM jobs WHERE id = $6 FOR SHARE) = $7::bigint"
 )
 SELECT_RUN = f"SELECT {', '.join(RUN_COLUMNS)} FROM runs"
+
+
+def _children(run_id: str, when: str = "TRUE") -> str:
+    """The steps, their attempts and the log lines of the run `run_id` (an SQL expression),
+    each as an array of rows (`step_rows`, `attempt_rows`, `log_rows`); empty unless `when`."""
+    return (
+        f" ARRAY(SELECT s FROM steps s WHERE s.run_id = {run_id} AND {when} ORDER BY s.idx)"
+        " AS step_rows,"
+        f" ARRAY(SELECT a FROM attempts a WHERE a.run_id = {run_id} AND {when}"
+        " ORDER BY a.step_idx, a.number) AS attempt_rows,"
+        f" ARRAY(SELECT (l.step_idx, l.ts, l.level, l.message) FROM logs l"
+        f" WHERE l.run_id = {run_id} AND {when} ORDER BY l.id) AS log_rows"
+    )
+
+
 # $1 run id: the run with its steps, their attempts and its log lines, in one statement (one
-# round trip, and one snapshot, where a statement each took four), each as an array of rows.
-SELECT_WHOLE_RUN = (
-    f"SELECT {', '.join(RUN_COLUMNS)},"
-    " ARRAY(SELECT s FROM steps s WHERE s.run_id = runs.id ORDER BY s.idx) AS step_rows,"
-    " ARRAY(SELECT a FROM attempts a WHERE a.run_id = runs.id ORDER BY a.step_idx, a.number)"
-    " AS attempt_rows,"
-    " ARRAY(SELECT (l.step_idx, l.ts, l.level, l.message) FROM logs l WHERE l.run_id = runs.id"
-    " ORDER BY l.id) AS log_rows"
-    " FROM runs WHERE id = $1"
+# round trip, and one snapshot, where a statement each took four).
+SELECT_WHOLE_RUN = f"SELECT {', '.join(RUN_COLUMNS)},{_children('runs.id')} FROM runs WHERE id = $1"
+# $1 job id, $2 the ended job states: the job and, if it is in one of them, its run as a row
+# (`run_row`) with the rest of it: what a `wait_for_job` reads, in one statement.
+_ENDED = "jobs.state = ANY($2::text[])"
+SELECT_JOB_AND_RUN = (
+    f"SELECT {', '.join(JOB_COLUMNS)},"
+    f" (SELECT r FROM runs r WHERE r.id = jobs.run_id AND {_ENDED}) AS run_row,"
+    f"{_children('jobs.run_id', _ENDED)} FROM jobs WHERE id = $1"
 )
 
 # ---- jobs ------------------------------------------------------------------------------------

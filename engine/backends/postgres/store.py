@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import anyio
+import asyncpg
 
 from ...filters import RunFilter
 from ...models import LogLine, Run
@@ -172,6 +173,21 @@ async def with_steps(conn: Conn, runs: list[Run]) -> list[Run]:
     return runs
 
 
+def whole_run(run_row: asyncpg.Record, row: asyncpg.Record) -> Run:
+    """The run of `run_row` with its steps, attempts and log lines from `row`'s arrays
+    (`sql._children`)."""
+    run = run_from_row(run_row)  # type: ignore[arg-type]
+    assemble([run], row["step_rows"], row["attempt_rows"])
+    steps = {step.index: step for step in run.steps}
+    for step_idx, ts, level, message in row["log_rows"]:
+        line = LogLine.model_construct(
+            ts=datetime.fromtimestamp(ts, UTC), level=level, message=message, step=step_idx
+        )
+        step = steps.get(step_idx) if step_idx is not None else None
+        (step.logs if step is not None else run.logs).append(line)
+    return run
+
+
 class PostgresRunStore(RunStore):
     def __init__(self, db: PostgresDatabase) -> None:
         self.db = db
@@ -212,18 +228,7 @@ class PostgresRunStore(RunStore):
     async def get_run(self, run_id: str) -> Run | None:
         await self.db.flush()
         row = await self.db.fetchrow(sql.SELECT_WHOLE_RUN, run_id)
-        if row is None:
-            return None
-        run = run_from_row(row)  # type: ignore[arg-type]
-        assemble([run], row["step_rows"], row["attempt_rows"])
-        steps = {step.index: step for step in run.steps}
-        for step_idx, ts, level, message in row["log_rows"]:
-            line = LogLine.model_construct(
-                ts=datetime.fromtimestamp(ts, UTC), level=level, message=message, step=step_idx
-            )
-            step = steps.get(step_idx) if step_idx is not None else None
-            (step.logs if step is not None else run.logs).append(line)
-        return run
+        return whole_run(row, row) if row is not None else None
 
     async def list_runs(
         self, where: RunFilter | None = None, limit: int = 100, offset: int = 0
