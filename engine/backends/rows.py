@@ -8,7 +8,7 @@ Times are epoch seconds (floats); JSON values are text; booleans are integers.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -19,6 +19,7 @@ from ..models import (
     AttemptStatus,
     Job,
     JobState,
+    LogLine,
     Run,
     RunStatus,
     StepRun,
@@ -294,6 +295,25 @@ def assemble(
         owner = found.get((row["run_id"], row["step_idx"]))
         if owner is not None:
             owner.attempts.append(attempt_from_row(row))
+
+
+def place_lines(run: Run, lines: Iterable[Sequence[Any]]) -> None:
+    """Put log lines, rows of (step index or None, time in epoch seconds, level, message) in
+    their order, on the run's steps (a line without a step, or of a step the run lacks, on the
+    run itself). The run's steps are on it already (`assemble`)."""
+    by_index = {step.index: step for step in run.steps}
+    for step_idx, ts, level, message in lines:
+        line = construct(
+            LogLine,
+            {
+                "ts": datetime.fromtimestamp(ts, UTC),
+                "level": level,
+                "message": message,
+                "step": step_idx,
+            },
+        )
+        step = by_index.get(step_idx) if step_idx is not None else None
+        (step.logs if step is not None else run.logs).append(line)
 
 
 # ---- jobs --------------------------------------------------------------------------------

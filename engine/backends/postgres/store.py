@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import anyio
@@ -39,7 +39,7 @@ from ..base import (
     RunStore,
     payload_key,
 )
-from ..rows import TERMINAL, assemble, dump, load, run_from_row, where_clause
+from ..rows import TERMINAL, assemble, dump, load, place_lines, run_from_row, where_clause
 from . import sql
 from .batch import Conn, clean, fence_of
 from .db import PostgresDatabase
@@ -178,13 +178,7 @@ def whole_run(run_row: asyncpg.Record, row: asyncpg.Record) -> Run:
     (`sql._children`)."""
     run = run_from_row(run_row)  # type: ignore[arg-type]
     assemble([run], row["step_rows"], row["attempt_rows"])
-    steps = {step.index: step for step in run.steps}
-    for step_idx, ts, level, message in row["log_rows"]:
-        line = LogLine.model_construct(
-            ts=datetime.fromtimestamp(ts, UTC), level=level, message=message, step=step_idx
-        )
-        step = steps.get(step_idx) if step_idx is not None else None
-        (step.logs if step is not None else run.logs).append(line)
+    place_lines(run, row["log_rows"])
     return run
 
 

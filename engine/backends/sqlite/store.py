@@ -9,13 +9,12 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from datetime import UTC, datetime
+from datetime import datetime
 from functools import partial
 from typing import Any
 
 from ...filters import RunFilter
 from ...models import LogLine, Run
-from ...records import construct
 from ..base import (
     CacheHit,
     Delivery,
@@ -34,6 +33,7 @@ from ..rows import (
     assemble,
     dump,
     load,
+    place_lines,
     run_from_row,
     where_clause,
 )
@@ -157,21 +157,12 @@ def _read_run(conn: sqlite3.Connection, run_id: str) -> Run | None:
         "SELECT * FROM attempts WHERE run_id = ? ORDER BY step_idx, number", (run_id,)
     ).fetchall()
     assemble([run], steps, attempts)
-    by_index = {step.index: step for step in run.steps}
-    for lrow in conn.execute(
-        "SELECT step_idx, ts, level, message FROM logs WHERE run_id = ? ORDER BY id", (run_id,)
-    ):
-        line = construct(
-            LogLine,
-            {
-                "ts": datetime.fromtimestamp(lrow[1], UTC),
-                "level": lrow[2],
-                "message": lrow[3],
-                "step": lrow[0],
-            },
-        )
-        step = by_index.get(line.step) if line.step is not None else None
-        (step.logs if step is not None else run.logs).append(line)
+    place_lines(
+        run,
+        conn.execute(
+            "SELECT step_idx, ts, level, message FROM logs WHERE run_id = ? ORDER BY id", (run_id,)
+        ),
+    )
     return run
 
 
