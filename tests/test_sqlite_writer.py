@@ -23,6 +23,7 @@ from engine.backends.sqlite.db import (
     RESTART_EVERY,
     SqliteDatabase,
 )
+from engine.backends.sqlite.refusals import BRIEF_WAITS_S, begin_briefly
 from engine.errors import DatabaseError
 from engine.worker import LoopTurn
 
@@ -145,6 +146,36 @@ async def test_a_write_that_finds_the_lock_taken_waits_for_it_in_a_thread(
     await while_another_process_holds_the_lock(db, lambda: db.transaction(insert("mine")))
 
     assert count(db.path) == 2
+
+
+def test_a_lock_held_for_a_moment_is_waited_for_in_the_loop(tmp_path: Path) -> None:
+    """Another process's transaction that ends within BRIEF_WAITS_S is waited for where the
+    writer is (a hop to a thread and back costs more than it lasts); one that goes on longer is
+    left to the thread, after one try per step."""
+    path = tmp_path / "blok.db"
+    with (
+        closing(sqlite3.connect(path, isolation_level=None, timeout=0)) as mine,
+        closing(sqlite3.connect(path, isolation_level=None, timeout=0)) as other,
+    ):
+        mine.execute("PRAGMA journal_mode = WAL")
+        tries: list[str] = []
+        mine.set_trace_callback(tries.append)
+        other.execute("BEGIN IMMEDIATE")
+        assert not begin_briefly(mine)  # held all along
+        assert tries == ["BEGIN IMMEDIATE"] * (len(BRIEF_WAITS_S) + 1)
+        other.execute("COMMIT")
+
+        def ends_at_the_second_try(statement: str) -> None:
+            tries.append(statement)
+            if len(tries) == 2:
+                other.execute("COMMIT")  # the other process's transaction ends meanwhile
+
+        tries.clear()
+        other.execute("BEGIN IMMEDIATE")
+        mine.set_trace_callback(ends_at_the_second_try)
+        assert begin_briefly(mine)
+        assert tries == ["BEGIN IMMEDIATE"] * 2 and mine.in_transaction
+        mine.execute("ROLLBACK")
 
 
 def wal_salts(database: Path) -> bytes:

@@ -15,8 +15,8 @@ A batch is committed in the event loop's own thread. In WAL mode with synchronou
 commit appends a few pages to the WAL without an fsync: tens of microseconds, less than handing
 the batch to a thread and back (and no fight for the GIL with a busy event loop). The two things
 that could make a commit long never happen in the loop: waiting for another process's write lock
-(the writer's busy timeout is 0 there; a batch that finds the lock taken is committed in a thread
-that waits up to BUSY_TIMEOUT_MS), and checkpoints, which fsync (the writer's automatic
+(the writer's busy timeout is 0 there; a batch that still finds the lock taken after 0.3 ms,
+`begin_briefly`, is committed in a thread that waits up to BUSY_TIMEOUT_MS), and checkpoints, which fsync (the writer's automatic
 checkpoint is off; checkpoints run in threads, see "checkpoints" below). A batch heavier than
 INLINE_WEIGHT rows (a bulk enqueue, a purge) is committed in a thread too.
 
@@ -49,6 +49,7 @@ from ...errors import DatabaseError
 from ...models import Run
 from ..base import Fence
 from ..rows import ATTEMPT_COLUMNS, RUN_COLUMNS, STEP_COLUMNS, attempt_row, run_row, step_row
+from . import refusals
 from .refusals import Troubles, busy_timeout_ms, damaged, not_the_calls, rollback, transient
 from .schema import MIGRATIONS, SCHEMA_VERSION
 
@@ -622,12 +623,8 @@ class SqliteDatabase:
         try:
             if batch.committed:
                 return True
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.OperationalError as error:
-                if error.sqlite_errorcode & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
-                    return False
-                raise
+            if not refusals.begin_briefly(conn):
+                return False
             try:
                 self._commit_begun(conn, batch)
             except sqlite3.Error as error:
