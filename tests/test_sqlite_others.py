@@ -1,14 +1,22 @@
-"""How a SQLite engine hears what other processes commit to its file: by asking the file's
-data_version, every 50 ms while nothing here is waiting for them (what an idle engine costs,
-next to a busy process too), every 5 ms while a job is awaited here or another process's jobs
-keep waking this one's claims. A producer in one process and a worker in another heard each
-other only every 50 ms: a job's round trip took 50 ms (19 jobs/s one at a time).
+"""How a SQLite engine hears what other processes commit to its file.
+
+By asking the file's data_version: every 50 ms while nothing here is waiting for others (what an
+idle engine costs, next to a busy process too), every 5 ms while a job is awaited here or
+another process's jobs keep waking this one's claims. And while it is busy so with another
+process that writes, by watching the file (Linux's inotify, `FileChanges`): a write wakes it at
+once. Before all this, a producer in one process and a worker in another heard each other only
+every 50 ms: a job's round trip took 50 ms (19 jobs/s one at a time).
 
 What the engine does is seen, not timed: the sleeps between its looks are recorded. Two engines
 on one file are two processes to each other (each has its own connections)."""
 
 from __future__ import annotations
 
+import errno
+import logging
+import os
+import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +26,12 @@ from backends.builders import a_run
 from support import Sleep, record_sleeps, until
 
 import engine.backends.sqlite as sqlite_backend
+import engine.backends.sqlite.file_changes as file_changes
 from engine import Engine, RunStatus, Step, WorkerTrigger, Workflow
 from engine.backends import Backend
 from engine.backends.base import Pace
-from engine.backends.sqlite import OTHERS_BUSY_POLL_S, OTHERS_POLL_S
+from engine.backends.sqlite import HEARD_EARLY_S, OTHERS_BUSY_POLL_S, OTHERS_POLL_S
+from engine.backends.sqlite.file_changes import FileChanges
 
 pytestmark = pytest.mark.anyio
 
@@ -32,6 +42,18 @@ def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[Sleep]:
     slept = record_sleeps(monkeypatch, sqlite_backend)
     monkeypatch.setattr(sqlite_backend, "OTHERS_BUSY_S", 0.3)  # back to idle sooner
     return slept
+
+
+@pytest.fixture
+def polled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The file cannot be watched (not Linux, or no inotify instance left): it is polled."""
+    monkeypatch.setattr(FileChanges, "open", classmethod(lambda cls, path: None))
+
+
+@pytest.fixture
+def watched() -> None:
+    if file_changes.inotify_simple is None:
+        pytest.skip("no inotify here (Linux only): the file is polled, as the tests above check")
 
 
 def looks(sleeps: list[Sleep], backend: Backend, since: int = 0) -> list[float]:
@@ -47,6 +69,7 @@ async def gated(ctx: Any) -> int:
     return 1
 
 
+@pytest.mark.usefixtures("polled")
 async def test_an_engine_looks_often_only_while_another_process_works_for_it(
     tmp_path: Path, sleeps: list[Sleep]
 ) -> None:
@@ -88,11 +111,13 @@ async def test_an_engine_looks_often_only_while_another_process_works_for_it(
         await until(lambda: looks(sleeps, worker.backend, mark)[-2:] == [OTHERS_POLL_S] * 2)
 
 
+@pytest.mark.parametrize("hearing", ["polled", "watched"])
 async def test_a_reader_with_a_pace_is_told_at_most_every_poll_and_one_without_at_once(
-    tmp_path: Path, sleeps: list[Sleep]
+    tmp_path: Path, sleeps: list[Sleep], hearing: str, request: pytest.FixtureRequest
 ) -> None:
     """A worker's follow loop and a console's feed read all that changed at each change: at
     most every OTHERS_POLL_S, as when the engine looked no more often than that."""
+    request.getfixturevalue(hearing)
     database = tmp_path / "blok.db"
     async with Engine(database=database) as engine, Engine(database=database) as other:
         backend = engine.backend
@@ -111,3 +136,145 @@ async def test_a_reader_with_a_pace_is_told_at_most_every_poll_and_one_without_a
         assert await backend.wait_for_change(stale, 5) != stale  # a job's wait
         held = [s for s in sleeps if s.where == "wait_for_change" and s.pace in (feed, mine)]
         assert [s.pace for s in held] == [feed] and 0 < held[0].seconds <= OTHERS_POLL_S
+
+
+async def quick(ctx: Any) -> int:
+    return int(ctx.body["i"])
+
+
+QUICK = Workflow(
+    name="quick",
+    trigger=WorkerTrigger(queue="quick", provider="sqlite"),
+    steps=[Step("quick", quick)],
+)
+
+
+def watching(engine: Engine) -> FileChanges:
+    backend = engine.backend
+    assert isinstance(backend, sqlite_backend.SqliteBackend)
+    assert backend.file_changes is not None
+    return backend.file_changes
+
+
+@pytest.mark.usefixtures("watched")
+async def test_two_processes_working_together_hear_each_other_with_no_look(
+    tmp_path: Path, sleeps: list[Sleep]
+) -> None:
+    """Once a producer and a worker have heard each other (by looking), each watches the file:
+    jobs enqueued and awaited one at a time go through with no look by either."""
+    database = tmp_path / "blok.db"
+    async with (
+        Engine(workflows=[QUICK], database=database) as worker,
+        Engine(database=database) as producer,
+    ):
+        heard = {engine: watching(engine).heard for engine in (worker, producer)}
+        for i in range(-10, 0):  # until each has seen the other write twice
+            await producer.wait_for_job(await producer.enqueue("quick", {"i": i}), timeout=10)
+            if watching(worker).listening and watching(producer).listening:
+                break
+        assert watching(worker).listening and watching(producer).listening
+        mark = len(sleeps)
+        for i in range(20):
+            with anyio.fail_after(10):
+                run = await producer.wait_for_job(await producer.enqueue("quick", {"i": i}))
+            assert run.status is RunStatus.COMPLETED and run.output == i
+        for engine in (worker, producer):
+            assert watching(engine).listening
+            assert watching(engine).heard >= heard[engine] + 20  # a job's end, or its enqueue
+            assert set(looks(sleeps, engine.backend, mark)) <= {HEARD_EARLY_S}
+
+
+@pytest.mark.usefixtures("watched")
+async def test_an_engine_waits_for_nothing_does_not_watch_a_busy_file(tmp_path: Path) -> None:
+    """A watch makes every write to the file cost its writer: an engine that waits for nothing
+    from others (a console, an idle worker) looks every 50 ms instead, however busy the file.
+    Nor does an engine alone on its file watch it, however many jobs it awaits."""
+    database = tmp_path / "blok.db"
+    async with (
+        Engine(database=database) as idle,
+        Engine(workflows=[QUICK], database=database) as busy,
+    ):
+        for i in range(30):
+            run = await busy.wait_for_job(await busy.enqueue("quick", {"i": i}), timeout=10)
+            assert run.status is RunStatus.COMPLETED
+        assert not watching(busy).listening and watching(busy).heard == 0
+        assert not watching(idle).listening and watching(idle).heard == 0
+
+
+@pytest.mark.usefixtures("watched")
+async def test_a_commit_heard_before_it_shows_is_read_again(
+    tmp_path: Path, sleeps: list[Sleep], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernel tells of SQLite's write before SQLite marks it committed: the first read of
+    data_version after a write heard may still say nothing moved, and is made again."""
+    database = tmp_path / "blok.db"
+    async with Engine(database=database) as engine, Engine(database=database) as other:
+        backend = engine.backend
+        assert isinstance(backend, sqlite_backend.SqliteBackend)
+
+        async def another_commit(token: int, before: Callable[[], Awaitable[None]]) -> int:
+            """Another process commits while this one waits for it: once `before` returned."""
+            with anyio.fail_after(5):
+                async with anyio.create_task_group() as group:
+                    moved: list[int] = []
+
+                    async def wait() -> None:
+                        moved.append(await backend.wait_for_change(token, 60))
+
+                    group.start_soon(wait)
+                    await before()
+                    other.backend.runs.save_run(a_run())
+                    await other.backend.runs.flush()
+            assert moved and moved[0] != token
+            return moved[0]
+
+        async def awaited() -> None:
+            await until(lambda: backend._awaited > 0)  # so that the ear hears it, not the wait
+
+        async def watched() -> None:
+            await until(lambda: watching(engine).listening)
+            monkeypatch.setattr(backend.db, "data_version", data_version)
+
+        real = backend.db.data_version
+        early = [True]
+
+        def data_version() -> int:
+            caller = sys._getframe(1)  # the engine's ear, just woken by a write it heard
+            hearing = caller.f_code.co_name == "_hear_others" and caller.f_locals["heard"]
+            if hearing and early and real() != caller.f_locals["version"]:
+                early.clear()  # the commit has not shown yet, to the engine's ear, this once
+                return int(caller.f_locals["version"])
+            return real()
+
+        token = await another_commit(await backend.change_token(), awaited)  # looked for
+        token = await another_commit(token, awaited)  # another process at work: then watched
+        mark = len(sleeps)
+        await another_commit(token, watched)
+        assert not early
+        assert HEARD_EARLY_S in looks(sleeps, backend, mark)
+
+
+async def test_no_inotify_instance_left_means_polled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The user's inotify instances all in use (EMFILE): no watch, a line in the log, and the
+    engine hears others by looking, as where there is no inotify at all."""
+    if file_changes.inotify_simple is None:
+        pytest.skip("no inotify here: there is nothing to run out of")
+
+    def no_instance(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+
+    monkeypatch.setattr(file_changes.inotify_simple, "INotify", no_instance)
+    caplog.set_level(logging.INFO, "blok.sqlite")
+    database = tmp_path / "blok.db"
+    async with Engine(database=database) as engine, Engine(database=database) as other:
+        backend = engine.backend
+        assert isinstance(backend, sqlite_backend.SqliteBackend)
+        assert backend.file_changes is None
+        token = await backend.change_token()
+        other.backend.runs.save_run(a_run())
+        await other.backend.runs.flush()
+        with anyio.fail_after(5):
+            assert await backend.wait_for_change(token, 60) != token
+    assert "no file watch (Too many open files); polled instead" in caplog.text

@@ -16,21 +16,26 @@ from ...errors import DatabaseError
 from ..base import Pace
 from ..database_backend import DatabaseBackend
 from .db import SqliteDatabase
+from .file_changes import FileChanges
 from .queue import SqliteQueue
 from .shared import SqliteShared
 from .store import SqliteRunStore
 
 log = logging.getLogger("blok.sqlite")
 
-# How often the file's data_version is asked whether another connection committed (another
-# process's jobs, runs, signals): how late this process hears of them. Every OTHERS_POLL_S
-# (what an idle engine costs, next to a busy process too), but every OTHERS_BUSY_POLL_S while
-# a job is awaited here (`wait_for_job`) and for OTHERS_BUSY_S after a commit over there woke
-# a claim here: a producer in one process and a worker in another hear each other within a
-# few ms while they work together.
+# How this process hears that another connection committed (another process's jobs, runs,
+# signals). While it is busy with another process (a job awaited here, `wait_for_job`, now or
+# within OTHERS_POLL_S; or a commit over there woke a claim here within OTHERS_BUSY_S) and that
+# process writes (twice within OTHERS_BUSY_S), the file is watched (`FileChanges`, Linux): a write
+# wakes this process at once, and the two hear each other at once while they work together.
+# Otherwise, or where the file cannot be watched, its data_version is asked every OTHERS_POLL_S
+# (what an idle engine costs, next to a busy process too), or every OTHERS_BUSY_POLL_S while
+# busy.
 OTHERS_POLL_S = 0.05
 OTHERS_BUSY_POLL_S = 0.005
 OTHERS_BUSY_S = 1.0
+# A write heard before its commit showed (see file_changes.py) is read again this much later.
+HEARD_EARLY_S = 0.001
 
 
 class SqliteBackend(DatabaseBackend):
@@ -48,9 +53,15 @@ class SqliteBackend(DatabaseBackend):
         self._tg: TaskGroup | None = None
         self._moved = anyio.Event()  # set when another connection committed (`_hear_others`)
         self._awaited = 0  # waits for changes with no pace under way (`OTHERS_BUSY_POLL_S`)
+        self._awaited_at = -math.inf  # when the last of them ended
+        self._heard_version = 0  # the file's data_version `_hear_others` last acted on
+        self.file_changes: FileChanges | None = None  # the file's watch, where there is one
 
     async def __aenter__(self) -> SqliteBackend:
         await self.db.open()
+        self.file_changes = FileChanges.open(self.db.path)
+        if self.file_changes is not None:
+            self.db.committed_here = self._committed_here
         tg = anyio.create_task_group()
         await tg.__aenter__()
         self._tg = tg
@@ -69,31 +80,70 @@ class SqliteBackend(DatabaseBackend):
                     self._tg.cancel_scope.cancel()
                     await self._tg.__aexit__(None, None, None)
         finally:
+            if self.file_changes is not None:
+                self.file_changes.close()
             await self.db.close()
 
     async def _hear_others(self) -> None:
-        """Tell this process when another connection committed: one read of a counter every
-        OTHERS_POLL_S (or OTHERS_BUSY_POLL_S, see there) for the whole engine. Before, each
-        idle queue looked for jobs itself every 50 ms (a write transaction each), and each
-        waiter for changes (the worker's signals and pauses, a console's feed) read the counter
-        on its own."""
-        version = self.db.data_version()
+        """Tell this process when another connection committed, for the whole engine (see
+        OTHERS_POLL_S). Before, each idle queue looked for jobs itself every 50 ms (a write
+        transaction each), and each waiter for changes (the worker's signals and pauses, a
+        console's feed) read the counter on its own."""
+        version = self._heard_version = self.db.data_version()
         woke_at = -math.inf  # when a commit over there last woke a claim here
+        # When the last two commits over there were seen: two within OTHERS_BUSY_S say another
+        # process is at work (not just beating its heart every few seconds).
+        others_at = others_before = -math.inf
+        changes = self.file_changes
         while True:
-            busy = self._awaited or time.monotonic() - woke_at < OTHERS_BUSY_S
-            await anyio.sleep(OTHERS_BUSY_POLL_S if busy else OTHERS_POLL_S)
+            now = time.monotonic()
+            busy = (
+                self._awaited
+                or now - self._awaited_at < OTHERS_POLL_S
+                or now - woke_at < OTHERS_BUSY_S
+            )
+            if (
+                changes is not None
+                and busy
+                and now - others_before < OTHERS_BUSY_S
+                and changes.listen()
+            ):
+                # A look every OTHERS_BUSY_POLL_S too: a write whose report was read with this
+                # process's own (`_committed_here`) before it showed.
+                heard = await changes.wait(OTHERS_BUSY_POLL_S)
+            else:
+                if changes is not None:
+                    changes.stop()
+                await anyio.sleep(OTHERS_BUSY_POLL_S if busy else OTHERS_POLL_S)
+                heard = False
             moved = self.db.data_version()
+            if moved == version and heard:
+                # This process's own commits are heard too, and need nothing; another's may
+                # have been heard before it showed.
+                await anyio.sleep(HEARD_EARLY_S)
+                moved = self.db.data_version()
             if moved != version:
-                version = moved
+                version = self._heard_version = moved
+                others_before, others_at = others_at, time.monotonic()
                 try:
                     if self._durable.others_committed():
-                        woke_at = time.monotonic()
+                        woke_at = others_at
                 except (sqlite3.Error, DatabaseError) as error:
                     # Which queues changed is unknown: every claim asleep looks for itself.
                     log.warning("%s: %s; every idle queue looks again", self.location, error)
                     self._durable.wake_all()
                 self._moved.set()
                 self._moved = anyio.Event()
+
+    def _committed_here(self) -> None:
+        """Right after this process's commit, in the loop's thread: the writes reported so far
+        are that commit's (no other process writes while this one holds the write lock), or
+        another's made since, which data_version shows. Read here, they do not wake the loop
+        for nothing."""
+        changes = self.file_changes
+        assert changes is not None
+        if changes.listening and changes.drain() and self.db.data_version() != self._heard_version:
+            changes.tell()
 
     async def change_token(self) -> int:
         return self.db.data_version()
@@ -122,6 +172,8 @@ class SqliteBackend(DatabaseBackend):
                     await self._moved.wait()
         finally:
             self._awaited -= awaited
+            if awaited:
+                self._awaited_at = time.monotonic()
         if pace is not None:
             pace.last_return = time.monotonic()
         return current

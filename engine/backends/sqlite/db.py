@@ -279,6 +279,7 @@ class SqliteDatabase:
         self._troubles = Troubles(self.path, "the next write")
         self.batches = 0
         self.batches_in_thread = 0
+        self.committed_here: Callable[[], None] = lambda: None  # after a commit in the loop
 
     # ---- lifecycle -------------------------------------------------------------------------
     async def open(self) -> None:
@@ -632,6 +633,7 @@ class SqliteDatabase:
                     raise
                 return False  # rolled back: the thread path waits, and logs, and tries again
             batch.committed = True
+            self.committed_here()
             return True
         finally:
             self._lock.release()
