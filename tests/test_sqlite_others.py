@@ -111,6 +111,33 @@ async def test_an_engine_looks_often_only_while_another_process_works_for_it(
         await until(lambda: looks(sleeps, worker.backend, mark)[-2:] == [OTHERS_POLL_S] * 2)
 
 
+@pytest.mark.usefixtures("polled")
+async def test_a_wait_that_begins_ends_the_engines_nap(
+    tmp_path: Path, sleeps: list[Sleep], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An engine that waited for nothing looks at the file every OTHERS_POLL_S (here a
+    minute); a job's wait that begins looks every OTHERS_BUSY_POLL_S from then, not after the
+    nap under way."""
+    monkeypatch.setattr(sqlite_backend, "OTHERS_POLL_S", 60.0)
+    database = tmp_path / "blok.db"
+    async with Engine(database=database) as engine, Engine(database=database) as other:
+        backend = engine.backend
+        await until(lambda: 60.0 in looks(sleeps, backend))  # napping for a minute
+        token = await backend.change_token()
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as group:
+                moved: list[int] = []
+
+                async def wait() -> None:
+                    moved.append(await backend.wait_for_change(token, 60))
+
+                group.start_soon(wait)
+                await until(lambda: backend._awaited > 0)  # it waits: then the commit
+                other.backend.runs.save_run(a_run())
+                await other.backend.runs.flush()
+        assert moved and moved[0] != token
+
+
 @pytest.mark.parametrize("hearing", ["polled", "watched"])
 async def test_a_reader_with_a_pace_is_told_at_most_every_poll_and_one_without_at_once(
     tmp_path: Path, sleeps: list[Sleep], hearing: str, request: pytest.FixtureRequest
@@ -199,6 +226,53 @@ async def test_an_engine_waits_for_nothing_does_not_watch_a_busy_file(tmp_path: 
             assert run.status is RunStatus.COMPLETED
         assert not watching(busy).listening and watching(busy).heard == 0
         assert not watching(idle).listening and watching(idle).heard == 0
+
+
+@pytest.mark.usefixtures("watched")
+async def test_an_idle_worker_hears_a_job_sent_now_and_then_at_once(tmp_path: Path) -> None:
+    """A worker idle on a file another process writes now and then (a web app's jobs) watches
+    it, as a sentry: the next job wakes its claim at once."""
+    database = tmp_path / "blok.db"
+    async with (
+        Engine(workflows=[QUICK], database=database) as worker,
+        Engine(database=database) as producer,
+    ):
+        producer.backend.runs.save_run(a_run())  # another process writes, nothing for it
+        await producer.backend.runs.flush()
+        await until(lambda: watching(worker).listening)
+        heard = watching(worker).heard
+        run = await producer.wait_for_job(await producer.enqueue("quick", {"i": 1}), timeout=10)
+        assert run.status is RunStatus.COMPLETED and run.output == 1
+        assert watching(worker).heard > heard
+
+
+@pytest.mark.usefixtures("watched")
+async def test_a_sentry_that_heard_a_write_is_deaf_for_a_while(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Next to a process at work, a sentry that heard each of its writes would cost that
+    process a microsecond a page written and itself a wake-up each: after a write it heard,
+    it does not watch the file for OTHERS_DEAF_S (here a minute)."""
+    monkeypatch.setattr(sqlite_backend, "OTHERS_DEAF_S", 60.0)
+    database = tmp_path / "blok.db"
+    async with (
+        Engine(workflows=[QUICK], database=database) as worker,
+        Engine(database=database) as other,
+    ):
+
+        async def commit() -> None:
+            other.backend.runs.save_run(a_run())
+            await other.backend.runs.flush()
+
+        await commit()
+        await until(lambda: watching(worker).listening)
+        heard = watching(worker).heard
+        await commit()
+        await until(lambda: watching(worker).heard == heard + 1)
+        await until(lambda: not watching(worker).listening)
+        for _ in range(10):
+            await commit()
+        assert watching(worker).heard == heard + 1 and not watching(worker).listening
 
 
 @pytest.mark.usefixtures("watched")

@@ -166,6 +166,10 @@ class DatabaseQueue(JobQueue):
             if signal is not None:
                 signal.set()
 
+    def sleeping(self) -> bool:
+        """Whether a claim waits for jobs (asleep, or about to look)."""
+        return bool(self._signals or self._forced_signals)
+
     def wake_all(self) -> None:
         for queue in {*self._signals, *self._forced_signals}:
             self.wake(queue)

@@ -31,9 +31,14 @@ log = logging.getLogger("blok.sqlite")
 # Otherwise, or where the file cannot be watched, its data_version is asked every OTHERS_POLL_S
 # (what an idle engine costs, next to a busy process too), or every OTHERS_BUSY_POLL_S while
 # busy.
+# A worker idle on a file that another process wrote within OTHERS_KNOWN_S (a producer that
+# sends a job now and then) watches it too, to hear the next job at once, and after each write
+# it hears, none for OTHERS_DEAF_S.
 OTHERS_POLL_S = 0.05
 OTHERS_BUSY_POLL_S = 0.005
 OTHERS_BUSY_S = 1.0
+OTHERS_KNOWN_S = 60.0
+OTHERS_DEAF_S = 0.05
 # A write heard before its commit showed (see file_changes.py) is read again this much later.
 HEARD_EARLY_S = 0.001
 
@@ -54,6 +59,7 @@ class SqliteBackend(DatabaseBackend):
         self._moved = anyio.Event()  # set when another connection committed (`_hear_others`)
         self._awaited = 0  # waits for changes with no pace under way (`OTHERS_BUSY_POLL_S`)
         self._awaited_at = -math.inf  # when the last of them ended
+        self._napping: anyio.CancelScope | None = None  # `_hear_others` between two looks
         self._heard_version = 0  # the file's data_version `_hear_others` last acted on
         self.file_changes: FileChanges | None = None  # the file's watch, where there is one
 
@@ -94,6 +100,7 @@ class SqliteBackend(DatabaseBackend):
         # When the last two commits over there were seen: two within OTHERS_BUSY_S say another
         # process is at work (not just beating its heart every few seconds).
         others_at = others_before = -math.inf
+        deaf = False
         changes = self.file_changes
         while True:
             now = time.monotonic()
@@ -102,19 +109,26 @@ class SqliteBackend(DatabaseBackend):
                 or now - self._awaited_at < OTHERS_POLL_S
                 or now - woke_at < OTHERS_BUSY_S
             )
-            if (
+            # A worker whose claims wait for jobs that another process sends now and then.
+            sentry = not busy and now - others_at < OTHERS_KNOWN_S and self._durable.sleeping()
+            if deaf:
+                heard = deaf = False  # look now: what was written while deaf
+            elif (
                 changes is not None
-                and busy
-                and now - others_before < OTHERS_BUSY_S
+                and (sentry or (busy and now - others_before < OTHERS_BUSY_S))
                 and changes.listen()
             ):
-                # A look every OTHERS_BUSY_POLL_S too: a write whose report was read with this
-                # process's own (`_committed_here`) before it showed.
-                heard = await changes.wait(OTHERS_BUSY_POLL_S)
+                # A look every OTHERS_BUSY_POLL_S too while busy: a write whose report was read
+                # with this process's own (`_committed_here`) before it showed.
+                heard = await changes.wait(OTHERS_POLL_S if sentry else OTHERS_BUSY_POLL_S)
             else:
                 if changes is not None:
                     changes.stop()
-                await anyio.sleep(OTHERS_BUSY_POLL_S if busy else OTHERS_POLL_S)
+                # A wait that begins ends a long nap (not a busy one: one wake-up a job).
+                with anyio.CancelScope() as nap:
+                    self._napping = None if busy else nap
+                    await anyio.sleep(OTHERS_BUSY_POLL_S if busy else OTHERS_POLL_S)
+                self._napping = None
                 heard = False
             moved = self.db.data_version()
             if moved == version and heard:
@@ -134,6 +148,13 @@ class SqliteBackend(DatabaseBackend):
                     self._durable.wake_all()
                 self._moved.set()
                 self._moved = anyio.Event()
+            if sentry and heard and changes is not None:
+                # Heard at once; then none for OTHERS_DEAF_S, in which the file is not watched:
+                # next to a process at work, a sentry that heard each of its writes would cost
+                # it a microsecond a page and this process a wake-up each.
+                changes.stop()
+                deaf = True
+                await anyio.sleep(OTHERS_DEAF_S)
 
     def _committed_here(self) -> None:
         """Right after this process's commit, in the loop's thread: the writes reported so far
@@ -166,6 +187,8 @@ class SqliteBackend(DatabaseBackend):
         current = token
         awaited = pace is None  # a job's wait, an operator's: heard within a few ms
         self._awaited += awaited
+        if awaited and self._napping is not None:
+            self._napping.cancel()  # looked for at OTHERS_BUSY_POLL_S from now, not after a nap
         try:
             with anyio.move_on_after(max(0.0, deadline - time.monotonic())):
                 while (current := self.db.data_version()) == token:

@@ -12,7 +12,8 @@ the next open.
 A watch is not free: every write to a watched file costs the process that writes it about a
 microsecond in the kernel, and a commit writes a page at a time (some twenty for a job). So the
 watch is on only while it pays (`SqliteBackend._hear_others` says when: this process waits for
-another one that is writing), and off otherwise (`listen`, `stop`).
+another one that is writing, or is a worker idle on a file another process wrote lately), and
+off otherwise (`listen`, `stop`).
 
 The kernel hears the write before the commit shows: SQLite writes its frames, then marks them
 committed in its index (shared memory, which inotify does not see). So a change heard is read at
