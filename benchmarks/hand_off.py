@@ -17,13 +17,12 @@ of the medians (below 1: blok answers sooner).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -34,16 +33,11 @@ import anyio  # noqa: E402
 import contract  # noqa: E402
 import split  # noqa: E402
 from queues import engine_source, machine  # noqa: E402
-from scratch_pg import DEFAULT_URL, scratch_database  # noqa: E402
+from scratch_pg import DEFAULT_URL  # noqa: E402
 
 
 def blok_latencies(database: str, folder: Path, n: int, gap: float) -> list[float]:
-    workflows = folder / "workflows"
-    workflows.mkdir(exist_ok=True)
-    (workflows / "bench.py").write_text(split.BLOK_WORKFLOWS)
-    command = [sys.executable, "-m", "blok_tui", "worker", "--db", database]
-    command += ["--workflows", str(workflows), "--no-watch"]
-    with split.process(command, split.environment(), folder, "blok worker "):
+    with split.blok_worker(database, folder):
         return anyio.run(_blok_producer, database, n, gap)
 
 
@@ -98,15 +92,9 @@ SYSTEMS: dict[str, Callable[[str, Path, int, float], list[float]]] = {
 
 
 def measure(system: str, provider: str, n: int, gap: float, url: str) -> list[float]:
-    with tempfile.TemporaryDirectory() as scratch:
-        folder = Path(scratch)
-        databases = (
-            scratch_database(url, f"hand_off_{system}")
-            if provider == "postgres"
-            else nullcontext(str(folder / f"{system}.db"))
-        )
-        with databases as database:
-            return SYSTEMS[system](database, folder, n, gap)
+    return split.in_scratch(
+        system, provider, url, lambda database, folder: SYSTEMS[system](database, folder, n, gap)
+    )
 
 
 def ms(seconds: float) -> str:
@@ -139,7 +127,7 @@ def main() -> None:
     print("|---|--:|--:|--:|--:|--:|")
     for provider, found in rows:
         blok, huey = found["blok"], found["huey"]
-        p95 = [sorted_[int(0.95 * (len(sorted_) - 1))] for sorted_ in (blok, huey)]
+        p95 = [ordered[math.ceil(0.95 * len(ordered)) - 1] for ordered in (blok, huey)]
         b50, h50 = statistics.median(blok), statistics.median(huey)
         print(
             f"| {provider} | {ms(b50)} | {ms(p95[0])} | {ms(h50)} | {ms(p95[1])} | "

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -113,13 +113,20 @@ def process(command: list[str], env: dict[str, str], cwd: Path, ready: str) -> I
             child.wait()
 
 
-def blok_seconds(database: str, folder: Path, shape: str, n: int) -> float:
+@contextmanager
+def blok_worker(database: str, folder: Path) -> Iterator[None]:
+    """`blok-tui worker` on `database`, serving BLOK_WORKFLOWS, until the block ends."""
     workflows = folder / "workflows"
     workflows.mkdir(exist_ok=True)
     (workflows / "bench.py").write_text(BLOK_WORKFLOWS)
     command = [sys.executable, "-m", "blok_tui", "worker", "--db", database]
     command += ["--workflows", str(workflows), "--no-watch"]
     with process(command, environment(), folder, "blok worker "):
+        yield
+
+
+def blok_seconds(database: str, folder: Path, shape: str, n: int) -> float:
+    with blok_worker(database, folder):
         return anyio.run(_blok_producer, database, shape, n)
 
 
@@ -165,16 +172,27 @@ SYSTEMS: dict[str, Callable[[str, Path, str, int], float]] = {
 }
 
 
-def measure(system: str, provider: str, shape: str, n: int, url: str) -> float:
+T = TypeVar("T")
+
+
+def in_scratch(system: str, provider: str, url: str, run: Callable[[str, Path], T]) -> T:
+    """`run(database, folder)` on a fresh database of `provider` and a scratch folder."""
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
         databases = (
-            scratch_database(url, f"split_{system}")
+            scratch_database(url, f"bench_{system}")
             if provider == "postgres"
             else nullcontext(str(folder / f"{system}.db"))
         )
         with databases as database:
-            return n / SYSTEMS[system](database, folder, shape, n)
+            return run(database, folder)
+
+
+def measure(system: str, provider: str, shape: str, n: int, url: str) -> float:
+    seconds = in_scratch(
+        system, provider, url, lambda database, folder: SYSTEMS[system](database, folder, shape, n)
+    )
+    return n / seconds
 
 
 def main() -> None:

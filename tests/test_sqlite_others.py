@@ -111,6 +111,31 @@ async def test_an_engine_looks_often_only_while_another_process_works_for_it(
         await until(lambda: looks(sleeps, worker.backend, mark)[-2:] == [OTHERS_POLL_S] * 2)
 
 
+async def committed_while_waiting(
+    backend: sqlite_backend.SqliteBackend,
+    other: Engine,
+    token: int,
+    before: Callable[[], Awaitable[None]] | None = None,
+) -> int:
+    """Another engine (another process to `backend`) commits while `backend` waits for a
+    change from `token`, once the wait is under way and `before` returned: the new token."""
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as group:
+            moved: list[int] = []
+
+            async def wait() -> None:
+                moved.append(await backend.wait_for_change(token, 60))
+
+            group.start_soon(wait)
+            await until(lambda: backend._awaited > 0)  # so that the engine's ear hears it
+            if before is not None:
+                await before()
+            other.backend.runs.save_run(a_run())
+            await other.backend.runs.flush()
+    assert moved and moved[0] != token
+    return moved[0]
+
+
 @pytest.mark.usefixtures("polled")
 async def test_a_wait_that_begins_ends_the_engines_nap(
     tmp_path: Path, sleeps: list[Sleep], monkeypatch: pytest.MonkeyPatch
@@ -122,20 +147,9 @@ async def test_a_wait_that_begins_ends_the_engines_nap(
     database = tmp_path / "blok.db"
     async with Engine(database=database) as engine, Engine(database=database) as other:
         backend = engine.backend
+        assert isinstance(backend, sqlite_backend.SqliteBackend)
         await until(lambda: 60.0 in looks(sleeps, backend))  # napping for a minute
-        token = await backend.change_token()
-        with anyio.fail_after(5):
-            async with anyio.create_task_group() as group:
-                moved: list[int] = []
-
-                async def wait() -> None:
-                    moved.append(await backend.wait_for_change(token, 60))
-
-                group.start_soon(wait)
-                await until(lambda: backend._awaited > 0)  # it waits: then the commit
-                other.backend.runs.save_run(a_run())
-                await other.backend.runs.flush()
-        assert moved and moved[0] != token
+        await committed_while_waiting(backend, other, await backend.change_token())
 
 
 @pytest.mark.parametrize("hearing", ["polled", "watched"])
@@ -286,25 +300,6 @@ async def test_a_commit_heard_before_it_shows_is_read_again(
         backend = engine.backend
         assert isinstance(backend, sqlite_backend.SqliteBackend)
 
-        async def another_commit(token: int, before: Callable[[], Awaitable[None]]) -> int:
-            """Another process commits while this one waits for it: once `before` returned."""
-            with anyio.fail_after(5):
-                async with anyio.create_task_group() as group:
-                    moved: list[int] = []
-
-                    async def wait() -> None:
-                        moved.append(await backend.wait_for_change(token, 60))
-
-                    group.start_soon(wait)
-                    await before()
-                    other.backend.runs.save_run(a_run())
-                    await other.backend.runs.flush()
-            assert moved and moved[0] != token
-            return moved[0]
-
-        async def awaited() -> None:
-            await until(lambda: backend._awaited > 0)  # so that the ear hears it, not the wait
-
         async def watched() -> None:
             await until(lambda: watching(engine).listening)
             monkeypatch.setattr(backend.db, "data_version", data_version)
@@ -320,10 +315,10 @@ async def test_a_commit_heard_before_it_shows_is_read_again(
                 return int(caller.f_locals["version"])
             return real()
 
-        token = await another_commit(await backend.change_token(), awaited)  # looked for
-        token = await another_commit(token, awaited)  # another process at work: then watched
+        token = await committed_while_waiting(backend, other, await backend.change_token())
+        token = await committed_while_waiting(backend, other, token)  # at work: then watched
         mark = len(sleeps)
-        await another_commit(token, watched)
+        await committed_while_waiting(backend, other, token, watched)
         assert not early
         assert HEARD_EARLY_S in looks(sleeps, backend, mark)
 
