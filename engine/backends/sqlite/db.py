@@ -14,10 +14,11 @@ inside the same transaction.
 A batch is committed in the event loop's own thread. In WAL mode with synchronous=NORMAL a
 commit appends a few pages to the WAL without an fsync: tens of microseconds, less than handing
 the batch to a thread and back (and no fight for the GIL with a busy event loop). The two things
-that could make a commit long never happen in the loop: waiting for another process's write lock
-(the writer's busy timeout is 0 there; a batch that still finds the lock taken after 0.3 ms,
-`begin_briefly`, is committed in a thread that waits up to BUSY_TIMEOUT_MS), and checkpoints, which fsync (the writer's automatic
-checkpoint is off; checkpoints run in threads, see "checkpoints" below). A batch heavier than
+that could make a commit long never happen in the loop: a long wait for another process's write
+lock (the writer's busy timeout is 0 there; a batch that still finds the lock taken after 0.3 ms,
+`begin_briefly`, is committed in a thread that waits up to BUSY_TIMEOUT_MS), and checkpoints,
+which fsync (the writer's automatic checkpoint is off; checkpoints run in threads, see
+"checkpoints" below). A batch heavier than
 INLINE_WEIGHT rows (a bulk enqueue, a purge) is committed in a thread too.
 
 Reads. Point reads (a job, a run with its steps, a cache entry) run in the loop's thread too, on

@@ -76,7 +76,7 @@ class FileChanges:
             notify = inotify_simple.INotify(nonblocking=True)
         except OSError as error:
             # EMFILE: the user's inotify instances (128 by default) are all in use.
-            log.info("%s: no file watch (%s); polled instead", path, os.strerror(error.errno or 0))
+            _polled_instead(path, error)
             return None
         target = path.resolve()
         return cls(notify, target.parent, frozenset({target.name, f"{target.name}-wal"}))
@@ -94,11 +94,7 @@ class FileChanges:
                 if error.errno not in _NO_WATCH:
                     raise
                 self.broken = True
-                log.info(
-                    "%s: no file watch (%s); polled instead",
-                    self._folder,
-                    os.strerror(error.errno),
-                )
+                _polled_instead(self._folder, error)
                 return False
             self._loop.add_reader(self._fd, self._readable)
         return self._watch is not None
@@ -155,3 +151,7 @@ class FileChanges:
     def close(self) -> None:
         self.stop()
         self._notify.close()
+
+
+def _polled_instead(where: Path, error: OSError) -> None:
+    log.info("%s: no file watch (%s); polled instead", where, os.strerror(error.errno or 0))
