@@ -18,7 +18,7 @@ import anyio.lowlevel
 from .backends.base import Backend
 from .filters import RunFilter
 from .ledger import Ledger, may_have_begun
-from .liveness import pid_alive
+from .liveness import pid_alive, pid_names_process_here
 from .models import RunStatus, WorkerInfo, utcnow
 
 log = logging.getLogger("blok.chores")
@@ -59,7 +59,7 @@ class Chores:
     def _gone(self, worker: WorkerInfo) -> bool:
         if worker.id == self.me.id or worker.id in self.alive_here:
             return False
-        if worker.host == self.me.host:
+        if pid_names_process_here(worker):
             # An earlier engine of this very process that did not close, or a dead process.
             return worker.pid == self.me.pid or not pid_alive(worker.pid)
         stale = utcnow() - timedelta(seconds=max(3 * self.heartbeat_s, self.lease_s))

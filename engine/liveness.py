@@ -5,10 +5,36 @@ from __future__ import annotations
 import os
 import socket
 from datetime import timedelta
+from pathlib import Path
 
 from .models import WorkerInfo, utcnow
 
 STALE_HEARTBEAT_S = 10.0  # a worker on another host is gone after this long without one
+
+
+def _pid_space() -> str:
+    """Where a pid names one process: this boot of the kernel (a random id each boot) and this
+    process's PID namespace. Host names do not tell: VMs cloned from one image, containers on
+    the host's network and pods with `hostNetwork` share theirs, and a pid taken on one of them
+    means nothing on another. Without /proc (not Linux), the host name is all there is."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return socket.gethostname()
+    return f"{boot}/{namespace}"
+
+
+PID_SPACE = _pid_space()
+
+
+def pid_names_process_here(worker: WorkerInfo) -> bool:
+    """Whether `worker.pid` is a pid of this process's pid space: asking the system about it
+    then tells whether that worker runs. A row without its pid space (an engine of before it
+    was recorded) is judged by its host name, as it was then."""
+    if worker.pid_space:
+        return worker.pid_space == PID_SPACE
+    return worker.host == socket.gethostname()
 
 
 def pid_alive(pid: int) -> bool:
@@ -22,7 +48,8 @@ def pid_alive(pid: int) -> bool:
 
 
 def worker_alive(worker: WorkerInfo, stale_s: float = STALE_HEARTBEAT_S) -> bool:
-    """Alive: its process runs (same host) or its heartbeat is recent (another host)."""
-    if worker.host == socket.gethostname():
+    """Alive: its process runs (its pid names a process here) or its heartbeat is recent
+    (another machine, another container)."""
+    if pid_names_process_here(worker):
         return pid_alive(worker.pid)
     return worker.heartbeat_at >= utcnow() - timedelta(seconds=stale_s)

@@ -296,3 +296,6 @@ class WorkerInfo(_Record):
     pid: int
     started_at: datetime
     heartbeat_at: datetime
+    # Where `pid` names the process: the machine's boot and the PID namespace (liveness.py).
+    # Empty in a row an engine wrote before it was recorded: the host name stands in.
+    pid_space: str = ""

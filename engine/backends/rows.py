@@ -411,6 +411,7 @@ def worker_from_row(row: Any) -> WorkerInfo:
         pid=row["pid"],
         started_at=datetime.fromtimestamp(row["started_at"], UTC),
         heartbeat_at=datetime.fromtimestamp(row["heartbeat_at"], UTC),
+        pid_space=row["pid_space"],
     )
 
 

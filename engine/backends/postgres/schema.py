@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncpg
 
 SCHEMA = "blok"
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 # pg_advisory_xact_lock key that serializes migrations (a constant unique to blok: "blok").
 MIGRATION_LOCK = 0x626C6F6B
@@ -346,6 +346,12 @@ MIGRATIONS: dict[int, str] = {
     6: """
     CREATE TABLE writer_marks (writer TEXT PRIMARY KEY, mark BIGINT NOT NULL,
         at DOUBLE PRECISION NOT NULL);
+    """,
+    # Where a worker's pid names its process (liveness.py): a host name is not enough, since
+    # machines and containers share them, and a live worker elsewhere was found dead by a pid
+    # that meant nothing here. Rows written before: '' (judged by their host name).
+    7: """
+    ALTER TABLE workers ADD COLUMN pid_space TEXT NOT NULL DEFAULT '';
     """,
 }
 

@@ -48,6 +48,7 @@ class PostgresShared(SharedState):
                     worker.pid,
                     worker.started_at.timestamp(),
                     worker.heartbeat_at.timestamp(),
+                    worker.pid_space,
                 )
             ),
         )

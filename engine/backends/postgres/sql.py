@@ -441,9 +441,11 @@ PURGE_JOBS = (
 
 # ---- shared state ----------------------------------------------------------------------------
 HEARTBEAT = (
-    "INSERT INTO workers (id, host, pid, started_at, heartbeat_at) VALUES ($1, $2, $3, $4, $5)"
+    "INSERT INTO workers (id, host, pid, started_at, heartbeat_at, pid_space)"
+    " VALUES ($1, $2, $3, $4, $5, $6)"
     " ON CONFLICT (id) DO UPDATE SET host = excluded.host, pid = excluded.pid,"
-    " started_at = excluded.started_at, heartbeat_at = excluded.heartbeat_at"
+    " started_at = excluded.started_at, heartbeat_at = excluded.heartbeat_at,"
+    " pid_space = excluded.pid_space"
 )
 PUBLISH_CATALOG = (
     "INSERT INTO worker_catalog (worker, queues, workflows, reload_errors, updated_at)"

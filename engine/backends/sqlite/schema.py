@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 MIGRATIONS: dict[int, str] = {
     1: """
@@ -292,5 +292,11 @@ MIGRATIONS: dict[int, str] = {
     # page in an enqueue's commit, for nothing.
     8: """
     DROP INDEX IF EXISTS jobs_run;
+    """,
+    # Where a worker's pid names its process (liveness.py): a host name is not enough, since
+    # machines and containers share them, and a live worker elsewhere was found dead by a pid
+    # that meant nothing here. Rows written before: '' (judged by their host name).
+    9: """
+    ALTER TABLE workers ADD COLUMN pid_space TEXT NOT NULL DEFAULT '';
     """,
 }

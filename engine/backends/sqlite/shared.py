@@ -39,14 +39,15 @@ class SqliteShared(SharedState):
     # ---- workers ---------------------------------------------------------------------------
     def heartbeat(self, worker: WorkerInfo) -> None:
         self.db.write(
-            "INSERT OR REPLACE INTO workers (id, host, pid, started_at, heartbeat_at)"
-            " VALUES (?, ?, ?, ?, ?)",
+            "INSERT OR REPLACE INTO workers (id, host, pid, started_at, heartbeat_at, pid_space)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
             (
                 worker.id,
                 worker.host,
                 worker.pid,
                 worker.started_at.timestamp(),
                 worker.heartbeat_at.timestamp(),
+                worker.pid_space,
             ),
         )
 
