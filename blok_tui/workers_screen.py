@@ -1,4 +1,4 @@
-"""The workers view: every worker process registered on this database (id host:pid, when it
+"""The workers view: every worker process registered on this database (id host:pid:tag, when it
 started, its last heartbeat) and whether it is alive, so an attached console shows who works."""
 
 from __future__ import annotations

@@ -57,12 +57,15 @@ EXIT_CODE_RUNNING = 3  # the process exits with this when a stopped run's code s
 
 
 def _worker_id() -> str:
-    base = f"{socket.gethostname()}:{os.getpid()}"
-    worker_id, n = base, 1
-    while worker_id in _live_workers:
-        n += 1
-        worker_id = f"{base}#{n}"
-    return worker_id
+    """Host, pid and a random tag, as Sidekiq names its processes. Host and pid alone are not
+    unique: machines share host names (VMs cloned from one image, containers on the host's
+    network) and cloned machines starting the same service often give it the same pid. Two
+    workers under one id renewed each other's leases (a renewal is by worker), so the jobs of
+    the one that died were never taken over while the other lived."""
+    while True:
+        worker_id = f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
+        if worker_id not in _live_workers:  # another engine of this process: tell them apart
+            return worker_id
 
 
 def switched_on(value: bool | None, disabled_by: str) -> bool:

@@ -182,7 +182,7 @@ class Run(_Record):
     replay_from_step: str | None = None
     parent_run_id: str | None = None
     depth: int = 0
-    worker: str | None = None  # host:pid of the process that ran it
+    worker: str | None = None  # the id of the worker that ran it (host:pid:tag)
     attempts: int = 0  # step attempts made, over all steps (the runs table shows it)
     failed_attempts: int = 0
     cursor: list[int] = Field(default_factory=list)  # resume point: one index per nesting level

@@ -140,7 +140,7 @@ async def test_crashed_run_is_flipped_on_boot_and_its_job_redelivered(project: P
             job = await client.enqueue("crashy", {"n": 1, "seconds": 30})
             await wait_running(client, 1)
             [victim] = await client.runs(status="running")
-            assert victim.worker and victim.worker.endswith(f":{worker.pid}")
+            assert victim.worker and f":{worker.pid}:" in victim.worker
             worker.send_signal(signal.SIGKILL)
             worker.wait(timeout=10)
     async with Engine(workflows=project / "workflows", database=db) as engine:

@@ -172,7 +172,7 @@ async def test_a_frozen_worker_wakes_up_and_rewrites_nothing(project: Project) -
         await until(lambda: scalar(project.database, "SELECT count(*) FROM worker_catalog") > 0)
         ids = await producer.enqueue_many("fenced", [{"n": n} for n in range(jobs)])
         held = "SELECT count(*) FROM jobs WHERE state = 'active' AND worker LIKE ?"
-        pattern = f"%:{frozen.pid}"
+        pattern = f"%:{frozen.pid}:%"  # host:pid:tag
         # Running and claimed ahead: the claim-ahead jobs are what used to be run twice.
         await until(lambda: scalar(project.database, held, pattern) >= 8)
         await freeze(
@@ -253,7 +253,7 @@ async def test_a_dead_workers_job_is_taken_over_when_its_lease_expires(
         await until(lambda: scalar(project.database, "SELECT count(*) FROM worker_catalog") > 0)
         job = await producer.enqueue("fenced", {"n": 1})
     started = "SELECT count(*) FROM runs WHERE status = 'running' AND worker LIKE ?"
-    await until(lambda: scalar(project.database, started, f"%:{victim.pid}") == 1)
+    await until(lambda: scalar(project.database, started, f"%:{victim.pid}:%") == 1)
     monkeypatch.setenv("FENCING_EFFECTS", str(project.effects))
     monkeypatch.setenv("FENCING_WORK_S", "0.01")
     # Started while the victim lives: its boot recovery finds nobody dead.

@@ -1,4 +1,8 @@
-"""A worker's pid means a process only where it was taken: on that machine (that kernel's
+"""Who a worker is. Its id is not its host name and pid alone: cloned machines starting the same
+service often share both, and two workers under one id renew each other's leases (a renewal is
+by worker), so the jobs of the one that died are never taken over while the other lives.
+
+A worker's pid means a process only where it was taken: on that machine (that kernel's
 boot) and in that PID namespace. Machines and containers often share a host name (VMs cloned
 from one image, containers on the host's network, pods with `hostNetwork`), so a worker that
 reads another's row judges it by its pid only when both run in the same pid space
@@ -12,6 +16,7 @@ that machine's worker writes it.
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -96,3 +101,11 @@ async def test_a_dead_worker_of_this_machine_is_found_at_once(database: str) -> 
         assert run.status is RunStatus.COMPLETED and run.id != run_id
         assert (await worker.get_run(run_id)).status is RunStatus.CRASHED
         assert holder not in {w.id for w in await worker.live_workers()}
+
+
+def test_engines_of_the_same_host_name_and_pid_have_different_ids() -> None:
+    """As two cloned machines starting the same service do: two engines here, neither started,
+    stand for them."""
+    first, second = Engine(), Engine()
+    assert first.worker.id != second.worker.id
+    assert first.worker.id.startswith(f"{socket.gethostname()}:{os.getpid()}:")

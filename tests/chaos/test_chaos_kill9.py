@@ -163,7 +163,7 @@ class Worker:
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
-        self.id = f"{socket.gethostname()}:{self.process.pid}"
+        self.said = ""  # its engine's worker id (host:pid:tag), once it said it is ready
 
     def tail(self) -> str:
         return self.log.read_text(errors="replace")[-3000:]
@@ -175,7 +175,18 @@ class Worker:
         """Its engine has started: its boot recovery (which frees the jobs of a worker found
         dead on this host at once) is behind it."""
         self.alive()
-        return f"worker {self.id} ready".encode() in self.log.read_bytes()
+        named = f"worker {socket.gethostname()}:{self.process.pid}:"
+        for line in self.log.read_text(errors="replace").splitlines():
+            if line.startswith(named) and line.endswith(" ready"):
+                self.said = line.removeprefix("worker ").removesuffix(" ready")
+                return True
+        return False
+
+    @property
+    def id(self) -> str:
+        """Its engine's worker id: known once it is ready (it is, once it has run jobs)."""
+        assert self.said or self.ready(), f"worker not ready:\n{self.tail()}"
+        return self.said
 
     def kill9(self) -> None:
         os.kill(self.process.pid, signal.SIGKILL)

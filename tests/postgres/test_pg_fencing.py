@@ -82,7 +82,7 @@ async def test_a_frozen_worker_wakes_up_and_rewrites_nothing(
         await until(lambda: db.scalar("SELECT count(*) FROM worker_catalog"))
         ids = await producer.enqueue_many("fenced", [{"n": n} for n in range(jobs)])
         held = "SELECT count(*) FROM jobs WHERE state = 'active' AND worker LIKE $1"
-        pattern = f"%:{frozen.pid}"
+        pattern = f"%:{frozen.pid}:%"  # host:pid:tag
         # Running and claimed ahead.
         await until(lambda: check(db.scalar(held, pattern), lambda n: n >= 8))
         os.kill(frozen.pid, signal.SIGSTOP)
@@ -159,7 +159,7 @@ async def test_a_dead_workers_job_is_taken_over_when_its_lease_expires(
         await until(lambda: db.scalar("SELECT count(*) FROM worker_catalog"))
         job = await producer.enqueue("fenced", {"n": 1})
     started = "SELECT count(*) FROM runs WHERE status = 'running' AND worker LIKE $1"
-    await until(lambda: check(db.scalar(started, f"%:{victim.pid}"), lambda n: n == 1))
+    await until(lambda: check(db.scalar(started, f"%:{victim.pid}:%"), lambda n: n == 1))
     monkeypatch.setenv("FENCING_EFFECTS", str(project_.effects))
     monkeypatch.setenv("FENCING_WORK_S", "0.01")
     # Started while the victim lives: its boot recovery finds nobody dead.
