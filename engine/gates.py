@@ -267,7 +267,9 @@ class Gates:
         decision = await self.shared.acquire_start(workflow.name, key, rate.limit, period_s, run.id)
         if decision.allowed:
             return True
-        when = max(decision.free_at, time.time() + 0.001)
+        # On the window's clock, which is the clock the job's run_at is compared with (on
+        # PostgreSQL the server's; this process's may be off).
+        when = max(decision.free_at, decision.decided_at + 0.001)
         keyed = f" for key {key!r}" if rate.key is not None else ""
         until = from_epoch(when)
         assert until is not None

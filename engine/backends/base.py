@@ -308,11 +308,14 @@ class ScheduleState:
 class RateDecision:
     """What `SharedState.acquire_start` decided: `allowed`; the starts counted in the window
     (this one included when allowed); when the oldest of them leaves the window (epoch seconds,
-    the earliest moment a denied run may start; 0.0 when allowed)."""
+    the earliest moment a denied run may start; 0.0 when allowed), on the clock the window is
+    kept by, which read `decided_at` as it decided. On PostgreSQL that is the server's: a
+    worker's own clock may be off, and `free_at - decided_at` is what it waits."""
 
     allowed: bool
     in_window: int
     free_at: float = 0.0
+    decided_at: float = 0.0
 
 
 def place_for(holders: Collection[str], run_id: str, limit: int) -> bool | None:
@@ -328,14 +331,16 @@ def place_for(holders: Collection[str], run_id: str, limit: int) -> bool | None:
     return None
 
 
-def decide_start(held: Mapping[str, float], run_id: str, limit: int) -> RateDecision | None:
-    """A rate window's answer to `run_id` (see `place_for`), from the starts it holds (run id →
-    when that start leaves the window): None when the run gets in (it is then the window's
-    len(held) + 1th start)."""
+def decide_start(
+    held: Mapping[str, float], run_id: str, limit: int, at: float
+) -> RateDecision | None:
+    """A rate window's answer to `run_id` at `at` (see `place_for`), from the starts it holds
+    (run id → when that start leaves the window): None when the run gets in (it is then the
+    window's len(held) + 1th start)."""
     verdict = place_for(held, run_id, limit)
     if verdict is None:
         return None
-    return RateDecision(verdict, len(held), 0.0 if verdict else min(held.values()))
+    return RateDecision(verdict, len(held), 0.0 if verdict else min(held.values()), at)
 
 
 # ---- the interfaces ----------------------------------------------------------------------
@@ -714,8 +719,9 @@ class SharedState(ABC):
         `now` None (the engine's case): the clock, read once the window is held. A start that
         waited for another process's (or behind other writes) counts from when it was let
         through, not from before it waited: counted earlier than it began, it would leave the
-        window early, and let the next start in less than a period after it. Tests pass a
-        fixed moment."""
+        window early, and let the next start in less than a period after it. The clock is the
+        one every process that shares the window reads: the database server's, where processes
+        on several machines share it. Tests pass a fixed moment."""
 
     @abstractmethod
     async def recent_starts(self, scope: str, key: str, since: float) -> list[tuple[str, float]]:
@@ -724,7 +730,9 @@ class SharedState(ABC):
 
     @abstractmethod
     async def forget_starts(self, before: float) -> None:
-        """Drop recorded starts whose window ended before `before` (they count no more)."""
+        """Drop recorded starts whose window ended before `before` (they count no more), and
+        not one still in its window by the clock `acquire_start` reads (a caller's clock may
+        run ahead of it)."""
 
 
 class Backend(ABC):

@@ -207,11 +207,11 @@ class MemoryShared(SharedState):
             now = time.time()
         starts = self._starts.setdefault((scope, key), [])
         starts[:] = [(r, at, until) for r, at, until in starts if until > now]
-        decided = decide_start({r: until for r, _, until in starts}, run_id, limit)
+        decided = decide_start({r: until for r, _, until in starts}, run_id, limit, now)
         if decided is not None:
             return decided
         starts.append((run_id, now, now + period_s))
-        return RateDecision(True, len(starts))
+        return RateDecision(True, len(starts), decided_at=now)
 
     async def recent_starts(self, scope: str, key: str, since: float) -> list[tuple[str, float]]:
         starts = self._starts.get((scope, key), [])

@@ -1,8 +1,11 @@
 """Rate-limit windows on PostgreSQL when processes contend for one: a start that waited for
-another process's counts from when it was let through, not from before it waited."""
+another process's counts from when it was let through, not from before it waited; and every
+process counts on the server's clock, whatever its own says."""
 
 from __future__ import annotations
 
+import json
+import sys
 import time
 from typing import Any
 
@@ -59,3 +62,45 @@ async def test_a_start_that_waited_for_the_window_counts_from_when_it_got_it(
         [(run_id, started)] = await backend.shared.recent_starts("wf", "*", 0.0)
     assert decisions[0].allowed and run_id == "r1"
     assert started >= let_through
+
+
+AHEAD_S = 120.0
+SKEWED = f"""
+import asyncio, json, sys, time
+
+real = time.time
+time.time = lambda: real() + {AHEAD_S}  # this machine's clock runs two minutes ahead
+
+from engine.backends import open_backend
+
+
+async def main(url: str) -> None:
+    async with open_backend(url) as backend:
+        await backend.shared.forget_starts(time.time())  # as its gate does now and then
+        left = await backend.shared.recent_starts("wf", "*", 0.0)
+        decision = await backend.shared.acquire_start("wf", "*", 1, 60.0, "ahead")
+        wait = decision.free_at - decision.decided_at
+        print(json.dumps({{"left": [r for r, _ in left], "allowed": decision.allowed, "wait": wait}}))
+
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+async def test_a_machine_whose_clock_runs_ahead_counts_in_the_same_window(pg_schema: str) -> None:
+    """One start a minute, two machines: this one starts a run; another process, whose clock
+    runs two minutes ahead (as an unsynchronised machine's may), then asks for a start. The
+    window is counted on the server's clock: the start is not dropped as a minute old by the
+    other's clock (neither by its clean-up nor by its own start), and the other waits the
+    minute the server says, not none."""
+    async with open_backend(pg_schema) as backend:
+        assert (await backend.shared.acquire_start("wf", "*", 1, 60.0, "here")).allowed
+        done = await anyio.run_process([sys.executable, "-c", SKEWED, pg_schema])
+        seen = json.loads(done.stdout)
+        assert seen["left"] == ["here"], (
+            "the other machine's clean-up dropped a start in its window"
+        )
+        assert not seen["allowed"], "a second start within the minute"
+        assert 50.0 < seen["wait"] <= 60.0
+        [(run_id, _)] = await backend.shared.recent_starts("wf", "*", 0.0)
+    assert run_id == "here"

@@ -283,18 +283,15 @@ class PostgresShared(SharedState):
 
         async def acquire(conn: Conn) -> RateDecision:
             await conn.execute(sql.RATE_LOCK, scope, key)
-            at = time.time() if now is None else now  # held now: see `SharedState`
-            await conn.execute(
-                "DELETE FROM rate_starts WHERE scope = $1 AND key = $2 AND until <= $3",
-                scope,
-                key,
-                at,
-            )
+            # Held now: see `SharedState`. The server's clock, the one every machine sharing
+            # the window reads: counted by their own, a machine whose clock ran a minute ahead
+            # dropped the starts of the last minute and let as many more in.
+            at = float(await conn.fetchval(sql.RATE_OPEN, scope, key, now))
             rows = await conn.fetch(
                 "SELECT run_id, until FROM rate_starts WHERE scope = $1 AND key = $2", scope, key
             )
             held = {row[0]: row[1] for row in rows}
-            decided = decide_start(held, run_id, limit)
+            decided = decide_start(held, run_id, limit, at)
             if decided is not None:
                 return decided
             await conn.execute(
@@ -306,7 +303,7 @@ class PostgresShared(SharedState):
                 at,
                 at + period_s,
             )
-            return RateDecision(True, len(held) + 1)
+            return RateDecision(True, len(held) + 1, decided_at=at)
 
         return await self.db.transaction(acquire)
 
@@ -321,4 +318,5 @@ class PostgresShared(SharedState):
         return [(row[0], row[1]) for row in rows]
 
     async def forget_starts(self, before: float) -> None:
-        self.db.write("DELETE FROM rate_starts WHERE until < $1", (before,))
+        # Not a start the server's clock still counts: the caller's clock may run ahead.
+        self.db.write(f"DELETE FROM rate_starts WHERE until < least($1, {sql.NOW})", (before,))

@@ -473,6 +473,15 @@ SLOTS_LOCK = "SELECT pg_advisory_xact_lock(hashtext($1 || chr(31) || $2), 1)"
 WINDOW_LOCK = "SELECT pg_advisory_xact_lock(hashtext($1 || chr(31) || $2 || chr(31) || $3), 2)"
 # A rate-limit window (scope, key) is read-decide-write the same way: $1 scope, $2 key.
 RATE_LOCK = "SELECT pg_advisory_xact_lock(hashtext($1 || chr(31) || $2), 4)"
+# A rate window's moment (the server's clock as the statement runs, $3 if given), with the
+# window's starts that have left it by then dropped; one round trip.
+RATE_OPEN = (
+    "WITH at AS MATERIALIZED (SELECT coalesce($3::double precision,"
+    " extract(epoch FROM clock_timestamp())::double precision) AS t),"
+    " gone AS (DELETE FROM rate_starts WHERE scope = $1 AND key = $2"
+    " AND until <= (SELECT t FROM at))"
+    " SELECT t FROM at"
+)
 
 # ---- event mailboxes -------------------------------------------------------------------------
 # What a run's mailbox holds and whether the run waits are read and written with the run's row

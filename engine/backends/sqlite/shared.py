@@ -315,7 +315,7 @@ class SqliteShared(SharedState):
                     (scope, key),
                 ).fetchall()
             )
-            decided = decide_start(held, run_id, limit)
+            decided = decide_start(held, run_id, limit, at)
             if decided is not None:
                 return decided
             conn.execute(
@@ -323,7 +323,7 @@ class SqliteShared(SharedState):
                 " VALUES (?, ?, ?, ?, ?)",
                 (scope, key, run_id, at, at + period_s),
             )
-            return RateDecision(True, len(held) + 1)
+            return RateDecision(True, len(held) + 1, decided_at=at)
 
         return await self.db.transaction(acquire)
 
