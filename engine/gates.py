@@ -305,7 +305,7 @@ class Gates:
             await self.shared.close_windows(now)
         if job.meta.get("debounce") == "fire":
 
-            def fire(window: Window | None) -> tuple[str | None, Window | None, bool]:
+            def fire(window: Window | None, now: float) -> tuple[str | None, Window | None, bool]:
                 if window is None or window.run_id == run.id:
                     return None, None, True  # this run fires: the window closes
                 return window.run_id, window, False
@@ -318,14 +318,14 @@ class Gates:
             return True
         max_delay = debounce.max_delay
 
-        def ping(window: Window | None) -> tuple[Verdict, Window | None, bool]:
+        def ping(window: Window | None, now: float) -> tuple[Verdict, Window | None, bool]:
             verdict, kept = _decide(
                 window,
                 debounce.mode,
                 run.id,
                 job.id,
                 job.created_at.timestamp(),
-                time.time(),
+                now,  # the windows' clock, not this process's (which may be off)
                 debounce.delay / 1000,
                 max_delay / 1000 if max_delay is not None else NO_CAP_S,
             )

@@ -637,15 +637,19 @@ class SharedState(ABC):
         workflow: str,
         key: str,
         mode: str,
-        decide: Callable[[Window | None], tuple[T, Window | None, bool]],
+        decide: Callable[[Window | None, float], tuple[T, Window | None, bool]],
     ) -> T:
         """Read the window of (workflow, key, mode) and let `decide` return (result, window,
         write); when `write`, store the window (None: delete it). Atomic with respect to every
-        other process; `decide` runs inside the transaction, so it does no I/O."""
+        other process; `decide` runs inside the transaction, so it does no I/O. It gets the
+        window and the moment (epoch seconds) on the clock windows are kept by: the one every
+        process sharing them reads (the database server's, where processes on several
+        machines share them)."""
 
     @abstractmethod
     async def close_windows(self, before: float) -> None:
-        """Forget leading windows that closed before `before` (history only)."""
+        """Forget leading windows that closed before `before` (history only), and not one
+        still open by the clock `update_window` reads (a caller's clock may run ahead of it)."""
 
     # cluster chores
     @abstractmethod

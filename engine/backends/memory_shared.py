@@ -103,9 +103,9 @@ class MemoryShared(SharedState):
         workflow: str,
         key: str,
         mode: str,
-        decide: Callable[[Window | None], tuple[T, Window | None, bool]],
+        decide: Callable[[Window | None, float], tuple[T, Window | None, bool]],
     ) -> T:
-        result, window, write = decide(self._windows.get((workflow, key, mode)))
+        result, window, write = decide(self._windows.get((workflow, key, mode)), time.time())
         if write:
             if window is None:
                 self._windows.pop((workflow, key, mode), None)

@@ -230,34 +230,40 @@ def a_window(run_id: str = "run_a", until: float = 0.0) -> Window:
 
 async def test_update_window_reads_writes_and_deletes(shared: SharedState) -> None:
     seen: list[Window | None] = []
+    moments: list[float] = []
     first = a_window("run_a")
+    asked = time.time()
 
-    def open_it(window: Window | None) -> tuple[str, Window | None, bool]:
+    def open_it(window: Window | None, now: float) -> tuple[str, Window | None, bool]:
         seen.append(window)
+        moments.append(now)
         return "opened", first, True
 
     assert await shared.update_window("ship", "k", "trailing", open_it) == "opened"
 
-    def look(window: Window | None) -> tuple[Window | None, Window | None, bool]:
+    def look(window: Window | None, now: float) -> tuple[Window | None, Window | None, bool]:
         seen.append(window)
         return window, a_window("run_ignored"), False  # write=False: nothing changes
 
     assert await shared.update_window("ship", "k", "trailing", look) == first
     assert await shared.update_window("ship", "k", "trailing", look) == first
 
-    def close_it(window: Window | None) -> tuple[bool, Window | None, bool]:
+    def close_it(window: Window | None, now: float) -> tuple[bool, Window | None, bool]:
         return window is not None, None, True
 
     assert await shared.update_window("ship", "k", "trailing", close_it) is True
     assert await shared.update_window("ship", "k", "trailing", look) is None
     assert seen == [None, first, first, None]
+    # `decide` is told the moment on the windows' clock (the server's, on PostgreSQL: on this
+    # machine, this machine's).
+    assert abs(moments[0] - asked) < 5.0
 
 
 async def test_windows_are_kept_apart_by_workflow_key_and_mode(shared: SharedState) -> None:
     def put(window: Window) -> object:
-        return lambda _: (None, window, True)
+        return lambda _, __: (None, window, True)
 
-    def read(window: Window | None) -> tuple[Window | None, Window | None, bool]:
+    def read(window: Window | None, now: float) -> tuple[Window | None, Window | None, bool]:
         return window, None, False
 
     places = [("ship", "k", "trailing"), ("ship", "k", "leading"), ("ship", "j", "trailing")]
@@ -274,9 +280,9 @@ async def test_close_windows_forgets_leading_windows_that_closed(shared: SharedS
     now = time.time()
 
     def put(window: Window) -> object:
-        return lambda _: (None, window, True)
+        return lambda _, __: (None, window, True)
 
-    def read(window: Window | None) -> tuple[Window | None, Window | None, bool]:
+    def read(window: Window | None, now: float) -> tuple[Window | None, Window | None, bool]:
         return window, None, False
 
     closed = a_window("run_closed", until=now - 10)
@@ -293,7 +299,7 @@ async def test_close_windows_forgets_leading_windows_that_closed(shared: SharedS
     assert await shared.update_window("ship", "c", "trailing", read) == trailing
 
 
-def count_up(window: Window | None) -> tuple[int, Window | None, bool]:
+def count_up(window: Window | None, now: float) -> tuple[int, Window | None, bool]:
     """Read-modify-write: the window's `until` counts the updates made to it."""
     count = int(window.until) + 1 if window is not None else 1
     return count, Window("run_n", "job_n", 0.0, 0.0, float(count)), True

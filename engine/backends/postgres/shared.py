@@ -154,18 +154,15 @@ class PostgresShared(SharedState):
         workflow: str,
         key: str,
         mode: str,
-        decide: Callable[[Window | None], tuple[T, Window | None, bool]],
+        decide: Callable[[Window | None, float], tuple[T, Window | None, bool]],
     ) -> T:
         async def update(conn: Conn) -> T:
             await conn.execute(sql.WINDOW_LOCK, workflow, key, mode)
-            row = await conn.fetchrow(
-                "SELECT run_id, job_id, created_at, opened_at, until FROM debounce_windows"
-                " WHERE workflow = $1 AND key = $2 AND mode = $3",
-                workflow,
-                key,
-                mode,
-            )
-            result, window, write = decide(Window(*row) if row else None)
+            # With the server's clock: see `SharedState.update_window`.
+            row = await conn.fetchrow(sql.READ_WINDOW, workflow, key, mode)
+            assert row is not None  # the clock's row, with or without a window
+            found = Window(*row[1:]) if row["run_id"] is not None else None
+            result, window, write = decide(found, row["now"])
             if write and window is None:
                 await conn.execute(
                     "DELETE FROM debounce_windows WHERE workflow = $1 AND key = $2 AND mode = $3",
@@ -195,8 +192,10 @@ class PostgresShared(SharedState):
 
     async def close_windows(self, before: float) -> None:
         # Closed leading windows are only history; one row per key would pile up.
+        # Not one the server's clock still has open: the caller's clock may run ahead.
         self.db.write(
-            "DELETE FROM debounce_windows WHERE mode = 'leading' AND until < $1", (before,)
+            f"DELETE FROM debounce_windows WHERE mode = 'leading' AND until < least($1, {sql.NOW})",
+            (before,),
         )
 
     # ---- cluster chores --------------------------------------------------------------------

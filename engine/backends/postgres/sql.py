@@ -473,6 +473,13 @@ SLOTS_LOCK = "SELECT pg_advisory_xact_lock(hashtext($1 || chr(31) || $2), 1)"
 WINDOW_LOCK = "SELECT pg_advisory_xact_lock(hashtext($1 || chr(31) || $2 || chr(31) || $3), 2)"
 # A rate-limit window (scope, key) is read-decide-write the same way: $1 scope, $2 key.
 RATE_LOCK = "SELECT pg_advisory_xact_lock(hashtext($1 || chr(31) || $2), 4)"
+# A debounce window (NULLs: none) and the server's clock, read after the window's lock: a
+# machine whose clock runs ahead found an open window closed and ran a burst's job again.
+READ_WINDOW = (
+    "SELECT extract(epoch FROM clock_timestamp())::double precision AS now, w.run_id,"
+    " w.job_id, w.created_at, w.opened_at, w.until FROM (SELECT 1) AS one"
+    " LEFT JOIN debounce_windows w ON w.workflow = $1 AND w.key = $2 AND w.mode = $3"
+)
 # A rate window's moment (the server's clock as the statement runs, $3 if given), with the
 # window's starts that have left it by then dropped; one round trip.
 RATE_OPEN = (

@@ -148,7 +148,7 @@ class SqliteShared(SharedState):
         workflow: str,
         key: str,
         mode: str,
-        decide: Callable[[Window | None], tuple[T, Window | None, bool]],
+        decide: Callable[[Window | None, float], tuple[T, Window | None, bool]],
     ) -> T:
         def update(conn: sqlite3.Connection) -> T:
             row = conn.execute(
@@ -156,7 +156,7 @@ class SqliteShared(SharedState):
                 " WHERE workflow = ? AND key = ? AND mode = ?",
                 (workflow, key, mode),
             ).fetchone()
-            result, window, write = decide(Window(*row) if row else None)
+            result, window, write = decide(Window(*row) if row else None, time.time())
             if write and window is None:
                 conn.execute(
                     "DELETE FROM debounce_windows WHERE workflow = ? AND key = ? AND mode = ?",
