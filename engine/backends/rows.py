@@ -404,13 +404,15 @@ def job_from_row(row: Sequence[Any]) -> Job:
 
 
 # ---- shared state ------------------------------------------------------------------------
-def worker_from_row(row: Any) -> WorkerInfo:
+def worker_from_row(row: Any, heartbeat_at: float | None = None) -> WorkerInfo:
+    """`heartbeat_at`: the heartbeat on the reader's clock, where the row's is another's."""
+    beat = row["heartbeat_at"] if heartbeat_at is None else heartbeat_at
     return WorkerInfo(
         id=row["id"],
         host=row["host"],
         pid=row["pid"],
         started_at=datetime.fromtimestamp(row["started_at"], UTC),
-        heartbeat_at=datetime.fromtimestamp(row["heartbeat_at"], UTC),
+        heartbeat_at=datetime.fromtimestamp(beat, UTC),
         pid_space=row["pid_space"],
     )
 

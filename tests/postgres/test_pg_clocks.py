@@ -1,5 +1,6 @@
 """Machines whose clocks disagree share one PostgreSQL database: the moments that decide who
-may start (a debounce window open or closed) are the server's, never a worker's. A worker in
+may start (a debounce window open or closed; rate windows: test_pg_rate_limits.py) and who is
+alive (a heartbeat) are the server's, never a worker's. A worker in
 another process whose clock runs two minutes ahead (as an unsynchronised machine's may; the
 producer and this process keep the right time) stands for such a machine."""
 
@@ -7,16 +8,20 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import anyio
 import pytest
 from anyio.streams.text import TextReceiveStream
 from pg import NO_DRIVER
+from support import add_unserved
 
 pytest.importorskip("asyncpg", reason=NO_DRIVER)
 
-from engine import Engine, RunStatus
+from engine import Engine, RunStatus, Step, WorkerTrigger, Workflow
+from engine.liveness import worker_alive
+from engine.models import WorkerInfo, utcnow
 
 pytestmark = pytest.mark.anyio
 
@@ -85,3 +90,32 @@ async def test_a_worker_whose_clock_runs_ahead_keeps_a_burst_in_its_window(
     # Within the minute by the server's clock: the press joins the first run. By the worker's
     # own clock the window had closed a minute before, and the press ran again.
     assert run.status is RunStatus.DEBOUNCED, (run.status, run.logs)
+
+
+async def test_a_worker_whose_clock_runs_behind_is_alive_while_it_beats(pg_schema: str) -> None:
+    """Its heartbeat is a moment on its own clock, two minutes behind: read against another
+    machine's clock it looked two minutes old, and recovery took the jobs it was running (a
+    second run of each, while the first went on). The heartbeat is the server's moment."""
+    now = utcnow()
+    behind = WorkerInfo(
+        id="behind:7:0a0b0c",
+        host="behind",
+        pid=7,
+        pid_space="another-boot/4026531836",
+        started_at=now - timedelta(seconds=AHEAD_S),
+        heartbeat_at=now - timedelta(seconds=AHEAD_S),  # "now", by its clock
+    )
+    async with Engine(database=pg_schema) as producer:
+        producer.backend.shared.heartbeat(behind)
+        [seen] = [w for w in await producer.backend.shared.workers() if w.id == behind.id]
+        queue = producer.backend.queue("postgres")
+        await add_unserved(queue, "echo", [{"i": 1}])
+        [claim] = await queue.claim("echo", 1, behind.id, 3600.0)
+    assert worker_alive(seen)
+    assert abs((seen.heartbeat_at - utcnow()).total_seconds()) < 5.0
+    trigger = WorkerTrigger(queue="echo", provider="postgres")
+    echo = Workflow(name="echo", trigger=trigger, steps=[Step("echo", lambda ctx: "done")])
+    async with Engine(workflows=[echo], database=pg_schema) as worker:
+        # Its recovery ran as it opened, and again here: the job stays the other worker's.
+        assert worker._chores is not None and await worker._chores.recover() == 0
+        assert (await worker.get_job(claim.job.id)).worker == behind.id

@@ -47,7 +47,6 @@ class PostgresShared(SharedState):
                     worker.host,
                     worker.pid,
                     worker.started_at.timestamp(),
-                    worker.heartbeat_at.timestamp(),
                     worker.pid_space,
                 )
             ),
@@ -55,8 +54,10 @@ class PostgresShared(SharedState):
 
     async def workers(self) -> list[WorkerInfo]:
         await self.db.flush()
-        rows = await self.db.fetch("SELECT * FROM workers ORDER BY started_at")
-        return [worker_from_row(row) for row in rows]
+        rows = await self.db.fetch(sql.WORKERS)
+        # Each heartbeat as long ago, by this process's clock, as it is by the server's.
+        here = time.time()
+        return [worker_from_row(row, here - row["heartbeat_age"]) for row in rows]
 
     async def forget_worker(self, worker_id: str) -> None:
         self.db.write("DELETE FROM workers WHERE id = $1", (worker_id,))

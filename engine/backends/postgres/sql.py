@@ -440,13 +440,17 @@ PURGE_JOBS = (
 )
 
 # ---- shared state ----------------------------------------------------------------------------
+# A heartbeat is the server's moment, and its age is read on the server's clock (WORKERS): by
+# the worker's own, a machine whose clock ran behind looked long dead to the others, and
+# recovery took the jobs it was running.
 HEARTBEAT = (
     "INSERT INTO workers (id, host, pid, started_at, heartbeat_at, pid_space)"
-    " VALUES ($1, $2, $3, $4, $5, $6)"
+    f" VALUES ($1, $2, $3, $4, {NOW}, $5)"
     " ON CONFLICT (id) DO UPDATE SET host = excluded.host, pid = excluded.pid,"
     " started_at = excluded.started_at, heartbeat_at = excluded.heartbeat_at,"
     " pid_space = excluded.pid_space"
 )
+WORKERS = f"SELECT *, {NOW} - heartbeat_at AS heartbeat_age FROM workers ORDER BY started_at"
 PUBLISH_CATALOG = (
     "INSERT INTO worker_catalog (worker, queues, workflows, reload_errors, updated_at)"
     " VALUES ($1, $2, $3, $4, $5) ON CONFLICT (worker) DO UPDATE SET queues = excluded.queues,"
