@@ -17,6 +17,7 @@ from ..base import Pace
 from ..database_backend import DatabaseBackend
 from .db import SqliteDatabase
 from .file_changes import FileChanges
+from .filesystem import warn_if_networked
 from .queue import SqliteQueue
 from .shared import SqliteShared
 from .store import SqliteRunStore
@@ -65,6 +66,7 @@ class SqliteBackend(DatabaseBackend):
 
     async def __aenter__(self) -> SqliteBackend:
         await self.db.open()
+        warn_if_networked(self.db.path)
         self.file_changes = FileChanges.open(self.db.path)
         if self.file_changes is not None:
             self.db.committed_here = self._committed_here
