@@ -18,7 +18,7 @@ import anyio.lowlevel
 from .backends.base import Backend
 from .filters import RunFilter
 from .ledger import Ledger, may_have_begun
-from .liveness import pid_alive, pid_names_process_here
+from .liveness import pid_names_process_here, process_runs
 from .models import RunStatus, WorkerInfo, utcnow
 
 log = logging.getLogger("blok.chores")
@@ -61,7 +61,7 @@ class Chores:
             return False
         if pid_names_process_here(worker):
             # An earlier engine of this very process that did not close, or a dead process.
-            return worker.pid == self.me.pid or not pid_alive(worker.pid)
+            return worker.pid == self.me.pid or not process_runs(worker)
         stale = utcnow() - timedelta(seconds=max(3 * self.heartbeat_s, self.lease_s))
         return worker.heartbeat_at < stale
 

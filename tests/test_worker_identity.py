@@ -20,7 +20,10 @@ import os
 import socket
 import subprocess
 import sys
+from datetime import datetime, timedelta
+from pathlib import Path
 
+import anyio
 import pytest
 from support import add_unserved, durable_database, provider_of
 
@@ -52,11 +55,13 @@ def dead_pid() -> int:
     return child.pid
 
 
-async def held_by(database: str, pid_space: str) -> tuple[str, str, str]:
-    """A job claimed, with a lease of an hour, by a worker registered under this host name
-    whose pid is dead here, in `pid_space`; its heartbeat is fresh. The worker's id, the job's
-    id and its run's."""
-    pid = dead_pid()
+async def held_by(
+    database: str, pid_space: str, pid: int | None = None, started: datetime | None = None
+) -> tuple[str, str, str]:
+    """A job claimed, with a lease of an hour, by a worker registered under this host name in
+    `pid_space`, with `pid` (default: one dead here) and registered at `started` (default:
+    now); its heartbeat is fresh. The worker's id, the job's id and its run's."""
+    pid = dead_pid() if pid is None else pid
     holder = f"{socket.gethostname()}:{pid}"
     now = utcnow()
     async with Engine(database=database) as producer:
@@ -66,7 +71,7 @@ async def held_by(database: str, pid_space: str) -> tuple[str, str, str]:
                 host=socket.gethostname(),
                 pid=pid,
                 pid_space=pid_space,
-                started_at=now,
+                started_at=started or now,
                 heartbeat_at=now,
             )
         )
@@ -109,3 +114,21 @@ def test_engines_of_the_same_host_name_and_pid_have_different_ids() -> None:
     first, second = Engine(), Engine()
     assert first.worker.id != second.worker.id
     assert first.worker.id.startswith(f"{socket.gethostname()}:{os.getpid()}:")
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="no /proc: no start times")
+async def test_a_worker_whose_pid_a_newer_process_took_is_found_dead(database: str) -> None:
+    """Killed an hour ago; its pid now names another process, which began after it registered
+    (pids are given again once their process ended). A live process started now stands for
+    that newer one. Judged by its pid alone, it lived on: its job was never recovered, and a
+    health check saw a worker alive where none was."""
+    command = [sys.executable, "-c", "import sys; sys.stdin.read()"]
+    async with await anyio.open_process(command) as newer:
+        an_hour_ago = utcnow() - timedelta(hours=1)
+        holder, job_id, run_id = await held_by(database, PID_SPACE, newer.pid, an_hour_ago)
+        async with Engine(workflows=workflows(database), database=database) as worker:
+            run = await worker.wait_for_job(job_id, timeout=20)
+            assert run.status is RunStatus.COMPLETED and run.id != run_id
+            assert holder not in {w.id for w in await worker.live_workers()}
+        assert newer.stdin is not None
+        await newer.stdin.aclose()
