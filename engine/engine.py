@@ -36,7 +36,7 @@ from .feed import Follower
 from .filters import RunFilter
 from .health import Health
 from .ledger import Ledger
-from .liveness import PID_SPACE
+from .liveness import this_process
 from .loader import IMPORT_TIMEOUT_S
 from .mailbox import Mailbox
 from .models import Job, QueueInfo, QueueStats, Run, WorkerInfo, WorkflowInfo, utcnow
@@ -171,7 +171,7 @@ class Engine:
             pid=os.getpid(),
             started_at=utcnow(),
             heartbeat_at=utcnow(),
-            pid_space=PID_SPACE,
+            process=this_process(),
         )
         self.catalog = Catalog(
             workflows, self.bus, check=self._check_provider, import_timeout=import_timeout

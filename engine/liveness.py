@@ -10,9 +10,6 @@ from pathlib import Path
 from .models import WorkerInfo, utcnow
 
 STALE_HEARTBEAT_S = 10.0  # a worker on another host is gone after this long without one
-# A process that began this long after its worker registered is not that worker's: /proc gives
-# start times to the clock tick, boot time to the second.
-PID_REUSED_AFTER_S = 5.0
 
 
 def _pid_space() -> str:
@@ -31,39 +28,49 @@ def _pid_space() -> str:
 PID_SPACE = _pid_space()
 
 
-def pid_names_process_here(worker: WorkerInfo) -> bool:
-    """Whether `worker.pid` is a pid of this process's pid space: asking the system about it
-    then tells whether that worker runs. A row without its pid space (an engine of before it
-    was recorded) is judged by its host name, as it was then."""
-    if worker.pid_space:
-        return worker.pid_space == PID_SPACE
-    return worker.host == socket.gethostname()
-
-
-def process_began(pid: int) -> float | None:
-    """When the process with this pid began (epoch seconds), None where /proc does not say."""
+def _began(pid: int | str) -> str | None:
+    """When the process began, in clock ticks since boot (field 22 of /proc/PID/stat): with
+    its pid, it names one process for the life of the boot, and no step of the wall clock
+    moves it. None where /proc does not say."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-        boot = next(
-            float(line.split()[1])
-            for line in Path("/proc/stat").read_text().splitlines()
-            if line.startswith("btime ")
-        )
-        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: its start, in ticks
-    except (OSError, ValueError, IndexError, StopIteration):
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19]
+    except (OSError, IndexError):
         return None
 
 
+def process_of(pid: int | str) -> str:
+    """A process of this pid space as `WorkerInfo.process` records it: the pid space, then `#`
+    and when it began."""
+    began = _began(pid)
+    return PID_SPACE if began is None else f"{PID_SPACE}#{began}"
+
+
+def this_process() -> str:
+    """This process, read when asked, not at import: a process forked after the import began
+    later."""
+    return process_of("self")
+
+
+def pid_names_process_here(worker: WorkerInfo) -> bool:
+    """Whether `worker.pid` is a pid of this process's pid space: asking the system about it
+    then tells whether that worker runs. A row without its process (an engine of before it was
+    recorded) is judged by its host name, as it was then."""
+    if worker.process:
+        return worker.process.partition("#")[0] == PID_SPACE
+    return worker.host == socket.gethostname()
+
+
 def process_runs(worker: WorkerInfo) -> bool:
-    """Whether the worker's process (its pid names a process here) still runs: its pid is
-    alive and no newer process took it. A pid is given again once its process ended: without
-    the second check, a worker killed long ago lived on in whatever process got its pid, its
-    row and its jobs never recovered, and `blok-tui health` said a worker was alive when none
-    was."""
+    """Whether the worker's process (its pid names a process here) still runs: its pid is alive
+    and names the process that began when the worker's did. A pid is given again once its
+    process ended: judged by the pid alone, a worker killed long ago lived on in whatever
+    process got its pid, so recovery never released its jobs nor forgot it, and `blok-tui
+    health` said a worker was alive when none was."""
     if not pid_alive(worker.pid):
         return False
-    began = process_began(worker.pid)
-    return began is None or began <= worker.started_at.timestamp() + PID_REUSED_AFTER_S
+    recorded = worker.process.partition("#")[2]
+    began = _began(worker.pid) if recorded else None
+    return began is None or began == recorded
 
 
 def pid_alive(pid: int) -> bool:

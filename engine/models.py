@@ -296,6 +296,7 @@ class WorkerInfo(_Record):
     pid: int
     started_at: datetime
     heartbeat_at: datetime
-    # Where `pid` names the process: the machine's boot and the PID namespace (liveness.py).
-    # Empty in a row an engine wrote before it was recorded: the host name stands in.
-    pid_space: str = ""
+    # The worker's process as the kernel knows it (liveness.py): where `pid` names it (the
+    # machine's boot and the PID namespace) and when it began. Empty in a row an engine wrote
+    # before it was recorded: the host name stands in.
+    process: str = ""

@@ -138,7 +138,7 @@ async def test_a_file_of_the_previous_schema_is_migrated_and_its_jobs_run(tmp_pa
     handed, ahead = await lost_holder(database, 2, 1, LEASE_S, registered=False)
     with closing(sqlite3.connect(database)) as conn:  # back to what schema 6 wrote
         conn.execute("ALTER TABLE jobs DROP COLUMN handed")
-        conn.execute("ALTER TABLE workers DROP COLUMN pid_space")  # schema 9's
+        conn.execute("ALTER TABLE workers DROP COLUMN process")  # schema 9's
         conn.execute("CREATE INDEX jobs_run ON jobs(run_id)")
         conn.execute("DELETE FROM schema_version WHERE version > 6")
         conn.commit()

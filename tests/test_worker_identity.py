@@ -2,16 +2,18 @@
 service often share both, and two workers under one id renew each other's leases (a renewal is
 by worker), so the jobs of the one that died are never taken over while the other lives.
 
-A worker's pid means a process only where it was taken: on that machine (that kernel's
-boot) and in that PID namespace. Machines and containers often share a host name (VMs cloned
-from one image, containers on the host's network, pods with `hostNetwork`), so a worker that
-reads another's row judges it by its pid only when both run in the same pid space
-(`WorkerInfo.pid_space`); elsewhere by its heartbeat. Judged by its pid on a machine where that
-pid means nothing, a live worker on another machine was found dead: recovery took its jobs and
-recorded its runs crashed while it ran them, and they ran twice.
+A worker's pid means a process only where it was taken: on that machine (that kernel's boot)
+and in that PID namespace; and only as long as that process lives, since a pid is given again.
+So a worker records its process as the kernel knows it (`WorkerInfo.process`: its pid space
+and when it began, in clock ticks since boot), and another judges it by its pid only in the
+same pid space, and only if the process with that pid began when the worker's did; elsewhere by
+its heartbeat. Machines and containers often share a host name (VMs cloned from one image,
+containers on the host's network, pods with `hostNetwork`): judged by its pid on a machine
+where that pid meant nothing, a live worker on another machine was found dead, and recovery
+took its jobs and recorded its runs crashed while it ran them.
 
-Real databases (SQLite and PostgreSQL), a real dead pid; the other machine is a row written as
-that machine's worker writes it.
+Real databases (SQLite and PostgreSQL), real processes and pids; the other machine is a row
+written as that machine's worker writes it.
 """
 
 from __future__ import annotations
@@ -20,15 +22,13 @@ import os
 import socket
 import subprocess
 import sys
-from datetime import datetime, timedelta
-from pathlib import Path
 
 import anyio
 import pytest
 from support import add_unserved, durable_database, provider_of
 
 from engine import Engine, JobState, RunStatus, Step, WorkerTrigger, Workflow
-from engine.liveness import PID_SPACE
+from engine.liveness import PID_SPACE, process_of, this_process
 from engine.models import WorkerInfo, utcnow
 
 pytestmark = pytest.mark.anyio
@@ -55,14 +55,12 @@ def dead_pid() -> int:
     return child.pid
 
 
-async def held_by(
-    database: str, pid_space: str, pid: int | None = None, started: datetime | None = None
-) -> tuple[str, str, str]:
-    """A job claimed, with a lease of an hour, by a worker registered under this host name in
-    `pid_space`, with `pid` (default: one dead here) and registered at `started` (default:
-    now); its heartbeat is fresh. The worker's id, the job's id and its run's."""
+async def held_by(database: str, process: str, pid: int | None = None) -> tuple[str, str, str]:
+    """A job claimed, with a lease of an hour, by a worker registered under this host name with
+    `process` and `pid` (default: one dead here); its heartbeat is fresh. The worker's id, the
+    job's id and its run's."""
     pid = dead_pid() if pid is None else pid
-    holder = f"{socket.gethostname()}:{pid}"
+    holder = f"{socket.gethostname()}:{pid}:0a0b0c"
     now = utcnow()
     async with Engine(database=database) as producer:
         producer.backend.shared.heartbeat(
@@ -70,8 +68,8 @@ async def held_by(
                 id=holder,
                 host=socket.gethostname(),
                 pid=pid,
-                pid_space=pid_space,
-                started_at=started or now,
+                process=process,
+                started_at=now,
                 heartbeat_at=now,
             )
         )
@@ -82,10 +80,20 @@ async def held_by(
     return holder, job.id, job.run_id
 
 
+async def taken_over(database: str, holder: str, job_id: str, run_id: str) -> None:
+    """A worker opens, finds the holder dead, and runs the job in a new run; the first one is
+    recorded crashed."""
+    async with Engine(workflows=workflows(database), database=database) as worker:
+        run = await worker.wait_for_job(job_id, timeout=20)
+        assert run.status is RunStatus.COMPLETED and run.id != run_id
+        assert (await worker.get_run(run_id)).status is RunStatus.CRASHED
+        assert holder not in {w.id for w in await worker.live_workers()}
+
+
 async def test_a_live_worker_on_another_machine_of_the_same_name_keeps_its_jobs(
     database: str,
 ) -> None:
-    holder, job_id, run_id = await held_by(database, ANOTHER_MACHINE)
+    holder, job_id, run_id = await held_by(database, f"{ANOTHER_MACHINE}#812")
     async with Engine(workflows=workflows(database), database=database) as worker:
         # Its recovery ran as it opened (before its first claim): the job is still the other
         # machine's, its run not crashed, and that worker counts as alive.
@@ -100,12 +108,39 @@ async def test_a_live_worker_on_another_machine_of_the_same_name_keeps_its_jobs(
 async def test_a_dead_worker_of_this_machine_is_found_at_once(database: str) -> None:
     """Same pid space, pid gone: dead without waiting for its heartbeat to age, and its job
     taken over with its run recorded crashed."""
-    holder, job_id, run_id = await held_by(database, PID_SPACE)
-    async with Engine(workflows=workflows(database), database=database) as worker:
-        run = await worker.wait_for_job(job_id, timeout=20)
-        assert run.status is RunStatus.COMPLETED and run.id != run_id
-        assert (await worker.get_run(run_id)).status is RunStatus.CRASHED
-        assert holder not in {w.id for w in await worker.live_workers()}
+    await taken_over(database, *await held_by(database, f"{PID_SPACE}#812"))
+
+
+def a_live_process() -> list[str]:
+    """A process that lives until its stdin closes."""
+    return [sys.executable, "-c", "import sys; sys.stdin.read()"]
+
+
+async def test_a_worker_whose_pid_a_newer_process_took_is_found_dead(database: str) -> None:
+    """Killed long ago; its pid now names a process that began later (pids are given again
+    once their process ended). A live process stands for that newer one; the worker's record
+    says its own began a tick earlier. Judged by its pid alone, it lived on: recovery never
+    released its job, and a health check saw a worker alive where none was."""
+    async with await anyio.open_process(a_live_process()) as newer:
+        space, _, began = process_of(newer.pid).partition("#")
+        assert began, "no start time in /proc here"
+        earlier = f"{space}#{int(began) - 1}"
+        await taken_over(database, *await held_by(database, earlier, newer.pid))
+        assert newer.stdin is not None
+        await newer.stdin.aclose()
+
+
+async def test_a_live_worker_of_this_machine_is_alive(database: str) -> None:
+    """The other side: the process with its pid is the one that began when the worker's did,
+    so it is alive and keeps its job."""
+    async with await anyio.open_process(a_live_process()) as process:
+        holder, job_id, _ = await held_by(database, process_of(process.pid), process.pid)
+        async with Engine(workflows=workflows(database), database=database) as worker:
+            assert (await worker.get_job(job_id)).worker == holder
+            assert holder in {w.id for w in await worker.live_workers()}
+            assert worker._chores is not None and await worker._chores.recover() == 0
+        assert process.stdin is not None
+        await process.stdin.aclose()
 
 
 def test_engines_of_the_same_host_name_and_pid_have_different_ids() -> None:
@@ -114,21 +149,4 @@ def test_engines_of_the_same_host_name_and_pid_have_different_ids() -> None:
     first, second = Engine(), Engine()
     assert first.worker.id != second.worker.id
     assert first.worker.id.startswith(f"{socket.gethostname()}:{os.getpid()}:")
-
-
-@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="no /proc: no start times")
-async def test_a_worker_whose_pid_a_newer_process_took_is_found_dead(database: str) -> None:
-    """Killed an hour ago; its pid now names another process, which began after it registered
-    (pids are given again once their process ended). A live process started now stands for
-    that newer one. Judged by its pid alone, it lived on: its job was never recovered, and a
-    health check saw a worker alive where none was."""
-    command = [sys.executable, "-c", "import sys; sys.stdin.read()"]
-    async with await anyio.open_process(command) as newer:
-        an_hour_ago = utcnow() - timedelta(hours=1)
-        holder, job_id, run_id = await held_by(database, PID_SPACE, newer.pid, an_hour_ago)
-        async with Engine(workflows=workflows(database), database=database) as worker:
-            run = await worker.wait_for_job(job_id, timeout=20)
-            assert run.status is RunStatus.COMPLETED and run.id != run_id
-            assert holder not in {w.id for w in await worker.live_workers()}
-        assert newer.stdin is not None
-        await newer.stdin.aclose()
+    assert first.worker.process == this_process()

@@ -413,7 +413,7 @@ def worker_from_row(row: Any, heartbeat_at: float | None = None) -> WorkerInfo:
         pid=row["pid"],
         started_at=datetime.fromtimestamp(row["started_at"], UTC),
         heartbeat_at=datetime.fromtimestamp(beat, UTC),
-        pid_space=row["pid_space"],
+        process=row["process"],
     )
 
 

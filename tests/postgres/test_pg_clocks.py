@@ -101,7 +101,7 @@ async def test_a_worker_whose_clock_runs_behind_is_alive_while_it_beats(pg_schem
         id="behind:7:0a0b0c",
         host="behind",
         pid=7,
-        pid_space="another-boot/4026531836",
+        process="another-boot/4026531836#812",
         started_at=now - timedelta(seconds=AHEAD_S),
         heartbeat_at=now - timedelta(seconds=AHEAD_S),  # "now", by its clock
     )

@@ -347,11 +347,12 @@ MIGRATIONS: dict[int, str] = {
     CREATE TABLE writer_marks (writer TEXT PRIMARY KEY, mark BIGINT NOT NULL,
         at DOUBLE PRECISION NOT NULL);
     """,
-    # Where a worker's pid names its process (liveness.py): a host name is not enough, since
-    # machines and containers share them, and a live worker elsewhere was found dead by a pid
-    # that meant nothing here. Rows written before: '' (judged by their host name).
+    # A worker's process as the kernel knows it (liveness.py): where its pid names it (a host
+    # name is not enough: machines and containers share them, and a live worker elsewhere was
+    # found dead by a pid that meant nothing here) and when it began (a pid is given again).
+    # Rows written before: '' (judged by their host name and pid).
     7: """
-    ALTER TABLE workers ADD COLUMN pid_space TEXT NOT NULL DEFAULT '';
+    ALTER TABLE workers ADD COLUMN process TEXT NOT NULL DEFAULT '';
     """,
 }
 

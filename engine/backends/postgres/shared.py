@@ -47,7 +47,7 @@ class PostgresShared(SharedState):
                     worker.host,
                     worker.pid,
                     worker.started_at.timestamp(),
-                    worker.pid_space,
+                    worker.process,
                 )
             ),
         )
@@ -194,10 +194,7 @@ class PostgresShared(SharedState):
     async def close_windows(self, before: float) -> None:
         # Closed leading windows are only history; one row per key would pile up.
         # Not one the server's clock still has open: the caller's clock may run ahead.
-        self.db.write(
-            f"DELETE FROM debounce_windows WHERE mode = 'leading' AND until < least($1, {sql.NOW})",
-            (before,),
-        )
+        self.db.write(sql.CLOSE_LEADING_WINDOWS, (before,))
 
     # ---- cluster chores --------------------------------------------------------------------
     async def try_lead(self, chore: str, worker: str, ttl_s: float) -> bool:
@@ -319,4 +316,4 @@ class PostgresShared(SharedState):
 
     async def forget_starts(self, before: float) -> None:
         # Not a start the server's clock still counts: the caller's clock may run ahead.
-        self.db.write(f"DELETE FROM rate_starts WHERE until < least($1, {sql.NOW})", (before,))
+        self.db.write(sql.FORGET_STARTS, (before,))

@@ -444,11 +444,11 @@ PURGE_JOBS = (
 # the worker's own, a machine whose clock ran behind looked long dead to the others, and
 # recovery took the jobs it was running.
 HEARTBEAT = (
-    "INSERT INTO workers (id, host, pid, started_at, heartbeat_at, pid_space)"
+    "INSERT INTO workers (id, host, pid, started_at, heartbeat_at, process)"
     f" VALUES ($1, $2, $3, $4, {NOW}, $5)"
     " ON CONFLICT (id) DO UPDATE SET host = excluded.host, pid = excluded.pid,"
     " started_at = excluded.started_at, heartbeat_at = excluded.heartbeat_at,"
-    " pid_space = excluded.pid_space"
+    " process = excluded.process"
 )
 WORKERS = f"SELECT *, {NOW} - heartbeat_at AS heartbeat_age FROM workers ORDER BY started_at"
 PUBLISH_CATALOG = (
@@ -484,6 +484,11 @@ READ_WINDOW = (
     " w.job_id, w.created_at, w.opened_at, w.until FROM (SELECT 1) AS one"
     " LEFT JOIN debounce_windows w ON w.workflow = $1 AND w.key = $2 AND w.mode = $3"
 )
+# What the caller's clock ($1) says is over, and the server's too.
+CLOSE_LEADING_WINDOWS = (
+    f"DELETE FROM debounce_windows WHERE mode = 'leading' AND until < least($1, {NOW})"
+)
+FORGET_STARTS = f"DELETE FROM rate_starts WHERE until < least($1, {NOW})"
 # A rate window's moment (the server's clock as the statement runs, $3 if given), with the
 # window's starts that have left it by then dropped; one round trip.
 RATE_OPEN = (

@@ -54,7 +54,8 @@ NETWORK_FUSE = ("sshfs", "s3fs", "rclone", "gcsfuse", "juicefs", "glusterfs", "c
 def filesystem_at(path: Path, mountinfo: str) -> str | None:
     """The type of the filesystem that holds `path` (an absolute, resolved path), by the mount
     table `mountinfo` (the text of /proc/self/mountinfo): that of the deepest mount point
-    `path` is under. None if no mount holds it."""
+    `path` is under (of two at one point, the later: it hides the other). None if no mount
+    holds it."""
     best: tuple[int, str] | None = None
     for line in mountinfo.splitlines():
         fields, _, after = line.partition(" - ")
@@ -63,7 +64,7 @@ def filesystem_at(path: Path, mountinfo: str) -> str | None:
             continue
         point = _ESCAPED.sub(lambda found: chr(int(found[1], 8)), parts[4])
         if (path == Path(point) or Path(point) in path.parents) and (
-            best is None or len(point) > best[0]
+            best is None or len(point) >= best[0]
         ):
             best = (len(point), kinds[0])
     return None if best is None else best[1]

@@ -293,10 +293,11 @@ MIGRATIONS: dict[int, str] = {
     8: """
     DROP INDEX IF EXISTS jobs_run;
     """,
-    # Where a worker's pid names its process (liveness.py): a host name is not enough, since
-    # machines and containers share them, and a live worker elsewhere was found dead by a pid
-    # that meant nothing here. Rows written before: '' (judged by their host name).
+    # A worker's process as the kernel knows it (liveness.py): where its pid names it (a host
+    # name is not enough: machines and containers share them, and a live worker elsewhere was
+    # found dead by a pid that meant nothing here) and when it began (a pid is given again).
+    # Rows written before: '' (judged by their host name and pid).
     9: """
-    ALTER TABLE workers ADD COLUMN pid_space TEXT NOT NULL DEFAULT '';
+    ALTER TABLE workers ADD COLUMN process TEXT NOT NULL DEFAULT '';
     """,
 }

@@ -39,7 +39,7 @@ class SqliteShared(SharedState):
     # ---- workers ---------------------------------------------------------------------------
     def heartbeat(self, worker: WorkerInfo) -> None:
         self.db.write(
-            "INSERT OR REPLACE INTO workers (id, host, pid, started_at, heartbeat_at, pid_space)"
+            "INSERT OR REPLACE INTO workers (id, host, pid, started_at, heartbeat_at, process)"
             " VALUES (?, ?, ?, ?, ?, ?)",
             (
                 worker.id,
@@ -47,7 +47,7 @@ class SqliteShared(SharedState):
                 worker.pid,
                 worker.started_at.timestamp(),
                 worker.heartbeat_at.timestamp(),
-                worker.pid_space,
+                worker.process,
             ),
         )
 
