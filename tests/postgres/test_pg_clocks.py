@@ -80,7 +80,7 @@ async def test_a_worker_whose_clock_runs_ahead_keeps_a_burst_in_its_window(
                 said += text
                 if "ready\n" in said:
                     break
-        assert said == "ready\n", said
+        assert "ready\n" in said, said  # else it ended before it was ready: its output
         async with Engine(database=pg_schema) as producer:
             second = await producer.enqueue("press", {"button": "a", "n": 2})
             run = await producer.wait_for_job(second, timeout=20)

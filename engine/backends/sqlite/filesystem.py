@@ -82,7 +82,7 @@ def warn_if_networked(path: Path) -> None:
         mountinfo = MOUNTINFO.read_text()
     except OSError:
         return  # not Linux, or no /proc: nothing to go by
-    folder = Path(os.path.realpath(path.parent))
+    folder = Path(os.path.realpath(path)).parent  # where the file is, past any link
     kind = filesystem_at(folder, mountinfo)
     if kind is not None and is_networked(kind):
         log.warning(
