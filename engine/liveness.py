@@ -28,14 +28,22 @@ def _pid_space() -> str:
 PID_SPACE = _pid_space()
 
 
+def _stat(pid: int | str) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command's name (the state first), None where
+    /proc does not say."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+    return fields if len(fields) > 19 else None
+
+
 def _began(pid: int | str) -> str | None:
     """When the process began, in clock ticks since boot (field 22 of /proc/PID/stat): with
     its pid, it names one process for the life of the boot, and no step of the wall clock
-    moves it. None where /proc does not say."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19]
-    except (OSError, IndexError):
-        return None
+    moves it."""
+    fields = _stat(pid)
+    return None if fields is None else fields[19]
 
 
 def process_of(pid: int | str) -> str:
@@ -68,9 +76,13 @@ def process_runs(worker: WorkerInfo) -> bool:
     health` said a worker was alive when none was."""
     if not pid_alive(worker.pid):
         return False
+    fields = _stat(worker.pid)
+    if fields is None:
+        return True  # the pid is taken, and nothing more is known
+    if fields[0] == "Z":
+        return False  # killed, and not yet reaped by its parent: it runs no more
     recorded = worker.process.partition("#")[2]
-    began = _began(worker.pid) if recorded else None
-    return began is None or began == recorded
+    return not recorded or fields[19] == recorded
 
 
 def pid_alive(pid: int) -> bool:

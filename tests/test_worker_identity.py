@@ -19,6 +19,7 @@ written as that machine's worker writes it.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -141,6 +142,25 @@ async def test_a_live_worker_of_this_machine_is_alive(database: str) -> None:
             assert worker._chores is not None and await worker._chores.recover() == 0
         assert process.stdin is not None
         await process.stdin.aclose()
+
+
+def a_zombie() -> subprocess.Popen[bytes]:
+    """A process killed and not yet reaped by its parent (this test): its pid is still taken,
+    by a process that runs no more."""
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"])
+    os.kill(child.pid, signal.SIGKILL)
+    os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # dead; left unreaped
+    return child
+
+
+async def test_a_worker_killed_and_not_yet_reaped_is_dead(database: str) -> None:
+    """Its process is the one it recorded, killed; its parent (a supervisor slow to reap, or
+    none that reaps) has not collected it, so its pid still answers."""
+    zombie = a_zombie()
+    try:
+        await taken_over(database, *await held_by(database, process_of(zombie.pid), zombie.pid))
+    finally:
+        zombie.wait()
 
 
 def test_engines_of_the_same_host_name_and_pid_have_different_ids() -> None:
