@@ -17,6 +17,9 @@ from ..rows import ATTEMPT_COLUMNS, JOB_COLUMNS, RUN_COLUMNS, STEP_COLUMNS
 # The server's time in epoch seconds. `now()` is the transaction's start: stable within a
 # statement, so the planner can use it against an index.
 NOW = "extract(epoch FROM now())::double precision"
+# The server's time as the statement runs, not as its transaction began: for a moment read
+# after a lock was waited for (a rate or debounce window's).
+CLOCK = "extract(epoch FROM clock_timestamp())::double precision"
 
 # ---- NOTIFY channels -----------------------------------------------------------------------
 # A notification is a wake-up; the listener then queries. PostgreSQL folds identical
@@ -480,8 +483,8 @@ RATE_LOCK = "SELECT pg_advisory_xact_lock(hashtext($1 || chr(31) || $2), 4)"
 # A debounce window (NULLs: none) and the server's clock, read after the window's lock: a
 # machine whose clock runs ahead found an open window closed and ran a burst's job again.
 READ_WINDOW = (
-    "SELECT extract(epoch FROM clock_timestamp())::double precision AS now, w.run_id,"
-    " w.job_id, w.created_at, w.opened_at, w.until FROM (SELECT 1) AS one"
+    f"SELECT {CLOCK} AS now, w.run_id, w.job_id, w.created_at, w.opened_at, w.until"
+    " FROM (SELECT 1) AS one"
     " LEFT JOIN debounce_windows w ON w.workflow = $1 AND w.key = $2 AND w.mode = $3"
 )
 # What the caller's clock ($1) says is over, and the server's too.
@@ -492,8 +495,7 @@ FORGET_STARTS = f"DELETE FROM rate_starts WHERE until < least($1, {NOW})"
 # A rate window's moment (the server's clock as the statement runs, $3 if given), with the
 # window's starts that have left it by then dropped; one round trip.
 RATE_OPEN = (
-    "WITH at AS MATERIALIZED (SELECT coalesce($3::double precision,"
-    " extract(epoch FROM clock_timestamp())::double precision) AS t),"
+    f"WITH at AS MATERIALIZED (SELECT coalesce($3::double precision, {CLOCK}) AS t),"
     " gone AS (DELETE FROM rate_starts WHERE scope = $1 AND key = $2"
     " AND until <= (SELECT t FROM at))"
     " SELECT t FROM at"
