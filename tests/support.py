@@ -7,6 +7,7 @@ import os
 import random
 import signal
 import sqlite3
+import subprocess
 import sys
 import types
 from collections.abc import AsyncIterator, Callable
@@ -198,3 +199,10 @@ def record_sleeps(monkeypatch: pytest.MonkeyPatch, module: types.ModuleType) -> 
 
     monkeypatch.setattr(module, "anyio", Anyio("anyio"))
     return slept
+
+
+def dead_pid() -> int:
+    """A pid no process here has any more: a real child's, once it has ended and been reaped."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid

@@ -16,15 +16,13 @@ from __future__ import annotations
 
 import socket
 import sqlite3
-import subprocess
-import sys
 import time
 from contextlib import closing
 from pathlib import Path
 
 import anyio
 import pytest
-from support import add_unserved, all_tasks_blocked, durable_database, provider_of
+from support import add_unserved, all_tasks_blocked, dead_pid, durable_database, provider_of
 
 from engine import Engine, RunStatus, Step, WorkerTrigger, Workflow
 from engine.backends.sqlite.schema import SCHEMA_VERSION
@@ -45,12 +43,6 @@ async def echo(ctx: object) -> str:
 def workflows(database: str) -> list[Workflow]:
     trigger = WorkerTrigger(queue=QUEUE, concurrency=2, provider=provider_of(database))
     return [Workflow(name="handed", trigger=trigger, steps=[Step("echo", echo)])]
-
-
-def dead_pid() -> int:
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
-    return child.pid
 
 
 async def lost_holder(

@@ -26,7 +26,7 @@ import sys
 
 import anyio
 import pytest
-from support import add_unserved, durable_database, provider_of
+from support import add_unserved, dead_pid, durable_database, provider_of
 
 from engine import Engine, JobState, RunStatus, Step, WorkerTrigger, Workflow
 from engine.liveness import PID_SPACE, process_of, this_process
@@ -47,13 +47,6 @@ async def echo(ctx: object) -> str:
 def workflows(database: str) -> list[Workflow]:
     trigger = WorkerTrigger(queue=QUEUE, concurrency=2, provider=provider_of(database))
     return [Workflow(name=QUEUE, trigger=trigger, steps=[Step("echo", echo)])]
-
-
-def dead_pid() -> int:
-    """A pid no process here has any more."""
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
-    return child.pid
 
 
 async def held_by(database: str, process: str, pid: int | None = None) -> tuple[str, str, str]:
@@ -147,7 +140,7 @@ async def test_a_live_worker_of_this_machine_is_alive(database: str) -> None:
 def a_zombie() -> subprocess.Popen[bytes]:
     """A process killed and not yet reaped by its parent (this test): its pid is still taken,
     by a process that runs no more."""
-    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"])
+    child = subprocess.Popen(a_live_process())
     os.kill(child.pid, signal.SIGKILL)
     os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # dead; left unreaped
     return child
