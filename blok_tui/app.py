@@ -15,7 +15,7 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
-from datetime import tzinfo
+from datetime import datetime, tzinfo
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -102,7 +102,7 @@ class BlokApp(App[None]):
         self._open_engine = open_engine
         if title:
             self.title = title
-        self.now: Clock = clock or system_clock
+        self._clock = clock  # a frozen clock (snapshots), else the engine's
         self.tz = tz
         self._where = where
         self.reload_errors: dict[str, str] = {}
@@ -166,6 +166,12 @@ class BlokApp(App[None]):
             await self._start()
         else:
             self.run_worker(self._host_engine(), group="engine", name="engine")
+
+    def now(self) -> datetime:
+        """Now, on the clock the runs' times are on (the engine's: its database's)."""
+        if self._clock is not None:
+            return self._clock()
+        return self.engine.now() if self.engine is not None else system_clock()
 
     async def _host_engine(self) -> None:
         # Entered and left in this one task, as anyio's task groups require.

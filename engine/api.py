@@ -7,7 +7,7 @@ database; `capabilities` says which, so a UI adapts to it instead of probing for
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -33,6 +33,8 @@ class EngineAPI(Protocol):
 
     @property
     def in_flight(self) -> int: ...
+
+    def now(self) -> datetime: ...
 
     def events(self) -> Subscription: ...
 

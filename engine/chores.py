@@ -111,7 +111,7 @@ class Chores:
     async def purge(self) -> int:
         """Delete terminal runs older than the retention, finished jobs, expired cache
         entries; the number of runs deleted."""
-        cutoff = utcnow() - self.retention
+        cutoff = self.backend.clock.now() - self.retention  # the clock finished_at is on
         total = 0
         while True:
             removed = await self.backend.runs.purge(cutoff, limit=PURGE_CHUNK)

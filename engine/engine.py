@@ -17,7 +17,7 @@ import socket
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -229,6 +229,11 @@ class Engine:
             location=describe(self._database),
         )
 
+    def now(self) -> datetime:
+        """Now, on the clock this engine's times are on: its database's (PostgreSQL: the
+        server's, so a run started on another machine reads "3s ago" here too)."""
+        return self.backend.clock.now()
+
     @property
     def backend(self) -> Backend:
         if self._backend is None:
@@ -275,7 +280,9 @@ class Engine:
             self._mailbox = Mailbox(backend, ledger)
             self._schedules = Schedules(backend, operator)
             if self.consume and self.catalog.source is not None:
-                runner = Runner(operator, self.bus, snapshots=self.state_snapshots)
+                runner = Runner(
+                    operator, self.bus, snapshots=self.state_snapshots, clock=backend.clock
+                )
                 if self._snapshot_cap:
                     runner.snapshot_cap = self._snapshot_cap
                 runner.middleware = functools.partial(

@@ -13,7 +13,6 @@ shows (engine/waiting.py).
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -23,7 +22,7 @@ from .backends.base import Backend, Claim, JobQueue, Window
 from .context import Context
 from .durations import format_duration
 from .ledger import Ledger
-from .models import Job, JobState, Run, RunStatus, from_epoch, utcnow
+from .models import Job, JobState, Run, RunStatus, from_epoch
 from .workflow import Workflow
 
 log = logging.getLogger("blok.gates")
@@ -123,7 +122,7 @@ class Gates:
                 return False
             if trigger.ttl is not None:
                 deadline = run.created_at + timedelta(milliseconds=trigger.ttl)
-                if utcnow() > deadline:
+                if self.backend.clock.now() > deadline:
                     self._expire(
                         claim,
                         queue,
@@ -214,7 +213,7 @@ class Gates:
         trigger = workflow.trigger
         assert trigger is not None
         job = claim.job
-        now = time.time()
+        now = self.backend.clock.time()
         tries = int(job.meta.get("gate_tries", 0))
         job.meta["gate_tries"] = tries + 1
         when = now + trigger.limit_backoff_ms(tries) / 1000
@@ -259,7 +258,7 @@ class Gates:
         key = "*" if rate.key is None else self._key(rate.key, job, run, "rate limit key")
         if key is None:
             return True
-        now = time.time()
+        now = self.backend.clock.time()
         if now - self._starts_purged_at > PURGE_EVERY_S:
             self._starts_purged_at = now
             await self.shared.forget_starts(now)
@@ -299,7 +298,7 @@ class Gates:
         key = self._key(debounce.key, job, run, "debounce key")
         if key is None:
             return True
-        now = time.time()
+        now = self.backend.clock.time()
         if now - self._purged_at > PURGE_EVERY_S:
             self._purged_at = now
             await self.shared.close_windows(now)

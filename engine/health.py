@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from .backends.base import Backend
 from .durations import format_duration
 from .errors import EngineError
-from .models import QueueInfo, WorkerInfo, utcnow
+from .models import QueueInfo, WorkerInfo
 
 DEFAULT_MAX_AGE_S = 300.0
 
@@ -81,7 +81,7 @@ async def check(operator: HealthReader, max_age_s: float = DEFAULT_MAX_AGE_S) ->
 
 
 async def _waiting(operator: HealthReader, queues: Sequence[QueueInfo]) -> dict[str, float]:
-    now = utcnow()
+    now = operator.backend.clock.now()  # the clock a job's times are on
     waiting: dict[str, float] = {}
     for info in queues:
         try:

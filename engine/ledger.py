@@ -67,15 +67,14 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{int(time.time() * 1000):011x}{os.urandom(ID_RANDOM_BYTES).hex()}"
 
 
-def engine_line(message: str, level: str = "info") -> LogLine:
-    return LogLine.model_construct(ts=utcnow(), level=level, message=message, step=None)
+def engine_line(message: str, level: str = "info", ts: datetime | None = None) -> LogLine:
+    return LogLine.model_construct(ts=ts or utcnow(), level=level, message=message, step=None)
 
 
 def close_open_steps(
-    run: Run, step_status: StepStatus, attempt_status: AttemptStatus, error: str
+    run: Run, step_status: StepStatus, attempt_status: AttemptStatus, error: str, now: datetime
 ) -> None:
     """End the steps (and their attempts) a run left running or waiting."""
-    now = utcnow()
     for step in run.steps:
         if step.status in (StepStatus.RUNNING, StepStatus.WAITING):
             step.status = step_status
@@ -99,7 +98,9 @@ def make_job(
     max_retries: int,
     job_id: str | None = None,
     meta: dict[str, Any] | None = None,
+    now: datetime | None = None,
 ) -> Job:
+    """A job made `now` (on its backend's clock; this process's when None)."""
     return construct(
         Job,
         dict(
@@ -114,7 +115,7 @@ def make_job(
             attempts=0,
             max_retries=max_retries,
             run_id=new_id("run"),
-            created_at=utcnow(),
+            created_at=now or utcnow(),
             finished_at=None,
             error=None,
             worker=None,
@@ -225,6 +226,7 @@ class JobWaiter:
 class Ledger:
     def __init__(self, backend: Backend, bus: EventBus) -> None:
         self.backend = backend
+        self.clock = backend.clock  # every moment a run or job records is on it
         self.bus = bus
         # wait_for_job callers in this process, woken when the job ends here.
         self._job_done: dict[str, JobWaiter] = {}
@@ -311,7 +313,7 @@ class Ledger:
     def log(self, run: Run, message: str, level: str = "info") -> None:
         """An engine line on the run's record, written with the run's next transition (or,
         for a run that starts, with its start)."""
-        line = engine_line(message, level)
+        line = engine_line(message, level, self.clock.now())
         run.logs.append(line)
         self._notes.setdefault(run.id, []).append(line)
 
@@ -358,7 +360,7 @@ class Ledger:
             worker=worker,
             wait_until=None,
             error=None,
-            started_at=run.started_at or utcnow(),
+            started_at=run.started_at or self.clock.now(),
         )
         queue.record(run, claim.fence)
         for line in self._notes.pop(run.id, ()):
@@ -383,7 +385,9 @@ class Ledger:
 
     def cancelled(self, claim: Claim, queue: JobQueue, run: Run, reason: str = CANCELLED) -> None:
         self._close(run, RunStatus.CANCELLED, reason, None)
-        close_open_steps(run, StepStatus.CANCELLED, AttemptStatus.CANCELLED, "cancelled")
+        close_open_steps(
+            run, StepStatus.CANCELLED, AttemptStatus.CANCELLED, "cancelled", self.clock.now()
+        )
         self._settle(
             claim, queue, run, JobUpdate(state=JobState.CANCELLED, headers=_ended(claim.job))
         )
@@ -407,21 +411,23 @@ class Ledger:
         job = claim.job
         self._close(run, status, error, error_step)
         if status is RunStatus.TIMED_OUT:
-            close_open_steps(run, StepStatus.FAILED, AttemptStatus.TIMED_OUT, error or "")
+            close_open_steps(
+                run, StepStatus.FAILED, AttemptStatus.TIMED_OUT, error or "", self.clock.now()
+            )
         failures = int(job.meta.get("failures", 0)) + 1
         meta = {**job.meta, "failures": failures}
         retries = job.max_retries
         if retry and failures <= retries:
             backoff = backoff_ms(failures - 1)
             next_id = new_id("run")
-            run_at = utcnow() + timedelta(milliseconds=backoff)
+            run_at = self.clock.now() + timedelta(milliseconds=backoff)
             follow = construct(Job, {**job.__dict__, "run_id": next_id, "run_at": run_at})
             next_run = make_run(
                 follow,
                 workflow_version=run.workflow_version,
                 job_attempt=failures + 1,
                 status=RunStatus.DELAYED,
-                created_at=utcnow(),
+                created_at=self.clock.now(),
             )
             self.log(
                 run,
@@ -452,7 +458,7 @@ class Ledger:
         assign(
             run,
             status=status,
-            finished_at=utcnow(),
+            finished_at=self.clock.now(),
             error=error,
             error_step=error_step,
             state={},
@@ -500,7 +506,7 @@ class Ledger:
     ) -> None:
         """A gate ends the delivery before it ran: debounced into another run, or expired."""
         run.status = status
-        run.finished_at = utcnow()
+        run.finished_at = self.clock.now()
         run.error = error
         self._settle(claim, queue, run, JobUpdate(state=state, error=error))
 
@@ -515,7 +521,7 @@ class Ledger:
         over then resumes the run the same way."""
         if run.terminal:
             return
-        now = utcnow()
+        now = self.clock.now()
         run.status = RunStatus.QUEUED
         run.wait_until = None
         for step in run.steps:
@@ -545,7 +551,7 @@ class Ledger:
         if run.terminal:
             return
         self._close(run, RunStatus.CRASHED, reason, None)
-        close_open_steps(run, StepStatus.FAILED, AttemptStatus.FAILED, reason)
+        close_open_steps(run, StepStatus.FAILED, AttemptStatus.FAILED, reason, self.clock.now())
         job = claim.job
         next_run = self._redelivery(job, run)
         update = JobUpdate(state=JobState.WAITING, run_id=next_run.id, meta=job.meta)
@@ -559,7 +565,7 @@ class Ledger:
             follow,
             workflow_version=crashed.workflow_version,
             job_attempt=crashed.job_attempt + 1,
-            created_at=utcnow(),
+            created_at=self.clock.now(),
         )
         self.log(run, f"redelivery of job {job.id}: its previous run {crashed.id} crashed")
         return run
@@ -581,7 +587,7 @@ class Ledger:
             )
         run = copy_run(run)  # read from the store: others may hold that record
         self._close(run, RunStatus.CRASHED, reason, None)
-        close_open_steps(run, StepStatus.FAILED, AttemptStatus.FAILED, reason)
+        close_open_steps(run, StepStatus.FAILED, AttemptStatus.FAILED, reason, self.clock.now())
         job = claim.job
         fresh = self._redelivery(job, run)
         fresh.status = RunStatus.QUEUED
@@ -598,7 +604,7 @@ class Ledger:
         recorded crashed. Nothing else can write it: there is no job to fence on."""
         run = copy_run(run)
         self._close(run, RunStatus.CRASHED, reason, None)
-        close_open_steps(run, StepStatus.FAILED, AttemptStatus.FAILED, reason)
+        close_open_steps(run, StepStatus.FAILED, AttemptStatus.FAILED, reason, self.clock.now())
         self.backend.runs.save_run(run)
         for line in self._notes.pop(run.id, ()):
             self.backend.runs.add_log(run.id, line)
@@ -609,7 +615,9 @@ class Ledger:
         read at `job.epoch`). False if the job moved meanwhile."""
         run = copy_run(run)
         self._close(run, RunStatus.CANCELLED, CANCELLED_BEFORE_RUN, None)
-        close_open_steps(run, StepStatus.CANCELLED, AttemptStatus.CANCELLED, "cancelled")
+        close_open_steps(
+            run, StepStatus.CANCELLED, AttemptStatus.CANCELLED, "cancelled", self.clock.now()
+        )
         update = JobUpdate(state=JobState.CANCELLED, headers=_ended(job), meta=job.meta)
         if not await queue.apply(self._transition(job, job.epoch, update, run)):
             return False
@@ -620,7 +628,9 @@ class Ledger:
     async def cancel_abandoned(self, queue: JobQueue, job: Job, run: Run) -> bool:
         """Cancel a run whose worker is gone (its lease ran out): nobody will finish it."""
         run = copy_run(run)
-        close_open_steps(run, StepStatus.CANCELLED, AttemptStatus.CANCELLED, "cancelled")
+        close_open_steps(
+            run, StepStatus.CANCELLED, AttemptStatus.CANCELLED, "cancelled", self.clock.now()
+        )
         self._close(run, RunStatus.CANCELLED, f"{CANCELLED} (its worker was gone)", None)
         update = JobUpdate(state=JobState.CANCELLED, headers=_ended(job), meta=job.meta)
         if not await queue.apply(self._transition(job, job.epoch, update, run)):
@@ -634,7 +644,7 @@ class Ledger:
         run = copy_run(run)
         run.status = RunStatus.DEBOUNCED
         run.output = {"debounced_into": into}
-        run.finished_at = utcnow()
+        run.finished_at = self.clock.now()
         self.log(run, f"debounced: coalesced into run {into}")
         update = JobUpdate(state=JobState.CANCELLED, meta=job.meta)
         if not await queue.apply(self._transition(job, job.epoch, update, run)):
@@ -653,7 +663,7 @@ class Ledger:
         follow = construct(
             Job, {**job.__dict__, "run_id": new_id("run"), "run_at": None, "meta": meta}
         )
-        run = make_run(follow, workflow_version=version, created_at=utcnow())
+        run = make_run(follow, workflow_version=version, created_at=self.clock.now())
         self.log(run, f"requeued: job {job.id} has a fresh retry budget of {job.max_retries}")
         update = JobUpdate(state=JobState.WAITING, run_id=run.id, meta=meta, fresh_budget=True)
         if not await queue.apply(self._transition(job, job.epoch, update, run)):
@@ -699,7 +709,7 @@ class Ledger:
             return await queue.apply(self._transition(job, job.epoch, update))
         run = copy_run(run)
         self._close(run, RunStatus.CRASHED, reason, None)
-        close_open_steps(run, StepStatus.FAILED, AttemptStatus.FAILED, reason)
+        close_open_steps(run, StepStatus.FAILED, AttemptStatus.FAILED, reason, self.clock.now())
         next_run = self._redelivery(job, run)
         update = JobUpdate(state=JobState.WAITING, run_id=next_run.id, meta=job.meta)
         if not await queue.apply(self._transition(job, job.epoch, update, run, next_run)):

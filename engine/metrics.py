@@ -39,11 +39,13 @@ from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, NoOpMeterProvider, Observation
 
 from .errors import EngineError
-from .models import QueueStats, utcnow
+from .models import QueueStats
 from .observer import INSTRUMENTATION
 
 if TYPE_CHECKING:
     from anyio.abc import TaskGroup
+
+    from .backends.base import Backend
 
 log = logging.getLogger("blok.metrics")
 
@@ -75,6 +77,8 @@ DURATION_BUCKETS = (
 
 class QueueReader(Protocol):
     """What sampling reads (the operator API)."""
+
+    backend: Backend  # its clock: the one a job's times are on
 
     async def queue_stats(self, queue: str) -> QueueStats: ...
 
@@ -203,7 +207,11 @@ async def _sample(instruments: Instruments, operator: QueueReader, served: Serve
                         # a busy database costs this one reading, said in the log.
                         log.warning("queue %s: depth not sampled: %s", queue, error)
                         continue
-                    age = (utcnow() - since).total_seconds() if since is not None else 0.0
+                    age = (
+                        (operator.backend.clock.now() - since).total_seconds()
+                        if since is not None
+                        else 0.0
+                    )
                     samples[queue] = QueueSample(stats.waiting, max(age, 0.0))
                 instruments.samples[key] = samples
             await anyio.sleep(every)

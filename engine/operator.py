@@ -43,7 +43,6 @@ from .models import (
     StepStatus,
     WorkerInfo,
     WorkflowInfo,
-    utcnow,
 )
 from .operations import BulkResult, ProgressCallback, Skip, matching_runs, resolve_stuck, run_bulk
 from .replay_seed import seed_from_step
@@ -302,9 +301,8 @@ class Operator:
         if it serves the queue, else from the store (every worker)."""
         if self.worker is not None and queue in self.worker.runtimes:
             return self.worker.throughput(queue, window)
-        where = RunFilter(
-            status=(str(RunStatus.COMPLETED),), queue=queue, finished_after=time.time() - window
-        )
+        since = self.backend.clock.time() - window
+        where = RunFilter(status=(str(RunStatus.COMPLETED),), queue=queue, finished_after=since)
         return await self.store.count_runs(where) / window
 
     async def dead_letters(self, queue: str) -> list[Job]:
@@ -364,7 +362,8 @@ class Operator:
             timeout_ms = check_timeout(timeout) if timeout is not None else None
         except InvalidInput as error:
             raise EngineError(str(error)) from None
-        run_at = utcnow() + timedelta(milliseconds=delay_ms) if delay_ms > 0 else None
+        now = self.backend.clock.now()
+        run_at = now + timedelta(milliseconds=delay_ms) if delay_ms > 0 else None
         if delay_ms or timeout_ms is not None:
             # The job's own settings (ctx.job shows them; the worker applies the timeout).
             meta = dict(meta or {})
@@ -382,6 +381,7 @@ class Operator:
             max_retries=max_retries,
             job_id=job_id,
             meta=meta,
+            now=now,
         )
         telemetry.OBSERVE.enqueuing(job)
         status = RunStatus.DELAYED if run_at else RunStatus.QUEUED
@@ -590,7 +590,7 @@ class Operator:
         """The worker holding the job is dead or let its lease run out: nobody runs it."""
         if self.worker is not None and job.worker == self.worker.info.id:
             return False
-        if job.lease_until is not None and job.lease_until < utcnow():
+        if job.lease_until is not None and job.lease_until < self.backend.clock.now():
             return True
         if job.worker is None:
             return True
@@ -602,7 +602,7 @@ class Operator:
     def _tell_local(self, job_id: str, signal: str) -> None:
         """The job may be held by this very process: no need to wait for it to notice."""
         if self.worker is not None:
-            self.worker.deliver(job_id, signal, time.time())
+            self.worker.deliver(job_id, signal, self.backend.clock.time())
 
     async def _await_end(self, run_id: str, timeout: float) -> Run:
         """The run once it ended, or as it is after `timeout` seconds."""

@@ -25,7 +25,7 @@ from pydantic import Field, ValidationError
 from . import expressions
 from .context import Context
 from .events import StepFinished, StepStarted
-from .models import RunStatus, StepRun, StepStatus, utcnow
+from .models import RunStatus, StepRun, StepStatus
 from .runner import Frame, Runner, StepError, WaitRequested, user_error
 from .workflow import (
     StepDefinition,
@@ -82,7 +82,7 @@ class _Primitive(StepDefinition):
         record = frame.record
         runner, run = frame.runner, frame.run
         if record.started_at is None:
-            record.started_at = utcnow()
+            record.started_at = runner.clock.now()
         record.status = StepStatus.RUNNING
         record.wait_until = None
         runner.save(run)
@@ -96,7 +96,7 @@ class _Primitive(StepDefinition):
     ) -> None:
         record, runner, run = frame.record, frame.runner, frame.run
         record.status = status
-        record.finished_at = utcnow()
+        record.finished_at = runner.clock.now()
         if status is StepStatus.COMPLETED:
             record.output = frame.ctx.redact_value(output)
             frame.ctx.state[record.name] = output
@@ -493,7 +493,7 @@ class Subworkflow(_Primitive):
             raise StepError(f"{frame.where} failed: {message}", self.name)
         # Not done yet: sleep like a wait (the worker slot is freed) and look again; the gap
         # grows with the time already waited, from 50 ms to 2 s.
-        now = utcnow()
+        now = runner.clock.now()
         waited = (now - (record.started_at or now)).total_seconds()
         until = now + timedelta(seconds=min(2.0, max(0.05, waited / 5)))
         record.status = StepStatus.WAITING

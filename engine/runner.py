@@ -24,6 +24,7 @@ import anyio
 
 from . import expressions, telemetry
 from .backends.base import key_text
+from .clock import Clock
 from .context import Context
 from .events import AttemptFailed, EventBus, LogRecorded, StepFinished, StepStarted
 from .loader import user_names
@@ -36,7 +37,6 @@ from .models import (
     RunStatus,
     StepRun,
     StepStatus,
-    utcnow,
 )
 from .records import assign, construct
 from .services import UNRECORDED, Recorder, Services
@@ -188,14 +188,14 @@ def pending_step(
     )
 
 
-def running_attempt(number: int) -> Attempt:
-    """The record of a step's attempt `number` as it begins, now."""
+def running_attempt(number: int, now: datetime) -> Attempt:
+    """The record of a step's attempt `number` as it begins, `now`."""
     return construct(
         Attempt,
         dict(
             number=number,
             status=AttemptStatus.RUNNING,
-            started_at=utcnow(),
+            started_at=now,
             finished_at=None,
             error=None,
             error_type=None,
@@ -212,8 +212,12 @@ class Runner:
         bus: EventBus,
         snapshot_cap: int = DEFAULT_SNAPSHOT_CAP,
         snapshots: bool = True,
+        clock: Clock | None = None,
     ) -> None:
         self.services = services
+        # Its backend's: a step's times, and the deadline of a wait, are on the clock that
+        # decides when the run is due again.
+        self.clock = clock if clock is not None else Clock()
         self.bus = bus
         self.snapshot_cap = snapshot_cap
         self.snapshots = snapshots  # False: BLOK_STATE_SNAPSHOT_DISABLED
@@ -299,7 +303,8 @@ class Runner:
 
     def engine_log(self, run: Run, message: str, level: str = "info") -> None:
         self.add_log(
-            run, LogLine.model_construct(ts=utcnow(), level=level, message=message, step=None)
+            run,
+            LogLine.model_construct(ts=self.clock.now(), level=level, message=message, step=None),
         )
 
     # ---- running ---------------------------------------------------------------------------
@@ -470,7 +475,7 @@ class Runner:
     def _skip(self, run: Run, record: StepRun) -> None:
         """A step switched off (`active=False`): recorded skipped, its node not called."""
         record.status = StepStatus.SKIPPED
-        record.started_at = record.finished_at = utcnow()
+        record.started_at = record.finished_at = self.clock.now()
         self._finished(run, record)
 
     def nested_record(
@@ -521,14 +526,14 @@ class Runner:
                 raise
             record.status = StepStatus.FAILED
             record.error = f"bad input: {error}"
-            record.finished_at = utcnow()
+            record.finished_at = self.clock.now()
             self._finished(run, record)
             raise StepError(f"{where} failed: bad input: {error}", step.name) from error
         assign(record, input=ctx.redact_value(inputs) if inputs else None)
         if key is not None:
             hit = await self.services.cache_get(workflow.name, step.name, key)
             if hit is not None:
-                now = utcnow()
+                now = self.clock.now()
                 record.status = StepStatus.CACHED
                 record.started_at = record.finished_at = now
                 record.output = hit.output if step.recorded else None
@@ -548,7 +553,7 @@ class Runner:
         first = len(record.attempts) + 1
         for number in range(first, first + max_attempts):
             attempt_no = number - first + 1
-            attempt = running_attempt(number)
+            attempt = running_attempt(number, self.clock.now())
             record.attempts.append(attempt)
             assign(
                 record,
@@ -594,7 +599,7 @@ class Runner:
             finally:
                 if call is not None and not call.running:
                     self._calls[run.id].discard(call)
-            finished_at = utcnow()
+            finished_at = self.clock.now()
             if failure is None and not timed_out:
                 assign(attempt, finished_at=finished_at, status=AttemptStatus.COMPLETED)
                 recorded = ctx.redact_value(result)  # later steps see the real value
@@ -726,7 +731,7 @@ class Runner:
     async def _wait(
         self, run: Run, ctx: Context, step: WaitStep, record: StepRun, where: str
     ) -> None:
-        now = utcnow()
+        now = self.clock.now()
         if record.status is StepStatus.WAITING and record.wait_until is not None:
             deadline = record.wait_until  # resuming: the deadline was fixed on the first pass
         else:
@@ -760,7 +765,7 @@ class Runner:
     ) -> Any:
         """Take the event from the run's mailbox, or park the run (no worker slot) until one
         is sent or the timeout passes; the payload is the output, None on timeout."""
-        now = utcnow()
+        now = self.clock.now()
         if record.status is StepStatus.WAITING:  # resuming: fixed on the first pass
             key = (record.input or {}).get("key")
             deadline = record.wait_until
@@ -798,7 +803,7 @@ class Runner:
         if message is None:
             self.engine_log(run, f"{where}: no {step.event!r} event before the timeout")
         record.status = StepStatus.COMPLETED
-        record.finished_at = utcnow()
+        record.finished_at = self.clock.now()
         record.output = ctx.redact_value(output)
         ctx.state[step.name] = output
         self._finished(run, record)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import time
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
@@ -137,7 +136,7 @@ class Scheduler:
         current = {
             wf.name: tuple(spec_of(wf)) for wf in self.catalog.served().values() if wf.trigger
         }
-        now = time.time()
+        now = self.backend.clock.time()
         for name in set(current) | set(self._declared):
             specs = current.get(name, ())
             if name in self._declared and self._declared[name] == specs:
@@ -153,7 +152,7 @@ class Scheduler:
 
     async def fire_due(self) -> float:
         """Enqueue the due ticks this worker can claim; seconds until the next tick."""
-        now = time.time()
+        now = self.backend.clock.time()
         wait = POLL_S
         served = {
             (spec.workflow, spec.schedule): spec
@@ -177,7 +176,7 @@ class Scheduler:
             following = next_tick(
                 spec.cron, spec.every_ms, spec.timezone, max(now, state.last_tick)
             )
-            wait = min(wait, following - time.time())
+            wait = min(wait, following - self.backend.clock.time())
         return max(wait, 0.01)
 
     def _tick_job(self, spec: ScheduleSpec, tick: float, target: QueueTarget) -> tuple[Job, Run]:
@@ -192,6 +191,7 @@ class Scheduler:
             max_retries=target.retries,
             job_id=job_id,
             meta={"schedule": spec.schedule, "tick": tick},
+            now=self.backend.clock.now(),
         )
         job.run_id = tick_run_id(job_id)
         return job, make_run(job, workflow_version=target.version)
@@ -259,7 +259,7 @@ class Schedules:
         states = await self.shared.schedules()
         last_runs = [s.last_run_id for s in states if s.last_run_id]
         status = {r.id: r.status for r in await self.backend.runs.runs_by_id(last_runs)}
-        now = time.time()
+        now = self.backend.clock.time()
         infos = []
         for state in states:
             spec = state.spec
@@ -314,7 +314,9 @@ class Schedules:
         resume_from = None
         if not paused:
             # The ticks of the pause are not caught up: it goes on from the next one.
-            resume_from = latest_tick(spec.cron, spec.every_ms, spec.timezone, time.time())
+            resume_from = latest_tick(
+                spec.cron, spec.every_ms, spec.timezone, self.backend.clock.time()
+            )
         if not await self.shared.set_schedule_paused(
             spec.workflow, spec.schedule, paused, resume_from
         ):
@@ -327,5 +329,7 @@ class Schedules:
         spec = state.spec
         job_id = await self.operator.enqueue(spec.queue, spec.payload)
         job = await self.operator.get_job(job_id)
-        await self.shared.note_fired(spec.workflow, spec.schedule, job_id, job.run_id, time.time())
+        await self.shared.note_fired(
+            spec.workflow, spec.schedule, job_id, job.run_id, self.backend.clock.time()
+        )
         return job.run_id

@@ -9,7 +9,6 @@ pauses), so it answers the same in any process.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -75,7 +74,9 @@ async def explain(backend: Backend, run: Run, job: Job | None) -> WaitReason:
         )
     if gate.get("gate") == "rate_limit":
         period_s = float(gate.get("period_ms", 0)) / 1000
-        starts = await backend.shared.recent_starts(run.workflow_name, key, time.time() - period_s)
+        starts = await backend.shared.recent_starts(
+            run.workflow_name, key, backend.clock.time() - period_s
+        )
         return WaitReason(
             run.id,
             status,

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ClassVar, TypeVar
 
+from ..clock import Clock
 from ..filters import RunFilter
 from ..models import Job, JobState, LogLine, QueueStats, Run, WorkerInfo, WorkflowInfo
 
@@ -749,6 +750,9 @@ class Backend(ABC):
     location: str  # what to show the user: a path or a URL without its password
     shared: SharedState
     runs: RunStore
+    # The clock its moments are on (run_at, wait_until, leases, windows, ticks): whoever
+    # computes one reads this clock, so that every process on the database agrees.
+    clock: Clock
     # Several processes (on one host, or several) can serve the same database.
     multi_process: ClassVar[bool] = False
 

@@ -21,7 +21,7 @@ class DatabaseBackend(Backend):
             return self._durable
         if provider == "memory":
             if self._memory is None:
-                self._memory = MemoryQueue(self.runs)
+                self._memory = MemoryQueue(self.runs, self.clock)
             return self._memory
         raise ValueError(
             f"unknown queue provider {provider!r} for a {self.name} database: use "

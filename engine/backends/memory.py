@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 import anyio
 
+from ..clock import Clock
 from ..filters import RunFilter
 from ..models import (
     PENDING_RUN_STATUSES,
@@ -317,9 +318,11 @@ class MemoryQueue(JobQueue):
 
     provider: ClassVar[str] = "memory"
 
-    def __init__(self, runs: RunStore | None = None) -> None:
+    def __init__(self, runs: RunStore | None = None, clock: Clock | None = None) -> None:
         # Where the runs of these jobs are written: this backend's store, or a database's.
         self.runs: RunStore = runs if runs is not None else MemoryRunStore(self.holds)
+        # Its backend's: the engine computes a job's run_at on it (a database's: the server's).
+        self.clock = clock if clock is not None else Clock()
         self._jobs: dict[str, Job] = {}
         self._ready: dict[str, list[tuple[int, int, str, int]]] = {}
         self._delayed: dict[str, list[tuple[float, int, str, int]]] = {}
@@ -345,7 +348,7 @@ class MemoryQueue(JobQueue):
 
     def _push(self, job: Job) -> None:
         """Queue a waiting or delayed job (its count is the caller's)."""
-        if job.run_at is not None and job.run_at.timestamp() > time.time():
+        if job.run_at is not None and job.run_at.timestamp() > self.clock.time():
             job.__dict__["state"] = JobState.DELAYED  # the queue's own record (see _hand_out)
             heapq.heappush(
                 self._delayed.setdefault(job.queue, []),
@@ -420,7 +423,7 @@ class MemoryQueue(JobQueue):
         delayed = self._delayed.get(queue)
         if not delayed:
             return None
-        now = time.time()
+        now = self.clock.time()
         while delayed and delayed[0][0] <= now:
             _, _, job_id, epoch = heapq.heappop(delayed)
             job = self._live(job_id, epoch, JobState.DELAYED)
@@ -443,7 +446,7 @@ class MemoryQueue(JobQueue):
         fields["epoch"] += 1
         fields["worker"] = worker
         fields["attempts"] += 1
-        fields["lease_until"] = datetime.fromtimestamp(time.time() + lease_s, UTC)
+        fields["lease_until"] = datetime.fromtimestamp(self.clock.time() + lease_s, UTC)
         fields["signals"] = {}
         self._active[job.id] = job
         self._watch_lease(job)
@@ -466,7 +469,7 @@ class MemoryQueue(JobQueue):
         heapq.heappush(leases, (job.lease_until.timestamp(), next(self._seq), job.id, job.epoch))
 
     def _take_expired(self, queue: str, limit: int, worker: str, lease_s: float) -> list[Claim]:
-        now = time.time()
+        now = self.clock.time()
         since = time.monotonic()
         taken: list[Claim] = []
         kept: list[tuple[float, int, str, int]] = []
@@ -549,7 +552,7 @@ class MemoryQueue(JobQueue):
                     return []
                 next_due = self._promote(queue)
                 if self._leases:
-                    expiry = self._leases[0][0] - time.time()
+                    expiry = self._leases[0][0] - self.clock.time()
                     next_due = expiry if next_due is None else min(next_due, expiry)
                 signal = self._signals.get(queue)
                 if signal is None:  # not setdefault: that would make an Event every time
@@ -597,7 +600,7 @@ class MemoryQueue(JobQueue):
             self._push(job)
         else:
             fields["state"] = update.state
-            now = time.time()
+            now = self.clock.time()
             fields["finished_at"] = datetime.fromtimestamp(now, UTC)
             self._finished.append((now, job.id))
         self._count(job.queue, job.state, 1)
@@ -633,7 +636,7 @@ class MemoryQueue(JobQueue):
             self.runs.add_log(run_id, line)
 
     async def renew(self, worker: str, lease_s: float) -> Renewal:
-        until = time.time() + lease_s
+        until = self.clock.time() + lease_s
         held: dict[str, int] = {}
         signals: dict[str, dict[str, float]] = {}
         for job in self._active.values():
@@ -650,7 +653,7 @@ class MemoryQueue(JobQueue):
         job = self._active.get(job_id)
         if job is None or job.epoch != epoch:
             return False
-        job.signals[name] = time.time()
+        job.signals[name] = self.clock.time()
         self.changes += 1
         return True
 
@@ -717,7 +720,8 @@ class MemoryBackend(Backend):
 
     def __init__(self) -> None:
         self.location = "memory"
-        self._queue = MemoryQueue()
+        self.clock = Clock()
+        self._queue = MemoryQueue(clock=self.clock)
         self.runs = self._queue.runs
         self.shared = MemoryShared()
 

@@ -3,11 +3,14 @@ provider, finding a job in any of them, the change token another process moves, 
 
 from __future__ import annotations
 
+import time
+
 import anyio
 import pytest
 
 from engine.backends import Backend
 from engine.backends.base import JobUpdate, Transition
+from engine.backends.memory import MemoryQueue
 from engine.models import JobState, RunStatus
 
 from .builders import QUEUE, a_run, finished_run, job_and_run, line
@@ -24,6 +27,21 @@ async def test_the_backend_is_what_its_kind_says(backend: Backend, database_kind
     assert backend.runs is not None and backend.shared is not None
     health = await backend.health()
     assert health["ok"] is True
+
+
+async def test_its_clock_on_one_machine_is_this_processs(
+    backend: Backend, database_kind: str
+) -> None:
+    """Every process on the database reads the backend's clock (the server's, for PostgreSQL):
+    on one machine that is this process's own, unmoved by the noise of a reading; and a
+    memory queue of a database keeps its jobs' times on the same clock as the database."""
+    assert backend.clock.skew == 0.0
+    before = time.time()
+    assert before <= backend.clock.time() <= time.time()
+    for provider in DATABASES[database_kind].providers:
+        queue = backend.queue(provider)
+        if isinstance(queue, MemoryQueue):
+            assert queue.clock is backend.clock
 
 
 async def test_each_provider_served_has_one_queue(backend: Backend, database_kind: str) -> None:

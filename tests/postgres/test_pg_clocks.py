@@ -1,21 +1,28 @@
-"""Machines whose clocks disagree share one PostgreSQL database: the moments that decide who
-may start (a debounce window open or closed; rate windows: test_pg_rate_limits.py) and who is
-alive (a heartbeat) are the server's, never a worker's. A worker in
-another process whose clock runs two minutes ahead (as an unsynchronised machine's may; the
-producer and this process keep the right time) stands for such a machine."""
+"""Machines whose clocks disagree share one PostgreSQL database: every moment the engine writes
+or compares (when a delayed job, a wait or a retry is due, whether a run outlived its ttl, a
+debounce window, a heartbeat; rate windows: test_pg_rate_limits.py) is on the server's clock,
+never on a machine's own. A process whose clock runs two minutes ahead or behind (time.time and
+datetime.now alike, as on an unsynchronised machine; this process and the server keep the right
+time) stands for such a machine."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
+from anyio.abc import Process
 from anyio.streams.text import TextReceiveStream
 from pg import NO_DRIVER
-from support import add_unserved
+from support import add_unserved, until
 
 pytest.importorskip("asyncpg", reason=NO_DRIVER)
 
@@ -26,70 +33,197 @@ from engine.models import WorkerInfo, utcnow
 pytestmark = pytest.mark.anyio
 
 AHEAD_S = 120.0
-WORKFLOW = """
-from engine import Debounce, Step, WorkerTrigger, Workflow
+WORKFLOWS = """
+from engine import Debounce, Schedule, Step, WorkerTrigger, Workflow, wait
 
 
-def press(ctx):
-    return ctx.body["n"]
+def done(ctx):
+    return ctx.body.get("n", "done")
 
 
-workflow = Workflow(
-    name="press",
-    trigger=WorkerTrigger(
-        queue="press",
-        provider="postgres",
-        debounce=Debounce("$.body.button", delay="60s", mode="leading"),
-    ),
-    steps=[Step("press", press)],
-)
-"""  # leading: a burst's first press runs, the presses within a minute of it join its run
-AHEAD = f"""
-import sys, time
+def flaky(ctx):
+    if ctx.job.attempt == 1:
+        raise RuntimeError("the first attempt fails")
+    return "done"
 
-real = time.time
-time.time = lambda: real() + {AHEAD_S}  # this machine's clock runs two minutes ahead
+
+def flow(name, *steps, schedules=(), **trigger):
+    return Workflow(
+        name=name,
+        trigger=WorkerTrigger(queue=name, provider="postgres", **trigger),
+        steps=list(steps),
+        schedules=list(schedules),
+    )
+
+
+workflows = [
+    # leading: a burst's first press runs, the presses within a minute of it join its run
+    flow("press", Step("press", done), debounce=Debounce("$.body.button", delay="60s", mode="leading")),
+    flow("nap", wait.for_("1s", name="nap"), Step("done", done)),
+    flow("flaky", Step("flaky", flaky)),
+    flow("later", Step("done", done)),
+    flow("fresh", Step("done", done), ttl="60s"),
+    flow("tick", Step("done", done), schedules=[Schedule(every="1s")]),
+]
+"""
+# argv: the clock's offset in seconds, the database, the workflows folder ('' for none), and
+# jobs to enqueue as JSON ([queue, payload, options] each). It prints each job's id, what its
+# engine reads as now, then "ready", and runs until its stdin is closed.
+SKEWED = """
+import json, sys, time
+
+import time_machine
+
+time_machine.travel(time.time() + float(sys.argv[1]), tick=True).start()
 
 import anyio
 from engine import Engine
 
 
-async def main(url: str, workflows: str) -> None:
-    async with Engine(workflows=workflows, database=url):
+async def main(offset: str, url: str, workflows: str, jobs: str) -> None:
+    async with Engine(workflows=workflows or None, database=url) as engine:
+        for queue, payload, options in json.loads(jobs):
+            print("job", await engine.enqueue(queue, payload, **options), flush=True)
+        print("now", engine.now().timestamp(), flush=True)
         print("ready", flush=True)
         await anyio.to_thread.run_sync(sys.stdin.read)  # until the test closes it
 
 
-anyio.run(main, sys.argv[1], sys.argv[2])
+anyio.run(main, *sys.argv[1:5])
 """
+
+
+@asynccontextmanager
+async def skewed(
+    offset_s: float, url: str, workflows: Path | None = None, jobs: list[Any] | None = None
+) -> AsyncIterator[tuple[Process, list[str]]]:
+    """A process whose clock is `offset_s` off, ready, and the lines it printed until then."""
+    folder = "" if workflows is None else str(workflows)
+    command = [sys.executable, "-c", SKEWED, str(offset_s), url, folder, json.dumps(jobs or [])]
+    async with await anyio.open_process(command, stderr=subprocess.STDOUT) as process:
+        assert process.stdout is not None and process.stdin is not None
+        said = ""
+        with anyio.fail_after(30):
+            async for text in TextReceiveStream(process.stdout):
+                said += text
+                if "ready\n" in said:
+                    break
+        assert "ready\n" in said, said  # else it ended before it was ready: its output
+        yield process, said.splitlines()
+        await process.stdin.aclose()
+        with anyio.fail_after(30):
+            await process.wait()
+
+
+def said(lines: list[str], word: str) -> list[str]:
+    return [line.split()[1] for line in lines if line.startswith(f"{word} ")]
+
+
+async def test_an_engine_reads_the_servers_clock_whatever_its_machines_says(
+    pg_schema: str,
+) -> None:
+    """Its times are on the server's clock: a run started on another machine reads "3s ago"
+    here (the console shows `engine.now()`), and every machine computes a due time alike."""
+    for offset in (AHEAD_S, -AHEAD_S):
+        async with skewed(offset, pg_schema) as (_, lines):
+            [now] = said(lines, "now")
+            assert abs(float(now) - time.time()) < 5.0, (offset, float(now) - time.time())
 
 
 async def test_a_worker_whose_clock_runs_ahead_keeps_a_burst_in_its_window(
     pg_schema: str, tmp_path: Path
 ) -> None:
-    (tmp_path / "press.py").write_text(WORKFLOW)
+    (tmp_path / "flows.py").write_text(WORKFLOWS)
     async with Engine(workflows=str(tmp_path), database=pg_schema) as here:
         first = await here.enqueue("press", {"button": "a", "n": 1})
         assert (await here.wait_for_job(first, timeout=20)).status is RunStatus.COMPLETED
-    command = [sys.executable, "-c", AHEAD, pg_schema, str(tmp_path)]
-    async with await anyio.open_process(command, stderr=subprocess.STDOUT) as ahead:
-        assert ahead.stdout is not None and ahead.stdin is not None
-        said = ""
-        with anyio.fail_after(30):
-            async for text in TextReceiveStream(ahead.stdout):
-                said += text
-                if "ready\n" in said:
-                    break
-        assert "ready\n" in said, said  # else it ended before it was ready: its output
-        async with Engine(database=pg_schema) as producer:
-            second = await producer.enqueue("press", {"button": "a", "n": 2})
-            run = await producer.wait_for_job(second, timeout=20)
-        await ahead.stdin.aclose()
-        with anyio.fail_after(30):
-            await ahead.wait()
+    async with skewed(AHEAD_S, pg_schema, tmp_path), Engine(database=pg_schema) as producer:
+        second = await producer.enqueue("press", {"button": "a", "n": 2})
+        run = await producer.wait_for_job(second, timeout=20)
     # Within the minute by the server's clock: the press joins the first run. By the worker's
     # own clock the window had closed a minute before, and the press ran again.
     assert run.status is RunStatus.DEBOUNCED, (run.status, run.logs)
+
+
+async def test_a_worker_whose_clock_runs_ahead_resumes_a_wait_and_retries_on_time(
+    pg_schema: str, tmp_path: Path
+) -> None:
+    """A one-second wait and a job retry's backoff are due a second or so later by the server's
+    clock. By the worker's own, two minutes later: the runs sat parked that long."""
+    (tmp_path / "flows.py").write_text(WORKFLOWS)
+    async with skewed(AHEAD_S, pg_schema, tmp_path), Engine(database=pg_schema) as producer:
+        nap = await producer.enqueue("nap", {})
+        flaky = await producer.enqueue("flaky", {}, retries=1)
+        napped = await producer.wait_for_job(nap, timeout=30)
+        retried = await producer.wait_for_job(flaky, timeout=30)
+        napped = await producer.get_run(napped.id)  # with its steps
+    assert napped.status is RunStatus.COMPLETED, (napped.status, napped.wait_until)
+    assert retried.status is RunStatus.COMPLETED, (retried.status, retried.error)
+    assert retried.job_attempt == 2
+    waits = [step for step in napped.steps if step.name == "nap"]
+    assert len(waits) == 1, [step.name for step in napped.steps]
+    waited = waits[0]
+    assert waited.started_at is not None and waited.finished_at is not None
+    assert (waited.finished_at - waited.started_at).total_seconds() >= 0.9
+
+
+async def test_a_producer_whose_clock_runs_ahead_delays_a_job_by_its_delay(
+    pg_schema: str, tmp_path: Path
+) -> None:
+    """By its own clock, the job was due two minutes and a second later."""
+    (tmp_path / "flows.py").write_text(WORKFLOWS)
+    jobs = [["later", {}, {"delay": "1s"}]]
+    async with (
+        Engine(workflows=str(tmp_path), database=pg_schema) as worker,
+        skewed(AHEAD_S, pg_schema, jobs=jobs) as (_, lines),
+    ):
+        [job_id] = said(lines, "job")
+        run = await worker.wait_for_job(job_id, timeout=30)
+    assert run.status is RunStatus.COMPLETED, (run.status, run.run_at)
+    assert run.started_at is not None
+    assert (run.started_at - run.created_at).total_seconds() >= 0.9
+
+
+async def test_a_producer_whose_clock_runs_behind_keeps_a_jobs_delay_and_ttl(
+    pg_schema: str, tmp_path: Path
+) -> None:
+    """By its own clock, the delayed job was due two minutes before it was enqueued (it ran at
+    once), and the job with a one-minute ttl was made two minutes before (it expired)."""
+    (tmp_path / "flows.py").write_text(WORKFLOWS)
+    jobs = [["later", {}, {"delay": "6s"}], ["fresh", {}, {}]]
+    async with Engine(workflows=str(tmp_path), database=pg_schema) as worker:
+        before = time.time()
+        async with skewed(-AHEAD_S, pg_schema, jobs=jobs) as (_, lines):
+            later_id, fresh_id = said(lines, "job")
+            fresh = await worker.wait_for_job(fresh_id, timeout=30)
+            later = await worker.wait_for_job(later_id, timeout=30)
+    assert fresh.status is RunStatus.COMPLETED, (fresh.status, fresh.error)
+    assert later.status is RunStatus.COMPLETED, (later.status, later.error)
+    assert later.started_at is not None
+    # Enqueued after `before`, so due six seconds after it at the earliest.
+    assert later.started_at.timestamp() >= before + 6.0, later.started_at.timestamp() - before
+
+
+async def test_a_worker_whose_clock_runs_ahead_fires_a_schedules_ticks_on_time(
+    pg_schema: str, tmp_path: Path
+) -> None:
+    """By its own clock each tick fired two minutes early: the schedule of every machine on the
+    database is one schedule, on the server's clock."""
+    (tmp_path / "flows.py").write_text(WORKFLOWS)
+    async with (
+        skewed(AHEAD_S, pg_schema, tmp_path),
+        Engine(database=pg_schema) as producer,
+    ):
+
+        async def fired() -> Any:
+            [info] = [s for s in await producer.schedules() if s.workflow == "tick"]
+            return info if info.last_tick_at is not None and info.last_fired_at else None
+
+        await until(fired, timeout=30)
+        info = await fired()
+        seen = time.time()
+    assert info.last_tick_at.timestamp() <= seen + 1.0, info.last_tick_at.timestamp() - seen
+    assert info.last_fired_at.timestamp() <= seen + 1.0, info.last_fired_at.timestamp() - seen
 
 
 async def test_a_worker_whose_clock_runs_behind_is_alive_while_it_beats(pg_schema: str) -> None:

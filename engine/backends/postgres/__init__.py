@@ -50,6 +50,7 @@ class PostgresBackend(DatabaseBackend):
 
         self.location = describe(url)
         self.db = PostgresDatabase(url, self.location, create=create, lease_s=lease_s)
+        self.clock = self.db.clock  # the server's: every machine on the database reads it
         self.runs: PostgresRunStore = PostgresRunStore(self.db)
         self.shared = PostgresShared(self.db)
         self._durable: PostgresQueue = PostgresQueue(self.db)
@@ -70,6 +71,7 @@ class PostgresBackend(DatabaseBackend):
         await tg.__aenter__()
         self._tg = tg
         tg.start_soon(self.db.writer_loop)
+        tg.start_soon(self.db.clock_loop)
         try:
             await tg.start(self.db.listener_loop)
         except BaseException:

@@ -53,6 +53,7 @@ from anyio import TASK_STATUS_IGNORED
 from anyio.abc import TaskStatus
 from asyncpg.exceptions import ConnectionDoesNotExistError
 
+from ...clock import Clock
 from ...errors import DatabaseError
 from ...models import Run
 from ..base import Fence
@@ -95,6 +96,8 @@ FLUSH_NOW_TIMEOUT_S = 15.0
 SESSION_END_WAIT_S = 5.0
 HOT = (sql.INSERT_LOG, sql.UPDATE_JOB)  # what WRITE_BATCH writes besides runs
 GATHER_TURNS = 50  # at most this many turns of the event loop gather a batch
+CLOCK_READINGS = 3  # the server's clock is read this many times; the quickest round trip counts
+CLOCK_EVERY_S = 60.0  # and read again this often: either clock may be stepped
 
 
 class SessionStays(DatabaseError):
@@ -125,6 +128,7 @@ class PostgresDatabase:
     ) -> None:
         self.url = url
         self.idle_s = idle_limit(lease_s)
+        self.clock = Clock()  # the server's, as this process reads it (`read_clock`)
         self.location = location
         self.create = create
         self._writer: asyncpg.Connection | None = None
@@ -170,6 +174,7 @@ class PostgresDatabase:
             await migrate(self._writer, create=self.create)
             await self._writer.execute(sql.FORGET_OLD_MARKS)
             await self._note_session(self._writer)
+            await self.read_clock(self._writer)
         except SchemaError as error:
             await self._writer.close()
             raise DatabaseError(f"{self.location}: {error}") from None
@@ -207,6 +212,23 @@ class PostgresDatabase:
                 await writer.execute(sql.FORGET_MARK, self._writer_id)
         except Exception as error:
             log.info("%s: left the writer's mark for later (%s)", self.location, error)
+
+    async def read_clock(self, conn: Conn) -> None:
+        """Measure how far the server's clock is from this process's. A reading is bounded by
+        its round trip; the quickest of a few is kept."""
+        readings = []
+        for _ in range(CLOCK_READINGS):
+            sent = time.time()
+            server = await conn.fetchval(f"SELECT {sql.CLOCK}")
+            readings.append((time.time() - sent, sent, float(server)))
+        took, sent, server = min(readings)
+        self.clock.measured(sent, server, sent + took)
+
+    async def clock_loop(self) -> None:
+        """Read the server's clock again every CLOCK_EVERY_S (a reader waits out an outage)."""
+        while True:
+            await anyio.sleep(CLOCK_EVERY_S)
+            await self.pooled(self.read_clock)
 
     async def _init_pooled(self, conn: Conn) -> None:
         self.own_pids.add(conn.get_server_pid())

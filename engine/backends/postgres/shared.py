@@ -236,7 +236,7 @@ class PostgresShared(SharedState):
         job_id: str | None = None,
         run_id: str | None = None,
     ) -> bool:
-        params = (*clean((workflow, schedule)), tick, job_id, run_id, time.time())
+        params = (*clean((workflow, schedule)), tick, job_id, run_id, self.db.clock.time())
         return (
             await self.db.transaction(lambda conn: conn.fetchval(sql.CLAIM_TICK, *params))
             is not None

@@ -200,7 +200,9 @@ class PostgresRunStore(RunStore):
     ) -> None:
         self.db.write(
             UPSERT_CACHE,
-            clean((workflow, step, key, dump(output), run_id, time.time() + ttl_ms / 1000)),
+            clean(
+                (workflow, step, key, dump(output), run_id, self.db.clock.time() + ttl_ms / 1000)
+            ),
         )
 
     async def flush(self) -> None:
@@ -215,7 +217,7 @@ class PostgresRunStore(RunStore):
             workflow,
             step,
             key,
-            time.time(),
+            self.db.clock.time(),
         )
         return CacheHit(load(row[0]), row[1]) if row else None
 
@@ -278,7 +280,9 @@ class PostgresRunStore(RunStore):
                 for table in ("steps", "attempts", "logs", "events", "event_waiters"):
                     await conn.execute(f"DELETE FROM {table} WHERE run_id = ANY($1::text[])", ids)
                 await conn.execute("DELETE FROM runs WHERE id = ANY($1::text[])", ids)
-                await conn.execute("DELETE FROM idempotency WHERE expires_at <= $1", time.time())
+                await conn.execute(
+                    "DELETE FROM idempotency WHERE expires_at <= $1", self.db.clock.time()
+                )
                 return len(ids)
 
         await self.db.flush()

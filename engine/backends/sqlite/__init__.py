@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 import anyio
 from anyio.abc import TaskGroup
 
+from ...clock import Clock
 from ...errors import DatabaseError
 from ..base import Pace
 from ..database_backend import DatabaseBackend
@@ -51,6 +52,7 @@ class SqliteBackend(DatabaseBackend):
 
     def __init__(self, path: Path, *, create: bool = True, lease_s: float = 30.0) -> None:
         self.location = str(path)
+        self.clock = Clock()  # one machine's: SQLite is never shared between machines
         self.db = SqliteDatabase(path, create=create)
         self.runs = SqliteRunStore(self.db)
         self.shared = SqliteShared(self.db)
