@@ -19,7 +19,7 @@ from .backends.base import Backend
 from .filters import RunFilter
 from .ledger import Ledger, may_have_begun
 from .liveness import pid_names_process_here, process_runs
-from .models import RunStatus, WorkerInfo, utcnow
+from .models import RunStatus, WorkerInfo
 
 log = logging.getLogger("blok.chores")
 
@@ -62,7 +62,9 @@ class Chores:
         if pid_names_process_here(worker):
             # An earlier engine of this very process that did not close, or a dead process.
             return worker.pid == self.me.pid or not process_runs(worker)
-        stale = utcnow() - timedelta(seconds=max(3 * self.heartbeat_s, self.lease_s))
+        stale = self.backend.clock.now() - timedelta(
+            seconds=max(3 * self.heartbeat_s, self.lease_s)
+        )
         return worker.heartbeat_at < stale
 
     async def recover(self) -> int:

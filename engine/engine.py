@@ -265,6 +265,7 @@ class Engine:
             backend = open_backend(self._database, create=self._create, lease_s=self.lease)
             await stack.enter_async_context(backend)
             self._backend = backend
+            self.worker.started_at = self.worker.heartbeat_at = backend.clock.now()
             ledger = Ledger(backend, self.bus)
             ledger.on_run_ended.append(telemetry.activate().run_finished)
             self._tg = tg = await stack.enter_async_context(anyio.create_task_group())

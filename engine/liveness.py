@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from .models import WorkerInfo, utcnow
@@ -95,9 +95,11 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def worker_alive(worker: WorkerInfo, stale_s: float = STALE_HEARTBEAT_S) -> bool:
-    """Alive: its process runs (its pid names a process here) or its heartbeat is recent
-    (another machine, another container)."""
+def worker_alive(
+    worker: WorkerInfo, now: datetime | None = None, stale_s: float = STALE_HEARTBEAT_S
+) -> bool:
+    """Alive: its process runs (its pid names a process here) or its heartbeat is recent by
+    `now` on the clock heartbeats are on, its backend's (another machine, another container)."""
     if pid_names_process_here(worker):
         return process_runs(worker)
-    return worker.heartbeat_at >= utcnow() - timedelta(seconds=stale_s)
+    return worker.heartbeat_at >= (now or utcnow()) - timedelta(seconds=stale_s)

@@ -63,8 +63,7 @@ log = logging.getLogger("blok.operator")
 DEFAULT_MAX_PAYLOAD_BYTES = 1_048_576
 CANCEL_WAIT_S = 8.0  # how long a cancel waits for the worker holding the run to stop it
 CATALOG_TTL_S = 1.0  # a producer re-reads what the workers serve at most this often
-# Runs that retry_now can start: a delayed run (job backoff, or enqueued with a delay), a
-# queued one (on a paused queue) and a throttled one.
+# Runs that retry_now can start: delayed (a backoff or a delay), queued (paused), throttled.
 RETRYABLE_NOW = frozenset({RunStatus.DELAYED, RunStatus.QUEUED, RunStatus.THROTTLED})
 
 
@@ -328,7 +327,8 @@ class Operator:
         return await self.backend.shared.workers()
 
     async def live_workers(self) -> list[WorkerInfo]:
-        return [w for w in await self.backend.shared.workers() if worker_alive(w)]
+        now = self.backend.clock.now()  # the clock heartbeats are on
+        return [w for w in await self.backend.shared.workers() if worker_alive(w, now)]
 
     # ---- enqueue ---------------------------------------------------------------------------
     def check_payload(self, payload: Any, what: str = "payload") -> None:
@@ -596,7 +596,7 @@ class Operator:
             return True
         for worker in await self.backend.shared.workers():
             if worker.id == job.worker:
-                return not worker_alive(worker)
+                return not worker_alive(worker, self.backend.clock.now())
         return False  # not registered yet: a worker that just started
 
     def _tell_local(self, job_id: str, signal: str) -> None:

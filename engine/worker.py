@@ -34,7 +34,7 @@ from .context import Context
 from .events import EventBus, QueueChanged
 from .gates import Gates
 from .ledger import Ledger, make_run
-from .models import Job, JobState, LogLine, Run, RunStatus, StepStatus, WorkerInfo, utcnow
+from .models import Job, JobState, LogLine, Run, RunStatus, StepStatus, WorkerInfo
 from .queue_runtime import QueueRuntime
 from .runner import Outcome, Runner, SnapshotLost
 from .watchdog import WATCHDOG_S, LoopWatchdog
@@ -788,7 +788,7 @@ class Worker:
     async def renew(self) -> None:
         """Renew every lease this worker holds; drop the jobs it no longer holds."""
         if not self._unregistered:
-            self.info.heartbeat_at = utcnow()
+            self.info.heartbeat_at = self.backend.clock.now()
             self.backend.shared.heartbeat(self.info)
         for queue in self.backend.queues:
             asked = time.monotonic()

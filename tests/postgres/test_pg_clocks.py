@@ -13,7 +13,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,9 @@ def flaky(ctx):
     return "done"
 
 
+PRESSES = Debounce("$.body.button", delay="60s", mode="leading")
+
+
 def flow(name, *steps, schedules=(), **trigger):
     return Workflow(
         name=name,
@@ -58,7 +61,7 @@ def flow(name, *steps, schedules=(), **trigger):
 
 workflows = [
     # leading: a burst's first press runs, the presses within a minute of it join its run
-    flow("press", Step("press", done), debounce=Debounce("$.body.button", delay="60s", mode="leading")),
+    flow("press", Step("press", done), debounce=PRESSES),
     flow("nap", wait.for_("1s", name="nap"), Step("done", done)),
     flow("flaky", Step("flaky", flaky)),
     flow("later", Step("done", done)),
@@ -68,7 +71,8 @@ workflows = [
 """
 # argv: the clock's offset in seconds, the database, the workflows folder ('' for none), and
 # jobs to enqueue as JSON ([queue, payload, options] each). It prints each job's id, what its
-# engine reads as now, then "ready", and runs until its stdin is closed.
+# engine reads as now, how long ago each worker's heartbeat was and which workers it finds alive,
+# then "ready", and runs until its stdin is closed.
 SKEWED = """
 import json, sys, time
 
@@ -84,7 +88,12 @@ async def main(offset: str, url: str, workflows: str, jobs: str) -> None:
     async with Engine(workflows=workflows or None, database=url) as engine:
         for queue, payload, options in json.loads(jobs):
             print("job", await engine.enqueue(queue, payload, **options), flush=True)
-        print("now", engine.now().timestamp(), flush=True)
+        now = engine.now()
+        print("now", now.timestamp(), flush=True)
+        ages = [(now - w.heartbeat_at).total_seconds() for w in await engine.workers()]
+        print("heartbeats", json.dumps(ages, separators=(",", ":")), flush=True)
+        alive = [w.id for w in await engine.live_workers()]
+        print("alive", json.dumps(alive, separators=(",", ":")), flush=True)
         print("ready", flush=True)
         await anyio.to_thread.run_sync(sys.stdin.read)  # until the test closes it
 
@@ -115,19 +124,46 @@ async def skewed(
             await process.wait()
 
 
+def other_machine(worker_id: str, beat_at: datetime) -> WorkerInfo:
+    """The row of a worker on another machine, whose heartbeat says `beat_at` by its clock."""
+    host, pid, _ = worker_id.split(":")
+    return WorkerInfo(
+        id=worker_id,
+        host=host,
+        pid=int(pid),
+        process="another-boot/4026531836#812",
+        started_at=beat_at,
+        heartbeat_at=beat_at,
+    )
+
+
 def said(lines: list[str], word: str) -> list[str]:
     return [line.split()[1] for line in lines if line.startswith(f"{word} ")]
 
 
 async def test_an_engine_reads_the_servers_clock_whatever_its_machines_says(
-    pg_schema: str,
+    pg_schema: str, tmp_path: Path
 ) -> None:
-    """Its times are on the server's clock: a run started on another machine reads "3s ago"
+    """Its times are on the server's clock: a run or a worker on another machine reads "3s ago"
     here (the console shows `engine.now()`), and every machine computes a due time alike."""
-    for offset in (AHEAD_S, -AHEAD_S):
-        async with skewed(offset, pg_schema) as (_, lines):
-            [now] = said(lines, "now")
-            assert abs(float(now) - time.time()) < 5.0, (offset, float(now) - time.time())
+    (tmp_path / "flows.py").write_text(WORKFLOWS)
+    async with Engine(workflows=str(tmp_path), database=pg_schema) as here:
+        for offset in (AHEAD_S, -AHEAD_S):
+            elsewhere = other_machine("elsewhere:9:0a0b0c", beat_at=utcnow())
+            here.backend.shared.heartbeat(elsewhere)  # a worker judged by its heartbeat alone
+            async with skewed(offset, pg_schema, tmp_path) as (process, lines):
+                [now] = said(lines, "now")
+                assert abs(float(now) - time.time()) < 5.0, (offset, float(now) - time.time())
+                # Every heartbeat it reads (this process's worker's, its own) is just now...
+                [beats] = said(lines, "heartbeats")
+                assert len(json.loads(beats)) == 3
+                [alive] = said(lines, "alive")
+                assert elsewhere.id in json.loads(alive), (offset, alive)
+                assert all(abs(age) < 10.0 for age in json.loads(beats)), (offset, beats)
+                # ... and its worker, read here, started just now and beat just now.
+                [its] = [w for w in await here.workers() if w.pid == process.pid]
+                for moment in (its.started_at, its.heartbeat_at):
+                    assert abs((here.now() - moment).total_seconds()) < 10.0, (offset, moment)
 
 
 async def test_a_worker_whose_clock_runs_ahead_keeps_a_burst_in_its_window(
@@ -230,15 +266,7 @@ async def test_a_worker_whose_clock_runs_behind_is_alive_while_it_beats(pg_schem
     """Its heartbeat is a moment on its own clock, two minutes behind: read against another
     machine's clock it looked two minutes old, and recovery took the jobs it was running (a
     second run of each, while the first went on). The heartbeat is the server's moment."""
-    now = utcnow()
-    behind = WorkerInfo(
-        id="behind:7:0a0b0c",
-        host="behind",
-        pid=7,
-        process="another-boot/4026531836#812",
-        started_at=now - timedelta(seconds=AHEAD_S),
-        heartbeat_at=now - timedelta(seconds=AHEAD_S),  # "now", by its clock
-    )
+    behind = other_machine("behind:7:0a0b0c", utcnow() - timedelta(seconds=AHEAD_S))
     async with Engine(database=pg_schema) as producer:
         producer.backend.shared.heartbeat(behind)
         [seen] = [w for w in await producer.backend.shared.workers() if w.id == behind.id]

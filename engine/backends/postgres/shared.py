@@ -10,7 +10,6 @@ contract has it.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -55,8 +54,8 @@ class PostgresShared(SharedState):
     async def workers(self) -> list[WorkerInfo]:
         await self.db.flush()
         rows = await self.db.fetch(sql.WORKERS)
-        # Each heartbeat as long ago, by this process's clock, as it is by the server's.
-        here = time.time()
+        # Each heartbeat as long ago as it is by the server's clock, read here on it.
+        here = self.db.clock.time()
         return [worker_from_row(row, here - row["heartbeat_age"]) for row in rows]
 
     async def forget_worker(self, worker_id: str) -> None:
