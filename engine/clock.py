@@ -1,12 +1,12 @@
-"""The clock a backend's moments are on: when a job is due, when a wait or a lease ends, when a
-schedule ticks.
+"""The clock a backend's moments are on: when a job is due, when a wait, a lease or a ttl ends,
+when a schedule ticks, when a worker last beat, and when a run and its steps began and ended.
 
 Processes that share a database compare each other's moments, so they must read them on one
 clock. On one machine (memory, SQLite) that is the machine's own. Machines that share a
 PostgreSQL server keep theirs as they are (a clock a minute off is common on an unsynchronised
 VM) and read the server's: the backend measures how far the server's clock is from this
-process's (`skew`) and keeps measuring it. Times a user reads (a run's start, a step's finish)
-stay on this process's clock.
+process's (`skew`) and keeps measuring it. A user reads the same moments on it too
+(`Engine.now()`), so that a run another machine started reads "3s ago" everywhere.
 """
 
 from __future__ import annotations

@@ -198,6 +198,7 @@ async def _sample(instruments: Instruments, operator: QueueReader, served: Serve
         while True:
             if collected():
                 samples: dict[str, QueueSample] = {}
+                now = operator.backend.clock.now()  # the clock a job's times are on
                 for queue in list(served()):
                     try:
                         stats = await operator.queue_stats(queue)
@@ -207,11 +208,7 @@ async def _sample(instruments: Instruments, operator: QueueReader, served: Serve
                         # a busy database costs this one reading, said in the log.
                         log.warning("queue %s: depth not sampled: %s", queue, error)
                         continue
-                    age = (
-                        (operator.backend.clock.now() - since).total_seconds()
-                        if since is not None
-                        else 0.0
-                    )
+                    age = (now - since).total_seconds() if since is not None else 0.0
                     samples[queue] = QueueSample(stats.waiting, max(age, 0.0))
                 instruments.samples[key] = samples
             await anyio.sleep(every)
