@@ -80,11 +80,11 @@ def _stored_key(key: str | None) -> str | None:
 
 
 async def post_event(
-    conn: Conn, event: str, payload: Any, run_id: str | None
+    conn: Conn, event: str, payload: Any, run_id: str | None, now: float
 ) -> list[Delivery] | None:
-    """Inside the writer's transaction: see RunStore.post_event."""
+    """Inside the writer's transaction, `now` on the database's clock: see
+    RunStore.post_event."""
     encoded = dump(payload)
-    now = time.time()
     if run_id is not None:
         status = await conn.fetchval(sql.RUN_LOCK, run_id)
         if status is None or status in TERMINAL:
@@ -112,8 +112,10 @@ async def take_event(
     key: str | None,
     path: tuple[str, ...],
     register: bool,
+    now: float,
 ) -> EventMessage | None:
-    """Inside the writer's transaction: see RunStore.take_event."""
+    """Inside the writer's transaction, `now` on the database's clock: see
+    RunStore.take_event."""
     if path:
         await conn.execute(sql.EVENT_LOCK, event)
     await conn.execute(sql.RUN_LOCK, run_id)
@@ -140,7 +142,6 @@ async def take_event(
                     row = candidate
                     break
         if row is not None:
-            now = time.time()
             await conn.execute(
                 "UPDATE events SET run_id = $1, taken_by = $2, taken_at = $3 WHERE id = $4",
                 run_id,
@@ -293,7 +294,9 @@ class PostgresRunStore(RunStore):
         self, event: str, payload: Any, *, run_id: str | None
     ) -> list[Delivery] | None:
         event, run_id = clean((event, run_id))
-        return await self.db.transaction(lambda conn: post_event(conn, event, payload, run_id))
+        return await self.db.transaction(
+            lambda conn: post_event(conn, event, payload, run_id, self.db.clock.time())
+        )
 
     async def take_event(
         self,
@@ -308,7 +311,9 @@ class PostgresRunStore(RunStore):
         run_id, step, event, key = clean((run_id, step, event, key))
         path = clean(path)
         return await self.db.transaction(
-            lambda conn: take_event(conn, run_id, step, event, key, path, register)
+            lambda conn: take_event(
+                conn, run_id, step, event, key, path, register, self.db.clock.time()
+            )
         )
 
     async def events_of(self, run_id: str) -> list[EventMessage]:
