@@ -145,18 +145,23 @@ async def test_an_engine_reads_the_servers_clock_whatever_its_machines_says(
     pg_schema: str, tmp_path: Path
 ) -> None:
     """Its times are on the server's clock: a run or a worker on another machine reads "3s ago"
-    here (the console shows `engine.now()`), and every machine computes a due time alike."""
+    here (the console shows `engine.now()`), every machine computes a due time alike, and a
+    worker known by its heartbeat alone is alive to all (its recovery as it opens, too)."""
     (tmp_path / "flows.py").write_text(WORKFLOWS)
     async with Engine(workflows=str(tmp_path), database=pg_schema) as here:
+        elsewhere = other_machine("elsewhere:9:0a0b0c", beat_at=utcnow())
+        here.backend.shared.heartbeat(elsewhere)
+        queue = here.backend.queue("postgres")
+        await add_unserved(queue, "held", [{}])
+        [held] = await queue.claim("held", 1, elsewhere.id, 3600.0)
         for offset in (AHEAD_S, -AHEAD_S):
-            elsewhere = other_machine("elsewhere:9:0a0b0c", beat_at=utcnow())
-            here.backend.shared.heartbeat(elsewhere)  # a worker judged by its heartbeat alone
+            here.backend.shared.heartbeat(elsewhere)  # a moment ago
             async with skewed(offset, pg_schema, tmp_path) as (process, lines):
                 [now] = said(lines, "now")
                 assert abs(float(now) - time.time()) < 5.0, (offset, float(now) - time.time())
                 # Every heartbeat it reads (this process's worker's, its own) is just now...
                 [beats] = said(lines, "heartbeats")
-                assert len(json.loads(beats)) == 3
+                assert len(json.loads(beats)) == 3  # a recovery that found one dead forgot it
                 [alive] = said(lines, "alive")
                 assert elsewhere.id in json.loads(alive), (offset, alive)
                 assert all(abs(age) < 10.0 for age in json.loads(beats)), (offset, beats)
@@ -164,6 +169,7 @@ async def test_an_engine_reads_the_servers_clock_whatever_its_machines_says(
                 [its] = [w for w in await here.workers() if w.pid == process.pid]
                 for moment in (its.started_at, its.heartbeat_at):
                     assert abs((here.now() - moment).total_seconds()) < 10.0, (offset, moment)
+            assert (await here.get_job(held.job.id)).worker == elsewhere.id, offset
 
 
 async def test_a_worker_whose_clock_runs_ahead_keeps_a_burst_in_its_window(
