@@ -26,7 +26,7 @@ from support import add_unserved, until
 
 pytest.importorskip("asyncpg", reason=NO_DRIVER)
 
-from engine import Engine, RunStatus, Step, WorkerTrigger, Workflow
+from engine import Engine, RunStatus, Step, StepStatus, WorkerTrigger, Workflow
 from engine.liveness import worker_alive
 from engine.models import WorkerInfo, utcnow
 
@@ -67,6 +67,7 @@ workflows = [
     flow("later", Step("done", done)),
     flow("fresh", Step("done", done), ttl="60s"),
     flow("tick", Step("done", done), schedules=[Schedule(every="1s")]),
+    flow("charge", Step("charge", done, idempotency_key="$.body.order", idempotency_ttl="60s")),
 ]
 """
 # argv: the clock's offset in seconds, the database, the workflows folder ('' for none), and
@@ -266,6 +267,27 @@ async def test_a_worker_whose_clock_runs_ahead_fires_a_schedules_ticks_on_time(
         seen = time.time()
     assert info.last_tick_at.timestamp() <= seen + 1.0, info.last_tick_at.timestamp() - seen
     assert info.last_fired_at.timestamp() <= seen + 1.0, info.last_fired_at.timestamp() - seen
+
+
+async def test_a_step_cached_by_a_worker_whose_clock_runs_behind_stays_cached_its_ttl(
+    pg_schema: str, tmp_path: Path
+) -> None:
+    """Its idempotency entry lasts a minute by the server's clock. By the worker's own, two
+    minutes behind, it had expired a minute before it was written, and the key's next run
+    charged again."""
+    (tmp_path / "flows.py").write_text(WORKFLOWS)
+    jobs = [["charge", {"order": "o-1"}, {}]]
+    async with (
+        skewed(-AHEAD_S, pg_schema, tmp_path, jobs=jobs) as (_, lines),
+        Engine(database=pg_schema) as producer,
+    ):
+        [first] = said(lines, "job")
+        assert (await producer.wait_for_job(first, timeout=30)).status is RunStatus.COMPLETED
+    async with Engine(workflows=str(tmp_path), database=pg_schema) as here:
+        second = await here.enqueue("charge", {"order": "o-1"})
+        run = await here.get_run((await here.wait_for_job(second, timeout=30)).id)
+    [charge] = [step for step in run.steps if step.name == "charge"]
+    assert charge.status is StepStatus.CACHED, charge.status
 
 
 async def test_a_worker_whose_clock_runs_behind_is_alive_while_it_beats(pg_schema: str) -> None:
