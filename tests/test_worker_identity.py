@@ -13,7 +13,8 @@ where that pid meant nothing, a live worker on another machine was found dead, a
 took its jobs and recorded its runs crashed while it ran them.
 
 Real databases (SQLite and PostgreSQL), real processes and pids; the other machine is a row
-written as that machine's worker writes it.
+written as that machine's worker writes it, the other container a real worker in a PID namespace
+of its own (`unshare`, where this machine lets a test make one).
 """
 
 from __future__ import annotations
@@ -23,12 +24,15 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import anyio
 import pytest
+from anyio.streams.text import TextReceiveStream
 from support import add_unserved, dead_pid, durable_database, provider_of
 
-from engine import Engine, JobState, RunStatus, Step, WorkerTrigger, Workflow
+from engine import Engine, Job, JobState, RunStatus, Step, WorkerTrigger, Workflow
 from engine.liveness import PID_SPACE, process_of, this_process
 from engine.models import WorkerInfo, utcnow
 
@@ -154,6 +158,85 @@ async def test_a_worker_killed_and_not_yet_reaped_is_dead(database: str) -> None
         await taken_over(database, *await held_by(database, process_of(zombie.pid), zombie.pid))
     finally:
         zombie.wait()
+
+
+# A worker in a PID namespace of its own, as in a container: its pid there is one no process of
+# this namespace can have (past pid_max here), so judged by that pid here it would be dead.
+NAMESPACED_PID = 99_991
+CONTAINED = """
+import sys
+
+import anyio
+from engine import Engine, Step, WorkerTrigger, Workflow
+
+
+async def hold(ctx):
+    print("running", flush=True)
+    await anyio.sleep(3600)
+
+
+async def main(url: str, provider: str) -> None:
+    trigger = WorkerTrigger(queue="identity", provider=provider)  # QUEUE
+    flow = Workflow(name="identity", trigger=trigger, steps=[Step("hold", hold)])
+    async with Engine(workflows=[flow], database=url) as engine:
+        print("worker", engine.worker.id, engine.worker.process, flush=True)
+        await anyio.sleep(3600)
+
+
+anyio.run(main, sys.argv[1], sys.argv[2])
+"""
+
+
+@asynccontextmanager
+async def contained_worker(database: str) -> AsyncIterator[tuple[str, str]]:
+    """A worker in a new PID namespace whose pid there is NAMESPACED_PID, once it runs a job:
+    its id and its process. Its shell is the namespace's init, and dies with `unshare`."""
+    script = 'echo "$1" > /proc/sys/kernel/ns_last_pid && "$0" -c "$2" "$3" "$4"; exit $?'
+    command = [
+        *("unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "sh", "-c", script),
+        *(sys.executable, str(NAMESPACED_PID - 1), CONTAINED, database, provider_of(database)),
+    ]
+    async with await anyio.open_process(command, stderr=subprocess.STDOUT) as box:
+        try:
+            assert box.stdout is not None
+            said = ""
+            with anyio.fail_after(30):
+                async for text in TextReceiveStream(box.stdout):
+                    said += text
+                    if "running\n" in said and "worker " in said and said.endswith("\n"):
+                        break
+            assert "running\n" in said, said  # else it ended first: its output
+            [line] = [line for line in said.splitlines() if line.startswith("worker ")]
+            _, holder, process = line.split()
+            yield holder, process
+        finally:
+            box.kill()  # the namespace with it
+
+
+async def test_a_live_worker_in_another_pid_namespace_keeps_its_job(database: str) -> None:
+    """Another container on this machine (the same boot, the same host name on the host's
+    network): a real worker runs a job there. A worker here opens and recovers: the job stays
+    the contained worker's, its run running, because its pid names no process of this
+    namespace and is not taken to; its heartbeat says it lives."""
+    probe = await anyio.run_process(["unshare", "--pid", "--fork", "true"], check=False)
+    if probe.returncode != 0:
+        pytest.skip(f"no PID namespace for a test here: {probe.stderr.decode().strip()}")
+    [job_id] = [job.id for job in await enqueued(database)]
+    async with contained_worker(database) as (holder, process):
+        assert holder.split(":")[1] == str(NAMESPACED_PID)
+        assert process.split("#")[0] != PID_SPACE  # the same boot, another pid namespace
+        async with Engine(workflows=workflows(database), database=database) as worker:
+            job = await worker.get_job(job_id)
+            assert job.state is JobState.ACTIVE, job.state
+            assert job.worker == holder, job.worker
+            assert (await worker.get_run(job.run_id)).status is RunStatus.RUNNING
+            assert holder in {w.id for w in await worker.live_workers()}
+
+
+async def enqueued(database: str) -> list[Job]:
+    async with Engine(database=database) as producer:
+        queue = producer.backend.queue(provider_of(database))
+        return await add_unserved(queue, QUEUE, [{"i": 1}])
 
 
 def test_engines_of_the_same_host_name_and_pid_have_different_ids() -> None:
