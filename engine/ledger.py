@@ -67,24 +67,8 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{int(time.time() * 1000):011x}{os.urandom(ID_RANDOM_BYTES).hex()}"
 
 
-def engine_line(message: str, level: str = "info", ts: datetime | None = None) -> LogLine:
-    return LogLine.model_construct(ts=ts or utcnow(), level=level, message=message, step=None)
-
-
-def close_open_steps(
-    run: Run, step_status: StepStatus, attempt_status: AttemptStatus, error: str, now: datetime
-) -> None:
-    """End the steps (and their attempts) a run left running or waiting."""
-    for step in run.steps:
-        if step.status in (StepStatus.RUNNING, StepStatus.WAITING):
-            step.status = step_status
-            step.finished_at = now
-            step.error = error
-            for attempt in step.attempts:
-                if attempt.status is AttemptStatus.RUNNING:
-                    attempt.status = attempt_status
-                    attempt.finished_at = now
-                    attempt.error = error
+def engine_line(message: str, level: str, ts: datetime) -> LogLine:
+    return LogLine.model_construct(ts=ts, level=level, message=message, step=None)
 
 
 def make_job(
@@ -310,6 +294,22 @@ class Ledger:
             for run in runs:
                 self.bus.publish(RunQueued(run.id, run.queue, run.workflow_name, str(run.status)))
 
+    def _close_open_steps(
+        self, run: Run, step_status: StepStatus, attempt_status: AttemptStatus, error: str
+    ) -> None:
+        """End the steps (and their attempts) a run left running or waiting."""
+        now = self.clock.now()
+        for step in run.steps:
+            if step.status in (StepStatus.RUNNING, StepStatus.WAITING):
+                step.status = step_status
+                step.finished_at = now
+                step.error = error
+                for attempt in step.attempts:
+                    if attempt.status is AttemptStatus.RUNNING:
+                        attempt.status = attempt_status
+                        attempt.finished_at = now
+                        attempt.error = error
+
     def log(self, run: Run, message: str, level: str = "info") -> None:
         """An engine line on the run's record, written with the run's next transition (or,
         for a run that starts, with its start)."""
@@ -385,9 +385,7 @@ class Ledger:
 
     def cancelled(self, claim: Claim, queue: JobQueue, run: Run, reason: str = CANCELLED) -> None:
         self._close(run, RunStatus.CANCELLED, reason, None)
-        close_open_steps(
-            run, StepStatus.CANCELLED, AttemptStatus.CANCELLED, "cancelled", self.clock.now()
-        )
+        self._close_open_steps(run, StepStatus.CANCELLED, AttemptStatus.CANCELLED, "cancelled")
         self._settle(
             claim, queue, run, JobUpdate(state=JobState.CANCELLED, headers=_ended(claim.job))
         )
@@ -411,9 +409,7 @@ class Ledger:
         job = claim.job
         self._close(run, status, error, error_step)
         if status is RunStatus.TIMED_OUT:
-            close_open_steps(
-                run, StepStatus.FAILED, AttemptStatus.TIMED_OUT, error or "", self.clock.now()
-            )
+            self._close_open_steps(run, StepStatus.FAILED, AttemptStatus.TIMED_OUT, error or "")
         failures = int(job.meta.get("failures", 0)) + 1
         meta = {**job.meta, "failures": failures}
         retries = job.max_retries
@@ -551,7 +547,7 @@ class Ledger:
         if run.terminal:
             return
         self._close(run, RunStatus.CRASHED, reason, None)
-        close_open_steps(run, StepStatus.FAILED, AttemptStatus.FAILED, reason, self.clock.now())
+        self._close_open_steps(run, StepStatus.FAILED, AttemptStatus.FAILED, reason)
         job = claim.job
         next_run = self._redelivery(job, run)
         update = JobUpdate(state=JobState.WAITING, run_id=next_run.id, meta=job.meta)
@@ -587,7 +583,7 @@ class Ledger:
             )
         run = copy_run(run)  # read from the store: others may hold that record
         self._close(run, RunStatus.CRASHED, reason, None)
-        close_open_steps(run, StepStatus.FAILED, AttemptStatus.FAILED, reason, self.clock.now())
+        self._close_open_steps(run, StepStatus.FAILED, AttemptStatus.FAILED, reason)
         job = claim.job
         fresh = self._redelivery(job, run)
         fresh.status = RunStatus.QUEUED
@@ -604,7 +600,7 @@ class Ledger:
         recorded crashed. Nothing else can write it: there is no job to fence on."""
         run = copy_run(run)
         self._close(run, RunStatus.CRASHED, reason, None)
-        close_open_steps(run, StepStatus.FAILED, AttemptStatus.FAILED, reason, self.clock.now())
+        self._close_open_steps(run, StepStatus.FAILED, AttemptStatus.FAILED, reason)
         self.backend.runs.save_run(run)
         for line in self._notes.pop(run.id, ()):
             self.backend.runs.add_log(run.id, line)
@@ -615,9 +611,7 @@ class Ledger:
         read at `job.epoch`). False if the job moved meanwhile."""
         run = copy_run(run)
         self._close(run, RunStatus.CANCELLED, CANCELLED_BEFORE_RUN, None)
-        close_open_steps(
-            run, StepStatus.CANCELLED, AttemptStatus.CANCELLED, "cancelled", self.clock.now()
-        )
+        self._close_open_steps(run, StepStatus.CANCELLED, AttemptStatus.CANCELLED, "cancelled")
         update = JobUpdate(state=JobState.CANCELLED, headers=_ended(job), meta=job.meta)
         if not await queue.apply(self._transition(job, job.epoch, update, run)):
             return False
@@ -628,9 +622,7 @@ class Ledger:
     async def cancel_abandoned(self, queue: JobQueue, job: Job, run: Run) -> bool:
         """Cancel a run whose worker is gone (its lease ran out): nobody will finish it."""
         run = copy_run(run)
-        close_open_steps(
-            run, StepStatus.CANCELLED, AttemptStatus.CANCELLED, "cancelled", self.clock.now()
-        )
+        self._close_open_steps(run, StepStatus.CANCELLED, AttemptStatus.CANCELLED, "cancelled")
         self._close(run, RunStatus.CANCELLED, f"{CANCELLED} (its worker was gone)", None)
         update = JobUpdate(state=JobState.CANCELLED, headers=_ended(job), meta=job.meta)
         if not await queue.apply(self._transition(job, job.epoch, update, run)):
@@ -709,7 +701,7 @@ class Ledger:
             return await queue.apply(self._transition(job, job.epoch, update))
         run = copy_run(run)
         self._close(run, RunStatus.CRASHED, reason, None)
-        close_open_steps(run, StepStatus.FAILED, AttemptStatus.FAILED, reason, self.clock.now())
+        self._close_open_steps(run, StepStatus.FAILED, AttemptStatus.FAILED, reason)
         next_run = self._redelivery(job, run)
         update = JobUpdate(state=JobState.WAITING, run_id=next_run.id, meta=job.meta)
         if not await queue.apply(self._transition(job, job.epoch, update, run, next_run)):
