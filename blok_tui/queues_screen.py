@@ -97,6 +97,7 @@ class QueuesScreen(RowFilterScreen):
                 RunFilter.of("waiting", queue=info.name)
             )
         workers = await self.engine.workers()
+        live = {w.id for w in await self.engine.live_workers()}
         failed = await self.engine.runs(status=sorted(RETRIED_AFTER), limit=FAILURES_READ)
         failures = one_per_job(failed).runs[:FAILURES_SHOWN]
         jobs = await self.blok.jobs.read(self.engine, (run.job_id for run in failures))
@@ -107,7 +108,7 @@ class QueuesScreen(RowFilterScreen):
         self.stats = stats
         self.waiting = waiting
         self.render_rows()
-        self.query_one("#workers-line", Static).update(workers_line(workers, self.blok.now()))
+        self.query_one("#workers-line", Static).update(workers_line(workers, live))
         self.render_failures(failures, jobs)
 
     def render_rows(self) -> None:

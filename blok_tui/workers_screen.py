@@ -1,9 +1,13 @@
 """The workers view: every worker process registered on this database (id host:pid:tag, when it
-started, its last heartbeat) and whether it is alive, so an attached console shows who works."""
+started, its last heartbeat) and whether it is alive, so an attached console shows who works.
+
+Whether a worker is alive is the engine's judgement (`live_workers`), the one its recovery acts
+on: a worker of this machine is alive while its process runs, one of another machine while its
+heartbeat is recent. A rule of the console's own said a worker killed here was alive for ten
+more seconds, while recovery had already given its jobs to others."""
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import ClassVar
 
 from rich.text import Text
@@ -18,7 +22,6 @@ from .base_screen import BlokScreen, Changes
 from .console import day_time, duration
 from .widgets.row_table import Column, RowTable
 
-ALIVE_WITHIN = 10.0  # seconds since the last heartbeat (heartbeats come every ~2 s)
 COLUMNS = (
     Column("worker", "worker", 24, priority=10, flex=True),
     Column("host", "host", 16, priority=3),
@@ -29,13 +32,10 @@ COLUMNS = (
 )
 
 
-def is_alive(worker: WorkerInfo, now: datetime) -> bool:
-    return (now - worker.heartbeat_at).total_seconds() <= ALIVE_WITHIN
-
-
-def workers_line(workers: list[WorkerInfo], now: datetime) -> Text:
-    """One line for the queues view: "workers  2 alive: host:12, host:34 · 1 stale"."""
-    alive = [w for w in workers if is_alive(w, now)]
+def workers_line(workers: list[WorkerInfo], live: set[str], *, hint: bool = True) -> Text:
+    """One line for the queues view: "workers  2 alive: host:12, host:34 · 1 stale"; `live`
+    holds the ids of the workers the engine judges alive."""
+    alive = [w for w in workers if w.id in live]
     line = Text()
     line.append("workers ", style="bold")
     if not workers:
@@ -49,7 +49,8 @@ def workers_line(workers: list[WorkerInfo], now: datetime) -> Text:
     stale = len(workers) - len(alive)
     if stale:
         line.append(f" · {stale} stale", style="khaki3")
-    line.append("   :workers lists them", style="dim")
+    if hint:
+        line.append("   :workers lists them", style="dim")
     return line
 
 
@@ -60,6 +61,7 @@ class WorkersScreen(BlokScreen):
     def __init__(self) -> None:
         super().__init__()
         self.found: list[WorkerInfo] = []
+        self.live: set[str] = set()
 
     @property
     def crumb(self) -> str:
@@ -78,14 +80,16 @@ class WorkersScreen(BlokScreen):
         self.table.focus()
 
     async def load(self) -> None:
-        self.found = await self.engine.workers()
+        found = await self.engine.workers()
+        live = {w.id for w in await self.engine.live_workers()}
+        self.found, self.live = found, live
         self.render_rows()
 
     def render_rows(self) -> None:
         now, tz = self.blok.now(), self.blok.tz
         rows = []
         for worker in self.found:
-            alive = is_alive(worker, now)
+            alive = worker.id in self.live
             ago = (now - worker.heartbeat_at).total_seconds() * 1000
             cells = [
                 Text(worker.id, style="bold"),
@@ -97,7 +101,7 @@ class WorkersScreen(BlokScreen):
             ]
             rows.append((worker.id, cells))
         self.table.set_rows(rows)
-        summary = workers_line(self.found, now)
+        summary = workers_line(self.found, self.live, hint=False)
         self.query_one("#workers-summary", Static).update(summary, layout=False)
 
     def engine_changed(self, changes: Changes) -> None:

@@ -29,6 +29,7 @@ from engine import (
     StepStatus,
     WorkerInfo,
 )
+from engine.liveness import worker_alive
 
 NOW = datetime(2026, 1, 15, 9, 30, 0, tzinfo=UTC)
 BROKEN = '''"""Refunds: being edited, and broken for the moment."""
@@ -539,7 +540,11 @@ async def scene_engine(folder: Path, database: Path) -> AsyncIterator[Engine]:
         async def fixed_workers() -> list[WorkerInfo]:
             return list(WORKERS)
 
+        async def live_fixed_workers() -> list[WorkerInfo]:
+            return [w for w in WORKERS if worker_alive(w, NOW)]  # the engine's rule, at NOW
+
         engine.workers = fixed_workers  # type: ignore[method-assign]
+        engine.live_workers = live_fixed_workers  # type: ignore[method-assign]
         yield engine
 
 

@@ -4,8 +4,12 @@ replay, retry now, the retrying filter, and opening a subworkflow's child run.""
 
 from __future__ import annotations
 
+import os
 import re
+import socket
+import sys
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 
 import anyio
@@ -22,8 +26,9 @@ from blok_tui.runs_screen import MARK, RunsScreen
 from blok_tui.widgets import BulkBar, StepRail
 from blok_tui.widgets.row_table import RowTable
 from blok_tui.workers_screen import WorkersScreen
-from engine import Engine, RunFilter, RunStarted
+from engine import Engine, RunFilter, RunStarted, WorkerInfo
 from engine.events import AttemptFailed
+from engine.liveness import process_of, this_process
 
 from .flows import ALL
 from .helpers import column, command, settled, text_of, until
@@ -245,6 +250,54 @@ async def test_workers_view_lists_this_engine_as_alive(engine: Engine) -> None:
         table = app.screen.query_one("#workers", RowTable)
         assert column(table, "worker") == [engine.worker.id]
         assert column(table, "alive") == ["✓ alive"]
+
+
+async def test_the_console_judges_a_worker_alive_as_recovery_does(engine: Engine) -> None:
+    """A worker of this machine is alive while its process runs, whatever its heartbeat says:
+    the rule recovery acts on. Judged by its heartbeat alone, a worker killed a moment ago was
+    listed alive (its jobs already given to others) and a busy one whose heartbeat lagged was
+    listed stale."""
+    async with await anyio.open_process([sys.executable, "-c", "input()"]) as killed:
+        process = process_of(killed.pid)
+        killed.kill()
+        await killed.wait()
+    now = engine.now()
+    here = socket.gethostname()
+    rows = {
+        "killed": WorkerInfo(
+            id=f"{here}:{killed.pid}:killed",
+            host=here,
+            pid=killed.pid,
+            process=process,
+            started_at=now,
+            heartbeat_at=now,
+        ),
+        "lagging": WorkerInfo(
+            id=f"{here}:{os.getpid()}:lagging",
+            host=here,
+            pid=os.getpid(),
+            process=this_process(),
+            started_at=now - timedelta(hours=1),
+            heartbeat_at=now - timedelta(minutes=5),
+        ),
+    }
+    for row in rows.values():
+        engine.backend.shared.heartbeat(row)
+    app = BlokApp(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        await until(pilot, lambda: "2 alive" in text_of(app.screen.query_one("#workers-line")))
+        line = text_of(app.screen.query_one("#workers-line", Static))
+        assert rows["lagging"].id in line and rows["killed"].id not in line
+        assert "1 stale" in line
+        await command(pilot, "workers")
+        table = app.screen.query_one("#workers", RowTable)
+        await until(pilot, lambda: len(column(table, "worker")) == 3)
+        alive = dict(zip(column(table, "worker"), column(table, "alive"), strict=True))
+        assert alive[rows["killed"].id] == "✗ stale"
+        assert alive[rows["lagging"].id] == "✓ alive"
+        assert alive[engine.worker.id] == "✓ alive"
+        assert ":workers lists them" not in text_of(app.screen.query_one("#workers-summary"))
 
 
 def text_of_prompt(rail: StepRail, n: int) -> str:
