@@ -168,12 +168,13 @@ class QueuesScreen(RowFilterScreen):
         now, tz = self.blok.now(), self.blok.tz
         text = Text()
         short = short_ids([run.id for run in runs])
+        width = max(map(len, short.values()), default=0)  # the notes after them line up
         for n, run in enumerate(runs):
             text.append(day_time(run.started_at or run.created_at, tz, now), style="grey50")
             text.append("  ")
             text.append_text(status_text(str(run.status), label=False))
             text.append(f" {printable(run.workflow_name):<18.18} ", style="bold")
-            text.append(f"{short[run.id]}  ", style="grey62")
+            text.append(f"{short[run.id]:<{width}}  ", style="grey62")
             text.append_text(job_note(run, jobs.get(run.job_id)))
             error = printable(run.error.splitlines()[0]) if run.error else ""
             text.append(error, style="red1")

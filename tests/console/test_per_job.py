@@ -228,6 +228,26 @@ async def test_recent_failures_are_one_line_per_job(engine: Engine) -> None:
         assert "recovers.hook" in failures[0] and "↻ completed" in failures[0]
 
 
+async def test_recent_failures_line_up_whatever_their_ids_lengths(engine: Engine) -> None:
+    """Each failure's id is as short as it can be and still tell it apart (`short_ids`), so
+    the ids differ in length; what follows them starts in one column all the same."""
+    [job_id] = await _dead(engine, 1)
+    dead = await engine.wait_for_job(job_id, timeout=10)
+    assert dead.error
+    # Three ids: two alike for twelve characters (shown with thirteen), one alike for none.
+    ids = ["run_0a0b0c0d0e0f1", "run_0a0b0c0d0e0f2", "run_9f9f9f9f9f9f9"]
+    runs = [dead.model_copy(update={"id": run_id}) for run_id in ids]
+    assert {len(short) for short in short_ids(ids).values()} == {8, 13}
+    app = BlokApp(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        assert isinstance(app.screen, QueuesScreen)
+        app.screen.render_failures(runs, {})
+        lines = text_of(app.screen.query_one("#failures", Static), 200).splitlines()
+        errors = [line.index(dead.error[:20]) for line in lines if "✗" in line]
+        assert len(errors) == 3 and len(set(errors)) == 1, lines
+
+
 # ---- a run's replays, per job --------------------------------------------------------------------
 async def test_the_run_view_names_its_replay_once_per_replay_job(engine: Engine) -> None:
     [job_id] = await _dead(engine, 1)
