@@ -860,6 +860,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     refusals = (EngineError, DatabaseError, WorkflowLoadError, InvalidInput)
     try:
         anyio.run(COMMANDS[args.command], args)
+        sys.stdout.flush()  # a reader gone (`| head`) shows here, not as Python exits
+    except BrokenPipeError:
+        # The reader stopped reading (`blok-tui runs | head`): stop without a word, as `git log |
+        # head` does, and with the status a process killed by SIGPIPE has. Standard output goes
+        # to /dev/null first: Python's last flush of it would fail again and say so.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except UsageError as error:
         _error(f"{error} (see {error.prog} --help)")
         return 2

@@ -55,7 +55,7 @@ def write_workflows(folder: Path) -> Path:
     return folder
 
 
-def _env() -> dict[str, str]:
+def cli_env() -> dict[str, str]:
     env = dict(os.environ)
     env.pop("BLOK_WORKER_ADAPTER", None)
     env.pop("BLOK_DB", None)
@@ -69,7 +69,7 @@ def blok(*args: str | Path, timeout: float = 30) -> subprocess.CompletedProcess[
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=_env(),
+        env=cli_env(),
     )
 
 
@@ -125,7 +125,7 @@ def start_worker(
             stdout=subprocess.PIPE,
             stderr=stderr,
             text=True,
-            env=_env(),
+            env=cli_env(),
         )
     assert process.stdout is not None
     ready, _, _ = select.select([process.stdout], [], [], timeout)

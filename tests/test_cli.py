@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -10,7 +11,16 @@ from pathlib import Path
 
 import anyio
 import pytest
-from cli_helpers import Worker, blok, blok_json, eventually, run_of, start_worker, write_workflows
+from cli_helpers import (
+    Worker,
+    blok,
+    blok_json,
+    cli_env,
+    eventually,
+    run_of,
+    start_worker,
+    write_workflows,
+)
 
 from engine import Engine, __version__
 
@@ -81,6 +91,28 @@ def test_enqueue_then_the_run_completes_on_the_worker(served: tuple[Path, Worker
         row.split()[:5] == [run["id"], "test.nap", "naps", "completed", worker.id] for row in rows
     )
     assert blok_json("runs", "--json", "--status", "failed", "--db", database) == []
+
+
+def test_a_reader_that_stops_reading_gets_no_traceback(served: tuple[Path, Worker]) -> None:
+    """`blok-tui runs | head`: once the reader has gone, the command stops quietly with the
+    status of a process killed by SIGPIPE, as `git log | head` does, not with a traceback."""
+    database, _ = served
+    assert blok("enqueue", "naps", '{"seconds": 0}', "--db", database).returncode == 0
+    for args in (["runs"], ["runs", "--json"]):
+        read, write = os.pipe()
+        os.close(read)  # gone before the command writes a byte
+        try:
+            done = subprocess.run(
+                [sys.executable, "-m", "blok_tui", *args, "--db", str(database)],
+                stdout=write,
+                stderr=subprocess.PIPE,
+                text=True,
+                timeout=30,
+                env=cli_env(),
+            )
+        finally:
+            os.close(write)
+        assert (done.returncode, done.stderr) == (141, ""), args
 
 
 def test_delayed_enqueue_waits_its_delay(served: tuple[Path, Worker]) -> None:

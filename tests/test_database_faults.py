@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cli_helpers import _env, blok
+from cli_helpers import blok, cli_env
 from support import until
 
 from engine import DatabaseError, Engine, RunStatus, Step, WorkerTrigger, Workflow
@@ -68,7 +68,7 @@ def start_command(stderr: Path, *args: str) -> subprocess.Popen[str]:
             stdout=subprocess.PIPE,
             stderr=err,
             text=True,
-            env=_env(),
+            env=cli_env(),
         )
 
 
@@ -228,7 +228,7 @@ def test_a_full_disk_is_said_in_one_line_waited_out_and_loses_nothing(tmp_path: 
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
     try:
-        env = {**_env(), "PYTHONPATH": os.pathsep.join(sys.path)}
+        env = {**cli_env(), "PYTHONPATH": os.pathsep.join(sys.path)}
         driver = subprocess.Popen(
             [sys.executable, "-c", DISK_FULL_DRIVER, str(mount)],
             stdout=subprocess.PIPE,
