@@ -62,7 +62,9 @@ def step_line(
     if typical is not None:
         line.append_text(typical)
     tries = len(step.attempts)
-    if step.max_attempts > 1 or tries > 1:
+    # "1/4": attempts made of the step's budget; none made (cached, skipped, not yet reached)
+    # says nothing, and "0/4" read as four failures to come.
+    if tries and (step.max_attempts > 1 or tries > 1):
         failed = sum(1 for a in step.attempts if a.error)
         line.append(f"  {tries}/{step.max_attempts}", style="red1" if failed else "dim")
     badges: list[tuple[str, str]] = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import anyio
@@ -18,7 +19,8 @@ from blok_tui.run_screen import RunScreen
 from blok_tui.runs_screen import RunsScreen
 from blok_tui.widgets import AttemptsView, StepRail
 from blok_tui.widgets.row_table import RowTable
-from engine import Engine, RunStarted
+from blok_tui.widgets.step_rail import step_line
+from engine import Attempt, Engine, RunStarted, StepRun, StepStatus
 
 from .flows import ALL
 from .helpers import column, command, settled, text_of, until
@@ -185,6 +187,35 @@ async def test_open_a_run_and_see_its_attempts(engine: Engine) -> None:
         assert "upstream reset the connection" in attempts
         assert "retry in 20ms" in attempts
         assert "ConnectionError" in attempts  # the traceback of the failed attempt
+
+
+def test_the_rail_counts_attempts_made_not_a_budget_untouched() -> None:
+    """ "1/4" on the rail is attempts made of the budget. A step with none made (cached,
+    skipped, not reached yet) shows no count: "0/4" read as four failures to come."""
+    now = datetime.now(UTC)
+    attempt = Attempt(number=1, status="completed", started_at=now, finished_at=now)
+    made = StepRun(
+        index=0,
+        name="charge",
+        status=StepStatus.COMPLETED,
+        started_at=now,
+        finished_at=now,
+        max_attempts=4,
+        attempts=[attempt],
+    )
+    cached = StepRun(
+        index=0,
+        name="charge",
+        status=StepStatus.CACHED,
+        started_at=now,
+        finished_at=now,
+        max_attempts=4,
+        cached_from="run_0a0b0c0d",
+    )
+    pending = StepRun(index=1, name="notify", max_attempts=4)
+    assert "1/4" in step_line(made, 1.0, now, UTC).plain
+    for untouched in (cached, pending):
+        assert "/4" not in step_line(untouched, 1.0, now, UTC).plain
 
 
 async def test_requeue_a_dead_letter_from_the_dead_letter_view(engine: Engine) -> None:
