@@ -182,7 +182,8 @@ async def idle_cpu(database: Path, seconds: float, with_console: bool) -> float:
             await pilot.pause(1)
             cpu0, wall0 = time.process_time(), time.perf_counter()
             await pilot.pause(seconds)
-            return (time.process_time() - cpu0) / (time.perf_counter() - wall0)
+            cpu = (time.process_time() - cpu0) / (time.perf_counter() - wall0)
+    return cpu
 
 
 def p95(values: list[float]) -> float:

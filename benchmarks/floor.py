@@ -91,7 +91,7 @@ def hand_made_step(run: Run, output: Any) -> None:
     """The run's step and attempt records, as the runner sets them for a one-step run."""
     assign(run, status=RunStatus.RUNNING, started_at=datetime.now(UTC))
     step = pending_step(0, "echo", "step")
-    attempt = running_attempt(1)
+    attempt = running_attempt(1, datetime.now(UTC))
     step.attempts.append(attempt)
     assign(step, status=StepStatus.RUNNING, started_at=attempt.started_at, max_attempts=1)
     run.steps.append(step)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import statistics
@@ -33,6 +32,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -41,7 +41,15 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from engine.backends import rows
+from engine.backends.base import Fence
 from engine.backends.postgres import schema, sql
+from engine.backends.postgres.batch import run_rows
+from engine.backends.rows import JOB_COLUMNS
+from engine.ledger import make_job, make_run
+from engine.models import AttemptStatus, RunStatus, StepStatus
+from engine.records import assign
+from engine.runner import pending_step, running_attempt
 
 ENQUEUE_N = 1000
 GROUP_BATCHES = 30
@@ -71,7 +79,7 @@ class Asyncpg:
 
     @classmethod
     async def connect(cls, url: str) -> Asyncpg:
-        return cls(await asyncpg.connect(url))
+        return cls(await asyncpg.connect(url, server_settings={"search_path": schema.SCHEMA}))
 
     async def execute(self, query: str, *args: Any) -> None:
         await self.conn.execute(query, *args)
@@ -103,7 +111,10 @@ class Psycopg:
     @classmethod
     async def connect(cls, url: str) -> Psycopg:
         conn = await psycopg.AsyncConnection.connect(
-            url, autocommit=True, cursor_factory=psycopg.AsyncRawCursor
+            url,
+            autocommit=True,
+            cursor_factory=psycopg.AsyncRawCursor,
+            options=f"-c search_path={schema.SCHEMA}",
         )
         return cls(conn)
 
@@ -163,109 +174,58 @@ class Measure:
         return self.cpu / self.count * 1e6
 
 
+# The rows are the backend's own: the engine's records (`make_job`, `make_run`, the runner's
+# step and attempt) through its row codecs (`backends/rows.py`, `batch.run_rows`), so the
+# statements get what the writer sends them however the schema grows.
+INSERT_JOB = (
+    f"INSERT INTO jobs ({', '.join(JOB_COLUMNS)})"
+    f" VALUES ({', '.join(f'${n}' for n in range(1, len(JOB_COLUMNS) + 1))})"
+)
+NOTIFY = "SELECT pg_notify($1, $2)"
+
+
 def job_row(i: int, queue: str = "bench") -> tuple[Any, ...]:
-    job_id = f"job-{i}"
-    now = time.time()
-    return (
-        job_id,
-        queue,
-        "bench.noop",
-        json.dumps({"n": i, "order": "A1"}),
-        None,
-        0,
-        "waiting",
-        None,
-        0,
-        0,
-        f"run-{i}",
-        now,
-        None,
-        None,
-        None,
-        None,
-        False,
-        None,
+    job = make_job(
+        queue=queue,
+        workflow_name="bench.noop",
+        payload={"n": i, "order": "A1"},
+        headers=None,
+        priority=0,
+        run_at=None,
+        max_retries=0,
+        job_id=f"job-{i}",
     )
+    return rows.job_row(job)
 
 
-def run_row(i: int, status: str) -> tuple[Any, ...]:
-    now = time.time()
-    return (
-        f"run-{i}",
-        "bench.noop",
-        "v1",
-        "bench",
-        f"job-{i}",
-        status,
-        json.dumps({"n": i, "order": "A1"}),
-        None,
-        None if status == "running" else json.dumps({"ok": True}),
-        None,
-        None,
-        0,
-        1,
-        now,
-        now,
-        None if status == "running" else now,
-        None,
-        None,
-        None,
-        None,
-        None,
-        0,
-        "w1",
-        None,
-        json.dumps({"charge": {"charged": 5}}),
-        1,
-        0,
-        f"job-{i}",
-        1,
-    )
-
-
-def step_row(i: int, status: str) -> tuple[Any, ...]:
-    now = time.time()
+def run_records(i: int, status: str) -> tuple[tuple[Any, ...], tuple[Any, ...], tuple[Any, ...]]:
+    """The run, step and attempt rows of job `i`'s one-step run, `running` or `completed`,
+    each with its fence (the job at epoch 1) after it, as the writer's batch sends them."""
+    now = datetime.now(UTC)
     done = status != "running"
-    return (
-        f"run-{i}",
-        0,
-        "charge",
-        "step",
-        status,
-        now,
-        now if done else None,
-        json.dumps({"order_id": "A1"}),
-        json.dumps({"charged": 5}) if done else None,
-        None,
-        3,
-        None,
-        None,
-        False,
-        None,
-        None,
-        None,
-        f"job-{i}",
-        1,
+    job = make_job(
+        queue="bench",
+        workflow_name="bench.noop",
+        payload={"n": i, "order": "A1"},
+        headers=None,
+        priority=0,
+        run_at=None,
+        max_retries=0,
+        job_id=f"job-{i}",
     )
-
-
-def attempt_row(i: int, status: str) -> tuple[Any, ...]:
-    now = time.time()
-    done = status != "running"
-    return (
-        f"run-{i}",
-        0,
-        1,
-        status,
-        now,
-        now if done else None,
-        None,
-        None,
-        None,
-        None,
-        f"job-{i}",
-        1,
-    )
+    run = make_run(job, workflow_version="v1", status=RunStatus(status))
+    step = pending_step(0, "charge", "step", max_attempts=3)
+    attempt = running_attempt(1, now)
+    assign(step, status=StepStatus(status), started_at=now, input={"order_id": "A1"})
+    assign(run, started_at=now, state={"charge": {"charged": 5}} if done else {})
+    if done:
+        assign(attempt, status=AttemptStatus.COMPLETED, finished_at=now)
+        assign(step, finished_at=now, output={"charged": 5})
+        assign(run, finished_at=now, output={"ok": True})
+    step.attempts.append(attempt)
+    run.steps.append(step)
+    [run_row], [step_row], [attempt_row] = run_rows([(run, Fence(job.id, 1))])
+    return run_row, step_row, attempt_row
 
 
 async def enqueue(db: Driver) -> Measure:
@@ -274,7 +234,7 @@ async def enqueue(db: Driver) -> Measure:
     start = time.perf_counter()
     for i in range(ENQUEUE_N):
         t0 = time.perf_counter()
-        await db.execute(sql.INSERT_JOB, *job_row(i))
+        await db.execute(INSERT_JOB, *job_row(i))
         measure.latencies.append(time.perf_counter() - t0)
     measure.seconds = time.perf_counter() - start
     measure.cpu = time.process_time() - cpu
@@ -286,17 +246,18 @@ async def group_commit(db: Driver) -> Measure:
     per = GROUP_ROWS // 3 + 1  # 167 runs, 167 steps, 166 attempts
     fresh_n = per // 2 + 1
     # The jobs the fenced upserts name, held at epoch 1.
-    await db.executemany(sql.INSERT_JOB, [job_row(i) for i in range(per * (GROUP_BATCHES + 1))])
+    await db.executemany(INSERT_JOB, [job_row(i) for i in range(per * (GROUP_BATCHES + 1))])
     await db.execute("UPDATE jobs SET epoch = 1")
     measure = Measure()
     for batch in range(GROUP_BATCHES + 1):  # batch 0 warms up: it has nothing to rewrite
         # Half new rows (runs that started), half rewrites of the last batch's (they finished).
         fresh = range(batch * per, batch * per + fresh_n)
         again = range((batch - 1) * per, (batch - 1) * per + per - fresh_n) if batch else ()
-        runs = [run_row(i, "running") for i in fresh] + [run_row(i, "completed") for i in again]
-        steps = [step_row(i, "running") for i in fresh] + [step_row(i, "completed") for i in again]
-        attempts = [attempt_row(i, "running") for i in fresh]
-        attempts += [attempt_row(i, "completed") for i in again][: GROUP_ROWS - 2 * per - fresh_n]
+        made = [run_records(i, "running") for i in fresh]
+        made += [run_records(i, "completed") for i in again]
+        runs = [run for run, _, _ in made]
+        steps = [step for _, step, _ in made]
+        attempts = [attempt for _, _, attempt in made][: GROUP_ROWS - 2 * per]
 
         async def body(
             runs: list[tuple[Any, ...]] = runs,
@@ -321,7 +282,7 @@ async def group_commit(db: Driver) -> Measure:
 
 
 async def claim(db: Driver, url: str, connect: Callable[[str], Awaitable[Driver]]) -> Measure:
-    await db.executemany(sql.INSERT_JOB, [job_row(i) for i in range(CLAIM_JOBS)])
+    await db.executemany(INSERT_JOB, [job_row(i) for i in range(CLAIM_JOBS)])
     claimers = [await connect(url) for _ in range(CLAIMERS)]
     measure = Measure()
     taken: list[str] = []
@@ -357,7 +318,7 @@ async def notify(db: Driver, url: str, connect: Callable[[str], Awaitable[Driver
     start = time.perf_counter()
     for _ in range(NOTIFY_N):
         t0 = time.perf_counter()
-        await db.execute(sql.NOTIFY, "blok_bench", "q")
+        await db.execute(NOTIFY, "blok_bench", "q")
         t1 = await asyncio.wait_for(woken.get(), timeout=5)
         measure.latencies.append(t1 - t0)
     measure.seconds = time.perf_counter() - start
@@ -377,7 +338,7 @@ async def one_round(url: str, driver: str) -> dict[str, Measure]:
     try:
         db_url = url.rsplit("/", 1)[0] + f"/{name}"
         setup = await asyncpg.connect(db_url)
-        await setup.execute(schema.MIGRATIONS[1])
+        await schema.migrate(setup)
         await setup.close()
         connect = DRIVERS[driver]
         results: dict[str, Measure] = {}

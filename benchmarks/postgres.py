@@ -106,7 +106,7 @@ async def run_pgqueuer(url: str, n: int, concurrency: int, workers: int) -> floa
         queues.append(pgq)
 
     producer = Queries(AsyncpgDriver(setup))
-    payload = [json.dumps({"i": i}).encode() for i in range(n)]
+    payload: list[bytes | None] = [json.dumps({"i": i}).encode() for i in range(n)]
     started = time.perf_counter()
     await producer.enqueue(["noop"] * n, payload, [0] * n)
     if workers == 0:
@@ -141,7 +141,8 @@ async def run_procrastinate(url: str, n: int, concurrency: int) -> float:
     async with app.open_async():
         await app.schema_manager.apply_schema_async()
         started = time.perf_counter()
-        await noop.batch_defer_async(*({"i": i} for i in range(n)))
+        jobs: list[dict[str, Any]] = [{"i": i} for i in range(n)]
+        await noop.batch_defer_async(*jobs)
         await app.run_worker_async(
             queues=["bench"], concurrency=concurrency, wait=False, install_signal_handlers=False
         )

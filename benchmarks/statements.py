@@ -25,7 +25,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from functools import partial
@@ -38,7 +38,7 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]  # this checkout's engine, not an i
 import contract  # noqa: E402
 from queues import engine_source, machine  # noqa: E402
 
-SPENT: Counter[str] = Counter()
+SPENT: dict[str, float] = defaultdict(float)  # seconds by statement
 CALLS: Counter[str] = Counter()
 COUNTING = threading.Event()  # set while the clock runs
 
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     print()
     print(f"| {'statement':<72} | a job | µs a job | µs a call |")
     print(f"|{'-' * 74}|------:|---------:|----------:|")
-    for key, spent in SPENT.most_common(args.top):
+    for key, spent in sorted(SPENT.items(), key=lambda kv: kv[1], reverse=True)[: args.top]:
         print(
             f"| {key:<72} | {CALLS[key] / n:5.2f} | {spent * 1e6 / n:8.1f} |"
             f" {spent * 1e6 / CALLS[key]:9.1f} |"
