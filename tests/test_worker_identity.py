@@ -30,10 +30,10 @@ from contextlib import asynccontextmanager
 import anyio
 import pytest
 from anyio.streams.text import TextReceiveStream
-from support import add_unserved, dead_pid, durable_database, provider_of
+from support import add_unserved, dead_pid, durable_database, provider_of, until
 
 from engine import Engine, Job, JobState, RunStatus, Step, WorkerTrigger, Workflow
-from engine.liveness import PID_SPACE, process_of, this_process
+from engine.liveness import PID_SPACE, STALE_HEARTBEAT_S, process_of, this_process
 from engine.models import WorkerInfo, utcnow
 
 pytestmark = pytest.mark.anyio
@@ -178,7 +178,8 @@ async def hold(ctx):
 async def main(url: str, provider: str) -> None:
     trigger = WorkerTrigger(queue="identity", provider=provider)  # QUEUE
     flow = Workflow(name="identity", trigger=trigger, steps=[Step("hold", hold)])
-    async with Engine(workflows=[flow], database=url) as engine:
+    # A lease of an hour: the job comes back only if the worker is found dead, not by expiry.
+    async with Engine(workflows=[flow], database=url, lease="1h") as engine:
         print("worker", engine.worker.id, engine.worker.process, flush=True)
         await anyio.sleep(3600)
 
@@ -231,6 +232,35 @@ async def test_a_live_worker_in_another_pid_namespace_keeps_its_job(database: st
             assert job.worker == holder, job.worker
             assert (await worker.get_run(job.run_id)).status is RunStatus.RUNNING
             assert holder in {w.id for w in await worker.live_workers()}
+
+
+async def test_a_dead_worker_in_another_pid_namespace_is_found_by_its_heartbeat(
+    database: str,
+) -> None:
+    """The container is killed with the job it was running (its lease an hour long). Its pid
+    means nothing here, so its heartbeat decides: once it is older than this worker's lease (a
+    worker is not given up on before its leases would have run out), recovery here finds it
+    dead, takes the job over and records the first run crashed; the console and `health`
+    (`live_workers`) say it is gone once its heartbeat is STALE_HEARTBEAT_S old."""
+    probe = await anyio.run_process(["unshare", "--pid", "--fork", "true"], check=False)
+    if probe.returncode != 0:
+        pytest.skip(f"no PID namespace for a test here: {probe.stderr.decode().strip()}")
+    [job] = await enqueued(database)
+    async with contained_worker(database) as (holder, _):
+        pass  # killed, with the job held
+    flows = workflows(database)
+    async with Engine(
+        workflows=flows, database=database, lease="2s", janitor_interval=0.5
+    ) as worker:
+        assert holder in {w.id for w in await worker.live_workers()}  # its heartbeat is fresh
+        run = await worker.wait_for_job(job.id, timeout=STALE_HEARTBEAT_S + 20)
+        assert run.status is RunStatus.COMPLETED and run.id != job.run_id
+        assert (await worker.get_run(job.run_id)).status is RunStatus.CRASHED
+
+        async def forgotten() -> bool:  # recovery releases the job first, then forgets it
+            return holder not in {w.id for w in await worker.workers()}
+
+        await until(forgotten)
 
 
 async def enqueued(database: str) -> list[Job]:
