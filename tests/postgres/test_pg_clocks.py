@@ -309,3 +309,60 @@ async def test_a_worker_whose_clock_runs_behind_is_alive_while_it_beats(pg_schem
         # Its recovery ran as it opened, and again here: the job stays the other worker's.
         assert worker._chores is not None and await worker._chores.recover() == 0
         assert (await worker.get_job(claim.job.id)).worker == behind.id
+
+
+# argv: the clock's offset in seconds, the database and a run to cancel. It prints the run's
+# status and error once `cancel` returned.
+CANCELS = """
+import sys, time
+
+import time_machine
+
+time_machine.travel(time.time() + float(sys.argv[1]), tick=True).start()
+
+import anyio
+from engine import Engine
+
+
+async def main(offset: str, url: str, run_id: str) -> None:
+    async with Engine(database=url) as engine:
+        run = await engine.cancel(run_id)
+        print("cancelled", run.status, run.error, flush=True)
+
+
+anyio.run(main, *sys.argv[1:4])
+"""
+
+
+async def test_an_operator_whose_clock_runs_ahead_asks_the_live_holder_to_cancel(
+    pg_schema: str,
+) -> None:
+    """The run's job is held by a live worker here, its lease half a minute on the server's
+    clock. By the operator's own clock, two minutes ahead, that lease had run out: it took the
+    holder for gone and wrote the run off as abandoned while its step went on. It asks the
+    holder, which stops the step and records the cancel."""
+    started, stopped = anyio.Event(), anyio.Event()
+
+    async def hold(ctx: Any) -> None:
+        started.set()
+        try:
+            await anyio.sleep(3600)
+        finally:
+            stopped.set()
+
+    trigger = WorkerTrigger(queue="hold", provider="postgres")
+    flow = Workflow(name="hold", trigger=trigger, steps=[Step("hold", hold)])
+    async with Engine(workflows=[flow], database=pg_schema, lease="30s") as worker:
+        run_id = (await worker.get_job(await worker.enqueue("hold", {}))).run_id
+        with anyio.fail_after(20):
+            await started.wait()
+        command = [sys.executable, "-c", CANCELS, str(AHEAD_S), pg_schema, run_id]
+        done = await anyio.run_process(command, check=False)
+        output = done.stdout.decode() + done.stderr.decode()
+        assert done.returncode == 0, output
+        assert "cancelled cancelled cancelled by operator" in output, output
+        assert "its worker was gone" not in output, output
+        with anyio.fail_after(5):
+            await stopped.wait()
+        run = await worker.get_run(run_id)
+    assert run.status is RunStatus.CANCELLED and run.error == "cancelled by operator", run.error
