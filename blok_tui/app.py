@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime, tzinfo
@@ -118,6 +118,9 @@ class BlokApp(App[None]):
         # The newest log lines of every run, numbered, for the live log view.
         self.log_lines: deque[tuple[int, LogRecorded]] = deque(maxlen=LOG_LINES)
         self._log_numbers = itertools.count()
+        # Steps' names by (run id, index), from their StepStarted: a log line carries only the
+        # index. The newest LOG_LINES steps are kept, enough for the lines kept.
+        self.step_names: OrderedDict[tuple[str, int], str] = OrderedDict()
 
     def notify(self, message: str, *, markup: bool = True, **kwargs: Any) -> None:
         # Messages carry engine text ("[step 2/5] charge failed: …", paths, payloads), never
@@ -214,7 +217,12 @@ class BlokApp(App[None]):
                 changes.runs.add(event.run_id)
                 changes.logs = True
                 self.log_lines.append((next(self._log_numbers), event))
-            case StepStarted() | StepFinished() | AttemptFailed():
+            case StepStarted():
+                changes.runs.add(event.run_id)
+                self.step_names[(event.run_id, event.index)] = event.name
+                if len(self.step_names) > LOG_LINES:
+                    self.step_names.popitem(last=False)
+            case StepFinished() | AttemptFailed():
                 changes.runs.add(event.run_id)
             case QueueChanged():
                 changes.queue_list = True

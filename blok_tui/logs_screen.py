@@ -1,6 +1,6 @@
 """Live log lines across every run (:logs or L), newest at the bottom, following as they come
-unless the cursor is moved up. `/` filters by text (message, run id, level); enter opens the
-run of the line under the cursor."""
+unless the cursor is moved up. `/` filters by text (message, run id, step, level); enter opens
+the run of the line under the cursor."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import BindingType
 from textual.widgets import Static
+
+from engine import LogRecorded
 
 from . import actions
 from .base_screen import Changes, RowFilterScreen
@@ -24,7 +26,7 @@ SHOWN = 1_000  # matching lines on screen at most (the newest)
 COLUMNS = (
     Column("time", "time", 8, priority=9),
     Column("run", "run", 10, priority=8),
-    Column("step", "step", 4, priority=2, justify="right"),
+    Column("step", "step", 12, priority=2),
     Column("level", "lvl", 4, priority=5),
     Column("message", "message", 20, priority=10, flex=True),
 )
@@ -45,7 +47,7 @@ class LogsScreen(RowFilterScreen):
 
     def compose_body(self) -> ComposeResult:
         yield Static(id="logs-summary", classes="filters")
-        yield FilterInput("filter log lines: message, run id or level…")
+        yield FilterInput("filter log lines: message, run id, step or level…")
         yield RowTable(COLUMNS, id="logs")
 
     @property
@@ -63,7 +65,9 @@ class LogsScreen(RowFilterScreen):
         needle = self.text.lower()
         if needle:
             lines = [
-                (n, e) for n, e in lines if needle in f"{e.run_id} {e.level} {e.message}".lower()
+                (n, e)
+                for n, e in lines
+                if needle in f"{e.run_id} {self.step_of(e)} {e.level} {e.message}".lower()
             ]
         lines = lines[-SHOWN:]
         short = short_ids([event.run_id for _, event in lines])
@@ -78,7 +82,7 @@ class LogsScreen(RowFilterScreen):
                     [
                         Text(clock_time(datetime.fromtimestamp(event.ts, UTC), tz), style="grey50"),
                         Text(short[event.run_id], style="grey62"),
-                        Text("" if event.step is None else str(event.step + 1), justify="right"),
+                        Text(self.step_of(event)),
                         Text(LEVELS.get(level, level[:4]), style=style or "grey70"),
                         Text(clean_error(event.message).replace("\n", " ⏎ "), style=style),
                     ],
@@ -99,6 +103,13 @@ class LogsScreen(RowFilterScreen):
             "   following" if self.follow else "   paused: end follows again", style="dim"
         )
         self.query_one("#logs-summary", Static).update(summary, layout=False)
+
+    def step_of(self, line: LogRecorded) -> str:
+        """The step that logged the line: its name once its start was seen (the line carries
+        only its index), else its number; nothing for a run-level line."""
+        if line.step is None:
+            return ""
+        return self.blok.step_names.get((line.run_id, line.step)) or f"step {line.step + 1}"
 
     def on_row_table_selected(self, event: RowTable.Selected) -> None:
         event.stop()

@@ -339,6 +339,9 @@ async def test_the_live_log_view_shows_every_runs_lines_as_they_come(engine: Eng
                     break
         await events.aclose()
         await until(pilot, lambda: any("S9" in m for m in column(table, "message")))
+        # The step by its name (its start was seen): a log line carries only its index.
+        lines = dict(zip(column(table, "message"), column(table, "step"), strict=True))
+        assert [step for message, step in lines.items() if "S9" in message] == ["sleep"]
         await pilot.press("slash", *"nothing-like-this")
         await settled(pilot)
         assert table.row_count == 0
