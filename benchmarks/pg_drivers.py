@@ -47,7 +47,7 @@ from engine.backends.postgres import schema, sql
 from engine.backends.postgres.batch import run_rows
 from engine.backends.rows import JOB_COLUMNS
 from engine.ledger import make_job, make_run
-from engine.models import AttemptStatus, RunStatus, StepStatus
+from engine.models import AttemptStatus, Job, RunStatus, StepStatus
 from engine.records import assign
 from engine.runner import pending_step, running_attempt
 
@@ -184,8 +184,8 @@ INSERT_JOB = (
 NOTIFY = "SELECT pg_notify($1, $2)"
 
 
-def job_row(i: int, queue: str = "bench") -> tuple[Any, ...]:
-    job = make_job(
+def bench_job(i: int, queue: str = "bench") -> Job:
+    return make_job(
         queue=queue,
         workflow_name="bench.noop",
         payload={"n": i, "order": "A1"},
@@ -195,7 +195,10 @@ def job_row(i: int, queue: str = "bench") -> tuple[Any, ...]:
         max_retries=0,
         job_id=f"job-{i}",
     )
-    return rows.job_row(job)
+
+
+def job_row(i: int, queue: str = "bench") -> tuple[Any, ...]:
+    return rows.job_row(bench_job(i, queue))
 
 
 def run_records(i: int, status: str) -> tuple[tuple[Any, ...], tuple[Any, ...], tuple[Any, ...]]:
@@ -203,16 +206,7 @@ def run_records(i: int, status: str) -> tuple[tuple[Any, ...], tuple[Any, ...], 
     each with its fence (the job at epoch 1) after it, as the writer's batch sends them."""
     now = datetime.now(UTC)
     done = status != "running"
-    job = make_job(
-        queue="bench",
-        workflow_name="bench.noop",
-        payload={"n": i, "order": "A1"},
-        headers=None,
-        priority=0,
-        run_at=None,
-        max_retries=0,
-        job_id=f"job-{i}",
-    )
+    job = bench_job(i)
     run = make_run(job, workflow_version="v1", status=RunStatus(status))
     step = pending_step(0, "charge", "step", max_attempts=3)
     attempt = running_attempt(1, now)
