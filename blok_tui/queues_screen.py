@@ -97,7 +97,7 @@ class QueuesScreen(RowFilterScreen):
                 RunFilter.of("waiting", queue=info.name)
             )
         workers = await self.engine.workers()
-        live = {w.id for w in await self.engine.live_workers()}
+        live = {w.id for w in workers if self.engine.worker_alive(w)}
         failed = await self.engine.runs(status=sorted(RETRIED_AFTER), limit=FAILURES_READ)
         failures = one_per_job(failed).runs[:FAILURES_SHOWN]
         jobs = await self.blok.jobs.read(self.engine, (run.job_id for run in failures))

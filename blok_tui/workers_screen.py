@@ -1,11 +1,12 @@
 """The workers view: every worker process registered on this database (id host:pid:tag, when it
 started, its last heartbeat) and whether it is alive, so an attached console shows who works.
 
-Whether a worker is alive is the engine's judgement (`live_workers`, what `blok-tui health`
-counts): a worker of this machine is alive while its process runs, as recovery judges it too;
-one of another machine while its heartbeat is recent (recovery gives up on it later still, once
-the heartbeat is older than a lease). A rule of the console's own said a worker killed here was
-alive for ten more seconds, while recovery had already given its jobs to others."""
+Whether a worker is alive is the engine's judgement (`worker_alive`, as `live_workers` and
+`blok-tui health` count): a worker of this machine is alive while its process runs, as recovery
+judges it too; one of another machine while its heartbeat is recent (recovery gives up on it
+later still, once the heartbeat is older than a lease). A rule of the console's own said a
+worker killed here was alive for ten more seconds, while recovery had already given its jobs to
+others."""
 
 from __future__ import annotations
 
@@ -81,9 +82,8 @@ class WorkersScreen(BlokScreen):
         self.table.focus()
 
     async def load(self) -> None:
-        found = await self.engine.workers()
-        live = {w.id for w in await self.engine.live_workers()}
-        self.found, self.live = found, live
+        self.found = await self.engine.workers()
+        self.live = {w.id for w in self.found if self.engine.worker_alive(w)}
         self.render_rows()
 
     def render_rows(self) -> None:

@@ -36,7 +36,7 @@ from .feed import Follower
 from .filters import RunFilter
 from .health import Health
 from .ledger import Ledger
-from .liveness import this_process
+from .liveness import this_process, worker_alive
 from .loader import IMPORT_TIMEOUT_S
 from .mailbox import Mailbox
 from .models import Job, QueueInfo, QueueStats, Run, WorkerInfo, WorkflowInfo, utcnow
@@ -637,6 +637,12 @@ class Engine:
 
     async def live_workers(self) -> list[WorkerInfo]:
         return await self.operator.live_workers()
+
+    def worker_alive(self, worker: WorkerInfo) -> bool:
+        """Whether a worker of `workers()` is alive, as `live_workers` judges it (its process
+        runs, on this machine; its heartbeat is recent, on others): for a caller that has the
+        list already and would otherwise read it twice."""
+        return worker_alive(worker, self.now())
 
     async def health(self, max_age: str | int | float | timedelta = "5m") -> Health:
         """Healthy: the database answers, at least one worker is alive on it, and no queue's

@@ -540,11 +540,11 @@ async def scene_engine(folder: Path, database: Path) -> AsyncIterator[Engine]:
         async def fixed_workers() -> list[WorkerInfo]:
             return list(WORKERS)
 
-        async def live_fixed_workers() -> list[WorkerInfo]:
-            return [w for w in WORKERS if worker_alive(w, NOW)]  # the engine's rule, at NOW
+        def alive_at_now(worker: WorkerInfo) -> bool:
+            return worker_alive(worker, NOW)  # the engine's rule, on the scene's clock
 
         engine.workers = fixed_workers  # type: ignore[method-assign]
-        engine.live_workers = live_fixed_workers  # type: ignore[method-assign]
+        engine.worker_alive = alive_at_now  # type: ignore[method-assign]
         yield engine
 
 

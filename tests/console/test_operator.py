@@ -283,6 +283,16 @@ async def test_the_console_judges_a_worker_alive_as_recovery_does(engine: Engine
     }
     for row in rows.values():
         engine.backend.shared.heartbeat(row)
+    # The engine's two ways of saying it agree: the list, and a worker at a time.
+    judged = {w.id for w in await engine.workers() if engine.worker_alive(w)}
+    assert (
+        judged
+        == {w.id for w in await engine.live_workers()}
+        == {
+            engine.worker.id,
+            rows["lagging"].id,
+        }
+    )
     app = BlokApp(engine)
     async with app.run_test(size=SIZE) as pilot:
         await settled(pilot)
