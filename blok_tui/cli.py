@@ -43,6 +43,7 @@ examples:
   blok-tui enqueue orders '{"order_id": "A1", "amount": 5}' --priority 5 --delay 2s
   blok-tui enqueue orders @order.json       the payload from a file (- for stdin)
   blok-tui runs --status failed --limit 20  the last failed runs (--json for scripts)
+  blok-tui show run_0190c3a1b2c3d4e5f6      one run: its steps, failed attempts, log
   blok-tui cancel run_0190c3a1b2c3d4e5f6    cancel a queued, delayed or running run
   blok-tui replay run_0190c3a1b2c3d4e5f6    run it again with the same input
   blok-tui pause orders                     claim nothing new from a queue (resume to undo)
@@ -408,6 +409,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     db_option(runs, keep)
 
+    show = commands.add_parser(
+        "show",
+        help="one run: its steps, failed attempts and log",
+        description="Show one run: what it is, its steps in order with their status, time and "
+        "attempts, each failed attempt (the last of a step with its traceback) and its log.",
+    )
+    show.add_argument("run_id", metavar="RUN_ID")
+    show.add_argument("--json", action="store_true", help="the whole record as JSON")
+    db_option(show, keep)
+
     cancel = commands.add_parser(
         "cancel",
         help="cancel a run",
@@ -717,6 +728,18 @@ def _one_line(text: str, width: int) -> str:
     return line if len(line) <= width else line[: width - 1] + "…"
 
 
+async def _show(args: argparse.Namespace) -> None:
+    async with _client(args) as engine:
+        run = await engine.get_run(args.run_id)
+        now = engine.now()
+    if args.json:
+        print(json.dumps(run.model_dump(mode="json", exclude={"state", "cursor"}), indent=2))
+        return
+    from .run_text import run_text
+
+    print(run_text(run, now))
+
+
 async def _cancel(args: argparse.Namespace) -> None:
     async with _client(args) as engine:
         run = await engine.cancel(args.run_id)
@@ -832,6 +855,7 @@ COMMANDS = {
     "attach": _attach,
     "enqueue": _enqueue,
     "runs": _runs,
+    "show": _show,
     "cancel": _cancel,
     "replay": _replay,
     "pause": _pause_or_resume,

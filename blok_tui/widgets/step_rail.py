@@ -17,6 +17,7 @@ from textual.widgets.option_list import Option
 from engine import Run, StepRun
 
 from ..console import clock_time, duration, printable, status_style, status_text
+from ..step_order import Row, rail_rows
 
 BAR_WIDTH = 8
 NAME_WIDTH = 15
@@ -108,46 +109,6 @@ def header_line(label: str, depth: int, steps: list[StepRun]) -> Text:
     line.append(label, style="bold red1" if failed else "bold grey70")
     line.append(f"  {len(steps)} step{'s' if len(steps) != 1 else ''}", style="grey42")
     return line
-
-
-# A row of the rail: a step at a depth, or the header of a group of a parent's nested steps.
-Row = tuple[int | None, int, str, int | None]  # (step index or None, depth, label, parent)
-
-
-def rail_rows(run: Run) -> list[Row]:
-    """The rail in reading order: middleware first, then the steps, each followed by its
-    nested steps grouped by the first tag (iteration, case, try, catch)."""
-    children: dict[int | None, list[StepRun]] = {}
-    for step in run.steps:
-        children.setdefault(step.parent, []).append(step)
-    top = children.get(None, [])
-    top = sorted(top, key=lambda s: (not (s.tags and s.tags[0].startswith("mw:")), s.index))
-    rows: list[Row] = []
-    seen: set[int] = set()
-
-    def emit(step: StepRun, depth: int) -> None:
-        if step.index in seen:  # a malformed parent chain must not loop forever
-            return
-        seen.add(step.index)
-        rows.append((step.index, depth, "", step.parent))
-        groups: dict[str, list[StepRun]] = {}
-        for child in children.get(step.index, []):
-            groups.setdefault(child.tags[0] if child.tags else "", []).append(child)
-        for label, members in groups.items():
-            inner = depth + 1
-            if label:
-                rows.append((None, depth + 1, label, step.index))
-                inner = depth + 2
-            for child in members:
-                emit(child, inner)
-
-    for step in top:
-        emit(step, 0)
-    # Steps whose parent is missing still show, at the end.
-    for step in run.steps:
-        if step.index not in seen:
-            emit(step, 0)
-    return rows
 
 
 class StepRail(OptionList):

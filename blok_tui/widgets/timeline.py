@@ -10,7 +10,7 @@ from rich.text import Text
 from engine import Run, StepRun
 
 from ..console import duration, printable, status_style
-from .step_rail import rail_rows
+from ..step_order import rail_rows
 
 LABEL = 18  # columns for the step names
 TOOK = 8  # columns for the durations

@@ -1,0 +1,222 @@
+"""One run as `blok-tui show` prints it: what the console's run screen shows, as plain text for
+a terminal, a pipe or a ticket: the run's facts, its steps in the rail's order, the errors of
+the attempts that failed (the last one of a step with its traceback, folded to the user's
+frames) and the log.
+
+No Textual and no colour here: the text is the same in a terminal and in a file."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, tzinfo
+from pathlib import Path
+from typing import Any
+
+from engine import Attempt, Run, StepRun, format_duration
+from engine.text import printable
+
+from .console import local_times
+from .step_order import rail_rows
+from .tracebacks import clean_error, fold_traceback
+
+VALUE_CHARS = 400  # of an input or output shown inline; `--json` has all of it
+NOTE_CHARS = 70
+LABEL = 10  # the width of the facts' labels
+
+
+def run_text(run: Run, now: datetime, *, tz: tzinfo | None = None, cwd: Path | None = None) -> str:
+    """The whole text, lines joined. `now`: the moment a running step's time runs to (the
+    engine's clock); `tz`: the time zone times are shown in (None: this machine's)."""
+    lines = _facts(run, now, tz)
+    if run.steps:
+        lines += ["", *_steps_table(run, now, tz)]
+    failures = _failures(run, cwd)
+    if failures:
+        lines += ["", *failures]
+    log = _log(run, tz)
+    if log:
+        lines += ["", *log]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+# ---- the run ------------------------------------------------------------------------------
+def _facts(run: Run, now: datetime, tz: tzinfo | None) -> list[str]:
+    facts: list[tuple[str, str]] = [("run", run.id), ("status", _status(run))]
+    workflow = run.workflow_name
+    if run.workflow_version:
+        workflow += f"  version {run.workflow_version}"
+    facts.append(("workflow", workflow))
+    queue = f"{run.queue}  job {run.job_id}"
+    if run.job_attempt > 1:
+        queue += f"  delivery {run.job_attempt} of the job"
+    if run.priority:
+        queue += f"  priority {run.priority}"
+    facts.append(("queue", queue))
+    if run.worker:
+        facts.append(("worker", run.worker))
+    facts.append(("created", _moment(run.created_at, tz)))
+    if run.started_at is not None:
+        facts.append(("started", _moment(run.started_at, tz)))
+    if run.finished_at is not None:
+        facts.append(("finished", f"{_moment(run.finished_at, tz)}  ({_took(run, now)})"))
+    elif run.started_at is not None and str(run.status) == "running":
+        facts.append(("running", f"for {_took(run, now)}"))
+    if str(run.status) in ("delayed", "throttled", "debounced") and run.run_at is not None:
+        facts.append(("due", _moment(run.run_at, tz)))
+    if str(run.status) == "waiting" and run.wait_until is not None:
+        facts.append(("waits", f"until {_moment(run.wait_until, tz)}"))
+    if run.replay_of:
+        replay = run.replay_of
+        if run.replay_from_step:
+            replay += f"  from step {run.replay_from_step}"
+        facts.append(("replay of", replay))
+    if run.parent_run_id:
+        facts.append(("parent", run.parent_run_id))
+    if run.headers:
+        facts.append(("headers", _value(run.headers)))
+    facts.append(("input", _value(run.input)))
+    if run.output is not None or str(run.status) == "completed":
+        facts.append(("output", _value(run.output)))
+    return [f"{label:<{LABEL}} {printable(text)}" for label, text in facts]
+
+
+def _status(run: Run) -> str:
+    status = str(run.status)
+    if not run.error:
+        return status
+    return f"{status}: {_one_line(clean_error(run.error), 200)}"
+
+
+def _took(run: Run, now: datetime) -> str:
+    if run.started_at is None:
+        return "never started"
+    end = run.finished_at or now
+    return format_duration(max(0.0, (end - run.started_at).total_seconds() * 1000))
+
+
+def _moment(moment: datetime, tz: tzinfo | None) -> str:
+    return moment.astimezone(tz).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _value(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    if len(text) <= VALUE_CHARS:
+        return text
+    return f"{text[: VALUE_CHARS - 1]}… ({len(text):,} characters; --json shows all)"
+
+
+def _one_line(text: str, width: int) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+# ---- the steps ----------------------------------------------------------------------------
+def _steps_table(run: Run, now: datetime, tz: tzinfo | None) -> list[str]:
+    header = ("STEP", "STATUS", "TOOK", "ATTEMPTS", "NOTE")
+    rows: list[tuple[str, ...]] = [header]
+    for index, depth, label, _ in rail_rows(run):
+        indent = "  " * depth
+        if index is None:  # a group of a parent's nested steps: an iteration, a case, an arm
+            rows.append((f"{indent}{printable(label)}:", "", "", "", ""))
+            continue
+        step = run.steps[index]
+        rows.append(
+            (
+                indent + printable(step.name),
+                str(step.status),
+                _step_took(step, now),
+                _tries(step),
+                printable(_note(step, tz)),
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    return [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+        for row in rows
+    ]
+
+
+def _step_took(step: StepRun, now: datetime) -> str:
+    if step.started_at is None:
+        return ""
+    end = step.finished_at or now
+    return format_duration(max(0.0, (end - step.started_at).total_seconds() * 1000))
+
+
+def _tries(step: StepRun) -> str:
+    """ "2/3": attempts made of the step's budget, as on the console's rail; nothing where none
+    was made (a cached, skipped or pending step)."""
+    tries = len(step.attempts)
+    if not tries:
+        return ""
+    return f"{tries}/{step.max_attempts}" if step.max_attempts > 1 or tries > 1 else "1"
+
+
+def _note(step: StepRun, tz: tzinfo | None) -> str:
+    notes: list[str] = []
+    # A nested step's first tag is where it sits: its group's line says so already.
+    tags = step.tags[1:] if step.parent is not None else step.tags
+    notes += [f"[{tag}]" for tag in tags]
+    if step.cached_from:
+        notes.append(f"cached from {step.cached_from}")
+    if step.child_run_id:
+        notes.append(f"child run {step.child_run_id}")
+    if step.wait_until is not None and str(step.status) == "waiting":
+        notes.append(f"until {_moment(step.wait_until, tz)}")
+    if step.timed_out:
+        notes.append("timed out")
+    error = step.error or (step.attempts[-1].error if step.attempts else None)
+    if error and str(step.status) != "completed":
+        notes.append(clean_error(error))
+    return _one_line("  ".join(notes), NOTE_CHARS)
+
+
+# ---- what failed --------------------------------------------------------------------------
+def _failures(run: Run, cwd: Path | None) -> list[str]:
+    """Each failed attempt in one line; the last failed attempt of each step with its
+    traceback (the earlier ones of a retried step are usually the same)."""
+    lines: list[str] = []
+    for index, _, _, _ in rail_rows(run):
+        if index is None:
+            continue
+        step = run.steps[index]
+        failed = [a for a in step.attempts if a.error]
+        for attempt in failed:
+            lines.append(_attempt_line(step, attempt))
+            if attempt is failed[-1] and attempt.traceback:
+                folded = fold_traceback(attempt.traceback, cwd=cwd)
+                lines += ["    " + line for line in folded.splitlines()]
+    return ["FAILED ATTEMPTS", *lines] if lines else []
+
+
+def _attempt_line(step: StepRun, attempt: Attempt) -> str:
+    took = ""
+    if attempt.finished_at is not None:
+        ms = (attempt.finished_at - attempt.started_at).total_seconds() * 1000
+        took = f" after {format_duration(max(0.0, ms))}"
+    kind = f"{attempt.error_type}: " if attempt.error_type else ""
+    error = _one_line(clean_error(f"{kind}{attempt.error}"), 200)
+    then = f"; next in {format_duration(attempt.backoff_ms)}" if attempt.backoff_ms else ""
+    return printable(
+        f"{step.name}, attempt {attempt.number}: {attempt.status}{took}: {error}{then}"
+    )
+
+
+# ---- the log ------------------------------------------------------------------------------
+def _log(run: Run, tz: tzinfo | None) -> list[str]:
+    """The run's lines and its steps' lines, in the order they were written."""
+    entries = [(line, "") for line in run.logs]
+    for step in run.steps:
+        entries += [(line, step.name) for line in step.logs]
+    if not entries:
+        return []
+    entries.sort(key=lambda entry: entry[0].ts)
+    width = max(len(printable(name)) for _, name in entries)
+    lines = ["LOG"]
+    for line, name in entries:
+        when = line.ts.astimezone(tz).strftime("%H:%M:%S.%f")[:-3]
+        message = local_times(clean_error(line.message), tz).splitlines() or [""]
+        first = f"{when}  {line.level:<7}  {printable(name) or '-':<{width}}  "
+        lines.append(first + message[0])
+        lines += [" " * len(first) + rest for rest in message[1:]]
+    return lines

@@ -1,0 +1,247 @@
+"""`blok-tui show RUN_ID`: one run as the console's run screen shows it, as text, from the
+database a worker wrote; and the text itself, for runs in each state."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import anyio
+import pytest
+from cli_helpers import blok, cli_env
+
+from blok_tui.run_text import run_text
+from engine import Engine, Run
+
+SHOP = """
+from engine import Retry, Step, WorkerTrigger, Workflow, for_each, try_catch
+
+
+def check(ctx):
+    ctx.logger.info("checking order %s", ctx.body["order"])
+    return {"ok": True}
+
+
+def pack(ctx, item):
+    return {"packed": item}
+
+
+def risky(ctx):
+    raise LookupError("no such warehouse")
+
+
+def charge(ctx):
+    ctx.logger.warning("card refused\\nsecond line of the message")
+    raise ValueError(f"card declined on try {ctx.attempt}")
+
+
+workflow = Workflow(
+    name="shop.charge",
+    trigger=WorkerTrigger(queue="charges"),
+    steps=[
+        Step("check", check),
+        for_each("items", "$.body.items", steps=[Step("pack", pack, inputs={"item": "$.state.items.item"})]),
+        try_catch("safe", try_=[Step("risky", risky)], catch=[Step("recover", lambda ctx: 1)]),
+        Step("charge", charge, retry=Retry(max_attempts=3, min_timeout="1ms")),
+    ],
+)
+"""
+
+
+def _show(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    # From the folder above the workflows: a traceback's paths are shown relative to it.
+    return subprocess.run(
+        [sys.executable, "-m", "blok_tui", "show", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=cli_env(),
+        cwd=cwd,
+    )
+
+
+@pytest.fixture(scope="module")
+def failed_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Run]:
+    root = tmp_path_factory.mktemp("show")
+    (root / "workflows").mkdir()
+    (root / "workflows" / "shop.py").write_text(SHOP)
+    database = root / "blok.db"
+
+    async def run_one() -> Run:
+        async with Engine(workflows=root / "workflows", database=database) as engine:
+            job = await engine.enqueue("charges", {"order": "A1", "items": ["pen", "ink"]})
+            return await engine.wait_for_job(job, timeout=20)
+
+    run = anyio.run(run_one)
+    assert str(run.status) == "failed", run.error
+    return database, run
+
+
+def test_show_prints_the_run_its_steps_in_order_its_failures_and_its_log(
+    failed_run: tuple[Path, Run],
+) -> None:
+    database, run = failed_run
+    done = _show(run.id, "--db", database, cwd=database.parent)
+    assert done.returncode == 0, done.stderr
+    text = done.stdout
+    facts, steps, failures, log = text.split("\n\n")
+    assert facts.splitlines()[:3] == [
+        f"run        {run.id}",
+        f"status     failed: {run.error}",
+        f"workflow   shop.charge  version {run.workflow_version}",
+    ]
+    assert 'input      {"order": "A1", "items": ["pen", "ink"]}' in facts
+    # The rail's order and nesting: each iteration and arm under its parent, indented.
+    rows = [line.split("  ")[0:2] for line in steps.splitlines()[1:]]
+    names = [line[:12].rstrip() for line in steps.splitlines()[1:]]
+    assert names == [
+        "check",
+        "items",
+        "  iteration",  # "iteration 1:" cut at 12 columns
+        "    pack",
+        "  iteration",
+        "    pack",
+        "safe",
+        "  try:",
+        "    risky",
+        "  catch:",
+        "    recover",
+        "charge",
+    ], steps
+    assert rows
+    charge_row = steps.splitlines()[-1].split()
+    assert charge_row[:2] == ["charge", "failed"]
+    assert "3/3" in charge_row and "ValueError:" in charge_row
+    # Every failed attempt in a line; the last one of each step with its traceback, folded to
+    # the user's file.
+    lines = failures.splitlines()
+    assert lines[0] == "FAILED ATTEMPTS"
+    assert lines[1].startswith("risky, attempt 1: failed")
+    assert "LookupError: no such warehouse" in lines[1]
+    tried = [line for line in lines if line.startswith("charge, attempt")]
+    assert [line.split(":")[0] for line in tried] == [f"charge, attempt {n}" for n in (1, 2, 3)]
+    assert "ValueError: card declined on try 1; next in 1ms" in tried[0]
+    raised = 1 + SHOP.splitlines().index(
+        '    raise ValueError(f"card declined on try {ctx.attempt}")'
+    )
+    assert f'File "workflows/shop.py", line {raised}, in charge' in failures
+    assert "engine frame" in failures and "/engine/" not in failures
+    # The log in the order written, each line with its step; a second line of a message under
+    # the first one's text.
+    log_lines = log.splitlines()
+    assert log_lines[0] == "LOG"
+    assert "  info     check   checking order A1" in log_lines[1]
+    refused = [n for n, line in enumerate(log_lines) if "card refused" in line]
+    assert len(refused) == 3
+    after = log_lines[refused[0] + 1]
+    assert after.strip() == "second line of the message"
+    assert after.index("second") == log_lines[refused[0]].index("card refused")
+
+
+def test_show_json_is_the_whole_record_and_an_unknown_run_is_one_line(
+    failed_run: tuple[Path, Run],
+) -> None:
+    database, run = failed_run
+    whole = json.loads(blok("show", run.id, "--json", "--db", database).stdout)
+    assert whole["id"] == run.id
+    charge = next(step for step in whole["steps"] if step["name"] == "charge")
+    assert [a["status"] for a in charge["attempts"]] == ["failed"] * 3
+    assert "Traceback" in charge["attempts"][-1]["traceback"]
+    missing = blok("show", "run_nope", "--db", database)
+    assert missing.returncode == 1
+    assert missing.stderr.strip() == "blok-tui: error: unknown run 'run_nope'"
+    assert missing.stdout == ""
+
+
+def _run(status: str, **fields: object) -> Run:
+    start = datetime(2026, 1, 15, 9, 30, tzinfo=UTC)
+    record: dict[str, object] = {
+        "id": "run_1",
+        "workflow_name": "orders.ship",
+        "workflow_version": "abc",
+        "queue": "orders",
+        "job_id": "job_1",
+        "status": status,
+        "created_at": start,
+        "started_at": start,
+        "input": {"order": "A1"},
+    }
+    record.update(fields)
+    return Run.model_validate(record)
+
+
+def test_a_live_run_shows_how_long_it_has_run_and_what_its_steps_wait_for() -> None:
+    start = datetime(2026, 1, 15, 9, 30, tzinfo=UTC)
+    now = start + timedelta(seconds=75)
+    running = _run(
+        "running",
+        steps=[
+            {
+                "index": 0,
+                "name": "prepare",
+                "status": "completed",
+                "started_at": start,
+                "finished_at": start + timedelta(milliseconds=120),
+                "attempts": [{"number": 1, "status": "completed", "started_at": start}],
+            },
+            {
+                "index": 1,
+                "name": "ship",
+                "status": "running",
+                "started_at": start,
+                "max_attempts": 4,
+                "attempts": [{"number": 1, "status": "running", "started_at": start}],
+            },
+        ],
+    )
+    text = run_text(running, now, tz=UTC)
+    assert "running    for 1m15s" in text
+    assert "finished" not in text and "output" not in text
+    rows = [line.split() for line in text.split("\n\n")[1].splitlines()]
+    assert rows[1] == ["prepare", "completed", "120ms", "1"]
+    assert rows[2] == ["ship", "running", "1m15s", "1/4"]
+    waiting = _run(
+        "waiting",
+        wait_until=start + timedelta(hours=1),
+        steps=[
+            {
+                "index": 0,
+                "name": "approval",
+                "kind": "wait",
+                "status": "waiting",
+                "started_at": start,
+                "wait_until": start + timedelta(hours=1),
+            }
+        ],
+    )
+    text = run_text(waiting, now, tz=UTC)
+    assert "waits      until 2026-01-15 10:30:00" in text
+    assert text.split("\n\n")[1].splitlines()[1].split() == [
+        "approval",
+        "waiting",
+        "1m15s",
+        "until",
+        "2026-01-15",
+        "10:30:00",
+    ]
+
+
+def test_what_a_run_wrote_cannot_drive_the_terminal_and_long_values_are_cut() -> None:
+    start = datetime(2026, 1, 15, 9, 30, tzinfo=UTC)
+    run = _run(
+        "failed",
+        error="boom \x1b[2J cleared",
+        input={"blob": "x" * 1000},
+        finished_at=start + timedelta(seconds=2),
+        logs=[{"ts": start, "level": "info", "message": "title \x1b]0;owned\x07 set"}],
+    )
+    text = run_text(run, start, tz=UTC)
+    assert "\x1b" not in text and "\x07" not in text
+    assert "status     failed: boom \\x1b[2J cleared" in text
+    assert "finished   2026-01-15 09:30:02  (2.0s)" in text
+    value = next(line for line in text.splitlines() if line.startswith("input"))
+    assert value.endswith(f"… ({len(json.dumps(run.input)):,} characters; --json shows all)")
+    assert len(value) < 500
