@@ -57,6 +57,8 @@ examples:
 The database defaults to $BLOK_DB, else ./.blok/blok.db.
 """
 
+RUN_ID_HELP = "the run's id, or its start as the console shows it (1a2b3c4d)"
+
 log = logging.getLogger("blok.cli")
 
 
@@ -415,7 +417,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Show one run: what it is, its steps in order with their status, time and "
         "attempts, each failed attempt (the last of a step with its traceback) and its log.",
     )
-    show.add_argument("run_id", metavar="RUN_ID")
+    show.add_argument("run_id", metavar="RUN_ID", help=RUN_ID_HELP)
     show.add_argument("--json", action="store_true", help="the whole record as JSON")
     db_option(show, keep)
 
@@ -424,7 +426,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="cancel a run",
         description="Cancel a queued, delayed, waiting or running run.",
     )
-    cancel.add_argument("run_id", metavar="RUN_ID")
+    cancel.add_argument("run_id", metavar="RUN_ID", help=RUN_ID_HELP)
     db_option(cancel, keep)
 
     replay = commands.add_parser(
@@ -432,7 +434,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="run a run again",
         description="Start a new run with the same input; prints its id.",
     )
-    replay.add_argument("run_id", metavar="RUN_ID")
+    replay.add_argument("run_id", metavar="RUN_ID", help=RUN_ID_HELP)
     replay.add_argument(
         "--from-step", metavar="STEP", help="reuse the outputs of the steps before STEP"
     )
@@ -476,7 +478,10 @@ def build_parser() -> argparse.ArgumentParser:
         usage="blok-tui send RUN_ID EVENT JSON | blok-tui send --by-key EVENT JSON",
     )
     send.add_argument(
-        "words", nargs="+", metavar="ARG", help="RUN_ID EVENT JSON (JSON: @FILE or -)"
+        "words",
+        nargs="+",
+        metavar="ARG",
+        help="RUN_ID EVENT JSON (RUN_ID: its start will do; JSON: @FILE or -)",
     )
     send.add_argument(
         "--by-key", action="store_true", help="no run id: deliver by the key in the payload"
@@ -730,7 +735,7 @@ def _one_line(text: str, width: int) -> str:
 
 async def _show(args: argparse.Namespace) -> None:
     async with _client(args) as engine:
-        run = await engine.get_run(args.run_id)
+        run = await engine.find_run(args.run_id)
         now = engine.now()
     if args.json:
         print(json.dumps(run.model_dump(mode="json", exclude={"state", "cursor"}), indent=2))
@@ -742,13 +747,14 @@ async def _show(args: argparse.Namespace) -> None:
 
 async def _cancel(args: argparse.Namespace) -> None:
     async with _client(args) as engine:
-        run = await engine.cancel(args.run_id)
+        run = await engine.cancel((await engine.find_run(args.run_id)).id)
     print(printable(f"{run.id} {run.status}"))
 
 
 async def _replay(args: argparse.Namespace) -> None:
     async with _client(args) as engine:
-        run_id = await engine.replay(args.run_id, from_step=args.from_step, input=args.input)
+        run = await engine.find_run(args.run_id)
+        run_id = await engine.replay(run.id, from_step=args.from_step, input=args.input)
     print(printable(run_id))
 
 
@@ -770,7 +776,14 @@ async def _send(args: argparse.Namespace) -> None:
         payload = _json_arg(text)
     except argparse.ArgumentTypeError as error:
         raise UsageError(f"argument JSON: {error}", "blok-tui send") from None
+    from engine import EngineError
+
     async with _client(args) as engine:
+        if run_id is not None:
+            try:
+                run_id = (await engine.find_run(run_id)).id
+            except EngineError as error:
+                raise EngineError(f"{error}: event {event!r} not sent") from None
         reached = await engine.send_event(run_id, event, payload)
     if args.by_key:
         print(printable(" ".join(reached)) if reached else "no run waits on that key: kept")

@@ -30,7 +30,7 @@ from .backends.base import Backend, EventMessage
 from .catalog import Catalog, WorkflowSource
 from .chores import Chores
 from .durations import parse_duration
-from .errors import EngineError
+from .errors import EngineError, UnknownRun
 from .events import EventBus, Subscription
 from .feed import Follower
 from .filters import RunFilter
@@ -535,6 +535,27 @@ class Engine:
 
     async def get_run(self, run_id: str) -> Run:
         return await self.operator.get_run(run_id)
+
+    async def find_run(self, run_id: str) -> Run:
+        """The run with this id, else the one run whose id starts with it: a short id as the
+        console shows it, with or without its `run_` (as git finds a commit by the start of
+        its hash). The command line's RUN_ID arguments go through here."""
+        try:
+            return await self.operator.get_run(run_id)
+        except UnknownRun:
+            if not run_id:
+                raise
+        prefix = run_id if run_id.startswith("run_") else f"run_{run_id}"
+        found = await self.backend.runs.list_runs(RunFilter(id_prefix=prefix), limit=4)
+        if not found:
+            raise UnknownRun(f"unknown run {run_id!r}")
+        if len(found) > 1:
+            shown = ", ".join(run.id for run in found[:3])
+            more = " and more" if len(found) > 3 else ""
+            raise EngineError(
+                f"run id {run_id!r} is ambiguous: {shown}{more} start with it; give more of it"
+            )
+        return await self.operator.get_run(found[0].id)
 
     async def runs(
         self,

@@ -26,6 +26,9 @@ class RunFilter:
     finished_after: float | None = None  # epoch seconds: ended after this moment
     workers: tuple[str, ...] | None = None  # run by one of these workers
     replay_of: str | None = None  # replays of this run
+    # Runs whose id starts with this (case-blind, no wildcard): a short id as the console
+    # shows it finds its run.
+    id_prefix: str | None = None
 
     @classmethod
     def of(
@@ -77,6 +80,8 @@ class RunFilter:
         if self.job_id and run.job_id != self.job_id:
             return False
         if self.replay_of and run.replay_of != self.replay_of:
+            return False
+        if self.id_prefix is not None and not run.id.lower().startswith(self.id_prefix.lower()):
             return False
         if self.workers is not None and run.worker not in self.workers:
             return False

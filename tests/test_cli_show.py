@@ -11,7 +11,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from cli_helpers import blok, cli_env
+from cli_helpers import blok, blok_json, cli_env
 
 from blok_tui.run_text import run_text
 from engine import Engine, Run
@@ -70,13 +70,17 @@ def failed_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Run]:
     (root / "workflows" / "shop.py").write_text(SHOP)
     database = root / "blok.db"
 
-    async def run_one() -> Run:
+    async def run_two() -> list[Run]:
         async with Engine(workflows=root / "workflows", database=database) as engine:
-            job = await engine.enqueue("charges", {"order": "A1", "items": ["pen", "ink"]})
-            return await engine.wait_for_job(job, timeout=20)
+            jobs = [
+                await engine.enqueue("charges", {"order": order, "items": ["pen", "ink"]})
+                for order in ("A1", "B2")
+            ]
+            return [await engine.wait_for_job(job, timeout=20) for job in jobs]
 
-    run = anyio.run(run_one)
+    run, other = anyio.run(run_two)
     assert str(run.status) == "failed", run.error
+    assert other.id != run.id
     return database, run
 
 
@@ -94,6 +98,7 @@ def test_show_prints_the_run_its_steps_in_order_its_failures_and_its_log(
         f"workflow   shop.charge  version {run.workflow_version}",
     ]
     assert 'input      {"order": "A1", "items": ["pen", "ink"]}' in facts
+    assert "replay of" not in facts
     # The rail's order and nesting: each iteration and arm under its parent, indented.
     rows = [line.split("  ")[0:2] for line in steps.splitlines()[1:]]
     names = [line[:12].rstrip() for line in steps.splitlines()[1:]]
@@ -245,3 +250,48 @@ def test_what_a_run_wrote_cannot_drive_the_terminal_and_long_values_are_cut() ->
     value = next(line for line in text.splitlines() if line.startswith("input"))
     assert value.endswith(f"… ({len(json.dumps(run.input)):,} characters; --json shows all)")
     assert len(value) < 500
+
+
+def test_a_run_is_found_by_the_start_of_its_id_as_git_finds_a_commit(
+    failed_run: tuple[Path, Run],
+) -> None:
+    """The console shows ids shortened (the shortest start no other shown id shares): every
+    RUN_ID argument takes such a start, with or without `run_`, in any case."""
+    database, run = failed_run
+    short = run.id.removeprefix("run_")[:16]  # the 11-digit time and 5 random digits
+    for given in (short, f"run_{short}", short.upper()):
+        shown = blok("show", given, "--db", database)
+        assert shown.returncode == 0, shown.stderr
+        assert shown.stdout.startswith(f"run        {run.id}\n")
+    # The start of both runs' ids: which one is meant cannot be told, so nothing is done.
+    listed = blok_json("runs", "--json", "--db", database)
+    first, second = (r["id"] for r in listed)
+    same = next(n for n, (a, b) in enumerate(zip(first, second, strict=True)) if a != b)
+    both = first[:same].removeprefix("run_")
+    for command in (["show"], ["replay"], ["cancel"], ["send"]):
+        args = [*command, both, *(["approved", "{}"] if command == ["send"] else [])]
+        done = blok(*args, "--db", database)
+        assert done.returncode == 1, command
+        error = done.stderr.strip()
+        assert error.startswith(f"blok-tui: error: run id '{both}' is ambiguous: "), error
+        assert error.count("\n") == 0 and run.id in error
+        assert "give more of it" in error
+    assert len(blok_json("runs", "--json", "--db", database)) == len(listed)  # no replay made
+    # The other commands act on the run the start names.
+    replayed = blok("replay", short, "--db", database)
+    assert replayed.returncode == 0, replayed.stderr
+    new_id = replayed.stdout.strip()
+    assert f"replay of  {run.id}" in blok("show", new_id, "--db", database).stdout
+    ended = blok("send", short, "approved", "{}", "--db", database)
+    assert ended.stderr.strip() == (
+        f"blok-tui: error: run {run.id} has already ended (failed): event 'approved' not sent"
+    )
+    cancelled = blok("cancel", new_id.removeprefix("run_")[:16], "--db", database)
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert cancelled.stdout.strip() == f"{new_id} cancelled"
+    unknown = blok("show", "ffffffff", "--db", database)
+    assert unknown.stderr.strip() == "blok-tui: error: unknown run 'ffffffff'"
+    unsent = blok("send", "ffffffff", "approved", "{}", "--db", database)
+    assert unsent.stderr.strip() == (
+        "blok-tui: error: unknown run 'ffffffff': event 'approved' not sent"
+    )

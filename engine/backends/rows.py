@@ -500,10 +500,11 @@ LIVE_STATUSES = tuple(str(s) for s in RunStatus if not s.terminal)
 TERMINAL = tuple(str(s) for s in TERMINAL_RUN_STATUSES)
 
 
-def like_pattern(text: str) -> str:
-    """`text` anywhere, for `LIKE ... ESCAPE '\\'`: its own % and _ match only themselves."""
+def like_pattern(text: str, *, anywhere: bool = True) -> str:
+    """`text` anywhere (or at the start), for `LIKE ... ESCAPE '\\'`: its own % and _ match
+    only themselves."""
     escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-    return f"%{escaped}%"
+    return f"%{escaped}%" if anywhere else f"{escaped}%"
 
 
 def where_clause(
@@ -535,6 +536,11 @@ def where_clause(
         clauses.append(f"job_id = {marks([where.job_id])}")
     if where.replay_of:
         clauses.append(f"replay_of = {marks([where.replay_of])}")
+    if where.id_prefix is not None:
+        # LIKE, not a range of ids: PostgreSQL orders text by the database's collation, in
+        # which "_" may not sort where its byte does. Case-blind, as the text filter is.
+        pattern = like_pattern(where.id_prefix, anywhere=False)
+        clauses.append(f"id {like} {marks([pattern])} ESCAPE '\\'")
     if where.workers is not None:
         clauses.append(f"worker IN ({marks(where.workers) or 'NULL'})")
     if where.finished_after is not None:
