@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
 from typing import Any
 
 ROOTS = ("body", "headers", "params", "state", "run_id", "workflow_name", "attempt")
@@ -9,6 +11,13 @@ ROOTS = ("body", "headers", "params", "state", "run_id", "workflow_name", "attem
 
 class ExpressionError(ValueError):
     pass
+
+
+def did_you_mean(word: str, known: Iterable[object], prefix: str = "") -> str:
+    """ "; did you mean 'amount'?" when one of `known` is close to a mistyped `word` (shown
+    after `prefix`), else ""."""
+    close = difflib.get_close_matches(word, [str(k) for k in known], n=1, cutoff=0.6)
+    return f"; did you mean {prefix + close[0]!r}?" if close else ""
 
 
 def is_expression(value: object) -> bool:
@@ -24,6 +33,7 @@ def parse(expr: str) -> list[str]:
         raise ExpressionError(
             f"expression {expr!r} starts with {parts[0]!r}; it must start with one of "
             + ", ".join(f"$.{root}" for root in ROOTS)
+            + did_you_mean(parts[0], ROOTS, prefix="$.")
         )
     return parts
 
@@ -45,7 +55,10 @@ def resolve(expr: str, ctx: Any) -> Any:
         if isinstance(value, dict):
             if part not in value:
                 known = ", ".join(map(str, list(value)[:8])) or "nothing"
-                raise ExpressionError(f"{expr}: {walked} has no key {part!r} (it has {known})")
+                raise ExpressionError(
+                    f"{expr}: {walked} has no key {part!r} (it has {known})"
+                    + did_you_mean(part, value)
+                )
             value = value[part]
         elif isinstance(value, list | tuple) and part.lstrip("-").isdigit():
             index = int(part)

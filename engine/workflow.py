@@ -453,7 +453,7 @@ class Workflow(_Definition):
                 known = ", ".join(sorted(keys.known)) or "none yet"
                 raise WorkflowDefinitionError(
                     f"{where} refers to step {target!r}, which does not run before it "
-                    f"(earlier steps: {known})"
+                    f"(earlier steps: {known})" + expressions.did_you_mean(target, keys.known)
                 )
             seen.add(step.name)
             found = step.state_keys()

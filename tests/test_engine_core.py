@@ -115,6 +115,22 @@ async def test_failure_message_names_the_step_and_keeps_the_cause(database: Path
         assert run.step("charge").attempts[0].error_type == "ValueError"
 
 
+async def test_an_input_the_payload_lacks_fails_the_step_naming_the_near_miss(
+    database: Path | None,
+) -> None:
+    async def charge(ctx, amount: int) -> int:
+        return amount
+
+    wf = flow("pay", Step("charge", charge, inputs={"amount": "$.body.amount"}))
+    async with Engine(workflows=[wf], database=database) as engine:
+        run = await engine.wait_for_job(await engine.enqueue("pay", {"amout": 5}), timeout=10)
+        assert run.status is RunStatus.FAILED
+        assert run.error == (
+            "[step 1/1] charge failed: bad input: $.body.amount: $.body has no key 'amount' "
+            "(it has amout); did you mean 'amout'?"
+        )
+
+
 async def test_last_attempt_timeout_ends_timed_out(database: Path | None) -> None:
     finished: list[int] = []
 
@@ -402,5 +418,24 @@ def test_definitions_are_checked_with_names() -> None:
         )
     with pytest.raises(WorkflowDefinitionError, match="must start with one of"):
         Step("c", node, inputs={"x": "$.bogus.x"})
+    # A near miss names what was meant; a word like none of them suggests nothing.
+    with pytest.raises(
+        WorkflowDefinitionError, match=r"must start with one of .*; did you mean '\$\.body'\?$"
+    ):
+        Step("c", node, inputs={"x": "$.bdy.x"})
+    with pytest.raises(
+        WorkflowDefinitionError, match=r"earlier steps: charge, check\); did you mean 'charge'\?$"
+    ):
+        Workflow(
+            name="orders",
+            steps=[
+                Step("check", node),
+                Step("charge", node),
+                Step("ship", node, inputs={"x": "$.state.chrage.id"}),
+            ],
+        )
+    with pytest.raises(WorkflowDefinitionError) as far:
+        Step("c", node, inputs={"x": "$.quux.x"})
+    assert "did you mean" not in str(far.value)
     with pytest.raises(WorkflowDefinitionError, match=r"wait\.for_: cannot parse duration"):
         wait.for_("soon")
