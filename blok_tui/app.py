@@ -37,7 +37,6 @@ from engine import (
     RunStatusChanged,
     StepFinished,
     StepStarted,
-    UnknownRun,
     WorkflowInfo,
     WorkflowReloaded,
 )
@@ -503,25 +502,6 @@ class BlokApp(App[None]):
         self.copy_to_clipboard(run_id)
         self.notify(run_id, title="Copied")
 
-    async def find_run(self, word: str) -> str:
-        """A run id from a full id, a unique prefix of one (with or without `run_`), or a
-        job id (its current run). Raises EngineError saying why none or which ones."""
-        try:
-            return str((await self.engine.get_run(word)).id)
-        except UnknownRun:
-            pass  # not a full run id: a job id or a prefix, below
-        if word.startswith("job_"):
-            return str((await self.engine.get_job(word)).run_id)
-        prefix = word if word.startswith("run_") else f"run_{word}"
-        found = [r.id for r in await self.engine.runs(text=prefix, limit=20)]
-        found = [i for i in found if i.startswith(prefix)]
-        if len(found) == 1:
-            return found[0]
-        if not found:
-            raise UnknownRun(f"no run id starts with {word!r}, and it is no job id")
-        shown = ", ".join(found[:5]) + (" …" if len(found) > 5 else "")
-        raise EngineError(f"{word!r} is the start of {len(found)} run ids: {shown}")
-
     def action_show_queues(self) -> None:
         self.go_home()
 
@@ -581,7 +561,7 @@ class BlokApp(App[None]):
                     )
             case "run":
                 try:
-                    run_id = await self.find_run(str(arg))
+                    run_id = (await self.engine.find_run(str(arg))).id
                 except EngineError as error:
                     self.notify(str(error), severity="error")
                     return

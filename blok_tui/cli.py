@@ -57,7 +57,7 @@ examples:
 The database defaults to $BLOK_DB, else ./.blok/blok.db.
 """
 
-RUN_ID_HELP = "the run's id, or its start as the console shows it (1a2b3c4d)"
+RUN_ID_HELP = "the run's id, its start as the console shows it (1a2b3c4d), or its job's id"
 
 log = logging.getLogger("blok.cli")
 

@@ -536,25 +536,27 @@ class Engine:
     async def get_run(self, run_id: str) -> Run:
         return await self.operator.get_run(run_id)
 
-    async def find_run(self, run_id: str) -> Run:
-        """The run with this id, else the one run whose id starts with it: a short id as the
-        console shows it, with or without its `run_` (as git finds a commit by the start of
-        its hash). The command line's RUN_ID arguments go through here."""
+    async def find_run(self, word: str) -> Run:
+        """The run `word` names: its id, the start of its id (with or without `run_`, as the
+        console shows ids shortened and git finds a commit) or its job's id (the job's current
+        run). The console's `:run` and the command line's RUN_ID arguments go through here.
+        None found, or the start of several ids: an EngineError that says so."""
         try:
-            return await self.operator.get_run(run_id)
+            return await self.operator.get_run(word)
         except UnknownRun:
-            if not run_id:
+            if not word:
                 raise
-        prefix = run_id if run_id.startswith("run_") else f"run_{run_id}"
-        found = await self.backend.runs.list_runs(RunFilter(id_prefix=prefix), limit=4)
+        if word.startswith("job_"):
+            return await self.operator.get_run((await self.operator.get_job(word)).run_id)
+        prefix = word if word.startswith("run_") else f"run_{word}"
+        found = await self.backend.runs.list_runs(RunFilter(id_prefix=prefix), limit=6)
         if not found:
-            raise UnknownRun(f"unknown run {run_id!r}")
+            how = "" if word.startswith("run_") else ": no run id starts with it"
+            raise UnknownRun(f"unknown run {word!r}{how}")
         if len(found) > 1:
-            shown = ", ".join(run.id for run in found[:3])
-            more = " and more" if len(found) > 3 else ""
-            raise EngineError(
-                f"run id {run_id!r} is ambiguous: {shown}{more} start with it; give more of it"
-            )
+            many = f"{len(found)}" if len(found) < 6 else "more than 5"
+            shown = ", ".join(run.id for run in found[:5]) + (" …" if len(found) > 5 else "")
+            raise EngineError(f"{word!r} is the start of {many} run ids ({shown}): give more of it")
         return await self.operator.get_run(found[0].id)
 
     async def runs(

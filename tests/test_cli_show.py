@@ -252,11 +252,12 @@ def test_what_a_run_wrote_cannot_drive_the_terminal_and_long_values_are_cut() ->
     assert len(value) < 500
 
 
-def test_a_run_is_found_by_the_start_of_its_id_as_git_finds_a_commit(
+def test_a_run_is_found_by_the_start_of_its_id_or_by_its_job(
     failed_run: tuple[Path, Run],
 ) -> None:
     """The console shows ids shortened (the shortest start no other shown id shares): every
-    RUN_ID argument takes such a start, with or without `run_`, in any case."""
+    RUN_ID argument takes such a start, with or without `run_`, in any case, or the id of the
+    run's job."""
     database, run = failed_run
     short = run.id.removeprefix("run_")[:16]  # the 11-digit time and 5 random digits
     for given in (short, f"run_{short}", short.upper()):
@@ -273,9 +274,9 @@ def test_a_run_is_found_by_the_start_of_its_id_as_git_finds_a_commit(
         done = blok(*args, "--db", database)
         assert done.returncode == 1, command
         error = done.stderr.strip()
-        assert error.startswith(f"blok-tui: error: run id '{both}' is ambiguous: "), error
+        assert error.startswith(f"blok-tui: error: '{both}' is the start of 2 run ids ("), error
         assert error.count("\n") == 0 and run.id in error
-        assert "give more of it" in error
+        assert "): give more of it" in error
     assert len(blok_json("runs", "--json", "--db", database)) == len(listed)  # no replay made
     # The other commands act on the run the start names.
     replayed = blok("replay", short, "--db", database)
@@ -290,8 +291,17 @@ def test_a_run_is_found_by_the_start_of_its_id_as_git_finds_a_commit(
     assert cancelled.returncode == 0, cancelled.stderr
     assert cancelled.stdout.strip() == f"{new_id} cancelled"
     unknown = blok("show", "ffffffff", "--db", database)
-    assert unknown.stderr.strip() == "blok-tui: error: unknown run 'ffffffff'"
+    assert unknown.stderr.strip() == (
+        "blok-tui: error: unknown run 'ffffffff': no run id starts with it"
+    )
     unsent = blok("send", "ffffffff", "approved", "{}", "--db", database)
     assert unsent.stderr.strip() == (
-        "blok-tui: error: unknown run 'ffffffff': event 'approved' not sent"
+        "blok-tui: error: unknown run 'ffffffff': no run id starts with it: "
+        "event 'approved' not sent"
+    )
+    # The job id `enqueue` printed names its run too.
+    by_job = blok("show", run.job_id, "--db", database)
+    assert by_job.stdout.startswith(f"run        {run.id}\n"), by_job.stderr
+    assert blok("show", "job_nope", "--db", database).stderr.strip() == (
+        "blok-tui: error: unknown job 'job_nope'"
     )

@@ -159,7 +159,7 @@ async def test_run_command_takes_a_unique_prefix_or_a_job_id_and_y_copies_the_id
         assert isinstance(app.screen, RunScreen) and app.screen.run_id == first.id
         await command(pilot, "run zzzz")
         messages = [n.message for n in app._notifications]
-        assert any("no run id starts with 'zzzz'" in m for m in messages)
+        assert "unknown run 'zzzz': no run id starts with it" in messages
 
 
 async def test_after_inject_O_opens_the_new_run(engine: Engine) -> None:
