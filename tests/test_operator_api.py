@@ -282,3 +282,25 @@ async def test_finding_a_served_queue_makes_as_many_calls_whatever_the_workflows
                 sys.setprofile(None)
             calls[w] = counted
     assert calls[100] == calls[1], calls
+
+
+async def test_find_run_takes_an_id_its_start_or_its_job(setup: Setup) -> None:
+    """One rule for what an operator types to name a run: the console's `:run` and every
+    RUN_ID of the command line."""
+    engine = setup.actor
+    target = await engine.wait_for_job(await engine.enqueue("echo", {"value": 1}), timeout=10)
+    # Newer runs whose input holds the target's id: a search of the runs' text (newest first)
+    # would find these, not the target; the start of an id is looked for in ids alone.
+    newer = [await engine.enqueue("echo", {"value": target.id}) for _ in range(21)]
+    short = target.id.removeprefix("run_")[:16]
+    for word in (target.id, short, f"run_{short}", short.upper(), target.job_id):
+        assert (await engine.find_run(word)).id == target.id, word
+    assert (await engine.find_run(target.id)).steps  # the whole record, as get_run gives it
+    last = await run_of(engine, newer[-1])
+    same = next(n for n, (a, b) in enumerate(zip(target.id, last, strict=True)) if a != b)
+    with pytest.raises(EngineError, match=r"is the start of more than 5 run ids \(.*\): give"):
+        await engine.find_run(target.id[:same])
+    with pytest.raises(UnknownRun, match=r"^unknown run 'zzzz': no run id starts with it$"):
+        await engine.find_run("zzzz")
+    with pytest.raises(UnknownJob):
+        await engine.find_run("job_nope")
