@@ -734,15 +734,21 @@ def _one_line(text: str, width: int) -> str:
 
 
 async def _show(args: argparse.Namespace) -> None:
+    from engine import UnknownJob
+
     async with _client(args) as engine:
         run = await engine.find_run(args.run_id)
         now = engine.now()
+        try:
+            job = await engine.get_job(run.job_id)
+        except UnknownJob:  # purged with the runs that ended before the retention
+            job = None
     if args.json:
         print(json.dumps(run.model_dump(mode="json", exclude={"state", "cursor"}), indent=2))
         return
     from .run_text import run_text
 
-    print(run_text(run, now))
+    print(run_text(run, now, job=job))
 
 
 async def _cancel(args: argparse.Namespace) -> None:

@@ -12,7 +12,7 @@ from datetime import datetime, tzinfo
 from pathlib import Path
 from typing import Any
 
-from engine import Attempt, Run, StepRun, format_duration
+from engine import Attempt, Job, JobState, Run, StepRun, format_duration
 from engine.text import printable
 
 from .console import local_times
@@ -24,10 +24,18 @@ NOTE_CHARS = 70
 LABEL = 10  # the width of the facts' labels
 
 
-def run_text(run: Run, now: datetime, *, tz: tzinfo | None = None, cwd: Path | None = None) -> str:
+def run_text(
+    run: Run,
+    now: datetime,
+    *,
+    job: Job | None = None,
+    tz: tzinfo | None = None,
+    cwd: Path | None = None,
+) -> str:
     """The whole text, lines joined. `now`: the moment a running step's time runs to (the
-    engine's clock); `tz`: the time zone times are shown in (None: this machine's)."""
-    lines = _facts(run, now, tz)
+    engine's clock); `job`: the run's job, if it is still kept (its deliveries, its fate);
+    `tz`: the time zone times are shown in (None: this machine's)."""
+    lines = _facts(run, now, job, tz)
     if run.steps:
         lines += ["", *_steps_table(run, now, tz)]
     failures = _failures(run, cwd)
@@ -40,18 +48,20 @@ def run_text(run: Run, now: datetime, *, tz: tzinfo | None = None, cwd: Path | N
 
 
 # ---- the run ------------------------------------------------------------------------------
-def _facts(run: Run, now: datetime, tz: tzinfo | None) -> list[str]:
+def _facts(run: Run, now: datetime, job: Job | None, tz: tzinfo | None) -> list[str]:
     facts: list[tuple[str, str]] = [("run", run.id), ("status", _status(run))]
     workflow = run.workflow_name
     if run.workflow_version:
         workflow += f"  version {run.workflow_version}"
     facts.append(("workflow", workflow))
-    queue = f"{run.queue}  job {run.job_id}"
-    if run.job_attempt > 1:
-        queue += f"  delivery {run.job_attempt} of the job"
+    queue = run.queue
+    deliveries = job.max_retries + 1 if job is not None else None
+    if run.job_attempt > 1 or (deliveries or 1) > 1:
+        queue += f"  delivery {run.job_attempt}" + (f" of {deliveries}" if deliveries else "")
     if run.priority:
         queue += f"  priority {run.priority}"
     facts.append(("queue", queue))
+    facts.append(("job", run.job_id + _fate(run, job)))
     if run.worker:
         facts.append(("worker", run.worker))
     facts.append(("created", _moment(run.created_at, tz)))
@@ -78,6 +88,18 @@ def _facts(run: Run, now: datetime, tz: tzinfo | None) -> list[str]:
     if run.output is not None or str(run.status) == "completed":
         facts.append(("output", _value(run.output)))
     return [f"{label:<{LABEL}} {printable(text)}" for label, text in facts]
+
+
+def _fate(run: Run, job: Job | None) -> str:
+    """What became of the run's job, where this run does not say it: another delivery runs
+    now, or this one was its last and the job is a dead letter."""
+    if job is None:
+        return "  (no longer kept)"
+    if job.run_id != run.id:
+        return f"  {job.state}: its delivery {job.attempts} is run {job.run_id}"
+    if job.state is JobState.DEAD:
+        return "  dead: in the dead-letter queue (requeue it from the console's d)"
+    return ""
 
 
 def _status(run: Run) -> str:

@@ -14,7 +14,9 @@ import pytest
 from cli_helpers import blok, blok_json, cli_env
 
 from blok_tui.run_text import run_text
-from engine import Engine, Run
+from engine import Engine, JobState, Run
+from engine.ledger import make_job
+from engine.records import assign
 
 SHOP = """
 from engine import Retry, Step, WorkerTrigger, Workflow, for_each, try_catch
@@ -97,6 +99,8 @@ def test_show_prints_the_run_its_steps_in_order_its_failures_and_its_log(
         f"status     failed: {run.error}",
         f"workflow   shop.charge  version {run.workflow_version}",
     ]
+    assert f"job        {run.job_id}  dead: in the dead-letter queue (requeue it" in facts
+    assert "queue      charges\n" in facts  # one delivery: nothing to count
     assert 'input      {"order": "A1", "items": ["pen", "ink"]}' in facts
     assert "replay of" not in facts
     # The rail's order and nesting: each iteration and arm under its parent, indented.
@@ -232,6 +236,26 @@ def test_a_live_run_shows_how_long_it_has_run_and_what_its_steps_wait_for() -> N
         "2026-01-15",
         "10:30:00",
     ]
+
+
+def test_a_retried_delivery_points_to_the_one_that_runs_now() -> None:
+    start = datetime(2026, 1, 15, 9, 30, tzinfo=UTC)
+    first = _run("failed", job_attempt=1, finished_at=start, error="boom")
+    job = make_job(
+        queue="orders",
+        workflow_name="orders.ship",
+        payload={"order": "A1"},
+        headers=None,
+        priority=0,
+        run_at=None,
+        max_retries=2,
+        job_id="job_1",
+    )
+    assign(job, state=JobState.ACTIVE, attempts=2, run_id="run_2")
+    text = run_text(first, start, job=job, tz=UTC)
+    assert "queue      orders  delivery 1 of 3\n" in text
+    assert "job        job_1  active: its delivery 2 is run run_2\n" in text
+    assert "job        job_1  (no longer kept)" in run_text(first, start, tz=UTC)
 
 
 def test_what_a_run_wrote_cannot_drive_the_terminal_and_long_values_are_cut() -> None:
