@@ -42,6 +42,7 @@ examples:
   blok-tui attach --db app.db               console on a database a worker is serving
   blok-tui enqueue orders '{"order_id": "A1", "amount": 5}' --priority 5 --delay 2s
   blok-tui enqueue orders @order.json       the payload from a file (- for stdin)
+  blok-tui enqueue orders '{}' --wait       wait for the run; its output, or exit 1
   blok-tui runs --status failed --limit 20  the last failed runs (--json for scripts)
   blok-tui show run_0190c3a1b2c3d4e5f6      one run: its steps, failed attempts, log
   blok-tui cancel run_0190c3a1b2c3d4e5f6    cancel a queued, delayed or running run
@@ -392,6 +393,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="the W3C trace context the run joins (default: $TRACEPARENT), e.g. "
         "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
     )
+    enqueue.add_argument(
+        "--wait",
+        action="store_true",
+        help="wait for the job to end (through its retries), print its run's output as JSON "
+        "and exit 0 if it completed; else exit 1 with the run's error",
+    )
     db_option(enqueue, keep)
 
     runs = commands.add_parser(
@@ -685,7 +692,17 @@ async def _enqueue(args: argparse.Namespace) -> None:
             retries=args.retries,
             timeout=args.timeout,
         )
-    print(printable(job_id))
+        if args.wait:
+            run = await engine.wait_for_job(job_id)
+    if not args.wait:
+        print(printable(job_id))
+        return
+    from engine import EngineError, RunStatus
+
+    if run.status is not RunStatus.COMPLETED:
+        error = run.error or str(run.status)
+        raise EngineError(f"run {run.id} {run.status}: {error} (blok-tui show {run.id})")
+    print(json.dumps(run.output, ensure_ascii=False))
 
 
 async def _runs(args: argparse.Namespace) -> None:

@@ -93,6 +93,23 @@ def test_enqueue_then_the_run_completes_on_the_worker(served: tuple[Path, Worker
     assert blok_json("runs", "--json", "--status", "failed", "--db", database) == []
 
 
+def test_enqueue_wait_prints_the_output_or_exits_1_with_the_runs_error(
+    served: tuple[Path, Worker],
+) -> None:
+    """A shell script's `enqueue --wait`: stdout is the run's output as JSON, the status says
+    whether it completed, and a failure names the run to look at."""
+    database, _ = served
+    done = blok("enqueue", "naps", '{"seconds": 0.05}', "--wait", "--db", database)
+    assert (done.returncode, done.stdout, done.stderr) == (0, '{"slept": 0.05}\n', "")
+    failed = blok("enqueue", "naps", '{"seconds": "soon"}', "--wait", "--db", database)
+    assert (failed.returncode, failed.stdout) == (1, "")
+    error = _one_error_line(failed)
+    run_id = error.split()[3]
+    assert error.startswith(f"blok-tui: error: run {run_id} failed: [step 1/1] nap failed: ")
+    assert error.endswith(f"(blok-tui show {run_id})")
+    assert blok_json("show", run_id, "--json", "--db", database)["status"] == "failed"
+
+
 def test_a_reader_that_stops_reading_gets_no_traceback(served: tuple[Path, Worker]) -> None:
     """`blok-tui runs | head`: once the reader has gone, the command stops quietly with the
     status of a process killed by SIGPIPE, as `git log | head` does, not with a traceback."""
