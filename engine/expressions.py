@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import itertools
 from collections.abc import Iterable
 from typing import Any
 
@@ -15,8 +16,10 @@ class ExpressionError(ValueError):
 
 def did_you_mean(word: str, known: Iterable[object], prefix: str = "") -> str:
     """ "; did you mean 'amount'?" when one of `known` is close to a mistyped `word` (shown
-    after `prefix`), else ""."""
-    close = difflib.get_close_matches(word, [str(k) for k in known], n=1, cutoff=0.6)
+    after `prefix`), else "". The first thousand of `known` are looked at: a payload of a
+    million keys must not make a failure's message slow."""
+    candidates = [str(k) for k in itertools.islice(known, 1000)]
+    close = difflib.get_close_matches(word, candidates, n=1, cutoff=0.6)
     return f"; did you mean {prefix + close[0]!r}?" if close else ""
 
 
