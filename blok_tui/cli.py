@@ -710,11 +710,28 @@ async def _runs(args: argparse.Namespace) -> None:
         runs = await engine.runs(
             status=args.status, workflow=args.workflow, queue=args.queue, limit=args.limit
         )
+        unknown = await _unknown_names(engine, args) if not runs else ""
     if args.json:
         fields = {"steps", "logs", "state", "cursor"}
         print(json.dumps([run.model_dump(mode="json", exclude=fields) for run in runs], indent=2))
         return
-    print(_table(runs))
+    print(_table(runs) if runs else f"no runs{unknown}")
+
+
+async def _unknown_names(engine: Any, args: argparse.Namespace) -> str:
+    """Why a filter by name found nothing, when the name is none the workers declared: a
+    typo reads as "no runs" otherwise."""
+    from engine.expressions import did_you_mean
+
+    for what, given, infos in (
+        ("workflow", args.workflow, engine.workflows),
+        ("queue", args.queue, engine.queues),
+    ):
+        if given:
+            names = [info.name for info in await infos()]
+            if names and given not in names:
+                return f" (no {what} is named {given!r}{did_you_mean(given, names)})"
+    return ""
 
 
 def _table(runs: Sequence[Any]) -> str:

@@ -110,6 +110,18 @@ def test_enqueue_wait_prints_the_output_or_exits_1_with_the_runs_error(
     assert blok_json("show", run_id, "--json", "--db", database)["status"] == "failed"
 
 
+def test_a_filter_by_a_name_no_worker_declared_says_so(served: tuple[Path, Worker]) -> None:
+    database, _ = served
+    typo = blok("runs", "--workflow", "test.npa", "--db", database)
+    assert typo.stdout == "no runs (no workflow is named 'test.npa'; did you mean 'test.nap'?)\n"
+    queue = blok("runs", "--queue", "nasp", "--db", database)
+    assert queue.stdout == "no runs (no queue is named 'nasp'; did you mean 'naps'?)\n"
+    # A known name with nothing to show is just that.
+    none = blok("runs", "--queue", "single", "--status", "crashed", "--db", database)
+    assert none.stdout == "no runs\n"
+    assert blok_json("runs", "--json", "--workflow", "test.npa", "--db", database) == []
+
+
 def test_a_reader_that_stops_reading_gets_no_traceback(served: tuple[Path, Worker]) -> None:
     """`blok-tui runs | head`: once the reader has gone, the command stops quietly with the
     status of a process killed by SIGPIPE, as `git log | head` does, not with a traceback."""
