@@ -30,7 +30,7 @@ from typing import Any, NoReturn
 
 import anyio
 
-from engine.text import printable
+from engine.text import one_line, printable
 
 DEFAULT_DB = Path(".blok") / "blok.db"
 CONSOLE_GRACE = 2.0  # seconds running jobs get to finish when the console quits
@@ -750,7 +750,7 @@ def _table(runs: Sequence[Any]) -> str:
                 printable(run.worker or "-"),
                 run.created_at.astimezone().strftime("%Y-%m-%d %H:%M:%S"),
                 format_duration(duration) if duration is not None else "-",
-                _one_line(printable(run.error or ""), 60),
+                one_line(printable(run.error or ""), 60),
             )
         )
     if len(rows) == 1:
@@ -760,11 +760,6 @@ def _table(runs: Sequence[Any]) -> str:
         "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
         for row in rows
     )
-
-
-def _one_line(text: str, width: int) -> str:
-    line = " ".join(text.split())
-    return line if len(line) <= width else line[: width - 1] + "…"
 
 
 async def _show(args: argparse.Namespace) -> None:

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from engine import Attempt, Job, JobState, Run, StepRun, format_duration
-from engine.text import printable
+from engine.text import one_line, printable
 
 from .console import local_times
-from .step_order import rail_rows
+from .step_order import own_tags, rail_rows, step_ms
 from .tracebacks import clean_error, fold_traceback
 
 VALUE_CHARS = 400  # of an input or output shown inline; `--json` has all of it
@@ -106,7 +106,7 @@ def _status(run: Run) -> str:
     status = str(run.status)
     if not run.error:
         return status
-    return f"{status}: {_one_line(clean_error(run.error), 200)}"
+    return f"{status}: {one_line(clean_error(run.error), 200)}"
 
 
 def _took(run: Run, now: datetime) -> str:
@@ -125,11 +125,6 @@ def _value(value: Any) -> str:
     if len(text) <= VALUE_CHARS:
         return text
     return f"{text[: VALUE_CHARS - 1]}… ({len(text):,} characters; --json shows all)"
-
-
-def _one_line(text: str, width: int) -> str:
-    line = " ".join(text.split())
-    return line if len(line) <= width else line[: width - 1] + "…"
 
 
 # ---- the steps ----------------------------------------------------------------------------
@@ -159,10 +154,8 @@ def _steps_table(run: Run, now: datetime, tz: tzinfo | None) -> list[str]:
 
 
 def _step_took(step: StepRun, now: datetime) -> str:
-    if step.started_at is None:
-        return ""
-    end = step.finished_at or now
-    return format_duration(max(0.0, (end - step.started_at).total_seconds() * 1000))
+    ms = step_ms(step, now)
+    return format_duration(ms) if ms is not None else ""
 
 
 def _tries(step: StepRun) -> str:
@@ -176,9 +169,7 @@ def _tries(step: StepRun) -> str:
 
 def _note(step: StepRun, tz: tzinfo | None) -> str:
     notes: list[str] = []
-    # A nested step's first tag is where it sits: its group's line says so already.
-    tags = step.tags[1:] if step.parent is not None else step.tags
-    notes += [f"[{tag}]" for tag in tags]
+    notes += [f"[{tag}]" for tag in own_tags(step)]
     if step.cached_from:
         notes.append(f"cached from {step.cached_from}")
     if step.child_run_id:
@@ -190,7 +181,7 @@ def _note(step: StepRun, tz: tzinfo | None) -> str:
     error = step.error or (step.attempts[-1].error if step.attempts else None)
     if error and str(step.status) != "completed":
         notes.append(clean_error(error))
-    return _one_line("  ".join(notes), NOTE_CHARS)
+    return one_line("  ".join(notes), NOTE_CHARS)
 
 
 # ---- what failed --------------------------------------------------------------------------
@@ -217,7 +208,7 @@ def _attempt_line(step: StepRun, attempt: Attempt) -> str:
         ms = (attempt.finished_at - attempt.started_at).total_seconds() * 1000
         took = f" after {format_duration(max(0.0, ms))}"
     kind = f"{attempt.error_type}: " if attempt.error_type else ""
-    error = _one_line(clean_error(f"{kind}{attempt.error}"), 200)
+    error = one_line(clean_error(f"{kind}{attempt.error}"), 200)
     then = f"; next in {format_duration(attempt.backoff_ms)}" if attempt.backoff_ms else ""
     return printable(
         f"{step.name}, attempt {attempt.number}: {attempt.status}{took}: {error}{then}"

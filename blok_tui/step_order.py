@@ -1,8 +1,11 @@
-"""The order a run's steps are read in, for the step rail, the timeline and `blok-tui show`:
-middleware first, then each step followed by its nested steps, grouped under their iteration,
-case, try or catch arm. No Textual here: the command line prints it too."""
+"""A run's steps as the step rail, the timeline and `blok-tui show` read them: in order
+(middleware first, then each step followed by its nested steps, grouped under their iteration,
+case, try or catch arm), each with the tags shown beside it and how long it took. No Textual
+here: the command line prints it too."""
 
 from __future__ import annotations
+
+from datetime import datetime
 
 from engine import Run, StepRun
 
@@ -44,3 +47,18 @@ def rail_rows(run: Run) -> list[Row]:
         if step.index not in seen:
             emit(step, 0)
     return rows
+
+
+def own_tags(step: StepRun) -> list[str]:
+    """The step's tags to show beside it: a nested step's first tag is the group it sits in
+    (`rail_rows` puts it under that group's header), so it is left out."""
+    return step.tags[1:] if step.parent is not None else step.tags
+
+
+def step_ms(step: StepRun, now: datetime) -> float | None:
+    """How long the step took, or has run until `now` (the engine's clock); None if it has
+    not started."""
+    if step.started_at is None:
+        return None
+    end = step.finished_at or now
+    return max(0.0, (end - step.started_at).total_seconds() * 1000)

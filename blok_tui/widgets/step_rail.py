@@ -17,7 +17,7 @@ from textual.widgets.option_list import Option
 from engine import Run, StepRun
 
 from ..console import clock_time, duration, printable, status_style, status_text
-from ..step_order import Row, rail_rows
+from ..step_order import Row, own_tags, rail_rows, step_ms
 
 BAR_WIDTH = 8
 NAME_WIDTH = 15
@@ -56,7 +56,7 @@ def step_line(
     width = max(6, (NARROW_NAME_WIDTH if narrow else NAME_WIDTH) - 2 * depth)
     name = printable(step.name)
     line.append(f" {name:<{width}.{width}} ", style="bold" if status == "running" else "")
-    ms = _step_ms(step, now)
+    ms = step_ms(step, now)
     if not narrow:
         line.append_text(_bar(ms, longest, status_style(status, steps=True)))
     line.append(f" {duration(ms) if ms is not None else '':>7}")
@@ -78,9 +78,7 @@ def step_line(
     last = step.attempts[-1] if step.attempts else None
     if status == "running" and last is not None and last.backoff_ms and last.finished_at:
         badges.append(("backing off", "khaki3"))
-    # A nested step's first tag is where it sits: its group header says so already.
-    tags = step.tags[1:] if step.parent is not None else step.tags
-    for tag in tags:
+    for tag in own_tags(step):
         if tag in BADGES:
             badges.append((BADGES[tag], "deep_sky_blue1"))
         elif tag.startswith("mw:"):
@@ -93,13 +91,6 @@ def step_line(
         line.append("  ")
         line.append(f" {badge} ", style=f"{style} reverse")
     return line
-
-
-def _step_ms(step: StepRun, now: datetime) -> float | None:
-    if step.started_at is None:
-        return None
-    end = step.finished_at or now
-    return max(0.0, (end - step.started_at).total_seconds() * 1000)
 
 
 def header_line(label: str, depth: int, steps: list[StepRun]) -> Text:
@@ -162,7 +153,7 @@ class StepRail(OptionList):
         """`typical`: per step name, its usual duration over recent runs (p50/p95)."""
         typical = typical or {}
         keep = self.step_index()
-        durations = [_step_ms(s, now) or 0.0 for s in run.steps]
+        durations = [step_ms(s, now) or 0.0 for s in run.steps]
         longest = max(durations, default=0.0)
         rows = rail_rows(run)
         by_index = {s.index: s for s in run.steps}
