@@ -30,7 +30,9 @@ from typing import Any, NoReturn
 
 import anyio
 
-from engine.text import one_line, printable
+from engine.text import printable
+
+from .plain_text import columns, one_line
 
 DEFAULT_DB = Path(".blok") / "blok.db"
 CONSOLE_GRACE = 2.0  # seconds running jobs get to finish when the console quits
@@ -755,11 +757,7 @@ def _table(runs: Sequence[Any]) -> str:
         )
     if len(rows) == 1:
         return "no runs"
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    return "\n".join(
-        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-        for row in rows
-    )
+    return "\n".join(columns(rows))
 
 
 async def _show(args: argparse.Namespace) -> None:
@@ -877,11 +875,7 @@ def _schedule_table(infos: Sequence[Any]) -> str:
                 str(info.last_status or "-"),
             )
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    return "\n".join(
-        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-        for row in rows
-    )
+    return "\n".join(columns(rows))
 
 
 async def _health(args: argparse.Namespace) -> None:

@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from engine import Attempt, Job, JobState, Run, StepRun, format_duration
-from engine.text import one_line, printable
+from engine.text import printable
 
 from .console import local_times
+from .plain_text import columns, one_line
 from .step_order import own_tags, rail_rows, step_ms
 from .tracebacks import clean_error, fold_traceback
 
@@ -146,11 +147,7 @@ def _steps_table(run: Run, now: datetime, tz: tzinfo | None) -> list[str]:
                 printable(_note(step, tz)),
             )
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    return [
-        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
-        for row in rows
-    ]
+    return columns(rows)
 
 
 def _step_took(step: StepRun, now: datetime) -> str:

@@ -13,10 +13,3 @@ def printable(text: str) -> str:
     """`text` with control characters (escape sequences included) shown as `\\xNN`, so a run's
     error or log line cannot drive the operator's terminal."""
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
-
-
-def one_line(text: str, width: int) -> str:
-    """`text` on one line (its runs of whitespace, line breaks included, made one space), cut
-    to `width` characters with an ellipsis: a run's error in a table cell."""
-    line = " ".join(text.split())
-    return line if len(line) <= width else line[: width - 1] + "…"

@@ -1,0 +1,23 @@
+"""Plain text for the command line's tables and `blok-tui show`: no Textual, no colour, the same
+in a terminal and in a file."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def one_line(text: str, width: int) -> str:
+    """`text` on one line (its runs of whitespace, line breaks included, made one space), cut
+    to `width` characters with an ellipsis: a run's error in a table cell."""
+    line = " ".join(text.split())
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def columns(rows: Sequence[Sequence[str]]) -> list[str]:
+    """The rows (a header first) as lines of left-aligned columns two spaces apart, each as
+    wide as its widest cell, with no trailing spaces."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
