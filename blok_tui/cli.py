@@ -428,6 +428,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     show.add_argument("run_id", metavar="RUN_ID", help=RUN_ID_HELP)
     show.add_argument("--json", action="store_true", help="the whole record as JSON")
+    show.add_argument(
+        "--follow",
+        "-f",
+        action="store_true",
+        help="then print what happens to it, one line a moment, until it ends (and the job's "
+        "next delivery, if it fails and is retried); exit 1 unless it completed",
+    )
     db_option(show, keep)
 
     cancel = commands.add_parser(
@@ -761,21 +768,87 @@ def _table(runs: Sequence[Any]) -> str:
 
 
 async def _show(args: argparse.Namespace) -> None:
-    from engine import UnknownJob
-
+    if args.follow:
+        if args.json:
+            raise UsageError("--follow prints lines, not JSON: give one of them", "blok-tui show")
+        await _follow(args)
+        return
     async with _client(args) as engine:
         run = await engine.find_run(args.run_id)
         now = engine.now()
-        try:
-            job = await engine.get_job(run.job_id)
-        except UnknownJob:  # purged with the runs that ended before the retention
-            job = None
+        job = await _job_of(engine, run)
     if args.json:
         print(json.dumps(run.model_dump(mode="json", exclude={"state", "cursor"}), indent=2))
         return
     from .run_text import run_text
 
     print(run_text(run, now, job=job))
+
+
+async def _job_of(engine: Any, run: Any) -> Any:
+    """The run's job, or None once it is purged with the runs that ended before the
+    retention."""
+    from engine import UnknownJob
+
+    try:
+        return await engine.get_job(run.job_id)
+    except UnknownJob:
+        return None
+
+
+async def _follow(args: argparse.Namespace) -> None:
+    """`show --follow`: the run as `show` prints it, then what happens to it, until it ends; a
+    failed delivery whose job is retried is followed by the next one."""
+    from engine import Engine, EngineError, RunStatus
+
+    from .run_follow import RunFollower, clock_line
+    from .run_text import run_text
+
+    # An engine that follows the database: its events say when a run changed, and the
+    # follower re-reads the run then (the lines come from the record, not the events).
+    async with (
+        Engine(database=_database(args), create=False, follow=True) as engine,
+        engine.events() as events,  # subscribed before the first read: nothing falls between
+    ):
+        run = await engine.find_run(args.run_id)
+        job = await _job_of(engine, run)
+        print(run_text(run, engine.now(), job=job), flush=True)
+        if not run.terminal or await _goes_on(engine, run):
+            print("", "FOLLOWING (ctrl-c stops)", sep="\n", flush=True)
+        follower = RunFollower()
+        follower.know(run)
+        while True:
+            if run.terminal:
+                job = await _goes_on(engine, run)
+                if job is None:
+                    break
+                run = await engine.get_run(job.run_id)
+                went_on = f"delivery {run.job_attempt} of {job.max_retries + 1} is run {run.id}"
+                print(clock_line(engine.now(), f"job {job.id} goes on: {went_on}"), flush=True)
+                follower = RunFollower()
+            else:
+                await _next_change(events, run.id)
+                run = await engine.get_run(run.id)
+            for line in follower.news(run, engine.now()):
+                print(line, flush=True)
+    if run.status is not RunStatus.COMPLETED:
+        raise EngineError(f"run {run.id} {run.status} (blok-tui show {run.id})")
+
+
+async def _goes_on(engine: Any, run: Any) -> Any:
+    """The job of a run that ended, if it went on as another run (a retry, a requeue)."""
+    job = await _job_of(engine, run)
+    return job if job is not None and job.run_id != run.id else None
+
+
+async def _next_change(events: Any, run_id: str) -> None:
+    """Wait until an event says the run changed (or the follower fell behind the events, and
+    anything may have)."""
+    from .run_follow import may_change
+
+    async for event in events:
+        if may_change(event, run_id):
+            return
 
 
 async def _cancel(args: argparse.Namespace) -> None:

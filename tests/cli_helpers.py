@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -135,6 +137,52 @@ def start_worker(
         process.wait()
         raise AssertionError(f"worker did not get ready: {line!r}\n{stderr_path.read_text()}")
     return Worker(process, line.strip(), stderr_path)
+
+
+class Follower:
+    """`blok-tui show ... --follow` as a process whose lines are read as they come (by a
+    thread: a pipe's buffered reader and `select` do not mix)."""
+
+    def __init__(self, *args: str | Path) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "blok_tui", "show", "--follow", *map(str, args)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=cli_env(),
+        )
+        self.lines: list[str] = []
+        self._read: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._reader, daemon=True).start()
+
+    def _reader(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self._read.put(line.rstrip("\n"))
+        self._read.put(None)
+
+    def read_until(self, text: str, timeout: float = 20) -> list[str]:
+        """The lines up to the first that holds `text` (the command flushes each line)."""
+        deadline = time.monotonic() + timeout
+        while not any(text in line for line in self.lines):
+            try:
+                line = self._read.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                line = None
+            if line is None:
+                self.process.kill()
+                _, stderr = self.process.communicate()
+                raise AssertionError(f"no {text!r} in {self.lines}; stderr: {stderr}")
+            self.lines.append(line)
+        return self.lines
+
+    def finish(self, timeout: float = 30) -> tuple[int, list[str], str]:
+        """Its exit status, every line it printed, and its standard error."""
+        code = self.process.wait(timeout)
+        while (line := self._read.get(timeout=timeout)) is not None:
+            self.lines.append(line)
+        assert self.process.stderr is not None
+        return code, self.lines, self.process.stderr.read()
 
 
 def eventually(check: Callable[[], T | None], timeout: float = 10, every: float = 0.05) -> T:

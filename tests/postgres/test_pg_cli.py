@@ -16,7 +16,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from cli_helpers import blok, blok_json, write_workflows
+from cli_helpers import Follower, blok, blok_json, eventually, write_workflows
 from pg import NO_DRIVER, database_url, server_url, unavailable
 
 pytest.importorskip("asyncpg", reason=NO_DRIVER)
@@ -112,6 +112,30 @@ async def test_a_cancel_from_another_process_reaches_the_worker_at_once(served: 
         took = time.monotonic() - started
         assert run.status is RunStatus.CANCELLED
         assert took < 1.5, f"cancel took {took:.2f}s"
+
+
+async def test_show_follow_tells_another_processes_run_until_it_ends(
+    served: str, tmp_path: Path
+) -> None:
+    url = served
+    release = tmp_path / "release"
+    done = await cli("enqueue", "naps", f'{{"seconds": 30, "until": "{release}"}}', "--db", url)
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.strip()
+
+    def napping() -> bool:
+        return "napping 30" in blok("show", job_id, "--db", url).stdout
+
+    await anyio.to_thread.run_sync(eventually, napping)  # followed from its nap on
+    follower = Follower(job_id, "--db", url)
+    await anyio.to_thread.run_sync(follower.read_until, "FOLLOWING")
+    assert any(line.startswith("status     running") for line in follower.lines), follower.lines
+    release.touch()
+    code, lines, stderr = await anyio.to_thread.run_sync(follower.finish)
+    assert code == 0, stderr
+    news = lines[lines.index("FOLLOWING (ctrl-c stops)") + 1 :]
+    # The step's end and the run's, each once (the nap's start and log line were in `show`).
+    assert [line[14:].split(" in ")[0] for line in news] == ["nap completed", "run completed"]
 
 
 async def test_the_attached_console_shows_another_processes_run(served: str) -> None:

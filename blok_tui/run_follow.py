@@ -1,0 +1,203 @@
+"""`blok-tui show RUN_ID --follow`: what happens to a run from now on, one line a moment, as
+`tail -f` shows a log: each attempt started, each attempt that failed, each step that ended or
+began to wait, each log line and each change of the run's status.
+
+The lines come from the run's record, not from the events that woke the follower: each re-read
+is compared with what was already told, so a missed or merged event loses nothing (a follower
+that fell behind re-reads once and tells all of it), and an attached engine and a local one
+are followed alike. No Textual here: the text is the same in a terminal and in a file."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime, tzinfo
+
+from engine import Run, StepRun, format_duration
+from engine.events import (
+    AttemptFailed,
+    Event,
+    Lagged,
+    LogRecorded,
+    RunFinished,
+    RunQueued,
+    RunStarted,
+    RunStatusChanged,
+    StepFinished,
+    StepStarted,
+)
+from engine.text import printable
+
+from .console import local_times
+from .plain_text import one_line
+from .tracebacks import clean_error
+
+ERROR_CHARS = 200
+# What a moment is, to tell it once: ("attempt", step index, number), ("log", ...), ...
+Key = tuple[object, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Moment:
+    at: datetime
+    key: Key  # what it is, to tell it once
+    text: str
+
+
+@dataclass
+class RunFollower:
+    """What was told of one run so far; `news(run)` tells the rest, oldest first."""
+
+    tz: tzinfo | None = None
+    told: set[Key] = field(default_factory=set)
+    status: str | None = None  # the run's status last told (it can come back: waiting, running)
+
+    def know(self, run: Run) -> None:
+        """Take what `run` holds as told already (`blok-tui show` printed it)."""
+        self.told.update(moment.key for moment in moments(run))
+        self.status = str(run.status)
+
+    def news(self, run: Run, now: datetime) -> list[str]:
+        new = [moment for moment in moments(run) if moment.key not in self.told]
+        self.told.update(moment.key for moment in new)
+        status = str(run.status)
+        if status != self.status:
+            self.status = status
+            told = Moment(_status_moment(run, now), ("status",), _status_text(run))
+            if status == "running" and new:
+                # Back to running after a wait: it ran what is new, so it came first.
+                earliest = min(moment.at for moment in new)
+                new.insert(0, Moment(min(told.at, earliest), told.key, told.text))
+            else:
+                new.append(told)
+        new.sort(key=lambda moment: moment.at)
+        return [clock_line(moment.at, moment.text, self.tz) for moment in new]
+
+
+_OF_A_RUN = (
+    RunQueued,
+    RunStarted,
+    RunStatusChanged,
+    RunFinished,
+    StepStarted,
+    StepFinished,
+    AttemptFailed,
+    LogRecorded,
+)
+
+
+def may_change(event: Event, run_id: str) -> bool:
+    """Whether after `event` the run `run_id` may read differently: an event about it, or word
+    that this subscriber fell behind the events (then any run may have changed)."""
+    return isinstance(event, Lagged) or (isinstance(event, _OF_A_RUN) and event.run_id == run_id)
+
+
+def moments(run: Run) -> list[Moment]:
+    """Everything the record says happened to its steps, each with when it happened."""
+    found: list[Moment] = []
+    for step in run.steps:
+        name = _step_name(step)
+        for attempt in step.attempts:
+            of = f" of {step.max_attempts}" if step.max_attempts > 1 else ""
+            started = f"{name} started" if attempt.number == 1 and not of else ""
+            found.append(
+                Moment(
+                    attempt.started_at,
+                    ("attempt", step.index, attempt.number),
+                    started or f"{name} attempt {attempt.number}{of} started",
+                )
+            )
+            # A step of one attempt: its end says how the attempt failed.
+            if attempt.error and attempt.finished_at is not None and step.max_attempts > 1:
+                kind = f"{attempt.error_type}: " if attempt.error_type else ""
+                error = one_line(clean_error(f"{kind}{attempt.error}"), ERROR_CHARS)
+                then = (
+                    f"; next in {format_duration(attempt.backoff_ms)}" if attempt.backoff_ms else ""
+                )
+                found.append(
+                    Moment(
+                        attempt.finished_at,
+                        ("failed", step.index, attempt.number),
+                        f"{name} attempt {attempt.number}{of} {attempt.status}"
+                        f" after {_between(attempt.started_at, attempt.finished_at)}:"
+                        f" {error}{then}",
+                    )
+                )
+        ended = _step_end(step, name, run.created_at)
+        if ended is not None:
+            found.append(ended)
+        for line in step.logs:
+            found.append(_log_moment(line.ts, line.level, name, line.message, step.index))
+    for line in run.logs:
+        found.append(_log_moment(line.ts, line.level, "", line.message, None))
+    return found
+
+
+def _step_name(step: StepRun) -> str:
+    """The step's name, and for a nested step the group it sits in: a for_each's steps share
+    their names, one set an iteration."""
+    group = f" ({step.tags[0]})" if step.parent is not None and step.tags else ""
+    return printable(step.name + group)
+
+
+def _step_end(step: StepRun, name: str, fallback: datetime) -> Moment | None:
+    """The step's end, or its wait; `fallback`: when, for a record that does not say."""
+    status = str(step.status)
+    if status in ("pending", "running"):
+        return None
+    key: Key = ("step", step.index, status)
+    if status == "waiting":
+        until = f" until {step.wait_until.isoformat()}" if step.wait_until else ""
+        return Moment(step.started_at or fallback, key, f"{name} waiting{until}")
+    at = step.finished_at or step.started_at or fallback
+    text = f"{name} {status}"
+    if step.started_at is not None and step.finished_at is not None and status != "cached":
+        text += f" in {_between(step.started_at, step.finished_at)}"
+    if status == "cached" and step.cached_from:
+        text += f" from {step.cached_from}"
+    if step.error and status != "completed":
+        text += f": {one_line(clean_error(step.error), ERROR_CHARS)}"
+    return Moment(at, key, text)
+
+
+def _log_moment(ts: datetime, level: str, name: str, message: str, index: int | None) -> Moment:
+    key: Key = ("log", index, ts, level, message)
+    return Moment(ts, key, f"{level:<7}  {name or '-'}  {message}")
+
+
+def _status_moment(run: Run, now: datetime) -> datetime:
+    """When the run came to its status: its end, or about now (a record keeps no time for a
+    change back to running after a wait, and the follower reads it as soon as it is told)."""
+    return run.finished_at if run.finished_at is not None else now
+
+
+def _status_text(run: Run) -> str:
+    status = str(run.status)
+    text = f"run {status}"
+    if status == "running" and run.worker:
+        text += f" on {run.worker}"
+    if status == "waiting" and run.wait_until is not None:
+        text += f" until {run.wait_until.isoformat()}"
+    if status in ("delayed", "throttled") and run.run_at is not None:
+        text += f" until {run.run_at.isoformat()}"
+    if run.finished_at is not None and run.started_at is not None:
+        text += f" in {_between(run.started_at, run.finished_at)}"
+    if run.error:
+        text += f": {one_line(clean_error(run.error), ERROR_CHARS)}"
+    if status == "completed":
+        output = json.dumps(run.output, ensure_ascii=False, default=str)
+        text += f", output {one_line(output, ERROR_CHARS)}"
+    return text
+
+
+def _between(start: datetime, end: datetime) -> str:
+    return format_duration(max(0.0, (end - start).total_seconds() * 1000))
+
+
+def clock_line(at: datetime, text: str, tz: tzinfo | None = None) -> str:
+    """`text` after the time `at` (in `tz`, None: this machine's), its further lines indented
+    under its first."""
+    when = at.astimezone(tz).strftime("%H:%M:%S.%f")[:-3]
+    text = local_times(printable(text), tz)
+    first, *rest = text.splitlines() or [""]
+    return "\n".join([f"{when}  {first}", *(" " * 14 + line for line in rest)])

@@ -1,0 +1,270 @@
+"""`blok-tui show RUN_ID --follow`: the run as `show` prints it, then one line a moment until it
+ends, through the job's next delivery when a failed one is retried; against a real worker
+process, and the follower's lines from hand-made records."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from cli_helpers import Follower, blok, cli_env, eventually, start_worker
+
+from blok_tui.run_follow import RunFollower
+from engine import Attempt, LogLine, Run, RunStatus, StepRun, StepStatus
+from engine.ledger import make_job, make_run
+
+FOLLOWED = """
+from pathlib import Path
+
+import anyio
+from engine import Retry, Step, Workflow, WorkerTrigger
+
+
+async def hold(ctx):
+    ctx.logger.info("holding until %s exists", Path(ctx.body["release"]).name)
+    while not await anyio.Path(ctx.body["release"]).exists():
+        await anyio.sleep(0.02)
+    return {"held": True}
+
+
+def flaky(ctx):
+    if ctx.attempt == 1:
+        raise ValueError("not yet")
+    return 2
+
+
+def boom(ctx):
+    marker = Path(ctx.body["marker"])
+    if not marker.exists():
+        marker.touch()
+        raise RuntimeError("the first delivery fails")
+    return {"done": True}
+
+
+workflow = Workflow(
+    name="follow.me",
+    trigger=WorkerTrigger(queue="follow", concurrency=2),
+    steps=[
+        Step("hold", hold),
+        Step("flaky", flaky, retry=Retry(max_attempts=2, min_timeout="1ms")),
+        Step("boom", boom),
+    ],
+)
+"""
+
+
+@pytest.fixture
+def shop(tmp_path: Path) -> tuple[Path, Path]:
+    (tmp_path / "workflows").mkdir()
+    (tmp_path / "workflows" / "follow.py").write_text(FOLLOWED)
+    return tmp_path / "blok.db", tmp_path / "workflows"
+
+
+def _after(lines: list[str], *texts: str) -> None:
+    """Each of `texts` is in a line after the line of the one before."""
+    at = -1
+    for text in texts:
+        found = [i for i, line in enumerate(lines) if text in line and i > at]
+        assert found, f"{text!r} not after line {at} in:\n" + "\n".join(lines)
+        at = found[0]
+
+
+def test_follow_tells_each_moment_through_the_jobs_next_delivery_and_exits_0(
+    shop: tuple[Path, Path],
+) -> None:
+    database, workflows = shop
+    release, marker = database.parent / "release", database.parent / "marker"
+    worker = start_worker(database, workflows)
+    try:
+        job = blok(
+            "enqueue",
+            "follow",
+            f'{{"release": "{release}", "marker": "{marker}"}}',
+            "--retries",
+            "1",
+            "--db",
+            database,
+        )
+        assert job.returncode == 0, job.stderr
+        job_id = job.stdout.strip()
+        # Followed by its job's id, while its first step holds: `show`'s text, then the news.
+        eventually(lambda: "holding until" in blok("show", job_id, "--db", database).stdout)
+        follower = Follower(job_id, "--db", database)
+        before = follower.read_until("FOLLOWING")
+        assert "status     running" in "\n".join(before), before
+        release.touch()
+        code, lines, stderr = follower.finish()
+    finally:
+        assert worker.stop() == 0, worker.stderr()
+    assert code == 0, stderr
+    news = lines[lines.index("FOLLOWING (ctrl-c stops)") + 1 :]
+    _after(
+        news,
+        "hold completed in",
+        "flaky attempt 1 of 2 started",
+        "flaky attempt 1 of 2 failed after",
+        "flaky completed in",
+        "boom started",
+        "boom failed in",
+        "run failed",
+        f"job {job_id} goes on: delivery 2 of 2 is run ",
+        "run completed in",
+    )
+    # Every moment once, stamped HH:MM:SS.mmm, the log's lines with their level and step.
+    assert all(line[2] == ":" and line[8] == "." for line in news if line), news
+    assert sum("hold completed" in line for line in news) == 2  # once a delivery
+    assert any("info     hold  holding until release exists" in line for line in news), "\n".join(
+        lines
+    )
+    assert "ValueError: not yet" in "\n".join(news)
+    # A step of one attempt: its end says how it failed, no line for the attempt too.
+    assert not any("boom attempt" in line for line in news), news
+
+
+def test_follow_exits_1_when_the_run_ends_otherwise(shop: tuple[Path, Path]) -> None:
+    database, workflows = shop
+    release = database.parent / "release"
+    worker = start_worker(database, workflows)
+    try:
+        job = blok(
+            "enqueue",
+            "follow",
+            f'{{"release": "{release}", "marker": "{release}.marker"}}',
+            "--db",
+            database,
+        )
+        follower = Follower(job.stdout.strip(), "--db", database)
+        follower.read_until("FOLLOWING")
+        run_id = next(line.split()[1] for line in follower.lines if line.startswith("run "))
+        cancelled = blok("cancel", run_id, "--db", database)
+        assert cancelled.returncode == 0, cancelled.stderr
+        code, lines, stderr = follower.finish()
+    finally:
+        assert worker.stop() == 0, worker.stderr()
+    assert code == 1
+    assert any("run cancelled" in line for line in lines), lines
+    assert stderr.strip() == f"blok-tui: error: run {run_id} cancelled (blok-tui show {run_id})"
+
+
+def test_follow_of_a_run_that_ended_prints_it_and_stops(shop: tuple[Path, Path]) -> None:
+    database, workflows = shop
+    release = database.parent / "release"
+    release.touch()
+    worker = start_worker(database, workflows)
+    try:
+        done = blok(
+            "enqueue",
+            "follow",
+            f'{{"release": "{release}", "marker": "{release}.marker"}}',
+            "--wait",
+            "--db",
+            database,
+        )
+        assert done.returncode == 1, done.stdout  # the first delivery fails, with no retries
+    finally:
+        assert worker.stop() == 0, worker.stderr()
+    run_id = done.stderr.split()[3]  # "blok-tui: error: run RUN_ID failed: ..."
+    shown = subprocess.run(
+        [sys.executable, "-m", "blok_tui", "show", run_id, "-f", "--db", str(database)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=cli_env(),
+    )
+    assert shown.returncode == 1, shown.stderr
+    # `show`'s text, with nothing to follow after it.
+    assert shown.stdout.startswith(f"run        {run_id}\n"), shown.stdout
+    assert "FOLLOWING" not in shown.stdout
+    assert f"run {run_id} failed" in shown.stderr
+
+
+def test_follow_and_json_together_are_refused(tmp_path: Path) -> None:
+    done = blok("show", "run_x", "--follow", "--json", "--db", tmp_path / "none.db")
+    assert done.returncode == 2
+    assert "--follow prints lines, not JSON" in done.stderr
+
+
+# ---- the follower's lines, from hand-made records --------------------------------------------
+T0 = datetime(2026, 12, 5, 12, 0, 0, tzinfo=UTC)
+
+
+def _run() -> Run:
+    job = make_job(
+        queue="q",
+        workflow_name="w",
+        payload={},
+        headers=None,
+        priority=0,
+        run_at=None,
+        max_retries=0,
+        now=T0,
+    )
+    run = make_run(job, workflow_version="v1", status=RunStatus.RUNNING, created_at=T0)
+    run.started_at = T0
+    run.steps = [
+        StepRun(index=0, name="fetch", status=StepStatus.RUNNING, started_at=T0, max_attempts=3),
+        StepRun(index=1, name="each", kind="for_each", status=StepStatus.PENDING),
+    ]
+    run.steps[0].attempts = [Attempt(number=1, started_at=T0)]
+    return run
+
+
+def test_news_tells_only_what_is_new_oldest_first() -> None:
+    run = _run()
+    follower = RunFollower(tz=UTC)
+    follower.know(run)
+    assert follower.news(run, T0) == []
+    fetch = run.steps[0]
+    first = fetch.attempts[0]
+    first.status, first.finished_at = "failed", T0 + timedelta(seconds=1)  # type: ignore[assignment]
+    first.error, first.error_type, first.backoff_ms = "timeout", "TimeoutError", 500
+    fetch.attempts.append(Attempt(number=2, started_at=T0 + timedelta(seconds=1.5)))
+    fetch.logs.append(
+        LogLine(ts=T0 + timedelta(seconds=1.2), level="WARNING", message="slow\nvery slow", step=0)
+    )
+    assert follower.news(run, T0) == [
+        "12:00:01.000  fetch attempt 1 of 3 failed after 1.0s: TimeoutError: timeout; next in 500ms",
+        "12:00:01.200  WARNING  fetch  slow\n              very slow",
+        "12:00:01.500  fetch attempt 2 of 3 started",
+    ]
+    assert follower.news(run, T0) == []
+
+
+def test_news_names_a_nested_step_by_its_group_and_tells_each_status_change() -> None:
+    run = _run()
+    follower = RunFollower(tz=UTC)
+    follower.know(run)
+    at = T0 + timedelta(seconds=2)
+    run.steps.append(
+        StepRun(
+            index=2,
+            name="pack",
+            status=StepStatus.COMPLETED,
+            started_at=at,
+            finished_at=at,
+            parent=1,
+            tags=["iteration 2"],
+        )
+    )
+    run.status, run.wait_until = RunStatus.WAITING, T0 + timedelta(minutes=5)
+    assert follower.news(run, at + timedelta(seconds=1)) == [
+        "12:00:02.000  pack (iteration 2) completed in 0ms",
+        "12:00:03.000  run waiting until 12:05:00",
+    ]
+    # Back to running: told before the step it went on with, though read after it.
+    run.status, run.wait_until, run.worker = RunStatus.RUNNING, None, "host:7:w"
+    run.steps.append(StepRun(index=3, name="ship", status=StepStatus.RUNNING, started_at=at))
+    run.steps[3].attempts = [Attempt(number=1, started_at=at + timedelta(seconds=3))]
+    assert follower.news(run, at + timedelta(seconds=9)) == [
+        "12:00:05.000  run running on host:7:w",
+        "12:00:05.000  ship started",
+    ]
+    run.status, run.wait_until = RunStatus.WAITING, None
+    assert follower.news(run, at + timedelta(seconds=9)) == ["12:00:11.000  run waiting"]
+    run.status, run.finished_at, run.output = RunStatus.COMPLETED, at + timedelta(seconds=10), 1
+    assert follower.news(run, at + timedelta(seconds=60)) == [
+        "12:00:12.000  run completed in 12.0s, output 1"
+    ]
