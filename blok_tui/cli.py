@@ -622,8 +622,10 @@ async def _worker(args: argparse.Namespace) -> None:
     logging.basicConfig(
         level=args.log_level,
         stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        format="%(asctime)s %(levelname)s %(name)s%(where)s: %(message)s",
     )
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_name_the_run)
     folder, _ = _workflows(args)
     database = None if args.memory else _database(args)
     watch = not args.no_watch and _can_watch()
@@ -673,6 +675,14 @@ async def _worker(args: argparse.Namespace) -> None:
     if endpoint is not None:
         endpoint.stop()
     log.info("worker %s stopped", engine.worker.id)
+
+
+def _name_the_run(record: logging.LogRecord) -> bool:
+    """A run's log line on the worker's stderr says which run and step wrote it (the attributes
+    the engine sets on it): with many runs at once, the lines of one are found with grep."""
+    run_id, step = record.__dict__.get("run_id"), record.__dict__.get("step")
+    record.where = f" [{run_id}{' ' + step if step else ''}]" if run_id else ""
+    return True
 
 
 def _serve_metrics(args: argparse.Namespace) -> Any:

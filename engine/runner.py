@@ -274,12 +274,13 @@ class Runner:
             if record.exc_info:
                 message += "\n" + user_names("".join(traceback.format_exception(*record.exc_info)))
             current = context()
-            line = LogLine.model_construct(
-                ts=datetime.fromtimestamp(record.created, UTC),
-                level=record.levelname.lower(),
-                message=message,
-                step=current.step_index if current is not None else None,
-            )
+            index = current.step_index if current is not None else None
+            ts, level = datetime.fromtimestamp(record.created, UTC), record.levelname.lower()
+            line = LogLine.model_construct(ts=ts, level=level, message=message, step=index)
+            # Which run and step wrote it, for the handlers it goes on to (a worker's stderr).
+            steps = run.steps
+            record.run_id = run.id
+            record.step = steps[index].name if index is not None and index < len(steps) else None
             self.add_log(run, line)
 
         return sink

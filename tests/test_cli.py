@@ -110,6 +110,22 @@ def test_enqueue_wait_prints_the_output_or_exits_1_with_the_runs_error(
     assert blok_json("show", run_id, "--json", "--db", database)["status"] == "failed"
 
 
+def test_a_runs_log_line_on_the_workers_stderr_names_its_run_and_step(
+    served: tuple[Path, Worker],
+) -> None:
+    database, worker = served
+    done = blok("enqueue", "naps", '{"seconds": 0.07}', "--wait", "--db", database)
+    assert done.returncode == 0, done.stderr
+    run_id = blok_json("runs", "--json", "--limit", "1", "--db", database)[0]["id"]
+    line = eventually(
+        lambda: next((x for x in worker.stderr().splitlines() if "napping 0.07 s" in x), None)
+    )
+    assert line.endswith(f" INFO blok.run.test.nap [{run_id} nap]: napping 0.07 s"), line
+    # A line that is not a run's is as it was.
+    kept = next(x for x in worker.stderr().splitlines() if "runs that ended are kept" in x)
+    assert kept.endswith(" INFO blok.cli: runs that ended are kept for 7d (--retention)"), kept
+
+
 def test_a_filter_by_a_name_no_worker_declared_says_so(served: tuple[Path, Worker]) -> None:
     database, _ = served
     typo = blok("runs", "--workflow", "test.npa", "--db", database)
