@@ -834,7 +834,7 @@ async def _follow(args: argparse.Namespace) -> None:
                     break
                 run = await engine.get_run(job.run_id)
                 went_on = f"delivery {run.job_attempt} of {job.max_retries + 1} is run {run.id}"
-                print(clock_line(engine.now(), f"job {job.id} goes on: {went_on}"), flush=True)
+                print(clock_line(run.created_at, f"job {job.id} goes on: {went_on}"), flush=True)
                 follower = RunFollower()
             else:
                 await _next_change(events, run.id)

@@ -68,6 +68,10 @@ class RunFollower:
                 # Back to running after a wait: it ran what is new, so it came first.
                 earliest = min(moment.at for moment in new)
                 new.insert(0, Moment(min(told.at, earliest), told.key, told.text))
+            elif run.terminal and new:
+                # Its end comes after its steps' ends, though the record may say a sub-ms earlier.
+                latest = max(moment.at for moment in new)
+                new.append(Moment(max(told.at, latest), told.key, told.text))
             else:
                 new.append(told)
         new.sort(key=lambda moment: moment.at)

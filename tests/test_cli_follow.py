@@ -124,6 +124,39 @@ def test_follow_tells_each_moment_through_the_jobs_next_delivery_and_exits_0(
     assert not any("boom attempt" in line for line in news), news
 
 
+def test_follow_tells_a_crash_and_the_delivery_that_recovered_it(shop: tuple[Path, Path]) -> None:
+    """kill -9 the worker under a followed run: the follower tells the crash a second worker
+    finds, and follows the job's next delivery to its end."""
+    database, workflows = shop
+    release, marker = database.parent / "release", database.parent / "marker"
+    marker.touch()  # no failure of its own: only the crash
+    first = start_worker(database, workflows, "--lease", "1s", name="first")
+    payload = f'{{"release": "{release}", "marker": "{marker}"}}'
+    job_id = blok("enqueue", "follow", payload, "--retries", "1", "--db", database).stdout.strip()
+    eventually(lambda: "holding until" in blok("show", job_id, "--db", database).stdout)
+    follower = Follower(job_id, "--db", database)
+    follower.read_until("FOLLOWING")
+    first.process.kill()
+    first.process.wait()
+    release.touch()
+    second = start_worker(database, workflows, "--lease", "1s", name="second")
+    try:
+        code, lines, stderr = follower.finish()
+    finally:
+        assert second.stop() == 0, second.stderr()
+    assert code == 0, stderr
+    news = lines[lines.index("FOLLOWING (ctrl-c stops)") + 1 :]
+    _after(
+        news,
+        "run crashed in",
+        f"job {job_id} goes on: delivery 2 of 2 is run ",
+        "hold completed in",
+        "run completed in",
+    )
+    # Told in time order, the crash after the step it cut short.
+    assert [line[:12] for line in news] == sorted(line[:12] for line in news), news
+
+
 def test_follow_exits_1_when_the_run_ends_otherwise(shop: tuple[Path, Path]) -> None:
     database, workflows = shop
     release = database.parent / "release"
@@ -267,4 +300,21 @@ def test_news_names_a_nested_step_by_its_group_and_tells_each_status_change() ->
     run.status, run.finished_at, run.output = RunStatus.COMPLETED, at + timedelta(seconds=10), 1
     assert follower.news(run, at + timedelta(seconds=60)) == [
         "12:00:12.000  run completed in 12.0s, output 1"
+    ]
+
+
+def test_news_tells_a_runs_end_after_its_steps_ends() -> None:
+    """The run's record may say it ended a hair before its last step did (recovery closes the
+    run, then its open steps): its end is still told last."""
+    run = _run()
+    follower = RunFollower(tz=UTC)
+    follower.know(run)
+    fetch = run.steps[0]
+    fetch.status, fetch.finished_at = StepStatus.FAILED, T0 + timedelta(seconds=3, microseconds=900)
+    fetch.error = "crashed: its worker died"
+    run.status, run.finished_at = RunStatus.CRASHED, T0 + timedelta(seconds=3, microseconds=400)
+    run.error = "crashed: its worker died"
+    assert follower.news(run, T0 + timedelta(seconds=4)) == [
+        "12:00:03.000  fetch failed in 3.0s: crashed: its worker died",
+        "12:00:03.000  run crashed in 3.0s: crashed: its worker died",
     ]
