@@ -787,12 +787,20 @@ async def _show(args: argparse.Namespace) -> None:
         run = await engine.find_run(args.run_id)
         now = engine.now()
         job = await _job_of(engine, run)
+        why = await _why(engine, run)
     if args.json:
         print(json.dumps(run.model_dump(mode="json", exclude={"state", "cursor"}), indent=2))
         return
     from .run_text import run_text
 
-    print(run_text(run, now, job=job))
+    print(run_text(run, now, job=job, why=why))
+
+
+async def _why(engine: Any, run: Any) -> Any:
+    """What a run that has not started, or goes on later, waits for; None for the others."""
+    from engine.models import PENDING_RUN_STATUSES
+
+    return await engine.why_waiting(run.id) if run.status in PENDING_RUN_STATUSES else None
 
 
 async def _job_of(engine: Any, run: Any) -> Any:
@@ -812,7 +820,7 @@ async def _follow(args: argparse.Namespace) -> None:
     from engine import Engine, EngineError, RunStatus
 
     from .run_follow import RunFollower, clock_line
-    from .run_text import run_text
+    from .run_text import run_text, why_line
 
     # An engine that follows the database: its events say when a run changed, and the
     # follower re-reads the run then (the lines come from the record, not the events).
@@ -821,8 +829,8 @@ async def _follow(args: argparse.Namespace) -> None:
         engine.events() as events,  # subscribed before the first read: nothing falls between
     ):
         run = await engine.find_run(args.run_id)
-        job = await _job_of(engine, run)
-        print(run_text(run, engine.now(), job=job), flush=True)
+        job, why = await _job_of(engine, run), await _why(engine, run)
+        print(run_text(run, engine.now(), job=job, why=why), flush=True)
         if not run.terminal or await _goes_on(engine, run):
             print("", "FOLLOWING (ctrl-c stops)", sep="\n", flush=True)
         follower = RunFollower()
@@ -839,8 +847,12 @@ async def _follow(args: argparse.Namespace) -> None:
             else:
                 await _next_change(events, run.id)
                 run = await engine.get_run(run.id)
+            told = follower.status
             for line in follower.news(run, engine.now()):
                 print(line, flush=True)
+            why = await _why(engine, run) if follower.status != told else None
+            if why is not None:  # a new wait, a delay, a gate: what it waits for
+                print(clock_line(engine.now(), f"why: {why_line(run, why, None)}"), flush=True)
     if run.status is not RunStatus.COMPLETED:
         raise EngineError(f"run {run.id} {run.status} (blok-tui show {run.id})")
 

@@ -8,11 +8,12 @@ No Textual and no colour here: the text is the same in a terminal and in a file.
 from __future__ import annotations
 
 import json
+import shlex
 from datetime import datetime, tzinfo
 from pathlib import Path
 from typing import Any
 
-from engine import Attempt, Job, JobState, Run, StepRun, format_duration
+from engine import Attempt, Job, JobState, Run, StepRun, WaitReason, format_duration
 from engine.text import printable
 
 from .console import local_times
@@ -30,13 +31,17 @@ def run_text(
     now: datetime,
     *,
     job: Job | None = None,
+    why: WaitReason | None = None,
     tz: tzinfo | None = None,
     cwd: Path | None = None,
 ) -> str:
     """The whole text, lines joined. `now`: the moment a running step's time runs to (the
     engine's clock); `job`: the run's job, if it is still kept (its deliveries, its fate);
-    `tz`: the time zone times are shown in (None: this machine's)."""
+    `why`: what a run that has not started or goes on later waits for (`why_waiting`); `tz`:
+    the time zone times are shown in (None: this machine's)."""
     lines = _facts(run, now, job, tz)
+    if why is not None:
+        lines.insert(2, f"{'why':<{LABEL}} {why_line(run, why, tz)}")
     if run.steps:
         lines += ["", *_steps_table(run, now, tz)]
     failures = _failures(run, cwd)
@@ -89,6 +94,15 @@ def _facts(run: Run, now: datetime, job: Job | None, tz: tzinfo | None) -> list[
     if run.output is not None or str(run.status) == "completed":
         facts.append(("output", _value(run.output)))
     return [f"{label:<{LABEL}} {printable(text)}" for label, text in facts]
+
+
+def why_line(run: Run, why: WaitReason, tz: tzinfo | None) -> str:
+    """What the run waits for, in the engine's words with this machine's clock; for an event,
+    the command that sends it."""
+    text = local_times(printable(clean_error(why.summary)), tz)
+    if why.gate == "event" and why.event is not None:
+        text += f"; send it: blok-tui send {run.id} {printable(shlex.quote(why.event))} JSON"
+    return text
 
 
 def _fate(run: Run, job: Job | None) -> str:

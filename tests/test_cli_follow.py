@@ -111,6 +111,8 @@ def test_follow_tells_each_moment_through_the_jobs_next_delivery_and_exits_0(
         "boom failed in",
         "run failed",
         f"job {job_id} goes on: delivery 2 of 2 is run ",
+        "run delayed until",
+        "why: job attempt 1 failed: the next one starts at ",
         "run completed in",
     )
     # Every moment once, stamped HH:MM:SS.mmm, the log's lines with their level and step.

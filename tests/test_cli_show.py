@@ -4,6 +4,7 @@ database a worker wrote; and the text itself, for runs in each state."""
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
@@ -14,7 +15,7 @@ import pytest
 from cli_helpers import blok, blok_json, cli_env
 
 from blok_tui.run_text import run_text
-from engine import Engine, JobState, Run
+from engine import Engine, JobState, Run, RunStatusChanged, WaitReason
 from engine.ledger import make_job
 from engine.records import assign
 
@@ -327,3 +328,67 @@ def test_a_run_is_found_by_the_start_of_its_id_or_by_its_job(
     assert blok("show", "job_nope", "--db", database).stderr.strip() == (
         "blok-tui: error: unknown job 'job_nope'"
     )
+
+
+WAITS_FOR_AN_EVENT = """
+from engine import Step, Workflow, WorkerTrigger, wait
+
+workflow = Workflow(
+    name="ev.ship",
+    trigger=WorkerTrigger(queue="ship"),
+    steps=[
+        Step("prepare", lambda ctx: 1),
+        wait.for_event("approved by", timeout="1h", name="approval"),
+        Step("ship", lambda ctx: ctx.state["approval"]),
+    ],
+)
+"""
+
+
+def test_show_says_what_a_run_waits_for_and_the_command_that_sends_its_event(
+    tmp_path: Path,
+) -> None:
+    """A run waiting for an event: `show` says which, until when, and the `send` command to
+    type; typed (with its JSON), it lets the run go on."""
+    (tmp_path / "workflows").mkdir()
+    (tmp_path / "workflows" / "ev.py").write_text(WAITS_FOR_AN_EVENT)
+    database = tmp_path / "blok.db"
+
+    async def main() -> tuple[str, Run]:
+        async with Engine(workflows=tmp_path / "workflows", database=database) as engine:
+            events = engine.events()
+            job_id = await engine.enqueue("ship", {})
+            with anyio.fail_after(10):
+                async for event in events:
+                    if isinstance(event, RunStatusChanged) and event.status == "waiting":
+                        break
+            shown = await anyio.to_thread.run_sync(
+                lambda: _show(job_id, "--db", database, cwd=tmp_path)
+            )
+            assert shown.returncode == 0, shown.stderr
+            why = next(line for line in shown.stdout.splitlines() if line.startswith("why "))
+            command = why.split("send it: ")[1].replace("JSON", """'{"by": "ann"}'""")
+            sent = await anyio.to_thread.run_sync(
+                lambda: blok(*shlex.split(command)[1:], "--db", database)
+            )
+            assert sent.returncode == 0, sent.stderr
+            return why, await engine.wait_for_job(job_id, timeout=10)
+
+    why, run = anyio.run(main)
+    assert why.startswith("why        waiting for event 'approved by' until "), why
+    assert why.endswith(f"; send it: blok-tui send {run.id} 'approved by' JSON"), why
+    assert (run.status, run.output) == ("completed", {"by": "ann"})
+
+
+def test_show_says_why_a_queued_run_has_not_started() -> None:
+    queued = _run("queued", started_at=None)
+    why = WaitReason(
+        queued.id, queued.status, "paused", "queue 'orders' is paused: nothing new starts"
+    )
+    lines = run_text(queued, queued.created_at, why=why, tz=UTC).splitlines()
+    assert lines[:3] == [
+        "run        run_1",
+        "status     queued",
+        "why        queue 'orders' is paused: nothing new starts",
+    ]
+    assert "why" not in run_text(queued, queued.created_at, tz=UTC)
