@@ -24,7 +24,8 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -395,11 +396,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="the W3C trace context the run joins (default: $TRACEPARENT), e.g. "
         "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
     )
-    enqueue.add_argument(
+    after = enqueue.add_mutually_exclusive_group()
+    after.add_argument(
         "--wait",
         action="store_true",
         help="wait for the job to end (through its retries), print its run's output as JSON "
         "and exit 0 if it completed; else exit 1 with the run's error",
+    )
+    after.add_argument(
+        "--follow",
+        "-f",
+        action="store_true",
+        help="then print what happens to its run, one line a moment, as show --follow does",
     )
     db_option(enqueue, keep)
 
@@ -700,6 +708,9 @@ def _serve_metrics(args: argparse.Namespace) -> Any:
 
 
 async def _enqueue(args: argparse.Namespace) -> None:
+    if args.follow:
+        await _enqueue_and_follow(args)
+        return
     async with _client(args) as engine:
         headers = {"traceparent": args.traceparent} if args.traceparent else None
         job_id = await engine.enqueue(
@@ -722,6 +733,26 @@ async def _enqueue(args: argparse.Namespace) -> None:
         error = run.error or str(run.status)
         raise EngineError(f"run {run.id} {run.status}: {error} (blok-tui show {run.id})")
     print(json.dumps(run.output, ensure_ascii=False))
+
+
+async def _enqueue_and_follow(args: argparse.Namespace) -> None:
+    """`enqueue --follow`: the job, then what happens to its run, as `show --follow` tells it."""
+    from .run_follow import RunFollower, clock_line, follow
+
+    async with _following(args) as (engine, events):
+        job_id = await engine.enqueue(
+            args.queue,
+            args.payload,
+            priority=args.priority,
+            delay=args.delay,
+            headers={"traceparent": args.traceparent} if args.traceparent else None,
+            retries=args.retries,
+            timeout=args.timeout,
+        )
+        run = await engine.get_run((await engine.get_job(job_id)).run_id)
+        _say(clock_line(run.created_at, f"job {job_id} is run {run.id} (ctrl-c stops following)"))
+        run = await follow(engine, events, run, RunFollower(), _say)
+    _refuse_unless_completed(run)
 
 
 async def _runs(args: argparse.Namespace) -> None:
@@ -783,11 +814,12 @@ async def _show(args: argparse.Namespace) -> None:
             raise UsageError("--follow prints lines, not JSON: give one of them", "blok-tui show")
         await _follow(args)
         return
+    from .run_follow import job_of, why_held
+
     async with _client(args) as engine:
         run = await engine.find_run(args.run_id)
         now = engine.now()
-        job = await _job_of(engine, run)
-        why = await _why(engine, run)
+        job, why = await job_of(engine, run), await why_held(engine, run)
     if args.json:
         print(json.dumps(run.model_dump(mode="json", exclude={"state", "cursor"}), indent=2))
         return
@@ -796,81 +828,46 @@ async def _show(args: argparse.Namespace) -> None:
     print(run_text(run, now, job=job, why=why))
 
 
-async def _why(engine: Any, run: Any) -> Any:
-    """What a run that has not started, or goes on later, waits for; None for the others."""
-    from engine.models import PENDING_RUN_STATUSES
-
-    return await engine.why_waiting(run.id) if run.status in PENDING_RUN_STATUSES else None
-
-
-async def _job_of(engine: Any, run: Any) -> Any:
-    """The run's job, or None once it is purged with the runs that ended before the
-    retention."""
-    from engine import UnknownJob
-
-    try:
-        return await engine.get_job(run.job_id)
-    except UnknownJob:
-        return None
-
-
 async def _follow(args: argparse.Namespace) -> None:
-    """`show --follow`: the run as `show` prints it, then what happens to it, until it ends; a
-    failed delivery whose job is retried is followed by the next one."""
-    from engine import Engine, EngineError, RunStatus
+    """`show --follow`: the run as `show` prints it, then what happens to it until it ends."""
+    from .run_follow import RunFollower, follow, goes_on, job_of, why_held
+    from .run_text import run_text
 
-    from .run_follow import RunFollower, clock_line
-    from .run_text import run_text, why_line
-
-    # An engine that follows the database: its events say when a run changed, and the
-    # follower re-reads the run then (the lines come from the record, not the events).
-    async with (
-        Engine(database=_database(args), create=False, follow=True) as engine,
-        engine.events() as events,  # subscribed before the first read: nothing falls between
-    ):
+    async with _following(args) as (engine, events):
         run = await engine.find_run(args.run_id)
-        job, why = await _job_of(engine, run), await _why(engine, run)
-        print(run_text(run, engine.now(), job=job, why=why), flush=True)
-        if not run.terminal or await _goes_on(engine, run):
-            print("", "FOLLOWING (ctrl-c stops)", sep="\n", flush=True)
+        job, why = await job_of(engine, run), await why_held(engine, run)
+        _say(run_text(run, engine.now(), job=job, why=why))
+        if not run.terminal or await goes_on(engine, run):
+            _say("\nFOLLOWING (ctrl-c stops)")
         follower = RunFollower()
         follower.know(run)
-        while True:
-            if run.terminal:
-                job = await _goes_on(engine, run)
-                if job is None:
-                    break
-                run = await engine.get_run(job.run_id)
-                went_on = f"delivery {run.job_attempt} of {job.max_retries + 1} is run {run.id}"
-                print(clock_line(run.created_at, f"job {job.id} goes on: {went_on}"), flush=True)
-                follower = RunFollower()
-            else:
-                await _next_change(events, run.id)
-                run = await engine.get_run(run.id)
-            told = follower.status
-            for line in follower.news(run, engine.now()):
-                print(line, flush=True)
-            why = await _why(engine, run) if follower.status != told else None
-            if why is not None:  # a new wait, a delay, a gate: what it waits for
-                print(clock_line(engine.now(), f"why: {why_line(run, why, None)}"), flush=True)
+        run = await follow(engine, events, run, follower, _say)
+    _refuse_unless_completed(run)
+
+
+@asynccontextmanager
+async def _following(args: argparse.Namespace) -> AsyncIterator[tuple[Any, Any]]:
+    """An engine that follows the database, and its events: they say when a run changed (the
+    follower re-reads the run then), subscribed before anything is read, so that nothing
+    falls between."""
+    from engine import Engine
+
+    async with (
+        Engine(database=_database(args), create=False, follow=True) as engine,
+        engine.events() as events,
+    ):
+        yield engine, events
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)  # as it happens, through a pipe too
+
+
+def _refuse_unless_completed(run: Any) -> None:
+    from engine import EngineError, RunStatus
+
     if run.status is not RunStatus.COMPLETED:
         raise EngineError(f"run {run.id} {run.status} (blok-tui show {run.id})")
-
-
-async def _goes_on(engine: Any, run: Any) -> Any:
-    """The job of a run that ended, if it went on as another run (a retry, a requeue)."""
-    job = await _job_of(engine, run)
-    return job if job is not None and job.run_id != run.id else None
-
-
-async def _next_change(events: Any, run_id: str) -> None:
-    """Wait until an event says the run changed (or the follower fell behind the events, and
-    anything may have)."""
-    from .run_follow import may_change
-
-    async for event in events:
-        if may_change(event, run_id):
-            return
 
 
 async def _cancel(args: argparse.Namespace) -> None:

@@ -10,10 +10,12 @@ are followed alike. No Textual here: the text is the same in a terminal and in a
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, tzinfo
 
-from engine import Run, StepRun, format_duration
+from engine import Job, Run, StepRun, UnknownJob, WaitReason, format_duration
+from engine.api import EngineAPI
 from engine.events import (
     AttemptFailed,
     Event,
@@ -25,11 +27,14 @@ from engine.events import (
     RunStatusChanged,
     StepFinished,
     StepStarted,
+    Subscription,
 )
+from engine.models import PENDING_RUN_STATUSES
 from engine.text import printable
 
 from .console import local_times
 from .plain_text import one_line
+from .run_text import why_line
 from .tracebacks import clean_error
 
 ERROR_CHARS = 200
@@ -76,6 +81,64 @@ class RunFollower:
                 new.append(told)
         new.sort(key=lambda moment: moment.at)
         return [clock_line(moment.at, moment.text, self.tz) for moment in new]
+
+
+async def follow(
+    engine: EngineAPI,
+    events: Subscription,
+    run: Run,
+    follower: RunFollower,
+    say: Callable[[str], None],
+) -> Run:
+    """Tell `say` what happens to `run` until it ends, then to each delivery its job goes on
+    with (a retry, a recovery after a crash); the last delivery's run, ended. `events` must
+    be subscribed before `run` was read: a change between the two wakes the first wait."""
+    while True:
+        if run.terminal:
+            job = await goes_on(engine, run)
+            if job is None:
+                return run
+            run = await engine.get_run(job.run_id)
+            went_on = f"delivery {run.job_attempt} of {job.max_retries + 1} is run {run.id}"
+            say(clock_line(run.created_at, f"job {job.id} goes on: {went_on}", follower.tz))
+            follower = RunFollower(tz=follower.tz)
+        else:
+            await _next_change(events, run.id)
+            run = await engine.get_run(run.id)
+        told = follower.status
+        for line in follower.news(run, engine.now()):
+            say(line)
+        why = await why_held(engine, run) if follower.status != told else None
+        if why is not None:  # a new wait, a delay, a gate: what it waits for
+            say(clock_line(engine.now(), f"why: {why_line(run, why, follower.tz)}", follower.tz))
+
+
+async def job_of(engine: EngineAPI, run: Run) -> Job | None:
+    """The run's job, or None once it was purged with the runs that ended before the
+    retention."""
+    try:
+        return await engine.get_job(run.job_id)
+    except UnknownJob:
+        return None
+
+
+async def goes_on(engine: EngineAPI, run: Run) -> Job | None:
+    """The job of a run that ended, if it went on as another run (a retry, a requeue)."""
+    job = await job_of(engine, run)
+    return job if job is not None and job.run_id != run.id else None
+
+
+async def why_held(engine: EngineAPI, run: Run) -> WaitReason | None:
+    """What a run that has not started, or goes on later, waits for; None for the others."""
+    return await engine.why_waiting(run.id) if run.status in PENDING_RUN_STATUSES else None
+
+
+async def _next_change(events: Subscription, run_id: str) -> None:
+    """Wait until an event says the run changed (or the follower fell behind the events, and
+    anything may have)."""
+    async for event in events:
+        if may_change(event, run_id):
+            return
 
 
 _OF_A_RUN = (

@@ -216,6 +216,28 @@ def test_follow_of_a_run_that_ended_prints_it_and_stops(shop: tuple[Path, Path])
     assert f"run {run_id} failed" in shown.stderr
 
 
+def test_enqueue_follow_tells_the_new_run_from_its_start(shop: tuple[Path, Path]) -> None:
+    database, workflows = shop
+    release, marker = database.parent / "release", database.parent / "marker"
+    release.touch()
+    marker.touch()
+    worker = start_worker(database, workflows)
+    try:
+        payload = f'{{"release": "{release}", "marker": "{marker}"}}'
+        done = blok("enqueue", "follow", payload, "--follow", "--db", database)
+    finally:
+        assert worker.stop() == 0, worker.stderr()
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    first = lines[0][14:].split()
+    assert (first[0], first[2], first[3]) == ("job", "is", "run"), lines
+    job_id, run_id = first[1], first[4]
+    assert run_id.startswith("run_") and run_id in blok("show", job_id, "--db", database).stdout
+    _after(lines, "hold started", "holding until", "hold completed", "run completed in")
+    both = blok("enqueue", "follow", "{}", "--follow", "--wait", "--db", database)
+    assert both.returncode == 2 and "not allowed with argument" in both.stderr, both.stderr
+
+
 def test_follow_and_json_together_are_refused(tmp_path: Path) -> None:
     done = blok("show", "run_x", "--follow", "--json", "--db", tmp_path / "none.db")
     assert done.returncode == 2
