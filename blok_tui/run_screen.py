@@ -77,7 +77,9 @@ def log_lines(lines: list[LogLine], tz: object, limit: int = 200) -> Text:
 
 GATE_STATUSES = frozenset({"queued", "delayed", "throttled", "debounced", "expired"})
 PENDING = frozenset({"queued", "delayed", "throttled", "waiting"})
-PANEL_GATES = frozenset({"rate_limit", "concurrency", "debounce", "paused", "subworkflow"})
+PANEL_GATES = frozenset(
+    {"rate_limit", "concurrency", "debounce", "paused", "subworkflow", "no_worker"}
+)
 
 
 def event_wait(run: Run) -> StepRun | None:

@@ -13,16 +13,17 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from .backends.base import Backend
+from .backends.base import Backend, WorkerCatalog
+from .liveness import worker_alive
 from .models import Job, JobState, Run, RunStatus, StepStatus, from_epoch
 
 
 @dataclass(frozen=True, slots=True)
 class WaitReason:
     """`gate`: event | subworkflow | sleep | rate_limit | concurrency | debounce | paused |
-    throttled | delay | retry | queued | running | ended. `holders`: the runs holding what it waits for
-    (the concurrency slots of its key, the starts in its rate-limit window, the child run it
-    waits on), oldest first. `until`: when it may start or go on (None: when its event comes,
+    throttled | delay | retry | no_worker | queued | running | ended. `holders`: the runs
+    holding what it waits for (the concurrency slots of its key, the starts in its rate-limit
+    window, the child run it waits on), oldest first. `until`: when it may start or go on (None: when its event comes,
     or a slot frees)."""
 
     run_id: str
@@ -115,7 +116,26 @@ async def explain(backend: Backend, run: Run, job: Job | None) -> WaitReason:
         )
     if job is not None and job.state is JobState.ACTIVE:
         return WaitReason(run.id, status, "queued", "claimed by a worker: it starts now")
+    if not await served(backend, run.queue):
+        return WaitReason(
+            run.id,
+            status,
+            "no_worker",
+            f"no live worker serves queue {run.queue!r}: it starts once one does (blok-tui worker)",
+        )
     return WaitReason(run.id, status, "queued", "queued: it starts when a worker slot is free")
+
+
+async def served(backend: Backend, queue: str) -> bool:
+    """Whether a live worker declared `queue`: a producer can enqueue to a queue whose workers
+    all stopped (their catalog stays known), and its runs wait for the next one."""
+    declared = {c.worker for c in await backend.shared.catalogs() if queue in _names(c)}
+    now = backend.clock.now()
+    return any(w.id in declared and worker_alive(w, now) for w in await backend.shared.workers())
+
+
+def _names(catalog: WorkerCatalog) -> set[str]:
+    return {served.name for served in catalog.queues}
 
 
 def _explain_wait(run: Run) -> WaitReason:

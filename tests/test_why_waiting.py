@@ -12,6 +12,7 @@ import pytest
 from support import DATABASES, a_database, until
 
 from engine import Debounce, Engine, RunStatus, Step, WorkerTrigger, Workflow
+from engine.waiting import served
 
 pytestmark = pytest.mark.anyio
 
@@ -87,3 +88,28 @@ async def test_debounce_pause_and_delay_say_what_holds_them(database: Path | str
         assert why.gate == "delay" and why.until is not None
         done = await engine.cancel((await run_of(engine, later)).id)
         assert (await engine.why_waiting(done.id)).gate == "ended"
+
+
+@pytest.mark.parametrize("kind", [d for d in DATABASES if d != "memory"])
+async def test_a_queued_run_no_live_worker_serves_says_so(
+    kind: str, tmp_path: Path, anyio_backend: str
+) -> None:
+    """Its workers stopped, a producer still enqueues to their queue (what they served stays
+    known): the run waits for the next worker, and says so, until one starts."""
+    wf = Workflow(
+        name="mail.send", trigger=WorkerTrigger(queue="mail"), steps=[Step("send", lambda ctx: 1)]
+    )
+    async with a_database(kind, tmp_path) as database:
+        async with Engine(workflows=[wf], database=database) as first:
+            assert await served(first.backend, "mail")
+            assert not await served(first.backend, "post")
+        async with Engine(database=database, create=False) as producer:
+            job_id = await producer.enqueue("mail", {})
+            why = await producer.why_waiting((await run_of(producer, job_id)).id)
+            assert why.gate == "no_worker", why
+            assert why.summary == (
+                "no live worker serves queue 'mail': it starts once one does (blok-tui worker)"
+            )
+            async with Engine(workflows=[wf], database=database) as second:
+                run = await second.wait_for_job(job_id, timeout=10)
+                assert run.status is RunStatus.COMPLETED

@@ -5,6 +5,8 @@ a rate limit's window, and h opens one."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import anyio
 import pytest
 from textual.widgets import Input, Static, TextArea
@@ -171,3 +173,23 @@ async def test_why_waiting_names_the_rate_limit_holders_and_h_opens_one() -> Non
                 pilot, lambda: isinstance(app.screen, RunScreen) and app.screen.run_id == done.id
             )
         await engine.cancel(held)
+
+
+async def test_a_queued_run_no_live_worker_serves_says_so_in_its_view(tmp_path: Path) -> None:
+    """The console attached to a database whose workers all stopped: a run enqueued since
+    says why it does not start."""
+    mail = Workflow(
+        name="mail.send", trigger=WorkerTrigger(queue="mail"), steps=[Step("send", echo)]
+    )
+    database = tmp_path / "blok.db"
+    async with Engine(workflows=[mail], database=database):
+        pass
+    async with Engine(database=database, create=False, follow=True) as engine:
+        job_id = await engine.enqueue("mail", {})
+        run_id = (await engine.get_job(job_id)).run_id
+        app = BlokApp(engine)
+        async with app.run_test(size=SIZE) as pilot:
+            await settled(pilot)
+            await command(pilot, f"run {run_id}")
+            why = text_of(app.screen.query_one("#why", Static))
+            assert "[no worker] no live worker serves queue 'mail'" in why, why
