@@ -712,16 +712,7 @@ async def _enqueue(args: argparse.Namespace) -> None:
         await _enqueue_and_follow(args)
         return
     async with _client(args) as engine:
-        headers = {"traceparent": args.traceparent} if args.traceparent else None
-        job_id = await engine.enqueue(
-            args.queue,
-            args.payload,
-            priority=args.priority,
-            delay=args.delay,
-            headers=headers,
-            retries=args.retries,
-            timeout=args.timeout,
-        )
+        job_id = await _enqueue_job(engine, args)
         if args.wait:
             run = await engine.wait_for_job(job_id)
     if not args.wait:
@@ -740,19 +731,31 @@ async def _enqueue_and_follow(args: argparse.Namespace) -> None:
     from .run_follow import RunFollower, clock_line, follow
 
     async with _following(args) as (engine, events):
-        job_id = await engine.enqueue(
-            args.queue,
-            args.payload,
-            priority=args.priority,
-            delay=args.delay,
-            headers={"traceparent": args.traceparent} if args.traceparent else None,
-            retries=args.retries,
-            timeout=args.timeout,
-        )
+        job_id = await _enqueue_job(engine, args, note=False)  # the follower says why it waits
         run = await engine.get_run((await engine.get_job(job_id)).run_id)
         _say(clock_line(run.created_at, f"job {job_id} is run {run.id} (ctrl-c stops following)"))
         run = await follow(engine, events, run, RunFollower(), _say)
     _refuse_unless_completed(run)
+
+
+async def _enqueue_job(engine: Any, args: argparse.Namespace, *, note: bool = True) -> str:
+    """The job `enqueue`'s arguments ask for; a note on stderr when no live worker serves its
+    queue (its workers stopped): it waits for the next one, which is not what one expects."""
+    job_id: str = await engine.enqueue(
+        args.queue,
+        args.payload,
+        priority=args.priority,
+        delay=args.delay,
+        headers={"traceparent": args.traceparent} if args.traceparent else None,
+        retries=args.retries,
+        timeout=args.timeout,
+    )
+    if not note:
+        return job_id
+    why = await engine.why_waiting((await engine.get_job(job_id)).run_id)
+    if why.gate == "no_worker":
+        print(f"blok-tui: note: {printable(why.summary)}", file=sys.stderr, flush=True)
+    return job_id
 
 
 async def _runs(args: argparse.Namespace) -> None:

@@ -140,12 +140,12 @@ def start_worker(
 
 
 class Follower:
-    """`blok-tui show ... --follow` as a process whose lines are read as they come (by a
-    thread: a pipe's buffered reader and `select` do not mix)."""
+    """`blok-tui show ... --follow` (or another `command` that follows) as a process whose lines
+    are read as they come (by a thread: a pipe's buffered reader and `select` do not mix)."""
 
-    def __init__(self, *args: str | Path) -> None:
+    def __init__(self, *args: str | Path, command: tuple[str, ...] = ("show", "--follow")) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "blok_tui", "show", "--follow", *map(str, args)],
+            [sys.executable, "-m", "blok_tui", *command, *map(str, args)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

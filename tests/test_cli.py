@@ -12,6 +12,7 @@ from pathlib import Path
 import anyio
 import pytest
 from cli_helpers import (
+    Follower,
     Worker,
     blok,
     blok_json,
@@ -124,6 +125,29 @@ def test_a_runs_log_line_on_the_workers_stderr_names_its_run_and_step(
     # A line that is not a run's is as it was.
     kept = next(x for x in worker.stderr().splitlines() if "runs that ended are kept" in x)
     assert kept.endswith(" INFO blok.cli: runs that ended are kept for 7d (--retention)"), kept
+
+
+def test_enqueue_to_a_queue_whose_workers_stopped_notes_it_waits(tmp_path: Path) -> None:
+    database = tmp_path / "blok.db"
+    worker = start_worker(database, write_workflows(tmp_path / "workflows"))
+    assert worker.stop() == 0, worker.stderr()
+    done = blok("enqueue", "naps", '{"seconds": 0}', "--db", database)
+    assert done.returncode == 0 and done.stdout.startswith("job_"), done.stderr
+    assert done.stderr == (
+        "blok-tui: note: no live worker serves queue 'naps': it starts once one does "
+        "(blok-tui worker)\n"
+    )
+    # Followed, it says so once, as the follower tells why the run waits.
+    followed = Follower("naps", '{"seconds": 0}', "-f", "--db", database, command=("enqueue",))
+    try:
+        lines = followed.read_until("why: ")
+    finally:
+        followed.process.kill()
+        followed.process.wait()
+    assert lines[-1].endswith(
+        " why: no live worker serves queue 'naps': it starts once one does (blok-tui worker)"
+    ), lines
+    assert followed.process.stderr is not None and "note" not in followed.process.stderr.read()
 
 
 def test_a_filter_by_a_name_no_worker_declared_says_so(served: tuple[Path, Worker]) -> None:
