@@ -634,6 +634,7 @@ async def _worker(args: argparse.Namespace) -> None:
     )
     for handler in logging.getLogger().handlers:
         handler.addFilter(_name_the_run)
+        handler.addFilter(_driver_errors_in_one_line)
     folder, _ = _workflows(args)
     database = None if args.memory else _database(args)
     watch = not args.no_watch and _can_watch()
@@ -683,6 +684,32 @@ async def _worker(args: argparse.Namespace) -> None:
     if endpoint is not None:
         endpoint.stop()
     log.info("worker %s stopped", engine.worker.id)
+
+
+class _OneLine(logging.Formatter):
+    """`blok-tui: warning: ...` on stderr for a one-shot command or a follower: what a library
+    logs while it runs (the database driver retrying through an outage) in one line, its
+    exception's last line included, not a traceback between the command's own lines."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = record.getMessage()
+        if record.exc_info:
+            text += " " + _exception_line(record.exc_info[1])
+        return printable(f"blok-tui: {record.levelname.lower()}: {text}").replace("\n", " ")
+
+
+def _exception_line(error: BaseException | None) -> str:
+    return f"({type(error).__name__}: {error})" if error is not None else ""
+
+
+def _driver_errors_in_one_line(record: logging.LogRecord) -> bool:
+    """A worker's log keeps the tracebacks of what went wrong in blok and in workflows; the
+    database driver's own retries through an outage say their error in one line (a traceback
+    a second, of the driver's internals, would bury the lines around them)."""
+    if record.name.startswith("asyncpg") and record.exc_info:
+        record.msg = f"{record.getMessage()} {_exception_line(record.exc_info[1])}"
+        record.args, record.exc_info, record.exc_text = None, None, None
+    return True
 
 
 def _name_the_run(record: logging.LogRecord) -> bool:
@@ -1019,6 +1046,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from engine.validation import InvalidInput
 
     refusals = (EngineError, DatabaseError, WorkflowLoadError, InvalidInput)
+    if args.command not in (None, "worker", "attach"):  # the console and the worker log their way
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(_OneLine())
+        handler.setLevel(logging.WARNING)
+        logging.getLogger().addHandler(handler)
     try:
         anyio.run(COMMANDS[args.command], args)
         sys.stdout.flush()  # a reader gone (`| head`) shows here, not as Python exits

@@ -19,6 +19,8 @@ import pytest
 from cli_helpers import Follower, blok, blok_json, eventually, write_workflows
 from pg import NO_DRIVER, database_url, server_url, unavailable
 
+from .server import private_server
+
 pytest.importorskip("asyncpg", reason=NO_DRIVER)
 
 from engine import Engine, LogRecorded, RunFinished, RunQueued, RunStarted, RunStatus, StepStarted
@@ -136,6 +138,34 @@ async def test_show_follow_tells_another_processes_run_until_it_ends(
     news = lines[lines.index("FOLLOWING (ctrl-c stops)") + 1 :]
     # The step's end and the run's, each once (the nap's start and log line were in `show`).
     assert [line[14:].split(" in ")[0] for line in news] == ["nap completed", "run completed"]
+
+
+async def test_a_follower_rides_out_a_server_restart_with_one_line_warnings(
+    tmp_path: Path,
+) -> None:
+    """The server restarts under a worker and a follower: the follower goes on to the run's
+    end, and what the driver says while it reconnects reaches its stderr as one line each, no
+    traceback between the lines it prints."""
+    workflows = write_workflows(tmp_path / "workflows")
+    release = tmp_path / "release"
+    with private_server() as server, pg_worker(server.url, tmp_path, "--workflows", str(workflows)):
+        done = await cli(
+            "enqueue", "naps", f'{{"seconds": 60, "until": "{release}"}}', "--db", server.url
+        )
+        assert done.returncode == 0, done.stderr
+        job_id = done.stdout.strip()
+        follower = Follower(job_id, "--db", server.url)
+        await anyio.to_thread.run_sync(follower.read_until, "FOLLOWING")
+        await anyio.to_thread.run_sync(server.restart)
+        release.touch()
+        code, lines, stderr = await anyio.to_thread.run_sync(follower.finish, 60)
+    assert code == 0, stderr
+    assert "run completed in" in lines[-1], lines
+    assert "Traceback" not in stderr
+    assert all(line.startswith("blok-tui: ") for line in stderr.splitlines()), stderr
+    # The worker's log says the driver's retries in a line each too.
+    [worker_log] = [path.read_text() for path in tmp_path.glob("worker-*.stderr")]
+    assert "Traceback" not in worker_log, worker_log
 
 
 async def test_the_attached_console_shows_another_processes_run(served: str) -> None:
