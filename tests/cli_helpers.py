@@ -176,6 +176,10 @@ class Follower:
             self.lines.append(line)
         return self.lines
 
+    def news(self) -> list[str]:
+        """The lines after `show`'s text: what happened since it was printed."""
+        return self.lines[self.lines.index("FOLLOWING (ctrl-c stops)") + 1 :]
+
     def finish(self, timeout: float = 30) -> tuple[int, list[str], str]:
         """Its exit status, every line it printed, and its standard error."""
         code = self.process.wait(timeout)

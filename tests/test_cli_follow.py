@@ -100,7 +100,7 @@ def test_follow_tells_each_moment_through_the_jobs_next_delivery_and_exits_0(
     finally:
         assert worker.stop() == 0, worker.stderr()
     assert code == 0, stderr
-    news = lines[lines.index("FOLLOWING (ctrl-c stops)") + 1 :]
+    news = follower.news()
     _after(
         news,
         "hold completed in",
@@ -143,11 +143,11 @@ def test_follow_tells_a_crash_and_the_delivery_that_recovered_it(shop: tuple[Pat
     release.touch()
     second = start_worker(database, workflows, "--lease", "1s", name="second")
     try:
-        code, lines, stderr = follower.finish()
+        code, _, stderr = follower.finish()
     finally:
         assert second.stop() == 0, second.stderr()
     assert code == 0, stderr
-    news = lines[lines.index("FOLLOWING (ctrl-c stops)") + 1 :]
+    news = follower.news()
     _after(
         news,
         "run crashed in",

@@ -133,9 +133,9 @@ async def test_show_follow_tells_another_processes_run_until_it_ends(
     await anyio.to_thread.run_sync(follower.read_until, "FOLLOWING")
     assert any(line.startswith("status     running") for line in follower.lines), follower.lines
     release.touch()
-    code, lines, stderr = await anyio.to_thread.run_sync(follower.finish)
+    code, _, stderr = await anyio.to_thread.run_sync(follower.finish)
     assert code == 0, stderr
-    news = lines[lines.index("FOLLOWING (ctrl-c stops)") + 1 :]
+    news = follower.news()
     # The step's end and the run's, each once (the nap's start and log line were in `show`).
     assert [line[14:].split(" in ")[0] for line in news] == ["nap completed", "run completed"]
 
