@@ -426,6 +426,13 @@ def build_parser() -> argparse.ArgumentParser:
     runs.add_argument(
         "--limit", type=_positive_int, default=50, metavar="N", help="at most N runs (default 50)"
     )
+    runs.add_argument(
+        "--follow",
+        "-f",
+        action="store_true",
+        help="then print a line each time a run the filters select starts, waits or ends, "
+        "until ctrl-c (with --status failed: a tail of the failures)",
+    )
     db_option(runs, keep)
 
     show = commands.add_parser(
@@ -786,6 +793,11 @@ async def _enqueue_job(engine: Any, args: argparse.Namespace, *, note: bool = Tr
 
 
 async def _runs(args: argparse.Namespace) -> None:
+    if args.follow:
+        if args.json:
+            raise UsageError("--follow prints lines, not JSON: give one of them", "blok-tui runs")
+        await _follow_runs(args)
+        return
     async with _client(args) as engine:
         runs = await engine.runs(
             status=args.status, workflow=args.workflow, queue=args.queue, limit=args.limit
@@ -796,6 +808,21 @@ async def _runs(args: argparse.Namespace) -> None:
         print(json.dumps([run.model_dump(mode="json", exclude=fields) for run in runs], indent=2))
         return
     print(_table(runs) if runs else f"no runs{unknown}")
+
+
+async def _follow_runs(args: argparse.Namespace) -> None:
+    """`runs --follow`: the table, then a line a run's start, wait or end, until ctrl-c."""
+    from .runs_follow import RunsFilter, follow_runs
+
+    async with _following(args) as (engine, events):
+        runs = await engine.runs(
+            status=args.status, workflow=args.workflow, queue=args.queue, limit=args.limit
+        )
+        unknown = await _unknown_names(engine, args) if not runs else ""
+        _say(_table(runs) if runs else f"no runs{unknown}")
+        _say("\nFOLLOWING (ctrl-c stops)")
+        only = RunsFilter(args.status, args.workflow, args.queue)
+        await follow_runs(engine, events, only, _say)
 
 
 async def _unknown_names(engine: Any, args: argparse.Namespace) -> str:

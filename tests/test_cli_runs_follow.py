@@ -1,0 +1,119 @@
+"""`blok-tui runs --follow`: after the table, a line each time a run the filters select starts,
+waits or ends, from a real worker process; and its lines from hand-made records."""
+
+from __future__ import annotations
+
+import signal
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from cli_helpers import Follower, blok, start_worker, write_workflows
+
+from blok_tui.runs_follow import RunsFilter, run_line
+from engine import Run, RunStatus
+from engine.ledger import make_job, make_run
+
+
+def _stop(follower: Follower) -> tuple[int, str]:
+    """ctrl-c, as a user stops a tail: the exit status and standard error."""
+    follower.process.send_signal(signal.SIGINT)
+    code, _, stderr = follower.finish()
+    return code, stderr
+
+
+def test_runs_follow_tells_starts_and_ends_and_status_failed_only_the_failures(
+    tmp_path: Path,
+) -> None:
+    database = tmp_path / "blok.db"
+    worker = start_worker(database, write_workflows(tmp_path / "workflows"))
+    every = Follower("--db", database, command=("runs", "--follow"))
+    failures = Follower("--status", "failed", "--db", database, command=("runs", "-f"))
+    other_queue = Follower("--queue", "single", "--db", database, command=("runs", "-f"))
+    try:
+        for follower in (every, failures, other_queue):
+            assert follower.read_until("FOLLOWING")[0] == "no runs"
+        ok = blok("enqueue", "naps", '{"seconds": 0.05}', "--wait", "--db", database)
+        assert ok.returncode == 0, ok.stderr
+        bad = blok("enqueue", "naps", '{"seconds": "soon"}', "--wait", "--db", database)
+        failed_id = bad.stderr.split()[3]  # "blok-tui: error: run RUN_ID failed: ..."
+        ok_id = next(
+            r
+            for r in blok("runs", "--db", database).stdout.split()
+            if r.startswith("run_") and r != failed_id
+        )
+        told = failures.read_until(failed_id)
+        every.read_until(f"failed     {failed_id}")
+    finally:
+        codes = [_stop(follower) for follower in (every, failures, other_queue)]
+        assert worker.stop() == 0, worker.stderr()
+    # ctrl-c ends a tail quietly, as it ends `tail -f`.
+    assert codes == [(130, "")] * 3, codes
+    # Every start and end, in the order they happened, the columns aligned.
+    news = every.news()
+    mine = [line[14:] for line in news if ok_id in line or failed_id in line]
+    assert [line.split()[:2] for line in mine] == [
+        ["running", ok_id],
+        ["completed", ok_id],
+        ["running", failed_id],
+        ["failed", failed_id],
+    ], news
+    assert mine[0] == f"running    {ok_id}  test.nap     naps    on {worker.id}"
+    assert mine[1].startswith(f"completed  {ok_id}  test.nap     naps    ")
+    assert mine[3].startswith(f"failed     {failed_id}  test.nap     naps    ")
+    assert "nap failed: " in mine[3]
+    # Only the failure, for --status failed; nothing for another queue's filter.
+    assert [line.split()[1:3] for line in told[told.index("FOLLOWING (ctrl-c stops)") + 1 :]] == [
+        ["failed", failed_id]
+    ]
+    assert other_queue.news() == []
+
+
+def test_runs_follow_and_json_together_are_refused(tmp_path: Path) -> None:
+    done = blok("runs", "--follow", "--json", "--db", tmp_path / "none.db")
+    assert done.returncode == 2
+    assert "--follow prints lines, not JSON" in done.stderr
+
+
+T0 = datetime(2026, 12, 5, 12, 0, 0, tzinfo=UTC)
+
+
+def _run(status: RunStatus) -> Run:
+    job = make_job(
+        queue="mail",
+        workflow_name="mail.send",
+        payload={},
+        headers=None,
+        priority=0,
+        run_at=None,
+        max_retries=0,
+        now=T0,
+    )
+    run = make_run(job, workflow_version="v1", status=status, created_at=T0)
+    run.started_at, run.worker = T0, "host:1:w"
+    return run
+
+
+def test_a_line_says_what_the_status_it_came_to_adds() -> None:
+    run = _run(RunStatus.FAILED)
+    run.finished_at, run.error = T0 + timedelta(seconds=2), "boom\nsecond line"
+    now = T0 + timedelta(seconds=3)
+    assert run_line(run, "failed", now, (12, 6), UTC) == (
+        f"12:00:03.000  failed     {run.id}  mail.send     mail    2.0s  boom second line"
+    )
+    # Told as it started, though its record has ended since: no end's time or error.
+    assert run_line(run, "running", now, (0, 0), UTC) == (
+        f"12:00:03.000  running    {run.id}  mail.send  mail  on host:1:w"
+    )
+    waiting = _run(RunStatus.WAITING)
+    waiting.wait_until = T0 + timedelta(minutes=5)
+    assert run_line(waiting, "waiting", now, (0, 0), UTC).endswith(" mail  until 12:05:00")
+
+
+def test_the_filters_select_by_status_workflow_and_queue() -> None:
+    assert RunsFilter().selects("completed", "mail.send", "mail")
+    assert RunsFilter(status="failed").selects("failed", None, "mail")
+    assert not RunsFilter(status="failed").selects("completed", "mail.send", "mail")
+    assert not RunsFilter(queue="post").selects("failed", "mail.send", "mail")
+    assert not RunsFilter(workflow="post.send").selects("failed", "mail.send", "mail")
+    # An event that does not name the workflow: the run's record decides.
+    assert RunsFilter(workflow="post.send").selects("waiting", None, "mail")
