@@ -140,6 +140,20 @@ async def test_show_follow_tells_another_processes_run_until_it_ends(
     assert [line[14:].split(" in ")[0] for line in news] == ["nap completed", "run completed"]
 
 
+async def test_runs_follow_tells_a_failure_another_process_ran(served: str) -> None:
+    url = served
+    failures = Follower("--status", "failed", "--db", url, command=("runs", "-f"))
+    try:
+        await anyio.to_thread.run_sync(failures.read_until, "FOLLOWING")
+        bad = await cli("enqueue", "naps", '{"seconds": "soon"}', "--wait", "--db", url)
+        failed_id = bad.stderr.split()[3]  # "blok-tui: error: run RUN_ID failed: ..."
+        lines = await anyio.to_thread.run_sync(failures.read_until, failed_id)
+    finally:
+        failures.process.kill()
+        failures.process.wait()
+    assert lines[-1][14:].startswith(f"failed     {failed_id}  test.nap     naps    "), lines
+
+
 async def test_a_follower_rides_out_a_server_restart_with_one_line_warnings(
     tmp_path: Path,
 ) -> None:
