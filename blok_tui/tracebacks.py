@@ -6,39 +6,20 @@ prefix the loader gives workflow files (`blok_workflows.webhooks_2b0425cb.Endpoi
 from __future__ import annotations
 
 import re
-import sysconfig
 from pathlib import Path
 
-import engine
+from engine.origin import is_engine_frame
 
 from .console import printable
 
 # The loader imports each workflow file as blok_workflows.<stem>_<8 hex digits>.
 _LOADED_MODULE = re.compile(r"\bblok_workflows\.[A-Za-z_][A-Za-z0-9_]*_[0-9a-f]{8}\.")
 _FRAME = re.compile(r'^  File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<func>.+)$')
-_ENGINE_DIR = str(Path(engine.__file__).resolve().parent)
-_LIBRARY_DIRS = tuple(
-    {
-        sysconfig.get_paths()["stdlib"],
-        sysconfig.get_paths()["purelib"],
-        sysconfig.get_paths()["platlib"],
-    }
-)
 
 
 def clean_error(text: str) -> str:
     """An error line or message: printable, with loaded-module prefixes dropped."""
     return _LOADED_MODULE.sub("", printable(text))
-
-
-def is_engine_frame(path: str) -> bool:
-    """A frame of blok's engine, of the standard library or of an installed package."""
-    resolved = str(Path(path).resolve()) if path.startswith("/") else path
-    return (
-        resolved.startswith(_ENGINE_DIR)
-        or resolved.startswith(_LIBRARY_DIRS)
-        or path.startswith("<")
-    )
 
 
 def fold_traceback(text: str, *, cwd: Path | None = None) -> str:

@@ -38,6 +38,7 @@ from .models import (
     StepRun,
     StepStatus,
 )
+from .origin import failed_for_good
 from .records import assign, construct
 from .services import UNRECORDED, Recorder, Services
 from .threads import SyncCall
@@ -666,9 +667,7 @@ class Runner:
                 record.error = f"{attempt.error_type}: {attempt.error}"
                 record.finished_at = attempt.finished_at
                 self._finished(run, record)
-                message = f"{where} failed: {attempt.error}"
-                if max_attempts > 1:
-                    message += f" (after {max_attempts} attempts)"
+                message = failed_for_good(where, attempt.error, failure, max_attempts)
                 try:
                     raise StepError(message, step.name, timed_out) from failure
                 finally:

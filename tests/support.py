@@ -206,3 +206,12 @@ def dead_pid() -> int:
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
     return child.pid
+
+
+def raised_at(function: Callable[..., Any], lines_in: int = 1) -> str:
+    """`file:line` of the line `lines_in` lines below `function`'s `def` (the `raise` in a test's
+    node), as a run's error names where it came from: the file relative to the working
+    directory the tests run from (the repository's root)."""
+    code = function.__code__
+    path = Path(code.co_filename).resolve().relative_to(Path.cwd().resolve())
+    return f"{path}:{code.co_firstlineno + lines_in}"

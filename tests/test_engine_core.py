@@ -8,7 +8,7 @@ from pathlib import Path
 import anyio
 import anyio.lowlevel
 import pytest
-from support import expect_events
+from support import expect_events, raised_at
 
 from engine import (
     Engine,
@@ -104,7 +104,7 @@ async def test_failure_message_names_the_step_and_keeps_the_cause(database: Path
     async with Engine(workflows=[wf], database=database) as engine:
         run = await engine.wait_for_job(await engine.enqueue("pay", {}), timeout=10)
         assert run.status is RunStatus.FAILED
-        assert run.error == "[step 2/4] charge failed: card declined"
+        assert run.error == f"[step 2/4] charge failed: card declined (at {raised_at(broken)})"
         assert run.error_step == "charge"
         assert [s.status for s in run.steps] == [
             StepStatus.COMPLETED,

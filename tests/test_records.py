@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from support import DATABASES, DURABLE, a_database, provider_of
+from support import DATABASES, DURABLE, a_database, provider_of, raised_at
 
 from engine import Engine, Step, WorkerTrigger, Workflow
 from engine.context import Context
@@ -167,7 +167,7 @@ async def test_a_finished_job_leaves_no_reference_cycle_behind(kind: str, tmp_pa
                 assert run.status is RunStatus.COMPLETED and run.steps[1].logs
                 run = await engine.wait_for_job(await engine.enqueue("fails", {"i": i}), 10)
                 assert run.status is RunStatus.FAILED
-                assert run.error == "[step 1/1] fail failed: no"
+                assert run.error == f"[step 1/1] fail failed: no (at {raised_at(fail)})"
 
             await assert_no_cycle_a_job(job)
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import raised_at
 
 from engine import Engine, RunStatus, Step, WorkerTrigger, Workflow
 from engine.redact import REDACTED, redact_headers, redact_text, secret_values
@@ -206,7 +207,9 @@ async def test_a_node_error_that_quotes_a_secret_header_is_stored_redacted(
         run = await engine.get_run((await engine.wait_for_job(job, timeout=10)).id)
     assert run.status is RunStatus.FAILED
     attempt = run.steps[0].attempts[0]
-    assert run.error == "[step 1/1] call failed: the API refused key [redacted]"
+    assert run.error == (
+        f"[step 1/1] call failed: the API refused key [redacted] (at {raised_at(refuse)})"
+    )
     assert attempt.error == "the API refused key [redacted]"
     assert attempt.traceback is not None and "PermissionError" in attempt.traceback
     for text in (run.error, run.steps[0].error, attempt.error, attempt.traceback):

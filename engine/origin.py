@@ -1,0 +1,54 @@
+"""Where an error came from: the innermost frame of the user's own code in its traceback, past
+the frames of blok's engine, of the standard library and of installed packages (an error a
+library raised is placed at the user's line that called it). A run's one-line error names it,
+as a workflow file's load error names its file and line; the console folds the other frames."""
+
+from __future__ import annotations
+
+import sysconfig
+from pathlib import Path
+from types import TracebackType
+
+_ENGINE_DIR = str(Path(__file__).resolve().parent)
+_LIBRARY_DIRS = tuple(
+    {sysconfig.get_paths()[name] for name in ("stdlib", "platstdlib", "purelib", "platlib")}
+)
+
+
+def is_engine_frame(path: str) -> bool:
+    """A frame of blok's engine, of the standard library or of an installed package (or of no
+    file: `<string>`, `<frozen ...>`)."""
+    if path.startswith("<"):
+        return True
+    resolved = str(Path(path).resolve()) if path.startswith("/") else path
+    return resolved.startswith(_ENGINE_DIR) or resolved.startswith(_LIBRARY_DIRS)
+
+
+def user_line(error: BaseException, cwd: Path | None = None) -> str | None:
+    """`path:line` of the innermost user frame in `error`'s traceback (the path relative to
+    `cwd`, this process's by default, when it is under it); None when every frame is the
+    engine's or a library's."""
+    found: TracebackType | None = None
+    tb = error.__traceback__
+    while tb is not None:
+        if not is_engine_frame(tb.tb_frame.f_code.co_filename):
+            found = tb
+        tb = tb.tb_next
+    if found is None:
+        return None
+    path = Path(found.tb_frame.f_code.co_filename)
+    try:
+        shown = str(path.relative_to(cwd or Path.cwd()))
+    except ValueError:
+        shown = str(path)
+    return f"{shown}:{found.tb_lineno}"
+
+
+def failed_for_good(where: str, error: str, failure: BaseException | None, attempts: int) -> str:
+    """The one-line error of a step whose last attempt failed: "[step 2/4] charge failed:
+    card declined (at workflows/shop.py:14, after 3 attempts)". Where it came from goes after
+    the error: a table that cuts the line keeps the error."""
+    origin = user_line(failure) if failure is not None else None
+    notes = [f"at {origin}"] if origin else []
+    notes += [f"after {attempts} attempts"] if attempts > 1 else []
+    return f"{where} failed: {error}" + (f" ({', '.join(notes)})" if notes else "")
