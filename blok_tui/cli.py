@@ -762,13 +762,16 @@ async def _enqueue(args: argparse.Namespace) -> None:
 
 async def _enqueue_and_follow(args: argparse.Namespace) -> None:
     """`enqueue --follow`: the job, then what happens to its run, as `show --follow` tells it."""
-    from .run_follow import RunFollower, clock_line, follow
+    from .run_follow import RunFollower, follow
 
     async with _following(args) as (engine, events):
         job_id = await _enqueue_job(engine, args, note=False)  # the follower says why it waits
         run = await engine.get_run((await engine.get_job(job_id)).run_id)
-        _say(clock_line(run.created_at, f"job {job_id} is run {run.id} (ctrl-c stops following)"))
-        run = await follow(engine, events, run, RunFollower(), _say)
+        follower = RunFollower()
+        _say(
+            follower.line(run.created_at, f"job {job_id} is run {run.id} (ctrl-c stops following)")
+        )
+        run = await follow(engine, events, run, follower, _say)
     _refuse_unless_completed(run)
 
 

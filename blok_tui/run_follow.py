@@ -56,6 +56,21 @@ class RunFollower:
     tz: tzinfo | None = None
     told: set[Key] = field(default_factory=set)
     status: str | None = None  # the run's status last told (it can come back: waiting, running)
+    # The time on the last line told. A moment the record times can come out a hair before a
+    # line the follower stamped when it read (a status, its why): its line says the later time,
+    # so that the lines read in order.
+    last: datetime | None = None
+
+    def line(self, at: datetime, text: str) -> str:
+        """`text` at `at`, or at the last line's time if that is later."""
+        if self.last is not None and at < self.last:
+            at = self.last
+        self.last = at
+        return clock_line(at, text, self.tz)
+
+    def after(self) -> RunFollower:
+        """A follower of another run (the job's next delivery), its lines after these."""
+        return RunFollower(tz=self.tz, last=self.last)
 
     def know(self, run: Run) -> None:
         """Take what `run` holds as told already (`blok-tui show` printed it)."""
@@ -80,7 +95,7 @@ class RunFollower:
             else:
                 new.append(told)
         new.sort(key=lambda moment: moment.at)
-        return [clock_line(moment.at, moment.text, self.tz) for moment in new]
+        return [self.line(moment.at, moment.text) for moment in new]
 
 
 async def follow(
@@ -100,8 +115,8 @@ async def follow(
                 return run
             run = await engine.get_run(job.run_id)
             went_on = f"delivery {run.job_attempt} of {job.max_retries + 1} is run {run.id}"
-            say(clock_line(run.created_at, f"job {job.id} goes on: {went_on}", follower.tz))
-            follower = RunFollower(tz=follower.tz)
+            say(follower.line(run.created_at, f"job {job.id} goes on: {went_on}"))
+            follower = follower.after()
         else:
             await _next_change(events, run.id)
             run = await engine.get_run(run.id)
@@ -110,7 +125,7 @@ async def follow(
             say(line)
         why = await why_held(engine, run) if follower.status != told else None
         if why is not None:  # a new wait, a delay, a gate: what it waits for
-            say(clock_line(engine.now(), f"why: {why_line(run, why, follower.tz)}", follower.tz))
+            say(follower.line(engine.now(), f"why: {why_line(run, why, follower.tz)}"))
 
 
 async def job_of(engine: EngineAPI, run: Run) -> Job | None:

@@ -342,3 +342,20 @@ def test_news_tells_a_runs_end_after_its_steps_ends() -> None:
         "12:00:03.000  fetch failed in 3.0s: crashed: its worker died",
         "12:00:03.000  run crashed in 3.0s: crashed: its worker died",
     ]
+
+
+def test_news_never_goes_back_in_time_after_a_line_stamped_when_read() -> None:
+    """A status line is stamped when the follower read it; a moment of the next read whose
+    record time is a hair earlier is told at that line's time, so the lines stay in order."""
+    run = _run()
+    run.status = RunStatus.QUEUED
+    follower = RunFollower(tz=UTC)
+    follower.know(run)
+    run.status = RunStatus.DELAYED
+    read = T0 + timedelta(milliseconds=532)
+    assert follower.news(run, read) == ["12:00:00.532  run delayed"]
+    run.steps[0].logs.append(
+        LogLine(ts=T0 + timedelta(milliseconds=531), level="info", message="late", step=0)
+    )
+    assert follower.news(run, read) == ["12:00:00.532  info     fetch  late"]
+    assert follower.after().line(T0, "next") == "12:00:00.532  next"
