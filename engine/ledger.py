@@ -44,6 +44,10 @@ from .records import assign, construct, copy_run
 from .redact import redact_headers
 
 log = logging.getLogger("blok.ledger")
+# A run that did not complete, in the log a worker writes (its stderr): an operator watching a
+# headless worker sees failures there, as huey's and Celery's workers log a task's exception.
+ends_log = logging.getLogger("blok.runs")
+_WARNED_ENDS = frozenset({RunStatus.FAILED, RunStatus.TIMED_OUT, RunStatus.CRASHED})
 
 CANCELLED_BEFORE_RUN = "cancelled by operator before it ran"
 CANCELLED = "cancelled by operator"
@@ -278,6 +282,15 @@ class Ledger:
 
     # ---- publishing ------------------------------------------------------------------------
     def _finished(self, run: Run) -> None:
+        if run.status is not RunStatus.COMPLETED:  # nothing to log on the happy path
+            ends_log.log(
+                logging.WARNING if run.status in _WARNED_ENDS else logging.INFO,
+                "%s %s: %s",
+                run.workflow_name,
+                run.status,
+                run.error or "-",
+                extra={"run_id": run.id, "step": run.error_step},
+            )
         if self.bus.active:
             self.bus.publish(
                 RunFinished(run.id, run.queue, run.workflow_name, str(run.status), run.error)

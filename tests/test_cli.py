@@ -12,6 +12,7 @@ from pathlib import Path
 import anyio
 import pytest
 from cli_helpers import (
+    WORKFLOWS,
     Follower,
     Worker,
     blok,
@@ -125,6 +126,27 @@ def test_a_runs_log_line_on_the_workers_stderr_names_its_run_and_step(
     # A line that is not a run's is as it was.
     kept = next(x for x in worker.stderr().splitlines() if "runs that ended are kept" in x)
     assert kept.endswith(" INFO blok.cli: runs that ended are kept for 7d (--retention)"), kept
+
+
+def test_a_failed_run_is_a_warning_in_the_workers_log(served: tuple[Path, Worker]) -> None:
+    """A headless worker's operator sees failures in its log: one line each, with the run, its
+    step, and where the error came from."""
+    database, worker = served
+    failed = blok("enqueue", "naps", '{"seconds": "later"}', "--wait", "--db", database)
+    run_id = failed.stderr.split()[3]  # "blok-tui: error: run RUN_ID failed: ..."
+    line = eventually(
+        lambda: next(
+            (x for x in worker.stderr().splitlines() if f"[{run_id} " in x and "WARNING" in x), None
+        )
+    )
+    assert f" WARNING blok.runs [{run_id} nap]: test.nap failed: [step 1/1] nap failed: " in line
+    # Where: the nap's line that used the bad value, in the workflow file.
+    where = WORKFLOWS.splitlines().index("    with anyio.move_on_after(seconds):") + 1
+    assert line.endswith(f"/workflows/naps.py:{where})"), line
+    # A run that completed adds no line.
+    done = blok("enqueue", "naps", '{"seconds": 0.01}', "--wait", "--db", database)
+    assert done.returncode == 0
+    assert all("completed" not in x for x in worker.stderr().splitlines() if "blok.runs" in x)
 
 
 def test_enqueue_to_a_queue_whose_workers_stopped_notes_it_waits(tmp_path: Path) -> None:
