@@ -5,9 +5,11 @@ as a workflow file's load error names its file and line; the console folds the o
 
 from __future__ import annotations
 
+import sys
 import sysconfig
+from functools import lru_cache
 from pathlib import Path
-from types import TracebackType
+from types import FrameType, TracebackType
 
 _ENGINE_DIR = str(Path(__file__).resolve().parent)
 _LIBRARY_DIRS = tuple(
@@ -15,6 +17,7 @@ _LIBRARY_DIRS = tuple(
 )
 
 
+@lru_cache(maxsize=4096)  # a path's answer never changes; resolving it costs a system call
 def is_engine_frame(path: str) -> bool:
     """A frame of blok's engine, of the standard library or of an installed package (or of no
     file: `<string>`, `<frozen ...>`)."""
@@ -36,12 +39,25 @@ def user_line(error: BaseException, cwd: Path | None = None) -> str | None:
         tb = tb.tb_next
     if found is None:
         return None
-    path = Path(found.tb_frame.f_code.co_filename)
+    return _shown(found.tb_frame.f_code.co_filename, found.tb_lineno, cwd)
+
+
+def caller_line(cwd: Path | None = None) -> str | None:
+    """`path:line` of the innermost frame of the user's code in the calls that led here: where
+    the user wrote the `Step(...)` being made, past pydantic's and the engine's frames."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None and is_engine_frame(frame.f_code.co_filename):
+        frame = frame.f_back
+    return None if frame is None else _shown(frame.f_code.co_filename, frame.f_lineno, cwd)
+
+
+def _shown(filename: str, line: int, cwd: Path | None) -> str:
+    path = Path(filename)
     try:
         shown = str(path.relative_to(cwd or Path.cwd()))
     except ValueError:
         shown = str(path)
-    return f"{shown}:{found.tb_lineno}"
+    return f"{shown}:{line}"
 
 
 def failed_for_good(where: str, error: str, failure: BaseException | None, attempts: int) -> str:
@@ -52,3 +68,13 @@ def failed_for_good(where: str, error: str, failure: BaseException | None, attem
     notes = [f"at {origin}"] if origin else []
     notes += [f"after {attempts} attempts"] if attempts > 1 else []
     return f"{where} failed: {error}" + (f" ({', '.join(notes)})" if notes else "")
+
+
+def failed_before_running(
+    where: str, detail: str, error: BaseException, defined_at: str | None
+) -> str:
+    """The one-line error of a step that failed before its node ran (its input, its wait's
+    deadline or key): at the user's line when a callable of theirs raised, else at the step's
+    definition, whose expression it was."""
+    origin = user_line(error) or defined_at
+    return f"{where} failed: {detail}" + (f" (at {origin})" if origin else "")

@@ -38,7 +38,7 @@ from .models import (
     StepRun,
     StepStatus,
 )
-from .origin import failed_for_good
+from .origin import failed_before_running, failed_for_good
 from .records import assign, construct
 from .services import UNRECORDED, Recorder, Services
 from .threads import SyncCall
@@ -530,7 +530,8 @@ class Runner:
             record.error = f"bad input: {error}"
             record.finished_at = self.clock.now()
             self._finished(run, record)
-            raise StepError(f"{where} failed: bad input: {error}", step.name) from error
+            message = failed_before_running(where, f"bad input: {error}", error, step.defined_at)
+            raise StepError(message, step.name) from error
         assign(record, input=ctx.redact_value(inputs) if inputs else None)
         if key is not None:
             hit = await self.services.cache_get(workflow.name, step.name, key)
@@ -747,7 +748,8 @@ class Runner:
                 record.error = str(error)
                 record.started_at = record.finished_at = now
                 self._finished(run, record)
-                raise StepError(f"{where} failed: {error}", step.name) from error
+                message = failed_before_running(where, str(error), error, step.defined_at)
+                raise StepError(message, step.name) from error
             record.started_at = now
             record.wait_until = deadline
         if deadline <= now:
@@ -781,7 +783,8 @@ class Runner:
                     record.error = str(error)
                     record.started_at = record.finished_at = now
                     self._finished(run, record)
-                    raise StepError(f"{where} failed: {error}", step.name) from error
+                    failed = failed_before_running(where, str(error), error, step.defined_at)
+                    raise StepError(failed, step.name) from error
             deadline = now + timedelta(milliseconds=step.timeout_ms) if step.timeout_ms else None
             record.started_at = now
             record.wait_until = deadline

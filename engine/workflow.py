@@ -12,11 +12,12 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from . import expressions
 from .durations import Duration
 from .errors import WorkflowDefinitionError as WorkflowDefinitionError
+from .origin import caller_line
 from .ratelimit import RateLimit
 from .schedules import Schedule
 from .validation import MAX_RETRIES, check_queue_name
@@ -158,6 +159,16 @@ class StepDefinition(_Definition):
 
     kind: str = "node"
     name: str = Field(min_length=1)
+    # Where the user wrote it ("workflows/shop.py:14"): a run that fails on its definition (an
+    # input expression with nothing at its path) names this line, as a node's error its own.
+    _defined_at: str | None = PrivateAttr(default=None)
+
+    def model_post_init(self, context: Any) -> None:
+        self._defined_at = caller_line()
+
+    @property
+    def defined_at(self) -> str | None:
+        return self._defined_at
 
     def expressions(self) -> list[str]:
         return []

@@ -121,13 +121,16 @@ async def test_an_input_the_payload_lacks_fails_the_step_naming_the_near_miss(
     async def charge(ctx, amount: int) -> int:
         return amount
 
-    wf = flow("pay", Step("charge", charge, inputs={"amount": "$.body.amount"}))
+    step = Step("charge", charge, inputs={"amount": "$.body.amount"})
+    wf = flow("pay", step)
     async with Engine(workflows=[wf], database=database) as engine:
         run = await engine.wait_for_job(await engine.enqueue("pay", {"amout": 5}), timeout=10)
         assert run.status is RunStatus.FAILED
+        # Where: the line the step was written on (its expression is the bad input).
+        written = raised_at(test_an_input_the_payload_lacks_fails_the_step_naming_the_near_miss, 6)
         assert run.error == (
             "[step 1/1] charge failed: bad input: $.body.amount: $.body has no key 'amount' "
-            "(it has amout); did you mean 'amout'?"
+            f"(it has amout); did you mean 'amout'? (at {written})"
         )
 
 

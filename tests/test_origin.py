@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from support import raised_at
 
-from engine import Engine, Retry, Step, WorkerTrigger, Workflow, runner
+from engine import Engine, Retry, Step, WorkerTrigger, Workflow, runner, wait
 from engine.origin import failed_for_good, is_engine_frame, user_line
 
 pytestmark = pytest.mark.anyio
@@ -84,3 +84,51 @@ def test_the_engines_the_standard_librarys_and_no_files_frames_are_not_the_users
     assert is_engine_frame(str(Path(pytest.__file__)))
     assert is_engine_frame("<string>")
     assert not is_engine_frame(__file__)
+
+
+def line_of(marker: str) -> str:
+    """`file:line` of the line of this file that holds `marker`."""
+    lines = Path(__file__).read_text().splitlines()
+    number = next(n for n, line in enumerate(lines, 1) if marker in line and "line_of" not in line)
+    return f"{Path(__file__).resolve().relative_to(Path.cwd().resolve())}:{number}"
+
+
+def _refuse(ctx: Any) -> str:
+    raise LookupError("no tenant")  # the callable input's own line
+
+
+async def test_a_step_that_fails_on_its_definition_names_the_line_it_was_written_on() -> None:
+    """An input expression with nothing at its path, a wait's deadline expression: the step's
+    own `Step(...)` line; a callable input that raised: the callable's line."""
+    flows = [
+        Workflow(
+            name="hooks",
+            trigger=WorkerTrigger(queue="hooks"),
+            steps=[Step("deliver", lambda ctx, url: url, inputs={"url": "$.body.url"})],  # hooks
+        ),
+        Workflow(
+            name="tenants",
+            trigger=WorkerTrigger(queue="tenants"),
+            steps=[Step("bill", lambda ctx, tenant: tenant, inputs={"tenant": _refuse})],
+        ),
+        Workflow(
+            name="later",
+            trigger=WorkerTrigger(queue="later"),
+            steps=[wait.until("$.body.when", name="nap")],  # later
+        ),
+    ]
+    async with Engine(workflows=flows, database=None) as engine:
+        runs = {
+            queue: await engine.wait_for_job(await engine.enqueue(queue, {}), timeout=10)
+            for queue in ("hooks", "tenants", "later")
+        }
+    errors = {queue: run.error or "" for queue, run in runs.items()}
+    assert errors["hooks"] == (
+        "[step 1/1] deliver failed: bad input: $.body.url: $.body has no key 'url' (it has "
+        f"nothing) (at {line_of('# hooks')})"
+    )
+    assert errors["tenants"] == (
+        f"[step 1/1] bill failed: bad input: no tenant (at {line_of('the callable input')})"
+    )
+    assert errors["later"].startswith("[step 1/1] nap failed: "), errors["later"]
+    assert errors["later"].endswith(f" (at {line_of('# later')})"), errors["later"]
