@@ -10,11 +10,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from backends.builders import a_run
 from cli_helpers import Follower, blok, cli_env, eventually, start_worker
 
 from blok_tui.run_follow import RunFollower
 from engine import Attempt, LogLine, Run, RunStatus, StepRun, StepStatus
-from engine.ledger import make_job, make_run
 
 FOLLOWED = """
 from pathlib import Path
@@ -249,17 +249,7 @@ T0 = datetime(2026, 12, 5, 12, 0, 0, tzinfo=UTC)
 
 
 def _run() -> Run:
-    job = make_job(
-        queue="q",
-        workflow_name="w",
-        payload={},
-        headers=None,
-        priority=0,
-        run_at=None,
-        max_retries=0,
-        now=T0,
-    )
-    run = make_run(job, workflow_version="v1", status=RunStatus.RUNNING, created_at=T0)
+    run = a_run(status=RunStatus.RUNNING, created_at=T0)
     run.started_at = T0
     run.steps = [
         StepRun(index=0, name="fetch", status=StepStatus.RUNNING, started_at=T0, max_attempts=3),

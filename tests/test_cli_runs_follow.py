@@ -7,11 +7,11 @@ import signal
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from backends.builders import a_run
 from cli_helpers import Follower, blok, start_worker, write_workflows
 
 from blok_tui.runs_follow import RunsFilter, run_line
 from engine import Run, RunStatus
-from engine.ledger import make_job, make_run
 
 
 def _stop(follower: Follower) -> tuple[int, str]:
@@ -78,19 +78,14 @@ T0 = datetime(2026, 12, 5, 12, 0, 0, tzinfo=UTC)
 
 
 def _run(status: RunStatus) -> Run:
-    job = make_job(
+    return a_run(
+        status=status,
         queue="mail",
         workflow_name="mail.send",
-        payload={},
-        headers=None,
-        priority=0,
-        run_at=None,
-        max_retries=0,
-        now=T0,
+        created_at=T0,
+        started_at=T0,
+        worker="host:1:w",
     )
-    run = make_run(job, workflow_version="v1", status=status, created_at=T0)
-    run.started_at, run.worker = T0, "host:1:w"
-    return run
 
 
 def test_a_line_says_what_the_status_it_came_to_adds() -> None:
