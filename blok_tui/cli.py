@@ -431,7 +431,8 @@ def build_parser() -> argparse.ArgumentParser:
         "-f",
         action="store_true",
         help="then print a line each time a run the filters select starts, waits or ends, "
-        "until ctrl-c (with --status failed: a tail of the failures)",
+        "until ctrl-c (with --status failed: a tail of the failures; with --json: a JSON "
+        "object a line, from now on)",
     )
     db_option(runs, keep)
 
@@ -797,8 +798,6 @@ async def _enqueue_job(engine: Any, args: argparse.Namespace, *, note: bool = Tr
 
 async def _runs(args: argparse.Namespace) -> None:
     if args.follow:
-        if args.json:
-            raise UsageError("--follow prints lines, not JSON: give one of them", "blok-tui runs")
         await _follow_runs(args)
         return
     async with _client(args) as engine:
@@ -818,13 +817,19 @@ async def _follow_runs(args: argparse.Namespace) -> None:
     from .runs_follow import RunsFilter, follow_runs
 
     async with _following(args) as (engine, events):
+        only = RunsFilter(args.status, args.workflow, args.queue)
+        if args.json:  # JSON Lines of what happens from now on, for a script to read
+            # The first line says what is followed, once it is: the filters, and the moment.
+            filters = {"status": args.status, "workflow": args.workflow, "queue": args.queue}
+            _say(json.dumps({"at": engine.now().isoformat(), "following": filters}))
+            await follow_runs(engine, events, only, _say, as_json=True)
+            return
         runs = await engine.runs(
             status=args.status, workflow=args.workflow, queue=args.queue, limit=args.limit
         )
         unknown = await _unknown_names(engine, args) if not runs else ""
         _say(_table(runs) if runs else f"no runs{unknown}")
         _say("\nFOLLOWING (ctrl-c stops)")
-        only = RunsFilter(args.status, args.workflow, args.queue)
         await follow_runs(engine, events, only, _say)
 
 

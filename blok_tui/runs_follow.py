@@ -7,6 +7,7 @@ that ended is read once for its time and its error. No Textual here."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, tzinfo
@@ -48,8 +49,11 @@ async def follow_runs(
     only: RunsFilter,
     say: Callable[[str], None],
     tz: tzinfo | None = None,
+    *,
+    as_json: bool = False,
 ) -> None:
-    """Tell `say` each start, wait and end of a run `only` selects, until cancelled."""
+    """Tell `say` each start, wait and end of a run `only` selects, until cancelled; as a line
+    of text, or (`as_json`) of JSON."""
     # Columns as wide as the longest names the workers declared: the lines stay aligned.
     widths = (
         max((len(info.name) for info in await engine.workflows()), default=0),
@@ -57,7 +61,12 @@ async def follow_runs(
     )
     async for event in events:
         if isinstance(event, Lagged):
-            say(f"({event.dropped} events went by unread: `blok-tui runs` lists what ended)")
+            missed = {"missed": event.dropped, "at": engine.now().isoformat()}
+            say(
+                json.dumps(missed)
+                if as_json
+                else f"({event.dropped} events went by unread: `blok-tui runs` lists what ended)"
+            )
             continue
         if isinstance(event, RunStarted | RunFinished):
             status = "running" if isinstance(event, RunStarted) else event.status
@@ -74,7 +83,22 @@ async def follow_runs(
             continue
         if only.workflow is not None and run.workflow_name != only.workflow:
             continue
-        say(run_line(run, status, engine.now(), widths, tz))
+        if as_json:
+            say(run_json(run, status, engine.now()))
+        else:
+            say(run_line(run, status, engine.now(), widths, tz))
+
+
+def run_json(run: Run, status: str, now: datetime) -> str:
+    """One line of JSON for a script (`runs --follow --json`): when, the status the run came
+    to, and the run as `runs --json` lists it (as it is now)."""
+    fields = {"steps", "logs", "state", "cursor"}
+    told = {
+        "at": now.isoformat(),
+        "status": status,
+        "run": run.model_dump(mode="json", exclude=fields),
+    }
+    return json.dumps(told, ensure_ascii=False)
 
 
 def run_line(

@@ -3,6 +3,7 @@ waits or ends, from a real worker process; and its lines from hand-made records.
 
 from __future__ import annotations
 
+import json
 import signal
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -68,10 +69,25 @@ def test_runs_follow_tells_starts_and_ends_and_status_failed_only_the_failures(
     assert other_queue.news() == []
 
 
-def test_runs_follow_and_json_together_are_refused(tmp_path: Path) -> None:
-    done = blok("runs", "--follow", "--json", "--db", tmp_path / "none.db")
-    assert done.returncode == 2
-    assert "--follow prints lines, not JSON" in done.stderr
+def test_runs_follow_json_is_a_json_object_a_line_from_now_on(tmp_path: Path) -> None:
+    database = tmp_path / "blok.db"
+    worker = start_worker(database, write_workflows(tmp_path / "workflows"))
+    failures = Follower("--status", "failed", "--json", "--db", database, command=("runs", "-f"))
+    try:
+        first = json.loads(failures.read_until("following")[0])
+        bad = blok("enqueue", "naps", '{"seconds": "soon"}', "--wait", "--db", database)
+        failed_id = bad.stderr.split()[3]  # "blok-tui: error: run RUN_ID failed: ..."
+        failures.read_until(failed_id)
+    finally:
+        assert _stop(failures) == (130, "")
+        assert worker.stop() == 0, worker.stderr()
+    assert first["following"] == {"status": "failed", "workflow": None, "queue": None}
+    told = [json.loads(line) for line in failures.lines[1:]]
+    assert [(t["status"], t["run"]["id"], t["run"]["status"]) for t in told] == [
+        ("failed", failed_id, "failed")
+    ]
+    assert told[0]["run"]["error"].startswith("[step 1/1] nap failed: ")
+    assert "steps" not in told[0]["run"] and datetime.fromisoformat(told[0]["at"])
 
 
 T0 = datetime(2026, 12, 5, 12, 0, 0, tzinfo=UTC)
