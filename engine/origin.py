@@ -5,15 +5,20 @@ as a workflow file's load error names its file and line; the console folds the o
 
 from __future__ import annotations
 
+import os
 import sys
 import sysconfig
 from functools import lru_cache
 from pathlib import Path
 from types import FrameType, TracebackType
 
-_ENGINE_DIR = str(Path(__file__).resolve().parent)
+# Folders, each with its separator: `/srv/engine_tools/x.py` is not in `/srv/engine`.
+_ENGINE_DIR = str(Path(__file__).resolve().parent) + os.sep
 _LIBRARY_DIRS = tuple(
-    {sysconfig.get_paths()[name] for name in ("stdlib", "platstdlib", "purelib", "platlib")}
+    {
+        str(Path(sysconfig.get_paths()[name]).resolve()) + os.sep
+        for name in ("stdlib", "platstdlib", "purelib", "platlib")
+    }
 )
 
 
@@ -55,7 +60,7 @@ def _shown(filename: str, line: int, cwd: Path | None) -> str:
     path = Path(filename)
     try:
         shown = str(path.relative_to(cwd or Path.cwd()))
-    except ValueError:
+    except (ValueError, OSError):  # not under it; or the working directory was removed
         shown = str(path)
     return f"{shown}:{line}"
 

@@ -23,8 +23,8 @@ class WaitReason:
     """`gate`: event | subworkflow | sleep | rate_limit | concurrency | debounce | paused |
     throttled | delay | retry | no_worker | queued | running | ended. `holders`: the runs
     holding what it waits for (the concurrency slots of its key, the starts in its rate-limit
-    window, the child run it waits on), oldest first. `until`: when it may start or go on (None: when its event comes,
-    or a slot frees)."""
+    window, the child run it waits on), oldest first. `until`: when it may start or go on
+    (None: when its event comes, or a slot frees)."""
 
     run_id: str
     status: RunStatus
@@ -135,7 +135,7 @@ async def served(backend: Backend, queue: str) -> bool:
 
 
 def _names(catalog: WorkerCatalog) -> set[str]:
-    return {served.name for served in catalog.queues}
+    return {declared.name for declared in catalog.queues}
 
 
 def _explain_wait(run: Run) -> WaitReason:

@@ -84,6 +84,8 @@ def test_the_engines_the_standard_librarys_and_no_files_frames_are_not_the_users
     assert is_engine_frame(str(Path(pytest.__file__)))
     assert is_engine_frame("<string>")
     assert not is_engine_frame(__file__)
+    # A folder whose name starts like the engine's is not the engine's.
+    assert not is_engine_frame(str(Path(runner.__file__).resolve().parent) + "_tools/x.py")
 
 
 def line_of(marker: str) -> str:
