@@ -74,7 +74,11 @@ async def test_every_second_on_two_engines_fires_once_per_tick(database: Path | 
         await until(five_ticks, timeout=15)
         ticks = await ticks_of(first, wf.name)
     assert len(ticks) == len(set(ticks)), f"a tick fired twice: {ticks}"
-    assert [b - a for a, b in itertools.pairwise(ticks)] == [1.0] * (len(ticks) - 1)
+    # On the schedule's one-second grid. A tick the engines came to late (a machine busy for
+    # seconds) fires once for the span it missed, as catch_up="latest" says: a wider step,
+    # still whole seconds.
+    steps = [b - a for a, b in itertools.pairwise(ticks)]
+    assert steps and all(step >= 1.0 and step == int(step) for step in steps), ticks
     async with Engine(database=database, create=False) as client:
         runs = await client.runs(workflow=wf.name, limit=100)
         assert runs and all(run.input == {"kind": "tick"} for run in runs)
