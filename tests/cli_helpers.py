@@ -182,7 +182,12 @@ class Follower:
 
     def finish(self, timeout: float = 30) -> tuple[int, list[str], str]:
         """Its exit status, every line it printed, and its standard error."""
-        code = self.process.wait(timeout)
+        try:
+            code = self.process.wait(timeout)
+        except subprocess.TimeoutExpired:  # a follower that never ends must not outlive the test
+            self.process.kill()
+            self.process.wait()
+            raise AssertionError(f"still following after {timeout}s: {self.lines}") from None
         while (line := self._read.get(timeout=timeout)) is not None:
             self.lines.append(line)
         assert self.process.stderr is not None
