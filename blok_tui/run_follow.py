@@ -34,10 +34,9 @@ from engine.text import printable
 
 from .console import local_times
 from .plain_text import one_line
-from .run_text import why_line
+from .run_text import ERROR_CHARS, attempt_error, why_line
 from .tracebacks import clean_error
 
-ERROR_CHARS = 200
 # What a moment is, to tell it once: ("attempt", step index, number), ("log", ...), ...
 Key = tuple[object, ...]
 
@@ -191,18 +190,13 @@ def moments(run: Run) -> list[Moment]:
             )
             # A step of one attempt: its end says how the attempt failed.
             if attempt.error and attempt.finished_at is not None and step.max_attempts > 1:
-                kind = f"{attempt.error_type}: " if attempt.error_type else ""
-                error = one_line(clean_error(f"{kind}{attempt.error}"), ERROR_CHARS)
-                then = (
-                    f"; next in {format_duration(attempt.backoff_ms)}" if attempt.backoff_ms else ""
-                )
                 found.append(
                     Moment(
                         attempt.finished_at,
                         ("failed", step.index, attempt.number),
                         f"{name} attempt {attempt.number}{of} {attempt.status}"
                         f" after {_between(attempt.started_at, attempt.finished_at)}:"
-                        f" {error}{then}",
+                        f" {attempt_error(attempt)}",
                     )
                 )
         ended = _step_end(step, name, run.created_at)

@@ -23,6 +23,7 @@ from .tracebacks import clean_error, fold_traceback
 
 VALUE_CHARS = 400  # of an input or output shown inline; `--json` has all of it
 NOTE_CHARS = 70
+ERROR_CHARS = 200  # of an error in one line
 LABEL = 10  # the width of the facts' labels
 
 
@@ -121,7 +122,7 @@ def _status(run: Run) -> str:
     status = str(run.status)
     if not run.error:
         return status
-    return f"{status}: {one_line(clean_error(run.error), 200)}"
+    return f"{status}: {one_line(clean_error(run.error), ERROR_CHARS)}"
 
 
 def _took(run: Run, now: datetime) -> str:
@@ -218,12 +219,18 @@ def _attempt_line(step: StepRun, attempt: Attempt) -> str:
     if attempt.finished_at is not None:
         ms = (attempt.finished_at - attempt.started_at).total_seconds() * 1000
         took = f" after {format_duration(max(0.0, ms))}"
-    kind = f"{attempt.error_type}: " if attempt.error_type else ""
-    error = one_line(clean_error(f"{kind}{attempt.error}"), 200)
-    then = f"; next in {format_duration(attempt.backoff_ms)}" if attempt.backoff_ms else ""
     return printable(
-        f"{step.name}, attempt {attempt.number}: {attempt.status}{took}: {error}{then}"
+        f"{step.name}, attempt {attempt.number}: {attempt.status}{took}: {attempt_error(attempt)}"
     )
+
+
+def attempt_error(attempt: Attempt) -> str:
+    """A failed attempt's error in one line, with its kind, and the wait before the next one:
+    "ValueError: card declined; next in 400ms". `show` and `show --follow` print it."""
+    kind = f"{attempt.error_type}: " if attempt.error_type else ""
+    error = one_line(clean_error(f"{kind}{attempt.error}"), ERROR_CHARS)
+    then = f"; next in {format_duration(attempt.backoff_ms)}" if attempt.backoff_ms else ""
+    return error + then
 
 
 # ---- the log ------------------------------------------------------------------------------
