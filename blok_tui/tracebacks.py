@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from engine.origin import is_engine_frame
+from engine.origin import is_engine_frame, shown_path
 
 from .console import printable
 
@@ -25,7 +25,6 @@ def clean_error(text: str) -> str:
 def fold_traceback(text: str, *, cwd: Path | None = None) -> str:
     """The traceback with each run of engine or library frames folded into one line, leading
     ones included, so it starts at the user's frame. Paths under `cwd` are shown relative."""
-    here = str((cwd or Path.cwd()).resolve()) + "/"
     out: list[str] = []
     folded = 0
     lines = clean_error(text).rstrip().splitlines()
@@ -57,8 +56,7 @@ def fold_traceback(text: str, *, cwd: Path | None = None) -> str:
             folded += 1
             continue
         flush()
-        if path.startswith(here):
-            body[0] = line.replace(path, path[len(here) :], 1)
+        body[0] = line.replace(path, shown_path(path, cwd), 1)
         out.extend(body)
     flush()
     return "\n".join(out)

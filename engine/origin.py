@@ -57,12 +57,17 @@ def caller_line(cwd: Path | None = None) -> str | None:
 
 
 def _shown(filename: str, line: int, cwd: Path | None) -> str:
-    path = Path(filename)
+    return f"{shown_path(filename, cwd)}:{line}"
+
+
+def shown_path(path: str, cwd: Path | None = None) -> str:
+    """`path` relative to `cwd` (this process's working directory by default) when it is under
+    it, else as it is: how a run's error and the console's tracebacks name a file."""
     try:
-        shown = str(path.relative_to(cwd or Path.cwd()))
-    except (ValueError, OSError):  # not under it; or the working directory was removed
-        shown = str(path)
-    return f"{shown}:{line}"
+        here = str((cwd or Path.cwd()).resolve()) + os.sep
+    except OSError:  # the working directory was removed
+        return path
+    return path[len(here) :] if path.startswith(here) else path
 
 
 def failed_for_good(where: str, error: str, failure: BaseException | None, attempts: int) -> str:
