@@ -895,14 +895,14 @@ async def _show(args: argparse.Namespace) -> None:
 
 async def _follow(args: argparse.Namespace) -> None:
     """`show --follow`: the run as `show` prints it, then what happens to it until it ends."""
-    from .run_follow import RunFollower, follow, goes_on, job_of, why_held
+    from .run_follow import RunFollower, follow, job_of, went_on, why_held
     from .run_text import run_text
 
     async with _following(args) as (engine, events):
         run = await engine.find_run(args.run_id)
         job, why = await job_of(engine, run), await why_held(engine, run)
         _say(run_text(run, engine.now(), job=job, why=why))
-        if not run.terminal or await goes_on(engine, run):
+        if not run.terminal or went_on(run, job):  # the job read above: no second read
             _say("\nFOLLOWING (ctrl-c stops)")
         follower = RunFollower()
         follower.know(run)

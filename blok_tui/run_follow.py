@@ -138,7 +138,11 @@ async def job_of(engine: EngineAPI, run: Run) -> Job | None:
 
 async def goes_on(engine: EngineAPI, run: Run) -> Job | None:
     """The job of a run that ended, if it went on as another run (a retry, a requeue)."""
-    job = await job_of(engine, run)
+    return went_on(run, await job_of(engine, run))
+
+
+def went_on(run: Run, job: Job | None) -> Job | None:
+    """`job`, if it went on from `run` as another run."""
     return job if job is not None and job.run_id != run.id else None
 
 
