@@ -12,6 +12,7 @@ from .redact import redact_text, redact_value, secret_values
 
 if TYPE_CHECKING:
     from .models import Job, Run
+    from .origin import Stopped
 
 _engine_log = logging.getLogger("blok.run")
 
@@ -106,6 +107,7 @@ class Context:
         "run_id",
         "state",
         "step_index",
+        "stopped_at",
         "workflow_name",
     )
 
@@ -131,6 +133,7 @@ class Context:
         self.attempt = 1
         self._stop = stop if stop is not None else StopFlag()
         self.attempt_stopped = False  # this step attempt timed out
+        self.stopped_at: Stopped | None = None  # where the last stopped async node was
         self.job = job
         self.step_index: int | None = None
         self._sink = sink

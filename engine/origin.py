@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import sys
 import sysconfig
+import traceback
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from types import FrameType, TracebackType
@@ -70,12 +72,58 @@ def shown_path(path: str, cwd: Path | None = None) -> str:
     return path[len(here) :] if path.startswith(here) else path
 
 
-def failed_for_good(where: str, error: str, failure: BaseException | None, attempts: int) -> str:
+@dataclass(frozen=True, slots=True)
+class Stopped:
+    """Where a node was when it was stopped (its time ran out, or its run's): the innermost
+    line of the user's code (`path:line`, None when none was on the stack) and the stack in a
+    traceback's form, which a timed-out attempt keeps as its traceback."""
+
+    line: str | None
+    stack: str
+
+    @property
+    def note(self) -> str:
+        """ " (stopped at workflows/shop.py:14)", or nothing without a line."""
+        return f" (stopped at {self.line})" if self.line else ""
+
+
+_STOPPED_HEADER = "Stopped here (most recent call last):\n"
+
+
+def stopped_by(cancellation: BaseException) -> Stopped:
+    """Where an async node was: its frames are those the cancellation passed through on its
+    way out, from the await it was thrown into."""
+    return _stopped(traceback.extract_tb(cancellation.__traceback__))
+
+
+def stopped_in_thread(ident: int | None) -> Stopped | None:
+    """Where a sync node's thread is now; None once it has returned."""
+    frame = sys._current_frames().get(ident) if ident is not None else None
+    return None if frame is None else _stopped(traceback.extract_stack(frame))
+
+
+def _stopped(stack: traceback.StackSummary) -> Stopped:
+    innermost = next((f for f in reversed(stack) if not is_engine_frame(f.filename)), None)
+    line = None
+    if innermost is not None and innermost.lineno is not None:
+        line = _shown(innermost.filename, innermost.lineno, None)
+    return Stopped(line, _STOPPED_HEADER + "".join(stack.format()))
+
+
+def failed_for_good(
+    where: str,
+    error: str,
+    failure: BaseException | None,
+    attempts: int,
+    stopped: Stopped | None = None,
+) -> str:
     """The one-line error of a step whose last attempt failed: "[step 2/4] charge failed:
-    card declined (at workflows/shop.py:14, after 3 attempts)". Where it came from goes after
+    card declined (at workflows/shop.py:14, after 3 attempts)", or for one whose time ran out,
+    where it was then: "(stopped at workflows/shop.py:14, ...)". Where it came from goes after
     the error: a table that cuts the line keeps the error."""
     origin = user_line(failure) if failure is not None else None
     notes = [f"at {origin}"] if origin else []
+    notes += [f"stopped at {stopped.line}"] if stopped is not None and stopped.line else []
     notes += [f"after {attempts} attempts"] if attempts > 1 else []
     return f"{where} failed: {error}" + (f" ({', '.join(notes)})" if notes else "")
 

@@ -17,7 +17,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from functools import partial
 from typing import Any
 
 import anyio
@@ -38,7 +37,8 @@ from .models import (
     StepRun,
     StepStatus,
 )
-from .origin import failed_before_running, failed_for_good
+from .node_calls import NodeCalls
+from .origin import Stopped, failed_before_running, failed_for_good, stopped_in_thread
 from .records import assign, construct
 from .services import UNRECORDED, Recorder, Services
 from .threads import SyncCall
@@ -230,17 +230,7 @@ class Runner:
         self._nested: dict[str, tuple[list[StepRun], dict[tuple[Any, ...], int]]] = {}
         # Runs sleeping in a step's retry backoff, by run id: retry_now sets the event.
         self.backoff_wakeups: dict[str, anyio.Event] = {}
-        # Step.is_async asks `inspect` each time; a step's node never changes (steps are
-        # frozen), so the answer is kept by step identity.
-        self._async_nodes: dict[int, tuple[Step, bool]] = {}
-        # Sync nodes' calls by run id, kept while their thread runs: a retry waits for them,
-        # and the worker asks before it hands a job back.
-        self._calls: dict[str, set[SyncCall]] = {}
-        # The frames of async nodes running now (id of the coroutine's frame → what runs
-        # there), for the watchdog to name the step that blocks the event loop, and what the
-        # watchdog noticed (frame id → seconds blocked).
-        self.async_frames: dict[int, tuple[str, str, str]] = {}
-        self.stalls: dict[int, float] = {}
+        self.calls = NodeCalls(self.engine_log)
 
     # ---- records ---------------------------------------------------------------------------
     @staticmethod
@@ -572,17 +562,17 @@ class Runner:
             failure: BaseException | None = None
             result: Any = None
             call: SyncCall | None = None
+            stopped: Stopped | None = None
             ctx.attempt_stopped = False
             limit_s = step.max_duration / 1000 if step.max_duration else None
             began = time.monotonic()
             try:
                 scope = anyio.move_on_after(limit_s) if limit_s else None
                 with telemetry.OBSERVE.step(run, ctx, step.name, scope), scope or nullcontext():
-                    if self._is_async(step):
-                        result = await self._await_node(run, step, where, ctx, inputs)
+                    if self.calls.is_async(step):
+                        result = await self.calls.run_async(run, step, where, ctx, inputs)
                     else:
-                        call = SyncCall(partial(step.node, ctx, **inputs), step.name)
-                        self._calls.setdefault(run.id, set()).add(call)
+                        call = self.calls.start_sync(run, step, ctx, inputs)
                         result = await call.outcome()
                 if (scope is not None and scope.cancelled_caught) or (
                     limit_s is not None and time.monotonic() - began > limit_s
@@ -601,7 +591,7 @@ class Runner:
                 failure = error
             finally:
                 if call is not None and not call.running:
-                    self._calls[run.id].discard(call)
+                    self.calls.ended(run, call)
             finished_at = self.clock.now()
             if failure is None and not timed_out:
                 assign(attempt, finished_at=finished_at, status=AttemptStatus.COMPLETED)
@@ -625,6 +615,13 @@ class Runner:
                 attempt.status = AttemptStatus.TIMED_OUT
                 attempt.error = f"timed out after {step.max_duration}ms (max_duration)"
                 attempt.error_type = "TimeoutError"
+                # Where it was: an async node left it (taken: a stop of the run in the
+                # backoff that follows is not here); a sync node's thread is still there.
+                stopped, ctx.stopped_at = ctx.stopped_at, None
+                if call is not None and call.running:
+                    stopped = stopped_in_thread(call.ident)
+                if stopped is not None:
+                    attempt.traceback = ctx.redact(user_names(stopped.stack))
             else:
                 assert failure is not None
                 attempt.status = AttemptStatus.FAILED
@@ -643,13 +640,14 @@ class Runner:
                 self.engine_log(
                     run,
                     f"{where}: attempt {attempt_no} timed out but its sync node still runs in "
-                    f"its thread; {'the step ends' if last else 'the next attempt starts'} "
-                    "once it returns (a sync node should return when ctx.cancelled is set)",
+                    f"its thread{stopped.note if stopped else ''}; "
+                    f"{'the step ends' if last else 'the next attempt starts'} once it returns "
+                    "(a sync node should return when ctx.cancelled is set)",
                     "warning",
                 )
                 self.save(run)
                 await call.ended()
-                self._calls[run.id].discard(call)
+                self.calls.ended(run, call)
             if self.bus.active:
                 self.bus.publish(
                     AttemptFailed(
@@ -668,7 +666,7 @@ class Runner:
                 record.error = f"{attempt.error_type}: {attempt.error}"
                 record.finished_at = attempt.finished_at
                 self._finished(run, record)
-                message = failed_for_good(where, attempt.error, failure, max_attempts)
+                message = failed_for_good(where, attempt.error, failure, max_attempts, stopped)
                 try:
                     raise StepError(message, step.name, timed_out) from failure
                 finally:
@@ -677,38 +675,18 @@ class Runner:
             await self._backoff(run, (attempt.backoff_ms or 0) / 1000)
         raise AssertionError("unreachable: the attempt loop returns or raises")
 
-    async def _await_node(
-        self, run: Run, step: Step, where: str, ctx: Context, inputs: dict[str, Any]
-    ) -> Any:
-        coro = step.node(ctx, **inputs)
-        frame = getattr(coro, "cr_frame", None)
-        if frame is None:
-            return await coro
-        key = id(frame)
-        self.stalls.pop(key, None)  # left by an earlier frame at the same address
-        self.async_frames[key] = (run.id, run.workflow_name, where)
-        try:
-            return await coro
-        finally:
-            del self.async_frames[key]
-            stalled = self.stalls.pop(key, None)
-            if stalled is not None:
-                self.engine_log(
-                    run,
-                    f"{where} blocked the event loop for {stalled:.1f}s (an async node must not "
-                    "call blocking code: make it a plain def, or await anyio.to_thread.run_sync)",
-                    "warning",
-                )
-
-    def running_threads(self, run_id: str) -> list[str]:
-        """Names of the steps of the run whose sync node still runs in its thread."""
-        calls = self._calls.get(run_id)
-        if not calls:
-            return []
-        return sorted({call.name for call in calls if call.running})
-
-    def forget_threads(self, run_id: str) -> None:
-        self._calls.pop(run_id, None)
+    def stopped(self, run: Run, ctx: Context) -> str:
+        """Where a run stopped from outside (its job's timeout) was: kept as the traceback of
+        the attempts it left running; returned as the note its error ends with."""
+        stopped = self.calls.stopped_at(run.id, ctx)
+        if stopped is None:
+            return ""
+        stack = ctx.redact(user_names(stopped.stack))
+        for step in run.steps:
+            for attempt in step.attempts:
+                if attempt.status is AttemptStatus.RUNNING:
+                    attempt.traceback = stack
+        return stopped.note
 
     async def _backoff(self, run: Run, seconds: float) -> None:
         """Sleep before the next attempt; `Engine.retry_now` sets the run's event to cut the
@@ -720,14 +698,6 @@ class Runner:
         finally:
             if self.backoff_wakeups.get(run.id) is wake:
                 del self.backoff_wakeups[run.id]
-
-    def _is_async(self, step: Step) -> bool:
-        known = self._async_nodes.get(id(step))
-        if known is None or known[0] is not step:
-            if len(self._async_nodes) > 10_000:  # many reloads: start again
-                self._async_nodes.clear()
-            known = self._async_nodes[id(step)] = (step, step.is_async)
-        return known[1]
 
     async def _wait(
         self, run: Run, ctx: Context, step: WaitStep, record: StepRun, where: str

@@ -25,19 +25,21 @@ import anyio.lowlevel
 class SyncCall:
     """One call of a sync function in a daemon thread, started at once."""
 
-    __slots__ = ("_done", "_token", "error", "finished", "name", "result")
+    __slots__ = ("_done", "_token", "error", "finished", "ident", "name", "result")
 
     def __init__(self, fn: Callable[[], Any], name: str) -> None:
         self.name = name
         self.result: Any = None
         self.error: BaseException | None = None
         self.finished = threading.Event()
+        self.ident: int | None = None  # its thread's, once it runs (where it is: origin)
         self._done = anyio.Event()
         self._token = anyio.lowlevel.current_token()
         context = contextvars.copy_context()  # the caller's context variables, as to_thread
         _POOL.submit(lambda: self._run(context, fn))
 
     def _run(self, context: contextvars.Context, fn: Callable[[], Any]) -> None:
+        self.ident = threading.get_ident()
         try:
             self.result = context.run(fn)
         except BaseException as error:  # SystemExit too: it is the node's failure

@@ -4,7 +4,7 @@ An `async def` node that calls blocking code (`time.sleep`, a sync HTTP client, 
 holds the event loop: no other run advances, leases are not renewed, the operator's requests
 wait. Nothing inside the loop can see it happen, so a thread watches a heartbeat the loop
 keeps; when the heartbeat stops, the thread looks at the loop thread's stack for the frame of
-an async node the runner registered (`Runner.async_frames`) and logs which step of which run
+an async node the runner registered (`NodeCalls.async_frames`) and logs which step of which run
 blocks it. The runner adds the time blocked to the step's record when the node returns, and
 an attempt that overran its `max_duration` this way is recorded timed out (engine/runner.py).
 """
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 if TYPE_CHECKING:
-    from .runner import Runner
+    from .node_calls import NodeCalls
 
 log = logging.getLogger("blok.watchdog")
 
@@ -29,8 +29,8 @@ WATCHDOG_S = 1.0  # a loop that has not turned for this long is reported
 
 
 class LoopWatchdog:
-    def __init__(self, runner: Runner, threshold_s: float = WATCHDOG_S) -> None:
-        self.runner = runner
+    def __init__(self, calls: NodeCalls, threshold_s: float = WATCHDOG_S) -> None:
+        self.calls = calls
         self.threshold_s = threshold_s
         self._beat = time.monotonic()
         self._loop_thread: int | None = None
@@ -82,8 +82,8 @@ class LoopWatchdog:
                         "(engine code or another task of this process)",
                         blocked,
                     )
-            if culprit is not None and culprit[0] in self.runner.async_frames:
-                self.runner.stalls[culprit[0]] = now - stalled_since
+            if culprit is not None and culprit[0] in self.calls.async_frames:
+                self.calls.stalls[culprit[0]] = now - stalled_since
 
     @staticmethod
     def _name(culprit: tuple[int, tuple[str, str, str]], blocked: float) -> None:
@@ -103,7 +103,7 @@ class LoopWatchdog:
         if self._loop_thread is None:
             return None
         frame: FrameType | None = sys._current_frames().get(self._loop_thread)
-        frames = self.runner.async_frames
+        frames = self.calls.async_frames
         while frame is not None:
             found = frames.get(id(frame))
             if found is not None:

@@ -33,7 +33,7 @@ from .catalog import Catalog
 from .context import Context
 from .events import EventBus, QueueChanged
 from .gates import Gates
-from .ledger import Ledger, make_run
+from .ledger import CANCELLED, Ledger, make_run
 from .models import Job, JobState, LogLine, Run, RunStatus, StepStatus, WorkerInfo
 from .queue_runtime import QueueRuntime
 from .runner import Outcome, Runner, SnapshotLost
@@ -212,7 +212,7 @@ class Worker:
         tg.start_soon(self.guard(self._lease_loop))
         tg.start_soon(self.guard(self._follow_loop))
         if self.watchdog_s:
-            self._watchdog = LoopWatchdog(self.runner, self.watchdog_s)
+            self._watchdog = LoopWatchdog(self.runner.calls, self.watchdog_s)
             tg.start_soon(self._watchdog.beat)
 
     async def _host_jobs(self, tg: TaskGroup) -> TaskGroup:
@@ -632,11 +632,13 @@ class Worker:
                 whose = "the job's timeout" if "timeout_ms" in job.meta else "the trigger's timeout"
                 outcome = Outcome(
                     RunStatus.TIMED_OUT,
-                    error=f"run timed out after {timeout}ms ({whose})",
+                    error=f"run timed out after {timeout}ms ({whose})"
+                    + self.runner.stopped(run, ctx),
                     final=True,
                 )
             if handle.cancel_requested or outcome is None:
-                self.ledger.cancelled(claim, queue, run)
+                # Where it was is what an operator who cancels a stuck run wants to know.
+                self.ledger.cancelled(claim, queue, run, CANCELLED + self.runner.stopped(run, ctx))
             else:
                 self._settle(runtime, claim, run, workflow, outcome)
         except anyio.get_cancelled_exc_class():
@@ -670,14 +672,14 @@ class Worker:
                 self.gates.release(handle.run.id)
                 self.handles.pop(handle.run.id, None)
                 self.by_job.pop(job.id, None)
-                self.runner.forget_threads(handle.run.id)
+                self.runner.calls.forget(handle.run.id)
                 handle.end()
 
     def _stopped(self, handle: RunHandle, workflow: Workflow) -> None:
         """A run the worker stopped (past a drain's grace): recorded where it stopped, with
         its state, and its job handed back to go on from there — unless its code still runs
         (a sync node's thread): then the job stays this worker's until the process is gone."""
-        threads = self.runner.running_threads(handle.run.id)
+        threads = self.runner.calls.running_threads(handle.run.id)
         if threads:
             self._hold(handle, f"step {', '.join(threads)} still runs in its thread")
             return

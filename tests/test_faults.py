@@ -32,6 +32,7 @@ from engine import (
 )
 from engine.backends import open_backend
 from engine.gates import Gates
+from engine.node_calls import NodeCalls
 from engine.watchdog import LoopWatchdog
 from engine.worker import RunHandle
 
@@ -176,15 +177,6 @@ async def test_an_async_node_blocking_the_loop_is_named_and_timed_out(
     assert any("blocked the event loop for" in line.message for line in run.logs)
 
 
-class _Frames:
-    """What the watchdog reads of a runner: the frames of the async nodes running, and the
-    stalls it notes for them."""
-
-    def __init__(self) -> None:
-        self.async_frames: dict[int, tuple[str, str, str]] = {}
-        self.stalls: dict[int, float] = {}
-
-
 async def test_a_stall_that_a_node_takes_over_in_the_same_turn_is_named(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -192,8 +184,8 @@ async def test_a_stall_that_a_node_takes_over_in_the_same_turn_is_named(
     the same turn of the loop, by a node: the stall is named after the node (seen in a full
     test run, where the suite's garbage collection ran just before the blocking node)."""
     caplog.set_level(logging.WARNING, logger="blok.watchdog")
-    frames = _Frames()
-    dog = LoopWatchdog(frames, threshold_s=0.2)  # type: ignore[arg-type]
+    frames = NodeCalls(lambda run, message, level: None)
+    dog = LoopWatchdog(frames, threshold_s=0.2)
 
     def node() -> None:
         me = id(sys._getframe())

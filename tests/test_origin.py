@@ -4,14 +4,16 @@ past the engine's, the standard library's and installed packages' frames, after 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from support import raised_at
 
 from engine import Engine, Retry, Step, WorkerTrigger, Workflow, runner, wait
-from engine.origin import failed_for_good, is_engine_frame, user_line
+from engine.origin import Stopped, failed_for_good, is_engine_frame, stopped_in_thread, user_line
 
 pytestmark = pytest.mark.anyio
 
@@ -134,3 +136,165 @@ async def test_a_step_that_fails_on_its_definition_names_the_line_it_was_written
     )
     assert errors["later"].startswith("[step 1/1] nap failed: "), errors["later"]
     assert errors["later"].endswith(f" (at {line_of('# later')})"), errors["later"]
+
+
+# ---- where a timeout found the node --------------------------------------------------------
+async def _waits_inside(ctx: Any) -> None:
+    await _a_call_that_hangs()
+
+
+async def _a_call_that_hangs() -> None:
+    await anyio.sleep(30)  # where the async node hangs
+
+
+def _loops_until_told(ctx: Any) -> None:
+    while not ctx.cancelled:
+        time.sleep(0.01)  # where the sync node spins
+
+
+def _ignores_the_flag(ctx: Any) -> None:
+    time.sleep(0.6)  # where the sync node sleeps through its timeout
+
+
+async def test_a_step_whose_time_ran_out_says_where_it_was_and_keeps_the_stack() -> None:
+    """An async node waiting in a call of its own: the line of that call's await; a sync node:
+    the line its thread was on; both attempts' stacks kept as their tracebacks."""
+    flows = [
+        Workflow(
+            name="hangs",
+            trigger=WorkerTrigger(queue="hangs"),
+            steps=[
+                Step(
+                    "fetch",
+                    _waits_inside,
+                    max_duration=100,
+                    retry=Retry(max_attempts=2, min_timeout=1),
+                )
+            ],
+        ),
+        Workflow(
+            name="spins",
+            trigger=WorkerTrigger(queue="spins"),
+            steps=[Step("crunch", _loops_until_told, max_duration=100)],
+        ),
+    ]
+    async with Engine(workflows=flows, database=None) as engine:
+        hangs = await engine.wait_for_job(await engine.enqueue("hangs", {}), timeout=10)
+        spins = await engine.wait_for_job(await engine.enqueue("spins", {}), timeout=10)
+    assert hangs.error == (
+        "[step 1/1] fetch failed: timed out after 100ms (max_duration) (stopped at "
+        f"{line_of('where the async node hangs')}, after 2 attempts)"
+    )
+    assert spins.error == (
+        "[step 1/1] crunch failed: timed out after 100ms (max_duration) (stopped at "
+        f"{line_of('where the sync node spins')})"
+    )
+    for attempt in hangs.step("fetch").attempts:
+        stack = attempt.traceback or ""
+        assert stack.startswith("Stopped here (most recent call last):\n"), stack
+        # The node's frame, then the call it was waiting in, innermost last.
+        assert stack.index("in _waits_inside") < stack.index("in _a_call_that_hangs"), stack
+    [spun] = spins.step("crunch").attempts
+    assert "in _loops_until_told\n    time.sleep(0.01)" in (spun.traceback or "")
+
+
+async def test_a_sync_node_that_goes_on_past_its_timeout_is_said_to_be_there() -> None:
+    flows = [
+        Workflow(
+            name="sleeps",
+            trigger=WorkerTrigger(queue="sleeps"),
+            steps=[Step("nap", _ignores_the_flag, max_duration=100)],
+        )
+    ]
+    async with Engine(workflows=flows, database=None) as engine:
+        run = await engine.wait_for_job(await engine.enqueue("sleeps", {}), timeout=10)
+    where = line_of("sleeps through its timeout")
+    assert run.error is not None and run.error.endswith(f"(stopped at {where})"), run.error
+    [warning] = [line.message for line in run.logs if "still runs in its thread" in line.message]
+    assert f"still runs in its thread (stopped at {where}); the step ends once" in warning
+
+
+async def test_a_run_whose_job_timed_out_says_where_its_step_was() -> None:
+    flows = [
+        Workflow(
+            name="long",
+            trigger=WorkerTrigger(queue="long", timeout=150),
+            steps=[Step("fetch", _waits_inside)],
+        )
+    ]
+    async with Engine(workflows=flows, database=None) as engine:
+        run = await engine.wait_for_job(await engine.enqueue("long", {}), timeout=10)
+    assert run.error == (
+        "run timed out after 150ms (the trigger's timeout) (stopped at "
+        f"{line_of('where the async node hangs')})"
+    )
+    [attempt] = run.step("fetch").attempts
+    assert "in _a_call_that_hangs" in (attempt.traceback or ""), attempt.traceback
+
+
+def test_a_stop_with_no_frame_of_the_users_names_no_line() -> None:
+    assert failed_for_good("[step 1/1] s", "timed out", None, 2, Stopped(None, "")) == (
+        "[step 1/1] s failed: timed out (after 2 attempts)"
+    )
+    assert Stopped(None, "").note == ""
+    assert stopped_in_thread(None) is None
+
+
+async def _hangs_once(ctx: Any) -> None:
+    if ctx.attempt == 1:
+        await anyio.sleep(30)
+
+
+async def test_where_an_earlier_attempt_stopped_is_not_taken_for_a_later_stop() -> None:
+    """A first step's first attempt timed out (an async node: where it was, noted), then the
+    run's timeout stops the run: in a sync node of the next step, that node's line; in the
+    backoff before the second attempt, no line."""
+    flows = [
+        Workflow(
+            name="later",
+            trigger=WorkerTrigger(queue="later", timeout=400),
+            steps=[
+                Step(
+                    "first",
+                    _hangs_once,
+                    max_duration=50,
+                    retry=Retry(max_attempts=2, min_timeout=1),
+                ),
+                Step("nap", _ignores_the_flag),
+            ],
+        ),
+        Workflow(
+            name="backoff",
+            trigger=WorkerTrigger(queue="backoff", timeout=300),
+            # The first attempt's backoff (1 s) outlasts the run's timeout.
+            steps=[Step("first", _hangs_once, max_duration=50, retry=Retry(max_attempts=2))],
+        ),
+    ]
+    async with Engine(workflows=flows, database=None) as engine:
+        later = await engine.wait_for_job(await engine.enqueue("later", {}), timeout=10)
+        backoff = await engine.wait_for_job(await engine.enqueue("backoff", {}), timeout=10)
+    assert later.error == (
+        "run timed out after 400ms (the trigger's timeout) (stopped at "
+        f"{line_of('sleeps through its timeout')})"
+    )
+    assert backoff.error == "run timed out after 300ms (the trigger's timeout)"
+
+
+async def test_a_cancelled_run_says_where_it_was_stopped() -> None:
+    """What an operator who cancels a stuck run wants to know: where it was stuck."""
+    started = anyio.Event()
+
+    async def stuck(ctx: Any) -> None:
+        started.set()
+        await _a_call_that_hangs()
+
+    flows = [Workflow(name="stuck", trigger=WorkerTrigger(queue="stuck"), steps=[Step("s", stuck)])]
+    async with Engine(workflows=flows, database=None) as engine:
+        job_id = await engine.enqueue("stuck", {})
+        with anyio.fail_after(10):
+            await started.wait()
+        await engine.cancel((await engine.get_job(job_id)).run_id)
+        run = await engine.wait_for_job(job_id, timeout=10)
+    assert run.error == f"cancelled by operator (stopped at {line_of('async node hangs')})"
+    [attempt] = run.step("s").attempts
+    assert "in _a_call_that_hangs" in (attempt.traceback or ""), attempt.traceback

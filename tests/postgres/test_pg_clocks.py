@@ -22,7 +22,7 @@ import pytest
 from anyio.abc import Process
 from anyio.streams.text import TextReceiveStream
 from pg import NO_DRIVER
-from support import add_unserved, until
+from support import add_unserved, raised_at, until
 
 pytest.importorskip("asyncpg", reason=NO_DRIVER)
 
@@ -365,4 +365,6 @@ async def test_an_operator_whose_clock_runs_ahead_asks_the_live_holder_to_cancel
         with anyio.fail_after(5):
             await stopped.wait()
         run = await worker.get_run(run_id)
-    assert run.status is RunStatus.CANCELLED and run.error == "cancelled by operator", run.error
+    assert run.status is RunStatus.CANCELLED, run.status
+    # Where the step was: the holder stopped it.
+    assert run.error == f"cancelled by operator (stopped at {raised_at(hold, 3)})", run.error
