@@ -116,12 +116,15 @@ def failed_for_good(
     failure: BaseException | None,
     attempts: int,
     stopped: Stopped | None = None,
+    defined_at: str | None = None,
 ) -> str:
     """The one-line error of a step whose last attempt failed: "[step 2/4] charge failed:
-    card declined (at workflows/shop.py:14, after 3 attempts)", or for one whose time ran out,
-    where it was then: "(stopped at workflows/shop.py:14, ...)". Where it came from goes after
-    the error: a table that cuts the line keeps the error."""
-    origin = user_line(failure) if failure is not None else None
+    card declined (at workflows/shop.py:14, after 3 attempts)"; at the step's definition when
+    no frame of the error is the user's (the engine refused what the node returned, or the
+    node is a library's function); for a step whose time ran out, where it was then:
+    "(stopped at workflows/shop.py:14, ...)". Where it came from goes after the error: a table
+    that cuts the line keeps the error."""
+    origin = (user_line(failure) or defined_at) if failure is not None else None
     notes = [f"at {origin}"] if origin else []
     notes += [f"stopped at {stopped.line}"] if stopped is not None and stopped.line else []
     notes += [f"after {attempts} attempts"] if attempts > 1 else []

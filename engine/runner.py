@@ -666,7 +666,9 @@ class Runner:
                 record.error = f"{attempt.error_type}: {attempt.error}"
                 record.finished_at = attempt.finished_at
                 self._finished(run, record)
-                message = failed_for_good(where, attempt.error, failure, max_attempts, stopped)
+                message = failed_for_good(
+                    where, attempt.error, failure, max_attempts, stopped, step.defined_at
+                )
                 try:
                     raise StepError(message, step.name, timed_out) from failure
                 finally:

@@ -298,3 +298,31 @@ async def test_a_cancelled_run_says_where_it_was_stopped() -> None:
     assert run.error == f"cancelled by operator (stopped at {line_of('async node hangs')})"
     [attempt] = run.step("s").attempts
     assert "in _a_call_that_hangs" in (attempt.traceback or ""), attempt.traceback
+
+
+async def test_a_return_value_the_engine_refuses_names_the_steps_line() -> None:
+    """No frame of the error is the user's: the engine refused what the node returned (a
+    spread of a non-dict, a value JSON cannot hold). The step's `Step(...)` line is where the
+    user can see both the node and the option."""
+    flows = [
+        Workflow(
+            name="spread",
+            trigger=WorkerTrigger(queue="spread"),
+            steps=[Step("rows", lambda ctx: [1, 2], spread=True)],  # spread
+        ),
+        Workflow(
+            name="opaque",
+            trigger=WorkerTrigger(queue="opaque"),
+            steps=[Step("thing", lambda ctx: object())],  # opaque
+        ),
+    ]
+    async with Engine(workflows=flows, database=None) as engine:
+        spread = await engine.wait_for_job(await engine.enqueue("spread", {}), timeout=10)
+        opaque = await engine.wait_for_job(await engine.enqueue("opaque", {}), timeout=10)
+    assert spread.error == (
+        "[step 1/1] rows failed: step 'rows' has spread=True but returned list, not a dict to "
+        f"merge into ctx.state (at {line_of('# spread')})"
+    )
+    assert opaque.error is not None
+    assert opaque.error.startswith("[step 1/1] thing failed: the return value of thing is not")
+    assert opaque.error.endswith(f"(at {line_of('# opaque')})"), opaque.error
