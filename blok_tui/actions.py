@@ -336,6 +336,15 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         help="Skip the backoff before a step's next attempt, or start a delayed run now",
     ),
     ConsoleAction(
+        "where",
+        "Ask where this run's code is now",
+        RUN,
+        "w",
+        "where",
+        help="The worker running it answers, on any machine: the line of your code each "
+        "running step is at (a stuck run: waiting on what?); the answer lands in the run's log",
+    ),
+    ConsoleAction(
         "open_child",
         "Open the child run of this subworkflow step",
         RUN,

@@ -384,6 +384,19 @@ class BlokApp(App[None]):
         modal = InjectScreen(self.engine, list(self.queue_names), replay_of=run)
         self.push_screen(modal, replayed)
 
+    def ask_where(self, run_id: str) -> None:
+        """Where a running run's code is, as its worker answers (up to a few seconds on
+        another machine: a worker, not the screen's wait)."""
+        self.run_worker(self._ask_where(run_id), group="where")
+
+    async def _ask_where(self, run_id: str) -> None:
+        try:
+            answer = await self.engine.where(run_id)
+        except EngineError as error:
+            self.notify(str(error), title="Where: no answer", severity="warning")
+            return
+        self.notify(answer, title=f"Where run {run_id} is now", timeout=15)
+
     async def retry_now(self, run_id: str) -> bool:
         try:
             started = await self.engine.retry_now(run_id)

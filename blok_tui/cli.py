@@ -461,6 +461,24 @@ def build_parser() -> argparse.ArgumentParser:
     cancel.add_argument("run_id", metavar="RUN_ID", help=RUN_ID_HELP)
     db_option(cancel, keep)
 
+    where = commands.add_parser(
+        "where",
+        help="where a running run's code is now",
+        description="Ask the worker that runs a run, on any machine, where its code is now: "
+        "for each step that runs, the line of the workflow file and the frames of your code "
+        "that led there (a stuck run: waiting on what?). The answer also lands on the run's "
+        "log. Exit 1 if the run is not running or its worker does not answer.",
+    )
+    where.add_argument("run_id", metavar="RUN_ID", help=RUN_ID_HELP)
+    where.add_argument(
+        "--timeout",
+        type=_duration_arg,
+        default="10s",
+        metavar="DURATION",
+        help="how long to wait for the worker's answer (default 10s)",
+    )
+    db_option(where, keep)
+
     replay = commands.add_parser(
         "replay",
         help="run a run again",
@@ -941,6 +959,16 @@ async def _cancel(args: argparse.Namespace) -> None:
     print(printable(f"{run.id} {run.status}"))
 
 
+async def _where(args: argparse.Namespace) -> None:
+    from engine import parse_duration
+
+    async with _client(args) as engine:
+        run = await engine.find_run(args.run_id)
+        answer = await engine.where(run.id, timeout=parse_duration(args.timeout) / 1000)
+    for line in answer.splitlines():
+        print(printable(line))
+
+
 async def _replay(args: argparse.Namespace) -> None:
     async with _client(args) as engine:
         run = await engine.find_run(args.run_id)
@@ -1056,6 +1084,7 @@ COMMANDS = {
     "runs": _runs,
     "show": _show,
     "cancel": _cancel,
+    "where": _where,
     "replay": _replay,
     "pause": _pause_or_resume,
     "resume": _pause_or_resume,

@@ -532,6 +532,8 @@ class RunScreen(BlokScreen):
         match action:
             case "cancel_run":
                 return not run.terminal
+            case "where":
+                return status == "running"
             case "replay_run" | "edit_replay":
                 return run.terminal
             case "replay_from_step":
@@ -633,6 +635,9 @@ class RunScreen(BlokScreen):
     def action_edit_replay(self) -> None:
         if self.run is not None:
             self.blok.edit_and_replay(self.run)
+
+    def action_where(self) -> None:
+        self.blok.ask_where(self.run_id)
 
     async def action_retry_now(self) -> None:
         if await self.blok.retry_now(self.run_id):

@@ -153,5 +153,7 @@ class EngineAPI(Protocol):
 
     async def why_waiting(self, run_id: str) -> WaitReason: ...
 
+    async def where(self, run_id: str, timeout: float = 10.0) -> str: ...
+
 
 __all__ = ["Capabilities", "EngineAPI"]

@@ -47,6 +47,7 @@ from .runner import Runner
 from .scheduler import ScheduleInfo, Scheduler, Schedules, scheduling_disabled
 from .waiting import WaitReason, explain
 from .watchdog import WATCHDOG_S
+from .whereabouts import ask_where
 from .worker import Worker
 from .workflow import Workflow
 
@@ -722,6 +723,13 @@ class Engine:
     async def run_schedule(self, workflow: str, schedule: str | None = None) -> str:
         """Enqueue one run of the schedule now, with its payload; the run's id."""
         return await self._schedule_ops.run_now(workflow, schedule)
+
+    async def where(self, run_id: str, timeout: float = 10.0) -> str:
+        """Where a running run's code is now: a `where: …` line for each of its nodes that
+        runs (the step, the line of the workflow file, then its own frames), as the worker
+        holding it answers, on any machine; the answer also lands on the run's log."""
+        run = await self.operator.get_run(run_id)
+        return await ask_where(self.backend, run, self.operator.worker, timeout)
 
     async def why_waiting(self, run_id: str) -> WaitReason:
         """What holds a run that has not started or does not go on: the gate or wait, its

@@ -5,15 +5,18 @@ out, the line a timeout names and the stack its attempt keeps (`engine.origin.St
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import sys
+import traceback
+from collections.abc import Callable, Coroutine
 from functools import partial
+from types import FrameType
 from typing import Any
 
 import anyio
 
 from .context import Context
 from .models import Run
-from .origin import Stopped, stopped_by, stopped_in_thread
+from .origin import Stopped, stopped_by, stopped_in_thread, where_now
 from .threads import SyncCall
 from .workflow import Step
 
@@ -24,11 +27,13 @@ class NodeCalls:
         # Step.is_async asks `inspect` each time; a step's node never changes (steps are
         # frozen), so the answer is kept by step identity.
         self._async_nodes: dict[int, tuple[Step, bool]] = {}
-        # Sync nodes' calls by run id, kept while their thread runs.
-        self._sync: dict[str, set[SyncCall]] = {}
+        # Sync nodes' calls by run id, kept while their thread runs, with their step.
+        self._sync: dict[str, dict[SyncCall, str]] = {}
         # The frames of async nodes running now (id of the coroutine's frame → run id,
-        # workflow, step), and what the watchdog noticed (frame id → seconds blocked).
+        # workflow, step) and their coroutines, and what the watchdog noticed (frame id →
+        # seconds blocked).
         self.async_frames: dict[int, tuple[str, str, str]] = {}
+        self._coroutines: dict[int, Coroutine[Any, Any, Any]] = {}
         self.stalls: dict[int, float] = {}
 
     def is_async(self, step: Step) -> bool:
@@ -51,6 +56,7 @@ class NodeCalls:
         key = id(frame)
         self.stalls.pop(key, None)  # left by an earlier frame at the same address
         self.async_frames[key] = (run.id, run.workflow_name, where)
+        self._coroutines[key] = coro
         try:
             return await coro
         except anyio.get_cancelled_exc_class() as stop:
@@ -58,6 +64,7 @@ class NodeCalls:
             raise
         finally:
             del self.async_frames[key]
+            del self._coroutines[key]
             stalled = self.stalls.pop(key, None)
             if stalled is not None:
                 self._warn(
@@ -67,17 +74,19 @@ class NodeCalls:
                     "warning",
                 )
 
-    def start_sync(self, run: Run, step: Step, ctx: Context, inputs: dict[str, Any]) -> SyncCall:
+    def start_sync(
+        self, run: Run, step: Step, where: str, ctx: Context, inputs: dict[str, Any]
+    ) -> SyncCall:
         """The sync node called in its thread, kept while the thread runs."""
         call = SyncCall(partial(step.node, ctx, **inputs), step.name)
-        self._sync.setdefault(run.id, set()).add(call)
+        self._sync.setdefault(run.id, {})[call] = where
         return call
 
     def ended(self, run: Run, call: SyncCall) -> None:
         """A sync call whose thread returned."""
         calls = self._sync.get(run.id)
         if calls is not None:
-            calls.discard(call)
+            calls.pop(call, None)
 
     def running_threads(self, run_id: str) -> list[str]:
         """Names of the steps of the run whose sync node still runs in its thread."""
@@ -96,5 +105,34 @@ class NodeCalls:
                 return stopped_in_thread(call.ident)
         return None
 
+    def where_now(self, run_id: str) -> list[str]:
+        """Where each node of the run that runs now is (`origin.where_now`): an async node at
+        the await it is suspended in (this runs on the event loop, so every one is), a sync
+        node where its thread is."""
+        said = [
+            where_now(where, traceback.StackSummary.extract(_awaiting(self._coroutines[key])))
+            for key, (owner, _, where) in list(self.async_frames.items())
+            if owner == run_id
+        ]
+        threads = sys._current_frames()
+        for call, where in list(self._sync.get(run_id, {}).items()):
+            frame = threads.get(call.ident) if call.ident is not None else None
+            if call.running and frame is not None:
+                said.append(where_now(where, traceback.extract_stack(frame)))
+        return said
+
     def forget(self, run_id: str) -> None:
         self._sync.pop(run_id, None)
+
+
+def _awaiting(coroutine: Any) -> list[tuple[FrameType, int]]:
+    """A suspended coroutine's frames and lines, outermost first, down the chain of what each
+    awaits (to a future, which has no frame)."""
+    frames: list[tuple[FrameType, int]] = []
+    while coroutine is not None:
+        frame = getattr(coroutine, "cr_frame", None) or getattr(coroutine, "gi_frame", None)
+        if frame is None:
+            break
+        frames.append((frame, frame.f_lineno))
+        coroutine = getattr(coroutine, "cr_await", None) or getattr(coroutine, "gi_yieldfrom", None)
+    return frames

@@ -103,11 +103,29 @@ def stopped_in_thread(ident: int | None) -> Stopped | None:
 
 
 def _stopped(stack: traceback.StackSummary) -> Stopped:
+    return Stopped(_innermost(stack), _STOPPED_HEADER + "".join(stack.format()))
+
+
+def _innermost(stack: traceback.StackSummary) -> str | None:
     innermost = next((f for f in reversed(stack) if not is_engine_frame(f.filename)), None)
-    line = None
-    if innermost is not None and innermost.lineno is not None:
-        line = _shown(innermost.filename, innermost.lineno, None)
-    return Stopped(line, _STOPPED_HEADER + "".join(stack.format()))
+    if innermost is None or innermost.lineno is None:
+        return None
+    return _shown(innermost.filename, innermost.lineno, None)
+
+
+def where_now(where: str, stack: traceback.StackSummary) -> str:
+    """Where a running node is, for an operator who asked: "where: [step 1/2] fetch is at
+    workflows/feeds.py:12", then its own frames, outermost first, a line each with the code
+    on it (the engine's and libraries' left out)."""
+    line = _innermost(stack)
+    if line is None:
+        return f"where: {where} is in library code, called from no line of its workflow"
+    frames = [
+        f"  {_shown(f.filename, f.lineno, None)} in {f.name}: {(f.line or '').strip()}"
+        for f in stack
+        if f.lineno is not None and not is_engine_frame(f.filename)
+    ]
+    return "\n".join([f"where: {where} is at {line}", *frames])
 
 
 def failed_for_good(

@@ -572,7 +572,7 @@ class Runner:
                     if self.calls.is_async(step):
                         result = await self.calls.run_async(run, step, where, ctx, inputs)
                     else:
-                        call = self.calls.start_sync(run, step, ctx, inputs)
+                        call = self.calls.start_sync(run, step, where, ctx, inputs)
                         result = await call.outcome()
                 if (scope is not None and scope.cancelled_caught) or (
                     limit_s is not None and time.monotonic() - began > limit_s

@@ -38,6 +38,7 @@ from .models import Job, JobState, LogLine, Run, RunStatus, StepStatus, WorkerIn
 from .queue_runtime import QueueRuntime
 from .runner import Outcome, Runner, SnapshotLost
 from .watchdog import WATCHDOG_S, LoopWatchdog
+from .whereabouts import NOTHING_RUNS, WHERE
 from .workflow import Workflow
 
 log = logging.getLogger("blok.worker")
@@ -851,6 +852,9 @@ class Worker:
         """Carry out an operator's request on a run held here."""
         if signal == "cancel":
             handle.cancel()
+        elif signal == WHERE:
+            for answer in self.runner.calls.where_now(handle.run.id) or [NOTHING_RUNS]:
+                self.runner.engine_log(handle.run, answer)
         elif signal == "retry_now":
             wakeup = self.runner.backoff_wakeups.get(handle.run.id)
             if wakeup is not None:

@@ -26,11 +26,11 @@ from blok_tui.runs_screen import MARK, RunsScreen
 from blok_tui.widgets import BulkBar, StepRail
 from blok_tui.widgets.row_table import RowTable
 from blok_tui.workers_screen import WorkersScreen
-from engine import Engine, RunFilter, RunStarted, WorkerInfo
+from engine import Engine, RunFilter, RunStarted, StepStarted, WorkerInfo
 from engine.events import AttemptFailed
 from engine.liveness import process_of, this_process
 
-from .flows import ALL
+from .flows import ALL, sleep_long
 from .helpers import column, command, settled, text_of, until
 
 pytestmark = pytest.mark.anyio
@@ -435,3 +435,31 @@ async def test_requeue_every_dead_letter_of_a_queue_after_one_confirmation(engin
         assert sorted(app.last_bulk.ids) == sorted(jobs)
     for job_id in jobs:  # each went back with a fresh run
         assert (await engine.get_job(job_id)).run_id != firsts[job_id]
+
+
+async def test_w_asks_where_a_running_run_is_and_shows_the_workers_answer(engine: Engine) -> None:
+    events = engine.events()
+    job_id = await engine.enqueue("slow", {"order_id": "W1"})
+    with anyio.fail_after(10):
+        async for event in events:
+            if isinstance(event, StepStarted):  # its node is called in the same turn
+                break
+    await events.aclose()
+    run_id = (await engine.get_job(job_id)).run_id
+    app = BlokApp(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        await command(pilot, f"run {run_id}")
+        await pilot.press("w")
+        await until(pilot, lambda: any(n.title.startswith("Where") for n in app._notifications))
+        [note] = [n for n in app._notifications if n.title.startswith("Where")]
+        assert note.title == f"Where run {run_id} is now"
+        flows = Path(sleep_long.__code__.co_filename).resolve().relative_to(Path.cwd().resolve())
+        line = sleep_long.__code__.co_firstlineno + 2  # its `await anyio.sleep(60)`
+        assert note.message.splitlines() == [
+            f"where: [step 1/1] sleep is at {flows}:{line}",
+            f"  {flows}:{line} in sleep_long: await anyio.sleep(60)",
+        ]
+        await engine.cancel(run_id)
+        # Offered while it runs only.
+        await until(pilot, lambda: not app.screen.key_applies("where"))

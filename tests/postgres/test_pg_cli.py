@@ -140,6 +140,28 @@ async def test_show_follow_tells_another_processes_run_until_it_ends(
     assert [line[14:].split(" in ")[0] for line in news] == ["nap completed", "run completed"]
 
 
+async def test_where_is_answered_by_the_worker_process_that_runs_the_run(
+    served: str, tmp_path: Path
+) -> None:
+    url = served
+    release = tmp_path / "release"
+    done = await cli("enqueue", "naps", f'{{"seconds": 30, "until": "{release}"}}', "--db", url)
+    job_id = done.stdout.strip()
+
+    def napping() -> bool:
+        return "napping 30" in blok("show", job_id, "--db", url).stdout
+
+    await anyio.to_thread.run_sync(eventually, napping)
+    where = await cli("where", job_id, "--db", url)
+    release.touch()
+    assert where.returncode == 0, where.stderr
+    first, *frames = where.stdout.splitlines()
+    assert first.startswith("where: [step 1/1] nap is at "), where.stdout
+    assert first.endswith(frames[-1].split()[0]), where.stdout  # its innermost frame's line
+    # In its sleep, or (rarely) in the look for the release file between two sleeps.
+    assert " in nap: " in frames[-1], where.stdout
+
+
 async def test_runs_follow_tells_a_failure_another_process_ran(served: str) -> None:
     url = served
     failures = Follower("--status", "failed", "--db", url, command=("runs", "-f"))

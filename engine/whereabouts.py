@@ -1,0 +1,69 @@
+"""Where a running run's code is now, for an operator who asks (a stuck run: is it waiting on
+a socket, a lock, a loop that never ends?). The question is a `where` signal on the run's job,
+as a cancel is, so it reaches the worker that holds the job on any machine; that worker answers
+with a line on the run's log (`NodeCalls.where_now`), which the asker reads back."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import anyio
+
+from .backends.base import Backend
+from .errors import EngineError, UnknownJob
+from .models import JobState, Run
+
+WHERE = "where"  # the signal
+ANSWER = "where: "  # how each line of an answer begins
+NOTHING_RUNS = (
+    f"{ANSWER}no step's code runs now (the run is between steps, in a retry's backoff or in a "
+    "short wait)"
+)
+
+
+class Holder(Protocol):
+    """This process's worker, as the asker sees it (`Worker`)."""
+
+    @property
+    def by_job(self) -> Mapping[str, Any]: ...
+
+    def deliver(self, job_id: str, name: str, at: float) -> None: ...
+
+
+def _answers(run: Run) -> list[str]:
+    return [line.message for line in run.logs if line.message.startswith(ANSWER)]
+
+
+async def ask_where(backend: Backend, run: Run, here: Holder | None, timeout: float) -> str:
+    """The holder's answer: a `where: …` line for each node of the run that runs now. `here`:
+    this process's worker, which answers at once for a job it holds."""
+    found = await backend.find_job(run.job_id)
+    if found is None:
+        raise UnknownJob(f"run {run.id}'s job {run.job_id} is not in any queue")
+    queue, job = found
+    if job.state is not JobState.ACTIVE or job.run_id != run.id:
+        raise EngineError(f"run {run.id} is {run.status}: none of its code runs now")
+    before = len(_answers(run))
+    token = await backend.change_token()  # before the signal: the answer's commit moves it
+    if here is not None and job.id in here.by_job:
+        here.deliver(job.id, WHERE, time.time())  # answered now, into this process's writer
+    elif not await queue.signal(job.id, job.epoch, WHERE):
+        raise EngineError(f"run {run.id} changed hands; try again")
+    with anyio.move_on_after(timeout):
+        while True:
+            await backend.runs.flush()
+            now = await backend.runs.get_run(run.id)
+            if now is None:
+                raise EngineError(f"run {run.id} is gone from the store")
+            answers = _answers(now)[before:]
+            if answers:
+                return "\n".join(answers)
+            if now.terminal:
+                raise EngineError(f"run {run.id} ended ({now.status}) before its worker answered")
+            token = await backend.wait_for_change(token, 1.0)
+    raise EngineError(
+        f"run {run.id}: its worker {job.worker} did not answer within {timeout:g}s (is it "
+        "alive? blok-tui workers lists the live ones)"
+    )

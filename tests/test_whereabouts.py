@@ -1,0 +1,169 @@
+"""`Engine.where` / `blok-tui where`: the worker that runs a run says where its code is now,
+on this process or another one, and the answer lands on the run's log."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from cli_helpers import blok, eventually, start_worker
+
+from engine import Engine, EngineError, Retry, RunStatus, Step, UnknownRun, WorkerTrigger, Workflow
+from engine.whereabouts import NOTHING_RUNS
+
+pytestmark = pytest.mark.anyio
+
+HERE = Path(__file__).resolve().relative_to(Path.cwd().resolve())
+
+
+def line_of(marker: str) -> int:
+    lines = Path(__file__).read_text().splitlines()
+    return next(n for n, line in enumerate(lines, 1) if marker in line and "line_of" not in line)
+
+
+async def _hold(ctx: Any, release: anyio.Event) -> None:
+    await _waits_for(release)  # the node own line
+
+
+async def _waits_for(release: anyio.Event) -> None:
+    await release.wait()  # where the async node waits
+
+
+def _spins(ctx: Any, release: threading.Event) -> None:
+    release.wait(30)  # where the sync node thread waits
+
+
+def _fails(ctx: Any) -> None:
+    raise ConnectionError("upstream down")
+
+
+async def test_a_running_nodes_answer_names_its_step_its_line_and_its_frames() -> None:
+    release, released = anyio.Event(), threading.Event()
+    flows = [
+        Workflow(
+            name="held",
+            trigger=WorkerTrigger(queue="held"),
+            steps=[Step("hold", _hold, inputs={"release": lambda ctx: release})],
+        ),
+        Workflow(
+            name="spun",
+            trigger=WorkerTrigger(queue="spun"),
+            steps=[Step("spin", _spins, inputs={"release": lambda ctx: released})],
+        ),
+    ]
+    async with Engine(workflows=flows, database=None) as engine:
+        held = await engine.enqueue("held", {})
+        spun = await engine.enqueue("spun", {})
+        held_run = (await engine.get_job(held)).run_id
+        spun_run = (await engine.get_job(spun)).run_id
+        await _until_running(engine, held_run)
+        await _until_running(engine, spun_run)
+        answer = await engine.where(held_run)
+        assert answer == "\n".join(
+            [
+                f"where: [step 1/1] hold is at {HERE}:{line_of('where the async node waits')}",
+                f"  {HERE}:{line_of('the node own line')} in _hold: await _waits_for(release)"
+                "  # the node own line",
+                f"  {HERE}:{line_of('where the async node waits')} in _waits_for: await "
+                "release.wait()  # where the async node waits",
+            ]
+        )
+        spun_answer = await engine.where(spun_run)
+        assert spun_answer.splitlines()[0] == (
+            f"where: [step 1/1] spin is at {HERE}:{line_of('sync node thread waits')}"
+        ), spun_answer
+        release.set()
+        released.set()
+        done = await engine.wait_for_job(held, timeout=10)
+    assert done.status is RunStatus.COMPLETED
+    # The answer is on the run's log too.
+    assert [line.message for line in done.logs] == [answer]
+
+
+async def _until_running(engine: Engine, run_id: str) -> None:
+    """Until the run's step has an attempt running (its node called)."""
+    events = engine.events()
+    try:
+        run = await engine.get_run(run_id)
+        with anyio.fail_after(10):
+            while not (run.steps and run.steps[0].attempts):
+                await events.__anext__()
+                run = await engine.get_run(run_id)
+    finally:
+        await events.aclose()
+
+
+async def test_a_run_between_attempts_says_no_code_runs_and_an_ended_one_is_refused() -> None:
+    flows = [
+        Workflow(
+            name="backs",
+            trigger=WorkerTrigger(queue="backs"),
+            steps=[Step("call", _fails, retry=Retry(max_attempts=2, min_timeout="1h"))],
+        )
+    ]
+    async with Engine(workflows=flows, database=None) as engine:
+        job_id = await engine.enqueue("backs", {})
+        run_id = (await engine.get_job(job_id)).run_id
+        events = engine.events()
+        with anyio.fail_after(10):
+            async for event in events:
+                if type(event).__name__ == "AttemptFailed":
+                    break
+        await events.aclose()
+        assert await engine.where(run_id) == NOTHING_RUNS
+        await engine.cancel(run_id)
+        await engine.wait_for_job(job_id, timeout=10)
+        with pytest.raises(EngineError, match=f"run {run_id} is cancelled: none of its code runs"):
+            await engine.where(run_id)
+        with pytest.raises(UnknownRun):
+            await engine.where("run_nope")
+
+
+NAPS = """
+import anyio
+from engine import Step, Workflow, WorkerTrigger
+
+
+async def nap(ctx):
+    await anyio.sleep(3600)  # the nap
+
+
+workflow = Workflow(name="naps", trigger=WorkerTrigger(queue="naps"), steps=[Step("nap", nap)])
+"""
+
+
+def test_another_process_answers_and_one_that_died_is_said_not_to(tmp_path: Path) -> None:
+    """`blok-tui where` on SQLite: the worker process holding the run answers; after a kill -9
+    (its lease not yet run out) nobody does, and the command says so in one line."""
+    folder = tmp_path / "workflows"
+    folder.mkdir()
+    (folder / "naps.py").write_text(NAPS)
+    database = tmp_path / "blok.db"
+    worker = start_worker(database, folder)
+    try:
+        job = blok("enqueue", "naps", "{}", "--db", database)
+        job_id = job.stdout.strip()
+        eventually(lambda: "running" in blok("runs", "--db", database).stdout or None)
+        where = eventually(lambda: _answered(blok("where", job_id, "--db", database)))
+        assert where.stdout.splitlines() == [
+            f"where: [step 1/1] nap is at {folder / 'naps.py'}:7",
+            f"  {folder / 'naps.py'}:7 in nap: await anyio.sleep(3600)  # the nap",
+        ], where.stdout
+        worker.process.kill()
+        worker.process.wait()
+        gone = blok("where", job_id, "--db", database, "--timeout", "500ms")
+        assert gone.returncode == 1 and gone.stdout == "", gone
+        assert gone.stderr.startswith("blok-tui: error: run run_") and gone.stderr.endswith(
+            "did not answer within 0.5s (is it alive? blok-tui workers lists the live ones)\n"
+        ), gone.stderr
+    finally:
+        worker.process.kill()
+        worker.process.wait()
+
+
+def _answered(done: Any) -> Any:
+    """An answer from inside the node (not one from between the run's start and its call)."""
+    return done if done.returncode == 0 and " is at " in done.stdout else None
