@@ -13,7 +13,7 @@ import anyio
 
 from .backends.base import Backend
 from .errors import EngineError, UnknownJob
-from .models import JobState, Run
+from .models import JobState, Run, RunStatus
 
 WHERE = "where"  # the signal
 ANSWER = "where: "  # how each line of an answer begins
@@ -43,7 +43,12 @@ async def ask_where(backend: Backend, run: Run, here: Holder | None, timeout: fl
     if found is None:
         raise UnknownJob(f"run {run.id}'s job {run.job_id} is not in any queue")
     queue, job = found
-    if job.state is not JobState.ACTIVE or job.run_id != run.id:
+    # Running by its record (a job claimed ahead has no code running yet) and held.
+    if (
+        run.status is not RunStatus.RUNNING
+        or job.state is not JobState.ACTIVE
+        or job.run_id != run.id
+    ):
         raise EngineError(f"run {run.id} is {run.status}: none of its code runs now")
     before = len(_answers(run))
     token = await backend.change_token()  # before the signal: the answer's commit moves it
