@@ -291,6 +291,15 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         help="Skip the backoff before a step's next attempt, or start a delayed run now",
     ),
     ConsoleAction(
+        "where",
+        "Ask where the selected run's code is now",
+        RUNS,
+        "w",
+        "",
+        help="The worker running it answers, on any machine (with 8, the stuck runs: waiting "
+        "on what?)",
+    ),
+    ConsoleAction(
         "open_later",
         "Open the run the selected run's job went on to",
         RUNS,

@@ -424,6 +424,11 @@ class RunsScreen(BlokScreen):
         if run is not None:
             self.blok.edit_and_replay(run)
 
+    def action_where(self) -> None:
+        run_id = self.selected_run_id()
+        if run_id is not None:
+            self.blok.ask_where(run_id)
+
     async def action_retry_now(self) -> None:
         run_id = self.selected_run_id()
         if run_id is not None and await self.blok.retry_now(run_id):

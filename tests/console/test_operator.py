@@ -463,3 +463,30 @@ async def test_w_asks_where_a_running_run_is_and_shows_the_workers_answer(engine
         await engine.cancel(run_id)
         # Offered while it runs only.
         await until(pilot, lambda: not app.screen.key_applies("where"))
+
+
+async def test_w_in_the_runs_view_asks_about_the_selected_run(engine: Engine) -> None:
+    events = engine.events()
+    job_id = await engine.enqueue("slow", {"order_id": "W2"})
+    with anyio.fail_after(10):
+        async for event in events:
+            if isinstance(event, StepStarted):
+                break
+    await events.aclose()
+    done = await engine.wait_for_job(await engine.enqueue("quick", {"n": 1}), timeout=10)
+    run_id = (await engine.get_job(job_id)).run_id
+    app = BlokApp(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        await command(pilot, "runs")
+        table = app.screen.query_one("#runs", RowTable)
+        table.move_cursor(row=table.keys.index(run_id))
+        await pilot.press("w")
+        await until(pilot, lambda: any(n.title.startswith("Where") for n in app._notifications))
+        table.move_cursor(row=table.keys.index(done.id))
+        await pilot.press("w")
+        await until(pilot, lambda: any(n.title == "Where: no answer" for n in app._notifications))
+    answers = {n.title: n.message for n in app._notifications}
+    assert answers[f"Where run {run_id} is now"].startswith("where: [step 1/1] sleep is at ")
+    assert answers["Where: no answer"] == f"run {done.id} is completed: none of its code runs now"
+    await engine.cancel(run_id)
