@@ -16,7 +16,7 @@ import anyio
 
 from .context import Context
 from .models import Run
-from .origin import Stopped, stopped_by, stopped_in_thread, where_now
+from .origin import Stopped, stopped_by, stopped_in_thread, where_text
 from .threads import SyncCall
 from .workflow import Step
 
@@ -106,11 +106,11 @@ class NodeCalls:
         return None
 
     def where_now(self, run_id: str) -> list[str]:
-        """Where each node of the run that runs now is (`origin.where_now`): an async node at
+        """Where each node of the run that runs now is (`origin.where_text`): an async node at
         the await it is suspended in (this runs on the event loop, so every one is), a sync
         node where its thread is."""
         said = [
-            where_now(where, traceback.StackSummary.extract(_awaiting(self._coroutines[key])))
+            where_text(where, traceback.StackSummary.extract(_awaiting(self._coroutines[key])))
             for key, (owner, _, where) in list(self.async_frames.items())
             if owner == run_id
         ]
@@ -118,7 +118,7 @@ class NodeCalls:
         for call, where in list(self._sync.get(run_id, {}).items()):
             frame = threads.get(call.ident) if call.ident is not None else None
             if call.running and frame is not None:
-                said.append(where_now(where, traceback.extract_stack(frame)))
+                said.append(where_text(where, traceback.extract_stack(frame)))
         return said
 
     def forget(self, run_id: str) -> None:

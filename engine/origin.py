@@ -83,7 +83,8 @@ class Stopped:
 
     @property
     def note(self) -> str:
-        """ " (stopped at workflows/shop.py:14)", or nothing without a line."""
+        """What a one-line error ends with: ' (stopped at workflows/shop.py:14)', or
+        nothing without a line."""
         return f" (stopped at {self.line})" if self.line else ""
 
 
@@ -113,13 +114,13 @@ def _innermost(stack: traceback.StackSummary) -> str | None:
     return _shown(innermost.filename, innermost.lineno, None)
 
 
-def where_now(where: str, stack: traceback.StackSummary) -> str:
+def where_text(where: str, stack: traceback.StackSummary) -> str:
     """Where a running node is, for an operator who asked: "where: [step 1/2] fetch is at
     workflows/feeds.py:12", then its own frames, outermost first, a line each with the code
     on it (the engine's and libraries' left out)."""
     line = _innermost(stack)
     if line is None:
-        return f"where: {where} is in library code, called from no line of its workflow"
+        return f"where: {where} is in library code (no frame of the workflow's own is on its stack)"
     frames = [
         f"  {_shown(f.filename, f.lineno, None)} in {f.name}: {(f.line or '').strip()}"
         for f in stack

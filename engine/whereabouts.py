@@ -43,13 +43,13 @@ async def ask_where(backend: Backend, run: Run, here: Holder | None, timeout: fl
     if found is None:
         raise UnknownJob(f"run {run.id}'s job {run.job_id} is not in any queue")
     queue, job = found
-    # Running by its record (a job claimed ahead has no code running yet) and held.
-    if (
-        run.status is not RunStatus.RUNNING
-        or job.state is not JobState.ACTIVE
-        or job.run_id != run.id
-    ):
+    # Running by its record (a job claimed ahead has no code running yet), and held.
+    if run.status is not RunStatus.RUNNING:
         raise EngineError(f"run {run.id} is {run.status}: none of its code runs now")
+    if job.state is not JobState.ACTIVE or job.run_id != run.id:
+        raise EngineError(
+            f"run {run.id} is recorded running but no worker holds its job now ({job.state})"
+        )
     before = len(_answers(run))
     token = await backend.change_token()  # before the signal: the answer's commit moves it
     if here is not None and job.id in here.by_job:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +14,18 @@ import pytest
 from support import raised_at
 
 from engine import Engine, Retry, Step, WorkerTrigger, Workflow, runner, wait
-from engine.origin import Stopped, failed_for_good, is_engine_frame, stopped_in_thread, user_line
+from engine.origin import (
+    Stopped,
+    failed_for_good,
+    is_engine_frame,
+    stopped_in_thread,
+    user_line,
+    where_text,
+)
 
 pytestmark = pytest.mark.anyio
+
+HERE = Path(__file__).resolve().relative_to(Path.cwd().resolve())
 
 SHOP = """
 import json
@@ -326,3 +336,15 @@ async def test_a_return_value_the_engine_refuses_names_the_steps_line() -> None:
     assert opaque.error is not None
     assert opaque.error.startswith("[step 1/1] thing failed: the return value of thing is not")
     assert opaque.error.endswith(f"(at {line_of('# opaque')})"), opaque.error
+
+
+def test_where_a_node_is_names_only_the_users_frames_or_says_it_is_in_library_code() -> None:
+    library = (json.__file__, 10, "decode", "obj, end = self.raw_decode(s)")
+    users = (__file__, 20, "fetch", "    rows = json.loads(text)  ")
+    place = traceback.StackSummary.from_list
+    assert where_text("[step 1/1] s", place([library])) == (
+        "where: [step 1/1] s is in library code (no frame of the workflow's own is on its stack)"
+    )
+    assert where_text("[step 1/1] s", place([users, library])) == (
+        f"where: [step 1/1] s is at {HERE}:20\n  {HERE}:20 in fetch: rows = json.loads(text)"
+    )
