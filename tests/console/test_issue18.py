@@ -29,7 +29,7 @@ from blok_tui.widgets.row_table import Column, RowTable
 from engine import Engine, RunStarted, StepFinished
 
 from .flows import ALL
-from .helpers import column, command, settled, text_of, until
+from .helpers import column, command, first_event, settled, text_of, until
 
 pytestmark = pytest.mark.anyio
 NARROW = (80, 24)
@@ -377,11 +377,7 @@ async def test_diff_shows_what_a_replay_with_an_edited_input_changed(engine: Eng
 async def test_the_running_steps_log_follows_its_new_lines(engine: Engine) -> None:
     events = engine.events()
     job_id = await engine.enqueue("chatty", {})
-    with anyio.fail_after(10):
-        async for event in events:
-            if isinstance(event, RunStarted):
-                break
-    await events.aclose()
+    await first_event(events, RunStarted)
     run_id = (await engine.get_job(job_id)).run_id
     app = BlokApp(engine)
     async with app.run_test(size=NARROW) as pilot:

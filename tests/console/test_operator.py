@@ -31,7 +31,7 @@ from engine.events import AttemptFailed
 from engine.liveness import process_of, this_process
 
 from .flows import ALL, sleep_long
-from .helpers import column, command, settled, text_of, until
+from .helpers import column, command, first_event, settled, text_of, until
 
 pytestmark = pytest.mark.anyio
 SIZE = (150, 45)
@@ -440,11 +440,7 @@ async def test_requeue_every_dead_letter_of_a_queue_after_one_confirmation(engin
 async def test_w_asks_where_a_running_run_is_and_shows_the_workers_answer(engine: Engine) -> None:
     events = engine.events()
     job_id = await engine.enqueue("slow", {"order_id": "W1"})
-    with anyio.fail_after(10):
-        async for event in events:
-            if isinstance(event, StepStarted):  # its node is called in the same turn
-                break
-    await events.aclose()
+    await first_event(events, StepStarted)  # its node is called in the same turn
     run_id = (await engine.get_job(job_id)).run_id
     app = BlokApp(engine)
     async with app.run_test(size=SIZE) as pilot:
@@ -468,11 +464,7 @@ async def test_w_asks_where_a_running_run_is_and_shows_the_workers_answer(engine
 async def test_w_in_the_runs_view_asks_about_the_selected_run(engine: Engine) -> None:
     events = engine.events()
     job_id = await engine.enqueue("slow", {"order_id": "W2"})
-    with anyio.fail_after(10):
-        async for event in events:
-            if isinstance(event, StepStarted):
-                break
-    await events.aclose()
+    await first_event(events, StepStarted)
     done = await engine.wait_for_job(await engine.enqueue("quick", {"n": 1}), timeout=10)
     run_id = (await engine.get_job(job_id)).run_id
     app = BlokApp(engine)

@@ -116,19 +116,25 @@ async def test_a_cancel_from_another_process_reaches_the_worker_at_once(served: 
         assert took < 1.5, f"cancel took {took:.2f}s"
 
 
+async def _napping(url: str, release: Path) -> str:
+    """A nap enqueued from another process, once the worker runs its node: its job id."""
+    done = await cli("enqueue", "naps", f'{{"seconds": 30, "until": "{release}"}}', "--db", url)
+    assert done.returncode == 0, done.stderr
+    job_id: str = done.stdout.strip()
+
+    def napping() -> bool:
+        return "napping 30" in blok("show", job_id, "--db", url).stdout
+
+    await anyio.to_thread.run_sync(eventually, napping)
+    return job_id
+
+
 async def test_show_follow_tells_another_processes_run_until_it_ends(
     served: str, tmp_path: Path
 ) -> None:
     url = served
     release = tmp_path / "release"
-    done = await cli("enqueue", "naps", f'{{"seconds": 30, "until": "{release}"}}', "--db", url)
-    assert done.returncode == 0, done.stderr
-    job_id = done.stdout.strip()
-
-    def napping() -> bool:
-        return "napping 30" in blok("show", job_id, "--db", url).stdout
-
-    await anyio.to_thread.run_sync(eventually, napping)  # followed from its nap on
+    job_id = await _napping(url, release)  # followed from its nap on
     follower = Follower(job_id, "--db", url)
     await anyio.to_thread.run_sync(follower.read_until, "FOLLOWING")
     assert any(line.startswith("status     running") for line in follower.lines), follower.lines
@@ -145,13 +151,7 @@ async def test_where_is_answered_by_the_worker_process_that_runs_the_run(
 ) -> None:
     url = served
     release = tmp_path / "release"
-    done = await cli("enqueue", "naps", f'{{"seconds": 30, "until": "{release}"}}', "--db", url)
-    job_id = done.stdout.strip()
-
-    def napping() -> bool:
-        return "napping 30" in blok("show", job_id, "--db", url).stdout
-
-    await anyio.to_thread.run_sync(eventually, napping)
+    job_id = await _napping(url, release)
     where = await cli("where", job_id, "--db", url)
     release.touch()
     assert where.returncode == 0, where.stderr
