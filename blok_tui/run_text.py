@@ -188,11 +188,11 @@ def _note(step: StepRun, tz: tzinfo | None) -> str:
         notes.append(f"child run {step.child_run_id}")
     if step.wait_until is not None and str(step.status) == "waiting":
         notes.append(f"until {_moment(step.wait_until, tz)}")
-    if step.timed_out:
-        notes.append("timed out")
     error = step.error or (step.attempts[-1].error if step.attempts else None)
     if error and str(step.status) != "completed":
-        notes.append(clean_error(error))
+        notes.append(clean_error(error))  # a timed-out step's says so
+    elif step.timed_out:
+        notes.append("timed out")
     return one_line("  ".join(notes), NOTE_CHARS)
 
 

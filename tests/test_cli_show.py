@@ -237,6 +237,27 @@ def test_a_live_run_shows_how_long_it_has_run_and_what_its_steps_wait_for() -> N
     ]
 
 
+def test_a_timed_out_steps_note_says_it_once() -> None:
+    start = datetime(2026, 1, 15, 9, 30, tzinfo=UTC)
+    error = "TimeoutError: timed out after 200ms (max_duration)"
+    run = _run(
+        "timed_out",
+        steps=[
+            {
+                "index": 0,
+                "name": "upload",
+                "status": "failed",
+                "timed_out": True,
+                "error": error,
+                "started_at": start,
+                "finished_at": start + timedelta(milliseconds=200),
+            }
+        ],
+    )
+    step_rows = run_text(run, start, tz=UTC).split("\n\n")[1].splitlines()
+    assert step_rows[1].split(None, 3)[3] == error
+
+
 def test_a_retried_delivery_points_to_the_one_that_runs_now() -> None:
     start = datetime(2026, 1, 15, 9, 30, tzinfo=UTC)
     first = _run("failed", job_attempt=1, finished_at=start, error="boom")
