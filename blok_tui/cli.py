@@ -222,6 +222,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _factor(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, not {text}")
+    return value
+
+
 def _port(text: str) -> int:
     try:
         value = int(text)
@@ -425,6 +435,15 @@ def build_parser() -> argparse.ArgumentParser:
     runs.add_argument("--queue", metavar="NAME", type=_queue_arg, help="only runs of this queue")
     runs.add_argument(
         "--limit", type=_positive_int, default=50, metavar="N", help="at most N runs (default 50)"
+    )
+    runs.add_argument(
+        "--stuck",
+        nargs="?",
+        const=3.0,
+        type=_factor,
+        metavar="FACTOR",
+        help="only runs running longer than FACTOR (default 3) times their workflow's median "
+        "time (then: blok-tui where RUN_ID)",
     )
     runs.add_argument(
         "--follow",
@@ -816,13 +835,24 @@ async def _enqueue_job(engine: Any, args: argparse.Namespace, *, note: bool = Tr
 
 async def _runs(args: argparse.Namespace) -> None:
     if args.follow:
+        if args.stuck is not None:
+            # Stuck is how long a run has run, not something that happens: nothing to follow.
+            raise UsageError(
+                "--stuck lists the runs stuck now; it does not follow", "blok-tui runs"
+            )
         await _follow_runs(args)
         return
     async with _client(args) as engine:
         runs = await engine.runs(
-            status=args.status, workflow=args.workflow, queue=args.queue, limit=args.limit
+            status=args.status,
+            workflow=args.workflow,
+            queue=args.queue,
+            limit=args.limit,
+            stuck=args.stuck,
         )
         unknown = await _unknown_names(engine, args) if not runs else ""
+    if args.stuck is not None and not unknown:
+        unknown = f" running longer than {args.stuck:g}× their workflow's median time"
     if args.json:
         fields = {"steps", "logs", "state", "cursor"}
         print(json.dumps([run.model_dump(mode="json", exclude=fields) for run in runs], indent=2))

@@ -3,15 +3,27 @@ on this process or another one, and the answer lands on the run's log."""
 
 from __future__ import annotations
 
+import json
+import sys
 import threading
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from cli_helpers import blok, eventually, start_worker
+from cli_helpers import blok, cli_env, eventually, start_worker
 
-from engine import Engine, EngineError, Retry, RunStatus, Step, UnknownRun, WorkerTrigger, Workflow
+from engine import (
+    Engine,
+    EngineError,
+    Retry,
+    RunStatus,
+    Step,
+    StepStarted,
+    UnknownRun,
+    WorkerTrigger,
+    Workflow,
+)
 from engine.whereabouts import NOTHING_RUNS
 
 pytestmark = pytest.mark.anyio
@@ -167,3 +179,58 @@ def test_another_process_answers_and_one_that_died_is_said_not_to(tmp_path: Path
 def _answered(done: Any) -> Any:
     """An answer from inside the node (not one from between the run's start and its call)."""
     return done if done.returncode == 0 and " is at " in done.stdout else None
+
+
+async def _naps(ctx: Any, seconds: float, release: anyio.Event) -> None:
+    with anyio.move_on_after(seconds):
+        await release.wait()  # where a long nap waits
+
+
+async def test_a_stuck_run_is_listed_by_runs_stuck_and_placed_by_where(tmp_path: Path) -> None:
+    """What a headless operator types: `blok-tui runs --stuck`, then `blok-tui where`; the
+    engine here is the other process's worker."""
+    release = anyio.Event()
+    flows = [
+        Workflow(
+            name="naps",
+            trigger=WorkerTrigger(queue="naps", concurrency=2),
+            steps=[
+                Step(
+                    "nap",
+                    _naps,
+                    inputs={"seconds": "$.body.seconds", "release": lambda ctx: release},
+                )
+            ],
+        )
+    ]
+    database = tmp_path / "blok.db"
+    async with Engine(workflows=flows, database=database) as engine:
+        for _ in range(3):  # a median of a few ms
+            await engine.wait_for_job(await engine.enqueue("naps", {"seconds": 0}), timeout=10)
+        events = engine.events()
+        long_job = await engine.enqueue("naps", {"seconds": 60})
+        long = (await engine.get_job(long_job)).run_id
+        with anyio.fail_after(10):
+            async for event in events:
+                if isinstance(event, StepStarted) and event.run_id == long:
+                    break
+        await events.aclose()
+        # The command's own start takes far longer than 3 × the median.
+        stuck = await _blok("runs", "--stuck", "--json", "--db", database)
+        assert [run["id"] for run in json.loads(stuck)] == [long]
+        where = await _blok("where", long, "--db", database)
+        assert where.splitlines()[0] == (
+            f"where: [step 1/1] nap is at {HERE}:{line_of('where a long nap waits')}"
+        )
+        release.set()
+        await engine.wait_for_job(long_job, timeout=10)
+        none = await _blok("runs", "--stuck", "5", "--db", database)
+        assert none == "no runs running longer than 5× their workflow's median time\n"
+
+
+async def _blok(*args: str | Path) -> str:
+    done = await anyio.run_process(
+        [sys.executable, "-m", "blok_tui", *map(str, args)], check=False, env=cli_env()
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    return done.stdout.decode()
