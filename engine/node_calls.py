@@ -116,8 +116,12 @@ class NodeCalls:
         ]
         threads = sys._current_frames()
         for call, where in list(self._sync.get(run_id, {}).items()):
+            if not call.running:
+                continue
             frame = threads.get(call.ident) if call.ident is not None else None
-            if call.running and frame is not None:
+            if frame is None:  # handed to a thread that has not taken it yet
+                said.append(f"where: {where} is starting in its thread")
+            else:
                 said.append(where_text(where, traceback.extract_stack(frame)))
         return said
 

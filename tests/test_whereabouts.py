@@ -11,6 +11,7 @@ from typing import Any
 
 import anyio
 import pytest
+from backends.builders import a_run
 from cli_helpers import blok, cli_env, eventually, start_worker
 
 from engine import (
@@ -23,7 +24,9 @@ from engine import (
     UnknownRun,
     WorkerTrigger,
     Workflow,
+    threads,
 )
+from engine.node_calls import NodeCalls
 from engine.whereabouts import NOTHING_RUNS
 
 pytestmark = pytest.mark.anyio
@@ -44,7 +47,11 @@ async def _waits_for(release: anyio.Event) -> None:
     await release.wait()  # where the async node waits
 
 
+ENTERED = threading.Event()  # the sync node runs in its thread
+
+
 def _spins(ctx: Any, release: threading.Event) -> None:
+    ENTERED.set()
     release.wait(30)  # where the sync node thread waits
 
 
@@ -83,6 +90,8 @@ async def test_a_running_nodes_answer_names_its_step_its_line_and_its_frames() -
                 "release.wait()  # where the async node waits",
             ]
         )
+        # In its thread (handed to one but not yet in it, it is said to be starting there).
+        assert await anyio.to_thread.run_sync(ENTERED.wait, 10)
         spun_answer = await engine.where(spun_run)
         assert spun_answer.splitlines()[0] == (
             f"where: [step 1/1] spin is at {HERE}:{line_of('sync node thread waits')}"
@@ -234,3 +243,15 @@ async def _blok(*args: str | Path) -> str:
     )
     assert done.returncode == 0, done.stderr.decode()
     return done.stdout.decode()
+
+
+async def test_a_sync_node_handed_to_a_thread_not_yet_in_it_is_said_to_be_starting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    handed: list[Any] = []
+    monkeypatch.setattr(threads._POOL, "submit", handed.append)  # no thread takes it yet
+    calls = NodeCalls(lambda run, message, level: None)
+    run = a_run()
+    calls.start_sync(run, Step("spin", _spins), "[step 1/1] spin", None, {})  # type: ignore[arg-type]
+    assert len(handed) == 1
+    assert calls.where_now(run.id) == ["where: [step 1/1] spin is starting in its thread"]
