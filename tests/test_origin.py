@@ -4,6 +4,7 @@ past the engine's, the standard library's and installed packages' frames, after 
 from __future__ import annotations
 
 import json
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -13,7 +14,7 @@ import anyio
 import pytest
 from support import raised_at
 
-from engine import Engine, Retry, Step, WorkerTrigger, Workflow, runner, wait
+from engine import Engine, LogRecorded, Retry, Step, WorkerTrigger, Workflow, runner, wait
 from engine.origin import (
     Stopped,
     failed_for_good,
@@ -162,10 +163,6 @@ def _loops_until_told(ctx: Any) -> None:
         time.sleep(0.01)  # where the sync node spins
 
 
-def _ignores_the_flag(ctx: Any) -> None:
-    time.sleep(0.6)  # where the sync node sleeps through its timeout
-
-
 async def test_a_step_whose_time_ran_out_says_where_it_was_and_keeps_the_stack() -> None:
     """An async node waiting in a call of its own: the line of that call's await; a sync node:
     the line its thread was on; both attempts' stacks kept as their tracebacks."""
@@ -209,16 +206,32 @@ async def test_a_step_whose_time_ran_out_says_where_it_was_and_keeps_the_stack()
 
 
 async def test_a_sync_node_that_goes_on_past_its_timeout_is_said_to_be_there() -> None:
+    released = threading.Event()
     flows = [
         Workflow(
             name="sleeps",
             trigger=WorkerTrigger(queue="sleeps"),
-            steps=[Step("nap", _ignores_the_flag, max_duration=100)],
+            steps=[
+                Step(
+                    "nap",
+                    _outlasts_its_run,
+                    max_duration=100,
+                    inputs={"release": lambda ctx: released},
+                )
+            ],
         )
     ]
     async with Engine(workflows=flows, database=None) as engine:
-        run = await engine.wait_for_job(await engine.enqueue("sleeps", {}), timeout=10)
-    where = line_of("sleeps through its timeout")
+        events = engine.events()
+        job_id = await engine.enqueue("sleeps", {})
+        with anyio.fail_after(10):
+            async for event in events:
+                if isinstance(event, LogRecorded) and "still runs" in event.message:
+                    break
+        await events.aclose()
+        released.set()  # the step ends once its thread returns
+        run = await engine.wait_for_job(job_id, timeout=10)
+    where = line_of("outlasts its run")
     assert run.error is not None and run.error.endswith(f"(stopped at {where})"), run.error
     [warning] = [line.message for line in run.logs if "still runs in its thread" in line.message]
     assert f"still runs in its thread (stopped at {where}); the step ends once" in warning
@@ -255,14 +268,20 @@ async def _hangs_once(ctx: Any) -> None:
         await anyio.sleep(30)
 
 
+def _outlasts_its_run(ctx: Any, release: threading.Event) -> None:
+    release.wait(10)  # where the sync node outlasts its run
+
+
 async def test_where_an_earlier_attempt_stopped_is_not_taken_for_a_later_stop() -> None:
     """A first step's first attempt timed out (an async node: where it was, noted), then the
     run's timeout stops the run: in a sync node of the next step, that node's line; in the
-    backoff before the second attempt, no line."""
+    backoff before the second attempt, no line. (Each second of the run's timeout is far more
+    than the 50 ms the first attempt takes, whatever the load.)"""
+    released = threading.Event()
     flows = [
         Workflow(
             name="later",
-            trigger=WorkerTrigger(queue="later", timeout=400),
+            trigger=WorkerTrigger(queue="later", timeout=1000),
             steps=[
                 Step(
                     "first",
@@ -270,24 +289,34 @@ async def test_where_an_earlier_attempt_stopped_is_not_taken_for_a_later_stop() 
                     max_duration=50,
                     retry=Retry(max_attempts=2, min_timeout=1),
                 ),
-                Step("nap", _ignores_the_flag),
+                Step("nap", _outlasts_its_run, inputs={"release": lambda ctx: released}),
             ],
         ),
         Workflow(
             name="backoff",
-            trigger=WorkerTrigger(queue="backoff", timeout=300),
-            # The first attempt's backoff (1 s) outlasts the run's timeout.
-            steps=[Step("first", _hangs_once, max_duration=50, retry=Retry(max_attempts=2))],
+            trigger=WorkerTrigger(queue="backoff", timeout=1000),
+            # The first attempt's backoff outlasts the run's timeout.
+            steps=[
+                Step(
+                    "first",
+                    _hangs_once,
+                    max_duration=50,
+                    retry=Retry(max_attempts=2, min_timeout="5s"),
+                )
+            ],
         ),
     ]
     async with Engine(workflows=flows, database=None) as engine:
-        later = await engine.wait_for_job(await engine.enqueue("later", {}), timeout=10)
-        backoff = await engine.wait_for_job(await engine.enqueue("backoff", {}), timeout=10)
+        later_job = await engine.enqueue("later", {})
+        backoff_job = await engine.enqueue("backoff", {})
+        later = await engine.wait_for_job(later_job, timeout=10)
+        released.set()
+        backoff = await engine.wait_for_job(backoff_job, timeout=10)
     assert later.error == (
-        "run timed out after 400ms (the trigger's timeout) (stopped at "
-        f"{line_of('sleeps through its timeout')})"
+        "run timed out after 1000ms (the trigger's timeout) (stopped at "
+        f"{line_of('outlasts its run')})"
     )
-    assert backoff.error == "run timed out after 300ms (the trigger's timeout)"
+    assert backoff.error == "run timed out after 1000ms (the trigger's timeout)"
 
 
 async def test_a_cancelled_run_says_where_it_was_stopped() -> None:
