@@ -35,6 +35,9 @@ class NodeCalls:
         self.async_frames: dict[int, tuple[str, str, str]] = {}
         self._coroutines: dict[int, Coroutine[Any, Any, Any]] = {}
         self.stalls: dict[int, float] = {}
+        # Where each run's last stopped async node was, until a step's timeout takes it: a
+        # stop of the whole run reads it here when the node ran in a branch of its own context.
+        self._stops: dict[str, Stopped] = {}
 
     def is_async(self, step: Step) -> bool:
         known = self._async_nodes.get(id(step))
@@ -60,7 +63,7 @@ class NodeCalls:
         try:
             return await coro
         except anyio.get_cancelled_exc_class() as stop:
-            ctx.stopped_at = stopped_by(stop)
+            ctx.stopped_at = self._stops[run.id] = stopped_by(stop)
             raise
         finally:
             del self.async_frames[key]
@@ -95,15 +98,23 @@ class NodeCalls:
             return []
         return sorted({call.name for call in calls if call.running})
 
+    def took(self, run_id: str, ctx: Context) -> Stopped | None:
+        """Where the async node of a step whose time ran out was, taken: a stop of the run
+        after it (in the backoff that follows) is not there."""
+        self._stops.pop(run_id, None)
+        stopped, ctx.stopped_at = ctx.stopped_at, None
+        return stopped
+
     def stopped_at(self, run_id: str, ctx: Context | None) -> Stopped | None:
-        """Where the run's code was when it was stopped: an async node's last place, else a
-        sync node's thread, which goes on where it is."""
+        """Where the run's code was when the whole run was stopped: an async node's last
+        place (in the run's context, else in a branch's), else a sync node's thread, which
+        goes on where it is."""
         if ctx is not None and ctx.stopped_at is not None:
             return ctx.stopped_at
         for call in self._sync.get(run_id, ()):
             if call.running:
                 return stopped_in_thread(call.ident)
-        return None
+        return self._stops.get(run_id)
 
     def where_now(self, run_id: str) -> list[str]:
         """Where each node of the run that runs now is (`origin.where_text`): an async node at
@@ -127,6 +138,7 @@ class NodeCalls:
 
     def forget(self, run_id: str) -> None:
         self._sync.pop(run_id, None)
+        self._stops.pop(run_id, None)
 
 
 def _awaiting(coroutine: Any) -> list[tuple[FrameType, int]]:

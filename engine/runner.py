@@ -615,9 +615,8 @@ class Runner:
                 attempt.status = AttemptStatus.TIMED_OUT
                 attempt.error = f"timed out after {step.max_duration}ms (max_duration)"
                 attempt.error_type = "TimeoutError"
-                # Where it was: an async node left it (taken: a stop of the run in the
-                # backoff that follows is not here); a sync node's thread is still there.
-                stopped, ctx.stopped_at = ctx.stopped_at, None
+                # Where it was: an async node left it; a sync node's thread is still there.
+                stopped = self.calls.took(run.id, ctx)
                 if call is not None and call.running:
                     stopped = stopped_in_thread(call.ident)
                 if stopped is not None:

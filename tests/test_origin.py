@@ -14,7 +14,17 @@ import anyio
 import pytest
 from support import raised_at
 
-from engine import Engine, LogRecorded, Retry, Step, WorkerTrigger, Workflow, runner, wait
+from engine import (
+    Engine,
+    LogRecorded,
+    Retry,
+    Step,
+    WorkerTrigger,
+    Workflow,
+    for_each,
+    runner,
+    wait,
+)
 from engine.origin import (
     Stopped,
     failed_for_good,
@@ -377,3 +387,28 @@ def test_where_a_node_is_names_only_the_users_frames_or_says_it_is_in_library_co
     assert where_text("[step 1/1] s", place([users, library])) == (
         f"where: [step 1/1] s is at {HERE}:20\n  {HERE}:20 in fetch: rows = json.loads(text)"
     )
+
+
+async def test_a_run_stopped_in_parallel_branches_says_where_one_was() -> None:
+    """The nodes ran in branches of their own (a parallel `for_each`): the run's cancel still
+    names where one of them was."""
+    started = anyio.Event()
+
+    async def each(ctx: Any) -> None:
+        started.set()
+        await _a_call_that_hangs()
+
+    flows = [
+        Workflow(
+            name="fans",
+            trigger=WorkerTrigger(queue="fans"),
+            steps=[for_each("items", "$.body.items", steps=[Step("each", each)], parallel=2)],
+        )
+    ]
+    async with Engine(workflows=flows, database=None) as engine:
+        job_id = await engine.enqueue("fans", {"items": [1, 2]})
+        with anyio.fail_after(10):
+            await started.wait()
+        await engine.cancel((await engine.get_job(job_id)).run_id)
+        run = await engine.wait_for_job(job_id, timeout=10)
+    assert run.error == f"cancelled by operator (stopped at {line_of('async node hangs')})"
