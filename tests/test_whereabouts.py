@@ -15,6 +15,7 @@ from backends.builders import a_run
 from cli_helpers import blok, cli_env, eventually, start_worker
 
 from engine import (
+    AttemptFailed,
     Engine,
     EngineError,
     Retry,
@@ -47,11 +48,8 @@ async def _waits_for(release: anyio.Event) -> None:
     await release.wait()  # where the async node waits
 
 
-ENTERED = threading.Event()  # the sync node runs in its thread
-
-
-def _spins(ctx: Any, release: threading.Event) -> None:
-    ENTERED.set()
+def _spins(ctx: Any, release: threading.Event, entered: threading.Event) -> None:
+    entered.set()
     release.wait(30)  # where the sync node thread waits
 
 
@@ -60,7 +58,7 @@ def _fails(ctx: Any) -> None:
 
 
 async def test_a_running_nodes_answer_names_its_step_its_line_and_its_frames() -> None:
-    release, released = anyio.Event(), threading.Event()
+    release, released, entered = anyio.Event(), threading.Event(), threading.Event()
     flows = [
         Workflow(
             name="held",
@@ -70,7 +68,13 @@ async def test_a_running_nodes_answer_names_its_step_its_line_and_its_frames() -
         Workflow(
             name="spun",
             trigger=WorkerTrigger(queue="spun"),
-            steps=[Step("spin", _spins, inputs={"release": lambda ctx: released})],
+            steps=[
+                Step(
+                    "spin",
+                    _spins,
+                    inputs={"release": lambda ctx: released, "entered": lambda ctx: entered},
+                )
+            ],
         ),
     ]
     async with Engine(workflows=flows, database=None) as engine:
@@ -91,7 +95,7 @@ async def test_a_running_nodes_answer_names_its_step_its_line_and_its_frames() -
             ]
         )
         # In its thread (handed to one but not yet in it, it is said to be starting there).
-        assert await anyio.to_thread.run_sync(ENTERED.wait, 10)
+        assert await anyio.to_thread.run_sync(entered.wait, 10)
         spun_answer = await engine.where(spun_run)
         assert spun_answer.splitlines()[0] == (
             f"where: [step 1/1] spin is at {HERE}:{line_of('sync node thread waits')}"
@@ -131,7 +135,7 @@ async def test_a_run_between_attempts_says_no_code_runs_and_an_ended_one_is_refu
         events = engine.events()
         with anyio.fail_after(10):
             async for event in events:
-                if type(event).__name__ == "AttemptFailed":
+                if isinstance(event, AttemptFailed):
                     break
         await events.aclose()
         assert await engine.where(run_id) == NOTHING_RUNS
