@@ -43,13 +43,14 @@ async def ask_where(backend: Backend, run: Run, here: Holder | None, timeout: fl
     if found is None:
         raise UnknownJob(f"run {run.id}'s job {run.job_id} is not in any queue")
     queue, job = found
-    # Running by its record (a job claimed ahead has no code running yet), and held.
-    if run.status is not RunStatus.RUNNING:
-        raise EngineError(f"run {run.id} is {run.status}: none of its code runs now")
+    # Held by a worker, whatever the record says yet: a node that blocks its event loop from
+    # its first line keeps the start (`running`) from being written.
     if job.state is not JobState.ACTIVE or job.run_id != run.id:
-        raise EngineError(
-            f"run {run.id} is recorded running but no worker holds its job now ({job.state})"
-        )
+        if run.status is RunStatus.RUNNING:
+            raise EngineError(
+                f"run {run.id} is recorded running but no worker holds its job now ({job.state})"
+            )
+        raise EngineError(f"run {run.id} is {run.status}: none of its code runs now")
     before = len(_answers(run))
     token = await backend.change_token()  # before the signal: the answer's commit moves it
     if here is not None and job.id in here.by_job:
@@ -69,6 +70,7 @@ async def ask_where(backend: Backend, run: Run, here: Holder | None, timeout: fl
                 raise EngineError(f"run {run.id} ended ({now.status}) before its worker answered")
             token = await backend.wait_for_change(token, 1.0)
     raise EngineError(
-        f"run {run.id}: its worker {job.worker} did not answer within {timeout:g}s (is it "
-        "alive? blok-tui workers lists the live ones)"
+        f"run {run.id}: its worker {job.worker} did not answer within {timeout:g}s: it is gone, "
+        "a node blocks its event loop (its log names which), or it has not started the run "
+        "yet; blok-tui workers lists the live ones"
     )

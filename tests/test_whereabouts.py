@@ -148,6 +148,9 @@ async def test_a_run_between_attempts_says_no_code_runs_and_an_ended_one_is_refu
 
 
 NAPS = """
+import time
+from pathlib import Path
+
 import anyio
 from engine import Step, Workflow, WorkerTrigger
 
@@ -156,13 +159,22 @@ async def nap(ctx):
     await anyio.sleep(3600)  # the nap
 
 
-workflow = Workflow(name="naps", trigger=WorkerTrigger(queue="naps"), steps=[Step("nap", nap)])
+async def block(ctx):
+    Path(ctx.body["marker"]).touch()
+    time.sleep(2)  # an async node that blocks the event loop
+
+
+workflows = [
+    Workflow(name="naps", trigger=WorkerTrigger(queue="naps"), steps=[Step("nap", nap)]),
+    Workflow(name="blocks", trigger=WorkerTrigger(queue="blocks"), steps=[Step("b", block)]),
+]
 """
 
 
 def test_another_process_answers_and_one_that_died_is_said_not_to(tmp_path: Path) -> None:
-    """`blok-tui where` on SQLite: the worker process holding the run answers; after a kill -9
-    (its lease not yet run out) nobody does, and the command says so in one line."""
+    """`blok-tui where` on SQLite: the worker process holding the run answers; while a node
+    blocks its event loop, or after a kill -9 (its lease not yet run out), nobody does, and the
+    command says so in one line."""
     folder = tmp_path / "workflows"
     folder.mkdir()
     (folder / "naps.py").write_text(NAPS)
@@ -174,15 +186,22 @@ def test_another_process_answers_and_one_that_died_is_said_not_to(tmp_path: Path
         eventually(lambda: "running" in blok("runs", "--db", database).stdout or None)
         where = eventually(lambda: _answered(blok("where", job_id, "--db", database)))
         assert where.stdout.splitlines() == [
-            f"where: [step 1/1] nap is at {folder / 'naps.py'}:7",
-            f"  {folder / 'naps.py'}:7 in nap: await anyio.sleep(3600)  # the nap",
+            f"where: [step 1/1] nap is at {folder / 'naps.py'}:10",
+            f"  {folder / 'naps.py'}:10 in nap: await anyio.sleep(3600)  # the nap",
         ], where.stdout
+        marker = tmp_path / "blocking"
+        blocked = blok("enqueue", "blocks", json.dumps({"marker": str(marker)}), "--db", database)
+        eventually(marker.exists)
+        # Its start may not even be written: the loop that would write it is held.
+        held = blok("where", blocked.stdout.strip(), "--db", database, "--timeout", "500ms")
+        assert held.returncode == 1 and "did not answer within 0.5s" in held.stderr, held
         worker.process.kill()
         worker.process.wait()
         gone = blok("where", job_id, "--db", database, "--timeout", "500ms")
         assert gone.returncode == 1 and gone.stdout == "", gone
         assert gone.stderr.startswith("blok-tui: error: run run_") and gone.stderr.endswith(
-            "did not answer within 0.5s (is it alive? blok-tui workers lists the live ones)\n"
+            "did not answer within 0.5s: it is gone, a node blocks its event loop (its log names "
+            "which), or it has not started the run yet; blok-tui workers lists the live ones\n"
         ), gone.stderr
     finally:
         worker.process.kill()
