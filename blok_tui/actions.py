@@ -13,6 +13,8 @@ from textual.binding import Binding
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.content import Content
 
+from engine.filters import STUCK_FACTOR
+
 # Where an action applies: the whole app, or one kind of view.
 APP = "app"
 QUEUES = "queues"
@@ -79,7 +81,6 @@ STATUS_FILTERS: dict[str, tuple[str, ...]] = {
     "retrying": (),
     "stuck": (),
 }
-STUCK_FACTOR = 3.0  # "stuck": running longer than this × the workflow's median duration
 RUN_FLAGS: dict[str, dict[str, object]] = {
     "retrying": {"retrying": True},
     "stuck": {"stuck": STUCK_FACTOR},

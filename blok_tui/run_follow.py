@@ -29,7 +29,7 @@ from engine.events import (
     StepStarted,
     Subscription,
 )
-from engine.models import PENDING_RUN_STATUSES
+from engine.models import PENDING_RUN_STATUSES, RunStatus
 from engine.text import printable
 
 from .console import local_times
@@ -144,6 +144,13 @@ async def goes_on(engine: EngineAPI, run: Run) -> Job | None:
 def went_on(run: Run, job: Job | None) -> Job | None:
     """`job`, if it went on from `run` as another run."""
     return job if job is not None and job.run_id != run.id else None
+
+
+async def usual_of(engine: EngineAPI, run: Run) -> float | None:
+    """How long a running run's workflow usually takes (seconds), to say if it is stuck."""
+    return (
+        await engine.usual_duration(run.workflow_name) if run.status is RunStatus.RUNNING else None
+    )
 
 
 async def why_held(engine: EngineAPI, run: Run) -> WaitReason | None:

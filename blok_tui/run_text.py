@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from engine import Attempt, Job, JobState, Run, StepRun, WaitReason, format_duration
+from engine.filters import STUCK_FACTOR
 from engine.text import printable
 
 from .console import local_times
@@ -33,14 +34,16 @@ def run_text(
     *,
     job: Job | None = None,
     why: WaitReason | None = None,
+    usual: float | None = None,
     tz: tzinfo | None = None,
     cwd: Path | None = None,
 ) -> str:
     """The whole text, lines joined. `now`: the moment a running step's time runs to (the
     engine's clock); `job`: the run's job, if it is still kept (its deliveries, its fate);
-    `why`: what a run that has not started or goes on later waits for (`why_waiting`); `tz`:
-    the time zone times are shown in (None: this machine's)."""
-    lines = _facts(run, now, job, tz)
+    `why`: what a run that has not started or goes on later waits for (`why_waiting`);
+    `usual`: the seconds its workflow's runs usually take (`usual_duration`), for a running
+    run; `tz`: the time zone times are shown in (None: this machine's)."""
+    lines = _facts(run, now, job, tz, usual)
     if why is not None:
         lines.insert(2, f"{'why':<{LABEL}} {why_line(run, why, tz)}")
     if run.steps:
@@ -55,7 +58,9 @@ def run_text(
 
 
 # ---- the run ------------------------------------------------------------------------------
-def _facts(run: Run, now: datetime, job: Job | None, tz: tzinfo | None) -> list[str]:
+def _facts(
+    run: Run, now: datetime, job: Job | None, tz: tzinfo | None, usual: float | None = None
+) -> list[str]:
     facts: list[tuple[str, str]] = [("run", run.id), ("status", _status(run))]
     workflow = run.workflow_name
     if run.workflow_version:
@@ -77,7 +82,7 @@ def _facts(run: Run, now: datetime, job: Job | None, tz: tzinfo | None) -> list[
     if run.finished_at is not None:
         facts.append(("finished", f"{_moment(run.finished_at, tz)}  ({_took(run, now)})"))
     elif run.started_at is not None and str(run.status) == "running":
-        facts.append(("running", f"for {_took(run, now)}"))
+        facts.append(("running", f"for {_took(run, now)}{_stuck(run, now, usual)}"))
     if str(run.status) in ("delayed", "throttled", "debounced") and run.run_at is not None:
         facts.append(("due", _moment(run.run_at, tz)))
     if str(run.status) == "waiting" and run.wait_until is not None:
@@ -123,6 +128,20 @@ def _status(run: Run) -> str:
     if not run.error:
         return status
     return f"{status}: {one_line(clean_error(run.error), ERROR_CHARS)}"
+
+
+def _stuck(run: Run, now: datetime, usual: float | None) -> str:
+    """For a run running past STUCK_FACTOR × its workflow's usual time: how far past, and the
+    command that says where it is."""
+    if run.started_at is None or not usual:
+        return ""
+    times = (now - run.started_at).total_seconds() / usual
+    if times <= STUCK_FACTOR:
+        return ""
+    return (
+        f", {times:.0f}× its workflow's usual {format_duration(usual * 1000)}: stuck? "
+        f"(blok-tui where {run.id} says where it is)"
+    )
 
 
 def _took(run: Run, now: datetime) -> str:

@@ -155,5 +155,7 @@ class EngineAPI(Protocol):
 
     async def where(self, run_id: str, timeout: float = 10.0) -> str: ...
 
+    async def usual_duration(self, workflow: str) -> float | None: ...
+
 
 __all__ = ["Capabilities", "EngineAPI"]

@@ -40,7 +40,7 @@ from .liveness import this_process, worker_alive
 from .loader import IMPORT_TIMEOUT_S
 from .mailbox import Mailbox
 from .models import Job, QueueInfo, QueueStats, Run, WorkerInfo, WorkflowInfo, utcnow
-from .operations import BulkResult, ProgressCallback
+from .operations import BulkResult, ProgressCallback, median_duration
 from .operator import DEFAULT_MAX_PAYLOAD_BYTES, Operator
 from .primitives import global_middleware, run_middleware
 from .runner import Runner
@@ -723,6 +723,11 @@ class Engine:
     async def run_schedule(self, workflow: str, schedule: str | None = None) -> str:
         """Enqueue one run of the schedule now, with its payload; the run's id."""
         return await self._schedule_ops.run_now(workflow, schedule)
+
+    async def usual_duration(self, workflow: str) -> float | None:
+        """How long the workflow's runs usually take, in seconds: the median of its latest
+        completed runs (None before it has one), the measure `runs(stuck=)` compares with."""
+        return await median_duration(self.backend.runs, workflow)
 
     async def where(self, run_id: str, timeout: float = 10.0) -> str:
         """Where a running run's code is now: a `where: …` line for each of its nodes that

@@ -7,6 +7,10 @@ from dataclasses import dataclass
 
 from .models import Run, RunStatus
 
+# "Stuck", where the console, `runs --stuck` and `show` say it without a factor: running longer
+# than this × the median duration of its workflow's completed runs.
+STUCK_FACTOR = 3.0
+
 
 @dataclass(frozen=True, slots=True)
 class RunFilter:

@@ -206,7 +206,13 @@ def test_a_live_run_shows_how_long_it_has_run_and_what_its_steps_wait_for() -> N
         ],
     )
     text = run_text(running, now, tz=UTC)
-    assert "running    for 1m15s" in text
+    assert "running    for 1m15s\n" in text
+    # Within 3× its workflow's usual time: nothing more; past it, how far and what to type.
+    assert "running    for 1m15s\n" in run_text(running, now, usual=30.0, tz=UTC)
+    assert (
+        "running    for 1m15s, 75× its workflow's usual 1.0s: stuck? "
+        f"(blok-tui where {running.id} says where it is)\n"
+    ) in run_text(running, now, usual=1.0, tz=UTC)
     assert "finished" not in text and "output" not in text
     rows = [line.split() for line in text.split("\n\n")[1].splitlines()]
     assert rows[1] == ["prepare", "completed", "120ms", "1"]

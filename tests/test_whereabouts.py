@@ -250,6 +250,8 @@ async def test_a_stuck_run_is_listed_by_runs_stuck_and_placed_by_where(tmp_path:
         # The command's own start takes far longer than 3 × the median.
         stuck = await _blok("runs", "--stuck", "--json", "--db", database)
         assert [run["id"] for run in json.loads(stuck)] == [long]
+        shown = await _blok("show", long, "--db", database)
+        assert f"stuck? (blok-tui where {long} says where it is)" in shown, shown
         where = await _blok("where", long, "--db", database)
         assert where.splitlines()[0] == (
             f"where: [step 1/1] nap is at {HERE}:{line_of('where a long nap waits')}"
