@@ -208,6 +208,14 @@ def dead_pid() -> int:
     return child.pid
 
 
+def marked_line(test_file: str, marker: str) -> str:
+    """`file:line` of the line of `test_file` that holds `marker` (not the line that asks), as
+    a run's error or a `where` answer names it: relative to the working directory."""
+    lines = Path(test_file).read_text().splitlines()
+    number = next(n for n, line in enumerate(lines, 1) if marker in line and "line_of" not in line)
+    return f"{Path(test_file).resolve().relative_to(Path.cwd().resolve())}:{number}"
+
+
 def raised_at(function: Callable[..., Any], lines_in: int = 1) -> str:
     """`file:line` of the line `lines_in` lines below `function`'s `def` (the `raise` in a test's
     node), as a run's error names where it came from: the file relative to the working

@@ -7,12 +7,13 @@ import json
 import threading
 import time
 import traceback
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from support import raised_at
+from support import marked_line, raised_at
 
 from engine import (
     Engine,
@@ -111,11 +112,7 @@ def test_the_engines_the_standard_librarys_and_no_files_frames_are_not_the_users
     assert not is_engine_frame(str(Path(runner.__file__).resolve().parent) + "_tools/x.py")
 
 
-def line_of(marker: str) -> str:
-    """`file:line` of the line of this file that holds `marker`."""
-    lines = Path(__file__).read_text().splitlines()
-    number = next(n for n, line in enumerate(lines, 1) if marker in line and "line_of" not in line)
-    return f"{Path(__file__).resolve().relative_to(Path.cwd().resolve())}:{number}"
+line_of = partial(marked_line, __file__)
 
 
 def _refuse(ctx: Any) -> str:

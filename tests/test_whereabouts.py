@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import anyio
 import pytest
 from backends.builders import a_run
 from cli_helpers import blok, cli_env, eventually, start_worker
+from support import marked_line
 
 from engine import (
     AttemptFailed,
@@ -32,12 +34,7 @@ from engine.whereabouts import NOTHING_RUNS
 
 pytestmark = pytest.mark.anyio
 
-HERE = Path(__file__).resolve().relative_to(Path.cwd().resolve())
-
-
-def line_of(marker: str) -> int:
-    lines = Path(__file__).read_text().splitlines()
-    return next(n for n, line in enumerate(lines, 1) if marker in line and "line_of" not in line)
+line_of = partial(marked_line, __file__)
 
 
 async def _hold(ctx: Any, release: anyio.Event) -> None:
@@ -87,10 +84,10 @@ async def test_a_running_nodes_answer_names_its_step_its_line_and_its_frames() -
         answer = await engine.where(held_run)
         assert answer == "\n".join(
             [
-                f"where: [step 1/1] hold is at {HERE}:{line_of('where the async node waits')}",
-                f"  {HERE}:{line_of('the node own line')} in _hold: await _waits_for(release)"
+                f"where: [step 1/1] hold is at {line_of('where the async node waits')}",
+                f"  {line_of('the node own line')} in _hold: await _waits_for(release)"
                 "  # the node own line",
-                f"  {HERE}:{line_of('where the async node waits')} in _waits_for: await "
+                f"  {line_of('where the async node waits')} in _waits_for: await "
                 "release.wait()  # where the async node waits",
             ]
         )
@@ -98,7 +95,7 @@ async def test_a_running_nodes_answer_names_its_step_its_line_and_its_frames() -
         assert await anyio.to_thread.run_sync(entered.wait, 10)
         spun_answer = await engine.where(spun_run)
         assert spun_answer.splitlines()[0] == (
-            f"where: [step 1/1] spin is at {HERE}:{line_of('sync node thread waits')}"
+            f"where: [step 1/1] spin is at {line_of('sync node thread waits')}"
         ), spun_answer
         release.set()
         released.set()
@@ -254,7 +251,7 @@ async def test_a_stuck_run_is_listed_by_runs_stuck_and_placed_by_where(tmp_path:
         assert f"stuck? (blok-tui where {long} says where it is)" in shown, shown
         where = await _blok("where", long, "--db", database)
         assert where.splitlines()[0] == (
-            f"where: [step 1/1] nap is at {HERE}:{line_of('where a long nap waits')}"
+            f"where: [step 1/1] nap is at {line_of('where a long nap waits')}"
         )
         release.set()
         await engine.wait_for_job(long_job, timeout=10)
