@@ -13,7 +13,7 @@ from typing import Any
 
 import anyio
 import pytest
-from support import marked_line, raised_at
+from support import expect_events, marked_line, raised_at
 
 from engine import (
     Engine,
@@ -229,13 +229,8 @@ async def test_a_sync_node_that_goes_on_past_its_timeout_is_said_to_be_there() -
         )
     ]
     async with Engine(workflows=flows, database=None) as engine:
-        events = engine.events()
-        job_id = await engine.enqueue("sleeps", {})
-        with anyio.fail_after(10):
-            async for event in events:
-                if isinstance(event, LogRecorded) and "still runs" in event.message:
-                    break
-        await events.aclose()
+        async with expect_events(engine, LogRecorded, where=lambda e: "still runs" in e.message):
+            job_id = await engine.enqueue("sleeps", {})
         released.set()  # the step ends once its thread returns
         run = await engine.wait_for_job(job_id, timeout=10)
     where = line_of("outlasts its run")

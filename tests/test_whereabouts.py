@@ -14,7 +14,7 @@ import anyio
 import pytest
 from backends.builders import a_run
 from cli_helpers import blok, cli_env, eventually, start_worker
-from support import marked_line
+from support import expect_events, marked_line
 
 from engine import (
     AttemptFailed,
@@ -75,12 +75,12 @@ async def test_a_running_nodes_answer_names_its_step_its_line_and_its_frames() -
         ),
     ]
     async with Engine(workflows=flows, database=None) as engine:
-        held = await engine.enqueue("held", {})
-        spun = await engine.enqueue("spun", {})
+        # Both steps started: the async node is called in the same turn.
+        async with expect_events(engine, StepStarted, count=2):
+            held = await engine.enqueue("held", {})
+            spun = await engine.enqueue("spun", {})
         held_run = (await engine.get_job(held)).run_id
         spun_run = (await engine.get_job(spun)).run_id
-        await _until_running(engine, held_run)
-        await _until_running(engine, spun_run)
         answer = await engine.where(held_run)
         assert answer == "\n".join(
             [
@@ -105,19 +105,6 @@ async def test_a_running_nodes_answer_names_its_step_its_line_and_its_frames() -
     assert [line.message for line in done.logs] == [answer]
 
 
-async def _until_running(engine: Engine, run_id: str) -> None:
-    """Until the run's step has an attempt running (its node called)."""
-    events = engine.events()
-    try:
-        run = await engine.get_run(run_id)
-        with anyio.fail_after(10):
-            while not (run.steps and run.steps[0].attempts):
-                await events.__anext__()
-                run = await engine.get_run(run_id)
-    finally:
-        await events.aclose()
-
-
 async def test_a_run_between_attempts_says_no_code_runs_and_an_ended_one_is_refused() -> None:
     flows = [
         Workflow(
@@ -127,14 +114,9 @@ async def test_a_run_between_attempts_says_no_code_runs_and_an_ended_one_is_refu
         )
     ]
     async with Engine(workflows=flows, database=None) as engine:
-        job_id = await engine.enqueue("backs", {})
+        async with expect_events(engine, AttemptFailed):
+            job_id = await engine.enqueue("backs", {})
         run_id = (await engine.get_job(job_id)).run_id
-        events = engine.events()
-        with anyio.fail_after(10):
-            async for event in events:
-                if isinstance(event, AttemptFailed):
-                    break
-        await events.aclose()
         assert await engine.where(run_id) == NOTHING_RUNS
         await engine.cancel(run_id)
         await engine.wait_for_job(job_id, timeout=10)
@@ -236,14 +218,9 @@ async def test_a_stuck_run_is_listed_by_runs_stuck_and_placed_by_where(tmp_path:
     async with Engine(workflows=flows, database=database) as engine:
         for _ in range(3):  # a median of a few ms
             await engine.wait_for_job(await engine.enqueue("naps", {"seconds": 0}), timeout=10)
-        events = engine.events()
-        long_job = await engine.enqueue("naps", {"seconds": 60})
+        async with expect_events(engine, StepStarted):  # the quick ones have ended
+            long_job = await engine.enqueue("naps", {"seconds": 60})
         long = (await engine.get_job(long_job)).run_id
-        with anyio.fail_after(10):
-            async for event in events:
-                if isinstance(event, StepStarted) and event.run_id == long:
-                    break
-        await events.aclose()
         # The command's own start takes far longer than 3 × the median.
         stuck = await _blok("runs", "--stuck", "--json", "--db", database)
         assert [run["id"] for run in json.loads(stuck)] == [long]

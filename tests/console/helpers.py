@@ -12,8 +12,6 @@ from textual.widgets import Input, Static
 
 from blok_tui.app import BlokApp
 from blok_tui.widgets.row_table import RowTable
-from engine import Event
-from engine.events import Subscription
 
 
 async def until(pilot: Pilot[Any], predicate: Callable[[], bool], timeout: float = 10) -> None:
@@ -52,16 +50,3 @@ def text_of(widget: Static, width: int = 160) -> str:
     with console.capture() as capture:
         console.print(widget.content)
     return capture.get()
-
-
-async def first_event(events: Subscription, kind: type[Event], timeout: float = 10) -> Event:
-    """The first event of `kind` on `events` (subscribed before what makes it happen); the
-    subscription is closed after."""
-    try:
-        with anyio.fail_after(timeout):
-            async for event in events:
-                if isinstance(event, kind):
-                    return event
-        raise AssertionError(f"the events ended before a {kind.__name__}")
-    finally:
-        await events.aclose()

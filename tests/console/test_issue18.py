@@ -12,6 +12,7 @@ from typing import Any
 import anyio
 import pytest
 from rich.text import Text
+from support import expect_events
 from textual.app import App, ComposeResult
 from textual.widgets import Input, Static, TextArea
 
@@ -29,7 +30,7 @@ from blok_tui.widgets.row_table import Column, RowTable
 from engine import Engine, RunStarted, StepFinished
 
 from .flows import ALL
-from .helpers import column, command, first_event, settled, text_of, until
+from .helpers import column, command, settled, text_of, until
 
 pytestmark = pytest.mark.anyio
 NARROW = (80, 24)
@@ -375,9 +376,8 @@ async def test_diff_shows_what_a_replay_with_an_edited_input_changed(engine: Eng
 
 
 async def test_the_running_steps_log_follows_its_new_lines(engine: Engine) -> None:
-    events = engine.events()
-    job_id = await engine.enqueue("chatty", {})
-    await first_event(events, RunStarted)
+    async with expect_events(engine, RunStarted):
+        job_id = await engine.enqueue("chatty", {})
     run_id = (await engine.get_job(job_id)).run_id
     app = BlokApp(engine)
     async with app.run_test(size=NARROW) as pilot:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+from support import expect_events, raised_at
 from textual.widgets import Static, TextArea
 
 from blok_tui.actions import RUN_FLAGS, ActionCommands
@@ -31,7 +32,7 @@ from engine.events import AttemptFailed
 from engine.liveness import process_of, this_process
 
 from .flows import ALL, sleep_long
-from .helpers import column, command, first_event, settled, text_of, until
+from .helpers import column, command, settled, text_of, until
 
 pytestmark = pytest.mark.anyio
 SIZE = (150, 45)
@@ -438,9 +439,8 @@ async def test_requeue_every_dead_letter_of_a_queue_after_one_confirmation(engin
 
 
 async def test_w_asks_where_a_running_run_is_and_shows_the_workers_answer(engine: Engine) -> None:
-    events = engine.events()
-    job_id = await engine.enqueue("slow", {"order_id": "W1"})
-    await first_event(events, StepStarted)  # its node is called in the same turn
+    async with expect_events(engine, StepStarted):  # its node is called in the same turn
+        job_id = await engine.enqueue("slow", {"order_id": "W1"})
     run_id = (await engine.get_job(job_id)).run_id
     app = BlokApp(engine)
     async with app.run_test(size=SIZE) as pilot:
@@ -450,11 +450,10 @@ async def test_w_asks_where_a_running_run_is_and_shows_the_workers_answer(engine
         await until(pilot, lambda: any(n.title.startswith("Where") for n in app._notifications))
         [note] = [n for n in app._notifications if n.title.startswith("Where")]
         assert note.title == f"Where run {run_id} is now"
-        flows = Path(sleep_long.__code__.co_filename).resolve().relative_to(Path.cwd().resolve())
-        line = sleep_long.__code__.co_firstlineno + 2  # its `await anyio.sleep(60)`
+        at = raised_at(sleep_long, 2)  # its `await anyio.sleep(60)`
         assert note.message.splitlines() == [
-            f"where: [step 1/1] sleep is at {flows}:{line}",
-            f"  {flows}:{line} in sleep_long: await anyio.sleep(60)",
+            f"where: [step 1/1] sleep is at {at}",
+            f"  {at} in sleep_long: await anyio.sleep(60)",
         ]
         await engine.cancel(run_id)
         # Offered while it runs only.
@@ -462,9 +461,8 @@ async def test_w_asks_where_a_running_run_is_and_shows_the_workers_answer(engine
 
 
 async def test_w_in_the_runs_view_asks_about_the_selected_run(engine: Engine) -> None:
-    events = engine.events()
-    job_id = await engine.enqueue("slow", {"order_id": "W2"})
-    await first_event(events, StepStarted)
+    async with expect_events(engine, StepStarted):
+        job_id = await engine.enqueue("slow", {"order_id": "W2"})
     done = await engine.wait_for_job(await engine.enqueue("quick", {"n": 1}), timeout=10)
     run_id = (await engine.get_job(job_id)).run_id
     app = BlokApp(engine)
