@@ -5,7 +5,6 @@ out, the line a timeout names and the stack its attempt keeps (`engine.origin.St
 
 from __future__ import annotations
 
-import sys
 import traceback
 from collections.abc import Callable, Coroutine
 from functools import partial
@@ -16,7 +15,7 @@ import anyio
 
 from .context import Context
 from .models import Run
-from .origin import Stopped, stopped_by, stopped_in_thread, where_text
+from .origin import Stopped, stopped_by, stopped_in_thread, thread_stack, where_text
 from .threads import SyncCall
 from .workflow import Step
 
@@ -125,15 +124,14 @@ class NodeCalls:
             for key, (owner, _, where) in list(self.async_frames.items())
             if owner == run_id
         ]
-        threads = sys._current_frames()
         for call, where in list(self._sync.get(run_id, {}).items()):
             if not call.running:
                 continue
-            frame = threads.get(call.ident) if call.ident is not None else None
-            if frame is None:  # handed to a thread that has not taken it yet
+            stack = thread_stack(call.ident)
+            if stack is None:  # handed to a thread that has not taken it yet
                 said.append(f"where: {where} is starting in its thread")
             else:
-                said.append(where_text(where, traceback.extract_stack(frame)))
+                said.append(where_text(where, stack))
         return said
 
     def forget(self, run_id: str) -> None:

@@ -97,10 +97,16 @@ def stopped_by(cancellation: BaseException) -> Stopped:
     return _stopped(traceback.extract_tb(cancellation.__traceback__))
 
 
+def thread_stack(ident: int | None) -> traceback.StackSummary | None:
+    """The stack of a thread now; None for one not started (no ident) or ended."""
+    frame = sys._current_frames().get(ident) if ident is not None else None
+    return None if frame is None else traceback.extract_stack(frame)
+
+
 def stopped_in_thread(ident: int | None) -> Stopped | None:
     """Where a sync node's thread is now; None once it has returned."""
-    frame = sys._current_frames().get(ident) if ident is not None else None
-    return None if frame is None else _stopped(traceback.extract_stack(frame))
+    stack = thread_stack(ident)
+    return None if stack is None else _stopped(stack)
 
 
 def _stopped(stack: traceback.StackSummary) -> Stopped:
