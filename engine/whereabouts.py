@@ -55,11 +55,11 @@ async def ask_where(backend: Backend, run: Run, here: Holder | None, timeout: fl
     token = await backend.change_token()  # before the signal: the answer's commit moves it
     if here is not None and job.id in here.by_job:
         here.deliver(job.id, WHERE, time.time())  # answered now, into this process's writer
+        await backend.runs.flush()
     elif not await queue.signal(job.id, job.epoch, WHERE):
         raise EngineError(f"run {run.id} changed hands; try again")
     with anyio.move_on_after(timeout):
         while True:
-            await backend.runs.flush()
             now = await backend.runs.get_run(run.id)
             if now is None:
                 raise EngineError(f"run {run.id} is gone from the store")
