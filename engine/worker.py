@@ -585,7 +585,7 @@ class Worker:
                 failed = Outcome(RunStatus.FAILED, error=f"cannot resume: {lost}")
                 self._settle(runtime, claim, run, workflow, failed)
                 return
-            if queue.provider != "memory" and not job.handed:
+            if queue.durable and not job.handed:
                 # The record says `running` before any of the run's code runs. Were the start
                 # still in the writer when this process died or froze past its lease, the run
                 # would be found `queued`, and the job's next delivery would run that same run
@@ -865,8 +865,8 @@ class Worker:
     async def _requeue_memory_runs(self) -> None:
         """Runs of memory queues survive in a durable store; queue them again after a
         restart, as jobs of this process."""
-        memory = [r for r in self.runtimes.values() if r.queue.provider == "memory"]
-        if not memory or self.backend.kind == "memory":
+        memory = [r for r in self.runtimes.values() if not r.queue.durable]
+        if not memory or not self.backend.durable:
             return
         runs = await self.backend.runs.pending_runs([r.name for r in memory])
         by_queue = {r.name: r for r in memory}

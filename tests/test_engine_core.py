@@ -307,6 +307,51 @@ async def test_wait_survives_a_restart(tmp_path: Path) -> None:
         assert ran == ["first", "second"]
 
 
+async def test_a_memory_queues_runs_are_queued_again_after_a_restart(tmp_path: Path) -> None:
+    """A memory queue's jobs end with its process, but on a durable store its runs do not: the
+    next engine queues them again, a queued run from its start and a waiting one from its
+    wait (its first step not run again)."""
+    ran: list[str] = []
+
+    async def first(ctx) -> str:
+        ran.append("first")
+        return "kept"
+
+    async def second(ctx, value: str) -> str:
+        ran.append("second")
+        return value.upper()
+
+    async def echo(ctx) -> str:
+        ran.append("echo")
+        return "echoed"
+
+    flows = [
+        flow(
+            "waits",
+            Step("first", first),
+            wait.for_("1s"),
+            Step("second", second, inputs={"value": "$.state.first"}),
+            provider="memory",
+        ),
+        flow("later", Step("echo", echo), provider="memory"),
+    ]
+    db = tmp_path / "blok.db"
+    async with (
+        Engine(workflows=flows, database=db) as engine,
+        expect_events(engine, RunStatusChanged, where=lambda event: event.status == "waiting"),
+    ):
+        await engine.pause("later")
+        queued = await engine.enqueue("later", {})
+        waiting = await engine.enqueue("waits", {})
+    assert ran == ["first"]
+    async with Engine(workflows=flows, database=db) as engine:
+        await engine.resume("later")
+        assert (await engine.wait_for_job(queued, timeout=10)).output == "echoed"
+        run = await engine.wait_for_job(waiting, timeout=10)
+        assert run.status is RunStatus.COMPLETED and run.output == "KEPT"
+    assert sorted(ran) == ["echo", "first", "second"]
+
+
 async def test_unparseable_until_fails_the_step(database: Path | None) -> None:
     async def noop(ctx) -> None:
         return None

@@ -473,6 +473,8 @@ class JobQueue(ABC):
     job is still at the epoch they name."""
 
     provider: ClassVar[str]
+    # Its jobs outlive this process (they are in a database); a memory queue's die with it.
+    durable: ClassVar[bool] = True
     # Keeps jobs claimed ahead of free slots, for `claim_nowait` (a round trip to the database
     # saved at each job); the worker then tops them up while its slots are busy.
     claims_ahead: ClassVar[bool] = False
@@ -755,6 +757,8 @@ class Backend(ABC):
     clock: Clock
     # Several processes (on one host, or several) can serve the same database.
     multi_process: ClassVar[bool] = False
+    # Its runs outlive this process (they are in a database).
+    durable: ClassVar[bool] = True
 
     @abstractmethod
     async def __aenter__(self) -> Backend: ...

@@ -317,6 +317,7 @@ class MemoryQueue(JobQueue):
     moved on since is skipped when it comes up."""
 
     provider: ClassVar[str] = "memory"
+    durable: ClassVar[bool] = False
 
     def __init__(self, runs: RunStore | None = None, clock: Clock | None = None) -> None:
         # Where the runs of these jobs are written: this backend's store, or a database's.
@@ -716,6 +717,7 @@ _PURGEABLE = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED}
 # ---- the backend -------------------------------------------------------------------------
 class MemoryBackend(Backend):
     kind: ClassVar[str] = "memory"
+    durable: ClassVar[bool] = False
     multi_process: ClassVar[bool] = False
 
     def __init__(self) -> None:
