@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from .models import WorkerInfo, utcnow
+from .models import Job, WorkerInfo, utcnow
 
 STALE_HEARTBEAT_S = 10.0  # a worker on another host is gone after this long without one
 
@@ -103,3 +104,27 @@ def worker_alive(
     if pid_names_process_here(worker):
         return process_runs(worker)
     return worker.heartbeat_at >= (now or utcnow()) - timedelta(seconds=stale_s)
+
+
+def holder_gone(job: Job, workers: Iterable[WorkerInfo], now: datetime) -> str | None:
+    """Why nobody runs a job its record says a worker holds (`active`): its worker is dead or
+    let its lease run out; None while that worker may still run it (one not registered yet
+    counts as alive: a worker that just started). `now`: the clock leases and heartbeats are
+    on, the backend's."""
+    if job.worker is None:
+        return "no worker holds its job"
+    if job.lease_until is not None and job.lease_until < now:
+        return (
+            f"its worker {job.worker} let the lease on its job run out at "
+            f"{job.lease_until.isoformat(timespec='seconds')} (the worker is gone or frozen)"
+        )
+    for worker in workers:
+        if worker.id != job.worker or worker_alive(worker, now):
+            continue
+        if pid_names_process_here(worker):
+            return f"its worker {worker.id} is gone (its process {worker.pid} no longer runs)"
+        return (
+            f"its worker {worker.id} is gone (no heartbeat since "
+            f"{worker.heartbeat_at.isoformat(timespec='seconds')})"
+        )
+    return None

@@ -30,7 +30,7 @@ from .filters import RunFilter
 from .health import DEFAULT_MAX_AGE_S, Health
 from .health import check as check_health
 from .ledger import JobWaiter, Ledger, make_job, make_run
-from .liveness import worker_alive
+from .liveness import holder_gone, worker_alive
 from .models import (
     PENDING_RUN_STATUSES,
     AttemptStatus,
@@ -590,14 +590,8 @@ class Operator:
         """The worker holding the job is dead or let its lease run out: nobody runs it."""
         if self.worker is not None and job.worker == self.worker.info.id:
             return False
-        if job.lease_until is not None and job.lease_until < self.backend.clock.now():
-            return True
-        if job.worker is None:
-            return True
-        for worker in await self.backend.shared.workers():
-            if worker.id == job.worker:
-                return not worker_alive(worker, self.backend.clock.now())
-        return False  # not registered yet: a worker that just started
+        workers = await self.backend.shared.workers()
+        return holder_gone(job, workers, self.backend.clock.now()) is not None
 
     def _tell_local(self, job_id: str, signal: str) -> None:
         """The job may be held by this very process: no need to wait for it to notice."""

@@ -13,6 +13,7 @@ import anyio
 
 from .backends.base import Backend
 from .errors import EngineError, UnknownJob
+from .liveness import holder_gone
 from .models import JobState, Run, RunStatus
 
 WHERE = "where"  # the signal
@@ -21,6 +22,10 @@ NOTHING_RUNS = (
     f"{ANSWER}no step's code runs now (the run is between steps, in a retry's backoff or in a "
     "short wait)"
 )
+
+# The answer to a question that reached the worker before the run began: it holds the job,
+# claimed ahead of a free slot, and starts it now.
+STARTING = f"{ANSWER}the run starts now: none of its steps' code runs yet"
 
 
 class Holder(Protocol):
@@ -51,6 +56,14 @@ async def ask_where(backend: Backend, run: Run, here: Holder | None, timeout: fl
                 f"run {run.id} is recorded running but no worker holds its job now ({job.state})"
             )
         raise EngineError(f"run {run.id} is {run.status}: none of its code runs now")
+    if here is None or job.id not in here.by_job:
+        gone = holder_gone(job, await backend.shared.workers(), backend.clock.now())
+        if gone is not None:
+            # Nobody would answer: said now, not after the timeout.
+            raise EngineError(
+                f"run {run.id}: none of its code runs now: {gone}; a live worker takes its job "
+                "over: the run is recorded crashed and its job gets a new run"
+            )
     before = len(_answers(run))
     token = await backend.change_token()  # before the signal: the answer's commit moves it
     if here is not None and job.id in here.by_job:

@@ -38,7 +38,7 @@ from .models import Job, JobState, LogLine, Run, RunStatus, StepStatus, WorkerIn
 from .queue_runtime import QueueRuntime
 from .runner import Outcome, Runner, SnapshotLost
 from .watchdog import WATCHDOG_S, LoopWatchdog
-from .whereabouts import NOTHING_RUNS, WHERE
+from .whereabouts import NOTHING_RUNS, STARTING, WHERE
 from .workflow import Workflow
 
 log = logging.getLogger("blok.worker")
@@ -578,6 +578,8 @@ class Worker:
                 state = self.runner.resume_state(run, self.ledger.log) if resuming else None
             except SnapshotLost as error:
                 lost, state = error, None
+            if WHERE in signals:  # asked while the job waited here for a free slot
+                self.ledger.log(run, STARTING)  # written with the start
             telemetry.OBSERVE.run_started(run, job, workflow.version)
             self.ledger.start(claim, queue, run, self.info.id, workflow.version)
             if lost is not None:

@@ -4,8 +4,11 @@ on this process or another one, and the answer lands on the run's log."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 import threading
+from datetime import timedelta
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -14,12 +17,20 @@ import anyio
 import pytest
 from backends.builders import a_run
 from cli_helpers import blok, cli_env, eventually, start_worker
-from support import expect_events, marked_line
+from support import (
+    add_unserved,
+    durable_database,
+    expect_events,
+    marked_line,
+    provider_of,
+    until,
+)
 
 from engine import (
     AttemptFailed,
     Engine,
     EngineError,
+    JobState,
     Retry,
     RunStatus,
     Step,
@@ -29,12 +40,14 @@ from engine import (
     Workflow,
     threads,
 )
+from engine.models import WorkerInfo, utcnow
 from engine.node_calls import NodeCalls
-from engine.whereabouts import NOTHING_RUNS
+from engine.whereabouts import NOTHING_RUNS, STARTING
 
 pytestmark = pytest.mark.anyio
 
 line_of = partial(marked_line, __file__)
+database = durable_database  # the fixture: each DURABLE database in turn (tests/support.py)
 
 
 async def _hold(ctx: Any, release: anyio.Event) -> None:
@@ -174,17 +187,124 @@ def test_another_process_answers_and_one_that_died_is_said_not_to(tmp_path: Path
         # Its start may not even be written: the loop that would write it is held.
         held = blok("where", blocked.stdout.strip(), "--db", database, "--timeout", "500ms")
         assert held.returncode == 1 and "did not answer within 0.5s" in held.stderr, held
-        worker.process.kill()
-        worker.process.wait()
-        gone = blok("where", job_id, "--db", database, "--timeout", "500ms")
-        assert gone.returncode == 1 and gone.stdout == "", gone
-        assert gone.stderr.startswith("blok-tui: error: run run_") and gone.stderr.endswith(
+        assert held.stderr.startswith("blok-tui: error: run run_") and held.stderr.endswith(
             "did not answer within 0.5s: it is gone, a node blocks its event loop (its log names "
             "which), or it has not started the run yet; blok-tui workers lists the live ones\n"
+        ), held.stderr
+        worker.process.kill()
+        worker.process.wait()
+        # A dead holder is named at once, not after the wait for an answer that cannot come.
+        gone = blok("where", job_id, "--db", database, "--timeout", "30s")
+        assert gone.returncode == 1 and gone.stdout == "", gone
+        assert gone.stderr.startswith("blok-tui: error: run run_") and gone.stderr.endswith(
+            f": none of its code runs now: its worker {worker.id} is gone (its process "
+            f"{worker.process.pid} no longer runs); a live worker takes its job over: the run is "
+            "recorded crashed and its job gets a new run\n"
         ), gone.stderr
     finally:
         worker.process.kill()
         worker.process.wait()
+
+
+def test_a_frozen_worker_past_its_lease_is_said_to_have_let_it_run_out(tmp_path: Path) -> None:
+    """A worker frozen (SIGSTOP) holds its run and cannot answer. Once its lease has run out,
+    `where` says so at once instead of waiting for an answer."""
+    folder = tmp_path / "workflows"
+    folder.mkdir()
+    (folder / "naps.py").write_text(NAPS)
+    database = tmp_path / "blok.db"
+    worker = start_worker(database, folder, "--lease", "1s")
+    try:
+        job_id = blok("enqueue", "naps", "{}", "--db", database).stdout.strip()
+        eventually(lambda: _answered(blok("where", job_id, "--db", database)))
+        os.kill(worker.process.pid, signal.SIGSTOP)
+        frozen = eventually(
+            lambda: _refused(blok("where", job_id, "--db", database, "--timeout", "300ms"))
+        )
+        assert frozen.stdout == "" and frozen.stderr.startswith("blok-tui: error: run run_")
+        assert (
+            f": none of its code runs now: its worker {worker.id} let the lease on its job run "
+            "out at "
+        ) in frozen.stderr, frozen.stderr
+        assert frozen.stderr.endswith(
+            "(the worker is gone or frozen); a live worker takes its job over: the run is "
+            "recorded crashed and its job gets a new run\n"
+        ), frozen.stderr
+    finally:
+        os.kill(worker.process.pid, signal.SIGCONT)
+        worker.process.kill()
+        worker.process.wait()
+
+
+def _refused(done: Any) -> Any:
+    """`where`'s refusal that names what became of the holder (not a wait that timed out)."""
+    return done if done.returncode == 1 and "none of its code runs now" in done.stderr else None
+
+
+async def test_a_holder_on_another_machine_with_no_heartbeat_is_named(tmp_path: Path) -> None:
+    """A job held by a worker of another machine whose heartbeat stopped (a pid means nothing
+    here, so its heartbeat tells): nobody will answer, and `where` says who is gone since
+    when. On SQLite, whose rows keep the heartbeat's moment as written (PostgreSQL stamps it
+    with its own clock, so an old one would take the test STALE_HEARTBEAT_S to make)."""
+    database = str(tmp_path / "blok.db")
+    last = utcnow() - timedelta(minutes=5)
+    holder = "elsewhere:4242:0a0b0c"
+    async with Engine(database=database) as engine:
+        engine.backend.shared.heartbeat(
+            WorkerInfo(
+                id=holder,
+                host="elsewhere",
+                pid=4242,
+                process="0b1d4c3e-another-boot/4026531836#812",
+                started_at=last,
+                heartbeat_at=last,
+            )
+        )
+        await engine.backend.runs.flush()  # the heartbeat goes with the writer's next commit
+        queue = engine.backend.queue(provider_of(database))
+        [job] = await add_unserved(queue, "far", [{}])
+        [claim] = await queue.claim("far", 1, holder, 3600.0)
+        assert claim.job.id == job.id
+        with pytest.raises(EngineError) as refused:
+            await engine.where(job.run_id, timeout=30)
+    assert str(refused.value) == (
+        f"run {job.run_id}: none of its code runs now: its worker {holder} is gone (no heartbeat "
+        f"since {last.isoformat(timespec='seconds')}); a live worker takes its job over: the run "
+        "is recorded crashed and its job gets a new run"
+    )
+
+
+async def test_a_question_for_a_job_held_ahead_is_answered_as_it_starts(database: str) -> None:
+    """With one slot busy, the worker holds the queue's next job ahead of it (claimed, not
+    started). A question for that job reaches the worker before the run begins, and is
+    answered with the run's start."""
+    release = anyio.Event()
+    flow = Workflow(
+        name="one",
+        trigger=WorkerTrigger(queue="one", concurrency=1, provider=provider_of(database)),
+        steps=[Step("hold", _hold, inputs={"release": lambda ctx: release})],
+    )
+    async with Engine(workflows=[flow], database=database) as engine:
+        await engine.pause("one")
+        first = await engine.enqueue("one", {})
+        second = await engine.enqueue("one", {})
+        async with expect_events(engine, StepStarted):
+            await engine.resume("one")  # one claim takes both: the second is held ahead
+        held = await engine.get_job(second)
+        assert held.state is JobState.ACTIVE and held.run_id not in engine.operator.worker.handles
+        answer: list[str] = []
+
+        async def ask() -> None:
+            answer.append(await engine.where(held.run_id, timeout=10))
+
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(ask)
+            await until(lambda: second in engine.operator.worker._early)  # the signal came
+            release.set()  # the first run ends, the second starts (and holds: set already)
+        assert answer == [STARTING]
+        done = await engine.wait_for_job(second, timeout=10)
+        assert STARTING in [line.message for line in done.logs]
+        await engine.wait_for_job(first, timeout=10)
 
 
 def _answered(done: Any) -> Any:
