@@ -148,19 +148,22 @@ class QueuesScreen(RowFilterScreen):
             for field in ("waiting", "active", "delayed", "completed", "failed", "dead"):
                 setattr(totals, field, getattr(totals, field) + getattr(s, field))
         line = Text()
-        line.append(f"{len(self.stats)} queues", style="bold")
+        if not self.stats:  # counts of nothing would only push the hint off a narrow screen
+            line.append("no queues", style="bold")
+            line.append(
+                ": add a workflow with a WorkerTrigger to the workflows folder", style="dim"
+            )
+            self.query_one("#summary", Static).update(line, layout=False)
+            return
+        queues = len(self.stats)
+        line.append(f"{queues} queue{'' if queues == 1 else 's'}", style="bold")
         waiting = sum(self.waiting.values())
         line.append(f"   {totals.waiting:,} queued · {totals.active:,} running · ")
         line.append(f"{waiting:,} waiting · {max(0, totals.delayed - waiting):,} delayed · ")
         line.append(f"{totals.dead:,} dead", style="magenta" if totals.dead else "")
         if self.text:
             line.append(f"   filter: {self.text!r}", style="khaki1")
-        if not self.stats:
-            line.append(
-                "   no queues: add a workflow with a WorkerTrigger to the workflows folder",
-                style="dim",
-            )
-        elif self.size.width >= 100:
+        if self.size.width >= 100:
             line.append("   enter: its runs", style="dim")
         self.query_one("#summary", Static).update(line, layout=False)
 

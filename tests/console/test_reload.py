@@ -53,3 +53,24 @@ async def test_a_broken_save_shows_a_banner_with_file_and_line_until_fixed(tmp_p
             await until(pilot, lambda: not banner.has_class("-failing"))
             # The notice is a message of its own, handled after the banner was cleared.
             await until(pilot, lambda: "Reload fixed" in [n.title for n in app._notifications])
+
+
+async def test_a_folder_with_no_workflow_yet_says_what_to_add_even_at_80_columns(
+    tmp_path: Path,
+) -> None:
+    """A newcomer's first screen on an empty folder: the one thing to do, not a row of zeros
+    that pushes it off the screen; the queue appears once its file is saved."""
+    folder = tmp_path / "workflows"
+    folder.mkdir()
+    async with Engine(workflows=folder, database=tmp_path / "blok.db", watch=True) as engine:
+        with anyio.fail_after(10):
+            await wait_until_watching(engine)
+        app = BlokApp(engine)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await settled(pilot)
+            summary = app.screen.query_one("#summary")
+            assert text_of(summary, width=80).strip() == (
+                "no queues: add a workflow with a WorkerTrigger to the workflows folder"
+            )
+            (folder / "pings.py").write_text(GOOD)
+            await until(pilot, lambda: text_of(summary, width=80).startswith("1 queue   0 queued"))
