@@ -928,31 +928,31 @@ async def _show(args: argparse.Namespace) -> None:
             raise UsageError("--follow prints lines, not JSON: give one of them", "blok-tui show")
         await _follow(args)
         return
-    from .run_follow import job_of, usual_of, why_held
+    from .run_follow import job_of, orphan_of, usual_of, why_held
 
     async with _client(args) as engine:
         run = await engine.find_run(args.run_id)
         now = engine.now()
         job, why = await job_of(engine, run), await why_held(engine, run)
-        usual = await usual_of(engine, run)
+        usual, orphaned = await usual_of(engine, run), await orphan_of(engine, run, job)
     if args.json:
         print(json.dumps(run.model_dump(mode="json", exclude={"state", "cursor"}), indent=2))
         return
     from .run_text import run_text
 
-    print(run_text(run, now, job=job, why=why, usual=usual))
+    print(run_text(run, now, job=job, why=why, usual=usual, orphaned=orphaned))
 
 
 async def _follow(args: argparse.Namespace) -> None:
     """`show --follow`: the run as `show` prints it, then what happens to it until it ends."""
-    from .run_follow import RunFollower, follow, job_of, usual_of, went_on, why_held
+    from .run_follow import RunFollower, follow, job_of, orphan_of, usual_of, went_on, why_held
     from .run_text import run_text
 
     async with _following(args) as (engine, events):
         run = await engine.find_run(args.run_id)
         job, why = await job_of(engine, run), await why_held(engine, run)
-        usual = await usual_of(engine, run)
-        _say(run_text(run, engine.now(), job=job, why=why, usual=usual))
+        usual, orphaned = await usual_of(engine, run), await orphan_of(engine, run, job)
+        _say(run_text(run, engine.now(), job=job, why=why, usual=usual, orphaned=orphaned))
         if not run.terminal or went_on(run, job):  # the job read above: no second read
             _say("\nFOLLOWING (ctrl-c stops)")
         follower = RunFollower()

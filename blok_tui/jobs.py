@@ -12,12 +12,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from datetime import tzinfo
 
 import anyio
 from rich.text import Text
 
-from engine import EngineError, Job, JobState, Run
+from engine import EngineError, Job, JobState, Run, RunStatus
 from engine.api import EngineAPI
+from engine.liveness import TAKEN_OVER
+
+from .console import local_times
 
 # A job that has ended changes again only when it is requeued (the console forgets it when it
 # requeues; another process's requeue shows within this many seconds); one still going changes
@@ -27,6 +31,14 @@ KEEP_GOING = 2.0
 READERS = 16  # jobs read at once
 # Statuses of a run that its job may outlive: the job is retried with a new run after these.
 RETRIED_AFTER = frozenset({"failed", "timed_out", "crashed"})
+
+ORPHANED = Text("⚠ orphaned", style="bold dark_orange")  # a running run nobody runs (`orphans`)
+
+
+def orphaned_text(why: str, tz: tzinfo | None) -> Text:
+    """The sentence for a running run nobody runs (`JobBook.orphans`), its moments in `tz`."""
+    return Text(f"⚠ nobody runs it now: {local_times(why, tz)}; {TAKEN_OVER}", style="dark_orange")
+
 
 # What became of a job after one of its runs: (words, style).
 THEN: dict[JobState, tuple[str, str]] = {
@@ -97,6 +109,25 @@ class JobBook:
             for run in candidates
             if run.job_id in jobs and jobs[run.job_id].run_id != run.id
         }
+
+    async def orphans(self, engine: EngineAPI, runs: Iterable[Run]) -> dict[str, str]:
+        """Run id → why nobody runs it, for the runs that say `running` whose worker is gone or
+        let its lease run out (`holder_gone`): nothing moves them on until a live worker takes
+        their jobs over. The workers are read only when such a job is held."""
+        running = [run for run in runs if run.status is RunStatus.RUNNING]
+        jobs = await self.read(engine, (run.job_id for run in running))
+        held = [
+            (run, jobs[run.job_id])
+            for run in running
+            if run.job_id in jobs
+            and jobs[run.job_id].run_id == run.id
+            and jobs[run.job_id].state is JobState.ACTIVE
+        ]
+        if not held:
+            return {}
+        workers = await engine.workers()
+        gone = {run.id: engine.holder_gone(job, workers) for run, job in held}
+        return {run_id: why for run_id, why in gone.items() if why is not None}
 
     def forget(self, job_ids: Iterable[str] | None = None) -> None:
         """Read these jobs (or all) afresh next time: the console just changed them."""

@@ -153,6 +153,13 @@ async def usual_of(engine: EngineAPI, run: Run) -> float | None:
     )
 
 
+async def orphan_of(engine: EngineAPI, run: Run, job: Job | None) -> str | None:
+    """Why nobody runs a running run whose worker is gone (`holder_gone`); None otherwise."""
+    if run.status is not RunStatus.RUNNING or job is None or job.run_id != run.id:
+        return None
+    return engine.holder_gone(job, await engine.workers())
+
+
 async def why_held(engine: EngineAPI, run: Run) -> WaitReason | None:
     """What a run that has not started, or goes on later, waits for; None for the others."""
     return await engine.why_waiting(run.id) if run.status in PENDING_RUN_STATUSES else None

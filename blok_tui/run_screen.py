@@ -40,7 +40,7 @@ from .console import (
 )
 from .diff_screen import DiffScreen
 from .inject_screen import InjectScreen
-from .jobs import RETRIED_AFTER, one_per_job, then_text
+from .jobs import RETRIED_AFTER, one_per_job, orphaned_text, then_text
 from .step_stats import StepStats, step_stats, typical_text
 from .timeline_screen import TimelineScreen
 from .tracebacks import clean_error
@@ -206,6 +206,7 @@ class RunScreen(BlokScreen):
         self.events: list[EventMessage] = []  # the run's mailbox
         self.holder = 0  # which holder h opens next
         self.job: Job | None = None  # the run's job: which delivery this is, what came after
+        self.orphaned: str | None = None  # why nobody runs it, for a running run (jobs.orphans)
         self.replays: list[Run] = []  # replays of this run, newest first, one run per job
 
     @property
@@ -271,6 +272,7 @@ class RunScreen(BlokScreen):
             return
         jobs = await self.blok.jobs.read(self.engine, [run.job_id])
         self.job = jobs.get(run.job_id)
+        self.orphaned = (await self.blok.jobs.orphans(self.engine, [run])).get(run.id)
         replays = await self.engine.runs(replay_of=run.id, limit=REPLAYS) if run.terminal else []
         # A replay is a job: each of its deliveries is a run with replay_of set.
         self.replays = one_per_job(replays).runs
@@ -369,6 +371,9 @@ class RunScreen(BlokScreen):
             line.append(f"   replay of {run.replay_of}", style="medium_purple1")
             if run.replay_from_step:
                 line.append(f" from {run.replay_from_step}", style="medium_purple1")
+        if self.orphaned is not None:
+            line.append("\n")
+            line.append_text(orphaned_text(self.orphaned, tz))
         later = self.later_delivery
         if later is not None:
             line.append("\n")

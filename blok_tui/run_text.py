@@ -15,6 +15,7 @@ from typing import Any
 
 from engine import Attempt, Job, JobState, Run, StepRun, WaitReason, format_duration
 from engine.filters import STUCK_FACTOR
+from engine.liveness import TAKEN_OVER
 from engine.text import printable
 
 from .console import local_times
@@ -35,6 +36,7 @@ def run_text(
     job: Job | None = None,
     why: WaitReason | None = None,
     usual: float | None = None,
+    orphaned: str | None = None,
     tz: tzinfo | None = None,
     cwd: Path | None = None,
 ) -> str:
@@ -42,8 +44,9 @@ def run_text(
     engine's clock); `job`: the run's job, if it is still kept (its deliveries, its fate);
     `why`: what a run that has not started or goes on later waits for (`why_waiting`);
     `usual`: the seconds its workflow's runs usually take (`usual_duration`), for a running
-    run; `tz`: the time zone times are shown in (None: this machine's)."""
-    lines = _facts(run, now, job, tz, usual)
+    run; `orphaned`: why nobody runs a running run (`holder_gone`); `tz`: the time zone times
+    are shown in (None: this machine's)."""
+    lines = _facts(run, now, job, tz, usual, orphaned)
     if why is not None:
         lines.insert(2, f"{'why':<{LABEL}} {why_line(run, why, tz)}")
     if run.steps:
@@ -59,7 +62,12 @@ def run_text(
 
 # ---- the run ------------------------------------------------------------------------------
 def _facts(
-    run: Run, now: datetime, job: Job | None, tz: tzinfo | None, usual: float | None = None
+    run: Run,
+    now: datetime,
+    job: Job | None,
+    tz: tzinfo | None,
+    usual: float | None = None,
+    orphaned: str | None = None,
 ) -> list[str]:
     facts: list[tuple[str, str]] = [("run", run.id), ("status", _status(run))]
     workflow = run.workflow_name
@@ -82,7 +90,11 @@ def _facts(
     if run.finished_at is not None:
         facts.append(("finished", f"{_moment(run.finished_at, tz)}  ({_took(run, now)})"))
     elif run.started_at is not None and str(run.status) == "running":
-        facts.append(("running", f"for {_took(run, now)}{_stuck(run, now, usual)}"))
+        if orphaned is not None:  # whether it is stuck is moot: nothing runs it
+            note = f"; nobody runs it now: {local_times(orphaned, tz)}; {TAKEN_OVER}"
+        else:
+            note = _stuck(run, now, usual)
+        facts.append(("running", f"for {_took(run, now)}{note}"))
     if str(run.status) in ("delayed", "throttled", "debounced") and run.run_at is not None:
         facts.append(("due", _moment(run.run_at, tz)))
     if str(run.status) == "waiting" and run.wait_until is not None:

@@ -32,7 +32,7 @@ from .console import (
     short_ids,
     status_text,
 )
-from .jobs import then_text
+from .jobs import ORPHANED, orphaned_text, then_text
 from .tracebacks import clean_error
 from .widgets import FilterInput
 from .widgets.row_table import Column, RowTable
@@ -109,6 +109,7 @@ class RunsScreen(BlokScreen):
         self.searched = 0  # runs the last `/` search read
         self.matched: list[Run] = []  # the runs the last search matched
         self.fates: dict[str, Job] = {}  # run id → its job, for runs their job outlived
+        self.orphans: dict[str, str] = {}  # run id → why nobody runs it, for running runs
         self.loaded = False  # the first page is on screen (the benchmark waits for this)
         self.planning = False  # a bulk action's plan is being read
 
@@ -178,6 +179,7 @@ class RunsScreen(BlokScreen):
                 **self.flags,
             )
         self.fates = await self.blok.jobs.fates(self.engine, self.runs)
+        self.orphans = await self.blok.jobs.orphans(self.engine, self.runs)
         self.render_rows()
         self.loaded = True
 
@@ -217,7 +219,7 @@ class RunsScreen(BlokScreen):
         return [
             Text(MARK if run.id in self.marked else " ", style="bold khaki1"),
             status_text(str(run.status)),
-            then_text(fate) if fate is not None else "",
+            then_text(fate) if fate is not None else ORPHANED if run.id in self.orphans else "",
             Text(short.get(run.id, run.id), style="grey85"),
             printable(run.workflow_name),
             Text(run.workflow_version[:8], style="grey62"),
@@ -238,7 +240,7 @@ class RunsScreen(BlokScreen):
         ids = [run.id for run in self.runs]
         self.short = short_ids([*ids, *(r.replay_of for r in self.runs if r.replay_of)])
         # Columns empty on every row of the page give their room to the error or input.
-        empty = [] if self.fates else ["then"]
+        empty = [] if self.fates or self.orphans else ["then"]
         if not any(run.replay_of for run in self.runs):
             empty.append("replay of")
         self.table.hide_columns(empty)
@@ -309,6 +311,10 @@ class RunsScreen(BlokScreen):
                 shown = short_ids([run.id, fate.run_id])[fate.run_id]
                 text.append_text(then_text(fate, long=True, shown_id=shown))
                 text.append("  J opens it  ", style="grey50")
+            orphaned = self.orphans.get(run.id)
+            if orphaned is not None:
+                text.append_text(orphaned_text(orphaned, self.blok.tz))
+                text.append("  ")
             held = str(run.status) in ("delayed", "throttled", "queued") and run.run_at
             if held and run.run_at is not None:
                 now, tz = self.blok.now(), self.blok.tz

@@ -36,10 +36,10 @@ from .feed import Follower
 from .filters import RunFilter
 from .health import Health
 from .ledger import Ledger
-from .liveness import this_process, worker_alive
+from .liveness import holder_gone, this_process, worker_alive
 from .loader import IMPORT_TIMEOUT_S
 from .mailbox import Mailbox
-from .models import Job, QueueInfo, QueueStats, Run, WorkerInfo, WorkflowInfo, utcnow
+from .models import Job, JobState, QueueInfo, QueueStats, Run, WorkerInfo, WorkflowInfo, utcnow
 from .operations import BulkResult, ProgressCallback, median_duration
 from .operator import DEFAULT_MAX_PAYLOAD_BYTES, Operator
 from .primitives import global_middleware, run_middleware
@@ -667,6 +667,15 @@ class Engine:
         runs, on this machine; its heartbeat is recent, on others): for a caller that has the
         list already and would otherwise read it twice."""
         return worker_alive(worker, self.now())
+
+    def holder_gone(self, job: Job, workers: Sequence[WorkerInfo]) -> str | None:
+        """Why nobody runs a job held by a worker (`active`), in a sentence ("its worker … is
+        gone (…)", "… let the lease on its job run out at …"); None while its worker may still
+        run it. `workers`: as `workers()` read them, once for many jobs. Such a job's run still
+        says `running` until a live worker takes the job over (`liveness.TAKEN_OVER`)."""
+        if job.state is not JobState.ACTIVE:
+            return None
+        return holder_gone(job, workers, self.now())
 
     async def health(self, max_age: str | int | float | timedelta = "5m") -> Health:
         """Healthy: the database answers, at least one worker is alive on it, and no queue's

@@ -11,6 +11,11 @@ from pathlib import Path
 from .models import Job, WorkerInfo, utcnow
 
 STALE_HEARTBEAT_S = 10.0  # a worker on another host is gone after this long without one
+# What becomes of a run nobody runs any more (`holder_gone`): recovery, or the claim that finds
+# its lease run out.
+TAKEN_OVER = (
+    "a live worker takes its job over: the run is recorded crashed and its job gets a new run"
+)
 
 
 def _pid_space() -> str:
@@ -113,12 +118,8 @@ def holder_gone(job: Job, workers: Iterable[WorkerInfo], now: datetime) -> str |
     on, the backend's."""
     if job.worker is None:
         return "no worker holds its job"
-    if job.lease_until is not None and job.lease_until < now:
-        return (
-            f"its worker {job.worker} let the lease on its job run out at "
-            f"{job.lease_until.isoformat(timespec='seconds')} (the worker is gone or frozen)"
-        )
     for worker in workers:
+        # First: a worker known dead is named so, whether or not its lease has run out yet.
         if worker.id != job.worker or worker_alive(worker, now):
             continue
         if pid_names_process_here(worker):
@@ -126,5 +127,10 @@ def holder_gone(job: Job, workers: Iterable[WorkerInfo], now: datetime) -> str |
         return (
             f"its worker {worker.id} is gone (no heartbeat since "
             f"{worker.heartbeat_at.isoformat(timespec='seconds')})"
+        )
+    if job.lease_until is not None and job.lease_until < now:
+        return (
+            f"its worker {job.worker} let the lease on its job run out at "
+            f"{job.lease_until.isoformat(timespec='seconds')} (the worker is frozen, or gone)"
         )
     return None

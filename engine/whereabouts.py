@@ -13,7 +13,7 @@ import anyio
 
 from .backends.base import Backend
 from .errors import EngineError, UnknownJob
-from .liveness import holder_gone
+from .liveness import TAKEN_OVER, holder_gone
 from .models import JobState, Run, RunStatus
 
 WHERE = "where"  # the signal
@@ -60,10 +60,7 @@ async def ask_where(backend: Backend, run: Run, here: Holder | None, timeout: fl
         gone = holder_gone(job, await backend.shared.workers(), backend.clock.now())
         if gone is not None:
             # Nobody would answer: said now, not after the timeout.
-            raise EngineError(
-                f"run {run.id}: none of its code runs now: {gone}; a live worker takes its job "
-                "over: the run is recorded crashed and its job gets a new run"
-            )
+            raise EngineError(f"run {run.id}: none of its code runs now: {gone}; {TAKEN_OVER}")
     before = len(_answers(run))
     token = await backend.change_token()  # before the signal: the answer's commit moves it
     if here is not None and job.id in here.by_job:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -201,6 +202,12 @@ def test_another_process_answers_and_one_that_died_is_said_not_to(tmp_path: Path
             f"{worker.process.pid} no longer runs); a live worker takes its job over: the run is "
             "recorded crashed and its job gets a new run\n"
         ), gone.stderr
+        # `show` says it too: the record still says running, and nothing will move it on.
+        shown = blok("show", job_id, "--db", database).stdout
+        assert (
+            f"; nobody runs it now: its worker {worker.id} is gone (its process "
+            f"{worker.process.pid} no longer runs); a live worker takes its job over"
+        ) in " ".join(shown.split()), shown
     finally:
         worker.process.kill()
         worker.process.wait()
@@ -227,9 +234,15 @@ def test_a_frozen_worker_past_its_lease_is_said_to_have_let_it_run_out(tmp_path:
             "out at "
         ) in frozen.stderr, frozen.stderr
         assert frozen.stderr.endswith(
-            "(the worker is gone or frozen); a live worker takes its job over: the run is "
+            "(the worker is frozen, or gone); a live worker takes its job over: the run is "
             "recorded crashed and its job gets a new run\n"
         ), frozen.stderr
+        shown = " ".join(blok("show", job_id, "--db", database).stdout.split())
+        assert re.search(
+            rf"; nobody runs it now: its worker {re.escape(worker.id)} let the lease on its job "
+            r"run out at \d\d:\d\d:\d\d \(the worker is frozen, or gone\); a live worker takes",
+            shown,
+        ), shown
     finally:
         os.kill(worker.process.pid, signal.SIGCONT)
         worker.process.kill()
@@ -263,8 +276,11 @@ async def test_a_holder_on_another_machine_with_no_heartbeat_is_named(tmp_path: 
         await engine.backend.runs.flush()  # the heartbeat goes with the writer's next commit
         queue = engine.backend.queue(provider_of(database))
         [job] = await add_unserved(queue, "far", [{}])
-        [claim] = await queue.claim("far", 1, holder, 3600.0)
-        assert claim.job.id == job.id
+        [claim] = await queue.claim("far", 1, holder, 0.05)
+        assert claim.job.id == job.id and claim.job.lease_until is not None
+        lapsed = claim.job.lease_until
+        await until(lambda: engine.now() > lapsed)
+        # Its lease ran out too, but that the worker is gone is what tells the most.
         with pytest.raises(EngineError) as refused:
             await engine.where(job.run_id, timeout=30)
     assert str(refused.value) == (

@@ -8,7 +8,7 @@ on nothing but this file.
 from __future__ import annotations
 
 import shutil
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -29,7 +29,7 @@ from engine import (
     StepStatus,
     WorkerInfo,
 )
-from engine.liveness import worker_alive
+from engine.liveness import holder_gone, worker_alive
 
 NOW = datetime(2026, 1, 15, 9, 30, 0, tzinfo=UTC)
 BROKEN = '''"""Refunds: being edited, and broken for the moment."""
@@ -543,8 +543,12 @@ async def scene_engine(folder: Path, database: Path) -> AsyncIterator[Engine]:
         def alive_at_now(worker: WorkerInfo) -> bool:
             return worker_alive(worker, NOW)  # the engine's rule, on the scene's clock
 
+        def gone_at_now(job: Job, workers: Sequence[WorkerInfo]) -> str | None:
+            return holder_gone(job, workers, NOW)  # the engine's rule, on the scene's clock
+
         engine.workers = fixed_workers  # type: ignore[method-assign]
         engine.worker_alive = alive_at_now  # type: ignore[method-assign]
+        engine.holder_gone = gone_at_now  # type: ignore[method-assign]
         yield engine
 
 

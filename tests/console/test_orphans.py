@@ -1,0 +1,78 @@
+"""A run whose worker died says `running` until a live worker takes its job over; the console
+marks it and says why nobody runs it. A real worker process, killed with its run held."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import anyio
+import pytest
+from cli_helpers import blok, eventually, start_worker
+from textual.widgets import Static
+
+from blok_tui.app import BlokApp
+from blok_tui.run_screen import RunScreen
+from blok_tui.runs_screen import RunsScreen
+from blok_tui.widgets.row_table import RowTable
+from engine import Engine, RunStatus
+
+from .helpers import column, command, settled, text_of, until
+
+pytestmark = pytest.mark.anyio
+
+NAPS = """
+import anyio
+from engine import Step, Workflow, WorkerTrigger
+
+
+async def nap(ctx):
+    await anyio.sleep(3600)
+
+
+workflow = Workflow(name="naps", trigger=WorkerTrigger(queue="naps"), steps=[Step("nap", nap)])
+"""
+
+
+def _running(database: Path) -> str | None:
+    listed = json.loads(blok("runs", "--db", database, "--json").stdout or "[]")
+    return next((run["id"] for run in listed if run["status"] == "running"), None)
+
+
+async def test_a_running_run_whose_worker_died_is_marked_orphaned(tmp_path: Path) -> None:
+    folder = tmp_path / "workflows"
+    folder.mkdir()
+    (folder / "naps.py").write_text(NAPS)
+    database = tmp_path / "blok.db"
+    worker = start_worker(database, folder)
+    try:
+        blok("enqueue", "naps", "{}", "--db", database)
+        run_id = await anyio.to_thread.run_sync(lambda: eventually(lambda: _running(database)))
+    finally:
+        worker.process.kill()
+        worker.process.wait()
+    why = (
+        f"⚠ nobody runs it now: its worker {worker.id} is gone (its process "
+        f"{worker.process.pid} no longer runs); a live worker takes its job over: the run is "
+        "recorded crashed and its job gets a new run"
+    )
+    async with Engine(database=database, create=False, follow=True) as engine:
+        assert (await engine.get_run(run_id)).status is RunStatus.RUNNING
+        app = BlokApp(engine)
+        async with app.run_test(size=(140, 40)) as pilot:
+            await settled(pilot)
+            await command(pilot, "runs")
+            await until(pilot, lambda: isinstance(app.screen, RunsScreen) and app.screen.loaded)
+            table = app.screen.query_one("#runs", RowTable)
+            await until(pilot, lambda: run_id in table.keys)
+            assert column(table, "then") == ["⚠ orphaned"]
+            table.move_cursor(row=table.keys.index(run_id))
+            await until(pilot, lambda: why in _flat(app.screen.query_one("#preview", Static)))
+            await pilot.press("enter")
+            await until(pilot, lambda: isinstance(app.screen, RunScreen))
+            await until(pilot, lambda: why in _flat(app.screen.query_one("#run-header", Static)))
+
+
+def _flat(widget: Static) -> str:
+    """The widget's text in one line (a long sentence wraps)."""
+    return " ".join(text_of(widget).split())
