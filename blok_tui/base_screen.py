@@ -11,7 +11,7 @@ from textual.binding import Binding, BindingType
 from textual.css.query import NoMatches
 from textual.screen import Screen
 
-from engine import DatabaseError, EngineError
+from engine import DatabaseError, EngineError, RunStatus
 from engine.api import EngineAPI
 
 from . import actions
@@ -176,8 +176,9 @@ class BlokScreen(Screen[None]):
     def tick(self) -> None:
         """Called every second: redraw what depends on the clock (durations, countdowns)."""
 
-    def confirm_cancel(self, run: Run | None) -> None:
-        """Ask before cancelling `run` (the one key every run view shares), then cancel it."""
+    def confirm_cancel(self, run: Run | None, orphaned: str | None = None) -> None:
+        """Ask before cancelling `run` (the one key every run view shares), then cancel it.
+        `orphaned`: why nobody runs it (its worker is gone), when the view knows."""
         if run is None:
             return
         if run.terminal:
@@ -192,8 +193,8 @@ class BlokScreen(Screen[None]):
         self.app.push_screen(
             ConfirmScreen(
                 f"Cancel run [b]{run.id}[/b]?",
-                f"{printable(run.workflow_name)} on {printable(run.queue)}, {run.status}. Its current step is "
-                "interrupted; the job is not retried.",
+                f"{printable(run.workflow_name)} on {printable(run.queue)}, {run.status}. "
+                f"{_what_a_cancel_stops(run, orphaned)}; the job is not retried.",
                 confirm="Cancel run",
             ),
             answer,
@@ -241,3 +242,13 @@ class RowFilterScreen(BlokScreen):
             return False
         self.query_one(FilterInput).action_drop()
         return True
+
+
+def _what_a_cancel_stops(run: Run, orphaned: str | None) -> str:
+    if orphaned is not None:
+        return f"Nobody runs it now ({orphaned}): it is recorded cancelled at once"
+    if run.status is RunStatus.RUNNING:
+        return "Its current step is interrupted"
+    if run.status is RunStatus.WAITING:
+        return "It does not go on from its wait"
+    return "It never starts"

@@ -606,7 +606,7 @@ class RunScreen(BlokScreen):
 
     # ---- actions ---------------------------------------------------------------------------
     def action_cancel_run(self) -> None:
-        self.confirm_cancel(self.run)
+        self.confirm_cancel(self.run, self.orphaned)
 
     async def action_replay_run(self) -> None:
         await self.blok.replay(self.run_id)

@@ -397,7 +397,7 @@ class RunsScreen(BlokScreen):
 
     def action_cancel_run(self) -> None:
         run = next((r for r in self.runs if r.id == self.selected_run_id()), None)
-        self.confirm_cancel(run)
+        self.confirm_cancel(run, self.orphans.get(run.id) if run is not None else None)
 
     async def action_replay_run(self) -> None:
         run_id = self.selected_run_id()

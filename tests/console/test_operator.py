@@ -27,7 +27,15 @@ from blok_tui.runs_screen import MARK, RunsScreen
 from blok_tui.widgets import BulkBar, StepRail
 from blok_tui.widgets.row_table import RowTable
 from blok_tui.workers_screen import WorkersScreen
-from engine import Engine, RunFilter, RunStarted, StepStarted, WorkerInfo
+from engine import (
+    Engine,
+    RunFilter,
+    RunStarted,
+    RunStatus,
+    RunStatusChanged,
+    StepStarted,
+    WorkerInfo,
+)
 from engine.events import AttemptFailed
 from engine.liveness import process_of, this_process
 
@@ -480,3 +488,39 @@ async def test_w_in_the_runs_view_asks_about_the_selected_run(engine: Engine) ->
     assert answers[f"Where run {run_id} is now"].startswith("where: [step 1/1] sleep is at ")
     assert answers["Where: no answer"] == f"run {done.id} is completed: none of its code runs now"
     await engine.cancel(run_id)
+
+
+async def test_c_asks_about_what_a_cancel_stops_for_the_runs_state(engine: Engine) -> None:
+    """A queued run never starts, a waiting one does not go on, a running one is interrupted:
+    the confirmation says which, before anything is done."""
+    async with expect_events(engine, StepStarted):
+        running = await engine.enqueue("slow", {"order_id": "C1"})
+    async with expect_events(
+        engine, RunStatusChanged, where=lambda event: event.status == "waiting"
+    ):
+        waiting = await engine.enqueue("waiter", {})
+    await engine.pause("quick")
+    queued = await engine.enqueue("quick", {"n": 1})
+    said: dict[str, str] = {}
+    app = BlokApp(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        for job_id in (running, waiting, queued):
+            run_id = (await engine.get_job(job_id)).run_id
+            await command(pilot, f"run {run_id}")
+            await pilot.press("c")
+            await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+            said[job_id] = text_of(app.screen.query_one(".detail", Static)).strip()
+            await pilot.press("n")
+            await until(pilot, lambda: not isinstance(app.screen, ConfirmScreen))
+    assert said == {
+        running: "slow.sleep on slow, running. Its current step is interrupted; the job is not "
+        "retried.",
+        waiting: "waiter.pause on waiter, waiting. It does not go on from its wait; the job is "
+        "not retried.",
+        queued: "quick.echo on quick, queued. It never starts; the job is not retried.",
+    }
+    for job_id in (running, waiting, queued):  # nothing was cancelled
+        run = await engine.get_run((await engine.get_job(job_id)).run_id)
+        assert run.status is not RunStatus.CANCELLED
+        await engine.cancel(run.id)

@@ -12,6 +12,7 @@ from cli_helpers import blok, eventually, start_worker
 from textual.widgets import Static
 
 from blok_tui.app import BlokApp
+from blok_tui.confirm_screen import ConfirmScreen
 from blok_tui.run_screen import RunScreen
 from blok_tui.runs_screen import RunsScreen
 from blok_tui.widgets.row_table import RowTable
@@ -71,6 +72,19 @@ async def test_a_running_run_whose_worker_died_is_marked_orphaned(tmp_path: Path
             await pilot.press("enter")
             await until(pilot, lambda: isinstance(app.screen, RunScreen))
             await until(pilot, lambda: why in _flat(app.screen.query_one("#run-header", Static)))
+            # A cancel is asked as what it is: a record written now, no code to interrupt.
+            await pilot.press("c")
+            await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+            assert _flat(app.screen.query_one(".detail", Static)) == (
+                f"naps on naps, running. Nobody runs it now (its worker {worker.id} is gone (its "
+                f"process {worker.process.pid} no longer runs)): it is recorded cancelled at "
+                "once; the job is not retried."
+            )
+            await pilot.press("y")
+            await until(pilot, lambda: isinstance(app.screen, RunScreen))
+            cancelled = await engine.get_run(run_id)
+            assert cancelled.status is RunStatus.CANCELLED, cancelled
+            assert cancelled.error == "cancelled by operator (its worker was gone)"
 
 
 def _flat(widget: Static) -> str:
