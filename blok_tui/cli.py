@@ -24,7 +24,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, NoReturn
@@ -852,13 +852,21 @@ async def _runs(args: argparse.Namespace) -> None:
             stuck=args.stuck,
         )
         unknown = await _unknown_names(engine, args) if not runs else ""
+        orphans = await _orphans(engine, runs)
     if args.stuck is not None and not unknown:
         unknown = f" running longer than {args.stuck:g}× their workflow's median time"
     if args.json:
         fields = {"steps", "logs", "state", "cursor"}
         print(json.dumps([run.model_dump(mode="json", exclude=fields) for run in runs], indent=2))
         return
-    print(_table(runs) if runs else f"no runs{unknown}")
+    print(_table(runs, orphans) if runs else f"no runs{unknown}")
+
+
+async def _orphans(engine: Any, runs: Sequence[Any]) -> dict[str, str]:
+    """Why nobody runs each running run whose worker is gone (the console's `⚠ orphaned`)."""
+    from .jobs import JobBook
+
+    return await JobBook().orphans(engine, runs)
 
 
 async def _follow_runs(args: argparse.Namespace) -> None:
@@ -877,7 +885,8 @@ async def _follow_runs(args: argparse.Namespace) -> None:
             status=args.status, workflow=args.workflow, queue=args.queue, limit=args.limit
         )
         unknown = await _unknown_names(engine, args) if not runs else ""
-        _say(_table(runs) if runs else f"no runs{unknown}")
+        orphans = await _orphans(engine, runs)
+        _say(_table(runs, orphans) if runs else f"no runs{unknown}")
         _say("\nFOLLOWING (ctrl-c stops)")
         await follow_runs(engine, events, only, _say)
 
@@ -898,9 +907,11 @@ async def _unknown_names(engine: Any, args: argparse.Namespace) -> str:
     return ""
 
 
-def _table(runs: Sequence[Any]) -> str:
+def _table(runs: Sequence[Any], orphans: Mapping[str, str] | None = None) -> str:
+    """The runs in columns; `orphans`: why nobody runs a running run (in its ERROR column)."""
     from engine import format_duration
 
+    orphans = orphans or {}
     header = ("RUN", "WORKFLOW", "QUEUE", "STATUS", "WORKER", "CREATED", "DURATION", "ERROR")
     rows = [header]
     for run in runs:
@@ -914,7 +925,10 @@ def _table(runs: Sequence[Any]) -> str:
                 printable(run.worker or "-"),
                 run.created_at.astimezone().strftime("%Y-%m-%d %H:%M:%S"),
                 format_duration(duration) if duration is not None else "-",
-                one_line(printable(run.error or ""), 60),
+                # An orphan's note in full (the last column): what to do hangs on its end.
+                f"orphaned: {orphans[run.id]}"
+                if run.id in orphans
+                else one_line(printable(run.error or ""), 60),
             )
         )
     if len(rows) == 1:

@@ -208,6 +208,13 @@ def test_another_process_answers_and_one_that_died_is_said_not_to(tmp_path: Path
             f"; nobody runs it now: its worker {worker.id} is gone (its process "
             f"{worker.process.pid} no longer runs); a live worker takes its job over"
         ) in " ".join(shown.split()), shown
+        # And `runs` lists it so (its ERROR column), as the console marks it orphaned.
+        listed = blok("runs", "--db", database, "--queue", "naps").stdout.splitlines()
+        [row] = [line for line in listed if " running " in line]
+        assert row.endswith(
+            f"orphaned: its worker {worker.id} is gone (its process {worker.process.pid} no "
+            "longer runs)"
+        ), listed
     finally:
         worker.process.kill()
         worker.process.wait()
