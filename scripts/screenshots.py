@@ -65,6 +65,7 @@ SHOTS: dict[str, Shot] = {
     "schedules-80x24": Shot([command("schedules")], SMALL, world=events_scene),
     "run-nested": Shot([command(f"run {scene.rid(13)}")]),
     "run-throttled": Shot([command(f"run {scene.rid(16)}")]),
+    "run-orphaned": Shot([command(f"run {scene.rid(18)}")]),
     "workers": Shot([command("workers")]),
     "bulk-confirm": Shot([command("runs failed"), screen_action("action_bulk_replay")]),
     "inject": Shot([lambda app: app.action_inject("orders")]),

@@ -336,6 +336,29 @@ def showcase_runs() -> list[Run]:
         failed_attempts=2,
     )
     runs.append(hook)
+
+    # An upload whose worker, the laptop's, went away mid-run 40 minutes ago: its record still
+    # says running, and nobody runs it (the console marks it orphaned).
+    stranded = Run(
+        id=rid(18),
+        workflow_name="exports.upload",
+        workflow_version="5c2e88d0",
+        queue="exports",
+        job_id=jid(18),
+        status=RunStatus.RUNNING,
+        input={"size_mb": 12},
+        created_at=at(41),
+        started_at=at(41),
+        worker="laptop:4242",
+        steps=_steps(["prepare", "upload"]),
+        attempts=2,
+    )
+    _done(stranded.steps[0], stranded.created_at, 180, {"size_mb": 12, "parts": 2})
+    upload = stranded.steps[1]
+    upload.status = StepStatus.RUNNING
+    upload.started_at = stranded.created_at + timedelta(milliseconds=180)
+    upload.attempts = [Attempt(number=1, started_at=upload.started_at)]
+    runs.append(stranded)
     runs.extend(flow_control_runs())
     return runs
 
@@ -493,7 +516,7 @@ def showcase_jobs(runs: list[Run]) -> list[Job]:
             run_at=datetime(2099, 1, 1, tzinfo=UTC)
             if run.status in (RunStatus.WAITING, RunStatus.THROTTLED)
             else None,
-            worker="showcase:1" if run.status is RunStatus.RUNNING else None,
+            worker=run.worker if run.status is RunStatus.RUNNING else None,
         )
         jobs.append(job)
     return jobs

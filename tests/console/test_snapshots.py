@@ -85,6 +85,11 @@ def test_run_view_of_a_throttled_run(snap_compare: Any, built: tuple[Path, Path]
     assert snap_compare(scene.app(*built), terminal_size=SIZE, run_before=run_before)
 
 
+def test_run_view_of_an_orphaned_run(snap_compare: Any, built: tuple[Path, Path]) -> None:
+    run_before = _then(lambda app: app.run_command(f"run {scene.rid(18)}"))
+    assert snap_compare(scene.app(*built), terminal_size=SIZE, run_before=run_before)
+
+
 def test_workers_view(snap_compare: Any, built: tuple[Path, Path]) -> None:
     run_before = _then(lambda app: app.run_command("workers"))
     assert snap_compare(scene.app(*built), terminal_size=SIZE, run_before=run_before)
