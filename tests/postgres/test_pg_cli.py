@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -29,8 +30,11 @@ pytestmark = pytest.mark.anyio
 
 
 @contextmanager
-def pg_worker(url: str, folder: Path, *extra: str) -> Iterator[subprocess.Popen[str]]:
-    """`blok-tui worker --db URL`, once it printed its ready line; SIGTERM and exit 0 after."""
+def pg_worker(
+    url: str, folder: Path, *extra: str, killed: bool = False
+) -> Iterator[subprocess.Popen[str]]:
+    """`blok-tui worker --db URL`, once it printed its ready line; SIGTERM and exit 0 after
+    (`killed`: the test kills it, and its exit is not checked)."""
     stderr_path = folder / f"worker-{time.monotonic_ns()}.stderr"
     env = {k: v for k, v in os.environ.items() if k not in ("BLOK_DB", "BLOK_WORKER_ADAPTER")}
     with stderr_path.open("w") as stderr:
@@ -56,7 +60,7 @@ def pg_worker(url: str, folder: Path, *extra: str) -> Iterator[subprocess.Popen[
             process.kill()
             process.wait()
             raise
-        assert code == 0, stderr_path.read_text()
+        assert killed or code == 0, stderr_path.read_text()
 
 
 @pytest.fixture
@@ -160,6 +164,28 @@ async def test_where_is_answered_by_the_worker_process_that_runs_the_run(
     assert first.endswith(frames[-1].split()[0]), where.stdout  # its innermost frame's line
     # In its sleep, or (rarely) in the look for the release file between two sleeps.
     assert " in nap: " in frames[-1], where.stdout
+
+
+async def test_a_worker_killed_under_its_run_is_named_gone(pg_url: str, tmp_path: Path) -> None:
+    """kill -9 of the worker process that runs a run, on PostgreSQL: `where` says at once that
+    nobody runs it and why, `show` and `runs` too, until a live worker takes the job over."""
+    url = pg_url
+    workflows = write_workflows(tmp_path / "workflows")
+    with pg_worker(url, tmp_path, "--workflows", str(workflows), killed=True) as worker:
+        job_id = await _napping(url, tmp_path / "release")
+        worker.kill()
+        worker.wait()
+    gone = f"is gone (its process {worker.pid} no longer runs)"
+    where = await cli("where", job_id, "--db", url, "--timeout", "30s")
+    assert where.returncode == 1 and where.stdout == "", where
+    holder = f"its worker {socket.gethostname()}:{worker.pid}:"
+    assert f": none of its code runs now: {holder}" in where.stderr, where.stderr
+    assert f"{gone}; a live worker takes its job over" in where.stderr, where.stderr
+    shown = await cli("show", job_id, "--db", url)
+    assert f"; nobody runs it now: {holder}" in shown.stdout, shown.stdout
+    assert gone in " ".join(shown.stdout.split()), shown.stdout
+    listed = await cli("runs", "--db", url)
+    assert listed.stdout.rstrip().endswith(gone), listed.stdout
 
 
 async def test_runs_follow_tells_a_failure_another_process_ran(served: str) -> None:
