@@ -139,6 +139,17 @@ def start_worker(
     return Worker(process, line.strip(), stderr_path)
 
 
+def serve(tmp_path: Path, files: dict[str, str], *extra: str) -> tuple[Path, Worker]:
+    """Workflow files (name → text) in `tmp_path/workflows`, served by a `blok-tui worker`
+    on `tmp_path/blok.db`: the database and the worker."""
+    folder = tmp_path / "workflows"
+    folder.mkdir(exist_ok=True)
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    database = tmp_path / "blok.db"
+    return database, start_worker(database, folder, *extra)
+
+
 class Follower:
     """`blok-tui show ... --follow` (or another `command` that follows) as a process whose lines
     are read as they come (by a thread: a pipe's buffered reader and `select` do not mix)."""

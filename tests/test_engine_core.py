@@ -276,8 +276,8 @@ async def test_wait_releases_and_resumes_with_state(database: Path | None) -> No
         assert len(done.step("before").attempts) == 1
 
 
-async def test_wait_survives_a_restart(tmp_path: Path) -> None:
-    ran: list[str] = []
+def _waits_between_two_steps(name: str, ran: list[str], **trigger: object) -> Workflow:
+    """A step, a 1 s wait, a step that reads the first's output; each step notes it ran."""
 
     async def first(ctx) -> str:
         ran.append("first")
@@ -287,12 +287,18 @@ async def test_wait_survives_a_restart(tmp_path: Path) -> None:
         ran.append("second")
         return value.upper()
 
-    wf = flow(
-        "resume",
+    return flow(
+        name,
         Step("first", first),
         wait.for_("1s"),
         Step("second", second, inputs={"value": "$.state.first"}),
+        **trigger,
     )
+
+
+async def test_wait_survives_a_restart(tmp_path: Path) -> None:
+    ran: list[str] = []
+    wf = _waits_between_two_steps("resume", ran)
     db = tmp_path / "blok.db"
     async with (
         Engine(workflows=[wf], database=db) as engine,
@@ -313,26 +319,12 @@ async def test_a_memory_queues_runs_are_queued_again_after_a_restart(tmp_path: P
     wait (its first step not run again)."""
     ran: list[str] = []
 
-    async def first(ctx) -> str:
-        ran.append("first")
-        return "kept"
-
-    async def second(ctx, value: str) -> str:
-        ran.append("second")
-        return value.upper()
-
     async def echo(ctx) -> str:
         ran.append("echo")
         return "echoed"
 
     flows = [
-        flow(
-            "waits",
-            Step("first", first),
-            wait.for_("1s"),
-            Step("second", second, inputs={"value": "$.state.first"}),
-            provider="memory",
-        ),
+        _waits_between_two_steps("waits", ran, provider="memory"),
         flow("later", Step("echo", echo), provider="memory"),
     ]
     db = tmp_path / "blok.db"

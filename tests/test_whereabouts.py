@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 import pytest
 from backends.builders import a_run
-from cli_helpers import blok, cli_env, eventually, start_worker
+from cli_helpers import blok, cli_env, eventually, serve
 from support import (
     add_unserved,
     durable_database,
@@ -168,11 +168,8 @@ def test_another_process_answers_and_one_that_died_is_said_not_to(tmp_path: Path
     """`blok-tui where` on SQLite: the worker process holding the run answers; while a node
     blocks its event loop, or after a kill -9 (its lease not yet run out), nobody does, and the
     command says so in one line."""
+    database, worker = serve(tmp_path, {"naps.py": NAPS})
     folder = tmp_path / "workflows"
-    folder.mkdir()
-    (folder / "naps.py").write_text(NAPS)
-    database = tmp_path / "blok.db"
-    worker = start_worker(database, folder)
     try:
         job = blok("enqueue", "naps", "{}", "--db", database)
         job_id = job.stdout.strip()
@@ -223,11 +220,7 @@ def test_another_process_answers_and_one_that_died_is_said_not_to(tmp_path: Path
 def test_a_frozen_worker_past_its_lease_is_said_to_have_let_it_run_out(tmp_path: Path) -> None:
     """A worker frozen (SIGSTOP) holds its run and cannot answer. Once its lease has run out,
     `where` says so at once instead of waiting for an answer."""
-    folder = tmp_path / "workflows"
-    folder.mkdir()
-    (folder / "naps.py").write_text(NAPS)
-    database = tmp_path / "blok.db"
-    worker = start_worker(database, folder, "--lease", "1s")
+    database, worker = serve(tmp_path, {"naps.py": NAPS}, "--lease", "1s")
     try:
         job_id = blok("enqueue", "naps", "{}", "--db", database).stdout.strip()
         eventually(lambda: _answered(blok("where", job_id, "--db", database)))

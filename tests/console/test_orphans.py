@@ -8,7 +8,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from cli_helpers import blok, eventually, start_worker
+from cli_helpers import blok, eventually, serve
 from textual.widgets import Static
 
 from blok_tui.app import BlokApp
@@ -41,11 +41,7 @@ def _running(database: Path) -> str | None:
 
 
 async def test_a_running_run_whose_worker_died_is_marked_orphaned(tmp_path: Path) -> None:
-    folder = tmp_path / "workflows"
-    folder.mkdir()
-    (folder / "naps.py").write_text(NAPS)
-    database = tmp_path / "blok.db"
-    worker = start_worker(database, folder)
+    database, worker = serve(tmp_path, {"naps.py": NAPS})
     try:
         blok("enqueue", "naps", "{}", "--db", database)
         run_id = await anyio.to_thread.run_sync(lambda: eventually(lambda: _running(database)))
