@@ -857,7 +857,11 @@ async def _runs(args: argparse.Namespace) -> None:
         unknown = f" running longer than {args.stuck:g}× their workflow's median time"
     if args.json:
         fields = {"steps", "logs", "state", "cursor"}
-        print(json.dumps([run.model_dump(mode="json", exclude=fields) for run in runs], indent=2))
+        listed = [run.model_dump(mode="json", exclude=fields) for run in runs]
+        for record in listed:  # a running run nobody runs: why, for a script
+            if record["id"] in orphans:
+                record["orphaned"] = orphans[record["id"]]
+        print(json.dumps(listed, indent=2))
         return
     print(_table(runs, orphans) if runs else f"no runs{unknown}")
 

@@ -205,13 +205,13 @@ def test_another_process_answers_and_one_that_died_is_said_not_to(tmp_path: Path
             f"; nobody runs it now: its worker {worker.id} is gone (its process "
             f"{worker.process.pid} no longer runs); a live worker takes its job over"
         ) in " ".join(shown.split()), shown
-        # And `runs` lists it so (its ERROR column), as the console marks it orphaned.
+        # And `runs` lists it so (its ERROR column; `orphaned` in JSON), as the console does.
+        why = f"its worker {worker.id} is gone (its process {worker.process.pid} no longer runs)"
         listed = blok("runs", "--db", database, "--queue", "naps").stdout.splitlines()
         [row] = [line for line in listed if " running " in line]
-        assert row.endswith(
-            f"orphaned: its worker {worker.id} is gone (its process {worker.process.pid} no "
-            "longer runs)"
-        ), listed
+        assert row.endswith(f"orphaned: {why}"), listed
+        records = json.loads(blok("runs", "--db", database, "--queue", "naps", "--json").stdout)
+        assert [r.get("orphaned") for r in records if r["status"] == "running"] == [why]
     finally:
         worker.process.kill()
         worker.process.wait()
