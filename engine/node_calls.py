@@ -15,7 +15,14 @@ import anyio
 
 from .context import Context
 from .models import Run
-from .origin import Stopped, stopped_by, stopped_in_thread, thread_stack, where_text
+from .origin import (
+    WHERE_ANSWER,
+    Stopped,
+    stopped_by,
+    stopped_in_thread,
+    thread_stack,
+    where_text,
+)
 from .threads import SyncCall
 from .workflow import Step
 
@@ -129,7 +136,7 @@ class NodeCalls:
                 continue
             stack = thread_stack(call.ident)
             if stack is None:  # handed to a thread that has not taken it yet
-                said.append(f"where: {where} is starting in its thread")
+                said.append(f"{WHERE_ANSWER}{where} is starting in its thread")
             else:
                 said.append(where_text(where, stack))
         return said

@@ -120,19 +120,27 @@ def _innermost(stack: traceback.StackSummary) -> str | None:
     return _shown(innermost.filename, innermost.lineno, None)
 
 
+# How each line of an answer to `where` begins, on the run's log: the asker finds the answer by
+# it (engine/whereabouts.py).
+WHERE_ANSWER = "where: "
+
+
 def where_text(where: str, stack: traceback.StackSummary) -> str:
     """Where a running node is, for an operator who asked: "where: [step 1/2] fetch is at
     workflows/feeds.py:12", then its own frames, outermost first, a line each with the code
     on it (the engine's and libraries' left out)."""
     line = _innermost(stack)
     if line is None:
-        return f"where: {where} is in library code (no frame of the workflow's own is on its stack)"
+        return (
+            f"{WHERE_ANSWER}{where} is in library code (no frame of the workflow's own is on "
+            "its stack)"
+        )
     frames = [
         f"  {_shown(f.filename, f.lineno, None)} in {f.name}: {(f.line or '').strip()}"
         for f in stack
         if f.lineno is not None and not is_engine_frame(f.filename)
     ]
-    return "\n".join([f"where: {where} is at {line}", *frames])
+    return "\n".join([f"{WHERE_ANSWER}{where} is at {line}", *frames])
 
 
 def failed_for_good(

@@ -15,9 +15,10 @@ from .backends.base import Backend
 from .errors import EngineError, UnknownJob
 from .liveness import TAKEN_OVER, holder_gone
 from .models import JobState, Run, RunStatus
+from .origin import WHERE_ANSWER
 
 WHERE = "where"  # the signal
-ANSWER = "where: "  # how each line of an answer begins
+ANSWER = WHERE_ANSWER  # how each line of an answer begins (as origin.where_text writes it)
 NOTHING_RUNS = (
     f"{ANSWER}no step's code runs now (the run is between steps, in a retry's backoff or in a "
     "short wait)"
@@ -56,14 +57,15 @@ async def ask_where(backend: Backend, run: Run, here: Holder | None, timeout: fl
                 f"run {run.id} is recorded running but no worker holds its job now ({job.state})"
             )
         raise EngineError(f"run {run.id} is {run.status}: none of its code runs now")
-    if here is None or job.id not in here.by_job:
+    held_here = here is not None and job.id in here.by_job
+    if not held_here:
         gone = holder_gone(job, await backend.shared.workers(), backend.clock.now())
         if gone is not None:
             # Nobody would answer: said now, not after the timeout.
             raise EngineError(f"run {run.id}: none of its code runs now: {gone}; {TAKEN_OVER}")
     before = len(_answers(run))
     token = await backend.change_token()  # before the signal: the answer's commit moves it
-    if here is not None and job.id in here.by_job:
+    if here is not None and held_here:
         here.deliver(job.id, WHERE, time.time())  # answered now, into this process's writer
         await backend.runs.flush()
     elif not await queue.signal(job.id, job.epoch, WHERE):
