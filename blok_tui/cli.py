@@ -856,12 +856,13 @@ async def _runs(args: argparse.Namespace) -> None:
     if args.stuck is not None and not unknown:
         unknown = f" running longer than {args.stuck:g}× their workflow's median time"
     if args.json:
-        fields = {"steps", "logs", "state", "cursor"}
-        listed = [run.model_dump(mode="json", exclude=fields) for run in runs]
-        for record in listed:  # a running run nobody runs: why, for a script
+        from .runs_follow import listed
+
+        records = [listed(run) for run in runs]
+        for record in records:  # a running run nobody runs: why, for a script
             if record["id"] in orphans:
                 record["orphaned"] = orphans[record["id"]]
-        print(json.dumps(listed, indent=2))
+        print(json.dumps(records, indent=2))
         return
     print(_table(runs, orphans) if runs else f"no runs{unknown}")
 
@@ -946,31 +947,36 @@ async def _show(args: argparse.Namespace) -> None:
             raise UsageError("--follow prints lines, not JSON: give one of them", "blok-tui show")
         await _follow(args)
         return
-    from .run_follow import job_of, orphan_of, usual_of, why_held
-
     async with _client(args) as engine:
         run = await engine.find_run(args.run_id)
-        now = engine.now()
-        job, why = await job_of(engine, run), await why_held(engine, run)
-        usual, orphaned = await usual_of(engine, run), await orphan_of(engine, run, job)
+        if not args.json:
+            text, _ = await _shown(engine, run)
     if args.json:
         print(json.dumps(run.model_dump(mode="json", exclude={"state", "cursor"}), indent=2))
         return
+    print(text)
+
+
+async def _shown(engine: Any, run: Any) -> tuple[str, Any]:
+    """`show`'s text of the run, with what the engine says of it (its job, what it waits for,
+    its workflow's usual time, why nobody runs it), and its job as read then (None once
+    purged)."""
+    from .run_follow import job_of, orphan_of, usual_of, why_held
     from .run_text import run_text
 
-    print(run_text(run, now, job=job, why=why, usual=usual, orphaned=orphaned))
+    job, why = await job_of(engine, run), await why_held(engine, run)
+    usual, orphaned = await usual_of(engine, run), await orphan_of(engine, run, job)
+    return run_text(run, engine.now(), job=job, why=why, usual=usual, orphaned=orphaned), job
 
 
 async def _follow(args: argparse.Namespace) -> None:
     """`show --follow`: the run as `show` prints it, then what happens to it until it ends."""
-    from .run_follow import RunFollower, follow, job_of, orphan_of, usual_of, went_on, why_held
-    from .run_text import run_text
+    from .run_follow import RunFollower, follow, went_on
 
     async with _following(args) as (engine, events):
         run = await engine.find_run(args.run_id)
-        job, why = await job_of(engine, run), await why_held(engine, run)
-        usual, orphaned = await usual_of(engine, run), await orphan_of(engine, run, job)
-        _say(run_text(run, engine.now(), job=job, why=why, usual=usual, orphaned=orphaned))
+        text, job = await _shown(engine, run)
+        _say(text)
         if not run.terminal or went_on(run, job):  # the job read above: no second read
             _say("\nFOLLOWING (ctrl-c stops)")
         follower = RunFollower()

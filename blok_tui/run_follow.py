@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, tzinfo
 
-from engine import Job, Run, StepRun, UnknownJob, WaitReason, format_duration
+from engine import Job, Run, StepRun, UnknownJob, WaitReason
 from engine.api import EngineAPI
 from engine.events import (
     AttemptFailed,
@@ -34,7 +34,7 @@ from engine.text import printable
 
 from .console import local_times
 from .plain_text import one_line
-from .run_text import ERROR_CHARS, attempt_error, why_line
+from .run_text import ERROR_CHARS, attempt_error, between, why_line
 from .tracebacks import clean_error
 
 # What a moment is, to tell it once: ("attempt", step index, number), ("log", ...), ...
@@ -213,7 +213,7 @@ def moments(run: Run) -> list[Moment]:
                         attempt.finished_at,
                         ("failed", step.index, attempt.number),
                         f"{name} attempt {attempt.number}{of} {attempt.status}"
-                        f" after {_between(attempt.started_at, attempt.finished_at)}:"
+                        f" after {between(attempt.started_at, attempt.finished_at)}:"
                         f" {attempt_error(attempt)}",
                     )
                 )
@@ -246,7 +246,7 @@ def _step_end(step: StepRun, name: str, fallback: datetime) -> Moment | None:
     at = step.finished_at or step.started_at or fallback
     text = f"{name} {status}"
     if step.started_at is not None and step.finished_at is not None and status != "cached":
-        text += f" in {_between(step.started_at, step.finished_at)}"
+        text += f" in {between(step.started_at, step.finished_at)}"
     if status == "cached" and step.cached_from:
         text += f" from {step.cached_from}"
     if step.error and status != "completed":
@@ -275,17 +275,13 @@ def _status_text(run: Run) -> str:
     if status in ("delayed", "throttled") and run.run_at is not None:
         text += f" until {run.run_at.isoformat()}"
     if run.finished_at is not None and run.started_at is not None:
-        text += f" in {_between(run.started_at, run.finished_at)}"
+        text += f" in {between(run.started_at, run.finished_at)}"
     if run.error:
         text += f": {one_line(clean_error(run.error), ERROR_CHARS)}"
     if status == "completed":
         output = json.dumps(run.output, ensure_ascii=False, default=str)
         text += f", output {one_line(output, ERROR_CHARS)}"
     return text
-
-
-def _between(start: datetime, end: datetime) -> str:
-    return format_duration(max(0.0, (end - start).total_seconds() * 1000))
 
 
 def clock_line(at: datetime, text: str, tz: tzinfo | None = None) -> str:

@@ -159,8 +159,12 @@ def _stuck(run: Run, now: datetime, usual: float | None) -> str:
 def _took(run: Run, now: datetime) -> str:
     if run.started_at is None:
         return "never started"
-    end = run.finished_at or now
-    return format_duration(max(0.0, (end - run.started_at).total_seconds() * 1000))
+    return between(run.started_at, run.finished_at or now)
+
+
+def between(start: datetime, end: datetime) -> str:
+    """How long from `start` to `end` ("1.2s"), never below 0 (two clocks may disagree)."""
+    return format_duration(max(0.0, (end - start).total_seconds() * 1000))
 
 
 def _moment(moment: datetime, tz: tzinfo | None) -> str:
@@ -248,8 +252,7 @@ def _failures(run: Run, cwd: Path | None) -> list[str]:
 def _attempt_line(step: StepRun, attempt: Attempt) -> str:
     took = ""
     if attempt.finished_at is not None:
-        ms = (attempt.finished_at - attempt.started_at).total_seconds() * 1000
-        took = f" after {format_duration(max(0.0, ms))}"
+        took = f" after {between(attempt.started_at, attempt.finished_at)}"
     return printable(
         f"{step.name}, attempt {attempt.number}: {attempt.status}{took}: {attempt_error(attempt)}"
     )

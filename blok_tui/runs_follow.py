@@ -11,14 +11,16 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, tzinfo
+from typing import Any
 
-from engine import Run, UnknownRun, format_duration
+from engine import Run, UnknownRun
 from engine.api import EngineAPI
 from engine.events import Lagged, RunFinished, RunStarted, RunStatusChanged, Subscription
 from engine.text import printable
 
 from .plain_text import one_line
 from .run_follow import clock_line
+from .run_text import between
 from .tracebacks import clean_error
 
 ERROR_CHARS = 100
@@ -89,15 +91,16 @@ async def follow_runs(
             say(run_line(run, status, engine.now(), widths, tz))
 
 
+def listed(run: Run) -> dict[str, Any]:
+    """The run as `runs --json` lists it: its record without its steps, logs, state and
+    cursor (`show --json` has them)."""
+    return run.model_dump(mode="json", exclude={"steps", "logs", "state", "cursor"})
+
+
 def run_json(run: Run, status: str, now: datetime) -> str:
     """One line of JSON for a script (`runs --follow --json`): when, the status the run came
     to, and the run as `runs --json` lists it (as it is now)."""
-    fields = {"steps", "logs", "state", "cursor"}
-    told = {
-        "at": now.isoformat(),
-        "status": status,
-        "run": run.model_dump(mode="json", exclude=fields),
-    }
+    told = {"at": now.isoformat(), "status": status, "run": listed(run)}
     return json.dumps(told, ensure_ascii=False)
 
 
@@ -122,8 +125,7 @@ def run_line(
         cells.append(f"on {printable(run.worker)}")
     elif status == str(run.status) and run.terminal:
         if run.started_at is not None and run.finished_at is not None:
-            ms = (run.finished_at - run.started_at).total_seconds() * 1000
-            cells.append(format_duration(max(0.0, ms)))
+            cells.append(between(run.started_at, run.finished_at))
         if run.error:
             cells.append(one_line(clean_error(run.error), ERROR_CHARS))
     elif status == "waiting" and run.wait_until is not None:
