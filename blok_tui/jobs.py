@@ -113,15 +113,14 @@ class JobBook:
     async def orphans(self, engine: EngineAPI, runs: Iterable[Run]) -> dict[str, str]:
         """Run id → why nobody runs it, for the runs that say `running` whose worker is gone or
         let its lease run out (`holder_gone`): nothing moves them on until a live worker takes
-        their jobs over. The workers are read only when such a job is held."""
+        their jobs over. The workers are read only when a running run is still its job's."""
         running = [run for run in runs if run.status is RunStatus.RUNNING]
         jobs = await self.read(engine, (run.job_id for run in running))
+        # Their jobs still on them; whether a worker holds each is the engine's question.
         held = [
-            (run, jobs[run.job_id])
+            (run, job)
             for run in running
-            if run.job_id in jobs
-            and jobs[run.job_id].run_id == run.id
-            and jobs[run.job_id].state is JobState.ACTIVE
+            if (job := jobs.get(run.job_id)) is not None and job.run_id == run.id
         ]
         if not held:
             return {}
