@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
@@ -29,30 +31,37 @@ workflow = Workflow(name="pings.ping", trigger=WorkerTrigger(queue="pings"), ste
 BROKEN = GOOD.replace('Step("ping", ping)', 'Step("ping", pong)')
 
 
+@asynccontextmanager
+async def watching(folder: Path) -> AsyncIterator[BlokApp]:
+    """The console on an engine that serves `folder` (its database beside it), once the
+    engine watches the folder: a file saved from then on is seen."""
+    database = folder.parent / "blok.db"
+    async with Engine(workflows=folder, database=database, watch=True) as engine:
+        with anyio.fail_after(10):
+            await wait_until_watching(engine)
+        yield BlokApp(engine)
+
+
 async def test_a_broken_save_shows_a_banner_with_file_and_line_until_fixed(tmp_path: Path) -> None:
     folder = tmp_path / "workflows"
     folder.mkdir()
     path = folder / "pings.py"
     path.write_text(GOOD)
-    async with Engine(workflows=folder, database=tmp_path / "blok.db", watch=True) as engine:
-        with anyio.fail_after(10):
-            await wait_until_watching(engine)
-        app = BlokApp(engine)
-        async with app.run_test(size=(140, 40)) as pilot:
-            await settled(pilot)
-            banner = app.screen.query_one(ReloadBanner)
-            assert not banner.has_class("-failing")
-            path.write_text(BROKEN)
-            # A save is a truncate then a write: the watcher may see the empty file first.
-            await until(pilot, lambda: "pong" in text_of(banner))
-            assert banner.has_class("-failing")
-            shown = text_of(banner)
-            assert "workflows/pings.py:9" in shown
-            assert "NameError: name 'pong' is not defined" in shown
-            path.write_text(GOOD)
-            await until(pilot, lambda: not banner.has_class("-failing"))
-            # The notice is a message of its own, handled after the banner was cleared.
-            await until(pilot, lambda: "Reload fixed" in [n.title for n in app._notifications])
+    async with watching(folder) as app, app.run_test(size=(140, 40)) as pilot:
+        await settled(pilot)
+        banner = app.screen.query_one(ReloadBanner)
+        assert not banner.has_class("-failing")
+        path.write_text(BROKEN)
+        # A save is a truncate then a write: the watcher may see the empty file first.
+        await until(pilot, lambda: "pong" in text_of(banner))
+        assert banner.has_class("-failing")
+        shown = text_of(banner)
+        assert "workflows/pings.py:9" in shown
+        assert "NameError: name 'pong' is not defined" in shown
+        path.write_text(GOOD)
+        await until(pilot, lambda: not banner.has_class("-failing"))
+        # The notice is a message of its own, handled after the banner was cleared.
+        await until(pilot, lambda: "Reload fixed" in [n.title for n in app._notifications])
 
 
 async def test_a_folder_with_no_workflow_yet_says_what_to_add_even_at_80_columns(
@@ -62,15 +71,11 @@ async def test_a_folder_with_no_workflow_yet_says_what_to_add_even_at_80_columns
     that pushes it off the screen; the queue appears once its file is saved."""
     folder = tmp_path / "workflows"
     folder.mkdir()
-    async with Engine(workflows=folder, database=tmp_path / "blok.db", watch=True) as engine:
-        with anyio.fail_after(10):
-            await wait_until_watching(engine)
-        app = BlokApp(engine)
-        async with app.run_test(size=(80, 24)) as pilot:
-            await settled(pilot)
-            summary = app.screen.query_one("#summary")
-            assert text_of(summary, width=80).strip() == (
-                "no queues: add a workflow with a WorkerTrigger to the workflows folder"
-            )
-            (folder / "pings.py").write_text(GOOD)
-            await until(pilot, lambda: text_of(summary, width=80).startswith("1 queue   0 queued"))
+    async with watching(folder) as app, app.run_test(size=(80, 24)) as pilot:
+        await settled(pilot)
+        summary = app.screen.query_one("#summary")
+        assert text_of(summary, width=80).strip() == (
+            "no queues: add a workflow with a WorkerTrigger to the workflows folder"
+        )
+        (folder / "pings.py").write_text(GOOD)
+        await until(pilot, lambda: text_of(summary, width=80).startswith("1 queue   0 queued"))
