@@ -3,21 +3,20 @@ failed run may be followed by a delivery that completed, and "every failed run" 
 dead job three times. This module says what became of a run's job, and keeps one run per job
 for the bulk actions.
 
-Jobs are read by id (`get_job`, the one read the engine offers) and kept a little while, so a
+Jobs are read by id, all a view needs in one read (`get_jobs`), and kept a little while, so a
 view that redraws ten times a second does not read them ten times a second.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import tzinfo
 
-import anyio
 from rich.text import Text
 
-from engine import EngineError, Job, JobState, Run, RunStatus
+from engine import Job, JobState, Run, RunStatus
 from engine.api import EngineAPI
 from engine.liveness import TAKEN_OVER
 
@@ -28,7 +27,6 @@ from .console import local_times
 # with each delivery.
 KEEP_ENDED = 30.0
 KEEP_GOING = 2.0
-READERS = 16  # jobs read at once
 # Statuses of a run that its job may outlive: the job is retried with a new run after these.
 RETRIED_AFTER = frozenset({"failed", "timed_out", "crashed"})
 
@@ -58,7 +56,7 @@ class JobBook:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._jobs: dict[str, tuple[float, Job]] = {}
         self._clock = clock
-        self.reads = 0  # get_job calls made (tests check that redraws do not read again)
+        self.reads = 0  # reads made (tests check that redraws do not read again)
 
     def _fresh(self, job_id: str, now: float) -> Job | None:
         kept = self._jobs.get(job_id)
@@ -80,24 +78,28 @@ class JobBook:
                 missing.append(job_id)
             else:
                 found[job_id] = job
-        if not missing:
-            return found
-        limiter = anyio.CapacityLimiter(READERS)
-
-        async def one(job_id: str) -> None:
-            async with limiter:
-                self.reads += 1
-                try:
-                    job = await engine.get_job(job_id)
-                except EngineError:
-                    return
-                self._jobs[job_id] = (self._clock(), job)
-                found[job_id] = job
-
-        async with anyio.create_task_group() as tg:
-            for job_id in missing:
-                tg.start_soon(one, job_id)
+        if missing:
+            self.reads += 1
+            read = await engine.get_jobs(missing)
+            read_at = self._clock()
+            for job_id, job in read.items():
+                self._jobs[job_id] = (read_at, job)
+            found.update(read)
         return found
+
+    async def outlook(
+        self, engine: EngineAPI, runs: Sequence[Run]
+    ) -> tuple[dict[str, Job], dict[str, str]]:
+        """`fates` and `orphans` of a page of runs, the jobs of both read at once."""
+        await self.read(
+            engine,
+            (
+                run.job_id
+                for run in runs
+                if str(run.status) in RETRIED_AFTER or run.status is RunStatus.RUNNING
+            ),
+        )
+        return await self.fates(engine, runs), await self.orphans(engine, runs)
 
     async def fates(self, engine: EngineAPI, runs: Iterable[Run]) -> dict[str, Job]:
         """Run id → its job, for the runs a job may have outlived (failed, timed out, crashed)

@@ -178,8 +178,7 @@ class RunsScreen(BlokScreen):
                 offset=self.start,
                 **self.flags,
             )
-        self.fates = await self.blok.jobs.fates(self.engine, self.runs)
-        self.orphans = await self.blok.jobs.orphans(self.engine, self.runs)
+        self.fates, self.orphans = await self.blok.jobs.outlook(self.engine, self.runs)
         self.render_rows()
         self.loaded = True
 

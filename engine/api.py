@@ -63,6 +63,8 @@ class EngineAPI(Protocol):
 
     async def get_job(self, job_id: str) -> Job: ...
 
+    async def get_jobs(self, job_ids: Sequence[str]) -> dict[str, Job]: ...
+
     async def runs(
         self,
         status: str | list[str] | None = None,

@@ -530,6 +530,10 @@ class Engine:
     async def get_job(self, job_id: str) -> Job:
         return await self.operator.get_job(job_id)
 
+    async def get_jobs(self, job_ids: Sequence[str]) -> dict[str, Job]:
+        """Job id → job, read at once (one read a queue); an id no queue has is left out."""
+        return await self.operator.get_jobs(job_ids)
+
     async def wait_for_job(self, job_id: str, timeout: float | None = None) -> Run:
         """The job's last run, once the job has ended (completed, cancelled, failed, dead)."""
         return await self.operator.wait_for_job(job_id, timeout)

@@ -444,6 +444,9 @@ class Operator:
             raise UnknownJob(f"unknown job {job_id!r}")
         return found[1]
 
+    async def get_jobs(self, job_ids: Sequence[str]) -> dict[str, Job]:
+        return await self.backend.find_jobs(job_ids)
+
     async def get_run(self, run_id: str) -> Run:
         run = await self.store.get_run(run_id)
         if run is None:

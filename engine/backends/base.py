@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ClassVar, TypeVar
@@ -558,6 +558,10 @@ class JobQueue(ABC):
     async def get_job(self, job_id: str) -> Job | None: ...
 
     @abstractmethod
+    async def get_jobs(self, job_ids: Sequence[str]) -> list[Job]:
+        """The jobs of these ids this queue has, in one read; ids it lacks are left out."""
+
+    @abstractmethod
     async def held_by(self, workers: list[str]) -> list[Job]:
         """Active jobs these workers hold (boot recovery of dead workers)."""
 
@@ -783,6 +787,17 @@ class Backend(ABC):
             if job is not None:
                 return queue, job
         return None
+
+    async def find_jobs(self, job_ids: Sequence[str]) -> dict[str, Job]:
+        """Job id → job, for the ids any queue has: one read a queue, each asked only for the
+        ids the queues before it lacked."""
+        found: dict[str, Job] = {}
+        for queue in self.queues:
+            wanted = [job_id for job_id in dict.fromkeys(job_ids) if job_id not in found]
+            if not wanted:
+                break
+            found.update((job.id, job) for job in await queue.get_jobs(wanted))
+        return found
 
     async def find_ended(self, job_id: str) -> tuple[Job, Run | None] | None:
         """The job, looking in every queue, and its last run if the job has ended (None while

@@ -12,7 +12,7 @@ import itertools
 import json
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, ClassVar
@@ -669,6 +669,9 @@ class MemoryQueue(JobQueue):
     async def get_job(self, job_id: str) -> Job | None:
         job = self._jobs.get(job_id)
         return copy_job(job) if job else None
+
+    async def get_jobs(self, job_ids: Sequence[str]) -> list[Job]:
+        return [copy_job(job) for job_id in job_ids if (job := self._jobs.get(job_id))]
 
     async def held_by(self, workers: list[str]) -> list[Job]:
         wanted = set(workers)

@@ -84,6 +84,25 @@ async def test_find_job_looks_in_every_queue(backend: Backend, database_kind: st
     assert await backend.find_job("job_nobody") is None
 
 
+async def test_find_jobs_reads_many_ids_from_every_queue_at_once(
+    backend: Backend, database_kind: str
+) -> None:
+    placed: dict[str, str] = {}
+    for provider in DATABASES[database_kind].providers:
+        made = [job_and_run() for _ in range(3)]
+        assert (
+            len(await backend.queue(provider).add([j for j, _ in made], [r for _, r in made])) == 3
+        )
+        placed.update((job.id, provider) for job, _ in made)
+    asked = [*placed, "job_nobody", next(iter(placed))]  # an unknown id, a repeated one
+
+    found = await backend.find_jobs(asked)
+
+    assert set(found) == set(placed)
+    assert all(job.id == job_id and job.queue == QUEUE for job_id, job in found.items())
+    assert await backend.find_jobs([]) == {}
+
+
 async def test_find_ended_reads_a_job_and_once_it_ended_its_whole_run(
     backend: Backend, database_kind: str
 ) -> None:

@@ -1008,6 +1008,26 @@ async def test_get_job_of_an_unknown_id_is_none(queue: JobQueue) -> None:
     assert await queue.get_job("job_nobody") is None
 
 
+async def test_get_jobs_reads_the_jobs_it_has_as_they_are_now(queue: JobQueue) -> None:
+    made = await add(queue, 3)
+    claim = await claim_one(queue)
+    ids = [job.id for job, _ in made]
+
+    jobs = {job.id: job for job in await queue.get_jobs([*ids, "job_nobody"])}
+
+    assert set(jobs) == set(ids)  # the unknown id left out
+    # As they are now: the claimed one held (the others may be claimed ahead: not asserted).
+    held = jobs[claim.job.id]
+    assert (held.state, held.worker, held.epoch) == (JobState.ACTIVE, "w1", claim.job.epoch)
+    assert await queue.get_jobs([]) == []
+
+
+async def test_get_jobs_reads_more_ids_than_one_statement_names(queue: JobQueue) -> None:
+    made = await add(queue, 1200)
+    ids = [job.id for job, _ in made]
+    assert sorted(job.id for job in await queue.get_jobs(ids)) == sorted(ids)
+
+
 # ---- two processes on one database -------------------------------------------------------
 @pytest.fixture
 def other_queue(other_backend: Backend, queue_case: QueueCase) -> JobQueue:

@@ -14,6 +14,7 @@ from typing import Any
 
 import anyio
 import pytest
+from support import expect_events
 from textual.pilot import Pilot
 from textual.widgets import Select, Static, TextArea
 
@@ -29,6 +30,7 @@ from blok_tui.runs_screen import RunsScreen
 from blok_tui.widgets.key_bar import KeyBar
 from blok_tui.widgets.row_table import RowTable
 from engine import Engine, RateLimit, RunStatus, Step, WorkerTrigger, Workflow, wait
+from engine.events import StepStarted
 
 from .flows import ALL
 from .helpers import column, command, settled, text_of, until
@@ -125,11 +127,33 @@ async def test_redraws_do_not_read_the_jobs_again(engine: Engine) -> None:
         screen = app.screen
         assert isinstance(screen, RunsScreen)
         read = app.jobs.reads
-        assert 1 <= read <= 3  # each job once
+        assert read == 1  # the three jobs, read at once
         for _ in range(5):
             screen.request_reload()
             await settled(pilot)
         assert app.jobs.reads == read
+
+
+async def test_a_page_of_running_and_failed_runs_reads_their_jobs_at_once(engine: Engine) -> None:
+    """The `then` column (failed runs) and `⚠ orphaned` (running runs) both need each run's
+    job: one read for the page, not one per run nor one per column."""
+    await _dead(engine, 2)
+    async with expect_events(engine, StepStarted, 2):  # both running before the page loads
+        for k in range(2):
+            await engine.enqueue("slow", {"order_id": f"S{k}"})
+    app = BlokApp(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        app.jobs.forget()  # the queues view read the failed runs' jobs already
+        read = app.jobs.reads
+        await command(pilot, "runs")
+        screen = app.screen
+        assert isinstance(screen, RunsScreen)
+        table = screen.query_one("#runs", RowTable)
+        await settled(pilot)
+        assert column(table, "status").count("▶ running") == 2
+        assert len(table.keys) == 6  # 4 failed runs of 2 dead jobs, 2 running
+        assert app.jobs.reads == read + 1
 
 
 # ---- bulk actions act once per job --------------------------------------------------------------

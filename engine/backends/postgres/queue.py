@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, ClassVar
 
@@ -271,6 +272,11 @@ class PostgresQueue(DatabaseQueue):
         await self.db.flush()
         row = await self.db.fetchrow(f"{sql.SELECT_JOB} WHERE id = $1", job_id)
         return job_from_row(row) if row else None  # type: ignore[arg-type]
+
+    async def get_jobs(self, job_ids: Sequence[str]) -> list[Job]:
+        await self.db.flush()
+        rows = await self.db.fetch(f"{sql.SELECT_JOB} WHERE id = ANY($1::text[])", list(job_ids))
+        return [job_from_row(row) for row in rows]  # type: ignore[arg-type]
 
     async def held_by(self, workers: list[str]) -> list[Job]:
         if not workers:

@@ -32,6 +32,7 @@ import itertools
 import json
 import sqlite3
 import time
+from collections.abc import Sequence
 from datetime import datetime
 from functools import partial
 from typing import Any, ClassVar
@@ -44,6 +45,7 @@ from ..rows import JOB_COLUMNS, dump, job_from_row, job_row
 from .db import INLINE_WEIGHT, INSERT_LOG, InTransaction, SqliteDatabase, write_runs
 from .store import log_row
 
+CHUNK = 500  # ids one statement names: well under SQLite's limit on bound values
 SELECT_JOB = f"SELECT {', '.join(JOB_COLUMNS)} FROM jobs"
 INSERT_JOB = (
     f"INSERT INTO jobs ({', '.join(JOB_COLUMNS)}) VALUES ({', '.join('?' * len(JOB_COLUMNS))})"
@@ -430,6 +432,17 @@ class SqliteQueue(DatabaseQueue):
         await self.db.flush_for(job_id)
         row = self.db.read_one(f"{SELECT_JOB} WHERE id = ?", (job_id,))
         return job_from_row(row) if row else None
+
+    async def get_jobs(self, job_ids: Sequence[str]) -> list[Job]:
+        await self.db.flush()
+        found: list[Job] = []
+        for start in range(0, len(job_ids), CHUNK):
+            chunk = tuple(job_ids[start : start + CHUNK])
+            rows = await self.db.fetchall(
+                f"{SELECT_JOB} WHERE id IN ({', '.join('?' * len(chunk))})", chunk
+            )
+            found.extend(job_from_row(row) for row in rows)
+        return found
 
     async def held_by(self, workers: list[str]) -> list[Job]:
         if not workers:
