@@ -22,7 +22,7 @@ from .widgets.key_bar import KeyBar
 from .widgets.row_table import RowTable
 
 if TYPE_CHECKING:
-    from engine import Run
+    from engine import Orphan, Run
 
     from .app import BlokApp
 
@@ -176,7 +176,7 @@ class BlokScreen(Screen[None]):
     def tick(self) -> None:
         """Called every second: redraw what depends on the clock (durations, countdowns)."""
 
-    def confirm_cancel(self, run: Run | None, orphaned: str | None = None) -> None:
+    def confirm_cancel(self, run: Run | None, orphaned: Orphan | None = None) -> None:
         """Ask before cancelling `run` (the one key every run view shares), then cancel it.
         `orphaned`: why nobody runs it (its worker is gone), when the view knows."""
         if run is None:
@@ -244,9 +244,9 @@ class RowFilterScreen(BlokScreen):
         return True
 
 
-def _what_a_cancel_stops(run: Run, orphaned: str | None) -> str:
+def _what_a_cancel_stops(run: Run, orphaned: Orphan | None) -> str:
     if orphaned is not None:
-        return f"Nobody runs it now ({orphaned}): it is recorded cancelled at once"
+        return f"Nobody runs it now ({orphaned.why}): it is recorded cancelled at once"
     if run.status is RunStatus.RUNNING:
         return "Its current step is interrupted"
     if run.status is RunStatus.WAITING:

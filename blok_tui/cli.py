@@ -27,7 +27,7 @@ import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import anyio
 
@@ -35,6 +35,9 @@ from engine.filters import STUCK_FACTOR
 from engine.text import printable
 
 from .plain_text import columns, one_line
+
+if TYPE_CHECKING:
+    from engine import Orphan
 
 DEFAULT_DB = Path(".blok") / "blok.db"
 CONSOLE_GRACE = 2.0  # seconds running jobs get to finish when the console quits
@@ -861,13 +864,13 @@ async def _runs(args: argparse.Namespace) -> None:
         records = [listed(run) for run in runs]
         for record in records:  # a running run nobody runs: why, for a script
             if record["id"] in orphans:
-                record["orphaned"] = orphans[record["id"]]
+                record["orphaned"] = orphans[record["id"]].why
         print(json.dumps(records, indent=2))
         return
     print(_table(runs, orphans) if runs else f"no runs{unknown}")
 
 
-async def _orphans(engine: Any, runs: Sequence[Any]) -> dict[str, str]:
+async def _orphans(engine: Any, runs: Sequence[Any]) -> dict[str, Orphan]:
     """Why nobody runs each running run whose worker is gone (the console's `⚠ orphaned`)."""
     from .jobs import JobBook
 
@@ -912,7 +915,7 @@ async def _unknown_names(engine: Any, args: argparse.Namespace) -> str:
     return ""
 
 
-def _table(runs: Sequence[Any], orphans: Mapping[str, str] | None = None) -> str:
+def _table(runs: Sequence[Any], orphans: Mapping[str, Orphan] | None = None) -> str:
     """The runs in columns; `orphans`: why nobody runs a running run (in its ERROR column)."""
     from engine import format_duration
 
@@ -931,7 +934,7 @@ def _table(runs: Sequence[Any], orphans: Mapping[str, str] | None = None) -> str
                 run.created_at.astimezone().strftime("%Y-%m-%d %H:%M:%S"),
                 format_duration(duration) if duration is not None else "-",
                 # An orphan's note in full (the last column): what to do hangs on its end.
-                f"orphaned: {orphans[run.id]}"
+                f"orphaned: {orphans[run.id].why}"
                 if run.id in orphans
                 else one_line(printable(run.error or ""), 60),
             )

@@ -16,9 +16,8 @@ from datetime import tzinfo
 
 from rich.text import Text
 
-from engine import Job, JobState, Run, RunStatus
+from engine import Job, JobState, Orphan, Run, RunStatus
 from engine.api import EngineAPI
-from engine.liveness import TAKEN_OVER
 
 from .console import local_times
 
@@ -33,9 +32,9 @@ RETRIED_AFTER = frozenset({"failed", "timed_out", "crashed"})
 ORPHANED = Text("⚠ orphaned", style="bold dark_orange")  # a running run nobody runs (`orphans`)
 
 
-def orphaned_text(why: str, tz: tzinfo | None) -> Text:
+def orphaned_text(orphan: Orphan, tz: tzinfo | None) -> Text:
     """The sentence for a running run nobody runs (`JobBook.orphans`), its moments in `tz`."""
-    return Text(f"⚠ nobody runs it now: {local_times(why, tz)}; {TAKEN_OVER}", style="dark_orange")
+    return Text(f"⚠ nobody runs it now: {local_times(str(orphan), tz)}", style="dark_orange")
 
 
 # What became of a job after one of its runs: (words, style).
@@ -89,7 +88,7 @@ class JobBook:
 
     async def outlook(
         self, engine: EngineAPI, runs: Sequence[Run]
-    ) -> tuple[dict[str, Job], dict[str, str]]:
+    ) -> tuple[dict[str, Job], dict[str, Orphan]]:
         """`fates` and `orphans` of a page of runs, the jobs of both read at once."""
         await self.read(
             engine,
@@ -112,23 +111,24 @@ class JobBook:
             if run.job_id in jobs and jobs[run.job_id].run_id != run.id
         }
 
-    async def orphans(self, engine: EngineAPI, runs: Iterable[Run]) -> dict[str, str]:
-        """Run id → why nobody runs it, for the runs that say `running` whose worker is gone or
-        let its lease run out (`holder_gone`): nothing moves them on until a live worker takes
-        their jobs over. The workers are read only when a running run is still its job's."""
+    async def orphans(self, engine: EngineAPI, runs: Iterable[Run]) -> dict[str, Orphan]:
+        """Run id → why nobody runs it and what comes next (`Engine.orphaned`), for the runs
+        that say `running` whose worker is gone or let its lease run out: nothing moves them
+        on until a live worker takes their jobs over. The workers are read only when a
+        running run is still its job's, or its job is in no queue here (a memory queue's)."""
         running = [run for run in runs if run.status is RunStatus.RUNNING]
         jobs = await self.read(engine, (run.job_id for run in running))
-        # Their jobs still on them; whether a worker holds each is the engine's question.
-        held = [
+        # Runs still their jobs', or whose job is in no queue here; the rest moved on.
+        asked = [
             (run, job)
             for run in running
-            if (job := jobs.get(run.job_id)) is not None and job.run_id == run.id
+            if (job := jobs.get(run.job_id)) is None or job.run_id == run.id
         ]
-        if not held:
+        if not asked:
             return {}
         workers = await engine.workers()
-        gone = {run.id: engine.holder_gone(job, workers) for run, job in held}
-        return {run_id: why for run_id, why in gone.items() if why is not None}
+        found = {run.id: engine.orphaned(run, job, workers) for run, job in asked}
+        return {run_id: orphan for run_id, orphan in found.items() if orphan is not None}
 
     def forget(self, job_ids: Iterable[str] | None = None) -> None:
         """Read these jobs (or all) afresh next time: the console just changed them."""

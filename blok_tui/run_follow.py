@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, tzinfo
 
-from engine import Job, Run, StepRun, UnknownJob, WaitReason
+from engine import Job, Orphan, Run, StepRun, UnknownJob, WaitReason
 from engine.api import EngineAPI
 from engine.events import (
     AttemptFailed,
@@ -153,11 +153,12 @@ async def usual_of(engine: EngineAPI, run: Run) -> float | None:
     )
 
 
-async def orphan_of(engine: EngineAPI, run: Run, job: Job | None) -> str | None:
-    """Why nobody runs a running run whose worker is gone (`holder_gone`); None otherwise."""
-    if run.status is not RunStatus.RUNNING or job is None or job.run_id != run.id:
+async def orphan_of(engine: EngineAPI, run: Run, job: Job | None) -> Orphan | None:
+    """Why nobody runs a running run whose worker is gone (`Engine.orphaned`); None
+    otherwise. `job`: the run's, None if no queue here has it."""
+    if run.status is not RunStatus.RUNNING or (job is not None and job.run_id != run.id):
         return None
-    return engine.holder_gone(job, await engine.workers())
+    return engine.orphaned(run, job, await engine.workers())
 
 
 async def why_held(engine: EngineAPI, run: Run) -> WaitReason | None:

@@ -21,6 +21,7 @@ from engine import (
     Job,
     JobState,
     LogLine,
+    Orphan,
     Run,
     StepRun,
     WaitReason,
@@ -206,7 +207,7 @@ class RunScreen(BlokScreen):
         self.events: list[EventMessage] = []  # the run's mailbox
         self.holder = 0  # which holder h opens next
         self.job: Job | None = None  # the run's job: which delivery this is, what came after
-        self.orphaned: str | None = None  # why nobody runs it, for a running run (jobs.orphans)
+        self.orphaned: Orphan | None = None  # nobody runs it, for a running run (jobs.orphans)
         self.replays: list[Run] = []  # replays of this run, newest first, one run per job
 
     @property

@@ -13,9 +13,8 @@ from datetime import datetime, tzinfo
 from pathlib import Path
 from typing import Any
 
-from engine import Attempt, Job, JobState, Run, StepRun, WaitReason, format_duration
+from engine import Attempt, Job, JobState, Orphan, Run, StepRun, WaitReason, format_duration
 from engine.filters import STUCK_FACTOR
-from engine.liveness import TAKEN_OVER
 from engine.text import printable
 
 from .console import local_times
@@ -36,7 +35,7 @@ def run_text(
     job: Job | None = None,
     why: WaitReason | None = None,
     usual: float | None = None,
-    orphaned: str | None = None,
+    orphaned: Orphan | None = None,
     tz: tzinfo | None = None,
     cwd: Path | None = None,
 ) -> str:
@@ -44,7 +43,7 @@ def run_text(
     engine's clock); `job`: the run's job, if it is still kept (its deliveries, its fate);
     `why`: what a run that has not started or goes on later waits for (`why_waiting`);
     `usual`: the seconds its workflow's runs usually take (`usual_duration`), for a running
-    run; `orphaned`: why nobody runs a running run (`holder_gone`); `tz`: the time zone times
+    run; `orphaned`: why nobody runs a running run (`Engine.orphaned`); `tz`: the time zone times
     are shown in (None: this machine's)."""
     lines = _facts(run, now, job, tz, usual, orphaned)
     if why is not None:
@@ -67,7 +66,7 @@ def _facts(
     job: Job | None,
     tz: tzinfo | None,
     usual: float | None = None,
-    orphaned: str | None = None,
+    orphaned: Orphan | None = None,
 ) -> list[str]:
     facts: list[tuple[str, str]] = [("run", run.id), ("status", _status(run))]
     workflow = run.workflow_name
@@ -91,7 +90,7 @@ def _facts(
         facts.append(("finished", f"{_moment(run.finished_at, tz)}  ({_took(run, now)})"))
     elif run.started_at is not None and str(run.status) == "running":
         if orphaned is not None:  # whether it is stuck is moot: nothing runs it
-            note = f"; nobody runs it now: {local_times(orphaned, tz)}; {TAKEN_OVER}"
+            note = f"; nobody runs it now: {local_times(str(orphaned), tz)}"
         else:
             note = _stuck(run, now, usual)
         facts.append(("running", f"for {_took(run, now)}{note}"))
@@ -127,7 +126,10 @@ def _fate(run: Run, job: Job | None) -> str:
     """What became of the run's job, where this run does not say it: another delivery runs
     now, or this one was its last and the job is a dead letter."""
     if job is None:
-        return "  (no longer kept)"
+        if run.terminal:
+            return "  (no longer kept)"
+        # Kept until it ends: a memory queue's job, in the memory of the process serving it.
+        return "  (a memory queue's: in the memory of the process serving it)"
     if job.run_id != run.id:
         return f"  {job.state}: its delivery {job.attempts} is run {job.run_id}"
     if job.state is JobState.DEAD:

@@ -16,7 +16,7 @@ from textual.app import ComposeResult
 from textual.binding import BindingType
 from textual.widgets import Static
 
-from engine import DatabaseError, EngineError, Job, Run, RunFilter
+from engine import DatabaseError, EngineError, Job, Orphan, Run, RunFilter
 
 from . import actions
 from .actions import RUN_FLAGS, STATUS_FILTERS
@@ -109,7 +109,7 @@ class RunsScreen(BlokScreen):
         self.searched = 0  # runs the last `/` search read
         self.matched: list[Run] = []  # the runs the last search matched
         self.fates: dict[str, Job] = {}  # run id → its job, for runs their job outlived
-        self.orphans: dict[str, str] = {}  # run id → why nobody runs it, for running runs
+        self.orphans: dict[str, Orphan] = {}  # run id → nobody runs it, for running runs
         self.loaded = False  # the first page is on screen (the benchmark waits for this)
         self.planning = False  # a bulk action's plan is being read
 

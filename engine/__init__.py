@@ -22,6 +22,7 @@ from .events import (
 )
 from .filters import RunFilter
 from .health import Health
+from .liveness import Orphan
 from .loader import WorkflowLoadError
 from .models import (
     Attempt,
@@ -90,6 +91,7 @@ __all__ = [
     "LogLine",
     "LogRecorded",
     "Loop",
+    "Orphan",
     "QueueChanged",
     "QueueInfo",
     "QueueStats",

@@ -16,6 +16,7 @@ from .engine import Capabilities
 from .events import Subscription
 from .filters import RunFilter
 from .health import Health
+from .liveness import Orphan
 from .models import Job, QueueInfo, QueueStats, Run, WorkerInfo, WorkflowInfo
 from .operations import BulkResult, ProgressCallback
 from .scheduler import ScheduleInfo
@@ -53,7 +54,9 @@ class EngineAPI(Protocol):
 
     def worker_alive(self, worker: WorkerInfo) -> bool: ...
 
-    def holder_gone(self, job: Job, workers: Sequence[WorkerInfo]) -> str | None: ...
+    def orphaned(
+        self, run: Run, job: Job | None, workers: Sequence[WorkerInfo]
+    ) -> Orphan | None: ...
 
     async def health(self, max_age: str | int | float | timedelta = "5m") -> Health: ...
 

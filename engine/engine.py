@@ -36,10 +36,10 @@ from .feed import Follower
 from .filters import RunFilter
 from .health import Health
 from .ledger import Ledger
-from .liveness import holder_gone, this_process, worker_alive
+from .liveness import Orphan, orphaned, this_process, worker_alive
 from .loader import IMPORT_TIMEOUT_S
 from .mailbox import Mailbox
-from .models import Job, JobState, QueueInfo, QueueStats, Run, WorkerInfo, WorkflowInfo, utcnow
+from .models import Job, QueueInfo, QueueStats, Run, WorkerInfo, WorkflowInfo, utcnow
 from .operations import BulkResult, ProgressCallback, median_duration
 from .operator import DEFAULT_MAX_PAYLOAD_BYTES, Operator
 from .primitives import global_middleware, run_middleware
@@ -672,14 +672,14 @@ class Engine:
         list already and would otherwise read it twice."""
         return worker_alive(worker, self.now())
 
-    def holder_gone(self, job: Job, workers: Sequence[WorkerInfo]) -> str | None:
-        """Why nobody runs a job held by a worker (`active`), in a sentence ("its worker … is
-        gone (…)", "… let the lease on its job run out at …"); None while its worker may still
-        run it. `workers`: as `workers()` read them, once for many jobs. Such a job's run still
-        says `running` until a live worker takes the job over (`liveness.TAKEN_OVER`)."""
-        if job.state is not JobState.ACTIVE:
-            return None
-        return holder_gone(job, workers, self.now())
+    def orphaned(self, run: Run, job: Job | None, workers: Sequence[WorkerInfo]) -> Orphan | None:
+        """Whether nobody runs a run recorded `running` any more: its worker is gone (dead, or
+        it let the lease on the job run out), and why, in a sentence (`.why`: "its worker … is
+        gone (…)"), with what becomes of it (`.then`: a live worker takes its job over, or,
+        for a memory queue's job, records the run crashed). None while a worker may run it.
+        `job`: the run's, as `get_jobs` read it (None if no queue has it); `workers`: as
+        `workers()` read them, once for many runs."""
+        return orphaned(run, job, workers, self.now())
 
     async def health(self, max_age: str | int | float | timedelta = "5m") -> Health:
         """Healthy: the database answers, at least one worker is alive on it, and no queue's

@@ -619,6 +619,15 @@ class Ledger:
             self.backend.runs.add_log(run.id, line)
         self._finished(run)
 
+    def cancel_orphan(self, run: Run) -> None:
+        """Cancel a run left `running` by a dead worker whose job is gone with it (a memory
+        queue's), as `abandon` records it crashed: no job to fence on, nothing else writes it."""
+        run = copy_run(run)
+        self._close_open_steps(run, StepStatus.CANCELLED, AttemptStatus.CANCELLED, "cancelled")
+        self._close(run, RunStatus.CANCELLED, f"{CANCELLED} (its worker was gone)", None)
+        self.backend.runs.save_run(run)
+        self._finished(run)
+
     async def cancel_pending(self, queue: JobQueue, job: Job, run: Run) -> bool:
         """Cancel a queued, delayed, waiting or throttled run whose job no worker holds (as
         read at `job.epoch`). False if the job moved meanwhile."""

@@ -1,20 +1,27 @@
-"""Whether a worker registered in the shared state is still alive."""
+"""Whether a worker registered in the shared state is still alive, and whether a run recorded
+running still has one that runs it."""
 
 from __future__ import annotations
 
 import os
 import socket
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from .models import Job, WorkerInfo, utcnow
+from .models import Job, JobState, Run, RunStatus, WorkerInfo, utcnow
 
 STALE_HEARTBEAT_S = 10.0  # a worker on another host is gone after this long without one
 # What becomes of a run nobody runs any more (`holder_gone`): recovery, or the claim that finds
 # its lease run out.
 TAKEN_OVER = (
     "a live worker takes its job over: the run is recorded crashed and its job gets a new run"
+)
+# ... and of one whose job was a memory queue's: it was in the dead worker's memory only.
+LOST_WITH_IT = (
+    "a live worker records it crashed: its job was on a memory queue, in that worker's memory, "
+    "and is lost with it"
 )
 
 
@@ -111,16 +118,11 @@ def worker_alive(
     return worker.heartbeat_at >= (now or utcnow()) - timedelta(seconds=stale_s)
 
 
-def holder_gone(job: Job, workers: Iterable[WorkerInfo], now: datetime) -> str | None:
-    """Why nobody runs a job its record says a worker holds (`active`): its worker is dead or
-    let its lease run out; None while that worker may still run it (one not registered yet
-    counts as alive: a worker that just started). `now`: the clock leases and heartbeats are
-    on, the backend's."""
-    if job.worker is None:
-        return "no worker holds its job"
+def worker_gone(worker_id: str, workers: Iterable[WorkerInfo], now: datetime) -> str | None:
+    """Why the worker is known dead, in a sentence; None while it may be alive (one not
+    registered counts as alive: a worker that just started)."""
     for worker in workers:
-        # First: a worker known dead is named so, whether or not its lease has run out yet.
-        if worker.id != job.worker or worker_alive(worker, now):
+        if worker.id != worker_id or worker_alive(worker, now):
             continue
         if pid_names_process_here(worker):
             return f"its worker {worker.id} is gone (its process {worker.pid} no longer runs)"
@@ -128,9 +130,61 @@ def holder_gone(job: Job, workers: Iterable[WorkerInfo], now: datetime) -> str |
             f"its worker {worker.id} is gone (no heartbeat since "
             f"{worker.heartbeat_at.isoformat(timespec='seconds')})"
         )
+    return None
+
+
+def holder_gone(job: Job, workers: Iterable[WorkerInfo], now: datetime) -> str | None:
+    """Why nobody runs a job its record says a worker holds (`active`): its worker is dead or
+    let its lease run out; None while that worker may still run it. `now`: the clock leases
+    and heartbeats are on, the backend's."""
+    if job.worker is None:
+        return "no worker holds its job"
+    # First: a worker known dead is named so, whether or not its lease has run out yet.
+    dead = worker_gone(job.worker, workers, now)
+    if dead is not None:
+        return dead
     if job.lease_until is not None and job.lease_until < now:
         return (
             f"its worker {job.worker} let the lease on its job run out at "
             f"{job.lease_until.isoformat(timespec='seconds')} (the worker is frozen, or gone)"
         )
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class Orphan:
+    """A run recorded running that nobody runs any more: why, and what becomes of it."""
+
+    why: str  # "its worker … is gone (…)"
+    then: str  # TAKEN_OVER, or LOST_WITH_IT
+
+    def __str__(self) -> str:
+        return f"{self.why}; {self.then}"
+
+
+def orphaned(
+    run: Run, job: Job | None, workers: Iterable[WorkerInfo], now: datetime
+) -> Orphan | None:
+    """Whether nobody runs `run` any more, given its job as read now (None: no queue here has
+    it) and the workers as read now; None while it is not running or its worker may run it."""
+    if run.status is not RunStatus.RUNNING:
+        return None
+    if job is None:
+        # A running run's job is kept until it ends, so it is a memory queue's, in the memory
+        # of the process that runs it: that process's life is the job's.
+        why = worker_gone(run.worker, workers, now) if run.worker else None
+        return None if why is None else Orphan(why, LOST_WITH_IT)
+    if job.run_id != run.id or job.state is not JobState.ACTIVE:
+        return None
+    why = holder_gone(job, workers, now)
+    return None if why is None else Orphan(why, TAKEN_OVER)
+
+
+def elsewhere(run: Run) -> str:
+    """Why a run whose job no queue here has cannot be acted on from here: its job is a memory
+    queue's, in the memory of the process that serves it."""
+    held = f" (worker {run.worker})" if run.worker else ""
+    return (
+        f"run {run.id} is on memory queue {run.queue!r}: its job is in the memory of the "
+        f"process serving it{held}, so only that process can act on it"
+    )

@@ -24,13 +24,14 @@ import anyio
 
 from . import telemetry
 from .backends.base import Backend, EventMessage, JobQueue, ServedQueue, WorkerCatalog
+from .cancelling import Canceller
 from .catalog import Catalog
 from .errors import EngineError, UnknownJob, UnknownQueue, UnknownRun
 from .filters import RunFilter
 from .health import DEFAULT_MAX_AGE_S, Health
 from .health import check as check_health
 from .ledger import JobWaiter, Ledger, make_job, make_run
-from .liveness import holder_gone, worker_alive
+from .liveness import elsewhere, worker_alive
 from .models import (
     PENDING_RUN_STATUSES,
     AttemptStatus,
@@ -61,7 +62,6 @@ from .workflow import Workflow
 log = logging.getLogger("blok.operator")
 
 DEFAULT_MAX_PAYLOAD_BYTES = 1_048_576
-CANCEL_WAIT_S = 8.0  # how long a cancel waits for the worker holding the run to stop it
 CATALOG_TTL_S = 1.0  # a producer re-reads what the workers serve at most this often
 # Runs that retry_now can start: delayed (a backoff or a delay), queued (paused), throttled.
 RETRYABLE_NOW = frozenset({RunStatus.DELAYED, RunStatus.QUEUED, RunStatus.THROTTLED})
@@ -103,6 +103,7 @@ class Operator:
         self.max_payload_bytes = max_payload_bytes
         self._catalogs: tuple[float, list[WorkerCatalog]] = (0.0, [])
         self._served: dict[str, QueueTarget] = {}  # the last target of each queue served here
+        self.cancels = Canceller(backend, ledger, self.get_run, lambda: self.worker)
 
     # ---- queues ----------------------------------------------------------------------------
     async def _declared(self, fresh: bool = False) -> list[WorkerCatalog]:
@@ -547,74 +548,10 @@ class Operator:
     async def cancel(self, run_id: str) -> Run:
         """Cancel a running, waiting, delayed or queued run; a finished run is an error. The
         child runs it waits on (subworkflow steps with wait=True) are cancelled with it."""
-        run = await self._cancel_one(run_id)
+        run = await self.cancels.cancel_one(run_id)
         if run.status is RunStatus.CANCELLED:
             await self._cancel_waited_children(run)
         return run
-
-    async def _cancel_one(self, run_id: str) -> Run:
-        for _ in range(20):
-            run = await self.get_run(run_id)
-            if run.terminal:
-                raise EngineError(
-                    f"run {run_id} has already ended ({run.status}); nothing to cancel"
-                )
-            found = await self.backend.find_job(run.job_id)
-            if found is None:
-                raise EngineError(f"run {run_id}'s job {run.job_id} is not in any queue")
-            queue, job = found
-            if job.run_id != run.id or job.state.terminal:
-                await anyio.sleep(0.01)  # its job is moving on right now: look again
-                continue
-            if job.state in (JobState.WAITING, JobState.DELAYED):
-                if await self.ledger.cancel_pending(queue, job, run):
-                    return await self.get_run(run_id)
-                continue  # claimed meanwhile: cancel it where it is held
-            if await self._holder_gone(job):
-                if await self.ledger.cancel_abandoned(queue, job, run):
-                    return await self.get_run(run_id)
-                continue
-            if not await queue.signal(job.id, job.epoch, "cancel"):
-                continue
-            self._tell_local(job.id, "cancel")
-            deadline = time.monotonic() + CANCEL_WAIT_S
-            while (left := deadline - time.monotonic()) > 0:
-                run = await self._await_end(run_id, min(0.5, left))
-                if run.terminal:
-                    return run
-                now = await queue.get_job(job.id)
-                if now is None or now.epoch != job.epoch:
-                    break  # handed back (a gate held it) before it ran: cancel it as pending
-            else:
-                return run  # the worker did not stop it in time: as it is now
-        raise EngineError(f"run {run_id} kept changing hands and could not be cancelled")
-
-    async def _holder_gone(self, job: Job) -> bool:
-        """The worker holding the job is dead or let its lease run out: nobody runs it."""
-        if self.worker is not None and job.worker == self.worker.info.id:
-            return False
-        workers = await self.backend.shared.workers()
-        return holder_gone(job, workers, self.backend.clock.now()) is not None
-
-    def _tell_local(self, job_id: str, signal: str) -> None:
-        """The job may be held by this very process: no need to wait for it to notice."""
-        if self.worker is not None:
-            self.worker.deliver(job_id, signal, self.backend.clock.time())
-
-    async def _await_end(self, run_id: str, timeout: float) -> Run:
-        """The run once it ended, or as it is after `timeout` seconds."""
-        token = await self.backend.change_token()
-        with anyio.move_on_after(timeout):
-            while True:
-                if self.worker is not None:
-                    handle = self.worker.handles.get(run_id)
-                    if handle is not None:
-                        await handle.wait_ended()
-                run = await self.get_run(run_id)
-                if run.terminal:
-                    return run
-                token = await self.backend.wait_for_change(token, 0.1)
-        return await self.get_run(run_id)
 
     async def _cancel_waited_children(self, run: Run) -> None:
         """Cancel the child runs a cancelled run was waiting on (wait=True subworkflow
@@ -631,6 +568,11 @@ class Operator:
                 await self.cancel(child.id)
             except EngineError as error:  # it ended between the look and the cancel
                 log.info("child run %s of %s was not cancelled: %s", child.id, run.id, error)
+
+    def _tell_local(self, job_id: str, signal: str) -> None:
+        """The job may be held by this very process: no need to wait for it to notice."""
+        if self.worker is not None:
+            self.worker.deliver(job_id, signal, self.backend.clock.time())
 
     # ---- replay, requeue, retry now --------------------------------------------------------
     async def replay(
@@ -702,7 +644,7 @@ class Operator:
         run = await self.get_run(run_id)
         found = await self.backend.find_job(run.job_id)
         if found is None:
-            raise UnknownJob(f"run {run_id}'s job {run.job_id} is not in any queue")
+            raise UnknownJob(elsewhere(run))
         queue, job = found
         if job.state is JobState.ACTIVE and job.run_id == run.id:
             local = self.worker is not None and job.id in self.worker.by_job

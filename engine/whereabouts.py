@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any, Protocol
 
 import anyio
 
 from .backends.base import Backend
-from .errors import EngineError, UnknownJob
-from .liveness import TAKEN_OVER, holder_gone
-from .models import JobState, Run, RunStatus
+from .errors import EngineError
+from .liveness import TAKEN_OVER, elsewhere, holder_gone, orphaned
+from .models import JobState, Run, RunStatus, WorkerInfo
 from .origin import WHERE_ANSWER
 
 WHERE = "where"  # the signal
@@ -42,12 +43,23 @@ def _answers(run: Run) -> list[str]:
     return [line.message for line in run.logs if line.message.startswith(ANSWER)]
 
 
+def _beyond_reach(run: Run, workers: list[WorkerInfo], now: datetime) -> EngineError:
+    """Why a run whose job no queue here has cannot be asked: it ended and its job was
+    purged, or its job is a memory queue's, in the memory of the process that runs it."""
+    if run.status is not RunStatus.RUNNING:
+        return EngineError(f"run {run.id} is {run.status}: none of its code runs now")
+    orphan = orphaned(run, None, workers, now)
+    if orphan is not None:
+        return EngineError(f"run {run.id}: none of its code runs now: {orphan}")
+    return EngineError(elsewhere(run))
+
+
 async def ask_where(backend: Backend, run: Run, here: Holder | None, timeout: float) -> str:
     """The holder's answer: a `where: …` line for each node of the run that runs now. `here`:
     this process's worker, which answers at once for a job it holds."""
     found = await backend.find_job(run.job_id)
     if found is None:
-        raise UnknownJob(f"run {run.id}'s job {run.job_id} is not in any queue")
+        raise _beyond_reach(run, await backend.shared.workers(), backend.clock.now())
     queue, job = found
     # Held by a worker, whatever the record says yet: a node that blocks its event loop from
     # its first line keeps the start (`running`) from being written.
@@ -59,6 +71,7 @@ async def ask_where(backend: Backend, run: Run, here: Holder | None, timeout: fl
         raise EngineError(f"run {run.id} is {run.status}: none of its code runs now")
     held_here = here is not None and job.id in here.by_job
     if not held_here:
+        # Asked of the job, not the run: a run held ahead may still be recorded `queued`.
         gone = holder_gone(job, await backend.shared.workers(), backend.clock.now())
         if gone is not None:
             # Nobody would answer: said now, not after the timeout.

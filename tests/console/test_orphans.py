@@ -1,5 +1,6 @@
-"""A run whose worker died says `running` until a live worker takes its job over; the console
-marks it and says why nobody runs it. A real worker process, killed with its run held."""
+"""A run whose worker died says `running` until a live worker takes its job over (or, for a
+memory queue's, records it crashed: its job died with the worker); the console marks it and
+says why nobody runs it. A real worker process, killed with its run held."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import anyio
 import pytest
 from cli_helpers import blok, eventually, serve
+from test_memory_orphans import LOST, MEMORY_NAPS
 from textual.widgets import Static
 
 from blok_tui.app import BlokApp
@@ -35,23 +37,38 @@ workflow = Workflow(name="naps", trigger=WorkerTrigger(queue="naps"), steps=[Ste
 """
 
 
+TAKEN_OVER = (
+    "a live worker takes its job over: the run is recorded crashed and its job gets a new run"
+)
+# The queue's workflow file, whether the test enqueues (a memory queue's schedule does), and
+# what becomes of the run.
+QUEUES = {
+    "sqlite": (NAPS, True, TAKEN_OVER),
+    "memory": (MEMORY_NAPS, False, LOST),
+}
+
+
 def _running(database: Path) -> str | None:
     listed = json.loads(blok("runs", "--db", database, "--json").stdout or "[]")
     return next((run["id"] for run in listed if run["status"] == "running"), None)
 
 
-async def test_a_running_run_whose_worker_died_is_marked_orphaned(tmp_path: Path) -> None:
-    database, worker = serve(tmp_path, {"naps.py": NAPS})
+@pytest.mark.parametrize("provider", QUEUES)
+async def test_a_running_run_whose_worker_died_is_marked_orphaned(
+    tmp_path: Path, provider: str
+) -> None:
+    flow, enqueue, then = QUEUES[provider]
+    database, worker = serve(tmp_path, {"naps.py": flow})
     try:
-        blok("enqueue", "naps", "{}", "--db", database)
+        if enqueue:
+            blok("enqueue", "naps", "{}", "--db", database)
         run_id = await anyio.to_thread.run_sync(lambda: eventually(lambda: _running(database)))
     finally:
         worker.process.kill()
         worker.process.wait()
     why = (
         f"⚠ nobody runs it now: its worker {worker.id} is gone (its process "
-        f"{worker.process.pid} no longer runs); a live worker takes its job over: the run is "
-        "recorded crashed and its job gets a new run"
+        f"{worker.process.pid} no longer runs); {then}"
     )
     async with Engine(database=database, create=False, follow=True) as engine:
         assert (await engine.get_run(run_id)).status is RunStatus.RUNNING
@@ -62,7 +79,7 @@ async def test_a_running_run_whose_worker_died_is_marked_orphaned(tmp_path: Path
             await until(pilot, lambda: isinstance(app.screen, RunsScreen) and app.screen.loaded)
             table = app.screen.query_one("#runs", RowTable)
             await until(pilot, lambda: run_id in table.keys)
-            assert column(table, "then") == ["⚠ orphaned"]
+            assert column(table, "then")[table.keys.index(run_id)] == "⚠ orphaned"
             table.move_cursor(row=table.keys.index(run_id))
             await until(pilot, lambda: why in _flat(app.screen.query_one("#preview", Static)))
             await pilot.press("enter")

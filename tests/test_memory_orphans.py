@@ -1,0 +1,90 @@
+"""A memory queue's run on a database: its runs are in the database, its job only in the memory
+of the worker process serving it. From another process, `cancel` and `where` cannot reach that
+job, and say so; once that process is killed, the job is gone with it and the run says
+`running` until a live worker records it crashed: `runs`, `show` and `where` say nobody runs
+it, and `cancel` records it cancelled at once. A real worker process, killed with kill -9."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from cli_helpers import blok, eventually, serve
+
+# The schedule feeds the queue from inside the worker's process: a memory queue takes jobs
+# only from the process serving it.
+MEMORY_NAPS = """
+import anyio
+from engine import Schedule, Step, Workflow, WorkerTrigger
+
+
+async def nap(ctx):
+    await anyio.sleep(3600)
+
+
+workflow = Workflow(
+    name="naps",
+    trigger=WorkerTrigger(queue="naps", provider="memory", concurrency=1),
+    schedules=[Schedule(every="1s", catch_up="none")],
+    steps=[Step("nap", nap)],
+)
+"""
+
+LOST = (
+    "a live worker records it crashed: its job was on a memory queue, in that worker's memory, "
+    "and is lost with it"
+)
+
+
+def _running(database: Path) -> str | None:
+    listed = json.loads(blok("runs", "--db", database, "--json").stdout or "[]")
+    return next((run["id"] for run in listed if run["status"] == "running"), None)
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_a_memory_queues_run_is_out_of_reach_until_its_worker_dies_then_orphaned(
+    tmp_path: Path,
+) -> None:
+    database, worker = serve(tmp_path, {"naps.py": MEMORY_NAPS})
+    try:
+        run_id = eventually(lambda: _running(database))
+        # Alive in another process: only that process can act on the job.
+        elsewhere = (
+            f"run {run_id} is on memory queue 'naps': its job is in the memory of the process "
+            f"serving it (worker {worker.id}), so only that process can act on it\n"
+        )
+        for command in ("cancel", "where"):
+            refused = blok(command, run_id, "--db", database)
+            assert refused.returncode == 1, refused
+            assert refused.stderr == f"blok-tui: error: {elsewhere}", refused.stderr
+        shown = blok("show", run_id, "--db", database).stdout
+        assert "(a memory queue's: in the memory of the process serving it)" in shown, shown
+        assert "nobody runs it" not in shown, shown
+    finally:
+        worker.process.kill()
+        worker.process.wait()
+    why = f"its worker {worker.id} is gone (its process {worker.process.pid} no longer runs)"
+    # Its job died with it; nothing moves the run on until a live worker records it crashed.
+    listed = blok("runs", "--db", database, "--status", "running").stdout.splitlines()
+    [row] = [line for line in listed if run_id in line]
+    assert row.endswith(f"orphaned: {why}"), listed
+    records = json.loads(blok("runs", "--db", database, "--status", "running", "--json").stdout)
+    assert [r.get("orphaned") for r in records] == [why]
+    shown = _flat(blok("show", run_id, "--db", database).stdout)
+    assert f"; nobody runs it now: {why}; {LOST}" in shown, shown
+    gone = blok("where", run_id, "--db", database, "--timeout", "30s")
+    assert gone.returncode == 1 and gone.stdout == "", gone
+    assert gone.stderr == (
+        f"blok-tui: error: run {run_id}: none of its code runs now: {why}; {LOST}\n"
+    ), gone.stderr
+    # Nobody else would end it: a cancel records it so at once.
+    cancelled = blok("cancel", run_id, "--db", database)
+    assert cancelled.returncode == 0, cancelled
+    [record] = json.loads(blok("runs", "--db", database, "--status", "cancelled", "--json").stdout)
+    assert (record["id"], record["error"]) == (
+        run_id,
+        "cancelled by operator (its worker was gone)",
+    )
