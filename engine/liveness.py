@@ -23,6 +23,8 @@ LOST_WITH_IT = (
     "a live worker records it crashed: its job was on a memory queue, in that worker's memory, "
     "and is lost with it"
 )
+# Added to either when no worker is alive: nothing happens until one starts.
+NONE_ALIVE = " (no worker is alive now: start one)"
 
 
 def _pid_space() -> str:
@@ -173,11 +175,24 @@ def orphaned(
         # A running run's job is kept until it ends, so it is a memory queue's, in the memory
         # of the process that runs it: that process's life is the job's.
         why = worker_gone(run.worker, workers, now) if run.worker else None
-        return None if why is None else Orphan(why, LOST_WITH_IT)
-    if job.run_id != run.id or job.state is not JobState.ACTIVE:
+        return None if why is None else Orphan(why, _then(LOST_WITH_IT, workers, now))
+    if job.run_id != run.id:
+        return None
+    return job_orphaned(job, workers, now)
+
+
+def job_orphaned(job: Job, workers: Iterable[WorkerInfo], now: datetime) -> Orphan | None:
+    """`orphaned` asked of a job a worker holds (`active`), whatever its run's record says yet
+    (a run held ahead of a free slot is still recorded `queued`)."""
+    if job.state is not JobState.ACTIVE:
         return None
     why = holder_gone(job, workers, now)
-    return None if why is None else Orphan(why, TAKEN_OVER)
+    return None if why is None else Orphan(why, _then(TAKEN_OVER, workers, now))
+
+
+def _then(then: str, workers: Iterable[WorkerInfo], now: datetime) -> str:
+    """What becomes of an orphan: `then`, once a live worker sees it; there is none now?"""
+    return then if any(worker_alive(worker, now) for worker in workers) else then + NONE_ALIVE
 
 
 def elsewhere(run: Run) -> str:

@@ -14,7 +14,7 @@ import anyio
 
 from .backends.base import Backend
 from .errors import EngineError
-from .liveness import TAKEN_OVER, elsewhere, holder_gone, orphaned
+from .liveness import elsewhere, job_orphaned, orphaned
 from .models import JobState, Run, RunStatus, WorkerInfo
 from .origin import WHERE_ANSWER
 
@@ -72,10 +72,10 @@ async def ask_where(backend: Backend, run: Run, here: Holder | None, timeout: fl
     held_here = here is not None and job.id in here.by_job
     if not held_here:
         # Asked of the job, not the run: a run held ahead may still be recorded `queued`.
-        gone = holder_gone(job, await backend.shared.workers(), backend.clock.now())
-        if gone is not None:
+        orphan = job_orphaned(job, await backend.shared.workers(), backend.clock.now())
+        if orphan is not None:
             # Nobody would answer: said now, not after the timeout.
-            raise EngineError(f"run {run.id}: none of its code runs now: {gone}; {TAKEN_OVER}")
+            raise EngineError(f"run {run.id}: none of its code runs now: {orphan}")
     before = len(_answers(run))
     token = await backend.change_token()  # before the signal: the answer's commit moves it
     if here is not None and held_here:

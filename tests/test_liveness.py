@@ -9,7 +9,7 @@ from datetime import timedelta
 
 from backends.builders import a_run, job_and_run, worker
 
-from engine.liveness import LOST_WITH_IT, TAKEN_OVER, Orphan, orphaned
+from engine.liveness import LOST_WITH_IT, NONE_ALIVE, TAKEN_OVER, Orphan, orphaned
 from engine.models import JobState, RunStatus, WorkerInfo, utcnow
 
 NOW = utcnow()
@@ -28,7 +28,8 @@ GONE = f"its worker {DEAD.id} is gone (no heartbeat since {DEAD.heartbeat_at.iso
 def test_a_memory_queues_run_whose_worker_is_dead_is_lost_with_it() -> None:
     run = a_run(status=RunStatus.RUNNING, worker=DEAD.id)
     assert orphaned(run, None, [ALIVE, DEAD], NOW) == Orphan(GONE, LOST_WITH_IT)
-    assert str(orphaned(run, None, [DEAD], NOW)) == f"{GONE}; {LOST_WITH_IT}"
+    # With no worker alive, nothing records it until one starts: said so.
+    assert str(orphaned(run, None, [DEAD], NOW)) == f"{GONE}; {LOST_WITH_IT}{NONE_ALIVE}"
 
 
 def test_a_memory_queues_run_is_not_orphaned_while_its_worker_may_live() -> None:
@@ -53,7 +54,8 @@ def test_a_held_job_of_a_dead_worker_is_taken_over() -> None:
         }
     )
     run = run.model_copy(update={"status": RunStatus.RUNNING, "worker": DEAD.id})
-    assert orphaned(run, job, [DEAD], NOW) == Orphan(GONE, TAKEN_OVER)
+    assert orphaned(run, job, [ALIVE, DEAD], NOW) == Orphan(GONE, TAKEN_OVER)
+    assert orphaned(run, job, [DEAD], NOW) == Orphan(GONE, TAKEN_OVER + NONE_ALIVE)
     # Its worker alive, its lease run out: frozen, or gone.
     lapsed = job.model_copy(update={"worker": ALIVE.id, "lease_until": NOW - timedelta(seconds=5)})
     found = orphaned(run, lapsed, [ALIVE], NOW)

@@ -34,6 +34,7 @@ LOST = (
     "a live worker records it crashed: its job was on a memory queue, in that worker's memory, "
     "and is lost with it"
 )
+NONE_ALIVE = " (no worker is alive now: start one)"
 
 
 def _running(database: Path) -> str | None:
@@ -74,11 +75,11 @@ def test_a_memory_queues_run_is_out_of_reach_until_its_worker_dies_then_orphaned
     records = json.loads(blok("runs", "--db", database, "--status", "running", "--json").stdout)
     assert [r.get("orphaned") for r in records] == [why]
     shown = _flat(blok("show", run_id, "--db", database).stdout)
-    assert f"; nobody runs it now: {why}; {LOST}" in shown, shown
+    assert f"; nobody runs it now: {why}; {LOST}{NONE_ALIVE}" in shown, shown
     gone = blok("where", run_id, "--db", database, "--timeout", "30s")
     assert gone.returncode == 1 and gone.stdout == "", gone
     assert gone.stderr == (
-        f"blok-tui: error: run {run_id}: none of its code runs now: {why}; {LOST}\n"
+        f"blok-tui: error: run {run_id}: none of its code runs now: {why}; {LOST}{NONE_ALIVE}\n"
     ), gone.stderr
     # Nobody else would end it: a cancel records it so at once.
     cancelled = blok("cancel", run_id, "--db", database)

@@ -197,7 +197,7 @@ def test_another_process_answers_and_one_that_died_is_said_not_to(tmp_path: Path
         assert gone.stderr.startswith("blok-tui: error: run run_") and gone.stderr.endswith(
             f": none of its code runs now: its worker {worker.id} is gone (its process "
             f"{worker.process.pid} no longer runs); a live worker takes its job over: the run is "
-            "recorded crashed and its job gets a new run\n"
+            "recorded crashed and its job gets a new run (no worker is alive now: start one)\n"
         ), gone.stderr
         # `show` says it too: the record still says running, and nothing will move it on.
         shown = blok("show", job_id, "--db", database).stdout
@@ -286,7 +286,7 @@ async def test_a_holder_on_another_machine_with_no_heartbeat_is_named(tmp_path: 
     assert str(refused.value) == (
         f"run {job.run_id}: none of its code runs now: its worker {holder} is gone (no heartbeat "
         f"since {last.isoformat(timespec='seconds')}); a live worker takes its job over: the run "
-        "is recorded crashed and its job gets a new run"
+        "is recorded crashed and its job gets a new run (no worker is alive now: start one)"
     )
 
 

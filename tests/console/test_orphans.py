@@ -10,7 +10,7 @@ from pathlib import Path
 import anyio
 import pytest
 from cli_helpers import blok, eventually, serve
-from test_memory_orphans import LOST, MEMORY_NAPS
+from test_memory_orphans import LOST, MEMORY_NAPS, NONE_ALIVE
 from textual.widgets import Static
 
 from blok_tui.app import BlokApp
@@ -68,7 +68,7 @@ async def test_a_running_run_whose_worker_died_is_marked_orphaned(
         worker.process.wait()
     why = (
         f"⚠ nobody runs it now: its worker {worker.id} is gone (its process "
-        f"{worker.process.pid} no longer runs); {then}"
+        f"{worker.process.pid} no longer runs); {then}{NONE_ALIVE}"
     )
     async with Engine(database=database, create=False, follow=True) as engine:
         assert (await engine.get_run(run_id)).status is RunStatus.RUNNING
