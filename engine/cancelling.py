@@ -4,7 +4,8 @@ A run no worker holds (queued, delayed, waiting) is cancelled by a fenced write 
 ledger. A run a worker holds is asked to stop with a `cancel` signal on its job, which that
 worker sees on its next renewal (at once, if it is this process), and the canceller waits for
 the run to end. A run whose worker is gone is recorded cancelled at once: nobody else would end
-it. That includes a run of a memory queue whose worker died, whose job died with it.
+it. That includes a run of a memory queue whose worker died, whose job died with it, and one
+of its runs not started, which the next worker serving the queue would start.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from .backends.base import Backend
 from .errors import EngineError
 from .ledger import Ledger
 from .liveness import elsewhere, holder_gone, orphaned
-from .models import Job, JobState, Run
+from .models import Job, JobState, Run, RunStatus
+from .waiting import served
 from .worker import Worker
 
 CANCEL_WAIT_S = 8.0  # how long a cancel waits for the worker holding the run to stop it
@@ -80,11 +82,16 @@ class Canceller:
 
     async def _cancel_jobless(self, run: Run) -> Run:
         """A run whose job no queue here has: a memory queue's, in the memory of the process
-        serving it, which alone can stop it; unless that process is gone, and the job with it."""
-        workers = await self.backend.shared.workers()
-        if orphaned(run, None, workers, self.backend.clock.now()) is None:
+        serving it, which alone can act on it; unless that process is gone, and the job with
+        it: then a running run is orphaned, and one not started waits in its record for the
+        next worker serving its queue."""
+        if run.status is RunStatus.RUNNING:
+            workers = await self.backend.shared.workers()
+            if orphaned(run, None, workers, self.backend.clock.now()) is None:
+                raise EngineError(elsewhere(run))
+        elif await served(self.backend, run.queue):
             raise EngineError(elsewhere(run))
-        self.ledger.cancel_orphan(run)
+        self.ledger.cancel_jobless(run)
         await self.backend.runs.flush()
         return await self.get_run(run.id)
 

@@ -619,12 +619,16 @@ class Ledger:
             self.backend.runs.add_log(run.id, line)
         self._finished(run)
 
-    def cancel_orphan(self, run: Run) -> None:
-        """Cancel a run left `running` by a dead worker whose job is gone with it (a memory
-        queue's), as `abandon` records it crashed: no job to fence on, nothing else writes it."""
+    def cancel_jobless(self, run: Run) -> None:
+        """Cancel a run of a memory queue whose job no live process holds: one left `running`
+        by a dead worker (its job gone with it), as `abandon` records it crashed, or one not
+        started, which a worker serving the queue would queue again from its record at its
+        start. No job to fence on: nothing else writes it."""
         run = copy_run(run)
+        started = run.status is RunStatus.RUNNING
+        error = f"{CANCELLED} (its worker was gone)" if started else CANCELLED_BEFORE_RUN
         self._close_open_steps(run, StepStatus.CANCELLED, AttemptStatus.CANCELLED, "cancelled")
-        self._close(run, RunStatus.CANCELLED, f"{CANCELLED} (its worker was gone)", None)
+        self._close(run, RunStatus.CANCELLED, error, None)
         self.backend.runs.save_run(run)
         self._finished(run)
 

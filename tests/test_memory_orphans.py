@@ -2,7 +2,8 @@
 of the worker process serving it. From another process, `cancel` and `where` cannot reach that
 job, and say so; once that process is killed, the job is gone with it and the run says
 `running` until a live worker records it crashed: `runs`, `show` and `where` say nobody runs
-it, and `cancel` records it cancelled at once. A real worker process, killed with kill -9."""
+it, and `cancel` records it cancelled at once, and its runs not started too. A real worker
+process, killed with kill -9."""
 
 from __future__ import annotations
 
@@ -37,9 +38,9 @@ LOST = (
 NONE_ALIVE = " (no worker is alive now: start one)"
 
 
-def _running(database: Path) -> str | None:
+def _first(database: Path, status: str) -> str | None:
     listed = json.loads(blok("runs", "--db", database, "--json").stdout or "[]")
-    return next((run["id"] for run in listed if run["status"] == "running"), None)
+    return next((run["id"] for run in listed if run["status"] == status), None)
 
 
 def _flat(text: str) -> str:
@@ -51,7 +52,8 @@ def test_a_memory_queues_run_is_out_of_reach_until_its_worker_dies_then_orphaned
 ) -> None:
     database, worker = serve(tmp_path, {"naps.py": MEMORY_NAPS})
     try:
-        run_id = eventually(lambda: _running(database))
+        run_id = eventually(lambda: _first(database, "running"))
+        queued = eventually(lambda: _first(database, "queued"))  # the schedule's next, behind
         # Alive in another process: only that process can act on the job.
         elsewhere = (
             f"run {run_id} is on memory queue 'naps': its job is in the memory of the process "
@@ -61,6 +63,8 @@ def test_a_memory_queues_run_is_out_of_reach_until_its_worker_dies_then_orphaned
             refused = blok(command, run_id, "--db", database)
             assert refused.returncode == 1, refused
             assert refused.stderr == f"blok-tui: error: {elsewhere}", refused.stderr
+        refused = blok("cancel", queued, "--db", database)
+        assert refused.returncode == 1 and "so only that process can act on it" in refused.stderr
         shown = blok("show", run_id, "--db", database).stdout
         assert "(a memory queue's: in the memory of the process serving it)" in shown, shown
         assert "nobody runs it" not in shown, shown
@@ -82,10 +86,13 @@ def test_a_memory_queues_run_is_out_of_reach_until_its_worker_dies_then_orphaned
         f"blok-tui: error: run {run_id}: none of its code runs now: {why}; {LOST}{NONE_ALIVE}\n"
     ), gone.stderr
     # Nobody else would end it: a cancel records it so at once.
-    cancelled = blok("cancel", run_id, "--db", database)
-    assert cancelled.returncode == 0, cancelled
-    [record] = json.loads(blok("runs", "--db", database, "--status", "cancelled", "--json").stdout)
-    assert (record["id"], record["error"]) == (
-        run_id,
-        "cancelled by operator (its worker was gone)",
-    )
+    # Nobody else would end it: a cancel records it so at once. A run not started waits in its
+    # record for the next worker serving the queue (which would queue it again): cancelled too.
+    for cancelled_id in (run_id, queued):
+        cancelled = blok("cancel", cancelled_id, "--db", database)
+        assert cancelled.returncode == 0, cancelled
+    listed = json.loads(blok("runs", "--db", database, "--status", "cancelled", "--json").stdout)
+    assert {record["id"]: record["error"] for record in listed} == {
+        run_id: "cancelled by operator (its worker was gone)",
+        queued: "cancelled by operator before it ran",
+    }
