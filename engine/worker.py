@@ -34,6 +34,7 @@ from .context import Context
 from .events import EventBus, QueueChanged
 from .gates import Gates
 from .ledger import CANCELLED, Ledger, make_run
+from .memory_runs import requeue_memory_runs
 from .models import Job, JobState, LogLine, Run, RunStatus, StepStatus, WorkerInfo
 from .queue_runtime import QueueRuntime
 from .runner import Outcome, Runner, SnapshotLost
@@ -209,7 +210,8 @@ class Worker:
         self.backend.shared.heartbeat(self.info)
         self._started = True
         self.sync()
-        await self._requeue_memory_runs()
+        memory = [runtime for runtime in self.runtimes.values() if not runtime.queue.durable]
+        await requeue_memory_runs(self.backend, self.info.id, memory)
         tg.start_soon(self.guard(self._lease_loop))
         tg.start_soon(self.guard(self._follow_loop))
         if self.watchdog_s:
@@ -862,35 +864,6 @@ class Worker:
             if wakeup is not None:
                 self.runner.engine_log(handle.run, "retry now: the operator cut the backoff short")
                 wakeup.set()
-
-    # ---- memory queues after a restart -----------------------------------------------------
-    async def _requeue_memory_runs(self) -> None:
-        """Runs of memory queues survive in a durable store; queue them again after a
-        restart, as jobs of this process."""
-        memory = [r for r in self.runtimes.values() if not r.queue.durable]
-        if not memory or not self.backend.durable:
-            return
-        runs = await self.backend.runs.pending_runs([r.name for r in memory])
-        by_queue = {r.name: r for r in memory}
-        for run in runs:
-            runtime = by_queue[run.queue]
-            trigger = runtime.workflow.trigger
-            job = Job(
-                id=run.job_id,
-                queue=run.queue,
-                workflow_name=run.workflow_name,
-                payload=run.input,
-                headers=run.headers,
-                priority=run.priority,
-                state=JobState.DELAYED if (run.wait_until or run.run_at) else JobState.WAITING,
-                run_at=run.wait_until or run.run_at,
-                run_id=run.id,
-                created_at=run.created_at,
-                resume=run.status is RunStatus.WAITING or bool(run.cursor),
-                max_retries=trigger.retries if trigger else 0,
-                meta={"recovered": True},
-            )
-            await runtime.queue.add([job], [])
 
 
 def _step_shape(steps: Sequence[Any]) -> list[Any]:

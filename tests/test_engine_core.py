@@ -344,6 +344,44 @@ async def test_a_memory_queues_runs_are_queued_again_after_a_restart(tmp_path: P
     assert sorted(ran) == ["echo", "first", "second"]
 
 
+async def test_a_memory_queues_runs_a_live_process_holds_are_left_to_it(tmp_path: Path) -> None:
+    """Two engines on one database serve the same memory queues: the one that starts later
+    leaves the other's runs (a queued one, a waiting one) to it, whose memory holds their jobs
+    (taking them would run them twice). An engine that starts once that one is gone takes them
+    all, oldest first."""
+    ran: list[str] = []
+    echoed: list[int] = []
+
+    async def echo(ctx) -> int:
+        echoed.append(ctx.body["n"])
+        return int(ctx.body["n"])
+
+    flows = [
+        _waits_between_two_steps("waits", ran, provider="memory"),
+        flow("later", Step("echo", echo), provider="memory", concurrency=1),
+    ]
+    db = tmp_path / "blok.db"
+    async with Engine(workflows=flows, database=db) as first:
+        async with expect_events(
+            first, RunStatusChanged, where=lambda event: event.status == "waiting"
+        ):
+            await first.pause("later")
+            queued = [await first.enqueue("later", {"n": n}) for n in (1, 2)]
+            waiting = await first.enqueue("waits", {})
+        async with Engine(workflows=flows, database=db) as second:
+            later, waits = await second.queue_stats("later"), await second.queue_stats("waits")
+            assert (later.waiting, later.delayed, waits.waiting, waits.delayed) == (0, 0, 0, 0)
+        assert (await first.queue_stats("later")).waiting == 2
+    assert ran == ["first"] and echoed == []
+    async with Engine(workflows=flows, database=db) as third:
+        await third.resume("later")
+        for job_id, n in zip(queued, (1, 2), strict=True):
+            assert (await third.wait_for_job(job_id, timeout=10)).output == n
+        run = await third.wait_for_job(waiting, timeout=10)
+        assert run.status is RunStatus.COMPLETED and run.output == "KEPT"
+    assert ran == ["first", "second"] and echoed == [1, 2]
+
+
 async def test_unparseable_until_fails_the_step(database: Path | None) -> None:
     async def noop(ctx) -> None:
         return None
