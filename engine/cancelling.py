@@ -19,8 +19,8 @@ from .backends.base import Backend
 from .errors import EngineError
 from .ledger import Ledger
 from .liveness import elsewhere, holder_gone, orphaned
+from .memory_runs import Others
 from .models import Job, JobState, Run, RunStatus
-from .waiting import served
 from .worker import Worker
 
 CANCEL_WAIT_S = 8.0  # how long a cancel waits for the worker holding the run to stop it
@@ -83,14 +83,17 @@ class Canceller:
     async def _cancel_jobless(self, run: Run) -> Run:
         """A run whose job no queue here has: a memory queue's, in the memory of the process
         serving it, which alone can act on it; unless that process is gone, and the job with
-        it: then a running run is orphaned, and one not started waits in its record for the
-        next worker serving its queue."""
+        it: then a running run is orphaned, and a pending one waits in its record for the next
+        worker serving its queue to start (`memory_runs`)."""
         if run.status is RunStatus.RUNNING:
             workers = await self.backend.shared.workers()
             if orphaned(run, None, workers, self.backend.clock.now()) is None:
                 raise EngineError(elsewhere(run))
-        elif await served(self.backend, run.queue):
-            raise EngineError(elsewhere(run))
+        else:
+            local = self.local()
+            me = local.info.id if local is not None else None
+            if (await Others.read(self.backend, me)).may_hold(run):
+                raise EngineError(elsewhere(run))
         self.ledger.cancel_jobless(run)
         await self.backend.runs.flush()
         return await self.get_run(run.id)

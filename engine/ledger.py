@@ -164,6 +164,12 @@ def make_run(
     )
 
 
+def _cancelled_pending(run: Run) -> str:
+    """The error of a pending run cancelled: "before it ran" only if it never began (a waiting
+    run, or one in a retry's backoff, ran steps already)."""
+    return CANCELLED_BEFORE_RUN if run.started_at is None else CANCELLED
+
+
 def _ended(job: Job) -> dict[str, str] | None:
     """A job that will not run again keeps no secret header values: its headers redacted (None
     when there is nothing to hide). Failed and dead jobs keep theirs: a requeue runs them."""
@@ -621,12 +627,14 @@ class Ledger:
 
     def cancel_jobless(self, run: Run) -> None:
         """Cancel a run of a memory queue whose job no live process holds: one left `running`
-        by a dead worker (its job gone with it), as `abandon` records it crashed, or one not
-        started, which a worker serving the queue would queue again from its record at its
-        start. No job to fence on: nothing else writes it."""
+        by a dead worker (its job gone with it), as `abandon` records it crashed, or a pending
+        one, which a worker serving the queue would queue again from its record at its start.
+        No job to fence on: nothing else writes it."""
         run = copy_run(run)
-        started = run.status is RunStatus.RUNNING
-        error = f"{CANCELLED} (its worker was gone)" if started else CANCELLED_BEFORE_RUN
+        if run.status is RunStatus.RUNNING:
+            error = f"{CANCELLED} (its worker was gone)"
+        else:
+            error = _cancelled_pending(run)
         self._close_open_steps(run, StepStatus.CANCELLED, AttemptStatus.CANCELLED, "cancelled")
         self._close(run, RunStatus.CANCELLED, error, None)
         self.backend.runs.save_run(run)
@@ -636,7 +644,7 @@ class Ledger:
         """Cancel a queued, delayed, waiting or throttled run whose job no worker holds (as
         read at `job.epoch`). False if the job moved meanwhile."""
         run = copy_run(run)
-        self._close(run, RunStatus.CANCELLED, CANCELLED_BEFORE_RUN, None)
+        self._close(run, RunStatus.CANCELLED, _cancelled_pending(run), None)
         self._close_open_steps(run, StepStatus.CANCELLED, AttemptStatus.CANCELLED, "cancelled")
         update = JobUpdate(state=JobState.CANCELLED, headers=_ended(job), meta=job.meta)
         if not await queue.apply(self._transition(job, job.epoch, update, run)):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from .backends.base import Backend
 from .liveness import worker_alive
@@ -20,6 +21,33 @@ from .models import Job, JobState, Run, RunStatus
 from .queue_runtime import QueueRuntime
 
 log = logging.getLogger("blok.worker")
+
+
+@dataclass(frozen=True, slots=True)
+class Others:
+    """The other live workers on the database, and the queues they serve."""
+
+    alive: frozenset[str]
+    serving: frozenset[str]
+
+    @classmethod
+    async def read(cls, backend: Backend, me: str | None) -> Others:
+        now = backend.clock.now()
+        workers = await backend.shared.workers()
+        alive = frozenset(w.id for w in workers if w.id != me and worker_alive(w, now))
+        serving = frozenset(
+            served.name
+            for catalog in await backend.shared.catalogs()
+            if catalog.worker in alive
+            for served in catalog.queues
+        )
+        return cls(alive, serving)
+
+    def may_hold(self, run: Run) -> bool:
+        """Whether one of them may hold the job of a memory queue's run not in this process:
+        the worker that ran it (a run that began), or any serving its queue (one never
+        started)."""
+        return run.worker in self.alive or (run.worker is None and run.queue in self.serving)
 
 
 async def requeue_memory_runs(backend: Backend, me: str, memory: Sequence[QueueRuntime]) -> int:
@@ -30,18 +58,11 @@ async def requeue_memory_runs(backend: Backend, me: str, memory: Sequence[QueueR
     runs = await backend.runs.pending_runs([runtime.name for runtime in memory])
     if not runs:
         return 0
-    now = backend.clock.now()
-    alive = {w.id for w in await backend.shared.workers() if w.id != me and worker_alive(w, now)}
-    shared = {
-        served.name
-        for catalog in await backend.shared.catalogs()
-        if catalog.worker in alive
-        for served in catalog.queues
-    }
+    others = await Others.read(backend, me)
     by_queue = {runtime.name: runtime for runtime in memory}
     left: dict[str, int] = {}
     for run in sorted(runs, key=lambda run: run.created_at):  # first in, first out
-        if run.worker in alive or (run.worker is None and run.queue in shared):
+        if others.may_hold(run):
             left[run.queue] = left.get(run.queue, 0) + 1
             continue
         await by_queue[run.queue].queue.add([_job_of(run, by_queue[run.queue])], [])

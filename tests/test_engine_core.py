@@ -199,13 +199,21 @@ async def test_cancel_queued_and_delayed_runs(database: Path | None) -> None:
         return None
 
     wf = flow("later", Step("noop", noop))
-    async with Engine(workflows=[wf], database=database) as engine:
+    waits = flow("waits", Step("noop", noop), wait.for_("1h"))
+    async with Engine(workflows=[wf, waits], database=database) as engine:
         await engine.pause("later")
         queued = await run_of(engine, await engine.enqueue("later", {}))
         delayed = await run_of(engine, await engine.enqueue("later", {}, delay="1h"))
         assert queued.status is RunStatus.QUEUED and delayed.status is RunStatus.DELAYED
         for run in (queued, delayed):
-            assert (await engine.cancel(run.id)).status is RunStatus.CANCELLED
+            cancelled = await engine.cancel(run.id)
+            assert cancelled.status is RunStatus.CANCELLED
+            assert cancelled.error == "cancelled by operator before it ran"
+        async with expect_events(engine, RunStatusChanged, where=lambda e: e.status == "waiting"):
+            waiting = await engine.enqueue("waits", {})
+        # It began (its first step ran): not "before it ran".
+        cancelled = await engine.cancel((await run_of(engine, waiting)).id)
+        assert (cancelled.status, cancelled.error) == (RunStatus.CANCELLED, "cancelled by operator")
         await engine.resume("later")
         stats = await engine.queue_stats("later")
         assert stats.cancelled == 2 and stats.waiting == 0 and stats.delayed == 0
@@ -380,6 +388,42 @@ async def test_a_memory_queues_runs_a_live_process_holds_are_left_to_it(tmp_path
         run = await third.wait_for_job(waiting, timeout=10)
         assert run.status is RunStatus.COMPLETED and run.output == "KEPT"
     assert ran == ["first", "second"] and echoed == [1, 2]
+
+
+async def test_a_memory_queues_pending_run_is_cancelled_from_elsewhere_once_nobody_holds_it(
+    tmp_path: Path,
+) -> None:
+    """From a process that does not hold it, a memory queue's pending run is cancelled only if
+    no live process may hold its job: a waiting run whose worker is gone is (another worker
+    serving its queue did not take it: it started while that worker lived); a queued one, not
+    started, that such a worker may hold is not."""
+    ran: list[str] = []
+
+    async def noop(ctx) -> None:
+        return None
+
+    flows = [
+        _waits_between_two_steps("waits", ran, provider="memory"),
+        flow("later", Step("noop", noop), provider="memory"),
+    ]
+    db = tmp_path / "blok.db"
+    async with Engine(workflows=flows, database=db) as second:
+        async with (
+            Engine(workflows=flows, database=db) as first,
+            expect_events(first, RunStatusChanged, where=lambda event: event.status == "waiting"),
+        ):
+            await first.pause("later")
+            queued = await run_of(first, await first.enqueue("later", {}))
+            waiting = await run_of(first, await first.enqueue("waits", {}))
+        async with Engine(database=db, consume=False) as client:
+            cancelled = await client.cancel(waiting.id)
+            assert (cancelled.status, cancelled.error) == (
+                RunStatus.CANCELLED,
+                "cancelled by operator",
+            )
+            with pytest.raises(EngineError, match="only that process can act on it"):
+                await client.cancel(queued.id)
+        assert (await second.get_run(queued.id)).status is RunStatus.QUEUED
 
 
 async def test_unparseable_until_fails_the_step(database: Path | None) -> None:
