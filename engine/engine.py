@@ -304,6 +304,7 @@ class Engine:
                     scheduling=self.scheduling,
                     concurrency=self.concurrency_keys,
                     watchdog_s=self.watchdog,
+                    memory_runs_s=self.janitor_interval,
                 )
             if self._serving is not None:
                 self._chores = Chores(

@@ -164,6 +164,7 @@ class Worker:
         scheduling: bool = True,
         concurrency: bool = True,
         watchdog_s: float | None = WATCHDOG_S,
+        memory_runs_s: float = 60.0,
     ) -> None:
         self.backend = backend
         self.ledger = ledger
@@ -196,6 +197,7 @@ class Worker:
         # tasks end must not register it again with its heartbeat.
         self._unregistered = False
         self.watchdog_s = watchdog_s
+        self.memory_runs_s = memory_runs_s  # how often memory runs of gone processes are sought
         # Signals read for jobs claimed here but not started yet (claimed ahead).
         self._early: dict[str, dict[str, float]] = {}
         catalog.on_change.append(self.sync)
@@ -210,9 +212,10 @@ class Worker:
         self.backend.shared.heartbeat(self.info)
         self._started = True
         self.sync()
-        memory = [runtime for runtime in self.runtimes.values() if not runtime.queue.durable]
-        await requeue_memory_runs(self.backend, self.info.id, memory)
+        await self._take_back_memory_runs(start=True)
         tg.start_soon(self.guard(self._lease_loop))
+        if self.backend.durable:
+            tg.start_soon(self.guard(self._memory_runs_loop))
         tg.start_soon(self.guard(self._follow_loop))
         if self.watchdog_s:
             self._watchdog = LoopWatchdog(self.runner.calls, self.watchdog_s)
@@ -787,6 +790,18 @@ class Worker:
             log.warning("could not wake the parent of run %s", child.id, exc_info=True)
 
     # ---- leases, signals, pauses -----------------------------------------------------------
+    async def _take_back_memory_runs(self, *, start: bool = False) -> None:
+        memory = [runtime for runtime in self.runtimes.values() if not runtime.queue.durable]
+        if memory and not self.stopping:
+            await requeue_memory_runs(self.backend, self.info.id, memory, start=start)
+
+    async def _memory_runs_loop(self) -> None:
+        """Not only at a start: a process serving a memory queue may die while this one runs,
+        leaving runs (a wait, a backoff) that no restart of its own may come to take back."""
+        while True:
+            await anyio.sleep(self.memory_runs_s)
+            await self._take_back_memory_runs()
+
     async def _lease_loop(self) -> None:
         while True:
             await anyio.sleep(self.renew_s)

@@ -395,8 +395,8 @@ async def test_a_memory_queues_pending_run_is_cancelled_from_elsewhere_once_nobo
 ) -> None:
     """From a process that does not hold it, a memory queue's pending run is cancelled only if
     no live process may hold its job: a waiting run whose worker is gone is (another worker
-    serving its queue did not take it: it started while that worker lived); a queued one, not
-    started, that such a worker may hold is not."""
+    serving its queue has not taken it back yet: it does so every janitor interval); a queued
+    one, not started, that such a worker may hold is not."""
     ran: list[str] = []
 
     async def noop(ctx) -> None:
@@ -424,6 +424,46 @@ async def test_a_memory_queues_pending_run_is_cancelled_from_elsewhere_once_nobo
             with pytest.raises(EngineError, match="only that process can act on it"):
                 await client.cancel(queued.id)
         assert (await second.get_run(queued.id)).status is RunStatus.QUEUED
+
+
+async def test_a_live_worker_takes_back_the_memory_runs_of_a_process_that_is_gone(
+    tmp_path: Path,
+) -> None:
+    """Not only at a start: a worker serving a memory queue takes back, within a janitor
+    interval, the waiting run of another that stopped while it ran, and finishes it from its
+    wait (its first step not run again)."""
+    ran: list[str] = []
+    flows = [_waits_between_two_steps("waits", ran, provider="memory")]
+    db = tmp_path / "blok.db"
+    async with Engine(workflows=flows, database=db, janitor_interval=0.2) as second:
+        async with (
+            Engine(workflows=flows, database=db) as first,
+            expect_events(first, RunStatusChanged, where=lambda event: event.status == "waiting"),
+        ):
+            waiting = await run_of(first, await first.enqueue("waits", {}))
+        async with expect_events(second, RunFinished, where=lambda e: e.run_id == waiting.id):
+            pass  # first is gone: its waiting run is second's to take back
+        run = await second.get_run(waiting.id)
+        assert (run.status, run.output, ran) == (RunStatus.COMPLETED, "KEPT", ["first", "second"])
+
+
+async def test_of_two_workers_one_takes_back_a_memory_run(tmp_path: Path) -> None:
+    """The run a gone process left is taken back by one worker serving its queue, not by each
+    (each would run it): the first to take the queue's lease."""
+    ran: list[str] = []
+    flows = [_waits_between_two_steps("waits", ran, provider="memory")]
+    db = tmp_path / "blok.db"
+    async with (
+        Engine(workflows=flows, database=db) as first,
+        expect_events(first, RunStatusChanged, where=lambda event: event.status == "waiting"),
+    ):
+        await first.enqueue("waits", {})
+    async with (
+        Engine(workflows=flows, database=db) as second,
+        Engine(workflows=flows, database=db) as third,
+    ):
+        taken = [(await engine.queue_stats("waits")).delayed for engine in (second, third)]
+        assert taken == [1, 0]
 
 
 async def test_unparseable_until_fails_the_step(database: Path | None) -> None:

@@ -398,6 +398,14 @@ class RunStore(ABC):
         steps: the runs of in-memory queues, queued again after a restart."""
 
     @abstractmethod
+    async def adopt_run(self, run_id: str, was: str | None, worker: str) -> bool:
+        """Record `worker` as the holder of a pending run (a memory queue's, whose job was in
+        the memory of a process that is gone) if the run is still pending and its record still
+        names `was` (None: no worker): True if this call did; False if another worker adopted
+        it first, or it moved on. Committed when it returns: of two workers adopting one run,
+        one gets True."""
+
+    @abstractmethod
     async def purge(self, finished_before: datetime, limit: int = 500) -> int:
         """Delete up to `limit` terminal runs that finished before the cut-off, and expired
         cache entries; the number of runs deleted."""

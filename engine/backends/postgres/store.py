@@ -262,6 +262,22 @@ class PostgresRunStore(RunStore):
         )
         return [run_from_row(row) for row in rows]  # type: ignore[arg-type]
 
+    async def adopt_run(self, run_id: str, was: str | None, worker: str) -> bool:
+        await self.db.flush()  # this process's writes to the run first
+
+        async def adopt(conn: Conn) -> bool:
+            status = await conn.execute(
+                "UPDATE runs SET worker = $1, xid = DEFAULT WHERE id = $2"
+                " AND worker IS NOT DISTINCT FROM $3 AND status = ANY($4::text[])",
+                worker,
+                run_id,
+                was,
+                PENDING,
+            )
+            return bool(status == "UPDATE 1")
+
+        return await self.db.transaction(adopt)
+
     # ---- housekeeping ----------------------------------------------------------------------
     async def purge(self, finished_before: datetime, limit: int = 500) -> int:
         cutoff = finished_before.timestamp()

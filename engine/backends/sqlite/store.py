@@ -259,6 +259,19 @@ class SqliteRunStore(RunStore):
         )
         return [run_from_row(row) for row in rows]  # type: ignore[arg-type]
 
+    async def adopt_run(self, run_id: str, was: str | None, worker: str) -> bool:
+        await self.db.flush()  # this process's writes to the run first
+
+        def adopt(conn: sqlite3.Connection) -> bool:
+            changed = conn.execute(
+                "UPDATE runs SET worker = ?, rev = (SELECT coalesce(max(rev), 0) + 1 FROM runs)"
+                f" WHERE id = ? AND worker IS ? AND status IN ({_marks(PENDING)})",
+                (worker, run_id, was, *PENDING),
+            )
+            return changed.rowcount == 1
+
+        return await self.db.transaction(adopt)
+
     # ---- housekeeping ----------------------------------------------------------------------
     async def purge(self, finished_before: datetime, limit: int = 500) -> int:
         cutoff = finished_before.timestamp()
