@@ -4,8 +4,9 @@ A run no worker holds (queued, delayed, waiting) is cancelled by a fenced write 
 ledger. A run a worker holds is asked to stop with a `cancel` signal on its job, which that
 worker sees on its next renewal (at once, if it is this process), and the canceller waits for
 the run to end. A run whose worker is gone is recorded cancelled at once: nobody else would end
-it. That includes a run of a memory queue whose worker died, whose job died with it, and one
-of its runs not started, which the next worker serving the queue would start.
+it. That includes a run of a memory queue whose worker died, whose job died with it, and a
+pending run of a memory queue that no live process holds, which a worker serving the queue
+would take back (`memory_runs`).
 """
 
 from __future__ import annotations
@@ -83,8 +84,8 @@ class Canceller:
     async def _cancel_jobless(self, run: Run) -> Run:
         """A run whose job no queue here has: a memory queue's, in the memory of the process
         serving it, which alone can act on it; unless that process is gone, and the job with
-        it: then a running run is orphaned, and a pending one waits in its record for the next
-        worker serving its queue to start (`memory_runs`)."""
+        it: then a running run is orphaned, and a pending one waits in its record until a
+        worker serving its queue takes it back (`memory_runs`)."""
         if run.status is RunStatus.RUNNING:
             workers = await self.backend.shared.workers()
             if orphaned(run, None, workers, self.backend.clock.now()) is None:

@@ -628,7 +628,7 @@ class Ledger:
     def cancel_jobless(self, run: Run) -> None:
         """Cancel a run of a memory queue whose job no live process holds: one left `running`
         by a dead worker (its job gone with it), as `abandon` records it crashed, or a pending
-        one, which a worker serving the queue would queue again from its record at its start.
+        one, which a worker serving the queue would take back from its record (`memory_runs`).
         No job to fence on: nothing else writes it."""
         run = copy_run(run)
         if run.status is RunStatus.RUNNING:

@@ -158,7 +158,7 @@ class Orphan:
     """A run recorded running that nobody runs any more: why, and what becomes of it."""
 
     why: str  # "its worker … is gone (…)"
-    then: str  # TAKEN_OVER, or LOST_WITH_IT
+    then: str  # TAKEN_OVER or LOST_WITH_IT, and NONE_ALIVE when no worker is alive
 
     def __str__(self) -> str:
         return f"{self.why}; {self.then}"

@@ -644,6 +644,8 @@ class Operator:
         run = await self.get_run(run_id)
         found = await self.backend.find_job(run.job_id)
         if found is None:
+            if run.terminal:  # its job went with the runs that ended before the retention
+                raise UnknownJob(f"run {run_id}'s job {run.job_id} is no longer kept")
             raise UnknownJob(elsewhere(run))
         queue, job = found
         if job.state is JobState.ACTIVE and job.run_id == run.id:

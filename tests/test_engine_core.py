@@ -421,8 +421,9 @@ async def test_a_memory_queues_pending_run_is_cancelled_from_elsewhere_once_nobo
                 RunStatus.CANCELLED,
                 "cancelled by operator",
             )
-            with pytest.raises(EngineError, match="only that process can act on it"):
-                await client.cancel(queued.id)
+            for act in (client.cancel, client.retry_now):
+                with pytest.raises(EngineError, match="only that process can act on it"):
+                    await act(queued.id)
         assert (await second.get_run(queued.id)).status is RunStatus.QUEUED
 
 
