@@ -5,11 +5,11 @@ the store like any other. The pending runs (queued, delayed, waiting) of a memor
 are not in this process's memory are what is left of the jobs of a process that is gone,
 unless another live process holds them: a worker serving the queue queues those again, as jobs
 of its own, when it starts and every janitor interval after. A run names the worker whose
-memory holds its job: the one that ran it, or that took it back so. It is taken if that worker
-is gone. One never started and never taken back names none: it is taken only if no other live
-worker serves its queue, in whose memory it may be (taking it would run it twice). A worker
-takes a run back by writing its own name on it where the record still names the one it read
-(`RunStore.adopt_run`): of two workers taking back one run, one does.
+memory holds its job: the one that queued it (`JobQueue.serve_as`), ran it or took it back. It
+is taken if that worker is gone. One that names none (written by an older blok-tui) is taken
+only if no other live worker serves its queue, in whose memory it may be (taking it would run
+it twice). A worker takes a run back by writing its own name on it where the record still
+names the one it read (`RunStore.adopt_run`): of two workers taking back one run, one does.
 """
 
 from __future__ import annotations
@@ -48,8 +48,7 @@ class Others:
 
     def may_hold(self, run: Run) -> bool:
         """Whether one of them may hold the job of a memory queue's run not in this process:
-        the worker that ran it (a run that began), or any serving its queue (one never
-        started)."""
+        the worker it names, or, if it names none, any serving its queue."""
         return run.worker in self.alive or (run.worker is None and run.queue in self.serving)
 
 

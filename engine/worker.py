@@ -341,6 +341,8 @@ class Worker:
             current = self.runtimes.get(name)
             if current is None:
                 fresh = QueueRuntime(name, wf, self._queue_of(wf), wf.trigger.concurrency)
+                if self.backend.durable:
+                    fresh.queue.serve_as(self.info.id)
                 fresh.paused = name in self.paused
                 self.runtimes[name] = fresh
                 if self._tg is not None and not self.stopping:

@@ -394,9 +394,9 @@ async def test_a_memory_queues_pending_run_is_cancelled_from_elsewhere_once_nobo
     tmp_path: Path,
 ) -> None:
     """From a process that does not hold it, a memory queue's pending run is cancelled only if
-    no live process may hold its job: a waiting run whose worker is gone is (another worker
-    serving its queue has not taken it back yet: it does so every janitor interval); a queued
-    one, not started, that such a worker may hold is not."""
+    no live process may hold its job: a waiting run and a queued one whose worker is gone are
+    (another worker serving its queue has not taken them back yet: it does so every janitor
+    interval); a queued one a live worker holds is not."""
     ran: list[str] = []
 
     async def noop(ctx) -> None:
@@ -408,23 +408,25 @@ async def test_a_memory_queues_pending_run_is_cancelled_from_elsewhere_once_nobo
     ]
     db = tmp_path / "blok.db"
     async with Engine(workflows=flows, database=db) as second:
+        await second.pause("later")
+        held = await run_of(second, await second.enqueue("later", {}))
         async with (
             Engine(workflows=flows, database=db) as first,
             expect_events(first, RunStatusChanged, where=lambda event: event.status == "waiting"),
         ):
-            await first.pause("later")
             queued = await run_of(first, await first.enqueue("later", {}))
             waiting = await run_of(first, await first.enqueue("waits", {}))
         async with Engine(database=db, consume=False) as client:
-            cancelled = await client.cancel(waiting.id)
-            assert (cancelled.status, cancelled.error) == (
-                RunStatus.CANCELLED,
-                "cancelled by operator",
-            )
+            for run, error in (
+                (waiting, "cancelled by operator"),  # it began
+                (queued, "cancelled by operator before it ran"),
+            ):
+                cancelled = await client.cancel(run.id)
+                assert (cancelled.status, cancelled.error) == (RunStatus.CANCELLED, error)
             for act in (client.cancel, client.retry_now):
                 with pytest.raises(EngineError, match="only that process can act on it"):
-                    await act(queued.id)
-        assert (await second.get_run(queued.id)).status is RunStatus.QUEUED
+                    await act(held.id)
+        assert (await second.get_run(held.id)).status is RunStatus.QUEUED
 
 
 async def test_a_live_worker_takes_back_the_memory_runs_of_a_process_that_is_gone(
@@ -446,6 +448,34 @@ async def test_a_live_worker_takes_back_the_memory_runs_of_a_process_that_is_gon
             pass  # first is gone: its waiting run is second's to take back
         run = await second.get_run(waiting.id)
         assert (run.status, run.output, ran) == (RunStatus.COMPLETED, "KEPT", ["first", "second"])
+
+
+async def test_a_queued_memory_run_names_its_process_and_is_taken_back_when_that_one_is_gone(
+    tmp_path: Path,
+) -> None:
+    """A memory queue's run that never started names the worker whose memory holds its job, so
+    that when that worker is gone a live one takes it back, although yet another live worker
+    serves the queue (a run naming none might be in that one's memory, and would be left)."""
+    echoed: list[int] = []
+
+    async def echo(ctx) -> int:
+        echoed.append(ctx.body["n"])
+        return int(ctx.body["n"])
+
+    flows = [flow("later", Step("echo", echo), provider="memory")]
+    db = tmp_path / "blok.db"
+    async with (
+        Engine(workflows=flows, database=db, janitor_interval=0.2) as second,
+        Engine(workflows=flows, database=db, janitor_interval=3600) as third,
+    ):
+        async with Engine(workflows=flows, database=db) as first:
+            await first.pause("later")
+            queued = [await run_of(first, await first.enqueue("later", {"n": n})) for n in (1, 2)]
+            assert {run.worker for run in queued} == {first.worker.id}
+        async with expect_events(second, RunFinished, count=2):
+            await second.resume("later")  # first is gone: second takes its runs back
+        assert sorted(echoed) == [1, 2]
+        assert (await third.queue_stats("later")).completed == 0
 
 
 async def test_of_two_workers_one_takes_back_a_memory_run(tmp_path: Path) -> None:

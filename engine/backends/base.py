@@ -487,6 +487,13 @@ class JobQueue(ABC):
     # saved at each job); the worker then tops them up while its slots are busy.
     claims_ahead: ClassVar[bool] = False
 
+    def serve_as(self, worker: str) -> None:
+        """`worker`, of this process, serves the queue. A queue whose jobs live in this
+        process's memory names it on the pending runs it saves to a durable store, so that
+        other processes can tell which process holds their jobs (`memory_runs`); a database's
+        queue has nothing to do."""
+        return None
+
     @abstractmethod
     async def add(self, jobs: list[Job], runs: list[Run]) -> list[str]:
         """Enqueue jobs together with their first runs; returns, once durable, the ids of the

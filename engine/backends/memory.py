@@ -344,8 +344,19 @@ class MemoryQueue(JobQueue):
         self._seq = itertools.count()
         self._counts: dict[str, dict[JobState, int]] = {}
         self.changes = 0  # bumped by every write: the backend's change token
+        self.owner: str | None = None  # the worker serving it, on a durable store (`serve_as`)
 
     # ---- bookkeeping -----------------------------------------------------------------------
+    def serve_as(self, worker: str) -> None:
+        self.owner = worker
+
+    def _owned(self, run: Run) -> Run:
+        """The run, naming the worker whose memory holds its job if it is pending and names
+        none (a run not started, or a retry's next): `memory_runs` reads it."""
+        if self.owner is not None and run.worker is None and run.status in PENDING_RUN_STATUSES:
+            run.worker = self.owner
+        return run
+
     def holds(self, fence: Fence) -> bool:
         job = self._jobs.get(fence.job_id)
         return job is not None and job.epoch == fence.epoch
@@ -418,7 +429,7 @@ class MemoryQueue(JobQueue):
             self._count(job.queue, job.state, 1)
             run = by_job.get(job.id)
             if run is not None:
-                self.runs.save_run(run)
+                self.runs.save_run(self._owned(run))
             added.append(job.id)
         self.changes += 1
         # A checkpoint, as a database queue's add is (it waits for its commit): a producer
@@ -622,7 +633,7 @@ class MemoryQueue(JobQueue):
         if transition.update is not None:
             self._update(job, transition.update)
         for run in transition.runs:
-            self.runs.save_run(run)
+            self.runs.save_run(self._owned(run))
         for run_id, line in transition.logs:
             self.runs.add_log(run_id, line)
         self.changes += 1
