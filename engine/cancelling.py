@@ -19,8 +19,7 @@ import anyio
 from .backends.base import Backend
 from .errors import EngineError
 from .ledger import Ledger
-from .liveness import elsewhere, holder_gone, orphaned
-from .memory_runs import Others
+from .liveness import LiveWorkers, elsewhere, holder_gone, orphaned
 from .models import Job, JobState, Run, RunStatus
 from .worker import Worker
 
@@ -93,7 +92,7 @@ class Canceller:
         else:
             local = self.local()
             me = local.info.id if local is not None else None
-            if (await Others.read(self.backend, me)).may_hold(run):
+            if (await LiveWorkers.read(self.backend, besides=me)).may_hold(run):
                 raise EngineError(elsewhere(run))
         self.ledger.cancel_jobless(run)
         await self.backend.runs.flush()

@@ -9,8 +9,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .models import Job, JobState, Run, RunStatus, WorkerInfo, utcnow
+
+if TYPE_CHECKING:
+    from .backends.base import Backend
 
 STALE_HEARTBEAT_S = 10.0  # a worker on another host is gone after this long without one
 # What becomes of a run nobody runs any more (`holder_gone`): recovery, or the claim that finds
@@ -203,3 +207,29 @@ def elsewhere(run: Run) -> str:
         f"run {run.id} is on memory queue {run.queue!r}: its job is in the memory of the "
         f"process serving it{held}, so only that process can act on it"
     )
+
+
+@dataclass(frozen=True, slots=True)
+class LiveWorkers:
+    """The live workers on a database (besides one, if asked), and the queues they serve."""
+
+    ids: frozenset[str]
+    serving: frozenset[str]
+
+    @classmethod
+    async def read(cls, backend: Backend, *, besides: str | None = None) -> LiveWorkers:
+        now = backend.clock.now()  # the clock heartbeats are on
+        workers = await backend.shared.workers()
+        ids = frozenset(w.id for w in workers if w.id != besides and worker_alive(w, now))
+        serving = frozenset(
+            served.name
+            for catalog in await backend.shared.catalogs()
+            if catalog.worker in ids
+            for served in catalog.queues
+        )
+        return cls(ids, serving)
+
+    def may_hold(self, run: Run) -> bool:
+        """Whether one of them may hold the job of a memory queue's run not in this process:
+        the worker it names, or, if it names none, any serving its queue."""
+        return run.worker in self.ids or (run.worker is None and run.queue in self.serving)

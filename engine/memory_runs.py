@@ -16,40 +16,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from .backends.base import Backend
-from .liveness import worker_alive
+from .liveness import LiveWorkers
 from .models import Job, JobState, Run, RunStatus
 from .queue_runtime import QueueRuntime
 
 log = logging.getLogger("blok.worker")
-
-
-@dataclass(frozen=True, slots=True)
-class Others:
-    """The other live workers on the database, and the queues they serve."""
-
-    alive: frozenset[str]
-    serving: frozenset[str]
-
-    @classmethod
-    async def read(cls, backend: Backend, me: str | None) -> Others:
-        now = backend.clock.now()
-        workers = await backend.shared.workers()
-        alive = frozenset(w.id for w in workers if w.id != me and worker_alive(w, now))
-        serving = frozenset(
-            served.name
-            for catalog in await backend.shared.catalogs()
-            if catalog.worker in alive
-            for served in catalog.queues
-        )
-        return cls(alive, serving)
-
-    def may_hold(self, run: Run) -> bool:
-        """Whether one of them may hold the job of a memory queue's run not in this process:
-        the worker it names, or, if it names none, any serving its queue."""
-        return run.worker in self.alive or (run.worker is None and run.queue in self.serving)
 
 
 async def requeue_memory_runs(
@@ -63,7 +36,7 @@ async def requeue_memory_runs(
     runs = await backend.runs.pending_runs([runtime.name for runtime in memory])
     if not runs:
         return 0
-    others = await Others.read(backend, me)
+    others = await LiveWorkers.read(backend, besides=me)
     by_queue = {runtime.name: runtime for runtime in memory}
     taken: dict[str, int] = {}
     left: dict[str, int] = {}

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from .backends.base import Backend, WorkerCatalog
-from .liveness import worker_alive
+from .backends.base import Backend
+from .liveness import LiveWorkers
 from .models import Job, JobState, Run, RunStatus, StepStatus, from_epoch
 
 
@@ -129,13 +129,7 @@ async def explain(backend: Backend, run: Run, job: Job | None) -> WaitReason:
 async def served(backend: Backend, queue: str) -> bool:
     """Whether a live worker declared `queue`: a producer can enqueue to a queue whose workers
     all stopped (their catalog stays known), and its runs wait for the next one."""
-    declared = {c.worker for c in await backend.shared.catalogs() if queue in _names(c)}
-    now = backend.clock.now()
-    return any(w.id in declared and worker_alive(w, now) for w in await backend.shared.workers())
-
-
-def _names(catalog: WorkerCatalog) -> set[str]:
-    return {declared.name for declared in catalog.queues}
+    return queue in (await LiveWorkers.read(backend)).serving
 
 
 def _explain_wait(run: Run) -> WaitReason:

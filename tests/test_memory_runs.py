@@ -1,4 +1,4 @@
-"""`memory_runs.Others.may_hold`: whether another live process may hold the job of a memory
+"""`liveness.LiveWorkers.may_hold`: whether another live process may hold the job of a memory
 queue's pending run, from the worker the run names (the behaviour, with real engines, is in
 test_engine_core's memory-queue tests)."""
 
@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from backends.builders import QUEUE, a_run
 
-from engine.memory_runs import Others
+from engine.liveness import LiveWorkers
 from engine.models import RunStatus
 
-OTHERS = Others(alive=frozenset({"w-live"}), serving=frozenset({QUEUE}))
+OTHERS = LiveWorkers(ids=frozenset({"w-live"}), serving=frozenset({QUEUE}))
 
 
 def test_a_run_naming_a_worker_is_held_while_that_worker_lives() -> None:
