@@ -620,10 +620,7 @@ class Ledger:
         run = copy_run(run)
         self._close(run, RunStatus.CRASHED, reason, None)
         self._close_open_steps(run, StepStatus.FAILED, AttemptStatus.FAILED, reason)
-        self.backend.runs.save_run(run)
-        for line in self._notes.pop(run.id, ()):
-            self.backend.runs.add_log(run.id, line)
-        self._finished(run)
+        self._save_jobless(run)
 
     def cancel_jobless(self, run: Run) -> None:
         """Cancel a run of a memory queue whose job no live process holds: one left `running`
@@ -637,7 +634,14 @@ class Ledger:
             error = _cancelled_pending(run)
         self._close_open_steps(run, StepStatus.CANCELLED, AttemptStatus.CANCELLED, "cancelled")
         self._close(run, RunStatus.CANCELLED, error, None)
+        self._save_jobless(run)
+
+    def _save_jobless(self, run: Run) -> None:
+        """Write a run that ended with no job to settle (`abandon`, `cancel_jobless`), with the
+        lines noted for it here."""
         self.backend.runs.save_run(run)
+        for line in self._notes.pop(run.id, ()):
+            self.backend.runs.add_log(run.id, line)
         self._finished(run)
 
     async def cancel_pending(self, queue: JobQueue, job: Job, run: Run) -> bool:
