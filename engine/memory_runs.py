@@ -9,7 +9,8 @@ memory holds its job: the one that queued it (`JobQueue.serve_as`), ran it or to
 is taken if that worker is gone. One that names none (written by an older blok-tui) is taken
 only if no other live worker serves its queue, in whose memory it may be (taking it would run
 it twice). A worker takes a run back by writing its own name on it where the record still
-names the one it read (`RunStore.adopt_run`): of two workers taking back one run, one does.
+names the one it read (`RunStore.adopt_runs`, a write for many runs): of two workers taking
+back one run, one does.
 """
 
 from __future__ import annotations
@@ -25,32 +26,49 @@ from .queue_runtime import QueueRuntime
 log = logging.getLogger("blok.worker")
 
 
+# Runs taken back in one write: a restart after thousands of them makes a write a chunk, not
+# a write a run, and no write holds the database for long.
+CHUNK = 500
+
+
 async def requeue_memory_runs(
     backend: Backend, me: str, memory: Sequence[QueueRuntime], *, start: bool
 ) -> int:
     """Queue again, in the memory queues of `memory` (this worker's, `me`), the pending runs
-    no live process holds; how many. `start`: at the worker's start, which says what it
-    leaves to others."""
+    no live process holds, oldest first; how many. `start`: at the worker's start, which says
+    what it leaves to others."""
     if not memory or not backend.durable:
         return 0
     runs = await backend.runs.pending_runs([runtime.name for runtime in memory])
     if not runs:
         return 0
-    others = await LiveWorkers.read(backend, besides=me)
     by_queue = {runtime.name: runtime for runtime in memory}
-    taken: dict[str, int] = {}
+    mine: set[str] = set()  # the jobs in this process's memory: its own
+    for name, runtime in by_queue.items():
+        job_ids = [run.job_id for run in runs if run.queue == name]
+        mine.update(job.id for job in await runtime.queue.get_jobs(job_ids))
+    others = await LiveWorkers.read(backend, besides=me)
+    wanted: list[Run] = []
     left: dict[str, int] = {}
     for run in sorted(runs, key=lambda run: run.created_at):  # first in, first out
-        runtime = by_queue[run.queue]
-        if await runtime.queue.get_job(run.job_id) is not None:
-            continue  # in this process's memory: its own
+        if run.job_id in mine:
+            continue
         if others.may_hold(run):
             left[run.queue] = left.get(run.queue, 0) + 1
-            continue
-        if not await backend.runs.adopt_run(run.id, run.worker, me):
-            continue  # another worker took it back first, or it moved on
-        await runtime.queue.add([_job_of(run, runtime)], [])
-        taken[run.queue] = taken.get(run.queue, 0) + 1
+        else:
+            wanted.append(run)
+    taken: dict[str, int] = {}
+    for first in range(0, len(wanted), CHUNK):
+        chunk = wanted[first : first + CHUNK]
+        # Of the runs another worker took back first, or that moved on, none is queued here.
+        adopted = await backend.runs.adopt_runs([(run.id, run.worker) for run in chunk], me)
+        for name, runtime in by_queue.items():
+            jobs = [
+                _job_of(run, runtime) for run in chunk if run.id in adopted and run.queue == name
+            ]
+            if jobs:
+                await runtime.queue.add(jobs, [])
+                taken[name] = taken.get(name, 0) + len(jobs)
     for queue, count in taken.items():
         if not start:
             log.warning(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.lowlevel
@@ -25,8 +26,10 @@ from engine import (
     WorkerTrigger,
     Workflow,
     WorkflowDefinitionError,
+    memory_runs,
     wait,
 )
+from engine.backends.sqlite.store import SqliteRunStore
 from engine.models import AttemptStatus
 
 pytestmark = pytest.mark.anyio
@@ -388,6 +391,39 @@ async def test_a_memory_queues_runs_a_live_process_holds_are_left_to_it(tmp_path
         run = await third.wait_for_job(waiting, timeout=10)
         assert run.status is RunStatus.COMPLETED and run.output == "KEPT"
     assert ran == ["first", "second"] and echoed == [1, 2]
+
+
+async def test_a_restart_takes_back_many_memory_runs_a_write_a_chunk_oldest_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A restart after many pending runs of a memory queue takes them back a chunk of runs a
+    write (`memory_runs.CHUNK`, 3 here), not a write a run, and queues them oldest first."""
+    echoed: list[int] = []
+
+    async def echo(ctx) -> int:
+        echoed.append(ctx.body["n"])
+        return int(ctx.body["n"])
+
+    flows = [flow("later", Step("echo", echo), provider="memory", concurrency=1)]
+    db = tmp_path / "blok.db"
+    async with Engine(workflows=flows, database=db) as engine:
+        await engine.pause("later")
+        queued = [await engine.enqueue("later", {"n": n}) for n in range(7)]
+    writes: list[int] = []
+    adopt_runs = SqliteRunStore.adopt_runs
+
+    async def counted(self: SqliteRunStore, runs: Any, worker: str) -> set[str]:
+        writes.append(len(runs))
+        return await adopt_runs(self, runs, worker)
+
+    monkeypatch.setattr(memory_runs, "CHUNK", 3)
+    monkeypatch.setattr(SqliteRunStore, "adopt_runs", counted)
+    async with Engine(workflows=flows, database=db) as engine:
+        await engine.resume("later")
+        for job_id in queued:
+            assert (await engine.wait_for_job(job_id, timeout=10)).status is RunStatus.COMPLETED
+    assert writes == [3, 3, 1]
+    assert echoed == list(range(7))
 
 
 async def test_a_memory_queues_pending_run_is_cancelled_from_elsewhere_once_nobody_holds_it(

@@ -398,12 +398,13 @@ class RunStore(ABC):
         steps: the runs of in-memory queues, queued again after a restart."""
 
     @abstractmethod
-    async def adopt_run(self, run_id: str, was: str | None, worker: str) -> bool:
-        """Record `worker` as the holder of a pending run (a memory queue's, whose job was in
-        the memory of a process that is gone) if the run is still pending and its record still
-        names `was` (None: no worker): True if this call did; False if another worker adopted
-        it first, or it moved on. Committed when it returns: of two workers adopting one run,
-        one gets True."""
+    async def adopt_runs(self, runs: Sequence[tuple[str, str | None]], worker: str) -> set[str]:
+        """Record `worker` as the holder of pending runs (a memory queue's, whose jobs were in
+        the memory of a process that is gone), each given as its id and the worker its record
+        was read naming (None: no worker): each one that is still pending and still names that
+        worker. The ids of those it did, in one write; a run another worker adopted first, or
+        that moved on, is not among them. Committed when it returns: of two workers adopting
+        one run, one has it."""
 
     @abstractmethod
     async def purge(self, finished_before: datetime, limit: int = 500) -> int:

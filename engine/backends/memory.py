@@ -168,14 +168,17 @@ class MemoryRunStore(RunStore):
             if run.queue in wanted and run.status in PENDING_RUN_STATUSES
         ]
 
-    async def adopt_run(self, run_id: str, was: str | None, worker: str) -> bool:
-        run = self._runs.get(run_id)
-        if run is None or run.worker != was or run.status not in PENDING_RUN_STATUSES:
-            return False
-        adopted = copy_run(run)
-        adopted.worker = worker
-        self.save_run(adopted)
-        return True
+    async def adopt_runs(self, runs: Sequence[tuple[str, str | None]], worker: str) -> set[str]:
+        adopted: set[str] = set()
+        for run_id, was in runs:
+            run = self._runs.get(run_id)
+            if run is None or run.worker != was or run.status not in PENDING_RUN_STATUSES:
+                continue
+            changed = copy_run(run)
+            changed.worker = worker
+            self.save_run(changed)
+            adopted.add(run_id)
+        return adopted
 
     async def purge(self, finished_before: datetime, limit: int = 500) -> int:
         doomed = [

@@ -277,25 +277,34 @@ async def test_pending_runs_are_the_waiting_runs_of_these_queues(backend: Backen
     assert await backend.runs.pending_runs([]) == []
 
 
-async def test_adopting_a_pending_run_names_its_new_worker_once(backend: Backend) -> None:
+async def test_adopting_pending_runs_names_their_new_worker_once(backend: Backend) -> None:
     queued = a_run(status=RunStatus.QUEUED)
     waiting = a_run(status=RunStatus.WAITING, worker="w-gone", started_at=utcnow())
     running = a_run(status=RunStatus.RUNNING, worker="w-gone", started_at=utcnow())
-    for run in (queued, waiting, running):
+    elsewhere = a_run(status=RunStatus.DELAYED, worker="w-gone")
+    for run in (queued, waiting, running, elsewhere):
         backend.runs.save_run(run)
     cursor = await backend.runs.feed_cursor()
 
-    assert await backend.runs.adopt_run(queued.id, None, "w-new")
-    assert not await backend.runs.adopt_run(queued.id, None, "w-other")  # taken: once
-    assert not await backend.runs.adopt_run(waiting.id, "w-else", "w-new")  # not whom it names
-    assert await backend.runs.adopt_run(waiting.id, "w-gone", "w-new")
-    assert not await backend.runs.adopt_run(running.id, "w-gone", "w-new")  # not pending
-    assert not await backend.runs.adopt_run("run_nobody", None, "w-new")
+    adopted = await backend.runs.adopt_runs(
+        [
+            (queued.id, None),
+            (waiting.id, "w-gone"),
+            (running.id, "w-gone"),  # not pending
+            (elsewhere.id, "w-else"),  # not whom it names
+            ("run_nobody", None),
+        ],
+        "w-new",
+    )
 
-    found = {run.id: run for run in await backend.runs.runs_by_id([queued.id, waiting.id])}
+    assert adopted == {queued.id, waiting.id}
+    assert await backend.runs.adopt_runs([(queued.id, None)], "w-other") == set()  # once
+    assert await backend.runs.adopt_runs([], "w-other") == set()
+    found = {run.id: run for run in await backend.runs.runs_by_id(ids([queued, waiting]))}
     assert {run.worker for run in found.values()} == {"w-new"}
     assert found[waiting.id].status is RunStatus.WAITING  # nothing else changed
-    assert (await backend.runs.get_run(running.id)).worker == "w-gone"  # type: ignore[union-attr]
+    for untouched in (running, elsewhere):
+        assert (await backend.runs.get_run(untouched.id)).worker == "w-gone"  # type: ignore[union-attr]
     # Followers see the change.
     assert {run.id for run in (await backend.runs.feed(cursor)).runs} == {queued.id, waiting.id}
 
@@ -308,20 +317,23 @@ async def test_of_two_processes_adopting_one_run_at_once_one_does(
     for run in runs:
         backend.runs.save_run(run)
     await backend.runs.flush()
-    won: dict[str, list[bool]] = {}
+    won: dict[str, set[str]] = {}
 
     async def adopt(store: RunStore, worker: str) -> None:
-        won[worker] = [await store.adopt_run(run.id, None, worker) for run in runs]
+        # a few runs a write, as a restart takes them back a chunk a write
+        won[worker] = set()
+        for first in range(0, len(runs), 4):
+            chunk = [(run.id, None) for run in runs[first : first + 4]]
+            won[worker] |= await store.adopt_runs(chunk, worker)
 
     async with anyio.create_task_group() as group:
         group.start_soon(adopt, backend.runs, "w-one")
         group.start_soon(adopt, other_backend.runs, "w-two")
 
-    assert [a + b for a, b in zip(won["w-one"], won["w-two"], strict=True)] == [1] * len(runs)
+    assert won["w-one"].isdisjoint(won["w-two"])
+    assert won["w-one"] | won["w-two"] == set(ids(runs))
     stored = {run.id: run.worker for run in await backend.runs.runs_by_id(ids(runs))}
-    assert stored == {
-        run.id: "w-one" if first else "w-two" for run, first in zip(runs, won["w-one"], strict=True)
-    }
+    assert stored == {run.id: "w-one" if run.id in won["w-one"] else "w-two" for run in runs}
 
 
 # ---- the idempotency cache ---------------------------------------------------------------

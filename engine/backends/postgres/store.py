@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -262,19 +263,23 @@ class PostgresRunStore(RunStore):
         )
         return [run_from_row(row) for row in rows]  # type: ignore[arg-type]
 
-    async def adopt_run(self, run_id: str, was: str | None, worker: str) -> bool:
-        await self.db.flush()  # this process's writes to the run first
+    async def adopt_runs(self, runs: Sequence[tuple[str, str | None]], worker: str) -> set[str]:
+        if not runs:
+            return set()
+        await self.db.flush()  # this process's writes to the runs first
 
-        async def adopt(conn: Conn) -> bool:
-            status = await conn.execute(
-                "UPDATE runs SET worker = $1, xid = DEFAULT WHERE id = $2"
-                " AND worker IS NOT DISTINCT FROM $3 AND status = ANY($4::text[])",
+        async def adopt(conn: Conn) -> set[str]:
+            rows = await conn.fetch(
+                "UPDATE runs SET worker = $1, xid = DEFAULT"
+                " FROM unnest($2::text[], $3::text[]) AS read (id, worker)"
+                " WHERE runs.id = read.id AND runs.worker IS NOT DISTINCT FROM read.worker"
+                " AND runs.status = ANY($4::text[]) RETURNING runs.id",
                 worker,
-                run_id,
-                was,
+                [run_id for run_id, _ in runs],
+                [was for _, was in runs],
                 PENDING,
             )
-            return bool(status == "UPDATE 1")
+            return {row[0] for row in rows}
 
         return await self.db.transaction(adopt)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from collections.abc import Sequence
 from datetime import datetime
 from functools import partial
 from typing import Any
@@ -259,18 +260,24 @@ class SqliteRunStore(RunStore):
         )
         return [run_from_row(row) for row in rows]  # type: ignore[arg-type]
 
-    async def adopt_run(self, run_id: str, was: str | None, worker: str) -> bool:
-        await self.db.flush()  # this process's writes to the run first
+    async def adopt_runs(self, runs: Sequence[tuple[str, str | None]], worker: str) -> set[str]:
+        if not runs:
+            return set()
+        await self.db.flush()  # this process's writes to the runs first
+        statement = (
+            "UPDATE runs SET worker = ?, rev = (SELECT coalesce(max(rev), 0) + 1 FROM runs)"
+            f" WHERE id = ? AND worker IS ? AND status IN ({_marks(PENDING)})"
+        )
 
-        def adopt(conn: sqlite3.Connection) -> bool:
-            changed = conn.execute(
-                "UPDATE runs SET worker = ?, rev = (SELECT coalesce(max(rev), 0) + 1 FROM runs)"
-                f" WHERE id = ? AND worker IS ? AND status IN ({_marks(PENDING)})",
-                (worker, run_id, was, *PENDING),
-            )
-            return changed.rowcount == 1
+        def adopt(conn: sqlite3.Connection) -> set[str]:
+            # One statement a run (a row count each), in the one transaction.
+            return {
+                run_id
+                for run_id, was in runs
+                if conn.execute(statement, (worker, run_id, was, *PENDING)).rowcount == 1
+            }
 
-        return await self.db.transaction(adopt)
+        return await self.db.transaction(adopt, weight=len(runs))  # many: off the loop
 
     # ---- housekeeping ----------------------------------------------------------------------
     async def purge(self, finished_before: datetime, limit: int = 500) -> int:
