@@ -862,9 +862,10 @@ async def _runs(args: argparse.Namespace) -> None:
         from .runs_follow import listed
 
         records = [listed(run) for run in runs]
-        for record in records:  # a running run nobody runs: why, for a script
-            if record["id"] in orphans:
-                record["orphaned"] = orphans[record["id"]].why
+        for record in records:  # a running run nobody runs: why, and what comes of it
+            orphan = orphans.get(record["id"])
+            if orphan is not None:
+                record["orphaned"], record["orphaned_then"] = orphan.why, orphan.then
         print(json.dumps(records, indent=2))
         return
     print(_table(runs, orphans) if runs else f"no runs{unknown}")
@@ -933,8 +934,9 @@ def _table(runs: Sequence[Any], orphans: Mapping[str, Orphan] | None = None) -> 
                 printable(run.worker or "-"),
                 run.created_at.astimezone().strftime("%Y-%m-%d %H:%M:%S"),
                 format_duration(duration) if duration is not None else "-",
-                # An orphan's note in full (the last column): what to do hangs on its end.
-                f"orphaned: {orphans[run.id].why}"
+                # An orphan's note in full (the last column): what comes of it, and what to
+                # do (start a worker) when nothing will, hang on its end.
+                f"orphaned: {orphans[run.id]}"
                 if run.id in orphans
                 else one_line(printable(run.error or ""), 60),
             )

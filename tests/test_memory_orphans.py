@@ -75,9 +75,11 @@ def test_a_memory_queues_run_is_out_of_reach_until_its_worker_dies_then_orphaned
     # Its job died with it; nothing moves the run on until a live worker records it crashed.
     listed = blok("runs", "--db", database, "--status", "running").stdout.splitlines()
     [row] = [line for line in listed if run_id in line]
-    assert row.endswith(f"orphaned: {why}"), listed
+    assert row.endswith(f"orphaned: {why}; {LOST}{NONE_ALIVE}"), listed
     records = json.loads(blok("runs", "--db", database, "--status", "running", "--json").stdout)
-    assert [r.get("orphaned") for r in records] == [why]
+    assert [(r.get("orphaned"), r.get("orphaned_then")) for r in records] == [
+        (why, f"{LOST}{NONE_ALIVE}")
+    ]
     shown = _flat(blok("show", run_id, "--db", database).stdout)
     assert f"; nobody runs it now: {why}; {LOST}{NONE_ALIVE}" in shown, shown
     gone = blok("where", run_id, "--db", database, "--timeout", "30s")
@@ -85,7 +87,6 @@ def test_a_memory_queues_run_is_out_of_reach_until_its_worker_dies_then_orphaned
     assert gone.stderr == (
         f"blok-tui: error: run {run_id}: none of its code runs now: {why}; {LOST}{NONE_ALIVE}\n"
     ), gone.stderr
-    # Nobody else would end it: a cancel records it so at once.
     # Nobody else would end it: a cancel records it so at once. A run not started waits in its
     # record for the next worker serving the queue (which would queue it again): cancelled too.
     for cancelled_id in (run_id, queued):

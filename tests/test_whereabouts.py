@@ -205,13 +205,21 @@ def test_another_process_answers_and_one_that_died_is_said_not_to(tmp_path: Path
             f"; nobody runs it now: its worker {worker.id} is gone (its process "
             f"{worker.process.pid} no longer runs); a live worker takes its job over"
         ) in " ".join(shown.split()), shown
-        # And `runs` lists it so (its ERROR column; `orphaned` in JSON), as the console does.
+        # And `runs` lists it so (its ERROR column; `orphaned` and `orphaned_then` in JSON), as
+        # the console does.
         why = f"its worker {worker.id} is gone (its process {worker.process.pid} no longer runs)"
+        then = (
+            "a live worker takes its job over: the run is recorded crashed and its job gets a new "
+            "run (no worker is alive now: start one)"
+        )
         listed = blok("runs", "--db", database, "--queue", "naps").stdout.splitlines()
         [row] = [line for line in listed if " running " in line]
-        assert row.endswith(f"orphaned: {why}"), listed
+        assert row.endswith(f"orphaned: {why}; {then}"), listed
         records = json.loads(blok("runs", "--db", database, "--queue", "naps", "--json").stdout)
-        assert [r.get("orphaned") for r in records if r["status"] == "running"] == [why]
+        orphans = [
+            (r.get("orphaned"), r.get("orphaned_then")) for r in records if r["status"] == "running"
+        ]
+        assert orphans == [(why, then)]
     finally:
         worker.process.kill()
         worker.process.wait()

@@ -185,7 +185,11 @@ async def test_a_worker_killed_under_its_run_is_named_gone(pg_url: str, tmp_path
     assert f"; nobody runs it now: {holder}" in shown.stdout, shown.stdout
     assert gone in " ".join(shown.stdout.split()), shown.stdout
     listed = await cli("runs", "--db", url)
-    assert listed.stdout.rstrip().endswith(gone), listed.stdout
+    then = (
+        "a live worker takes its job over: the run is recorded crashed and its job gets a new run "
+        "(no worker is alive now: start one)"
+    )
+    assert listed.stdout.rstrip().endswith(f"{gone}; {then}"), listed.stdout
 
 
 async def test_runs_follow_tells_a_failure_another_process_ran(served: str) -> None:
