@@ -177,6 +177,19 @@ def _duration_arg(text: str) -> str:
     return text
 
 
+def _interval_arg(text: str) -> float:
+    """A duration above 0, in seconds (an interval of 0 would have its loop spin)."""
+    from engine import parse_duration
+
+    try:
+        ms = parse_duration(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    if ms <= 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, not {text!r}")
+    return ms / 1000
+
+
 def _retention_arg(text: str) -> str:
     """A duration with a unit: `--retention 7` would mean 7 ms, deleting every finished run."""
     from engine import parse_duration
@@ -340,6 +353,14 @@ def build_parser() -> argparse.ArgumentParser:
         default="7d",
         metavar="DURATION",
         help="delete runs that ended longer ago than this: 12h, 7d, 30d (default 7d)",
+    )
+    worker.add_argument(
+        "--janitor-interval",
+        type=_interval_arg,
+        default="60s",
+        metavar="DURATION",
+        help="how often a worker deletes the runs past --retention and takes back the pending "
+        "runs of memory queues whose worker is gone (default 60s)",
     )
     worker.add_argument(
         "--metrics-port",
@@ -694,6 +715,7 @@ async def _worker(args: argparse.Namespace) -> None:
         grace_period=args.grace,
         lease=args.lease,
         retention=args.retention,
+        janitor_interval=args.janitor_interval,
     )
     endpoint = _serve_metrics(args)
     # Signals are received from the start, so that one arriving while booting still drains.

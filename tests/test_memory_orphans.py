@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from cli_helpers import blok, eventually, serve
+from cli_helpers import blok, eventually, serve, start_worker
 
 # The schedule feeds the queue from inside the worker's process: a memory queue takes jobs
 # only from the process serving it.
@@ -97,3 +97,32 @@ def test_a_memory_queues_run_is_out_of_reach_until_its_worker_dies_then_orphaned
         run_id: "cancelled by operator (its worker was gone)",
         queued: "cancelled by operator before it ran",
     }
+
+
+def test_a_worker_takes_back_a_dead_ones_queued_runs_every_janitor_interval(
+    tmp_path: Path,
+) -> None:
+    """Two workers serve one memory queue; the first is killed holding a queued run (the
+    schedule's next, behind its running one). The other, started with `--janitor-interval 1s`
+    while the first lived (so it left that run to it), takes the run back within about that
+    long, not the default 60 s: the run names it then, and it runs it."""
+    database, first = serve(tmp_path, {"naps.py": MEMORY_NAPS})
+    second = None
+    try:
+        queued = eventually(lambda: _first(database, "queued"))
+        second = start_worker(
+            database, tmp_path / "workflows", "--janitor-interval", "1s", name="second"
+        )
+        first.process.kill()
+        first.process.wait()
+
+        def taken_back() -> bool:
+            listed = json.loads(blok("runs", "--db", database, "--json").stdout or "[]")
+            return any(run["id"] == queued and run["worker"] == second.id for run in listed)
+
+        eventually(taken_back, timeout=20)
+    finally:
+        for worker in (first, second):
+            if worker is not None:
+                worker.process.kill()
+                worker.process.wait()
