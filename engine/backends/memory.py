@@ -338,6 +338,11 @@ class MemoryQueue(JobQueue):
         self.clock = clock if clock is not None else Clock()
         self._jobs: dict[str, Job] = {}
         self._ready: dict[str, list[tuple[int, int, str, int]]] = {}
+        # The forced ones of the ready (retry-now, run-now), apart: what a paused queue claims,
+        # found without going through the rest of its backlog at every claim. Their entries
+        # stay in `_ready` too; whichever heap hands a job out, its entry in the other is stale
+        # (the job's epoch moved on) and skipped there.
+        self._forced: dict[str, list[tuple[int, int, str, int]]] = {}
         self._delayed: dict[str, list[tuple[float, int, str, int]]] = {}
         self._leases: list[tuple[float, int, str, int]] = []
         self._active: dict[str, Job] = {}
@@ -380,10 +385,10 @@ class MemoryQueue(JobQueue):
             )
         else:
             job.__dict__["state"] = JobState.WAITING
-            heapq.heappush(
-                self._ready.setdefault(job.queue, []),
-                (-job.priority, next(self._seq), job.id, job.epoch),
-            )
+            entry = (-job.priority, next(self._seq), job.id, job.epoch)
+            heapq.heappush(self._ready.setdefault(job.queue, []), entry)
+            if job.force:
+                heapq.heappush(self._forced.setdefault(job.queue, []), entry)
             self._wake_if_unclaimed_soon(job.queue)
             return
         self.wake(job.queue)
@@ -456,9 +461,10 @@ class MemoryQueue(JobQueue):
             self._count(queue, JobState.DELAYED, -1)
             job.state = JobState.WAITING
             self._count(queue, JobState.WAITING, 1)
-            heapq.heappush(
-                self._ready.setdefault(queue, []), (-job.priority, next(self._seq), job_id, epoch)
-            )
+            entry = (-job.priority, next(self._seq), job_id, epoch)
+            heapq.heappush(self._ready.setdefault(queue, []), entry)
+            if job.force:
+                heapq.heappush(self._forced.setdefault(queue, []), entry)
         return delayed[0][0] - now if delayed else None
 
     def _hand_out(
@@ -513,27 +519,23 @@ class MemoryQueue(JobQueue):
     def _take_due(
         self, queue: str, limit: int, worker: str, lease_s: float, forced_only: bool
     ) -> list[Claim]:
-        ready = self._ready.get(queue)
+        ready = (self._forced if forced_only else self._ready).get(queue)
         claimed: list[Claim] = []
         if not ready:
             return claimed
         since = time.monotonic()
         counts = self._counts[queue]
-        skipped: list[tuple[int, int, str, int]] = []
         while ready and len(claimed) < limit:
             entry = heapq.heappop(ready)
             job = self._live(entry[2], entry[3], JobState.WAITING)
             if job is None:
-                continue
-            if forced_only and not job.force:
-                skipped.append(entry)
-                continue
+                continue  # handed out from the other heap, or moved on
             counts[JobState.WAITING] -= 1
             job.__dict__["state"] = JobState.ACTIVE
             counts[JobState.ACTIVE] += 1
             claimed.append(self._hand_out(job, worker, lease_s, since, None))
-        for entry in skipped:
-            heapq.heappush(ready, entry)
+        if not forced_only and not ready:
+            self._forced.pop(queue, None)  # no job waits: every forced entry left is stale
         return claimed
 
     def _claim_now(

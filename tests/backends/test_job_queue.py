@@ -727,6 +727,47 @@ async def test_a_forced_job_is_claimed_by_a_forced_only_claim(queue: JobQueue) -
     assert [c.job.id for c in await queue.claim(QUEUE, 5, "w2", LONG)] == [plain.id]
 
 
+async def _forced_behind(queue: JobQueue, plain: int) -> tuple[Job, list[Job]]:
+    """A job an operator forced (run now), added before `plain` plain waiting jobs: the
+    forced one, and the plain ones."""
+    [(forced, _)] = await add(queue)
+    claim = await claim_one(queue)
+    assert await queue.apply(
+        Transition(
+            forced.id, claim.job.epoch, JobUpdate(state=JobState.DELAYED, run_at=after(3600))
+        )
+    )
+    stored = await job_of(queue, forced.id)
+    now = JobUpdate(state=JobState.WAITING, force=True)
+    assert await queue.apply(Transition(forced.id, stored.epoch, now))
+    return forced, [job for job, _ in await add(queue, plain)]
+
+
+async def test_a_forced_job_a_plain_claim_took_is_not_claimed_again_by_a_forced_only_one(
+    queue: JobQueue,
+) -> None:
+    forced, plain = await _forced_behind(queue, 3)
+    taken = await queue.claim(QUEUE, 1, "w1", LONG)
+    assert [c.job.id for c in taken] == [forced.id]  # first in, among equals
+
+    assert await queue.claim(QUEUE, 5, "w2", LONG, forced_only=True) == []
+    assert [c.job.id for c in await queue.claim(QUEUE, 5, "w2", LONG)] == [j.id for j in plain]
+
+
+async def test_a_forced_job_a_forced_only_claim_took_is_not_claimed_again_by_a_plain_one(
+    queue: JobQueue,
+) -> None:
+    forced, plain = await _forced_behind(queue, 300)
+
+    taken = await queue.claim(QUEUE, 5, "w1", LONG, forced_only=True)
+
+    assert [c.job.id for c in taken] == [forced.id]
+    stats = await queue.stats(QUEUE)
+    assert (stats.waiting, stats.active) == (300, 1)
+    again = await queue.claim(QUEUE, 400, "w2", LONG)
+    assert [c.job.id for c in again] == [job.id for job in plain]
+
+
 async def test_headers_and_meta_are_replaced_only_when_the_update_names_them(
     queue: JobQueue,
 ) -> None:
