@@ -20,7 +20,6 @@ import statistics
 import sys
 import tempfile
 import time
-from contextlib import nullcontext
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -28,8 +27,8 @@ CHECKOUT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from fresh import emit, run_fresh  # noqa: E402
-from scratch_pg import DEFAULT_URL, scratch_database  # noqa: E402
-from versus import describe, worktree  # noqa: E402
+from scratch_pg import DEFAULT_URL, database_for  # noqa: E402
+from versus import describe, import_engine, worktree  # noqa: E402
 
 PROVIDERS = ("memory", "sqlite", "postgres")
 QUEUE = "held"
@@ -38,12 +37,8 @@ BLOCK = 1000  # enqueues timed together
 
 def one(engine: str, provider: str, n: int, url: str) -> None:
     """The child: N enqueues into a paused queue, with the engine in folder `engine`."""
-    sys.path[:0] = [engine]
+    import_engine(engine)
     from engine import Engine, Step, WorkerTrigger, Workflow
-
-    measured = Path(sys.modules["engine"].__file__ or "").parent
-    if measured != Path(engine) / "engine":
-        raise SystemExit(f"meant to measure {engine}/engine, imported {measured}")
 
     async def echo(ctx: object) -> None:
         return None
@@ -100,12 +95,7 @@ def main(argv: list[str] | None = None) -> None:
         for repetition in range(args.repeat):
             for provider in providers:
                 for label, engine in engines.items():
-                    scratch = (
-                        scratch_database(args.url, "blok_paused")
-                        if provider == "postgres"
-                        else nullcontext("-")
-                    )
-                    with scratch as url:
+                    with database_for(provider, args.url, "blok_paused") as url:
                         child = ["--one", engine, provider, url, "-n", str(args.n)]
                         result = run_fresh(__file__, child)
                     results.setdefault((provider, label), []).append(result)

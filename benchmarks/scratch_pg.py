@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/test"
 
@@ -40,3 +40,10 @@ def scratch_database(url: str, prefix: str) -> Iterator[str]:
         with psycopg.connect(url, autocommit=True) as admin:
             drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
             admin.execute(drop.format(sql.Identifier(name)))
+
+
+def database_for(provider: str, url: str, prefix: str) -> AbstractContextManager[str]:
+    """What a child measuring `provider` is given as its database: a scratch database on the
+    server at `url` for PostgreSQL, else "-" (none: the child makes its own SQLite file or
+    runs in memory)."""
+    return scratch_database(url, prefix) if provider == "postgres" else nullcontext("-")

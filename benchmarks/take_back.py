@@ -21,7 +21,6 @@ import statistics
 import sys
 import tempfile
 import time
-from contextlib import nullcontext
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -29,8 +28,8 @@ CHECKOUT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from fresh import emit, run_fresh  # noqa: E402
-from scratch_pg import DEFAULT_URL, scratch_database  # noqa: E402
-from versus import describe, worktree  # noqa: E402
+from scratch_pg import DEFAULT_URL, database_for  # noqa: E402
+from versus import describe, import_engine, worktree  # noqa: E402
 
 PROVIDERS = ("sqlite", "postgres")
 QUEUE = "naps"
@@ -39,12 +38,8 @@ QUEUE = "naps"
 def one(engine: str, n: int, url: str) -> None:
     """The child: set up N pending runs of a gone worker, then time the start that takes
     them back, with the engine in folder `engine`."""
-    sys.path[:0] = [engine]
+    import_engine(engine)
     from engine import Engine, Step, WorkerTrigger, Workflow
-
-    measured = Path(sys.modules["engine"].__file__ or "").parent
-    if measured != Path(engine) / "engine":
-        raise SystemExit(f"meant to measure {engine}/engine, imported {measured}")
 
     async def nap(ctx: object) -> None:
         return None
@@ -98,12 +93,7 @@ def main(argv: list[str] | None = None) -> None:
             for provider in providers:
                 for n in ns:
                     for label, engine in engines.items():
-                        scratch = (
-                            scratch_database(args.url, "blok_take_back")
-                            if provider == "postgres"
-                            else nullcontext("-")
-                        )
-                        with scratch as url:
+                        with database_for(provider, args.url, "blok_take_back") as url:
                             result = run_fresh(__file__, ["--one", engine, str(n), url])
                         took.setdefault((provider, n, label), []).append(result["seconds"])
                         print(

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -35,7 +35,7 @@ CHECKOUT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from fresh import emit, run_fresh  # noqa: E402
-from scratch_pg import DEFAULT_URL, scratch_database  # noqa: E402
+from scratch_pg import DEFAULT_URL, database_for  # noqa: E402
 
 PROVIDERS = ("memory", "sqlite", "postgres")
 SHAPES = ("submit-all", "producers", "sequential")
@@ -72,14 +72,21 @@ def describe(path: Path) -> str:
     return out.stdout.strip()[:70]
 
 
-def one(engine: str, provider: str, shape: str, n: int, concurrency: int, url: str) -> None:
-    """The child: one measurement with the engine in folder `engine`."""
-    sys.path[:0] = [engine, str(Path(engine) / "benchmarks")]
-    import contract  # that engine's own
+def import_engine(engine: str, *also: str) -> None:
+    """In a child: import the engine in folder `engine` (a checkout), and make `also` (its
+    folders) importable; fail if another engine was imported instead."""
+    sys.path[:0] = [engine, *(str(Path(engine) / folder) for folder in also)]
+    import engine as imported
 
-    measured = Path(sys.modules["engine"].__file__ or "").parent
+    measured = Path(imported.__file__ or "").parent
     if measured != Path(engine) / "engine":
         raise SystemExit(f"meant to measure {engine}/engine, imported {measured}")
+
+
+def one(engine: str, provider: str, shape: str, n: int, concurrency: int, url: str) -> None:
+    """The child: one measurement with the engine in folder `engine`."""
+    import_engine(engine, "benchmarks")
+    import contract  # that engine's own
 
     cpu: list[float] = []
 
@@ -143,12 +150,7 @@ def main(argv: list[str] | None = None) -> None:
             for provider in providers:
                 for shape in shapes:
                     for label, engine in engines.items():
-                        scratch = (
-                            scratch_database(args.url, "blok_versus")
-                            if provider == "postgres"
-                            else nullcontext("-")
-                        )
-                        with scratch as url:
+                        with database_for(provider, args.url, "blok_versus") as url:
                             child = [
                                 *("--one", engine, provider, shape, url),
                                 *("-n", str(args.n), "--concurrency", str(args.concurrency)),

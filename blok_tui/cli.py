@@ -177,33 +177,31 @@ def _duration_arg(text: str) -> str:
     return text
 
 
-def _interval_arg(text: str) -> float:
-    """A duration above 0, in seconds (an interval of 0 would have its loop spin)."""
+def _positive_ms(text: str) -> float:
+    """A duration's milliseconds, above 0."""
     from engine import parse_duration
 
-    try:
-        ms = parse_duration(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-    if ms <= 0:
-        raise argparse.ArgumentTypeError(f"must be above 0, not {text!r}")
-    return ms / 1000
-
-
-def _retention_arg(text: str) -> str:
-    """A duration with a unit: `--retention 7` would mean 7 ms, deleting every finished run."""
-    from engine import parse_duration
-
-    if text.strip().isdigit():
-        raise argparse.ArgumentTypeError(
-            f"give a unit: {text.strip()}d, {text.strip()}h (a bare number would be milliseconds)"
-        )
     try:
         ms = parse_duration(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
     if ms <= 0:
         raise argparse.ArgumentTypeError(f"must be more than 0, not {text!r}")
+    return ms
+
+
+def _interval_arg(text: str) -> float:
+    """A duration above 0, in seconds (an interval of 0 would have its loop spin)."""
+    return _positive_ms(text) / 1000
+
+
+def _retention_arg(text: str) -> str:
+    """A duration with a unit: `--retention 7` would mean 7 ms, deleting every finished run."""
+    if text.strip().isdigit():
+        raise argparse.ArgumentTypeError(
+            f"give a unit: {text.strip()}d, {text.strip()}h (a bare number would be milliseconds)"
+        )
+    _positive_ms(text)
     return text
 
 
