@@ -47,6 +47,7 @@ from .models import (
 )
 from .operations import BulkResult, ProgressCallback, Skip, matching_runs, resolve_stuck, run_bulk
 from .replay_seed import seed_from_step
+from .turns import TimeSlice
 from .validation import (
     InvalidInput,
     check_delay,
@@ -104,6 +105,8 @@ class Operator:
         self._catalogs: tuple[float, list[WorkerCatalog]] = (0.0, [])
         self._served: dict[str, QueueTarget] = {}  # the last target of each queue served here
         self.cancels = Canceller(backend, ledger, self.get_run, lambda: self.worker)
+        # A caller's reads that find what they want at once give the loop away once a slice.
+        self._turns = TimeSlice()
 
     # ---- queues ----------------------------------------------------------------------------
     async def _declared(self, fresh: bool = False) -> list[WorkerCatalog]:
@@ -443,6 +446,7 @@ class Operator:
         found = await self.backend.find_job(job_id)
         if found is None:
             raise UnknownJob(f"unknown job {job_id!r}")
+        await self._turns.share()
         return found[1]
 
     async def get_jobs(self, job_ids: Sequence[str]) -> dict[str, Job]:
@@ -452,6 +456,7 @@ class Operator:
         run = await self.store.get_run(run_id)
         if run is None:
             raise UnknownRun(f"unknown run {run_id!r}")
+        await self._turns.share()
         return run
 
     async def runs(
@@ -492,6 +497,7 @@ class Operator:
         another process ends is read again when the database reports a change."""
         run = self.ledger.parked(job_id)
         if run is not None:
+            await self._turns.share()
             return run  # enqueued here and completed here since: nothing to read
         waiter = self.ledger.job_waiter(job_id)  # before the read: an end during it wakes us
         # A job enqueued here and not ended here yet is not read now: it ends here (the waiter
@@ -500,6 +506,7 @@ class Operator:
         if token is None:
             run = await self._if_ended(job_id, waiter)
             if run is not None:
+                await self._turns.share()
                 return run
             token = await self.backend.change_token() if self.backend.multi_process else 0
         with anyio.fail_after(timeout):

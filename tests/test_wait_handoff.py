@@ -6,6 +6,7 @@ land: here a worker whose lease ran out settles after another worker took its jo
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
@@ -24,6 +25,7 @@ from engine.events import EventBus
 from engine.ledger import Ledger, make_job, make_run
 from engine.models import JobState, RunStatus
 from engine.records import copy_run
+from engine.turns import SLICE_S
 
 pytestmark = pytest.mark.anyio
 
@@ -325,3 +327,41 @@ async def test_a_job_enqueued_here_that_another_process_ended_is_read_at_once(
             await worker.wait_for_job(job_id)  # ended over there, before the client waits
         run = await client.wait_for_job(job_id, timeout=0.8)  # the next look: 1 s
     assert run.output == 3
+
+
+# ---- a caller whose awaits never wait ----------------------------------------------------------
+@pytest.mark.parametrize("ask", ["wait_for_job", "get_run", "get_job"])
+async def test_a_loop_of_calls_that_find_their_answer_at_once_lets_other_tasks_run(
+    location: str | None, ask: str
+) -> None:
+    # A job that has ended is found at once (in memory, or read in the loop's own thread from
+    # SQLite): the call returns without a turn of the loop. A caller looping over such calls
+    # (waiting for 100,000 jobs that have ended) held the loop for as long as its loop ran,
+    # 7 s on SQLite: no other task of the process ran, and the watchdog said the loop was
+    # blocked. The calls give the loop a turn once a slice (engine/turns.py).
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await anyio.lowlevel.checkpoint()
+
+    async with Engine(workflows=[_batch_workflow()], database=location) as engine:
+        job_id = await engine.enqueue("batch", {"i": 1, "fail": False})
+        run = await engine.wait_for_job(job_id, timeout=30)
+        calls = {
+            "wait_for_job": lambda: engine.wait_for_job(job_id, timeout=30),
+            "get_run": lambda: engine.get_run(run.id),
+            "get_job": lambda: engine.get_job(job_id),
+        }
+        call = calls[ask]
+        async with anyio.create_task_group() as group:
+            group.start_soon(ticker)
+            await anyio.lowlevel.checkpoint()  # the ticker runs once
+            seen = ticks
+            ends = time.monotonic() + 5 * SLICE_S
+            while time.monotonic() < ends:  # five slices' worth of calls, whatever they cost
+                await call()
+            group.cancel_scope.cancel()
+    assert ticks - seen >= 3
