@@ -28,7 +28,7 @@ sys.path.insert(0, str(HERE))
 
 from fresh import emit, run_fresh  # noqa: E402
 from scratch_pg import DEFAULT_URL, database_for  # noqa: E402
-from versus import describe, import_engine, worktree  # noqa: E402
+from versus import chosen, describe, import_engine, worktree  # noqa: E402
 
 PROVIDERS = ("memory", "sqlite", "postgres")
 QUEUE = "held"
@@ -83,10 +83,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--against is required: the commit to measure this checkout against")
     if args.n < BLOCK:
         parser.error(f"-n must be at least {BLOCK}")
-    providers = [p for p in args.providers.split(",") if p]
-    unknown = sorted(set(providers) - set(PROVIDERS))
-    if unknown:
-        raise SystemExit(f"unknown provider {', '.join(unknown)} (known: {', '.join(PROVIDERS)})")
+    providers = chosen(args.providers, PROVIDERS)
     from queues import machine  # it imports this checkout's engine: here, never in a child
 
     results: dict[tuple[str, str], list[dict[str, float]]] = {}

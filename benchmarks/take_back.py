@@ -29,7 +29,7 @@ sys.path.insert(0, str(HERE))
 
 from fresh import emit, run_fresh  # noqa: E402
 from scratch_pg import DEFAULT_URL, database_for  # noqa: E402
-from versus import describe, import_engine, worktree  # noqa: E402
+from versus import chosen, describe, import_engine, worktree  # noqa: E402
 
 PROVIDERS = ("sqlite", "postgres")
 QUEUE = "naps"
@@ -79,10 +79,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     if not args.against:
         parser.error("--against is required: the commit to measure this checkout against")
-    providers = [p for p in args.providers.split(",") if p]
-    unknown = sorted(set(providers) - set(PROVIDERS))
-    if unknown:
-        raise SystemExit(f"unknown provider {', '.join(unknown)} (known: {', '.join(PROVIDERS)})")
+    providers = chosen(args.providers, PROVIDERS)
     ns = [int(n) for n in args.ns.split(",") if n]
     from queues import machine  # it imports this checkout's engine: here, never in a child
 

@@ -65,6 +65,15 @@ def worktree(rev: str) -> Iterator[Path]:
             git("worktree", "remove", "--force", str(path))
 
 
+def chosen(text: str, known: tuple[str, ...], what: str = "provider") -> list[str]:
+    """The comma-separated names of `text`, each one of `known`, or exit saying which is not."""
+    names = [name for name in text.split(",") if name]
+    unknown = sorted(set(names) - set(known))
+    if unknown:
+        raise SystemExit(f"unknown {what} {', '.join(unknown)} (known: {', '.join(known)})")
+    return names
+
+
 def describe(path: Path) -> str:
     out = subprocess.run(
         ["git", "-C", str(path), "log", "-1", "--format=%h %s"], capture_output=True, text=True
@@ -134,12 +143,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     if not args.against:
         parser.error("--against is required: the commit to measure this checkout against")
-    providers = [p for p in args.providers.split(",") if p]
-    shapes = [s for s in args.shapes.split(",") if s]
-    for name, chosen, known in (("provider", providers, PROVIDERS), ("shape", shapes, SHAPES)):
-        unknown = sorted(set(chosen) - set(known))
-        if unknown:
-            raise SystemExit(f"unknown {name} {', '.join(unknown)} (known: {', '.join(known)})")
+    providers = chosen(args.providers, PROVIDERS)
+    shapes = chosen(args.shapes, SHAPES, "shape")
     from queues import machine  # it imports this checkout's engine: here, never in a child
 
     with worktree(args.against) as before:
