@@ -27,7 +27,7 @@ CHECKOUT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from fresh import emit, run_fresh  # noqa: E402
-from versus import chosen, describe, import_engine, worktree  # noqa: E402
+from versus import chosen, import_engine, print_engines, worktree  # noqa: E402
 
 PROVIDERS = ("memory", "sqlite")
 TICK_S = 0.01
@@ -80,8 +80,6 @@ def main(argv: list[str] | None = None) -> None:
     if not args.against:
         parser.error("--against is required: the commit to measure this checkout against")
     providers = chosen(args.providers, PROVIDERS)
-    from queues import machine  # it imports this checkout's engine: here, never in a child
-
     results: dict[tuple[str, str], list[dict[str, float]]] = {}
     with worktree(args.against) as before:
         engines = {"before": str(before), "this": str(CHECKOUT)}
@@ -96,11 +94,11 @@ def main(argv: list[str] | None = None) -> None:
                         f"{result['waits']:.2f} s",
                         flush=True,
                     )
-        print()
-        print(f"the longest hold of the event loop while waiting for N = {args.n:,} jobs: ms")
-        print(f"machine: {machine()}")
-        print(f"this:   {CHECKOUT} at {describe(CHECKOUT)}")
-        print(f"before: {args.against} = {describe(before)}")
+        print_engines(
+            f"the longest hold of the event loop while waiting for N = {args.n:,} jobs: ms",
+            args.against,
+            before,
+        )
     print(f"median of {args.repeat}, fresh processes, the two engines alternating")
     print()
     print("| queue | longest hold, ms: before | this | the waits, s: before | this |")

@@ -28,7 +28,7 @@ sys.path.insert(0, str(HERE))
 
 from fresh import emit, run_fresh  # noqa: E402
 from scratch_pg import DEFAULT_URL, database_for  # noqa: E402
-from versus import chosen, describe, import_engine, worktree  # noqa: E402
+from versus import chosen, import_engine, print_engines, worktree  # noqa: E402
 
 PROVIDERS = ("memory", "sqlite", "postgres")
 QUEUE = "held"
@@ -84,8 +84,6 @@ def main(argv: list[str] | None = None) -> None:
     if args.n < BLOCK:
         parser.error(f"-n must be at least {BLOCK}")
     providers = chosen(args.providers, PROVIDERS)
-    from queues import machine  # it imports this checkout's engine: here, never in a child
-
     results: dict[tuple[str, str], list[dict[str, float]]] = {}
     with worktree(args.against) as before:
         engines = {"before": str(before), "this": str(CHECKOUT)}
@@ -102,11 +100,11 @@ def main(argv: list[str] | None = None) -> None:
                         f"{result['last'] * 1e6:,.0f} at the end",
                         flush=True,
                     )
-        print()
-        print(f"enqueue into a paused queue, one call each: µs an enqueue, N = {args.n:,}")
-        print(f"machine: {machine()}")
-        print(f"this:   {CHECKOUT} at {describe(CHECKOUT)}")
-        print(f"before: {args.against} = {describe(before)}")
+        print_engines(
+            f"enqueue into a paused queue, one call each: µs an enqueue, N = {args.n:,}",
+            args.against,
+            before,
+        )
     print(f"median of {args.repeat}, fresh processes, the two engines alternating")
     print()
     print(

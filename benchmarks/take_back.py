@@ -29,7 +29,7 @@ sys.path.insert(0, str(HERE))
 
 from fresh import emit, run_fresh  # noqa: E402
 from scratch_pg import DEFAULT_URL, database_for  # noqa: E402
-from versus import chosen, describe, import_engine, worktree  # noqa: E402
+from versus import chosen, import_engine, print_engines, worktree  # noqa: E402
 
 PROVIDERS = ("sqlite", "postgres")
 QUEUE = "naps"
@@ -81,8 +81,6 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--against is required: the commit to measure this checkout against")
     providers = chosen(args.providers, PROVIDERS)
     ns = [int(n) for n in args.ns.split(",") if n]
-    from queues import machine  # it imports this checkout's engine: here, never in a child
-
     took: dict[tuple[str, int, str], list[float]] = {}
     with worktree(args.against) as before:
         engines = {"before": str(before), "this": str(CHECKOUT)}
@@ -98,11 +96,11 @@ def main(argv: list[str] | None = None) -> None:
                             f"{result['seconds'] * 1000:,.0f} ms",
                             flush=True,
                         )
-        print()
-        print("a worker's start that takes back N pending runs of a memory queue: ms")
-        print(f"machine: {machine()}")
-        print(f"this:   {CHECKOUT} at {describe(CHECKOUT)}")
-        print(f"before: {args.against} = {describe(before)}")
+        print_engines(
+            "a worker's start that takes back N pending runs of a memory queue: ms",
+            args.against,
+            before,
+        )
     print(f"median of {args.repeat}, fresh processes, the two engines alternating")
     print()
     print("| database | N | ms before | this | before/this | range of ms (before; this) |")

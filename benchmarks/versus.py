@@ -65,6 +65,18 @@ def worktree(rev: str) -> Iterator[Path]:
             git("worktree", "remove", "--force", str(path))
 
 
+def print_engines(title: str, against: str, before: Path) -> None:
+    """A table's heading for this checkout against `against` (checked out at `before`): what
+    it measures, the machine, and the two engines."""
+    from queues import machine  # it imports this checkout's engine: here, never in a child
+
+    print()
+    print(title)
+    print(f"machine: {machine()}")
+    print(f"this:   {CHECKOUT} at {describe(CHECKOUT)}")
+    print(f"before: {against} = {describe(before)}")
+
+
 def chosen(text: str, known: tuple[str, ...], what: str = "provider") -> list[str]:
     """The comma-separated names of `text`, each one of `known`, or exit saying which is not."""
     names = [name for name in text.split(",") if name]
@@ -145,7 +157,6 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--against is required: the commit to measure this checkout against")
     providers = chosen(args.providers, PROVIDERS)
     shapes = chosen(args.shapes, SHAPES, "shape")
-    from queues import machine  # it imports this checkout's engine: here, never in a child
 
     with worktree(args.against) as before:
         engines = {"before": str(before), "this": str(CHECKOUT)}
@@ -170,11 +181,11 @@ def main(argv: list[str] | None = None) -> None:
                             f"{rate:,.0f} jobs/s, {cpu:,.0f} µs of CPU a job",
                             flush=True,
                         )
-        print()
-        print("this checkout against an earlier commit: jobs/s on the contract path")
-        print(f"machine: {machine()}")
-        print(f"this:   {CHECKOUT} at {describe(CHECKOUT)}")
-        print(f"before: {args.against} = {describe(before)}")
+        print_engines(
+            "this checkout against an earlier commit: jobs/s on the contract path",
+            args.against,
+            before,
+        )
     print(
         f"N = {args.n}, concurrency {args.concurrency}, echo, median of {args.repeat}, "
         "fresh processes, the two engines alternating"
