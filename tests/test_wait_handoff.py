@@ -19,6 +19,7 @@ from pg import fresh_database, need_server
 
 from engine import Engine, Step, WorkerTrigger, Workflow
 from engine import ledger as ledger_module
+from engine import turns as turns_module
 from engine.backends import Backend, open_backend
 from engine.backends.base import Pace
 from engine.events import EventBus
@@ -365,3 +366,34 @@ async def test_a_loop_of_calls_that_find_their_answer_at_once_lets_other_tasks_r
                 await call()
             group.cancel_scope.cancel()
     assert ticks - seen >= 3
+
+
+async def test_a_loop_of_waits_handed_their_runs_from_memory_lets_other_tasks_run(
+    location: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A wait for a job enqueued and ended here takes its run from what the process kept
+    # (`Ledger.parked`), with no read at all: it shares the slice too. With a slice of 0 every
+    # such wait gives the loop a turn, so 40 of them let a task beside them run 40 times.
+    monkeypatch.setattr(turns_module, "SLICE_S", 0.0)
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await anyio.lowlevel.checkpoint()
+
+    async with Engine(workflows=[_batch_workflow()], database=location) as engine:
+        ids = [await engine.enqueue("batch", {"i": i, "fail": False}) for i in range(41)]
+        with anyio.fail_after(30):
+            await engine.wait_for_job(ids.pop())  # every job before it has ended too
+        with reads_counted(engine) as read:
+            async with anyio.create_task_group() as group:
+                group.start_soon(ticker)
+                await anyio.lowlevel.checkpoint()  # the ticker runs once
+                seen = ticks
+                runs = [await engine.wait_for_job(job_id, timeout=30) for job_id in ids]
+                group.cancel_scope.cancel()
+    assert read == []  # every wait was handed its run: the path under test
+    assert [run.output for run in runs] == list(range(40))
+    assert ticks - seen >= 40
