@@ -26,6 +26,10 @@ level's, and grow with what the level keeps alive (every level keeps its records
 For `blok` and `MemoryHuey` they also hold what starting and stopping the engine or the
 consumer collected (a few ms at most, against a run of a second or more).
 
+`--collector-off` runs every level a second time with the collector disabled (`gc.disable()`)
+and adds what that saves a job: the collector's whole cost, including the slower allocations
+its passes leave behind (its `gc.callbacks` time is the passes alone).
+
 The difference between two levels is what the added part costs a job; between `runner` and
 `blok`, the engine's machinery around a job (the operator and its checks, the ledger, the
 worker's slot, claim and settle, the run's handle and cancel scope, the hooks, the waiters).
@@ -253,8 +257,10 @@ class CollectorClock:
         gc.callbacks.remove(self)
 
 
-def one(level: str, n: int) -> dict[str, float]:
+def one(level: str, n: int, collector_on: bool = True) -> dict[str, float]:
     """One measurement, in this (fresh) process: jobs/s, and the collector's µs a job."""
+    if not collector_on:
+        gc.disable()
     with CollectorClock() as collector:
         rate = _rate(level, n)
     return {"jobs_s": rate, "gc_us": collector.seconds / n * 1e6}
@@ -292,10 +298,15 @@ def main() -> None:
     parser.add_argument("-n", type=int, default=5000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--levels", default=",".join(LEVELS))
+    parser.add_argument(
+        "--collector-off",
+        action="store_true",
+        help="also run each level with the cyclic collector disabled, and print what it saves",
+    )
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        emit(one(args.one, args.n))
+        emit(one(args.one, args.n, collector_on=not args.collector_off))
         return
     levels = [level for level in args.levels.split(",") if level]
     unknown = set(levels) - set(LEVELS)
@@ -305,22 +316,27 @@ def main() -> None:
         )
     seen: dict[str, list[float]] = {level: [] for level in levels}
     collected: dict[str, list[float]] = {level: [] for level in levels}
+    without: dict[str, list[float]] = {level: [] for level in levels}
     for _ in range(args.repeat):
         for level in levels:
             result = run_fresh(__file__, ["--one", level, "-n", str(args.n)])
             seen[level].append(result["jobs_s"])
             collected[level].append(result["gc_us"])
+            if args.collector_off:
+                result = run_fresh(__file__, ["--one", level, "-n", str(args.n), "--collector-off"])
+                without[level].append(result["jobs_s"])
     print("a memory job, part by part: jobs/s end to end (submit-all, concurrency 8)")
     print(f"machine: {machine()}")
     print(f"engine: {engine_source()}")
     print(f"date: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC")
     print(f"N = {args.n}, median of {args.repeat} run(s) each, each in a fresh process\n")
     huey = statistics.median(seen["MemoryHuey"]) if "MemoryHuey" in seen else None
+    off_heading = " µs a job, collector off | saved a job |" if args.collector_off else ""
     print(
         "| level | jobs/s | µs a job | added by this level | the collector, µs a job | vs MemoryHuey "
-        "| range (jobs/s) |"
+        f"| range (jobs/s) |{off_heading}"
     )
-    print("|---|--:|--:|--:|--:|--:|---|")
+    print("|---|--:|--:|--:|--:|--:|---|" + ("--:|--:|" if args.collector_off else ""))
     before: float | None = None
     for level in levels:
         rate = statistics.median(seen[level])
@@ -329,9 +345,13 @@ def main() -> None:
         ratio = f"{rate / huey:.2f}x" if huey else ""
         spread = f"{min(seen[level]):,.0f}-{max(seen[level]):,.0f}"
         collector = statistics.median(collected[level])
+        off = ""
+        if args.collector_off:
+            micros_off = 1e6 / statistics.median(without[level])
+            off = f" {micros_off:.0f} | {micros - micros_off:.0f} |"
         print(
             f"| {level} | {rate:,.0f} | {micros:.0f} | {added} | {collector:.0f} | {ratio} "
-            f"| {spread} |"
+            f"| {spread} |{off}"
         )
         if level != "MemoryHuey":
             before = micros

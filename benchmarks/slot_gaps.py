@@ -16,6 +16,15 @@ in all, with nothing between them. asyncio wakes for a timer on whole millisecon
 wait is rounded up), so its sleeps run long too: that much of the cycle is the loop's, not
 blok's. Every measurement runs in a fresh process; the median of `--repeat` by jobs/s.
 
+`--busy-us 50,100` adds the loop alone with that much CPU work a job after each sleep, done in
+the slot's task as blok's slot does its settle and its next start, twice: its slots spread over
+the 10 ms, and its slots started together. Slots whose timers fall due in one wake of the loop
+run one after the other, so a slot's sleep ends late by the work of the slots ahead of it; and
+slots that start together stay together, as long as their work fits in the millisecond the
+loop rounds its wait up to. The column "other slots waking within 0.5 ms" tells the two apart
+(about 0 spread, 7 for 8 slots in step). This shows how much of blok's cycle beyond the loop's is that wait,
+for a job that costs blok's CPU.
+
 `--bulk` enqueues the N jobs with one `enqueue_many` instead (the bulk path's row): on
 PostgreSQL one enqueue a call is a commit each, which can bound the run before the slots do.
 `postgres` runs on a fresh database of the server at `--url`, dropped afterwards.
@@ -25,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import itertools
 import statistics
 import sys
@@ -58,8 +68,17 @@ def summary(wall: float, n: int, marks: list[tuple[object, float, float]]) -> di
         for spans in by_slot.values()
         for earlier, later in itertools.pairwise(spans)
     ]
+    # How many other slots' sleeps end within half a millisecond of each one (the middle half
+    # of the run): about 0 for slots spread over the 10 ms, 7 for 8 slots in step.
+    ends = sorted(end for _, _, end in marks)
+    middle = ends[len(ends) // 4 : 3 * len(ends) // 4]
+    near = [
+        bisect.bisect_right(ends, end + 0.0005) - bisect.bisect_left(ends, end - 0.0005) - 1
+        for end in middle
+    ]
     return {
         "rate": n / wall,
+        "in_step": statistics.mean(near) if near else 0.0,
         "slots": len(by_slot),
         "sleep_mean": statistics.mean(sleeps),
         "sleep_p90": statistics.quantiles(sleeps, n=10)[-1],
@@ -68,20 +87,24 @@ def summary(wall: float, n: int, marks: list[tuple[object, float, float]]) -> di
     }
 
 
-async def loop_alone(n: int) -> dict[str, Any]:
+async def loop_alone(n: int, busy_s: float = 0.0, together: bool = False) -> dict[str, Any]:
     marks: list[tuple[object, float, float]] = []
     left = n
 
     async def slot(number: int) -> None:
         nonlocal left
-        # Spread over the 10 ms, as blok's slots are once running (each took its first job at
-        # its own moment): timers that fall due together would share one wake of the loop.
-        await asyncio.sleep(number * SLEEP_S / SLOTS)
+        # Spread over the 10 ms (each slot takes its first job at its own moment), or all at
+        # once (`together`): then the timers fall due together and share one wake of the loop.
+        if not together:
+            await asyncio.sleep(number * SLEEP_S / SLOTS)
         while left > 0:
             left -= 1
             begin = time.perf_counter()
             await asyncio.sleep(SLEEP_S)
-            marks.append((number, begin, time.perf_counter()))
+            ended = time.perf_counter()
+            marks.append((number, begin, ended))
+            while time.perf_counter() - ended < busy_s:
+                pass  # the work between two sleeps (--busy-us), in the event loop's thread
 
     wall = time.perf_counter()
     await asyncio.gather(*(slot(i) for i in range(SLOTS)))
@@ -119,8 +142,22 @@ async def blok(provider: str, n: int, bulk: bool, database: str | None) -> dict[
 
 
 def one(system: str, n: int, bulk: bool, database: str | None) -> None:
-    measure = loop_alone(n) if system == "asyncio" else blok(system, n, bulk, database)
+    if system.startswith("asyncio"):
+        _, busy_us, together = f"{system}::".split(":")[:3]
+        measure = loop_alone(n, float(busy_us or 0) / 1e6, together == "together")
+    else:
+        measure = blok(system, n, bulk, database)
     emit(asyncio.run(measure))
+
+
+def label(system: str) -> str:
+    if system == "asyncio":
+        return "asyncio alone (8 tasks, sleep in a loop)"
+    if system.startswith("asyncio:"):
+        _, busy_us, together = f"{system}::".split(":")[:3]
+        started = ", the slots started together" if together else ""
+        return f"asyncio alone, {busy_us} µs of work a job after its sleep{started}"
+    return system
 
 
 def measure(system: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -138,6 +175,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--providers", default="memory,sqlite")
     parser.add_argument("--bulk", action="store_true", help="one enqueue_many for the N jobs")
+    parser.add_argument(
+        "--busy-us", default="", help="rows of the loop alone with this CPU work a job: 50,100"
+    )
     parser.add_argument("--url", default=DEFAULT_URL)
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--database", help=argparse.SUPPRESS)
@@ -145,7 +185,13 @@ def main() -> None:
     if args.one:
         one(args.one, args.n, args.bulk, args.database)
         return
-    systems = ["asyncio", *args.providers.split(",")]
+    busy = [
+        f"asyncio:{int(us)}{together}"
+        for us in args.busy_us.split(",")
+        if us
+        for together in ("", ":together")
+    ]
+    systems = ["asyncio", *busy, *args.providers.split(",")]
     results: dict[str, list[dict[str, Any]]] = {system: [] for system in systems}
     for _ in range(args.repeat):  # interleaved
         for system in systems:
@@ -162,18 +208,18 @@ def main() -> None:
     print(f"N = {args.n} ({enqueued}), {SLOTS} slots, median of {args.repeat} run(s) by jobs/s\n")
     print(
         "| system | jobs/s | % of ceiling | sleep ms, mean / p90 | gap ms, mean / p90 "
-        "| cycle ms | jobs/s vs loop alone |"
+        "| cycle ms | other slots waking within 0.5 ms | jobs/s vs loop alone |"
     )
-    print("|---|--:|--:|--:|--:|--:|--:|")
+    print("|---|--:|--:|--:|--:|--:|--:|--:|")
     alone = median["asyncio"]["rate"]
     for system in systems:
         r = median[system]
-        name = "asyncio alone (8 tasks, sleep in a loop)" if system == "asyncio" else system
         print(
-            f"| {name} | {r['rate']:,.0f} | {r['rate'] / CEILING:.0%} "
+            f"| {label(system)} | {r['rate']:,.0f} | {r['rate'] / CEILING:.0%} "
             f"| {r['sleep_mean']:.2f} / {r['sleep_p90']:.2f} "
             f"| {r['gap_mean']:.2f} / {r['gap_p90']:.2f} "
-            f"| {r['sleep_mean'] + r['gap_mean']:.2f} | {r['rate'] / alone:.2f}x |"
+            f"| {r['sleep_mean'] + r['gap_mean']:.2f} | {r['in_step']:.1f} "
+            f"| {r['rate'] / alone:.2f}x |"
         )
 
 
