@@ -331,6 +331,32 @@ async def test_a_job_enqueued_here_that_another_process_ended_is_read_at_once(
 
 
 # ---- a caller whose awaits never wait ----------------------------------------------------------
+class Turns:
+    """How many turns of the event loop a task beside the code under test has had."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
+@contextlib.asynccontextmanager
+async def turns_beside() -> AsyncIterator[Turns]:
+    """A task beside the block that counts the turns the event loop gives it while the block
+    runs (from after its first one), and stops with the block."""
+    turns = Turns()
+
+    async def tick() -> None:
+        while True:
+            turns.count += 1
+            await anyio.lowlevel.checkpoint()
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(tick)
+        await anyio.lowlevel.checkpoint()  # the ticker runs once
+        turns.count = 0
+        yield turns
+        group.cancel_scope.cancel()
+
+
 @pytest.mark.parametrize("ask", ["wait_for_job", "get_run", "get_job"])
 async def test_a_loop_of_calls_that_find_their_answer_at_once_lets_other_tasks_run(
     location: str | None, ask: str
@@ -340,13 +366,6 @@ async def test_a_loop_of_calls_that_find_their_answer_at_once_lets_other_tasks_r
     # (waiting for 100,000 jobs that have ended) held the loop for as long as its loop ran,
     # 7 s on SQLite: no other task of the process ran, and the watchdog said the loop was
     # blocked. The calls give the loop a turn once a slice (engine/turns.py).
-    ticks = 0
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await anyio.lowlevel.checkpoint()
 
     async with Engine(workflows=[_batch_workflow()], database=location) as engine:
         job_id = await engine.enqueue("batch", {"i": 1, "fail": False})
@@ -357,15 +376,11 @@ async def test_a_loop_of_calls_that_find_their_answer_at_once_lets_other_tasks_r
             "get_job": lambda: engine.get_job(job_id),
         }
         call = calls[ask]
-        async with anyio.create_task_group() as group:
-            group.start_soon(ticker)
-            await anyio.lowlevel.checkpoint()  # the ticker runs once
-            seen = ticks
+        async with turns_beside() as turns:
             ends = time.monotonic() + 5 * SLICE_S
             while time.monotonic() < ends:  # five slices' worth of calls, whatever they cost
                 await call()
-            group.cancel_scope.cancel()
-    assert ticks - seen >= 3
+    assert turns.count >= 3
 
 
 async def test_a_loop_of_waits_handed_their_runs_from_memory_lets_other_tasks_run(
@@ -375,25 +390,14 @@ async def test_a_loop_of_waits_handed_their_runs_from_memory_lets_other_tasks_ru
     # (`Ledger.parked`), with no read at all: it shares the slice too. With a slice of 0 every
     # such wait gives the loop a turn, so 40 of them let a task beside them run 40 times.
     monkeypatch.setattr(turns_module, "SLICE_S", 0.0)
-    ticks = 0
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await anyio.lowlevel.checkpoint()
 
     async with Engine(workflows=[_batch_workflow()], database=location) as engine:
         ids = [await engine.enqueue("batch", {"i": i, "fail": False}) for i in range(41)]
         with anyio.fail_after(30):
             await engine.wait_for_job(ids.pop())  # every job before it has ended too
         with reads_counted(engine) as read:
-            async with anyio.create_task_group() as group:
-                group.start_soon(ticker)
-                await anyio.lowlevel.checkpoint()  # the ticker runs once
-                seen = ticks
+            async with turns_beside() as turns:
                 runs = [await engine.wait_for_job(job_id, timeout=30) for job_id in ids]
-                group.cancel_scope.cancel()
     assert read == []  # every wait was handed its run: the path under test
     assert [run.output for run in runs] == list(range(40))
-    assert ticks - seen >= 40
+    assert turns.count >= 40
