@@ -22,8 +22,8 @@ the 10 ms, and its slots started together. Slots whose timers fall due in one wa
 run one after the other, so a slot's sleep ends late by the work of the slots ahead of it; and
 slots that start together stay together, as long as their work fits in the millisecond the
 loop rounds its wait up to. The column "other slots waking within 0.5 ms" tells the two apart
-(about 0 spread, 7 for 8 slots in step). This shows how much of blok's cycle beyond the loop's is that wait,
-for a job that costs blok's CPU.
+(about 0 spread, 7 for 8 slots in step). This shows how much of blok's cycle beyond the loop's
+is that wait, for a job that costs blok's CPU.
 
 `--bulk` enqueues the N jobs with one `enqueue_many` instead (the bulk path's row): on
 PostgreSQL one enqueue a call is a commit each, which can bound the run before the slots do.
