@@ -160,6 +160,19 @@ def label(system: str) -> str:
     return system
 
 
+def micros_list(text: str) -> list[int]:
+    """`--busy-us`: whole µs, comma-separated."""
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"whole µs, comma-separated (50,100), not {text!r}"
+        ) from None
+    if any(value < 0 for value in values):
+        raise argparse.ArgumentTypeError(f"µs of work cannot be negative: {text!r}")
+    return values
+
+
 def measure(system: str, args: argparse.Namespace) -> dict[str, Any]:
     """One run in a fresh process; on a fresh PostgreSQL database of its own for `postgres`."""
     argv = ["--one", system, "-n", str(args.n), *(["--bulk"] if args.bulk else [])]
@@ -176,7 +189,10 @@ def main() -> None:
     parser.add_argument("--providers", default="memory,sqlite")
     parser.add_argument("--bulk", action="store_true", help="one enqueue_many for the N jobs")
     parser.add_argument(
-        "--busy-us", default="", help="rows of the loop alone with this CPU work a job: 50,100"
+        "--busy-us",
+        type=micros_list,
+        default=[],
+        help="rows of the loop alone with this CPU work a job, in µs: 50,100",
     )
     parser.add_argument("--url", default=DEFAULT_URL)
     parser.add_argument("--one", help=argparse.SUPPRESS)
@@ -185,12 +201,7 @@ def main() -> None:
     if args.one:
         one(args.one, args.n, args.bulk, args.database)
         return
-    busy = [
-        f"asyncio:{int(us)}{together}"
-        for us in args.busy_us.split(",")
-        if us
-        for together in ("", ":together")
-    ]
+    busy = [f"asyncio:{us}{together}" for us in args.busy_us for together in ("", ":together")]
     systems = ["asyncio", *busy, *args.providers.split(",")]
     results: dict[str, list[dict[str, Any]]] = {system: [] for system in systems}
     for _ in range(args.repeat):  # interleaved
