@@ -23,11 +23,10 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-CHECKOUT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from fresh import emit, run_fresh  # noqa: E402
-from versus import chosen, import_engine, print_engines, worktree  # noqa: E402
+from versus import alternate, chosen, import_engine  # noqa: E402
 
 PROVIDERS = ("memory", "sqlite")
 TICK_S = 0.01
@@ -80,25 +79,19 @@ def main(argv: list[str] | None = None) -> None:
     if not args.against:
         parser.error("--against is required: the commit to measure this checkout against")
     providers = chosen(args.providers, PROVIDERS)
-    results: dict[tuple[str, str], list[dict[str, float]]] = {}
-    with worktree(args.against) as before:
-        engines = {"before": str(before), "this": str(CHECKOUT)}
-        for repetition in range(args.repeat):
-            for provider in providers:
-                for label, engine in engines.items():
-                    result = run_fresh(__file__, ["--one", engine, provider, "-n", str(args.n)])
-                    results.setdefault((provider, label), []).append(result)
-                    print(
-                        f"  {repetition + 1}/{args.repeat} {label:6} {provider:8}: loop held "
-                        f"{result['longest'] * 1000:,.0f} ms at most, waits "
-                        f"{result['waits']:.2f} s",
-                        flush=True,
-                    )
-        print_engines(
-            f"the longest hold of the event loop while waiting for N = {args.n:,} jobs: ms",
-            args.against,
-            before,
-        )
+    results = alternate(
+        args.against,
+        args.repeat,
+        providers,
+        lambda engine, provider: run_fresh(
+            __file__, ["--one", engine, provider, "-n", str(args.n)]
+        ),
+        lambda provider, result: (
+            f"{provider:8}: loop held {result['longest'] * 1000:,.0f} ms at most, waits "
+            f"{result['waits']:.2f} s"
+        ),
+        f"the longest hold of the event loop while waiting for N = {args.n:,} jobs: ms",
+    )
     print(f"median of {args.repeat}, fresh processes, the two engines alternating")
     print()
     print("| queue | longest hold, ms: before | this | the waits, s: before | this |")

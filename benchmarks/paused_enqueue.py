@@ -21,14 +21,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
-CHECKOUT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from fresh import emit, run_fresh  # noqa: E402
 from scratch_pg import DEFAULT_URL, database_for  # noqa: E402
-from versus import chosen, import_engine, print_engines, worktree  # noqa: E402
+from versus import alternate, chosen, import_engine  # noqa: E402
 
 PROVIDERS = ("memory", "sqlite", "postgres")
 QUEUE = "held"
@@ -84,27 +84,22 @@ def main(argv: list[str] | None = None) -> None:
     if args.n < BLOCK:
         parser.error(f"-n must be at least {BLOCK}")
     providers = chosen(args.providers, PROVIDERS)
-    results: dict[tuple[str, str], list[dict[str, float]]] = {}
-    with worktree(args.against) as before:
-        engines = {"before": str(before), "this": str(CHECKOUT)}
-        for repetition in range(args.repeat):
-            for provider in providers:
-                for label, engine in engines.items():
-                    with database_for(provider, args.url, "blok_paused") as url:
-                        child = ["--one", engine, provider, url, "-n", str(args.n)]
-                        result = run_fresh(__file__, child)
-                    results.setdefault((provider, label), []).append(result)
-                    print(
-                        f"  {repetition + 1}/{args.repeat} {label:6} {provider:8}: "
-                        f"{result['first'] * 1e6:,.0f} µs an enqueue at first, "
-                        f"{result['last'] * 1e6:,.0f} at the end",
-                        flush=True,
-                    )
-        print_engines(
-            f"enqueue into a paused queue, one call each: µs an enqueue, N = {args.n:,}",
-            args.against,
-            before,
-        )
+
+    def measure(engine: str, provider: str) -> dict[str, Any]:
+        with database_for(provider, args.url, "blok_paused") as url:
+            return run_fresh(__file__, ["--one", engine, provider, url, "-n", str(args.n)])
+
+    results = alternate(
+        args.against,
+        args.repeat,
+        providers,
+        measure,
+        lambda provider, result: (
+            f"{provider:8}: {result['first'] * 1e6:,.0f} µs an enqueue at first, "
+            f"{result['last'] * 1e6:,.0f} at the end"
+        ),
+        f"enqueue into a paused queue, one call each: µs an enqueue, N = {args.n:,}",
+    )
     print(f"median of {args.repeat}, fresh processes, the two engines alternating")
     print()
     print(

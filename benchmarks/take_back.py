@@ -22,14 +22,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
-CHECKOUT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from fresh import emit, run_fresh  # noqa: E402
 from scratch_pg import DEFAULT_URL, database_for  # noqa: E402
-from versus import chosen, import_engine, print_engines, worktree  # noqa: E402
+from versus import alternate, chosen, import_engine  # noqa: E402
 
 PROVIDERS = ("sqlite", "postgres")
 QUEUE = "naps"
@@ -81,34 +81,28 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--against is required: the commit to measure this checkout against")
     providers = chosen(args.providers, PROVIDERS)
     ns = [int(n) for n in args.ns.split(",") if n]
-    took: dict[tuple[str, int, str], list[float]] = {}
-    with worktree(args.against) as before:
-        engines = {"before": str(before), "this": str(CHECKOUT)}
-        for repetition in range(args.repeat):
-            for provider in providers:
-                for n in ns:
-                    for label, engine in engines.items():
-                        with database_for(provider, args.url, "blok_take_back") as url:
-                            result = run_fresh(__file__, ["--one", engine, str(n), url])
-                        took.setdefault((provider, n, label), []).append(result["seconds"])
-                        print(
-                            f"  {repetition + 1}/{args.repeat} {label:6} {provider:8} N={n}: "
-                            f"{result['seconds'] * 1000:,.0f} ms",
-                            flush=True,
-                        )
-        print_engines(
-            "a worker's start that takes back N pending runs of a memory queue: ms",
-            args.against,
-            before,
-        )
+
+    def measure(engine: str, case: tuple[str, int]) -> dict[str, Any]:
+        provider, n = case
+        with database_for(provider, args.url, "blok_take_back") as url:
+            return run_fresh(__file__, ["--one", engine, str(n), url])
+
+    results = alternate(
+        args.against,
+        args.repeat,
+        [(provider, n) for provider in providers for n in ns],
+        measure,
+        lambda case, result: f"{case[0]:8} N={case[1]}: {result['seconds'] * 1000:,.0f} ms",
+        "a worker's start that takes back N pending runs of a memory queue: ms",
+    )
     print(f"median of {args.repeat}, fresh processes, the two engines alternating")
     print()
     print("| database | N | ms before | this | before/this | range of ms (before; this) |")
     print("|---|--:|--:|--:|--:|---|")
     for provider in providers:
         for n in ns:
-            old = [s * 1000 for s in took[(provider, n, "before")]]
-            new = [s * 1000 for s in took[(provider, n, "this")]]
+            old = [r["seconds"] * 1000 for r in results[((provider, n), "before")]]
+            new = [r["seconds"] * 1000 for r in results[((provider, n), "this")]]
             print(
                 f"| {provider} | {n:,} | {statistics.median(old):,.0f} | "
                 f"{statistics.median(new):,.0f} | "

@@ -26,9 +26,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, TypeVar
 
 HERE = Path(__file__).resolve().parent
 CHECKOUT = HERE.parent
@@ -75,6 +76,37 @@ def print_engines(title: str, against: str, before: Path) -> None:
     print(f"machine: {machine()}")
     print(f"this:   {CHECKOUT} at {describe(CHECKOUT)}")
     print(f"before: {against} = {describe(before)}")
+
+
+Case = TypeVar("Case")
+
+
+def alternate(
+    against: str,
+    repeat: int,
+    cases: Sequence[Case],
+    measure: Callable[[str, Case], dict[str, Any]],
+    progress: Callable[[Case, dict[str, Any]], str],
+    title: str,
+) -> dict[tuple[Case, str], list[dict[str, Any]]]:
+    """Measure each case on this checkout and on `against` (checked out in a worktree),
+    the two engines alternating, `repeat` times: `measure(engine_folder, case)` runs one (in
+    a fresh process), and a line says what it gave as it comes (`progress`). Then the table's
+    heading (`print_engines`, under `title`). Each case's results, by ("before" or "this")."""
+    results: dict[tuple[Case, str], list[dict[str, Any]]] = {}
+    with worktree(against) as before:
+        engines = {"before": str(before), "this": str(CHECKOUT)}
+        for repetition in range(repeat):
+            for case in cases:
+                for label, engine in engines.items():
+                    result = measure(engine, case)
+                    results.setdefault((case, label), []).append(result)
+                    print(
+                        f"  {repetition + 1}/{repeat} {label:6} {progress(case, result)}",
+                        flush=True,
+                    )
+        print_engines(title, against, before)
+    return results
 
 
 def chosen(text: str, known: tuple[str, ...], what: str = "provider") -> list[str]:
@@ -158,34 +190,33 @@ def main(argv: list[str] | None = None) -> None:
     providers = chosen(args.providers, PROVIDERS)
     shapes = chosen(args.shapes, SHAPES, "shape")
 
-    with worktree(args.against) as before:
-        engines = {"before": str(before), "this": str(CHECKOUT)}
-        rates: dict[tuple[str, str, str], list[float]] = {}
-        cpus: dict[tuple[str, str, str], list[float]] = {}
-        for repetition in range(args.repeat):
-            for provider in providers:
-                for shape in shapes:
-                    for label, engine in engines.items():
-                        with database_for(provider, args.url, "blok_versus") as url:
-                            child = [
-                                *("--one", engine, provider, shape, url),
-                                *("-n", str(args.n), "--concurrency", str(args.concurrency)),
-                            ]
-                            result = run_fresh(__file__, child)
-                        rate = args.n / result["seconds"]
-                        rates.setdefault((provider, shape, label), []).append(rate)
-                        cpu = result["cpu"] * 1e6 / args.n
-                        cpus.setdefault((provider, shape, label), []).append(cpu)
-                        print(
-                            f"  {repetition + 1}/{args.repeat} {label:6} {provider:8} {shape}: "
-                            f"{rate:,.0f} jobs/s, {cpu:,.0f} µs of CPU a job",
-                            flush=True,
-                        )
-        print_engines(
-            "this checkout against an earlier commit: jobs/s on the contract path",
-            args.against,
-            before,
+    def measure(engine: str, case: tuple[str, str]) -> dict[str, Any]:
+        provider, shape = case
+        with database_for(provider, args.url, "blok_versus") as url:
+            child = [
+                *("--one", engine, provider, shape, url),
+                *("-n", str(args.n), "--concurrency", str(args.concurrency)),
+            ]
+            result = run_fresh(__file__, child)
+        return {"rate": args.n / result["seconds"], "cpu": result["cpu"] * 1e6 / args.n}
+
+    def progress(case: tuple[str, str], result: dict[str, Any]) -> str:
+        return (
+            f"{case[0]:8} {case[1]}: {result['rate']:,.0f} jobs/s, "
+            f"{result['cpu']:,.0f} µs of CPU a job"
         )
+
+    cases = [(provider, shape) for provider in providers for shape in shapes]
+    results = alternate(
+        args.against,
+        args.repeat,
+        cases,
+        measure,
+        progress,
+        "this checkout against an earlier commit: jobs/s on the contract path",
+    )
+    rates = {key: [r["rate"] for r in runs] for key, runs in results.items()}
+    cpus = {key: [r["cpu"] for r in runs] for key, runs in results.items()}
     print(
         f"N = {args.n}, concurrency {args.concurrency}, echo, median of {args.repeat}, "
         "fresh processes, the two engines alternating"
@@ -198,9 +229,9 @@ def main(argv: list[str] | None = None) -> None:
     print("|---|---|--:|--:|--:|--:|--:|--:|---|")
     for provider in providers:
         for shape in shapes:
-            old, new = rates[(provider, shape, "before")], rates[(provider, shape, "this")]
-            old_cpu = statistics.median(cpus[(provider, shape, "before")])
-            new_cpu = statistics.median(cpus[(provider, shape, "this")])
+            old, new = rates[((provider, shape), "before")], rates[((provider, shape), "this")]
+            old_cpu = statistics.median(cpus[((provider, shape), "before")])
+            new_cpu = statistics.median(cpus[((provider, shape), "this")])
             print(
                 f"| {provider} | {shape} | {statistics.median(old):,.0f} | "
                 f"{statistics.median(new):,.0f} | "
