@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, TypedDict
 
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.content import Content
 
@@ -81,7 +81,16 @@ STATUS_FILTERS: dict[str, tuple[str, ...]] = {
     "retrying": (),
     "stuck": (),
 }
-RUN_FLAGS: dict[str, dict[str, object]] = {
+
+
+class RunFlags(TypedDict, total=False):
+    """What a flag filter asks of the runs, as `EngineAPI.runs` and `RunFilter.of` name it."""
+
+    retrying: bool
+    stuck: float
+
+
+RUN_FLAGS: dict[str, RunFlags] = {
     "retrying": {"retrying": True},
     "stuck": {"stuck": STUCK_FACTOR},
 }
@@ -485,8 +494,9 @@ def in_scope(scope: str) -> list[ConsoleAction]:
     return [a for a in ACTIONS if a.scope == scope]
 
 
-def bindings(scope: str) -> list[Binding]:
-    """The key bindings of a scope, for the BINDINGS of the screen (or app) that owns them."""
+def bindings(scope: str) -> list[BindingType]:
+    """The key bindings of a scope, for the BINDINGS of the screen (or app) that owns them
+    (typed as Textual types BINDINGS, so the list can be assigned to it as it is)."""
     return [
         Binding(a.key, a.action, a.label or a.title, show=bool(a.label), key_display=None)
         for a in in_scope(scope)

@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 from textual.app import App
 from textual.binding import BindingType
+from textual.notifications import SeverityLevel
 from textual.worker import WorkerCancelled
 
 from engine import (
@@ -60,6 +61,7 @@ from .queues_screen import QueuesScreen
 from .run_screen import RunScreen
 from .runs_screen import RunsScreen
 from .schedules_screen import SchedulesScreen
+from .step_stats import StepStatsCache
 from .widgets import BulkBar
 from .workers_screen import WorkersScreen
 
@@ -110,7 +112,7 @@ class BlokApp(App[None]):
         self._changes = Changes()
         self.ready = asyncio.Event()
         self.last_bulk: BulkResult | None = None  # what the last bulk action did (for tests)
-        self.step_stats_cache: dict[str, Any] = {}  # workflow → (read at, StepStats)
+        self.step_stats_cache: StepStatsCache = {}  # shared by the run views
         self.last_injected: str | None = None  # the run of the job injected last (O opens it)
         self.jobs = JobBook()  # jobs read lately: what became of a failed run's job
         self.workflow_infos: dict[str, WorkflowInfo] = {}  # queue → the workflow it runs
@@ -121,12 +123,25 @@ class BlokApp(App[None]):
         # index. The newest LOG_LINES steps are kept, enough for the lines kept.
         self.step_names: OrderedDict[tuple[str, int], str] = OrderedDict()
 
-    def notify(self, message: str, *, markup: bool = True, **kwargs: Any) -> None:
+    def notify(
+        self,
+        message: str,
+        *,
+        title: str = "",
+        severity: SeverityLevel = "information",
+        timeout: float | None = None,
+        markup: bool = True,
+    ) -> None:
         # Messages carry engine text ("[step 2/5] charge failed: …", paths, payloads), never
         # markup: brackets must show as written, not vanish as tags; and run-provided text
         # may hold escape sequences, shown as \xNN rather than sent to the terminal.
-        title = kwargs.pop("title", "")
-        super().notify(printable(message), title=printable(title), markup=False, **kwargs)
+        super().notify(
+            printable(message),
+            title=printable(title),
+            severity=severity,
+            timeout=timeout,
+            markup=False,
+        )
 
     async def action_quit(self) -> None:
         """Quit; with runs in flight in this console's engine, ask first: quitting stops
@@ -159,13 +174,29 @@ class BlokApp(App[None]):
     def where(self) -> str:
         if self._where is not None:
             return self._where
-        location = self.engine.capabilities.location
+        location = self.opened_engine.capabilities.location
         return "in memory" if location == "memory" else f"db {location}"
+
+    @property
+    def opened_engine(self) -> EngineAPI:
+        """The engine, for what runs only once it is open: the views (shown only then, see
+        `_engine_if_open`) and the timers and workers `_start` begins."""
+        if self.engine is None:
+            raise RuntimeError("the console's engine is not open yet")
+        return self.engine
+
+    def _engine_if_open(self) -> EngineAPI | None:
+        """The engine; None, with a note to the operator, while it is not open yet. An app
+        given `open_engine` opens it in a worker after mounting, and its keys, palette and
+        command line answer from the first frame: what needs the engine waits for it."""
+        if self.engine is None:
+            self.notify("the engine is still opening: try again in a moment", severity="warning")
+        return self.engine
 
     # ---- lifecycle -------------------------------------------------------------------------
     async def on_mount(self) -> None:
         if self.engine is not None:
-            await self._start()
+            await self._start(self.engine)
         else:
             self.run_worker(self._host_engine(), group="engine", name="engine")
 
@@ -180,7 +211,7 @@ class BlokApp(App[None]):
         assert self._open_engine is not None
         async with self._open_engine() as engine:
             self.engine = engine
-            await self._start()
+            await self._start(engine)
             await asyncio.Event().wait()
 
     async def on_unmount(self) -> None:
@@ -193,17 +224,17 @@ class BlokApp(App[None]):
                 with contextlib.suppress(WorkerCancelled):
                     await worker.wait()
 
-    async def _start(self) -> None:
-        self.reload_errors = dict(self.engine.reload_errors)
+    async def _start(self, engine: EngineAPI) -> None:
+        self.reload_errors = dict(engine.reload_errors)
         await self._refresh_queue_names()
-        self.run_worker(self._consume_events(), group="events", name="events", exclusive=True)
+        self.run_worker(self._consume_events(engine), group="events", name="events", exclusive=True)
         self.set_interval(FLUSH_EVERY, self._flush_changes, name="flush")
         self.set_interval(TICK_EVERY, self._tick, name="tick")
         await self.push_screen(QueuesScreen())
         self.ready.set()
 
-    async def _consume_events(self) -> None:
-        async for event in self.engine.events():
+    async def _consume_events(self, engine: EngineAPI) -> None:
+        async for event in engine.events():
             self._note(event)
 
     def _note(self, event: Event) -> None:
@@ -273,7 +304,7 @@ class BlokApp(App[None]):
     async def _tick(self) -> None:
         for name in self.queue_names:
             try:
-                rate = await self.engine.throughput(name)
+                rate = await self.opened_engine.throughput(name)
             except EngineError:
                 continue
             self.throughput_history.setdefault(name, deque(maxlen=HISTORY)).append(rate)
@@ -282,9 +313,10 @@ class BlokApp(App[None]):
             view.tick()
 
     async def _refresh_queue_names(self) -> None:
-        self.queue_names = [q.name for q in await self.engine.queues()]
+        engine = self.opened_engine
+        self.queue_names = [q.name for q in await engine.queues()]
         # What each queue's workflow reads of a job's input: the inject modal's template.
-        infos = await self.engine.workflows()
+        infos = await engine.workflows()
         self.workflow_infos = {info.queue: info for info in infos if info.queue}
 
     @property
@@ -295,6 +327,12 @@ class BlokApp(App[None]):
         return not self._changes and not bulk_running and (view is None or view.idle)
 
     # ---- navigation ------------------------------------------------------------------------
+    def _push_view(self, view: BlokScreen) -> None:
+        """Show a view, once the engine is open: every view reads from it (and names its
+        database top right)."""
+        if self._engine_if_open() is not None:
+            self.push_screen(view)
+
     def go_home(self) -> None:
         """Back to the queues view, dropping the breadcrumbs above it."""
         while len(self.screen_stack) > 1 and not isinstance(self.screen, QueuesScreen):
@@ -311,28 +349,28 @@ class BlokApp(App[None]):
     ) -> None:
         if reset:
             self.go_home()
-        self.push_screen(RunsScreen(status=status, queue=queue, workflow=workflow, text=text))
+        self._push_view(RunsScreen(status=status, queue=queue, workflow=workflow, text=text))
 
     def open_run(self, run_id: str) -> None:
-        self.push_screen(RunScreen(run_id))
+        self._push_view(RunScreen(run_id))
 
     def open_dead_letters(self, queue: str) -> None:
-        self.push_screen(DeadLettersScreen(queue))
+        self._push_view(DeadLettersScreen(queue))
 
     def open_logs(self) -> None:
         self.go_home()
-        self.push_screen(LogsScreen())
+        self._push_view(LogsScreen())
 
     def action_show_logs(self) -> None:
         self.open_logs()
 
     def open_workers(self) -> None:
         self.go_home()
-        self.push_screen(WorkersScreen())
+        self._push_view(WorkersScreen())
 
     def open_schedules(self) -> None:
         self.go_home()
-        self.push_screen(SchedulesScreen())
+        self._push_view(SchedulesScreen())
 
     def action_show_schedules(self) -> None:
         self.open_schedules()
@@ -340,15 +378,16 @@ class BlokApp(App[None]):
     # ---- operations shared by the views ----------------------------------------------------
     async def cancel_run(self, run_id: str) -> None:
         try:
-            run = await self.engine.cancel(run_id)
+            run = await self.opened_engine.cancel(run_id)
         except EngineError as error:
             self.notify(str(error), title="Cancel refused", severity="error")
             return
         self.notify(f"run {run_id} is {run.status}", title="Cancelled")
 
     async def set_paused(self, queue: str, paused: bool) -> None:
+        engine = self.opened_engine
         try:
-            await (self.engine.pause if paused else self.engine.resume)(queue)
+            await (engine.pause if paused else engine.resume)(queue)
         except EngineError as error:
             self.notify(str(error), severity="error")
             return
@@ -363,9 +402,9 @@ class BlokApp(App[None]):
         """Replay a run (from a step, if given) and open the new run."""
         try:
             if from_step is None:
-                new_id = await self.engine.replay(run_id)
+                new_id = await self.opened_engine.replay(run_id)
             else:
-                new_id = await self.engine.replay(run_id, from_step=from_step)
+                new_id = await self.opened_engine.replay(run_id, from_step=from_step)
         except EngineError as error:
             self.notify(str(error), title="Replay refused", severity="error")
             return
@@ -381,7 +420,7 @@ class BlokApp(App[None]):
                 self.notify(f"replay of {run.id} with edited input: {new_id}", title="Replayed")
                 self.open_run(new_id)
 
-        modal = InjectScreen(self.engine, list(self.queue_names), replay_of=run)
+        modal = InjectScreen(self.opened_engine, list(self.queue_names), replay_of=run)
         self.push_screen(modal, replayed)
 
     def ask_where(self, run_id: str) -> None:
@@ -391,7 +430,7 @@ class BlokApp(App[None]):
 
     async def _ask_where(self, run_id: str) -> None:
         try:
-            answer = await self.engine.where(run_id)
+            answer = await self.opened_engine.where(run_id)
         except EngineError as error:
             self.notify(str(error), title="Where: no answer", severity="warning")
             return
@@ -399,7 +438,7 @@ class BlokApp(App[None]):
 
     async def retry_now(self, run_id: str) -> bool:
         try:
-            started = await self.engine.retry_now(run_id)
+            started = await self.opened_engine.retry_now(run_id)
         except EngineError as error:
             self.notify(str(error), title="Retry now refused", severity="error")
             return False
@@ -448,7 +487,7 @@ class BlokApp(App[None]):
                 bar.advance(step)
 
         try:
-            result = await bulk.execute(self.engine, plan, progress)
+            result = await bulk.execute(self.opened_engine, plan, progress)
         except EngineError as error:
             self.notify(str(error), title=f"Bulk {plan.action} failed", severity="error")
             return None
@@ -485,6 +524,9 @@ class BlokApp(App[None]):
         self.push_screen(HelpScreen())
 
     def action_inject(self, queue: str | None = None) -> None:
+        engine = self._engine_if_open()
+        if engine is None:
+            return
         view = self.view
         if queue is None and isinstance(view, QueuesScreen):
             queue = view.selected_queue()
@@ -496,13 +538,11 @@ class BlokApp(App[None]):
         async def injected(job_id: str | None) -> None:
             if not job_id:
                 return
-            job = await self.engine.get_job(job_id)
+            job = await engine.get_job(job_id)
             self.last_injected = job.run_id
             self.notify(f"job {job_id}, run {job.run_id}: O opens it", title="Injected")
 
-        modal = InjectScreen(
-            self.engine, list(self.queue_names), queue, workflows=self.workflow_infos
-        )
+        modal = InjectScreen(engine, list(self.queue_names), queue, workflows=self.workflow_infos)
         self.push_screen(modal, injected)
 
     def action_open_injected(self) -> None:
@@ -573,8 +613,11 @@ class BlokApp(App[None]):
                         severity="error",
                     )
             case "run":
+                engine = self._engine_if_open()
+                if engine is None:
+                    return
                 try:
-                    run_id = (await self.engine.find_run(str(arg))).id
+                    run_id = (await engine.find_run(str(arg))).id
                 except EngineError as error:
                     self.notify(str(error), severity="error")
                     return

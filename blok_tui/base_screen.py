@@ -18,7 +18,7 @@ from . import actions
 from .confirm_screen import ConfirmScreen
 from .console import printable
 from .widgets import BulkBar, Crumbs, FilterInput, ReloadBanner
-from .widgets.key_bar import KeyBar
+from .widgets.key_bar import Key, KeyBar
 from .widgets.row_table import RowTable
 
 if TYPE_CHECKING:
@@ -54,13 +54,13 @@ class BlokScreen(Screen[None]):
 
     @property
     def blok(self) -> BlokApp:
+        # Textual types every node's `app` as App[object] (a screen is not generic over its
+        # app's class); these screens are only ever pushed by a BlokApp.
         return self.app  # type: ignore[return-value]
 
     @property
     def engine(self) -> EngineAPI:
-        engine = self.blok.engine
-        assert engine is not None, "the app shows screens once its engine is up"
-        return engine
+        return self.blok.opened_engine  # the app shows views once its engine is open
 
     @property
     def crumb(self) -> str:
@@ -93,13 +93,13 @@ class BlokScreen(Screen[None]):
     def show_keys(self) -> None:
         """The key bar: back (when there is somewhere to go back to), this view's keys, then
         the app's; `? help` and the palette pinned at the right."""
-        keys = []
+        keys: list[Key] = []
         if len([s for s in self.app.screen_stack if isinstance(s, BlokScreen)]) > 1:
             keys.append(("esc", "back", "screen.back"))
         for entry in actions.in_scope(self.SCOPE):
             if entry.key and entry.label and self.key_applies(entry.action):
                 keys.append((entry.key_display, entry.label, f"screen.{entry.action}"))
-        pinned = []
+        pinned: list[Key] = []
         for entry in actions.in_scope(actions.APP):
             if not (entry.key and entry.label):
                 continue

@@ -84,10 +84,12 @@ def run_diff(source: Run, replay: Run) -> RenderableType:
     head.add_column(f"replay {replay.id}", no_wrap=True)
     head.add_row("status", status_text(str(source.status)), status_text(str(replay.status)))
     head.add_row("version", f"@{source.workflow_version[:8]}", f"@{replay.workflow_version[:8]}")
-    before, after = _ms(source), _ms(replay)
-    took = _took(before, after)
+    source_ms, replay_ms = _ms(source), _ms(replay)
+    took = _took(source_ms, replay_ms)
     head.add_row(
-        "took", duration(before) if before is not None else "–", took[took.plain.index("→ ") + 2 :]
+        "took",
+        duration(source_ms) if source_ms is not None else "–",
+        took[took.plain.index("→ ") + 2 :],
     )
     if replay.replay_from_step:
         head.add_row("from step", "", Text(replay.replay_from_step, style="medium_purple1"))
@@ -102,14 +104,14 @@ def run_diff(source: Run, replay: Run) -> RenderableType:
     by_name = {step.name: step for step in source.steps}
     seen = set()
     for step in replay.steps:
-        before = by_name.get(step.name)
+        source_step = by_name.get(step.name)
         seen.add(step.name)
-        output = value_changes(before.output if before else None, step.output)
+        output = value_changes(source_step.output if source_step else None, step.output)
         steps.add_row(
             printable(step.name),
-            _status(before),
+            _status(source_step),
             _status(step),
-            _took(_ms(before) if before else None, _ms(step)),
+            _took(_ms(source_step) if source_step else None, _ms(step)),
             output,
         )
     for step in source.steps:

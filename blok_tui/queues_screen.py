@@ -123,7 +123,7 @@ class QueuesScreen(RowFilterScreen):
             name = Text(printable(info.name), style="bold")
             if info.paused:
                 name.append("  ⏸ paused", style="khaki1")
-            cells = [
+            cells: list[Text | str] = [
                 name,
                 Text(printable(info.workflow_name or "–"), style="grey70"),
                 info.provider,

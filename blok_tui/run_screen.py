@@ -61,16 +61,16 @@ LOG_STYLES = {
 }
 
 
-def log_lines(lines: list[LogLine], tz: object, limit: int = 200) -> Text:
+def log_lines(lines: list[LogLine], tz: tzinfo | None, limit: int = 200) -> Text:
     text = Text()
     shown = lines[-limit:]
     if len(lines) > limit:
         text.append(f"… {len(lines) - limit} earlier lines\n", style="dim")
     for n, line in enumerate(shown):
-        text.append(clock_time(line.ts, tz), style="grey50")  # type: ignore[arg-type]
+        text.append(clock_time(line.ts, tz), style="grey50")
         level = line.level.lower()
         text.append(f" {LEVELS.get(level, level[:4]):<4} ", style=LOG_STYLES.get(level) or "grey70")
-        text.append(local_times(clean_error(line.message), tz), style=LOG_STYLES.get(level, ""))  # type: ignore[arg-type]
+        text.append(local_times(clean_error(line.message), tz), style=LOG_STYLES.get(level, ""))
         if n < len(shown) - 1:
             text.append("\n")
     return text
@@ -260,7 +260,9 @@ class RunScreen(BlokScreen):
         except EngineError as error:
             self.missing = str(error)
         if self.run is not None and self.stats is None:
-            self.stats = await step_stats(self.blok, self.run.workflow_name)
+            self.stats = await step_stats(
+                self.engine, self.blok.step_stats_cache, self.run.workflow_name
+            )
         await self.load_why()
         await self.load_lineage()
         self.render_run()

@@ -139,14 +139,22 @@ class RunsScreen(BlokScreen):
         self.table.focus()
 
     @property
-    def flags(self) -> dict[str, object]:
-        return dict(RUN_FLAGS.get(self.status_name, {}))
+    def retrying(self) -> bool:
+        """The "retrying" filter: only runs still going with a failed attempt behind them."""
+        return RUN_FLAGS.get(self.status_name, {}).get("retrying", False)
+
+    @property
+    def stuck(self) -> float | None:
+        """The "stuck" filter: only runs running longer than this × their workflow's median."""
+        return RUN_FLAGS.get(self.status_name, {}).get("stuck")
 
     @property
     def where(self) -> RunFilter:
         """The status, queue and workflow chosen (the `/` text is matched here, see _search)."""
         statuses = STATUS_FILTERS[self.status_name] or None
-        return RunFilter.of(statuses, self.workflow, self.queue, None, **self.flags)  # type: ignore[arg-type]
+        return RunFilter.of(
+            statuses, self.workflow, self.queue, None, retrying=self.retrying, stuck=self.stuck
+        )
 
     def describe_filter(self) -> str:
         """The filter in words, for a confirmation: "failed runs on orders matching 'x'"."""
@@ -176,7 +184,8 @@ class RunsScreen(BlokScreen):
                 queue=self.queue,
                 limit=PAGE,
                 offset=self.start,
-                **self.flags,
+                retrying=self.retrying,
+                stuck=self.stuck,
             )
         self.fates, self.orphans = await self.blok.jobs.outlook(self.engine, self.runs)
         self.render_rows()
@@ -192,7 +201,8 @@ class RunsScreen(BlokScreen):
             workflow=self.workflow,
             queue=self.queue,
             limit=SEARCHED,
-            **self.flags,
+            retrying=self.retrying,
+            stuck=self.stuck,
         )
         self.searched = len(window)
         matched = [run for run in window if matches(run, self.text)]
@@ -484,7 +494,8 @@ class RunsScreen(BlokScreen):
                 queue=self.queue,
                 limit=READ_PAGE,
                 offset=offset,
-                **self.flags,
+                retrying=self.retrying,
+                stuck=self.stuck,
             )
             for run in chunk:
                 found.setdefault(run.id, run)

@@ -4,7 +4,7 @@ one, n runs it now, enter opens its last run."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, tzinfo
 from typing import ClassVar
 
 from rich.text import Text
@@ -88,7 +88,7 @@ class SchedulesScreen(BlokScreen):
 
     @staticmethod
     def cells(
-        info: ScheduleInfo, now: datetime, tz: object, short: dict[str, str]
+        info: ScheduleInfo, now: datetime, tz: tzinfo | None, short: dict[str, str]
     ) -> list[Text | str]:
         state = (
             Text("⏸ paused", style="khaki3") if info.paused else Text("● active", style="green3")
@@ -98,7 +98,7 @@ class SchedulesScreen(BlokScreen):
             if info.next_at is not None
             else Text("–", style="dim")
         )
-        last = day_time(info.last_fired_at, tz, now) if info.last_fired_at else "never"  # type: ignore[arg-type]
+        last = day_time(info.last_fired_at, tz, now) if info.last_fired_at else "never"
         status = status_text(str(info.last_status)) if info.last_status else Text("–", style="dim")
         return [
             Text(printable(info.workflow), style="bold"),

@@ -6,11 +6,11 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from rich.text import Text
 
 from engine import Run, UnknownRun
+from engine.api import EngineAPI
 
 from .console import duration
 
@@ -76,6 +76,10 @@ class StepStats:
         return text
 
 
+# workflow → (when it was read, on time.monotonic; its StepStats)
+StepStatsCache = dict[str, tuple[float, StepStats]]
+
+
 def typical_text(stats: StepStats, run: Run, name: str) -> Text:
     """For the rail: " p50 160ms p95 410ms", and ▲ when the step got slower after a reload."""
     values = stats.all_of(name)
@@ -90,14 +94,13 @@ def typical_text(stats: StepStats, run: Run, name: str) -> Text:
     return text
 
 
-async def step_stats(app: Any, workflow: str) -> StepStats:
-    """The workflow's recent step durations, read at most every KEEP seconds."""
-    cache: dict[str, tuple[float, StepStats]] = app.step_stats_cache
+async def step_stats(engine: EngineAPI, cache: StepStatsCache, workflow: str) -> StepStats:
+    """The workflow's recent step durations, read at most every KEEP seconds (`cache`: the
+    app's, shared by its run views)."""
     hit = cache.get(workflow)
     if hit is not None and time.monotonic() - hit[0] < KEEP:
         return hit[1]
     stats = StepStats(workflow)
-    engine = app.engine
     recent = await engine.runs(status="completed", workflow=workflow, limit=SAMPLE)
     for summary in recent:
         try:

@@ -92,7 +92,7 @@ class WorkersScreen(BlokScreen):
         for worker in self.found:
             alive = worker.id in self.live
             ago = (now - worker.heartbeat_at).total_seconds() * 1000
-            cells = [
+            cells: list[Text | str] = [
                 Text(worker.id, style="bold"),
                 worker.host,
                 Text(str(worker.pid), justify="right"),

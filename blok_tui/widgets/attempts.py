@@ -81,7 +81,7 @@ class AttemptsView(Static):
             if any(then for *_, then in rows):
                 grid.add_column("next", width=16, no_wrap=True)
             for number, status, took, error, then in rows:
-                cells = [number, status, took, error]
+                cells: list[RenderableType] = [number, status, took, error]
                 if len(grid.columns) == 5:
                     cells.append(Text(then, style="khaki1"))
                 grid.add_row(*cells)

@@ -26,8 +26,8 @@ class FilterInput(Input):
             super().__init__()
             self.value = value
 
-    def __init__(self, placeholder: str = "filter…", **kwargs: object) -> None:
-        super().__init__(placeholder=placeholder, **kwargs)  # type: ignore[arg-type]
+    def __init__(self, placeholder: str = "filter…") -> None:
+        super().__init__(placeholder=placeholder)
         self.cursor_blink = False
 
     def open(self) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
@@ -35,7 +35,7 @@ class Column:
     width: int
     priority: int = 0  # higher stays longer when the width runs out
     flex: bool = False  # takes the width left over (one column at most is sensible)
-    justify: str = "left"
+    justify: JustifyMethod = "left"
 
 
 Cells = Sequence[Text | str]
@@ -168,8 +168,8 @@ class RowTable(ScrollView, can_focus=True):
             self._strips.pop(gone, None)
         self.keys = keys
         self.virtual_size = Size(0, len(keys) + 1)
-        if cursor_key in keys:
-            self.cursor_row = keys.index(cursor_key)  # type: ignore[arg-type]
+        if cursor_key is not None and cursor_key in keys:
+            self.cursor_row = keys.index(cursor_key)
         else:
             self.cursor_row = min(self.cursor_row, max(0, len(keys) - 1))
         self.refresh()
