@@ -333,6 +333,7 @@ class Engine:
                 follow = self._serving is None and backend.multi_process
             if follow:
                 self._follower = Follower(backend, self.bus)
+                ledger.told = self._follower.told
                 await self._follower.prime()
                 tg.start_soon(self._guard(self._follower.loop))
             folder = self.catalog.folder

@@ -55,6 +55,8 @@ _FINISHED_STEP = frozenset(
     }
 )
 _FAILED_ATTEMPT = frozenset({AttemptStatus.FAILED, AttemptStatus.TIMED_OUT})
+# Where a run waits before it starts: a run seen next in another status began since.
+_NOT_STARTED = frozenset({"queued", "delayed", "debounced", "throttled"})
 
 
 @dataclass
@@ -133,8 +135,19 @@ class Follower:
             old, _ = self._statuses.popitem(last=False)
             self._steps.pop(old, None)
 
+    def told(self, run_id: str, status: str) -> bool:
+        """Whether a change this engine made to a run itself (it enqueued, cancelled or
+        replayed it) is news to its subscribers: not if the feed told it first. Remembered,
+        so that the feed does not tell it again either (`Ledger.told`)."""
+        if self._statuses.get(run_id) == status:
+            return False
+        self._remember(run_id, status)
+        return True
+
     def _run_events(self, run: Run) -> tuple[list[Event], list[Event]]:
-        """Events for a run's status change: (before its step events, after them)."""
+        """Events for a run's status change: (before its step events, after them). A run may
+        have moved several times between two reads (queued, running, then waiting): what a
+        subscriber missed is told first (the run was queued, it started), then where it is."""
         status = str(run.status)
         previous = self._statuses.get(run.id)
         self._remember(run.id, status)
@@ -145,13 +158,16 @@ class Follower:
         if previous is None:
             queued = status if status in ("queued", "delayed") else "queued"
             before.append(RunQueued(run.id, run.queue, run.workflow_name, queued))
+        began = run.started_at is not None and (previous is None or previous in _NOT_STARTED)
         if run.status is RunStatus.RUNNING:
             before.append(RunStarted(run.id, run.queue, run.workflow_name))
         elif run.terminal:
-            if run.started_at is not None and previous in (None, "queued", "delayed"):
+            if began:
                 before.append(RunStarted(run.id, run.queue, run.workflow_name))
             after.append(RunFinished(run.id, run.queue, run.workflow_name, status, run.error))
-        elif previous is not None:
+        elif previous is not None or status not in ("queued", "delayed"):
+            if began:
+                before.append(RunStarted(run.id, run.queue, run.workflow_name))
             after.append(RunStatusChanged(run.id, run.queue, status))
         return before, after
 

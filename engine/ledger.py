@@ -29,7 +29,7 @@ import anyio
 
 from . import telemetry
 from .backends.base import Backend, Claim, JobQueue, JobUpdate, Transition
-from .events import EventBus, RunFinished, RunQueued, RunStarted, RunStatusChanged
+from .events import Event, EventBus, RunFinished, RunQueued, RunStarted, RunStatusChanged
 from .models import (
     AttemptStatus,
     Job,
@@ -226,6 +226,10 @@ class Ledger:
         self._job_done: dict[str, JobWaiter] = {}
         # Called with every run that ends here (the worker wakes a waiting parent).
         self.on_run_ended: list[Callable[[Run], None]] = []
+        # An engine that follows the database (a producer, an attached console) hears its own
+        # changes back from the feed: whether one is news to it (`Follower.told`), so that
+        # its subscribers hear each once. None: nothing follows.
+        self.told: Callable[[str, str], bool] | None = None
         # Engine lines made for a run and not written yet: they ride in its next transition.
         self._notes: dict[str, list[LogLine]] = {}
         # Jobs enqueued here, oldest first: until the job ends here, the change token from
@@ -298,20 +302,24 @@ class Ledger:
                 extra={"run_id": run.id, "step": run.error_step},
             )
         if self.bus.active:
-            self.bus.publish(
-                RunFinished(run.id, run.queue, run.workflow_name, str(run.status), run.error)
+            self._tell(
+                run, RunFinished(run.id, run.queue, run.workflow_name, str(run.status), run.error)
             )
         for hook in self.on_run_ended:
             hook(run)
 
     def _changed(self, run: Run) -> None:
         if self.bus.active:
-            self.bus.publish(RunStatusChanged(run.id, run.queue, str(run.status)))
+            self._tell(run, RunStatusChanged(run.id, run.queue, str(run.status)))
 
     def queued(self, runs: list[Run]) -> None:
         if self.bus.active:
             for run in runs:
-                self.bus.publish(RunQueued(run.id, run.queue, run.workflow_name, str(run.status)))
+                self._tell(run, RunQueued(run.id, run.queue, run.workflow_name, str(run.status)))
+
+    def _tell(self, run: Run, event: Event) -> None:
+        if self.told is None or self.told(run.id, str(run.status)):
+            self.bus.publish(event)
 
     def _close_open_steps(
         self, run: Run, step_status: StepStatus, attempt_status: AttemptStatus, error: str
@@ -385,7 +393,7 @@ class Ledger:
         for line in self._notes.pop(run.id, ()):
             queue.record_log(run.id, line, claim.fence)
         if self.bus.active:
-            self.bus.publish(RunStarted(run.id, run.queue, run.workflow_name))
+            self._tell(run, RunStarted(run.id, run.queue, run.workflow_name))
 
     def wait(self, claim: Claim, queue: JobQueue, run: Run, until: datetime) -> None:
         """The run sleeps until `until` without holding a worker slot."""

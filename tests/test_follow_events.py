@@ -1,0 +1,134 @@
+"""An engine that follows a database other engines write (a producer, an attached console,
+`blok-tui runs --follow`) tells each run's events once, and tells what it missed between two
+reads of the feed: on SQLite and PostgreSQL, with the worker an engine of this process."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from support import DURABLE, a_database, until
+
+from engine import (
+    Engine,
+    Event,
+    RunFinished,
+    RunQueued,
+    RunStarted,
+    RunStatus,
+    RunStatusChanged,
+    Step,
+    StepFinished,
+    StepStarted,
+    WorkerTrigger,
+    Workflow,
+    wait,
+)
+from engine.events import EventBus
+from engine.feed import Follower
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(params=DURABLE)
+async def durable(
+    request: pytest.FixtureRequest, tmp_path: Path, anyio_backend: str
+) -> AsyncIterator[Path | str]:
+    async with a_database(request.param, tmp_path) as location:
+        assert location is not None
+        yield location
+
+
+async def prepare(ctx: Any) -> str:
+    return "prepared"
+
+
+def approval_flow() -> Workflow:
+    return Workflow(
+        name="approvals",
+        trigger=WorkerTrigger(queue="approvals"),
+        steps=[
+            Step("prepare", prepare),
+            wait.for_event("approved", timeout="1m", name="approval"),
+            Step("ship", lambda ctx: ctx.state["approval"]),
+        ],
+    )
+
+
+async def events_of(run_id: str, events: AsyncIterator[Event], last: type[Event]) -> list[Event]:
+    """The events of one run, up to and including the first of type `last`."""
+    seen: list[Event] = []
+    with anyio.fail_after(20):
+        async for event in events:
+            if getattr(event, "run_id", None) == run_id:
+                seen.append(event)
+                if isinstance(event, last):
+                    return seen
+    raise AssertionError("the event stream ended")
+
+
+async def waiting(run_id: str, events: AsyncIterator[Event]) -> None:
+    """Until the worker engine whose `events` these are tells the run waits."""
+    wanted = (run_id, "waiting")
+    with anyio.fail_after(20):
+        async for event in events:
+            if isinstance(event, RunStatusChanged) and (event.run_id, event.status) == wanted:
+                return
+    raise AssertionError("the event stream ended")
+
+
+async def test_a_run_this_engine_enqueued_is_told_queued_once(durable: Path | str) -> None:
+    # The producer's own enqueue is told at once, and the feed read that then finds the run
+    # is not news again: a console counting runs counted every one twice.
+    async with (
+        Engine(workflows=[approval_flow()], database=durable) as worker,
+        Engine(database=durable, create=False) as producer,
+    ):
+        told_by_worker = worker.events()
+        events = producer.events()
+        job_id = await producer.enqueue("approvals", {})
+        run_id = (await producer.get_job(job_id)).run_id
+        await waiting(run_id, told_by_worker)
+        await producer.send_event(run_id, "approved", {"by": "ann"})
+        seen = await events_of(run_id, events, RunFinished)
+    runs = [e for e in seen if isinstance(e, RunQueued | RunStarted | RunFinished)]
+    assert [type(e) for e in runs] == [RunQueued, RunStarted, RunFinished], seen
+
+
+async def test_a_run_first_seen_waiting_is_told_started_and_waiting(durable: Path | str) -> None:
+    # Between two reads of the feed a run was queued, ran its first step and began to wait:
+    # the one read that finds it tells all of it. Only `queued` was told, and
+    # `blok-tui runs --follow --status waiting` printed nothing.
+    async with (
+        Engine(workflows=[approval_flow()], database=durable) as worker,
+        Engine(database=durable, create=False, follow=False) as reader,
+    ):
+        bus = EventBus()
+        follower = Follower(reader.backend, bus)
+        await follower.prime()
+        events = bus.subscribe()
+        told_by_worker = worker.events()
+        job_id = await worker.enqueue("approvals", {})
+        run_id = (await worker.get_job(job_id)).run_id
+        await waiting(run_id, told_by_worker)
+
+        async def committed() -> bool:  # the worker's write, as the reader's connection sees it
+            return (await reader.get_run(run_id)).status is RunStatus.WAITING
+
+        await until(committed, timeout=20)
+        await follower.read_changes()
+        await worker.send_event(run_id, "approved", {"by": "ann"})
+        await worker.wait_for_job(job_id, timeout=20)
+        await follower.read_changes()
+        bus.close()
+        seen = [e async for e in events if getattr(e, "run_id", None) == run_id]
+    kinds = [type(e) for e in seen]
+    assert kinds[:2] == [RunQueued, RunStarted], seen
+    assert kinds.count(RunQueued) == kinds.count(RunStarted) == 1, seen
+    changed = [e.status for e in seen if isinstance(e, RunStatusChanged)]
+    assert changed == ["waiting"], seen
+    assert kinds.index(StepStarted) < kinds.index(StepFinished) < kinds.index(RunStatusChanged)
+    assert kinds[-1] is RunFinished
