@@ -27,6 +27,8 @@ from .loader import WorkflowLoadError
 from .models import (
     Attempt,
     AttemptStatus,
+    EventOutcome,
+    EventSent,
     Job,
     JobState,
     LogLine,
@@ -81,6 +83,8 @@ __all__ = [
     "EngineError",
     "Event",
     "EventMessage",
+    "EventOutcome",
+    "EventSent",
     "EventWaitStep",
     "ForEach",
     "Health",

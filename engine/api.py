@@ -17,7 +17,7 @@ from .events import Subscription
 from .filters import RunFilter
 from .health import Health
 from .liveness import Orphan
-from .models import Job, QueueInfo, QueueStats, Run, WorkerInfo, WorkflowInfo
+from .models import EventSent, Job, QueueInfo, QueueStats, Run, WorkerInfo, WorkflowInfo
 from .operations import BulkResult, ProgressCallback
 from .scheduler import ScheduleInfo
 from .waiting import WaitReason
@@ -146,7 +146,7 @@ class EngineAPI(Protocol):
     # events, schedules, why a run waits
     async def send_event(
         self, run_id: str | None, event: str, payload: Any = None
-    ) -> list[str]: ...
+    ) -> EventSent: ...
 
     async def events_of(self, run_id: str) -> list[EventMessage]: ...
 

@@ -7,6 +7,7 @@ The worker follows it (`on_change`) to start and stop claiming from queues; hot 
 
 from __future__ import annotations
 
+import ast
 import logging
 import os
 import time
@@ -25,7 +26,8 @@ from .loader import (
     workflow_files,
 )
 from .models import WorkflowInfo
-from .workflow import StepDefinition, Workflow
+from .primitives import global_middleware, middleware_chain
+from .workflow import EventWaitStep, StepDefinition, Workflow
 
 log = logging.getLogger("blok.catalog")
 
@@ -62,6 +64,46 @@ def body_fields(wf: Workflow) -> list[str]:
         if trigger.debounce is not None:
             add(trigger.debounce.key)
     return list(found)
+
+
+def awaited_events(wf: Workflow) -> list[str]:
+    """The events the workflow's `wait.for_event` steps (nested ones too) wait for, each once,
+    in order."""
+    found: dict[str, None] = {}
+
+    def walk(steps: Sequence[StepDefinition]) -> None:
+        for step in steps:
+            if isinstance(step, EventWaitStep):
+                found.setdefault(step.event)
+            for branch in step.children():
+                walk(branch)
+
+    walk(wf.steps)
+    return list(found)
+
+
+def definition_lines(path: Path, name: str) -> list[int]:
+    """The lines of the file's `Workflow(name="...")` calls that give a workflow this name, in
+    order: where a clash of names points. [] when the file does not parse or names its
+    workflows otherwise than with a literal (the clash is then reported without a line)."""
+    try:
+        tree = ast.parse(path.read_bytes(), str(path))
+    except (OSError, SyntaxError, ValueError):
+        return []
+    lines = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        called = node.func.attr if isinstance(node.func, ast.Attribute) else None
+        called = node.func.id if isinstance(node.func, ast.Name) else called
+        if called == "Workflow" and any(
+            keyword.arg == "name"
+            and isinstance(keyword.value, ast.Constant)
+            and keyword.value.value == name
+            for keyword in node.keywords
+        ):
+            lines.append(node.lineno)
+    return sorted(lines)
 
 
 class Catalog:
@@ -156,8 +198,8 @@ class Catalog:
             self.bus.publish(ReloadErrorCleared(str(path)))
 
     def check_clashes(self, loaded: LoadedFile) -> None:
-        """Refuse a file whose workflow or queue another loaded file already defines, or a
-        workflow this engine cannot serve."""
+        """Refuse a file whose workflow or queue another loaded file (or the file itself)
+        already defines, or a workflow this engine cannot serve."""
         names: dict[str, Path] = {}
         queues: dict[str, str] = {}
         for path, other in self.files.items():
@@ -169,10 +211,20 @@ class Catalog:
                     queues[wf.queue] = wf.name
         for wf in loaded.workflows:
             if wf.name in names:
+                here = definition_lines(loaded.path, wf.name)
+                if names[wf.name] == loaded.path:  # twice in this file
+                    first = f" (first at line {here[0]})" if len(here) >= 2 else ""
+                    raise WorkflowLoadError(
+                        loaded.path,
+                        here[1] if len(here) >= 2 else None,
+                        f"workflow {wf.name!r} is defined twice in this file{first}",
+                    )
+                there = definition_lines(names[wf.name], wf.name)
                 raise WorkflowLoadError(
                     loaded.path,
-                    None,
-                    f"workflow {wf.name!r} is already defined in {names[wf.name]}",
+                    here[0] if len(here) == 1 else None,
+                    f"workflow {wf.name!r} is already defined in {names[wf.name]}"
+                    + (f":{there[0]}" if len(there) == 1 else ""),
                 )
             if wf.queue and wf.queue in queues:
                 raise WorkflowLoadError(
@@ -241,6 +293,7 @@ class Catalog:
         return self._served
 
     def infos(self) -> list[WorkflowInfo]:
+        everywhere = global_middleware()
         return [
             WorkflowInfo(
                 name=wf.name,
@@ -249,9 +302,20 @@ class Catalog:
                 path=wf.path,
                 steps=[s.name for s in wf.steps],
                 body_fields=body_fields(wf),
+                events=self._events_of_runs(wf, everywhere),
             )
             for wf in sorted(self.workflows.values(), key=lambda w: w.name)
         ]
+
+    def _events_of_runs(self, wf: Workflow, everywhere: Sequence[str]) -> list[str]:
+        """The events a run of `wf` may wait for: its own waits', then those of the middleware
+        it runs first (their steps are the run's too)."""
+        found = dict.fromkeys(awaited_events(wf))
+        for name in middleware_chain(wf, everywhere):
+            middleware = self.workflows.get(name)
+            if middleware is not None:
+                found.update(dict.fromkeys(awaited_events(middleware)))
+        return list(found)
 
     def entry(
         self, worker: str, providers: dict[str, str], widths: dict[str, int]

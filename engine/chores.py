@@ -76,8 +76,10 @@ class Chores:
         dead = [w.id for w in await self.backend.shared.workers() if self._gone(w)]
         if not dead:
             return 0
+        # Not "crashed: …": the run's status says so, and everything that shows the error
+        # shows it after the status ("crashed: crashed: …" otherwise).
         reason = (
-            "crashed: its worker process "
+            "its worker process "
             + ", ".join(dead)
             + " died before the run finished (found by recovery)"
         )

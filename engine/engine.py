@@ -39,7 +39,7 @@ from .ledger import Ledger
 from .liveness import Orphan, orphaned, this_process, worker_alive
 from .loader import IMPORT_TIMEOUT_S
 from .mailbox import Mailbox
-from .models import Job, QueueInfo, QueueStats, Run, WorkerInfo, WorkflowInfo, utcnow
+from .models import EventSent, Job, QueueInfo, QueueStats, Run, WorkerInfo, WorkflowInfo, utcnow
 from .operations import BulkResult, ProgressCallback, median_duration
 from .operator import DEFAULT_MAX_PAYLOAD_BYTES, Operator
 from .primitives import global_middleware, run_middleware
@@ -703,11 +703,12 @@ class Engine:
             raise EngineError("the engine is not started: use `async with Engine(...)`")
         return self._mailbox
 
-    async def send_event(self, run_id: str | None, event: str, payload: Any = None) -> list[str]:
+    async def send_event(self, run_id: str | None, event: str, payload: Any = None) -> EventSent:
         """Send `event` to the run: a `wait.for_event(event)` in it takes `payload` as its
         output, now if it waits, else when it gets there. With `run_id=None`, to the runs
         waiting on the key the payload carries (`match=`), or kept for the first one to wait
-        on it. The ids of the runs it went to. An unknown or finished run is an EngineError."""
+        on it. The ids of the runs it went to, and whether a wait took it or it was kept (an
+        `EventSent`: a list of run ids). An unknown or finished run is an EngineError."""
         self.operator.check_payload(payload, "event payload")
         return await self.mailbox.send(run_id, event, payload)
 

@@ -596,17 +596,19 @@ class Ledger:
     def take_over(self, claim: Claim, queue: JobQueue, run: Run) -> Run:
         """A claim took the job over from a worker that stopped renewing its lease: a run that
         worker had started is recorded crashed, and this delivery runs a new one."""
+        # Not "crashed: …": the run's status says so, and what shows the error shows it after
+        # the status ("crashed: crashed: …" otherwise).
         if run.status is RunStatus.QUEUED:
             # Handed to that worker, which may have begun the run before its start landed.
             reason = (
-                f"crashed: worker {claim.taken_from} stopped renewing its lease (lease expired) "
-                "before the run's start was recorded; the run may have begun there; the job "
-                "was taken over by another worker"
+                f"worker {claim.taken_from} stopped renewing its lease (lease expired) before "
+                "the run's start was recorded; the run may have begun there; the job was taken "
+                "over by another worker"
             )
         else:
             reason = (
-                f"crashed: worker {claim.taken_from} stopped renewing its lease (lease "
-                "expired); the job was taken over by another worker"
+                f"worker {claim.taken_from} stopped renewing its lease (lease expired); the job "
+                "was taken over by another worker"
             )
         run = copy_run(run)  # read from the store: others may hold that record
         self._close(run, RunStatus.CRASHED, reason, None)

@@ -18,7 +18,7 @@ from typing import Any
 from .backends.base import Backend, EventMessage
 from .errors import EngineError, UnknownRun
 from .ledger import Ledger
-from .models import JobState, RunStatus
+from .models import EventOutcome, EventSent, JobState, Run, RunStatus
 
 log = logging.getLogger("blok.mailbox")
 
@@ -43,11 +43,12 @@ class Mailbox:
         self.store = backend.runs
         self.ledger = ledger
 
-    async def send(self, run_id: str | None, event: str, payload: Any) -> list[str]:
+    async def send(self, run_id: str | None, event: str, payload: Any) -> EventSent:
         """Deliver `event` to the run (or, with `run_id=None`, to the runs waiting on the key
         the payload carries); the ids of the runs it went to ([]: sent by key with nobody
-        waiting, kept for the first run that waits on its key)."""
+        waiting, kept for the first run that waits on its key), and what became of it."""
         check_event_name(event)
+        run: Run | None = None
         if run_id is not None:
             run = await self.store.get_run(run_id)
             if run is None:
@@ -62,7 +63,36 @@ class Mailbox:
         for delivery in deliveries:
             if delivery.waiting:
                 await self._wake(delivery.run_id, delivery.message_id)
-        return [delivery.run_id for delivery in deliveries]
+        reached = [delivery.run_id for delivery in deliveries]
+        if any(delivery.waiting for delivery in deliveries):
+            return EventSent(event, reached, EventOutcome.DELIVERED, run=run)
+        if run is None:
+            return EventSent(event, reached, EventOutcome.KEPT)
+        # Kept: say what the run waits for instead, and whether it ever waits for this one.
+        waiters = await self.store.event_waiters([run.id])
+        return EventSent(
+            event,
+            reached,
+            EventOutcome.KEPT,
+            waits_for=tuple(dict.fromkeys(waiter.event for waiter in waiters)),
+            run=run,
+            workflow_events=await self._events_of_workflow(run),
+        )
+
+    async def _events_of_workflow(self, run: Run) -> tuple[str, ...] | None:
+        """The events a run of the run's workflow waits for anywhere, as the workers on the
+        database declared its version (any version of it they serve, if none declared the
+        run's own); None when no worker said."""
+        declared = [
+            info
+            for catalog in await self.backend.shared.catalogs()
+            for info in catalog.workflows
+            if info.name == run.workflow_name
+        ]
+        declared = [i for i in declared if i.version == run.workflow_version] or declared
+        if not declared or any(info.events is None for info in declared):
+            return None
+        return tuple(dict.fromkeys(event for info in declared for event in info.events or ()))
 
     async def _wake(self, run_id: str, message_id: int) -> None:
         """Bring the parked run's job forward so that a worker resumes it now."""

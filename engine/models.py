@@ -6,7 +6,7 @@ Times are timezone-aware UTC datetimes; the store keeps them as epoch seconds.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
@@ -158,6 +158,19 @@ class StepRun(_Record):
         end = self.finished_at or utcnow()
         return (end - self.started_at).total_seconds() * 1000
 
+    @property
+    def counted_attempts(self) -> int:
+        """How many of its attempts count against the step's budget: those that failed or
+        timed out since it last completed (a step run again begins afresh). An attempt a stop
+        interrupted (cancelled, or left running by a process that is gone) does not count."""
+        counted = 0
+        for attempt in self.attempts:
+            if attempt.status is AttemptStatus.COMPLETED:
+                counted = 0
+            elif attempt.status in (AttemptStatus.FAILED, AttemptStatus.TIMED_OUT):
+                counted += 1
+        return counted
+
 
 class Run(_Record):
     id: str
@@ -288,6 +301,10 @@ class WorkflowInfo(_Record):
     # The `$.body` paths its steps and trigger read ("order_id", "customer.email"), in the
     # order they are first read: what an input for it should hold (the inject template).
     body_fields: list[str] = Field(default_factory=list)
+    # The events its `wait.for_event` steps (nested ones too) wait for, each once, in order:
+    # a sender is told when a run's workflow never waits for the event it sent. None: not
+    # known (declared by a worker of a version that did not say).
+    events: list[str] | None = None
 
 
 class WorkerInfo(_Record):
@@ -300,3 +317,45 @@ class WorkerInfo(_Record):
     # machine's boot and the PID namespace) and when it began. Empty in a row an engine wrote
     # before it was recorded: the host name stands in.
     process: str = ""
+
+
+class EventOutcome(StrEnum):
+    """What became of an event sent to a run."""
+
+    DELIVERED = "delivered"  # the run waited for it: its wait takes it (a worker resumes it)
+    KEPT = "kept"  # nothing waits for it now: in the mailbox for a wait that comes to it later
+
+
+class EventSent(list[str]):
+    """What `send_event` returns: the ids of the runs the event went to, as the list it always
+    was, and what became of it — delivered to a wait for it, or kept in the mailbox, and then
+    what the run waits for instead and whether its workflow waits for that event anywhere (an
+    event whose name has a typo is kept for ever: only the sender can notice)."""
+
+    def __init__(
+        self,
+        event: str,
+        run_ids: Iterable[str],
+        outcome: EventOutcome,
+        *,
+        waits_for: tuple[str, ...] = (),
+        run: Run | None = None,
+        workflow_events: tuple[str, ...] | None = None,
+    ) -> None:
+        super().__init__(run_ids)
+        self.event = event
+        self.outcome = outcome
+        self.waits_for = waits_for  # kept: the events the run's waits wait for now
+        # The run's status and workflow as the event was sent (None: sent by key).
+        self.run_status = run.status if run is not None else None
+        self.workflow = run.workflow_name if run is not None else None
+        # The events a run of that workflow waits for anywhere, as its workers declared them;
+        # None: not known (sent by key, or no worker on the database said).
+        self.workflow_events = workflow_events
+
+    @property
+    def awaited(self) -> bool | None:
+        """Whether some wait of the run's workflow waits for this event (None: not known)."""
+        if self.outcome is EventOutcome.DELIVERED:
+            return True
+        return None if self.workflow_events is None else self.event in self.workflow_events

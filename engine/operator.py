@@ -56,6 +56,7 @@ from .validation import (
     check_priority,
     check_retries,
     check_timeout,
+    check_wait_timeout,
 )
 from .worker import Worker
 from .workflow import Workflow
@@ -64,6 +65,8 @@ log = logging.getLogger("blok.operator")
 
 DEFAULT_MAX_PAYLOAD_BYTES = 1_048_576
 CATALOG_TTL_S = 1.0  # a producer re-reads what the workers serve at most this often
+# How long a `wait_for_job` that timed out reads what the job is at, for its message.
+WHAT_IT_DOES_READ_S = 1.0
 # Runs that retry_now can start: delayed (a backoff or a delay), queued (paused), throttled.
 RETRYABLE_NOW = frozenset({RunStatus.DELAYED, RunStatus.QUEUED, RunStatus.THROTTLED})
 
@@ -494,7 +497,13 @@ class Operator:
 
         No polling: a job ending here wakes its waiters once the transition that ended it is
         committed, with its run (none if the fence refused it: they read the job again); a job
-        another process ends is read again when the database reports a change."""
+        another process ends is read again when the database reports a change.
+
+        A job still going after `timeout` seconds: a TimeoutError that says what its run does."""
+        try:
+            timeout = check_wait_timeout(timeout)
+        except InvalidInput as error:
+            raise EngineError(f"wait_for_job: {error}") from None
         run = self.ledger.parked(job_id)
         if run is not None:
             await self._turns.share()
@@ -509,7 +518,7 @@ class Operator:
                 await self._turns.share()
                 return run
             token = await self.backend.change_token() if self.backend.multi_process else 0
-        with anyio.fail_after(timeout):
+        with anyio.move_on_after(timeout):
             while True:
                 if not self.backend.multi_process:
                     await waiter.event.wait()
@@ -521,6 +530,25 @@ class Operator:
                     return run
                 if waiter.ended:  # ended here, then requeued meanwhile: wait again
                     waiter = self.ledger.job_waiter(job_id)
+        # The time ran out (the loop leaves by a return or an error only). A TimeoutError still,
+        # which callers catch, saying which job, how long and what it is at.
+        assert timeout is not None
+        doing = await self._what_the_job_does(job_id)
+        raise TimeoutError(f"job {job_id} did not finish within {timeout:g}s{doing}")
+
+    async def _what_the_job_does(self, job_id: str) -> str:
+        """What a job that did not end in time is at, for the timeout's message: " (its run
+        run_… is running)"; "" when a read does not say it at once (the caller waited enough)."""
+        with anyio.move_on_after(WHAT_IT_DOES_READ_S):
+            found = await self.backend.find_job(job_id)
+            if found is None:
+                return ""
+            job = found[1]
+            run = await self.store.get_run(job.run_id)
+            if run is None:
+                return f" (the job is {job.state})"
+            return f" (its run {run.id} is {run.status})"
+        return ""
 
     async def _if_ended(self, job_id: str, waiter: JobWaiter) -> Run | None:
         """The job's last run if the job has ended, else None."""

@@ -206,6 +206,16 @@ def running_attempt(number: int, now: datetime) -> Attempt:
     )
 
 
+def _bad_input(name: str, error: BaseException) -> str:
+    """Why a step's input could not be made: an expression's error names its path already; a
+    callable's names the input and its exception ("KeyError 'amount'", not a bare "'amount'")."""
+    if isinstance(error, expressions.ExpressionError):
+        return f"bad input: {error}"
+    if isinstance(error, KeyError) and len(error.args) == 1:
+        return f"bad input {name}: KeyError {error.args[0]!r}"
+    return f"bad input {name}: {type(error).__name__}" + (f": {error}" if str(error) else "")
+
+
 class Runner:
     def __init__(
         self,
@@ -507,20 +517,24 @@ class Runner:
     async def _node(
         self, workflow: Workflow, run: Run, ctx: Context, step: Step, record: StepRun, where: str
     ) -> Any:
+        inputs: dict[str, Any] = {}
+        resolving = ""  # the input being made: a failure names it
         try:
-            inputs = {name: self._resolve(value, ctx) for name, value in step.inputs.items()}
+            for resolving, value in step.inputs.items():
+                inputs[resolving] = self._resolve(value, ctx)
             key = None
             if step.idempotency_key is not None:
+                resolving = "idempotency_key"
                 resolved = self._resolve(step.idempotency_key, ctx)
                 key = None if resolved is None else str(resolved)  # None: nothing to cache
         except BaseException as error:
             if not user_error(error):
                 raise
             record.status = StepStatus.FAILED
-            record.error = f"bad input: {error}"
+            record.error = _bad_input(resolving, error)
             record.finished_at = self.clock.now()
             self._finished(run, record)
-            message = failed_before_running(where, f"bad input: {error}", error, step.defined_at)
+            message = failed_before_running(where, record.error, error, step.defined_at)
             raise StepError(message, step.name) from error
         assign(record, input=ctx.redact_value(inputs) if inputs else None)
         if key is not None:
@@ -542,11 +556,15 @@ class Runner:
                 return hit.output
         retry = step.retry
         max_attempts = step.max_attempts
-        assign(record, max_attempts=max_attempts)
-        first = len(record.attempts) + 1
-        for number in range(first, first + max_attempts):
-            attempt_no = number - first + 1
-            attempt = running_attempt(number, self.clock.now())
+        # A run a stop sent back resumes here with the attempts it made: those that failed
+        # count against the budget, the one the stop interrupted does not. The record may
+        # then hold more attempts than the budget: its max_attempts says how many it may
+        # hold in all, so that "attempt 2/2" reads right where the budget is 1.
+        spent, made = record.counted_attempts, len(record.attempts)
+        spent = min(spent, max_attempts - 1)  # one attempt at least (a reload cut the budget)
+        assign(record, max_attempts=made + max_attempts - spent)
+        for attempt_no in range(spent + 1, max_attempts + 1):
+            attempt = running_attempt(len(record.attempts) + 1, self.clock.now())
             record.attempts.append(attempt)
             assign(
                 record,

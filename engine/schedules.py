@@ -16,7 +16,7 @@ from typing import Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .durations import Duration
 from .errors import WorkflowDefinitionError
@@ -44,7 +44,7 @@ class Schedule(BaseModel):
     model_config = ConfigDict(arbitrary_types_allowed=True, frozen=True, extra="forbid")
 
     cron: str | None = None
-    every: Duration | None = Field(None, ge=MIN_EVERY_MS)
+    every: Duration | None = None  # at least MIN_EVERY_MS, checked below in the user's terms
     timezone: str = "UTC"
     payload: Any = None
     catch_up: CatchUp = "latest"
@@ -54,6 +54,12 @@ class Schedule(BaseModel):
             super().__init__(**data)
         except ValidationError as error:
             raise WorkflowDefinitionError(f"Schedule: {_explain(error)}") from None
+        if self.every is not None and self.every < MIN_EVERY_MS:
+            given = data.get("every")
+            shown = repr(given) if isinstance(given, str) else f"{given!r} (milliseconds)"
+            raise WorkflowDefinitionError(
+                f"Schedule: every must be at least {exact_duration(MIN_EVERY_MS)}, not {shown}"
+            )
         if (self.cron is None) == (self.every is None):
             raise WorkflowDefinitionError(
                 "Schedule: give either cron= (an expression) or every= (a duration), not "

@@ -91,6 +91,19 @@ def check_timeout(value: object) -> int:
     return ms
 
 
+def check_wait_timeout(value: object) -> float | None:
+    """How long a caller waits for something, in seconds: None (no limit) or a number from 0
+    up (0: only if it is there already; infinity: no limit). Refused here, as anyio would
+    take a negative or NaN limit silently as "time is up at once" or "never"."""
+    if value is None:
+        return None
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise InvalidInput(f"timeout must be a number of seconds or None, not {_shown(value)}")
+    if math.isnan(value) or value < 0:
+        raise InvalidInput(f"timeout must be a number of seconds from 0 up, not {_shown(value)}")
+    return float(value)
+
+
 # ---- names ------------------------------------------------------------------------------------
 def check_queue_name(name: object) -> str:
     """A queue name: text that reads as what it is, on one line, in a table cell."""

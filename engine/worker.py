@@ -313,9 +313,8 @@ class Worker:
     def crash_in_flight(self, error: BaseException) -> None:
         """The process is going down with an error: say so on every run it holds and hand
         their jobs back for redelivery."""
-        reason = (
-            f"crashed: the engine stopped on an unhandled error: {type(error).__name__}: {error}"
-        )
+        # Recorded crashed (`Ledger.interrupt`): the status says it, the reason says why.
+        reason = f"the engine stopped on an unhandled error: {type(error).__name__}: {error}"
         for handle in list(self.handles.values()):
             if not handle.lost:
                 self.ledger.interrupt(handle.claim, handle.queue, handle.run, reason)

@@ -117,6 +117,38 @@ async def test_a_workflow_file_with_a_bad_definition_points_at_the_line(tmp_path
         await serves(engine, "good")
 
 
+@pytest.mark.anyio
+async def test_a_workflow_defined_twice_in_one_file_points_at_both_lines(tmp_path: Path) -> None:
+    (tmp_path / "good.py").write_text(GOOD_FILE)
+    twice = tmp_path / "twice.py"
+    twice.write_text(
+        textwrap.dedent(
+            """
+            from engine import Step, WorkerTrigger, Workflow
+
+            workflows = [
+                Workflow(name="x", trigger=WorkerTrigger(queue="a"), steps=[Step("s", print)]),
+                Workflow(
+                    name="x",
+                    trigger=WorkerTrigger(queue="b"),
+                    steps=[Step("s", print)],
+                ),
+            ]
+            """
+        )
+    )
+    # In another file than the first: the lines of both too.
+    (tmp_path / "other.py").write_text(GOOD_FILE.replace('queue="good"', 'queue="other"'))
+    async with Engine(workflows=tmp_path) as engine:
+        key, other = str(twice.resolve()), str((tmp_path / "other.py").resolve())
+        assert engine.reload_errors == {
+            key: f"{key}:6: workflow 'x' is defined twice in this file (first at line 5)",
+            other: f"{other}:9: workflow 'good' is already defined in "
+            f"{(tmp_path / 'good.py').resolve()}:9",
+        }
+        await serves(engine, "good")
+
+
 LOOPING_FILE = """
 from engine import Step, WorkerTrigger, Workflow
 

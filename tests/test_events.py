@@ -18,6 +18,8 @@ from support import DATABASES, DURABLE, a_database, until
 from engine import (
     Engine,
     EngineError,
+    EventOutcome,
+    EventSent,
     RunStatus,
     Step,
     UnknownRun,
@@ -163,6 +165,56 @@ async def test_an_event_nobody_waits_for_stays_with_the_run(database: Path | str
         await engine.cancel(run.id)
 
 
+def told(reached: EventSent) -> EventSent:
+    """What `send_event` returned: a list of run ids, and what became of the event."""
+    assert isinstance(reached, list)  # as it always was
+    return reached
+
+
+async def test_the_sender_is_told_whether_a_wait_took_the_event_or_it_was_kept(
+    database: Path | str | None,
+) -> None:
+    go = anyio.Event()
+    async with Engine(workflows=[approval_flow(before=go.wait)], database=database) as engine:
+        job_id = await engine.enqueue("ship", {})
+
+        async def running() -> bool:
+            return (await run_of(engine, job_id)).status is RunStatus.RUNNING
+
+        await until(running)
+        run = await run_of(engine, job_id)
+        # Before the run reaches its wait: kept for it, and its workflow does wait for it.
+        early = told(await engine.send_event(run.id, "approved", "early"))
+        assert early == [run.id]
+        assert (early.outcome, early.waits_for, early.run_status) == (
+            EventOutcome.KEPT,
+            (),
+            RunStatus.RUNNING,
+        )
+        assert (early.workflow, early.workflow_events, early.awaited) == (
+            "orders.ship",
+            ("approved",),
+            True,
+        )
+        go.set()
+        assert (await engine.wait_for_job(job_id, timeout=10)).output["approval"] == "early"
+
+        second = await engine.enqueue("ship", {})
+        parked = await waiting(engine, second)
+        # A name no wait of the workflow has: kept all the same (the contract), and said so.
+        typo = told(await engine.send_event(parked.id, "aproved", {}))
+        assert typo == [parked.id]
+        assert (typo.outcome, typo.waits_for, typo.awaited) == (
+            EventOutcome.KEPT,
+            ("approved",),
+            False,
+        )
+        taken = told(await engine.send_event(parked.id, "approved", "late"))
+        assert taken == [parked.id]
+        assert (taken.outcome, taken.awaited) == (EventOutcome.DELIVERED, True)
+        assert (await engine.wait_for_job(second, timeout=10)).output["approval"] == "late"
+
+
 def keyed_flow() -> Workflow:
     return Workflow(
         name="orders.pay",
@@ -253,6 +305,26 @@ async def test_an_event_from_the_command_line_reaches_the_worker(durable: Path |
         assert "has already ended" in refused.stderr and "Traceback" not in refused.stderr
         usage = await anyio.to_thread.run_sync(lambda: blok("send", run.id, "--db", database))
         assert usage.returncode == 2 and "RUN_ID EVENT JSON" in usage.stderr
+
+
+async def test_the_command_line_says_an_event_no_wait_took_was_kept(durable: Path | str) -> None:
+    database = durable
+    async with Engine(workflows=[approval_flow(timeout="1h")], database=database) as engine:
+        run = await waiting(engine, await engine.enqueue("ship", {}))
+        await engine.flush()  # what the worker serves is in the database for the command
+        sent = await anyio.to_thread.run_sync(
+            lambda: blok("send", run.id, "wrongevent", "{}", "--db", database)
+        )
+        assert sent.returncode == 0, sent.stderr
+        assert sent.stdout.strip() == (
+            f"{run.id} wrongevent kept: the run waits for 'approved' now; it will get "
+            "'wrongevent' if it waits for it later"
+        )
+        assert sent.stderr.strip() == (
+            "blok-tui: warning: workflow 'orders.ship' has no wait.for_event('wrongevent'): "
+            "no step of it takes this event (the events it waits for: 'approved')"
+        )
+        await engine.cancel(run.id)
 
 
 def test_the_cli_sends_by_key(tmp_path: Path) -> None:

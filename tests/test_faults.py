@@ -279,6 +279,82 @@ async def test_a_run_stopped_by_a_graceful_stop_goes_on_where_it_stopped(tmp_pat
     assert run.job_attempt == 1  # the retry budget untouched
 
 
+async def test_an_attempt_a_stop_interrupted_is_not_counted_against_the_steps_budget(
+    tmp_path: Path,
+) -> None:
+    """A step with no Retry (a budget of one attempt) that a stop interrupted runs again on
+    resume as its attempt 1 (ctx.attempt), and its record says attempt 2 of the 2 it may make
+    in all (never "2/1")."""
+    db = tmp_path / "blok.db"
+    started = anyio.Event()
+    attempts_seen: list[int] = []
+    resumed = [False]
+
+    async def slow(ctx: Any) -> str:
+        attempts_seen.append(ctx.attempt)
+        if not resumed[0]:
+            started.set()
+            await anyio.sleep(30)
+        return "done"
+
+    wf = Workflow(
+        name="slow", trigger=WorkerTrigger(queue="slow", retries=0), steps=[Step("slow", slow)]
+    )
+    async with Engine(workflows=[wf], database=db, grace_period=0.2) as engine:
+        job = await engine.enqueue("slow", {})
+        with anyio.fail_after(10):
+            await started.wait()
+    resumed[0] = True
+    async with Engine(workflows=[wf], database=db) as engine:
+        run = await engine.wait_for_job(job, timeout=10)
+    step = run.step("slow")
+    assert run.status is RunStatus.COMPLETED
+    assert [(a.number, a.status) for a in step.attempts] == [
+        (1, AttemptStatus.CANCELLED),
+        (2, AttemptStatus.COMPLETED),
+    ]
+    assert step.max_attempts == 2
+    assert attempts_seen == [1, 1]
+
+
+async def test_a_resumed_step_keeps_its_failed_attempts_against_its_budget(
+    tmp_path: Path,
+) -> None:
+    """Stopped in its retry backoff after a failed attempt 1 of 2, the step makes one more
+    attempt on resume (its attempt 2, the last), not a fresh budget of two."""
+    db = tmp_path / "blok.db"
+    attempts_seen: list[int] = []
+
+    async def flaky(ctx: Any) -> None:
+        attempts_seen.append(ctx.attempt)
+        raise ConnectionError(f"attempt {ctx.attempt} refused")
+
+    retry = Retry(max_attempts=2, min_timeout="60s")  # the stop comes in the 60 s backoff
+    wf = Workflow(
+        name="flaky",
+        trigger=WorkerTrigger(queue="flaky", retries=0),
+        steps=[Step("flaky", flaky, retry=retry)],
+    )
+    async with Engine(workflows=[wf], database=db, grace_period=0.2) as engine:
+        job = await engine.enqueue("flaky", {})
+
+        async def backing_off() -> bool:
+            run = await engine.get_run((await engine.get_job(job)).run_id)
+            return any(s.attempts and s.attempts[0].backoff_ms is not None for s in run.steps)
+
+        await until(backing_off)
+    async with Engine(workflows=[wf], database=db) as engine:
+        run = await engine.wait_for_job(job, timeout=10)
+    step = run.step("flaky")
+    assert run.status is RunStatus.FAILED
+    assert attempts_seen == [1, 2]
+    assert [(a.number, a.status) for a in step.attempts] == [
+        (1, AttemptStatus.FAILED),
+        (2, AttemptStatus.FAILED),
+    ]
+    assert step.max_attempts == 2
+
+
 # ---- a stop, a cancel or a lost lease while a run's start is written ------------------------------
 # A job claimed ahead (not handed straight to its slot) waits for its run's start to be written
 # before its code runs, so that a crash there is never a silent double. What lands in that wait

@@ -105,6 +105,23 @@ async def test_a_handed_job_taken_from_a_dead_worker_records_its_run_crashed(
 
 
 @pytest.mark.parametrize("found_by", ["lease", "recovery"])
+async def test_a_run_taken_from_a_dead_worker_says_crashed_once(
+    database: str, found_by: str
+) -> None:
+    """Its status says crashed; `show`, the console and the worker's log put its error after
+    the status ("crashed: <error>"), so the error does not say it again."""
+    recovery = found_by == "recovery"
+    lease = 3600.0 if recovery else LEASE_S
+    handed, _ = await lost_holder(database, 1, 1, lease, recovery)
+    [(job_id, first)] = handed.items()
+    async with Engine(workflows=workflows(database), database=database) as worker:
+        await worker.wait_for_job(job_id, timeout=20)
+        old = await worker.get_run(first)
+    assert old.status is RunStatus.CRASHED and old.error
+    assert not old.error.startswith("crashed"), old.error
+
+
+@pytest.mark.parametrize("found_by", ["lease", "recovery"])
 async def test_a_job_claimed_ahead_and_lost_runs_its_own_run(database: str, found_by: str) -> None:
     """Not handed: its start would have been committed before any of its code ran, and the
     run's record says queued, so nothing of it ran; no crashed run is made up for it."""

@@ -142,6 +142,28 @@ async def test_enqueue_wait_and_read(setup: Setup) -> None:
     assert {w.name for w in await actor.workflows()} >= {"echoing", "holding"}
 
 
+async def test_a_wait_that_runs_out_says_which_job_how_long_and_what_its_run_does(
+    setup: Setup,
+) -> None:
+    actor = setup.actor
+    job = await actor.enqueue("hold", {})
+    run_id = await run_of(actor, job)
+    await status_of(actor, run_id, RunStatus.RUNNING)
+    with pytest.raises(TimeoutError) as raised:
+        await actor.wait_for_job(job, timeout=0.3)
+    assert (
+        str(raised.value) == f"job {job} did not finish within 0.3s (its run {run_id} is running)"
+    )
+    for bad, shown in ((-1, "-1"), (float("nan"), "nan"), ("10s", "'10s'")):
+        with pytest.raises(
+            EngineError, match=f"^wait_for_job: timeout must be a number of seconds.*not {shown}$"
+        ):
+            await actor.wait_for_job(job, timeout=bad)  # type: ignore[arg-type]
+    # A wait of 0 looks once: the job has ended, or the time is up at once.
+    with pytest.raises(TimeoutError, match="within 0s"):
+        await actor.wait_for_job(job, timeout=0)
+
+
 async def test_unknown_names_are_refused_in_one_line(setup: Setup) -> None:
     actor = setup.actor
     with pytest.raises(UnknownQueue, match="unknown queue 'nope'"):

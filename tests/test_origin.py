@@ -138,19 +138,35 @@ async def test_a_step_that_fails_on_its_definition_names_the_line_it_was_written
             trigger=WorkerTrigger(queue="later"),
             steps=[wait.until("$.body.when", name="nap")],  # later
         ),
+        Workflow(
+            name="orders",
+            trigger=WorkerTrigger(queue="orders"),
+            steps=[
+                Step(
+                    "charge",
+                    lambda ctx, amount: amount,
+                    inputs={"amount": lambda ctx: ctx.body["amount"]},  # a key the body lacks
+                )
+            ],
+        ),
     ]
     async with Engine(workflows=flows, database=None) as engine:
         runs = {
             queue: await engine.wait_for_job(await engine.enqueue(queue, {}), timeout=10)
-            for queue in ("hooks", "tenants", "later")
+            for queue in ("hooks", "tenants", "later", "orders")
         }
     errors = {queue: run.error or "" for queue, run in runs.items()}
     assert errors["hooks"] == (
         "[step 1/1] deliver failed: bad input: $.body.url: $.body has no key 'url' (it has "
         f"nothing) (at {line_of('# hooks')})"
     )
+    assert errors["orders"] == (
+        "[step 1/1] charge failed: bad input amount: KeyError 'amount' "
+        f"(at {line_of('a key the body lacks')})"
+    )
     assert errors["tenants"] == (
-        f"[step 1/1] bill failed: bad input: no tenant (at {line_of('the callable input')})"
+        "[step 1/1] bill failed: bad input tenant: LookupError: no tenant "
+        f"(at {line_of('the callable input')})"
     )
     assert errors["later"].startswith("[step 1/1] nap failed: "), errors["later"]
     assert errors["later"].endswith(f" (at {line_of('# later')})"), errors["later"]

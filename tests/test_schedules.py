@@ -308,6 +308,16 @@ def test_definition_errors_name_the_workflow() -> None:
         Workflow(name="w", schedules=[Schedule(every="1s")], steps=[Step("s", print)])
 
 
+def test_a_too_short_every_is_refused_in_the_units_it_was_written_in() -> None:
+    with pytest.raises(WorkflowDefinitionError) as raised:
+        Schedule(every="0s")
+    assert str(raised.value) == "Schedule: every must be at least 1s, not '0s'"
+    with pytest.raises(WorkflowDefinitionError) as raised:
+        Schedule(every=500)
+    assert str(raised.value) == "Schedule: every must be at least 1s, not 500 (milliseconds)"
+    assert Schedule(every="1s").every == 1000
+
+
 async def test_scheduling_can_be_disabled(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("BLOK_SCHEDULING_DISABLED", "1")
     async with Engine(workflows=[ticking(Schedule(every="1s"))]) as engine:

@@ -28,6 +28,8 @@ async def crashed_then_redelivered(db: Path, job: str, says: str) -> None:
         crashed = await engine.get_run(listed.id)
         assert crashed.job_id == job
         assert says in (crashed.error or "")
+        # The status says crashed: the error does not again ("crashed: crashed: …" in `show`).
+        assert not (crashed.error or "").startswith("crashed"), crashed.error
         assert crashed.step("nap").status == "failed"
         await engine.cancel((await engine.get_job(job)).run_id)  # the redelivered run
         assert (await engine.get_job(job)).state is JobState.CANCELLED

@@ -35,6 +35,7 @@ from engine.validation import (
     check_payload,
     check_priority,
     check_queue_name,
+    check_wait_timeout,
 )
 
 MB = 1024 * 1024
@@ -114,6 +115,21 @@ def test_parse_duration_raises_value_error_not_overflow_error() -> None:
     for value in (float("inf"), "9" * 400, 10**30, 10**5000):
         with pytest.raises(ValueError, match="longer than 100 years"):
             parse_duration(value)
+
+
+# ---- how long a caller waits ------------------------------------------------------------------
+def test_a_wait_takes_seconds_from_zero_up_or_none() -> None:
+    assert [check_wait_timeout(v) for v in (None, 0, 0.3, float("inf"))] == [
+        None,
+        0.0,
+        0.3,
+        float("inf"),
+    ]
+    assert (
+        refused(check_wait_timeout, -1) == "timeout must be a number of seconds from 0 up, not -1"
+    )
+    assert "not nan" in refused(check_wait_timeout, float("nan"))
+    assert "number of seconds or None, not True" in refused(check_wait_timeout, True)
 
 
 # ---- queue names ------------------------------------------------------------------------------
