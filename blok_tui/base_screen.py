@@ -66,6 +66,11 @@ class BlokScreen(Screen[None]):
     def crumb(self) -> str:
         return self.SCOPE
 
+    def crumb_among(self, trail: list[BlokScreen]) -> str:
+        """This view's crumb in the breadcrumbs of `trail` (the views open, oldest first): a
+        view that names a thing says enough of it to tell it from the others' things."""
+        return self.crumb
+
     def compose(self) -> ComposeResult:
         yield Crumbs()
         yield ReloadBanner()
@@ -85,10 +90,16 @@ class BlokScreen(Screen[None]):
         self.request_reload()
 
     def show_chrome(self) -> None:
-        trail = [s.crumb for s in self.app.screen_stack if isinstance(s, BlokScreen)]
-        self.query_one(Crumbs).show(self.blok.title, trail, self.blok.where)
+        self.show_crumbs()
         self.show_reload_errors(self.blok.reload_errors)
         self.show_keys()
+
+    def show_crumbs(self) -> None:
+        stack = [s for s in self.app.screen_stack if isinstance(s, BlokScreen)]
+        # The views up to this one: one under another may redraw its own (after a read).
+        trail = stack[: stack.index(self) + 1] if self in stack else stack
+        crumbs = [s.crumb_among(trail) for s in trail]
+        self.query_one(Crumbs).show(self.blok.title, crumbs, self.blok.where)
 
     def show_keys(self) -> None:
         """The key bar: back (when there is somewhere to go back to), this view's keys, then

@@ -26,6 +26,7 @@ import signal
 import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -177,6 +178,20 @@ def _duration_arg(text: str) -> str:
     return text
 
 
+def _timeout_arg(text: str) -> str:
+    """A job's timeout, checked here as the engine would (whole milliseconds, above 0: 0, or
+    0.4ms, would time its run out at once), so that a bad one is a usage error (exit 2)."""
+    from engine import parse_duration
+
+    try:
+        ms = parse_duration(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    if ms < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1ms, not {text!r}")
+    return text
+
+
 def _positive_ms(text: str) -> float:
     """A duration's milliseconds, above 0."""
     from engine import parse_duration
@@ -299,7 +314,8 @@ def build_parser() -> argparse.ArgumentParser:
             "--memory",
             action="store_true",
             default=default or False,
-            help="no database: runs and queues in memory only",
+            help="no database: runs and queues in memory only, in this process (the console "
+            "and worker; the other commands read a database: --db)",
         )
 
     def db_option(p: argparse.ArgumentParser, default: Any) -> None:
@@ -417,7 +433,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     enqueue.add_argument(
         "--timeout",
-        type=_duration_arg,
+        type=_timeout_arg,
         metavar="DURATION",
         help="this job's run timeout instead of its trigger's (final: not retried)",
     )
@@ -876,6 +892,7 @@ async def _runs(args: argparse.Namespace) -> None:
         )
         unknown = await _unknown_names(engine, args) if not runs else ""
         orphans = await _orphans(engine, runs)
+        now = engine.now()
     if args.stuck is not None and not unknown:
         unknown = f" running longer than {args.stuck:g}× their workflow's median time"
     if args.json:
@@ -888,7 +905,7 @@ async def _runs(args: argparse.Namespace) -> None:
                 record["orphaned"], record["orphaned_then"] = orphan.why, orphan.then
         print(json.dumps(records, indent=2))
         return
-    print(_table(runs, orphans) if runs else f"no runs{unknown}")
+    print(_table(runs, now, orphans) if runs else f"no runs{unknown}")
 
 
 async def _orphans(engine: Any, runs: Sequence[Any]) -> dict[str, Orphan]:
@@ -915,7 +932,7 @@ async def _follow_runs(args: argparse.Namespace) -> None:
         )
         unknown = await _unknown_names(engine, args) if not runs else ""
         orphans = await _orphans(engine, runs)
-        _say(_table(runs, orphans) if runs else f"no runs{unknown}")
+        _say(_table(runs, engine.now(), orphans) if runs else f"no runs{unknown}")
         _say("\nFOLLOWING (ctrl-c stops)")
         await follow_runs(engine, events, only, _say)
 
@@ -936,15 +953,20 @@ async def _unknown_names(engine: Any, args: argparse.Namespace) -> str:
     return ""
 
 
-def _table(runs: Sequence[Any], orphans: Mapping[str, Orphan] | None = None) -> str:
-    """The runs in columns; `orphans`: why nobody runs a running run (in its ERROR column)."""
+def _table(runs: Sequence[Any], now: datetime, orphans: Mapping[str, Orphan] | None = None) -> str:
+    """The runs in columns, a running run's DURATION up to `now` (the engine's clock);
+    `orphans`: why nobody runs a running run (in its ERROR column)."""
     from engine import format_duration
+
+    from .step_order import run_ms
 
     orphans = orphans or {}
     header = ("RUN", "WORKFLOW", "QUEUE", "STATUS", "WORKER", "CREATED", "DURATION", "ERROR")
     rows = [header]
     for run in runs:
-        duration = run.duration_ms
+        # Not the record's duration_ms: that runs on for a run a worker's stop sent back to
+        # the queue, which nobody runs (a listing has no steps to say when it stopped: "-").
+        duration = run_ms(run, now)
         rows.append(
             (
                 printable(run.id),
@@ -1210,9 +1232,26 @@ def _error(message: str) -> None:
     print(f"blok-tui: error: {printable(message).replace(chr(10), ' ')}", file=sys.stderr)
 
 
+# The commands that run an engine of their own; the others read and act on a database that
+# another process's engine writes, which an in-memory engine is not.
+IN_MEMORY = frozenset({None, "worker"})
+
+
+def _refuse_memory(args: argparse.Namespace) -> None:
+    """`--memory` given to a command that reads a database: it would read ./.blok/blok.db
+    instead, and say that no such database exists."""
+    if args.memory and args.command not in IN_MEMORY:
+        raise UsageError(
+            f"--memory has no meaning for {args.command!r}: an in-memory engine's runs and "
+            "queues live in its own process; use --db",
+            f"blok-tui {args.command}",
+        )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
+        _refuse_memory(args)
     except UsageError as error:
         _error(f"{error} (see {error.prog} --help)")
         return 2

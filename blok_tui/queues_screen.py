@@ -18,6 +18,7 @@ from . import actions
 from .base_screen import Changes, RowFilterScreen
 from .console import count, day_time, printable, short_ids, status_text
 from .jobs import RETRIED_AFTER, one_per_job, then_text
+from .phrases import fitted, phrase
 from .widgets import FilterInput, sparkline
 from .widgets.row_table import Column, RowTable
 from .workers_screen import workers_line
@@ -36,12 +37,15 @@ COLUMNS = (
     Column("delayed", "delayed", 7, priority=7, justify="right"),
     Column("completed", "completed", 9, priority=8, justify="right"),
     Column("failed", "failed", 6, priority=8, justify="right"),
-    Column("dead", "dead", 5, priority=8, justify="right"),
+    # Above failed: a job out of retries is counted dead, not failed, so where the table
+    # narrows, "failed ·" must not stay while the failures' count goes.
+    Column("dead", "dead", 5, priority=9, justify="right"),
     Column("jobs/s", "jobs/s", 6, priority=6, justify="right"),
     Column("last 3 min", "last 3 min", 20, priority=4),
 )
 
 
+DEAD_HINT = "out of retries: counted as dead, not failed · d lists them"
 FAILURES_SHOWN = 6  # jobs in "recent failures"
 FAILURES_READ = 40  # failed runs read to find them (a job may have failed several times)
 
@@ -73,7 +77,7 @@ class QueuesScreen(RowFilterScreen):
         yield FilterInput("filter queues by name…")
         yield RowTable(COLUMNS, id="queues")
         yield Static(id="workers-line", classes="filters")
-        yield Static("recent failures", classes="section")
+        yield Static("recent failures", classes="section", id="failures-title")
         yield Static(id="failures", classes="log")
 
     @property
@@ -156,19 +160,34 @@ class QueuesScreen(RowFilterScreen):
             self.query_one("#summary", Static).update(line, layout=False)
             return
         queues = len(self.stats)
-        line.append(f"{queues} queue{'' if queues == 1 else 's'}", style="bold")
         waiting = sum(self.waiting.values())
-        line.append(f"   {totals.waiting:,} queued · {totals.active:,} running · ")
-        line.append(f"{waiting:,} waiting · {max(0, totals.delayed - waiting):,} delayed · ")
-        line.append(f"{totals.dead:,} dead", style="magenta" if totals.dead else "")
+        # One line (it is drawn without a new layout): at a narrow width the least useful
+        # phrases go, whole: the hint, then the filter (its text is on the line under it).
+        phrases = [
+            phrase(f"{queues} queue{'' if queues == 1 else 's'}", "bold", keep=9),
+            phrase(f"{totals.waiting:,} queued", gap="   ", keep=8),
+            phrase(f"{totals.active:,} running", gap=" · ", keep=8),
+            phrase(f"{waiting:,} waiting", gap=" · ", keep=6),
+            phrase(f"{max(0, totals.delayed - waiting):,} delayed", gap=" · ", keep=5),
+            phrase(f"{totals.dead:,} dead", "magenta" if totals.dead else "", gap=" · ", keep=7),
+        ]
         if self.text:
-            line.append(f"   filter: {self.text!r}", style="khaki1")
+            phrases.append(phrase(f"filter: {self.text!r}", "khaki1", gap="   ", keep=2))
         if self.size.width >= 100:
-            line.append("   enter: its runs", style="dim")
-        self.query_one("#summary", Static).update(line, layout=False)
+            phrases.append(phrase("enter: its runs", "dim", gap="   ", keep=1))
+        width = self.size.width - 2  # the line spans the screen, padded 1 a side
+        self.query_one("#summary", Static).update(fitted(phrases, width), layout=False)
 
     def render_failures(self, runs: list[Run], jobs: dict[str, Job]) -> None:
         now, tz = self.blok.now(), self.blok.tz
+        # A failure whose job is out of retries is in the dead column, not the failed one
+        # (failed: ended without the dead-letter queue): where the list shows one, say so.
+        dead = any((job := jobs.get(run.job_id)) and job.state is JobState.DEAD for run in runs)
+        title = [phrase("recent failures", keep=1)]
+        if dead:
+            title.append(phrase(DEAD_HINT, "not bold dim", gap="   "))
+        line_width = self.size.width - 2  # the line spans the screen, padded 1 a side
+        self.query_one("#failures-title", Static).update(fitted(title, line_width))
         text = Text()
         short = short_ids([run.id for run in runs])
         width = max(map(len, short.values()), default=0)  # the notes after them line up
@@ -188,6 +207,10 @@ class QueuesScreen(RowFilterScreen):
         else:
             text.append("\n:runs failed lists them all", style="dim")
         self.query_one("#failures", Static).update(text)
+
+    def on_resize(self) -> None:
+        if self.stats:  # what fits the summary changed (before the first read: nothing)
+            self.render_summary()
 
     def selected_queue(self) -> str | None:
         return self.table.cursor_key

@@ -42,11 +42,14 @@ from .console import (
 from .diff_screen import DiffScreen
 from .inject_screen import InjectScreen
 from .jobs import RETRIED_AFTER, one_per_job, orphaned_text, then_text
+from .phrases import Phrase, flowed, phrase
+from .step_order import GOING, run_ms
 from .step_stats import StepStats, step_stats, typical_text
 from .timeline_screen import TimelineScreen
 from .tracebacks import clean_error
 from .widgets import AttemptsView, FilterInput, JsonView, StepRail
 
+CRUMB_ID = 9  # characters of the run's id in its breadcrumb, at least
 REPLAYS = 50  # replay runs of a run read (one per delivery of each replay job)
 NARROW = 110  # below this many columns the rail narrows and the run log moves under the step
 WIDE = 160  # from this many columns the rail also shows each step's usual duration
@@ -212,7 +215,17 @@ class RunScreen(BlokScreen):
 
     @property
     def crumb(self) -> str:
-        return "run " + (self.run_id.partition("_")[2] or self.run_id)[:9]
+        return self.crumb_among([self])
+
+    def crumb_among(self, trail: list[BlokScreen]) -> str:
+        """ "run 1a2497ad0", longer where another run view in the trail starts the same (two
+        deliveries of one job, started moments apart), and "#2" for a job's later delivery."""
+        ids = [view.run_id for view in trail if isinstance(view, RunScreen)]
+        crumb = "run " + short_ids([*ids, self.run_id], least=CRUMB_ID)[self.run_id]
+        run = self.run
+        if run is not None and run.job_attempt > 1:
+            crumb += f" #{run.job_attempt}"
+        return crumb
 
     @property
     def narrow(self) -> bool:
@@ -266,6 +279,7 @@ class RunScreen(BlokScreen):
         await self.load_why()
         await self.load_lineage()
         self.render_run()
+        self.show_crumbs()  # the run read: which delivery of its job it is
 
     async def load_lineage(self) -> None:
         """Its job (which delivery the run is; whether the job went on after it) and its
@@ -343,37 +357,12 @@ class RunScreen(BlokScreen):
             header.update(Text(self.missing or "loading…", style="red1" if self.missing else "dim"))
             return
         run, now, tz = self.run, self.blok.now(), self.blok.tz
-        line = Text()
-        line.append_text(status_text(str(run.status)))
-        line.append(f"  {printable(run.workflow_name)}", style="bold")
-        line.append(f" @{run.workflow_version[:8]}", style="grey62")
-        line.append(f"  queue {printable(run.queue)}", style="grey70")
-        if not self.narrow:
-            line.append(f"  {run.id}  job {run.job_id}", style="grey62")
-        deliveries = self.job.max_retries + 1 if self.job is not None else None
-        if run.job_attempt > 1 or (str(run.status) in RETRIED_AFTER and (deliveries or 1) > 1):
-            of = f" of {deliveries}" if deliveries else ""
-            line.append(f"  delivery {run.job_attempt}{of}", style="khaki3")
-        job = self.job
-        if job is not None and job.run_id == run.id and job.state is JobState.DEAD:
-            line.append("  dead letter", style="bold magenta")  # the last of its deliveries
+        header_width = self.size.width - 2  # the header spans the screen, padded 1 a side
+        # What the run is, then its times: each line broken between its phrases, never inside
+        # one ("dead" / "letter" read as two facts).
+        line = flowed(self.what_phrases(run), header_width)
         line.append("\n")
-        line.append(f"created {day_time(run.created_at, tz, now)}", style="grey70")
-        if run.started_at:
-            line.append(f"   started {day_time(run.started_at, tz, now)}", style="grey70")
-        took = run.duration_ms if run.finished_at else None
-        if run.started_at and not run.finished_at:
-            took = (now - run.started_at).total_seconds() * 1000
-        if took is not None:
-            line.append(f"   took {duration(took)}", style="grey70")
-        if run.attempts:  # none before it starts, or while it waits for its first step
-            line.append(f"   attempts {run.attempts}", style="grey70")
-        if run.failed_attempts:
-            line.append(f" ({run.failed_attempts} failed)", style="red1")
-        if run.replay_of:
-            line.append(f"   replay of {run.replay_of}", style="medium_purple1")
-            if run.replay_from_step:
-                line.append(f" from {run.replay_from_step}", style="medium_purple1")
+        line.append_text(flowed(self.when_phrases(run, now), header_width))
         if self.orphaned is not None:
             line.append("\n")
             line.append_text(orphaned_text(self.orphaned, tz))
@@ -453,6 +442,58 @@ class RunScreen(BlokScreen):
         )
         self.render_step()
         self.show_keys()
+
+    def what_phrases(self, run: Run) -> list[Phrase]:
+        """The header's first line: status, workflow, queue, ids, which delivery of its job."""
+        workflow = Text.assemble(
+            (printable(run.workflow_name), "bold"), (f" @{run.workflow_version[:8]}", "grey62")
+        )
+        phrases = [
+            Phrase(status_text(str(run.status))),
+            Phrase(workflow),
+            phrase(f"queue {printable(run.queue)}", "grey70"),
+        ]
+        if not self.narrow:
+            phrases.append(phrase(f"{run.id}  job {run.job_id}", "grey62"))  # its ids
+        # Which delivery of its job, and whether its job went to the dead-letter queue after
+        # it (the last of its deliveries): one phrase, kept together on a line.
+        job = self.job
+        delivery = Text()
+        deliveries = job.max_retries + 1 if job is not None else None
+        if run.job_attempt > 1 or (str(run.status) in RETRIED_AFTER and (deliveries or 1) > 1):
+            of = f" of {deliveries}" if deliveries else ""
+            delivery.append(f"delivery {run.job_attempt}{of}  ", style="khaki3")
+        if job is not None and job.run_id == run.id and job.state is JobState.DEAD:
+            delivery.append("dead letter", style="bold magenta")
+        delivery.rstrip()
+        phrases.append(Phrase(delivery))
+        return phrases
+
+    def when_phrases(self, run: Run, now: datetime) -> list[Phrase]:
+        """The header's second line: created, started, how long it took, its attempts."""
+        tz = self.blok.tz
+        phrases = [phrase(f"created {day_time(run.created_at, tz, now)}", "grey70")]
+        if run.started_at:
+            phrases.append(
+                phrase(f"started {day_time(run.started_at, tz, now)}", "grey70", gap="   ")
+            )
+        took = run_ms(run, now)
+        if took is not None:
+            # A run a worker's stop sent back to the queue ran this long; nobody runs it now.
+            ran = run.finished_at is None and str(run.status) not in GOING
+            verb = "ran" if ran else "took"
+            phrases.append(phrase(f"{verb} {duration(took)}", "grey70", gap="   "))
+        if run.attempts:  # none before it starts, or while it waits for its first step
+            attempts = Text.assemble((f"attempts {run.attempts}", "grey70"))
+            if run.failed_attempts:
+                attempts.append(f" ({run.failed_attempts} failed)", style="red1")
+            phrases.append(Phrase(attempts, gap="   "))
+        if run.replay_of:
+            replay = f"replay of {run.replay_of}"
+            if run.replay_from_step:
+                replay += f" from {run.replay_from_step}"
+            phrases.append(phrase(replay, "medium_purple1", gap="   "))
+        return phrases
 
     def render_step(self) -> None:
         step = self.selected_step()

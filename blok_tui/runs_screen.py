@@ -33,6 +33,8 @@ from .console import (
     status_text,
 )
 from .jobs import ORPHANED, orphaned_text, then_text
+from .phrases import Phrase, fits, fitted, phrase
+from .step_order import GOING, run_ms
 from .tracebacks import clean_error
 from .widgets import FilterInput
 from .widgets.row_table import Column, RowTable
@@ -220,9 +222,7 @@ class RunsScreen(BlokScreen):
             attempts.append(f" {run.failed_attempts}✗", style="red1")
         if run.job_attempt > 1:
             attempts.append(f" j{run.job_attempt}", style="khaki3")
-        took = run.duration_ms
-        if run.started_at is not None and run.finished_at is None:
-            took = (now - run.started_at).total_seconds() * 1000
+        took = run_ms(run, now)  # "–" for a run a worker's stop sent back to the queue
         short = self.short
         fate = self.fates.get(run.id)
         return [
@@ -236,7 +236,7 @@ class RunsScreen(BlokScreen):
             Text(day_time(run.started_at, tz, now))
             if run.started_at
             else Text(day_time(run.created_at, tz, now), style="grey50"),  # not started yet
-            Text(duration(took) if run.started_at else "–", justify="right"),
+            Text(duration(took) if took is not None else "–", justify="right"),
             attempts,
             Text(
                 short.get(run.replay_of, run.replay_of) if run.replay_of else "",
@@ -258,35 +258,55 @@ class RunsScreen(BlokScreen):
         self.render_preview()
 
     def render_filters(self) -> None:
-        line = Text()
-        if self.size.width >= 110:
-            for n, name in enumerate(STATUS_FILTERS):
-                chosen = name == self.status_name
-                line.append(f" {n} ", style="reverse bold" if chosen else "bold dim")
-                line.append(f"{name} ", style="bold" if chosen else "dim")
-        else:  # no room for the nine: the chosen one, and how to change it
-            line.append("status ", style="dim")
-            line.append(self.status_name, style="bold")
-            line.append(" (0-8, s)", style="dim")
+        # One line (drawn without a new layout): the nine statuses where the whole line fits
+        # with them, else only the chosen one; then, where it still does not fit, what says
+        # least goes first, whole. With runs marked, the bulk keys (not in the footer) stay
+        # longer than the page and the status keys.
+        width = self.size.width - 2  # the line spans the screen, padded 1 a side
+        rest = self.filter_phrases()
+        every = self.status_choice(every=True)
+        if width >= 110 and fits([*every, *rest], width):
+            line = fitted([*every, *rest], width)
+        else:
+            line = fitted([*self.status_choice(every=False), *rest], width)
+        self.query_one("#filters", Static).update(line, layout=False)
+
+    def status_choice(self, *, every: bool) -> list[Phrase]:
+        """The status filters with their keys (`every`), or the chosen one and how to change
+        it."""
+        if not every:
+            chosen = Text.assemble(("status ", "dim"), (self.status_name, "bold"))
+            return [Phrase(chosen, keep=9), phrase("(0-8, s)", "dim", gap=" ", keep=3)]
+        statuses = Text()
+        for n, name in enumerate(STATUS_FILTERS):
+            chosen_one = name == self.status_name
+            statuses.append(f" {n} ", style="reverse bold" if chosen_one else "bold dim")
+            statuses.append(f"{name} ", style="bold" if chosen_one else "dim")
+        return [Phrase(statuses, keep=9)]
+
+    def filter_phrases(self) -> list[Phrase]:
+        """The filter line after the statuses: the search, the marks, the page."""
+        phrases: list[Phrase] = []
         if self.text:
-            line.append("  / ", style="bold")
-            line.append(self.text, style="khaki1")
+            search = Text.assemble(("/ ", "bold"), (self.text, "khaki1"))
+            phrases.append(Phrase(search, keep=8))
             if self.searched >= SEARCHED:
-                line.append(f" in the newest {SEARCHED:,}", style="dim")
-            line.append("  esc clears", style="dim")
+                phrases.append(phrase(f"in the newest {SEARCHED:,}", "dim", gap=" ", keep=4))
+            phrases.append(phrase("esc clears", "dim", keep=1))
         if self.marked:
-            line.append(f"   {MARK} {len(self.marked):,} marked", style="bold khaki1")
-            line.append("  C cancel · R replay · D requeue · u unmark", style="khaki3")
+            marked = f"{MARK} {len(self.marked):,} marked"
+            phrases.append(phrase(marked, "bold khaki1", gap="   ", keep=8))
+            hint = "C cancel · R replay · D requeue · u unmark"
+            phrases.append(phrase(hint, "khaki3", keep=5))
         shown = len(self.runs)
         if shown:
-            line.append(
-                f"   {self.start + 1:,}–{self.start + shown:,} of {self.total:,}", style="bold"
-            )
-        else:
+            page = f"{self.start + 1:,}–{self.start + shown:,} of {self.total:,}"
+            phrases.append(phrase(page, "bold", gap="   ", keep=4))
+        elif self.total == 0:
             filtered = self.text or self.status_name != "all"
             hint = "no runs match" if filtered else "no runs yet: i injects a job"
-            line.append(f"   {hint}" if self.total == 0 else "", style="dim")
-        self.query_one("#filters", Static).update(line, layout=False)
+            phrases.append(phrase(hint, "dim", gap="   ", keep=7))
+        return phrases
 
     def on_resize(self) -> None:
         self.render_filters()  # nine status names, or only the chosen one
@@ -303,7 +323,7 @@ class RunsScreen(BlokScreen):
         if not self.query("#runs"):
             return  # the view is being torn down (or not composed yet)
         for run in self.runs:
-            if run.started_at is not None and run.finished_at is None:
+            if run.started_at is not None and str(run.status) in GOING:
                 self.table.update_row(run.id, self.row_cells(run))
 
     # ---- paging ----------------------------------------------------------------------------

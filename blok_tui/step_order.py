@@ -1,7 +1,8 @@
 """A run's steps as the step rail, the timeline and `blok-tui show` read them: in order
 (middleware first, then each step followed by its nested steps, grouped under their iteration,
-case, try or catch arm), each with the tags shown beside it and how long it took. No Textual
-here: the command line prints it too."""
+case, try or catch arm), each with the tags shown beside it and how long it took; and how long a
+run took, the same way in the console and in `blok-tui runs`. No Textual here: the command line
+prints it too."""
 
 from __future__ import annotations
 
@@ -55,10 +56,58 @@ def own_tags(step: StepRun) -> list[str]:
     return step.tags[1:] if step.parent is not None else step.tags
 
 
-def step_ms(step: StepRun, now: datetime) -> float | None:
-    """How long the step took, or has run until `now` (the engine's clock); None if it has
-    not started."""
+# A run or a step in these statuses goes on now: its time runs to the clock's now.
+GOING = frozenset({"running", "waiting"})
+
+
+def step_end(step: StepRun, now: datetime) -> datetime | None:
+    """Where the step's time stops: its end; `now` while it runs or waits; for one that
+    started and went back to pending (a worker's stop interrupted it: it goes on at the next
+    delivery), the end of its last attempt. None if it has not started, or stopped with no
+    attempt ended."""
     if step.started_at is None:
         return None
-    end = step.finished_at or now
+    if step.finished_at is None and str(step.status) in GOING:
+        return now
+    return _stopped_at(step)
+
+
+def _stopped_at(step: StepRun) -> datetime | None:
+    """The step's end, else the end of its last attempt that ended."""
+    if step.finished_at is not None:
+        return step.finished_at
+    return max((a.finished_at for a in step.attempts if a.finished_at is not None), default=None)
+
+
+def step_ms(step: StepRun, now: datetime) -> float | None:
+    """How long the step took, or has run until `now` (the engine's clock), or ran before it
+    was stopped; None if it has not started."""
+    end = step_end(step, now)
+    if step.started_at is None or end is None:
+        return None
     return max(0.0, (end - step.started_at).total_seconds() * 1000)
+
+
+def run_end(run: Run, now: datetime) -> datetime | None:
+    """Where the run's time stops: its end; `now` while it runs or waits. A run that started
+    and is neither (a worker's stop sent it back to the queue: its record says queued, still
+    naming that worker) stopped when its last step attempt did: its time does not run on
+    while nobody runs it. None when that is not known: not started, or no steps read (a
+    listing's runs carry none)."""
+    if run.started_at is None:
+        return None
+    if run.finished_at is not None:
+        return run.finished_at
+    if str(run.status) in GOING:
+        return now
+    ends = (_stopped_at(step) for step in run.steps if step.started_at is not None)
+    return max((end for end in ends if end is not None), default=None)
+
+
+def run_ms(run: Run, now: datetime) -> float | None:
+    """How long the run took, has run until `now`, or ran before it was stopped (`run_end`);
+    None when not known."""
+    end = run_end(run, now)
+    if run.started_at is None or end is None:
+        return None
+    return max(0.0, (end - run.started_at).total_seconds() * 1000)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -71,6 +72,58 @@ def test_usage_errors_exit_2_with_one_line(args: list[str], says: str) -> None:
     done = blok(*args)
     assert done.returncode == 2
     assert says in _one_error_line(done)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["runs"],
+        ["show", "1a2b3c4d"],
+        ["cancel", "1a2b3c4d"],
+        ["replay", "1a2b3c4d"],
+        ["where", "1a2b3c4d"],
+        ["enqueue", "naps", "{}"],
+        ["send", "1a2b3c4d", "approved", "{}"],
+        ["schedules"],
+        ["schedules", "pause", "orders.ship"],
+        ["pause", "naps"],
+        ["resume", "naps"],
+        ["health"],
+        ["attach"],
+    ],
+    ids=lambda args: "-".join(args[:2]) if args[0] == "schedules" else args[0],
+)
+def test_memory_on_a_command_that_reads_a_database_is_a_usage_error(
+    tmp_path: Path, args: list[str]
+) -> None:
+    # It read ./.blok/blok.db instead, and said no such database exists (exit 1).
+    done = subprocess.run(
+        [sys.executable, "-m", "blok_tui", "--memory", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=cli_env(),
+        cwd=tmp_path,
+    )
+    assert done.returncode == 2, done.stderr
+    line = _one_error_line(done)
+    command = args[0]
+    assert line == (
+        f"blok-tui: error: --memory has no meaning for {command!r}: an in-memory engine's runs "
+        f"and queues live in its own process; use --db (see blok-tui {command} --help)"
+    )
+    assert not (tmp_path / ".blok").exists()
+
+
+def test_memory_is_taken_by_the_worker(tmp_path: Path) -> None:
+    worker = start_worker(
+        tmp_path / "unused.db", write_workflows(tmp_path / "workflows"), "--memory"
+    )
+    try:
+        assert worker.ready_line.endswith(" on memory"), worker.ready_line
+    finally:
+        assert worker.stop() == 0, worker.stderr()
+    assert not (tmp_path / "unused.db").exists()
 
 
 def test_enqueue_then_the_run_completes_on_the_worker(served: tuple[Path, Worker]) -> None:
@@ -319,6 +372,49 @@ def test_sigterm_drains_and_the_queue_outlives_the_worker(tmp_path: Path) -> Non
         assert (run_of(database, doomed) or {}).get("status") == "cancelled"  # never ran
     finally:
         assert second.stop() == 0
+
+
+def _cell(table: str, column: str, row_start: str) -> str:
+    """The text under `column` in the row that starts with `row_start`, of a table the CLI
+    printed (its columns line up under the header's names)."""
+    lines = table.splitlines()
+    header = next(line for line in lines if column in line.split())
+    names = header.split()
+    start = header.index(column)
+    after = names.index(column) + 1
+    end = header.index(names[after], start) if after < len(names) else None
+    row = next(line for line in lines if line.startswith(row_start))
+    return row[start:end].strip()
+
+
+def test_a_run_a_stop_sent_back_to_the_queue_shows_no_clock_running(tmp_path: Path) -> None:
+    # Its record says queued, still naming the stopped worker, with no end: its DURATION in
+    # `runs` and its step's TOOK in `show` grew (7.9s, then 16.6s) while nobody ran it.
+    database = tmp_path / "blok.db"
+    worker = start_worker(database, write_workflows(tmp_path / "workflows"), "--grace", "0.2")
+    job_id = blok("enqueue", "naps", '{"seconds": 60}', "--db", database).stdout.strip()
+    run = eventually(lambda: (r := run_of(database, job_id)) and r["status"] == "running" and r)
+    eventually(
+        lambda: (
+            blok_json("show", run["id"], "--json", "--db", database)["steps"][0]["status"]
+            == "running"
+        )
+    )
+    assert worker.stop(timeout=10) == 0, worker.stderr()
+    stopped = run_of(database, job_id)
+    assert stopped is not None and stopped["status"] == "queued" and stopped["started_at"]
+
+    def shown() -> tuple[str, str]:
+        table = blok("runs", "--db", database)
+        show = blok("show", run["id"], "--db", database)
+        assert table.returncode == 0 and show.returncode == 0, table.stderr + show.stderr
+        return _cell(table.stdout, "DURATION", run["id"]), _cell(show.stdout, "TOOK", "nap ")
+
+    duration, took = shown()
+    time.sleep(1.5)
+    assert shown() == (duration, took)
+    assert duration == "-"  # a listing has no steps to say how long it ran
+    assert took.endswith(("ms", "s")), took  # the nap ran until the stop, and no longer
 
 
 def test_two_workers_on_one_database_both_consume(tmp_path: Path) -> None:

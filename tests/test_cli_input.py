@@ -250,6 +250,41 @@ def test_a_priority_outside_64_bits_is_refused_and_the_worker_keeps_serving(
     assert completed(database, ok.stdout.strip())["output"] == {"after": True}
 
 
+# ---- a bad value of an enqueue option is a usage error, as the others are -------------------
+BAD_ENQUEUE_OPTIONS = [
+    (["--timeout", "0"], "argument --timeout: must be at least 1ms, not '0'"),
+    (["--timeout", "0s"], "argument --timeout: must be at least 1ms, not '0s'"),
+    (["--timeout", "0.4ms"], "argument --timeout: must be at least 1ms, not '0.4ms'"),
+    (["--timeout=-1s"], "argument --timeout: cannot parse duration '-1s'"),
+    (["--timeout", "soon"], "argument --timeout: cannot parse duration 'soon'"),
+    (["--delay=-1s"], "argument --delay: cannot parse duration '-1s'"),
+    (["--delay", "99999999d"], "argument --delay: duration '99999999d' is longer than"),
+    (["--priority", "1.5"], "argument --priority: not a whole number: '1.5'"),
+    (["--priority", str(2**63)], "argument --priority: priority 9223372036854775808 is"),
+    (["--retries", "-1"], "argument --retries: must be between 0 and 1000, not -1"),
+    (["--retries", "1001"], "argument --retries: must be between 0 and 1000, not 1001"),
+    (["--retries", "two"], "argument --retries: not a whole number: 'two'"),
+]
+
+
+@pytest.mark.parametrize(
+    ("option", "says"),
+    BAD_ENQUEUE_OPTIONS,
+    ids=[" ".join(option) for option, _ in BAD_ENQUEUE_OPTIONS],
+)
+def test_a_bad_enqueue_option_exits_2_with_the_usage_suffix(
+    served: tuple[Path, Worker], option: list[str], says: str
+) -> None:
+    # `--timeout 0` reached the engine, which refused it: exit 1, no "(see ... --help)".
+    database, _ = served
+    before = run_ids(database)
+    done = blok("enqueue", "echo", "{}", *option, "--db", database)
+    line = one_error_line(done, 2)
+    assert says in line
+    assert line.endswith(" (see blok-tui enqueue --help)"), line
+    assert run_ids(database) == before  # nothing written
+
+
 def test_the_extreme_priorities_are_accepted(served: tuple[Path, Worker]) -> None:
     database, _ = served
     for priority in (INT64_MAX, -(2**63)):

@@ -10,7 +10,7 @@ from rich.text import Text
 from engine import Run, StepRun
 
 from ..console import duration, printable, status_style
-from ..step_order import rail_rows
+from ..step_order import rail_rows, step_end, step_ms
 
 LABEL = 18  # columns for the step names
 TOOK = 8  # columns for the durations
@@ -57,9 +57,9 @@ def _bar(cells: list[tuple[str, str]]) -> Text:
 
 def step_bar(step: StepRun, axis: Axis, now: datetime) -> Text:
     cells: list[tuple[str, str]] = [(" ", "")] * axis.width
-    if step.started_at is None:
+    end = step_end(step, now)  # not now for a step a worker's stop interrupted
+    if step.started_at is None or end is None:
         return _bar(cells)
-    end = step.finished_at or now
     style = status_style(str(step.status), steps=True)
     if step.kind == "wait" or (not step.attempts and str(step.status) == "waiting"):
         _paint(cells, axis.at(step.started_at), axis.at(end), WAIT, "khaki1")
@@ -69,13 +69,13 @@ def step_bar(step: StepRun, axis: Axis, now: datetime) -> Text:
         _paint(cells, axis.at(step.started_at), axis.at(end), char, style)
         return _bar(cells)
     for n, attempt in enumerate(step.attempts):
-        finished = attempt.finished_at or now
+        finished = attempt.finished_at or end
         if n + 1 < len(step.attempts):  # the backoff until the next attempt started
             _paint(
                 cells, axis.at(finished), axis.at(step.attempts[n + 1].started_at), GAP, "khaki3"
             )
         elif attempt.backoff_ms is not None and step.finished_at is None:
-            _paint(cells, axis.at(finished), axis.at(now), GAP, "khaki3")
+            _paint(cells, axis.at(finished), axis.at(end), GAP, "khaki3")
         attempt_style = status_style(str(attempt.status), steps=True)
         if str(attempt.status) == "timed_out":
             attempt_style = "bold dark_orange"
@@ -112,8 +112,8 @@ def timeline(run: Run, now: datetime, width: int) -> Text:
         name = f"{indent}{printable(step.name)}"
         text.append(f"{name:<{LABEL}.{LABEL}} ", style="bold" if step.attempts else "")
         text.append_text(step_bar(step, axis, now))
-        if step.started_at is not None:
-            ms = ((step.finished_at or now) - step.started_at).total_seconds() * 1000
+        ms = step_ms(step, now)
+        if ms is not None:
             text.append(f" {duration(ms):>{TOOK}}")
             if len(step.attempts) > 1:
                 text.append(f" ×{len(step.attempts)}", style="red1")

@@ -7,7 +7,9 @@ from typing import Any
 
 import anyio
 from rich.console import Console
+from textual.geometry import Region
 from textual.pilot import Pilot
+from textual.widget import Widget
 from textual.widgets import Input, Static
 
 from blok_tui.app import BlokApp
@@ -50,3 +52,10 @@ def text_of(widget: Static, width: int = 160) -> str:
     with console.capture() as capture:
         console.print(widget.content)
     return capture.get()
+
+
+def shown_lines(widget: Widget) -> list[str]:
+    """The lines `widget` draws at its size, as they are on screen: wrapped where it wraps
+    them, and cut where its height ends (`text_of` wraps at a width of its own)."""
+    region = Region(0, 0, *widget.outer_size)  # with its padding and border
+    return [strip.text.rstrip() for strip in widget.render_lines(region)]

@@ -27,13 +27,25 @@ from blok_tui.payload_template import body_template
 from blok_tui.queues_screen import QueuesScreen
 from blok_tui.run_screen import RunScreen
 from blok_tui.runs_screen import RunsScreen
+from blok_tui.widgets import Crumbs
 from blok_tui.widgets.key_bar import KeyBar
 from blok_tui.widgets.row_table import RowTable
-from engine import Engine, RateLimit, RunStatus, Step, WorkerTrigger, Workflow, wait
+from engine import (
+    Engine,
+    Job,
+    JobState,
+    RateLimit,
+    RunStatus,
+    Step,
+    WorkerTrigger,
+    Workflow,
+    wait,
+)
 from engine.events import StepStarted
 
+from . import scene
 from .flows import ALL
-from .helpers import column, command, settled, text_of, until
+from .helpers import column, command, settled, shown_lines, text_of, until
 
 pytestmark = pytest.mark.anyio
 SIZE = (140, 40)
@@ -485,3 +497,152 @@ async def test_an_attached_console_gets_the_template_from_the_workers_catalog(
                 "email": None,
                 "name": None,
             }
+
+
+# ---- a walkthrough: phrases cut by a narrow line, crumbs alike, clocks running on ------------------
+async def test_the_run_header_breaks_between_its_phrases_never_inside_one(tmp_path: Path) -> None:
+    # At 140 columns a dead letter's header wrapped as "delivery 2 of 2  dead" / " letter".
+    app = scene.app(*await scene.build(tmp_path))
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        await command(pilot, f"run {scene.rid(12)}")  # its job's last delivery: a dead letter
+        header = app.screen.query_one("#run-header", Static)
+        phrases = (
+            "✗ failed",
+            "webhooks.deliver @0be61f4a",
+            "queue webhooks",
+            "delivery 3 of 3",
+            "dead letter",
+            "took 520ms",
+            "attempts 2 (2 failed)",
+        )
+        for width in range(112, 141, 2):
+            await pilot.resize_terminal(width, 40)
+            await settled(pilot)
+            lines = shown_lines(header)
+            for phrase in phrases:
+                assert any(phrase in line for line in lines), (width, phrase, lines)
+
+
+async def test_the_queues_summary_and_the_runs_filter_line_keep_their_phrases_whole(
+    tmp_path: Path,
+) -> None:
+    # At 80x24, after /sh, the queues view's summary ended in "filter:" (its 'sh' wrapped onto
+    # a line its height hides); with runs marked, the runs view's ended in "R replay · D".
+    app = scene.app(*await scene.build(tmp_path))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settled(pilot)
+        await pilot.press("slash", "s", "h")
+        await settled(pilot)
+        [summary] = shown_lines(app.screen.query_one("#summary", Static))
+        assert re.search(r"\d queued · \d running · \d waiting · \d delayed · \d dead", summary)
+        assert summary.endswith("dead") or summary.endswith("filter: 'sh'"), summary
+        await pilot.press("escape", "escape")
+        await command(pilot, "runs failed")
+        await pilot.press("space")
+        await settled(pilot)
+        [filters] = shown_lines(app.screen.query_one("#filters", Static))
+        assert "● 1 marked  C cancel · R replay · D requeue · u unmark" in filters, filters
+        assert filters.startswith(" status failed"), filters
+
+
+async def test_the_breadcrumbs_tell_two_deliveries_of_a_job_apart(tmp_path: Path) -> None:
+    # Two deliveries of one job, started moments apart, have ids alike for ten characters: from
+    # the first, J opened the second, and both crumbs read "run 1a2497ad0".
+    folder, database = await scene.build(tmp_path)
+    first, second = scene.retried_order()  # one job: delivery 1 failed, delivery 2 completed
+    first.id, second.id = "run_1a2497ad091f3c2b7e9d04a15", "run_1a2497ad098a6e0c3b5f17d42"
+    first.job_id = second.job_id = "job_1a2497ad0910000000000000a"
+    job = Job(
+        id=first.job_id,
+        queue=first.queue,
+        workflow_name=first.workflow_name,
+        payload=first.input,
+        state=JobState.COMPLETED,
+        run_id=second.id,
+        created_at=first.created_at,
+        finished_at=second.finished_at,
+        attempts=2,
+        max_retries=1,
+    )
+    async with Engine(workflows=folder, database=database, consume=False) as engine:
+        await engine.backend.queue("sqlite").add([job], [])
+        for run in (first, second):
+            engine.backend.runs.save_run(run)
+        await engine.backend.runs.flush()
+    app = scene.app(folder, database)
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        await command(pilot, f"run {first.id}")
+        await pilot.press("J")  # its job's later delivery
+        await until(pilot, lambda: getattr(app.screen, "run_id", None) == second.id)
+        await settled(pilot)
+        [crumbs] = shown_lines(app.screen.query_one(Crumbs))
+        assert "›  run 1a2497ad091  ›  run 1a2497ad098 #2  " in crumbs, crumbs
+        await pilot.press("escape")
+        await settled(pilot)
+        [crumbs] = shown_lines(app.screen.query_one(Crumbs))
+        assert "›  run 1a2497ad0  " in crumbs, crumbs  # alone again: as short as ever
+
+
+async def test_a_run_a_stop_sent_back_to_the_queue_shows_the_time_it_ran(tmp_path: Path) -> None:
+    # Back to queued, still naming its worker, with no end: its took in the runs view and the
+    # run view, and its step's on the rail and the timeline, ran on while nobody ran it.
+    database = tmp_path / "blok.db"
+    async with Engine(workflows=ALL, database=database, grace_period=0.2) as worker:
+        job_id = await worker.enqueue("slow", {"order_id": "S9"})
+        with anyio.fail_after(10):
+            while True:
+                run = await worker.get_run((await worker.get_job(job_id)).run_id)
+                if run.steps and str(run.steps[0].status) == "running":
+                    break
+                await anyio.sleep(0.02)
+    async with Engine(database=database, create=False) as engine:  # nobody runs it now
+        run = await engine.get_run(run.id)
+        assert run.status is RunStatus.QUEUED and run.started_at and not run.finished_at
+        an_hour_on = engine.now() + timedelta(hours=1)
+        app = BlokApp(engine, clock=lambda: an_hour_on)
+        async with app.run_test(size=SIZE) as pilot:
+            await settled(pilot)
+            await command(pilot, "runs queued")
+            table = app.screen.query_one("#runs", RowTable)
+            assert column(table, "took") == ["–"]  # a listing has no steps to tell
+            await command(pilot, f"run {run.id}")
+            header = "\n".join(shown_lines(app.screen.query_one("#run-header", Static)))
+            assert re.search(r"\bran \d+(ms|\.\ds)\b", header), header
+            [rail] = [line for line in shown_lines(app.screen.query_one("#rail")) if line]
+            await pilot.press("T")  # the timeline
+            await until(pilot, lambda: bool(app.screen.query("#timeline")))
+            await settled(pilot)
+            timeline = shown_lines(app.screen.query_one("#timeline", Static))
+            [row] = [line for line in timeline if line.lstrip().startswith("sleep")]
+            # The step ran a moment (its axis spans the hour since: the run is still queued).
+            for shown in (header, rail, row):
+                assert re.search(r"\b\d+(ms|\.\ds)\b", shown), shown
+                assert not re.search(r"\b(1h|59m)", shown), shown
+
+
+async def test_the_queues_view_says_where_failures_out_of_retries_went(engine: Engine) -> None:
+    # A queue whose runs all failed and went to the dead-letter queue read "failed ·" while
+    # "recent failures" listed them right below.
+    await _dead(engine, 2)
+    app = BlokApp(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        screen = app.screen
+        assert isinstance(screen, QueuesScreen)
+        table = screen.query_one("#queues", RowTable)
+        assert (str(table.cell("doomed", "failed")), str(table.cell("doomed", "dead"))) == (
+            "·",
+            "2",
+        )
+        [title] = shown_lines(screen.query_one("#failures-title", Static))
+        assert (
+            title == " recent failures   out of retries: counted as dead, not failed · d lists them"
+        )
+        # Where the table narrows, dead stays longer than failed (and completed): no "failed ·"
+        # next to nothing at 50 columns.
+        for width in (80, 64, 50, 42):
+            await pilot.resize_terminal(width, 40)
+            await settled(pilot)
+            assert "dead" in table.shown_columns, (width, table.shown_columns)
