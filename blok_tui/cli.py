@@ -38,7 +38,7 @@ from engine.text import printable
 from .plain_text import columns, one_line
 
 if TYPE_CHECKING:
-    from engine import EventSent, Orphan
+    from engine import Orphan
 
 DEFAULT_DB = Path(".blok") / "blok.db"
 CONSOLE_GRACE = 2.0  # seconds running jobs get to finish when the console quits
@@ -1100,6 +1100,8 @@ async def _send(args: argparse.Namespace) -> None:
         raise UsageError(f"argument JSON: {error}", "blok-tui send") from None
     from engine import EngineError
 
+    from .run_text import event_fate, never_awaited
+
     async with _client(args) as engine:
         if run_id is not None:
             try:
@@ -1110,35 +1112,10 @@ async def _send(args: argparse.Namespace) -> None:
     if args.by_key:
         print(printable(" ".join(reached)) if reached else "no run waits on that key: kept")
     else:
-        print(printable(f"{run_id} {event} {_what_became_of(reached)}"))
-    if reached.awaited is False:
-        # A typo in the event's name would be kept for ever without a word.
-        waits = ", ".join(repr(e) for e in reached.workflow_events or ()) or "none"
-        print(
-            printable(
-                f"blok-tui: warning: workflow {reached.workflow!r} has no "
-                f"wait.for_event({event!r}): no step of it takes this event "
-                f"(the events it waits for: {waits})"
-            ),
-            file=sys.stderr,
-        )
-
-
-def _what_became_of(reached: EventSent) -> str:
-    """`send`'s word on an event sent to one run: "sent" when a wait took it, else kept and
-    what the run waits for instead."""
-    from engine import EventOutcome
-
-    if reached.outcome is EventOutcome.DELIVERED:
-        return "sent"
-    event = reached.event
-    if reached.waits_for:
-        now = "the run waits for " + " and ".join(repr(e) for e in reached.waits_for) + " now"
-        return f"kept: {now}; it will get {event!r} if it waits for it later"
-    return (
-        f"kept: the run waits for no event now (it is {reached.run_status}); "
-        f"it will get {event!r} when it waits for it"
-    )
+        print(printable(f"{run_id} {event} {event_fate(reached)}"))
+    unawaited = never_awaited(reached)
+    if unawaited:
+        print(printable(f"blok-tui: warning: {unawaited}"), file=sys.stderr)
 
 
 async def _schedules(args: argparse.Namespace) -> None:

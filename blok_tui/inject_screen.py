@@ -22,7 +22,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, Static, TextArea
 from textual.widgets.text_area import Selection
 
-from engine import EngineError, Run, WorkflowInfo, parse_duration
+from engine import EngineError, EventSent, Run, WorkflowInfo, parse_duration
 from engine.api import EngineAPI
 
 from .payload_template import template_text
@@ -66,6 +66,7 @@ class InjectScreen(ModalScreen[str | None]):
         self.template = ""  # the template in the editor, while the operator has not edited it
         self.replay_of = replay_of
         self.event_for = event_for
+        self.sent: EventSent | None = None  # what became of the event sent (event_for)
         self.event = event
         if event_for is not None:
             replay_of = None
@@ -263,7 +264,7 @@ class InjectScreen(ModalScreen[str | None]):
         queue, payload, priority, delay = checked
         try:
             if self.event_for is not None:
-                await self.engine.send_event(self.event_for.id, queue, payload)
+                self.sent = await self.engine.send_event(self.event_for.id, queue, payload)
                 job_id = self.event_for.id
             elif self.replay_of is not None:
                 job_id = await self.engine.replay(self.replay_of.id, input=payload)

@@ -18,6 +18,7 @@ from textual.widgets import OptionList, Static
 from engine import (
     EngineError,
     EventMessage,
+    EventOutcome,
     Job,
     JobState,
     LogLine,
@@ -43,6 +44,7 @@ from .diff_screen import DiffScreen
 from .inject_screen import InjectScreen
 from .jobs import RETRIED_AFTER, one_per_job, orphaned_text, then_text
 from .phrases import Phrase, flowed, phrase
+from .run_text import event_fate, never_awaited
 from .step_order import GOING, run_ms
 from .step_stats import StepStats, step_stats, typical_text
 from .timeline_screen import TimelineScreen
@@ -712,9 +714,19 @@ class RunScreen(BlokScreen):
         wanted = parked.input if parked is not None and isinstance(parked.input, dict) else {}
 
         def sent(run_id: str | None) -> None:
-            if run_id:
+            if not run_id:
+                return
+            fate = modal.sent
+            if fate is None or fate.outcome is EventOutcome.DELIVERED:
                 self.notify(f"run {run_id} gets it", title="Event sent")
-                self.request_reload()
+            else:  # kept: the run waits for something else now, maybe a typo
+                unawaited = never_awaited(fate)
+                self.notify(
+                    f"{fate.event} {event_fate(fate)}" + (f"\n{unawaited}" if unawaited else ""),
+                    title="Event kept",
+                    severity="warning",
+                )
+            self.request_reload()
 
         modal = InjectScreen(
             self.engine,

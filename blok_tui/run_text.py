@@ -13,7 +13,18 @@ from datetime import datetime, tzinfo
 from pathlib import Path
 from typing import Any
 
-from engine import Attempt, Job, JobState, Orphan, Run, StepRun, WaitReason, format_duration
+from engine import (
+    Attempt,
+    EventOutcome,
+    EventSent,
+    Job,
+    JobState,
+    Orphan,
+    Run,
+    StepRun,
+    WaitReason,
+    format_duration,
+)
 from engine.filters import STUCK_FACTOR
 from engine.text import printable
 
@@ -287,3 +298,31 @@ def _log(run: Run, tz: tzinfo | None) -> list[str]:
         lines.append(first + message[0])
         lines += [" " * len(first) + rest for rest in message[1:]]
     return lines
+
+
+# ---- an event sent to a run ------------------------------------------------------------------
+def event_fate(sent: EventSent) -> str:
+    """What became of an event sent to one run, after its name: "sent" when a wait took it,
+    else kept, and what the run waits for instead."""
+    if sent.outcome is EventOutcome.DELIVERED:
+        return "sent"
+    event = sent.event
+    if sent.waits_for:
+        now = "the run waits for " + " and ".join(repr(e) for e in sent.waits_for) + " now"
+        return f"kept: {now}; it will get {event!r} if it waits for it later"
+    return (
+        f"kept: the run waits for no event now (it is {sent.run_status}); "
+        f"it will get {event!r} when it waits for it"
+    )
+
+
+def never_awaited(sent: EventSent) -> str | None:
+    """A warning when the run's workflow waits for the event nowhere: a typo in its name
+    would be kept for ever without a word. None when some wait takes it, or nobody knows."""
+    if sent.awaited is not False:
+        return None
+    waits = ", ".join(repr(e) for e in sent.workflow_events or ()) or "none"
+    return (
+        f"workflow {sent.workflow!r} has no wait.for_event({sent.event!r}): no step of it "
+        f"takes this event (the events it waits for: {waits})"
+    )

@@ -91,6 +91,35 @@ async def test_send_the_awaited_event_from_the_run_view() -> None:
             done = await engine.wait_for_job(job_id, timeout=10)
             assert done.output == {"echo": {"order_id": "A1"}}
             assert done.step("approval").output == {"by": "ops"}
+            assert [n.title for n in app._notifications][-1:] == ["Event sent"]
+
+
+async def test_an_event_the_run_does_not_wait_for_is_told_kept(tmp_path: Path) -> None:
+    # A typo in the event's name: the mailbox keeps it for a wait that never comes. The view
+    # says so, and what the run waits for instead, where it said "run … gets it".
+    async with Engine(workflows=[APPROVAL]) as engine:
+        job_id = await engine.enqueue("approvals", {"order_id": "A3"})
+        run_id = await parked(engine, job_id, RunStatus.WAITING)
+        app = BlokApp(engine)
+        async with app.run_test(size=SIZE) as pilot:
+            await settled(pilot)
+            await command(pilot, f"run {run_id}")
+            await pilot.press("s")
+            await until(pilot, lambda: isinstance(app.screen, InjectScreen))
+            app.screen.query_one("#event", Input).value = "aproved"
+            app.screen.query_one(TextArea).text = "{}"
+            await pilot.press("ctrl+s")
+            await until(pilot, lambda: isinstance(app.screen, RunScreen))
+            await until(pilot, lambda: bool(app._notifications))
+            told = list(app._notifications)[-1]
+            assert (told.title, told.severity) == ("Event kept", "warning")
+            assert told.message == (
+                "aproved kept: the run waits for 'approved' now; it will get 'aproved' if it "
+                "waits for it later\nworkflow 'orders.approval' has no wait.for_event('aproved'): "
+                "no step of it takes this event (the events it waits for: 'approved')"
+            )
+        assert (await engine.get_run(run_id)).status is RunStatus.WAITING
+        await engine.cancel(run_id)
 
 
 async def test_a_bad_event_is_refused_in_the_modal() -> None:
