@@ -2,15 +2,20 @@
 
     python benchmarks/calls.py                    # memory and SQLite, N = 1000
     python benchmarks/calls.py --providers memory -n 2000
+    python benchmarks/calls.py --providers memory --shapes submit-all,producers,sequential
 
 This machine's CPU runs faster or slower by the hour (±40 % on the same code, see the passes
 in README.md), and a ratio of two timings moves with it. A count does not: each system runs
 `contract.py`'s headline shape (submit-all: N jobs enqueued one call each, then each awaited;
-the one-step `echo` workflow or task, concurrency 8) in a fresh process, with a profile hook
+the one-step `echo` workflow or task, concurrency 8; `--shapes` adds `contract.py`'s other
+shapes) in a fresh process, with a profile hook
 in every thread (`sys.setprofile`, `threading.setprofile`) that counts the calls made while
 the jobs go through: Python functions, and functions built in or written in C (a dict's `get`,
 a lock, SQLite's `execute`). The engine or the consumer is started before the count and stopped
-after it. A coroutine counts a call each time it is resumed, as profilers see it.
+after it. A coroutine counts a call each time it is resumed, as profilers see it. For blok it
+also counts the turns of the event loop (`_run_once`) while the jobs go through: a turn that
+runs one handle costs about what a turn that runs eight does, so fewer turns a job is less
+time a job even where the calls are the same.
 
 `--ladder` adds `floor.py`'s levels on the memory queue (`bare`, `records`, `queue`, `runner`:
 blok's parts added one at a time to an engine that does nothing else), counted over their whole
@@ -55,7 +60,19 @@ class CallCounter:
         self.on = False
         self.python = 0
         self.native = 0
+        self.turns = 0  # of the event loop (blok)
         self._lock = threading.Lock()
+
+    def count_turns(self) -> None:
+        """Count the turns of every asyncio event loop of this process while `on`."""
+        run_once = asyncio.base_events.BaseEventLoop._run_once  # type: ignore[attr-defined]
+
+        def counted(loop: asyncio.AbstractEventLoop) -> None:
+            if self.on:
+                self.turns += 1
+            run_once(loop)
+
+        asyncio.base_events.BaseEventLoop._run_once = counted  # type: ignore[attr-defined]
 
     def __call__(self, frame: FrameType, event: str, arg: Any) -> None:
         if not self.on:
@@ -76,34 +93,36 @@ class CallCounter:
         threading.setprofile(None)  # type: ignore[arg-type]
 
 
-def count_blok(provider: str, n: int, counter: CallCounter) -> None:
+def count_blok(provider: str, shape: str, n: int, counter: CallCounter) -> None:
+    drive = contract.DRIVERS[shape]
+    counter.count_turns()
+
     async def main() -> None:
         with tempfile.TemporaryDirectory() as folder:
             async with contract.open_engine(provider, "echo", CONCURRENCY, Path(folder)) as engine:
                 counter.on = True
-                runs = await contract.submit_all(engine, n, CONCURRENCY)
+                runs = await drive(engine, n, CONCURRENCY)
                 counter.on = False
-                await contract.check(engine, runs, n, "echo", f"calls {provider}")
+                await contract.check(engine, runs, n, "echo", f"calls {provider} {shape}")
 
     asyncio.run(main())
 
 
-def count_huey(provider: str, n: int, counter: CallCounter) -> None:
-    # huey_peer.run_contract's submit-all, with the count around its timed part only.
+def count_huey(provider: str, shape: str, n: int, counter: CallCounter) -> None:
+    # huey_peer.run_contract, with the count around its timed part only.
     with tempfile.TemporaryDirectory() as folder:
         huey = huey_peer.make_huey(provider, Path(folder), tuned=False)
         task = huey_peer.define_task(huey, "echo")
         consumer = huey_peer.start_consumer(huey, CONCURRENCY, tuned=False)
         try:
             counter.on = True
-            results = [task(i) for i in range(n)]
-            values = [r.get(blocking=True, timeout=600) for r in results]
+            values = huey_peer.drive(task, shape, n, CONCURRENCY)
             counter.on = False
         finally:
             counter.on = False
             consumer.stop(graceful=True)
     if sorted(values) != list(range(n)):
-        raise SystemExit(f"huey {provider}: {len(values)} of {n} results")
+        raise SystemExit(f"huey {provider} {shape}: {len(values)} of {n} results")
 
 
 def count_level(level: str, n: int, counter: CallCounter) -> None:
@@ -124,64 +143,77 @@ def count_level(level: str, n: int, counter: CallCounter) -> None:
     floor.check(level, asyncio.run(counted()), n)
 
 
-def one(system: str, provider: str, n: int) -> dict[str, float]:
+def one(system: str, provider: str, shape: str, n: int) -> dict[str, float]:
     counter = CallCounter()
-    run: Callable[[str, int, CallCounter], None]
+    run: Callable[[str, str, int, CallCounter], None]
     if system in LADDER:
-        run = lambda _provider, n, counter: count_level(system, n, counter)  # noqa: E731
+        run = lambda _provider, _shape, n, counter: count_level(system, n, counter)  # noqa: E731
     else:
         run = count_blok if system == "blok" else count_huey
     counter.install()
     try:
-        run(provider, n, counter)
+        run(provider, shape, n, counter)
     finally:
         counter.remove()
-    return {"python": counter.python / n, "native": counter.native / n}
+    return {"python": counter.python / n, "native": counter.native / n, "turns": counter.turns / n}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-n", type=int, default=1000)
     parser.add_argument("--providers", default="memory,sqlite")
+    parser.add_argument("--shapes", default="submit-all", help=", ".join(contract.SHAPES))
     parser.add_argument("--ladder", action="store_true", help="floor.py's levels too")
-    parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)  # system provider
+    parser.add_argument("--one", nargs=3, help=argparse.SUPPRESS)  # system provider shape
     args = parser.parse_args()
     if args.one:
-        emit(one(args.one[0], args.one[1], args.n))
+        emit(one(args.one[0], args.one[1], args.one[2], args.n))
         return
+    shapes = args.shapes.split(",")
+    unknown = [shape for shape in shapes if shape not in contract.SHAPES]
+    if unknown:
+        parser.error(f"--shapes: no shape {unknown[0]!r}; one of {', '.join(contract.SHAPES)}")
     rows = []
     for provider in args.providers.split(","):
-        counts = {
-            system: run_fresh(__file__, ["--one", system, provider, "-n", str(args.n)])
-            for system in SYSTEMS
-        }
-        for system, found in counts.items():
-            print(
-                f"  {system:5s} {provider:7s} {found['python']:8.0f} Python calls a job", flush=True
-            )
-        rows.append((provider, counts["blok"], counts["huey"]))
+        for shape in shapes:
+            counts = {
+                system: run_fresh(__file__, ["--one", system, provider, shape, "-n", str(args.n)])
+                for system in SYSTEMS
+            }
+            for system, found in counts.items():
+                print(
+                    f"  {system:5s} {provider:7s} {shape:11s} {found['python']:8.0f} Python "
+                    "calls a job",
+                    flush=True,
+                )
+            rows.append((provider, shape, counts["blok"], counts["huey"]))
     ladder = {}
     if args.ladder:
         for level in LADDER:
-            ladder[level] = run_fresh(__file__, ["--one", level, "memory", "-n", str(args.n)])
+            child = ["--one", level, "memory", "submit-all", "-n", str(args.n)]
+            ladder[level] = run_fresh(__file__, child)
             print(f"  {level:7s} memory  {ladder[level]['python']:8.0f} Python calls a job")
 
     print()
-    print("function calls a job, contract path (submit-all, echo, concurrency 8)")
+    print("function calls a job, contract path (echo, concurrency 8)")
     print(f"machine: {machine()}")
     print(f"engine: {engine_source()}")
     print(f"N = {args.n}, one fresh process each; huey as shipped")
     print()
-    print("| queue | blok Python | huey Python | blok/huey | blok C | huey C | blok/huey |")
-    print("|---|--:|--:|--:|--:|--:|--:|")
-    for provider, blok, huey in rows:
+    print(
+        "| queue | shape | blok Python | huey Python | blok/huey | blok C | huey C | blok/huey "
+        "| blok loop turns |"
+    )
+    print("|---|---|--:|--:|--:|--:|--:|--:|--:|")
+    for provider, shape, blok, huey in rows:
         print(
-            f"| {provider} | {blok['python']:,.0f} | {huey['python']:,.0f} "
+            f"| {provider} | {shape} | {blok['python']:,.0f} | {huey['python']:,.0f} "
             f"| {blok['python'] / huey['python']:.2f}x | {blok['native']:,.0f} "
-            f"| {huey['native']:,.0f} | {blok['native'] / huey['native']:.2f}x |"
+            f"| {huey['native']:,.0f} | {blok['native'] / huey['native']:.2f}x "
+            f"| {blok['turns']:.2f} |"
         )
     if ladder:
-        memory = {provider: blok for provider, blok, _ in rows}.get("memory")
+        memory = {p: blok for p, shape, blok, _ in rows if shape == "submit-all"}.get("memory")
         if memory is not None:
             ladder["blok"] = memory
         print()
