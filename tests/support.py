@@ -45,6 +45,20 @@ async def all_tasks_blocked(timeout: float = 10) -> None:
             await anyio.sleep(0.002)
 
 
+async def run_events_until(
+    events: AsyncIterator[Event], run_id: str, last: type[Event], timeout: float = 20
+) -> list[Event]:
+    """The events of one run from `events`, up to and including the first of type `last`."""
+    seen: list[Event] = []
+    with anyio.fail_after(timeout):
+        async for event in events:
+            if getattr(event, "run_id", None) == run_id:
+                seen.append(event)
+                if isinstance(event, last):
+                    return seen
+    raise AssertionError("the event stream ended")
+
+
 @asynccontextmanager
 async def expect_events(
     engine: Engine,

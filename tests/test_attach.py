@@ -10,6 +10,7 @@ from pathlib import Path
 import anyio
 import pytest
 from cli_helpers import Worker, blok, start_worker, write_workflows
+from support import run_events_until
 
 from engine import (
     AttemptStatus,
@@ -46,18 +47,6 @@ async def attached(served: tuple[Path, Worker]) -> AsyncIterator[Engine]:
         yield engine
 
 
-async def _until(events: AsyncIterator[Event], wanted: type[Event], run_id: str) -> list[Event]:
-    """Events of one run, up to and including the first `wanted` one."""
-    seen: list[Event] = []
-    with anyio.fail_after(10):
-        async for event in events:
-            if getattr(event, "run_id", None) == run_id:
-                seen.append(event)
-                if isinstance(event, wanted):
-                    return seen
-    raise AssertionError("the event stream ended")
-
-
 async def test_attached_engine_shows_what_the_worker_serves(
     served: tuple[Path, Worker], attached: Engine
 ) -> None:
@@ -83,7 +72,7 @@ async def test_events_follow_a_run_that_another_process_runs(
     )
     job_id = done.stdout.decode().strip()
     run_id = (await attached.get_job(job_id)).run_id
-    seen = await _until(events, RunFinished, run_id)
+    seen = await run_events_until(events, run_id, RunFinished, timeout=10)
     kinds = [type(e) for e in seen]
     assert kinds[0] is RunQueued
     assert kinds.index(RunStarted) < kinds.index(StepStarted) < kinds.index(StepFinished)
@@ -106,7 +95,7 @@ async def test_cancel_from_the_attached_client_stops_the_workers_step(
     events = attached.events()
     job_id = await attached.enqueue("naps", {"seconds": 30})
     run_id = (await attached.get_job(job_id)).run_id
-    await _until(events, StepStarted, run_id)
+    await run_events_until(events, run_id, StepStarted, timeout=10)
     started = time.monotonic()
     run = await attached.cancel(run_id)
     took = time.monotonic() - started
@@ -115,7 +104,7 @@ async def test_cancel_from_the_attached_client_stops_the_workers_step(
     step = run.steps[0]
     assert step.status is StepStatus.CANCELLED
     assert step.attempts[-1].status is AttemptStatus.CANCELLED
-    finished = await _until(events, RunFinished, run_id)
+    finished = await run_events_until(events, run_id, RunFinished, timeout=10)
     assert isinstance(finished[-1], RunFinished) and finished[-1].status == "cancelled"
     # The step was already reported started; only its end is news (log lines aside).
     finished = [e for e in finished if not isinstance(e, LogRecorded)]
@@ -131,7 +120,7 @@ async def test_replay_and_pause_go_through_the_worker(attached: Engine) -> None:
     assert source.status is RunStatus.COMPLETED
     events = attached.events()
     new_id = await attached.replay(source.id, input={"seconds": 0.01})
-    await _until(events, RunFinished, new_id)
+    await run_events_until(events, new_id, RunFinished, timeout=10)
     replayed = await attached.get_run(new_id)
     assert (replayed.replay_of, replayed.input) == (source.id, {"seconds": 0.01})
 
@@ -158,7 +147,7 @@ async def test_attached_console_cancels_a_run_of_the_worker(attached: Engine) ->
     events = attached.events()
     job_id = await attached.enqueue("naps", {"seconds": 30})
     run_id = (await attached.get_job(job_id)).run_id
-    await _until(events, StepStarted, run_id)
+    await run_events_until(events, run_id, StepStarted, timeout=10)
     app = BlokApp(attached)
     async with app.run_test(size=(150, 45)) as pilot:
         with anyio.fail_after(10):

@@ -10,7 +10,7 @@ from typing import Any
 
 import anyio
 import pytest
-from support import DURABLE, a_database, until
+from support import DURABLE, a_database, run_events_until, until
 
 from engine import (
     Engine,
@@ -58,18 +58,6 @@ def approval_flow() -> Workflow:
     )
 
 
-async def events_of(run_id: str, events: AsyncIterator[Event], last: type[Event]) -> list[Event]:
-    """The events of one run, up to and including the first of type `last`."""
-    seen: list[Event] = []
-    with anyio.fail_after(20):
-        async for event in events:
-            if getattr(event, "run_id", None) == run_id:
-                seen.append(event)
-                if isinstance(event, last):
-                    return seen
-    raise AssertionError("the event stream ended")
-
-
 async def waiting(run_id: str, events: AsyncIterator[Event]) -> None:
     """Until the worker engine whose `events` these are tells the run waits."""
     wanted = (run_id, "waiting")
@@ -93,7 +81,7 @@ async def test_a_run_this_engine_enqueued_is_told_queued_once(durable: Path | st
         run_id = (await producer.get_job(job_id)).run_id
         await waiting(run_id, told_by_worker)
         await producer.send_event(run_id, "approved", {"by": "ann"})
-        seen = await events_of(run_id, events, RunFinished)
+        seen = await run_events_until(events, run_id, RunFinished)
     kinds = [type(e) for e in seen]
     assert kinds.count(RunQueued) == 1, seen
     # Started, then started again when the event resumed it if a read of the feed found it

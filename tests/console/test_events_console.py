@@ -9,6 +9,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+from textual.pilot import Pilot
 from textual.widgets import Input, Static, TextArea
 
 from blok_tui.app import BlokApp
@@ -68,6 +69,17 @@ async def parked(engine: Engine, job_id: str, status: RunStatus) -> str:
             await anyio.sleep(0.02)
 
 
+async def send_modal_of(pilot: Pilot[None], run_id: str) -> InjectScreen:
+    """The run's view, and its send-event modal opened with `s`."""
+    await settled(pilot)
+    await command(pilot, f"run {run_id}")
+    await pilot.press("s")
+    await until(pilot, lambda: isinstance(pilot.app.screen, InjectScreen))
+    modal = pilot.app.screen
+    assert isinstance(modal, InjectScreen)
+    return modal
+
+
 async def test_send_the_awaited_event_from_the_run_view() -> None:
     async with Engine(workflows=[APPROVAL]) as engine:
         job_id = await engine.enqueue("approvals", {"order_id": "A1"})
@@ -94,7 +106,7 @@ async def test_send_the_awaited_event_from_the_run_view() -> None:
             assert [n.title for n in app._notifications][-1:] == ["Event sent"]
 
 
-async def test_an_event_the_run_does_not_wait_for_is_told_kept(tmp_path: Path) -> None:
+async def test_an_event_the_run_does_not_wait_for_is_told_kept() -> None:
     # A typo in the event's name: the mailbox keeps it for a wait that never comes. The view
     # says so, and what the run waits for instead, where it said "run … gets it".
     async with Engine(workflows=[APPROVAL]) as engine:
@@ -102,12 +114,9 @@ async def test_an_event_the_run_does_not_wait_for_is_told_kept(tmp_path: Path) -
         run_id = await parked(engine, job_id, RunStatus.WAITING)
         app = BlokApp(engine)
         async with app.run_test(size=SIZE) as pilot:
-            await settled(pilot)
-            await command(pilot, f"run {run_id}")
-            await pilot.press("s")
-            await until(pilot, lambda: isinstance(app.screen, InjectScreen))
-            app.screen.query_one("#event", Input).value = "aproved"
-            app.screen.query_one(TextArea).text = "{}"
+            modal = await send_modal_of(pilot, run_id)
+            modal.query_one("#event", Input).value = "aproved"
+            modal.query_one(TextArea).text = "{}"
             await pilot.press("ctrl+s")
             await until(pilot, lambda: isinstance(app.screen, RunScreen))
             await until(pilot, lambda: bool(app._notifications))
@@ -128,11 +137,7 @@ async def test_a_bad_event_is_refused_in_the_modal() -> None:
         run_id = await parked(engine, job_id, RunStatus.WAITING)
         app = BlokApp(engine)
         async with app.run_test(size=SIZE) as pilot:
-            await settled(pilot)
-            await command(pilot, f"run {run_id}")
-            await pilot.press("s")
-            await until(pilot, lambda: isinstance(app.screen, InjectScreen))
-            modal = app.screen
+            modal = await send_modal_of(pilot, run_id)
             modal.query_one("#event", Input).value = ""
             modal.query_one(TextArea).text = "{not json"
             await pilot.press("ctrl+s")
