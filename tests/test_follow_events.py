@@ -5,12 +5,11 @@ reads of the feed: on SQLite and PostgreSQL, with the worker an engine of this p
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from support import DURABLE, a_database, run_events_until, until
+from support import durable_database, run_events_until, until
 
 from engine import (
     Engine,
@@ -33,13 +32,7 @@ from engine.feed import Follower
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture(params=DURABLE)
-async def durable(
-    request: pytest.FixtureRequest, tmp_path: Path, anyio_backend: str
-) -> AsyncIterator[Path | str]:
-    async with a_database(request.param, tmp_path) as location:
-        assert location is not None
-        yield location
+database = durable_database  # the fixture: each DURABLE database in turn (tests/support.py)
 
 
 async def prepare(ctx: Any) -> str:
@@ -68,12 +61,12 @@ async def waiting(run_id: str, events: AsyncIterator[Event]) -> None:
     raise AssertionError("the event stream ended")
 
 
-async def test_a_run_this_engine_enqueued_is_told_queued_once(durable: Path | str) -> None:
+async def test_a_run_this_engine_enqueued_is_told_queued_once(database: str) -> None:
     # The producer's own enqueue is told at once, and the feed read that then finds the run
     # is not news again: a console counting runs counted every one twice.
     async with (
-        Engine(workflows=[approval_flow()], database=durable) as worker,
-        Engine(database=durable, create=False) as producer,
+        Engine(workflows=[approval_flow()], database=database) as worker,
+        Engine(database=database, create=False) as producer,
     ):
         told_by_worker = worker.events()
         events = producer.events()
@@ -90,13 +83,13 @@ async def test_a_run_this_engine_enqueued_is_told_queued_once(durable: Path | st
     assert kinds.count(RunFinished) == 1 and kinds[-1] is RunFinished, seen
 
 
-async def test_a_run_first_seen_waiting_is_told_started_and_waiting(durable: Path | str) -> None:
+async def test_a_run_first_seen_waiting_is_told_started_and_waiting(database: str) -> None:
     # Between two reads of the feed a run was queued, ran its first step and began to wait:
     # the one read that finds it tells all of it. Only `queued` was told, and
     # `blok-tui runs --follow --status waiting` printed nothing.
     async with (
-        Engine(workflows=[approval_flow()], database=durable) as worker,
-        Engine(database=durable, create=False, follow=False) as reader,
+        Engine(workflows=[approval_flow()], database=database) as worker,
+        Engine(database=database, create=False, follow=False) as reader,
     ):
         bus = EventBus()
         follower = Follower(reader.backend, bus)
