@@ -1214,13 +1214,22 @@ def _error(message: str) -> None:
 IN_MEMORY = frozenset({None, "worker"})
 
 
-def _refuse_memory(args: argparse.Namespace) -> None:
-    """`--memory` given to a command that reads a database: it would read ./.blok/blok.db
-    instead, and say that no such database exists."""
-    if args.memory and args.command not in IN_MEMORY:
+def _refuse_engine_options(args: argparse.Namespace) -> None:
+    """`--memory` or `--workflows` given to a command that reads a database: `--memory` would
+    read ./.blok/blok.db instead, and say that no such database exists; `--workflows` was
+    ignored without a word (the workers that serve the database load the workflows)."""
+    if args.command in IN_MEMORY:
+        return
+    if args.memory:
         raise UsageError(
             f"--memory has no meaning for {args.command!r}: an in-memory engine's runs and "
             "queues live in its own process; use --db",
+            f"blok-tui {args.command}",
+        )
+    if args.workflows is not None:
+        raise UsageError(
+            f"--workflows has no meaning for {args.command!r}: it reads the database, and the "
+            "workers that serve it load the workflows (blok-tui worker --workflows DIR)",
             f"blok-tui {args.command}",
         )
 
@@ -1228,7 +1237,7 @@ def _refuse_memory(args: argparse.Namespace) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
-        _refuse_memory(args)
+        _refuse_engine_options(args)
     except UsageError as error:
         _error(f"{error} (see {error.prog} --help)")
         return 2

@@ -115,6 +115,29 @@ def test_memory_on_a_command_that_reads_a_database_is_a_usage_error(
     assert not (tmp_path / ".blok").exists()
 
 
+@pytest.mark.parametrize("args", [["runs"], ["enqueue", "naps", "{}"], ["attach"]], ids=str)
+def test_workflows_on_a_command_that_reads_a_database_is_a_usage_error(
+    tmp_path: Path, args: list[str]
+) -> None:
+    # It was ignored without a word: the workers that serve the database load the workflows.
+    done = subprocess.run(
+        [sys.executable, "-m", "blok_tui", "--workflows", "flows", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=cli_env(),
+        cwd=tmp_path,
+    )
+    assert done.returncode == 2, done.stderr
+    command = args[0]
+    assert _one_error_line(done) == (
+        f"blok-tui: error: --workflows has no meaning for {command!r}: it reads the database, "
+        "and the workers that serve it load the workflows (blok-tui worker --workflows DIR) "
+        f"(see blok-tui {command} --help)"
+    )
+    assert not (tmp_path / ".blok").exists()
+
+
 def test_memory_is_taken_by_the_worker(tmp_path: Path) -> None:
     worker = start_worker(
         tmp_path / "unused.db", write_workflows(tmp_path / "workflows"), "--memory"
