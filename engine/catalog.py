@@ -11,7 +11,7 @@ import ast
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from . import expressions
@@ -36,6 +36,14 @@ KEPT_VERSIONS = 100  # per workflow, for waiting runs that resume on the version
 WorkflowSource = str | os.PathLike[str] | Sequence[Workflow] | None
 
 
+def every_step(steps: Sequence[StepDefinition]) -> Iterator[StepDefinition]:
+    """The steps and, after each, the steps nested in it (its branches, iterations, arms)."""
+    for step in steps:
+        yield step
+        for branch in step.children():
+            yield from every_step(branch)
+
+
 def body_fields(wf: Workflow) -> list[str]:
     """The `$.body.<path>` expressions a workflow's steps (nested ones too) and trigger read,
     as dotted paths, each once, in order. Callables cannot be read this way."""
@@ -50,14 +58,9 @@ def body_fields(wf: Workflow) -> list[str]:
             if parts[0] == "body" and len(parts) > 1:
                 found.setdefault(".".join(parts[1:]))
 
-    def walk(steps: Sequence[StepDefinition]) -> None:
-        for step in steps:
-            for expr in step.expressions():
-                add(expr)
-            for branch in step.children():
-                walk(branch)
-
-    walk(wf.steps)
+    for step in every_step(wf.steps):
+        for expr in step.expressions():
+            add(expr)
     trigger = wf.trigger
     if trigger is not None:
         add(trigger.concurrency_key)
@@ -69,17 +72,8 @@ def body_fields(wf: Workflow) -> list[str]:
 def awaited_events(wf: Workflow) -> list[str]:
     """The events the workflow's `wait.for_event` steps (nested ones too) wait for, each once,
     in order."""
-    found: dict[str, None] = {}
-
-    def walk(steps: Sequence[StepDefinition]) -> None:
-        for step in steps:
-            if isinstance(step, EventWaitStep):
-                found.setdefault(step.event)
-            for branch in step.children():
-                walk(branch)
-
-    walk(wf.steps)
-    return list(found)
+    events = (step.event for step in every_step(wf.steps) if isinstance(step, EventWaitStep))
+    return list(dict.fromkeys(events))
 
 
 def definition_lines(path: Path, name: str) -> list[int]:
