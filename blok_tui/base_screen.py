@@ -63,6 +63,11 @@ class BlokScreen(Screen[None]):
         return self.blok.opened_engine  # the app shows views once its engine is open
 
     @property
+    def line_width(self) -> int:
+        """The cells of a line that spans the view (its lines are padded 1 a side)."""
+        return self.size.width - 2
+
+    @property
     def crumb(self) -> str:
         return self.SCOPE
 

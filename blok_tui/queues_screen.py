@@ -175,8 +175,7 @@ class QueuesScreen(RowFilterScreen):
             phrases.append(phrase(f"filter: {self.text!r}", "khaki1", gap="   ", keep=2))
         if self.size.width >= 100:
             phrases.append(phrase("enter: its runs", "dim", gap="   ", keep=1))
-        width = self.size.width - 2  # the line spans the screen, padded 1 a side
-        self.query_one("#summary", Static).update(fitted(phrases, width), layout=False)
+        self.query_one("#summary", Static).update(fitted(phrases, self.line_width), layout=False)
 
     def render_failures(self, runs: list[Run], jobs: dict[str, Job]) -> None:
         now, tz = self.blok.now(), self.blok.tz
@@ -186,8 +185,7 @@ class QueuesScreen(RowFilterScreen):
         title = [phrase("recent failures", keep=1)]
         if dead:
             title.append(phrase(DEAD_HINT, "not bold dim", gap="   "))
-        line_width = self.size.width - 2  # the line spans the screen, padded 1 a side
-        self.query_one("#failures-title", Static).update(fitted(title, line_width))
+        self.query_one("#failures-title", Static).update(fitted(title, self.line_width))
         text = Text()
         short = short_ids([run.id for run in runs])
         width = max(map(len, short.values()), default=0)  # the notes after them line up

@@ -359,7 +359,7 @@ class RunScreen(BlokScreen):
             header.update(Text(self.missing or "loading…", style="red1" if self.missing else "dim"))
             return
         run, now, tz = self.run, self.blok.now(), self.blok.tz
-        header_width = self.size.width - 2  # the header spans the screen, padded 1 a side
+        header_width = self.line_width
         # What the run is, then its times: each line broken between its phrases, never inside
         # one ("dead" / "letter" read as two facts).
         line = flowed(self.what_phrases(run), header_width)

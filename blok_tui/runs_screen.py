@@ -262,7 +262,7 @@ class RunsScreen(BlokScreen):
         # with them, else only the chosen one; then, where it still does not fit, what says
         # least goes first, whole. With runs marked, the bulk keys (not in the footer) stay
         # longer than the page and the status keys.
-        width = self.size.width - 2  # the line spans the screen, padded 1 a side
+        width = self.line_width
         rest = self.filter_phrases()
         every = self.status_choice(every=True)
         if width >= 110 and fits([*every, *rest], width):
