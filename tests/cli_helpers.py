@@ -64,14 +64,17 @@ def cli_env() -> dict[str, str]:
     return env
 
 
-def blok(*args: str | Path, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    """Run `python -m blok_tui ARGS` to the end."""
+def blok(
+    *args: str | Path, timeout: float = 30, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run `python -m blok_tui ARGS` to the end (in `cwd`, if given)."""
     return subprocess.run(
         [sys.executable, "-m", "blok_tui", *map(str, args)],
         capture_output=True,
         text=True,
         timeout=timeout,
         env=cli_env(),
+        cwd=cwd,
     )
 
 

@@ -97,14 +97,7 @@ def test_memory_on_a_command_that_reads_a_database_is_a_usage_error(
     tmp_path: Path, args: list[str]
 ) -> None:
     # It read ./.blok/blok.db instead, and said no such database exists (exit 1).
-    done = subprocess.run(
-        [sys.executable, "-m", "blok_tui", "--memory", *args],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        env=cli_env(),
-        cwd=tmp_path,
-    )
+    done = blok("--memory", *args, cwd=tmp_path)
     assert done.returncode == 2, done.stderr
     line = _one_error_line(done)
     command = args[0]
@@ -120,14 +113,7 @@ def test_workflows_on_a_command_that_reads_a_database_is_a_usage_error(
     tmp_path: Path, args: list[str]
 ) -> None:
     # It was ignored without a word: the workers that serve the database load the workflows.
-    done = subprocess.run(
-        [sys.executable, "-m", "blok_tui", "--workflows", "flows", *args],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        env=cli_env(),
-        cwd=tmp_path,
-    )
+    done = blok("--workflows", "flows", *args, cwd=tmp_path)
     assert done.returncode == 2, done.stderr
     command = args[0]
     assert _one_error_line(done) == (

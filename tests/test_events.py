@@ -76,12 +76,18 @@ async def run_of(engine: Engine, job_id: str) -> Any:
     return await engine.get_run((await engine.get_job(job_id)).run_id)
 
 
-async def waiting(engine: Engine, job_id: str) -> Any:
-    async def parked() -> bool:
-        return (await run_of(engine, job_id)).status is RunStatus.WAITING
+async def run_when(engine: Engine, job_id: str, status: RunStatus) -> Any:
+    """The job's run, once it has `status`."""
 
-    await until(parked)
+    async def there() -> bool:
+        return (await run_of(engine, job_id)).status is status
+
+    await until(there)
     return await run_of(engine, job_id)
+
+
+async def waiting(engine: Engine, job_id: str) -> Any:
+    return await run_when(engine, job_id, RunStatus.WAITING)
 
 
 async def test_the_event_is_the_output_of_the_wait(database: Path | str | None) -> None:
@@ -103,12 +109,7 @@ async def test_an_event_sent_before_the_wait_is_kept(database: Path | str | None
     go = anyio.Event()
     async with Engine(workflows=[approval_flow(before=go.wait)], database=database) as engine:
         job_id = await engine.enqueue("ship", {})
-
-        async def running() -> bool:
-            return (await run_of(engine, job_id)).status is RunStatus.RUNNING
-
-        await until(running)
-        run = await run_of(engine, job_id)
+        run = await run_when(engine, job_id, RunStatus.RUNNING)  # held before its wait
         await engine.send_event(run.id, "approved", "early")
         assert [(m.event, m.taken_by) for m in await engine.events_of(run.id)] == [
             ("approved", None)
@@ -177,12 +178,7 @@ async def test_the_sender_is_told_whether_a_wait_took_the_event_or_it_was_kept(
     go = anyio.Event()
     async with Engine(workflows=[approval_flow(before=go.wait)], database=database) as engine:
         job_id = await engine.enqueue("ship", {})
-
-        async def running() -> bool:
-            return (await run_of(engine, job_id)).status is RunStatus.RUNNING
-
-        await until(running)
-        run = await run_of(engine, job_id)
+        run = await run_when(engine, job_id, RunStatus.RUNNING)  # held before its wait
         # Before the run reaches its wait: kept for it, and its workflow does wait for it.
         early = told(await engine.send_event(run.id, "approved", "early"))
         assert early == [run.id]
