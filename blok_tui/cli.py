@@ -958,7 +958,7 @@ def _table(runs: Sequence[Any], now: datetime, orphans: Mapping[str, Orphan] | N
     `orphans`: why nobody runs a running run (in its ERROR column)."""
     from engine import format_duration
 
-    from .step_order import run_ms
+    from .step_order import run_ms, time_runs_to
 
     orphans = orphans or {}
     header = ("RUN", "WORKFLOW", "QUEUE", "STATUS", "WORKER", "CREATED", "DURATION", "ERROR")
@@ -966,7 +966,8 @@ def _table(runs: Sequence[Any], now: datetime, orphans: Mapping[str, Orphan] | N
     for run in runs:
         # Not the record's duration_ms: that runs on for a run a worker's stop sent back to
         # the queue, which nobody runs (a listing has no steps to say when it stopped: "-").
-        duration = run_ms(run, now)
+        orphan = orphans.get(run.id)
+        duration = run_ms(run, time_runs_to(run, now, orphan))
         rows.append(
             (
                 printable(run.id),
@@ -978,8 +979,8 @@ def _table(runs: Sequence[Any], now: datetime, orphans: Mapping[str, Orphan] | N
                 format_duration(duration) if duration is not None else "-",
                 # An orphan's note in full (the last column): what comes of it, and what to
                 # do (start a worker) when nothing will, hang on its end.
-                f"orphaned: {orphans[run.id]}"
-                if run.id in orphans
+                f"orphaned: {orphan}"
+                if orphan is not None
                 else one_line(printable(run.error or ""), 60),
             )
         )

@@ -45,7 +45,7 @@ from .inject_screen import InjectScreen
 from .jobs import RETRIED_AFTER, one_per_job, orphaned_text, then_text
 from .phrases import Phrase, flowed, phrase
 from .run_text import event_fate, never_awaited
-from .step_order import GOING, run_ms
+from .step_order import GOING, run_ms, time_runs_to
 from .step_stats import StepStats, step_stats, typical_text
 from .timeline_screen import TimelineScreen
 from .tracebacks import clean_error
@@ -359,12 +359,13 @@ class RunScreen(BlokScreen):
             header.update(Text(self.missing or "loading…", style="red1" if self.missing else "dim"))
             return
         run, now, tz = self.run, self.blok.now(), self.blok.tz
+        took_to = self.run_clock()
         header_width = self.line_width
         # What the run is, then its times: each line broken between its phrases, never inside
         # one ("dead" / "letter" read as two facts).
         line = flowed(self.what_phrases(run), header_width)
         line.append("\n")
-        line.append_text(flowed(self.when_phrases(run, now), header_width))
+        line.append_text(flowed(self.when_phrases(run, took_to), header_width))
         if self.orphaned is not None:
             line.append("\n")
             line.append_text(orphaned_text(self.orphaned, tz))
@@ -433,7 +434,7 @@ class RunScreen(BlokScreen):
         typical = {}
         if self.stats is not None and self.size.width >= WIDE:
             typical = {name: typical_text(self.stats, run, name) for name in self.stats.names}
-        self.query_one(StepRail).show(run, now, tz, narrow=self.narrow, typical=typical)
+        self.query_one(StepRail).show(run, took_to, tz, narrow=self.narrow, typical=typical)
         run_log = (
             log_lines(run.logs, tz) if run.logs else Text("no engine messages", style="dim italic")
         )
@@ -471,6 +472,12 @@ class RunScreen(BlokScreen):
         phrases.append(Phrase(delivery))
         return phrases
 
+    def run_clock(self) -> datetime:
+        """The moment the run's and its steps' time runs to: now, but for an orphan the last
+        time its worker was seen (nobody runs it since)."""
+        now = self.blok.now()
+        return now if self.run is None else time_runs_to(self.run, now, self.orphaned)
+
     def when_phrases(self, run: Run, now: datetime) -> list[Phrase]:
         """The header's second line: created, started, how long it took, its attempts."""
         tz = self.blok.tz
@@ -481,8 +488,11 @@ class RunScreen(BlokScreen):
             )
         took = run_ms(run, now)
         if took is not None:
-            # A run a worker's stop sent back to the queue ran this long; nobody runs it now.
-            ran = run.finished_at is None and str(run.status) not in GOING
+            # A run a worker's stop sent back to the queue, or an orphan, ran this long:
+            # nobody runs it now.
+            ran = run.finished_at is None and (
+                str(run.status) not in GOING or self.orphaned is not None
+            )
             verb = "ran" if ran else "took"
             phrases.append(phrase(f"{verb} {duration(took)}", "grey70", gap="   "))
         if run.attempts:  # none before it starts, or while it waits for its first step
@@ -529,7 +539,7 @@ class RunScreen(BlokScreen):
                 title.append("\n")
                 title.append_text(usual)
         self.query_one("#step-title", Static).update(title)
-        self.query_one(AttemptsView).show(step, self.blok.now())
+        self.query_one(AttemptsView).show(step, self.run_clock())
         self.query_one("#step-input", JsonView).show(step.input, search=self.search)
         folded = self.query_one("#step-output", JsonView).show(
             step.output,

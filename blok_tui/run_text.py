@@ -30,7 +30,7 @@ from engine.text import printable
 
 from .console import local_times
 from .plain_text import columns, one_line
-from .step_order import own_tags, rail_rows, step_ms
+from .step_order import own_tags, rail_rows, step_ms, time_runs_to
 from .tracebacks import clean_error, fold_traceback
 
 VALUE_CHARS = 400  # of an input or output shown inline; `--json` has all of it
@@ -56,6 +56,7 @@ def run_text(
     `usual`: the seconds its workflow's runs usually take (`usual_duration`), for a running
     run; `orphaned`: why nobody runs a running run (`Engine.orphaned`); `tz`: the time zone times
     are shown in (None: this machine's)."""
+    now = time_runs_to(run, now, orphaned)  # an orphan's does not run on: nobody runs it
     lines = _facts(run, now, job, tz, usual, orphaned)
     if why is not None:
         lines.insert(2, f"{'why':<{LABEL}} {why_line(run, why, tz)}")
@@ -102,9 +103,9 @@ def _facts(
     elif run.started_at is not None and str(run.status) == "running":
         if orphaned is not None:  # whether it is stuck is moot: nothing runs it
             note = f"; nobody runs it now: {local_times(str(orphaned), tz)}"
+            facts.append(("running", f"ran {_took(run, now)}{note}"))
         else:
-            note = _stuck(run, now, usual)
-        facts.append(("running", f"for {_took(run, now)}{note}"))
+            facts.append(("running", f"for {_took(run, now)}{_stuck(run, now, usual)}"))
     if str(run.status) in ("delayed", "throttled", "debounced") and run.run_at is not None:
         facts.append(("due", _moment(run.run_at, tz)))
     if str(run.status) == "waiting" and run.wait_until is not None:

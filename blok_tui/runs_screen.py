@@ -34,7 +34,7 @@ from .console import (
 )
 from .jobs import ORPHANED, orphaned_text, then_text
 from .phrases import Phrase, fits, fitted, phrase
-from .step_order import GOING, run_ms
+from .step_order import GOING, run_ms, time_runs_to
 from .tracebacks import clean_error
 from .widgets import FilterInput
 from .widgets.row_table import Column, RowTable
@@ -222,13 +222,16 @@ class RunsScreen(BlokScreen):
             attempts.append(f" {run.failed_attempts}✗", style="red1")
         if run.job_attempt > 1:
             attempts.append(f" j{run.job_attempt}", style="khaki3")
-        took = run_ms(run, now)  # "–" for a run a worker's stop sent back to the queue
+        orphan = self.orphans.get(run.id)
+        # "–" for a run a worker's stop sent back to the queue; an orphan's stops when its
+        # worker was last seen.
+        took = run_ms(run, time_runs_to(run, now, orphan))
         short = self.short
         fate = self.fates.get(run.id)
         return [
             Text(MARK if run.id in self.marked else " ", style="bold khaki1"),
             status_text(str(run.status)),
-            then_text(fate) if fate is not None else ORPHANED if run.id in self.orphans else "",
+            then_text(fate) if fate is not None else ORPHANED if orphan is not None else "",
             Text(short.get(run.id, run.id), style="grey85"),
             printable(run.workflow_name),
             Text(run.workflow_version[:8], style="grey62"),

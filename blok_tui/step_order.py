@@ -6,9 +6,10 @@ prints it too."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import datetime
 
-from engine import Run, StepRun
+from engine import Orphan, Run, StepRun
 
 # A row of the rail: a step at a depth, or the header of a group of a parent's nested steps.
 Row = tuple[int | None, int, str, int | None]  # (step index or None, depth, label, parent)
@@ -86,6 +87,35 @@ def step_ms(step: StepRun, now: datetime) -> float | None:
     if step.started_at is None or end is None:
         return None
     return max(0.0, (end - step.started_at).total_seconds() * 1000)
+
+
+def time_runs_to(run: Run, now: datetime, orphan: Orphan | None) -> datetime:
+    """The moment a run's time, and its steps', runs to: `now`; but nobody runs an orphan, so
+    its time stops at the last sign it ran: its worker's last heartbeat, or the latest moment
+    its record names (heartbeats are seconds apart: a run may start after the last one)."""
+    if orphan is None or orphan.since is None:
+        return now
+    signs = [orphan.since, *_moments(run)]
+    return min(now, max(signs))
+
+
+def _moments(run: Run) -> Iterator[datetime]:
+    """The moments a running run's record names: its start, its steps' and attempts' starts
+    and ends, its log lines'."""
+    if run.started_at is not None:
+        yield run.started_at
+    for line in run.logs:
+        yield line.ts
+    for step in run.steps:
+        for moment in (step.started_at, step.finished_at):
+            if moment is not None:
+                yield moment
+        for attempt in step.attempts:
+            for moment in (attempt.started_at, attempt.finished_at):
+                if moment is not None:
+                    yield moment
+        for line in step.logs:
+            yield line.ts
 
 
 def run_end(run: Run, now: datetime) -> datetime | None:

@@ -163,6 +163,9 @@ class Orphan:
 
     why: str  # "its worker … is gone (…)"
     then: str  # TAKEN_OVER or LOST_WITH_IT, and NONE_ALIVE when no worker is alive
+    # The last moment its holder was known alive with it: that worker's last heartbeat, or the
+    # end of its lease if sooner. None: not known.
+    since: datetime | None = None
 
     def __str__(self) -> str:
         return f"{self.why}; {self.then}"
@@ -179,7 +182,9 @@ def orphaned(
         # A running run's job is kept until it ends, so it is a memory queue's, in the memory
         # of the process that runs it: that process's life is the job's.
         why = worker_gone(run.worker, workers, now) if run.worker else None
-        return None if why is None else Orphan(why, _then(LOST_WITH_IT, workers, now))
+        if why is None:
+            return None
+        return Orphan(why, _then(LOST_WITH_IT, workers, now), _last_seen(run.worker, workers))
     if job.run_id != run.id:
         return None
     return job_orphaned(job, workers, now)
@@ -191,7 +196,17 @@ def job_orphaned(job: Job, workers: Iterable[WorkerInfo], now: datetime) -> Orph
     if job.state is not JobState.ACTIVE:
         return None
     why = holder_gone(job, workers, now)
-    return None if why is None else Orphan(why, _then(TAKEN_OVER, workers, now))
+    if why is None:
+        return None
+    # Whichever came first: a frozen or killed worker's heartbeats stopped before its lease ran
+    # out; a worker that heartbeats on without renewing held the job only until its lease did.
+    seen = [t for t in (_last_seen(job.worker, workers), job.lease_until) if t is not None]
+    return Orphan(why, _then(TAKEN_OVER, workers, now), min(seen, default=None))
+
+
+def _last_seen(worker_id: str | None, workers: Iterable[WorkerInfo]) -> datetime | None:
+    """The worker's last heartbeat, if it is registered."""
+    return next((w.heartbeat_at for w in workers if w.id == worker_id), None)
 
 
 def _then(then: str, workers: Iterable[WorkerInfo], now: datetime) -> str:

@@ -27,7 +27,7 @@ GONE = f"its worker {DEAD.id} is gone (no heartbeat since {DEAD.heartbeat_at.iso
 
 def test_a_memory_queues_run_whose_worker_is_dead_is_lost_with_it() -> None:
     run = a_run(status=RunStatus.RUNNING, worker=DEAD.id)
-    assert orphaned(run, None, [ALIVE, DEAD], NOW) == Orphan(GONE, LOST_WITH_IT)
+    assert orphaned(run, None, [ALIVE, DEAD], NOW) == Orphan(GONE, LOST_WITH_IT, DEAD.heartbeat_at)
     # With no worker alive, nothing records it until one starts: said so.
     assert str(orphaned(run, None, [DEAD], NOW)) == f"{GONE}; {LOST_WITH_IT}{NONE_ALIVE}"
 
@@ -54,12 +54,16 @@ def test_a_held_job_of_a_dead_worker_is_taken_over() -> None:
         }
     )
     run = run.model_copy(update={"status": RunStatus.RUNNING, "worker": DEAD.id})
-    assert orphaned(run, job, [ALIVE, DEAD], NOW) == Orphan(GONE, TAKEN_OVER)
-    assert orphaned(run, job, [DEAD], NOW) == Orphan(GONE, TAKEN_OVER + NONE_ALIVE)
+    assert orphaned(run, job, [ALIVE, DEAD], NOW) == Orphan(GONE, TAKEN_OVER, DEAD.heartbeat_at)
+    assert orphaned(run, job, [DEAD], NOW) == Orphan(
+        GONE, TAKEN_OVER + NONE_ALIVE, DEAD.heartbeat_at
+    )
     # Its worker alive, its lease run out: frozen, or gone.
     lapsed = job.model_copy(update={"worker": ALIVE.id, "lease_until": NOW - timedelta(seconds=5)})
     found = orphaned(run, lapsed, [ALIVE], NOW)
     assert found is not None and found.then == TAKEN_OVER
+    # It held the job until its lease ran out, though it heartbeats on.
+    assert found.since == lapsed.lease_until
     assert found.why.startswith(f"its worker {ALIVE.id} let the lease on its job run out at ")
     # The job went on to another run, or is no longer held: this run is not the one to say so.
     assert orphaned(run, job.model_copy(update={"run_id": "run_next"}), [DEAD], NOW) is None

@@ -43,6 +43,11 @@ def _first(database: Path, status: str) -> str | None:
     return next((run["id"] for run in listed if run["status"] == status), None)
 
 
+def _duration(row: str) -> str:
+    """The DURATION of a `runs` row whose ERROR column says it is orphaned."""
+    return row.partition(" orphaned: ")[0].split()[-1]
+
+
 def _flat(text: str) -> str:
     return " ".join(text.split())
 
@@ -82,6 +87,12 @@ def test_a_memory_queues_run_is_out_of_reach_until_its_worker_dies_then_orphaned
     ]
     shown = _flat(blok("show", run_id, "--db", database).stdout)
     assert f"; nobody runs it now: {why}; {LOST}{NONE_ALIVE}" in shown, shown
+    # Its time stopped when its worker was last seen: the same in every listing, however late,
+    # and in `show`.
+    took = _duration(row)
+    again = blok("runs", "--db", database, "--status", "running").stdout.splitlines()
+    assert [_duration(line) for line in again if run_id in line] == [took], (row, again)
+    assert f"running ran {took}; nobody runs it now" in shown, shown
     gone = blok("where", run_id, "--db", database, "--timeout", "30s")
     assert gone.returncode == 1 and gone.stdout == "", gone
     assert gone.stderr == (

@@ -5,6 +5,8 @@ says why nobody runs it. A real worker process, killed with its run held."""
 from __future__ import annotations
 
 import json
+import re
+from datetime import timedelta
 from pathlib import Path
 
 import anyio
@@ -85,6 +87,16 @@ async def test_a_running_run_whose_worker_died_is_marked_orphaned(
             await pilot.press("enter")
             await until(pilot, lambda: isinstance(app.screen, RunScreen))
             await until(pilot, lambda: why in _flat(app.screen.query_one("#run-header", Static)))
+            # Its time stopped when its worker was last seen: it reads the same a while later.
+            header = _flat(app.screen.query_one("#run-header", Static))
+            took = re.search(r" ran (\S+) ", header)
+            assert took is not None, header
+            later = engine.now() + timedelta(seconds=1.5)
+            await until(pilot, lambda: engine.now() > later)
+            screen = app.screen
+            assert isinstance(screen, RunScreen)
+            screen.render_run()
+            assert took.group(0) in _flat(screen.query_one("#run-header", Static))
             # A cancel is asked as what it is: a record written now, no code to interrupt.
             await pilot.press("c")
             await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
