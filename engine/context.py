@@ -36,6 +36,8 @@ class RunLogger(logging.Logger):
         self.parent = _engine_log
 
     def callHandlers(self, record: logging.LogRecord) -> None:
+        if record.args:
+            _fit_arguments(record)
         if self._secrets:
             self._redact(record)
         self._sink(record)
@@ -52,6 +54,19 @@ class RunLogger(logging.Logger):
         if redacted != text:
             record.msg, record.args = redacted, None
             record.exc_info, record.exc_text = None, None
+
+
+def _fit_arguments(record: logging.LogRecord) -> None:
+    """A log call whose arguments do not fit its format (`info("%s %s", 1)`) fails no step: a
+    logging handler says so and goes on. It is kept as written, saying why."""
+    try:
+        record.getMessage()
+    except Exception as error:  # whatever the arguments' own __str__ raises, too
+        record.msg = (
+            f"{record.msg} {record.args!r} (the log call's arguments do not fit its format: "
+            f"{type(error).__name__}: {error})"
+        )
+        record.args = None
 
 
 def _discard(record: logging.LogRecord) -> None:

@@ -8,6 +8,7 @@ workflow, the idempotency cache, dispatching a child run) comes through `Service
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -41,6 +42,7 @@ from .node_calls import NodeCalls
 from .origin import Stopped, failed_before_running, failed_for_good, stopped_in_thread
 from .records import assign, construct
 from .services import UNRECORDED, Recorder, Services
+from .step_values import KEY, bad_input, check_output
 from .threads import SyncCall
 from .workflow import EventWaitStep, Step, StepDefinition, WaitStep, Workflow
 
@@ -110,8 +112,14 @@ class Outcome:
 def user_error(error: BaseException) -> bool:
     """An error raised by a user's code (a node, an input, a condition) fails its step: any
     exception, SystemExit, KeyboardInterrupt and GeneratorExit included. Only the engine's own
-    cancellation (an operator's cancel, a timeout, a stop) goes through."""
-    return not isinstance(error, anyio.get_cancelled_exc_class())
+    cancellation (an operator's cancel, a timeout, a stop) goes through: a `CancelledError`
+    while this task is being cancelled. One a node raised itself, or let out of a task of its
+    own that was cancelled, is its failure: taken for a stop, it would end the worker's task
+    group, or send the job back to the queue to be taken again at once, for ever."""
+    if not isinstance(error, anyio.get_cancelled_exc_class()):
+        return True
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() == 0
 
 
 def parse_until(value: Any) -> datetime:
@@ -136,21 +144,6 @@ def parse_until(value: Any) -> datetime:
         f"wait.until: cannot parse {value!r} as a date: use a datetime, an ISO 8601 string "
         "('2026-12-02T15:00:00Z') or epoch milliseconds"
     )
-
-
-_SCALARS = (str, int, float, bool, type(None))
-
-
-def _jsonable(value: Any, what: str) -> None:
-    if type(value) in _SCALARS:  # most nodes return these; no need to encode them to know
-        return
-    try:
-        json.dumps(value)
-    except (TypeError, ValueError) as error:
-        raise TypeError(
-            f"{what} is not JSON-serialisable ({type(value).__name__}: {error}); "
-            "return dicts, lists, strings, numbers, booleans or None"
-        ) from None
 
 
 def pending_step(
@@ -204,16 +197,6 @@ def running_attempt(number: int, now: datetime) -> Attempt:
             backoff_ms=None,
         ),
     )
-
-
-def _bad_input(name: str, error: BaseException) -> str:
-    """Why a step's input could not be made: an expression's error names its path already; a
-    callable's names the input and its exception ("KeyError 'amount'", not a bare "'amount'")."""
-    if isinstance(error, expressions.ExpressionError):
-        return f"bad input: {error}"
-    if isinstance(error, KeyError) and len(error.args) == 1:
-        return f"bad input {name}: KeyError {error.args[0]!r}"
-    return f"bad input {name}: {type(error).__name__}" + (f": {error}" if str(error) else "")
 
 
 class Runner:
@@ -524,14 +507,14 @@ class Runner:
                 inputs[resolving] = self._resolve(value, ctx)
             key = None
             if step.idempotency_key is not None:
-                resolving = "idempotency_key"
+                resolving = KEY
                 resolved = self._resolve(step.idempotency_key, ctx)
                 key = None if resolved is None else str(resolved)  # None: nothing to cache
         except BaseException as error:
             if not user_error(error):
                 raise
             record.status = StepStatus.FAILED
-            record.error = _bad_input(resolving, error)
+            record.error = bad_input(resolving, error)
             record.finished_at = self.clock.now()
             self._finished(run, record)
             message = failed_before_running(where, record.error, error, step.defined_at)
@@ -600,7 +583,7 @@ class Runner:
                     timed_out = True
                     ctx.attempt_stopped = True
                 else:
-                    _jsonable(result, f"the return value of {step.name}")
+                    check_output(result, f"the return value of {step.name}")
                     step.keep(ctx.state, result)  # a spread of a non-dict fails the attempt
             except BaseException as error:
                 if not user_error(error):

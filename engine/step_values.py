@@ -1,0 +1,61 @@
+"""What a step's node is given and what it gives back, as the runner checks them: why an
+input (or the step's idempotency key) could not be made, and whether a return value can be
+stored as the step's output."""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import Any
+
+from . import expressions
+from .validation import InvalidInput, check_payload
+
+# Below this many bits an int has fewer than Python's 4,300 digits that `str()` and json.dumps
+# take (2 ** 14_000 has 4,215): such a return value needs no further look.
+_SHORT_INT_BITS = 14_000
+
+
+def check_output(value: Any, what: str) -> None:
+    """A node's return value is stored as its step's output: it must be what every backend
+    stores (standard JSON: no NaN, string keys, no NUL; see `check_payload`). One a database
+    refuses would otherwise fail the run's write after the step passed, and leave the run
+    recorded as it was."""
+    kind = type(value)
+    if value is None or kind is bool or (kind is int and value.bit_length() < _SHORT_INT_BITS):
+        return  # most nodes return these
+    if kind is float and math.isfinite(value):
+        return
+    if kind is int:
+        try:
+            str(value)
+        except ValueError:  # past Python's limit on int-to-str conversion, which JSON uses
+            raise TypeError(
+                f"{what} is an integer of more than {sys.get_int_max_str_digits():,} digits, "
+                "which JSON cannot hold here; return it as a string"
+            ) from None
+        return
+    try:
+        check_payload(value, None, what=what)
+    except InvalidInput as error:
+        raise TypeError(
+            f"{error}; return dicts, lists, strings, numbers, booleans or None"
+        ) from None
+
+
+KEY = "idempotency_key"  # what `bad_input` is told while the step's key is made
+
+
+def bad_input(name: str, error: BaseException) -> str:
+    """Why a step's input, or its idempotency key, could not be made: an expression's error
+    names its path already; a callable's names the input and its exception ("KeyError
+    'amount'", not a bare "'amount'")."""
+    if name == KEY:
+        what, name = "bad idempotency key", ""
+    else:
+        what, name = "bad input", f" {name}"
+    if isinstance(error, expressions.ExpressionError):
+        return f"{what}: {error}"
+    if isinstance(error, KeyError) and len(error.args) == 1:
+        return f"{what}{name}: KeyError {error.args[0]!r}"
+    return f"{what}{name}: {type(error).__name__}" + (f": {error}" if str(error) else "")
