@@ -1062,6 +1062,20 @@ async def _cancel(args: argparse.Namespace) -> None:
     async with _client(args) as engine:
         run = await engine.cancel((await engine.find_run(args.run_id)).id)
     print(printable(f"{run.id} {run.status}"))
+    if not run.terminal:
+        # The signal is on its job, and stays: the worker holding it ends the run once it
+        # reads it. Not an error, but no "done" either.
+        from engine.cancelling import CANCEL_WAIT_S
+
+        print(
+            printable(
+                f"blok-tui: warning: cancel asked, but run {run.id} is still {run.status} after "
+                f"{CANCEL_WAIT_S:g}s: the worker holding it has not stopped it (its code may "
+                "hold the worker's event loop, or the worker is frozen); that worker stops it "
+                "once it reads the cancel, unless it ends first"
+            ),
+            file=sys.stderr,
+        )
 
 
 async def _where(args: argparse.Namespace) -> None:

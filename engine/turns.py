@@ -6,7 +6,8 @@ calls in a loop (waiting for each of 100,000 jobs that have ended) holds the loo
 loop is done: no other task of the process runs meanwhile (the worker's slots, the renewal of
 its leases, the console), and the loop watchdog reports it blocked. Giving the loop away at
 every such call would cost a turn each, about what the call itself costs; once a slice of time
-costs about nothing.
+costs about nothing (`TimeSlice`). And the other way round: whether a task's awaits did give the
+loop a turn (`LoopTurn`).
 """
 
 from __future__ import annotations
@@ -37,3 +38,19 @@ class TimeSlice:
         if now >= self._until:
             self._until = now + SLICE_S
             await asyncio.sleep(0)  # asyncio's own: anyio's is this behind three lookups
+
+
+class LoopTurn:
+    """Whether the event loop has gone round since this was made: a callback queued with
+    `call_soon` runs once the loop has run what was ready before it, so a slot can tell a job
+    that gave the rest of the engine its turn from one that never waited. (The engine runs on
+    asyncio: aiosqlite and asyncpg do.)"""
+
+    __slots__ = ("came",)
+
+    def __init__(self) -> None:
+        self.came = False
+        asyncio.get_running_loop().call_soon(self._come)
+
+    def _come(self) -> None:
+        self.came = True

@@ -115,7 +115,12 @@ async def explain(backend: Backend, run: Run, job: Job | None) -> WaitReason:
             run.id, status, "delay", f"delayed until {_at(run.run_at)}", until=run.run_at
         )
     if job is not None and job.state is JobState.ACTIVE:
-        return WaitReason(run.id, status, "queued", "claimed by a worker: it starts now")
+        # Claimed ahead of a free slot (a database queue's claim takes more than it was asked):
+        # it starts as soon as one of that worker's slots is free, not necessarily now.
+        held = f"worker {job.worker}" if job.worker else "a worker"
+        return WaitReason(
+            run.id, status, "queued", f"claimed by {held}: it starts when one of its slots is free"
+        )
     if not await served(backend, run.queue):
         return WaitReason(
             run.id,

@@ -38,6 +38,7 @@ from .memory_runs import requeue_memory_runs
 from .models import Job, JobState, LogLine, Run, RunStatus, StepStatus, WorkerInfo
 from .queue_runtime import QueueRuntime
 from .runner import Outcome, Runner, SnapshotLost
+from .turns import LoopTurn
 from .watchdog import WATCHDOG_S, LoopWatchdog
 from .whereabouts import NOTHING_RUNS, STARTING, WHERE
 from .workflow import Workflow
@@ -54,22 +55,6 @@ CLAIM_TIMEOUT_S = 1.0
 UNWIND_S = 1.0  # how long stopped code may take to unwind before it counts as not stopping
 # Job meta that only carries the job's own settings: its first run is as the job says.
 JOB_SETTINGS = frozenset({"delay_ms", "timeout_ms"})
-
-
-class LoopTurn:
-    """Whether the event loop has gone round since this was made: a callback queued with
-    `call_soon` runs once the loop has run what was ready before it, so a slot can tell a job
-    that gave the rest of the engine its turn from one that never waited. (The engine runs on
-    asyncio: aiosqlite and asyncpg do.)"""
-
-    __slots__ = ("came",)
-
-    def __init__(self) -> None:
-        self.came = False
-        asyncio.get_running_loop().call_soon(self._come)
-
-    def _come(self) -> None:
-        self.came = True
 
 
 @dataclass
@@ -855,6 +840,8 @@ class Worker:
         when it starts if it was claimed ahead."""
         handle = self.by_job.get(job_id)
         if handle is None:
+            if name == "cancel" and self._cancel_ahead(job_id):
+                return
             if len(self._early) > 10_000:
                 self._early.clear()
             self._early.setdefault(job_id, {})[name] = at
@@ -863,6 +850,25 @@ class Worker:
             return
         handle.seen[name] = at
         self.act(handle, name)
+
+    def _cancel_ahead(self, job_id: str) -> bool:
+        """Cancel a job claimed ahead here, if it is: nothing runs it yet, and it would wait
+        for a free slot (a whole job's length) before its cancel took."""
+        for runtime in self.runtimes.values():
+            claim = runtime.queue.drop_ahead(runtime.name, job_id)
+            if claim is not None:
+                assert self._tg is not None
+                self._tg.start_soon(self._cancel_held, runtime, claim)
+                return True
+        return False
+
+    async def _cancel_held(self, runtime: QueueRuntime, claim: Claim) -> None:
+        run = await self.backend.runs.get_run(claim.job.run_id)
+        if run is None:  # nothing to record it on: back to the queue, as a stop gives it
+            await self.ledger.release(runtime.queue, claim.job, None, "")
+        elif not await self.ledger.cancel_pending(runtime.queue, claim.job, run):
+            log.warning("job %s: moved on before its cancel took", claim.job.id)
+        runtime.nudge()  # one fewer kept ahead: the claim loop may top up
 
     def in_backoff(self, run_id: str) -> bool:
         """The run sleeps between two attempts of a step (retry now can cut it short)."""

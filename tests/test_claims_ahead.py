@@ -108,3 +108,36 @@ async def test_more_is_claimed_ahead_only_for_short_jobs_and_few_kept(database: 
         in_memory = QueueRuntime(QUEUE, wf, producer.backend.queue("memory"), concurrency=2)
         finished_just_now(in_memory, *short)
         assert not in_memory.short_of_ahead()
+
+
+async def test_a_job_claimed_ahead_is_cancelled_at_once_not_when_a_slot_frees(
+    database: str,
+) -> None:
+    """Its worker held it for a free slot, which the jobs ahead of it kept for as long as they
+    ran: the cancel took only then, and said nothing meanwhile (the run still `queued`). The
+    worker ends it as soon as it hears of the cancel; the jobs running go on."""
+    gates = [anyio.Event() for _ in range(4)]
+    started: list[int] = []
+    async with Engine(
+        workflows=[gated_workflow(database, gates, started)], database=database
+    ) as engine:
+        ids = await engine.enqueue_many(QUEUE, [{"i": i} for i in range(4)])
+        await until(lambda: sorted(started) == [0, 1])
+        held = await engine.get_job(ids[2])
+        assert held.state is JobState.ACTIVE  # claimed ahead: no slot has it
+        with anyio.fail_after(5):  # well within the wait a cancel allows a holder (8 s)
+            cancelled = await engine.cancel(held.run_id)
+        assert cancelled.status is RunStatus.CANCELLED, cancelled
+        assert cancelled.error == "cancelled by operator before it ran"
+        assert (await engine.get_job(ids[2])).state is JobState.CANCELLED
+        assert sorted(started) == [0, 1]  # the gates still hold them
+        for gate in gates:
+            gate.set()
+        runs = [await engine.wait_for_job(job_id, timeout=10) for job_id in ids]
+    assert [run.status for run in runs] == [
+        RunStatus.COMPLETED,
+        RunStatus.COMPLETED,
+        RunStatus.CANCELLED,
+        RunStatus.COMPLETED,
+    ]
+    assert sorted(started) == [0, 1, 3]

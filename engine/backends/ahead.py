@@ -48,6 +48,17 @@ class Ahead:
                 return claim
         return None
 
+    def drop(self, queue: str, job_id: str) -> Claim | None:
+        """The claim of the job, no longer kept; None if it is not kept here."""
+        kept = self._claims.get(queue)
+        if kept is None:
+            return None
+        for claim in kept:
+            if claim.job.id == job_id:
+                kept.remove(claim)
+                return claim
+        return None
+
     def count(self, queue: str) -> int:
         """How many claims `queue` keeps, lost leases included (the worker's top-up asks for
         the rest)."""

@@ -532,6 +532,12 @@ class JobQueue(ABC):
         """How many jobs of `queue` this queue keeps claimed ahead (0 if it never does)."""
         return 0
 
+    def drop_ahead(self, queue: str, job_id: str) -> Claim | None:
+        """The claim of a job kept ahead and not started, no longer kept (an operator cancels
+        it); None if this queue keeps no such claim. Its job is still held: the caller ends
+        it or gives it back."""
+        return None
+
     async def claim_ahead(self, queue: str, limit: int, worker: str, lease_s: float) -> int:
         """Claim up to `limit` more due jobs to keep ahead for `claim_nowait`, each `handed`
         (the worker asks only while its jobs are short, so they start within moments: their

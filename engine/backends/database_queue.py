@@ -308,6 +308,9 @@ class DatabaseQueue(JobQueue):
     def ahead(self, queue: str) -> int:
         return self._ahead.count(queue)
 
+    def drop_ahead(self, queue: str, job_id: str) -> Claim | None:
+        return self._ahead.drop(queue, job_id)
+
     async def claim_ahead(self, queue: str, limit: int, worker: str, lease_s: float) -> int:
         # One try: a top-up is a spare, and must not hold the claim loop (and with it a stop)
         # through an outage; the next claim for a free slot waits for the database.
