@@ -69,6 +69,19 @@ def _fit_arguments(record: logging.LogRecord) -> None:
         record.args = None
 
 
+def own_copy(value: Any) -> Any:
+    """A JSON value's containers copied, its strings and numbers shared: a node may change its
+    `ctx.body` as it likes without changing the job's payload (what its next delivery, a
+    replay and the run's record read), or the enqueuer's dict, as a queue that stores
+    payloads as bytes never lets it."""
+    kind = type(value)
+    if kind is dict:
+        return {key: own_copy(item) for key, item in value.items()}
+    if kind is list or kind is tuple:
+        return [own_copy(item) for item in value]
+    return value
+
+
 def _discard(record: logging.LogRecord) -> None:
     pass
 
@@ -226,7 +239,7 @@ class Context:
         return cls(
             run_id=run.id,
             workflow_name=run.workflow_name,
-            body=job.payload,
+            body=own_copy(job.payload),
             headers=job.headers,
             params={
                 "queue": job.queue,

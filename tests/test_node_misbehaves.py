@@ -141,3 +141,37 @@ async def test_an_idempotency_key_that_cannot_be_made_is_said_so(
     assert run.steps[0].error == (
         "bad idempotency key: $.body.missing: $.body has no key 'missing' (it has oid)"
     )
+
+
+async def test_a_node_that_changes_its_body_changes_nobody_elses(
+    database: Path | str | None,
+) -> None:
+    """`ctx.body` was the job's payload itself (and, on memory or straight from enqueue, the
+    enqueuer's dict): a node that changed it changed the run's recorded input, what the job's
+    next delivery ran on, and the next job enqueued with the same dict."""
+
+    def changes_its_body(ctx: Any) -> Any:
+        seen = dict(ctx.body, items=list(ctx.body["items"]))
+        ctx.body["items"].append("mine")
+        ctx.body["new"] = True
+        if ctx.job.attempt == 1 and ctx.body["fail_first"]:
+            raise RuntimeError("first delivery fails")
+        return seen
+
+    flow = Workflow(
+        name="changes",
+        trigger=WorkerTrigger(queue="changes", retries=1, delay=1),
+        steps=[Step("s", changes_its_body)],
+    )
+    payload = {"items": ["a"], "fail_first": False}
+    async with Engine(workflows=[flow], database=database) as engine:
+        first = await finished(engine, "changes", payload)
+        second = await finished(engine, "changes", payload)
+        retried = await finished(engine, "changes", {"items": ["b"], "fail_first": True})
+    assert payload == {"items": ["a"], "fail_first": False}
+    for run in (first, second):
+        assert run.input == {"items": ["a"], "fail_first": False}
+        assert run.output == {"items": ["a"], "fail_first": False}
+    # The job's second delivery ran on its payload as enqueued.
+    assert retried.job_attempt == 2 and retried.status is RunStatus.COMPLETED
+    assert retried.output == {"items": ["b"], "fail_first": True}
