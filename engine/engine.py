@@ -321,11 +321,14 @@ class Engine:
                 )
                 await self._chores.recover()  # before claiming: dead workers' jobs go back
                 await self._serving.start(tg)
+                scheduler = None
+                if not scheduling_disabled():
+                    scheduler = Scheduler(backend, ledger, operator, self.catalog)
+                    await scheduler.declare()  # its schedules are listed once it has started
                 # Started means seen: what it serves is committed before `async with` enters.
                 await backend.runs.flush()
                 tg.start_soon(self._guard(self._chores.loop))
-                if not scheduling_disabled():
-                    scheduler = Scheduler(backend, ledger, operator, self.catalog)
+                if scheduler is not None:
                     tg.start_soon(self._guard(scheduler.loop))
                 telemetry.OBSERVE.sample_queues(tg, operator, self._serving.runtimes.keys)
             follow = self._follow

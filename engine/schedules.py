@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .durations import Duration
 from .errors import WorkflowDefinitionError
+from .validation import InvalidInput, check_payload
 
 CatchUp = Literal["latest", "all", "none"]
 MIN_EVERY_MS = 1000  # a schedule ticks at most once a second
@@ -60,6 +61,10 @@ class Schedule(BaseModel):
             raise WorkflowDefinitionError(
                 f"Schedule: every must be at least {exact_duration(MIN_EVERY_MS)}, not {shown}"
             )
+        try:  # what enqueue would refuse, refused where it is written, not at every tick
+            check_payload(self.payload, None, what="payload")
+        except InvalidInput as error:
+            raise WorkflowDefinitionError(f"Schedule: {error}") from None
         if (self.cron is None) == (self.every is None):
             raise WorkflowDefinitionError(
                 "Schedule: give either cron= (an expression) or every= (a duration), not "

@@ -318,6 +318,34 @@ def test_a_too_short_every_is_refused_in_the_units_it_was_written_in() -> None:
     assert Schedule(every="1s").every == 1000
 
 
+def test_a_payload_enqueue_would_refuse_is_refused_where_the_schedule_is_written() -> None:
+    """It was taken as it was: NaN stored as JSON no other reader parses, an object failing
+    every tick's job (into the dead-letter queue, with an error about a return value)."""
+    for payload, why in (
+        ({"x": float("nan")}, "payload holds NaN at $.x: not standard JSON"),
+        ({"x": object()}, "payload is not JSON-serialisable: $.x is a"),
+        ({1: "a"}, "payload has a key 1 (int) at $: JSON object keys are strings"),
+    ):
+        with pytest.raises(WorkflowDefinitionError) as raised:
+            Schedule(every="1s", payload=payload)
+        assert str(raised.value).startswith(f"Schedule: {why}"), raised.value
+    assert Schedule(every="1s", payload={"x": [1, "a", None]}).payload == {"x": [1, "a", None]}
+
+
+@pytest.mark.parametrize("durable", [False, True])
+async def test_an_engine_lists_and_pauses_its_schedules_once_started(
+    database: Path | str, durable: bool
+) -> None:
+    """Its scheduler declared them in a task of its own, some moments after `async with`
+    entered: until then `schedules()` was empty and a pause said the workflow had none."""
+    daily = Schedule(cron="0 9 * * *", timezone="America/New_York")
+    async with Engine(workflows=[ticking(daily)], database=database if durable else None) as engine:
+        [listed] = await engine.schedules()
+        assert (listed.schedule, listed.paused) == (daily.id, False)
+        await engine.pause_schedule("reports.daily")
+        assert [info.paused for info in await engine.schedules()] == [True]
+
+
 async def test_scheduling_can_be_disabled(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("BLOK_SCHEDULING_DISABLED", "1")
     async with Engine(workflows=[ticking(Schedule(every="1s"))]) as engine:
