@@ -23,12 +23,26 @@ from .context import Context
 from .durations import format_duration
 from .ledger import Ledger
 from .models import Job, JobState, Run, RunStatus, from_epoch
+from .origin import shown_path
 from .workflow import Workflow
 
 log = logging.getLogger("blok.gates")
 
 NO_CAP_S = 10 * 365 * 24 * 3600.0  # a debounce without max_delay
 PURGE_EVERY_S = 60.0
+# The window shared by the runs whose rate limit key cannot be read (a key's value could read
+# the same only on purpose).
+UNRESOLVED_KEY = "(key unresolved)"
+UNRESOLVED_THEN = f"the run counts in the window of key {UNRESOLVED_KEY!r}, shared by all such runs"
+
+
+def _shown_key(expr: Any) -> str:
+    """A key as the user wrote it: an expression as itself, a callable by where it is
+    defined (its repr says only `<function <lambda> at 0x…>`)."""
+    code = getattr(expr, "__code__", None)
+    if code is None:
+        return repr(expr)
+    return f"{getattr(expr, '__qualname__', 'callable')} (at {shown_path(code.co_filename)}:{code.co_firstlineno})"
 
 
 @dataclass
@@ -177,11 +191,10 @@ class Gates:
                 value = expr
         except Exception as error:
             # A key that cannot be read is the job's problem, not a reason to block the queue.
-            self.ledger.log(
-                run,
-                f"{what} {expr!r} could not be resolved ({error}); the gate is skipped",
-                "warning",
-            )
+            then = UNRESOLVED_THEN if what == "rate limit key" else "the gate is skipped"
+            problem = f"{what} {_shown_key(expr)} could not be resolved ({error}); {then}"
+            self.ledger.log(run, problem, "warning")
+            log.warning("%s run %s: %s", run.workflow_name, run.id, problem)
             return None
         return None if value is None else str(value)
 
@@ -257,7 +270,9 @@ class Gates:
         job = claim.job
         key = "*" if rate.key is None else self._key(rate.key, job, run, "rate limit key")
         if key is None:
-            return True
+            # Not a reason to let the run past the limit (what it guards is still there): the
+            # runs whose key cannot be read share one window of their own.
+            key = UNRESOLVED_KEY
         now = self.backend.clock.time()
         if now - self._starts_purged_at > PURGE_EVERY_S:
             self._starts_purged_at = now

@@ -43,6 +43,14 @@ class RateLimit(BaseModel):
                 for item in error.errors()
             )
             raise WorkflowDefinitionError(f"RateLimit: {problems}") from None
+        if not (self.key is None or callable(self.key) or expressions.is_expression(self.key)):
+            # A constant would put every run in one window, as key=None does, while reading as
+            # a key per value: "body.user" for "$.body.user" is a typo, not a choice.
+            raise WorkflowDefinitionError(
+                f"RateLimit.key: {self.key!r} is not an expression: write one such as "
+                "'$.body.user_id', a callable taking the context, or None (one window for all "
+                "runs)"
+            )
         if expressions.is_expression(self.key):
             try:
                 parts = expressions.parse(self.key)

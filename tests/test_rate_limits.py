@@ -135,3 +135,38 @@ def test_a_rate_limit_is_checked_when_defined() -> None:
         RateLimit(limit=1, period="soon")
     with pytest.raises(WorkflowDefinitionError, match=r"reads \$\.state"):
         RateLimit(limit=1, period="1s", key="$.state.x")
+    # A string that is not an expression would put every run in one window.
+    with pytest.raises(WorkflowDefinitionError) as raised:
+        RateLimit(limit=1, period="1s", key="body.tenant")
+    assert str(raised.value) == (
+        "RateLimit.key: 'body.tenant' is not an expression: write one such as "
+        "'$.body.user_id', a callable taking the context, or None (one window for all runs)"
+    )
+
+
+async def test_runs_whose_key_cannot_be_read_share_a_window_and_say_why(
+    database: Path | str | None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """They went past the limit: the gate was skipped for them, with a line in each run's log
+    and nothing in the worker's, a callable key named as `<function <lambda> at 0x…>`."""
+    starts: list[tuple[float, Any]] = []
+    wf = limited(starts, limit=1, period="1s", key=lambda ctx: ctx.body["tenant"]["id"])
+    async with Engine(workflows=[wf], database=database) as engine:
+        jobs = [await engine.enqueue("calls", {"tenant": "a", "n": n}) for n in range(3)]
+        runs = [await engine.wait_for_job(job_id, timeout=20) for job_id in jobs]
+    assert [run.status for run in runs] == [RunStatus.COMPLETED] * 3
+    assert most_in_a_window(started(runs, "a"), 1.0) == 1
+    said = [line.message for line in runs[0].logs if "could not be resolved" in line.message]
+    assert said == [
+        "rate limit key test_runs_whose_key_cannot_be_read_share_a_window_and_say_why.<locals>."
+        f"<lambda> (at tests/test_rate_limits.py:{_line_of('key=lambda ctx')}) could not be "
+        "resolved (string indices must be integers, not 'str'); the run counts in the window "
+        "of key '(key unresolved)', shared by all such runs"
+    ]
+    assert any(said[0] in record.getMessage() for record in caplog.records)
+
+
+def _line_of(text: str) -> int:
+    """The line of this file that holds `text` (after this function's own)."""
+    lines = Path(__file__).read_text().splitlines()
+    return next(n for n, line in enumerate(lines, 1) if text in line and "_line_of" not in line)
