@@ -153,7 +153,21 @@ def _status(run: Run) -> str:
     status = str(run.status)
     if not run.error:
         return status
-    return f"{status}: {one_line(clean_error(run.error), ERROR_CHARS)}"
+    # A gate's error names its status already ("throttled: rate limit: …").
+    cleaned = clean_error(run.error)
+    error = one_line(cleaned, len(cleaned)).removeprefix(f"{status}: ")
+    return f"{status}: {_cut_keeping_origin(error)}"
+
+
+def _cut_keeping_origin(error: str) -> str:
+    """An error cut to ERROR_CHARS, but for its last part saying where it came from ("(at
+    shop.py:14, after 4 attempts)"): what the line is for."""
+    if len(error) <= ERROR_CHARS:
+        return error
+    head, at, origin = error.rpartition(" (at ")
+    if not at or len(origin) > ERROR_CHARS // 2:
+        return error[: ERROR_CHARS - 1] + "…"
+    return head[: ERROR_CHARS - len(origin) - 7] + "…" + at + origin
 
 
 def _stuck(run: Run, now: datetime, usual: float | None) -> str:

@@ -264,6 +264,19 @@ def test_a_timed_out_steps_note_says_it_once() -> None:
     assert step_rows[1].split(None, 3)[3] == error
 
 
+def test_a_long_error_keeps_where_it_came_from_and_a_gates_says_its_status_once() -> None:
+    """Cut at 200 characters, the error lost its "(at file:line)"; a throttled run read
+    `throttled: throttled: rate limit …`."""
+    start = datetime(2026, 1, 15, 9, 30, tzinfo=UTC)
+    long = "[step 1/1] tick failed: " + "why " * 80 + "(at workflows/nan.py:11)"
+    status = run_text(_run("failed", error=long), start, tz=UTC).splitlines()[1]
+    assert status.startswith("status     failed: [step 1/1] tick failed: why why")
+    assert status.endswith("… (at workflows/nan.py:11)") and len(status) <= 11 + 208
+    throttled = _run("throttled", error="throttled: rate limit: 1/1 runs started in the last 2s")
+    status = run_text(throttled, start, tz=UTC).splitlines()[1]
+    assert status == "status     throttled: rate limit: 1/1 runs started in the last 2s"
+
+
 def test_a_retried_delivery_points_to_the_one_that_runs_now() -> None:
     start = datetime(2026, 1, 15, 9, 30, tzinfo=UTC)
     first = _run("failed", job_attempt=1, finished_at=start, error="boom")
