@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+import unicodedata
 from typing import Any
 
 from .backends.base import Backend, EventMessage
@@ -34,6 +35,13 @@ def check_event_name(event: Any) -> str:
         raise EngineError(f"event name must be a non-empty string, not {event!r}")
     if len(event) > MAX_EVENT_NAME:
         raise EngineError(f"event name is {len(event)} characters long; at most {MAX_EVENT_NAME}")
+    # Names are matched exactly and printed on one line: a line break or an escape would
+    # break that line, and a space at an end would make a name no one types.
+    for char in event:
+        if unicodedata.category(char) in ("Cc", "Cf"):
+            raise EngineError(f"event name {event!r} holds a control character (U+{ord(char):04X})")
+    if event != event.strip():
+        raise EngineError(f"event name {event!r} starts or ends with whitespace")
     return event
 
 

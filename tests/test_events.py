@@ -148,6 +148,15 @@ async def test_unknown_and_finished_runs_are_refused(database: Path | str | None
             await engine.send_event("run_nope", "approved", 1)
         with pytest.raises(EngineError, match="event name"):
             await engine.send_event("run_nope", "", 1)
+        # One line, matched exactly: no line break, escape or space at an end.
+        for name, why in (
+            ("evil\n\x1b[31mred", "holds a control character (U+000A)"),
+            ("a\u200bb", "holds a control character (U+200B)"),
+            (" approved", "starts or ends with whitespace"),
+        ):
+            with pytest.raises(EngineError) as raised:
+                await engine.send_event("run_nope", name, 1)
+            assert str(raised.value) == f"event name {name!r} {why}"
         done = await engine.wait_for_job(await engine.enqueue("ship", {}), timeout=10)
         with pytest.raises(EngineError, match=f"run {done.id} has already ended"):
             await engine.send_event(done.id, "approved", 1)
