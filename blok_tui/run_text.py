@@ -143,7 +143,7 @@ def _fate(run: Run, job: Job | None) -> str:
         # Kept until it ends: a memory queue's job, in the memory of the process serving it.
         return "  (a memory queue's: in the memory of the process serving it)"
     if job.run_id != run.id:
-        return f"  {job.state}: its delivery {job.attempts} is run {job.run_id}"
+        return f"  {job.state}: its delivery {job.deliveries} is run {job.run_id}"
     if job.state is JobState.DEAD:
         return "  dead: in the dead-letter queue (requeue it from the console's d)"
     return ""

@@ -230,7 +230,7 @@ class Context:
             queue=job.queue,
             attempt=run.job_attempt,
             max_retries=job.max_retries,
-            delivery=job.attempts,
+            delivery=job.deliveries,
             created_at=job.created_at,
             delay_ms=int(job.meta.get("delay_ms", 0)),
             timeout_ms=timeout_ms,

@@ -513,6 +513,7 @@ class Ledger:
         `until`, then its job is claimed again; the retry budget is not touched."""
         run.status = status
         run.run_at = until
+        meta["held"] = int(meta.get("held", 0)) + 1  # a claim, not a delivery (Job.deliveries)
         # A resuming run held back keeps resuming when it is let through.
         update = JobUpdate(state=JobState.DELAYED, run_at=until, meta=meta, resume=claim.job.resume)
         queue.submit(self._transition(claim.job, claim.job.epoch, update, run))
@@ -696,7 +697,7 @@ class Ledger:
     async def requeue(self, queue: JobQueue, job: Job, version: str) -> Run | None:
         """A dead or failed job goes back to its queue with a fresh retry budget and a new
         run; None if the job moved meanwhile."""
-        meta = {k: v for k, v in job.meta.items() if k not in ("failures", "gate_tries")}
+        meta = {k: v for k, v in job.meta.items() if k not in ("failures", "gate_tries", "held")}
         # Counted, and it tells the worker that the run is not the job's first: its record
         # (the requeue's log line, its creation time) is read, not made again from the job.
         meta["requeued"] = int(job.meta.get("requeued", 0)) + 1

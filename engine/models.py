@@ -230,7 +230,7 @@ class Job(_Record):
     priority: int = 0
     state: JobState = JobState.WAITING
     run_at: datetime | None = None
-    attempts: int = 0  # deliveries so far
+    attempts: int = 0  # claims so far, those a gate held back included (`deliveries`)
     max_retries: int = 0
     run_id: str
     created_at: datetime
@@ -255,6 +255,12 @@ class Job(_Record):
     def job_id(self) -> str:
         """The job's id (`id`), under the name the run records use."""
         return self.id
+
+    @property
+    def deliveries(self) -> int:
+        """Times the job was handed to a worker to run: its claims but those a gate (a rate
+        limit, a concurrency key) held back before the run started."""
+        return self.attempts - int(self.meta.get("held", 0))
 
 
 class QueueStats(_Record):

@@ -170,3 +170,28 @@ def _line_of(text: str) -> int:
     """The line of this file that holds `text` (after this function's own)."""
     lines = Path(__file__).read_text().splitlines()
     return next(n for n, line in enumerate(lines, 1) if text in line and "_line_of" not in line)
+
+
+async def test_a_run_held_back_by_the_limit_is_still_on_its_first_delivery(
+    database: Path | str | None,
+) -> None:
+    """Each hold was a claim, and counted as a delivery: the third run of a burst was told it
+    ran on delivery 3 of a job allowed 1."""
+
+    def delivery(ctx: Any) -> Any:
+        return [ctx.job.delivery, ctx.job.max_retries]
+
+    wf = Workflow(
+        name="api.calls",
+        trigger=WorkerTrigger(
+            queue="calls", concurrency=3, retries=0, rate_limit=RateLimit(limit=1, period="300ms")
+        ),
+        steps=[Step("work", delivery)],
+    )
+    async with Engine(workflows=[wf], database=database) as engine:
+        jobs = [await engine.enqueue("calls", {}) for _ in range(3)]
+        runs = [await engine.wait_for_job(job_id, timeout=20) for job_id in jobs]
+        held = [await engine.get_job(job_id) for job_id in jobs]
+    assert [run.output for run in runs] == [[1, 0]] * 3
+    assert sum(job.attempts for job in held) > 3  # the gate held some back
+    assert [job.deliveries for job in held] == [1, 1, 1]
