@@ -998,23 +998,24 @@ async def _show(args: argparse.Namespace) -> None:
     async with _client(args) as engine:
         run = await engine.find_run(args.run_id)
         if not args.json:
-            text, _ = await _shown(engine, run)
+            text, _ = await _shown(engine, run, args.db)
     if args.json:
         print(json.dumps(run.model_dump(mode="json", exclude={"state", "cursor"}), indent=2))
         return
     print(text)
 
 
-async def _shown(engine: Any, run: Any) -> tuple[str, Any]:
+async def _shown(engine: Any, run: Any, db: str | None) -> tuple[str, Any]:
     """`show`'s text of the run, with what the engine says of it (its job, what it waits for,
     its workflow's usual time, why nobody runs it), and its job as read then (None once
-    purged)."""
+    purged). `db`: the --db given, for the commands it suggests."""
     from .run_follow import job_of, orphan_of, usual_of, why_held
     from .run_text import run_text
 
     job, why = await job_of(engine, run), await why_held(engine, run)
     usual, orphaned = await usual_of(engine, run), await orphan_of(engine, run, job)
-    return run_text(run, engine.now(), job=job, why=why, usual=usual, orphaned=orphaned), job
+    text = run_text(run, engine.now(), job=job, why=why, usual=usual, orphaned=orphaned, db=db)
+    return text, job
 
 
 async def _follow(args: argparse.Namespace) -> None:
@@ -1023,7 +1024,7 @@ async def _follow(args: argparse.Namespace) -> None:
 
     async with _following(args) as (engine, events):
         run = await engine.find_run(args.run_id)
-        text, job = await _shown(engine, run)
+        text, job = await _shown(engine, run, args.db)
         _say(text)
         if not run.terminal or went_on(run, job):  # the job read above: no second read
             _say("\nFOLLOWING (ctrl-c stops)")

@@ -49,17 +49,19 @@ def run_text(
     orphaned: Orphan | None = None,
     tz: tzinfo | None = None,
     cwd: Path | None = None,
+    db: str | None = None,
 ) -> str:
     """The whole text, lines joined. `now`: the moment a running step's time runs to (the
     engine's clock); `job`: the run's job, if it is still kept (its deliveries, its fate);
     `why`: what a run that has not started or goes on later waits for (`why_waiting`);
     `usual`: the seconds its workflow's runs usually take (`usual_duration`), for a running
     run; `orphaned`: why nobody runs a running run (`Engine.orphaned`); `tz`: the time zone times
-    are shown in (None: this machine's)."""
+    are shown in (None: this machine's); `db`: the --db the command was given, for the
+    commands it suggests."""
     now = time_runs_to(run, now, orphaned)  # an orphan's does not run on: nobody runs it
     lines = _facts(run, now, job, tz, usual, orphaned)
     if why is not None:
-        lines.insert(2, f"{'why':<{LABEL}} {why_line(run, why, tz)}")
+        lines.insert(2, f"{'why':<{LABEL}} {why_line(run, why, tz, db)}")
     if run.steps:
         lines += ["", *_steps_table(run, now, tz)]
     failures = _failures(run, cwd)
@@ -125,12 +127,13 @@ def _facts(
     return [f"{label:<{LABEL}} {printable(text)}" for label, text in facts]
 
 
-def why_line(run: Run, why: WaitReason, tz: tzinfo | None) -> str:
+def why_line(run: Run, why: WaitReason, tz: tzinfo | None, db: str | None = None) -> str:
     """What the run waits for, in the engine's words with this machine's clock; for an event,
-    the command that sends it."""
+    the command that sends it (to the database `db`, if the user named one)."""
     text = local_times(printable(clean_error(why.summary)), tz)
     if why.gate == "event" and why.event is not None:
-        text += f"; send it: blok-tui send {run.id} {printable(shlex.quote(why.event))} JSON"
+        to = f" --db {shlex.quote(db)}" if db else ""
+        text += printable(f"; send it: blok-tui send {run.id} {shlex.quote(why.event)} JSON{to}")
     return text
 
 

@@ -20,7 +20,7 @@ from .models import Job, JobState, Run, RunStatus, StepStatus, from_epoch
 
 @dataclass(frozen=True, slots=True)
 class WaitReason:
-    """`gate`: event | subworkflow | sleep | rate_limit | concurrency | debounce | paused |
+    """`gate`: event | event_came | subworkflow | sleep | rate_limit | concurrency | debounce | paused |
     throttled | delay | retry | no_worker | queued | running | ended. `holders`: the runs
     holding what it waits for (the concurrency slots of its key, the starts in its rate-limit
     window, the child run it waits on), oldest first. `until`: when it may start or go on
@@ -53,7 +53,10 @@ async def explain(backend: Backend, run: Run, job: Job | None) -> WaitReason:
     if status is RunStatus.RUNNING:
         return WaitReason(run.id, status, "running", "it is running")
     if status is RunStatus.WAITING:
-        return _explain_wait(run)
+        reason = _explain_wait(run)
+        if reason.event is not None:
+            return await _event_came(backend, run, reason)
+        return reason
     if run.queue in await backend.shared.paused_queues() and not (job and job.force):
         return WaitReason(
             run.id, status, "paused", f"queue {run.queue!r} is paused: nothing new starts"
@@ -135,6 +138,35 @@ async def served(backend: Backend, queue: str) -> bool:
     """Whether a live worker declared `queue`: a producer can enqueue to a queue whose workers
     all stopped (their catalog stays known), and its runs wait for the next one."""
     return queue in (await LiveWorkers.read(backend)).serving
+
+
+async def _event_came(backend: Backend, run: Run, waiting: WaitReason) -> WaitReason:
+    """A run waiting for an event that came, and is in its mailbox for it to take: it goes on
+    when a worker serving its queue takes it up (it asked for no new send), if one lives."""
+    came = [
+        message
+        for message in await backend.runs.events_of(run.id)
+        if message.event == waiting.event and message.taken_by is None
+    ]
+    if not came:
+        return waiting
+    sent = from_epoch(came[0].sent_at)
+    then = (
+        "a worker takes it up now"
+        if await served(backend, run.queue)
+        else f"no live worker serves queue {run.queue!r}: it goes on once one does (blok-tui "
+        "worker)"
+    )
+    return WaitReason(
+        run.id,
+        run.status,
+        "event_came",
+        f"event {waiting.event!r} came at {_at(sent)}; {then}",
+        waiting.key,
+        (),
+        None,
+        waiting.event,
+    )
 
 
 def _explain_wait(run: Run) -> WaitReason:

@@ -408,16 +408,47 @@ def test_show_says_what_a_run_waits_for_and_the_command_that_sends_its_event(
             assert shown.returncode == 0, shown.stderr
             why = next(line for line in shown.stdout.splitlines() if line.startswith("why "))
             command = why.split("send it: ")[1].replace("JSON", """'{"by": "ann"}'""")
-            sent = await anyio.to_thread.run_sync(
-                lambda: blok(*shlex.split(command)[1:], "--db", database)
-            )
+            # As typed: to the database the show was given, not the default one.
+            sent = await anyio.to_thread.run_sync(lambda: blok(*shlex.split(command)[1:]))
             assert sent.returncode == 0, sent.stderr
             return why, await engine.wait_for_job(job_id, timeout=10)
 
     why, run = anyio.run(main)
     assert why.startswith("why        waiting for event 'approved by' until "), why
-    assert why.endswith(f"; send it: blok-tui send {run.id} 'approved by' JSON"), why
+    assert why.endswith(
+        f"; send it: blok-tui send {run.id} 'approved by' JSON --db {shlex.quote(str(database))}"
+    ), why
     assert (run.status, run.output) == ("completed", {"by": "ann"})
+
+
+def test_show_says_an_event_came_and_that_no_worker_is_there_to_take_it(
+    tmp_path: Path,
+) -> None:
+    """Sent while no worker ran, the event waits in the run's mailbox: `show` went on saying
+    the run waited for it until its timeout, and to send it."""
+    (tmp_path / "workflows").mkdir()
+    (tmp_path / "workflows" / "ev.py").write_text(WAITS_FOR_AN_EVENT)
+    database = tmp_path / "blok.db"
+
+    async def until_waiting() -> str:
+        async with Engine(workflows=tmp_path / "workflows", database=database) as engine:
+            events = engine.events()
+            await engine.enqueue("ship", {})
+            with anyio.fail_after(10):
+                async for event in events:
+                    if isinstance(event, RunStatusChanged) and event.status == "waiting":
+                        return event.run_id
+        raise AssertionError("never waited")
+
+    run_id = anyio.run(until_waiting)  # and the worker stops with the engine
+    sent = blok("send", run_id, "approved by", '{"by": "ann"}', "--db", database)
+    assert sent.returncode == 0, sent.stderr
+    shown = _show(run_id, "--db", database, cwd=tmp_path)
+    why = next(line for line in shown.stdout.splitlines() if line.startswith("why "))
+    assert why.startswith("why        event 'approved by' came at "), why
+    assert why.endswith(
+        "; no live worker serves queue 'ship': it goes on once one does (blok-tui worker)"
+    ), why
 
 
 def test_show_says_why_a_queued_run_has_not_started() -> None:
