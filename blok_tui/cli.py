@@ -1138,6 +1138,8 @@ async def _schedules(args: argparse.Namespace) -> None:
     async with _client(args) as engine:
         if args.action is None:
             infos = await engine.schedules()
+            # The workers fire the ticks: with none alive, NEXT comes and goes unfired.
+            idle = bool(infos) and not await engine.live_workers()
         elif args.action == "run":
             run_id = await engine.run_schedule(args.workflow, args.schedule)
             print(printable(run_id))
@@ -1149,8 +1151,14 @@ async def _schedules(args: argparse.Namespace) -> None:
             return
     if args.json:
         print(json.dumps([_schedule_json(info) for info in infos], indent=2))
-        return
-    print(_schedule_table(infos))
+    else:
+        print(_schedule_table(infos))
+    if idle:
+        print(
+            "blok-tui: note: no worker is alive on this database: no schedule fires until "
+            "one starts (blok-tui worker)",
+            file=sys.stderr,
+        )
 
 
 def _schedule_json(info: Any) -> dict[str, Any]:
@@ -1168,7 +1176,8 @@ def _schedule_table(infos: Sequence[Any]) -> str:
         return "no schedules"
 
     def when(moment: Any) -> str:
-        return moment.astimezone().strftime("%Y-%m-%d %H:%M:%S") if moment else "-"
+        # This machine's time, named: a cron's own zone is in its SCHEDULE.
+        return moment.astimezone().strftime("%Y-%m-%d %H:%M:%S %Z") if moment else "-"
 
     header = ("WORKFLOW", "SCHEDULE", "QUEUE", "STATE", "NEXT", "LAST FIRED", "LAST RUN", "STATUS")
     rows = [header]

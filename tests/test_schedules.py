@@ -10,6 +10,7 @@ import sqlite3
 import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, closing
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -187,6 +188,10 @@ async def test_the_cli_lists_pauses_and_runs_schedules(database: Path | str) -> 
         assert [s["schedule"] for s in listed] == ["every 1d", "every 2d"]
         table = await cli("schedules")
         assert table.returncode == 0 and "every 2d" in table.stdout and "active" in table.stdout
+        assert table.stderr == ""  # a worker is alive: this engine
+        # NEXT in this machine's time, its zone named (a cron's own is in SCHEDULE).
+        next_at = datetime.fromisoformat(listed[0]["next_at"]).astimezone()
+        assert next_at.strftime("%Y-%m-%d %H:%M:%S %Z") in table.stdout, table.stdout
         ambiguous = await cli("schedules", "pause", wf.name)
         assert ambiguous.returncode == 1 and "has 2 schedules" in ambiguous.stderr
         paused = await cli("schedules", "pause", wf.name, "every 2d")
@@ -198,6 +203,13 @@ async def test_the_cli_lists_pauses_and_runs_schedules(database: Path | str) -> 
         assert (await engine.wait_for_job((await engine.get_run(run_id)).job_id, 10)).status is (
             RunStatus.COMPLETED
         )
+    # No worker alive now: the list says nothing fires, as NEXT comes and goes.
+    idle = await anyio.to_thread.run_sync(lambda: blok("schedules", "--db", str(database)))
+    assert idle.returncode == 0 and "every 2d" in idle.stdout
+    assert idle.stderr == (
+        "blok-tui: note: no worker is alive on this database: no schedule fires until one "
+        "starts (blok-tui worker)\n"
+    )
 
 
 FILE = """
