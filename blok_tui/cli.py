@@ -440,7 +440,7 @@ def build_parser() -> argparse.ArgumentParser:
     enqueue.add_argument(
         "--traceparent",
         type=_traceparent_arg,
-        default=os.environ.get("TRACEPARENT") or None,
+        default=None,  # $TRACEPARENT, read by `_trace_context`: a bad one is not the user's
         metavar="TRACEPARENT",
         help="the W3C trace context the run joins (default: $TRACEPARENT), e.g. "
         "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
@@ -853,6 +853,24 @@ async def _enqueue_and_follow(args: argparse.Namespace) -> None:
     _refuse_unless_completed(run)
 
 
+def _trace_context(given: str | None) -> dict[str, str] | None:
+    """The job's trace headers: the --traceparent given, else $TRACEPARENT if it is one. A
+    malformed one in the environment is left out with a warning, as OpenTelemetry's
+    propagators leave out what they cannot read: the enqueue is not its to stop."""
+    from engine.observer import valid_traceparent
+
+    if given is None:
+        given = os.environ.get("TRACEPARENT") or None
+        if given is not None and not valid_traceparent(given):
+            print(
+                f"blok-tui: warning: $TRACEPARENT is not a W3C traceparent ({_clip(given)}): "
+                "the job joins no trace",
+                file=sys.stderr,
+            )
+            given = None
+    return {"traceparent": given} if given else None
+
+
 async def _enqueue_job(engine: Any, args: argparse.Namespace, *, note: bool = True) -> str:
     """The job `enqueue`'s arguments ask for; a note on stderr when no live worker serves its
     queue (its workers stopped): it waits for the next one, which is not what one expects."""
@@ -861,7 +879,7 @@ async def _enqueue_job(engine: Any, args: argparse.Namespace, *, note: bool = Tr
         args.payload,
         priority=args.priority,
         delay=args.delay,
-        headers={"traceparent": args.traceparent} if args.traceparent else None,
+        headers=_trace_context(args.traceparent),
         retries=args.retries,
         timeout=args.timeout,
     )

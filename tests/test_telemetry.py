@@ -352,6 +352,29 @@ def test_blok_tui_enqueue_refuses_a_malformed_traceparent(tmp_path: Path) -> Non
 
 
 @pytest.mark.anyio
+async def test_a_malformed_traceparent_in_the_environment_stops_no_enqueue(
+    tmp_path: Path,
+) -> None:
+    """It made every `blok-tui enqueue` a usage error blaming --traceparent, which the user
+    never gave."""
+    path = tmp_path / "blok.db"
+    async with Engine(workflows=[charge_flow()], database=path) as engine:
+        await engine.flush()
+        done = await anyio.run_process(
+            [sys.executable, "-m", "blok_tui", "enqueue", "orders", "{}", "--db", str(path)],
+            check=False,
+            env={**os.environ, "TRACEPARENT": "garbage"},
+        )
+        assert done.returncode == 0, done.stderr.decode()
+        assert done.stderr.decode() == (
+            "blok-tui: warning: $TRACEPARENT is not a W3C traceparent ('garbage'): the job "
+            "joins no trace\n"
+        )
+        run = await engine.wait_for_job(done.stdout.decode().strip(), timeout=10)
+    assert "traceparent" not in run.headers
+
+
+@pytest.mark.anyio
 async def test_with_no_tracer_provider_set_jobs_carry_no_trace_context(tmp_path: Path) -> None:
     reset_trace_globals()
     async with Engine(workflows=[charge_flow()], database=tmp_path / "blok.db") as engine:
