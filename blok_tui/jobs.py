@@ -148,7 +148,7 @@ def then_text(job: Job, *, long: bool = False, shown_id: str | None = None) -> T
         return Text(f"↻ {words}", style=style)
     text = Text()
     text.append(f"↻ then {words}", style=f"bold {style}")
-    deliveries = f"delivery {job.deliveries} of {job.max_retries + 1}"
+    deliveries = f"delivery {job.deliveries} of {job.delivery_budget}"
     if job.meta.get("requeued"):  # the count starts again at a requeue
         deliveries += " after a requeue"
     text.append(f": its job went on to {deliveries} ({shown_id or job.run_id})", style=style)

@@ -113,7 +113,7 @@ async def follow(
             if job is None:
                 return run
             run = await engine.get_run(job.run_id)
-            went_on = f"delivery {run.job_attempt} of {job.max_retries + 1} is run {run.id}"
+            went_on = f"delivery {run.job_attempt} of {job.delivery_budget} is run {run.id}"
             say(follower.line(run.created_at, f"job {job.id} goes on: {went_on}"))
             follower = follower.after()
         else:

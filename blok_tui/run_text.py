@@ -88,7 +88,7 @@ def _facts(
         workflow += f"  version {run.workflow_version}"
     facts.append(("workflow", workflow))
     queue = run.queue
-    deliveries = job.max_retries + 1 if job is not None else None
+    deliveries = job.delivery_budget if job is not None else None
     if run.job_attempt > 1 or (deliveries or 1) > 1:
         queue += f"  delivery {run.job_attempt}" + (f" of {deliveries}" if deliveries else "")
     if run.priority:

@@ -31,6 +31,7 @@ from . import telemetry
 from .backends.base import Backend, Claim, JobQueue, JobUpdate, Transition
 from .events import Event, EventBus, RunFinished, RunQueued, RunStarted, RunStatusChanged
 from .models import (
+    MAX_CRASHES,
     AttemptStatus,
     Job,
     JobState,
@@ -594,9 +595,10 @@ class Ledger:
         self.log(run, f"redelivery of job {job.id}: its previous run {crashed.id} crashed")
         return run
 
-    def take_over(self, claim: Claim, queue: JobQueue, run: Run) -> Run:
+    def take_over(self, claim: Claim, queue: JobQueue, run: Run) -> Run | None:
         """A claim took the job over from a worker that stopped renewing its lease: a run that
-        worker had started is recorded crashed, and this delivery runs a new one."""
+        worker had started is recorded crashed, and this delivery runs a new one; None when
+        that was the job's last crash (`_poisonous`): it went to the dead-letter queue."""
         # Not "crashed: …": the run's status says so, and what shows the error shows it after
         # the status ("crashed: crashed: …" otherwise).
         if run.status is RunStatus.QUEUED:
@@ -615,11 +617,16 @@ class Ledger:
         self._close(run, RunStatus.CRASHED, reason, None)
         self._close_open_steps(run, StepStatus.FAILED, AttemptStatus.FAILED, reason)
         job = claim.job
+        meta, poison = self._crashed(job, run)
+        if poison is not None:
+            self._settle(claim, queue, run, JobUpdate(state=JobState.DEAD, error=poison, meta=meta))
+            return None
+        job.meta = meta
         fresh = self._redelivery(job, run)
         fresh.status = RunStatus.QUEUED
         job.run_id = fresh.id
         job.handed = False  # the update clears it: this new run's start is committed first
-        update = JobUpdate(state=JobState.ACTIVE, run_id=fresh.id)
+        update = JobUpdate(state=JobState.ACTIVE, run_id=fresh.id, meta=meta)
         queue.submit(self._transition(job, job.epoch, update, run, fresh))
         self._finished(run)
         return fresh
@@ -751,10 +758,34 @@ class Ledger:
         run = copy_run(run)
         self._close(run, RunStatus.CRASHED, reason, None)
         self._close_open_steps(run, StepStatus.FAILED, AttemptStatus.FAILED, reason)
+        meta, poison = self._crashed(job, run)
+        if poison is not None:
+            update = JobUpdate(state=JobState.DEAD, error=poison, meta=meta)
+            if not await queue.apply(self._transition(job, job.epoch, update, run)):
+                return False
+            self._finished(run)
+            self._job_ended(job.id, run)
+            return True
         next_run = self._redelivery(job, run)
-        update = JobUpdate(state=JobState.WAITING, run_id=next_run.id, meta=job.meta)
+        update = JobUpdate(state=JobState.WAITING, run_id=next_run.id, meta=meta)
         if not await queue.apply(self._transition(job, job.epoch, update, run, next_run)):
             return False
         self._finished(run)
         self.queued([next_run])
         return True
+
+    def _crashed(self, job: Job, run: Run) -> tuple[dict[str, Any], str | None]:
+        """The job's meta counting one more run that crashed its worker (it died, or froze
+        past its lease), and, when that makes MAX_CRASHES, why it goes to the dead-letter
+        queue: a job that kills every worker that takes it would otherwise take down each in
+        turn, for ever (retries do not count crashes: most are the machine's, not the job's)."""
+        crashes = int(job.meta.get("crashes", 0)) + 1
+        meta = {**job.meta, "crashes": crashes}
+        if crashes < MAX_CRASHES:
+            return meta, None
+        why = (
+            f"its runs crashed their workers {crashes} times: moved to the dead-letter queue "
+            "so that it takes down no more (requeue it to try again)"
+        )
+        self.log(run, f"job {job.id} {why}", "error")
+        return meta, why

@@ -221,6 +221,12 @@ class Run(_Record):
         raise KeyError(f"run {self.id} has no step {name!r}")
 
 
+# Runs of one job that crashed their workers (died with them, or froze past their leases)
+# before the job goes to the dead-letter queue, as Sidekiq's and BullMQ's stalled-job limits:
+# a job that kills every worker that takes it would take each down in turn, for ever.
+MAX_CRASHES = 3
+
+
 class Job(_Record):
     id: str
     queue: str
@@ -255,6 +261,14 @@ class Job(_Record):
     def job_id(self) -> str:
         """The job's id (`id`), under the name the run records use."""
         return self.id
+
+    @property
+    def delivery_budget(self) -> int:
+        """Deliveries the job may take: one and its retries, and one more for each of its runs
+        that crashed its worker (a crash uses no retry) but the one that made it a dead
+        letter."""
+        redelivered = min(int(self.meta.get("crashes", 0)), MAX_CRASHES - 1)
+        return self.max_retries + 1 + redelivered
 
     @property
     def deliveries(self) -> int:

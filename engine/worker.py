@@ -475,8 +475,9 @@ class Worker:
 
     async def _run_for(
         self, claim: Claim, runtime: QueueRuntime, current: Workflow
-    ) -> tuple[Run, bool]:
-        """The run a claimed job executes, and whether it resumes one that already began."""
+    ) -> tuple[Run, bool] | None:
+        """The run a claimed job executes, and whether it resumes one that already began; None
+        if it has none (its last crash made it a dead letter)."""
         job = claim.job
         version = current.version
         fresh = (
@@ -498,7 +499,8 @@ class Worker:
         ):
             # The worker that lost the lease had started it, or had been handed it and may
             # have begun it before its start was committed: it crashed there.
-            return self.ledger.take_over(claim, runtime.queue, run), False
+            redelivery = self.ledger.take_over(claim, runtime.queue, run)
+            return (redelivery, False) if redelivery is not None else None
         # A wait's redelivery, a replay from a step, a run a stop or a gate handed back after
         # it began: on from the run's cursor and state.
         return run, job.resume or bool(run.cursor)
@@ -551,7 +553,10 @@ class Worker:
         handle: RunHandle | None = None
         try:
             current = self._current(runtime, job)
-            run, resuming = await self._run_for(claim, runtime, current)
+            found = await self._run_for(claim, runtime, current)
+            if found is None:
+                return  # its last crash: a dead letter
+            run, resuming = found
             workflow = self._workflow_for(current, run, resuming)
             if not await self.gates.admit(claim, queue, run, workflow, resuming):
                 return  # debounced, delayed, throttled, queued or expired: the job went back

@@ -201,3 +201,67 @@ async def test_kill_9_holding_a_top_up_of_short_jobs_loses_and_doubles_nothing(
     crashed = each_completed_once(runs, jobs)
     assert len(crashed) >= held  # each held job's first run, and any begun when it died
     assert {run.job_id for run in crashed} <= set(jobs)
+
+
+POISON = textwrap.dedent(
+    """
+    import os, signal
+    from engine import Step, WorkerTrigger, Workflow
+
+    def eat(ctx):
+        os.kill(os.getpid(), signal.SIGKILL)  # takes its worker down, every time
+
+    workflow = Workflow(name="poison", trigger=WorkerTrigger(queue="poison"), steps=[Step("eat", eat)])
+    """
+)
+
+
+async def test_a_job_that_kills_every_worker_goes_to_the_dead_letter_queue(project: Path) -> None:
+    """It was delivered again after each crash, whatever its retries: one such job took down
+    every worker that started, for ever. After its third crash it is a dead letter."""
+    (project / "workflows" / "poison.py").write_text(POISON)
+    db = project / "blok.db"
+    deaths = 0
+    with worker_process(project) as first:
+        async with Engine(database=db, create=False) as client:
+            job_id = await client.enqueue("poison", {})
+            assert first.wait(timeout=20) == -signal.SIGKILL
+            deaths += 1
+            survivor: subprocess.Popen[str] | None = None
+            for _ in range(5):  # a worker's boot releases the dead one's job: it takes it
+                worker = subprocess.Popen(
+                    [
+                        sys.executable,
+                        str(project / "worker.py"),
+                        str(project / "workflows"),
+                        str(db),
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+                )
+                with anyio.fail_after(20):
+                    while worker.poll() is None:
+                        if (await client.get_job(job_id)).state is JobState.DEAD:
+                            survivor = worker
+                            break
+                        await anyio.sleep(0.05)
+                if survivor is not None:
+                    break
+                deaths += 1
+            try:
+                assert survivor is not None, f"still delivered after {deaths} crashes"
+                assert survivor.poll() is None  # it never ran the job
+                job = await client.get_job(job_id)
+                runs = await client.runs(queue="poison")
+            finally:
+                if survivor is not None:
+                    survivor.kill()
+    assert deaths == 3
+    assert [run.status for run in runs] == [RunStatus.CRASHED] * 3
+    # Crashes use no retry: each run is a delivery the job may take, the third its last (it
+    # read "delivery 3 of 1").
+    assert [job.delivery_budget, sorted(run.job_attempt for run in runs)] == [3, [1, 2, 3]]
+    assert job.error == (
+        "its runs crashed their workers 3 times: moved to the dead-letter queue so that it "
+        "takes down no more (requeue it to try again)"
+    )
