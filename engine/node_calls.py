@@ -97,6 +97,12 @@ class NodeCalls:
         if calls is not None:
             calls.pop(call, None)
 
+    async def threads_ended(self, run_id: str) -> None:
+        """Once the run's sync nodes still running in their threads have returned."""
+        for call in list(self._sync.get(run_id, ())):
+            if call.running:
+                await call.ended()
+
     def running_threads(self, run_id: str) -> list[str]:
         """Names of the steps of the run whose sync node still runs in its thread."""
         calls = self._sync.get(run_id)

@@ -5,10 +5,13 @@ dispatching a child run). Protocols, so the runner never imports the engine that
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .models import Job, LogLine, Run
 from .workflow import Workflow
+
+if TYPE_CHECKING:
+    from .backends.base import Fence, JobQueue
 
 
 class Recorder(Protocol):
@@ -17,6 +20,22 @@ class Recorder(Protocol):
     def save(self, run: Run) -> None: ...
 
     def log(self, run_id: str, line: LogLine) -> None: ...
+
+
+class FencedRecorder:
+    """A running job's progress writes, at its claim's epoch."""
+
+    __slots__ = ("fence", "queue")
+
+    def __init__(self, queue: JobQueue, fence: Fence) -> None:
+        self.queue = queue
+        self.fence = fence
+
+    def save(self, run: Run) -> None:
+        self.queue.record(run, self.fence)
+
+    def log(self, run_id: str, line: LogLine) -> None:
+        self.queue.record_log(run_id, line, self.fence)
 
 
 class CacheHitLike(Protocol):

@@ -28,16 +28,17 @@ import anyio.lowlevel
 from anyio.abc import TaskGroup
 
 from . import telemetry
-from .backends.base import Backend, Claim, Fence, JobQueue, Pace
+from .backends.base import Backend, Claim, JobQueue, Pace
 from .catalog import Catalog
 from .context import Context
 from .events import EventBus, QueueChanged
 from .gates import Gates
 from .ledger import CANCELLED, Ledger, make_run
 from .memory_runs import requeue_memory_runs
-from .models import Job, JobState, LogLine, Run, RunStatus, StepStatus, WorkerInfo
+from .models import Job, JobState, Run, RunStatus, StepStatus, WorkerInfo
 from .queue_runtime import QueueRuntime
 from .runner import Outcome, Runner, SnapshotLost
+from .services import FencedRecorder
 from .turns import LoopTurn
 from .watchdog import WATCHDOG_S, LoopWatchdog
 from .whereabouts import NOTHING_RUNS, STARTING, WHERE
@@ -116,20 +117,10 @@ class RunHandle:
             self.scope.cancel()
 
 
-class FencedRecorder:
-    """A running job's progress writes, at its claim's epoch."""
-
-    __slots__ = ("fence", "queue")
-
-    def __init__(self, queue: JobQueue, fence: Fence) -> None:
-        self.queue = queue
-        self.fence = fence
-
-    def save(self, run: Run) -> None:
-        self.queue.record(run, self.fence)
-
-    def log(self, run_id: str, line: LogLine) -> None:
-        self.queue.record_log(run_id, line, self.fence)
+THREAD_RUNS_ON = (
+    "cancelled, but step {} still runs in its thread (a plain def node must return when "
+    "ctx.cancelled is set); this worker's slot stays taken until it returns"
+)
 
 
 class Worker:
@@ -637,7 +628,13 @@ class Worker:
                 )
             if handle.cancel_requested or outcome is None:
                 # Where it was is what an operator who cancels a stuck run wants to know.
+                threads = self.runner.calls.running_threads(run.id)
+                if threads:
+                    self.ledger.log(run, THREAD_RUNS_ON.format(", ".join(threads)), "warning")
                 self.ledger.cancelled(claim, queue, run, CANCELLED + self.runner.stopped(run, ctx))
+                # Its slot stays taken until the thread returns: a queue of concurrency 1 must
+                # not start its next job beside it.
+                await self.runner.calls.threads_ended(run.id)
             else:
                 self._settle(runtime, claim, run, workflow, outcome)
         except anyio.get_cancelled_exc_class():

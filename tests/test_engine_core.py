@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -9,11 +10,12 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 import pytest
-from support import expect_events, raised_at
+from support import expect_events, raised_at, until
 
 from engine import (
     Engine,
     EngineError,
+    JobState,
     Retry,
     RunFinished,
     RunStatus,
@@ -195,6 +197,40 @@ async def test_cancel_stops_a_sleeping_step_at_once(database: Path | None) -> No
         assert len(await engine.runs(queue="sleepy")) == 1
         with pytest.raises(EngineError, match="already ended"):
             await engine.cancel(run.id)
+
+
+async def test_a_cancelled_sync_node_that_runs_on_keeps_its_slot_and_says_so(
+    database: Path | None,
+) -> None:
+    """A plain def node cannot be stopped, only told (ctx.cancelled). One that does not read
+    it ran on after its run was recorded cancelled, without a word, and the worker gave its
+    slot to the next job: two jobs ran at once on a queue of concurrency 1."""
+    release = threading.Event()
+    began: list[str] = []
+
+    def deaf(ctx: Any) -> str:
+        began.append(ctx.body["n"])
+        if ctx.body["n"] == "first":
+            release.wait(30)
+        return ctx.body["n"]
+
+    wf = flow("deaf", Step("work", deaf), concurrency=1)
+    async with Engine(workflows=[wf], database=database) as engine:
+        first = await engine.enqueue("deaf", {"n": "first"})
+        await until(lambda: began == ["first"])
+        second = await engine.enqueue("deaf", {"n": "second"})
+        [run] = await engine.runs(queue="deaf", status="running")
+        cancelled = await engine.cancel(run.id)
+        assert cancelled.status is RunStatus.CANCELLED
+        assert any(
+            line.message.startswith("cancelled, but step work still runs in its thread")
+            for line in cancelled.logs
+        ), cancelled.logs
+        assert began == ["first"]  # its slot is still taken
+        release.set()
+        assert (await engine.wait_for_job(second, timeout=10)).output == "second"
+        assert (await engine.get_job(first)).state is JobState.CANCELLED
+    assert began == ["first", "second"]
 
 
 async def test_cancel_queued_and_delayed_runs(database: Path | None) -> None:
