@@ -189,7 +189,8 @@ def _stuck(run: Run, now: datetime, usual: float | None) -> str:
 
 def _took(run: Run, now: datetime) -> str:
     if run.started_at is None:
-        return "never started"
+        # A crashed run handed straight to a slot may have begun before its start landed.
+        return "its start was not recorded" if str(run.status) == "crashed" else "never started"
     return between(run.started_at, run.finished_at or now)
 
 

@@ -88,7 +88,11 @@ class Chores:
             for job in await queue.held_by(dead):
                 run = await self.backend.runs.get_run(job.run_id)
                 was_running = may_have_begun(run, job)
-                if await self.ledger.release(queue, job, run, reason):
+                why = reason
+                if was_running and run is not None and run.status is not RunStatus.RUNNING:
+                    # Handed straight to a slot: its code may have run before its start landed.
+                    why += "; its start was not recorded, but the run may have begun there"
+                if await self.ledger.release(queue, job, run, why):
                     released += 1
                     crashed += was_running
         # Runs of memory queues died with their worker's jobs: nothing to hand back.

@@ -15,6 +15,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from blok_tui.run_text import run_text
 from engine import Engine, JobState, Run, RunStatus
 
 pytestmark = pytest.mark.anyio
@@ -74,6 +75,20 @@ def start_worker(project: Path) -> subprocess.Popen[str]:
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == "ready"
     return proc
+
+
+def spawn_worker(project: Path) -> subprocess.Popen[str]:
+    """A worker process, started, not waited for."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            str(project / "worker.py"),
+            str(project / "workflows"),
+            str(project / "blok.db"),
+        ],
+        stdout=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
 
 
 @contextmanager
@@ -229,16 +244,7 @@ async def test_a_job_that_kills_every_worker_goes_to_the_dead_letter_queue(proje
             deaths += 1
             survivor: subprocess.Popen[str] | None = None
             for _ in range(5):  # a worker's boot releases the dead one's job: it takes it
-                worker = subprocess.Popen(
-                    [
-                        sys.executable,
-                        str(project / "worker.py"),
-                        str(project / "workflows"),
-                        str(db),
-                    ],
-                    stdout=subprocess.DEVNULL,
-                    env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-                )
+                worker = spawn_worker(project)  # not waited for: it may die first
                 with anyio.fail_after(20):
                     while worker.poll() is None:
                         if (await client.get_job(job_id)).state is JobState.DEAD:
@@ -261,6 +267,17 @@ async def test_a_job_that_kills_every_worker_goes_to_the_dead_letter_queue(proje
     # Crashes use no retry: each run is a delivery the job may take, the third its last (it
     # read "delivery 3 of 1").
     assert [job.delivery_budget, sorted(run.job_attempt for run in runs)] == [3, [1, 2, 3]]
+    for run in runs:
+        assert run.error is not None and "died before the run finished (found by recovery)" in (
+            run.error
+        )
+        # Handed straight to a slot, its code ran before its start was recorded: said so
+        # (`show` said "never started" of a run that had killed its process).
+        if run.started_at is None:
+            assert run.error.endswith(
+                "; its start was not recorded, but the run may have begun there"
+            )
+            assert "(its start was not recorded)" in run_text(run, run.created_at)
     assert job.error == (
         "its runs crashed their workers 3 times: moved to the dead-letter queue so that it "
         "takes down no more (requeue it to try again)"
