@@ -56,8 +56,13 @@ class LoopWatchdog:
     def _watch(self) -> None:
         stalled_since: float | None = None
         culprit: tuple[int, tuple[str, str, str]] | None = None
+        woke, cpu = time.monotonic(), time.process_time()
         while not self._stop.wait(self.threshold_s / 4):
             now = time.monotonic()
+            if self._suspended(now - woke, time.process_time() - cpu):
+                self._beat = now  # the loop turns again as the process does: no stall
+                stalled_since, culprit = None, None
+            woke, cpu = now, time.process_time()
             blocked = now - self._beat
             if blocked < self.threshold_s:
                 if stalled_since is not None:
@@ -84,6 +89,19 @@ class LoopWatchdog:
                     )
             if culprit is not None and culprit[0] in self.calls.async_frames:
                 self.calls.stalls[culprit[0]] = now - stalled_since
+
+    def _suspended(self, slept: float, cpu: float) -> bool:
+        """Whether this whole process was stopped (SIGSTOP, a paused VM, a suspended laptop)
+        rather than its loop blocked: this thread, which no loop blocks, woke far later than
+        it asked to, and the process used hardly any CPU meanwhile. Said so, once."""
+        if slept < self.threshold_s or cpu > slept / 10:
+            return False
+        log.warning(
+            "this process was suspended for %.1fs (SIGSTOP, a paused machine): its event loop "
+            "was not blocked, but its leases were not renewed meanwhile",
+            slept,
+        )
+        return True
 
     @staticmethod
     def _name(culprit: tuple[int, tuple[str, str, str]], blocked: float) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 import anyio
 import pytest
-from cli_helpers import blok, start_worker
+from cli_helpers import blok, cli_env, start_worker
 from support import DURABLE, a_database, all_tasks_blocked, until
 
 from engine import (
@@ -202,6 +202,50 @@ async def test_a_stall_that_a_node_takes_over_in_the_same_turn_is_named(
         tg.cancel_scope.cancel()
     assert "not by a step's node" in caplog.text
     assert "by [step 1/1] n of run run_x (wf)" in caplog.text
+
+
+SUSPENDED = textwrap.dedent(
+    """
+    import logging, sys, anyio
+    from engine.node_calls import NodeCalls
+    from engine.watchdog import LoopWatchdog
+
+    logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(message)s")
+
+    async def main():
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(LoopWatchdog(NodeCalls(lambda *a: None), threshold_s=0.2).beat)
+            await anyio.sleep(0.1)
+            print("ready", flush=True)
+            await anyio.sleep(60)
+
+    anyio.run(main)
+    """
+)
+
+
+async def test_a_process_suspended_whole_is_said_so_not_a_blocked_loop(tmp_path: Path) -> None:
+    """SIGSTOP (a paused machine, a suspended laptop) stops the watchdog's thread too: on
+    waking it said the loop had been blocked, 'not by a step's node (engine code…)'."""
+    script = tmp_path / "suspended.py"
+    script.write_text(SUSPENDED)
+    async with await anyio.open_process([sys.executable, str(script)], env=cli_env()) as process:
+        assert process.stdout is not None and process.stderr is not None
+        with anyio.fail_after(10):
+            assert (await process.stdout.receive()).strip() == b"ready"
+        said = b""
+        try:
+            process.send_signal(signal.SIGSTOP)
+            await anyio.sleep(1.0)  # suspended this long: five times the watchdog's threshold
+            process.send_signal(signal.SIGCONT)
+            with anyio.fail_after(10):
+                while b"again after" not in said and b"suspended" not in said:
+                    said += await process.stderr.receive()
+        finally:
+            process.kill()
+    text = said.decode()
+    assert text.startswith("this process was suspended for "), text
+    assert "blocked" not in text.replace("was not blocked", ""), text
 
 
 # ---- an exception inside `async with Engine` (item 13) -------------------------------------------
