@@ -607,8 +607,10 @@ class Worker:
                 # lease for longer than it lasts (this process was frozen): not ours to record.
                 handle.lost = True
                 log.warning(
-                    "run %s: worker %s lost the lease on job %s to another worker; its "
-                    "outcome here is not recorded",
+                    "run %s: worker %s lost the lease on job %s (not renewed in time: this "
+                    "process was frozen, or its database out of reach); its outcome here is not "
+                    "recorded: the worker that claims the job next records the run crashed and "
+                    "runs the job again",
                     run.id,
                     self.info.id,
                     job.id,

@@ -271,3 +271,29 @@ async def test_a_dead_workers_job_is_taken_over_when_its_lease_expires(
         assert old.status is RunStatus.CRASHED
         assert "lease expired" in (old.error or "")
         assert any("redelivery" in line.message for line in run.logs)
+
+
+async def test_a_lone_worker_frozen_past_its_lease_runs_the_job_again_on_waking(
+    project: Project,
+) -> None:
+    """With no other worker to take the job over, the frozen one, awake, dropped the run's
+    outcome (its lease was gone) and went on renewing that lease for ever: the run said
+    `running` for good. A lease that ran out is renewed no more: the job is claimed again, its
+    run recorded crashed, and a new delivery completes it."""
+    project.env["FENCING_WORK_S"] = "2.5"  # the first delivery outlives the lease: frozen in it
+    worker, log = project.worker("alone")
+    async with Engine(database=project.database) as producer:
+        await until(lambda: scalar(project.database, "SELECT count(*) FROM worker_catalog") > 0)
+        job = await producer.enqueue("fenced", {"n": 1})
+        running = "SELECT count(*) FROM runs WHERE status = 'running'"
+        await until(lambda: scalar(project.database, running) == 1)
+        first = (await producer.get_job(job)).run_id
+        await freeze(worker.pid, project.database, lambda: True)
+        expired = "SELECT count(*) FROM jobs WHERE lease_until < ?"
+        await until(lambda: scalar(project.database, expired, time.time() - 1.0) == 1)
+        os.kill(worker.pid, signal.SIGCONT)
+        run = await producer.wait_for_job(job, timeout=30)
+        old = await producer.get_run(first)
+    assert run.status is RunStatus.COMPLETED and run.id != first, run
+    assert old.status is RunStatus.CRASHED and "lease expired" in (old.error or ""), old
+    assert "not renewed in time" in log.read_text()

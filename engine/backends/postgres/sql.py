@@ -408,9 +408,11 @@ HOLDS = "SELECT 1 FROM jobs WHERE id = $1 AND epoch = $2 FOR SHARE"
 
 # $1 worker, $2 lease seconds. What the worker still holds, each job's epoch and signals: a job
 # missing from the answer, or at another epoch, is no longer its.
+# Not a lease that ran out: the job is no longer this worker's, whether or not another took it
+# yet (see the SQLite queue's renew).
 RENEW = (
     f"UPDATE jobs SET lease_until = {NOW} + $2 WHERE worker = $1 AND state = 'active'"
-    " RETURNING id, epoch, signals"
+    f" AND lease_until > {NOW} RETURNING id, epoch, signals"
 )
 # $1 signal name, $2 job id, $3 epoch. A held job is asked, not taken: its holder is notified
 # and carries the request out with its own fenced writes. The epoch stays.

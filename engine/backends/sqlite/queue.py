@@ -393,10 +393,14 @@ class SqliteQueue(DatabaseQueue):
 
     async def renew(self, worker: str, lease_s: float) -> Renewal:
         def renew(conn: sqlite3.Connection) -> list[Any]:
+            # Not a lease that ran out: the job is no longer this worker's, whether or not
+            # another took it yet (its holder, frozen meanwhile, stops it and records nothing;
+            # renewed, it would hold the job for ever, its outcome dropped).
+            now = time.time()
             return conn.execute(
                 "UPDATE jobs SET lease_until = ? WHERE worker = ? AND state = 'active'"
-                " RETURNING id, epoch, signals",
-                (time.time() + lease_s, worker),
+                " AND lease_until > ? RETURNING id, epoch, signals",
+                (now + lease_s, worker, now),
             ).fetchall()
 
         asked = time.monotonic()
