@@ -16,12 +16,13 @@ from pathlib import Path
 
 from . import expressions
 from .backends.base import ServedQueue, WorkerCatalog
-from .errors import EngineError
+from .errors import EngineError, WorkflowDefinitionError
 from .events import EventBus, ReloadErrorCleared, ReloadFailed, WorkflowReloaded
 from .loader import (
     IMPORT_TIMEOUT_S,
     LoadedFile,
     WorkflowLoadError,
+    is_workflow_call,
     load_file_with_timeout,
     workflow_files,
 )
@@ -86,11 +87,7 @@ def definition_lines(path: Path, name: str) -> list[int]:
         return []
     lines = []
     for node in ast.walk(tree):
-        if not isinstance(node, ast.Call):
-            continue
-        called = node.func.attr if isinstance(node.func, ast.Attribute) else None
-        called = node.func.id if isinstance(node.func, ast.Name) else called
-        if called == "Workflow" and any(
+        if is_workflow_call(node) and any(
             keyword.arg == "name"
             and isinstance(keyword.value, ast.Constant)
             and keyword.value.value == name
@@ -98,6 +95,55 @@ def definition_lines(path: Path, name: str) -> list[int]:
         ):
             lines.append(node.lineno)
     return sorted(lines)
+
+
+def line_in(path: Path, wf: Workflow) -> int | None:
+    """The line of `path` a workflow was defined on (its `Workflow(...)` call, or the call in
+    this file that led to it); else the one `Workflow(name=...)` call of that name in it."""
+    source = wf.source
+    if source is not None and Path(source[0]) == path:
+        return source[1]
+    lines = definition_lines(path, wf.name)
+    return lines[0] if len(lines) == 1 else None
+
+
+def inline_workflows(given: object) -> list[Workflow]:
+    """The workflows given to Engine(workflows=[...]), refusing two of one name or on one
+    queue, as files are refused (check_clashes): the catalog keeps one workflow per name and
+    per queue, and the other would never run. The same object given twice is kept once."""
+    kept: list[Workflow] = []
+    names: dict[str, Workflow] = {}
+    queues: dict[str, Workflow] = {}
+    if not isinstance(given, list | tuple):
+        raise EngineError(
+            "workflows= takes a folder, a file or a list of Workflow objects, "
+            f"not {type(given).__name__}"
+        )
+    for wf in given:
+        if not isinstance(wf, Workflow):
+            raise EngineError(
+                f"workflows= takes Workflow objects; one given is {type(wf).__name__}"
+            )
+        if any(wf is other for other in kept):
+            continue
+        here = f"{wf.defined_at}: " if wf.defined_at else ""
+        first = names.get(wf.name)
+        if first is not None:
+            there = f" (first at {first.defined_at})" if first.defined_at else ""
+            raise WorkflowDefinitionError(
+                f"{here}workflow {wf.name!r} is defined twice in Engine(workflows=[...]){there}"
+            )
+        other = queues.get(wf.queue) if wf.queue else None
+        if other is not None:
+            there = f" (at {other.defined_at})" if other.defined_at else ""
+            raise WorkflowDefinitionError(
+                f"{here}queue {wf.queue!r} is already consumed by workflow {other.name!r}{there}"
+            )
+        names[wf.name] = wf
+        if wf.queue:
+            queues[wf.queue] = wf
+        kept.append(wf)
+    return kept
 
 
 class Catalog:
@@ -153,7 +199,7 @@ class Catalog:
                 self.load(file)
             self.apply()
             return
-        self.inline = list(source)
+        self.inline = inline_workflows(source)
         for wf in self.inline:
             self.check(wf)
         self.apply()
@@ -223,7 +269,7 @@ class Catalog:
             if wf.queue and wf.queue in queues:
                 raise WorkflowLoadError(
                     loaded.path,
-                    None,
+                    line_in(loaded.path, wf),
                     f"queue {wf.queue!r} is already consumed by workflow {queues[wf.queue]!r}",
                 )
             names[wf.name] = loaded.path
@@ -236,7 +282,7 @@ class Catalog:
                 self.check(wf)
             except EngineError as error:
                 raise WorkflowLoadError(
-                    loaded.path, None, f"workflow {wf.name!r}: {error}"
+                    loaded.path, line_in(loaded.path, wf), f"workflow {wf.name!r}: {error}"
                 ) from None
 
     def apply(self) -> None:

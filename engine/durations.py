@@ -9,7 +9,8 @@ from typing import Annotated
 from pydantic import BeforeValidator
 
 _UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-_PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+# The sign is matched so that "-1s" is refused as negative, as -1 is, not as unreadable.
+_PATTERN = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 
 # The longest duration anything takes: 100 years. A delay, timeout or retention beyond it is a
 # typo or a hostile value, and one some thousands of years long no longer fits a datetime

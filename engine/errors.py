@@ -25,4 +25,8 @@ class DatabaseError(RuntimeError):
 
 
 class WorkflowDefinitionError(ValueError):
-    """A workflow, step, trigger or schedule that cannot work as written."""
+    """A workflow, step, trigger or schedule that cannot work as written. `source`: where the
+    part it is about was written (file, line), when that is not where the check ran (a step
+    found wrong by its workflow's check): a workflow file's load error names that line."""
+
+    source: tuple[str, int] | None = None

@@ -6,6 +6,7 @@ the helper modules beside it that it imports, so editing a helper makes a new ve
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import re
 import sys
@@ -14,6 +15,7 @@ import traceback
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeGuard
 
 from .workflow import Workflow
 
@@ -73,6 +75,11 @@ def is_workflow_file(path: Path) -> bool:
 def _error_line(error: BaseException, path: Path) -> int | None:
     if isinstance(error, SyntaxError) and error.filename and Path(error.filename) == path:
         return error.lineno
+    # A workflow's error about one of its steps carries where the step was written (see
+    # workflow._placed): its line, rather than the Workflow(...) line the check raised on.
+    source = getattr(error, "source", None)
+    if isinstance(source, tuple) and source and Path(source[0]) == path:
+        return int(source[1])
     line = None
     for frame in traceback.extract_tb(error.__traceback__):
         if Path(frame.filename) == path:
@@ -122,8 +129,8 @@ def load_file(path: Path) -> LoadedFile:
     if added_path:
         sys.path.insert(0, str(folder))
     try:
-        code = compile(source, str(path), "exec")
-        exec(code, module.__dict__)
+        tree = ast.parse(source, str(path))
+        exec(compile(tree, str(path), "exec"), module.__dict__)
     except (Exception, SystemExit) as error:  # a `sys.exit()` at import must not stop the engine
         kind = type(error).__name__
         raise WorkflowLoadError(path, _error_line(error, path), f"{kind}: {error}") from error
@@ -137,16 +144,110 @@ def load_file(path: Path) -> LoadedFile:
     version = digest.hexdigest()[:8]
     inputs = {path: hashlib.sha1(source).hexdigest()}
     inputs.update((p, hashlib.sha1(text).hexdigest()) for p, text in helpers.items())
-    found = module.__dict__.get("workflows")
-    if found is None and "workflow" in module.__dict__:
-        found = [module.__dict__["workflow"]]
-    if found is None:
-        raise WorkflowLoadError(path, None, "defines neither `workflow` nor `workflows`")
-    if isinstance(found, Workflow):
-        found = [found]
-    if not isinstance(found, list | tuple) or not all(isinstance(w, Workflow) for w in found):
-        raise WorkflowLoadError(path, None, "`workflows` must be a list of Workflow objects")
+    found = _defined_workflows(path, tree, module.__dict__)
     return LoadedFile(path, version, [w.with_version(version, str(path)) for w in found], inputs)
+
+
+def _defined_workflows(path: Path, tree: ast.Module, names: dict[str, object]) -> list[Workflow]:
+    """The workflows a file's module defines in `workflow` or `workflows`. A file that would
+    lose one without a word is refused: one that assigns either name twice, or defines both
+    (unless `workflows` holds `workflow` too)."""
+    for name in ("workflow", "workflows"):
+        _refuse_reassigned(path, tree, name)
+    if "workflow" in names and "workflows" in names:
+        single, listed = names["workflow"], names["workflows"]
+        if not isinstance(listed, list | tuple) or all(w is not single for w in listed):
+            one, many = _binding_lines(tree, "workflow"), _binding_lines(tree, "workflows")
+            shown = [
+                f"`{name}`" + (f" (line {lines[-1]})" if lines else "")
+                for name, lines in (("workflow", one), ("workflows", many))
+            ]
+            raise WorkflowLoadError(
+                path,
+                max(one[-1:] + many[-1:], default=None),
+                f"defines both {shown[0]} and {shown[1]}; only `workflows` would be served: "
+                "put every workflow in `workflows`",
+            )
+    name = "workflows" if "workflows" in names else "workflow"
+    if name not in names:
+        raise WorkflowLoadError(path, None, "defines neither `workflow` nor `workflows`")
+    found = names[name]
+    if isinstance(found, Workflow):
+        return [found]
+    if name == "workflows" and isinstance(found, list | tuple):
+        wrong = next((w for w in found if not isinstance(w, Workflow)), None)
+        if wrong is None:
+            return list(found)
+        problem = f"`workflows` must be a list of Workflow objects, not of {type(wrong).__name__}"
+    elif name == "workflows":
+        problem = f"`workflows` must be a list of Workflow objects, got {type(found).__name__}"
+    else:
+        problem = f"`workflow` must be a Workflow, got {type(found).__name__}" + (
+            " (a list goes in `workflows`)" if isinstance(found, list | tuple) else ""
+        )
+    bound = _binding_lines(tree, name)
+    raise WorkflowLoadError(path, bound[-1] if bound else None, problem)
+
+
+def is_workflow_call(node: ast.AST) -> TypeGuard[ast.Call]:
+    """`Workflow(...)` or `engine.Workflow(...)` in a file's syntax tree."""
+    if not isinstance(node, ast.Call):
+        return False
+    func = node.func
+    called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    return called == "Workflow"
+
+
+def _binds(statement: ast.AST, name: str) -> bool:
+    """An assignment or import that binds `name` (a plain name, not unpacked)."""
+    if isinstance(statement, ast.Assign):
+        return any(isinstance(t, ast.Name) and t.id == name for t in statement.targets)
+    if isinstance(statement, ast.AnnAssign | ast.AugAssign):
+        return isinstance(statement.target, ast.Name) and statement.target.id == name
+    if isinstance(statement, ast.Import | ast.ImportFrom):
+        return any((a.asname or a.name) == name for a in statement.names)
+    return False
+
+
+def _binding_lines(tree: ast.Module, name: str) -> list[int]:
+    """The lines that bind `name` at module level (under an `if` or `try` too, not in a
+    function or class), in order: where a load error about `name` points."""
+    lines = []
+    pending: list[ast.AST] = list(tree.body)
+    while pending:
+        statement = pending.pop()
+        if isinstance(statement, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            continue
+        if isinstance(statement, ast.stmt) and _binds(statement, name):
+            lines.append(statement.lineno)
+        for part in ("body", "orelse", "finalbody", "handlers"):  # handlers: `except` blocks
+            pending.extend(getattr(statement, part, []))
+    return sorted(lines)
+
+
+def _refuse_reassigned(path: Path, tree: ast.Module, name: str) -> None:
+    """Refuse a second top-level `name = ...` that throws away a workflow the first one
+    defined: the module keeps only the last value. One that reads the name
+    (`workflows = workflows + [...]`) keeps it; one under an `if` is a choice, not a loss."""
+    defined_at: int | None = None  # the line whose Workflow(...) the name holds now
+    for statement in tree.body:
+        if not isinstance(statement, ast.Assign | ast.AnnAssign) or not _binds(statement, name):
+            continue
+        value = statement.value
+        nodes = list(ast.walk(value)) if value is not None else []
+        keeps = any(isinstance(n, ast.Name) and n.id == name for n in nodes)
+        if defined_at is not None and not keeps:
+            advice = "put both in `workflows = [...]`" if name == "workflow" else "make one list"
+            raise WorkflowLoadError(
+                path,
+                statement.lineno,
+                f"`{name}` is assigned twice (first at line {defined_at}) and only the last "
+                f"would be served; {advice}",
+            )
+        if any(is_workflow_call(n) for n in nodes):
+            defined_at = statement.lineno
+        elif not keeps:
+            defined_at = None
 
 
 def load_file_with_timeout(path: Path, timeout: float = IMPORT_TIMEOUT_S) -> LoadedFile:

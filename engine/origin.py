@@ -49,13 +49,15 @@ def user_line(error: BaseException, cwd: Path | None = None) -> str | None:
     return _shown(found.tb_frame.f_code.co_filename, found.tb_lineno, cwd)
 
 
-def caller_line(cwd: Path | None = None) -> str | None:
-    """`path:line` of the innermost frame of the user's code in the calls that led here: where
-    the user wrote the `Step(...)` being made, past pydantic's and the engine's frames."""
+def caller_source() -> tuple[str, int] | None:
+    """(file name as its code object has it, line) of the innermost frame of the user's code
+    in the calls that led here: where the user wrote the `Step(...)` or `Workflow(...)` being
+    made, past pydantic's and the engine's frames. A workflow file's load error compares the
+    file name with the file's path; a message shows it with `shown_path`."""
     frame: FrameType | None = sys._getframe(1)
     while frame is not None and is_engine_frame(frame.f_code.co_filename):
         frame = frame.f_back
-    return None if frame is None else _shown(frame.f_code.co_filename, frame.f_lineno, cwd)
+    return None if frame is None else (frame.f_code.co_filename, frame.f_lineno)
 
 
 def _shown(filename: str, line: int, cwd: Path | None) -> str:

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from . import expressions
 from .durations import Duration
 from .errors import WorkflowDefinitionError as WorkflowDefinitionError
-from .origin import caller_line
+from .origin import caller_source, shown_path
 from .ratelimit import RateLimit
 from .schedules import Schedule
 from .validation import MAX_RETRIES, check_queue_name
@@ -45,6 +45,26 @@ def _explain(error: ValidationError) -> str:
     return "; ".join(parts)
 
 
+def _placed(message: str, source: tuple[str, int] | None) -> WorkflowDefinitionError:
+    """An error about one part of a workflow (a step) found only when the whole is checked:
+    `source`, where that part was written, lets a workflow file's load error name the part's
+    line rather than the `Workflow(...)` line the check ran on (engine/loader.py reads it)."""
+    error = WorkflowDefinitionError(message)
+    error.source = source
+    return error
+
+
+def _source_line(source: tuple[str, int] | None) -> str | None:
+    return None if source is None else f"{shown_path(source[0])}:{source[1]}"
+
+
+def _above_zero(owner: str, field: str, ms: int | None, given: Any) -> None:
+    """A time limit of 0 would read as "no limit" (a falsy limit is none where limits are
+    applied), so it is refused as enqueue(timeout=0) is."""
+    if ms == 0:
+        raise WorkflowDefinitionError(f"{owner}: {field} must be above zero, not {given!r}")
+
+
 def _check_gate_expression(owner: str, value: Any) -> None:
     if expressions.is_expression(value):
         try:
@@ -60,6 +80,30 @@ def _check_gate_expression(owner: str, value: Any) -> None:
 
 class _Definition(BaseModel):
     model_config = ConfigDict(arbitrary_types_allowed=True, frozen=True, extra="forbid")
+
+
+class _Written(_Definition):
+    """A definition that knows where the user wrote it: a run that fails on a step's definition
+    (an input expression with nothing at its path) names the step's line, as a node's error its
+    own; a clash of two workflows names both."""
+
+    _source: tuple[str, int] | None = PrivateAttr(default=None)
+    _defined_at: str | None = PrivateAttr(default=None)
+
+    def model_post_init(self, context: Any) -> None:
+        self._source = caller_source()
+        self._defined_at = _source_line(self._source)
+
+    @property
+    def source(self) -> tuple[str, int] | None:
+        """(file name as its code object has it, line) where it was defined."""
+        return self._source
+
+    @property
+    def defined_at(self) -> str | None:
+        """Where it was defined, for a message: "workflows/shop.py:14", relative to the
+        working directory then."""
+        return self._defined_at
 
 
 class Retry(_Definition):
@@ -142,6 +186,7 @@ class WorkerTrigger(_Definition):
             super().__init__(**data)
         except ValidationError as error:
             raise WorkflowDefinitionError(f"WorkerTrigger: {_explain(error)}") from None
+        _above_zero("WorkerTrigger", "timeout", self.timeout, data.get("timeout"))
         _check_gate_expression("WorkerTrigger.concurrency_key", self.concurrency_key)
 
     def limit_backoff_ms(self, attempt: int) -> int:
@@ -154,21 +199,11 @@ class WorkerTrigger(_Definition):
         return int(exponential + jitter * exponential * 0.1)
 
 
-class StepDefinition(_Definition):
+class StepDefinition(_Written):
     """What every kind of step shares: a name unique within its workflow."""
 
     kind: str = "node"
     name: str = Field(min_length=1)
-    # Where the user wrote it ("workflows/shop.py:14"): a run that fails on its definition (an
-    # input expression with nothing at its path) names this line, as a node's error its own.
-    _defined_at: str | None = PrivateAttr(default=None)
-
-    def model_post_init(self, context: Any) -> None:
-        self._defined_at = caller_line()
-
-    @property
-    def defined_at(self) -> str | None:
-        return self._defined_at
 
     def expressions(self) -> list[str]:
         return []
@@ -229,6 +264,7 @@ class Step(StepDefinition):
             raise WorkflowDefinitionError(f"step {name!r}: {_explain(error)}") from None
         if not callable(node):
             raise WorkflowDefinitionError(f"step {name!r}: node {node!r} is not callable")
+        _above_zero(f"step {name!r}", "max_duration", self.max_duration, data.get("max_duration"))
         chosen = [
             o
             for o, on in (
@@ -245,7 +281,8 @@ class Step(StepDefinition):
             )
         for expr in self.expressions():
             try:
-                expressions.parse(expr)
+                # Not only parsed: a bare `$.state` is refused here, at the Step's own line.
+                expressions.referenced_step(expr)
             except expressions.ExpressionError as error:
                 raise WorkflowDefinitionError(f"step {name!r}: {error}") from None
 
@@ -388,6 +425,7 @@ class _WaitFactory:
                 timeout_ms = parse_duration(timeout)
             except ValueError as error:
                 raise WorkflowDefinitionError(f"{label}: timeout: {error}") from None
+            _above_zero(label, "timeout", timeout_ms, timeout)
         if match is not None:
             try:
                 parts = expressions.parse(match) if expressions.is_expression(match) else []
@@ -409,7 +447,7 @@ class _WaitFactory:
 wait = _WaitFactory()
 
 
-class Workflow(_Definition):
+class Workflow(_Written):
     name: str = Field(min_length=1)
     trigger: WorkerTrigger | None = None
     steps: list[StepDefinition]
@@ -429,7 +467,7 @@ class Workflow(_Definition):
             super().__init__(**data)
         except ValidationError as error:
             raise WorkflowDefinitionError(f"workflow {name!r}: {_explain(error)}") from None
-        self._check_steps(self.steps, seen=set())
+        self._check_steps(self.steps, seen={})
         self._check_schedules()
         if not self.version:
             digest = hashlib.sha1()
@@ -439,34 +477,46 @@ class Workflow(_Definition):
             object.__setattr__(self, "version", digest.hexdigest()[:8])
 
     def _check_steps(
-        self, steps: Sequence[StepDefinition], seen: set[str], keys: _Keys | None = None
+        self,
+        steps: Sequence[StepDefinition],
+        seen: dict[str, StepDefinition],
+        keys: _Keys | None = None,
     ) -> None:
         """Step names are unique, and a `$.state.<key>` expression reads a key that a step
-        before it puts in ctx.state (its name, its `as_`; anything after a `spread`)."""
+        before it puts in ctx.state (its name, its `as_`; anything after a `spread`). An error
+        about a step is placed at the step's line (`_placed`)."""
         if not steps and not seen:
             raise WorkflowDefinitionError(f"workflow {self.name!r} has no steps")
         keys = keys if keys is not None else _Keys()
         for step in steps:
-            if step.name in seen:
-                raise WorkflowDefinitionError(
-                    f"workflow {self.name!r}: step name {step.name!r} is used twice"
+            first = seen.get(step.name)
+            if first is not None:
+                earlier = f" (first at {first.defined_at})" if first.defined_at else ""
+                raise _placed(
+                    f"workflow {self.name!r}: step name {step.name!r} is used twice{earlier}",
+                    step.source,
                 )
             for expr in step.expressions():
-                target = expressions.referenced_step(expr)
+                try:
+                    target = expressions.referenced_step(expr)
+                except expressions.ExpressionError as error:
+                    raise _placed(f"step {step.name!r}: {error}", step.source) from None
                 if target is None or target in keys.known or keys.open:
                     continue
                 where = f"workflow {self.name!r}, step {step.name!r}: {expr}"
                 if target in keys.hidden:
-                    raise WorkflowDefinitionError(
+                    raise _placed(
                         f"{where} reads step {target!r}, whose output is not kept in ctx.state "
-                        f"({keys.hidden[target]})"
+                        f"({keys.hidden[target]})",
+                        step.source,
                     )
                 known = ", ".join(sorted(keys.known)) or "none yet"
-                raise WorkflowDefinitionError(
+                raise _placed(
                     f"{where} refers to step {target!r}, which does not run before it "
-                    f"(earlier steps: {known})" + expressions.did_you_mean(target, keys.known)
+                    f"(earlier steps: {known})" + expressions.did_you_mean(target, keys.known),
+                    step.source,
                 )
-            seen.add(step.name)
+            seen[step.name] = step
             found = step.state_keys()
             if found is None:
                 keys.open = True

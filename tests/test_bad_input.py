@@ -18,6 +18,7 @@ from typing import Any
 
 import anyio
 import pytest
+from support import marked_line
 
 from engine import (
     DatabaseError,
@@ -297,7 +298,7 @@ async def test_the_payload_cap_is_configurable(database: Path | None) -> None:
     [
         (lambda e: e.enqueue("nope", {}), "unknown queue 'nope' (queues: echo)"),
         (lambda e: e.enqueue("echo", {}, delay=-5), "delay: duration -5 is negative"),
-        (lambda e: e.enqueue("echo", {}, delay="-5s"), "delay: cannot parse duration '-5s'"),
+        (lambda e: e.enqueue("echo", {}, delay="-5s"), "delay: duration '-5s' is negative"),
         (lambda e: e.enqueue("echo", {}, delay="soon"), "delay: cannot parse duration 'soon'"),
         (lambda e: e.enqueue("echo", object()), "payload is not JSON-serialisable"),
         (lambda e: e.enqueue("echo", {"at": datetime.now(UTC)}), "payload is not JSON-serial"),
@@ -363,8 +364,11 @@ def test_bad_durations_are_refused_at_definition_naming_the_step() -> None:
 
 def test_duplicate_step_names_are_refused_naming_workflow_and_step() -> None:
     with pytest.raises(WorkflowDefinitionError) as bad:
-        Workflow(name="orders", steps=[Step("charge", echo), Step("charge", echo)])
-    assert str(bad.value) == "workflow 'orders': step name 'charge' is used twice"
+        Workflow(name="orders", steps=[Step("charge", echo), Step("charge", echo)])  # 2 charges
+    first = marked_line(__file__, "# 2 charges")
+    assert str(bad.value) == (
+        f"workflow 'orders': step name 'charge' is used twice (first at {first})"
+    )
 
 
 def test_a_reference_to_a_step_that_does_not_run_before_is_refused() -> None:
