@@ -218,6 +218,10 @@ class Engine:
         try:
             self._backend.queue(self._provider_of(wf))
         except ValueError as error:
+            if not (wf.trigger.provider or self._default_provider):
+                # Named nowhere in the code: the user has to be told where it came from.
+                adapter = os.environ.get("BLOK_WORKER_ADAPTER")
+                raise EngineError(f"BLOK_WORKER_ADAPTER={adapter!r}: {error}") from None
             raise EngineError(str(error)) from None
 
     @property

@@ -52,11 +52,16 @@ from .validation import (
     InvalidInput,
     check_delay,
     check_headers,
+    check_job_id,
+    check_limit,
+    check_lookup_id,
     check_payload,
+    check_payload_list,
     check_priority,
     check_retries,
     check_timeout,
     check_wait_timeout,
+    checked,
 )
 from .worker import Worker
 from .workflow import Workflow
@@ -339,10 +344,7 @@ class Operator:
 
     # ---- enqueue ---------------------------------------------------------------------------
     def check_payload(self, payload: Any, what: str = "payload") -> None:
-        try:
-            check_payload(payload, self.max_payload_bytes, what=what)
-        except InvalidInput as error:
-            raise EngineError(str(error)) from None
+        checked(check_payload, payload, self.max_payload_bytes, what=what)
 
     def _job(
         self,
@@ -407,6 +409,10 @@ class Operator:
         retries: int | None = None,
         timeout: Any = None,
     ) -> str:
+        """Add a job; its id. A `job_id` the queue knows already is not added twice: its id
+        comes back (the job stays as it is); one that another queue has is an EngineError."""
+        if job_id is not None:
+            job_id = checked(check_job_id, job_id)
         target = await self.target(queue)
         job, run = self._job(
             target,
@@ -419,13 +425,23 @@ class Operator:
             timeout=timeout,
         )
         added = await self.ledger.add(target.queue, [job], [run], watch=True)
-        if force and added:
+        if not added:
+            await self._refuse_if_elsewhere(job.id, queue)
+        elif force:
             await self._start_now(target.queue, job.id)
         return job.id
+
+    async def _refuse_if_elsewhere(self, job_id: str, queue: str) -> None:
+        """A job id not added is known: to this queue (the dedupe `enqueue` promises) or to
+        another. Read after the add (atomic in each store), so no racing enqueue slips by."""
+        found = await self.backend.find_job(job_id)
+        if found is not None and found[1].queue != queue:
+            raise EngineError(f"job id {job_id!r} is already a job of queue {found[1].queue!r}")
 
     async def enqueue_many(
         self, queue: str, payloads: Sequence[Any], *, priority: int = 0
     ) -> list[str]:
+        payloads = checked(check_payload_list, payloads)
         target = await self.target(queue)
         made = [self._job(target, p, priority=priority) for p in payloads]
         if made:  # watched, as an `enqueue` is: a script collects a batch's runs without reads
@@ -446,7 +462,7 @@ class Operator:
 
     # ---- reads -----------------------------------------------------------------------------
     async def get_job(self, job_id: str) -> Job:
-        found = await self.backend.find_job(job_id)
+        found = await self.backend.find_job(checked(check_lookup_id, job_id, "job id"))
         if found is None:
             raise UnknownJob(f"unknown job {job_id!r}")
         await self._turns.share()
@@ -456,9 +472,12 @@ class Operator:
         return await self.backend.find_jobs(job_ids)
 
     async def get_run(self, run_id: str) -> Run:
-        run = await self.store.get_run(run_id)
+        run = await self.store.get_run(checked(check_lookup_id, run_id, "run id"))
         if run is None:
-            raise UnknownRun(f"unknown run {run_id!r}")
+            # A job's id (find_run and the command line take either; the actions take run ids).
+            found = await self.backend.find_job(run_id)
+            its = f" ({run_id!r} is a job id: its run is {found[1].run_id})" if found else ""
+            raise UnknownRun(f"unknown run {run_id!r}{its}")
         await self._turns.share()
         return run
 
@@ -467,7 +486,7 @@ class Operator:
         status: str | list[str] | None = None,
         workflow: str | None = None,
         queue: str | None = None,
-        limit: int = 100,
+        limit: int | None = 100,
         *,
         text: str | None = None,
         offset: int = 0,
@@ -475,9 +494,12 @@ class Operator:
         stuck: float | None = None,
         replay_of: str | None = None,
     ) -> list[Run]:
-        """Newest first. `retrying`: still going with a failed attempt behind them; `stuck`:
-        running longer than `stuck` × their workflow's median duration of completed runs;
-        `replay_of`: the replays of that run."""
+        """Newest first, at most `limit` (None: every run that matches), after skipping
+        `offset`. `retrying`: still going with a failed attempt behind them; `stuck`: running
+        longer than `stuck` × their workflow's median duration of completed runs; `replay_of`:
+        the replays of that run."""
+        limit = checked(check_limit, limit)
+        offset = checked(check_limit, offset, "offset") or 0
         try:
             where = RunFilter.of(
                 status, workflow, queue, text, retrying=retrying, stuck=stuck, replay_of=replay_of
@@ -780,7 +802,7 @@ class Operator:
         dead = await target.queue.dead_letters(queue, limit=10_000_000)
         return await self.requeue_many([job.id for job in dead], progress=progress)
 
-    async def stuck_runs(self, factor: float = 3.0, limit: int = 100) -> list[Run]:
+    async def stuck_runs(self, factor: float = 3.0, limit: int | None = 100) -> list[Run]:
         """Runs going longer than `factor` × their workflow's median completed duration."""
         return await self.runs(stuck=factor, limit=limit)
 
@@ -849,10 +871,10 @@ class Operator:
         return run.id
 
     # ---- pending runs of a queue (for the console's "why is it waiting") -----------------
-    async def pending(self, queue: str, limit: int = 100) -> list[Run]:
+    async def pending(self, queue: str, limit: int | None = 100) -> list[Run]:
         return await self.store.list_runs(
             RunFilter(status=tuple(str(s) for s in PENDING_RUN_STATUSES), queue=queue),
-            limit=limit,
+            limit=checked(check_limit, limit),
         )
 
 

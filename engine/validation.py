@@ -13,9 +13,13 @@ import json
 import math
 import re
 import unicodedata
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
 
 from .durations import parse_duration
+from .errors import EngineError
+
+T = TypeVar("T")
 
 # SQLite's INTEGER and PostgreSQL's BIGINT both hold a signed 64-bit integer.
 INT64_MIN = -(2**63)
@@ -30,6 +34,9 @@ MAX_DEPTH = 64
 MAX_RETRIES = 1_000  # job-level retries (each waits at most 30 s): more is a typo
 
 MAX_QUEUE_NAME = 128  # characters: fits a table column and a log line
+# A caller's own job id is an idempotency key (an order number, a UUID, a URL): room for any
+# of those, yet short enough for a table cell and a log line.
+MAX_JOB_ID = 255
 # Headers are a request's metadata, not its body: HTTP servers cap them at 8 to 64 KB.
 MAX_HEADERS_BYTES = 64 * 1024
 
@@ -47,6 +54,14 @@ _UNSTORABLE = re.compile(r"[\x00\ud800-\udfff]")
 
 class InvalidInput(ValueError):
     """A value the engine refuses before writing anything; the message is one line."""
+
+
+def checked(check: Callable[..., T], value: object, *args: Any, **kwargs: Any) -> T:
+    """`check(value, ...)`, one of the checks here, its refusal an EngineError: the API's."""
+    try:
+        return check(value, *args, **kwargs)
+    except InvalidInput as error:
+        raise EngineError(str(error)) from None
 
 
 # ---- numbers and durations --------------------------------------------------------------------
@@ -107,22 +122,74 @@ def check_wait_timeout(value: object) -> float | None:
 # ---- names ------------------------------------------------------------------------------------
 def check_queue_name(name: object) -> str:
     """A queue name: text that reads as what it is, on one line, in a table cell."""
+    return _check_name(name, "queue name", MAX_QUEUE_NAME)
+
+
+def check_job_id(job_id: object) -> str:
+    """A job id a caller chooses (`enqueue(job_id=...)`): as a queue name, up to MAX_JOB_ID
+    characters. Checked, as an int went into memory and SQLite as is and failed on PostgreSQL,
+    and "" silently became a generated id."""
+    return _check_name(job_id, "job id", MAX_JOB_ID)
+
+
+def check_lookup_id(value: object, what: str) -> str:
+    """An id to look something up by (`what`: "run id", "job id"): a string. Any string may
+    name nothing (an unknown run or job says so); another type is the caller's mistake, which
+    "unknown run None" would hide."""
+    if not isinstance(value, str):
+        raise InvalidInput(f"{what} must be a string, not {_shown(value)}")
+    return value
+
+
+def _check_name(name: object, what: str, max_length: int) -> str:
     if not isinstance(name, str):
-        raise InvalidInput(f"queue name must be a string, not {_shown(name)}")
+        raise InvalidInput(f"{what} must be a string, not {_shown(name)}")
     if not name:
-        raise InvalidInput("queue name is empty")
-    if len(name) > MAX_QUEUE_NAME:
+        raise InvalidInput(f"{what} is empty")
+    if len(name) > max_length:
         raise InvalidInput(
-            f"queue name is {len(name):,} characters long, above the limit of {MAX_QUEUE_NAME}"
+            f"{what} is {len(name):,} characters long, above the limit of {max_length}"
         )
     if not name.strip():
-        raise InvalidInput(f"queue name {name!r} is only whitespace")
+        raise InvalidInput(f"{what} {name!r} is only whitespace")
     for char in name:
         if unicodedata.category(char) in _HIDDEN:
-            raise InvalidInput(f"queue name {name!r} holds a control character (U+{ord(char):04X})")
+            raise InvalidInput(f"{what} {name!r} holds a control character (U+{ord(char):04X})")
     if name != name.strip():
-        raise InvalidInput(f"queue name {name!r} starts or ends with whitespace")
+        raise InvalidInput(f"{what} {name!r} starts or ends with whitespace")
     return name
+
+
+# ---- listings ---------------------------------------------------------------------------------
+def check_limit(value: object, what: str = "limit") -> int | None:
+    """How many items a listing returns (or skips, `what="offset"`): None (no limit) or a whole
+    number from 0 up that fits a signed 64-bit integer. Refused here, as each database took a
+    negative or a None its own way: all rows, a raw "datatype mismatch", a raw asyncpg error."""
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise InvalidInput(f"{what} must be a whole number from 0 up or None, not {_shown(value)}")
+    if value < 0:
+        raise InvalidInput(f"{what} must be a whole number from 0 up, not {_shown(value)}")
+    if value > INT64_MAX:
+        raise InvalidInput(f"{what} {_shown(value)} is above {INT64_MAX}: pass None for no limit")
+    return int(value)
+
+
+# ---- payloads in bulk -------------------------------------------------------------------------
+def check_payload_list(payloads: object) -> list[Any]:
+    """`enqueue_many`'s payloads: a list (or another iterable) of payloads, one job each. A
+    dict, a string or bytes is refused: iterated, it made one job per key or per character."""
+    if isinstance(payloads, str | bytes | bytearray | memoryview | Mapping):
+        raise InvalidInput(
+            f"payloads must be a list of payloads (one job each), not a {type(payloads).__name__}"
+            " (enqueue adds one job)"
+        )
+    if not isinstance(payloads, Iterable):
+        raise InvalidInput(
+            f"payloads must be a list of payloads (one job each), not {_shown(payloads)}"
+        )
+    return list(payloads)
 
 
 # ---- headers ----------------------------------------------------------------------------------

@@ -529,7 +529,7 @@ async def test_a_trigger_the_engine_cannot_serve_is_refused_not_fatal(
             flow_source("v2").replace("concurrency=4)", "concurrency=4, provider='sqlite')")
         )
         failed = await events.expect(ReloadFailed)
-        assert "the sqlite queue needs a database" in failed.message
+        assert "provider 'sqlite' needs a SQLite file: pass database=" in failed.message
         run = await engine.wait_for_job(await engine.enqueue("orders", {}), timeout=TIMEOUT)
         assert run.output == {"label": "v1"}
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ClassVar, TypeVar
@@ -32,6 +32,7 @@ from typing import Any, ClassVar, TypeVar
 from ..clock import Clock
 from ..filters import RunFilter
 from ..models import Job, JobState, LogLine, QueueStats, Run, WorkerInfo, WorkflowInfo
+from .places import RateDecision
 
 T = TypeVar("T")
 
@@ -304,46 +305,6 @@ class ScheduleState:
     last_run_id: str | None = None
 
 
-# ---- rate limits -------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class RateDecision:
-    """What `SharedState.acquire_start` decided: `allowed`; the starts counted in the window
-    (this one included when allowed); when the oldest of them leaves the window (epoch seconds,
-    the earliest moment a denied run may start; 0.0 when allowed), on the clock the window is
-    kept by, which read `decided_at` as it decided. On PostgreSQL that is the server's: a
-    worker's own clock may be off, and `free_at - decided_at` is what it waits."""
-
-    allowed: bool
-    in_window: int
-    free_at: float = 0.0
-    decided_at: float = 0.0
-
-
-def place_for(holders: Collection[str], run_id: str, limit: int) -> bool | None:
-    """Whether a run gets one of `limit` places (a concurrency slot, a start in a rate window)
-    whose `holders` are the runs holding one now (those whose place ran out dropped): True if it
-    holds one already (a redelivery keeps its place and is not counted twice), False if every
-    place is taken; None if it gets a place, which the backend records in the same transaction.
-    The backends differ only in where the places are kept and how they are locked."""
-    if run_id in holders:
-        return True
-    if len(holders) >= limit:
-        return False
-    return None
-
-
-def decide_start(
-    held: Mapping[str, float], run_id: str, limit: int, at: float
-) -> RateDecision | None:
-    """A rate window's answer to `run_id` at `at` (see `place_for`), from the starts it holds
-    (run id → when that start leaves the window): None when the run gets in (it is then the
-    window's len(held) + 1th start)."""
-    verdict = place_for(held, run_id, limit)
-    if verdict is None:
-        return None
-    return RateDecision(verdict, len(held), 0.0 if verdict else min(held.values()), at)
-
-
 # ---- the interfaces ----------------------------------------------------------------------
 class RunStore(ABC):
     """Run records. Writes do not block: an implementation persists them in order and
@@ -381,9 +342,9 @@ class RunStore(ABC):
 
     @abstractmethod
     async def list_runs(
-        self, where: RunFilter | None = None, limit: int = 100, offset: int = 0
+        self, where: RunFilter | None = None, limit: int | None = 100, offset: int = 0
     ) -> list[Run]:
-        """Newest first (by created_at), without steps and logs (get_run has them)."""
+        """Newest first (by created_at), no steps nor logs (get_run has them); limit None: all."""
 
     @abstractmethod
     async def count_runs(self, where: RunFilter | None = None) -> int: ...

@@ -8,6 +8,7 @@ from typing import ClassVar
 
 from .base import Backend, JobQueue, RunStore
 from .memory import MemoryQueue
+from .providers import provider_refusal
 
 
 class DatabaseBackend(Backend):
@@ -23,10 +24,7 @@ class DatabaseBackend(Backend):
             if self._memory is None:
                 self._memory = MemoryQueue(self.runs, self.clock)
             return self._memory
-        raise ValueError(
-            f"unknown queue provider {provider!r} for a {self.name} database: use "
-            f"{self.kind!r} (or leave it unset) or 'memory'"
-        )
+        raise ValueError(provider_refusal(provider, self.kind))
 
     @property
     def queues(self) -> tuple[JobQueue, ...]:

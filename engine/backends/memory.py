@@ -50,6 +50,7 @@ from .base import (
     payload_key,
 )
 from .memory_shared import MemoryShared
+from .providers import provider_refusal
 
 FEED_LOG_LINES = 100_000  # log lines the in-memory change feed remembers
 
@@ -147,11 +148,12 @@ class MemoryRunStore(RunStore):
         return runs
 
     async def list_runs(
-        self, where: RunFilter | None = None, limit: int = 100, offset: int = 0
+        self, where: RunFilter | None = None, limit: int | None = 100, offset: int = 0
     ) -> list[Run]:
         runs = self._select(where)
         runs.sort(key=lambda run: run.created_at, reverse=True)
-        return [summary(run) for run in runs[offset : offset + limit]]
+        end = None if limit is None else offset + limit
+        return [summary(run) for run in runs[offset:end]]
 
     async def count_runs(self, where: RunFilter | None = None) -> int:
         return len(self._select(where)) if where else len(self._runs)
@@ -743,6 +745,8 @@ _PURGEABLE = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED}
 
 
 # ---- the backend -------------------------------------------------------------------------
+
+
 class MemoryBackend(Backend):
     kind: ClassVar[str] = "memory"
     durable: ClassVar[bool] = False
@@ -764,10 +768,7 @@ class MemoryBackend(Backend):
     def queue(self, provider: str | None) -> JobQueue:
         if provider in (None, "memory"):
             return self._queue
-        raise ValueError(
-            f"the {provider} queue needs a database: pass database=... to Engine "
-            "(or use provider='memory')"
-        )
+        raise ValueError(provider_refusal(provider, self.kind))
 
     @property
     def queues(self) -> tuple[JobQueue, ...]:

@@ -15,15 +15,13 @@ from typing import TypeVar
 
 from ...models import WorkerInfo
 from ..base import (
-    RateDecision,
     ScheduleSpec,
     ScheduleState,
     SharedState,
     Window,
     WorkerCatalog,
-    decide_start,
-    place_for,
 )
+from ..places import RateDecision, decide_start, place_for
 from ..rows import catalog_from_row, catalog_row, schedule_from_row, spec_text, worker_from_row
 from . import sql
 from .batch import Conn, clean

@@ -229,8 +229,9 @@ class PostgresRunStore(RunStore):
         return whole_run(row, row) if row is not None else None
 
     async def list_runs(
-        self, where: RunFilter | None = None, limit: int = 100, offset: int = 0
+        self, where: RunFilter | None = None, limit: int | None = 100, offset: int = 0
     ) -> list[Run]:
+        # LIMIT NULL is no limit in PostgreSQL: limit=None passes as is.
         await self.db.flush()
         clause, params = where_sql(where)
         n = len(params)

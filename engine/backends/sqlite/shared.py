@@ -10,15 +10,13 @@ from typing import TypeVar
 
 from ...models import WorkerInfo
 from ..base import (
-    RateDecision,
     ScheduleSpec,
     ScheduleState,
     SharedState,
     Window,
     WorkerCatalog,
-    decide_start,
-    place_for,
 )
+from ..places import RateDecision, decide_start, place_for
 from ..rows import (
     SCHEDULE_COLUMNS,
     catalog_from_row,

@@ -223,13 +223,13 @@ class SqliteRunStore(RunStore):
         return self.db.read(partial(_read_run, run_id=run_id))
 
     async def list_runs(
-        self, where: RunFilter | None = None, limit: int = 100, offset: int = 0
+        self, where: RunFilter | None = None, limit: int | None = 100, offset: int = 0
     ) -> list[Run]:
         await self.db.flush()
         clause, params = where_clause(where, lambda: "?")
         rows = await self.db.fetchall(
             f"{SELECT_RUN}{clause} ORDER BY created_at DESC LIMIT ? OFFSET ?",
-            (*params, limit, offset),
+            (*params, -1 if limit is None else limit, offset),  # SQLite: LIMIT -1 is none
         )
         return [run_from_row(row) for row in rows]  # type: ignore[arg-type]
 
