@@ -9,6 +9,7 @@ from __future__ import annotations
 from datetime import datetime, tzinfo
 from typing import ClassVar
 
+from rich.console import Console
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import BindingType
@@ -55,6 +56,11 @@ CRUMB_ID = 9  # characters of the run's id in its breadcrumb, at least
 REPLAYS = 50  # replay runs of a run read (one per delivery of each replay job)
 NARROW = 110  # below this many columns the rail narrows and the run log moves under the step
 WIDE = 160  # from this many columns the rail also shows each step's usual duration
+# Lines of a long error shown in the run's header and a step's title: the rest is a line
+# saying where it all is (a 41-line error took the whole screen, the step rail with it).
+ERROR_LINES = 3
+SHORT_ERROR_LINES = 2  # on a screen under TALL rows
+TALL = 30
 
 LEVELS = {"debug": "dbg", "info": "info", "warning": "warn", "error": "err", "critical": "crit"}
 LOG_STYLES = {
@@ -78,6 +84,38 @@ def log_lines(lines: list[LogLine], tz: tzinfo | None, limit: int = 200) -> Text
         text.append(local_times(clean_error(line.message), tz), style=LOG_STYLES.get(level, ""))
         if n < len(shown) - 1:
             text.append("\n")
+    return text
+
+
+def folded_error(
+    error: str, width: int, most: int, console: Console, where: str, style: str = "red1"
+) -> Text:
+    """`error` in at most `most` lines of `width` cells (as they wrap there), then how many
+    lines more there are and `where` they all are (": step charge has the whole error"). An
+    error that fits, or would with the line that says so, shows whole."""
+    whole = Text(error, style=style)
+    if width <= 0 or len(whole.wrap(console, width)) <= most + 1:
+        return whole
+    sources = error.split("\n")
+    shown: list[Text] = []
+    more = len(sources)
+    for line in sources:
+        rows = Text(line, style=style).wrap(console, width)
+        room = most - len(shown)
+        if len(rows) > room:
+            if room:  # the start of a long line, its cut end marked
+                cut = rows[room - 1]
+                cut.truncate(width - 1)
+                cut.append("…")
+                shown.extend(rows[: room - 1])
+                shown.append(cut)
+                more -= 1
+            break
+        shown.extend(rows)
+        more -= 1
+    text = Text("\n").join(shown)
+    if more:
+        text.append(f"\n… {more:,} more line{'s' if more != 1 else ''}{where}", style="grey62")
     return text
 
 
@@ -130,17 +168,16 @@ def why_text(
 
 def wait_line(step: StepRun, now: datetime, tz: tzinfo | None) -> Text:
     """Under a wait step's title: what it waits for and until when (an event wait's deadline
-    is a timeout, not the moment it resumes)."""
+    is a timeout, not the moment it resumes); once it has ended, what became of the wait."""
     line = Text()
-    waiting = str(step.status) == "waiting"
+    status = str(step.status)
+    waiting = status == "waiting"
     if step.kind == "event":
         wanted = step.input if isinstance(step.input, dict) else {}
-        line.append(
-            f"\n✉ {'waits' if waiting else 'waited'} for event {wanted.get('event', '?')!r}",
-            style="khaki1",
-        )
+        event = f"event {wanted.get('event', '?')!r}"
         if wanted.get("key") is not None:
-            line.append(f" with key {printable(str(wanted['key']))!r}", style="khaki1")
+            event += f" with key {printable(str(wanted['key']))!r}"
+        line.append(f"\n✉ {event_wait_phrase(step, event, tz)}", style="khaki1")
         if waiting and step.wait_until is not None:
             line.append(
                 f"; times out at {clock_time(step.wait_until, tz)} "
@@ -151,11 +188,39 @@ def wait_line(step: StepRun, now: datetime, tz: tzinfo | None) -> Text:
             line.append(" (no timeout)", style="khaki1")
         return line
     if step.wait_until is not None:
-        verb = "waits" if waiting else "waited"
-        line.append(f"\n{verb} until {clock_time(step.wait_until, tz)}", style="khaki1")
+        until = clock_time(step.wait_until, tz)
+        if status == "cancelled":
+            line.append(f"\ncancelled while waiting until {until}", style="khaki1")
+        else:
+            line.append(f"\n{'waits' if waiting else 'waited'} until {until}", style="khaki1")
         if waiting:
             line.append(f" — resumes {countdown(step.wait_until, now)}", style="khaki1")
     return line
+
+
+def event_wait_phrase(step: StepRun, event: str, tz: tzinfo | None) -> str:
+    """What an event wait does or did: "waits for event 'approved'", "got event 'approved'",
+    "cancelled while waiting for event 'approved'"…"""
+    status = str(step.status)
+    finished = step.finished_at
+    if status == "completed":
+        # On its timeout the step completes too, with None for a payload.
+        timed_out = (
+            step.output is None
+            and step.wait_until is not None
+            and finished is not None
+            and finished >= step.wait_until
+        )
+        if timed_out:
+            return f"no {event} before its timeout at {clock_time(step.wait_until, tz)}"
+        return f"got {event}" + (f" at {clock_time(finished, tz)}" if finished else "")
+    if status == "cancelled":
+        return f"cancelled while waiting for {event}"
+    if status == "failed":
+        return f"did not wait for {event}"  # its error says why (a match with no value)
+    if status in ("waiting", "running"):
+        return f"waits for {event}"
+    return f"waited for {event}"
 
 
 def gate_reason(
@@ -196,6 +261,14 @@ def gate_reason(
     return line
 
 
+class RunLogScroll(VerticalScroll):
+    """The run log's scroll, in tab's way only when it has something to scroll: the first tab
+    from the rail went to it, with no mark, mostly to hold "no engine messages"."""
+
+    def allow_focus(self) -> bool:
+        return self.max_scroll_y > 0
+
+
 class RunScreen(BlokScreen):
     SCOPE: ClassVar[str] = actions.RUN
     BINDINGS: ClassVar[list[BindingType]] = actions.bindings(actions.RUN)
@@ -214,6 +287,9 @@ class RunScreen(BlokScreen):
         self.job: Job | None = None  # the run's job: which delivery this is, what came after
         self.orphaned: Orphan | None = None  # nobody runs it, for a running run (jobs.orphans)
         self.replays: list[Run] = []  # replays of this run, newest first, one run per job
+        # The header shows a long run error's first lines; one no step holds is shown whole
+        # in the detail pane.
+        self.error_folded = False
 
     @property
     def crumb(self) -> str:
@@ -233,6 +309,11 @@ class RunScreen(BlokScreen):
     def narrow(self) -> bool:
         return self.size.width < NARROW
 
+    @property
+    def error_lines(self) -> int:
+        """The lines of a long error the header and a step's title show."""
+        return ERROR_LINES if self.size.height >= TALL else SHORT_ERROR_LINES
+
     def on_resize(self) -> None:
         # (BlokScreen's own on_resize runs too: Textual calls each class's handler.)
         self.set_class(self.narrow, "-narrow")
@@ -248,11 +329,13 @@ class RunScreen(BlokScreen):
                 yield Static("steps", classes="section", id="steps-title")
                 yield StepRail(id="rail")
                 yield Static("run log", classes="section wide-only")
-                with VerticalScroll(id="run-log-scroll", classes="wide-only"):
+                with RunLogScroll(id="run-log-scroll", classes="wide-only"):
                     yield Static(id="run-log")
             with Vertical(id="detail-column"):
                 yield FilterInput("search the step's input, output and log…")
                 with VerticalScroll(id="detail"):
+                    yield Static("run error", classes="section run-error", id="run-error-title")
+                    yield Static(id="run-error", classes="log run-error")
                     yield Static(id="step-title", classes="section")
                     yield AttemptsView(id="attempts")
                     yield Static("input", classes="section")
@@ -422,10 +505,28 @@ class RunScreen(BlokScreen):
             line.append("\n")
             line.append(f"↰ child of run {run.parent_run_id}", style="deep_sky_blue1")
             line.append(f" (depth {run.depth}; p opens it)", style="grey62")
+        self.error_folded = False
         if run.error and str(run.status) not in GATE_STATUSES:
             line.append("\n")
-            line.append(clean_error(run.error), style="bold red1")
+            failed = next((s for s in run.steps if s.error and str(s.status) == "failed"), None)
+            where = (
+                f": step {printable(failed.name)} has the whole error"
+                if failed is not None
+                else ": the run error below has them all"
+            )
+            error = clean_error(run.error)
+            folded = folded_error(
+                error, header_width, self.error_lines, self.app.console, where, "bold red1"
+            )
+            self.error_folded = failed is None and folded.plain != error
+            line.append_text(folded)
         header.update(line)
+        for part in self.query(".run-error"):
+            part.display = self.error_folded
+        if self.error_folded:
+            self.query_one("#run-error", Static).update(
+                Text(clean_error(run.error or ""), style="red1")
+            )
         why = self.query_one("#why", Static)
         panel = why_text(self.why, self.events, self.holder, tz)
         why.display = panel is not None
@@ -532,7 +633,19 @@ class RunScreen(BlokScreen):
             title.append("  enter opens it", style="grey62")
         title.append_text(wait_line(step, self.blok.now(), tz))
         if step.error:
-            title.append(f"\n{clean_error(step.error)}", style="red1")
+            title.append("\n")
+            if any(attempt.error for attempt in step.attempts):
+                title.append_text(
+                    folded_error(
+                        clean_error(step.error),
+                        self.query_one("#step-title", Static).content_size.width,
+                        self.error_lines,
+                        self.app.console,
+                        " in the attempts below",
+                    )
+                )
+            else:  # no attempt says it: here is the only place
+                title.append(clean_error(step.error), style="red1")
         if self.stats is not None and self.run is not None:
             usual = self.stats.describe(self.run, step.name)
             if usual is not None:
@@ -548,7 +661,12 @@ class RunScreen(BlokScreen):
             fold=not self.unfolded,
         )
         self.query_one("#output-title", Static).update(
-            Text.assemble("output", (f"  {folded}", "grey50") if folded else "")
+            Text.assemble(
+                "output",
+                (f"  {folded}", "grey50") if folded else "",
+                # The box may be closed (enter keeps the search): esc is how it ends.
+                ("  esc clears", "dim") if self.search else "",
+            )
         )
         detail = self.query_one("#detail", VerticalScroll)
         following = detail.scroll_y >= detail.max_scroll_y - 1
@@ -646,7 +764,16 @@ class RunScreen(BlokScreen):
 
     def action_unfold(self) -> None:
         self.unfolded = not self.unfolded
-        self.render_step()
+        output = self.query_one("#step-output", JsonView)
+        if not (self.unfolded and output.folded):
+            self.render_step()
+            return
+        # Drawing up to 2,000 lines holds the screen for a while (about half a second): say
+        # so first, and draw them once that is on screen.
+        self.query_one("#output-title", Static).update(
+            Text.assemble("output", ("  unfolding…", "bold khaki1"))
+        )
+        self.call_after_refresh(self.render_step)
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         event.stop()

@@ -29,8 +29,10 @@ class AttemptsView(Static):
             note = "cached from run " + step.cached_from if step.cached_from else "no attempts yet"
             if step.kind == "wait":
                 note = "a wait: no attempts"
-            elif step.kind == "event":
+            elif step.kind == "event" and str(step.status) == "waiting":
                 note = "waits for an event: no attempts"
+            elif step.kind == "event":  # done waiting: the line above says how it ended
+                note = "an event wait: no attempts"
             self.update(Text(note, style="dim italic"))
             return
         rows = []
@@ -71,15 +73,18 @@ class AttemptsView(Static):
                 grid.add_row(number, cell)
             table = grid
         else:
+            # The error column takes what the others leave: each of them is as wide as what
+            # it holds (fixed widths, 16 for "retry in 100ms", left the error 37 columns at
+            # 140, and it wrapped mid-phrase).
             grid = Table(
                 box=None, padding=(0, 1), expand=True, show_edge=False, header_style="bold dim"
             )
-            grid.add_column("#", justify="right", width=5, no_wrap=True)
-            grid.add_column("status", width=11, no_wrap=True)
-            grid.add_column("took", justify="right", width=6, no_wrap=True)
+            grid.add_column("#", justify="right", no_wrap=True)
+            grid.add_column("status", no_wrap=True)
+            grid.add_column("took", justify="right", no_wrap=True)
             grid.add_column("error", ratio=1, overflow="fold")
             if any(then for *_, then in rows):
-                grid.add_column("next", width=16, no_wrap=True)
+                grid.add_column("next", no_wrap=True)
             for number, status, took, error, then in rows:
                 cells: list[RenderableType] = [number, status, took, error]
                 if len(grid.columns) == 5:

@@ -22,8 +22,11 @@ class JsonView(Static):
     JsonView { height: auto; padding: 0 1; }
     """
 
+    folded = False  # whether the value shown was folded to its first lines (z unfolds it)
+
     def show(self, value: Any, *, empty: str = "none", search: str = "", fold: bool = True) -> str:
         """Show `value`; returns a note on what is hidden ("" when everything shows)."""
+        self.folded = False
         if value is None:
             self.update(Text(empty, style="dim italic"))
             return ""
@@ -34,21 +37,20 @@ class JsonView(Static):
         limit = FOLD if fold else UNFOLDED
         if len(lines) > limit:
             if fold:
+                self.folded = True
                 note = f"{len(lines):,} lines, the first {FOLD} shown: z unfolds, / searches"
             else:
                 note = f"{len(lines):,} lines, the first {UNFOLDED:,} shown: / searches them all"
             lines = [*lines[:limit], f"… {len(lines) - limit:,} more lines"]
         elif not fold and len(lines) > FOLD:
             note = "unfolded: z folds"
-        self.update(
-            Syntax(
-                "\n".join(lines),
-                "json",
-                theme="ansi_dark",
-                background_color="default",
-                word_wrap=True,
-            )
-        )
+        code = "\n".join(lines)
+        syntax = Syntax(code, "json", theme="ansi_dark", background_color="default")
+        # Highlighted once, as a Text: Textual lays out and draws that itself, where a Syntax
+        # is rendered by Rich line by line each time (z on 2,000 lines took twice as long).
+        highlighted = syntax.highlight(code)
+        highlighted.rstrip()
+        self.update(highlighted)
         return note
 
     def _matches(self, lines: list[str], search: str) -> str:
@@ -62,8 +64,13 @@ class JsonView(Static):
             text.append("\n")
         text.highlight_words([search], style="reverse khaki1", case_sensitive=False)
         if not found:
-            text.append(f"no line matches {search!r}", style="dim italic")
+            text.append(f"no line matches {_quoted(search)}", style="dim italic")
         text.rstrip()
         self.update(text)
         more = f", the first {MATCHES} shown" if len(found) > MATCHES else ""
-        return f"{len(found):,} of {len(lines):,} lines match {search!r}{more}"
+        return f"{len(found):,} of {len(lines):,} lines match {_quoted(search)}{more}"
+
+
+def _quoted(search: str) -> str:
+    """The search as typed, in quotes (repr() showed a backslash typed once as two)."""
+    return f"'{printable(search)}'"

@@ -7,9 +7,11 @@ badge, and subworkflow steps carry `↳ sub` (waits for its child) or `↳ async
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime, tzinfo
-from typing import Any
+from typing import Any, Literal
 
+from rich.cells import cell_len, set_cell_size
 from rich.text import Text
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
@@ -20,6 +22,8 @@ from ..console import clock_time, duration, printable, status_style, status_text
 from ..step_order import Row, own_tags, rail_rows, step_ms
 
 BAR_WIDTH = 8
+# The step names' column: as wide as the longest name where the rail has the room, never
+# narrower than these (a step with many badges lets them wrap rather than cut its name).
 NAME_WIDTH = 15
 NARROW_NAME_WIDTH = 12
 BADGES = {"sub": "↳ sub", "async": "↳ async"}
@@ -38,6 +42,14 @@ def _bar(ms: float | None, longest: float, style: str) -> Text:
     return text
 
 
+def cut(name: str, width: int) -> str:
+    """`name` in `width` cells: padded, or cut with "…" (a bare cut at a fixed width made
+    charge_customer_card and charge_customer_refund the same "charge_customer")."""
+    if cell_len(name) <= width:
+        return set_cell_size(name, width)
+    return set_cell_size(name, width - 1) + "…"
+
+
 def step_line(
     step: StepRun,
     longest: float,
@@ -47,15 +59,19 @@ def step_line(
     *,
     narrow: bool = False,
     typical: Text | None = None,
+    names: int | None = None,
 ) -> Text:
     """One step on the rail. `narrow`: no bar and one badge at most (an 80-column terminal).
-    `typical`: the step's usual duration over recent runs, shown after its own."""
+    `typical`: the step's usual duration over recent runs, shown after its own. `names`: the
+    columns of the name column (with a nested step's indent); a longer name ends in "…"."""
     status = str(step.status)
     line = Text("  " * depth)
     line.append_text(status_text(status, steps=True, label=False))
-    width = max(6, (NARROW_NAME_WIDTH if narrow else NAME_WIDTH) - 2 * depth)
-    name = printable(step.name)
-    line.append(f" {name:<{width}.{width}} ", style="bold" if status == "running" else "")
+    if names is None:
+        names = NARROW_NAME_WIDTH if narrow else NAME_WIDTH
+    width = max(6, names - 2 * depth)
+    name = cut(printable(step.name), width)
+    line.append(f" {name} ", style="bold" if status == "running" else "")
     ms = step_ms(step, now)
     if not narrow:
         line.append_text(_bar(ms, longest, status_style(status, steps=True)))
@@ -126,9 +142,50 @@ class StepRail(OptionList):
         self.moved_by_hand = True
         super().action_last()
 
+    def action_page_up(self) -> None:
+        self.page(-1)
+
+    def action_page_down(self) -> None:
+        self.page(1)
+
+    def page(self, direction: Literal[-1, 1]) -> None:
+        """OptionList's page keys, but not on a rail with no lines laid out."""
+        if self.highlighted is None:
+            self.moved_by_hand = True
+            self.highlighted = 0 if direction < 0 else len(self.options) - 1
+        elif self.laid_out:
+            self.moved_by_hand = True
+            self._move_page(direction)
+
+    @property
+    def laid_out(self) -> bool:
+        """Whether the rail has lines to page through: OptionList pages by its lines, and a
+        rail squeezed to no height has none (its page keys raised KeyError: 0)."""
+        return self.highlighted in self._index_to_line
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.rows: list[Row] = []
+        # What was last shown, to lay the names out again at a new width.
+        self.shown: tuple[Run, datetime, tzinfo | None, bool, dict[str, Text]] | None = None
+        self.names_room = 0  # the width the names were laid out for
+
+    def on_resize(self) -> None:
+        if self.shown is not None and self.room != self.names_room:
+            run, now, tz, narrow, typical = self.shown
+            self.show(run, now, tz, narrow=narrow, typical=typical)
+        # Opened before it had a size, the rail could not scroll to its highlighted step.
+        self.call_after_refresh(self.scroll_to_highlight)
+
+    @property
+    def room(self) -> int:
+        """The columns a step's line has (a scrollbar's are kept, shown or not: a line one
+        column too long wraps onto two)."""
+        if not self.size.width:
+            return 0
+        padding = self.get_component_styles("option-list--option").padding.width
+        scrollbar = self.styles.scrollbar_size_vertical
+        return self.size.width - self.styles.gutter.width - scrollbar - padding
 
     def step_index(self, option: int | None = None) -> int | None:
         """The index in run.steps of the step on an option (the highlighted one by default);
@@ -152,6 +209,7 @@ class StepRail(OptionList):
     ) -> None:
         """`typical`: per step name, its usual duration over recent runs (p50/p95)."""
         typical = typical or {}
+        self.shown = (run, now, tz, narrow, typical)
         keep = self.step_index()
         durations = [step_ms(s, now) or 0.0 for s in run.steps]
         longest = max(durations, default=0.0)
@@ -160,26 +218,29 @@ class StepRail(OptionList):
         by_parent: dict[int | None, list[StepRun]] = {}
         for step in run.steps:
             by_parent.setdefault(step.parent, []).append(step)
+
+        def line(step: StepRun, depth: int, names: int | None) -> Text:
+            return step_line(
+                step,
+                longest,
+                now,
+                tz,
+                depth,
+                narrow=narrow,
+                typical=None if narrow else typical.get(step.name),
+                names=names,
+            )
+
+        steps = [(by_index[index], depth) for index, depth, _, _ in rows if index is not None]
+        names = self.name_columns(steps, line, NARROW_NAME_WIDTH if narrow else NAME_WIDTH)
         options = []
         for index, depth, label, parent in rows:
             if index is None:
                 members = [s for s in by_parent.get(parent, []) if s.tags[:1] == [label]]
                 options.append(Option(header_line(label, depth, members), disabled=True))
             else:
-                step = by_index[index]
-                options.append(
-                    Option(
-                        step_line(
-                            step,
-                            longest,
-                            now,
-                            tz,
-                            depth,
-                            narrow=narrow,
-                            typical=None if narrow else typical.get(step.name),
-                        )
-                    )
-                )
+                options.append(Option(line(by_index[index], depth, names)))
+        self.set_class(not options, "-empty")
         if rows == self.rows:
             for n, option in enumerate(options):
                 self.replace_option_prompt_at_index(n, option.prompt)
@@ -189,6 +250,25 @@ class StepRail(OptionList):
         if options:
             wanted = keep if keep is not None and keep in by_index else _focus_step(run)
             self.highlighted = self.option_of(wanted)
+
+    def name_columns(
+        self,
+        steps: list[tuple[StepRun, int]],
+        line: Callable[[StepRun, int, int], Text],
+        least: int,
+    ) -> int | None:
+        """The name column's width: the longest name (with its indent) where the rail has the
+        room for it beside the other columns and the badges, else what room there is, but no
+        less than `least` (None: the rail has no width yet)."""
+        room = self.names_room = self.room
+        if not room or not steps:
+            return None
+        wanted = max(2 * depth + cell_len(printable(step.name)) for step, depth in steps)
+        # The other columns of each line: its length with a 6-column name, less that name.
+        others = max(
+            line(step, depth, 2 * depth + 6).cell_len - 2 * depth - 6 for step, depth in steps
+        )
+        return max(least, min(wanted, room - others))
 
     def option_of(self, step_index: int) -> int:
         for n, (index, _, _, _) in enumerate(self.rows):

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from rich.cells import cell_len
 from rich.text import Text
 
 from engine import Run, StepRun
 
 from ..console import duration, printable, status_style
 from ..step_order import rail_rows, step_end, step_ms
+from .step_rail import cut
 
-LABEL = 18  # columns for the step names
+LABEL = 18  # columns for the step names at least; as many as the longest takes, up to half
 TOOK = 8  # columns for the durations
 ATTEMPT = "█"
 GAP = "╌"  # waiting between attempts (backoff)
@@ -83,17 +85,33 @@ def step_bar(step: StepRun, axis: Axis, now: datetime) -> Text:
     return _bar(cells)
 
 
+def label_width(run: Run, width: int) -> int:
+    """The names' column: the longest step name (with its indent), in at most half the room
+    beside the durations; LABEL at least."""
+    rows = rail_rows(run)
+    names = {step.index: printable(step.name) for step in run.steps}
+    longest = max(
+        (
+            2 * depth + cell_len(names[index] if index is not None else f"▾ {label}")
+            for index, depth, label, _ in rows
+        ),
+        default=0,
+    )
+    return max(LABEL, min(longest, (width - TOOK - 6) // 2))
+
+
 def timeline(run: Run, now: datetime, width: int) -> Text:
     """The whole run in `width` columns."""
     end = run.finished_at or now
-    axis = Axis(run.created_at, end, width - LABEL - TOOK - 6)
+    label = label_width(run, width)
+    axis = Axis(run.created_at, end, width - label - TOOK - 6)
     text = Text()
-    text.append(" " * (LABEL + 1))
+    text.append(" " * (label + 1))
     text.append_text(axis.scale())
     text.append("\n")
     # The queue delay: from the run's creation to its start.
     started = run.started_at or (None if run.terminal else now)
-    text.append(f"{'queued':<{LABEL}} ", style="grey62")
+    text.append(f"{'queued':<{label}} ", style="grey62")
     cells: list[tuple[str, str]] = [(" ", "")] * axis.width
     if started is not None:
         _paint(cells, 0, axis.at(started), QUEUED, "grey50")
@@ -102,15 +120,15 @@ def timeline(run: Run, now: datetime, width: int) -> Text:
         delay = (started - run.created_at).total_seconds() * 1000
         text.append(f" {duration(max(delay, 0)):>{TOOK}}", style="grey62")
     by_index = {step.index: step for step in run.steps}
-    for index, depth, label, _ in rail_rows(run):
+    for index, depth, group, _ in rail_rows(run):
         text.append("\n")
         indent = "  " * depth
         if index is None:
-            text.append(f"{indent}▾ {label}"[:LABEL], style="grey50")
+            text.append(cut(f"{indent}▾ {group}", label).rstrip(), style="grey50")
             continue
         step = by_index[index]
         name = f"{indent}{printable(step.name)}"
-        text.append(f"{name:<{LABEL}.{LABEL}} ", style="bold" if step.attempts else "")
+        text.append(f"{cut(name, label)} ", style="bold" if step.attempts else "")
         text.append_text(step_bar(step, axis, now))
         ms = step_ms(step, now)
         if ms is not None:

@@ -1,0 +1,328 @@
+"""The run view as a new user met it (the console walk-through): a long error that took the
+whole screen (and PageDown that then crashed the console), step names cut short on the rail
+and the timeline, the selected step out of sight on open, an ended event wait told in the
+present tense, a search that showed a backslash twice, an unfold with no sign, tab going to a
+scroll with nothing in it, and an attempts table whose error column was the narrowest. Over
+an in-memory engine, driven with Textual's pilot."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import pytest
+from textual.pilot import Pilot
+from textual.widgets import Static
+
+from blok_tui.app import BlokApp
+from blok_tui.run_screen import RunScreen
+from blok_tui.widgets import AttemptsView, StepRail
+from blok_tui.widgets.timeline import timeline
+from engine import Engine, Retry, Run, RunStatus, Step, WorkerTrigger, Workflow, wait
+
+from .helpers import command, settled, shown_lines, text_of, until
+
+pytestmark = pytest.mark.anyio
+
+ERROR_LINES = 40  # the failing step's error: a heading and these lines
+
+
+def explode(ctx: Any) -> None:
+    lines = "\n".join(
+        f"line {n}: something went badly wrong with the frobnicator component number {n}"
+        for n in range(ERROR_LINES)
+    )
+    raise RuntimeError("Multi-line failure:\n" + lines)
+
+
+def gateway(ctx: Any) -> None:
+    raise ConnectionError(f"gateway 503 for order A1 (attempt {ctx.attempt} of 3)")
+
+
+def huge(ctx: Any) -> dict[str, str]:
+    return {f"key_{n:05d}": "x" * 40 for n in range(4_000)}
+
+
+def numbered(n: int) -> Any:
+    def node(ctx: Any) -> dict[str, int]:
+        return {"n": n}
+
+    return node
+
+
+LONG_NAMES = [f"step_{n:02d}_with_a_rather_long_descriptive_name" for n in range(30)]
+FAILING = Workflow(
+    name="walk.failing",
+    trigger=WorkerTrigger(queue="failing"),
+    steps=[Step("explode", explode, retry=Retry(max_attempts=2, min_timeout="10ms"))],
+)
+GATEWAY = Workflow(
+    name="walk.gateway",
+    trigger=WorkerTrigger(queue="gateway"),
+    steps=[Step("call", gateway, retry=Retry(max_attempts=3, min_timeout="10ms"))],
+)
+MANY = Workflow(
+    name="walk.many",
+    trigger=WorkerTrigger(queue="many"),
+    steps=[Step(name, numbered(n)) for n, name in enumerate(LONG_NAMES)],
+)
+HUGE = Workflow(name="walk.huge", trigger=WorkerTrigger(queue="huge"), steps=[Step("big", huge)])
+WAITER = Workflow(
+    name="walk.waiter",
+    trigger=WorkerTrigger(queue="waiter"),
+    steps=[wait.for_event("approved", timeout="1h", name="approval")],
+)
+IMPATIENT = Workflow(
+    name="walk.impatient",
+    trigger=WorkerTrigger(queue="impatient"),
+    steps=[wait.for_event("approved", timeout="50ms", name="approval")],
+)
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[Engine]:
+    flows = [FAILING, GATEWAY, MANY, HUGE, WAITER, IMPATIENT]
+    async with Engine(workflows=flows, grace_period=0.5) as engine:
+        yield engine
+
+
+async def _ended(engine: Engine, queue: str) -> Run:
+    job_id = await engine.enqueue(queue, {})
+    return await engine.wait_for_job(job_id, timeout=10)
+
+
+async def _waiting(engine: Engine, queue: str) -> Run:
+    job_id = await engine.enqueue(queue, {})
+    with anyio.fail_after(10):
+        while True:
+            run = await engine.get_run((await engine.get_job(job_id)).run_id)
+            if run.status is RunStatus.WAITING:
+                return run
+            await anyio.sleep(0.02)
+
+
+async def _open(pilot: Pilot[Any], run_id: str) -> RunScreen:
+    await command(pilot, f"run {run_id}")
+    screen = pilot.app.screen
+    assert isinstance(screen, RunScreen) and screen.run is not None
+    await settled(pilot)
+    return screen
+
+
+def _highlight_in_view(rail: StepRail) -> bool:
+    highlighted = rail.highlighted
+    if highlighted is None or highlighted not in rail._index_to_line:
+        return False
+    line = rail._index_to_line[highlighted]
+    top = int(rail.scroll_y)
+    return top <= line < top + rail.scrollable_content_region.height
+
+
+# ---- a long run error: its first lines, where the rest is; the rail keeps its room ------------
+@pytest.mark.parametrize("size", [(140, 40), (80, 24)])
+async def test_a_long_error_shows_its_first_lines_and_leaves_the_rail_its_room(
+    engine: Engine, size: tuple[int, int]
+) -> None:
+    run = await _ended(engine, "failing")
+    app = BlokApp(engine)
+    async with app.run_test(size=size) as pilot:
+        await settled(pilot)
+        screen = await _open(pilot, run.id)
+        header = shown_lines(screen.query_one("#run-header", Static))
+        most = 3 if size[1] >= 30 else 2
+        first = next(n for n, line in enumerate(header) if "failed: Multi-line" in line)
+        note = next(n for n, line in enumerate(header) if "more lines" in line)
+        assert note - first <= most, header  # its first lines, then where the rest is
+        assert re.search(r"… \d+ more lines: step explode has the whole error", header[note])
+        rail = screen.query_one(StepRail)
+        assert rail.size.height >= 1 and _highlight_in_view(rail)
+        assert rail.region.bottom <= size[1] - 1  # above the footer, on screen
+        # The whole error is in the step's attempts.
+        assert f"line {ERROR_LINES - 1}:" in text_of(screen.query_one(AttemptsView), size[0])
+        await pilot.press("pagedown", "pageup", "end", "home")  # raised KeyError: 0
+        await settled(pilot)
+        assert app.screen is screen
+
+
+async def test_the_page_keys_on_a_rail_squeezed_to_no_height_do_nothing(engine: Engine) -> None:
+    run = await _ended(engine, "many")
+    app = BlokApp(engine)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await settled(pilot)
+        screen = await _open(pilot, run.id)
+        rail = screen.query_one(StepRail)
+        rail.styles.min_height = rail.styles.max_height = rail.styles.height = 0
+        await until(pilot, lambda: rail.size.height == 0)
+        highlighted = rail.highlighted
+        rail.focus()
+        await pilot.press("pagedown", "pageup")
+        await settled(pilot)
+        assert app.screen is screen and rail.highlighted == highlighted
+
+
+async def test_a_run_error_no_step_holds_is_shown_whole_under_the_header(engine: Engine) -> None:
+    run = await _ended(engine, "many")
+    app = BlokApp(engine)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await settled(pilot)
+        screen = await _open(pilot, run.id)
+        error = "the engine gave up:\n" + "\n".join(f"reason {n}" for n in range(20))
+        screen.run = run.model_copy(update={"error": error, "status": RunStatus.CRASHED})
+        screen.render_run()
+        await settled(pilot)
+        header = text_of(screen.query_one("#run-header", Static))
+        assert "… 18 more lines: the run error below has them all" in header
+        whole = screen.query_one("#run-error", Static)
+        assert whole.display and "reason 19" in text_of(whole)
+
+
+# ---- the step names: the room there is, and "…" where cut -------------------------------------
+@pytest.mark.parametrize(("width", "whole"), [(140, False), (200, True), (80, False)])
+async def test_the_rail_gives_step_names_its_room_and_marks_a_cut_one(
+    engine: Engine, width: int, whole: bool
+) -> None:
+    run = await _ended(engine, "many")
+    app = BlokApp(engine)
+    async with app.run_test(size=(width, 40)) as pilot:
+        await settled(pilot)
+        screen = await _open(pilot, run.id)
+        rail = screen.query_one(StepRail)
+        lines = [str(rail.get_option_at_index(n).prompt) for n in range(rail.option_count)]
+        assert len(lines) == len(LONG_NAMES)
+        for line, name in zip(lines, LONG_NAMES, strict=True):
+            shown = line[2:].split(" ", 1)[0]  # after the status icon
+            if whole:
+                assert shown == name, line
+            else:
+                assert shown.endswith("…") and name.startswith(shown[:-1]), line
+                assert len(shown) > 16, line  # more than the 15 columns it had
+        assert all(len(line) <= rail.room for line in lines)  # none wraps onto two rows
+        # The timeline too (it cut them at 18, with no "…").
+        drawn = timeline(screen.run, app.now(), width - 2).plain  # type: ignore[arg-type]
+        assert (LONG_NAMES[0] if width >= 140 else LONG_NAMES[0][:20]) in drawn
+
+
+# ---- the selected step is in sight on open ------------------------------------------------------
+@pytest.mark.parametrize("size", [(140, 40), (80, 24)])
+async def test_the_rail_opens_scrolled_to_its_selected_step(
+    engine: Engine, size: tuple[int, int]
+) -> None:
+    run = await _ended(engine, "many")
+    app = BlokApp(engine)
+    async with app.run_test(size=size) as pilot:
+        await settled(pilot)
+        screen = await _open(pilot, run.id)
+        rail = screen.query_one(StepRail)
+        assert rail.highlighted == len(LONG_NAMES) - 1  # the last that ran
+        await until(pilot, lambda: _highlight_in_view(rail))
+        # In sight on screen too: not under the footer (at 80x24 the rail was one row taller
+        # than its column).
+        assert rail.region.bottom <= screen.query_one("#rail-column").region.bottom
+
+
+# ---- an event wait that has ended says how -----------------------------------------------------
+async def test_an_ended_event_wait_says_how_it_ended(engine: Engine) -> None:
+    cancelled = await _waiting(engine, "waiter")
+    await engine.cancel(cancelled.id)
+    got = await _waiting(engine, "waiter")
+    await engine.send_event(got.id, "approved", {"ok": True})
+    got = await engine.wait_for_job(got.job_id, timeout=10)
+    timed_out = await _ended(engine, "impatient")
+    waiting = await _waiting(engine, "waiter")
+    app = BlokApp(engine)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await settled(pilot)
+        said = {}
+        for run in (cancelled, got, timed_out, waiting):
+            screen = await _open(pilot, run.id)
+            title = text_of(screen.query_one("#step-title", Static))
+            attempts = text_of(screen.query_one(AttemptsView)).strip()
+            said[run.id] = (title, attempts)
+        title, attempts = said[cancelled.id]
+        assert "✉ cancelled while waiting for event 'approved'" in title, title
+        assert "waited" not in title and attempts == "an event wait: no attempts"
+        title, attempts = said[got.id]
+        assert re.search(r"✉ got event 'approved' at \d\d:\d\d:\d\d", title), title
+        assert attempts == "an event wait: no attempts"
+        title, _ = said[timed_out.id]
+        assert re.search(r"✉ no event 'approved' before its timeout at \d\d:\d\d:\d\d", title)
+        title, attempts = said[waiting.id]
+        assert "✉ waits for event 'approved'; times out at" in title
+        assert attempts == "waits for an event: no attempts"
+    await engine.cancel(waiting.id)
+
+
+# ---- the search: as typed, and esc ends it -----------------------------------------------------
+async def test_the_search_shows_the_pattern_as_typed_and_esc_in_its_box_clears_it(
+    engine: Engine,
+) -> None:
+    run = await _ended(engine, "huge")
+    app = BlokApp(engine)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await settled(pilot)
+        screen = await _open(pilot, run.id)
+        output_title = screen.query_one("#output-title", Static)
+        await pilot.press("slash", "left_square_bracket", "left_parenthesis", "backslash")
+        await until(pilot, lambda: screen.search == "[(\\")
+        await settled(pilot)
+        title = text_of(output_title)
+        assert "0 of 4,002 lines match '[(\\'" in title, title  # repr() showed '[(\\\\'
+        assert "esc clears" in title
+        assert "no line matches '[(\\'" in text_of(screen.query_one("#step-output", Static))
+        await pilot.press("escape")
+        await settled(pilot)
+        assert screen.search == "" and "match" not in text_of(output_title)
+        assert app.screen is screen  # the first esc ends the search, it does not leave
+        # Kept with enter, then ended with esc from the rail.
+        await pilot.press("slash", "x", "enter")
+        await settled(pilot)
+        assert screen.search == "x" and "esc clears" in text_of(output_title)
+        await pilot.press("escape")
+        await settled(pilot)
+        assert screen.search == "" and app.screen is screen
+
+
+# ---- a large output unfolds with a sign; tab goes where there is something to scroll ----------
+async def test_unfolding_a_large_output_says_so_first(engine: Engine) -> None:
+    run = await _ended(engine, "huge")
+    app = BlokApp(engine)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await settled(pilot)
+        screen = await _open(pilot, run.id)
+        output_title = screen.query_one("#output-title", Static)
+        assert "the first 40 shown: z unfolds" in text_of(output_title)
+        screen.action_unfold()
+        assert "unfolding…" in text_of(output_title)  # before the lines are drawn
+        await until(pilot, lambda: "the first 2,000 shown" in text_of(output_title))
+        screen.action_unfold()  # folding back is quick: no sign
+        assert "the first 40 shown" in text_of(output_title)
+
+
+async def test_tab_skips_a_run_log_with_nothing_to_scroll(engine: Engine) -> None:
+    run = await _ended(engine, "huge")
+    app = BlokApp(engine)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await settled(pilot)
+        screen = await _open(pilot, run.id)
+        assert isinstance(app.focused, StepRail)
+        await pilot.press("tab")
+        await settled(pilot)
+        assert app.focused is screen.query_one("#detail")  # the output, which scrolls
+
+
+# ---- the attempts table: the error column has the room ----------------------------------------
+async def test_the_attempts_error_column_has_the_room_the_others_leave(engine: Engine) -> None:
+    run = await _ended(engine, "gateway")
+    app = BlokApp(engine)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await settled(pilot)
+        screen = await _open(pilot, run.id)
+        lines = shown_lines(screen.query_one(AttemptsView))
+        table = lines[: next(n for n, line in enumerate(lines) if "traceback" in line)]
+        assert len(table) == 1 + 3 + 1, table  # a heading, a line an attempt, a blank line
+        for attempt in (1, 2, 3):
+            error = f"gateway 503 for order A1 (attempt {attempt} of 3)"
+            assert any(error in line for line in table), table  # on its line, not wrapped
+        assert re.search(r"\s1/3 .*of 3\)\s+retry in \S+ms$", table[1]), table  # then its backoff
