@@ -214,9 +214,15 @@ async def test_the_sender_is_told_whether_a_wait_took_the_event_or_it_was_kept(
             ("approved",),
             False,
         )
+        # Paused, the queue resumes nothing: both events reach the run before it takes one.
+        await engine.pause("ship")
         taken = told(await engine.send_event(parked.id, "approved", "late"))
         assert taken == [parked.id]
         assert (taken.outcome, taken.awaited) == (EventOutcome.DELIVERED, True)
+        # The wait takes the first: a second is kept (it was said delivered, and never taken).
+        again = told(await engine.send_event(parked.id, "approved", "later"))
+        assert (again.outcome, again.waits_for) == (EventOutcome.KEPT, ("approved",))
+        await engine.resume("ship")
         assert (await engine.wait_for_job(second, timeout=10)).output["approval"] == "late"
 
 

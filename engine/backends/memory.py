@@ -236,7 +236,15 @@ class MemoryRunStore(RunStore):
                 return None
             message = self._post(event, encoded, run_id, now)
             waiter = self._waiters.get(run_id)
-            return [Delivery(run_id, message.id, waiter is not None and waiter.event == event)]
+            # Delivered unless an earlier event is there for the wait already (that one it
+            # takes; this is kept).
+            first = not any(
+                m.run_id == run_id and m.event == event and m.taken_by is None
+                for m in self._messages.values()
+                if m.id < message.id
+            )
+            delivered = waiter is not None and waiter.event == event and first
+            return [Delivery(run_id, message.id, delivered)]
         deliveries = []
         for waiter in list(self._waiters.values()):
             if waiter.event != event or not waiter.path or waiter.key is None:

@@ -91,8 +91,14 @@ async def post_event(
         if status is None or status in TERMINAL:
             return None
         [row] = await conn.fetch(sql.POST_EVENTS, [run_id], event, encoded, now)
+        # Delivered unless an earlier event is there for the wait already (see SQLite's).
         waiting = await conn.fetchval(
-            "SELECT 1 FROM event_waiters WHERE run_id = $1 AND event = $2", run_id, event
+            "SELECT 1 FROM event_waiters WHERE run_id = $1 AND event = $2 AND NOT EXISTS"
+            " (SELECT 1 FROM events WHERE run_id = $1 AND event = $2 AND taken_by IS NULL"
+            " AND id < $3)",
+            run_id,
+            event,
+            int(row[0]),
         )
         return [Delivery(run_id, int(row[0]), waiting is not None)]
     await conn.execute(sql.EVENT_LOCK, event)

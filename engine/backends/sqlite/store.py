@@ -78,8 +78,13 @@ def post_event(
         if _ended(conn, run_id):
             return None
         message_id = conn.execute(insert, (run_id, event, encoded, now)).lastrowid
+        # Delivered: a wait takes it when it resumes, unless an earlier one is there for it
+        # already (that one it takes; this is kept).
         waiting = conn.execute(
-            "SELECT 1 FROM event_waiters WHERE run_id = ? AND event = ?", (run_id, event)
+            "SELECT 1 FROM event_waiters WHERE run_id = ?1 AND event = ?2 AND NOT EXISTS"
+            " (SELECT 1 FROM events WHERE run_id = ?1 AND event = ?2 AND taken_by IS NULL"
+            " AND id < ?3)",
+            (run_id, event, message_id),
         ).fetchone()
         return [Delivery(run_id, int(message_id or 0), waiting is not None)]
     deliveries = []
