@@ -324,11 +324,11 @@ class Engine:
                     recovery=self.crash_recovery,
                 )
                 await self._chores.recover()  # before claiming: dead workers' jobs go back
-                await self._serving.start(tg)
                 scheduler = None
                 if not scheduling_disabled():
                     scheduler = Scheduler(backend, ledger, operator, self.catalog)
                     await scheduler.declare()  # its schedules are listed once it has started
+                await self._serving.start(tg)
                 # Started means seen: what it serves is committed before `async with` enters.
                 await backend.runs.flush()
                 tg.start_soon(self._guard(self._chores.loop))
