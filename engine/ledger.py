@@ -338,6 +338,24 @@ class Ledger:
                         attempt.finished_at = now
                         attempt.error = error
 
+    def _crash(self, run: Run, reason: str) -> None:
+        """Record a run crashed (its worker died, froze past its lease or stopped on an engine
+        error): the step it was in failed with its attempt, and counted, and the run's error
+        names that step, as a failure's does ("[step 2/3] charge: …")."""
+        open_steps = [s for s in run.steps if s.status in (StepStatus.RUNNING, StepStatus.WAITING)]
+        failed = sum(a.status is AttemptStatus.RUNNING for s in open_steps for a in s.attempts)
+        self._close_open_steps(run, StepStatus.FAILED, AttemptStatus.FAILED, reason)
+        error, step = reason, None
+        if open_steps:
+            step = open_steps[0]
+            top = [s for s in run.steps if s.parent is None]
+            where = (
+                f"[step {top.index(step) + 1}/{len(top)}] {step.name}" if step in top else step.name
+            )
+            error = f"{where}: {reason}"
+        self._close(run, RunStatus.CRASHED, error, step.name if step else None)
+        run.failed_attempts += failed
+
     def log(self, run: Run, message: str, level: str = "info") -> None:
         """An engine line on the run's record, written with the run's next transition (or,
         for a run that starts, with its start)."""
@@ -575,8 +593,7 @@ class Ledger:
         run for its next delivery."""
         if run.terminal:
             return
-        self._close(run, RunStatus.CRASHED, reason, None)
-        self._close_open_steps(run, StepStatus.FAILED, AttemptStatus.FAILED, reason)
+        self._crash(run, reason)
         job = claim.job
         next_run = self._redelivery(job, run)
         update = JobUpdate(state=JobState.WAITING, run_id=next_run.id, meta=job.meta)
@@ -614,8 +631,7 @@ class Ledger:
                 "was taken over by another worker"
             )
         run = copy_run(run)  # read from the store: others may hold that record
-        self._close(run, RunStatus.CRASHED, reason, None)
-        self._close_open_steps(run, StepStatus.FAILED, AttemptStatus.FAILED, reason)
+        self._crash(run, reason)
         job = claim.job
         meta, poison = self._crashed(job, run)
         if poison is not None:
@@ -636,8 +652,7 @@ class Ledger:
         """A run left `running` by a dead worker whose job is gone with it (a memory queue's):
         recorded crashed. Nothing else can write it: there is no job to fence on."""
         run = copy_run(run)
-        self._close(run, RunStatus.CRASHED, reason, None)
-        self._close_open_steps(run, StepStatus.FAILED, AttemptStatus.FAILED, reason)
+        self._crash(run, reason)
         self._save_jobless(run)
 
     def cancel_jobless(self, run: Run) -> None:
@@ -756,8 +771,7 @@ class Ledger:
             )
             return await queue.apply(self._transition(job, job.epoch, update))
         run = copy_run(run)
-        self._close(run, RunStatus.CRASHED, reason, None)
-        self._close_open_steps(run, StepStatus.FAILED, AttemptStatus.FAILED, reason)
+        self._crash(run, reason)
         meta, poison = self._crashed(job, run)
         if poison is not None:
             update = JobUpdate(state=JobState.DEAD, error=poison, meta=meta)

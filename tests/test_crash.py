@@ -162,6 +162,10 @@ async def test_crashed_run_is_flipped_on_boot_and_its_job_redelivered(project: P
         crashed = await engine.get_run(victim.id)
         assert crashed.status is RunStatus.CRASHED
         assert crashed.step("work").status == "failed"
+        # Named as a failure's is: the step it was in, its attempt counted failed.
+        assert crashed.error is not None
+        assert crashed.error.startswith("[step 1/1] work: its worker process "), crashed.error
+        assert (crashed.error_step, crashed.failed_attempts) == ("work", 1)
         redelivered = await engine.get_job(job)
         assert redelivered.run_id != victim.id  # a new run for the same job
         fresh = await engine.get_run(redelivered.run_id)
