@@ -12,16 +12,21 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import sys
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
+from dataclasses import replace
 from datetime import datetime, tzinfo
 from pathlib import Path
 from typing import Any, ClassVar
 
+from textual.actions import SkipAction
 from textual.app import App
-from textual.binding import BindingType
+from textual.binding import Binding, BindingType
 from textual.notifications import SeverityLevel
+from textual.screen import ModalScreen
+from textual.widgets import Input, TextArea
 from textual.worker import WorkerCancelled
 
 from engine import (
@@ -43,6 +48,7 @@ from engine import (
 )
 from engine.api import EngineAPI
 from engine.events import AttemptFailed, Event
+from engine.expressions import did_you_mean
 from engine.operations import BulkProgress, BulkResult
 
 from . import actions, bulk
@@ -78,7 +84,22 @@ EngineFactory = Callable[[], AbstractAsyncContextManager[EngineAPI]]
 class BlokApp(App[None]):
     CSS_PATH = "app.tcss"
     TITLE = "blok-tui"
-    BINDINGS: ClassVar[list[BindingType]] = actions.bindings(actions.APP)
+    # `:` is a priority binding: the app opens the command line as the key arrives, before
+    # it routes the keys typed after it (a paste, tmux send-keys, a fast typist). Routed as
+    # an ordinary key, `:` went to the focused table first and came back to the app after
+    # the rest, which had gone to the table and were lost. A focused text box still gets its
+    # `:` (Textual drops the bindings of keys a focused Input or TextArea types).
+    BINDINGS: ClassVar[list[BindingType]] = [
+        *(
+            replace(b, priority=True)
+            if isinstance(b, Binding) and b.action == "command_line"
+            else b
+            for b in actions.bindings(actions.APP)
+        ),
+        # Instead of Textual's "press ctrl+q to quit" hint; a priority binding, as modals
+        # (where the app's keys do not reach) must answer it too. See `action_interrupt`.
+        Binding("ctrl+c", "interrupt", show=False, system=True, priority=True),
+    ]
     # Only the registry's entries: Textual's own (quit, keys, screenshot…) would repeat ours.
     COMMANDS: ClassVar = {actions.ActionCommands}
 
@@ -107,6 +128,7 @@ class BlokApp(App[None]):
         self.tz = tz
         self._where = where
         self.reload_errors: dict[str, str] = {}
+        self._quit_question: ConfirmScreen | None = None  # "Quit while runs are running?"
         self.queue_names: list[str] = []
         self.throughput_history: dict[str, deque[float]] = {}
         self._changes = Changes()
@@ -161,14 +183,41 @@ class BlokApp(App[None]):
             )
 
         def answer(yes: bool | None) -> None:
+            self._quit_question = None
             if yes:
                 self.exit()
 
-        self.push_screen(ConfirmScreen(f"Quit while {runs} running?", then, confirm="Quit"), answer)
+        question = ConfirmScreen(f"Quit while {runs} running?", then, confirm="Quit", keep="Stay")
+        self._quit_question = question
+        self.push_screen(question, answer)
 
-    def action_help_quit(self) -> None:
+    async def action_interrupt(self) -> None:
+        """ctrl+c. As in k9s, it quits from a view (asking first when runs are in flight, as
+        q does), and a second ctrl+c answers that question. In a modal it does not: the inject
+        editor may hold a payload being written, which one reflex press must not lose; there
+        ctrl+c copies the selected text, as in any editor, and says how to leave. A text box
+        of a view copies its selection too."""
+        focused = self.focused
+        selected = focused.selected_text if isinstance(focused, Input | TextArea) else ""
+        selected = selected or self.screen.get_selected_text() or ""  # by the mouse
+        if self._quit_question is not None and self.screen is self._quit_question:
+            self._quit_question.dismiss(True)
+        elif isinstance(self.screen, BlokScreen):
+            if selected:
+                raise SkipAction()  # the text box (or the screen) copies it
+            await self.action_quit()
+        else:
+            if selected:
+                self.copy_to_clipboard(selected)
+            self.action_help_quit(copied=bool(selected))
+
+    def action_help_quit(self, copied: bool = False) -> None:
         # Textual's own says "Press [b]ctrl+q[/b] …" in markup, which notify shows as written.
-        self.notify("press q (or ctrl+q) to quit", title="Do you want to quit?")
+        self.notify(
+            f"{'ctrl+c copied the selected text. ' if copied else ''}"
+            "esc closes this first; then ctrl+c (or q) quits",
+            title="Copied" if copied else "Do you want to quit?",
+        )
 
     @property
     def where(self) -> str:
@@ -472,6 +521,7 @@ class BlokApp(App[None]):
                     if part
                 ),
                 confirm=f"{verb} all",
+                keep="Keep them" if plan.count > 1 else "Keep it",
             ),
             answer,
         )
@@ -506,7 +556,9 @@ class BlokApp(App[None]):
         return result
 
     # ---- app-wide actions (from the registry) ----------------------------------------------
-    def action_command_line(self) -> None:
+    async def action_command_line(self) -> None:
+        if isinstance(self.screen, ModalScreen):
+            raise SkipAction()  # a modal (help, a question) is on top: the key is its own
         words = [
             f"{verb} {q}"
             for q in self.queue_names
@@ -514,7 +566,10 @@ class BlokApp(App[None]):
         ]
         words += [f"runs {status}" for status in STATUS_FILTERS]
         words += ["workers", "logs", "schedules"]
-        self.push_screen(CommandScreen(words), self._command_done)
+        # Awaited: the keys typed right after `:` (a paste, tmux send-keys, a fast typist)
+        # wait in the app's queue until the line is mounted and focused, instead of going to
+        # a screen with nothing focused, which drops them.
+        await self.push_screen(CommandScreen(words), self._command_done)
 
     async def _command_done(self, line: str | None) -> None:
         if line:
@@ -578,8 +633,10 @@ class BlokApp(App[None]):
             return
         entry = actions.by_command(word)
         if entry is None:
-            known = ", ".join(f":{a.command}" for a in actions.commands())
-            self.notify(f"unknown command :{word} (commands: {known})", severity="error")
+            words = [str(a.command) for a in actions.commands()]
+            known = ", ".join(f":{w}" for w in words)
+            close = did_you_mean(word, words, prefix=":")
+            self.notify(f"unknown command :{word}{close} (commands: {known})", severity="error")
             return
         needs = entry.args.startswith("<")
         if needs and not args:
@@ -593,6 +650,10 @@ class BlokApp(App[None]):
             case "help":
                 self.action_help()
             case "inject":
+                if arg is not None and arg not in queues:
+                    # Said as `:dlq` says it, on a line of its own that no terminal size
+                    # hides; the modal still opens (it says so too), to pick the queue meant.
+                    self._unknown_queue(arg)
                 self.action_inject(arg)
             case "workers":
                 self.open_workers()
@@ -625,17 +686,46 @@ class BlokApp(App[None]):
                 self.open_run(run_id)
             case "dlq" | "pause" | "resume":
                 if arg not in queues:
-                    self.notify(
-                        f"unknown queue {arg!r} (queues: {', '.join(queues) or 'none'})",
-                        severity="error",
-                    )
+                    self._unknown_queue(str(arg))
                 elif word == "dlq":
                     self.go_home()
                     self.open_dead_letters(arg)
                 else:
                     await self.set_paused(arg, word == "pause")
 
+    def _unknown_queue(self, name: str) -> None:
+        queues = self.queue_names
+        close = did_you_mean(name, queues)
+        self.notify(
+            f"unknown queue {name!r}{close} (queues: {', '.join(queues) or 'none'})",
+            severity="error",
+        )
 
-async def run_console(engine: EngineAPI, *, title: str | None = None) -> None:
-    """Run the console over an entered engine until the operator quits."""
-    await BlokApp(engine, title=title).run_async()
+
+async def run_console(
+    engine: EngineAPI, *, title: str | None = None, grace: float | None = None
+) -> int:
+    """Run the console over an entered engine until the operator quits. Returns the exit
+    status for the process: 0 when the operator quit, non-zero when the console crashed
+    (Textual has shown the traceback), so a supervisor or a script can tell. `grace`: how
+    long the engine gives its runs to finish once the console is gone, for the line saying so."""
+    app = BlokApp(engine, title=title)
+    await app.run_async()
+    status = app.return_code or 0
+    if status == 0 and engine.in_flight:
+        # The engine now gives its runs the grace period, with the screen already gone: say
+        # why the prompt is not back yet.
+        memory = engine.capabilities.location == "memory"
+        print(stopping_line(engine.in_flight, grace, memory=memory), file=sys.stderr, flush=True)
+    return status
+
+
+def stopping_line(count: int, grace: float | None, *, memory: bool = False) -> str:
+    """What the terminal shows while the engine stops the runs a quit interrupted."""
+    runs = "1 run" if count == 1 else f"{count:,} runs"
+    within = f"up to {grace:g}s: " if grace is not None else ""
+    if memory:
+        then = "the engine keeps its runs in memory, they end with it"
+    else:
+        then = "those still going then are recorded where they stopped, to go on at the next start"
+    return f"blok-tui: stopping {runs}… ({within}{then})"

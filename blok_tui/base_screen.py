@@ -27,6 +27,14 @@ if TYPE_CHECKING:
     from .app import BlokApp
 
 
+# How long a key stays in a narrow footer: the essential ones (back, the command line, help:
+# help lists every key) the longest, then the view's keys from the left (those the view says
+# it asks for now among the essential ones), then the app's (quit), the palette last.
+ESSENTIAL = 2
+PALETTE = -1
+ESSENTIAL_KEYS = ("colon", "question_mark")
+
+
 @dataclass
 class Changes:
     """What the engine's events touched since the views last looked (coalesced)."""
@@ -108,21 +116,34 @@ class BlokScreen(Screen[None]):
 
     def show_keys(self) -> None:
         """The key bar: back (when there is somewhere to go back to), this view's keys, then
-        the app's; `? help` and the palette pinned at the right."""
-        keys: list[Key] = []
+        the app's; `? help` and the palette pinned at the right. Where they do not all fit,
+        the essential ones stay (see `_fitting`)."""
+        keys: list[tuple[Key, int]] = []
         if len([s for s in self.app.screen_stack if isinstance(s, BlokScreen)]) > 1:
-            keys.append(("esc", "back", "screen.back"))
+            keys.append((("esc", "back", "screen.back"), ESSENTIAL))
         for entry in actions.in_scope(self.SCOPE):
             if entry.key and entry.label and self.key_applies(entry.action):
-                keys.append((entry.key_display, entry.label, f"screen.{entry.action}"))
-        pinned: list[Key] = []
+                key = (entry.key_display, entry.label, f"screen.{entry.action}")
+                rank = ESSENTIAL if entry.key in ESSENTIAL_KEYS else self.key_rank(entry.action)
+                keys.append((key, rank))
+        pinned: list[tuple[Key, int]] = []
         for entry in actions.in_scope(actions.APP):
             if not (entry.key and entry.label):
                 continue
             key = (entry.key_display, entry.label, f"app.{entry.action}")
-            (pinned if entry.action == "help" else keys).append(key)
-        pinned.append(("^p", "palette", "app.command_palette"))
-        self.query_one(KeyBar).show(keys, pinned)
+            rank = ESSENTIAL if entry.key in ESSENTIAL_KEYS else 0
+            (pinned if entry.action == "help" else keys).append((key, rank))
+        pinned.append((("^p", "palette", "app.command_palette"), PALETTE))
+        # The bar's text width: the screen's, less the bar's padding and its own margin.
+        width = self.size.width - 4 if self.size.width else None
+        kept = _fitting([*keys, *pinned], width)
+        bar = self.query_one(KeyBar)
+        bar.show([k for k, _ in keys if k in kept], [k for k, _ in pinned if k in kept])
+
+    def key_rank(self, action: str) -> int:
+        """How long this view's `action` stays in a narrow footer: ESSENTIAL for what the view
+        shows now asks for (a run waiting for an event: send it), else 0."""
+        return 0
 
     def key_applies(self, action: str) -> bool:
         """Whether the footer offers this view's `action` just now (every key stays bound;
@@ -258,6 +279,26 @@ class RowFilterScreen(BlokScreen):
             return False
         self.query_one(FilterInput).action_drop()
         return True
+
+
+def _fitting(keys: list[tuple[Key, int]], width: int | None) -> list[Key]:
+    """The keys that fit in `width` cells as the key bar draws them ("q quit  "), in their
+    order: the highest ranked first, then, among equals, from the left, each that still fits.
+    The bar itself cuts from the right, and a 60-column terminal lost `: command`, `/ filter`
+    and `q quit` (the app's keys come last) while it kept `d dead letters`."""
+    if width is None:
+        return [key for key, _ in keys]
+
+    def cells(key: Key) -> int:
+        return len(key[0]) + len(key[1]) + 3
+
+    chosen: set[int] = set()
+    used = 0
+    for n, (key, _) in sorted(enumerate(keys), key=lambda item: (-item[1][1], item[0])):
+        if used + cells(key) <= width:
+            chosen.add(n)
+            used += cells(key)
+    return [key for n, (key, _) in enumerate(keys) if n in chosen]
 
 
 def _what_a_cancel_stops(run: Run, orphaned: Orphan | None) -> str:

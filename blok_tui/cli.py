@@ -660,7 +660,7 @@ def _client(args: argparse.Namespace) -> Any:
     return Engine(database=_database(args), create=False, follow=False)
 
 
-async def _console(args: argparse.Namespace) -> None:
+async def _console(args: argparse.Namespace) -> int:
     from engine import Engine
 
     from .app import run_console  # Textual loads only for the console
@@ -678,8 +678,9 @@ async def _console(args: argparse.Namespace) -> None:
             from .demo import demo_producer
 
             tg.start_soon(demo_producer, engine)
-        await run_console(engine, title=f"blok-tui · {folder}")
+        status = await run_console(engine, title=f"blok-tui · {folder}", grace=CONSOLE_GRACE)
         tg.cancel_scope.cancel()
+    return status
 
 
 def _log_quietly(database: Path | str | None) -> None:
@@ -696,7 +697,7 @@ def _log_quietly(database: Path | str | None) -> None:
     root.addHandler(handler)
 
 
-async def _attach(args: argparse.Namespace) -> None:
+async def _attach(args: argparse.Namespace) -> int:
     from engine import Engine
 
     from .app import run_console
@@ -705,7 +706,10 @@ async def _attach(args: argparse.Namespace) -> None:
     _log_quietly(database)
     # An engine with no workflows: it runs nothing, and follows what the workers write.
     async with Engine(database=database, create=False, follow=True) as engine:
-        await run_console(engine, title=f"blok-tui · attached to {engine.capabilities.location}")
+        status = await run_console(
+            engine, title=f"blok-tui · attached to {engine.capabilities.location}"
+        )
+    return status
 
 
 async def _worker(args: argparse.Namespace) -> None:
@@ -1294,7 +1298,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         handler.setLevel(logging.WARNING)
         logging.getLogger().addHandler(handler)
     try:
-        anyio.run(COMMANDS[args.command], args)
+        # The console says how it ended (1: it crashed); the other commands raise to fail.
+        status = anyio.run(COMMANDS[args.command], args)
         sys.stdout.flush()  # a reader gone (`| head`) shows here, not as Python exits
     except BrokenPipeError:
         # The reader stopped reading (`blok-tui runs | head`): stop without a word, as `git log |
@@ -1318,7 +1323,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
-    return 0
+    return status if isinstance(status, int) else 0
 
 
 def _first_leaf(

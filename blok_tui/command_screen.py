@@ -33,6 +33,11 @@ class CommandScreen(ModalScreen[str | None]):
             yield Static(":", id="prompt")
             yield line
 
+    def on_mount(self) -> None:
+        # Focused here, at once: `Input.focus()` would wait for a turn of the app's queue,
+        # behind the keys typed right after `:`.
+        self.set_focus(self.query_one("#command", Input))
+
     def on_input_submitted(self, event: Input.Submitted) -> None:
         self.dismiss(event.value.strip() or None)
 

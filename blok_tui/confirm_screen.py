@@ -18,11 +18,16 @@ class ConfirmScreen(ModalScreen[bool]):
         Binding("n,escape", "answer(False)", "no"),
     ]
 
-    def __init__(self, question: str, detail: str = "", *, confirm: str = "Yes") -> None:
+    def __init__(
+        self, question: str, detail: str = "", *, confirm: str = "Yes", keep: str = "Keep it"
+    ) -> None:
+        """`confirm` and `keep` label the buttons: what y does, and what n leaves as it is
+        ("Stay" for a quit, "Keep them" for many runs)."""
         super().__init__()
         self.question = question
         self.detail = detail
         self.confirm = confirm
+        self.keep = keep
 
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog", classes="dialog -danger"):
@@ -31,7 +36,7 @@ class ConfirmScreen(ModalScreen[bool]):
                 yield Static(self.detail, classes="detail", markup=False)
             with Horizontal(classes="buttons"):
                 yield Button(f"{self.confirm} (y)", variant="error", id="yes")
-                yield Button("Keep it (n)", id="no")
+                yield Button(f"{self.keep} (n)", id="no")
 
     def on_mount(self) -> None:
         self.query_one("#no", Button).focus()

@@ -55,7 +55,12 @@ def help_text() -> Group:
     parts.append(Text("Commands (press :)", style="bold underline"))
     parts.append(commands)
     parts.append(
-        Text("\nctrl+p opens the command palette: every action above, searchable.", style="dim")
+        Text(
+            "\nctrl+p opens the command palette: every action above, searchable.\n"
+            "ctrl+c quits as q does (asking first while runs are in flight); in a dialog it\n"
+            "copies the selected text instead: esc closes the dialog.",
+            style="dim",
+        )
     )
     parts.append(Text("\nReading the views", style="bold underline"))
     legend = Text()

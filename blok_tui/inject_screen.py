@@ -25,7 +25,9 @@ from textual.widgets.text_area import Selection
 from engine import EngineError, EventSent, Run, WorkflowInfo, parse_duration
 from engine.api import EngineAPI
 
-from .payload_template import template_text
+from .payload_template import null_fields, template_text
+
+TINY = 24  # lines under which the modal's fields and buttons go without borders
 
 
 def check_payload(source: str) -> tuple[Any, str | None]:
@@ -151,6 +153,15 @@ class InjectScreen(ModalScreen[str | None]):
     def on_resize(self) -> None:
         # 24 lines: a shorter editor and no spare margins, so the buttons stay on screen.
         self.set_class(self.size.height < 34, "-short")
+        # Fewer (60x20): the fields and buttons lose their borders too, a line each instead
+        # of three, or Send and Close fall below the bottom edge.
+        tiny = self.size.height < TINY
+        for widget in self.query("Button, Input, Select"):
+            if isinstance(widget, Button | Input | Select):
+                widget.compact = tiny
+        for label in self.query(".field .label"):
+            # The labels' top padding lines them up with a bordered field's text.
+            label.styles.padding = (0, 1, 0, 0) if tiny else None
 
     def on_mount(self) -> None:
         if self.replay_of is not None or self.event_for is not None:
@@ -205,14 +216,22 @@ class InjectScreen(ModalScreen[str | None]):
         if self.template != "{}":
             self.select_first_blank()
 
-    def say(self, problem: str | None) -> None:
+    def say(self, problem: str | None, blanks: list[str] | None = None) -> None:
+        """What stops the send (`problem`), else the template's `blanks` still null (the
+        run would get nulls where its workflow reads values), else that all is well."""
         box = self.query_one("#problem", Static)
         box.set_class(problem is not None, "-bad")
-        box.update(
-            Text("✗ " + problem, style="bold")
-            if problem
-            else Text("✓ ready to send", style="green3")
-        )
+        if problem:
+            box.update(Text("✗ " + problem, style="bold"))
+        elif blanks:
+            box.update(
+                Text.assemble(
+                    ("! fill in " + ", ".join(blanks), "bold khaki1"),
+                    (": still null (ctrl+s sends it as it is)", "khaki3"),
+                )
+            )
+        else:
+            box.update(Text("✓ ready to send", style="green3"))
 
     def check(self) -> tuple[str, Any, int, Any] | None:
         """Validate every field; say the first problem. Returns what to send, or None."""
@@ -242,7 +261,9 @@ class InjectScreen(ModalScreen[str | None]):
                 parse_duration(delay_text)
             except ValueError as error:
                 problem = f"delay: {error}"
-        self.say(problem)
+        info = self.workflows.get(str(queue)) if self.replay_of is None else None
+        blanks = null_fields(payload, info.body_fields) if info is not None else []
+        self.say(problem, blanks)
         if problem is not None:
             return None
         return str(queue), payload, priority, delay_text or None

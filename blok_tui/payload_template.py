@@ -47,6 +47,26 @@ def _put(node: dict[str, Any] | list[Any], parts: list[str]) -> None:
     _put(child, rest)
 
 
+def null_fields(payload: Any, fields: list[str]) -> list[str]:
+    """The `fields` (dotted paths, as `body_template` takes them) that `payload` holds as
+    null: the template's blanks not filled in yet. A path the payload does not have is not a
+    blank (the operator took it out): left out."""
+    found = []
+    for field in fields:
+        node: Any = payload
+        for part in (part for part in field.split(".") if part):
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            else:
+                break
+        else:
+            if node is None and field.strip("."):
+                found.append(field)
+    return found
+
+
 def template_text(fields: list[str]) -> str:
     """The template as the editor shows it: indented JSON, "{}" when no field is known."""
     template = body_template(fields)

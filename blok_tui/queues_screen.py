@@ -67,6 +67,7 @@ class QueuesScreen(RowFilterScreen):
         self.infos: list[QueueInfo] = []
         self.stats: dict[str, QueueStats] = {}
         self.waiting: dict[str, int] = {}  # runs in a durable wait, per queue
+        self.shown = 0  # queues the filter leaves in the table
 
     @property
     def crumb(self) -> str:
@@ -118,6 +119,7 @@ class QueuesScreen(RowFilterScreen):
     def render_rows(self) -> None:
         history = self.blok.throughput_history
         shown = [i for i in self.infos if self.text.lower() in i.name.lower()]
+        self.shown = len(shown)
         rows = []
         for info in shown:
             s = self.stats[info.name]
@@ -163,17 +165,25 @@ class QueuesScreen(RowFilterScreen):
         waiting = sum(self.waiting.values())
         # One line (it is drawn without a new layout): at a narrow width the least useful
         # phrases go, whole: the hint, then the filter (its text is on the line under it).
+        counted = f"{queues} queue{'' if queues == 1 else 's'}"
+        if self.text:  # the table shows only those the filter matches
+            counted = f"{self.shown} of {counted}"
         phrases = [
-            phrase(f"{queues} queue{'' if queues == 1 else 's'}", "bold", keep=9),
+            phrase(counted, "bold", keep=9),
             phrase(f"{totals.waiting:,} queued", gap="   ", keep=8),
             phrase(f"{totals.active:,} running", gap=" · ", keep=8),
             phrase(f"{waiting:,} waiting", gap=" · ", keep=6),
             phrase(f"{max(0, totals.delayed - waiting):,} delayed", gap=" · ", keep=5),
             phrase(f"{totals.dead:,} dead", "magenta" if totals.dead else "", gap=" · ", keep=7),
         ]
-        if self.text:
+        if self.text and not self.shown:
+            # Else an empty table under the counts of every queue, and nothing said. (Where
+            # the line is short, "0 of 7 queues" says it.)
+            nothing = f"no queue matches {self.text!r}: esc clears"
+            phrases.append(phrase(nothing, "khaki1", gap="   ", keep=4))
+        elif self.text:
             phrases.append(phrase(f"filter: {self.text!r}", "khaki1", gap="   ", keep=2))
-        if self.size.width >= 100:
+        if self.size.width >= 100 and self.shown:
             phrases.append(phrase("enter: its runs", "dim", gap="   ", keep=1))
         self.query_one("#summary", Static).update(fitted(phrases, self.line_width), layout=False)
 

@@ -30,7 +30,7 @@ from engine import (
 )
 
 from . import actions
-from .base_screen import BlokScreen, Changes
+from .base_screen import ESSENTIAL, BlokScreen, Changes
 from .console import (
     clock_time,
     countdown,
@@ -699,6 +699,13 @@ class RunScreen(BlokScreen):
         self.unfolded = False
         self.render_step()
         self.show_keys()  # enter opens a child run only on a step that has one
+
+    def key_rank(self, action: str) -> int:
+        # A run that waits for an event waits for the operator's `s`: kept at 80 columns.
+        run = self.run
+        if action == "send_event" and run is not None and event_wait(run) is not None:
+            return ESSENTIAL
+        return 0
 
     def key_applies(self, action: str) -> bool:
         """The keys the footer offers for this run: no "diff" on a run that is no replay, no

@@ -8,7 +8,8 @@ and J opens the job's latest run."""
 from __future__ import annotations
 
 import json
-from datetime import tzinfo
+from dataclasses import replace
+from datetime import datetime, tzinfo
 from typing import ClassVar
 
 from rich.text import Text
@@ -61,6 +62,25 @@ COLUMNS = (
     Column("detail", "error or input", 16, priority=0, flex=True),
 )
 COLUMN_KEYS = [c.key for c in COLUMNS]
+ID_COLUMNS = ("run", "replay of")  # short ids: as wide as the longest on the page
+
+
+class RunsTable(RowTable):
+    """The runs table, whose id columns widen to the page's longest short id: a short id is
+    the shortest prefix that tells a run from the others on the page, and one cut by its
+    column ("1a249ead914…" on many rows of an `enqueue_many`) tells nothing and can't be
+    typed into `:run`."""
+
+    def fit_ids(self, width: int) -> None:
+        """The id columns `width` wide, or as COLUMNS has them when that is more."""
+        columns = [
+            replace(c, width=max(c.width, width)) if c.key in ID_COLUMNS else c for c in COLUMNS
+        ]
+        if columns != self.columns:
+            self.columns = columns
+            self._layout_width = -1  # lay out again at the next draw
+            self._strips.clear()
+            self.refresh()
 
 
 def matches(run: Run, text: str) -> bool:
@@ -75,6 +95,19 @@ def error_line(run: Run, tz: tzinfo | None) -> str:
     """The first line of the run's error, its moments in the console's clock."""
     lines = (run.error or "").strip().splitlines() or [""]
     return local_times(clean_error(lines[0]), tz)
+
+
+def started_cell(run: Run, tz: tzinfo | None, now: datetime) -> Text:
+    """When the run started. One not started yet shows since when it waits (its creation),
+    said so: a bare time there read as its start. One that ended without starting (cancelled
+    while queued) has no start to show."""
+    if run.started_at is not None:
+        return Text(day_time(run.started_at, tz, now))
+    if run.terminal:
+        return Text("–", style="grey50")
+    local = run.created_at.astimezone(tz)
+    same_day = local.date() == now.astimezone(tz).date()
+    return Text(f"since {local.strftime('%H:%M' if same_day else '%m-%d')}", style="grey50")
 
 
 def detail_cell(run: Run, tz: tzinfo | None) -> Text:
@@ -129,12 +162,12 @@ class RunsScreen(BlokScreen):
     def compose_body(self) -> ComposeResult:
         yield Static(id="filters", classes="filters")
         yield FilterInput("filter runs: run or job id, workflow, queue, status, error or input…")
-        yield RowTable(COLUMNS, id="runs")
+        yield RunsTable(COLUMNS, id="runs")
         yield Static(id="preview")
 
     @property
-    def table(self) -> RowTable:
-        return self.query_one("#runs", RowTable)
+    def table(self) -> RunsTable:
+        return self.query_one("#runs", RunsTable)
 
     def on_mount(self) -> None:
         super().on_mount()
@@ -236,9 +269,7 @@ class RunsScreen(BlokScreen):
             printable(run.workflow_name),
             Text(run.workflow_version[:8], style="grey62"),
             run.queue,
-            Text(day_time(run.started_at, tz, now))
-            if run.started_at
-            else Text(day_time(run.created_at, tz, now), style="grey50"),  # not started yet
+            started_cell(run, tz, now),
             Text(duration(took) if took is not None else "–", justify="right"),
             attempts,
             Text(
@@ -251,6 +282,7 @@ class RunsScreen(BlokScreen):
     def render_rows(self) -> None:
         ids = [run.id for run in self.runs]
         self.short = short_ids([*ids, *(r.replay_of for r in self.runs if r.replay_of)])
+        self.table.fit_ids(max(map(len, self.short.values()), default=0))
         # Columns empty on every row of the page give their room to the error or input.
         empty = [] if self.fates or self.orphans else ["then"]
         if not any(run.replay_of for run in self.runs):

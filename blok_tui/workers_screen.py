@@ -10,6 +10,7 @@ others."""
 
 from __future__ import annotations
 
+import os
 from typing import ClassVar
 
 from rich.text import Text
@@ -18,6 +19,7 @@ from textual.binding import BindingType
 from textual.widgets import Static
 
 from engine import WorkerInfo
+from engine.liveness import pid_names_process_here
 
 from . import actions
 from .base_screen import BlokScreen, Changes
@@ -54,6 +56,12 @@ def workers_line(workers: list[WorkerInfo], live: set[str], *, hint: bool = True
     if hint:
         line.append("   :workers lists them", style="dim")
     return line
+
+
+def is_this_process(worker: WorkerInfo) -> bool:
+    """Whether `worker` is the engine of the console's own process (a hosting console runs
+    jobs too), as opposed to a `blok-tui worker` or another console on the database."""
+    return worker.pid == os.getpid() and pid_names_process_here(worker)
 
 
 class WorkersScreen(BlokScreen):
@@ -103,6 +111,10 @@ class WorkersScreen(BlokScreen):
             rows.append((worker.id, cells))
         self.table.set_rows(rows)
         summary = workers_line(self.found, self.live, hint=False)
+        own = next((w for w in self.found if is_this_process(w)), None)
+        if own is not None:  # a hosting console runs jobs too: which row is it?
+            summary.append("   this console: ", style="khaki3")
+            summary.append(own.id, style="bold khaki1")
         self.query_one("#workers-summary", Static).update(summary, layout=False)
 
     def engine_changed(self, changes: Changes) -> None:

@@ -29,9 +29,8 @@ class ReloadBanner(Static):
             f"⚠ {count} workflow file{'s' if count > 1 else ''} failed to load",
             style="bold",
         )
-        text.append(
-            " — fix and save; until then its last good version, if any, keeps serving", style="dim"
-        )
+        serves = "their last good versions keep" if count > 1 else "its last good version keeps"
+        text.append(f" — fix and save; until then {serves} serving, if any", style="dim")
         for path, message in sorted(errors.items()):
             where, _, what = message.partition(": ")
             text.append("\n  ")
