@@ -596,6 +596,43 @@ def build_parser() -> argparse.ArgumentParser:
     )
     db_option(send, keep)
 
+    # What the console's queues, dead-letter and workers views show, for an operator who has
+    # only a shell on the server.
+    queues = commands.add_parser(
+        "queues",
+        help="the queues the workers serve, with their jobs by state",
+        description="The queues the workers declared: workflow, provider, concurrency, whether "
+        "paused, and their jobs by state (waiting active delayed completed failed dead).",
+    )
+    queues.add_argument("--json", action="store_true", help="a JSON list")
+    db_option(queues, keep)
+    dead = commands.add_parser(
+        "dead",
+        help="a queue's dead letters",
+        description="The jobs of a queue that used up their retries (or crashed their workers "
+        "three times): job, its last run, deliveries, when it died and why. "
+        "`blok-tui requeue JOB_ID` puts one back.",
+    )
+    dead.add_argument("queue", metavar="QUEUE", type=_queue_arg)
+    dead.add_argument("--json", action="store_true", help="a JSON list of the jobs")
+    db_option(dead, keep)
+    requeue = commands.add_parser(
+        "requeue",
+        help="put dead letters back in their queue",
+        description="Put each dead-lettered job back in its queue with a fresh retry budget and "
+        "a new run; prints each new run's id.",
+    )
+    requeue.add_argument("job_ids", nargs="+", metavar="JOB_ID")
+    db_option(requeue, keep)
+    workers = commands.add_parser(
+        "workers",
+        help="the workers registered on the database, alive or not",
+        description="The workers registered on the database: id, host and pid, alive or gone "
+        "(its process, or its heartbeat), started, last heartbeat.",
+    )
+    workers.add_argument("--json", action="store_true", help="a JSON list")
+    db_option(workers, keep)
+
     schedules = commands.add_parser(
         "schedules",
         help="list, pause, resume or run schedules",
@@ -1232,6 +1269,95 @@ async def _health(args: argparse.Namespace) -> None:
     print(f"healthy: {printable(report.reason)}")
 
 
+async def _queues(args: argparse.Namespace) -> None:
+    async with _client(args) as engine:
+        infos = await engine.queues()
+        stats = {info.name: await engine.queue_stats(info.name) for info in infos}
+    if args.json:
+        print(
+            json.dumps(
+                [
+                    {**info.model_dump(mode="json"), **stats[info.name].model_dump(mode="json")}
+                    for info in infos
+                ],
+                indent=2,
+            )
+        )
+        return
+    states = ("waiting", "active", "delayed", "completed", "failed", "dead")
+    header = ("QUEUE", "WORKFLOW", "PROVIDER", "SLOTS", "STATE", *(s.upper() for s in states))
+    rows = [header]
+    for info in infos:
+        counts = stats[info.name].model_dump()
+        rows.append(
+            (
+                printable(info.name),
+                printable(info.workflow_name or "-"),
+                info.provider,
+                str(info.concurrency),
+                "paused" if info.paused else "serving",
+                *(str(counts[state]) for state in states),
+            )
+        )
+    print("\n".join(columns(rows)) if infos else "no queues (no worker declared any yet)")
+
+
+async def _dead(args: argparse.Namespace) -> None:
+    async with _client(args) as engine:
+        jobs = await engine.dead_letters(args.queue)
+    if args.json:
+        print(json.dumps([job.model_dump(mode="json") for job in jobs], indent=2))
+        return
+    rows = [("JOB", "LAST RUN", "DELIVERIES", "DIED", "ERROR")]
+    for job in jobs:
+        died = (
+            job.finished_at.astimezone().strftime("%Y-%m-%d %H:%M:%S") if job.finished_at else "-"
+        )
+        rows.append(
+            (
+                printable(job.id),
+                printable(job.run_id),
+                str(job.deliveries),
+                died,
+                one_line(printable(job.error or ""), 70),
+            )
+        )
+    print("\n".join(columns(rows)) if jobs else f"no dead letters on queue {args.queue!r}")
+
+
+async def _requeue(args: argparse.Namespace) -> None:
+    async with _client(args) as engine:
+        for given in args.job_ids:
+            job = await engine.get_job(await engine.requeue(given))
+            print(printable(f"{job.id} requeued: its new run is {job.run_id}"))
+
+
+async def _workers(args: argparse.Namespace) -> None:
+    async with _client(args) as engine:
+        found = await engine.workers()
+        alive = {worker.id for worker in found if engine.worker_alive(worker)}
+    if args.json:
+        print(
+            json.dumps(
+                [{**w.model_dump(mode="json"), "alive": w.id in alive} for w in found], indent=2
+            )
+        )
+        return
+    rows = [("WORKER", "HOST", "PID", "STATE", "STARTED", "HEARTBEAT")]
+    for worker in found:
+        rows.append(
+            (
+                printable(worker.id),
+                printable(worker.host),
+                str(worker.pid),
+                "alive" if worker.id in alive else "gone",
+                worker.started_at.astimezone().strftime("%Y-%m-%d %H:%M:%S"),
+                worker.heartbeat_at.astimezone().strftime("%Y-%m-%d %H:%M:%S"),
+            )
+        )
+    print("\n".join(columns(rows)) if found else "no workers registered")
+
+
 COMMANDS = {
     None: _console,
     "worker": _worker,
@@ -1247,6 +1373,10 @@ COMMANDS = {
     "send": _send,
     "schedules": _schedules,
     "health": _health,
+    "queues": _queues,
+    "dead": _dead,
+    "requeue": _requeue,
+    "workers": _workers,
 }
 
 

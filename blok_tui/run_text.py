@@ -148,7 +148,7 @@ def _fate(run: Run, job: Job | None) -> str:
     if job.run_id != run.id:
         return f"  {job.state}: its delivery {job.deliveries} is run {job.run_id}"
     if job.state is JobState.DEAD:
-        return "  dead: in the dead-letter queue (requeue it from the console's d)"
+        return f"  dead: in the dead-letter queue (blok-tui requeue {job.id}, or the console's d)"
     return ""
 
 

@@ -211,6 +211,42 @@ def test_a_failed_run_is_a_warning_in_the_workers_log(served: tuple[Path, Worker
     assert all("completed" not in x for x in worker.stderr().splitlines() if "blok.runs" in x)
 
 
+def test_queues_dead_letters_requeue_and_workers_from_the_command_line(
+    served: tuple[Path, Worker],
+) -> None:
+    """An operator with only a shell on the server could not list dead letters or requeue one
+    (show said to use the console's d), and `where` named a `blok-tui workers` that was not
+    there."""
+    database, worker = served
+    failed = blok("enqueue", "naps", '{"seconds": "later"}', "--wait", "--db", database)
+    run_id = failed.stderr.split()[3]  # "blok-tui: error: run RUN_ID failed: ..."
+    job_id = blok_json("show", run_id, "--json", "--db", database)["job_id"]
+    shown = blok("show", run_id, "--db", database).stdout
+    assert f"dead: in the dead-letter queue (blok-tui requeue {job_id}, or the console's d)" in (
+        shown
+    )
+    dead = blok("dead", "naps", "--db", database)
+    assert dead.returncode == 0, dead.stderr
+    [row] = [line for line in dead.stdout.splitlines() if line.startswith(job_id)]
+    assert run_id in row and "[step 1/1] nap failed:" in row
+    queues = {q["name"]: q for q in blok_json("queues", "--json", "--db", database)}
+    assert queues["naps"]["dead"] >= 1 and queues["naps"]["workflow_name"] == "test.nap"
+    assert "naps" in blok("queues", "--db", database).stdout
+    requeued = blok("requeue", job_id, "--db", database)
+    assert requeued.returncode == 0, requeued.stderr
+    assert requeued.stdout.startswith(f"{job_id} requeued: its new run is run_"), requeued.stdout
+    new_run = requeued.stdout.split()[-1]
+    # The job's run now (it may have died again: its input is as bad as ever).
+    assert blok_json("show", job_id, "--json", "--db", database)["id"] == new_run != run_id
+    workers = blok_json("workers", "--json", "--db", database)
+    assert [(w["id"], w["alive"]) for w in workers] == [(worker.id, True)]
+    assert worker.id in blok("workers", "--db", database).stdout
+    unknown = blok("requeue", "job_nope", "--db", database)
+    assert unknown.returncode == 1 and _one_error_line(unknown) == (
+        "blok-tui: error: unknown job 'job_nope'"
+    )
+
+
 def test_enqueue_to_a_queue_whose_workers_stopped_notes_it_waits(tmp_path: Path) -> None:
     database = tmp_path / "blok.db"
     worker = start_worker(database, write_workflows(tmp_path / "workflows"))
