@@ -13,6 +13,7 @@ import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from . import expressions
 from .backends.base import ServedQueue, WorkerCatalog
@@ -26,7 +27,7 @@ from .loader import (
     load_file_with_timeout,
     workflow_files,
 )
-from .models import WorkflowInfo
+from .models import Run, WorkflowInfo
 from .primitives import global_middleware, middleware_chain
 from .workflow import EventWaitStep, StepDefinition, Workflow
 
@@ -328,6 +329,42 @@ class Catalog:
     def version(self, name: str, version: str) -> Workflow | None:
         return self.versions.get((name, version))
 
+    def resumed_on(
+        self, current: Workflow, run: Run, resuming: bool
+    ) -> tuple[Workflow, tuple[str, str] | None]:
+        """The definition a claimed run executes, and a note (message, level) for its log: the
+        current one, except for a run resuming after a reload that changed the shape of its
+        steps (the cursor and the step records would point at different steps), which
+        finishes on the version it started on."""
+        if not resuming or run.workflow_version in ("", current.version):
+            return current, None
+        older = self.version(run.workflow_name, run.workflow_version)
+        if older is not None:
+            compatible = _step_shape(older.steps) == _step_shape(current.steps)
+        else:  # started before a restart: only its top-level step records are left
+            compatible = [
+                (s.name, s.kind)
+                for s in run.steps
+                if s.parent is None and not (s.tags and s.tags[0].startswith("mw:"))
+            ] == [(s.name, s.kind) for s in current.steps]
+        if compatible:
+            return current, (
+                f"resumed on version {current.version} (started on {run.workflow_version}); "
+                "its steps are unchanged",
+                "info",
+            )
+        if older is not None:
+            return older, (
+                f"resumed on version {run.workflow_version}, the version it started on: the "
+                f"current version {current.version} changed its steps",
+                "info",
+            )
+        return current, (
+            f"version {run.workflow_version} it started on is gone (restart); resumed on "
+            f"{current.version} although its steps changed",
+            "warning",
+        )
+
     def served(self) -> dict[str, Workflow]:
         """Queue name → the workflow its jobs run (the catalog's own: not to be changed)."""
         return self._served
@@ -389,3 +426,8 @@ class Catalog:
             reload_errors=dict(self.reload_errors),
             updated_at=time.time(),
         )
+
+
+def _step_shape(steps: Sequence[Any]) -> list[Any]:
+    """Names and kinds of steps, nested lists included: what a run's cursor refers to."""
+    return [(s.name, s.kind, [_step_shape(branch) for branch in s.children()]) for s in steps]

@@ -195,6 +195,7 @@ class Engine:
         self._stack: AsyncExitStack | None = None
         self._tg: TaskGroup | None = None
         self._stopping = False
+        self._writing: anyio.CancelScope | None = None  # a stop's last flush (force_stop cuts it)
 
     # ---- configuration ---------------------------------------------------------------------
     @property
@@ -401,12 +402,19 @@ class Engine:
             return
         self._stopping = True
         grace = self.grace_period if grace_period is None else grace_period
+        # A database out of reach is waited for a lease past the grace, not for ever.
+        until = anyio.current_time() + grace + self.lease
         held: list[str] = []
         if self._serving is not None:
-            held = await self._serving.drain(grace)
+            held = await self._serving.drain(grace, until)
         if self._backend is not None:
-            with anyio.CancelScope(shield=True):
+            # Shielded, but not for ever: a database out of reach held the stop until it came
+            # back (a second signal cuts it, as the worker's waits).
+            with anyio.CancelScope(deadline=until, shield=True) as writing:
+                self._writing = writing
                 await self._backend.runs.flush()
+            if writing.cancelled_caught:
+                log.error("stopped with writes the database did not take: it did not answer")
         if held and not self.exit_when_stuck:
             log.critical(
                 "run(s) %s did not stop; their jobs stay this worker's until the lease runs "
@@ -437,6 +445,8 @@ class Engine:
         stopped."""
         if self._serving is not None:
             self._serving.force()
+        if self._writing is not None:
+            self._writing.cancel()
 
     def _guard(
         self, task: Callable[..., Awaitable[None]]

@@ -19,7 +19,8 @@ import logging
 import math
 import random
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -168,6 +169,7 @@ class Worker:
         self._jobs_scope: anyio.CancelScope | None = None
         self._started = False
         self._forced = anyio.Event()
+        self._cut_by_force: set[anyio.CancelScope] = set()  # a stop's waits on the database
         self._watchdog: LoopWatchdog | None = None
         # Set once a drain unregistered the worker: a renewal still due before the engine's
         # tasks end must not register it again with its heartbeat.
@@ -214,7 +216,7 @@ class Worker:
         await ready.wait()
         return holder["tg"]
 
-    async def drain(self, grace: float) -> list[str]:
+    async def drain(self, grace: float, until: float | None = None) -> list[str]:
         """Stop claiming, let running jobs finish within `grace` seconds (less if `force()` is
         called), then stop the rest: each run is recorded where it stopped and its job goes
         back to the queue, to go on from there on its next delivery — a stop is not a crash.
@@ -222,12 +224,16 @@ class Worker:
         A job whose code did not stop (a sync node in its thread, async code that ignores the
         cancel) is recorded the same but not handed back: it stays this worker's until the
         process is gone (its lease runs out, or recovery finds the process dead). Returns those
-        jobs' runs: the caller must end the process."""
+        jobs' runs: the caller must end the process. `until` (anyio's clock): when it gives up
+        on a database out of reach (by default a lease past the grace)."""
         self.stopping = True
+        if until is None:
+            until = anyio.current_time() + grace + self.lease_s
         for runtime in self.runtimes.values():
             runtime.stop()
-        for runtime in list(self.runtimes.values()):
-            await runtime.loop_done.wait()
+        with self._database_waits("its claims", until):  # a claim waits out an outage
+            for runtime in list(self.runtimes.values()):
+                await runtime.loop_done.wait()
         with anyio.move_on_after(grace):
             async with anyio.create_task_group() as tg:
 
@@ -251,7 +257,7 @@ class Worker:
         held = [h.run.id for h in interrupted if h.held]
         if self._jobs_scope is not None:
             self._jobs_scope.cancel()
-        with anyio.CancelScope(shield=True):
+        with self._database_waits("its last writes", until):
             await self._release_held({h.claim.job.id for h in interrupted if h.held})
             if not held:
                 self._unregistered = True
@@ -262,8 +268,31 @@ class Worker:
         return held
 
     def force(self) -> None:
-        """Cut a drain's grace period short (a second stop signal)."""
+        """Cut a drain's grace period short (a second stop signal), and a wait on a database
+        out of reach."""
         self._forced.set()
+        for scope in self._cut_by_force:
+            scope.cancel()
+
+    @contextmanager
+    def _database_waits(self, what: str, until: float) -> Iterator[None]:
+        """A stop's wait on the database: shielded, but not past `until` (a lease past the
+        grace: this worker's jobs are others' to take by then anyway) and cut by a second stop
+        signal. A database out of reach held a stop until it came back, whatever the
+        signals."""
+        with anyio.CancelScope(deadline=until, shield=True) as scope:
+            self._cut_by_force.add(scope)
+            try:
+                yield
+            finally:
+                self._cut_by_force.discard(scope)
+        if scope.cancelled_caught:
+            log.error(
+                "worker %s stopped without %s: the database did not answer (its jobs go to "
+                "other workers as their leases run out)",
+                self.info.id,
+                what,
+            )
 
     async def _release_held(self, keep: set[str]) -> None:
         """Jobs this worker still holds (claimed, never started) go back to their queues,
@@ -496,43 +525,6 @@ class Worker:
         # it began: on from the run's cursor and state.
         return run, job.resume or bool(run.cursor)
 
-    def _workflow_for(self, current: Workflow, run: Run, resuming: bool) -> Workflow:
-        """The definition a claimed run executes: the current one, except for a run resuming
-        after a reload that changed the shape of its steps (the cursor and the step records
-        would point at different steps), which finishes on the version it started on."""
-        if not resuming or run.workflow_version in ("", current.version):
-            return current
-        older = self.catalog.version(run.workflow_name, run.workflow_version)
-        if older is not None:
-            compatible = _step_shape(older.steps) == _step_shape(current.steps)
-        else:  # started before a restart: only its top-level step records are left
-            compatible = [
-                (s.name, s.kind)
-                for s in run.steps
-                if s.parent is None and not (s.tags and s.tags[0].startswith("mw:"))
-            ] == [(s.name, s.kind) for s in current.steps]
-        if compatible:
-            self.ledger.log(
-                run,
-                f"resumed on version {current.version} (started on {run.workflow_version}); "
-                "its steps are unchanged",
-            )
-            return current
-        if older is not None:
-            self.ledger.log(
-                run,
-                f"resumed on version {run.workflow_version}, the version it started on: the "
-                f"current version {current.version} changed its steps",
-            )
-            return older
-        self.ledger.log(
-            run,
-            f"version {run.workflow_version} it started on is gone (restart); resumed on "
-            f"{current.version} although its steps changed",
-            "warning",
-        )
-        return current
-
     async def _execute(self, runtime: QueueRuntime, claim: Claim) -> None:
         queue = runtime.queue
         job = claim.job
@@ -548,7 +540,9 @@ class Worker:
             if found is None:
                 return  # its last crash: a dead letter
             run, resuming = found
-            workflow = self._workflow_for(current, run, resuming)
+            workflow, note = self.catalog.resumed_on(current, run, resuming)
+            if note is not None:
+                self.ledger.log(run, *note)
             if not await self.gates.admit(claim, queue, run, workflow, resuming):
                 return  # debounced, delayed, throttled, queued or expired: the job went back
             handle = RunHandle(claim, queue, run)
@@ -890,8 +884,3 @@ class Worker:
             if wakeup is not None:
                 self.runner.engine_log(handle.run, "retry now: the operator cut the backoff short")
                 wakeup.set()
-
-
-def _step_shape(steps: Sequence[Any]) -> list[Any]:
-    """Names and kinds of steps, nested lists included: what a run's cursor refers to."""
-    return [(s.name, s.kind, [_step_shape(branch) for branch in s.children()]) for s in steps]

@@ -1,0 +1,97 @@
+"""A worker told to stop while its PostgreSQL server is out of reach stops: every wait of a
+stop on the database (the claim in flight, the last writes, the last flush) ends a lease past
+the grace. It waited for the server to come back, through a second SIGTERM too.
+
+The server is put out of reach by a TCP proxy between the worker and it, in this process: the
+proxy is shut (its connections closed, its port refusing), the server stays up for the other
+tests."""
+
+from __future__ import annotations
+
+import re
+import signal
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import anyio
+import pytest
+from anyio.abc import SocketStream
+from cli_helpers import start_worker, write_workflows
+from pg import NO_DRIVER
+
+pytest.importorskip("asyncpg", reason=NO_DRIVER)
+
+pytestmark = pytest.mark.anyio
+
+
+@asynccontextmanager
+async def tcp_proxy(host: str, port: int) -> AsyncIterator[tuple[int, anyio.CancelScope]]:
+    """A proxy to host:port on a free local port: (that port, a scope that shuts it)."""
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
+    local = listener.extra(anyio.abc.SocketAttribute.local_port)
+
+    async def pipe(source: SocketStream, sink: SocketStream) -> None:
+        async for chunk in source:
+            await sink.send(chunk)
+        await sink.send_eof()
+
+    async def relay(client: SocketStream) -> None:
+        async with (
+            client,
+            await anyio.connect_tcp(host, port) as server,
+            anyio.create_task_group() as both,
+        ):
+            both.start_soon(pipe, client, server)
+            both.start_soon(pipe, server, client)
+
+    shut = anyio.CancelScope()
+
+    async def serve() -> None:
+        with shut:  # the listener and every relay end with it
+            await listener.serve(relay)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(serve)
+        yield local, shut
+        shut.cancel()
+
+
+async def test_a_worker_stops_while_its_database_is_out_of_reach(
+    pg_url: str, tmp_path: Path
+) -> None:
+    found = re.match(r"^(postgres(?:ql)?://[^/@]*@?)([^:/]+):(\d+)(/.*)$", pg_url)
+    assert found is not None, pg_url
+    user, host, port, rest = found.groups()
+    async with tcp_proxy(host, int(port)) as (local, shut):
+        through = f"{user}127.0.0.1:{local}{rest}"
+        worker = await anyio.to_thread.run_sync(
+            lambda: start_worker(
+                tmp_path / "unused.db",
+                write_workflows(tmp_path / "workflows"),
+                "--db",
+                through,
+                "--lease",
+                "2s",
+                "--grace",
+                "1",
+                "--no-watch",
+            )
+        )
+        try:
+            shut.cancel()  # the server is out of reach from here on
+            with anyio.fail_after(20):
+                while "lost the database" not in worker.stderr():  # noqa: ASYNC110 - a file
+                    await anyio.sleep(0.1)
+            worker.process.send_signal(signal.SIGTERM)
+            # 1 s of grace, a 2 s lease, and the backend's last flush (at most 15 s).
+            with anyio.fail_after(30):
+                while worker.process.poll() is None:  # noqa: ASYNC110 - another process
+                    await anyio.sleep(0.1)
+        finally:
+            if worker.process.poll() is None:
+                worker.process.kill()
+                worker.process.wait()
+    said = worker.stderr()
+    assert "stopped without its last writes: the database did not answer" in said, said
+    assert f"worker {worker.id} stopped" in said, said
