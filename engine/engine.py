@@ -30,7 +30,7 @@ from .backends.base import Backend, EventMessage
 from .catalog import Catalog, WorkflowSource
 from .chores import Chores
 from .durations import parse_duration
-from .errors import EngineError, UnknownRun
+from .errors import DatabaseError, EngineError, UnknownRun
 from .events import EventBus, Subscription
 from .feed import Follower
 from .filters import RunFilter
@@ -458,7 +458,11 @@ class Engine:
             try:
                 await task(*args)
             except Exception as error:
-                log.exception("engine task %s failed", getattr(task, "__name__", task))
+                name = getattr(task, "__name__", task)
+                if isinstance(error, DatabaseError):  # one line: what the database said
+                    log.error("engine task %s stopped: %s", name, error)
+                else:
+                    log.exception("engine task %s failed", name)
                 self._crash_in_flight(error)
                 raise
 

@@ -32,6 +32,7 @@ from . import telemetry
 from .backends.base import Backend, Claim, JobQueue, Pace
 from .catalog import Catalog
 from .context import Context
+from .errors import DatabaseError
 from .events import EventBus, QueueChanged
 from .gates import Gates
 from .ledger import CANCELLED, Ledger, make_run
@@ -319,7 +320,11 @@ class Worker:
         """The process is going down with an error: say so on every run it holds and hand
         their jobs back for redelivery."""
         # Recorded crashed (`Ledger.interrupt`): the status says it, the reason says why.
-        reason = f"the engine stopped on an unhandled error: {type(error).__name__}: {error}"
+        reason = (
+            f"the engine stopped: {error}"  # its database's own words, already one line
+            if isinstance(error, DatabaseError)
+            else f"the engine stopped on an unhandled error: {type(error).__name__}: {error}"
+        )
         for handle in list(self.handles.values()):
             if not handle.lost:
                 self.ledger.interrupt(handle.claim, handle.queue, handle.run, reason)

@@ -95,3 +95,43 @@ async def test_a_worker_stops_while_its_database_is_out_of_reach(
     said = worker.stderr()
     assert "stopped without its last writes: the database did not answer" in said, said
     assert f"worker {worker.id} stopped" in said, said
+
+
+async def test_a_worker_whose_database_is_dropped_says_so_in_one_line(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """It went down with some hundred lines of the driver's traceback, and its run's error
+    called the dropped database an 'unhandled error'."""
+    import asyncpg
+    from pg import server_url
+
+    worker = await anyio.to_thread.run_sync(
+        lambda: start_worker(
+            tmp_path / "unused.db",
+            write_workflows(tmp_path / "workflows"),
+            "--db",
+            pg_url,
+            "--lease",
+            "2s",
+            "--no-watch",
+        )
+    )
+    try:
+        name = pg_url.rsplit("/", 1)[1]
+        admin = await asyncpg.connect(server_url())
+        try:
+            await admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+        finally:
+            await admin.close()
+        with anyio.fail_after(30):
+            while worker.process.poll() is None:  # noqa: ASYNC110 - another process
+                await anyio.sleep(0.1)
+    finally:
+        if worker.process.poll() is None:
+            worker.process.kill()
+            worker.process.wait()
+    said = worker.stderr()
+    assert worker.process.returncode == 1, said
+    assert "Traceback" not in said, said
+    last = said.strip().splitlines()[-1]
+    assert last.startswith(f'blok-tui: error: {pg_url}: database "{name}" does not exist'), said

@@ -92,6 +92,12 @@ KEEPALIVE_S = 5.0  # the listener's probe: a dead connection is found within thi
 BACKOFF_MIN_S = 0.05
 BACKOFF_MAX_S = 2.0
 FLUSH_NOW_TIMEOUT_S = 15.0
+# What a connection's opening is refused with for good, not for a while.
+REFUSED_AT_CONNECT = (
+    pgerr.InvalidCatalogNameError,
+    pgerr.InvalidAuthorizationSpecificationError,
+    pgerr.InvalidPasswordError,
+)
 # flush_now: how long the writer's session, once ended, may take to go (within the above).
 SESSION_END_WAIT_S = 5.0
 HOT = (sql.INSERT_LOG, sql.UPDATE_JOB)  # what WRITE_BATCH writes besides runs
@@ -397,6 +403,8 @@ class PostgresDatabase:
                 await self._note_session(self._writer)
                 self._back()
             except Exception as error:
+                if isinstance(error, REFUSED_AT_CONNECT):
+                    raise explain(self.location, error) from None  # one line, as pooled's
                 if not connection_lost(error):
                     raise
                 self._lost("a write", error)
@@ -699,6 +707,11 @@ class PostgresDatabase:
                 self._back()
                 return result
             except Exception as error:
+                if isinstance(error, REFUSED_AT_CONNECT):
+                    # The pool could not open a connection for a reason waiting does not mend
+                    # (the database was dropped, the role or its password changed): one line
+                    # to the user, not the driver's traceback.
+                    raise explain(self.location, error) from None
                 if self._closing or not retryable(error):
                     raise
                 if connection_lost(error):
@@ -747,6 +760,8 @@ class PostgresDatabase:
                         with anyio.fail_after(KEEPALIVE_S):
                             await conn.fetchval("SELECT 1")
             except Exception as error:
+                if isinstance(error, REFUSED_AT_CONNECT):
+                    raise explain(self.location, error) from None  # one line, as pooled's
                 if not (connection_lost(error) or isinstance(error, TimeoutError)):
                     raise
                 log.info("%s: the listener lost its connection (%s)", self.location, error)
