@@ -100,7 +100,10 @@ def test_show_prints_the_run_its_steps_in_order_its_failures_and_its_log(
         f"status     failed: {run.error}",
         f"workflow   shop.charge  version {run.workflow_version}",
     ]
-    assert f"job        {run.job_id}  dead: in the dead-letter queue (requeue it" in facts
+    assert (
+        f"job        {run.job_id}  dead: in the dead-letter queue (blok-tui requeue {run.job_id}"
+        in facts
+    )
     assert "queue      charges\n" in facts  # one delivery: nothing to count
     assert 'input      {"order": "A1", "items": ["pen", "ink"]}' in facts
     assert "replay of" not in facts
