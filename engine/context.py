@@ -76,10 +76,16 @@ def own_copy(value: Any) -> Any:
     payloads as bytes never lets it."""
     kind = type(value)
     if kind is dict:
-        return {key: own_copy(item) for key, item in value.items()}
-    if kind is list or kind is tuple:
+        for item in value.values():
+            if type(item) in _CONTAINERS:
+                return {key: own_copy(item) for key, item in value.items()}
+        return dict(value)  # flat, as most bodies are: one copy, no call a value
+    if kind in _CONTAINERS:
         return [own_copy(item) for item in value]
     return value
+
+
+_CONTAINERS = (dict, list, tuple)
 
 
 def _discard(record: logging.LogRecord) -> None:

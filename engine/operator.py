@@ -462,7 +462,9 @@ class Operator:
 
     # ---- reads -----------------------------------------------------------------------------
     async def get_job(self, job_id: str) -> Job:
-        found = await self.backend.find_job(checked(check_lookup_id, job_id, "job id"))
+        if type(job_id) is not str:  # only then: a call less on a hot path
+            checked(check_lookup_id, job_id, "job id")
+        found = await self.backend.find_job(job_id)
         if found is None:
             raise UnknownJob(f"unknown job {job_id!r}")
         await self._turns.share()
@@ -472,10 +474,11 @@ class Operator:
         return await self.backend.find_jobs(job_ids)
 
     async def get_run(self, run_id: str) -> Run:
-        run = await self.store.get_run(checked(check_lookup_id, run_id, "run id"))
+        if type(run_id) is not str:  # checked so only when it is not: get_run is hot
+            checked(check_lookup_id, run_id, "run id")
+        run = await self.store.get_run(run_id)
         if run is None:
-            # A job's id (find_run and the command line take either; the actions take run ids).
-            found = await self.backend.find_job(run_id)
+            found = await self.backend.find_job(run_id)  # a job's id, as find_run takes
             its = f" ({run_id!r} is a job id: its run is {found[1].run_id})" if found else ""
             raise UnknownRun(f"unknown run {run_id!r}{its}")
         await self._turns.share()
@@ -494,10 +497,9 @@ class Operator:
         stuck: float | None = None,
         replay_of: str | None = None,
     ) -> list[Run]:
-        """Newest first, at most `limit` (None: every run that matches), after skipping
-        `offset`. `retrying`: still going with a failed attempt behind them; `stuck`: running
-        longer than `stuck` × their workflow's median duration of completed runs; `replay_of`:
-        the replays of that run."""
+        """Newest first, at most `limit` (None: all) after `offset`. `retrying`: still going
+        with a failed attempt behind them; `stuck`: running longer than `stuck` × their
+        workflow's median completed duration; `replay_of`: the replays of that run."""
         limit = checked(check_limit, limit)
         offset = checked(check_limit, offset, "offset") or 0
         try:
