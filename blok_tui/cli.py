@@ -1152,7 +1152,27 @@ async def _replay(args: argparse.Namespace) -> None:
     async with _client(args) as engine:
         run = await engine.find_run(args.run_id)
         run_id = await engine.replay(run.id, from_step=args.from_step, input=args.input)
+        job = await _job_or_none(engine, run.job_id)
     print(printable(run_id))
+    if job is not None and job.run_id != run.id and not job.state.terminal:
+        # A crashed or failed run whose job went on: the replay runs beside that delivery.
+        print(
+            printable(
+                f"blok-tui: warning: run {run.id}'s job went on as run {job.run_id} "
+                f"({job.state}): the replay runs the same input beside it"
+            ),
+            file=sys.stderr,
+        )
+
+
+async def _job_or_none(engine: Any, job_id: str) -> Any:
+    """The job, or None once it is no longer kept."""
+    from engine import UnknownJob
+
+    try:
+        return await engine.get_job(job_id)
+    except UnknownJob:
+        return None
 
 
 async def _pause_or_resume(args: argparse.Namespace) -> None:

@@ -24,6 +24,7 @@ from cli_helpers import (
     start_worker,
     write_workflows,
 )
+from support import until
 
 from engine import Engine, __version__
 
@@ -209,6 +210,38 @@ def test_a_failed_run_is_a_warning_in_the_workers_log(served: tuple[Path, Worker
     done = blok("enqueue", "naps", '{"seconds": 0.01}', "--wait", "--db", database)
     assert done.returncode == 0
     assert all("completed" not in x for x in worker.stderr().splitlines() if "blok.runs" in x)
+
+
+@pytest.mark.anyio
+async def test_replaying_a_run_whose_job_went_on_warns_of_the_two(tmp_path: Path) -> None:
+    """A failed run whose job was retried: its replay runs the same input beside the job's
+    next delivery. `replay` said nothing of it."""
+    from engine import RunStatus, Step, WorkerTrigger, Workflow
+
+    def fails(ctx: object) -> None:
+        raise RuntimeError("no")
+
+    flow = Workflow(
+        name="retried",
+        trigger=WorkerTrigger(queue="retried", retries=1, delay="1h"),  # its retry waits
+        steps=[Step("fails", fails)],
+    )
+    database = tmp_path / "blok.db"
+    async with Engine(workflows=[flow], database=database) as engine:
+        job_id = await engine.enqueue("retried", {})
+        await until(lambda: engine.runs(queue="retried", status="failed"))
+        failed = await engine.runs(queue="retried", status="failed")
+        await engine.flush()
+        done = await anyio.to_thread.run_sync(
+            lambda: blok("replay", failed[0].id, "--db", database)
+        )
+        job = await engine.get_job(job_id)
+    assert done.returncode == 0, done.stderr
+    assert job.run_id != failed[0].id and failed[0].status is RunStatus.FAILED
+    assert done.stderr == (
+        f"blok-tui: warning: run {failed[0].id}'s job went on as run {job.run_id} (delayed): "
+        "the replay runs the same input beside it\n"
+    )
 
 
 def test_queues_dead_letters_requeue_and_workers_from_the_command_line(
