@@ -20,6 +20,7 @@ from .filters import RunFilter
 from .ledger import Ledger, may_have_begun
 from .liveness import pid_names_process_here, process_runs
 from .models import RunStatus, WorkerInfo
+from .versions import VersionWatch
 
 log = logging.getLogger("blok.chores")
 
@@ -54,6 +55,7 @@ class Chores:
         self.alive_here = alive_here  # engines alive in this very process
         self.janitor = janitor
         self.recovery = recovery
+        self.versions = VersionWatch()
 
     # ---- dead workers ----------------------------------------------------------------------
     def _gone(self, worker: WorkerInfo) -> bool:
@@ -139,6 +141,7 @@ class Chores:
         every = self.janitor_interval
         while True:
             await anyio.sleep(every)
+            await self.versions.check(self.backend)  # every worker: each says it in its log
             if await self.backend.shared.try_lead("chores", self.me.id, 2 * every):
                 await self.recover()
                 if self.janitor:
