@@ -141,14 +141,36 @@ class Scheduler:
             specs = current.get(name, ())
             if name in self._declared and self._declared[name] == specs:
                 continue  # declared already, "none" included: a write at every turn otherwise
+            paused = await self._replaced_paused(name, specs)
             await self.shared.declare_schedules(
                 name,
                 [(s, latest_tick(s.cron, s.every_ms, s.timezone, now)) for s in specs],
             )
+            if paused is not None:
+                await self.shared.set_schedule_paused(name, specs[0].schedule, True)
+                log.warning(
+                    "schedule %s of %s replaces %s, which was paused: it stays paused "
+                    "(blok-tui schedules resume %s)",
+                    specs[0].schedule,
+                    name,
+                    paused,
+                    name,
+                )
             if name in current:
                 self._declared[name] = specs
             else:
                 self._declared.pop(name, None)
+
+    async def _replaced_paused(self, workflow: str, specs: tuple[ScheduleSpec, ...]) -> str | None:
+        """The paused schedule a workflow's one new schedule replaces, if it had just that
+        one: an operator paused it, and a change of its interval in the file (a new id) must
+        not start it again behind their back."""
+        if len(specs) != 1:
+            return None
+        before = [s for s in await self.shared.schedules() if s.spec.workflow == workflow]
+        if len(before) == 1 and before[0].paused and before[0].spec.schedule != specs[0].schedule:
+            return before[0].spec.schedule
+        return None
 
     async def fire_due(self) -> float:
         """Enqueue the due ticks this worker can claim; seconds until the next tick."""

@@ -267,6 +267,40 @@ async def test_hot_reload_adds_changes_and_removes_schedules(
         await until(removed)
 
 
+async def test_a_paused_schedule_changed_in_its_file_stays_paused(
+    tmp_path: Path, database: Path | str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A schedule's id is its expression: an operator paused `every 10m`, a developer made it
+    `every 20m`, and the new schedule fired, active, with nobody resuming it."""
+    monkeypatch.setattr(scheduler, "POLL_S", DAY_S)
+    flows = tmp_path / "flows"
+    flows.mkdir()
+    file = flows / "hourly.py"
+    file.write_text(FILE.format(schedules='Schedule(every="10m")'))
+
+    async def states(engine: Engine) -> list[tuple[str, Any]]:
+        return [(s.schedule, s.paused) for s in await engine.schedules()]
+
+    async with Engine(workflows=flows, database=database, watch=True) as engine:
+        await wait_until_watching(engine)
+        await engine.pause_schedule("reports.hourly")
+        file.write_text(FILE.format(schedules='Schedule(every="20m")'))
+
+        async def replaced() -> bool:
+            return [s for s, _ in await states(engine)] == ["every 20m"]
+
+        await until(replaced)
+        assert await states(engine) == [("every 20m", True)]
+        # Two schedules from one: which one the pause was for is not known, nothing is kept.
+        file.write_text(FILE.format(schedules='Schedule(every="30m"), Schedule(every="1h")'))
+
+        async def two() -> bool:
+            return len(await engine.schedules()) == 2
+
+        await until(two)
+        assert await states(engine) == [("every 1h", False), ("every 30m", False)]
+
+
 async def test_an_idle_scheduler_writes_nothing(
     database: Path | str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
