@@ -152,6 +152,16 @@ async def a_database(kind: str, tmp_path: Path) -> AsyncIterator[Path | str | No
         raise ValueError(f"no database kind {kind!r}: one of {', '.join(DATABASES)}")
 
 
+@pytest.fixture(params=DATABASES, name="database")
+async def any_database(
+    request: pytest.FixtureRequest, tmp_path: Path, anyio_backend: str
+) -> AsyncIterator[Path | str | None]:
+    """The `database` fixture: each of DATABASES in turn (None for memory). A test module
+    imports it and binds it (`database = any_database`) to use it."""
+    async with a_database(request.param, tmp_path) as location:
+        yield location
+
+
 @pytest.fixture(params=DURABLE, name="database")
 async def durable_database(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
     """The `database` fixture: each DURABLE kind in turn, as a string (a file path or a URL).

@@ -13,7 +13,7 @@ from typing import Any
 import anyio
 import pytest
 from cli_helpers import blok
-from support import DATABASES, DURABLE, a_database, until
+from support import DURABLE, a_database, any_database, until
 
 from engine import (
     Engine,
@@ -32,12 +32,7 @@ from engine import (
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture(params=DATABASES)
-async def database(
-    request: pytest.FixtureRequest, tmp_path: Path, anyio_backend: str
-) -> AsyncIterator[Path | str | None]:
-    async with a_database(request.param, tmp_path) as location:
-        yield location
+database = any_database  # the fixture: each of DATABASES in turn (tests/support.py)
 
 
 @pytest.fixture(params=DURABLE)

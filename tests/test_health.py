@@ -5,7 +5,6 @@ queue's oldest waiting job is older than the threshold; and the queue read it re
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -13,20 +12,14 @@ from typing import Any
 import anyio
 import pytest
 from cli_helpers import blok, eventually, start_worker, write_workflows
-from support import DATABASES, a_database, until
+from support import any_database, until
 
 from engine import Engine, Step, WorkerTrigger, Workflow
 from engine.backends import open_backend
 from engine.ledger import make_job, make_run
 from engine.models import utcnow
 
-
-@pytest.fixture(params=DATABASES)
-async def database(
-    request: pytest.FixtureRequest, tmp_path: Path, anyio_backend: str
-) -> AsyncIterator[Path | str | None]:
-    async with a_database(request.param, tmp_path) as location:
-        yield location
+database = any_database  # the fixture: each of DATABASES in turn (tests/support.py)
 
 
 # ---- the queue read ------------------------------------------------------------------------

@@ -7,24 +7,18 @@ not fit its format fails nothing at all."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support import DATABASES, a_database
+from support import any_database
 
 from engine import Engine, Run, RunStatus, Step, StepStatus, WorkerTrigger, Workflow
 
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture(params=DATABASES)
-async def database(
-    request: pytest.FixtureRequest, tmp_path: Path, anyio_backend: str
-) -> AsyncIterator[Path | str | None]:
-    async with a_database(request.param, tmp_path) as location:
-        yield location
+database = any_database  # the fixture: each of DATABASES in turn (tests/support.py)
 
 
 def one_step(name: str, node: Any, **step: Any) -> Workflow:

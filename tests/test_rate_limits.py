@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import DATABASES, DURABLE, a_database, until
+from support import DURABLE, a_database, any_database, until
 
 from engine import (
     Engine,
@@ -47,12 +47,7 @@ def limited(starts: list[tuple[float, Any]], **rate: Any) -> Workflow:
     )
 
 
-@pytest.fixture(params=DATABASES)
-async def database(
-    request: pytest.FixtureRequest, tmp_path: Path, anyio_backend: str
-) -> AsyncIterator[Path | str | None]:
-    async with a_database(request.param, tmp_path) as location:
-        yield location
+database = any_database  # the fixture: each of DATABASES in turn (tests/support.py)
 
 
 @pytest.fixture(params=DURABLE)

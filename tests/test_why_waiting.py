@@ -3,13 +3,12 @@ holding its slots, and when it may start."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from support import DATABASES, a_database, until
+from support import DATABASES, a_database, any_database, until
 
 from engine import Debounce, Engine, RunStatus, Step, WorkerTrigger, Workflow
 from engine.waiting import served
@@ -17,12 +16,7 @@ from engine.waiting import served
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture(params=DATABASES)
-async def database(
-    request: pytest.FixtureRequest, tmp_path: Path, anyio_backend: str
-) -> AsyncIterator[Path | str | None]:
-    async with a_database(request.param, tmp_path) as location:
-        yield location
+database = any_database  # the fixture: each of DATABASES in turn (tests/support.py)
 
 
 async def run_of(engine: Engine, job_id: str) -> Any:
