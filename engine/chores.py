@@ -139,6 +139,7 @@ class Chores:
         workers, then purge. (Between two rounds, the jobs of a worker that died are taken
         over by the ordinary claims as their leases expire.)"""
         every = self.janitor_interval
+        await self.versions.check(self.backend)  # another version served already, at start?
         while True:
             await anyio.sleep(every)
             await self.versions.check(self.backend)  # every worker: each says it in its log

@@ -332,7 +332,6 @@ class Engine:
                 await self._serving.start(tg)
                 # Started means seen: what it serves is committed before `async with` enters.
                 await backend.runs.flush()
-                await self._chores.versions.check(backend)  # another version served already?
                 tg.start_soon(self._guard(self._chores.loop))
                 if scheduler is not None:
                     tg.start_soon(self._guard(scheduler.loop))

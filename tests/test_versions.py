@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import until
 
 from engine import Engine, Step, WorkerTrigger, Workflow
 
@@ -36,6 +37,7 @@ async def test_a_workflow_served_at_two_versions_is_said_so(
     async with Engine(workflows=[old], database=database) as first:
         assert not caplog.records  # one version so far
         async with Engine(workflows=[new], database=database) as second:
+            await until(lambda: caplog.records)  # said as its chores begin
             [said] = [r.getMessage() for r in caplog.records]
             workers = {old.version: first.worker.id, new.version: second.worker.id}
             by = "; ".join(f"{v} by {workers[v]}" for v in sorted(workers))
