@@ -16,13 +16,22 @@ from typing import Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from .durations import Duration
 from .errors import WorkflowDefinitionError
 from .validation import InvalidInput, check_payload
 
 CatchUp = Literal["latest", "all", "none"]
+CRON_MACROS = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
 MIN_EVERY_MS = 1000  # a schedule ticks at most once a second
 
 
@@ -70,6 +79,27 @@ class Schedule(BaseModel):
                 "Schedule: give either cron= (an expression) or every= (a duration), not "
                 + ("both" if self.cron is not None else "neither")
             )
+        if self.every is not None and self.timezone != "UTC":
+            raise WorkflowDefinitionError(
+                "Schedule: timezone is for cron=; every= ticks on the multiples of its "
+                "interval since the Unix epoch, in no time zone"
+            )
+        problem = self.problem()  # here, not only once it is in a Workflow
+        if problem is not None:
+            raise WorkflowDefinitionError(f"Schedule: {problem}")
+
+    @field_validator("cron", mode="before")
+    @classmethod
+    def _expand_macro(cls, cron: Any) -> Any:
+        """`@hourly`, `@daily`…, as cron itself and Temporal take them."""
+        if isinstance(cron, str) and cron.strip().startswith("@"):
+            name = cron.strip().lower()
+            if name not in CRON_MACROS:
+                raise ValueError(
+                    f"unknown cron macro {cron!r}: one of {', '.join(sorted(CRON_MACROS))}"
+                )
+            return CRON_MACROS[name]
+        return cron
 
     @property
     def id(self) -> str:

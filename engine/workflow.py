@@ -463,6 +463,13 @@ class Workflow(_Written):
         steps = data.get("steps")
         if isinstance(steps, list | tuple):
             data["steps"] = _name_waits(list(steps))
+        schedules = data.get("schedules")
+        if schedules is not None and not isinstance(schedules, list | tuple):
+            # pydantic would walk a lone Schedule's fields as if they were a list's items.
+            raise WorkflowDefinitionError(
+                f"workflow {name!r}: schedules must be a list of Schedule, not "
+                f"{type(schedules).__name__} (schedules=[...])"
+            )
         try:
             super().__init__(**data)
         except ValidationError as error:

@@ -333,13 +333,30 @@ async def test_an_idle_scheduler_writes_nothing(
         assert [s.workflow for s in await engine.schedules()] == ["reports.daily"]
 
 
-def test_definition_errors_name_the_workflow() -> None:
-    with pytest.raises(
-        WorkflowDefinitionError, match="workflow 'w', schedule 'cron 61 \\* \\* \\* \\* UTC'"
-    ):
-        ticking(Schedule(cron="61 * * * *"), name="w")
+def test_definition_errors_are_refused_where_they_are_written() -> None:
+    # By the Schedule itself: one built apart from its workflow (in a test, a helper) was
+    # taken, and refused only once a Workflow held it.
+    with pytest.raises(WorkflowDefinitionError) as raised:
+        Schedule(cron="61 * * * *")
+    assert str(raised.value) == "Schedule: invalid cron expression '61 * * * *': Bad minute"
     with pytest.raises(WorkflowDefinitionError, match="unknown time zone 'Mars/Base'"):
         ticking(Schedule(cron="0 * * * *", timezone="Mars/Base"), name="w")
+    # cron's own macros, as cron and Temporal take them; and what they are not.
+    assert Schedule(cron="@hourly").id == "cron 0 * * * * UTC"
+    with pytest.raises(WorkflowDefinitionError, match="unknown cron macro '@often': one of"):
+        Schedule(cron="@often")
+    with pytest.raises(WorkflowDefinitionError, match="timezone is for cron="):
+        Schedule(every="2s", timezone="Europe/Paris")
+    with pytest.raises(WorkflowDefinitionError) as raised:
+        Workflow(
+            name="w",
+            trigger=WorkerTrigger(queue="w"),
+            schedules=Schedule(every="2s"),  # type: ignore[arg-type]
+            steps=[Step("s", print)],
+        )
+    assert str(raised.value) == (
+        "workflow 'w': schedules must be a list of Schedule, not Schedule (schedules=[...])"
+    )
     with pytest.raises(WorkflowDefinitionError, match=r"either cron= .* or every="):
         Schedule()
     with pytest.raises(WorkflowDefinitionError, match=r"either cron= .*not both"):
