@@ -73,7 +73,7 @@ class EngineAPI(Protocol):
         status: str | list[str] | None = None,
         workflow: str | None = None,
         queue: str | None = None,
-        limit: int = 100,
+        limit: int | None = 100,
         *,
         text: str | None = None,
         offset: int = 0,

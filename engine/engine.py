@@ -592,7 +592,7 @@ class Engine:
         status: str | list[str] | None = None,
         workflow: str | None = None,
         queue: str | None = None,
-        limit: int = 100,
+        limit: int | None = 100,
         *,
         text: str | None = None,
         offset: int = 0,
@@ -600,7 +600,7 @@ class Engine:
         stuck: float | None = None,
         replay_of: str | None = None,
     ) -> list[Run]:
-        """Newest first. `text`: in the id, job id, workflow, queue, status, error or input;
+        """Newest first, at most `limit` (None: every run that matches). `text`: in the id, job id, workflow, queue, status, error or input;
         `retrying`: still going with a failed attempt behind them; `stuck`: running longer
         than `stuck` × their workflow's median duration of completed runs; `replay_of`: the
         replays of that run."""
@@ -667,7 +667,7 @@ class Engine:
     ) -> BulkResult:
         return await self.operator.requeue_dead(queue, progress=progress)
 
-    async def stuck_runs(self, factor: float = 3.0, limit: int = 100) -> list[Run]:
+    async def stuck_runs(self, factor: float = 3.0, limit: int | None = 100) -> list[Run]:
         return await self.operator.stuck_runs(factor, limit)
 
     async def dead_letters(self, queue: str) -> list[Job]:
