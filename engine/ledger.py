@@ -615,7 +615,7 @@ class Ledger:
     def take_over(self, claim: Claim, queue: JobQueue, run: Run) -> Run | None:
         """A claim took the job over from a worker that stopped renewing its lease: a run that
         worker had started is recorded crashed, and this delivery runs a new one; None when
-        that was the job's last crash (`_poisonous`): it went to the dead-letter queue."""
+        that was the job's last crash (`_crashed`): it went to the dead-letter queue."""
         # Not "crashed: …": the run's status says so, and what shows the error shows it after
         # the status ("crashed: crashed: …" otherwise).
         if run.status is RunStatus.QUEUED:

@@ -13,36 +13,20 @@ from __future__ import annotations
 
 import logging
 import time
-import unicodedata
 from typing import Any
 
 from .backends.base import Backend, EventMessage
 from .errors import EngineError, UnknownRun
 from .ledger import Ledger
 from .models import EventOutcome, EventSent, JobState, Run, RunStatus
+from .validation import check_event_name, checked
 
 log = logging.getLogger("blok.mailbox")
 
-MAX_EVENT_NAME = 200
 # How long a sender waits for a run that registered its wait to be parked by its worker (the
 # settle is the next thing that worker does) before it gives up waking it: the run then takes
 # the event at its timeout at the latest.
 WAKE_WAIT_S = 10.0
-
-
-def check_event_name(event: Any) -> str:
-    if not isinstance(event, str) or not event.strip():
-        raise EngineError(f"event name must be a non-empty string, not {event!r}")
-    if len(event) > MAX_EVENT_NAME:
-        raise EngineError(f"event name is {len(event)} characters long; at most {MAX_EVENT_NAME}")
-    # Names are matched exactly and printed on one line: a line break or an escape would
-    # break that line, and a space at an end would make a name no one types.
-    for char in event:
-        if unicodedata.category(char) in ("Cc", "Cf"):
-            raise EngineError(f"event name {event!r} holds a control character (U+{ord(char):04X})")
-    if event != event.strip():
-        raise EngineError(f"event name {event!r} starts or ends with whitespace")
-    return event
 
 
 class Mailbox:
@@ -55,7 +39,7 @@ class Mailbox:
         """Deliver `event` to the run (or, with `run_id=None`, to the runs waiting on the key
         the payload carries); the ids of the runs it went to ([]: sent by key with nobody
         waiting, kept for the first run that waits on its key), and what became of it."""
-        check_event_name(event)
+        checked(check_event_name, event)
         run: Run | None = None
         if run_id is not None:
             run = await self.store.get_run(run_id)

@@ -37,6 +37,7 @@ MAX_QUEUE_NAME = 128  # characters: fits a table column and a log line
 # A caller's own job id is an idempotency key (an order number, a UUID, a URL): room for any
 # of those, yet short enough for a table cell and a log line.
 MAX_JOB_ID = 255
+MAX_EVENT_NAME = 200
 # Headers are a request's metadata, not its body: HTTP servers cap them at 8 to 64 KB.
 MAX_HEADERS_BYTES = 64 * 1024
 
@@ -130,6 +131,13 @@ def check_job_id(job_id: object) -> str:
     characters. Checked, as an int went into memory and SQLite as is and failed on PostgreSQL,
     and "" silently became a generated id."""
     return _check_name(job_id, "job id", MAX_JOB_ID)
+
+
+def check_event_name(event: object) -> str:
+    """An event's name: matched exactly and printed on one line, so as a queue name, up to
+    MAX_EVENT_NAME characters (a line break would break that line, a space at an end would
+    make a name no one types)."""
+    return _check_name(event, "event name", MAX_EVENT_NAME)
 
 
 def check_lookup_id(value: object, what: str) -> str:
