@@ -111,6 +111,20 @@ class ScheduleInfo:
     last_status: RunStatus | None  # of the last run it enqueued, as it is now
 
 
+def _replaced_paused(
+    workflow: str, specs: tuple[ScheduleSpec, ...], states: list[ScheduleState]
+) -> str | None:
+    """The paused schedule a workflow's one new schedule replaces, if it had just that one (in
+    `states`, as declared before): an operator paused it, and a change of its interval in the
+    file (a new id) must not start it again behind their back."""
+    if len(specs) != 1:
+        return None
+    before = [s for s in states if s.spec.workflow == workflow]
+    if len(before) == 1 and before[0].paused and before[0].spec.schedule != specs[0].schedule:
+        return before[0].spec.schedule
+    return None
+
+
 class Scheduler:
     """The loop a worker runs to fire its workflows' schedules."""
 
@@ -137,11 +151,14 @@ class Scheduler:
             wf.name: tuple(spec_of(wf)) for wf in self.catalog.served().values() if wf.trigger
         }
         now = self.backend.clock.time()
+        states: list[ScheduleState] | None = None  # read once, when a schedule is replaced
         for name in set(current) | set(self._declared):
             specs = current.get(name, ())
             if name in self._declared and self._declared[name] == specs:
                 continue  # declared already, "none" included: a write at every turn otherwise
-            paused = await self._replaced_paused(name, specs)
+            if len(specs) == 1 and states is None:
+                states = await self.shared.schedules()
+            paused = _replaced_paused(name, specs, states or [])
             await self.shared.declare_schedules(
                 name,
                 [(s, latest_tick(s.cron, s.every_ms, s.timezone, now)) for s in specs],
@@ -160,17 +177,6 @@ class Scheduler:
                 self._declared[name] = specs
             else:
                 self._declared.pop(name, None)
-
-    async def _replaced_paused(self, workflow: str, specs: tuple[ScheduleSpec, ...]) -> str | None:
-        """The paused schedule a workflow's one new schedule replaces, if it had just that
-        one: an operator paused it, and a change of its interval in the file (a new id) must
-        not start it again behind their back."""
-        if len(specs) != 1:
-            return None
-        before = [s for s in await self.shared.schedules() if s.spec.workflow == workflow]
-        if len(before) == 1 and before[0].paused and before[0].spec.schedule != specs[0].schedule:
-            return before[0].spec.schedule
-        return None
 
     async def fire_due(self) -> float:
         """Enqueue the due ticks this worker can claim; seconds until the next tick."""

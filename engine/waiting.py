@@ -20,8 +20,8 @@ from .models import Job, JobState, Run, RunStatus, StepStatus, from_epoch
 
 @dataclass(frozen=True, slots=True)
 class WaitReason:
-    """`gate`: event | event_came | subworkflow | sleep | rate_limit | concurrency | debounce | paused |
-    throttled | delay | retry | no_worker | queued | running | ended. `holders`: the runs
+    """`gate`: event | event_came | subworkflow | sleep | rate_limit | concurrency | debounce |
+    paused | throttled | delay | retry | no_worker | queued | running | ended. `holders`: the runs
     holding what it waits for (the concurrency slots of its key, the starts in its rate-limit
     window, the child run it waits on), oldest first. `until`: when it may start or go on
     (None: when its event comes, or a slot frees)."""
