@@ -42,7 +42,8 @@ def _shown_key(expr: Any) -> str:
     code = getattr(expr, "__code__", None)
     if code is None:
         return repr(expr)
-    return f"{getattr(expr, '__qualname__', 'callable')} (at {shown_path(code.co_filename)}:{code.co_firstlineno})"
+    name = getattr(expr, "__qualname__", "callable")
+    return f"{name} (at {shown_path(code.co_filename)}:{code.co_firstlineno})"
 
 
 @dataclass
@@ -180,7 +181,11 @@ class Gates:
             self.shared.renew_slots(self.worker, self.lease_s)
 
     # ---- helpers ---------------------------------------------------------------------------
-    def _key(self, expr: Any, job: Job, run: Run, what: str) -> str | None:
+    def _key(
+        self, expr: Any, job: Job, run: Run, what: str, then: str = "the gate is skipped"
+    ) -> str | None:
+        """The key `expr` gives this job; None when it gives none or cannot be read (`then`:
+        what comes of the run then, for the line that says so)."""
         ctx = Context.for_job(run, job)
         try:
             if expressions.is_expression(expr):
@@ -191,7 +196,6 @@ class Gates:
                 value = expr
         except Exception as error:
             # A key that cannot be read is the job's problem, not a reason to block the queue.
-            then = UNRESOLVED_THEN if what == "rate limit key" else "the gate is skipped"
             problem = f"{what} {_shown_key(expr)} could not be resolved ({error}); {then}"
             self.ledger.log(run, problem, "warning")
             log.warning("%s run %s: %s", run.workflow_name, run.id, problem)
@@ -268,7 +272,11 @@ class Gates:
         assert trigger is not None and trigger.rate_limit is not None
         rate = trigger.rate_limit
         job = claim.job
-        key = "*" if rate.key is None else self._key(rate.key, job, run, "rate limit key")
+        key = (
+            "*"
+            if rate.key is None
+            else self._key(rate.key, job, run, "rate limit key", UNRESOLVED_THEN)
+        )
         if key is None:
             # Not a reason to let the run past the limit (what it guards is still there): the
             # runs whose key cannot be read share one window of their own.

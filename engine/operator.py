@@ -474,7 +474,7 @@ class Operator:
         return await self.backend.find_jobs(job_ids)
 
     async def get_run(self, run_id: str) -> Run:
-        if type(run_id) is not str:  # checked so only when it is not: get_run is hot
+        if type(run_id) is not str:  # only then: a call less on a hot path
             checked(check_lookup_id, run_id, "run id")
         run = await self.store.get_run(run_id)
         if run is None:
