@@ -17,7 +17,7 @@ from pathlib import Path
 import anyio
 import pytest
 from anyio.abc import SocketStream
-from cli_helpers import start_worker, write_workflows
+from cli_helpers import Worker, start_worker, write_workflows
 from pg import NO_DRIVER
 
 pytest.importorskip("asyncpg", reason=NO_DRIVER)
@@ -57,6 +57,20 @@ async def tcp_proxy(host: str, port: int) -> AsyncIterator[tuple[int, anyio.Canc
         shut.cancel()
 
 
+async def ended(worker: Worker, within: float) -> None:
+    """Once the worker's process has exited, failing after `within` seconds."""
+    with anyio.fail_after(within):
+        while worker.process.poll() is None:  # noqa: ASYNC110 - another process
+            await anyio.sleep(0.1)
+
+
+def kill(worker: Worker) -> None:
+    """The worker's process, ended if a failing test left it running."""
+    if worker.process.poll() is None:
+        worker.process.kill()
+        worker.process.wait()
+
+
 async def test_a_worker_stops_while_its_database_is_out_of_reach(
     pg_url: str, tmp_path: Path
 ) -> None:
@@ -85,13 +99,9 @@ async def test_a_worker_stops_while_its_database_is_out_of_reach(
                     await anyio.sleep(0.1)
             worker.process.send_signal(signal.SIGTERM)
             # 1 s of grace, a 2 s lease, and the backend's last flush (at most 15 s).
-            with anyio.fail_after(30):
-                while worker.process.poll() is None:  # noqa: ASYNC110 - another process
-                    await anyio.sleep(0.1)
+            await ended(worker, within=30)
         finally:
-            if worker.process.poll() is None:
-                worker.process.kill()
-                worker.process.wait()
+            kill(worker)
     said = worker.stderr()
     assert "stopped without its last writes: the database did not answer" in said, said
     assert f"worker {worker.id} stopped" in said, said
@@ -123,13 +133,9 @@ async def test_a_worker_whose_database_is_dropped_says_so_in_one_line(
             await admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
         finally:
             await admin.close()
-        with anyio.fail_after(30):
-            while worker.process.poll() is None:  # noqa: ASYNC110 - another process
-                await anyio.sleep(0.1)
+        await ended(worker, within=30)
     finally:
-        if worker.process.poll() is None:
-            worker.process.kill()
-            worker.process.wait()
+        kill(worker)
     said = worker.stderr()
     assert worker.process.returncode == 1, said
     assert "Traceback" not in said, said
