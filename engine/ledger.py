@@ -50,6 +50,9 @@ log = logging.getLogger("blok.ledger")
 ends_log = logging.getLogger("blok.runs")
 _WARNED_ENDS = frozenset({RunStatus.FAILED, RunStatus.TIMED_OUT, RunStatus.CRASHED})
 
+# What a job's meta counts of the budget it spent; a requeue starts it again from nothing
+# (crashes too: "requeue it to try again" gives a dead letter MAX_CRASHES more chances).
+_SPENT = ("failures", "gate_tries", "held", "crashes", "interrupted")
 CANCELLED_BEFORE_RUN = "cancelled by operator before it ran"
 CANCELLED = "cancelled by operator"
 # Jobs enqueued here (by `enqueue` or `enqueue_many`) whose completed run is kept for a later
@@ -596,7 +599,10 @@ class Ledger:
         self._crash(run, reason)
         job = claim.job
         next_run = self._redelivery(job, run)
-        update = JobUpdate(state=JobState.WAITING, run_id=next_run.id, meta=job.meta)
+        # Its engine's doing, not the job's: no retry used, no crash counted towards the
+        # dead-letter queue, one more delivery in its budget (`Job.delivery_budget`).
+        meta = {**job.meta, "interrupted": int(job.meta.get("interrupted", 0)) + 1}
+        update = JobUpdate(state=JobState.WAITING, run_id=next_run.id, meta=meta)
         queue.submit(self._transition(job, job.epoch, update, run, next_run))
         self._finished(run)
         self.queued([next_run])
@@ -719,7 +725,7 @@ class Ledger:
     async def requeue(self, queue: JobQueue, job: Job, version: str) -> Run | None:
         """A dead or failed job goes back to its queue with a fresh retry budget and a new
         run; None if the job moved meanwhile."""
-        meta = {k: v for k, v in job.meta.items() if k not in ("failures", "gate_tries", "held")}
+        meta = {k: v for k, v in job.meta.items() if k not in _SPENT}
         # Counted, and it tells the worker that the run is not the job's first: its record
         # (the requeue's log line, its creation time) is read, not made again from the job.
         meta["requeued"] = int(job.meta.get("requeued", 0)) + 1

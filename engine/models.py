@@ -264,11 +264,11 @@ class Job(_Record):
 
     @property
     def delivery_budget(self) -> int:
-        """Deliveries the job may take: one and its retries, and one more for each of its runs
+        """Deliveries the job may take: one and its retries, one more for each of its runs
         that crashed its worker (a crash uses no retry) but the one that made it a dead
-        letter."""
+        letter, and one more for each run its engine stopped under (`Ledger.interrupt`)."""
         redelivered = min(int(self.meta.get("crashes", 0)), MAX_CRASHES - 1)
-        return self.max_retries + 1 + redelivered
+        return self.max_retries + 1 + redelivered + int(self.meta.get("interrupted", 0))
 
     @property
     def deliveries(self) -> int:

@@ -266,6 +266,16 @@ async def test_a_job_that_kills_every_worker_goes_to_the_dead_letter_queue(proje
             finally:
                 if survivor is not None:
                     survivor.kill()
+                    survivor.wait()
+            # "Requeue it to try again": with a fresh budget, crashes included (it kept its
+            # three, so the next crash made it a dead letter again at once).
+            await client.requeue(job_id)
+            requeued = await client.get_job(job_id)
+    assert [requeued.state, requeued.deliveries, requeued.delivery_budget] == [
+        JobState.WAITING,
+        0,
+        1,
+    ]
     assert deaths == 3
     assert [run.status for run in runs] == [RunStatus.CRASHED] * 3
     # Crashes use no retry: each run is a delivery the job may take, the third its last (it

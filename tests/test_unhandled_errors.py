@@ -31,6 +31,10 @@ async def crashed_then_redelivered(db: Path, job: str, says: str) -> None:
         # The status says crashed: the error does not again ("crashed: crashed: …" in `show`).
         assert not (crashed.error or "").startswith("crashed"), crashed.error
         assert crashed.step("nap").status == "failed"
+        # Its engine's doing, not the job's: the redelivery is one more in its budget (`show`
+        # read "delivery 2 of 1" of a job with no retries).
+        redelivered = await engine.get_job(job)
+        assert [redelivered.max_retries, redelivered.delivery_budget] == [0, 2]
         await engine.cancel((await engine.get_job(job)).run_id)  # the redelivered run
         assert (await engine.get_job(job)).state is JobState.CANCELLED
         assert len(await engine.runs(queue="naps")) == 2
