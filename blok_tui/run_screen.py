@@ -608,6 +608,11 @@ class RunScreen(BlokScreen):
             phrases.append(phrase(replay, "medium_purple1", gap="   "))
         return phrases
 
+    def unreached(self, step: StepRun) -> bool:
+        """A step its run never came to, as the run has ended."""
+        ended = self.run is not None and self.run.status.terminal
+        return ended and str(step.status) == "pending" and not step.attempts
+
     def render_step(self) -> None:
         step = self.selected_step()
         if step is None:
@@ -628,6 +633,9 @@ class RunScreen(BlokScreen):
         title.append(printable(self.step_path(step)), style="bold")
         title.append("  ")
         title.append_text(status_text(str(step.status), steps=True))
+        unreached = self.unreached(step)
+        if unreached:  # its run ended: "pending" read as still to come
+            title.append("  not reached: the run ended before it", style="grey62")
         if step.child_run_id:
             title.append(f"\n↳ child run {step.child_run_id}", style="deep_sky_blue1")
             title.append("  enter opens it", style="grey62")
@@ -656,7 +664,9 @@ class RunScreen(BlokScreen):
         self.query_one("#step-input", JsonView).show(step.input, search=self.search)
         folded = self.query_one("#step-output", JsonView).show(
             step.output,
-            empty="none yet" if str(step.status) in ("pending", "running", "waiting") else "none",
+            empty="none yet"
+            if str(step.status) in ("pending", "running", "waiting") and not unreached
+            else "none",
             search=self.search,
             fold=not self.unfolded,
         )

@@ -22,6 +22,7 @@ from engine import (
     Orphan,
     Run,
     StepRun,
+    StepStatus,
     WaitReason,
     format_duration,
 )
@@ -226,7 +227,7 @@ def _steps_table(run: Run, now: datetime, tz: tzinfo | None) -> list[str]:
                 str(step.status),
                 _step_took(step, now),
                 _tries(step),
-                printable(_note(step, tz)),
+                printable(_note(step, tz, ended=run.status.terminal)),
             )
         )
     return columns(rows)
@@ -246,8 +247,12 @@ def _tries(step: StepRun) -> str:
     return f"{tries}/{step.max_attempts}" if step.max_attempts > 1 or tries > 1 else "1"
 
 
-def _note(step: StepRun, tz: tzinfo | None) -> str:
+def _note(step: StepRun, tz: tzinfo | None, *, ended: bool) -> str:
+    """`ended`: the run is over, so a step still pending never will run (a bare "pending"
+    read as "still to come" on a cancelled or failed run)."""
     notes: list[str] = []
+    if ended and step.status is StepStatus.PENDING and not step.attempts:
+        notes.append("not reached")
     notes += [f"[{tag}]" for tag in own_tags(step)]
     if step.cached_from:
         notes.append(f"cached from {step.cached_from}")

@@ -267,6 +267,24 @@ def test_a_timed_out_steps_note_says_it_once() -> None:
     assert step_rows[1].split(None, 3)[3] == error
 
 
+def test_the_steps_an_ended_run_never_reached_say_so() -> None:
+    """A cancelled run's later steps read "pending", as if still to come."""
+    start = datetime(2026, 1, 15, 9, 30, tzinfo=UTC)
+    steps = [
+        {"index": 0, "name": "pack", "status": "cancelled", "started_at": start},
+        {"index": 1, "name": "ship", "status": "pending"},
+    ]
+    cancelled = run_text(_run("cancelled", steps=steps), start, tz=UTC)
+    assert cancelled.split("\n\n")[1].splitlines()[2].split() == [
+        "ship",
+        "pending",
+        "not",
+        "reached",
+    ]
+    running = run_text(_run("running", steps=steps), start, tz=UTC)
+    assert running.split("\n\n")[1].splitlines()[2].split() == ["ship", "pending"]
+
+
 def test_a_long_error_keeps_where_it_came_from_and_a_gates_says_its_status_once() -> None:
     """Cut at 200 characters, the error lost its "(at file:line)"; a throttled run read
     `throttled: throttled: rate limit …`."""

@@ -80,10 +80,16 @@ IMPATIENT = Workflow(
     steps=[wait.for_event("approved", timeout="50ms", name="approval")],
 )
 
+THEN_SHIP = Workflow(
+    name="walk.then_ship",
+    trigger=WorkerTrigger(queue="then_ship"),
+    steps=[wait.for_event("approved", timeout="1h", name="approval"), Step("ship", numbered(1))],
+)
+
 
 @pytest.fixture
 async def engine() -> AsyncIterator[Engine]:
-    flows = [FAILING, GATEWAY, MANY, HUGE, WAITER, IMPATIENT]
+    flows = [FAILING, GATEWAY, MANY, HUGE, WAITER, IMPATIENT, THEN_SHIP]
     async with Engine(workflows=flows, grace_period=0.5) as engine:
         yield engine
 
@@ -251,6 +257,31 @@ async def test_an_ended_event_wait_says_how_it_ended(engine: Engine) -> None:
         title, attempts = said[waiting.id]
         assert "✉ waits for event 'approved'; times out at" in title
         assert attempts == "waits for an event: no attempts"
+    await engine.cancel(waiting.id)
+
+
+async def test_a_step_an_ended_run_never_reached_says_so(engine: Engine) -> None:
+    """Cancelled while it waited, the run's next step read "pending", its output "none yet",
+    as if it were still to come."""
+    cancelled = await _waiting(engine, "then_ship")
+    await engine.cancel(cancelled.id)
+    waiting = await _waiting(engine, "then_ship")
+    app = BlokApp(engine)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await settled(pilot)
+        said = []
+        for run in (cancelled, waiting):
+            screen = await _open(pilot, run.id)
+            rail = screen.query_one(StepRail)
+            rail.highlighted = rail.option_of(1)
+            await settled(pilot)
+            title = text_of(screen.query_one("#step-title", Static))
+            said.append((title, text_of(screen.query_one("#step-output", Static)).strip()))
+    [(ended_title, ended_output), (waiting_title, waiting_output)] = said
+    assert "ship" in ended_title and "not reached: the run ended before it" in ended_title
+    assert ended_output == "none"
+    assert "ship" in waiting_title and "not reached" not in waiting_title
+    assert waiting_output == "none yet"
     await engine.cancel(waiting.id)
 
 
