@@ -841,8 +841,9 @@ def _driver_errors_in_one_line(record: logging.LogRecord) -> bool:
 def _name_the_run(record: logging.LogRecord) -> bool:
     """A run's log line on the worker's stderr says which run and step wrote it (the attributes
     the engine sets on it): with many runs at once, the lines of one are found with grep."""
-    run_id, step = record.__dict__.get("run_id"), record.__dict__.get("step")
-    record.where = f" [{run_id}{' ' + step if step else ''}]" if run_id else ""
+    from engine.last_resort import where_written
+
+    record.where = where_written(record)
     return True
 
 

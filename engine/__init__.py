@@ -22,6 +22,7 @@ from .events import (
 )
 from .filters import RunFilter
 from .health import Health
+from .last_resort import install as _install_last_resort
 from .liveness import Orphan
 from .loader import WorkflowLoadError
 from .models import (
@@ -71,6 +72,9 @@ from .workflow import (
 )
 
 __version__ = "0.1.0"
+
+# With no logging configured, a run's warnings still say which run and step wrote them.
+_install_last_resort()
 
 __all__ = [
     "Attempt",
