@@ -75,7 +75,9 @@ class Chores:
         of runs found crashed."""
         if not self.recovery:
             return 0
-        dead = [w.id for w in await self.backend.shared.workers() if self._gone(w)]
+        # Each with its last heartbeat: where its runs ended, not when that was found.
+        seen = {w.id: w.heartbeat_at for w in await self.backend.shared.workers() if self._gone(w)}
+        dead = list(seen)
         if not dead:
             return 0
         # Not "crashed: …": the run's status says so, and everything that shows the error
@@ -94,7 +96,8 @@ class Chores:
                 if was_running and run is not None and run.status is not RunStatus.RUNNING:
                     # Handed straight to a slot: its code may have run before its start landed.
                     why += "; its start was not recorded, but the run may have begun there"
-                if await self.ledger.release(queue, job, run, why):
+                last = seen.get(job.worker) if job.worker else None
+                if await self.ledger.release(queue, job, run, why, last):
                     released += 1
                     crashed += was_running
         # Runs of memory queues died with their worker's jobs: nothing to hand back.
@@ -104,7 +107,7 @@ class Chores:
         for orphan in orphans:
             run = await self.backend.runs.get_run(orphan.id)
             if run is not None and run.status is RunStatus.RUNNING:
-                self.ledger.abandon(run, reason)
+                self.ledger.abandon(run, reason, seen.get(run.worker) if run.worker else None)
                 crashed += 1
         for worker_id in dead:
             await self.backend.shared.forget_worker(worker_id)

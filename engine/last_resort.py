@@ -28,7 +28,7 @@ class LastResort(logging.StreamHandler[TextIO]):
         self.setLevel(logging.WARNING)
         self.setFormatter(logging.Formatter("%(levelname)s %(name)s%(where)s: %(message)s"))
 
-    @property  # type: ignore[override]  # the stderr of the moment, as logging.lastResort's
+    @property  # the stderr of the moment, as logging.lastResort's
     def stream(self) -> TextIO:
         return sys.stderr
 

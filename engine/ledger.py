@@ -326,10 +326,15 @@ class Ledger:
             self.bus.publish(event)
 
     def _close_open_steps(
-        self, run: Run, step_status: StepStatus, attempt_status: AttemptStatus, error: str
+        self,
+        run: Run,
+        step_status: StepStatus,
+        attempt_status: AttemptStatus,
+        error: str,
+        at: datetime | None = None,
     ) -> None:
-        """End the steps (and their attempts) a run left running or waiting."""
-        now = self.clock.now()
+        """End the steps (and their attempts) a run left running or waiting, `at` (now)."""
+        now = at or self.clock.now()
         for step in run.steps:
             if step.status in (StepStatus.RUNNING, StepStatus.WAITING):
                 step.status = step_status
@@ -341,13 +346,15 @@ class Ledger:
                         attempt.finished_at = now
                         attempt.error = error
 
-    def _crash(self, run: Run, reason: str) -> None:
+    def _crash(self, run: Run, reason: str, seen: datetime | None = None) -> None:
         """Record a run crashed (its worker died, froze past its lease or stopped on an engine
         error): the step it was in failed with its attempt, and counted, and the run's error
-        names that step, as a failure's does ("[step 2/3] charge: …")."""
+        names that step, as a failure's does ("[step 2/3] charge: …"). `seen`: when its
+        worker was last heard of (its heartbeat), where it ended."""
         open_steps = [s for s in run.steps if s.status in (StepStatus.RUNNING, StepStatus.WAITING)]
         failed = sum(a.status is AttemptStatus.RUNNING for s in open_steps for a in s.attempts)
-        self._close_open_steps(run, StepStatus.FAILED, AttemptStatus.FAILED, reason)
+        at = self._last_sign(run, seen)
+        self._close_open_steps(run, StepStatus.FAILED, AttemptStatus.FAILED, reason, at)
         error, step = reason, None
         if open_steps:
             step = open_steps[0]
@@ -356,8 +363,23 @@ class Ledger:
                 f"[step {top.index(step) + 1}/{len(top)}] {step.name}" if step in top else step.name
             )
             error = f"{where}: {reason}"
-        self._close(run, RunStatus.CRASHED, error, step.name if step else None)
+        self._close(run, RunStatus.CRASHED, error, step.name if step else None, at)
         run.failed_attempts += failed
+
+    def _last_sign(self, run: Run, seen: datetime | None) -> datetime:
+        """When a run whose worker died ended: not when that was found (a lease or a janitor
+        round later: "crashed after 1m02s" of a run that died at 2 s), but its worker's last
+        heartbeat, or the last thing the run recorded after it (an attempt's start, a log
+        line); now when nothing is known."""
+        now = self.clock.now()
+        if seen is None or seen >= now:
+            return now
+        marks = [seen, run.started_at or run.created_at]
+        for step in run.steps:
+            marks += [attempt.started_at for attempt in step.attempts]
+            marks += [line.ts for line in step.logs]
+        marks += [line.ts for line in run.logs]
+        return min(max(mark for mark in marks if mark is not None), now)
 
     def log(self, run: Run, message: str, level: str = "info") -> None:
         """An engine line on the run's record, written with the run's next transition (or,
@@ -498,12 +520,17 @@ class Ledger:
         self._settle(claim, queue, run, JobUpdate(state=state, error=error, meta=meta))
 
     def _close(
-        self, run: Run, status: RunStatus, error: str | None, error_step: str | None
+        self,
+        run: Run,
+        status: RunStatus,
+        error: str | None,
+        error_step: str | None,
+        at: datetime | None = None,
     ) -> None:
         assign(
             run,
             status=status,
-            finished_at=self.clock.now(),
+            finished_at=at or self.clock.now(),
             error=error,
             error_step=error_step,
             state={},
@@ -618,10 +645,13 @@ class Ledger:
         self.log(run, f"redelivery of job {job.id}: its previous run {crashed.id} crashed")
         return run
 
-    def take_over(self, claim: Claim, queue: JobQueue, run: Run) -> Run | None:
+    def take_over(
+        self, claim: Claim, queue: JobQueue, run: Run, seen: datetime | None = None
+    ) -> Run | None:
         """A claim took the job over from a worker that stopped renewing its lease: a run that
         worker had started is recorded crashed, and this delivery runs a new one; None when
-        that was the job's last crash (`_crashed`): it went to the dead-letter queue."""
+        that was the job's last crash (`_crashed`): it went to the dead-letter queue. `seen`:
+        that worker's last heartbeat, if it is known."""
         # Not "crashed: …": the run's status says so, and what shows the error shows it after
         # the status ("crashed: crashed: …" otherwise).
         if run.status is RunStatus.QUEUED:
@@ -637,7 +667,7 @@ class Ledger:
                 "was taken over by another worker"
             )
         run = copy_run(run)  # read from the store: others may hold that record
-        self._crash(run, reason)
+        self._crash(run, reason, seen)
         job = claim.job
         meta, poison = self._crashed(job, run)
         if poison is not None:
@@ -654,11 +684,12 @@ class Ledger:
         return fresh
 
     # ---- an operator's or a chore's, on a job nobody holds --------------------------------
-    def abandon(self, run: Run, reason: str) -> None:
+    def abandon(self, run: Run, reason: str, seen: datetime | None = None) -> None:
         """A run left `running` by a dead worker whose job is gone with it (a memory queue's):
-        recorded crashed. Nothing else can write it: there is no job to fence on."""
+        recorded crashed, where the worker was last `seen`. Nothing else can write it: there
+        is no job to fence on."""
         run = copy_run(run)
-        self._crash(run, reason)
+        self._crash(run, reason, seen)
         self._save_jobless(run)
 
     def cancel_jobless(self, run: Run) -> None:
@@ -763,10 +794,17 @@ class Ledger:
             self._changed(run)
         return True
 
-    async def release(self, queue: JobQueue, job: Job, run: Run | None, reason: str) -> bool:
+    async def release(
+        self,
+        queue: JobQueue,
+        job: Job,
+        run: Run | None,
+        reason: str,
+        seen: datetime | None = None,
+    ) -> bool:
         """A dead worker's job goes back to its queue: a run it had started, or may have begun
-        (a job handed to one of its slots), is recorded crashed, and the job's next delivery
-        runs a new one."""
+        (a job handed to one of its slots), is recorded crashed where the worker was last
+        `seen`, and the job's next delivery runs a new one."""
         if not may_have_begun(run, job):
             update = JobUpdate(
                 state=JobState.WAITING,
@@ -777,7 +815,7 @@ class Ledger:
             )
             return await queue.apply(self._transition(job, job.epoch, update))
         run = copy_run(run)
-        self._crash(run, reason)
+        self._crash(run, reason, seen)
         meta, poison = self._crashed(job, run)
         if poison is not None:
             update = JobUpdate(state=JobState.DEAD, error=poison, meta=meta)

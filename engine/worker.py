@@ -524,7 +524,9 @@ class Worker:
         ):
             # The worker that lost the lease had started it, or had been handed it and may
             # have begun it before its start was committed: it crashed there.
-            redelivery = self.ledger.take_over(claim, runtime.queue, run)
+            workers = await self.backend.shared.workers()  # its last heartbeat: the run's end
+            seen = next((w.heartbeat_at for w in workers if w.id == claim.taken_from), None)
+            redelivery = self.ledger.take_over(claim, runtime.queue, run, seen)
             return (redelivery, False) if redelivery is not None else None
         # A wait's redelivery, a replay from a step, a run a stop or a gate handed back after
         # it began: on from the run's cursor and state.

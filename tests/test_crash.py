@@ -10,6 +10,7 @@ import sys
 import textwrap
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 
 import anyio
@@ -156,12 +157,19 @@ async def test_crashed_run_is_flipped_on_boot_and_its_job_redelivered(project: P
             await wait_running(client, 1)
             [victim] = await client.runs(status="running")
             assert victim.worker and f":{worker.pid}:" in victim.worker
+            killed_at = datetime.now(UTC)
             worker.send_signal(signal.SIGKILL)
             worker.wait(timeout=10)
     async with Engine(workflows=project / "workflows", database=db) as engine:
         crashed = await engine.get_run(victim.id)
         assert crashed.status is RunStatus.CRASHED
         assert crashed.step("work").status == "failed"
+        # It ended where its worker was last heard of, not when recovery found it dead (its
+        # duration ran on to the next boot, or to a janitor round or a lease later).
+        [attempt] = crashed.step("work").attempts
+        assert crashed.started_at is not None and crashed.finished_at is not None
+        assert crashed.started_at <= crashed.finished_at <= killed_at
+        assert attempt.finished_at == crashed.finished_at == crashed.step("work").finished_at
         # Named as a failure's is: the step it was in, its attempt counted failed.
         assert crashed.error is not None
         assert crashed.error.startswith("[step 1/1] work: its worker process "), crashed.error
