@@ -12,6 +12,10 @@ per point:
 - `run_started(run, job, version)` / `run_ended(run)` (Worker._execute): the span of one
   delivery of a run, current while its steps run; `step(run, ctx, name, scope)` (Runner._node):
   a context manager around one step attempt, the span current while the node runs.
+- `wait_ended(run, record, outcome)` (Runner._wait, Runner._event_wait): a wait step ended, in
+  the delivery that found its time reached or its event come (or its timeout passed); it may
+  have begun in an earlier delivery, in another process. A wait a cancel ends is seen by
+  `run_finished` (the run is cancelled, its waiting step record `cancelled`).
 - `sample_queues(tg, operator, served)` (a worker engine's start): the queue-depth gauges.
 """
 
@@ -19,18 +23,21 @@ from __future__ import annotations
 
 import re
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from anyio import CancelScope
     from anyio.abc import TaskGroup
 
     from .context import Context
-    from .models import Job, Run
+    from .models import Job, Run, StepRun
 
 INSTRUMENTATION = "blok-tui"  # the tracer's and the meter's name
 TRACEPARENT = "traceparent"
 TRACE_LINK = "trace_link"  # job meta: the traceparent of the run a replay was made from
+# How a wait ended: its moment came (wait.for_, wait.until), its event came, its timeout passed
+# first (wait.for_event), or the run was cancelled while it waited.
+WaitOutcome = Literal["time_reached", "event_received", "timed_out", "cancelled"]
 
 # W3C Trace Context: version-traceid-parentid-flags, lowercase hex; all-zero ids are invalid and
 # version ff is forbidden.
@@ -102,6 +109,10 @@ class Observer:
         """Around one attempt of step `name` (`scope`: its max_duration's, if any)."""
         return NOTHING
 
+    def wait_ended(self, run: Run, record: StepRun, outcome: WaitOutcome) -> None:
+        """The wait step of `record` (kind "wait" or "event", its started_at and finished_at
+        set) ended as `outcome` says."""
+
     def job_failed(self, run: Run, outcome: str) -> None:
         """A delivery failed: `outcome` is "retried", "dead" (dead-lettered) or "failed"."""
 
@@ -118,6 +129,7 @@ __all__ = [
     "TRACEPARENT",
     "TRACE_LINK",
     "Observer",
+    "WaitOutcome",
     "traceparent_of",
     "valid_traceparent",
 ]

@@ -728,6 +728,7 @@ class Runner:
             record.status = StepStatus.COMPLETED
             record.finished_at = now
             record.output = {"waited_until": deadline.isoformat()}
+            telemetry.OBSERVE.wait_ended(run, record, "time_reached")
             self._finished(run, record)
             return
         record.status = StepStatus.WAITING
@@ -781,6 +782,9 @@ class Runner:
         record.finished_at = self.clock.now()
         record.output = ctx.redact_value(output)
         ctx.state[step.name] = output
+        telemetry.OBSERVE.wait_ended(
+            run, record, "timed_out" if message is None else "event_received"
+        )
         self._finished(run, record)
         return output
 

@@ -16,6 +16,17 @@ parent, so the run stays one trace. A job enqueued with no trace context at all 
 trace at its first delivery, whose context is kept in the run's headers for the deliveries that
 resume it. A replay's spans link to its source run's trace.
 
+Waits. Each wait step (wait.for_, wait.until, wait.for_event) is a span `wait <name>` of its
+own, under the same parent as the run's spans (the run's first span, for a run that started its
+trace), lasting from when the wait began to when it ended: `blok.wait.kind` ("time" or
+"event"), `blok.wait.event` (an event wait's event), `blok.wait.until` (the moment, or the
+event's timeout), `blok.wait.outcome` ("time_reached", "event_received", "timed_out" or
+"cancelled"). The wait may end in another process than the one it began in, after a restart
+too, so the span is made, whole, when it ends: by the delivery that finds its moment reached or
+its event come (`wait_ended`), or by the process that cancels the waiting run (`run_finished`).
+It ends then and lasts what its step record says (`started_at` to `finished_at`, which any
+process reads).
+
 Metrics: see engine/metrics.py.
 """
 
@@ -25,7 +36,7 @@ import time
 import traceback
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -33,13 +44,14 @@ from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from .metrics import Instruments, collected, start_sampling
-from .models import RunStatus
+from .models import RunStatus, StepStatus
 from .observer import (
     INSTRUMENTATION,
     NOTHING,
     TRACE_LINK,
     TRACEPARENT,
     Observer,
+    WaitOutcome,
     traceparent_of,
 )
 
@@ -51,13 +63,14 @@ if TYPE_CHECKING:
 
     from .context import Context
     from .metrics import QueueReader, ServedQueues
-    from .models import Job, Run
+    from .models import Job, Run, StepRun
 
 # The header the job carries is ours to read, whatever propagator the application configured.
 PROPAGATOR = TraceContextTextMapPropagator()
 _FAILED = frozenset({RunStatus.FAILED, RunStatus.TIMED_OUT, RunStatus.CRASHED})
 _UNSET = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
 PROVIDER_LOOK_S = 1.0  # while none is set, a tracer or meter provider is looked for this often
+WAIT_KINDS = {"wait": "time", "event": "event"}  # a wait step record's kind: blok.wait.kind
 
 
 def _context_of(traceparent: str | None) -> otel_context.Context | None:
@@ -81,6 +94,42 @@ def _traceparent(span: Span) -> str:
     carrier: dict[str, str] = {}
     PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
     return carrier[TRACEPARENT]
+
+
+def _wait_span(
+    tracer: Tracer,
+    parent: otel_context.Context,
+    run: Run,
+    record: StepRun,
+    outcome: WaitOutcome,
+) -> None:
+    """The span of a wait that ended just now, as `outcome` says."""
+    started, finished = record.started_at, record.finished_at
+    if started is None or finished is None:
+        return
+    # The record's moments are on the backend's clock, which may be off this process's (a
+    # PostgreSQL server's, engine/clock.py) while the spans around are on this one's: the span
+    # ends now, here, and lasts as long as the record says.
+    end = time.time_ns()
+    start = end - max(0, (finished - started) // timedelta(microseconds=1)) * 1000
+    attributes: dict[str, Any] = {
+        "blok.run.id": run.id,
+        "blok.queue": run.queue,
+        "blok.workflow.name": run.workflow_name,
+        "blok.step.name": record.name,
+        "blok.step.index": record.index,
+        "blok.wait.kind": WAIT_KINDS.get(record.kind, record.kind),
+        "blok.wait.outcome": outcome,
+    }
+    event = (record.input or {}).get("event") if record.kind == "event" else None
+    if event is not None:
+        attributes["blok.wait.event"] = str(event)
+    if record.wait_until is not None:
+        attributes["blok.wait.until"] = record.wait_until.isoformat()
+    span = tracer.start_span(
+        f"wait {record.name}", context=parent, attributes=attributes, start_time=start
+    )
+    span.end(end_time=end)
 
 
 def _run_attributes(run: Run) -> dict[str, Any]:
@@ -125,7 +174,7 @@ class _StepAttempt:
         # A step is traced when its run is (the provider is looked up once per run).
         traced = self._tracing.traced.get(self._run.id)
         if traced is not None:
-            tracer = traced[2]
+            tracer = traced.tracer
             run, ctx = self._run, self._ctx
             # What finds the step; the rest of the run's attributes are on its parent span.
             attributes: dict[str, Any] = {
@@ -183,14 +232,25 @@ class _StepAttempt:
         span.end()
 
 
+class _Traced(NamedTuple):
+    """A delivery of a run traced here."""
+
+    span: Span
+    token: object  # what made the span current (detached as the delivery ends)
+    tracer: Tracer
+    # The parent of the run's spans, the waits' too: the context the job carried, else the
+    # run's first span (the one that started its trace).
+    parent: otel_context.Context
+
+
 class OtelTelemetry(Observer):
     enabled = True
 
     def __init__(self) -> None:
         self._provider: object = None
         self._tracer: Tracer | None = None
-        # Runs traced here: their span, the token that made it current, the tracer.
-        self.traced: dict[str, tuple[Span, object, Tracer]] = {}
+        # Runs traced here, by id (the delivery running here now).
+        self.traced: dict[str, _Traced] = {}
         self.metrics = Instruments()
         self._counted_active: set[str] = set()  # runs whose start `blok.runs.active` counted
         # Which providers the application had set when last looked for (`_look`), and when
@@ -312,8 +372,9 @@ class OtelTelemetry(Observer):
         if parent is None:
             # Written with the run's start record (the ledger saves it next).
             run.headers = {**run.headers, TRACEPARENT: _traceparent(span)}
-        token = otel_context.attach(trace.set_span_in_context(span))
-        self.traced[run.id] = (span, token, tracer)
+        current = trace.set_span_in_context(span)
+        token = otel_context.attach(current)
+        self.traced[run.id] = _Traced(span, token, tracer, current if parent is None else parent)
 
     def run_ended(self, run: Run) -> None:
         if run.id in self._counted_active:
@@ -322,7 +383,7 @@ class OtelTelemetry(Observer):
         entry = self.traced.pop(run.id, None)
         if entry is None:
             return
-        span, token, _ = entry
+        span, token = entry.span, entry.token
         otel_context.detach(token)  # type: ignore[arg-type]
         span.set_attribute("blok.run.status", str(run.status))
         if run.status in _FAILED:
@@ -338,6 +399,30 @@ class OtelTelemetry(Observer):
             return NOTHING  # neither a span nor a duration to record
         return _StepAttempt(self, run, ctx, name, scope)
 
+    def wait_ended(self, run: Run, record: StepRun, outcome: WaitOutcome) -> None:
+        traced = self.traced.get(run.id)
+        if traced is not None:
+            _wait_span(traced.tracer, traced.parent, run, record, outcome)
+
+    def _cancelled_waits(self, run: Run) -> None:
+        """The wait spans of a run cancelled while it waited (the cancel closed its waiting
+        steps `cancelled`): ended here, by whichever process cancelled it."""
+        waits = [
+            record
+            for record in run.steps
+            if record.status is StepStatus.CANCELLED and record.kind in WAIT_KINDS
+        ]
+        if not waits:
+            return
+        tracer = self.tracer()
+        # A run that was traced has a trace context in its headers (the job's, or the one its
+        # first delivery started): with none, it has no trace to add to.
+        parent = _context_of(traceparent_of(run.headers))
+        if tracer is None or parent is None:
+            return
+        for record in waits:
+            _wait_span(tracer, parent, run, record, "cancelled")
+
     # ---- outcomes --------------------------------------------------------------------------
     def job_failed(self, run: Run, outcome: str) -> None:
         if not self.metering():
@@ -350,6 +435,8 @@ class OtelTelemetry(Observer):
             self.metrics.dead_lettered.add(1, attributes)
 
     def run_finished(self, run: Run) -> None:
+        if run.status is RunStatus.CANCELLED:
+            self._cancelled_waits(run)
         if not self.metering():
             return
         attributes = {"queue": run.queue, "workflow": run.workflow_name}

@@ -1,5 +1,6 @@
 """Tracing with OpenTelemetry: a run and its steps are spans in the trace of the code that
-enqueued the job, in this process or another, across waits and restarts; a replay links back.
+enqueued the job, in this process or another, across waits and restarts, and each wait a span
+between them; a replay links back.
 
 The spans are read with the SDK's in-memory exporter, on a tracer provider set for each test
 (and reset after it: the provider is process-wide).
@@ -12,6 +13,7 @@ import os
 import sys
 import textwrap
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -566,3 +568,208 @@ async def test_a_provider_set_while_an_engine_runs_is_used_once_it_looks_again(
 
         await until(traced, timeout=10, every=0.02)
     provider.shutdown()
+
+
+# ---- waits -----------------------------------------------------------------------------------
+# Each wait is a span `wait <name>` beside the run's spans (same parent), from when it began to
+# when it ended, made by whichever process saw it end: the delivery that resumed the run, or
+# the cancel.
+
+
+def span_ns(record: Any) -> int:
+    """How long a step record says its wait lasted, in ns (as its span does, to the µs)."""
+    return int((record.finished_at - record.started_at) // timedelta(microseconds=1) * 1000)
+
+
+def wait_attributes(span: ReadableSpan) -> dict[str, Any]:
+    return {k: v for k, v in (span.attributes or {}).items() if k.startswith("blok.wait.")}
+
+
+def event_flow(timeout: str | None = "30s") -> Workflow:
+    async def ship(ctx: Any) -> Any:
+        return ctx.state["approval"]
+
+    return Workflow(
+        name="orders.approve",
+        trigger=WorkerTrigger(queue="approve"),
+        steps=[
+            Step("first", first),
+            wait.for_event("approved", timeout=timeout, name="approval"),
+            Step("ship", ship),
+        ],
+    )
+
+
+async def waiting_run(engine: Engine, job_id: str) -> Run:
+    async def parked() -> bool:
+        return (await engine.get_job(job_id)).resume
+
+    await until(parked)
+    return await engine.get_run((await engine.get_job(job_id)).run_id)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+async def test_a_delay_is_a_wait_span_beside_the_run_spans(
+    kind: str, tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    async with Engine(workflows=[waiting_flow()], database=database(kind, tmp_path)) as engine:
+        with trace.get_tracer("app").start_as_current_span("checkout"):
+            job_id = await engine.enqueue("ship", {})
+        run = await engine.wait_for_job(job_id, timeout=10)
+    assert run.status is RunStatus.COMPLETED, run.error
+    before, after = named(spans, "run orders.ship")
+    record = run.steps[1]  # an unnamed wait's name is made unique in its workflow ("wait_2")
+    span = only(spans, f"wait {record.name}")
+    assert span.context.trace_id == before.context.trace_id
+    assert parent_id(span) == parent_id(before) == only(spans, "enqueue ship").context.span_id
+    assert record.wait_until is not None
+    assert wait_attributes(span) == {
+        "blok.wait.kind": "time",
+        "blok.wait.outcome": "time_reached",
+        "blok.wait.until": record.wait_until.isoformat(),
+    }
+    assert (span.attributes or {})["blok.run.id"] == run.id
+    assert (span.attributes or {})["blok.step.index"] == 1
+    # From the first delivery, where it began, into the one that resumed the run.
+    assert span.start_time is not None and span.end_time is not None
+    assert before.start_time is not None and after.start_time is not None
+    assert span.end_time - span.start_time == span_ns(record) >= 300_000_000
+    assert before.start_time < span.start_time < after.start_time
+    assert after.start_time <= span.end_time <= (after.end_time or 0)
+    assert span.status.status_code is StatusCode.UNSET
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+async def test_an_event_wait_is_a_span_that_says_the_event_came(
+    kind: str, tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    async with Engine(workflows=[event_flow()], database=database(kind, tmp_path)) as engine:
+        with trace.get_tracer("app").start_as_current_span("checkout"):
+            job_id = await engine.enqueue("approve", {})
+        run = await waiting_run(engine, job_id)
+        await engine.send_event(run.id, "approved", {"by": "ann"})
+        run = await engine.wait_for_job(job_id, timeout=10)
+    assert run.status is RunStatus.COMPLETED, run.error
+    runs = named(spans, "run orders.approve")
+    assert len(runs) == 2
+    span = only(spans, "wait approval")
+    assert {parent_id(s) for s in runs} == {parent_id(span)}
+    record = run.step("approval")
+    assert record.wait_until is not None
+    assert wait_attributes(span) == {
+        "blok.wait.kind": "event",
+        "blok.wait.event": "approved",
+        "blok.wait.outcome": "event_received",
+        "blok.wait.until": record.wait_until.isoformat(),  # its timeout
+    }
+    assert span.end_time is not None and span.start_time is not None
+    assert span.end_time - span.start_time == span_ns(record)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+async def test_an_event_wait_whose_timeout_passed_is_a_span_that_says_so(
+    kind: str, tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    flow = event_flow(timeout="300ms")
+    async with Engine(workflows=[flow], database=database(kind, tmp_path)) as engine:
+        run = await engine.wait_for_job(await engine.enqueue("approve", {}), timeout=10)
+    assert run.status is RunStatus.COMPLETED and run.output is None, run.error
+    span = only(spans, "wait approval")
+    assert wait_attributes(span)["blok.wait.outcome"] == "timed_out"
+    assert wait_attributes(span)["blok.wait.event"] == "approved"
+    assert span.end_time is not None and span.start_time is not None
+    assert span.end_time - span.start_time == span_ns(run.step("approval")) >= 300_000_000
+    assert span.status.status_code is StatusCode.UNSET  # the run goes on: no error
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+async def test_a_run_cancelled_while_it_waits_ends_its_wait_span(
+    kind: str, tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    async with Engine(workflows=[event_flow(None)], database=database(kind, tmp_path)) as engine:
+        with trace.get_tracer("app").start_as_current_span("checkout"):
+            job_id = await engine.enqueue("approve", {})
+        run = await engine.cancel((await waiting_run(engine, job_id)).id)
+    assert run.status is RunStatus.CANCELLED
+    span = only(spans, "wait approval")
+    assert parent_id(span) == parent_id(only(spans, "run orders.approve"))
+    assert wait_attributes(span) == {
+        "blok.wait.kind": "event",
+        "blok.wait.event": "approved",
+        "blok.wait.outcome": "cancelled",  # no timeout: no blok.wait.until
+    }
+    assert span.end_time is not None and span.start_time is not None
+    assert span.end_time - span.start_time == span_ns(run.step("approval"))
+
+
+@pytest.mark.anyio
+async def test_a_wait_until_resumed_by_another_engine_is_a_span_in_the_runs_trace(
+    tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    path = tmp_path / "blok.db"
+    moment = datetime.now(UTC) + timedelta(milliseconds=300)
+    flow = Workflow(
+        name="orders.ship",
+        trigger=WorkerTrigger(queue="ship"),
+        steps=[Step("first", first), wait.until(moment, name="ship-at"), Step("last", last)],
+    )
+    async with Engine(workflows=[flow], database=path) as engine:
+        with trace.get_tracer("app").start_as_current_span("checkout"):
+            job_id = await engine.enqueue("ship", {})
+        await waiting_run(engine, job_id)
+        assert not named(spans, "wait ship-at")  # the wait has not ended yet
+    async with Engine(workflows=[flow], database=path) as engine:
+        run = await engine.wait_for_job(job_id, timeout=10)
+    assert run.status is RunStatus.COMPLETED, run.error
+    span = only(spans, "wait ship-at")
+    assert span.context.trace_id == only(spans, "checkout").context.trace_id
+    assert parent_id(span) == only(spans, "enqueue ship").context.span_id
+    assert wait_attributes(span) == {
+        "blok.wait.kind": "time",
+        "blok.wait.outcome": "time_reached",
+        "blok.wait.until": moment.isoformat(),
+    }
+    assert span.end_time is not None and span.start_time is not None
+    assert span.end_time - span.start_time == span_ns(run.step("ship-at"))
+
+
+@pytest.mark.anyio
+async def test_the_waits_of_a_run_that_started_its_trace_are_under_its_first_span(
+    tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    """A job enqueued with no trace context: its run's first span starts the trace and is the
+    parent of its later spans, the waits' too; a wait whose moment had passed is a span all the
+    same."""
+    path = tmp_path / "blok.db"
+    flow = Workflow(
+        name="late",
+        trigger=WorkerTrigger(queue="late"),
+        steps=[
+            wait.until("2001-01-01T00:00:00Z", name="past"),
+            wait.for_("300ms", name="pause"),
+            Step("one", first),
+        ],
+    )
+    async with Engine(workflows=[flow], database=path) as engine:
+        await engine.flush()
+        env = {k: v for k, v in os.environ.items() if k != "TRACEPARENT"}
+        done = await anyio.run_process(
+            [sys.executable, "-m", "blok_tui", "enqueue", "late", "{}", "--db", str(path)],
+            check=False,
+            env=env,
+        )
+        assert done.returncode == 0, done.stderr.decode()
+        run = await engine.wait_for_job(done.stdout.decode().strip(), timeout=10)
+    assert run.status is RunStatus.COMPLETED, run.error
+    before, after = named(spans, "run late")
+    past, pause = only(spans, "wait past"), only(spans, "wait pause")
+    assert before.parent is None
+    assert parent_id(after) == parent_id(past) == parent_id(pause) == before.context.span_id
+    assert wait_attributes(past)["blok.wait.outcome"] == "time_reached"
+    assert past.end_time == past.start_time  # it began and ended at once
+    assert pause.end_time is not None and pause.start_time is not None
+    assert pause.end_time - pause.start_time == span_ns(run.step("pause")) >= 300_000_000
