@@ -1,10 +1,12 @@
-"""Durations as users write them: milliseconds, or "250ms", "5s", "2m", "1h", "1d"."""
+"""Durations as users write them: milliseconds, or "250ms", "5s", "2m", "1h", "1d"; and the
+moments a `wait.until` names."""
 
 from __future__ import annotations
 
 import math
 import re
-from typing import Annotated
+from datetime import UTC, datetime
+from typing import Annotated, Any
 
 from pydantic import BeforeValidator
 
@@ -76,3 +78,27 @@ def format_duration(ms: float | None) -> str:
 
 Duration = Annotated[int, BeforeValidator(parse_duration)]
 """A pydantic field type: accepts 500, "500ms", "5s"… and stores milliseconds."""
+
+
+def parse_until(value: Any) -> datetime:
+    """A wait.until moment: datetime, ISO string, epoch milliseconds (number or digits)."""
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return datetime.fromtimestamp(value / 1000, UTC)
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            return datetime.fromtimestamp(float(text) / 1000, UTC)
+        except ValueError:
+            pass
+        try:
+            moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError:
+            pass
+        else:
+            return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+    raise ValueError(
+        f"wait.until: cannot parse {value!r} as a date: use a datetime, an ISO 8601 string "
+        "('2026-12-02T15:00:00Z') or epoch milliseconds"
+    )

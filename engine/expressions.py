@@ -8,6 +8,11 @@ from collections.abc import Iterable
 from typing import Any
 
 ROOTS = ("body", "headers", "params", "state", "run_id", "workflow_name", "attempt")
+# The keys of ctx.params, fixed by Context.for_job (engine/context.py), and the type of each value;
+# with the context's other scalars. An expression naming a key no run has, or reading below a
+# str or an int, can never resolve: it is refused when the workflow is defined, not at a run.
+PARAMS = {"queue": "str", "job_id": "str", "attempt": "int", "priority": "int"}
+_SCALARS = {"run_id": "str", "workflow_name": "str", "attempt": "int"}
 
 
 class ExpressionError(ValueError):
@@ -38,7 +43,28 @@ def parse(expr: str) -> list[str]:
             + ", ".join(f"$.{root}" for root in ROOTS)
             + did_you_mean(parts[0], ROOTS, prefix="$.")
         )
+    _check_known(expr, parts)
     return parts
+
+
+def _check_known(expr: str, parts: list[str]) -> None:
+    """Refuse a path that exists in no run's context: a `$.params` key other than the four,
+    or a field of a value that is always a str or an int."""
+    path, kind = f"$.{parts[0]}", _SCALARS.get(parts[0])
+    if parts[0] == "params" and len(parts) > 1:
+        if parts[1] not in PARAMS:
+            raise ExpressionError(
+                f"expression {expr!r}: $.params has no key {parts[1]!r}; its keys are "
+                + ", ".join(PARAMS)
+                + did_you_mean(parts[1], PARAMS, prefix="$.params.")
+            )
+        path, kind = f"$.params.{parts[1]}", PARAMS[parts[1]]
+        parts = parts[1:]
+    if kind is not None and len(parts) > 1:
+        raise ExpressionError(
+            f"expression {expr!r}: {path} is {'an' if kind == 'int' else 'a'} {kind}, it has no "
+            f"field {parts[1]!r}; use {path} itself"
+        )
 
 
 def referenced_step(expr: str) -> str | None:

@@ -26,6 +26,7 @@ from . import expressions, telemetry
 from .backends.base import key_text
 from .clock import Clock
 from .context import Context
+from .durations import parse_until
 from .events import AttemptFailed, EventBus, LogRecorded, StepFinished, StepStarted
 from .loader import user_names
 from .models import (
@@ -120,30 +121,6 @@ def user_error(error: BaseException) -> bool:
         return True
     task = asyncio.current_task()
     return task is not None and task.cancelling() == 0
-
-
-def parse_until(value: Any) -> datetime:
-    """A wait.until moment: datetime, ISO string, epoch milliseconds (number or digits)."""
-    if isinstance(value, datetime):
-        return value if value.tzinfo else value.replace(tzinfo=UTC)
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return datetime.fromtimestamp(value / 1000, UTC)
-    if isinstance(value, str):
-        text = value.strip()
-        try:
-            return datetime.fromtimestamp(float(text) / 1000, UTC)
-        except ValueError:
-            pass
-        try:
-            moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-        except ValueError:
-            pass
-        else:
-            return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
-    raise ValueError(
-        f"wait.until: cannot parse {value!r} as a date: use a datetime, an ISO 8601 string "
-        "('2026-12-02T15:00:00Z') or epoch milliseconds"
-    )
 
 
 def pending_step(

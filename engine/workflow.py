@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from . import expressions
-from .durations import Duration
+from .durations import Duration, parse_until
 from .errors import WorkflowDefinitionError as WorkflowDefinitionError
 from .origin import caller_source, shown_path
 from .ratelimit import RateLimit
@@ -396,10 +396,11 @@ class _WaitFactory:
 
     @staticmethod
     def until(moment: datetime | str | int | float, *, name: str | None = None) -> WaitStep:
+        label = f"step {name!r}: wait.until" if name else "wait.until"
         if not isinstance(moment, datetime | str | int | float) or isinstance(moment, bool):
-            raise WorkflowDefinitionError(
-                f"wait.until: {moment!r} is not a datetime, ISO string, epoch ms or $.expression"
-            )
+            raise WorkflowDefinitionError(f"{label}: {moment!r} is not {UNTIL_FORMS}")
+        if not expressions.is_expression(moment):  # an expression is checked by the Workflow
+            _check_moment(label, moment)
         return WaitStep(name=name or "wait", until=moment)
 
     @staticmethod
@@ -445,6 +446,27 @@ class _WaitFactory:
 
 
 wait = _WaitFactory()
+
+UNTIL_FORMS = (
+    "a datetime, an ISO 8601 string ('2026-12-02T15:00:00Z'), epoch milliseconds "
+    "(1764687600000) or a $.expression ('$.body.ship_at')"
+)
+
+
+def _check_moment(label: str, moment: datetime | str | int | float) -> None:
+    """A fixed moment is read now, by the function the run reads it with: one it cannot read
+    would fail every run that reaches the wait."""
+    try:
+        parse_until(moment)
+    except (ValueError, OverflowError, OSError):
+        if isinstance(moment, str):
+            raise WorkflowDefinitionError(
+                f"{label}: {moment!r} is not a moment; use {UNTIL_FORMS}"
+            ) from None
+        raise WorkflowDefinitionError(
+            f"{label}: {moment!r} epoch milliseconds is not a date a datetime can hold "
+            "(years 1 to 9999)"
+        ) from None
 
 
 class Workflow(_Written):
@@ -494,7 +516,12 @@ class Workflow(_Written):
         about a step is placed at the step's line (`_placed`)."""
         if not steps and not seen:
             raise WorkflowDefinitionError(f"workflow {self.name!r} has no steps")
-        keys = keys if keys is not None else _Keys()
+        if keys is None:
+            keys = _Keys()
+            # Middleware runs its steps on the run's own context before these (primitives.
+            # run_middleware), so their outputs are in ctx.state too, under names not known here.
+            trigger_chain = self.trigger.middleware if self.trigger is not None else []
+            keys.open = self.middleware or bool(self.use) or bool(trigger_chain)
         for step in steps:
             first = seen.get(step.name)
             if first is not None:
@@ -525,7 +552,10 @@ class Workflow(_Written):
                 )
             seen[step.name] = step
             found = step.state_keys()
-            if found is None:
+            nothing_kept = _keeps_nothing(step)
+            if nothing_kept is not None:
+                keys.hidden[step.name] = nothing_kept
+            elif found is None:
                 keys.open = True
             else:
                 keys.known.update(found)
@@ -567,6 +597,17 @@ class _Keys:
         self.known: set[str] = set()
         self.hidden: dict[str, str] = {}  # step name -> why its output is not under its name
         self.open = False  # a spread step put keys that cannot be known before it runs
+
+
+def _keeps_nothing(step: StepDefinition) -> str | None:
+    """Why a step never puts its output in ctx.state, if it never does: the runner keeps no
+    output of a timed wait nor of a step switched off (runner._step, run_steps, replay_seed),
+    so a `$.state.<it>` read fails every run that reaches it."""
+    if not step.runs:
+        return "active=False: it never runs"
+    if isinstance(step, WaitStep):
+        return "a wait.for_ or wait.until keeps no output; a wait.for_event keeps its payload"
+    return None
 
 
 def _name_waits(steps: list[Any]) -> list[Any]:
