@@ -12,14 +12,22 @@ coming back to find more changes already, at most every COALESCE_S (a busy clust
 of batches a second are read as a few changes), but at once for a signal. Lease renewals do not
 notify. While the listener is reconnecting, the token moves every half second, so the waiters
 look for themselves.
+
+At close, the writer commits what is still queued. It is waited for up to CLOSE_FLUSH_S while
+the server answers (a big batch, a slow server), but not longer than it takes to find the server
+gone: a fresh connection (at once if this process lost one already, else after LOOK_AFTER_S) that
+the server refuses ends the wait there, one it does not answer within ANSWER_S then. One line
+says what was not written (`flush_now`), and the connections are dropped without a goodbye.
 """
 
 from __future__ import annotations
 
+import errno
 import time
 from typing import Any, ClassVar
 
 import anyio
+import asyncpg
 from anyio.abc import TaskGroup
 
 from ...errors import DatabaseError
@@ -28,7 +36,8 @@ from ..base import JobQueue, Pace
 from ..database_backend import DatabaseBackend
 from ..rows import job_from_row
 from . import sql
-from .db import PostgresDatabase
+from .connect import connect
+from .db import ANSWER_S, REFUSED_AT_CONNECT, PostgresDatabase
 from .queue import PostgresQueue
 from .schema import SCHEMA, SCHEMA_VERSION
 from .shared import PostgresShared
@@ -38,6 +47,24 @@ UNHEARD_POLL_S = 0.5  # the token moves this often while the listener is down
 STRAGGLER_WAIT_S = (0.01, 0.5)  # a feed held back by an older transaction is read again after
 COALESCE_S = 0.05  # changes are told at most this often (SQLite's backend polls as often)
 ENDED_STATES = [str(state) for state in JobState if state.terminal]
+CLOSE_FLUSH_S = 10.0  # a close waits this long for the writer's last batch, the server answering
+LOOK_AFTER_S = 0.5  # and looks at the server if the batch takes longer than this
+# What a connection refused says of each address it tried: nothing listens there (a Unix
+# socket's file is gone with its server). Several addresses (localhost) are said in one error.
+NOBODY_THERE = (f"[Errno {errno.ECONNREFUSED}]", f"[Errno {errno.ENOENT}]")
+
+
+def unreachable(error: BaseException) -> str | None:
+    """Why the server cannot take a close's last writes, from what a fresh connection to it
+    raised; None: it answered (starting up, or full: the writer may yet get through)."""
+    text = str(error)
+    if sum(text.count(said) for said in NOBODY_THERE) == text.count("[Errno") > 0:
+        return "the server refused the connection (is it stopped?)"
+    if isinstance(error, TimeoutError):
+        return f"the server did not answer a connection within {ANSWER_S:g}s"
+    if isinstance(error, asyncpg.PostgresError) and not isinstance(error, REFUSED_AT_CONNECT):
+        return None
+    return f"cannot connect: {text or type(error).__name__}"
 
 
 class PostgresBackend(DatabaseBackend):
@@ -86,15 +113,51 @@ class PostgresBackend(DatabaseBackend):
             if self._tg is not None:
                 try:
                     # While the writer still runs: afterwards nothing would commit.
-                    with anyio.CancelScope(shield=True), anyio.move_on_after(10) as waited:
-                        await self.db.flush()
-                    if waited.cancelled_caught:
-                        self.db.flush_now()
+                    with anyio.CancelScope(shield=True):
+                        await self._last_writes()
                 finally:
                     self._tg.cancel_scope.cancel()
                     await self._tg.__aexit__(None, None, None)
         finally:
             await self.db.close()
+
+    async def _last_writes(self) -> None:
+        """The writer's last batch, waited for while the server may take it (see the module's
+        note); then `flush_now`: with the server gone, it only says what was not written;
+        answering, it ends the writer's session (stuck on a connection that never answers)
+        and commits on a fresh one."""
+        flushed = False
+        with anyio.move_on_after(CLOSE_FLUSH_S):
+            async with anyio.create_task_group() as tg:
+
+                async def flush() -> None:
+                    nonlocal flushed
+                    await self.db.flush()
+                    flushed = True
+                    tg.cancel_scope.cancel()
+
+                async def look() -> None:
+                    # Lost already (a connection dropped and none made since): looked at now.
+                    if self.db.listening and self.db.down_since is None:
+                        await anyio.sleep(LOOK_AFTER_S)
+                    self.db.gone = await self._look()
+                    if self.db.gone is not None:
+                        tg.cancel_scope.cancel()
+
+                tg.start_soon(flush)
+                tg.start_soon(look)
+        if not flushed:
+            self.db.flush_now(self.db.gone)
+
+    async def _look(self) -> str | None:
+        """Why the server cannot take the last writes, by a fresh connection; None: it answers."""
+        try:
+            with anyio.fail_after(ANSWER_S):
+                conn = await connect(self.db.url, "close")
+                await conn.close()
+        except Exception as error:
+            return unreachable(error)
+        return None
 
     # ---- following other processes ---------------------------------------------------------
     def _move(self) -> None:

@@ -91,7 +91,8 @@ POOL_SIZE = 3  # reads, claims, renewals; with the writer and the listener, 5 co
 KEEPALIVE_S = 5.0  # the listener's probe: a dead connection is found within this
 BACKOFF_MIN_S = 0.05
 BACKOFF_MAX_S = 2.0
-FLUSH_NOW_TIMEOUT_S = 15.0
+FLUSH_NOW_TIMEOUT_S = 15.0  # flush_now in all (its connection, the writer's end, the commit)
+ANSWER_S = 3.0  # a server that has not answered a connection in this long is gone (at close)
 # What a connection's opening is refused with for good, not for a while.
 REFUSED_AT_CONNECT = (
     pgerr.InvalidCatalogNameError,
@@ -140,6 +141,7 @@ class PostgresDatabase:
         self._writer: asyncpg.Connection | None = None
         self._pool: asyncpg.Pool | None = None
         self._closing = False
+        self.gone: str | None = None  # why a close found the server gone: no goodbyes then
         # The next batch.
         self._runs: dict[str, tuple[Run, Fence | None]] = {}
         self._ops: list[tuple[str, Params]] = []
@@ -161,7 +163,7 @@ class PostgresDatabase:
         self._session: tuple[int, Any] | None = None
         # Connections of this backend, by server pid: their own notifications are not news.
         self.own_pids: set[int] = set()
-        self._down_since: float | None = None
+        self.down_since: float | None = None  # a connection was lost, and none made since
         # The listener.
         self.listening = False
         self._channels: set[str] = set(sql.CHANNELS)
@@ -216,8 +218,9 @@ class PostgresDatabase:
         try:
             with anyio.fail_after(2):
                 await writer.execute(sql.FORGET_MARK, self._writer_id)
-        except Exception as error:
-            log.info("%s: left the writer's mark for later (%s)", self.location, error)
+        except Exception as error:  # unanswered: the other goodbyes are not waited for either
+            self.gone = "no answer to a goodbye" if isinstance(error, TimeoutError) else self.gone
+            log.info("%s: left the writer's mark for later (%s)", self.location, self.gone or error)
 
     async def read_clock(self, conn: Conn) -> None:
         """Measure how far the server's clock is from this process's. A reading is bounded by
@@ -242,27 +245,32 @@ class PostgresDatabase:
     async def close(self) -> None:
         self._closing = True
         with anyio.CancelScope(shield=True):
-            await self._forget_mark()
+            if self.gone is None:  # a server found gone gets no goodbyes: each would wait
+                await self._forget_mark()
             for conn in (self._writer, self._listener):
-                if conn is not None and not conn.is_closed():
+                if conn is not None and self.gone is not None:
+                    conn.terminate()
+                elif conn is not None and not conn.is_closed():
                     try:
                         with anyio.fail_after(2):
                             await conn.close()
                     except Exception:
                         conn.terminate()
             self._writer = self._listener = None
-            if self._pool is not None:
+            if self._pool is not None and self.gone is not None:
+                self._pool.terminate()
+            elif self._pool is not None:
                 try:
                     with anyio.fail_after(5):
                         await self._pool.close()
                 except Exception:
                     self._pool.terminate()
-                self._pool = None
+            self._pool = None
 
     # ---- connection trouble ----------------------------------------------------------------
     def _lost(self, what: str, error: BaseException) -> None:
-        if self._down_since is None:
-            self._down_since = time.monotonic()
+        if self.down_since is None:
+            self.down_since = time.monotonic()
             log.warning(
                 "%s: lost the database (%s: %s) during %s; reconnecting with backoff",
                 self.location,
@@ -272,11 +280,11 @@ class PostgresDatabase:
             )
 
     def _back(self) -> None:
-        if self._down_since is not None:
+        if self.down_since is not None:
             log.warning(
-                "%s: reconnected after %.1fs", self.location, time.monotonic() - self._down_since
+                "%s: reconnected after %.1fs", self.location, time.monotonic() - self.down_since
             )
-            self._down_since = None
+            self.down_since = None
 
     # ---- writes ----------------------------------------------------------------------------
     def write(
@@ -777,9 +785,10 @@ class PostgresDatabase:
             delay = min(2 * delay, BACKOFF_MAX_S)
 
     # ---- a process going down --------------------------------------------------------------
-    def flush_now(self) -> None:
+    def flush_now(self, unreachable: str | None = None) -> None:
         """Commit what is pending from the calling thread, without the event loop: for a
-        process going down on an unhandled error (the loop is blocked meanwhile).
+        process going down on an unhandled error (the loop is blocked meanwhile), and a close
+        whose writer could not. `unreachable`: why the server cannot take it (nothing tried).
 
         asyncpg connections belong to the event loop, so this opens a fresh connection from a
         thread of its own. A batch the writer was committing goes first, or its older rows
@@ -787,10 +796,10 @@ class PostgresDatabase:
         it back unless its COMMIT got through, which `pg_xact_status` tells) and the batch is
         committed again here, with what is pending, in one transaction. Functions queued
         after it (an enqueue, an operator's transition) are refused: nobody is left to wait for
-        their results. Gives up after FLUSH_NOW_TIMEOUT_S (a server that is down), or when the
-        writer's session is still there SESSION_END_WAIT_S after it was ended (its batch could
-        commit after any look at it), logging how many writes were lost; the leases of the
-        process's jobs then run out, and the workers that take them over record the runs."""
+        their results. Gives up when its connection is refused or not made within ANSWER_S,
+        after FLUSH_NOW_TIMEOUT_S, or when the writer's session is still there SESSION_END_WAIT_S
+        after it was ended (its batch could commit after any look at it), saying what was lost;
+        the jobs' leases then run out, and the workers that take them over record the runs."""
         if self._pool is None:
             return
         inflight = self._inflight if self._inflight and not self._inflight.committed else None
@@ -801,7 +810,7 @@ class PostgresDatabase:
         session = self._session if inflight and self._writer is not None else None
         outcome: dict[str, BaseException | None] = {"error": None}
         written: list[Batch] = []  # what _flush_fresh wrote, in one transaction
-        if batches:
+        if batches and unreachable is None:
 
             def commit() -> None:
                 try:
@@ -812,25 +821,27 @@ class PostgresDatabase:
             thread = threading.Thread(target=commit, name="blok-flush-now", daemon=True)
             thread.start()
             thread.join(FLUSH_NOW_TIMEOUT_S)
-            if thread.is_alive() or outcome["error"] is not None:
-                # A batch left to a session that would not end may still land: not counted.
-                left = isinstance(outcome["error"], SessionStays)
-                lost = sum(
-                    len(b.runs) + len(b.ops) + len(b.calls)
-                    for b in batches
-                    if not (left and b is inflight)
-                )
-                log.error(
-                    "%s: could not commit %d pending write(s) before going down: %s",
-                    self.location,
-                    lost,
-                    outcome["error"] or "timed out",
-                )
+            if thread.is_alive():
+                unreachable = f"not done within {FLUSH_NOW_TIMEOUT_S:g}s"
+            elif (error := outcome["error"]) is not None:  # asyncio's timeout has no text
+                unreachable = str(error) or f"no answer within {ANSWER_S:g}s"
             else:
                 for batch in batches:
                     batch.committed = True
                 for merged in written:  # here, in the event loop's thread, as the writer does
                     merged.tell_landed()
+        if batches and unreachable is not None:
+            # A batch left to a session that would not end may still land: not counted.
+            left = isinstance(outcome["error"], SessionStays)
+            lost = [b for b in batches if not (left and b is inflight)]
+            runs = sorted({str(row[0]) for b in lost for row in b.runs})
+            log.error(
+                "%s: could not commit %d pending write(s) before going down%s: %s",
+                self.location,
+                sum(len(b.runs) + len(b.ops) + len(b.calls) for b in lost),
+                f" (the latest state of run(s) {', '.join(runs)})" if runs else "",
+                unreachable,
+            )
         for call in dropped:
             call.error = DatabaseError(f"{self.location}: closed before the write was made")
             call.done.set()
@@ -842,7 +853,7 @@ class PostgresDatabase:
     ) -> list[Batch]:
         """The batches in one transaction on a fresh connection (see `flush_now`); what was
         written (one batch, or none if nothing was left to write)."""
-        conn = await connect(self.url, "flush")
+        conn = await asyncio.wait_for(connect(self.url, "flush"), ANSWER_S)
         try:
             inflight_done = False
             if session is not None:
