@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import anyio
 
 from engine.filters import STUCK_FACTOR
+from engine.liveness import STALE_HEARTBEAT_S
 from engine.text import printable
 
 from .plain_text import columns, one_line
@@ -554,9 +555,10 @@ def build_parser() -> argparse.ArgumentParser:
     health = commands.add_parser(
         "health",
         help="exit 0 if the database answers, a worker is alive and no queue is stuck",
-        description="Exit 0 when the database answers, at least one worker is alive on it and "
-        "no queue's oldest waiting job has waited longer than --max-age (paused queues aside); "
-        "exit 1 otherwise, with the reason in one line.",
+        description="Exit 0 when the database answers, at least one worker is alive on it (its "
+        "heartbeat recent: a suspended or stalled worker does not count) and no queue's oldest "
+        "waiting job has waited longer than --max-age (paused queues aside); exit 1 otherwise, "
+        "with the reason in one line.",
     )
     health.add_argument(
         "--max-age",
@@ -627,8 +629,11 @@ def build_parser() -> argparse.ArgumentParser:
     workers = commands.add_parser(
         "workers",
         help="the workers registered on the database, alive or not",
-        description="The workers registered on the database: id, host and pid, alive or gone "
-        "(its process, or its heartbeat), started, last heartbeat.",
+        description="The workers registered on the database: id, host and pid, state, "
+        "started, last heartbeat. State: alive, gone (its process, or its heartbeat), or, for "
+        f"a process of this machine that runs but sent no heartbeat for {STALE_HEARTBEAT_S:g}s, "
+        "suspended (stopped) or stalled: it keeps its jobs until their leases run out, and "
+        "claims none.",
     )
     workers.add_argument("--json", action="store_true", help="a JSON list")
     db_option(workers, keep)
@@ -1357,10 +1362,17 @@ async def _workers(args: argparse.Namespace) -> None:
     async with _client(args) as engine:
         found = await engine.workers()
         alive = {worker.id for worker in found if engine.worker_alive(worker)}
+        # `alive` is recovery's judgement (its process runs); the state says whether it serves:
+        # a suspended or stalled worker is alive by its pid but claims nothing, as health says.
+        states = {worker.id: engine.worker_state(worker) for worker in found}
     if args.json:
         print(
             json.dumps(
-                [{**w.model_dump(mode="json"), "alive": w.id in alive} for w in found], indent=2
+                [
+                    {**w.model_dump(mode="json"), "alive": w.id in alive, "state": states[w.id]}
+                    for w in found
+                ],
+                indent=2,
             )
         )
         return
@@ -1371,7 +1383,7 @@ async def _workers(args: argparse.Namespace) -> None:
                 printable(worker.id),
                 printable(worker.host),
                 str(worker.pid),
-                "alive" if worker.id in alive else "gone",
+                states[worker.id],
                 worker.started_at.astimezone().strftime("%Y-%m-%d %H:%M:%S"),
                 worker.heartbeat_at.astimezone().strftime("%Y-%m-%d %H:%M:%S"),
             )

@@ -102,7 +102,7 @@ class QueuesScreen(RowFilterScreen):
                 RunFilter.of("waiting", queue=info.name)
             )
         workers = await self.engine.workers()
-        live = {w.id for w in workers if self.engine.worker_alive(w)}
+        states = {w.id: self.engine.worker_state(w) for w in workers}
         failed = await self.engine.runs(status=sorted(RETRIED_AFTER), limit=FAILURES_READ)
         failures = one_per_job(failed).runs[:FAILURES_SHOWN]
         jobs = await self.blok.jobs.read(self.engine, (run.job_id for run in failures))
@@ -113,7 +113,7 @@ class QueuesScreen(RowFilterScreen):
         self.stats = stats
         self.waiting = waiting
         self.render_rows()
-        self.query_one("#workers-line", Static).update(workers_line(workers, live))
+        self.query_one("#workers-line", Static).update(workers_line(workers, states))
         self.render_failures(failures, jobs)
 
     def render_rows(self) -> None:

@@ -1,16 +1,18 @@
 """The workers view: every worker process registered on this database (id host:pid:tag, when it
-started, its last heartbeat) and whether it is alive, so an attached console shows who works.
+started, its last heartbeat) and what it is doing, so an attached console shows who works.
 
-Whether a worker is alive is the engine's judgement (`worker_alive`, as `live_workers` and
-`blok-tui health` count): a worker of this machine is alive while its process runs, as recovery
+What a worker is doing is the engine's judgement (`worker_state`, as `blok-tui workers` and
+`blok-tui health` say it): a worker of this machine is alive while its process runs, as recovery
 judges it too; one of another machine while its heartbeat is recent (recovery gives up on it
-later still, once the heartbeat is older than a lease). A rule of the console's own said a
-worker killed here was alive for ten more seconds, while recovery had already given its jobs to
-others."""
+later still, once the heartbeat is older than a lease). A worker of this machine whose process
+runs but whose heartbeat stopped is suspended (SIGSTOP) or stalled: it keeps its jobs, as
+recovery leaves them, but claims none. A rule of the console's own said a worker killed here
+was alive for ten more seconds, while recovery had already given its jobs to others."""
 
 from __future__ import annotations
 
 import os
+from collections import Counter
 from typing import ClassVar
 
 from rich.text import Text
@@ -19,7 +21,7 @@ from textual.binding import BindingType
 from textual.widgets import Static
 
 from engine import WorkerInfo
-from engine.liveness import pid_names_process_here
+from engine.liveness import GONE, SERVING, SUSPENDED, pid_names_process_here
 
 from . import actions
 from .base_screen import BlokScreen, Changes
@@ -32,14 +34,21 @@ COLUMNS = (
     Column("pid", "pid", 8, priority=2, justify="right"),
     Column("started", "started", 11, priority=5),
     Column("heartbeat", "heartbeat", 20, priority=8),
-    Column("alive", "alive", 8, priority=9),
+    Column("alive", "state", 12, priority=9),
 )
 
+# How each state reads; any other (stalled: alive by its process, no heartbeat) is a warning.
+STATES = {
+    SERVING: ("✓ alive", "green3"),
+    SUSPENDED: ("⏸ suspended", "khaki1"),
+    GONE: ("✗ stale", "red1"),
+}
 
-def workers_line(workers: list[WorkerInfo], live: set[str], *, hint: bool = True) -> Text:
-    """One line for the queues view: "workers  2 alive: host:12, host:34 · 1 stale"; `live`
-    holds the ids of the workers the engine judges alive."""
-    alive = [w for w in workers if w.id in live]
+
+def workers_line(workers: list[WorkerInfo], states: dict[str, str], *, hint: bool = True) -> Text:
+    """One line for the queues view: "workers  2 alive: host:12, host:34 · 1 suspended · 1
+    stale"; `states`: each worker's, by id, as the engine judges it (`worker_state`)."""
+    alive = [w for w in workers if states.get(w.id) == SERVING]
     line = Text()
     line.append("workers ", style="bold")
     if not workers:
@@ -50,9 +59,10 @@ def workers_line(workers: list[WorkerInfo], live: set[str], *, hint: bool = True
         line.append(": " + ", ".join(w.id for w in alive[:4]), style="grey70")
         if len(alive) > 4:
             line.append(f" +{len(alive) - 4}", style="grey70")
-    stale = len(workers) - len(alive)
-    if stale:
-        line.append(f" · {stale} stale", style="khaki3")
+    # Alive by their process but serving nothing (a suspended one keeps its jobs), then gone.
+    others = Counter(states.get(w.id, GONE) for w in workers if w not in alive)
+    for state, count in sorted(others.items(), key=lambda item: (item[0] == GONE, item[0])):
+        line.append(f" · {count} {'stale' if state == GONE else state}", style="khaki3")
     if hint:
         line.append("   :workers lists them", style="dim")
     return line
@@ -71,7 +81,7 @@ class WorkersScreen(BlokScreen):
     def __init__(self) -> None:
         super().__init__()
         self.found: list[WorkerInfo] = []
-        self.live: set[str] = set()
+        self.states: dict[str, str] = {}  # by worker id: engine.worker_state
 
     @property
     def crumb(self) -> str:
@@ -91,14 +101,14 @@ class WorkersScreen(BlokScreen):
 
     async def load(self) -> None:
         self.found = await self.engine.workers()
-        self.live = {w.id for w in self.found if self.engine.worker_alive(w)}
+        self.states = {w.id: self.engine.worker_state(w) for w in self.found}
         self.render_rows()
 
     def render_rows(self) -> None:
         now, tz = self.blok.now(), self.blok.tz
         rows = []
         for worker in self.found:
-            alive = worker.id in self.live
+            state = self.states.get(worker.id, GONE)
             ago = (now - worker.heartbeat_at).total_seconds() * 1000
             cells: list[Text | str] = [
                 Text(worker.id, style="bold"),
@@ -106,11 +116,11 @@ class WorkersScreen(BlokScreen):
                 Text(str(worker.pid), justify="right"),
                 day_time(worker.started_at, tz, now),
                 Text(f"{day_time(worker.heartbeat_at, tz, now)} ({duration(max(ago, 0))})"),
-                Text("✓ alive", style="green3") if alive else Text("✗ stale", style="red1"),
+                Text(*STATES.get(state, (f"⚠ {state}", "dark_orange"))),
             ]
             rows.append((worker.id, cells))
         self.table.set_rows(rows)
-        summary = workers_line(self.found, self.live, hint=False)
+        summary = workers_line(self.found, self.states, hint=False)
         own = next((w for w in self.found if is_this_process(w)), None)
         if own is not None:  # a hosting console runs jobs too: which row is it?
             summary.append("   this console: ", style="khaki3")

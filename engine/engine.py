@@ -36,7 +36,7 @@ from .feed import Follower
 from .filters import RunFilter
 from .health import Health
 from .ledger import Ledger
-from .liveness import Orphan, orphaned, this_process, worker_alive
+from .liveness import Orphan, orphaned, this_process, worker_alive, worker_state
 from .loader import IMPORT_TIMEOUT_S
 from .mailbox import Mailbox
 from .models import EventSent, Job, QueueInfo, QueueStats, Run, WorkerInfo, WorkflowInfo, utcnow
@@ -694,6 +694,12 @@ class Engine:
         runs, on this machine; its heartbeat is recent, on others): for a caller that has the
         list already and would otherwise read it twice."""
         return worker_alive(worker, self.now())
+
+    def worker_state(self, worker: WorkerInfo) -> str:
+        """What a worker of `workers()` is doing, for an operator: "alive" (it serves), "gone",
+        or, alive by `worker_alive` but with no recent heartbeat, "suspended", "stalled" or
+        "suspended or stalled" (`liveness.worker_state`): such a worker claims nothing."""
+        return worker_state(worker, self.now())
 
     def orphaned(self, run: Run, job: Job | None, workers: Sequence[WorkerInfo]) -> Orphan | None:
         """Whether nobody runs a run recorded `running` any more: its worker is gone (dead, or

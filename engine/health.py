@@ -1,9 +1,14 @@
 """Is the system that serves a database healthy? (`engine.health()`, `blok-tui health`)
 
-Healthy means: the database answers (`Backend.health`), at least one worker is alive on it, and
-no queue's oldest waiting job (due now, not started) has waited longer than `max_age`. Paused
-queues are left out: they hold their jobs on purpose. A memory queue of another process cannot
-be seen from here and is left out too.
+Healthy means: the database answers (`Backend.health`), at least one worker serves it (alive,
+its heartbeat recent: `liveness.worker_state`), and no queue's oldest waiting job (due now, not
+started) has waited longer than `max_age`. Paused queues are left out: they hold their jobs on
+purpose. A memory queue of another process cannot be seen from here and is left out too.
+
+A worker of this machine whose process is alive but whose heartbeat is older than
+`liveness.STALE_HEARTBEAT_S` (suspended by SIGSTOP, or its event loop blocked) is not counted:
+it claims nothing. It is named in the reason. Recovery judges it otherwise (it keeps its jobs
+until their leases run out) and is not changed by what health says.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from typing import Any, Protocol
 from .backends.base import Backend
 from .durations import format_duration
 from .errors import EngineError
+from .liveness import GONE, SERVING, why_not_serving, worker_state
 from .models import QueueInfo, WorkerInfo
 
 DEFAULT_MAX_AGE_S = 300.0
@@ -24,13 +30,16 @@ DEFAULT_MAX_AGE_S = 300.0
 @dataclass(frozen=True, slots=True)
 class Health:
     """What a health check found. `reason`: what is wrong, one line (or, when `ok`, what was
-    checked). `waiting`: per queue with waiting jobs, how many seconds its oldest has waited."""
+    checked). `waiting`: per queue with waiting jobs, how many seconds its oldest has waited.
+    `not_serving`: per worker whose process is alive but serves nothing (suspended or stalled),
+    what it is (`liveness.worker_state`); those are not in `workers_alive`."""
 
     ok: bool
     reason: str
     database: dict[str, Any] = field(default_factory=dict)
     workers_alive: int = 0
     waiting: dict[str, float] = field(default_factory=dict)
+    not_serving: dict[str, str] = field(default_factory=dict)
 
 
 class HealthReader(Protocol):
@@ -38,7 +47,7 @@ class HealthReader(Protocol):
 
     backend: Backend
 
-    async def live_workers(self) -> list[WorkerInfo]: ...
+    async def workers(self) -> list[WorkerInfo]: ...
 
     async def queues(self) -> list[QueueInfo]: ...
 
@@ -58,10 +67,17 @@ async def check(operator: HealthReader, max_age_s: float = DEFAULT_MAX_AGE_S) ->
         return Health(False, f"database {where} does not answer: {type(error).__name__}: {error}")
     if not database.get("ok"):
         return Health(False, f"database {where} is not sound: {database}", database)
-    alive = await operator.live_workers()
+    now = backend.clock.now()  # the clock heartbeats are on
+    judged = [(w, worker_state(w, now)) for w in await operator.workers()]
+    alive = [w for w, state in judged if state == SERVING]
+    frozen = [(w, state) for w, state in judged if state not in (SERVING, GONE)]
+    not_serving = {w.id: state for w, state in frozen}
+    # Named in the reason, healthy or not: a worker that keeps its jobs and serves none of them.
+    silent = "".join(f"; {why_not_serving(w, state, now)}" for w, state in frozen)
     waiting = await _waiting(operator, [q for q in await operator.queues() if not q.paused])
     if not alive:
-        return Health(False, f"no worker alive on {where}", database, 0, waiting)
+        reason = f"no worker alive on {where}{silent}"
+        return Health(False, reason, database, 0, waiting, not_serving)
     workers = f"{len(alive)} worker{'s' if len(alive) != 1 else ''} alive"
     if waiting:
         queue, age = max(waiting.items(), key=lambda item: item[1])
@@ -69,15 +85,17 @@ async def check(operator: HealthReader, max_age_s: float = DEFAULT_MAX_AGE_S) ->
             return Health(
                 False,
                 f"queue {queue}: its oldest waiting job has waited {_seconds(age)}, more than "
-                f"{_seconds(max_age_s)} ({workers})",
+                f"{_seconds(max_age_s)} ({workers}){silent}",
                 database,
                 len(alive),
                 waiting,
+                not_serving,
             )
         oldest = f"oldest waiting job {_seconds(age)} ({queue})"
     else:
         oldest = "no job waiting"
-    return Health(True, f"database {where} ok, {workers}, {oldest}", database, len(alive), waiting)
+    reason = f"database {where} ok, {workers}, {oldest}{silent}"
+    return Health(True, reason, database, len(alive), waiting, not_serving)
 
 
 async def _waiting(operator: HealthReader, queues: Sequence[QueueInfo]) -> dict[str, float]:

@@ -124,6 +124,51 @@ def worker_alive(
     return worker.heartbeat_at >= (now or utcnow()) - timedelta(seconds=stale_s)
 
 
+# What an operator is told of a worker (`worker_state`): health counts only those that serve.
+SERVING = "alive"
+SUSPENDED = "suspended"
+STALLED = "stalled"
+SUSPENDED_OR_STALLED = "suspended or stalled"
+GONE = "gone"
+
+
+def worker_state(
+    worker: WorkerInfo, now: datetime | None = None, stale_s: float = STALE_HEARTBEAT_S
+) -> str:
+    """What a worker is doing, for an operator (`blok-tui health`, `blok-tui workers`): SERVING
+    (alive, its heartbeat recent), GONE (not `worker_alive`), or, for a process of this pid
+    space that runs but has not heartbeat for `stale_s` (the staleness other hosts' workers are
+    judged by), SUSPENDED (stopped: SIGSTOP, Ctrl-Z), STALLED (not stopped: its event loop is
+    blocked, or its heartbeats do not reach the database) or SUSPENDED_OR_STALLED (no /proc to
+    tell). A suspended process serves nothing, though its pid is alive: counted alive, health
+    said all was well while no job was claimed. Recovery does not ask this: it judges by
+    `process_runs` and leases as before, so a stopped worker keeps its jobs until their leases
+    run out, whatever this says."""
+    if not worker_alive(worker, now, stale_s):
+        return GONE
+    if worker.heartbeat_at >= (now or utcnow()) - timedelta(seconds=stale_s):
+        return SERVING
+    fields = _stat(worker.pid)
+    if fields is None:
+        return SUSPENDED_OR_STALLED
+    return SUSPENDED if fields[0] in ("T", "t") else STALLED  # T: stopped, t: stopped by a tracer
+
+
+def why_not_serving(worker: WorkerInfo, state: str, now: datetime | None = None) -> str:
+    """Why a worker alive by its process serves nothing (`worker_state` said `state`), in a
+    clause: "worker ID is suspended (process 123 is stopped; no heartbeat for 14s)"."""
+    silent = max(((now or utcnow()) - worker.heartbeat_at).total_seconds(), 0.0)
+    what = {
+        SUSPENDED: "is stopped, as by SIGSTOP or Ctrl-Z",
+        STALLED: "runs but its heartbeats stopped: a blocked event loop, or database writes "
+        "that do not get through",
+    }.get(state, "exists")
+    return (
+        f"worker {worker.id} is {state} (process {worker.pid} {what}; "
+        f"no heartbeat for {silent:.0f}s)"
+    )
+
+
 def worker_gone(worker_id: str, workers: Iterable[WorkerInfo], now: datetime) -> str | None:
     """Why the worker is known dead, in a sentence; None while it may be alive (one not
     registered counts as alive: a worker that just started)."""

@@ -29,7 +29,7 @@ from engine import (
     StepStatus,
     WorkerInfo,
 )
-from engine.liveness import Orphan, orphaned, worker_alive
+from engine.liveness import Orphan, orphaned, worker_alive, worker_state
 
 NOW = datetime(2026, 1, 15, 9, 30, 0, tzinfo=UTC)
 BROKEN = '''"""Refunds: being edited, and broken for the moment."""
@@ -566,6 +566,9 @@ async def scene_engine(folder: Path, database: Path) -> AsyncIterator[Engine]:
         def alive_at_now(worker: WorkerInfo) -> bool:
             return worker_alive(worker, NOW)  # the engine's rule, on the scene's clock
 
+        def state_at_now(worker: WorkerInfo) -> str:
+            return worker_state(worker, NOW)  # the engine's rule, on the scene's clock
+
         def orphaned_at_now(
             run: Run, job: Job | None, workers: Sequence[WorkerInfo]
         ) -> Orphan | None:
@@ -573,6 +576,7 @@ async def scene_engine(folder: Path, database: Path) -> AsyncIterator[Engine]:
 
         engine.workers = fixed_workers  # type: ignore[method-assign]
         engine.worker_alive = alive_at_now  # type: ignore[method-assign]
+        engine.worker_state = state_at_now  # type: ignore[method-assign]
         engine.orphaned = orphaned_at_now  # type: ignore[method-assign]
         yield engine
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import socket
 import sys
 from collections.abc import AsyncIterator
@@ -262,10 +263,10 @@ async def test_workers_view_lists_this_engine_as_alive(engine: Engine) -> None:
 
 
 async def test_the_console_judges_a_worker_alive_as_recovery_does(engine: Engine) -> None:
-    """A worker of this machine is alive while its process runs, whatever its heartbeat says:
-    the rule recovery acts on. Judged by its heartbeat alone, a worker killed a moment ago was
-    listed alive (its jobs already given to others) and a busy one whose heartbeat lagged was
-    listed stale."""
+    """A worker of this machine is not gone while its process runs, whatever its heartbeat
+    says: the rule recovery acts on. Judged by its heartbeat alone, a worker killed a moment ago
+    was listed alive (its jobs already given to others) and a busy one whose heartbeat lagged
+    was listed stale. The lagging one is stalled: it keeps its jobs, but claims none."""
     async with await anyio.open_process([sys.executable, "-c", "input()"]) as killed:
         process = process_of(killed.pid)
         killed.kill()
@@ -290,31 +291,49 @@ async def test_the_console_judges_a_worker_alive_as_recovery_does(engine: Engine
             heartbeat_at=now - timedelta(minutes=5),
         ),
     }
-    for row in rows.values():
-        engine.backend.shared.heartbeat(row)
+    async with await anyio.open_process([sys.executable, "-c", "input()"]) as stopped:
+        stopped.send_signal(signal.SIGSTOP)  # as Ctrl-Z, or a machine paused
+        try:
+            rows["stopped"] = WorkerInfo(
+                id=f"{here}:{stopped.pid}:stopped",
+                host=here,
+                pid=stopped.pid,
+                process=process_of(stopped.pid),
+                started_at=now - timedelta(hours=1),
+                heartbeat_at=now - timedelta(minutes=5),
+            )
+            for row in rows.values():
+                engine.backend.shared.heartbeat(row)
+            await _judged_in_the_console(engine, rows)
+        finally:
+            stopped.send_signal(signal.SIGCONT)
+            stopped.kill()
+
+
+async def _judged_in_the_console(engine: Engine, rows: dict[str, WorkerInfo]) -> None:
     # The engine's two ways of saying it agree: the list, and a worker at a time.
     judged = {w.id for w in await engine.workers() if engine.worker_alive(w)}
     assert (
         judged
         == {w.id for w in await engine.live_workers()}
-        == {
-            engine.worker.id,
-            rows["lagging"].id,
-        }
+        == {engine.worker.id, rows["lagging"].id, rows["stopped"].id}
     )
     app = BlokApp(engine)
     async with app.run_test(size=SIZE) as pilot:
         await settled(pilot)
-        await until(pilot, lambda: "2 alive" in text_of(app.screen.query_one("#workers-line")))
+        await until(pilot, lambda: "1 alive" in text_of(app.screen.query_one("#workers-line")))
         line = text_of(app.screen.query_one("#workers-line", Static))
-        assert rows["lagging"].id in line and rows["killed"].id not in line
-        assert "1 stale" in line
+        # Their processes run (recovery leaves their jobs to them), but they serve nothing: not
+        # gone, not alive either (health counted a suspended worker alive).
+        assert rows["lagging"].id not in line and rows["killed"].id not in line
+        assert "1 alive" in line and "· 1 stalled · 1 suspended · 1 stale" in line
         await command(pilot, "workers")
         table = app.screen.query_one("#workers", RowTable)
-        await until(pilot, lambda: len(column(table, "worker")) == 3)
+        await until(pilot, lambda: len(column(table, "worker")) == 4)
         alive = dict(zip(column(table, "worker"), column(table, "alive"), strict=True))
         assert alive[rows["killed"].id] == "✗ stale"
-        assert alive[rows["lagging"].id] == "✓ alive"
+        assert alive[rows["lagging"].id] == "⚠ stalled"
+        assert alive[rows["stopped"].id] == "⏸ suspended"
         assert alive[engine.worker.id] == "✓ alive"
         assert ":workers lists them" not in text_of(app.screen.query_one("#workers-summary"))
 
