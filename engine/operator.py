@@ -159,11 +159,9 @@ class Operator:
                 break
         if declared is None:
             known = sorted(set(self.catalog.served()) | await self._declared_names())
-            hint = (
-                ""
-                if self.catalog.served()
-                else "; a queue is known once a worker serving it has started on this database"
-            )
+            # The database named: a producer given a mistyped path has one of its own, empty.
+            hint = "; a queue is known once a worker serving it has started on this database, "
+            hint = "" if self.catalog.served() else hint + self.backend.location
             raise UnknownQueue(
                 f"unknown queue {queue!r} (queues: {', '.join(known) or 'none'}{hint})"
             )

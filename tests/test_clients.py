@@ -44,6 +44,18 @@ async def test_a_producer_engine_enqueues_to_a_worker_process(tmp_path: Path) ->
         assert worker.stop() == 0, worker.stderr()
 
 
+async def test_a_producer_on_a_database_no_worker_uses_names_it(tmp_path: Path) -> None:
+    """A mistyped path gives a producer a database of its own, empty: the error says which."""
+    typo = tmp_path / "blok.bd"
+    async with Engine(database=typo) as producer:
+        with pytest.raises(UnknownQueue) as unknown:
+            await producer.enqueue("orders", {})
+    assert str(unknown.value) == (
+        "unknown queue 'orders' (queues: none; a queue is known once a worker serving it has "
+        f"started on this database, {typo})"
+    )
+
+
 def parent_and_child() -> list[Workflow]:
     async def never(ctx: object) -> None:
         raise AssertionError("the child must not run: its queue is paused")
