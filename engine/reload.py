@@ -25,6 +25,7 @@ import anyio.lowlevel
 from watchfiles import Change, awatch
 
 from .catalog import Catalog
+from .errors import DatabaseError
 from .loader import (
     LoadedFile,
     WorkflowLoadError,
@@ -125,6 +126,8 @@ async def watch_folder(
             try:
                 async with one_at_a_time:
                     await reload_paths(engine, folder, {Path(p) for _, p in changes}, only=only)
+            except DatabaseError as error:  # its own words say it: no traceback of ours
+                log.error("hot reload of %s failed: %s; still watching", folder, error)
             except Exception:
                 # A bug here must not take the runs down with the watcher: say so, go on.
                 log.exception("hot reload of %s failed; still watching", folder)

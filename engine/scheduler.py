@@ -23,7 +23,7 @@ import anyio
 
 from .backends.base import Backend, ScheduleSpec, ScheduleState
 from .catalog import Catalog
-from .errors import EngineError
+from .errors import DatabaseError, EngineError
 from .ledger import Ledger, make_job, make_run
 from .models import Job, Run, RunStatus, from_epoch
 from .schedules import latest_tick, next_tick, ticks_between
@@ -266,6 +266,9 @@ class Scheduler:
                     self._changed = anyio.Event()
                 await self.declare()
                 wait = await self.fire_due()
+            except DatabaseError as error:  # its own words say it: no traceback of ours
+                log.error("the scheduler failed: %s; trying again in %.0fs", error, RETRY_S)
+                wait = RETRY_S
             except Exception:
                 # A schedule must not take the worker down: the database may be back soon.
                 log.exception("the scheduler failed; trying again in %.0fs", RETRY_S)
