@@ -264,8 +264,8 @@ def job_note(run: Run, job: Job | None) -> Text:
     if job.run_id != run.id:
         return then_text(job) + Text("  ")
     words = []
-    if job.attempts > 1:
-        words.append(f"{job.attempts} deliveries")
+    if job.deliveries > 1:  # as `show` counts them: claims a gate held back are not
+        words.append(f"{job.deliveries} deliveries")
     if job.state is JobState.DEAD:
         words.append("dead")
     return Text(", ".join(words) + "  ", style="magenta") if words else Text()

@@ -331,11 +331,13 @@ class Catalog:
 
     def resumed_on(
         self, current: Workflow, run: Run, resuming: bool
-    ) -> tuple[Workflow, tuple[str, str] | None]:
+    ) -> tuple[Workflow | None, tuple[str, str] | None]:
         """The definition a claimed run executes, and a note (message, level) for its log: the
         current one, except for a run resuming after a reload that changed the shape of its
         steps (the cursor and the step records would point at different steps), which
-        finishes on the version it started on."""
+        finishes on the version it started on; None when this process does not have that
+        version (a restart, another worker's files): it cannot go on here (`versions.
+        not_resumable_here`)."""
         if not resuming or run.workflow_version in ("", current.version):
             return current, None
         older = self.version(run.workflow_name, run.workflow_version)
@@ -359,11 +361,9 @@ class Catalog:
                 f"current version {current.version} changed its steps",
                 "info",
             )
-        return current, (
-            f"version {run.workflow_version} it started on is gone (restart); resumed on "
-            f"{current.version} although its steps changed",
-            "warning",
-        )
+        # Going on by position would run other steps than its records say: a step done run
+        # again under another's name, later ones never run.
+        return None, None
 
     def served(self) -> dict[str, Workflow]:
         """Queue name → the workflow its jobs run (the catalog's own: not to be changed)."""

@@ -568,6 +568,16 @@ class Ledger:
         queue.submit(self._transition(claim.job, claim.job.epoch, update, run))
         self._changed(run)
 
+    def give_up(self, claim: Claim, queue: JobQueue, run: Run, why: str, step: str | None) -> None:
+        """The run cannot go on and a retry would run it again from its first step (its steps
+        done run twice): it fails, and its job goes to the dead-letter queue, where an operator
+        replays it from a step or requeues it. `why` is its error; `step`, the step it was in."""
+        self._close_open_steps(run, StepStatus.FAILED, AttemptStatus.FAILED, why)
+        self._close(run, RunStatus.FAILED, why, step)
+        self.log(run, f"job {claim.job.id} moved to the dead-letter queue, not retried", "error")
+        telemetry.OBSERVE.job_failed(run, "dead")
+        self._settle(claim, queue, run, JobUpdate(state=JobState.DEAD, error=why))
+
     def end(
         self,
         claim: Claim,

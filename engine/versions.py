@@ -1,14 +1,20 @@
 """Workflows that the live workers serve at different versions: a rolling deploy under way, or
 a worker left behind with old files. Its jobs go to whichever worker claims them, so runs of
 one workflow split between versions without a word; each worker says so in its log, once for
-each split it finds, when it starts and at each janitor round."""
+each split it finds, when it starts and at each janitor round. And what becomes of a run that
+resumes on a worker whose version changed its steps (`not_resumable_here`)."""
 
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 
-from .backends.base import Backend
+from .backends.base import Backend, Claim, JobQueue
+from .ledger import Ledger
 from .liveness import LiveWorkers
+from .models import Run, StepStatus
+
+DONE = (StepStatus.COMPLETED, StepStatus.CACHED, StepStatus.SKIPPED)
 
 log = logging.getLogger("blok.versions")
 
@@ -51,3 +57,58 @@ class VersionWatch:
                 self._told.add(line)
                 log.warning("%s", line)
         return lines
+
+
+HAND_OVER_S = 1.0  # a run left to a worker that has its version is claimed again after this
+
+
+async def serving_version(backend: Backend, workflow: str, version: str, besides: str) -> list[str]:
+    """The live workers but `besides` that serve `workflow` at `version`."""
+    live = await LiveWorkers.read(backend, besides=besides)
+    return sorted(
+        catalog.worker
+        for catalog in await backend.shared.catalogs()
+        if catalog.worker in live.ids
+        and any(i.name == workflow and i.version == version for i in catalog.workflows)
+    )
+
+
+async def not_resumable_here(
+    backend: Backend, ledger: Ledger, claim: Claim, queue: JobQueue, run: Run, me: str
+) -> None:
+    """A resuming run whose version this worker does not have, where the version it has
+    changed the steps (`Catalog.resumed_on`): going on by position would run other steps than
+    its records say (a step done run again under another's name, the last ones never run). A
+    live worker that serves its version takes it: the job is held back a moment for it (a
+    rolling deploy under way). With none (its version is gone: a restart, a file changed on
+    every worker), the run fails and its job goes to the dead-letter queue, not retried (a
+    retry would run its first steps again), saying how to go on."""
+    version = run.workflow_version
+    holders = await serving_version(backend, run.workflow_name, version, besides=me)
+    if holders:
+        meta = dict(claim.job.meta)
+        if meta.get("left_for") != version:  # said once, however often it is claimed here
+            meta["left_for"] = version
+            ledger.log(
+                run,
+                f"version {version} it started on is served by worker {', '.join(holders)}, "
+                f"not by {me}, whose version changed its steps: left to it",
+            )
+        until = backend.clock.now() + timedelta(seconds=HAND_OVER_S)
+        ledger.hold(claim, queue, run, run.status, until, meta)
+        return
+    top = [
+        s for s in run.steps if s.parent is None and not (s.tags and s.tags[0].startswith("mw:"))
+    ]
+    position = next((n for n, s in enumerate(top) if s.status not in DONE), None)
+    at = top[position].name if position is not None else None
+    then = (
+        f"replay it from step {at!r} (blok-tui replay {run.id} --from-step {at}), or " if at else ""
+    )
+    where = f"[step {position + 1}/{len(top)}] {at}: " if position is not None else ""
+    why = (
+        f"{where}version {version} it started on is served by no live worker, and the steps of the "
+        "version served now differ from its own: not resumed, as going on by position would "
+        f"run other steps than its record says; {then}requeue it to run it from its first step"
+    )
+    ledger.give_up(claim, queue, run, why, at)

@@ -42,6 +42,7 @@ from .queue_runtime import QueueRuntime
 from .runner import Outcome, Runner, SnapshotLost
 from .services import FencedRecorder
 from .turns import LoopTurn
+from .versions import not_resumable_here
 from .watchdog import WATCHDOG_S, LoopWatchdog
 from .whereabouts import NOTHING_RUNS, STARTING, WHERE
 from .workflow import Workflow
@@ -548,6 +549,9 @@ class Worker:
                 return  # its last crash: a dead letter
             run, resuming = found
             workflow, note = self.catalog.resumed_on(current, run, resuming)
+            if workflow is None:  # its version is not here, and the one here changed its steps
+                await not_resumable_here(self.backend, self.ledger, claim, queue, run, self.info.id)
+                return
             if note is not None:
                 self.ledger.log(run, *note)
             if not await self.gates.admit(claim, queue, run, workflow, resuming):
@@ -655,16 +659,9 @@ class Worker:
             # An engine bug, not the workflow's: fail the run loudly rather than lose it.
             log.exception("internal error while running job %s", job.id)
             if handle is not None and not handle.lost:
-                self.ledger.fail(
-                    claim,
-                    queue,
-                    handle.run,
-                    RunStatus.FAILED,
-                    f"internal engine error: {type(error).__name__}: {error}",
-                    None,
-                    lambda n: 0,
-                    retry=False,
-                )
+                # Not retried (its steps done would run again), but where an operator looks.
+                bug = f"internal engine error: {type(error).__name__}: {error}"
+                self.ledger.give_up(claim, queue, handle.run, bug, None)
         finally:
             if handle is not None:
                 telemetry.OBSERVE.run_ended(handle.run)

@@ -5,15 +5,33 @@ in its log; nothing did."""
 from __future__ import annotations
 
 import logging
+import signal
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
-from support import until
+from cli_helpers import cli_env
+from pg import fresh_database
+from support import durable_database, until
 
-from engine import Engine, Step, WorkerTrigger, Workflow
+from engine import (
+    Engine,
+    JobState,
+    Run,
+    RunStatus,
+    Step,
+    StepStatus,
+    WorkerTrigger,
+    Workflow,
+    wait,
+)
 
 pytestmark = pytest.mark.anyio
+database = durable_database
 
 
 def charge(version: str) -> Workflow:
@@ -48,3 +66,166 @@ async def test_a_workflow_served_at_two_versions_is_said_so(
             # Once: the next look finds the same split and says nothing more.
             assert await second._chores.versions.check(second.backend) == [said]  # type: ignore[union-attr]
             assert len(caplog.records) == 1
+
+
+# ---- a run resuming where its version is not --------------------------------------------------
+def pay(order: list[str], charged: list[str]) -> Workflow:
+    """orders.pay with its steps in `order`: a charge, a wait for "go", a notice."""
+
+    def charge_card(ctx: Any) -> str:
+        charged.append(ctx.run_id)
+        return "charged"
+
+    steps = {
+        "charge": Step("charge", charge_card),
+        "gate": wait.for_event("go", name="gate"),
+        "notify": Step("notify", lambda ctx: "sent"),
+    }
+    return Workflow(
+        name="orders.pay",
+        trigger=WorkerTrigger(queue="pay", retries=2),
+        steps=[steps[name] for name in order],
+    )
+
+
+async def waiting_run(engine: Engine, job_id: str) -> Run:
+    with anyio.fail_after(20):
+        while True:
+            run = await engine.get_run((await engine.get_job(job_id)).run_id)
+            if run.status is RunStatus.WAITING:
+                return run
+            await anyio.sleep(0.02)
+
+
+async def test_a_run_whose_version_is_gone_and_whose_steps_changed_is_not_resumed_by_position(
+    database: str,
+) -> None:
+    """A run waited on its first version; the worker restarted with the steps reordered. It
+    resumed by position: the charge ran again under the wait's record and the notice never
+    ran, in a run recorded completed (or, with a step added, an engine IndexError). Now it
+    runs nothing, fails saying how to go on, and its job is a dead letter (a retry would run
+    the charge again)."""
+    charged: list[str] = []
+    async with Engine(
+        workflows=[pay(["charge", "gate", "notify"], charged)], database=database
+    ) as first:
+        job_id = await first.enqueue("pay", {"order": "A1"})
+        run = await waiting_run(first, job_id)
+    assert charged == [run.id]
+    changed = pay(["gate", "charge", "notify"], charged)
+    async with Engine(workflows=[changed], database=database) as second:
+        await second.send_event(run.id, "go", {})
+        ended = await second.wait_for_job(job_id, timeout=20)
+        job = await second.get_job(job_id)
+        dead = [j.job_id for j in await second.dead_letters("pay")]
+    assert charged == [run.id]  # not again
+    assert (ended.id, ended.status, job.state, dead) == (
+        run.id,
+        RunStatus.FAILED,
+        JobState.DEAD,
+        [job_id],
+    )
+    assert ended.error == (
+        f"[step 2/3] gate: version {run.workflow_version} it started on is served by no live "
+        "worker, and the steps of the version served now differ from its own: not resumed, as "
+        "going on by position would run other steps than its record says; replay it from step "
+        f"'gate' (blok-tui replay {run.id} --from-step gate), or requeue it to run it from its "
+        "first step"
+    )
+    assert [(s.name, s.status) for s in ended.steps] == [
+        ("charge", StepStatus.COMPLETED),
+        ("gate", StepStatus.FAILED),
+        ("notify", StepStatus.PENDING),
+    ]
+    assert ended.error_step == "gate" and ended.workflow_version == run.workflow_version
+
+
+PAY_FILE = textwrap.dedent(
+    """
+    from pathlib import Path
+    from engine import Step, WorkerTrigger, Workflow, wait
+
+    def charge(ctx):
+        with Path(ctx.body["ledger"]).open("a") as ledger:
+            ledger.write("charged by the first version\\n")
+        return "charged"
+
+    workflow = Workflow(
+        name="orders.pay",
+        trigger=WorkerTrigger(queue="pay", retries=2),
+        steps=[Step("charge", charge), wait.for_event("go", name="gate"), Step("notify", lambda ctx: "sent")],
+    )
+    """
+)
+
+
+async def test_a_run_is_left_to_the_live_worker_that_serves_its_version(tmp_path: Path) -> None:
+    """A rolling deploy on PostgreSQL: the run began on a worker of the first version, and a
+    worker of a version with the steps reordered took it up when its event came. It ran it
+    by position (a second wait, the notice lost, or an IndexError). Now it leaves it to the
+    worker that has its version, which finishes it."""
+    (tmp_path / "workflows").mkdir()
+    (tmp_path / "workflows" / "pay.py").write_text(PAY_FILE)
+    ledger = tmp_path / "ledger.txt"
+    charged: list[str] = []
+    async with fresh_database() as url:
+        first = start_url_worker(url, tmp_path / "workflows", tmp_path / "first.stderr")
+        try:
+            async with Engine(database=url) as producer:
+                job_id = await producer.enqueue("pay", {"ledger": str(ledger)})
+                run = await waiting_run(producer, job_id)
+            first.send_signal(signal.SIGSTOP)  # alive, claiming nothing: the other takes it
+            try:
+                changed = pay(["gate", "charge", "notify"], charged)
+                async with Engine(workflows=[changed], database=url) as second:
+                    await second.send_event(run.id, "go", {})
+                    await until(lambda: left_to_it(second, run.id), timeout=20)
+                    assert (await second.get_run(run.id)).status is RunStatus.WAITING
+            finally:
+                first.send_signal(signal.SIGCONT)
+            async with Engine(database=url) as producer:
+                ended = await producer.wait_for_job(job_id, timeout=30)
+        finally:
+            first.terminate()
+            first.wait(timeout=20)
+    assert ended.status is RunStatus.COMPLETED, ended.error
+    assert [(s.name, s.status) for s in ended.steps] == [
+        ("charge", StepStatus.COMPLETED),
+        ("gate", StepStatus.COMPLETED),
+        ("notify", StepStatus.COMPLETED),
+    ]
+    assert charged == [] and ledger.read_text() == "charged by the first version\n"
+    said = [line.message for line in ended.logs if "left to it" in line.message]
+    assert len(said) == 1 and said[0].startswith(
+        f"version {run.workflow_version} it started on is served by worker "
+    )
+
+
+async def left_to_it(engine: Engine, run_id: str) -> bool:
+    run = await engine.get_run(run_id)
+    return any("left to it" in line.message for line in run.logs)
+
+
+def start_url_worker(url: str, workflows: Path, stderr: Path) -> subprocess.Popen[str]:
+    """`blok-tui worker` on a database URL, once it printed its ready line."""
+    with stderr.open("w") as err:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "blok_tui",
+                "worker",
+                "--db",
+                url,
+                "--workflows",
+                str(workflows),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            env=cli_env(),
+        )
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    assert line.startswith("blok worker "), stderr.read_text()
+    return process
