@@ -24,7 +24,7 @@ from blok_tui.console import countdown, short_ids
 from blok_tui.dead_letters_screen import DeadLettersScreen
 from blok_tui.inject_screen import InjectScreen
 from blok_tui.payload_template import body_template
-from blok_tui.queues_screen import QueuesScreen
+from blok_tui.queues_screen import QueuesScreen, job_note
 from blok_tui.run_screen import RunScreen
 from blok_tui.runs_screen import RunsScreen
 from blok_tui.widgets import Crumbs
@@ -42,6 +42,8 @@ from engine import (
     wait,
 )
 from engine.events import StepStarted
+from engine.ledger import make_job, make_run
+from engine.records import assign
 
 from . import scene
 from .flows import ALL
@@ -646,3 +648,23 @@ async def test_the_queues_view_says_where_failures_out_of_retries_went(engine: E
             await pilot.resize_terminal(width, 40)
             await settled(pilot)
             assert "dead" in table.shown_columns, (width, table.shown_columns)
+
+
+def test_a_failures_deliveries_are_counted_as_show_counts_them() -> None:
+    """The recent failures said "3 deliveries" of a job `show` called "delivery 1 of 2": the
+    claims a gate (or a worker without the run's version) held back are not deliveries."""
+    job = make_job(
+        queue="q",
+        workflow_name="w",
+        payload={},
+        headers=None,
+        priority=0,
+        run_at=None,
+        max_retries=1,
+        job_id="job_1",
+    )
+    run = make_run(job, workflow_version="v1")
+    assign(job, state=JobState.DEAD, attempts=3, meta={"held": 2})
+    assert job_note(run, job).plain == "dead  "
+    assign(job, meta={"held": 1})
+    assert job_note(run, job).plain == "2 deliveries, dead  "
