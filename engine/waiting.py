@@ -56,7 +56,7 @@ async def explain(backend: Backend, run: Run, job: Job | None) -> WaitReason:
         reason = _explain_wait(run)
         if reason.event is not None:
             return await _event_came(backend, run, reason)
-        return reason
+        return await _unserved_when_due(backend, run, reason)
     if run.queue in await backend.shared.paused_queues() and not (job and job.force):
         return WaitReason(
             run.id, status, "paused", f"queue {run.queue!r} is paused: nothing new starts"
@@ -114,9 +114,10 @@ async def explain(backend: Backend, run: Run, job: Job | None) -> WaitReason:
                 f"job attempt {failures} failed: the next one starts at {_at(run.run_at)}",
                 until=run.run_at,
             )
-        return WaitReason(
+        delayed = WaitReason(
             run.id, status, "delay", f"delayed until {_at(run.run_at)}", until=run.run_at
         )
+        return await _unserved_when_due(backend, run, delayed)
     if job is not None and job.state is JobState.ACTIVE:
         # Claimed ahead of a free slot (a database queue's claim takes more than it was asked):
         # it starts as soon as one of that worker's slots is free, not necessarily now.
@@ -124,13 +125,9 @@ async def explain(backend: Backend, run: Run, job: Job | None) -> WaitReason:
         return WaitReason(
             run.id, status, "queued", f"claimed by {held}: it starts when one of its slots is free"
         )
-    if not await served(backend, run.queue):
-        return WaitReason(
-            run.id,
-            status,
-            "no_worker",
-            f"no live worker serves queue {run.queue!r}: it starts once one does (blok-tui worker)",
-        )
+    live = await LiveWorkers.read(backend)
+    if run.queue not in live.serving:
+        return WaitReason(run.id, status, "no_worker", _nobody_serves(run.queue, live, "starts"))
     return WaitReason(run.id, status, "queued", "queued: it starts when a worker slot is free")
 
 
@@ -138,6 +135,31 @@ async def served(backend: Backend, queue: str) -> bool:
     """Whether a live worker declared `queue`: a producer can enqueue to a queue whose workers
     all stopped (their catalog stays known), and its runs wait for the next one."""
     return queue in (await LiveWorkers.read(backend)).serving
+
+
+def _nobody_serves(queue: str, live: LiveWorkers, then: str) -> str:
+    """Why nothing takes a run of `queue` up: no worker lives, or those that do serve other
+    queues (its workflow file was removed, or its queue renamed, under them)."""
+    if not live.serving:
+        return f"no live worker serves queue {queue!r}: it {then} once one does (blok-tui worker)"
+    others = sorted(live.serving)
+    shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+    return (
+        f"no live worker serves queue {queue!r} (those alive serve {shown}; was its workflow "
+        f"file removed, or its queue renamed?): it {then} once one serves {queue!r} again"
+    )
+
+
+async def _unserved_when_due(backend: Backend, run: Run, reason: WaitReason) -> WaitReason:
+    """A wait or a delay whose time has passed, in a queue no live worker serves: it said
+    "sleeping until 08:55:13" at 08:55:28, for ever."""
+    if reason.until is None or reason.until > backend.clock.now():
+        return reason
+    live = await LiveWorkers.read(backend)
+    if run.queue in live.serving:
+        return reason
+    due = f"due since {_at(reason.until)}; " + _nobody_serves(run.queue, live, "goes on")
+    return WaitReason(run.id, run.status, "no_worker", due, until=reason.until)
 
 
 async def _event_came(backend: Backend, run: Run, waiting: WaitReason) -> WaitReason:
@@ -151,11 +173,11 @@ async def _event_came(backend: Backend, run: Run, waiting: WaitReason) -> WaitRe
     if not came:
         return waiting
     sent = from_epoch(came[0].sent_at)
+    live = await LiveWorkers.read(backend)
     then = (
         "a worker takes it up now"
-        if await served(backend, run.queue)
-        else f"no live worker serves queue {run.queue!r}: it goes on once one does (blok-tui "
-        "worker)"
+        if run.queue in live.serving
+        else _nobody_serves(run.queue, live, "goes on")
     )
     return WaitReason(
         run.id,

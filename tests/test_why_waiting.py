@@ -8,9 +8,9 @@ from typing import Any
 
 import anyio
 import pytest
-from support import DATABASES, a_database, any_database, until
+from support import DATABASES, a_database, add_unserved, any_database, until
 
-from engine import Debounce, Engine, RunStatus, Step, WorkerTrigger, Workflow
+from engine import Debounce, Engine, RunStatus, Step, WorkerTrigger, Workflow, wait
 from engine.waiting import served
 
 pytestmark = pytest.mark.anyio
@@ -107,3 +107,45 @@ async def test_a_queued_run_no_live_worker_serves_says_so(
             async with Engine(workflows=[wf], database=database) as second:
                 run = await second.wait_for_job(job_id, timeout=10)
                 assert run.status is RunStatus.COMPLETED
+
+
+def _sleeper(queue: str) -> Workflow:
+    return Workflow(
+        name="orders.ship",
+        trigger=WorkerTrigger(queue=queue),
+        steps=[wait.for_("100ms", name="cooldown"), Step("ship", lambda ctx: "shipped")],
+    )
+
+
+@pytest.mark.parametrize("kind", [d for d in DATABASES if d != "memory"])
+async def test_a_run_whose_queue_the_live_workers_no_longer_serve_says_so(
+    kind: str, tmp_path: Path, anyio_backend: str
+) -> None:
+    """Its queue renamed under a live worker: a waiting run said "sleeping until 08:55:13" at
+    08:55:28, for ever, and a queued one "no live worker serves queue", with one alive."""
+    async with a_database(kind, tmp_path) as database:
+        async with Engine(workflows=[_sleeper("orders")], database=database) as first:
+            waiting = await run_of(first, await first.enqueue("orders", {}))
+            await until(lambda: _status(first, waiting.id, RunStatus.WAITING), timeout=10)
+        async with Engine(workflows=[_sleeper("fulfil")], database=database) as second:
+            provider = "postgres" if kind == "postgres" else "sqlite"
+            [job] = await add_unserved(second.backend.queue(provider), "orders", [{}])
+            queued = await run_of(second, job.id)
+            slept = await second.get_run(waiting.id)
+            assert slept.wait_until is not None
+            await until(lambda: second.now() > slept.wait_until, timeout=10)
+            why_waiting = await second.why_waiting(waiting.id)
+            why_queued = await second.why_waiting(queued.id)
+    renamed = (
+        "no live worker serves queue 'orders' (those alive serve fulfil; was its workflow file "
+        "removed, or its queue renamed?): it {} once one serves 'orders' again"
+    )
+    assert why_waiting.gate == why_queued.gate == "no_worker"
+    assert why_waiting.summary == (
+        f"due since {slept.wait_until.isoformat(timespec='seconds')}; " + renamed.format("goes on")
+    )
+    assert why_queued.summary == renamed.format("starts")
+
+
+async def _status(engine: Engine, run_id: str, status: RunStatus) -> bool:
+    return (await engine.get_run(run_id)).status is status
