@@ -206,9 +206,33 @@ def _positive_ms(text: str) -> float:
     return ms
 
 
+def _at_least(text: str, least: str, why: str) -> float:
+    """A duration's milliseconds, `least` or more: a worker's settings below it do harm."""
+    from engine import parse_duration
+
+    ms = _positive_ms(text)
+    if ms < parse_duration(least):
+        raise argparse.ArgumentTypeError(f"must be at least {least}, not {text.strip()!r}: {why}")
+    return ms
+
+
 def _interval_arg(text: str) -> float:
-    """A duration above 0, in seconds (an interval of 0 would have its loop spin)."""
-    return _positive_ms(text) / 1000
+    """The janitor's interval, in seconds: at 1 ms its loop took 43 % of a core, idle."""
+    return _at_least(text, "1s", "its round reads the whole database") / 1000
+
+
+def _lease_arg(text: str) -> str:
+    """A lease: at 1 ms every job was taken from its worker by the next claim, three times,
+    and went to the dead-letter queue."""
+    _at_least(text, "1s", "a worker renews its leases every third of it, over the database")
+    return text
+
+
+def _grace_arg(text: str) -> float:
+    value = _seconds(text)
+    if value > 86_400:
+        raise argparse.ArgumentTypeError(f"must be at most a day (86400), not {value:g}")
+    return value
 
 
 def _retention_arg(text: str) -> str:
@@ -217,7 +241,15 @@ def _retention_arg(text: str) -> str:
         raise argparse.ArgumentTypeError(
             f"give a unit: {text.strip()}d, {text.strip()}h (a bare number would be milliseconds)"
         )
-    _positive_ms(text)
+    _at_least(text, "1m", "a run would be deleted as soon as it ended")
+    return text
+
+
+def _db_arg(text: str) -> str:
+    """An empty --db (an unset variable in a script) is refused: it meant $BLOK_DB, or the
+    default database, acted on without a word."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("empty: give a SQLite file or a postgresql:// URL")
     return text
 
 
@@ -322,6 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
     def db_option(p: argparse.ArgumentParser, default: Any) -> None:
         p.add_argument(
             "--db",
+            type=_db_arg,
             metavar="PATH",
             default=default,
             help="a SQLite file or a postgresql:// URL (default: $BLOK_DB or ./.blok/blok.db)",
@@ -349,14 +382,14 @@ def build_parser() -> argparse.ArgumentParser:
     db_option(worker, keep)
     worker.add_argument(
         "--grace",
-        type=_seconds,
+        type=_grace_arg,
         default=10.0,
         metavar="SECONDS",
         help="how long running jobs may finish after a stop signal (default 10)",
     )
     worker.add_argument(
         "--lease",
-        type=_duration_arg,
+        type=_lease_arg,
         default="30s",
         metavar="DURATION",
         help="how long a claimed job stays this worker's without a renewal (default 30s); "
@@ -955,10 +988,12 @@ async def _runs(args: argparse.Namespace) -> None:
             limit=args.limit,
             stuck=args.stuck,
         )
-        unknown = await _unknown_names(engine, args) if not runs else ""
+        if not runs:
+            await _refuse_unknown_names(engine, args)
         orphans = await _orphans(engine, runs)
         now = engine.now()
-    if args.stuck is not None and not unknown:
+    unknown = ""
+    if args.stuck is not None:
         unknown = f" running longer than {args.stuck:g}× their workflow's median time"
     if args.json:
         from .runs_follow import listed
@@ -986,6 +1021,7 @@ async def _follow_runs(args: argparse.Namespace) -> None:
 
     async with _following(args) as (engine, events):
         only = RunsFilter(args.status, args.workflow, args.queue)
+        await _refuse_unknown_names(engine, args)
         if args.json:  # JSON Lines of what happens from now on, for a script to read
             # The first line says what is followed, once it is: the filters, and the moment.
             filters = {"status": args.status, "workflow": args.workflow, "queue": args.queue}
@@ -995,16 +1031,16 @@ async def _follow_runs(args: argparse.Namespace) -> None:
         runs = await engine.runs(
             status=args.status, workflow=args.workflow, queue=args.queue, limit=args.limit
         )
-        unknown = await _unknown_names(engine, args) if not runs else ""
         orphans = await _orphans(engine, runs)
-        _say(_table(runs, engine.now(), orphans) if runs else f"no runs{unknown}")
+        _say(_table(runs, engine.now(), orphans) if runs else "no runs")
         _say("\nFOLLOWING (ctrl-c stops)")
         await follow_runs(engine, events, only, _say)
 
 
-async def _unknown_names(engine: Any, args: argparse.Namespace) -> str:
-    """Why a filter by name found nothing, when the name is none the workers declared: a
-    typo reads as "no runs" otherwise."""
+async def _refuse_unknown_names(engine: Any, args: argparse.Namespace) -> None:
+    """A filter by a name no worker declared, that found nothing, is an error (exit 1): a typo
+    read as "no runs" (`--json`: `[]`), which a script cannot tell from an empty queue."""
+    from engine import EngineError
     from engine.expressions import did_you_mean
 
     for what, given, infos in (
@@ -1013,9 +1049,11 @@ async def _unknown_names(engine: Any, args: argparse.Namespace) -> str:
     ):
         if given:
             names = [info.name for info in await infos()]
-            if names and given not in names:
-                return f" (no {what} is named {given!r}{did_you_mean(given, names)})"
-    return ""
+            if names and given not in names and not await engine.runs(**{what: given}, limit=1):
+                raise EngineError(
+                    f"unknown {what} {given!r} (no worker declared it and no run has it"
+                    f"{did_you_mean(given, names)})"
+                )
 
 
 def _table(runs: Sequence[Any], now: datetime, orphans: Mapping[str, Orphan] | None = None) -> str:

@@ -303,16 +303,26 @@ def test_enqueue_to_a_queue_whose_workers_stopped_notes_it_waits(tmp_path: Path)
     assert followed.process.stderr is not None and "note" not in followed.process.stderr.read()
 
 
-def test_a_filter_by_a_name_no_worker_declared_says_so(served: tuple[Path, Worker]) -> None:
+def test_a_filter_by_a_name_no_worker_declared_is_refused(served: tuple[Path, Worker]) -> None:
+    """It printed "no runs (…)" and exited 0, and `--json` printed `[]`: a script could not
+    tell a typo from an empty queue (the CONTRACT: an unknown queue exits non-zero)."""
     database, _ = served
-    typo = blok("runs", "--workflow", "test.npa", "--db", database)
-    assert typo.stdout == "no runs (no workflow is named 'test.npa'; did you mean 'test.nap'?)\n"
+    for args in (("runs",), ("runs", "--json"), ("runs", "--follow")):
+        typo = blok(*args, "--workflow", "test.npa", "--db", database)
+        assert (typo.returncode, typo.stdout) == (1, ""), typo
+        assert typo.stderr == (
+            "blok-tui: error: unknown workflow 'test.npa' (no worker declared it and no run has "
+            "it; did you mean 'test.nap'?)\n"
+        )
     queue = blok("runs", "--queue", "nasp", "--db", database)
-    assert queue.stdout == "no runs (no queue is named 'nasp'; did you mean 'naps'?)\n"
+    assert (queue.returncode, queue.stdout) == (1, "")
+    assert (
+        "unknown queue 'nasp' (no worker declared it and no run has it; did you mean 'naps'?)"
+        in (queue.stderr)
+    )
     # A known name with nothing to show is just that.
     none = blok("runs", "--queue", "single", "--status", "crashed", "--db", database)
-    assert none.stdout == "no runs\n"
-    assert blok_json("runs", "--json", "--workflow", "test.npa", "--db", database) == []
+    assert (none.returncode, none.stdout) == (0, "no runs\n")
 
 
 def test_a_reader_that_stops_reading_gets_no_traceback(served: tuple[Path, Worker]) -> None:

@@ -18,6 +18,7 @@ from cli_helpers import (
     Worker,
     blok,
     blok_json,
+    cli_env,
     eventually,
     run_of,
     start_worker,
@@ -348,6 +349,46 @@ def test_a_bad_retention_is_a_usage_error(tmp_path: Path, value: str, says: str)
     line = one_error_line(done, 2)
     assert "argument --retention: " in line and says in line
     assert not (tmp_path / "blok.db").exists()
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "says"),
+    [
+        # At 1ms each job was taken from its worker by the next claim, three times: dead.
+        ("--lease", "1ms", "must be at least 1s, not '1ms'"),
+        ("--lease", "999ms", "must be at least 1s"),
+        # At 1ms an idle worker's janitor took 43 % of a core.
+        ("--janitor-interval", "1ms", "must be at least 1s, not '1ms'"),
+        # Every run deleted as soon as it ended.
+        ("--retention", "5s", "must be at least 1m, not '5s'"),
+        ("--grace", "1e9", "must be at most a day (86400), not 1e+09"),
+    ],
+)
+def test_a_worker_setting_that_would_do_harm_is_a_usage_error(
+    tmp_path: Path, option: str, value: str, says: str
+) -> None:
+    done = blok("worker", option, value, "--db", tmp_path / "blok.db")
+    line = one_error_line(done, 2)
+    assert f"argument {option}: {says}" in line
+    assert not (tmp_path / "blok.db").exists()
+
+
+@pytest.mark.parametrize("command", [("runs",), ("worker",), ("cancel", "run_1")])
+def test_an_empty_db_is_refused_not_read_as_the_default(
+    tmp_path: Path, command: tuple[str, ...]
+) -> None:
+    """`--db "$DB"` with $DB unset acted on $BLOK_DB, or ./.blok/blok.db, without a word."""
+    done = subprocess.run(
+        [sys.executable, "-m", "blok_tui", *command, "--db", ""],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**cli_env(), "BLOK_DB": str(tmp_path / "other.db")},
+        timeout=60,
+    )
+    line = one_error_line(done, 2)
+    assert "argument --db: empty: give a SQLite file or a postgresql:// URL" in line
+    assert list(tmp_path.iterdir()) == []
 
 
 # ---- item 7: run text cannot drive the terminal -----------------------------------------------
