@@ -758,18 +758,22 @@ async def _console(args: argparse.Namespace) -> int:
     return status
 
 
-def _log_quietly(database: Path | str | None) -> None:
+def _log_quietly(database: Path | str | None) -> logging.Handler:
     """Under the console, log lines would tear the screen: they go to a file by the database
-    (or nowhere, for an in-memory engine or a database URL)."""
+    (or nowhere, for an in-memory engine or a database URL); the handler. The folder and the
+    file are the owner's only, as the database is (they hold runs' errors)."""
     root = logging.getLogger()
     if isinstance(database, Path):
-        database.parent.mkdir(parents=True, exist_ok=True)
-        handler: logging.Handler = logging.FileHandler(database.parent / "blok.log")
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        database.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path = database.parent / "blok.log"
+        os.close(os.open(path, os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o600))
+        handler: logging.Handler = logging.FileHandler(path)
+        handler.setFormatter(_Printable("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     else:
         handler = logging.NullHandler()
     handler.setLevel(logging.WARNING)  # the console shows runs' own log lines
     root.addHandler(handler)
+    return handler
 
 
 async def _attach(args: argparse.Namespace) -> int:
@@ -778,9 +782,11 @@ async def _attach(args: argparse.Namespace) -> int:
     from .app import run_console
 
     database = _database(args)
-    _log_quietly(database)
     # An engine with no workflows: it runs nothing, and follows what the workers write.
     async with Engine(database=database, create=False, follow=True) as engine:
+        # Once the database is known to be there: a mistyped path made its folders and a
+        # blok.log before it was refused.
+        _log_quietly(database)
         status = await run_console(
             engine, title=f"blok-tui · attached to {engine.capabilities.location}"
         )
@@ -790,12 +796,10 @@ async def _attach(args: argparse.Namespace) -> int:
 async def _worker(args: argparse.Namespace) -> None:
     from engine import Engine
 
-    logging.basicConfig(
-        level=args.log_level,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s%(where)s: %(message)s",
-    )
+    logging.basicConfig(level=args.log_level, stream=sys.stderr)
     for handler in logging.getLogger().handlers:
+        # A job's payload, logged or in an error, must not drive the operator's terminal.
+        handler.setFormatter(_Printable("%(asctime)s %(levelname)s %(name)s%(where)s: %(message)s"))
         handler.addFilter(_name_the_run)
         handler.addFilter(_driver_errors_in_one_line)
     folder, _ = _workflows(args)
@@ -816,7 +820,8 @@ async def _worker(args: argparse.Namespace) -> None:
         async with engine:
             log.info("runs that ended are kept for %s (--retention)", args.retention)
             await engine.flush()  # ready means: what it serves is visible to others
-            names = ", ".join(q.name for q in await engine.queues()) or "(none)"
+            # Its own: on a shared database, queues() lists the other workers' too.
+            names = ", ".join(engine.served_queues()) or "(none)"
             print(
                 f"blok worker {engine.worker.id} serving queues {names} on "
                 f"{engine.capabilities.location}",
@@ -848,6 +853,13 @@ async def _worker(args: argparse.Namespace) -> None:
     if endpoint is not None:
         endpoint.stop()
     log.info("worker %s stopped", engine.worker.id)
+
+
+class _Printable(logging.Formatter):
+    """A log line, its traceback included, with control characters escaped (`printable`)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return printable(super().format(record))
 
 
 class _OneLine(logging.Formatter):

@@ -676,6 +676,11 @@ class Engine:
     async def queue_stats(self, queue: str) -> QueueStats:
         return await self.operator.queue_stats(queue)
 
+    def served_queues(self) -> list[str]:
+        """The queues this engine's own workflows serve, by name; `queues()` lists every queue
+        of the database, other workers' too."""
+        return sorted(self.catalog.served()) if self.consume else []
+
     async def queues(self) -> list[QueueInfo]:
         return await self.operator.queues()
 

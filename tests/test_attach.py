@@ -3,6 +3,7 @@ workflows (a client) and the console on top of it."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -179,6 +180,24 @@ def test_the_attach_command_refuses_a_missing_database(tmp_path: Path) -> None:
     done = blok("attach", "--db", tmp_path / "none.db")
     assert done.returncode == 1
     assert "no such database" in done.stderr
+    # Refused before anything was made: a mistyped path left its folders and a blok.log.
+    typo = blok("attach", "--db", tmp_path / "typo" / "sub" / "blok.db")
+    assert typo.returncode == 1 and "no such database" in typo.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_the_consoles_log_is_its_owners_only(tmp_path: Path) -> None:
+    """Its folder was made 0755 and its blok.log 0644, holding runs' errors, where the
+    database's folder is 0700 and its file 0600."""
+    from blok_tui.cli import _log_quietly
+
+    handler = _log_quietly(tmp_path / "state" / "blok.db")
+    try:
+        assert (tmp_path / "state").stat().st_mode & 0o777 == 0o700
+        assert (tmp_path / "state" / "blok.log").stat().st_mode & 0o777 == 0o600
+    finally:
+        logging.getLogger().removeHandler(handler)
+        handler.close()
 
 
 def _blok_argv() -> list[str]:

@@ -585,3 +585,34 @@ def test_pause_and_resume_from_the_command_line(served: tuple[Path, Worker]) -> 
     unknown = blok("pause", "nowhere", "--db", database)
     assert unknown.returncode == 1
     assert "unknown queue 'nowhere'" in _one_error_line(unknown)
+
+
+def test_a_workers_banner_names_the_queues_it_serves_not_the_databases(tmp_path: Path) -> None:
+    """On a database another worker serves, the banner listed every queue of the database (an
+    empty workflows folder "served" them all)."""
+    database = tmp_path / "blok.db"
+    first = start_worker(database, write_workflows(tmp_path / "workflows"))
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "other.py").write_text(
+        "from engine import Step, WorkerTrigger, Workflow\n"
+        "workflow = Workflow(name='other', trigger=WorkerTrigger(queue='other'),\n"
+        "                    steps=[Step('one', lambda ctx: 1)])\n"
+    )
+    (tmp_path / "empty").mkdir()
+    try:
+        second = start_worker(database, tmp_path / "other", name="second")
+        empty = start_worker(database, tmp_path / "empty", name="empty")
+        try:
+            assert (
+                first.ready_line
+                == f"blok worker {first.id} serving queues naps, single on {database}"
+            )
+            assert (
+                second.ready_line == f"blok worker {second.id} serving queues other on {database}"
+            )
+            assert empty.ready_line == f"blok worker {empty.id} serving queues (none) on {database}"
+        finally:
+            assert second.stop() == 0, second.stderr()
+            assert empty.stop() == 0, empty.stderr()
+    finally:
+        assert first.stop() == 0, first.stderr()

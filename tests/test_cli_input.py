@@ -396,7 +396,7 @@ HOSTILE = "\x1b]0;pwned\x07\x1b[2J\x9b31m"  # set the title, clear the screen, a
 
 
 def test_run_errors_reach_the_terminal_escaped(served: tuple[Path, Worker]) -> None:
-    database, _ = served
+    database, worker = served
     done = blok("enqueue", "shout", json.dumps({"text": HOSTILE}), "--db", database)
     assert done.returncode == 0, done.stderr
     job_id = done.stdout.strip()
@@ -410,6 +410,10 @@ def test_run_errors_reach_the_terminal_escaped(served: tuple[Path, Worker]) -> N
     assert not CONTROL.search(table.stdout), repr(table.stdout)
     row = next(line for line in table.stdout.splitlines() if line.startswith(run["id"]))
     assert "\\x1b]0;pwned\\x07\\x1b[2J\\x9b31m" in row
+    # The worker's own log too: a job's payload cleared its terminal and retitled its window.
+    said = worker.stderr()
+    assert f"[{run['id']} shout]: test.shout failed" in said
+    assert not CONTROL.search(said) and "\\x1b]0;pwned\\x07\\x1b[2J\\x9b31m" in said
 
 
 def test_runs_json_escapes_every_control_character(served: tuple[Path, Worker]) -> None:
