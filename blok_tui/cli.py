@@ -713,12 +713,25 @@ def _bundled_examples() -> Path:
 
 
 def _workflows(args: argparse.Namespace) -> tuple[Path, bool]:
-    """The workflows folder, and whether it is the bundled demo."""
+    """The workflows folder, and whether it is the bundled demo. The demo serves the default
+    database, or memory, only: started from a folder with no ./workflows on a database of
+    the user's, its `orders.pipeline` took over their `orders` queue, and the console's demo
+    producer wrote demo jobs into it."""
     if args.workflows:
         return Path(args.workflows), False
     local = Path("workflows")
     if local.is_dir():
         return local, False
+    database = None if getattr(args, "memory", False) else _database(args)
+    if database is not None and database != DEFAULT_DB:
+        watch = (
+            "; to watch what its workers do: blok-tui attach --db ..." if not args.command else ""
+        )
+        raise UsageError(
+            f"no ./workflows in {Path.cwd()}: give --workflows DIR to serve {database} (the "
+            f"bundled demo serves only the default database, {DEFAULT_DB}, or --memory){watch}",
+            "blok-tui" + (f" {args.command}" if args.command else ""),
+        )
     return _bundled_examples(), True
 
 
@@ -802,7 +815,9 @@ async def _worker(args: argparse.Namespace) -> None:
         handler.setFormatter(_Printable("%(asctime)s %(levelname)s %(name)s%(where)s: %(message)s"))
         handler.addFilter(_name_the_run)
         handler.addFilter(_driver_errors_in_one_line)
-    folder, _ = _workflows(args)
+    folder, bundled = _workflows(args)
+    if bundled:
+        log.warning("no ./workflows here: serving the bundled demo (--workflows DIR for yours)")
     database = None if args.memory else _database(args)
     watch = not args.no_watch and _can_watch()
     engine = Engine(

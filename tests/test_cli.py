@@ -569,6 +569,23 @@ def test_defaults_local_workflows_else_the_bundled_demo(
     assert _database(argparse.Namespace(db="given.db")) == Path("given.db")
 
 
+@pytest.mark.parametrize("command", [(), ("worker",)])
+def test_the_bundled_demo_serves_no_database_of_the_users(
+    tmp_path: Path, command: tuple[str, ...]
+) -> None:
+    """From a folder with no ./workflows, `blok-tui --db prod.db` served the demo on it: its
+    orders.pipeline took over the user's `orders` queue and its producer wrote demo jobs."""
+    done = blok(*command, "--db", tmp_path / "prod.db", cwd=tmp_path)
+    assert done.returncode == 2 and done.stdout == "", done.stderr
+    [line] = done.stderr.splitlines()
+    assert line.startswith(
+        f"blok-tui: error: no ./workflows in {tmp_path}: give --workflows DIR to serve "
+        f"{tmp_path / 'prod.db'} (the bundled demo serves only the default database, "
+        ".blok/blok.db, or --memory)"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_pause_and_resume_from_the_command_line(served: tuple[Path, Worker]) -> None:
     database, _ = served
     done = blok("pause", "naps", "--db", database)
