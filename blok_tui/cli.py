@@ -658,6 +658,11 @@ def build_parser() -> argparse.ArgumentParser:
         "a new run; prints each new run's id.",
     )
     requeue.add_argument("job_ids", nargs="+", metavar="JOB_ID")
+    requeue.add_argument(
+        "--force",
+        action="store_true",
+        help="requeue a job whose run was replayed and completed (it runs again)",
+    )
     db_option(requeue, keep)
     workers = commands.add_parser(
         "workers",
@@ -1417,8 +1422,19 @@ async def _dead(args: argparse.Namespace) -> None:
 
 
 async def _requeue(args: argparse.Namespace) -> None:
+    from engine import EngineError
+
     async with _client(args) as engine:
         for given in args.job_ids:
+            dead = await engine.get_job(given)
+            # Fixed and replayed from a step, a dead letter stays one: requeued, its steps ran
+            # again (a charge twice) without a word.
+            done = await engine.runs(replay_of=dead.run_id, status="completed", limit=1)
+            if done and not args.force:
+                raise EngineError(
+                    f"job {dead.id}: its run {dead.run_id} was replayed as run {done[0].id}, "
+                    "which completed; a requeue runs the job again (--force to requeue it anyway)"
+                )
             job = await engine.get_job(await engine.requeue(given))
             print(printable(f"{job.id} requeued: its new run is {job.run_id}"))
 

@@ -280,6 +280,33 @@ def test_queues_dead_letters_requeue_and_workers_from_the_command_line(
     )
 
 
+def test_a_dead_letter_replayed_to_completion_is_not_requeued_unless_forced(
+    served: tuple[Path, Worker],
+) -> None:
+    """Fixed and replayed from the console, a dead letter stays one: a requeue (a bulk one
+    after the fix) ran its job again, its steps twice, without a word."""
+    database, _ = served
+    failed = blok("enqueue", "naps", '{"seconds": "later"}', "--wait", "--db", database)
+    run_id = failed.stderr.split()[3]
+    job_id = blok_json("show", run_id, "--json", "--db", database)["job_id"]
+    replay = blok("replay", run_id, "--input", '{"seconds": 0}', "--db", database)
+    assert replay.returncode == 0, replay.stderr
+    replayed = replay.stdout.split()[-1]
+    eventually(
+        lambda: blok_json("show", replayed, "--json", "--db", database)["status"] == "completed"
+    )
+    refused = blok("requeue", job_id, "--db", database)
+    assert (refused.returncode, refused.stdout) == (1, "")
+    assert _one_error_line(refused) == (
+        f"blok-tui: error: job {job_id}: its run {run_id} was replayed as run {replayed}, which "
+        "completed; a requeue runs the job again (--force to requeue it anyway)"
+    )
+    forced = blok("requeue", job_id, "--force", "--db", database)
+    assert forced.returncode == 0 and forced.stdout.startswith(
+        f"{job_id} requeued: its new run is "
+    )
+
+
 def test_enqueue_to_a_queue_whose_workers_stopped_notes_it_waits(tmp_path: Path) -> None:
     database = tmp_path / "blok.db"
     worker = start_worker(database, write_workflows(tmp_path / "workflows"))
