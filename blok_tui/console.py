@@ -100,8 +100,11 @@ def countdown(until: datetime | None, now: datetime) -> str:
 ISO_MOMENT = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:[+-]\d{2}:\d{2}|Z)?")
 
 
-def local_times(text: str, tz: tzinfo | None) -> str:
-    """`text` with each ISO 8601 moment in it as HH:MM:SS in the console's time zone."""
+def local_times(text: str, tz: tzinfo | None, now: datetime | None = None) -> str:
+    """`text` with each ISO 8601 moment in it as HH:MM:SS in the console's time zone; with
+    `now`, one of another day than `now` with its date too ("delayed until 10:18:25" was a
+    delay of 25 hours, and one of a hundred years read the same)."""
+    today = now.astimezone(tz).date() if now is not None else None
 
     def local(match: re.Match[str]) -> str:
         try:
@@ -110,6 +113,8 @@ def local_times(text: str, tz: tzinfo | None) -> str:
             return match.group(0)
         if moment.tzinfo is None:
             moment = moment.replace(tzinfo=UTC)
+        if today is not None and moment.astimezone(tz).date() != today:
+            return moment.astimezone(tz).strftime("%Y-%m-%d %H:%M:%S")
         return clock_time(moment, tz)
 
     return ISO_MOMENT.sub(local, text)

@@ -124,7 +124,9 @@ async def follow(
             say(line)
         why = await why_held(engine, run) if follower.status != told else None
         if why is not None:  # a new wait, a delay, a gate: what it waits for
-            say(follower.line(engine.now(), f"why: {why_line(run, why, follower.tz)}"))
+            say(
+                follower.line(engine.now(), f"why: {why_line(run, why, follower.tz, engine.now())}")
+            )
 
 
 async def job_of(engine: EngineAPI, run: Run) -> Job | None:
@@ -289,6 +291,6 @@ def clock_line(at: datetime, text: str, tz: tzinfo | None = None) -> str:
     """`text` after the time `at` (in `tz`, None: this machine's), its further lines indented
     under its first."""
     when = at.astimezone(tz).strftime("%H:%M:%S.%f")[:-3]
-    text = local_times(printable(text), tz)
+    text = local_times(printable(text), tz, at)
     first, *rest = text.splitlines() or [""]
     return "\n".join([f"{when}  {first}", *(" " * 14 + line for line in rest)])

@@ -133,7 +133,11 @@ def event_wait(run: Run) -> StepRun | None:
 
 
 def why_text(
-    why: WaitReason | None, events: list[EventMessage], holder: int, tz: tzinfo | None
+    why: WaitReason | None,
+    events: list[EventMessage],
+    holder: int,
+    tz: tzinfo | None,
+    now: datetime | None = None,
 ) -> Text | None:
     """The "why is it waiting" panel: the gate, its key, the runs holding its slots (h opens
     them in turn), when it may start, and the events nobody took."""
@@ -141,7 +145,7 @@ def why_text(
     # A wait, a delay or a plain queue is said in the header already: the panel adds what a
     # gate, a pause or a child run holds it with.
     if why is not None and why.gate in PANEL_GATES:
-        summary = local_times(why.summary, tz)  # the engine says ISO 8601; we, the clock
+        summary = local_times(why.summary, tz, now)  # the engine says ISO 8601; we, the clock
         gate = why.gate.replace("_", " ")
         summary = summary.removeprefix(f"{gate}: ")  # said by the tag already
         text.append("why waiting ", style="bold")
@@ -528,7 +532,7 @@ class RunScreen(BlokScreen):
                 Text(clean_error(run.error or ""), style="red1")
             )
         why = self.query_one("#why", Static)
-        panel = why_text(self.why, self.events, self.holder, tz)
+        panel = why_text(self.why, self.events, self.holder, tz, self.blok.now())
         why.display = panel is not None
         if panel is not None:
             why.update(panel)

@@ -62,7 +62,7 @@ def run_text(
     now = time_runs_to(run, now, orphaned)  # an orphan's does not run on: nobody runs it
     lines = _facts(run, now, job, tz, usual, orphaned)
     if why is not None:
-        lines.insert(2, f"{'why':<{LABEL}} {why_line(run, why, tz, db)}")
+        lines.insert(2, f"{'why':<{LABEL}} {why_line(run, why, tz, now, db)}")
     if run.steps:
         lines += ["", *_steps_table(run, now, tz)]
     failures = _failures(run, cwd)
@@ -83,7 +83,7 @@ def _facts(
     usual: float | None = None,
     orphaned: Orphan | None = None,
 ) -> list[str]:
-    facts: list[tuple[str, str]] = [("run", run.id), ("status", _status(run))]
+    facts: list[tuple[str, str]] = [("run", run.id), ("status", _status(run, tz, now))]
     workflow = run.workflow_name
     if run.workflow_version:
         workflow += f"  version {run.workflow_version}"
@@ -128,10 +128,13 @@ def _facts(
     return [f"{label:<{LABEL}} {printable(text)}" for label, text in facts]
 
 
-def why_line(run: Run, why: WaitReason, tz: tzinfo | None, db: str | None = None) -> str:
-    """What the run waits for, in the engine's words with this machine's clock; for an event,
-    the command that sends it (to the database `db`, if the user named one)."""
-    text = local_times(printable(clean_error(why.summary)), tz)
+def why_line(
+    run: Run, why: WaitReason, tz: tzinfo | None, now: datetime, db: str | None = None
+) -> str:
+    """What the run waits for, in the engine's words with this machine's clock (a moment of
+    another day than `now` with its date); for an event, the command that sends it (to the
+    database `db`, if the user named one)."""
+    text = local_times(printable(clean_error(why.summary)), tz, now)
     if why.gate == "event" and why.event is not None:
         to = f" --db {shlex.quote(db)}" if db else ""
         text += printable(f"; send it: blok-tui send {run.id} {shlex.quote(why.event)} JSON{to}")
@@ -153,12 +156,15 @@ def _fate(run: Run, job: Job | None) -> str:
     return ""
 
 
-def _status(run: Run) -> str:
+def _status(run: Run, tz: tzinfo | None, now: datetime) -> str:
     status = str(run.status)
     if not run.error:
         return status
-    # A gate's error names its status already ("throttled: rate limit: …").
+    # A gate's error names its status already ("throttled: rate limit: …"), and its moment
+    # in ISO 8601, shown on this clock as the why line shows it (a failure's is the node's own
+    # text: left as it was written).
     cleaned = clean_error(run.error)
+    cleaned = cleaned if run.status.terminal else local_times(cleaned, tz, now)
     error = one_line(cleaned, len(cleaned)).removeprefix(f"{status}: ")
     return f"{status}: {_cut_keeping_origin(error)}"
 

@@ -484,3 +484,34 @@ def test_show_says_why_a_queued_run_has_not_started() -> None:
         "why        queue 'orders' is paused: nothing new starts",
     ]
     assert "why" not in run_text(queued, queued.created_at, tz=UTC)
+
+
+def test_a_moment_of_another_day_says_its_date() -> None:
+    """A delay of 25 hours read "delayed until 10:18:25", like one of an hour (and one of a
+    hundred years too); a throttled run's status line gave the raw ISO moment."""
+    now = datetime(2026, 12, 6, 9, 18, 25, tzinfo=UTC)
+    for delay, said in (
+        (timedelta(hours=25), "2026-12-07 10:18:25"),
+        (timedelta(hours=1), "10:18:25"),
+    ):
+        until = now + delay
+        delayed = _run("delayed", started_at=None, run_at=until)
+        why = WaitReason(delayed.id, delayed.status, "delay", f"delayed until {until.isoformat()}")
+        lines = run_text(delayed, now, why=why, tz=UTC).splitlines()
+        assert lines[2] == f"why        delayed until {said}"
+    start = now + timedelta(seconds=9)
+    throttled = _run(
+        "throttled",
+        started_at=None,
+        error=f"throttled: rate limit: 1/1 runs started in the last 1m; may start at {start.isoformat()}",
+    )
+    status = run_text(throttled, now, tz=UTC).splitlines()[1]
+    assert (
+        status
+        == "status     throttled: rate limit: 1/1 runs started in the last 1m; may start at 09:18:34"
+    )
+    # A failure's error is the node's own text, left as written.
+    failed = _run("failed", error=f"deadline {start.isoformat()} passed")
+    assert run_text(failed, now, tz=UTC).splitlines()[1] == (
+        f"status     failed: deadline {start.isoformat()} passed"
+    )
