@@ -759,6 +759,7 @@ async def _console(args: argparse.Namespace) -> int:
     from .app import run_console  # Textual loads only for the console
 
     folder, bundled = _workflows(args)
+    _need_a_terminal("blok-tui", "for an engine with no screen: blok-tui worker")
     database = None if args.memory else _database(args)
     _log_quietly(database)
     # Quitting the console should feel immediate: runs still going after CONSOLE_GRACE seconds
@@ -774,6 +775,13 @@ async def _console(args: argparse.Namespace) -> int:
         status = await run_console(engine, title=f"blok-tui · {folder}", grace=CONSOLE_GRACE)
         tg.cancel_scope.cancel()
     return status
+
+
+def _need_a_terminal(prog: str, instead: str) -> None:
+    """The console draws on a terminal: with none (a pipe, a service, cron) it drew its screen
+    into stderr and hung until killed."""
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise UsageError(f"the console needs a terminal (its input and output); {instead}", prog)
 
 
 def _log_quietly(database: Path | str | None) -> logging.Handler:
@@ -804,6 +812,7 @@ async def _attach(args: argparse.Namespace) -> int:
     async with Engine(database=database, create=False, follow=True) as engine:
         # Once the database is known to be there: a mistyped path made its folders and a
         # blok.log before it was refused.
+        _need_a_terminal("blok-tui attach", "for a listing: blok-tui runs, blok-tui queues")
         _log_quietly(database)
         status = await run_console(
             engine, title=f"blok-tui · attached to {engine.capabilities.location}"

@@ -660,3 +660,27 @@ def test_a_workers_banner_names_the_queues_it_serves_not_the_databases(tmp_path:
             assert empty.stop() == 0, empty.stderr()
     finally:
         assert first.stop() == 0, first.stderr()
+
+
+@pytest.mark.parametrize("command", [(), ("attach",)])
+def test_the_console_without_a_terminal_says_so(
+    tmp_path: Path, served: tuple[Path, Worker], command: tuple[str, ...]
+) -> None:
+    """Run from a pipe, a service or cron, it drew its screen into stderr and hung until
+    killed."""
+    database, _ = served
+    db = ("--db", str(database)) if command else ()
+    done = subprocess.run(
+        [sys.executable, "-m", "blok_tui", *command, *db],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=cli_env(),
+        timeout=60,
+    )
+    assert (done.returncode, done.stdout) == (2, ""), done.stderr
+    assert _one_error_line(done).startswith(
+        "blok-tui: error: the console needs a terminal (its input and output); "
+    )
+    assert list(tmp_path.iterdir()) == []  # nothing made for a console that cannot start
