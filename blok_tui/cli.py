@@ -221,6 +221,12 @@ def _interval_arg(text: str) -> float:
     return _at_least(text, "1s", "its round reads the whole database") / 1000
 
 
+def _answer_wait_arg(text: str) -> str:
+    """`where --timeout`: at 0 no answer could come, and the message blamed a live worker."""
+    _positive_ms(text)
+    return text
+
+
 def _lease_arg(text: str) -> str:
     """A lease: at 1 ms every job was taken from its worker by the next claim, three times,
     and went to the dead-letter queue."""
@@ -564,7 +570,7 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("run_id", metavar="RUN_ID", help=RUN_ID_HELP)
     where.add_argument(
         "--timeout",
-        type=_duration_arg,
+        type=_answer_wait_arg,
         default="10s",
         metavar="DURATION",
         help="how long to wait for the worker's answer (default 10s)",

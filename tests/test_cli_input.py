@@ -463,3 +463,9 @@ def test_enqueue_takes_a_retry_budget_and_a_timeout_for_one_job(tmp_path: Path) 
         assert refused.returncode == 2 and "--retries" in refused.stderr
     finally:
         assert worker.stop() == 0, worker.stderr()
+
+
+def test_a_where_that_waits_for_no_answer_is_a_usage_error(tmp_path: Path) -> None:
+    """`where --timeout 0` could get no answer, and blamed a live worker for it."""
+    done = blok("where", "run_1", "--timeout", "0", "--db", tmp_path / "blok.db")
+    assert "argument --timeout: must be more than 0, not '0'" in one_error_line(done, 2)

@@ -299,3 +299,16 @@ async def test_the_console_shows_secret_headers_redacted(tmp_path: Path) -> None
     assert "calling the API with headers" in shown and REDACTED in shown
     for secret in SECRETS:
         assert secret not in shown, secret
+
+
+def test_text_that_would_drive_or_reorder_the_terminal_is_escaped() -> None:
+    """Bidirectional overrides and isolates from a payload (U+202E) were printed raw by show:
+    they make what follows them read as something else ("Trojan Source")."""
+    from engine.text import printable
+
+    assert printable("ok\x1b[2J\u202egnp.exe\u2066x\u2069") == (
+        "ok\\x1b[2J\\u202egnp.exe\\u2066x\\u2069"
+    )
+    # What shows as itself stays: tabs, newlines, and joiners inside an emoji.
+    family = "\U0001f468\u200d\U0001f469\u200d\U0001f467"
+    assert printable(f"a\tb\n{family}") == f"a\tb\n{family}"
