@@ -62,9 +62,25 @@ def _check_known(expr: str, parts: list[str]) -> None:
         parts = parts[1:]
     if kind is not None and len(parts) > 1:
         raise ExpressionError(
-            f"expression {expr!r}: {path} is {'an' if kind == 'int' else 'a'} {kind}, it has no "
+            f"expression {expr!r}: {path} is {'a number' if kind == 'int' else 'a string'}, it has no "
             f"field {parts[1]!r}; use {path} itself"
         )
+
+
+def _kind(value: Any) -> str:
+    """What a value is, in the words of the JSON it came from ("$.body is null", where it said
+    NoneType): a body is what a user sent as JSON."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"a boolean ({str(value).lower()})"
+    if isinstance(value, int | float):
+        return f"a number ({value})"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list | tuple):
+        return "an array"
+    return f"a {type(value).__name__}"
 
 
 def referenced_step(expr: str) -> str | None:
@@ -95,8 +111,6 @@ def resolve(expr: str, ctx: Any) -> Any:
                 raise ExpressionError(f"{expr}: {walked} has {len(value)} items, no [{index}]")
             value = value[index]
         else:
-            raise ExpressionError(
-                f"{expr}: {walked} is {type(value).__name__}, it has no field {part!r}"
-            )
+            raise ExpressionError(f"{expr}: {walked} is {_kind(value)}, it has no field {part!r}")
         walked += f".{part}"
     return value

@@ -544,7 +544,7 @@ class Workflow(_Written):
                         f"({keys.hidden[target]})",
                         step.source,
                     )
-                known = ", ".join(sorted(keys.known)) or "none yet"
+                known = ", ".join(keys.known) or "none yet"
                 raise _placed(
                     f"{where} refers to step {target!r}, which does not run before it "
                     f"(earlier steps: {known})" + expressions.did_you_mean(target, keys.known),
@@ -558,7 +558,7 @@ class Workflow(_Written):
             elif found is None:
                 keys.open = True
             else:
-                keys.known.update(found)
+                keys.known.update(dict.fromkeys(found))
                 if step.name not in found:
                     reason = "ephemeral=True" if not found else f"as_={found[0]!r}"
                     keys.hidden[step.name] = reason
@@ -594,7 +594,7 @@ class _Keys:
     """The ctx.state keys earlier steps provide, while a workflow's steps are checked."""
 
     def __init__(self) -> None:
-        self.known: set[str] = set()
+        self.known: dict[str, None] = {}  # in step order, as an error lists them
         self.hidden: dict[str, str] = {}  # step name -> why its output is not under its name
         self.open = False  # a spread step put keys that cannot be known before it runs
 

@@ -126,10 +126,10 @@ def test_a_params_key_in_a_wait_until_is_refused_at_the_wait() -> None:
 @pytest.mark.parametrize(
     ("expr", "says"),
     [
-        ("$.params.queue.name", "$.params.queue is a str, it has no field 'name'; use "),
-        ("$.params.attempt.0", "$.params.attempt is an int, it has no field '0'; use "),
-        ("$.run_id.short", "$.run_id is a str, it has no field 'short'; use $.run_id itself"),
-        ("$.attempt.n", "$.attempt is an int, it has no field 'n'; use $.attempt itself"),
+        ("$.params.queue.name", "$.params.queue is a string, it has no field 'name'; use "),
+        ("$.params.attempt.0", "$.params.attempt is a number, it has no field '0'; use "),
+        ("$.run_id.short", "$.run_id is a string, it has no field 'short'; use $.run_id itself"),
+        ("$.attempt.n", "$.attempt is a number, it has no field 'n'; use $.attempt itself"),
     ],
 )
 def test_a_field_below_a_str_or_an_int_is_refused(expr: str, says: str) -> None:

@@ -137,6 +137,18 @@ async def test_an_input_the_payload_lacks_fails_the_step_naming_the_near_miss(
             "[step 1/1] charge failed: bad input: $.body.amount: $.body has no key 'amount' "
             f"(it has amout); did you mean 'amout'? (at {written})"
         )
+        # A body of another JSON shape is said in JSON's words (it said "NoneType", "list").
+        for body, kind in (
+            (None, "null"),
+            ([1, 2], "an array"),
+            ("5", "a string"),
+            (5, "a number (5)"),
+        ):
+            run = await engine.wait_for_job(await engine.enqueue("pay", body), timeout=10)
+            assert run.error == (
+                f"[step 1/1] charge failed: bad input: $.body.amount: $.body is {kind}, it has no "
+                f"field 'amount' (at {written})"
+            )
 
 
 async def test_last_attempt_timeout_ends_timed_out(database: Path | None) -> None:
@@ -688,8 +700,9 @@ def test_definitions_are_checked_with_names() -> None:
         WorkflowDefinitionError, match=r"must start with one of .*; did you mean '\$\.body'\?$"
     ):
         Step("c", node, inputs={"x": "$.bdy.x"})
+    # The earlier steps in their order, not the alphabet's.
     with pytest.raises(
-        WorkflowDefinitionError, match=r"earlier steps: charge, check\); did you mean 'charge'\?$"
+        WorkflowDefinitionError, match=r"earlier steps: check, charge\); did you mean 'charge'\?$"
     ):
         Workflow(
             name="orders",
