@@ -352,6 +352,11 @@ def never_awaited(sent: EventSent) -> str | None:
     if sent.awaited is not False:
         return None
     waits = ", ".join(repr(e) for e in sent.workflow_events or ()) or "none"
+    if sent.workflow is None:  # sent by key: kept for a run no workflow here would start
+        return (
+            f"no workflow on this database has a wait.for_event({sent.event!r}): it is kept "
+            f"for a run that never comes (the events they wait for: {waits})"
+        )
     return (
         f"workflow {sent.workflow!r} has no wait.for_event({sent.event!r}): no step of it "
         f"takes this event (the events it waits for: {waits})"

@@ -58,8 +58,10 @@ class Mailbox:
         reached = [delivery.run_id for delivery in deliveries]
         if any(delivery.waiting for delivery in deliveries):
             return EventSent(event, reached, EventOutcome.DELIVERED, run=run)
-        if run is None:
-            return EventSent(event, reached, EventOutcome.KEPT)
+        if run is None:  # kept for a run to come: does any workflow here ever wait for it?
+            return EventSent(
+                event, reached, EventOutcome.KEPT, workflow_events=await self._events_declared()
+            )
         # Kept: say what the run waits for instead, and whether it ever waits for this one.
         waiters = await self.store.event_waiters([run.id])
         return EventSent(
@@ -82,6 +84,14 @@ class Mailbox:
             if info.name == run.workflow_name
         ]
         declared = [i for i in declared if i.version == run.workflow_version] or declared
+        if not declared or any(info.events is None for info in declared):
+            return None
+        return tuple(dict.fromkeys(event for info in declared for event in info.events or ()))
+
+    async def _events_declared(self) -> tuple[str, ...] | None:
+        """The events the workflows the workers on the database declared wait for anywhere;
+        None when one of them did not say."""
+        declared = [info for c in await self.backend.shared.catalogs() for info in c.workflows]
         if not declared or any(info.events is None for info in declared):
             return None
         return tuple(dict.fromkeys(event for info in declared for event in info.events or ()))

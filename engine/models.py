@@ -369,8 +369,8 @@ class EventSent(list[str]):
         # The run's status and workflow as the event was sent (None: sent by key).
         self.run_status = run.status if run is not None else None
         self.workflow = run.workflow_name if run is not None else None
-        # The events a run of that workflow waits for anywhere, as its workers declared them;
-        # None: not known (sent by key, or no worker on the database said).
+        # The events a run of that workflow waits for anywhere, as its workers declared them
+        # (sent by key: any workflow's on the database); None: not known (no worker said).
         self.workflow_events = workflow_events
 
     @property

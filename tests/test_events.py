@@ -357,6 +357,14 @@ anyio.run(main)
     kept = blok("send", "--by-key", "paid", '{"order_id": "Z9"}', "--db", database)
     assert kept.returncode == 0, kept.stderr
     assert "no run waits on that key" in kept.stdout
+    assert kept.stderr == ""
+    # A typo in its name was kept for good, without a word (a run-directed send warned).
+    typo = blok("send", "--by-key", "piad", '{"order_id": "Z9"}', "--db", database)
+    assert typo.returncode == 0 and "no run waits on that key" in typo.stdout
+    assert typo.stderr == (
+        "blok-tui: warning: no workflow on this database has a wait.for_event('piad'): it is "
+        "kept for a run that never comes (the events they wait for: 'paid')\n"
+    )
 
 
 async def test_a_producer_engine_reaches_a_worker_process(tmp_path: Path) -> None:
