@@ -162,6 +162,9 @@ class Operator:
             # The database named: a producer given a mistyped path has one of its own, empty.
             hint = "; a queue is known once a worker serving it has started on this database, "
             hint = "" if self.catalog.served() else hint + self.backend.location
+            if await self.backend.runs.list_runs(RunFilter.of(queue=queue), limit=1):
+                hint = "; it has runs, but no worker serves it: was its workflow file removed, "
+                hint += "or its queue renamed?"
             raise UnknownQueue(
                 f"unknown queue {queue!r} (queues: {', '.join(known) or 'none'}{hint})"
             )
@@ -673,8 +676,7 @@ class Operator:
         return job, run
 
     async def requeue(self, job_id: str) -> str:
-        """Put a dead-lettered (or failed) job back in its queue with a fresh run and a fresh
-        retry budget; returns the job id."""
+        """A dead (or failed) job back in its queue with a fresh run and retry budget; its id."""
         for _ in range(3):
             found = await self.backend.find_job(job_id)
             if found is None:

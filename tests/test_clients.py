@@ -56,6 +56,29 @@ async def test_a_producer_on_a_database_no_worker_uses_names_it(tmp_path: Path) 
     )
 
 
+async def test_a_queue_with_runs_that_no_worker_serves_now_says_what_may_have_happened(
+    tmp_path: Path,
+) -> None:
+    """Its workflow file removed under a worker, a queue with runs was "unknown ... a queue is
+    known once a worker serving it has started", though one had."""
+    database = tmp_path / "blok.db"
+
+    def served_on(queue: str) -> Workflow:
+        return Workflow(
+            name="reports", trigger=WorkerTrigger(queue=queue), steps=[Step("one", lambda ctx: 1)]
+        )
+
+    async with Engine(workflows=[served_on("reports")], database=database) as first:
+        await first.wait_for_job(await first.enqueue("reports", {}), timeout=10)
+    async with Engine(workflows=[served_on("monthly")], database=database) as second:
+        with pytest.raises(UnknownQueue) as unknown:
+            await second.enqueue("reports", {})
+    assert str(unknown.value) == (
+        "unknown queue 'reports' (queues: monthly; it has runs, but no worker serves it: was its "
+        "workflow file removed, or its queue renamed?)"
+    )
+
+
 def parent_and_child() -> list[Workflow]:
     async def never(ctx: object) -> None:
         raise AssertionError("the child must not run: its queue is paused")
