@@ -110,10 +110,17 @@ class Worker:
 
 
 def start_worker(
-    database: Path, workflows: Path, *extra: str, timeout: float = 20, name: str = "worker"
+    database: Path | str,
+    workflows: Path,
+    *extra: str,
+    timeout: float = 20,
+    name: str = "worker",
+    logs: Path | None = None,
 ) -> Worker:
-    """Start `blok-tui worker` and return once it printed its ready line."""
-    stderr_path = database.parent / f"{name}-{time.monotonic_ns()}.stderr"
+    """Start `blok-tui worker` and return once it printed its ready line. Its stderr goes to
+    a file in `logs`, by default the SQLite `database`'s folder (give it for a URL)."""
+    folder = logs if logs is not None else Path(database).parent
+    stderr_path = folder / f"{name}-{time.monotonic_ns()}.stderr"
     with stderr_path.open("w") as stderr:
         process = subprocess.Popen(
             [

@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import logging
 import signal
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from cli_helpers import cli_env
+from cli_helpers import start_worker
 from pg import fresh_database
 from support import durable_database, until
 
@@ -169,7 +167,7 @@ async def test_a_run_is_left_to_the_live_worker_that_serves_its_version(tmp_path
     ledger = tmp_path / "ledger.txt"
     charged: list[str] = []
     async with fresh_database() as url:
-        first = start_url_worker(url, tmp_path / "workflows", tmp_path / "first.stderr")
+        first = start_worker(url, tmp_path / "workflows", logs=tmp_path).process
         try:
             async with Engine(database=url) as producer:
                 job_id = await producer.enqueue("pay", {"ledger": str(ledger)})
@@ -204,28 +202,3 @@ async def test_a_run_is_left_to_the_live_worker_that_serves_its_version(tmp_path
 async def left_to_it(engine: Engine, run_id: str) -> bool:
     run = await engine.get_run(run_id)
     return any("left to it" in line.message for line in run.logs)
-
-
-def start_url_worker(url: str, workflows: Path, stderr: Path) -> subprocess.Popen[str]:
-    """`blok-tui worker` on a database URL, once it printed its ready line."""
-    with stderr.open("w") as err:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "blok_tui",
-                "worker",
-                "--db",
-                url,
-                "--workflows",
-                str(workflows),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=err,
-            text=True,
-            env=cli_env(),
-        )
-    assert process.stdout is not None
-    line = process.stdout.readline()
-    assert line.startswith("blok worker "), stderr.read_text()
-    return process
