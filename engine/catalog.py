@@ -23,6 +23,7 @@ from .loader import (
     IMPORT_TIMEOUT_S,
     LoadedFile,
     WorkflowLoadError,
+    file_digest,
     is_workflow_call,
     load_file_with_timeout,
     workflow_files,
@@ -168,6 +169,9 @@ class Catalog:
         self._served: dict[str, Workflow] = {}  # made with `workflows`, read at every enqueue
         self.versions: dict[tuple[str, str], Workflow] = {}
         self.reload_errors: dict[str, str] = {}
+        # Each file that failed to load, with the digest of what failed: fixed while the hot
+        # reloader started, it was never loaded again (`reload._changed_since_load`).
+        self.failed: dict[Path, str | None] = {}
         self.on_change: list[Callable[[], None]] = []
 
     # ---- where the workflows are -----------------------------------------------------------
@@ -222,12 +226,14 @@ class Catalog:
             self.check_clashes(loaded)
         except WorkflowLoadError as error:
             self.reload_errors[key] = str(error)
+            self.failed[path] = file_digest(path)
             log.error("workflow file failed to load: %s", error)
             self._changed()
             if self.bus.active:
                 self.bus.publish(ReloadFailed(key, str(error)))
             return None
         self.files[path] = loaded
+        self.failed.pop(path, None)
         if self.reload_errors.pop(key, None) is not None and self.bus.active:
             self.bus.publish(ReloadErrorCleared(key))
         return loaded
@@ -235,6 +241,7 @@ class Catalog:
     def unload(self, path: Path) -> None:
         path = path.resolve()
         self.files.pop(path, None)
+        self.failed.pop(path, None)
         if self.reload_errors.pop(str(path), None) is not None and self.bus.active:
             self.bus.publish(ReloadErrorCleared(str(path)))
 

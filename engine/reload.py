@@ -141,6 +141,7 @@ def _changed_since_load(engine: Catalog, folder: Path, only: Path | None) -> set
         for path, loaded in engine.files.items()
         if any(file_digest(p) != digest for p, digest in loaded.inputs.items())
     }
+    stale |= {path for path, digest in engine.failed.items() if file_digest(path) != digest}
     on_disk = [only] if only is not None else workflow_files(folder)
     known = set(engine.files) | {Path(p) for p in engine.reload_errors}
     stale |= {p.resolve() for p in on_disk if p.exists() and p.resolve() not in known}

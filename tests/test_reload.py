@@ -547,6 +547,21 @@ async def test_a_save_while_the_watcher_starts_is_caught_up(
         assert (run.output, run.workflow_version) == ({"label": "v2"}, reloaded.versions[0])
 
 
+async def test_a_broken_file_fixed_while_the_watcher_starts_is_caught_up(
+    folder: Path, tmp_path: Path, gates: Gates
+) -> None:
+    """A file that failed to load, fixed in that gap, was never loaded again: the catch-up
+    looked only at the files that had loaded (seen as a flake of an attach test in CI)."""
+    file = folder / "orders.py"
+    file.write_text("from engine import Workflow\n\nworkflow = Workflow(name=)\n")
+    in_the_gap = lambda: file.write_text(flow_source("v1"))  # noqa: E731
+    async with running(folder, tmp_path / "blok.db", on_start=in_the_gap) as (engine, events):
+        cleared = await events.expect(ReloadErrorCleared)
+        assert cleared.path == str(file.resolve()) and engine.reload_errors == {}
+        run = await engine.wait_for_job(await engine.enqueue("orders", {}), timeout=TIMEOUT)
+        assert run.output == {"label": "v1"}
+
+
 async def test_a_broken_helper_fails_its_workflow_files_with_the_helpers_line(
     folder: Path, tmp_path: Path, gates: Gates
 ) -> None:
