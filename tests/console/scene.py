@@ -574,6 +574,8 @@ async def scene_engine(folder: Path, database: Path) -> AsyncIterator[Engine]:
         ) -> Orphan | None:
             return orphaned(run, job, workers, NOW)  # the engine's rule, on the scene's clock
 
+        # What the engine works out from the time (a wait that is due) on the scene's clock too.
+        engine.backend.clock.now = lambda: NOW  # type: ignore[method-assign]
         engine.workers = fixed_workers  # type: ignore[method-assign]
         engine.worker_alive = alive_at_now  # type: ignore[method-assign]
         engine.worker_state = state_at_now  # type: ignore[method-assign]
