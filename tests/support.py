@@ -21,7 +21,7 @@ import anyio.lowlevel
 import pytest
 from pg import fresh_database
 
-from engine import Engine, Event
+from engine import Engine, Event, Run, RunStatus
 from engine.backends.base import Backend, JobQueue, Pace
 from engine.ledger import make_job, make_run
 from engine.models import Job
@@ -100,6 +100,21 @@ async def until(condition: Callable[[], Any], timeout: float = 10, every: float 
             if held:
                 return
             await anyio.sleep(every)
+
+
+async def job_run(engine: Engine, job_id: str) -> Run:
+    """The job's run now (its latest delivery's)."""
+    return await engine.get_run((await engine.get_job(job_id)).run_id)
+
+
+async def run_when(engine: Engine, job_id: str, status: RunStatus, timeout: float = 10) -> Run:
+    """The job's run, once it has `status` (written by another engine, or another process)."""
+
+    async def there() -> bool:
+        return (await job_run(engine, job_id)).status is status
+
+    await until(there, timeout)
+    return await job_run(engine, job_id)
 
 
 def _write_lock_free(database: Path) -> bool:

@@ -13,7 +13,7 @@ from typing import Any
 import anyio
 import pytest
 from cli_helpers import blok
-from support import DURABLE, a_database, any_database, until
+from support import DURABLE, a_database, any_database, job_run, run_when
 
 from engine import (
     Engine,
@@ -65,20 +65,6 @@ def approval_flow(
             Step("ship", ship),
         ],
     )
-
-
-async def run_of(engine: Engine, job_id: str) -> Any:
-    return await engine.get_run((await engine.get_job(job_id)).run_id)
-
-
-async def run_when(engine: Engine, job_id: str, status: RunStatus) -> Any:
-    """The job's run, once it has `status`."""
-
-    async def there() -> bool:
-        return (await run_of(engine, job_id)).status is status
-
-    await until(there)
-    return await run_of(engine, job_id)
 
 
 async def waiting(engine: Engine, job_id: str) -> Any:
@@ -162,7 +148,7 @@ async def test_an_event_nobody_waits_for_stays_with_the_run(database: Path | str
         job_id = await engine.enqueue("ship", {})
         run = await waiting(engine, job_id)
         await engine.send_event(run.id, "refunded", {"why": "typo"})
-        assert (await run_of(engine, job_id)).status is RunStatus.WAITING
+        assert (await job_run(engine, job_id)).status is RunStatus.WAITING
         box = await engine.events_of(run.id)
         assert [(m.event, m.payload, m.taken_by) for m in box] == [
             ("refunded", {"why": "typo"}, None)

@@ -11,7 +11,7 @@ from typing import Any
 
 import anyio
 import pytest
-from support import until
+from support import run_when, until
 from test_crash import WORKER, WORKFLOW, start_worker, wait_running
 
 from engine import (
@@ -302,12 +302,7 @@ def waiting_flow(**trigger: Any) -> Workflow:
 
 
 async def waiting_run(engine: Engine, job: str) -> Any:
-    async def waits() -> bool:
-        run = await engine.get_run((await engine.get_job(job)).run_id)
-        return run.status is RunStatus.WAITING
-
-    await until(waits)
-    return await engine.get_run((await engine.get_job(job)).run_id)
+    return await run_when(engine, job, RunStatus.WAITING)
 
 
 async def test_above_the_cap_a_run_resuming_in_the_same_process_keeps_its_state(

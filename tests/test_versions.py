@@ -10,16 +10,14 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
 from cli_helpers import start_worker
 from pg import fresh_database
-from support import durable_database, until
+from support import durable_database, run_when, until
 
 from engine import (
     Engine,
     JobState,
-    Run,
     RunStatus,
     Step,
     StepStatus,
@@ -86,15 +84,6 @@ def pay(order: list[str], charged: list[str]) -> Workflow:
     )
 
 
-async def waiting_run(engine: Engine, job_id: str) -> Run:
-    with anyio.fail_after(20):
-        while True:
-            run = await engine.get_run((await engine.get_job(job_id)).run_id)
-            if run.status is RunStatus.WAITING:
-                return run
-            await anyio.sleep(0.02)
-
-
 async def test_a_run_whose_version_is_gone_and_whose_steps_changed_is_not_resumed_by_position(
     database: str,
 ) -> None:
@@ -108,7 +97,7 @@ async def test_a_run_whose_version_is_gone_and_whose_steps_changed_is_not_resume
         workflows=[pay(["charge", "gate", "notify"], charged)], database=database
     ) as first:
         job_id = await first.enqueue("pay", {"order": "A1"})
-        run = await waiting_run(first, job_id)
+        run = await run_when(first, job_id, RunStatus.WAITING)
     assert charged == [run.id]
     changed = pay(["gate", "charge", "notify"], charged)
     async with Engine(workflows=[changed], database=database) as second:
@@ -171,7 +160,7 @@ async def test_a_run_is_left_to_the_live_worker_that_serves_its_version(tmp_path
         try:
             async with Engine(database=url) as producer:
                 job_id = await producer.enqueue("pay", {"ledger": str(ledger)})
-                run = await waiting_run(producer, job_id)
+                run = await run_when(producer, job_id, RunStatus.WAITING, timeout=20)
             first.send_signal(signal.SIGSTOP)  # alive, claiming nothing: the other takes it
             try:
                 changed = pay(["gate", "charge", "notify"], charged)

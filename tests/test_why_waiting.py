@@ -8,7 +8,7 @@ from typing import Any
 
 import anyio
 import pytest
-from support import DATABASES, a_database, add_unserved, any_database, until
+from support import DATABASES, a_database, add_unserved, any_database, job_run, run_when, until
 
 from engine import Debounce, Engine, RunStatus, Step, WorkerTrigger, Workflow, wait
 from engine.waiting import served
@@ -17,10 +17,6 @@ pytestmark = pytest.mark.anyio
 
 
 database = any_database  # the fixture: each of DATABASES in turn (tests/support.py)
-
-
-async def run_of(engine: Engine, job_id: str) -> Any:
-    return await engine.get_run((await engine.get_job(job_id)).run_id)
 
 
 async def test_a_concurrency_key_names_the_runs_in_its_slots(database: Path | str | None) -> None:
@@ -39,20 +35,17 @@ async def test_a_concurrency_key_names_the_runs_in_its_slots(database: Path | st
     async with Engine(workflows=[wf], database=database) as engine:
         first = await engine.enqueue("tenants", {"tenant": "acme"})
 
-        async def started() -> bool:
-            return (await run_of(engine, first)).status is RunStatus.RUNNING
-
-        await until(started)
+        await run_when(engine, first, RunStatus.RUNNING)
         second = await engine.enqueue("tenants", {"tenant": "acme"})
 
         async def held() -> bool:
-            run = await run_of(engine, second)
+            run = await job_run(engine, second)
             return run.status is RunStatus.QUEUED and run.run_at is not None
 
         await until(held)
-        why = await engine.why_waiting((await run_of(engine, second)).id)
+        why = await engine.why_waiting((await job_run(engine, second)).id)
         assert (why.gate, why.key) == ("concurrency", "acme")
-        assert why.holders == ((await run_of(engine, first)).id,)
+        assert why.holders == ((await job_run(engine, first)).id,)
         assert why.until is not None and "1 run(s) hold its slots" in why.summary
         release.set()
         for job_id in (first, second):
@@ -69,18 +62,18 @@ async def test_debounce_pause_and_delay_say_what_holds_them(database: Path | str
         job_id = await engine.enqueue("index", {"doc": "d1"})
 
         async def debounced() -> bool:
-            return (await run_of(engine, job_id)).run_at is not None
+            return (await job_run(engine, job_id)).run_at is not None
 
         await until(debounced)
-        why = await engine.why_waiting((await run_of(engine, job_id)).id)
+        why = await engine.why_waiting((await job_run(engine, job_id)).id)
         assert (why.gate, why.key) == ("debounce", "d1") and why.until is not None
         await engine.pause("index")
-        assert (await engine.why_waiting((await run_of(engine, job_id)).id)).gate == "paused"
+        assert (await engine.why_waiting((await job_run(engine, job_id)).id)).gate == "paused"
         await engine.resume("index")
         later = await engine.enqueue("index", {"doc": "d2"}, delay="1h")
-        why = await engine.why_waiting((await run_of(engine, later)).id)
+        why = await engine.why_waiting((await job_run(engine, later)).id)
         assert why.gate == "delay" and why.until is not None
-        done = await engine.cancel((await run_of(engine, later)).id)
+        done = await engine.cancel((await job_run(engine, later)).id)
         assert (await engine.why_waiting(done.id)).gate == "ended"
 
 
@@ -99,7 +92,7 @@ async def test_a_queued_run_no_live_worker_serves_says_so(
             assert not await served(first.backend, "post")
         async with Engine(database=database, create=False) as producer:
             job_id = await producer.enqueue("mail", {})
-            why = await producer.why_waiting((await run_of(producer, job_id)).id)
+            why = await producer.why_waiting((await job_run(producer, job_id)).id)
             assert why.gate == "no_worker", why
             assert why.summary == (
                 "no live worker serves queue 'mail': it starts once one does (blok-tui worker)"
@@ -125,12 +118,12 @@ async def test_a_run_whose_queue_the_live_workers_no_longer_serve_says_so(
     08:55:28, for ever, and a queued one "no live worker serves queue", with one alive."""
     async with a_database(kind, tmp_path) as database:
         async with Engine(workflows=[_sleeper("orders")], database=database) as first:
-            waiting = await run_of(first, await first.enqueue("orders", {}))
-            await until(lambda: _status(first, waiting.id, RunStatus.WAITING), timeout=10)
+            waiting = await job_run(first, await first.enqueue("orders", {}))
+            await run_when(first, waiting.job_id, RunStatus.WAITING)
         async with Engine(workflows=[_sleeper("fulfil")], database=database) as second:
             provider = "postgres" if kind == "postgres" else "sqlite"
             [job] = await add_unserved(second.backend.queue(provider), "orders", [{}])
-            queued = await run_of(second, job.id)
+            queued = await job_run(second, job.id)
             slept = await second.get_run(waiting.id)
             assert slept.wait_until is not None
             await until(lambda: second.now() > slept.wait_until, timeout=10)
@@ -145,7 +138,3 @@ async def test_a_run_whose_queue_the_live_workers_no_longer_serve_says_so(
         f"due since {slept.wait_until.isoformat(timespec='seconds')}; " + renamed.format("goes on")
     )
     assert why_queued.summary == renamed.format("starts")
-
-
-async def _status(engine: Engine, run_id: str, status: RunStatus) -> bool:
-    return (await engine.get_run(run_id)).status is status

@@ -11,8 +11,8 @@ import re
 from collections.abc import AsyncIterator
 from typing import Any
 
-import anyio
 import pytest
+from support import run_when
 from textual.pilot import Pilot
 from textual.widgets import Static
 
@@ -100,13 +100,7 @@ async def _ended(engine: Engine, queue: str) -> Run:
 
 
 async def _waiting(engine: Engine, queue: str) -> Run:
-    job_id = await engine.enqueue(queue, {})
-    with anyio.fail_after(10):
-        while True:
-            run = await engine.get_run((await engine.get_job(job_id)).run_id)
-            if run.status is RunStatus.WAITING:
-                return run
-            await anyio.sleep(0.02)
+    return await run_when(engine, await engine.enqueue(queue, {}), RunStatus.WAITING)
 
 
 async def _open(pilot: Pilot[Any], run_id: str) -> RunScreen:
