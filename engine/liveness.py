@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from .models import Job, JobState, Run, RunStatus, WorkerInfo, utcnow
 
 if TYPE_CHECKING:
-    from .backends.base import Backend
+    from .backends.base import Backend, WorkerCatalog
 
 STALE_HEARTBEAT_S = 10.0  # a worker on another host is gone after this long without one
 # What becomes of a run nobody runs any more (`holder_gone`): recovery, or the claim that finds
@@ -271,23 +271,21 @@ def elsewhere(run: Run) -> str:
 
 @dataclass(frozen=True, slots=True)
 class LiveWorkers:
-    """The live workers on a database (besides one, if asked), and the queues they serve."""
+    """The live workers on a database (besides one, if asked), the queues they serve, and
+    what each declared it serves (its catalog)."""
 
     ids: frozenset[str]
     serving: frozenset[str]
+    catalogs: tuple[WorkerCatalog, ...] = ()
 
     @classmethod
     async def read(cls, backend: Backend, *, besides: str | None = None) -> LiveWorkers:
         now = backend.clock.now()  # the clock heartbeats are on
         workers = await backend.shared.workers()
         ids = frozenset(w.id for w in workers if w.id != besides and worker_alive(w, now))
-        serving = frozenset(
-            served.name
-            for catalog in await backend.shared.catalogs()
-            if catalog.worker in ids
-            for served in catalog.queues
-        )
-        return cls(ids, serving)
+        catalogs = tuple(c for c in await backend.shared.catalogs() if c.worker in ids)
+        serving = frozenset(served.name for catalog in catalogs for served in catalog.queues)
+        return cls(ids, serving, catalogs)
 
     def may_hold(self, run: Run) -> bool:
         """Whether one of them may hold the job of a memory queue's run not in this process:

@@ -22,11 +22,8 @@ log = logging.getLogger("blok.versions")
 async def version_splits(backend: Backend) -> dict[str, dict[str, list[str]]]:
     """Workflow name → version → the live workers serving it at that version, for the
     workflows served at more than one."""
-    live = await LiveWorkers.read(backend)
     served: dict[str, dict[str, list[str]]] = {}
-    for catalog in await backend.shared.catalogs():
-        if catalog.worker not in live.ids:
-            continue
+    for catalog in (await LiveWorkers.read(backend)).catalogs:
         for info in catalog.workflows:
             served.setdefault(info.name, {}).setdefault(info.version, []).append(catalog.worker)
     return {name: versions for name, versions in served.items() if len(versions) > 1}
@@ -64,12 +61,10 @@ HAND_OVER_S = 1.0  # a run left to a worker that has its version is claimed agai
 
 async def serving_version(backend: Backend, workflow: str, version: str, besides: str) -> list[str]:
     """The live workers but `besides` that serve `workflow` at `version`."""
-    live = await LiveWorkers.read(backend, besides=besides)
     return sorted(
         catalog.worker
-        for catalog in await backend.shared.catalogs()
-        if catalog.worker in live.ids
-        and any(i.name == workflow and i.version == version for i in catalog.workflows)
+        for catalog in (await LiveWorkers.read(backend, besides=besides)).catalogs
+        if any(i.name == workflow and i.version == version for i in catalog.workflows)
     )
 
 
