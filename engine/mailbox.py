@@ -18,7 +18,7 @@ from typing import Any
 from .backends.base import Backend, EventMessage
 from .errors import EngineError, UnknownRun
 from .ledger import Ledger
-from .models import EventOutcome, EventSent, JobState, Run, RunStatus
+from .models import EventOutcome, EventSent, JobState, Run, RunStatus, WorkflowInfo
 from .validation import check_event_name, checked
 
 log = logging.getLogger("blok.mailbox")
@@ -84,17 +84,14 @@ class Mailbox:
             if info.name == run.workflow_name
         ]
         declared = [i for i in declared if i.version == run.workflow_version] or declared
-        if not declared or any(info.events is None for info in declared):
-            return None
-        return tuple(dict.fromkeys(event for info in declared for event in info.events or ()))
+        return _awaited(declared)
 
     async def _events_declared(self) -> tuple[str, ...] | None:
         """The events the workflows the workers on the database declared wait for anywhere;
         None when one of them did not say."""
-        declared = [info for c in await self.backend.shared.catalogs() for info in c.workflows]
-        if not declared or any(info.events is None for info in declared):
-            return None
-        return tuple(dict.fromkeys(event for info in declared for event in info.events or ()))
+        return _awaited(
+            [info for c in await self.backend.shared.catalogs() for info in c.workflows]
+        )
 
     async def _wake(self, run_id: str, message_id: int) -> None:
         """Bring the parked run's job forward so that a worker resumes it now."""
@@ -142,3 +139,11 @@ class Mailbox:
         if await self.store.get_run(run_id) is None:
             raise UnknownRun(f"unknown run {run_id!r}")
         return await self.store.events_of(run_id)
+
+
+def _awaited(declared: list[WorkflowInfo]) -> tuple[str, ...] | None:
+    """The events these declared workflows wait for anywhere, each once; None when there are
+    none, or one of them did not say."""
+    if not declared or any(info.events is None for info in declared):
+        return None
+    return tuple(dict.fromkeys(event for info in declared for event in info.events or ()))
