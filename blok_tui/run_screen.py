@@ -625,11 +625,7 @@ class RunScreen(BlokScreen):
         tz = self.blok.tz
         title = Text()
         if step.parent is None and not (step.tags and step.tags[0].startswith("mw:")):
-            top = [
-                s
-                for s in (self.run.steps if self.run else [])
-                if s.parent is None and not (s.tags and s.tags[0].startswith("mw:"))
-            ]
+            top = self.run.own_steps() if self.run else []
             position = next((n for n, s in enumerate(top) if s.index == step.index), 0)
             title.append(f"step {position + 1}/{len(top)} ")
         else:

@@ -351,11 +351,9 @@ class Catalog:
         if older is not None:
             compatible = _step_shape(older.steps) == _step_shape(current.steps)
         else:  # started before a restart: only its top-level step records are left
-            compatible = [
-                (s.name, s.kind)
-                for s in run.steps
-                if s.parent is None and not (s.tags and s.tags[0].startswith("mw:"))
-            ] == [(s.name, s.kind) for s in current.steps]
+            compatible = [(s.name, s.kind) for s in run.own_steps()] == [
+                (s.name, s.kind) for s in current.steps
+            ]
         if compatible:
             return current, (
                 f"resumed on version {current.version} (started on {run.workflow_version}); "

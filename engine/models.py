@@ -220,6 +220,15 @@ class Run(_Record):
                 return step
         raise KeyError(f"run {self.id} has no step {name!r}")
 
+    def own_steps(self) -> list[StepRun]:
+        """The records of its workflow's own top-level steps, in order: not a nested step's,
+        nor a middleware's (tagged "mw:…")."""
+        return [
+            s
+            for s in self.steps
+            if s.parent is None and not (s.tags and s.tags[0].startswith("mw:"))
+        ]
+
 
 # Runs of one job that crashed their workers (died with them, or froze past their leases)
 # before the job goes to the dead-letter queue, as Sidekiq's and BullMQ's stalled-job limits:

@@ -92,9 +92,7 @@ async def not_resumable_here(
         until = backend.clock.now() + timedelta(seconds=HAND_OVER_S)
         ledger.hold(claim, queue, run, run.status, until, meta)
         return
-    top = [
-        s for s in run.steps if s.parent is None and not (s.tags and s.tags[0].startswith("mw:"))
-    ]
+    top = run.own_steps()
     position = next((n for n, s in enumerate(top) if s.status not in DONE), None)
     at = top[position].name if position is not None else None
     then = (
