@@ -3,7 +3,14 @@
 from .backends.base import EventMessage, RunStore
 from .durations import format_duration, parse_duration
 from .engine import Capabilities, Engine
-from .errors import DatabaseError, EngineError, UnknownJob, UnknownQueue, UnknownRun
+from .errors import (
+    DatabaseError,
+    EngineError,
+    NonRetryable,
+    UnknownJob,
+    UnknownQueue,
+    UnknownRun,
+)
 from .events import (
     AttemptFailed,
     Event,
@@ -99,6 +106,7 @@ __all__ = [
     "LogLine",
     "LogRecorded",
     "Loop",
+    "NonRetryable",
     "Orphan",
     "QueueChanged",
     "QueueInfo",

@@ -30,3 +30,11 @@ class WorkflowDefinitionError(ValueError):
     found wrong by its workflow's check): a workflow file's load error names that line."""
 
     source: tuple[str, int] | None = None
+
+
+class NonRetryable(Exception):
+    """Raised by a node for a failure that trying again cannot mend (a card declined, an order
+    that does not exist): its step fails without the attempts it has left, and its job goes to
+    the dead-letter queue without the retries it has left, where an operator sees it (as
+    Inngest's NonRetriableError, Trigger.dev's AbortTaskRunError, Temporal's non-retryable
+    errors). A try_catch around the step still catches it."""

@@ -472,11 +472,13 @@ class Ledger:
         backoff_ms: Callable[[int], int],
         *,
         retry: bool,
+        permanent: str | None = None,
     ) -> None:
         """A failed or timed-out delivery. With `retry`, the job is tried again while its
         budget (`job.max_retries`) lasts, after `backoff_ms(failures so far)`, and goes to the
         dead-letter queue once it is used up (at once with no retries: the seed's "max retries
-        exhausted → DLQ"); without (the job's own timeout), it ends failed."""
+        exhausted → DLQ", or with a `permanent` reason no retry can mend); without (the job's
+        own timeout), it ends failed."""
         job = claim.job
         self._close(run, status, error, error_step)
         if status is RunStatus.TIMED_OUT:
@@ -484,7 +486,7 @@ class Ledger:
         failures = int(job.meta.get("failures", 0)) + 1
         meta = {**job.meta, "failures": failures}
         retries = job.max_retries
-        if retry and failures <= retries:
+        if retry and failures <= retries and permanent is None:
             backoff = backoff_ms(failures - 1)
             next_id = new_id("run")
             run_at = self.clock.now() + timedelta(milliseconds=backoff)
@@ -514,6 +516,8 @@ class Ledger:
         # requeue gives it a fresh budget; one that may not be retried ends failed.
         if retry:
             spent = f"used up its {retries} retries" if retries else "failed with no retries"
+            if permanent is not None and failures <= retries:
+                spent = f"is not retried ({permanent})"
             self.log(run, f"job {job.id} {spent}: moved to the dead-letter queue", "error")
         state = JobState.DEAD if retry else JobState.FAILED
         telemetry.OBSERVE.job_failed(run, "dead" if retry else "failed")

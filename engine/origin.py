@@ -152,6 +152,7 @@ def failed_for_good(
     attempts: int,
     stopped: Stopped | None = None,
     defined_at: str | None = None,
+    given_up: bool = False,
 ) -> str:
     """The one-line error of a step whose last attempt failed: "[step 2/4] charge failed:
     card declined (at workflows/shop.py:14, after 3 attempts)"; at the step's definition when
@@ -163,6 +164,7 @@ def failed_for_good(
     notes = [f"at {origin}"] if origin else []
     notes += [f"stopped at {stopped.line}"] if stopped is not None and stopped.line else []
     notes += [f"after {attempts} attempts"] if attempts > 1 else []
+    notes += ["not retried: NonRetryable"] if given_up else []
     return f"{where} failed: {error}" + (f" ({', '.join(notes)})" if notes else "")
 
 

@@ -27,6 +27,7 @@ from .backends.base import key_text
 from .clock import Clock
 from .context import Context
 from .durations import parse_until
+from .errors import NonRetryable
 from .events import AttemptFailed, EventBus, LogRecorded, StepFinished, StepStarted
 from .loader import user_names
 from .models import (
@@ -43,7 +44,7 @@ from .node_calls import NodeCalls
 from .origin import Stopped, failed_before_running, failed_for_good, stopped_in_thread
 from .records import assign, construct
 from .services import UNRECORDED, Recorder, Services
-from .step_values import KEY, bad_input, check_output
+from .step_values import KEY, bad_input, check_output, fixed_input
 from .threads import SyncCall
 from .workflow import EventWaitStep, Step, StepDefinition, WaitStep, Workflow
 
@@ -57,10 +58,15 @@ KEPT_STATES = 256  # unsaved states a process keeps for its runs to resume with
 class StepError(Exception):
     """A step that failed for good. `str()` says where: "[step 2/4] charge failed: …"."""
 
-    def __init__(self, message: str, step: str, timed_out: bool = False) -> None:
+    def __init__(
+        self, message: str, step: str, timed_out: bool = False, permanent: str | None = None
+    ) -> None:
         super().__init__(message)
         self.step = step
         self.timed_out = timed_out
+        # Why retrying the job cannot help (its body lacks what a step reads, or the node
+        # raised NonRetryable): it goes to the dead-letter queue without its retries.
+        self.permanent = permanent
 
 
 class SnapshotLost(Exception):
@@ -108,6 +114,7 @@ class Outcome:
     # Not retried whatever the budget: the job's own time limit ran out (a step's timeout,
     # like any failure, goes through the trigger's retries, then the dead-letter queue).
     final: bool = False
+    permanent: str | None = None  # StepError.permanent: dead-lettered without its retries
 
 
 def user_error(error: BaseException) -> bool:
@@ -294,7 +301,13 @@ class Runner:
             return Outcome(RunStatus.WAITING, wait_until=wait.until)
         except StepError as error:
             status = RunStatus.TIMED_OUT if error.timed_out else RunStatus.FAILED
-            return Outcome(status, error=str(error), error_step=error.step, cause=error)
+            return Outcome(
+                status,
+                error=str(error),
+                error_step=error.step,
+                cause=error,
+                permanent=error.permanent,
+            )
         finally:
             self._nested.pop(run.id, None)
         assign(run, cursor=[])
@@ -495,7 +508,8 @@ class Runner:
             record.finished_at = self.clock.now()
             self._finished(run, record)
             message = failed_before_running(where, record.error, error, step.defined_at)
-            raise StepError(message, step.name) from error
+            made = step.idempotency_key if resolving == KEY else step.inputs.get(resolving)
+            raise StepError(message, step.name, permanent=fixed_input(made)) from error
         assign(record, input=ctx.redact_value(inputs) if inputs else None)
         if key is not None:
             hit = await self.services.cache_get(workflow.name, step.name, key)
@@ -608,7 +622,9 @@ class Runner:
                 attempt.traceback = ctx.redact(
                     user_names("".join(traceback.format_exception(failure)))
                 )
-            last = attempt_no >= max_attempts
+            last_word = isinstance(failure, NonRetryable)
+            given_up = last_word and attempt_no < max_attempts
+            last = attempt_no >= max_attempts or last_word
             if not last and retry is not None:
                 attempt.backoff_ms = retry.backoff_ms(attempt_no)
             if call is not None and call.running:
@@ -644,10 +660,11 @@ class Runner:
                 record.finished_at = attempt.finished_at
                 self._finished(run, record)
                 message = failed_for_good(
-                    where, attempt.error, failure, max_attempts, stopped, step.defined_at
+                    where, attempt.error, failure, attempt_no, stopped, step.defined_at, given_up
                 )
+                permanent = "the node raised NonRetryable" if last_word else None
                 try:
-                    raise StepError(message, step.name, timed_out) from failure
+                    raise StepError(message, step.name, timed_out, permanent) from failure
                 finally:
                     failure = None  # it holds the frame (its traceback), the frame it: a cycle
             self.save(run)

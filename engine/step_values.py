@@ -43,6 +43,19 @@ def check_output(value: Any, what: str) -> None:
         ) from None
 
 
+def fixed_input(value: Any) -> str | None:
+    """Why a job whose input `value` (an expression, a callable, a constant) could not be made
+    is not worth retrying: an expression that reads the job's body or headers reads the same
+    thing at every delivery ("the job's body lacks what the step reads"). None where a retry
+    may read something else (a step's output, a callable's world)."""
+    if not expressions.is_expression(value):
+        return None
+    root = value[2:].split(".", 1)[0]
+    if root == "body":
+        return "a retry reads the same body; replay the run with --input to give it another"
+    return "a retry reads the same headers" if root == "headers" else None
+
+
 KEY = "idempotency_key"  # what `bad_input` is told while the step's key is made
 
 

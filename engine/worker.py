@@ -743,6 +743,7 @@ class Worker:
                 outcome.error_step,
                 backoff,
                 retry=not outcome.final,
+                permanent=outcome.permanent,
             )
 
     # ---- parents waiting on children --------------------------------------------------------
