@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import signal
 import sys
 from collections import OrderedDict, deque
 from collections.abc import Callable
@@ -710,7 +711,15 @@ async def run_console(
     (Textual has shown the traceback), so a supervisor or a script can tell. `grace`: how
     long the engine gives its runs to finish once the console is gone, for the line saying so."""
     app = BlokApp(engine, title=title)
-    await app.run_async()
+    # A SIGTERM (a `kill`, a supervisor, tmux kill-session) quits as `q` does: Python's default
+    # ended the process at once and left the terminal in the alternate screen with the cursor
+    # hidden, and the engine's runs without their grace.
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, app.exit)
+    try:
+        await app.run_async()
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
     status = app.return_code or 0
     if status == 0 and engine.in_flight:
         # The engine now gives its runs the grace period, with the screen already gone: say

@@ -146,6 +146,32 @@ def test_quitting_with_a_run_in_flight_says_it_is_stopping_it(tmp_path: Path) ->
     assert "stopping 1 run… (up to 2s" in console.text
 
 
+def test_a_sigterm_quits_the_console_as_q_does(tmp_path: Path) -> None:
+    """`kill PID` (a supervisor, tmux kill-session) ended the process at once: the terminal
+    stayed in the alternate screen with its cursor hidden, and the runs had no grace."""
+    folder = write_workflows(tmp_path / "workflows")
+    database = tmp_path / "blok.db"
+    console = Terminal(
+        tmp_path, "-m", "blok_tui", "--db", str(database), "--workflows", str(folder)
+    )
+    try:
+        eventually(lambda: "naps" in console.text, timeout=20)
+        done = blok("enqueue", "naps", '{"seconds": 30}', "--db", database)
+        assert done.returncode == 0, done.stderr
+        job_id = done.stdout.split()[0]
+        eventually(lambda: (run_of(database, job_id) or {}).get("status") == "running")
+        console.process.terminate()
+    except BaseException:
+        console.process.kill()
+        raise
+    finally:
+        code = console.finish()
+    assert code == 0
+    after = console.text.rpartition("\x1b[?1049h")[2]  # what came after the screen was entered
+    assert "\x1b[?1049l" in after and "\x1b[?25h" in after  # left it, cursor shown again
+    assert "stopping 1 run… (up to 2s" in console.text
+
+
 # ---- 8: typeahead ---------------------------------------------------------------------------
 async def test_keys_typed_right_after_the_colon_reach_the_command_line(engine: Engine) -> None:
     app = BlokApp(engine)
