@@ -336,6 +336,14 @@ class Catalog:
     def version(self, name: str, version: str) -> Workflow | None:
         return self.versions.get((name, version))
 
+    def takes_over(self, workflow: Workflow) -> Workflow | None:
+        """The loaded version of `workflow` when it is another one with the same steps: a run
+        of `workflow` goes on with it where it stops (`resumed_on` says the same)."""
+        current = self.workflows.get(workflow.name)
+        if current is None or current.version == workflow.version:
+            return None
+        return current if _step_shape(current.steps) == _step_shape(workflow.steps) else None
+
     def resumed_on(
         self, current: Workflow, run: Run, resuming: bool
     ) -> tuple[Workflow | None, tuple[str, str] | None]:

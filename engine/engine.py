@@ -292,6 +292,8 @@ class Engine:
                 )
                 if self._snapshot_cap:
                     runner.snapshot_cap = self._snapshot_cap
+                runner.backoffs.takes_over = self.catalog.takes_over
+                self.catalog.on_change.append(runner.backoffs.reloaded)
                 runner.middleware = functools.partial(
                     run_middleware, global_names=global_middleware()
                 )

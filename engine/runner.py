@@ -24,6 +24,7 @@ import anyio
 
 from . import expressions, telemetry
 from .backends.base import key_text
+from .backoffs import Backoffs
 from .clock import Clock
 from .context import Context
 from .durations import parse_until
@@ -205,8 +206,7 @@ class Runner:
         self.middleware: Callable[[Runner, Workflow, Run, Context], Awaitable[None]] | None = None
         self._recorders: dict[str, Recorder] = {}
         self._nested: dict[str, tuple[list[StepRun], dict[tuple[Any, ...], int]]] = {}
-        # Runs sleeping in a step's retry backoff, by run id: retry_now sets the event.
-        self.backoff_wakeups: dict[str, anyio.Event] = {}
+        self.backoffs = Backoffs(self.clock)  # runs sleeping before a step's next attempt
         self.calls = NodeCalls(self.engine_log)
 
     # ---- records ---------------------------------------------------------------------------
@@ -668,7 +668,17 @@ class Runner:
                 finally:
                     failure = None  # it holds the frame (its traceback), the frame it: a cycle
             self.save(run)
-            await self._backoff(run, (attempt.backoff_ms or 0) / 1000)
+            top = record.parent is None and not record.tags
+            seconds = (attempt.backoff_ms or 0) / 1000
+            newer = await self.backoffs.sleep(run.id, workflow, seconds, handover=top)
+            if newer is not None:  # reloaded with the same steps: on with the new code
+                self.engine_log(
+                    run,
+                    f"{where}: version {newer[0].version} of its workflow was loaded during "
+                    f"the backoff; attempt {attempt_no + 1} runs it",
+                )
+                self._snapshot(run, ctx)
+                raise WaitRequested(newer[1])
         raise AssertionError("unreachable: the attempt loop returns or raises")
 
     def stopped(self, run: Run, ctx: Context) -> str:
@@ -683,17 +693,6 @@ class Runner:
                 if attempt.status is AttemptStatus.RUNNING:
                     attempt.traceback = stack
         return stopped.note
-
-    async def _backoff(self, run: Run, seconds: float) -> None:
-        """Sleep before the next attempt; `Engine.retry_now` sets the run's event to cut the
-        wait short."""
-        wake = self.backoff_wakeups[run.id] = anyio.Event()
-        try:
-            with anyio.move_on_after(seconds):
-                await wake.wait()
-        finally:
-            if self.backoff_wakeups.get(run.id) is wake:
-                del self.backoff_wakeups[run.id]
 
     async def _wait(
         self, run: Run, ctx: Context, step: WaitStep, record: StepRun, where: str

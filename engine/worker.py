@@ -875,7 +875,7 @@ class Worker:
 
     def in_backoff(self, run_id: str) -> bool:
         """The run sleeps between two attempts of a step (retry now can cut it short)."""
-        return run_id in self.runner.backoff_wakeups
+        return run_id in self.runner.backoffs
 
     def act(self, handle: RunHandle, signal: str) -> None:
         """Carry out an operator's request on a run held here."""
@@ -884,8 +884,6 @@ class Worker:
         elif signal == WHERE:
             for answer in self.runner.calls.where_now(handle.run.id) or [NOTHING_RUNS]:
                 self.runner.engine_log(handle.run, answer)
-        elif signal == "retry_now":
-            wakeup = self.runner.backoff_wakeups.get(handle.run.id)
-            if wakeup is not None:
-                self.runner.engine_log(handle.run, "retry now: the operator cut the backoff short")
-                wakeup.set()
+        elif signal == "retry_now" and handle.run.id in self.runner.backoffs:
+            self.runner.engine_log(handle.run, "retry now: the operator cut the backoff short")
+            self.runner.backoffs.cut(handle.run.id)

@@ -23,6 +23,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 
 from engine import Engine, JobState, RunStatus, UnknownQueue
 from engine.events import (
+    AttemptFailed,
     Event,
     QueueChanged,
     ReloadErrorCleared,
@@ -412,6 +413,63 @@ async def test_waiting_run_resumes_on_the_version_its_steps_fit(
             current = engine.workflow("orders")  # new runs start on the new steps
             assert current.version == v2
             assert [s.name for s in current.steps] == ["a", "wait_2", "extra", "b"]
+
+
+FLAKY = """\
+from engine import Retry, Step, WorkerTrigger, Workflow
+
+LABEL = {label!r}
+
+
+async def work(ctx):
+    if LABEL == "v1":
+        raise RuntimeError("the bug")
+    return {{"label": LABEL}}
+
+
+workflow = Workflow(
+    name="orders",
+    trigger=WorkerTrigger(queue="orders"),
+    steps=[Step("work", work, retry=Retry(max_attempts=2, min_timeout="2s")){more}],
+)
+"""
+
+
+@pytest.mark.parametrize("compatible", [False, True], ids=["steps-changed", "steps-same"])
+async def test_a_step_in_its_backoff_retries_with_the_code_a_reload_brought(
+    folder: Path, database: Path | None, compatible: bool
+) -> None:
+    """A developer fixes the step that keeps failing: its next attempt runs the fix (the run
+    hands itself back at its backoff's end and resumes on the new version). Where the reload
+    changed the steps, the run cannot go on on the new version by position: it keeps its own."""
+    file = folder / "orders.py"
+    file.write_text(FLAKY.format(label="v1", more=""))
+    async with running(folder, database) as (engine, events):
+        v1 = await version_of(engine)
+        job_id = await engine.enqueue("orders", {})
+        run_id = (await engine.get_job(job_id)).run_id
+        await events.expect(AttemptFailed, lambda e: e.run_id == run_id and e.attempt == 1)
+
+        more = ', Step("after", work)' if not compatible else ""
+        file.write_text(FLAKY.format(label="v2", more=more))
+        v2 = (await events.reloaded(file.resolve())).versions[0]
+        # The reload must land inside the 2 s backoff, or this test would prove nothing.
+        assert (await engine.get_run(run_id)).finished_at is None
+
+        run = await engine.wait_for_job(job_id, timeout=TIMEOUT)
+        attempts = [a.status for a in run.steps[0].attempts]
+        if compatible:
+            assert (run.status, run.workflow_version, run.output) == (
+                RunStatus.COMPLETED,
+                v2,
+                {"label": "v2"},
+            ), run.error
+            assert attempts == ["failed", "completed"]
+            logs = [line.message for line in run.logs]
+            assert any(f"version {v2} of its workflow was loaded" in m for m in logs), logs
+        else:
+            assert (run.status, run.workflow_version) == (RunStatus.FAILED, v1)
+            assert "the bug" in (run.error or "") and attempts == ["failed", "failed"]
 
 
 HANGING = """\
