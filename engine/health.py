@@ -8,7 +8,9 @@ purpose. A memory queue of another process cannot be seen from here and is left 
 A worker of this machine whose process is alive but whose heartbeat is older than
 `liveness.STALE_HEARTBEAT_S` (suspended by SIGSTOP, or its event loop blocked) is not counted:
 it claims nothing. It is named in the reason. Recovery judges it otherwise (it keeps its jobs
-until their leases run out) and is not changed by what health says.
+until their leases run out) and is not changed by what health says. Workflows served at more
+than one version (a rolling deploy, or a worker left behind with old files) are named in a
+healthy answer's reason too: otherwise only the workers' logs said so.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from .durations import format_duration
 from .errors import EngineError
 from .liveness import GONE, SERVING, why_not_serving, worker_state
 from .models import QueueInfo, WorkerInfo
+from .versions import split_line, version_splits
 
 DEFAULT_MAX_AGE_S = 300.0
 
@@ -40,6 +43,9 @@ class Health:
     workers_alive: int = 0
     waiting: dict[str, float] = field(default_factory=dict)
     not_serving: dict[str, str] = field(default_factory=dict)
+    # Workflows the live workers serve at more than one version (`versions.version_splits`):
+    # healthy, but their runs go to whichever worker claims them. Named in the reason.
+    version_splits: dict[str, dict[str, list[str]]] = field(default_factory=dict)
 
 
 class HealthReader(Protocol):
@@ -94,8 +100,10 @@ async def check(operator: HealthReader, max_age_s: float = DEFAULT_MAX_AGE_S) ->
         oldest = f"oldest waiting job {_seconds(age)} ({queue})"
     else:
         oldest = "no job waiting"
-    reason = f"database {where} ok, {workers}, {oldest}{silent}"
-    return Health(True, reason, database, len(alive), waiting, not_serving)
+    splits = await version_splits(backend)
+    split = "".join(f"; {split_line(name, v)}" for name, v in sorted(splits.items()))
+    reason = f"database {where} ok, {workers}, {oldest}{silent}{split}"
+    return Health(True, reason, database, len(alive), waiting, not_serving, splits)
 
 
 async def _waiting(operator: HealthReader, queues: Sequence[QueueInfo]) -> dict[str, float]:

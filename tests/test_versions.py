@@ -64,6 +64,22 @@ async def test_a_workflow_served_at_two_versions_is_said_so(
             assert len(caplog.records) == 1
 
 
+async def test_health_names_a_workflow_served_at_two_versions(tmp_path: Path) -> None:
+    """`blok-tui health` (and `engine.health()`) said a split in no word: only the logs did."""
+    database = tmp_path / "blok.db"
+    old, new = charge("v1"), charge("v2")
+    async with Engine(workflows=[old], database=database) as first:
+        health = await first.health()
+        assert health.ok and not health.version_splits and "versions" not in health.reason
+        async with Engine(workflows=[new], database=database) as second:
+            health = await first.health()
+            assert health.ok
+            assert health.version_splits == {
+                "orders.charge": {old.version: [first.worker.id], new.version: [second.worker.id]}
+            }
+            assert "workflow 'orders.charge' is served at 2 versions" in health.reason
+
+
 # ---- a run resuming where its version is not --------------------------------------------------
 def pay(order: list[str], charged: list[str]) -> Workflow:
     """orders.pay with its steps in `order`: a charge, a wait for "go", a notice."""
