@@ -172,6 +172,9 @@ class Catalog:
         # Each file that failed to load, with the digest of what failed: fixed while the hot
         # reloader started, it was never loaded again (`reload._changed_since_load`).
         self.failed: dict[Path, str | None] = {}
+        # Files that imported but were refused for a clash (a workflow or queue another file
+        # has): tried again at each reload, as the other file may give the name up or go.
+        self.refused: dict[Path, LoadedFile] = {}
         self.on_change: list[Callable[[], None]] = []
 
     # ---- where the workflows are -----------------------------------------------------------
@@ -200,8 +203,13 @@ class Catalog:
             path = Path(source)
             if not path.exists():
                 raise EngineError(f"{path}: no such workflows folder or file")
-            for file in [path] if path.is_file() else workflow_files(path):
+            # Oldest first: of two files that clash, the one that was there first is kept, at
+            # a start as at a hot reload (which keeps the loaded one and refuses the newcomer).
+            # By name, a restart served the file the reload had refused.
+            files = [path] if path.is_file() else sorted(workflow_files(path), key=_modified)
+            for file in files:
                 self.load(file)
+            self.files = dict(sorted(self.files.items()))
             self.apply()
             return
         self.inline = inline_workflows(source)
@@ -223,17 +231,23 @@ class Catalog:
             if isinstance(imported, WorkflowLoadError):
                 raise imported
             loaded = imported
-            self.check_clashes(loaded)
+            try:
+                self.check_clashes(loaded)
+            except WorkflowLoadError:
+                self.refused[path] = loaded
+                raise
         except WorkflowLoadError as error:
             self.reload_errors[key] = str(error)
             self.failed[path] = file_digest(path)
-            log.error("workflow file failed to load: %s", error)
+            kept = "; its previous version keeps serving" if path in self.files else ""
+            log.error("workflow file failed to load: %s%s", error, kept)
             self._changed()
             if self.bus.active:
                 self.bus.publish(ReloadFailed(key, str(error)))
             return None
         self.files[path] = loaded
         self.failed.pop(path, None)
+        self.refused.pop(path, None)
         if self.reload_errors.pop(key, None) is not None and self.bus.active:
             self.bus.publish(ReloadErrorCleared(key))
         return loaded
@@ -242,6 +256,7 @@ class Catalog:
         path = path.resolve()
         self.files.pop(path, None)
         self.failed.pop(path, None)
+        self.refused.pop(path, None)
         if self.reload_errors.pop(str(path), None) is not None and self.bus.active:
             self.bus.publish(ReloadErrorCleared(str(path)))
 
@@ -439,6 +454,13 @@ class Catalog:
             reload_errors=dict(self.reload_errors),
             updated_at=time.time(),
         )
+
+
+def _modified(path: Path) -> tuple[int, str]:
+    try:
+        return path.stat().st_mtime_ns, path.name
+    except OSError:  # gone since the folder was listed: its load says so
+        return 0, path.name
 
 
 def _step_shape(steps: Sequence[Any]) -> list[Any]:

@@ -37,7 +37,7 @@ from .filters import RunFilter
 from .health import Health
 from .ledger import Ledger
 from .liveness import Orphan, orphaned, this_process, worker_alive, worker_state
-from .loader import IMPORT_TIMEOUT_S
+from .loader import import_limit
 from .mailbox import Mailbox
 from .models import EventSent, Job, QueueInfo, QueueStats, Run, WorkerInfo, WorkflowInfo, utcnow
 from .operations import BulkResult, ProgressCallback, median_duration
@@ -116,7 +116,7 @@ class Engine:
         consume: bool = True,
         follow: bool | None = None,
         create: bool = True,
-        import_timeout: float = IMPORT_TIMEOUT_S,
+        import_timeout: float | None = None,
         state_snapshots: bool | None = None,
         concurrency_keys: bool | None = None,
         scheduling: bool | None = None,
@@ -138,6 +138,9 @@ class Engine:
         `janitor` (BLOK_JANITOR_DISABLED: nothing is purged), `crash_recovery`
         (BLOK_CRASH_AUTOFLIP_DISABLED: runs of dead workers are not recorded crashed and
         their jobs released at boot; jobs whose lease ran out are still taken over).
+
+        `import_timeout`: seconds a workflow file's import may take before it is reported as
+        failed (default: BLOK_IMPORT_TIMEOUT, else 30).
 
         `watchdog`: seconds the event loop may stand still before a thread logs which step
         blocks it (None: no watchdog)."""
@@ -175,7 +178,10 @@ class Engine:
             process=this_process(),
         )
         self.catalog = Catalog(
-            workflows, self.bus, check=self._check_provider, import_timeout=import_timeout
+            workflows,
+            self.bus,
+            check=self._check_provider,
+            import_timeout=import_limit() if import_timeout is None else import_timeout,
         )
         env_cap = os.environ.get("BLOK_STATE_SNAPSHOT_MAX_BYTES", "")
         self._snapshot_cap = snapshot_cap or (int(env_cap) if env_cap.isdigit() else None)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import os
 import re
 import sys
 import threading
@@ -17,9 +18,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeGuard
 
+from .durations import parse_duration
+from .errors import EngineError
 from .workflow import Workflow
 
-IMPORT_TIMEOUT_S = 5.0  # a workflow file whose import takes longer is reported, not waited for
+# A workflow file whose import takes longer is reported, not waited for: long enough for a
+# cold import of a large library (5 s refused `import torch` at a worker's start), short
+# enough that a file that loops at import does not hold up the others for long.
+IMPORT_TIMEOUT_S = 30.0
+IMPORT_TIMEOUT_ENV = "BLOK_IMPORT_TIMEOUT"  # seconds, or a duration ("2m"): the limit's override
 
 # Each workflow file is imported as a module of its own: PACKAGE.<file stem>_<path hash>.
 PACKAGE = "blok_workflows"
@@ -131,7 +138,10 @@ def load_file(path: Path) -> LoadedFile:
     try:
         tree = ast.parse(source, str(path))
         exec(compile(tree, str(path), "exec"), module.__dict__)
-    except (Exception, SystemExit) as error:  # a `sys.exit()` at import must not stop the engine
+    except BaseException as error:
+        # Whatever the file raises is its failure, not the engine's: a `sys.exit()`, a
+        # `raise KeyboardInterrupt`, pytest's `importorskip`. It runs in an import thread of
+        # its own (`load_file_with_timeout`), where no signal nor cancellation arrives.
         kind = type(error).__name__
         raise WorkflowLoadError(path, _error_line(error, path), f"{kind}: {error}") from error
     finally:
@@ -250,6 +260,21 @@ def _refuse_reassigned(path: Path, tree: ast.Module, name: str) -> None:
             defined_at = None
 
 
+def import_limit() -> float:
+    """Seconds a workflow file's import may take: BLOK_IMPORT_TIMEOUT (seconds, or a
+    duration such as "2m"), else IMPORT_TIMEOUT_S."""
+    raw = os.environ.get(IMPORT_TIMEOUT_ENV, "").strip()
+    if not raw:
+        return IMPORT_TIMEOUT_S
+    try:
+        seconds = float(raw) if raw.replace(".", "", 1).isdigit() else parse_duration(raw) / 1000
+    except ValueError as error:
+        raise EngineError(f"{IMPORT_TIMEOUT_ENV}={raw!r}: {error}") from None
+    if seconds <= 0:
+        raise EngineError(f"{IMPORT_TIMEOUT_ENV}={raw!r}: the limit must be above 0")
+    return seconds
+
+
 def load_file_with_timeout(path: Path, timeout: float = IMPORT_TIMEOUT_S) -> LoadedFile:
     """`load_file` in a daemon thread, given up on after `timeout` seconds.
 
@@ -259,7 +284,7 @@ def load_file_with_timeout(path: Path, timeout: float = IMPORT_TIMEOUT_S) -> Loa
     for the GIL, and a helper module it is stuck importing stays locked for other imports.
     """
     path = path.resolve()
-    outcome: list[LoadedFile | BaseException] = []
+    outcome: list[LoadedFile | WorkflowLoadError] = []
 
     def target() -> None:
         try:
@@ -268,8 +293,6 @@ def load_file_with_timeout(path: Path, timeout: float = IMPORT_TIMEOUT_S) -> Loa
             outcome.append(error)
         except Exception as error:  # outside the file's own code (a helper vanished mid-read…)
             outcome.append(WorkflowLoadError(path, None, f"{type(error).__name__}: {error}"))
-        except BaseException as error:  # raised again in the caller's thread, below
-            outcome.append(error)
 
     thread = threading.Thread(target=target, name=f"blok-import:{path.name}", daemon=True)
     thread.start()
@@ -278,11 +301,11 @@ def load_file_with_timeout(path: Path, timeout: float = IMPORT_TIMEOUT_S) -> Loa
         raise WorkflowLoadError(
             path,
             _running_line(thread, path),
-            f"import did not finish within {timeout:g}s (does it loop or block at import?); "
-            "the previous version keeps serving",
+            f"import did not finish within {timeout:g}s (does it loop or block at import? "
+            f"{IMPORT_TIMEOUT_ENV} sets the limit)",
         )
     result = outcome[0]
-    if isinstance(result, BaseException):
+    if isinstance(result, WorkflowLoadError):
         raise result
     return result
 

@@ -51,9 +51,6 @@ DEBOUNCE_MS = 1_600  # the longest a stream of saves is grouped before a reload 
 STEP_MS = 50  # a reload starts once the folder has been quiet this long
 
 _watching: WeakKeyDictionary[Catalog, anyio.Event] = WeakKeyDictionary()
-# Files that imported fine but were refused because another file defines the same workflow
-# or queue: tried again after every reload, since fixing the other file fixes them too.
-_refused: WeakKeyDictionary[Catalog, dict[Path, LoadedFile]] = WeakKeyDictionary()
 
 
 def _watching_event(engine: Catalog) -> anyio.Event:
@@ -208,7 +205,7 @@ def _swap_in(
         if len(clashing) == len(pending):
             break
         pending = clashing
-    _refused[engine] = dict(pending)
+    engine.refused = dict(pending)
     for path in pending:
         if engine.reload_errors.get(str(path)) != str(refusals[path]):  # not news otherwise
             engine.load(path, imported=refusals[path])
@@ -255,7 +252,7 @@ async def reload_paths(
         outcomes[path] = await anyio.to_thread.run_sync(
             _import, path, timeout, abandon_on_cancel=True
         )
-    for path, outcome in _refused.get(engine, {}).items():
+    for path, outcome in list(engine.refused.items()):
         if path not in targets and path.exists():
             outcomes.setdefault(path, outcome)
     removed = [p for p in gone if p in engine.files or str(p) in engine.reload_errors]

@@ -4,7 +4,9 @@ on serving the rest."""
 
 from __future__ import annotations
 
+import os
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -55,8 +57,12 @@ async def serves(engine: Engine, queue: str) -> str:
 
 
 async def errors_of(folder: Path) -> dict[str, str]:
-    """The load errors of a folder, once the good file in it is served."""
-    (folder / "good.py").write_text(GOOD_FILE)
+    """The load errors of a folder, once the good file in it is served. The good file was
+    there first (of two files that clash, the older is kept)."""
+    good = folder / "good.py"
+    good.write_text(GOOD_FILE)
+    before = time.time() - 3600
+    os.utime(good, (before, before))
     async with Engine(workflows=folder) as engine:
         assert await serves(engine, "good") == "good"
         return dict(engine.reload_errors)
@@ -202,6 +208,60 @@ async def test_a_queue_clash_between_files_names_the_line(tmp_path: Path) -> Non
     assert await errors_of(tmp_path) == {
         key: f"{key}:3: queue 'good' is already consumed by workflow 'good'"
     }
+
+
+async def test_of_two_files_of_one_workflow_the_older_is_kept_whatever_their_names(
+    tmp_path: Path,
+) -> None:
+    """By name, `a_dup.py` took the workflow from `good.py` at a restart, where the hot reload
+    that saw it arrive had refused it: the same folder served another queue."""
+    key = write(
+        tmp_path,
+        "a_dup.py",
+        """
+        from engine import Step, WorkerTrigger, Workflow
+
+        workflow = Workflow(
+            name="good",
+            trigger=WorkerTrigger(queue="dupq"),
+            steps=[Step("s", print)],
+        )
+        """,
+    )
+    errors = await errors_of(tmp_path)  # good.py is the older: it serves, a_dup.py is refused
+    assert list(errors) == [key]
+    assert errors[key].startswith(f"{key}:3: workflow 'good' is already defined in ")
+
+
+BASE_EXCEPTIONS = {
+    "interrupt.py": ("raise KeyboardInterrupt('at import')\n", "KeyboardInterrupt: at import"),
+    "skipped.py": (
+        "class Skipped(BaseException):\n    pass\n\n\nraise Skipped('no numpy here')\n",
+        "Skipped: no numpy here",
+    ),
+}
+
+
+async def test_a_file_raising_a_base_exception_at_import_fails_alone(tmp_path: Path) -> None:
+    """A `raise KeyboardInterrupt` (or pytest's importorskip, any BaseException) in a workflow
+    file took the whole engine down, at a start as at a hot reload."""
+    keys = {write(tmp_path, name, source): said for name, (source, said) in BASE_EXCEPTIONS.items()}
+    errors = await errors_of(tmp_path)
+    assert set(errors) == set(keys)
+    for key, said in keys.items():
+        assert errors[key].endswith(said), errors[key]
+
+
+async def test_the_import_limit_comes_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BLOK_IMPORT_TIMEOUT", "200ms")
+    key = write(tmp_path, "slow.py", "import time\n\ntime.sleep(2)\n")
+    said = (await errors_of(tmp_path))[key]
+    assert "import did not finish within 0.2s" in said and "BLOK_IMPORT_TIMEOUT" in said
+    monkeypatch.setenv("BLOK_IMPORT_TIMEOUT", "soon")
+    with pytest.raises(EngineError, match="BLOK_IMPORT_TIMEOUT='soon': cannot parse"):
+        Engine(workflows=tmp_path)
 
 
 async def test_a_duplicate_step_in_a_file_is_reported_at_the_steps_line(tmp_path: Path) -> None:

@@ -7,8 +7,10 @@ Every wait is for an event (engine events, gates, `wait_for_job`) under `anyio.f
 
 from __future__ import annotations
 
+import os
 import sys
 import textwrap
+import time
 import threading
 import types
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -554,6 +556,27 @@ async def test_a_workflow_moved_between_files_in_one_save_is_not_a_clash(
         assert engine.reload_errors == {}
         run = await engine.wait_for_job(await engine.enqueue("orders", {}), timeout=TIMEOUT)
         assert run.output == {"label": "moved"}
+
+
+async def test_a_file_refused_at_start_for_a_clash_loads_once_the_other_file_goes(
+    folder: Path, tmp_path: Path, gates: Gates
+) -> None:
+    """Refused at the engine's start, a file was never tried again: only files refused by a
+    hot reload were. Removing the file it clashed with left its queue unserved."""
+    older, newer = folder / "z_first.py", folder / "a_second.py"
+    older.write_text(flow_source("first"))
+    newer.write_text(flow_source("second"))  # the same workflow: refused, the older is kept
+    before = time.time() - 60  # a file system's clock may give both writes one mtime
+    os.utime(older, (before, before))
+    async with running(folder, tmp_path / "blok.db") as (engine, events):
+        assert list(engine.reload_errors) == [str(newer.resolve())]
+        run = await engine.wait_for_job(await engine.enqueue("orders", {}), timeout=TIMEOUT)
+        assert run.output == {"label": "first"}
+        older.unlink()
+        await events.reloaded(newer.resolve())
+        assert engine.reload_errors == {}
+        run = await engine.wait_for_job(await engine.enqueue("orders", {}), timeout=TIMEOUT)
+        assert run.output == {"label": "second"}
 
 
 async def test_a_clash_clears_once_the_other_file_gives_the_name_up(
