@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 import sys
 import textwrap
-import time
 import threading
+import time
 import types
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
