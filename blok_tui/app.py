@@ -320,7 +320,10 @@ class BlokApp(App[None]):
             case ReloadErrorCleared():
                 self.reload_errors.pop(event.path, None)
                 self._show_reload_errors()
-                self.notify(f"{Path(event.path).name} loads again", title="Reload fixed")
+                if Path(event.path).exists():
+                    self.notify(f"{Path(event.path).name} loads again", title="Reload fixed")
+                else:  # removed: its error went with it, nothing loads
+                    self.notify(f"{Path(event.path).name} removed", title="Reload error gone")
             case Lagged():
                 changes.everything = True
                 changes.queue_list = True

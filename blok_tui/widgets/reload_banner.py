@@ -8,12 +8,15 @@ from pathlib import Path
 from rich.text import Text
 from textual.widgets import Static
 
+SHOWN = 5  # lines of files under the banner's first: its height is 6
+
 
 class ReloadBanner(Static):
     DEFAULT_CSS = """
     ReloadBanner {
         display: none; height: auto; max-height: 6;
         background: $error 25%; color: $text; border-left: thick $error; padding: 0 1;
+        text-wrap: nowrap; text-overflow: ellipsis;
     }
     ReloadBanner.-failing { display: block; }
     """
@@ -31,13 +34,26 @@ class ReloadBanner(Static):
         )
         serves = "their last good versions keep" if count > 1 else "its last good version keeps"
         text.append(f" — fix and save; until then {serves} serving, if any", style="dim")
-        for path, message in sorted(errors.items()):
+        # One line each, and no more lines than the banner's height: a long error wrapped onto
+        # a second line and pushed the last files out of sight, without a word.
+        entries = sorted(errors.values())
+        shown = entries if len(entries) <= SHOWN else entries[: SHOWN - 1]
+        for message in shown:
             where, _, what = message.partition(": ")
             text.append("\n  ")
             text.append(_short(where), style="bold underline")
             text.append(f"  {what}" if what else "")
-            del path
+        if len(shown) < len(entries):
+            rest = [_file(m.partition(": ")[0]) for m in entries[len(shown) :]]
+            text.append(f"\n  … and {len(rest)} more: {', '.join(rest)}", style="dim")
         self.update(text)
+
+
+def _file(where: str) -> str:
+    """ "/long/path/to/workflows/orders.py:12" -> "workflows/orders.py"."""
+    short = _short(where)
+    file, sep, line = short.rpartition(":")
+    return file if sep and line.isdigit() else short
 
 
 def _short(where: str) -> str:

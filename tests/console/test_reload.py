@@ -14,7 +14,7 @@ from blok_tui.widgets import ReloadBanner
 from engine import Engine
 from engine.reload import wait_until_watching
 
-from .helpers import settled, text_of, until
+from .helpers import settled, shown_lines, text_of, until
 
 pytestmark = pytest.mark.anyio
 
@@ -79,3 +79,44 @@ async def test_a_folder_with_no_workflow_yet_says_what_to_add_even_at_80_columns
         )
         (folder / "pings.py").write_text(GOOD)
         await until(pilot, lambda: text_of(summary, width=80).startswith("1 queue   0 queued"))
+
+
+async def test_every_failing_file_is_named_when_more_fail_than_the_banner_holds(
+    tmp_path: Path,
+) -> None:
+    """Six broken files: the banner listed what fitted its six lines (a long error took two)
+    and said nothing of the others."""
+    folder = tmp_path / "workflows"
+    folder.mkdir()
+    (folder / "pings.py").write_text(GOOD)
+    long_name = "pong_" + "x" * 200  # an error wider than any terminal
+    for n in range(6):
+        (folder / f"broken{n}.py").write_text(BROKEN.replace("pong", long_name))
+    async with watching(folder) as app, app.run_test(size=(100, 30)) as pilot:
+        await settled(pilot)
+        banner = app.screen.query_one(ReloadBanner)
+        lines = [line for line in shown_lines(banner) if line.strip()]
+        assert "⚠ 6 workflow files failed to load" in lines[0]
+        assert len(lines) == 6  # one line a file shown, then the rest by name
+        assert (
+            lines[-1].strip().endswith("… and 2 more: workflows/broken4.py, workflows/broken5.py")
+        )
+        for n in range(4):
+            assert f"workflows/broken{n}.py:9" in lines[n + 1]
+
+
+async def test_a_broken_file_deleted_is_not_said_to_load_again(tmp_path: Path) -> None:
+    folder = tmp_path / "workflows"
+    folder.mkdir()
+    (folder / "pings.py").write_text(GOOD)
+    broken = folder / "broken.py"
+    broken.write_text(BROKEN)
+    async with watching(folder) as app, app.run_test(size=(140, 40)) as pilot:
+        await settled(pilot)
+        banner = app.screen.query_one(ReloadBanner)
+        assert banner.has_class("-failing")
+        broken.unlink()
+        await until(pilot, lambda: not banner.has_class("-failing"))
+        said = [(n.title, n.message) for n in app._notifications]
+        assert ("Reload error gone", "broken.py removed") in said, said
+        assert not any("loads again" in message for _, message in said), said
