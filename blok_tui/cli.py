@@ -22,20 +22,17 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import signal
 import sys
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-import anyio
-
-from engine.filters import STUCK_FACTOR
-from engine.liveness import STALE_HEARTBEAT_S
-from engine.text import printable
-
+# No `engine` (nor anyio, nor Textual) at the top: `blok-tui --version` and `--help` answer
+# without loading the engine (0.4 s); each command imports what it uses.
 from .plain_text import columns, one_line
 
 if TYPE_CHECKING:
@@ -81,8 +78,70 @@ class UsageError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
+    """Every parser of the command line: a usage error raises (one line, exit 2), and a long
+    option's prefix is refused (`runs --stat failed`), so that an option added later never
+    changes what an old script meant. `describe`: a description worked out only when the help
+    is printed (one that needs the engine)."""
+
+    def __init__(self, *args: Any, describe: Callable[[], str] | None = None, **kwargs: Any):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+        self._describe = describe
+
     def error(self, message: str) -> NoReturn:
         raise UsageError(message, self.prog)
+
+    def format_help(self) -> str:
+        if self._describe is not None:
+            self.description = self._describe()
+        return super().format_help()
+
+
+class _Version(argparse.Action):
+    """`--version`: the number read when asked, not each time the parser is built."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        kwargs.setdefault("help", "show program's version number and exit")
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> NoReturn:
+        print(f"blok-tui {_version()}")
+        parser.exit()
+
+
+class _RunStatuses:
+    """`runs --status`'s choices, the engine's run statuses read when first needed (a parse
+    that gives --status, `runs --help`), so that building the parser loads no engine."""
+
+    def __iter__(self) -> Iterator[str]:
+        from engine import RunStatus
+
+        return (str(status) for status in RunStatus)
+
+    def __contains__(self, value: object) -> bool:
+        return value in list(self)
+
+
+# `runs --stuck` with no FACTOR: the engine's (engine.filters.STUCK_FACTOR), read then. Not a
+# string: argparse would give a string const to `type`.
+_STUCK_DEFAULT = object()
+
+
+def _stuck_factor(given: Any) -> float | None:
+    """`runs --stuck`'s factor: the one given, the engine's default, or None (not asked)."""
+    if given is _STUCK_DEFAULT:
+        from engine.filters import STUCK_FACTOR
+
+        return STUCK_FACTOR
+    return None if given is None else float(given)
+
+
+def printable(text: str) -> str:
+    """engine.text.printable, imported when first called (the module top imports no engine):
+    `text` with its control characters escaped."""
+    from engine.text import printable as escaped
+
+    return escaped(text)
 
 
 def _version() -> str:
@@ -332,15 +391,13 @@ def _seconds(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from engine import RunStatus
-
     parser = _Parser(
         prog="blok-tui",
         description="A Python workflow engine with durable SQLite queues and a Textual console.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"blok-tui {_version()}")
+    parser.add_argument("--version", action=_Version)
 
     def engine_options(p: argparse.ArgumentParser, default: Any) -> None:
         p.add_argument(
@@ -506,9 +563,9 @@ def build_parser() -> argparse.ArgumentParser:
     runs.add_argument("--json", action="store_true", help="one JSON array, for scripts")
     runs.add_argument(
         "--status",
-        choices=[str(s) for s in RunStatus],
+        choices=_RunStatuses(),
         metavar="STATUS",
-        help="only runs in this status: " + ", ".join(str(s) for s in RunStatus),
+        help="only runs in this status: %(choices)s",
     )
     runs.add_argument("--workflow", metavar="NAME", help="only runs of this workflow")
     runs.add_argument("--queue", metavar="NAME", type=_queue_arg, help="only runs of this queue")
@@ -518,7 +575,7 @@ def build_parser() -> argparse.ArgumentParser:
     runs.add_argument(
         "--stuck",
         nargs="?",
-        const=STUCK_FACTOR,
+        const=_STUCK_DEFAULT,
         type=_factor,
         metavar="FACTOR",
         help="only runs running longer than FACTOR (default 3) times their workflow's median "
@@ -642,8 +699,9 @@ def build_parser() -> argparse.ArgumentParser:
     queues = commands.add_parser(
         "queues",
         help="the queues the workers serve, with their jobs by state",
-        description="The queues the workers declared: workflow, provider, concurrency, whether "
-        "paused, and their jobs by state (waiting active delayed completed failed dead).",
+        description="The queues the workers declared: workflow, provider, concurrency, state "
+        "(serving, paused, or no worker: no live worker serves it, its jobs wait for one), "
+        "and their jobs by state (waiting active delayed completed failed dead).",
     )
     queues.add_argument("--json", action="store_true", help="a JSON list")
     db_option(queues, keep)
@@ -673,11 +731,7 @@ def build_parser() -> argparse.ArgumentParser:
     workers = commands.add_parser(
         "workers",
         help="the workers registered on the database, alive or not",
-        description="The workers registered on the database: id, host and pid, state, "
-        "started, last heartbeat. State: alive, gone (its process, or its heartbeat), or, for "
-        f"a process of this machine that runs but sent no heartbeat for {STALE_HEARTBEAT_S:g}s, "
-        "suspended (stopped) or stalled: it keeps its jobs until their leases run out, and "
-        "claims none.",
+        describe=_workers_description,
     )
     workers.add_argument("--json", action="store_true", help="a JSON list")
     db_option(workers, keep)
@@ -706,6 +760,17 @@ def build_parser() -> argparse.ArgumentParser:
         )
         db_option(action, keep)
     return parser
+
+
+def _workers_description() -> str:
+    from engine.liveness import STALE_HEARTBEAT_S
+
+    return (
+        "The workers registered on the database: id, host and pid, state, started, last "
+        "heartbeat. State: alive, gone (its process, or its heartbeat), or, for a process of "
+        f"this machine that runs but sent no heartbeat for {STALE_HEARTBEAT_S:g}s, suspended "
+        "(stopped) or stalled: it keeps its jobs until their leases run out, and claims none."
+    )
 
 
 # ---- where things are ----------------------------------------------------------------------
@@ -760,6 +825,8 @@ def _client(args: argparse.Namespace) -> Any:
 
 
 async def _console(args: argparse.Namespace) -> int:
+    import anyio
+
     from engine import Engine
 
     from .app import run_console  # Textual loads only for the console
@@ -827,6 +894,8 @@ async def _attach(args: argparse.Namespace) -> int:
 
 
 async def _worker(args: argparse.Namespace) -> None:
+    import anyio
+
     from engine import Engine
 
     logging.basicConfig(level=args.log_level, stream=sys.stderr)
@@ -1019,6 +1088,7 @@ async def _enqueue_job(engine: Any, args: argparse.Namespace, *, note: bool = Tr
 
 
 async def _runs(args: argparse.Namespace) -> None:
+    args.stuck = _stuck_factor(args.stuck)
     if args.follow:
         if args.stuck is not None:
             # Stuck is how long a run has run, not something that happens: nothing to follow.
@@ -1103,6 +1173,17 @@ async def _refuse_unknown_names(engine: Any, args: argparse.Namespace) -> None:
                 )
 
 
+def _zoned(title: str, moments: Sequence[datetime | None]) -> tuple[str, list[str]]:
+    """A column of times in this machine's zone (TZ): its header, which names the zone once
+    ("CREATED (UTC)", "CREATED (CET)"), and its cells ("-" for none). Rows on both sides of a
+    daylight-saving change (CET and CEST) each name their own zone instead."""
+    local = [moment.astimezone() if moment is not None else None for moment in moments]
+    zones = {moment.strftime("%Z") for moment in local if moment is not None}
+    shape = "%Y-%m-%d %H:%M:%S" if len(zones) == 1 else "%Y-%m-%d %H:%M:%S %Z"
+    cells = [moment.strftime(shape) if moment is not None else "-" for moment in local]
+    return (f"{title} ({zones.pop()})" if len(zones) == 1 else title), cells
+
+
 def _table(runs: Sequence[Any], now: datetime, orphans: Mapping[str, Orphan] | None = None) -> str:
     """The runs in columns, a running run's DURATION up to `now` (the engine's clock);
     `orphans`: why nobody runs a running run (in its ERROR column)."""
@@ -1111,9 +1192,10 @@ def _table(runs: Sequence[Any], now: datetime, orphans: Mapping[str, Orphan] | N
     from .step_order import run_ms, time_runs_to
 
     orphans = orphans or {}
-    header = ("RUN", "WORKFLOW", "QUEUE", "STATUS", "WORKER", "CREATED", "DURATION", "ERROR")
+    created, when = _zoned("CREATED", [run.created_at for run in runs])
+    header = ("RUN", "WORKFLOW", "QUEUE", "STATUS", "WORKER", created, "DURATION", "ERROR")
     rows = [header]
-    for run in runs:
+    for run, created_at in zip(runs, when, strict=True):
         # Not the record's duration_ms: that runs on for a run a worker's stop sent back to
         # the queue, which nobody runs (a listing has no steps to say when it stopped: "-").
         orphan = orphans.get(run.id)
@@ -1125,7 +1207,7 @@ def _table(runs: Sequence[Any], now: datetime, orphans: Mapping[str, Orphan] | N
                 printable(run.queue),
                 str(run.status),
                 printable(run.worker or "-"),
-                run.created_at.astimezone().strftime("%Y-%m-%d %H:%M:%S"),
+                created_at,
                 format_duration(duration) if duration is not None else "-",
                 # An orphan's note in full (the last column): what comes of it, and what to
                 # do (start a worker) when nothing will, hang on its end.
@@ -1380,15 +1462,46 @@ async def _health(args: argparse.Namespace) -> None:
     print(f"healthy: {printable(report.reason)}")
 
 
+async def _served(engine: Any) -> set[str]:
+    """The queues a worker serves now: one alive with a recent heartbeat, as `health` counts
+    them (a suspended or stalled worker claims nothing). The queues themselves stay declared
+    once their workers stopped: `queues()` alone said "serving" with no worker alive."""
+    from engine.liveness import SERVING, LiveWorkers
+
+    live = await LiveWorkers.read(engine.backend)
+    serving = {
+        worker.id
+        for worker in await engine.workers()
+        if worker.id in live.ids and engine.worker_state(worker) == SERVING
+    }
+    return {
+        queue.name
+        for catalog in live.catalogs
+        if catalog.worker in serving
+        for queue in catalog.queues
+    }
+
+
+def _queue_state(info: Any, served: bool) -> str:
+    if served:
+        return "paused" if info.paused else "serving"
+    return "paused, no worker" if info.paused else "no worker"
+
+
 async def _queues(args: argparse.Namespace) -> None:
     async with _client(args) as engine:
         infos = await engine.queues()
         stats = {info.name: await engine.queue_stats(info.name) for info in infos}
+        served = await _served(engine)
     if args.json:
         print(
             json.dumps(
                 [
-                    {**info.model_dump(mode="json"), **stats[info.name].model_dump(mode="json")}
+                    {
+                        **info.model_dump(mode="json"),
+                        **stats[info.name].model_dump(mode="json"),
+                        "served": info.name in served,  # a live worker serves it now
+                    }
                     for info in infos
                 ],
                 indent=2,
@@ -1406,7 +1519,7 @@ async def _queues(args: argparse.Namespace) -> None:
                 printable(info.workflow_name or "-"),
                 info.provider,
                 str(info.concurrency),
-                "paused" if info.paused else "serving",
+                _queue_state(info, info.name in served),
                 *(str(counts[state]) for state in states),
             )
         )
@@ -1419,11 +1532,9 @@ async def _dead(args: argparse.Namespace) -> None:
     if args.json:
         print(json.dumps([job.model_dump(mode="json") for job in jobs], indent=2))
         return
-    rows = [("JOB", "LAST RUN", "DELIVERIES", "DIED", "ERROR")]
-    for job in jobs:
-        died = (
-            job.finished_at.astimezone().strftime("%Y-%m-%d %H:%M:%S") if job.finished_at else "-"
-        )
+    title, when = _zoned("DIED", [job.finished_at for job in jobs])
+    rows = [("JOB", "LAST RUN", "DELIVERIES", title, "ERROR")]
+    for job, died in zip(jobs, when, strict=True):
         rows.append(
             (
                 printable(job.id),
@@ -1472,16 +1583,18 @@ async def _workers(args: argparse.Namespace) -> None:
             )
         )
         return
-    rows = [("WORKER", "HOST", "PID", "STATE", "STARTED", "HEARTBEAT")]
-    for worker in found:
+    started, starts = _zoned("STARTED", [worker.started_at for worker in found])
+    heartbeat, beats = _zoned("HEARTBEAT", [worker.heartbeat_at for worker in found])
+    rows = [("WORKER", "HOST", "PID", "STATE", started, heartbeat)]
+    for worker, started_at, heartbeat_at in zip(found, starts, beats, strict=True):
         rows.append(
             (
                 printable(worker.id),
                 printable(worker.host),
                 str(worker.pid),
                 states[worker.id],
-                worker.started_at.astimezone().strftime("%Y-%m-%d %H:%M:%S"),
-                worker.heartbeat_at.astimezone().strftime("%Y-%m-%d %H:%M:%S"),
+                started_at,
+                heartbeat_at,
             )
         )
     print("\n".join(columns(rows)) if found else "no workers registered")
@@ -1540,13 +1653,65 @@ def _refuse_engine_options(args: argparse.Namespace) -> None:
         )
 
 
+# A value that starts with "-" and a digit: `-5s`, `-1m`, `-.5s`. argparse takes one for an
+# option unless it is a plain negative number (`-5`), and said "expected one argument".
+_NEGATIVE = re.compile(r"-\.?\d")
+
+
+def _value_options(parser: argparse.ArgumentParser) -> set[str]:
+    """The option strings that take a value (one, or an optional one) in `parser` and its
+    sub-commands, less any that is a flag in one of them."""
+    values: set[str] = set()
+    flags: set[str] = set()
+
+    def walk(parser: argparse.ArgumentParser) -> None:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    walk(sub)
+            elif action.nargs is None or action.nargs == argparse.OPTIONAL:
+                values.update(action.option_strings)
+            else:
+                flags.update(action.option_strings)
+
+    walk(parser)
+    return values - flags
+
+
+def _negative_values_attached(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[str]:
+    """`argv` with each `--opt -5s` made `--opt=-5s`, for an option that takes a value (the
+    durations: --delay, --timeout, --lease, --grace, --retention, --janitor-interval,
+    --max-age): the value then reaches the option's own check, which says in one line what
+    is wrong with it (duration '-5s' is negative). Nothing after `--` is touched."""
+    options = _value_options(parser)
+    given = list(argv)
+    out: list[str] = []
+    i = 0
+    while i < len(given):
+        word = given[i]
+        if word == "--":
+            out.extend(given[i:])
+            break
+        if word in options and i + 1 < len(given) and _NEGATIVE.match(given[i + 1]):
+            out.append(f"{word}={given[i + 1]}")
+            i += 2
+            continue
+        out.append(word)
+        i += 1
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        given = sys.argv[1:] if argv is None else argv
+        args = parser.parse_args(_negative_values_attached(parser, given))
         _refuse_engine_options(args)
     except UsageError as error:
         _error(f"{error} (see {error.prog} --help)")
         return 2
+    import anyio
+
     from engine import DatabaseError, EngineError, WorkflowLoadError
     from engine.validation import InvalidInput
 

@@ -15,9 +15,16 @@ def one_line(text: str, width: int) -> str:
 
 def columns(rows: Sequence[Sequence[str]]) -> list[str]:
     """The rows (a header first) as lines of left-aligned columns two spaces apart, each as
-    wide as its widest cell, with no trailing spaces."""
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    wide as its widest cell, with no trailing spaces. Widths are in terminal cells, not
+    characters: a CJK character or an emoji takes two (`str.ljust` counted one, and the
+    columns after such a cell came out of line)."""
+    from rich.cells import cell_len  # here: `blok-tui --version` needs no table
+
+    sized = [[(cell, cell_len(cell)) for cell in row] for row in rows]
+    widths = [max(row[i][1] for row in sized) for i in range(len(rows[0]))]
     return [
-        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-        for row in rows
+        "  ".join(
+            cell + " " * (width - length) for (cell, length), width in zip(row, widths, strict=True)
+        ).rstrip()
+        for row in sized
     ]

@@ -1,0 +1,264 @@
+"""What a user reported of the `blok-tui` command: negative durations that argparse took for
+options, abbreviated options, a `--version` that loaded the whole engine, queues said to be
+served by no one, table times with no zone, and tables that wide characters put out of line."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from cli_helpers import blok, blok_json, cli_env, start_worker, write_workflows
+from rich.cells import cell_len
+
+from blok_tui.cli import _negative_values_attached, _stuck_factor, build_parser
+from blok_tui.plain_text import columns
+from engine.filters import STUCK_FACTOR
+
+
+def one_error_line(done: subprocess.CompletedProcess[str]) -> str:
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2, done.stderr
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("blok-tui: error: "), done.stderr
+    return lines[0]
+
+
+# ---- 1: a negative duration reaches the duration's own check ---------------------------------
+NEGATIVE = [
+    (["enqueue", "naps", "{}", "--delay", "-5s"], "argument --delay: duration '-5s' is negative"),
+    (["enqueue", "naps", "{}", "--delay=-5s"], "argument --delay: duration '-5s' is negative"),
+    (["enqueue", "naps", "{}", "--timeout", "-1m"], "argument --timeout: duration '-1m' is"),
+    (["enqueue", "naps", "{}", "--delay", "-0.5s"], "argument --delay: duration '-0.5s' is"),
+    (["worker", "--lease", "-5s"], "argument --lease: duration '-5s' is negative"),
+    (["worker", "--retention", "-1d"], "argument --retention: duration '-1d' is negative"),
+    (["worker", "--janitor-interval", "-1s"], "argument --janitor-interval: duration '-1s'"),
+    (["worker", "--grace", "-5s"], "argument --grace: not a number of seconds: '-5s'"),
+    (["worker", "--grace", "-1"], "argument --grace: must not be negative, not -1"),
+    (["health", "--max-age", "-5m"], "argument --max-age: duration '-5m' is negative"),
+    (["where", "1a2b3c4d", "--timeout", "-5s"], "argument --timeout: duration '-5s' is"),
+]
+
+
+@pytest.mark.parametrize(("args", "says"), NEGATIVE, ids=[" ".join(a) for a, _ in NEGATIVE])
+def test_a_negative_duration_gets_the_durations_own_message(
+    tmp_path: Path, args: list[str], says: str
+) -> None:
+    # `--delay -5s` said "argument --delay: expected one argument": argparse took -5s for an
+    # option.
+    done = blok(*args, "--db", tmp_path / "blok.db")
+    line = one_error_line(done)
+    assert says in line, line
+    assert "expected one argument" not in line
+    assert not (tmp_path / "blok.db").exists()
+
+
+def test_only_an_options_value_is_attached_and_nothing_after_a_double_dash() -> None:
+    parser = build_parser()
+    given = ["enqueue", "q", "{}", "--delay", "-5s", "--wait", "--", "--timeout", "-1s"]
+    assert _negative_values_attached(parser, given) == [
+        "enqueue",
+        "q",
+        "{}",
+        "--delay=-5s",
+        "--wait",
+        "--",
+        "--timeout",
+        "-1s",
+    ]
+    # A flag takes no value: what follows it is left to argparse.
+    assert _negative_values_attached(parser, ["runs", "--json", "-5s"]) == [
+        "runs",
+        "--json",
+        "-5s",
+    ]
+
+
+# ---- 2: no abbreviations ---------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["runs", "--stat", "failed"],
+        ["runs", "--lim", "5"],
+        ["enqueue", "naps", "{}", "--prio", "5"],
+        ["health", "--max", "5m"],
+        ["--vers"],
+    ],
+    ids=" ".join,
+)
+def test_a_prefix_of_a_long_option_is_refused(tmp_path: Path, args: list[str]) -> None:
+    # `runs --stat failed` listed the failed runs: an option added later (--stats) would
+    # have changed what the script meant.
+    done = blok(*args, "--db", tmp_path / "blok.db")
+    line = one_error_line(done)
+    assert "unrecognized arguments: " + args[-2 if len(args) > 1 else -1] in line, line
+
+
+def test_every_parser_refuses_abbreviations() -> None:
+    def parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+        found = [parser]
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    found += parsers(sub)
+        return found
+
+    every = parsers(build_parser())
+    assert len(every) > 20  # the commands, and the schedules' actions
+    assert [p.prog for p in every if p.allow_abbrev] == []
+
+
+# ---- 3: --version and --help load no engine --------------------------------------------------
+LOADED = """
+import sys
+from blok_tui.cli import main
+try:
+    main({argv!r})
+except SystemExit:
+    pass
+print("LOADED", sorted({{m.split(".")[0] for m in sys.modules}} & {{"engine", "textual"}}))
+"""
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["--help"]], ids=" ".join)
+def test_version_and_help_load_neither_the_engine_nor_textual(argv: list[str]) -> None:
+    # `blok-tui --version` imported the whole engine: 0.3-0.5 s.
+    done = subprocess.run(
+        [sys.executable, "-c", LOADED.format(argv=argv)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=cli_env(),
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "LOADED []", done.stdout
+    assert done.stdout.startswith("blok-tui " if argv == ["--version"] else "usage: blok-tui")
+
+
+def test_the_help_that_names_engine_values_still_names_them() -> None:
+    runs = blok("runs", "--help")
+    assert runs.returncode == 0, runs.stderr
+    assert "queued, delayed, debounced," in runs.stdout
+    workers = blok("workers", "--help")
+    assert workers.returncode == 0, workers.stderr
+    assert "sent no heartbeat for 10s" in workers.stdout
+
+
+# ---- 4 and 5: queues with no worker; the zone of table times ---------------------------------
+def row(table: str, first: str) -> str:
+    return next(line for line in table.splitlines() if line.split()[0] == first)
+
+
+def test_queues_with_no_live_worker_say_so(tmp_path: Path) -> None:
+    # `blok-tui queues` said "serving" once the only worker had stopped.
+    database = tmp_path / "blok.db"
+    worker = start_worker(database, write_workflows(tmp_path / "workflows"))
+    try:
+        assert "  serving  " in row(blok("queues", "--db", database).stdout, "naps")
+        served = {q["name"]: q for q in blok_json("queues", "--json", "--db", database)}
+        assert served["naps"]["served"] is True
+        assert blok("pause", "single", "--db", database).returncode == 0
+        assert "  paused  " in row(blok("queues", "--db", database).stdout, "single")
+    finally:
+        assert worker.stop() == 0, worker.stderr()
+    table = blok("queues", "--db", database)
+    assert table.returncode == 0, table.stderr
+    assert "  no worker  " in row(table.stdout, "naps"), table.stdout
+    assert "  paused, no worker  " in row(table.stdout, "single"), table.stdout
+    listed = {q["name"]: q for q in blok_json("queues", "--json", "--db", database)}
+    # The keys scripts read are kept; `served` is added.
+    assert set(listed["naps"]) >= {"name", "workflow_name", "provider", "concurrency", "paused"}
+    assert set(listed["naps"]) >= {"waiting", "active", "completed", "failed", "dead"}
+    assert (listed["naps"]["served"], listed["naps"]["paused"]) == (False, False)
+    assert (listed["single"]["served"], listed["single"]["paused"]) == (False, True)
+
+
+def in_zone(zone: str, *args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "blok_tui", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**cli_env(), "TZ": zone},
+    )
+
+
+def test_table_times_name_their_zone_once(tmp_path: Path) -> None:
+    # `runs` printed 2026-12-05 10:18:25: in which zone?
+    database = tmp_path / "blok.db"
+    worker = start_worker(database, write_workflows(tmp_path / "workflows"))
+    try:
+        job_id = blok("enqueue", "naps", '{"seconds": 0}', "--db", database).stdout.strip()
+        run = blok_json("show", job_id, "--json", "--db", database)
+        runs = in_zone("Asia/Tokyo", "runs", "--db", database)
+        workers = in_zone("Asia/Tokyo", "workers", "--db", database)
+    finally:
+        assert worker.stop() == 0, worker.stderr()
+    assert runs.returncode == 0 and workers.returncode == 0, runs.stderr + workers.stderr
+    header = runs.stdout.splitlines()[0]
+    assert "  CREATED (JST)  " in header, header
+    created = datetime.fromisoformat(run["created_at"]).astimezone(timezone(timedelta(hours=9)))
+    assert created.strftime("%Y-%m-%d %H:%M:%S") in row(runs.stdout, run["id"])
+    header = workers.stdout.splitlines()[0]
+    assert "  STARTED (JST)  " in header and header.endswith("  HEARTBEAT (JST)"), header
+
+
+ZONED = """
+from datetime import datetime, timezone
+from blok_tui.cli import _zoned
+winter = datetime(2026, 1, 15, 12, 0, tzinfo=timezone.utc)
+summer = datetime(2026, 7, 15, 12, 0, tzinfo=timezone.utc)
+print(_zoned("CREATED", [winter, None]))
+print(_zoned("CREATED", [winter, summer]))
+"""
+
+
+def test_rows_on_both_sides_of_a_daylight_saving_change_each_name_their_zone() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", ZONED],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**cli_env(), "TZ": "Europe/Paris"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "('CREATED (CET)', ['2026-01-15 13:00:00', '-'])",
+        "('CREATED', ['2026-01-15 13:00:00 CET', '2026-07-15 14:00:00 CEST'])",
+    ]
+
+
+# ---- 6: wide characters ----------------------------------------------------------------------
+def test_columns_line_up_in_terminal_cells_with_wide_characters() -> None:
+    # str.ljust counted a CJK character or an emoji as one cell: the columns after it came
+    # out one cell a character to the right.
+    rows = [
+        ("RUN", "WORKFLOW", "STATUS"),
+        ("run_1", "注文.処理", "completed"),
+        ("run_2", "orders.🎉", "failed"),
+        ("run_3", "orders.charge", "running"),
+    ]
+    lines = columns(rows)
+    starts = set()
+    for line, cells in zip(lines, rows, strict=True):
+        before = line[: line.index(cells[2])]
+        starts.add(cell_len(before))
+    assert starts == {len("run_1  ") + len("orders.charge  ")}, lines
+
+
+def test_runs_stuck_with_no_factor_takes_the_engines_default(tmp_path: Path) -> None:
+    # The default factor is read from the engine only when `--stuck` is given without one.
+    parser = build_parser()
+    assert _stuck_factor(parser.parse_args(["runs", "--stuck"]).stuck) == STUCK_FACTOR
+    assert _stuck_factor(parser.parse_args(["runs", "--stuck", "5"]).stuck) == 5.0
+    assert _stuck_factor(parser.parse_args(["runs"]).stuck) is None
+    database = tmp_path / "blok.db"
+    worker = start_worker(database, write_workflows(tmp_path / "workflows"))
+    try:
+        assert blok_json("runs", "--stuck", "--json", "--db", database) == []
+        assert blok("runs", "--stuck", "--db", database).stdout.startswith("no runs running")
+    finally:
+        assert worker.stop() == 0, worker.stderr()
