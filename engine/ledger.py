@@ -572,6 +572,18 @@ class Ledger:
         queue.submit(self._transition(claim.job, claim.job.epoch, update, run))
         self._changed(run)
 
+    def leave(self, claim: Claim, queue: JobQueue) -> None:
+        """A claim this worker will not run: its lease may have run out before the job
+        started (the process stalled, or the database was out of reach). Given back, fenced:
+        if the lease was still this worker's, the job waits for the next claim; if another
+        worker took it over, nothing is written. Left as it was, the job stayed this worker's
+        in the database, and the lease loop renewed it for ever while nothing ran it."""
+        job = claim.job
+        update = JobUpdate(
+            state=JobState.WAITING, resume=job.resume, run_at=job.run_at, force=job.force
+        )
+        queue.submit(Transition(job.id, job.epoch, update))
+
     def give_up(self, claim: Claim, queue: JobQueue, run: Run, why: str, step: str | None) -> None:
         """The run cannot go on and a retry would run it again from its first step (its steps
         done run twice): it fails, and its job goes to the dead-letter queue, where an operator

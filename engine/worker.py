@@ -161,6 +161,8 @@ class Worker:
         self.runtimes: dict[str, QueueRuntime] = {}
         self.handles: dict[str, RunHandle] = {}  # by run id
         self.by_job: dict[str, RunHandle] = {}
+        # Claims left to others, their outcomes not recorded: job id → (epoch, when). Not renewed.
+        self.left: dict[str, tuple[int, float]] = {}
         self.paused: set[str] = set()
         self.stopping = False
         # Set once a drain stops the runs in flight: a run that registers later (its job was
@@ -540,6 +542,7 @@ class Worker:
             # Claimed ahead, then this process stalled past the lease: another worker may
             # hold the job now. Its code must not run here.
             log.warning("job %s: the lease ran out before it started; left to others", job.id)
+            self.ledger.leave(claim, queue)
             return
         handle: RunHandle | None = None
         try:
@@ -591,6 +594,7 @@ class Worker:
                 if claim.lease_lost():
                     handle.lost = True
                     log.warning("job %s: the lease ran out as it started; left to others", job.id)
+                    self.left[job.id] = (job.epoch, time.monotonic())
                     return
             timeout: int | None = job.meta.get("timeout_ms")  # enqueue(timeout=...)
             if timeout is None and workflow.trigger is not None:
@@ -620,6 +624,7 @@ class Worker:
                     self.info.id,
                     job.id,
                 )
+                self.left[job.id] = (job.epoch, time.monotonic())
                 return
             if handle.stopping and not handle.cancel_requested:
                 self._stopped(handle, workflow)
@@ -801,9 +806,14 @@ class Worker:
         if not self._unregistered:
             self.info.heartbeat_at = self.backend.clock.now()
             self.backend.shared.heartbeat(self.info)
+        # A job left to others is not renewed: its lease runs out and the next claimer records
+        # its run crashed. Renewed, it stayed this worker's for ever, and nothing ran it.
+        gone = time.monotonic() - 2 * self.lease_s  # its lease has run out by then
+        leave = {job: epoch for job, (epoch, at) in list(self.left.items()) if at > gone}
+        self.left = {job: self.left[job] for job in leave}
         for queue in self.backend.queues:
             asked = time.monotonic()
-            renewal = await queue.renew(self.info.id, self.lease_s)
+            renewal = await queue.renew(self.info.id, self.lease_s, leave)
             for handle in list(self.handles.values()):
                 if handle.queue is not queue or handle.lost:
                     continue

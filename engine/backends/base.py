@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from types import MappingProxyType
 from typing import Any, ClassVar, TypeVar
 
 from ..clock import Clock
@@ -126,6 +127,9 @@ class Transition:
     # it knows without reading the job back. Called in the event loop's thread, at most once;
     # not at all if the process goes down first.
     landed: Callable[[bool], None] | None = None
+
+
+NOTHING_LEFT: Mapping[str, int] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
@@ -524,8 +528,12 @@ class JobQueue(ABC):
     def record_log(self, run_id: str, line: LogLine, fence: Fence) -> None: ...
 
     @abstractmethod
-    async def renew(self, worker: str, lease_s: float) -> Renewal:
-        """Extend the lease of every job `worker` holds; what it still holds and the signals
+    async def renew(
+        self, worker: str, lease_s: float, leave: Mapping[str, int] = NOTHING_LEFT
+    ) -> Renewal:
+        """Extend the lease of every job `worker` holds but those in `leave` (id → epoch: the
+        claims it gave up without a word to the database; their leases run out, and whoever
+        claims them next records what became of them); what it still holds and the signals
         waiting for it."""
 
     @abstractmethod

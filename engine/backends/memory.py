@@ -12,7 +12,7 @@ import itertools
 import json
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, ClassVar
@@ -32,6 +32,7 @@ from ..models import (
 )
 from ..records import construct, copy_run
 from .base import (
+    NOTHING_LEFT,
     Backend,
     CacheHit,
     Claim,
@@ -671,12 +672,14 @@ class MemoryQueue(JobQueue):
         if self.holds(fence):
             self.runs.add_log(run_id, line)
 
-    async def renew(self, worker: str, lease_s: float) -> Renewal:
+    async def renew(
+        self, worker: str, lease_s: float, leave: Mapping[str, int] = NOTHING_LEFT
+    ) -> Renewal:
         until = self.clock.time() + lease_s
         held: dict[str, int] = {}
         signals: dict[str, dict[str, float]] = {}
         for job in self._active.values():
-            if job.worker != worker:
+            if job.worker != worker or leave.get(job.id) == job.epoch:
                 continue
             job.lease_until = datetime.fromtimestamp(until, UTC)
             self._watch_lease(job)

@@ -840,6 +840,22 @@ async def test_renew_extends_the_lease(queue: JobQueue) -> None:
     assert await queue.claim(QUEUE, 1, "w2", LONG) == []
 
 
+async def test_a_claim_left_is_not_renewed_and_its_lease_runs_out(queue: JobQueue) -> None:
+    """A worker that gave a claim up without a word (its outcome not recorded) does not keep
+    it: renewed with its other jobs, it stayed the worker's for ever."""
+    await add(queue, 2)
+    left, kept = await queue.claim(QUEUE, 2, "w1", SHORT)
+
+    renewal = await queue.renew("w1", LONG, {left.job.id: left.job.epoch})
+    assert renewal.held == {kept.job.id: kept.job.epoch}
+    # Another epoch of the same job is not the claim left: it is renewed.
+    leave = {left.job.id: left.job.epoch, kept.job.id: kept.job.epoch + 1}
+    assert (await queue.renew("w1", LONG, leave)).held == {kept.job.id: kept.job.epoch}
+    await outlive_lease()
+    [taken] = await queue.claim(QUEUE, 1, "w2", LONG)
+    assert taken.job.id == left.job.id and taken.taken_from == "w1"
+
+
 async def test_a_job_taken_over_is_no_longer_renewed_by_its_old_holder(queue: JobQueue) -> None:
     [(job, _)] = await add(queue)
     await claim_one(queue, "w1", lease_s=SHORT)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, ClassVar
 
@@ -35,7 +35,7 @@ import anyio
 import asyncpg
 
 from ...models import Job, JobState, LogLine, QueueStats, Run, from_epoch, to_epoch
-from ..base import Claim, Fence, JobUpdate, Renewal, Transition
+from ..base import NOTHING_LEFT, Claim, Fence, JobUpdate, Renewal, Transition
 from ..database_queue import LOOK_ANYWAY_S, DatabaseQueue
 from ..rows import dump, job_from_row, job_row, run_row
 from . import sql
@@ -240,14 +240,18 @@ class PostgresQueue(DatabaseQueue):
     def record_log(self, run_id: str, line: LogLine, fence: Fence) -> None:
         self.db.write(sql.INSERT_LOG, log_params(run_id, line, fence), feed=True)
 
-    async def renew(self, worker: str, lease_s: float) -> Renewal:
+    async def renew(
+        self, worker: str, lease_s: float, leave: Mapping[str, int] = NOTHING_LEFT
+    ) -> Renewal:
         self.workers.add(worker)
         asked = time.monotonic()
         renewing = self._renewing = anyio.Event()
         try:
             while self._claiming:
                 await self._claims_done.wait()
-            rows = await self.db.fetch(sql.RENEW, worker, lease_s)
+            rows = await self.db.fetch(
+                sql.RENEW, worker, lease_s, list(leave), list(leave.values())
+            )
         finally:
             self._renewing = None
             renewing.set()

@@ -412,7 +412,8 @@ HOLDS = "SELECT 1 FROM jobs WHERE id = $1 AND epoch = $2 FOR SHARE"
 # yet (see the SQLite queue's renew).
 RENEW = (
     f"UPDATE jobs SET lease_until = {NOW} + $2 WHERE worker = $1 AND state = 'active'"
-    f" AND lease_until > {NOW} RETURNING id, epoch, signals"
+    f" AND lease_until > {NOW} AND (id, epoch) NOT IN (SELECT * FROM"
+    " unnest($3::text[], $4::bigint[])) RETURNING id, epoch, signals"
 )
 # $1 signal name, $2 job id, $3 epoch. A held job is asked, not taken: its holder is notified
 # and carries the request out with its own fenced writes. The epoch stays.

@@ -32,14 +32,14 @@ import itertools
 import json
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from functools import partial
 from typing import Any, ClassVar
 
 from ...models import Job, JobState, LogLine, QueueStats, Run, from_epoch, to_epoch
 from ...records import construct
-from ..base import Claim, Fence, JobUpdate, Renewal, Transition
+from ..base import NOTHING_LEFT, Claim, Fence, JobUpdate, Renewal, Transition
 from ..database_queue import LOOK_ANYWAY_S, DatabaseQueue, Offer, PendingAdd
 from ..rows import JOB_COLUMNS, dump, job_from_row, job_row
 from .db import INLINE_WEIGHT, INSERT_LOG, InTransaction, SqliteDatabase, write_runs
@@ -391,7 +391,9 @@ class SqliteQueue(DatabaseQueue):
     def record_log(self, run_id: str, line: LogLine, fence: Fence) -> None:
         self.db.write(INSERT_LOG, log_row(run_id, line, fence), run_id)
 
-    async def renew(self, worker: str, lease_s: float) -> Renewal:
+    async def renew(
+        self, worker: str, lease_s: float, leave: Mapping[str, int] = NOTHING_LEFT
+    ) -> Renewal:
         def renew(conn: sqlite3.Connection) -> list[Any]:
             # Not a lease that ran out: the job is no longer this worker's, whether or not
             # another took it yet (its holder, frozen meanwhile, stops it and records nothing;
@@ -399,8 +401,9 @@ class SqliteQueue(DatabaseQueue):
             now = time.time()
             return conn.execute(
                 "UPDATE jobs SET lease_until = ? WHERE worker = ? AND state = 'active'"
-                " AND lease_until > ? RETURNING id, epoch, signals",
-                (now + lease_s, worker, now),
+                " AND lease_until > ? AND id || ':' || epoch NOT IN"
+                " (SELECT value FROM json_each(?)) RETURNING id, epoch, signals",
+                (now + lease_s, worker, now, json.dumps([f"{i}:{e}" for i, e in leave.items()])),
             ).fetchall()
 
         asked = time.monotonic()
