@@ -520,6 +520,40 @@ async def test_a_lone_statement_whose_answer_was_lost_after_it_committed_is_not_
         assert [entry.message for entry in stored.logs] == ["once", "after"]
 
 
+async def test_an_enqueue_whose_answer_was_lost_after_it_committed_returns_its_job(
+    pg_schema: str,
+) -> None:
+    """An enqueue rides in the writer's one statement; its connection is cut after the server
+    committed it, before the answer arrived. The writer finds the batch landed, but the ids
+    the statement added came with its answer: `enqueue` raised a TypeError (its result was
+    None), for a job that was there and ran. Its caller, told it failed, enqueued it again."""
+    job, run = job_and_run()
+    async with CuttingRelay(pg_schema) as relay, open_backend(relay.url) as backend:
+        writer = 0  # the writer connects first (and migrates), then the pool
+        queue = backend.queue("postgres")
+        assert await queue.add(*map(list, zip(job_and_run(), strict=True))) != []
+        relay.held.add(writer)
+        added: list[list[str]] = []
+
+        async def enqueue() -> None:
+            added.append(await queue.add([job], [run]))
+
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(enqueue)
+
+                async def committed() -> bool:
+                    return bool(
+                        await count(pg_schema, "SELECT count(*) FROM jobs WHERE id = $1", job.id)
+                    )
+
+                await until(committed, timeout=5)
+                relay.cut(writer)
+        assert added == [[job.id]]
+        stored = await queue.get_job(job.id)
+        assert stored is not None and stored.state is JobState.WAITING
+
+
 async def test_the_writers_mark_goes_with_it_and_marks_of_writers_long_gone_are_cleared(
     pg_schema: str,
 ) -> None:

@@ -181,6 +181,16 @@ class Batch:
     def __bool__(self) -> bool:
         return bool(self.runs or self.ops or self.calls)
 
+    def answer_lost(self) -> None:
+        """It committed, its connection lost before the answer came (`_committed_before`). A
+        folded enqueue's result came with that answer (a function's was made before the
+        COMMIT): each reports every job it carried as added. Their jobs are in the database;
+        an id known before, which the statement did not add again, cannot be told apart."""
+        self.committed = True
+        for call in self.calls:
+            if call.enqueue is not None and call.result is None and call.error is None:
+                call.result = [row[0] for row in call.enqueue[0]]
+
     def tell_landed(self) -> None:
         """Once committed: tell each settle's submitter whether it landed. One statement moves
         a job on once; of two settles at the same epoch only the first can land (`once_each`),

@@ -453,7 +453,7 @@ class PostgresDatabase:
                 if connection_lost(error):
                     self._lost("a write", error)
                     if batch.commit_sent and await self._committed_before(batch, session):
-                        batch.committed = True
+                        batch.answer_lost()
                         return
                 elif conflict(error):
                     log.info("%s: batch ran into %s; running it again", self.location, error)
