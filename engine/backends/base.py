@@ -198,6 +198,17 @@ class WorkerCatalog:
     reload_errors: dict[str, str]
     updated_at: float
 
+    def names(self) -> tuple[list[str], list[str]]:
+        """Its workflows' names and its queues' names: a stopped worker's catalog that shares
+        one of either with a running worker's is forgotten (`SharedState.publish_catalog`)."""
+        return [w.name for w in self.workflows], [q.name for q in self.queues]
+
+    def overlaps(self, other: WorkerCatalog) -> bool:
+        workflows, queues = other.names()
+        return any(w.name in workflows for w in self.workflows) or any(
+            q.name in queues for q in self.queues
+        )
+
 
 # ---- debounce windows --------------------------------------------------------------------
 @dataclass(slots=True)

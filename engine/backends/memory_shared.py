@@ -49,7 +49,11 @@ class MemoryShared(SharedState):
 
     def publish_catalog(self, catalog: WorkerCatalog) -> None:
         self._catalogs[catalog.worker] = catalog
-        for gone in [w for w in self._catalogs if w not in self._workers and w != catalog.worker]:
+        for gone in [
+            worker
+            for worker, old in self._catalogs.items()
+            if worker not in self._workers and worker != catalog.worker and old.overlaps(catalog)
+        ]:
             del self._catalogs[gone]
 
     async def catalogs(self) -> list[WorkerCatalog]:

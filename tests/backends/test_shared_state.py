@@ -6,6 +6,7 @@ out are 50 ms long."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import anyio
 import pytest
@@ -123,7 +124,19 @@ async def test_forget_worker_drops_it_and_its_slots_but_not_its_catalog(
     assert await shared.acquire_slot("ship", "k", 1, "run_b", "w2", LONG) == (True, 1)
     # What it served stays known: a producer can still enqueue to its queues...
     assert await shared.catalogs() == [served]
-    # ...until a worker that runs now declares what it serves.
+    # ...also once a worker of another pool, which serves other workflows, declares its own...
+    refunds = catalog("w2", queue="returns")
+    other_pool = replace(
+        refunds,
+        queues=(replace(refunds.queues[0], workflow_name="refund"),),
+        workflows=(
+            WorkflowInfo(name="refund", version="v1", queue="returns", path=None, steps=["pay"]),
+        ),
+        step_kinds={"refund": (("pay", "node"),)},
+    )
+    shared.publish_catalog(other_pool)
+    assert await shared.catalogs() == [served, other_pool]
+    # ...until a worker that runs now declares one of its workflows or queues.
     theirs = catalog("w2", queue="returns")
     shared.publish_catalog(theirs)
     assert await shared.catalogs() == [theirs]

@@ -64,8 +64,8 @@ class PostgresShared(SharedState):
     def publish_catalog(self, catalog: WorkerCatalog) -> None:
         self.db.write(sql.PUBLISH_CATALOG, clean(catalog_row(catalog)))
         # What stopped workers declared stays known (a producer can still enqueue to their
-        # queues) until a worker that runs now declares what it serves.
-        self.db.write(sql.FORGET_CATALOGS, ())
+        # queues) until a worker that runs now declares one of their workflows or queues.
+        self.db.write(sql.FORGET_CATALOGS, catalog.names())
 
     async def catalogs(self) -> list[WorkerCatalog]:
         await self.db.flush()

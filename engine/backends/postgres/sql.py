@@ -463,7 +463,14 @@ PUBLISH_CATALOG = (
     " workflows = excluded.workflows, reload_errors = excluded.reload_errors,"
     " updated_at = excluded.updated_at"
 )
-FORGET_CATALOGS = "DELETE FROM worker_catalog WHERE worker NOT IN (SELECT id FROM workers)"
+# $1 the workflow names, $2 the queue names a running worker declares: the catalogs of stopped
+# workers that declared one of them are superseded (a rolling restart, a renamed queue); those
+# of other pools stay, for producers to enqueue to queues whose workers are down for now.
+FORGET_CATALOGS = """
+DELETE FROM worker_catalog c WHERE c.worker NOT IN (SELECT id FROM workers)
+AND (EXISTS (SELECT 1 FROM json_array_elements(c.workflows) w WHERE w->>'name' = ANY($1::text[]))
+  OR EXISTS (SELECT 1 FROM json_array_elements(c.queues) q WHERE q->>'name' = ANY($2::text[])))
+"""
 
 # $1 chore, $2 worker, $3 seconds. Takes the chore if it is free or its holder's lease ran
 # out, renews it if this worker holds it; a row back means this worker leads until then.

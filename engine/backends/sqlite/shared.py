@@ -3,6 +3,7 @@ debounce windows, schedules, rate-limit windows and leader leases."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 from collections.abc import Callable
@@ -28,6 +29,17 @@ from ..rows import (
 from .db import SqliteDatabase
 
 T = TypeVar("T")
+
+# ? the workflow names, ? the queue names (JSON arrays) a running worker declares: the catalogs
+# of stopped workers that declared one of them are superseded (a rolling restart, a renamed
+# queue); those of other pools stay, for producers to enqueue to queues whose workers are down.
+FORGET_CATALOGS = """
+DELETE FROM worker_catalog WHERE worker NOT IN (SELECT id FROM workers)
+AND (EXISTS (SELECT 1 FROM json_each(worker_catalog.workflows) w
+             WHERE json_extract(w.value, '$.name') IN (SELECT value FROM json_each(?)))
+  OR EXISTS (SELECT 1 FROM json_each(worker_catalog.queues) q
+             WHERE json_extract(q.value, '$.name') IN (SELECT value FROM json_each(?))))
+"""
 
 
 class SqliteShared(SharedState):
@@ -66,8 +78,10 @@ class SqliteShared(SharedState):
             catalog_row(catalog),
         )
         # What stopped workers declared stays known (a producer can still enqueue to their
-        # queues) until a worker that runs now declares what it serves.
-        self.db.write("DELETE FROM worker_catalog WHERE worker NOT IN (SELECT id FROM workers)", ())
+        # queues) until a worker that runs now declares one of their workflows or queues: the
+        # catalogs of another pool of workers, down for now, stay.
+        workflows, queues = catalog.names()
+        self.db.write(FORGET_CATALOGS, (json.dumps(workflows), json.dumps(queues)))
 
     async def catalogs(self) -> list[WorkerCatalog]:
         await self.db.flush()
