@@ -136,6 +136,27 @@ async def test_a_client_engine_never_creates_or_adopts_a_database(tmp_path: Path
     assert tables == ["notes"], "a refused database was changed"
 
 
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        ("postgresql:/postgres@127.0.0.1/test", "looks like a database URL but is not one"),
+        ("postgres:postgres@127.0.0.1/test", "looks like a database URL but is not one"),
+        (" postgresql://postgres@127.0.0.1/test", "has spaces around it"),
+        ("postgresql://postgres@127.0.0.1/test\n", "has spaces around it"),
+    ],
+)
+async def test_a_mistyped_database_url_is_refused_not_made_a_sqlite_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, given: str, said: str
+) -> None:
+    """One slash short, or a space from a .env file: the value was taken for a file path, a
+    SQLite database made in a folder named after the URL, and a worker served it."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DatabaseError, match=said):
+        async with Engine(database=given):
+            pass
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_database_url_is_never_taken_for_a_file_name(tmp_path: Path) -> None:
     done = blok("runs", "--db", "mysql://root@127.0.0.1/test")
     assert done.returncode == 1

@@ -4,6 +4,7 @@ turns a `database=` value into one; nothing else in the engine names a backend."
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from ..errors import DatabaseError
@@ -44,6 +45,7 @@ def open_backend(
 
         return MemoryBackend()
     text = os.fspath(database)
+    _not_a_mistyped_url(text)
     if is_url(text):
         if text.startswith(URL_SCHEMES):
             try:
@@ -66,6 +68,24 @@ def open_backend(
     from .sqlite import SqliteBackend
 
     return SqliteBackend(Path(text), create=create, lease_s=lease_s)
+
+
+# A value that begins as a database URL does but is not one: taken for a file path, it made a
+# SQLite database in a folder named after the URL, which a worker then served.
+_URL_LIKE = re.compile(r"\s*(postgres(ql)?|sqlite)(\+\w+)?:", re.IGNORECASE)
+
+
+def _not_a_mistyped_url(text: str) -> None:
+    if text != text.strip() and is_url(text.strip()):
+        raise DatabaseError(
+            f"{describe(text.strip())!r} has spaces around it (from a .env file?): "
+            "a database URL has none"
+        )
+    if _URL_LIKE.match(text) and not is_url(text):
+        raise DatabaseError(
+            f"{describe(text)!r} looks like a database URL but is not one: write "
+            "postgresql://user@host:port/dbname (a file path for SQLite)"
+        )
 
 
 __all__ = ["Backend", "describe", "is_url", "open_backend"]
