@@ -1,11 +1,11 @@
-"""Durations as users write them: milliseconds, or "250ms", "5s", "2m", "1h", "1d"; and the
-moments a `wait.until` names."""
+"""Durations as users write them: milliseconds, "250ms", "5s", "2m", "1h", "1d" or a
+`datetime.timedelta`; and the moments a `wait.until` names."""
 
 from __future__ import annotations
 
 import math
 import re
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
 from pydantic import BeforeValidator
@@ -26,14 +26,16 @@ def parse_duration(value: object) -> int:
         raise ValueError(f"cannot parse duration {value!r}: expected milliseconds or '5s'")
     if isinstance(value, int | float):
         return _bounded(value, value)
+    if isinstance(value, timedelta):  # whole milliseconds, as a float number of them is
+        return _bounded(value // timedelta(microseconds=1) / 1000, value)
     if isinstance(value, str):
         match = _PATTERN.match(value)
         if match:
             number, unit = match.groups()
             return _bounded(float(number) * _UNITS[unit or "ms"], value)
     raise ValueError(
-        f"cannot parse duration {_shown(value)}: use milliseconds or a string like "
-        "'250ms', '5s', '2m', '1h', '1d'"
+        f"cannot parse duration {_shown(value)}: use milliseconds, a string like "
+        "'250ms', '5s', '2m', '1h', '1d', or a timedelta"
     )
 
 
@@ -77,7 +79,8 @@ def format_duration(ms: float | None) -> str:
 
 
 Duration = Annotated[int, BeforeValidator(parse_duration)]
-"""A pydantic field type: accepts 500, "500ms", "5s"… and stores milliseconds."""
+"""A pydantic field type: accepts 500, "500ms", "5s", timedelta(seconds=5)… and stores
+milliseconds."""
 
 
 def parse_until(value: Any) -> datetime:

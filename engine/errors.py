@@ -38,3 +38,9 @@ class NonRetryable(Exception):
     the dead-letter queue without the retries it has left, where an operator sees it (as
     Inngest's NonRetriableError, Trigger.dev's AbortTaskRunError, Temporal's non-retryable
     errors). A try_catch around the step still catches it."""
+
+
+class UnstorableOutput(TypeError):
+    """A node returned what cannot be kept as its step's output (not JSON, a coroutine, a
+    non-dict to spread). Every attempt would return the same kind of value: the step is not
+    tried again, nor is its job (a programming error, for the dead-letter queue at once)."""

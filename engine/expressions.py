@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import itertools
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -30,6 +31,19 @@ def did_you_mean(word: str, known: Iterable[object], prefix: str = "") -> str:
 
 def is_expression(value: object) -> bool:
     return isinstance(value, str) and value.startswith("$.")
+
+
+# "$body.x", "$state.a.b": a root right after the "$", with no dot between. Only these: "$5.00",
+# "$HOME" or "$bodyguard" are literals a node may well be given.
+_MISSING_DOT = re.compile(r"\$(?:" + "|".join(ROOTS) + r")(?:\.|$)")
+
+
+def missing_dot(value: object) -> str | None:
+    """The expression a literal string such as "$body.x" was meant to be ("$.body.x"), which
+    would otherwise reach the node as that text; None for any other value."""
+    if isinstance(value, str) and _MISSING_DOT.match(value):
+        return "$." + value[1:]
+    return None
 
 
 def parse(expr: str) -> list[str]:

@@ -16,7 +16,7 @@ import traceback
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeGuard
+from typing import NoReturn, TypeGuard
 
 from .durations import parse_duration
 from .errors import EngineError
@@ -79,8 +79,13 @@ def is_workflow_file(path: Path) -> bool:
     return path.suffix == ".py" and not path.name.startswith(("_", "."))
 
 
+def _in_file(error: SyntaxError, path: Path) -> bool:
+    """A syntax error of the workflow file itself (not of a helper module it imports)."""
+    return bool(error.filename) and Path(str(error.filename)) == path
+
+
 def _error_line(error: BaseException, path: Path) -> int | None:
-    if isinstance(error, SyntaxError) and error.filename and Path(error.filename) == path:
+    if isinstance(error, SyntaxError) and _in_file(error, path):
         return error.lineno
     # A workflow's error about one of its steps carries where the step was written (see
     # workflow._placed): its line, rather than the Workflow(...) line the check raised on.
@@ -143,7 +148,10 @@ def load_file(path: Path) -> LoadedFile:
         # `raise KeyboardInterrupt`, pytest's `importorskip`. It runs in an import thread of
         # its own (`load_file_with_timeout`), where no signal nor cancellation arrives.
         kind = type(error).__name__
-        raise WorkflowLoadError(path, _error_line(error, path), f"{kind}: {error}") from error
+        said = str(error)
+        if isinstance(error, SyntaxError) and error.msg and _in_file(error, path):
+            said = error.msg  # str() adds "(name.py, line 4)", which the error's place says
+        raise WorkflowLoadError(path, _error_line(error, path), f"{kind}: {said}") from error
     finally:
         if added_path:
             sys.path.remove(str(folder))
@@ -180,7 +188,7 @@ def _defined_workflows(path: Path, tree: ast.Module, names: dict[str, object]) -
             )
     name = "workflows" if "workflows" in names else "workflow"
     if name not in names:
-        raise WorkflowLoadError(path, None, "defines neither `workflow` nor `workflows`")
+        _refuse_missing(path, tree, names)
     found = names[name]
     if isinstance(found, Workflow):
         return [found]
@@ -197,6 +205,35 @@ def _defined_workflows(path: Path, tree: ast.Module, names: dict[str, object]) -
         )
     bound = _binding_lines(tree, name)
     raise WorkflowLoadError(path, bound[-1] if bound else None, problem)
+
+
+def _refuse_missing(path: Path, tree: ast.Module, names: dict[str, object]) -> NoReturn:
+    """A file that defines neither name: say where its workflows are if it has some under
+    other names (`wf = Workflow(...)`), else that a helper module's name starts with `_`."""
+    held = []
+    for key, value in names.items():
+        if isinstance(value, Workflow):
+            held.append((key, "a Workflow", "workflow"))
+        elif (
+            isinstance(value, list | tuple)
+            and value
+            and all(isinstance(item, Workflow) for item in value)
+        ):
+            held.append((key, "a list of Workflow", "workflows"))
+    said = "defines neither `workflow` nor `workflows`"
+    if not held:
+        raise WorkflowLoadError(
+            path, None, f"{said} (a helper module? name it _{path.name.lstrip('_')})"
+        )
+    lines = {key: _binding_lines(tree, key) for key, _, _ in held}
+    shown = [f"`{key}`" + (f", line {lines[key][-1]}" if lines[key] else "") for key, _, _ in held]
+    key, what, wanted = held[0]
+    if len(held) == 1:
+        hint = f"it has {what} in {shown[0]}: name it `{wanted}`"
+    else:
+        hint = f"it has workflows in {', '.join(shown)}: list them in `workflows = [...]`"
+    line = next((lines[k][-1] for k, _, _ in held if lines[k]), None)
+    raise WorkflowLoadError(path, line, f"{said} ({hint})")
 
 
 def is_workflow_call(node: ast.AST) -> TypeGuard[ast.Call]:

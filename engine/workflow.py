@@ -6,16 +6,19 @@ step it is in, at import time, not half-way through a run.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
+import types
 from collections.abc import Callable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from . import expressions
-from .durations import Duration, parse_until
+from .durations import Duration, parse_duration, parse_until
+from .errors import UnstorableOutput
 from .errors import WorkflowDefinitionError as WorkflowDefinitionError
 from .origin import caller_source, shown_path
 from .ratelimit import RateLimit
@@ -65,7 +68,27 @@ def _above_zero(owner: str, field: str, ms: int | None, given: Any) -> None:
         raise WorkflowDefinitionError(f"{owner}: {field} must be above zero, not {given!r}")
 
 
+def _as_given(value: Any, ms: int) -> str:
+    """A duration as the user wrote it: "'10s' (10000 ms)", "500 ms"."""
+    return f"{value} ms" if isinstance(value, int | float) else f"{value!r} ({ms} ms)"
+
+
+def _literal_problem(value: Any, callable_hint: bool = True) -> str | None:
+    """Why a literal string input is refused: "$body.x" reads as an expression but would reach
+    the node as its text (`expressions.missing_dot`)."""
+    meant = expressions.missing_dot(value)
+    if meant is None:
+        return None
+    hint = (
+        f" (for the text itself, give a callable: lambda ctx: {value!r})" if callable_hint else ""
+    )
+    return f"{value!r} looks like an expression; did you mean {meant!r}?{hint}"
+
+
 def _check_gate_expression(owner: str, value: Any) -> None:
+    problem = _literal_problem(value)
+    if problem is not None:
+        raise WorkflowDefinitionError(f"{owner}: {problem}")
     if expressions.is_expression(value):
         try:
             parts = expressions.parse(value)
@@ -119,6 +142,19 @@ class Retry(_Definition):
             super().__init__(**{"max_attempts": max_attempts, **data})
         except ValidationError as error:
             raise WorkflowDefinitionError(f"Retry: {_explain(error)}") from None
+        if self.min_timeout > self.max_timeout:
+            # The bound not given gives way: Retry(min_timeout="1m") waits a minute, not the
+            # default max_timeout's 30 s; Retry(max_timeout="500ms") at most 500 ms.
+            if "max_timeout" not in data:
+                object.__setattr__(self, "max_timeout", self.min_timeout)
+            elif "min_timeout" not in data:
+                object.__setattr__(self, "min_timeout", self.max_timeout)
+            else:  # the backoff would be max_timeout from the first retry: min_timeout unused
+                raise WorkflowDefinitionError(
+                    f"Retry: min_timeout {_as_given(data['min_timeout'], self.min_timeout)} is "
+                    f"longer than max_timeout {_as_given(data['max_timeout'], self.max_timeout)}"
+                    "; the first wait is min_timeout, the longest max_timeout"
+                )
 
     def backoff_ms(self, attempt: int) -> int:
         """The wait after failed attempt number `attempt` (1-based)."""
@@ -236,7 +272,9 @@ class StepDefinition(_Written):
 
 
 class Step(StepDefinition):
-    """Call `node(ctx, **inputs)`; its return value becomes `ctx.state[name]`.
+    """Call `node(ctx, **inputs)`; its return value becomes `ctx.state[name]`. The Workflow
+    checks the node's signature against that call (`_node_problem`), and refuses a literal
+    input such as "$body.x" that was meant as "$.body.x".
 
     The seed's persistence options: `active=False` records the step skipped without running
     it; `ephemeral=True` keeps the output out of ctx.state and the stored record (later steps
@@ -306,7 +344,7 @@ class Step(StepDefinition):
             return
         if self.spread:
             if not isinstance(output, dict):
-                raise TypeError(
+                raise UnstorableOutput(
                     f"step {self.name!r} has spread=True but returned "
                     f"{type(output).__name__}, not a dict to merge into ctx.state"
                 )
@@ -385,9 +423,7 @@ class _WaitFactory:
     """`wait.for_("5s")` and `wait.until(datetime | ISO string | epoch ms | "$.expr")`."""
 
     @staticmethod
-    def for_(duration: int | float | str, *, name: str | None = None) -> WaitStep:
-        from .durations import parse_duration
-
+    def for_(duration: int | float | str | timedelta, *, name: str | None = None) -> WaitStep:
         try:
             ms = parse_duration(duration)
         except ValueError as error:
@@ -399,6 +435,9 @@ class _WaitFactory:
         label = f"step {name!r}: wait.until" if name else "wait.until"
         if not isinstance(moment, datetime | str | int | float) or isinstance(moment, bool):
             raise WorkflowDefinitionError(f"{label}: {moment!r} is not {UNTIL_FORMS}")
+        problem = _literal_problem(moment, callable_hint=False)
+        if problem is not None:
+            raise WorkflowDefinitionError(f"{label}: {problem}")
         if not expressions.is_expression(moment):  # an expression is checked by the Workflow
             _check_moment(label, moment)
         return WaitStep(name=name or "wait", until=moment)
@@ -407,7 +446,7 @@ class _WaitFactory:
     def for_event(
         event: str,
         *,
-        timeout: int | float | str | None = None,
+        timeout: int | float | str | timedelta | None = None,
         name: str | None = None,
         match: str | None = None,
     ) -> EventWaitStep:
@@ -415,8 +454,6 @@ class _WaitFactory:
         output (`ctx.state[name]`), None if `timeout` passes first (no timeout: wait until the
         event comes or the run is cancelled). `match="$.body.order_id"`: an event sent with no
         run id whose payload has the run's order_id at "order_id" reaches it too."""
-        from .durations import parse_duration
-
         label = f"wait.for_event({event!r})"
         if not isinstance(event, str) or not event.strip():
             raise WorkflowDefinitionError(f"{label}: the event name must be a non-empty string")
@@ -550,6 +587,9 @@ class Workflow(_Written):
                     f"(earlier steps: {known})" + expressions.did_you_mean(target, keys.known),
                     step.source,
                 )
+            problem = _step_problem(step)
+            if problem is not None:
+                raise _placed(f"workflow {self.name!r}, step {step.name!r}: {problem}", step.source)
             seen[step.name] = step
             found = step.state_keys()
             nothing_kept = _keeps_nothing(step)
@@ -610,6 +650,21 @@ def _keeps_nothing(step: StepDefinition) -> str | None:
     return None
 
 
+def _step_problem(step: StepDefinition) -> str | None:
+    """What would fail every run that reaches the step, found in its definition: a node that
+    cannot be called as the runner calls it, a literal input that was meant as an expression."""
+    if isinstance(step, Step):
+        given = [(f"input {key!r}", value) for key, value in step.inputs.items()]
+        given.append(("idempotency_key", step.idempotency_key))
+    else:  # for_each's items, switch's on, subworkflow's input (engine/primitives.py)
+        given = [(field, getattr(step, field, None)) for field in ("items", "on", "input")]
+    for where, value in given:
+        literal = _literal_problem(value)
+        if literal is not None:
+            return f"{where}: {literal}"
+    return _node_problem(step.node, list(step.inputs)) if isinstance(step, Step) else None
+
+
 def _name_waits(steps: list[Any]) -> list[Any]:
     """Unnamed waits become wait_<position> so names stay unique and stable."""
     named = []
@@ -618,3 +673,111 @@ def _name_waits(steps: list[Any]) -> list[Any]:
             step = step.model_copy(update={"name": f"wait_{position}"})
         named.append(step)
     return named
+
+
+# ---- a node's signature, checked against how the runner calls it ---------------------------
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+_BY_KEYWORD = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+
+
+def _node_problem(node: Callable[..., Any], keys: list[str]) -> str | None:
+    """Why `node(ctx, **inputs)` (engine/node_calls.py) would fail on every call, whatever the
+    values: a generator function, or a signature that cannot take the context first and these
+    input keys. None when it can, and when the node has no signature to read (a builtin such
+    as `print`, a C function): what is not known is not refused."""
+    code, name = _callee(node)
+    if inspect.isgeneratorfunction(code):
+        return f"node {name} is a generator function; return the value instead"
+    if inspect.isasyncgenfunction(code):
+        return f"node {name} is an async generator function; return the value instead"
+    if not (inspect.isfunction(code) or inspect.isclass(code)):
+        return None  # a C function, a builtin's method: its signature, if any, is not checked
+    try:
+        # Not through `__wrapped__`: a decorator may call what it wraps with other arguments.
+        signature = inspect.signature(node, follow_wrapped=False)
+    except (ValueError, TypeError):  # no signature to read
+        return None
+    try:
+        signature.bind(object(), **dict.fromkeys(keys))
+    except TypeError:  # the call would fail: say why, in the user's terms
+        if inspect.isclass(code):
+            header = "def __init__(self, "  # a class as a node: calling it makes one
+        elif code is not node and not isinstance(node, functools.partial | types.MethodType):
+            header = "def __call__(self, "  # an object with __call__
+        else:
+            header = "lambda " if name == "<lambda>" else f"def {name}("
+        return _signature_problem(name, signature, keys, header)
+    return None
+
+
+def _callee(node: Callable[..., Any]) -> tuple[Any, str]:
+    """The code that runs when `node` is called (a partial's function, a method's, an object's
+    `__call__`), and the name a message calls the node by."""
+    inner: Any = node
+    while True:
+        if isinstance(inner, functools.partial):
+            inner = inner.func
+        elif inspect.ismethod(inner):
+            inner = inner.__func__
+        else:
+            break
+    if inspect.isfunction(inner) or inspect.isclass(inner) or inspect.isroutine(inner):
+        named = str(getattr(inner, "__name__", None) or type(inner).__name__)
+        return inner, named
+    return type(inner).__call__, type(inner).__name__  # a callable object
+
+
+def _signature_problem(
+    name: str, signature: inspect.Signature, keys: list[str], header: str
+) -> str:
+    """What is wrong with a call `node(ctx, **inputs)` that `signature` cannot bind; `header`
+    begins the signature the user should write ("def charge(")."""
+    params = list(signature.parameters.values())
+    plain = signature.replace(
+        parameters=[p.replace(annotation=inspect.Parameter.empty) for p in params],
+        return_annotation=inspect.Signature.empty,
+    )
+    shown = f"{name}{plain}"
+    first = params[0] if params and params[0].kind in _POSITIONAL else None
+    star = any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params)
+    if (first is None and not star) or (
+        first is not None and first.name in keys and first.kind in _BY_KEYWORD
+    ):
+        if first is not None and first.name in ("ctx", "context"):
+            return (
+                f"input {first.name!r} is the name of the first parameter of {shown}, which "
+                "takes the context: rename the input"
+            )
+        ctx = "context" if "ctx" in signature.parameters else "ctx"
+        inner = str(plain)[1:-1]
+        fixed = header + (f"{ctx}, {inner}" if inner else ctx)
+        fixed += ": ..." if header == "lambda " else ")"
+        return f"node {shown} must take the context first: {fixed}"
+    rest = params[1:] if first is not None else params
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        named = [p.name for p in rest if p.kind in _BY_KEYWORD]
+        unknown = [key for key in keys if key not in named]
+        only = {p.name for p in params if p.kind is inspect.Parameter.POSITIONAL_ONLY}
+        if unknown and unknown[0] in only:
+            return (
+                f"input {unknown[0]!r} is a positional-only parameter of {shown}; inputs are "
+                "passed by keyword"
+            )
+        if len(unknown) == 1:
+            return f"input {unknown[0]!r} is not a parameter of {shown}" + (
+                expressions.did_you_mean(unknown[0], named)
+            )
+        if unknown:
+            listed = ", ".join(repr(key) for key in unknown)
+            return f"inputs {listed} are not parameters of {shown}"
+    missing = [
+        p.name
+        for p in rest
+        if p.kind in (*_POSITIONAL, inspect.Parameter.KEYWORD_ONLY)
+        and p.default is inspect.Parameter.empty
+        and p.name not in keys
+    ]
+    if missing:
+        listed = " and ".join(repr(m) for m in missing)
+        return f"{name} needs {listed}, which inputs does not give: {shown}"
+    return f"node {shown} cannot be called with the context and inputs {', '.join(keys)}"

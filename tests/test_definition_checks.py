@@ -1,12 +1,13 @@
 """Mistakes in a workflow's definition that used to be found only when a run reached them: a
 `$.params` key no run has, a `wait.until` moment nothing can read, a `$.state` read of a step
-that never keeps an output. Each is refused when the workflow is defined (its file loads), in
+that never keeps an output, a "$body.x" meant as "$.body.x", a Retry whose min_timeout is
+above its max_timeout. Each is refused when the workflow is defined (its file loads), in
 one line naming the step, and the file and line where it was written."""
 
 from __future__ import annotations
 
 import textwrap
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -16,13 +17,16 @@ from engine import (
     Debounce,
     Engine,
     RateLimit,
+    Retry,
     RunStatus,
+    Schedule,
     Step,
     WorkerTrigger,
     Workflow,
     WorkflowDefinitionError,
     wait,
 )
+from engine.durations import parse_duration
 from engine.primitives import for_each, subworkflow, switch
 
 pytestmark = pytest.mark.anyio
@@ -162,7 +166,7 @@ async def test_a_params_key_in_a_file_names_the_steps_line(tmp_path: Path) -> No
 
 
 # ---- wait.until ------------------------------------------------------------------------------
-@pytest.mark.parametrize("moment", ["yesterday", "next tuesday", "2026-13-45", "$body.when", ""])
+@pytest.mark.parametrize("moment", ["yesterday", "next tuesday", "2026-13-45", "$when", ""])
 def test_a_wait_until_string_nothing_reads_is_refused_saying_what_is_read(moment: str) -> None:
     with pytest.raises(WorkflowDefinitionError) as refused:
         wait.until(moment)
@@ -300,3 +304,160 @@ async def test_state_reads_that_a_run_can_answer_are_kept() -> None:
         run = await engine.wait_for_job(await engine.enqueue("w", {}), timeout=10)
     assert run.status is RunStatus.COMPLETED, run.error
     assert run.output == {"kid": "from child", "approval": None, "off": "on", "user": "ann"}
+
+
+# ---- "$body.x": an expression without its dot ------------------------------------------------
+def _literal(value: str) -> str:
+    return (
+        f"{value!r} looks like an expression; did you mean {'$.' + value[1:]!r}? (for the text "
+        f"itself, give a callable: lambda ctx: {value!r})"
+    )
+
+
+IN_A_STEP = "workflow 'w', step "
+
+
+@pytest.mark.parametrize(
+    ("written", "define", "says"),
+    [
+        ("$body.x", lambda t: flow(Step("a", echo, inputs={"x": t})), f"{IN_A_STEP}'a': input 'x'"),
+        ("$state", lambda t: flow(Step("a", echo, inputs={"x": t})), f"{IN_A_STEP}'a': input 'x'"),
+        (
+            "$headers.k",
+            lambda t: flow(Step("a", echo, idempotency_key=t)),
+            f"{IN_A_STEP}'a': idempotency_key",
+        ),
+        (
+            "$body.items",
+            lambda t: flow(for_each("each", t, steps=[Step("a", echo)])),
+            f"{IN_A_STEP}'each': items",
+        ),
+        ("$params.queue", lambda t: flow(_switched(t)), f"{IN_A_STEP}'route': on"),
+        (
+            "$body",
+            lambda t: flow(subworkflow("kid", workflow="o", input=t)),
+            f"{IN_A_STEP}'kid': input",
+        ),
+        (
+            "$body.user",
+            lambda t: WorkerTrigger(queue="q", concurrency_key=t),
+            "WorkerTrigger.concurrency_key",
+        ),
+        ("$run_id", lambda t: Debounce(key=t), "Debounce"),
+    ],
+    ids=[
+        "input",
+        "bare-root",
+        "key",
+        "for_each",
+        "switch",
+        "subworkflow",
+        "concurrency_key",
+        "debounce",
+    ],
+)
+def test_a_dollar_root_without_its_dot_is_refused_not_passed_as_text(
+    written: str, define: Any, says: str
+) -> None:
+    with pytest.raises(WorkflowDefinitionError) as refused:
+        define(written)
+    assert str(refused.value) == f"{says}: {_literal(written)}"
+
+
+def test_a_wait_until_without_the_dot_is_refused_with_the_expression_meant() -> None:
+    with pytest.raises(WorkflowDefinitionError) as refused:
+        wait.until("$body.ship_at", name="later")
+    assert str(refused.value) == (
+        "step 'later': wait.until: '$body.ship_at' looks like an expression; did you mean "
+        "'$.body.ship_at'?"
+    )
+
+
+async def test_a_dollar_root_in_a_file_names_the_steps_line(tmp_path: Path) -> None:
+    key, errors = await load_errors(
+        tmp_path,
+        "dollar.py",
+        """
+        from engine import Step, WorkerTrigger, Workflow
+
+        workflow = Workflow(
+            name="dollar",
+            trigger=WorkerTrigger(queue="dollar"),
+            steps=[
+                Step("a", print),
+                Step("b", print, inputs={"sep": "$body.x"}),
+            ],
+        )
+        """,
+    )
+    assert errors == {
+        key: f"{key}:8: WorkflowDefinitionError: workflow 'dollar', step 'b': input 'sep': "
+        + _literal("$body.x")
+    }
+
+
+async def test_dollar_texts_that_are_no_root_and_callables_stay_literal() -> None:
+    texts = {"price": "$5.00", "home": "$HOME", "guard": "$bodyguard", "lone": "$"}
+    wanted = flow(Step("a", echo, inputs={**texts, "meant": lambda ctx: "$body.x"}))
+    async with Engine(workflows=[wanted], database=None) as engine:
+        run = await engine.wait_for_job(await engine.enqueue("w", {}), timeout=10)
+    assert run.status is RunStatus.COMPLETED, run.error
+    assert run.output == {**texts, "meant": "$body.x"}
+
+
+# ---- durations: timedelta, and a Retry's two bounds ------------------------------------------
+def test_a_timedelta_is_a_duration_in_whole_milliseconds() -> None:
+    assert parse_duration(timedelta(seconds=5)) == 5000
+    assert parse_duration(timedelta(milliseconds=1, microseconds=999)) == 1
+    assert parse_duration(timedelta(0)) == 0
+    with pytest.raises(ValueError, match=r"duration datetime.timedelta\(days=-1, .*is negative"):
+        parse_duration(timedelta(seconds=-1))
+    with pytest.raises(ValueError, match="longer than 100 years"):
+        parse_duration(timedelta(days=40_000))
+    retry = Retry(min_timeout=timedelta(milliseconds=100), max_timeout=timedelta(minutes=1))
+    assert (retry.min_timeout, retry.max_timeout) == (100, 60_000)
+    trigger = WorkerTrigger(queue="q", delay=timedelta(seconds=2), timeout=timedelta(hours=1))
+    assert (trigger.delay, trigger.timeout) == (2000, 3_600_000)
+    assert wait.for_(timedelta(minutes=2)).for_ms == 120_000
+    assert wait.for_event("go", timeout=timedelta(seconds=3)).timeout_ms == 3000
+    assert Schedule(every=timedelta(minutes=5)).every == 300_000
+    step = Step("a", echo, max_duration=timedelta(seconds=10), idempotency_ttl=timedelta(days=1))
+    assert (step.max_duration, step.idempotency_ttl) == (10_000, 86_400_000)
+
+
+@pytest.mark.parametrize(
+    ("given", "says"),
+    [
+        (
+            {"min_timeout": "10s", "max_timeout": "1s"},
+            "min_timeout '10s' (10000 ms) is longer than max_timeout '1s' (1000 ms)",
+        ),
+        (
+            {"min_timeout": 5000, "max_timeout": timedelta(seconds=1)},
+            "min_timeout 5000 ms is longer than max_timeout datetime.timedelta(seconds=1) (1000 ms)",
+        ),
+    ],
+)
+def test_a_retry_whose_min_timeout_is_above_its_max_timeout_is_refused(
+    given: dict[str, Any], says: str
+) -> None:
+    with pytest.raises(WorkflowDefinitionError) as refused:
+        Retry(**given)
+    assert str(refused.value) == (
+        f"Retry: {says}; the first wait is min_timeout, the longest max_timeout"
+    )
+    assert Retry(min_timeout="2s", max_timeout="2s").backoff_ms(3) == 2000  # equal: a fixed wait
+
+
+def test_a_retry_bound_left_to_its_default_gives_way_to_the_one_given() -> None:
+    """Retry(min_timeout="1m") waited 30 s, the default max_timeout, without a word."""
+    slow = Retry(min_timeout="1m")
+    assert (slow.min_timeout, slow.max_timeout, slow.backoff_ms(1), slow.backoff_ms(2)) == (
+        60_000,
+        60_000,
+        60_000,
+        60_000,
+    )
+    quick = Retry(max_timeout="500ms")
+    assert (quick.min_timeout, quick.max_timeout, quick.backoff_ms(1)) == (500, 500, 500)
+    assert (Retry().min_timeout, Retry().max_timeout) == (1000, 30_000)

@@ -18,6 +18,7 @@ from engine import (
     EngineError,
     RunStatus,
     Step,
+    UnknownQueue,
     WorkerTrigger,
     Workflow,
     WorkflowDefinitionError,
@@ -366,3 +367,89 @@ def test_a_negative_duration_string_is_refused_as_negative() -> None:
     with pytest.raises(WorkflowDefinitionError) as refused:
         Step("a", echo, max_duration="-1s")
     assert str(refused.value) == "step 'a': max_duration: duration '-1s' is negative"
+
+
+# ---- a file whose workflow is under another name, or that has none ---------------------------
+async def test_a_workflow_under_another_name_is_named_with_its_line(tmp_path: Path) -> None:
+    key = write(
+        tmp_path,
+        "misnamed.py",
+        """
+        from engine import Step, WorkerTrigger, Workflow
+
+
+        async def echo(ctx):
+            return ctx.body
+
+        wf = Workflow(name="misnamed", trigger=WorkerTrigger(queue="m"), steps=[Step("s", echo)])
+        """,
+    )
+    listed = write(
+        tmp_path,
+        "lists.py",
+        """
+        from engine import Step, WorkerTrigger, Workflow
+
+        flows = [Workflow(name="l", trigger=WorkerTrigger(queue="l"), steps=[Step("s", print)])]
+        """,
+    )
+    two = write(
+        tmp_path,
+        "two.py",
+        """
+        from engine import Step, WorkerTrigger, Workflow
+
+        one = Workflow(name="one", trigger=WorkerTrigger(queue="one"), steps=[Step("s", print)])
+        other = Workflow(name="other", trigger=WorkerTrigger(queue="o"), steps=[Step("s", print)])
+        """,
+    )
+    helper = write(tmp_path, "helpers.py", "def price(amount):\n    return amount * 100\n")
+    assert await errors_of(tmp_path) == {
+        key: f"{key}:7: defines neither `workflow` nor `workflows` (it has a Workflow in `wf`, "
+        "line 7: name it `workflow`)",
+        listed: f"{listed}:3: defines neither `workflow` nor `workflows` (it has a list of "
+        "Workflow in `flows`, line 3: name it `workflows`)",
+        two: f"{two}:3: defines neither `workflow` nor `workflows` (it has workflows in `one`, "
+        "line 3, `other`, line 4: list them in `workflows = [...]`)",
+        helper: f"{helper}: defines neither `workflow` nor `workflows` (a helper module? name it "
+        "_helpers.py)",
+    }
+
+
+# ---- a syntax error says its place once ------------------------------------------------------
+async def test_a_syntax_error_names_its_line_once(tmp_path: Path) -> None:
+    key = write(tmp_path, "syntax.py", "import os\n\n\nvalues = {'a': 1\n")
+    indent = write(tmp_path, "indent.py", "def f():\nreturn 1\n")
+    assert await errors_of(tmp_path) == {
+        key: f"{key}:4: SyntaxError: '{{' was never closed",
+        indent: f"{indent}:2: IndentationError: expected an indented block after function "
+        "definition on line 1",
+    }
+
+
+async def test_a_syntax_error_in_a_helper_keeps_the_helpers_place(tmp_path: Path) -> None:
+    (tmp_path / "_helper.py").write_text("x = (\n")
+    key = write(tmp_path, "uses.py", "import os\n\nimport _helper\n")
+    said = (await errors_of(tmp_path))[key]
+    assert said.startswith(f"{key}:3: SyntaxError: '(' was never closed (")
+    assert said.endswith("_helper.py, line 1)")
+
+
+async def test_an_unknown_queue_says_which_workflow_files_failed_to_load(tmp_path: Path) -> None:
+    """A syntax error in the file of queue 'bad' read as a mistyped queue name: "unknown queue
+    'bad' (queues: none)", while the load error went to a log the caller did not look at."""
+    key = write(tmp_path, "bad.py", "from engine import Workflow\n\nworkflow = Workflow(\n")
+    async with Engine(workflows=tmp_path) as engine:
+        with pytest.raises(UnknownQueue) as unknown:
+            await engine.enqueue("bad", {})
+    said = str(unknown.value)
+    assert said.startswith("unknown queue 'bad' (queues: none")
+    assert f"; 1 workflow file failed to load: {key}:3: SyntaxError" in said
+
+
+async def test_an_unknown_queue_named_after_a_workflow_with_no_trigger_says_so() -> None:
+    helper = Workflow(name="notrig", steps=[Step("s", echo)])
+    served = Workflow(name="served", trigger=WorkerTrigger(queue="served"), steps=[Step("s", echo)])
+    async with Engine(workflows=[helper, served]) as engine:
+        with pytest.raises(UnknownQueue, match="workflow 'notrig' has no trigger, so no queue"):
+            await engine.enqueue("notrig", {})

@@ -28,7 +28,7 @@ def database(request: pytest.FixtureRequest, tmp_path: Path) -> Path | None:
     return None if request.param == "memory" else tmp_path / "blok.db"
 
 
-async def echo(ctx) -> object:
+async def echo(ctx, **inputs) -> object:
     return ctx.body
 
 

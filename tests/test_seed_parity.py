@@ -273,7 +273,7 @@ async def test_spread_of_a_non_dict_fails_the_step(database: Path | None) -> Non
 
 
 def test_step_options_are_checked_when_defined() -> None:
-    def node(ctx) -> dict:
+    def node(ctx, **inputs) -> dict:
         return {}
 
     with pytest.raises(WorkflowDefinitionError, match="ephemeral and as_"):
