@@ -48,6 +48,7 @@ from .models import (
 from .operations import BulkResult, ProgressCallback, Skip, matching_runs, resolve_stuck, run_bulk
 from .replay_seed import seed_from_step
 from .turns import TimeSlice
+from .unknown_queue import unknown_queue
 from .validation import (
     InvalidInput,
     check_delay,
@@ -158,16 +159,7 @@ class Operator:
             if declared is not None:
                 break
         if declared is None:
-            known = sorted(set(self.catalog.served()) | await self._declared_names())
-            # The database named: a producer given a mistyped path has one of its own, empty.
-            hint = "; a queue is known once a worker serving it has started on this database, "
-            hint = "" if self.catalog.served() else hint + self.backend.location
-            if await self.backend.runs.list_runs(RunFilter.of(queue=queue), limit=1):
-                hint = "; it has runs, but no worker serves it: was its workflow file removed, "
-                hint += "or its queue renamed?"
-            raise UnknownQueue(
-                f"unknown queue {queue!r} (queues: {', '.join(known) or 'none'}{hint})"
-            )
+            raise await unknown_queue(queue, self.catalog, await self._declared(), self.backend)
         if declared.provider == "memory":
             raise EngineError(
                 f"queue {queue!r} is a memory queue: its jobs live in the process of the worker "

@@ -145,6 +145,21 @@ def where_text(where: str, stack: traceback.StackSummary) -> str:
     return "\n".join([f"{WHERE_ANSWER}{where} is at {line}", *frames])
 
 
+# Exception types whose message is all a step's one-line error needs ("card declined"); any
+# other type is named with it ("KeyError: 'amount'", where "'amount'" alone said nothing, and
+# "SystemExit: 3" where "3" did).
+PLAIN_TYPES = frozenset(
+    {"Exception", "RuntimeError", "ValueError", "NonRetryable", "TimeoutError", "UnstorableOutput"}
+)
+
+
+def error_said(kind: str | None, message: str) -> str:
+    """A failed attempt's error as a step's one-line error says it."""
+    return (
+        message if kind is None or kind in PLAIN_TYPES or message == kind else f"{kind}: {message}"
+    )
+
+
 def failed_for_good(
     where: str,
     error: str,
@@ -164,7 +179,7 @@ def failed_for_good(
     notes = [f"at {origin}"] if origin else []
     notes += [f"stopped at {stopped.line}"] if stopped is not None and stopped.line else []
     notes += [f"after {attempts} attempts"] if attempts > 1 else []
-    notes += ["not retried: NonRetryable"] if given_up else []
+    notes += ["not retried"] if given_up else []
     return f"{where} failed: {error}" + (f" ({', '.join(notes)})" if notes else "")
 
 

@@ -28,7 +28,7 @@ from .backoffs import Backoffs
 from .clock import Clock
 from .context import Context
 from .durations import parse_until
-from .errors import NonRetryable
+from .errors import NonRetryable, UnstorableOutput
 from .events import AttemptFailed, EventBus, LogRecorded, StepFinished, StepStarted
 from .loader import user_names
 from .models import (
@@ -42,7 +42,13 @@ from .models import (
     StepStatus,
 )
 from .node_calls import NodeCalls
-from .origin import Stopped, failed_before_running, failed_for_good, stopped_in_thread
+from .origin import (
+    Stopped,
+    error_said,
+    failed_before_running,
+    failed_for_good,
+    stopped_in_thread,
+)
 from .records import assign, construct
 from .services import UNRECORDED, Recorder, Services
 from .step_values import KEY, bad_input, check_output, fixed_input
@@ -116,6 +122,12 @@ class Outcome:
     # like any failure, goes through the trigger's retries, then the dead-letter queue).
     final: bool = False
     permanent: str | None = None  # StepError.permanent: dead-lettered without its retries
+
+
+def _why_final(failure: BaseException | None) -> str:
+    if isinstance(failure, UnstorableOutput):
+        return "every attempt would return what cannot be stored"
+    return "the node raised NonRetryable"
 
 
 def user_error(error: BaseException) -> bool:
@@ -622,7 +634,7 @@ class Runner:
                 attempt.traceback = ctx.redact(
                     user_names("".join(traceback.format_exception(failure)))
                 )
-            last_word = isinstance(failure, NonRetryable)
+            last_word = isinstance(failure, NonRetryable | UnstorableOutput)
             given_up = last_word and attempt_no < max_attempts
             last = attempt_no >= max_attempts or last_word
             if not last and retry is not None:
@@ -659,10 +671,11 @@ class Runner:
                 record.error = f"{attempt.error_type}: {attempt.error}"
                 record.finished_at = attempt.finished_at
                 self._finished(run, record)
+                said = error_said(attempt.error_type, attempt.error or "")
                 message = failed_for_good(
-                    where, attempt.error, failure, attempt_no, stopped, step.defined_at, given_up
+                    where, said, failure, attempt_no, stopped, step.defined_at, given_up
                 )
-                permanent = "the node raised NonRetryable" if last_word else None
+                permanent = _why_final(failure) if last_word else None
                 try:
                     raise StepError(message, step.name, timed_out, permanent) from failure
                 finally:

@@ -4,11 +4,13 @@ stored as the step's output."""
 
 from __future__ import annotations
 
+import inspect
 import math
 import sys
 from typing import Any
 
 from . import expressions
+from .errors import UnstorableOutput
 from .validation import InvalidInput, check_payload
 
 # Below this many bits an int has fewer than Python's 4,300 digits that `str()` and json.dumps
@@ -26,11 +28,13 @@ def check_output(value: Any, what: str) -> None:
         return  # most nodes return these
     if kind is float and math.isfinite(value):
         return
+    if inspect.iscoroutine(value) or inspect.isgenerator(value) or inspect.isasyncgen(value):
+        raise UnstorableOutput(_not_a_value(value, what))
     if kind is int:
         try:
             str(value)
         except ValueError:  # past Python's limit on int-to-str conversion, which JSON uses
-            raise TypeError(
+            raise UnstorableOutput(
                 f"{what} is an integer of more than {sys.get_int_max_str_digits():,} digits, "
                 "which JSON cannot hold here; return it as a string"
             ) from None
@@ -38,9 +42,20 @@ def check_output(value: Any, what: str) -> None:
     try:
         check_payload(value, None, what=what)
     except InvalidInput as error:
-        raise TypeError(
+        raise UnstorableOutput(
             f"{error}; return dicts, lists, strings, numbers, booleans or None"
         ) from None
+
+
+def _not_a_value(value: Any, what: str) -> str:
+    """Why a coroutine or a generator is no output, closed so that Python's "never awaited"
+    warning does not point into the engine."""
+    name = getattr(value, "__qualname__", type(value).__name__)
+    if inspect.iscoroutine(value) or inspect.isgenerator(value):
+        value.close()
+    if inspect.iscoroutine(value):
+        return f"{what} is a coroutine ({name}) that was never awaited: did you forget `await`?"
+    return f"{what} is a generator ({name}): a node returns its value (return, not yield)"
 
 
 def fixed_input(value: Any) -> str | None:

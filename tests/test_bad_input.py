@@ -3,6 +3,7 @@ and the engine goes on serving everything else."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sqlite3
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
 from datetime import UTC, datetime
@@ -24,6 +26,7 @@ from engine import (
     DatabaseError,
     Engine,
     EngineError,
+    JobState,
     Retry,
     RunStatus,
     Step,
@@ -222,13 +225,17 @@ async def test_a_node_returning_something_unserialisable_fails_its_step_clearly(
     async def make(ctx: Any) -> object:
         return returned
 
+    # Every attempt would return the same kind of value: neither budget is spent on it.
     flow = Workflow(
         name="maker",
-        trigger=WorkerTrigger(queue="maker"),
-        steps=[Step("make", make), Step("after", echo)],
+        trigger=WorkerTrigger(queue="maker", retries=2, delay="10ms"),
+        steps=[Step("make", make, retry=Retry(max_attempts=3)), Step("after", echo)],
     )
     async with Engine(workflows=[flow, echo_flow()], database=database) as engine:
-        run = await engine.wait_for_job(await engine.enqueue("maker", {}), timeout=10)
+        job_id = await engine.enqueue("maker", {})
+        run = await engine.wait_for_job(job_id, timeout=10)
+        assert (await engine.get_job(job_id)).state is JobState.DEAD
+        assert len(run.steps[0].attempts) == 1 and run.job_attempt == 1
         assert run.status is RunStatus.FAILED
         assert run.error_step == "make"
         assert run.error is not None
@@ -236,9 +243,46 @@ async def test_a_node_returning_something_unserialisable_fails_its_step_clearly(
         assert "JSON-serialisable" in run.error and named in run.error
         make_step, after_step = run.steps
         assert make_step.status is StepStatus.FAILED and make_step.output is None
-        assert make_step.attempts[-1].error_type == "TypeError"
+        assert make_step.attempts[-1].error_type == "UnstorableOutput"
         assert after_step.status is StepStatus.PENDING
         await serves(engine, "echo")
+
+
+async def forgot_await(ctx: Any) -> Any:
+    return echo(ctx)  # a coroutine: `await` forgotten
+
+
+def yields(ctx: Any) -> Any:
+    return (n for n in range(3))  # a generator: a list was meant
+
+
+def looks_up(ctx: Any) -> Any:
+    return ctx.body["amount"]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("node", "said"),
+    [
+        (forgot_await, "is a coroutine (echo) that was never awaited: did you forget `await`?"),
+        (yields, "is a generator (yields.<locals>.<genexpr>): a node returns its value"),
+        (looks_up, "n failed: KeyError: 'amount' (at "),
+    ],
+)
+async def test_a_nodes_mistake_is_named_in_its_one_line(
+    database: Path | None, node: Any, said: str
+) -> None:
+    """A forgotten `await` read "$ is a coroutine" (and Python warned of a coroutine never
+    awaited, pointing into the engine); a KeyError read "'amount'", its type left out."""
+    flow = Workflow(name="oops", trigger=WorkerTrigger(queue="oops"), steps=[Step("n", node)])
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")  # a coroutine never awaited warns, pointing at us
+        async with Engine(workflows=[flow], database=database) as engine:
+            run = await engine.wait_for_job(await engine.enqueue("oops", {}), timeout=10)
+            gc.collect()
+    assert not [w for w in warned if "'echo' was never awaited" in str(w.message)]
+    assert run.status is RunStatus.FAILED
+    assert said in (run.error or ""), run.error
 
 
 # ---- payloads ---------------------------------------------------------------------------------

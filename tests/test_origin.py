@@ -63,7 +63,7 @@ async def test_a_workflow_files_error_names_its_file_and_line(tmp_path: Path) ->
         job_id = await engine.enqueue("parse", {"text": "{bad"})
         run = await engine.wait_for_job(job_id, timeout=10)
     assert run.error == (
-        "[step 1/1] parse failed: Expecting property name enclosed in double quotes: line 1 "
+        "[step 1/1] parse failed: JSONDecodeError: Expecting property name enclosed in double quotes: line 1 "
         f"column 2 (char 1) (at {tmp_path / 'workflows' / 'shop.py'}:6)"
     )
 

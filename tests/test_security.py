@@ -208,7 +208,8 @@ async def test_a_node_error_that_quotes_a_secret_header_is_stored_redacted(
     assert run.status is RunStatus.FAILED
     attempt = run.steps[0].attempts[0]
     assert run.error == (
-        f"[step 1/1] call failed: the API refused key [redacted] (at {raised_at(refuse)})"
+        f"[step 1/1] call failed: PermissionError: the API refused key [redacted] "
+        f"(at {raised_at(refuse)})"
     )
     assert attempt.error == "the API refused key [redacted]"
     assert attempt.traceback is not None and "PermissionError" in attempt.traceback
