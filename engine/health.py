@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from .backends.base import Backend
 from .durations import format_duration
 from .errors import EngineError
-from .liveness import GONE, SERVING, why_not_serving, worker_state
+from .liveness import GONE, SERVING, LiveWorkers, why_not_serving, worker_state
 from .models import QueueInfo, WorkerInfo
 from .versions import split_line, version_splits
 
@@ -102,8 +102,22 @@ async def check(operator: HealthReader, max_age_s: float = DEFAULT_MAX_AGE_S) ->
         oldest = "no job waiting"
     splits = await version_splits(backend)
     split = "".join(f"; {split_line(name, v)}" for name, v in sorted(splits.items()))
-    reason = f"database {where} ok, {workers}, {oldest}{silent}{split}"
+    failing = await _load_errors(backend)
+    reason = f"database {where} ok, {workers}, {oldest}{silent}{split}{failing}"
     return Health(True, reason, database, len(alive), waiting, not_serving, splits)
+
+
+async def _load_errors(backend: Backend) -> str:
+    """The workflow files that fail to load on live workers, as a note: the last good version
+    of each serves (if there was one), and only the workers' logs and an attached console said
+    so. The first is quoted."""
+    errors: dict[str, str] = {}
+    for catalog in (await LiveWorkers.read(backend)).catalogs:
+        errors.update(catalog.reload_errors)
+    if not errors:
+        return ""
+    files = f"{len(errors)} workflow file{'s' if len(errors) > 1 else ''} failed to load"
+    return f"; {files} on live workers: {sorted(errors.values())[0]}"
 
 
 async def _waiting(operator: HealthReader, queues: Sequence[QueueInfo]) -> dict[str, float]:

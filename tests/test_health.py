@@ -157,3 +157,19 @@ def test_blok_tui_health_exit_codes(tmp_path: Path) -> None:
     gone = blok("health", "--db", db, "--max-age", "1h")
     assert gone.returncode == 1
     assert gone.stderr.strip() == f"blok-tui: error: unhealthy: no worker alive on {db}"
+
+
+@pytest.mark.anyio
+async def test_health_names_a_workflow_file_that_fails_to_load_on_a_live_worker(
+    tmp_path: Path,
+) -> None:
+    """A headless operator saw "healthy" and nothing else while a workflow file failed to load
+    on the worker: only its log and an attached console said so."""
+    folder = write_workflows(tmp_path / "workflows")
+    broken = folder / "broken.py"
+    broken.write_text("from engine import Workflow\n\nworkflow = Workflow(\n")
+    async with Engine(workflows=folder, database=tmp_path / "blok.db") as engine:
+        health = await engine.health()
+        assert health.ok
+        assert "; 1 workflow file failed to load on live workers: " in health.reason
+        assert f"{broken.resolve()}:3: SyntaxError" in health.reason
