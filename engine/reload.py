@@ -255,6 +255,7 @@ async def reload_paths(
     for path, outcome in list(engine.refused.items()):
         if path not in targets and path.exists():
             outcomes.setdefault(path, outcome)
+    before = {path: loaded.workflows for path, loaded in engine.files.items()}
     removed = [p for p in gone if p in engine.files or str(p) in engine.reload_errors]
     for path in removed:
         engine.unload(path)
@@ -264,9 +265,15 @@ async def reload_paths(
     for path in removed:  # a reload to nothing: its workflows and queues are gone
         engine.notify_reloaded(LoadedFile(path, "", []))
     for loaded in reloaded:
-        log.info(
-            "reloaded %s: %s",
+        # A helper's edit reloads every file that may import it: those that came out the same
+        # are said at debug level, or their lines hid the one that changed.
+        old = [(w.name, w.version) for w in before.get(loaded.path, [])]
+        same = old == [(w.name, w.version) for w in loaded.workflows]
+        log.log(
+            logging.DEBUG if same else logging.INFO,
+            "reloaded %s: %s%s",
             loaded.path,
             ", ".join(f"{w.name}@{w.version}" for w in loaded.workflows),
+            " (unchanged)" if same else "",
         )
         engine.notify_reloaded(loaded)

@@ -7,6 +7,7 @@ Every wait is for an event (engine events, gates, `wait_for_job`) under `anyio.f
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import textwrap
@@ -320,6 +321,28 @@ async def test_helper_module_edit_reloads_the_workflows_that_use_it(
             await engine.enqueue("orders", {"name": "ada"}), timeout=TIMEOUT
         )
         assert (run.output, run.workflow_version) == ("bonjour ada", reloaded.versions[0])
+
+
+async def test_a_helpers_edit_says_only_the_workflows_it_changed(
+    folder: Path, tmp_path: Path, gates: Gates, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A helper's edit reloads every workflow file (any may import it): each said "reloaded",
+    the ones that came out the same too, and their lines hid the one that changed."""
+    helper = folder / "_greetings.py"
+    helper.write_text("def greet(name):\n    return f'hello {name}'\n")
+    file = folder / "orders.py"
+    file.write_text(flow_source("v1", header="from _greetings import greet"))
+    other = folder / "shipping.py"
+    other.write_text(flow_source("s1", name="shipping", queue="shipping"))
+    async with running(folder, tmp_path / "blok.db") as (engine, events):
+        caplog.set_level(logging.INFO, logger="blok.reload")
+        helper.write_text("def greet(name):\n    return f'bonjour {name}'\n")
+        await events.reloaded(file.resolve())
+        await events.reloaded(other.resolve())
+        said = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+        assert [m.split(":")[0] for m in said if m.startswith("reloaded")] == [
+            f"reloaded {file.resolve()}"
+        ], said
 
 
 async def test_concurrency_change_takes_effect_live(
