@@ -334,7 +334,7 @@ async def test_a_helpers_edit_says_only_the_workflows_it_changed(
     file.write_text(flow_source("v1", header="from _greetings import greet"))
     other = folder / "shipping.py"
     other.write_text(flow_source("s1", name="shipping", queue="shipping"))
-    async with running(folder, tmp_path / "blok.db") as (engine, events):
+    async with running(folder, tmp_path / "blok.db") as (_, events):
         caplog.set_level(logging.INFO, logger="blok.reload")
         helper.write_text("def greet(name):\n    return f'bonjour {name}'\n")
         await events.reloaded(file.resolve())
