@@ -218,7 +218,7 @@ async def test_kill9_five_times_and_a_terminated_session_lose_and_double_nothing
             # worker's, which is surely connected by now.
             sessions = (
                 "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE"
-                " datname = current_database() AND application_name LIKE '% pid {}'"
+                " datname = current_database() AND application_name LIKE '%:{}'"
             )
             terminated = await chaos.scalar(sessions.format(chaos.workers[0].pid))
             continue

@@ -6,7 +6,9 @@ deadlock run again, a process going down (flush_now), a restart of the server.""
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -30,6 +32,7 @@ from engine.backends.base import JobUpdate, Transition
 from engine.backends.postgres import PostgresBackend
 from engine.backends.postgres import db as pg_db
 from engine.backends.postgres import sql as pg_sql
+from engine.filters import RunFilter
 from engine.models import JobState
 
 from .conftest import connect
@@ -856,3 +859,29 @@ async def test_the_writers_plans_made_on_an_empty_table_find_jobs_by_key(
         await conn.close()
     assert "Seq Scan on jobs" not in plan, plan
     assert "on jobs" in plan  # the plan does look at jobs: by an index
+
+
+async def test_connections_keep_the_urls_application_name_and_name_their_host(
+    pg_schema: str,
+) -> None:
+    """`?application_name=webapp` was replaced by blok's own name, "blok-tui pool pid 14034": a
+    DBA could not tell a web app's producer from a worker, nor one machine from another."""
+    url = f"{pg_schema}{'&' if '?' in pg_schema else '?'}application_name=webapp"
+    async with open_backend(url) as backend:
+        backend.runs.save_run(a_run())
+        await backend.runs.flush()
+        await backend.runs.list_runs(RunFilter.of(), limit=1)  # a pooled connection
+        conn = await connect(pg_schema)
+        try:
+            names = {
+                row[0]
+                for row in await conn.fetch(
+                    "SELECT application_name FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+            }
+        finally:
+            await conn.close()
+    where = f"{socket.gethostname()}:{os.getpid()}"
+    assert f"webapp (blok-tui writer {where})" in names, names
+    assert f"webapp (blok-tui pool {where})" in names, names

@@ -1,7 +1,7 @@
 """Connections to the server, and what their failures mean.
 
 Every connection blok opens is named in `pg_stat_activity` (`application_name`: "blok-tui
-<role> pid <pid>") and has blok's schema on its search path. A failure to connect becomes one
+<role> <host>:<pid>", after the URL's own `application_name`) and has blok's schema on its search path. A failure to connect becomes one
 line for the user (`DatabaseError`): a URL that cannot be used, a server that does not answer,
 a login the server refuses. A failure while connected is sorted into those worth trying again
 (the connection dropped, the server restarts, a deadlock or serialization failure) and the
@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import socket
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import asyncpg
 import asyncpg.exceptions as pgerr
@@ -61,13 +62,24 @@ def retryable(error: BaseException) -> bool:
 WRITER = "writer"  # the role of the connection that commits every write (db.py)
 
 
-def settings(role: str, idle_in_transaction_s: float | None = None) -> dict[str, str]:
+def application_name(role: str, url: str | None = None) -> str:
+    """How the connection is named in `pg_stat_activity`: "blok-tui pool host:pid", after the
+    name the URL gives (`?application_name=webapp`), which blok's own replaced: a DBA could not
+    tell a web app's producer from a worker, nor, by a bare pid, one machine from another."""
+    name = f"blok-tui {role} {socket.gethostname()}:{os.getpid()}"
+    given = parse_qs(urlsplit(url).query).get("application_name") if url else None
+    return f"{given[0]} ({name})" if given else name
+
+
+def settings(
+    role: str, idle_in_transaction_s: float | None = None, url: str | None = None
+) -> dict[str, str]:
     """The session settings of a connection in `role`. `idle_in_transaction_s`: the server
     ends the session if it sits inside a transaction that long without a statement — a process
     frozen in the middle of one (SIGSTOP, a long pause) would otherwise keep the rows it locked
     from a worker taking its jobs over once their leases ran out. blok's own transactions never
     wait between their statements."""
-    values = {"search_path": SCHEMA, "application_name": f"blok-tui {role} pid {os.getpid()}"}
+    values = {"search_path": SCHEMA, "application_name": application_name(role, url)}
     if role == WRITER:
         # The writer's statements find their rows by key (a job, a run, its steps). The server
         # plans a prepared statement once for all after a few runs, with the tables as they
@@ -93,7 +105,7 @@ async def connect(
     return await asyncpg.connect(
         url,
         timeout=CONNECT_TIMEOUT_S,
-        server_settings=settings(role, idle_in_transaction_s),
+        server_settings=settings(role, idle_in_transaction_s, url),
         **kwargs,
     )
 

@@ -196,7 +196,7 @@ class PostgresDatabase:
                 min_size=1,
                 max_size=POOL_SIZE,
                 timeout=5.0,
-                server_settings=settings("pool", self.idle_s),
+                server_settings=settings("pool", self.idle_s, self.url),
                 init=self._init_pooled,
                 reset=_keep_session,  # nothing here changes a session: no reset round trip
             )
