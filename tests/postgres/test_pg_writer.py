@@ -6,6 +6,7 @@ deadlock run again, a process going down (flush_now), a restart of the server.""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import socket
@@ -885,3 +886,23 @@ async def test_connections_keep_the_urls_application_name_and_name_their_host(
     where = f"{socket.gethostname()}:{os.getpid()}"
     assert f"webapp (blok-tui writer {where})" in names, names
     assert f"webapp (blok-tui pool {where})" in names, names
+
+
+def test_the_drivers_pool_retries_log_one_line_not_a_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """asyncpg's pool, restoring its connections through an outage, logged a 25-line traceback
+    of its internals each time, in every application that embeds a producer engine."""
+    import asyncpg.pool
+
+    caplog.set_level(logging.WARNING, logger="asyncpg.pool")
+    try:
+        raise ConnectionError("unexpected connection_lost() call")
+    except ConnectionError:
+        asyncpg.pool.logger.warning("Failed to restore the pool connection floor", exc_info=True)
+    [record] = caplog.records
+    assert record.exc_info is None and "Traceback" not in caplog.text
+    assert record.getMessage() == (
+        "Failed to restore the pool connection floor "
+        "(ConnectionError: unexpected connection_lost() call)"
+    )

@@ -10,6 +10,7 @@ others, which are the caller's.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from typing import Any
@@ -53,6 +54,20 @@ def connection_lost(error: BaseException) -> bool:
 
 def conflict(error: BaseException) -> bool:
     return isinstance(error, _CONFLICT)
+
+
+def _driver_errors_in_one_line(record: logging.LogRecord) -> bool:
+    """The driver's own retries through an outage (its pool restoring its connections) say
+    their error in one line: in an application's log, a 25-line traceback of the driver's
+    internals came four times in five seconds and buried the lines around them."""
+    if record.exc_info and record.exc_info[1] is not None:
+        error = record.exc_info[1]
+        record.msg = f"{record.getMessage()} ({type(error).__name__}: {error})"
+        record.args, record.exc_info, record.exc_text = None, None, None
+    return True
+
+
+logging.getLogger("asyncpg.pool").addFilter(_driver_errors_in_one_line)
 
 
 def retryable(error: BaseException) -> bool:
