@@ -14,7 +14,7 @@ import subprocess
 import sys
 import termios
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -122,7 +122,22 @@ def test_a_console_that_crashes_exits_non_zero(tmp_path: Path) -> None:
     assert code == 1
 
 
-def test_quitting_with_a_run_in_flight_says_it_is_stopping_it(tmp_path: Path) -> None:
+def quit_by_q(console: Terminal) -> None:
+    console.type("q")
+    eventually(lambda: "Stay (n)" in console.text)  # asked first: a run is in flight
+    console.type("y")
+
+
+def quit_by_sigterm(console: Terminal) -> None:
+    # `kill PID` (a supervisor, tmux kill-session) ended the process at once: the terminal
+    # stayed in the alternate screen with its cursor hidden, and the runs had no grace.
+    console.process.terminate()
+
+
+@pytest.mark.parametrize("quit_", [quit_by_q, quit_by_sigterm], ids=["q", "sigterm"])
+def test_quitting_with_a_run_in_flight_says_it_is_stopping_it(
+    tmp_path: Path, quit_: Callable[[Terminal], None]
+) -> None:
     folder = write_workflows(tmp_path / "workflows")
     database = tmp_path / "blok.db"
     console = Terminal(
@@ -134,33 +149,7 @@ def test_quitting_with_a_run_in_flight_says_it_is_stopping_it(tmp_path: Path) ->
         assert done.returncode == 0, done.stderr
         job_id = done.stdout.split()[0]
         eventually(lambda: (run_of(database, job_id) or {}).get("status") == "running")
-        console.type("q")
-        eventually(lambda: "Stay (n)" in console.text)  # asked first: a run is in flight
-        console.type("y")
-    except BaseException:
-        console.process.kill()
-        raise
-    finally:
-        code = console.finish()
-    assert code == 0
-    assert "stopping 1 run… (up to 2s" in console.text
-
-
-def test_a_sigterm_quits_the_console_as_q_does(tmp_path: Path) -> None:
-    """`kill PID` (a supervisor, tmux kill-session) ended the process at once: the terminal
-    stayed in the alternate screen with its cursor hidden, and the runs had no grace."""
-    folder = write_workflows(tmp_path / "workflows")
-    database = tmp_path / "blok.db"
-    console = Terminal(
-        tmp_path, "-m", "blok_tui", "--db", str(database), "--workflows", str(folder)
-    )
-    try:
-        eventually(lambda: "naps" in console.text, timeout=20)
-        done = blok("enqueue", "naps", '{"seconds": 30}', "--db", database)
-        assert done.returncode == 0, done.stderr
-        job_id = done.stdout.split()[0]
-        eventually(lambda: (run_of(database, job_id) or {}).get("status") == "running")
-        console.process.terminate()
+        quit_(console)
     except BaseException:
         console.process.kill()
         raise
