@@ -71,8 +71,8 @@ class StepError(Exception):
         super().__init__(message)
         self.step = step
         self.timed_out = timed_out
-        # Why retrying the job cannot help (its body lacks what a step reads, or the node
-        # raised NonRetryable): it goes to the dead-letter queue without its retries.
+        # Why retrying the job cannot help (its body lacks what a step reads, the node raised
+        # NonRetryable or returned what cannot be stored): dead-lettered without its retries.
         self.permanent = permanent
 
 
