@@ -99,6 +99,19 @@ def _error_line(error: BaseException, path: Path) -> int | None:
     return line
 
 
+def _helper_place(error: BaseException, path: Path) -> str:
+    """Where in a helper module next to the file (`_helpers.py`) an error raised at import
+    came from, after the file's own line that imported it: " (at _helpers.py:3)", or ""
+    when the error's last frame of the folder is in the file itself."""
+    last = None
+    for frame in traceback.extract_tb(error.__traceback__):
+        if Path(frame.filename).parent == path.parent:
+            last = frame
+    if last is None or Path(last.filename) == path:
+        return ""
+    return f" (at {Path(last.filename).name}:{last.lineno})"
+
+
 # Names of helper modules imported from any workflows folder. A helper of the same name from
 # another folder (a second engine, an earlier test) would otherwise be found in sys.modules
 # and used in place of this folder's file.
@@ -151,6 +164,7 @@ def load_file(path: Path) -> LoadedFile:
         said = str(error)
         if isinstance(error, SyntaxError) and error.msg and _in_file(error, path):
             said = error.msg  # str() adds "(name.py, line 4)", which the error's place says
+        said += _helper_place(error, path)
         raise WorkflowLoadError(path, _error_line(error, path), f"{kind}: {said}") from error
     finally:
         if added_path:

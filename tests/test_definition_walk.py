@@ -453,3 +453,24 @@ async def test_an_unknown_queue_named_after_a_workflow_with_no_trigger_says_so()
     async with Engine(workflows=[helper, served]) as engine:
         with pytest.raises(UnknownQueue, match="workflow 'notrig' has no trigger, so no queue"):
             await engine.enqueue("notrig", {})
+
+
+async def test_an_error_raised_in_a_helper_at_import_names_the_helpers_line_too(
+    tmp_path: Path,
+) -> None:
+    """It named only the workflow file's `from _helpers import fmt` line: the helper's own
+    line, where the NameError was, was for the user to find."""
+    (tmp_path / "_helpers.py").write_text("def fmt(x):\n    return x\n\nundefined_thing()\n")
+    key = write(
+        tmp_path,
+        "uses_helper.py",
+        """
+        from _helpers import fmt
+        from engine import Step, WorkerTrigger, Workflow
+
+        workflow = Workflow(name="h", trigger=WorkerTrigger(queue="h"), steps=[Step("s", fmt)])
+        """,
+    )
+    assert (await errors_of(tmp_path))[key] == (
+        f"{key}:1: NameError: name 'undefined_thing' is not defined (at _helpers.py:4)"
+    )
