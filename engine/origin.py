@@ -49,6 +49,16 @@ def user_line(error: BaseException, cwd: Path | None = None) -> str | None:
     return _shown(found.tb_frame.f_code.co_filename, found.tb_lineno, cwd)
 
 
+def running_line(frame: FrameType | None) -> str | None:
+    """`path:line` of the innermost user frame of a thread's stack, `frame` its innermost (as
+    `sys._current_frames()` gives it); None when every frame is the engine's or a library's."""
+    while frame is not None:
+        if not is_engine_frame(frame.f_code.co_filename):
+            return _shown(frame.f_code.co_filename, frame.f_lineno, None)
+        frame = frame.f_back
+    return None
+
+
 def caller_source() -> tuple[str, int] | None:
     """(file name as its code object has it, line) of the innermost frame of the user's code
     in the calls that led here: where the user wrote the `Step(...)` or `Workflow(...)` being

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING
 
 import anyio
 
+from .origin import running_line
+
 if TYPE_CHECKING:
     from .node_calls import NodeCalls
 
@@ -80,7 +82,7 @@ class LoopWatchdog:
                 # the same turn of the loop, and the stall is then the node's.
                 culprit = self._culprit()
                 if culprit is not None:
-                    self._name(culprit, blocked)
+                    self._name(culprit, blocked, self._blocking_line())
                 elif starts:
                     log.warning(
                         "the event loop has been blocked for %.1fs, not by a step's node "
@@ -104,17 +106,25 @@ class LoopWatchdog:
         return True
 
     @staticmethod
-    def _name(culprit: tuple[int, tuple[str, str, str]], blocked: float) -> None:
+    def _name(culprit: tuple[int, tuple[str, str, str]], blocked: float, line: str | None) -> None:
         run_id, workflow, where = culprit[1]
         log.warning(
-            "the event loop has been blocked for %.1fs by %s of run %s (%s): an async node "
+            "the event loop has been blocked for %.1fs by %s of run %s (%s)%s: an async node "
             "must not call blocking code (time.sleep, sync I/O); make it a plain def, or await "
             "anyio.to_thread.run_sync",
             blocked,
             where,
             run_id,
             workflow,
+            f" at {line}" if line else "",
         )
+
+    def _blocking_line(self) -> str | None:
+        """The line of the user's code the loop thread is at (the node's, or a helper's it
+        called): where the blocking call is."""
+        if self._loop_thread is None:
+            return None
+        return running_line(sys._current_frames().get(self._loop_thread))
 
     def _culprit(self) -> tuple[int, tuple[str, str, str]] | None:
         """The async node whose frame is on the loop thread's stack (innermost first)."""

@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 import pytest
 from cli_helpers import blok, cli_env, start_worker
-from support import DURABLE, a_database, all_tasks_blocked, until
+from support import DURABLE, a_database, all_tasks_blocked, marked_line, until
 
 from engine import (
     AttemptStatus,
@@ -159,7 +159,7 @@ async def test_an_async_node_blocking_the_loop_is_named_and_timed_out(
     caplog.set_level(logging.WARNING, logger="blok.watchdog")
 
     async def blocker(ctx) -> str:
-        time.sleep(1.2)  # noqa: ASYNC251 - blocks the whole event loop, as the bug does
+        time.sleep(1.2)  # noqa: ASYNC251 - blocks the whole event loop, as the bug does  # sleeps
         return "late"
 
     wf = Workflow(
@@ -173,7 +173,9 @@ async def test_an_async_node_blocking_the_loop_is_named_and_timed_out(
     [attempt] = run.step("blocker").attempts
     assert attempt.status is AttemptStatus.TIMED_OUT
     assert "blocked for" in caplog.text
-    assert f"by [step 1/1] blocker of run {run.id} (blocking)" in caplog.text
+    # With the line the loop is blocked at: the call to find (it named the step alone).
+    at = marked_line(__file__, "# sleeps")
+    assert f"by [step 1/1] blocker of run {run.id} (blocking) at {at}:" in caplog.text
     assert any("blocked the event loop for" in line.message for line in run.logs)
 
 
