@@ -143,6 +143,7 @@ async def test_a_client_engine_never_creates_or_adopts_a_database(tmp_path: Path
         ("postgres:postgres@127.0.0.1/test", "looks like a database URL but is not one"),
         (" postgresql://postgres@127.0.0.1/test", "has spaces around it"),
         ("postgresql://postgres@127.0.0.1/test\n", "has spaces around it"),
+        ("postgresql://ann:p@ss@127.0.0.1/test", "holds an '@': write it %40"),
     ],
 )
 async def test_a_mistyped_database_url_is_refused_not_made_a_sqlite_file(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from ..errors import DatabaseError
 from .base import Backend
@@ -48,6 +49,11 @@ def open_backend(
     _not_a_mistyped_url(text)
     if is_url(text):
         if text.startswith(URL_SCHEMES):
+            if urlsplit(text).netloc.count("@") > 1:  # the host would be read as "ss@host"
+                raise DatabaseError(
+                    f"{describe(text)}: the user or password holds an '@': write it %40 in "
+                    "the URL (p%40ss for p@ss)"
+                )
             try:
                 from .postgres import PostgresBackend  # type: ignore[attr-defined, unused-ignore]
             except ImportError as error:
