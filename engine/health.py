@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-from .backends.base import Backend
+from .backends.base import Backend, WorkerCatalog
 from .durations import format_duration
 from .errors import EngineError
 from .liveness import GONE, SERVING, LiveWorkers, why_not_serving, worker_state
 from .models import QueueInfo, WorkerInfo
-from .versions import split_line, version_splits
+from .versions import split_line, splits_in
 
 DEFAULT_MAX_AGE_S = 300.0
 
@@ -100,19 +100,20 @@ async def check(operator: HealthReader, max_age_s: float = DEFAULT_MAX_AGE_S) ->
         oldest = f"oldest waiting job {_seconds(age)} ({queue})"
     else:
         oldest = "no job waiting"
-    splits = await version_splits(backend)
+    catalogs = (await LiveWorkers.read(backend)).catalogs  # read once, for both notes
+    splits = splits_in(catalogs)
     split = "".join(f"; {split_line(name, v)}" for name, v in sorted(splits.items()))
-    failing = await _load_errors(backend)
+    failing = _load_errors(catalogs)
     reason = f"database {where} ok, {workers}, {oldest}{silent}{split}{failing}"
     return Health(True, reason, database, len(alive), waiting, not_serving, splits)
 
 
-async def _load_errors(backend: Backend) -> str:
+def _load_errors(catalogs: Sequence[WorkerCatalog]) -> str:
     """The workflow files that fail to load on live workers, as a note: the last good version
     of each serves (if there was one), and only the workers' logs and an attached console said
     so. The first is quoted."""
     errors: dict[str, str] = {}
-    for catalog in (await LiveWorkers.read(backend)).catalogs:
+    for catalog in catalogs:
         errors.update(catalog.reload_errors)
     if not errors:
         return ""

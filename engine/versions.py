@@ -7,9 +7,10 @@ resumes on a worker whose version changed its steps (`not_resumable_here`)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from datetime import timedelta
 
-from .backends.base import Backend, Claim, JobQueue
+from .backends.base import Backend, Claim, JobQueue, WorkerCatalog
 from .ledger import Ledger
 from .liveness import LiveWorkers
 from .models import Run, StepStatus
@@ -22,8 +23,13 @@ log = logging.getLogger("blok.versions")
 async def version_splits(backend: Backend) -> dict[str, dict[str, list[str]]]:
     """Workflow name → version → the live workers serving it at that version, for the
     workflows served at more than one."""
+    return splits_in((await LiveWorkers.read(backend)).catalogs)
+
+
+def splits_in(catalogs: Sequence[WorkerCatalog]) -> dict[str, dict[str, list[str]]]:
+    """`version_splits` of these catalogs (the live workers')."""
     served: dict[str, dict[str, list[str]]] = {}
-    for catalog in (await LiveWorkers.read(backend)).catalogs:
+    for catalog in catalogs:
         for info in catalog.workflows:
             served.setdefault(info.name, {}).setdefault(info.version, []).append(catalog.worker)
     return {name: versions for name, versions in served.items() if len(versions) > 1}
