@@ -903,7 +903,6 @@ async def _worker(args: argparse.Namespace) -> None:
         # A job's payload, logged or in an error, must not drive the operator's terminal.
         handler.setFormatter(_Printable("%(asctime)s %(levelname)s %(name)s%(where)s: %(message)s"))
         handler.addFilter(_name_the_run)
-        handler.addFilter(_driver_errors_in_one_line)
     folder, bundled = _workflows(args)
     if bundled:
         log.warning("no ./workflows here: serving the bundled demo (--workflows DIR for yours)")
@@ -980,16 +979,6 @@ class _OneLine(logging.Formatter):
 
 def _exception_line(error: BaseException | None) -> str:
     return f"({type(error).__name__}: {error})" if error is not None else ""
-
-
-def _driver_errors_in_one_line(record: logging.LogRecord) -> bool:
-    """A worker's log keeps the tracebacks of what went wrong in blok and in workflows; the
-    database driver's own retries through an outage say their error in one line (a traceback
-    a second, of the driver's internals, would bury the lines around them)."""
-    if record.name.startswith("asyncpg") and record.exc_info:
-        record.msg = f"{record.getMessage()} {_exception_line(record.exc_info[1])}"
-        record.args, record.exc_info, record.exc_text = None, None, None
-    return True
 
 
 def _name_the_run(record: logging.LogRecord) -> bool:

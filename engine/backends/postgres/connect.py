@@ -1,7 +1,8 @@
 """Connections to the server, and what their failures mean.
 
 Every connection blok opens is named in `pg_stat_activity` (`application_name`: "blok-tui
-<role> <host>:<pid>", after the URL's own `application_name`) and has blok's schema on its search path. A failure to connect becomes one
+<role> <host>:<pid>", after the URL's own `application_name`) and has blok's schema on its
+search path. The driver's pool logs its retries in one line. A failure to connect becomes one
 line for the user (`DatabaseError`): a URL that cannot be used, a server that does not answer,
 a login the server refuses. A failure while connected is sorted into those worth trying again
 (the connection dropped, the server restarts, a deadlock or serialization failure) and the
