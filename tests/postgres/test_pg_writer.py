@@ -32,6 +32,7 @@ from engine.backends import open_backend
 from engine.backends.base import JobUpdate, Transition
 from engine.backends.postgres import PostgresBackend
 from engine.backends.postgres import db as pg_db
+from engine.backends.postgres import listener as pg_listener
 from engine.backends.postgres import sql as pg_sql
 from engine.filters import RunFilter
 from engine.models import JobState
@@ -443,6 +444,8 @@ class CuttingRelay:
         self.url = url
         self.sides: list[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = []
         self.held: set[int] = set()
+        self.hanging_up = False  # new connections are closed at once, and counted
+        self.hung_up = 0
         self._server: asyncio.Server | None = None
 
     async def __aenter__(self) -> CuttingRelay:
@@ -462,6 +465,10 @@ class CuttingRelay:
             server.close()
 
     async def _relay(self, client_in: asyncio.StreamReader, client: asyncio.StreamWriter) -> None:
+        if self.hanging_up:
+            self.hung_up += 1
+            client.transport.abort()
+            return
         server_in, server = await asyncio.open_connection(*self.target)
         index = len(self.sides)
         self.sides.append((client, server))
@@ -639,7 +646,7 @@ async def test_the_listener_reconnects_and_wakes_the_waiters(pg_schema: str) -> 
             # Reconnected: what was notified meanwhile is unknown, so the token moves.
             token = await backend.wait_for_change(token, timeout=10)
             assert isinstance(backend, PostgresBackend)
-            await until(lambda: backend.db.listening)
+            await until(lambda: backend.db.listener.listening)
             token = await backend.change_token()
             other.runs.save_run(a_run())
             await other.runs.flush()
@@ -906,3 +913,40 @@ def test_the_drivers_pool_retries_log_one_line_not_a_traceback(
         "Failed to restore the pool connection floor "
         "(ConnectionError: unexpected connection_lost() call)"
     )
+
+
+async def test_an_outage_of_the_listener_is_logged_once_not_at_every_try(
+    pg_schema: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The listener tries to reconnect every 2 s at most during an outage; it says it lost
+    its connection once, and once that it is back, with how long it was out."""
+    monkeypatch.setattr(pg_listener, "KEEPALIVE_S", 0.2)  # the drop is found sooner
+    caplog.set_level(logging.INFO, logger="blok.postgres")
+    async with CuttingRelay(pg_schema) as relay, anyio.create_task_group() as tg:
+        listener = pg_listener.Listener(relay.url, "the test's database", set())
+        await tg.start(listener.run)
+        relay.hanging_up = True
+        relay.cut(0)
+        with anyio.fail_after(10):
+            await until(lambda: relay.hung_up >= 4)  # four tries to reconnect, refused
+        lost = [r for r in caplog.messages if "the listener lost its connection" in r]
+        assert len(lost) == 1, caplog.messages
+        relay.hanging_up = False
+        with anyio.fail_after(10):
+            await until(lambda: listener.listening)
+        back = [r for r in caplog.messages if "the listener is back after" in r]
+        assert len(back) == 1, caplog.messages
+        tg.cancel_scope.cancel()
+
+
+def test_a_server_that_is_full_is_not_called_lost(caplog: pytest.LogCaptureFixture) -> None:
+    """A connection refused for max_connections is the server's limit, not an outage: the
+    operator's fix is there."""
+    db = pg_db.PostgresDatabase("postgresql://127.0.0.1/x", "the test's database")
+    full = asyncpg.exceptions.TooManyConnectionsError("sorry, too many clients already")
+    with caplog.at_level(logging.WARNING, logger="blok.postgres"):
+        db._lost("a write", full)
+    assert caplog.messages == [
+        "the test's database: the server is full (TooManyConnectionsError: sorry, too many"
+        " clients already) during a write; retrying with backoff"
+    ]

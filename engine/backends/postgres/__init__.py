@@ -36,8 +36,8 @@ from ..base import JobQueue, Pace
 from ..database_backend import DatabaseBackend
 from ..rows import job_from_row
 from . import sql
-from .connect import connect
-from .db import ANSWER_S, REFUSED_AT_CONNECT, PostgresDatabase
+from .connect import REFUSED_AT_CONNECT, connect
+from .db import ANSWER_S, PostgresDatabase
 from .queue import PostgresQueue
 from .schema import SCHEMA, SCHEMA_VERSION
 from .shared import PostgresShared
@@ -89,8 +89,8 @@ class PostgresBackend(DatabaseBackend):
         self._unheard_at = 0.0
         self._urgent = 0  # signals heard: each is told without waiting out a pace's window
         self._feed_wanted = 0  # the newest transaction another process said wrote runs
-        self.db.on_notify = self._notified
-        self.db.on_listening = self._heard_again
+        self.db.listener.on_notify = self._notified
+        self.db.listener.on_listening = self._heard_again
 
     async def __aenter__(self) -> PostgresBackend:
         await self.db.open()
@@ -100,7 +100,7 @@ class PostgresBackend(DatabaseBackend):
         tg.start_soon(self.db.writer_loop)
         tg.start_soon(self.db.clock_loop)
         try:
-            await tg.start(self.db.listener_loop)
+            await tg.start(self.db.listener.run)
         except BaseException:
             tg.cancel_scope.cancel()
             await tg.__aexit__(None, None, None)
@@ -138,7 +138,7 @@ class PostgresBackend(DatabaseBackend):
 
                 async def look() -> None:
                     # Lost already (a connection dropped and none made since): looked at now.
-                    if self.db.listening and self.db.down_since is None:
+                    if self.db.listener.listening and self.db.down_since is None:
                         await anyio.sleep(LOOK_AFTER_S)
                     self.db.gone = await self._look()
                     if self.db.gone is not None:
@@ -220,7 +220,7 @@ class PostgresBackend(DatabaseBackend):
                 self._move()
                 break
             self._straggler_wait = STRAGGLER_WAIT_S[0]
-            if not self.db.listening:
+            if not self.db.listener.listening:
                 # Nothing is heard: the waiters look for themselves every UNHEARD_POLL_S.
                 due = self._unheard_at + UNHEARD_POLL_S - time.monotonic()
                 if due <= 0:
@@ -253,7 +253,7 @@ class PostgresBackend(DatabaseBackend):
             "url": self.location,
             "schema": version,
             "server": str(server).split()[0],
-            "listening": self.db.listening,
+            "listening": self.db.listener.listening,
         }
 
     def flush_now(self) -> None:

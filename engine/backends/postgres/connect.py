@@ -24,6 +24,8 @@ from ...errors import DatabaseError
 from .schema import SCHEMA
 
 CONNECT_TIMEOUT_S = 5.0
+BACKOFF_MIN_S = 0.05  # the first wait before a connection is tried again; doubled each try
+BACKOFF_MAX_S = 2.0
 
 # The connection is gone or the server cannot serve it now: reconnect and try again.
 _CONNECTION_LOST: tuple[type[BaseException], ...] = (
@@ -38,6 +40,12 @@ _CONNECTION_LOST: tuple[type[BaseException], ...] = (
     # asyncpg out of step with a session the server ended while it sat idle ("cannot switch
     # to state ..."): the connection is dropped and another made.
     pgerr.InternalClientError,
+)
+# What a connection's opening is refused with for good, not for a while.
+REFUSED_AT_CONNECT: tuple[type[BaseException], ...] = (
+    pgerr.InvalidCatalogNameError,
+    pgerr.InvalidAuthorizationSpecificationError,
+    pgerr.InvalidPasswordError,
 )
 # The statement lost a race with another transaction: run the transaction again.
 _CONFLICT: tuple[type[BaseException], ...] = (

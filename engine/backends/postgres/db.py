@@ -49,8 +49,6 @@ import anyio
 import anyio.lowlevel
 import asyncpg
 import asyncpg.exceptions as pgerr
-from anyio import TASK_STATUS_IGNORED
-from anyio.abc import TaskStatus
 from asyncpg.exceptions import ConnectionDoesNotExistError
 
 from ...clock import Clock
@@ -73,6 +71,9 @@ from .batch import (
     write_batch_params,
 )
 from .connect import (
+    BACKOFF_MAX_S,
+    BACKOFF_MIN_S,
+    REFUSED_AT_CONNECT,
     WRITER,
     conflict,
     connect,
@@ -82,23 +83,15 @@ from .connect import (
     retryable,
     settings,
 )
+from .listener import Listener
 from .schema import SchemaError, migrate
 
 log = logging.getLogger("blok.postgres")
 T = TypeVar("T")
 
 POOL_SIZE = 3  # reads, claims, renewals; with the writer and the listener, 5 connections
-KEEPALIVE_S = 5.0  # the listener's probe: a dead connection is found within this
-BACKOFF_MIN_S = 0.05
-BACKOFF_MAX_S = 2.0
 FLUSH_NOW_TIMEOUT_S = 15.0  # flush_now in all (its connection, the writer's end, the commit)
 ANSWER_S = 3.0  # a server that has not answered a connection in this long is gone (at close)
-# What a connection's opening is refused with for good, not for a while.
-REFUSED_AT_CONNECT = (
-    pgerr.InvalidCatalogNameError,
-    pgerr.InvalidAuthorizationSpecificationError,
-    pgerr.InvalidPasswordError,
-)
 # flush_now: how long the writer's session, once ended, may take to go (within the above).
 SESSION_END_WAIT_S = 5.0
 HOT = (sql.INSERT_LOG, sql.UPDATE_JOB)  # what WRITE_BATCH writes besides runs
@@ -164,13 +157,7 @@ class PostgresDatabase:
         # Connections of this backend, by server pid: their own notifications are not news.
         self.own_pids: set[int] = set()
         self.down_since: float | None = None  # a connection was lost, and none made since
-        # The listener.
-        self.listening = False
-        self._channels: set[str] = set(sql.CHANNELS)
-        self._listener: asyncpg.Connection | None = None
-        self._listener_lock = anyio.Lock()
-        self.on_notify: Callable[[str, str], None] = lambda channel, payload: None
-        self.on_listening: Callable[[], None] = lambda: None
+        self.listener = Listener(url, location, self.own_pids)
 
     # ---- lifecycle -------------------------------------------------------------------------
     async def open(self) -> None:
@@ -247,16 +234,17 @@ class PostgresDatabase:
         with anyio.CancelScope(shield=True):
             if self.gone is None:  # a server found gone gets no goodbyes: each would wait
                 await self._forget_mark()
-            for conn in (self._writer, self._listener):
-                if conn is not None and self.gone is not None:
+            conn = self._writer
+            if conn is not None and self.gone is not None:
+                conn.terminate()
+            elif conn is not None and not conn.is_closed():
+                try:
+                    with anyio.fail_after(2):
+                        await conn.close()
+                except Exception:
                     conn.terminate()
-                elif conn is not None and not conn.is_closed():
-                    try:
-                        with anyio.fail_after(2):
-                            await conn.close()
-                    except Exception:
-                        conn.terminate()
-            self._writer = self._listener = None
+            self._writer = None
+            await self.listener.close(gone=self.gone is not None)
             if self._pool is not None and self.gone is not None:
                 self._pool.terminate()
             elif self._pool is not None:
@@ -271,12 +259,13 @@ class PostgresDatabase:
     def _lost(self, what: str, error: BaseException) -> None:
         if self.down_since is None:
             self.down_since = time.monotonic()
+            # A full server is not a lost one: the operator's fix is max_connections.
+            full = isinstance(error, pgerr.TooManyConnectionsError)
+            trouble = "the server is full" if full else "lost the database"
+            cause = f"{type(error).__name__}: {error}"
+            again = "retrying" if full else "reconnecting"
             log.warning(
-                "%s: lost the database (%s: %s) during %s; reconnecting with backoff",
-                self.location,
-                type(error).__name__,
-                error,
-                what,
+                "%s: %s (%s) during %s; %s with backoff", self.location, trouble, cause, what, again
             )
 
     def _back(self) -> None:
@@ -737,52 +726,6 @@ class PostgresDatabase:
 
     async def fetchval(self, statement: str, *args: Any) -> Any:
         return await self.pooled(lambda c: c.fetchval(statement, *args))
-
-    # ---- the listener ----------------------------------------------------------------------
-    def _notified(self, conn: Conn, pid: int, channel: str, payload: object) -> None:
-        if pid not in self.own_pids:
-            self.on_notify(channel, str(payload))
-
-    async def listener_loop(self, *, task_status: TaskStatus[None] = TASK_STATUS_IGNORED) -> None:
-        """Hold the LISTEN connection: reconnect when it drops; until then the waiters poll.
-        Started once it listens (or failed to, the first time)."""
-        delay = BACKOFF_MIN_S
-        started = False
-        while True:
-            conn: Conn | None = None
-            try:
-                conn = await connect(self.url, "listener")
-                async with self._listener_lock:
-                    for channel in sorted(self._channels):
-                        await conn.add_listener(channel, self._notified)
-                    self._listener = conn
-                self.listening = True
-                delay = BACKOFF_MIN_S
-                self.on_listening()  # what was notified while it was down is unknown
-                if not started:
-                    started = True
-                    task_status.started()
-                while True:
-                    await anyio.sleep(KEEPALIVE_S)
-                    async with self._listener_lock:
-                        with anyio.fail_after(KEEPALIVE_S):
-                            await conn.fetchval("SELECT 1")
-            except Exception as error:
-                if isinstance(error, REFUSED_AT_CONNECT):
-                    raise explain(self.location, error) from None  # one line, as pooled's
-                if not (connection_lost(error) or isinstance(error, TimeoutError)):
-                    raise
-                log.info("%s: the listener lost its connection (%s)", self.location, error)
-            finally:
-                self.listening = False
-                self._listener = None
-                if conn is not None:
-                    conn.terminate()
-            if not started:
-                started = True
-                task_status.started()
-            await anyio.sleep(delay)
-            delay = min(2 * delay, BACKOFF_MAX_S)
 
     # ---- a process going down --------------------------------------------------------------
     def flush_now(self, unreachable: str | None = None) -> None:

@@ -155,7 +155,7 @@ class PostgresQueue(DatabaseQueue):
         """How long a claim that found nothing more waits before it looks again, unless told:
         until something of the queue falls due (`next_due` seconds from now, on the server's
         clock), at most a while (less while notifications may be missed)."""
-        look = LOOK_ANYWAY_S if self.db.listening else LOOK_UNHEARD_S
+        look = LOOK_ANYWAY_S if self.db.listener.listening else LOOK_UNHEARD_S
         if next_due is not None:
             look = min(look, max(0.0, float(next_due)))
         return look
