@@ -274,7 +274,10 @@ class Engine:
         try:
             _live_workers.add(self.worker.id)
             stack.callback(_live_workers.discard, self.worker.id)
-            backend = open_backend(self._database, create=self._create, lease_s=self.lease)
+            serving = self.consume and self.catalog.source is not None
+            backend = open_backend(
+                self._database, create=self._create, lease_s=self.lease, worker=serving
+            )
             await stack.enter_async_context(backend)
             self._backend = backend
             self.worker.started_at = self.worker.heartbeat_at = backend.clock.now()
@@ -292,7 +295,7 @@ class Engine:
             )
             self._mailbox = Mailbox(backend, ledger)
             self._schedules = Schedules(backend, operator)
-            if self.consume and self.catalog.source is not None:
+            if serving:
                 runner = Runner(
                     operator, self.bus, snapshots=self.state_snapshots, clock=backend.clock
                 )

@@ -36,11 +36,17 @@ def describe(database: str | os.PathLike[str] | None) -> str:
 
 
 def open_backend(
-    database: str | os.PathLike[str] | None, *, create: bool = True, lease_s: float = 30.0
+    database: str | os.PathLike[str] | None,
+    *,
+    create: bool = True,
+    lease_s: float = 30.0,
+    worker: bool = False,
 ) -> Backend:
     """The backend for `database`: None (this process's memory), a SQLite file path, or a
     `postgresql://` URL. `create=False`: refuse a database that does not exist yet (or a file
-    that is not a blok database) instead of making one — for commands that only read or act."""
+    that is not a blok database) instead of making one — for commands that only read or act.
+    `worker`: the process runs jobs (a server that names its sessions names it a worker, not
+    a producer)."""
     if database is None:
         from .memory import MemoryBackend
 
@@ -61,7 +67,7 @@ def open_backend(
                     f"{describe(text)}: PostgreSQL support is not installed "
                     f'(pip install "blok-tui[postgres]"): {error}'
                 ) from None
-            backend: Backend = PostgresBackend(text, create=create, lease_s=lease_s)
+            backend: Backend = PostgresBackend(text, create=create, lease_s=lease_s, worker=worker)
             return backend
         if text.startswith("sqlite:///"):
             text = text.removeprefix("sqlite:///")

@@ -111,7 +111,7 @@ async def test_a_stale_write_waits_for_a_takeover_in_flight_then_writes_nothing(
                 await until(
                     lambda: taker.fetchval(
                         "SELECT count(*) > 0 FROM pg_stat_activity WHERE wait_event_type"
-                        " = 'Lock' AND application_name LIKE 'blok-tui writer%'"
+                        " = 'Lock' AND application_name LIKE 'blok-tui %/writer%'"
                         " AND datname = current_database()"
                     )
                 )

@@ -56,7 +56,7 @@ async def terminate(url: str, role: str) -> int:
             await conn.fetchval(
                 "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
                 " WHERE datname = current_database() AND application_name LIKE $1",
-                f"blok-tui {role} %",
+                f"blok-tui %/{role} %",
             )
         )
     finally:
@@ -381,7 +381,7 @@ async def count_blocked(url: str) -> bool:
         await count(
             url,
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-            " AND application_name LIKE 'blok-tui writer %' AND wait_event_type = 'Lock'",
+            " AND application_name LIKE 'blok-tui %/writer %' AND wait_event_type = 'Lock'",
         )
     )
 
@@ -419,7 +419,7 @@ async def test_a_batch_whose_commit_was_cut_off_is_looked_up_then_run_again(
                         await count(
                             pg_schema,
                             "SELECT count(*) FROM pg_stat_activity WHERE datname ="
-                            " current_database() AND application_name LIKE 'blok-tui writer %'"
+                            " current_database() AND application_name LIKE 'blok-tui %/writer %'"
                             " AND query = 'COMMIT' AND state = 'active'",
                         )
                     )
@@ -873,7 +873,9 @@ async def test_connections_keep_the_urls_application_name_and_name_their_host(
     pg_schema: str,
 ) -> None:
     """`?application_name=webapp` was replaced by blok's own name, "blok-tui pool pid 14034": a
-    DBA could not tell a web app's producer from a worker, nor one machine from another."""
+    DBA could not tell a web app's producer from a worker, nor one machine from another. An
+    engine that runs jobs names its connections a worker's; one that only enqueues, a
+    producer's."""
     url = f"{pg_schema}{'&' if '?' in pg_schema else '?'}application_name=webapp"
     async with open_backend(url) as backend:
         backend.runs.save_run(a_run())
@@ -891,8 +893,35 @@ async def test_connections_keep_the_urls_application_name_and_name_their_host(
         finally:
             await conn.close()
     where = f"{socket.gethostname()}:{os.getpid()}"
-    assert f"webapp (blok-tui writer {where})" in names, names
-    assert f"webapp (blok-tui pool {where})" in names, names
+    assert f"webapp (blok-tui producer/writer {where})" in names, names
+    assert f"webapp (blok-tui producer/pool {where})" in names, names
+    for consume, kind in ((True, "worker"), (False, "producer")):
+        async with Engine(
+            workflows=[Workflow(name="w", trigger=WorkerTrigger(queue=QUEUE), steps=[idle])],
+            database=url,
+            consume=consume,
+        ):
+            assert f"webapp (blok-tui {kind}/listener {where})" in await names_now(pg_schema)
+
+
+async def _idle(ctx: Any) -> None:
+    """A node for a workflow that only has to be served."""
+
+
+idle = Step("idle", _idle)
+
+
+async def names_now(url: str) -> set[str]:
+    """The application names of the sessions on the test's database, but the caller's."""
+    conn = await connect(url)
+    try:
+        rows = await conn.fetch(
+            "SELECT application_name FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+    finally:
+        await conn.close()
+    return {row[0] for row in rows}
 
 
 def test_the_drivers_pool_retries_log_one_line_not_a_traceback(
@@ -923,7 +952,7 @@ async def test_an_outage_of_the_listener_is_logged_once_not_at_every_try(
     monkeypatch.setattr(pg_listener, "KEEPALIVE_S", 0.2)  # the drop is found sooner
     caplog.set_level(logging.INFO, logger="blok.postgres")
     async with CuttingRelay(pg_schema) as relay, anyio.create_task_group() as tg:
-        listener = pg_listener.Listener(relay.url, "the test's database", set())
+        listener = pg_listener.Listener(relay.url, "the test's database", set(), "worker")
         await tg.start(listener.run)
         relay.hanging_up = True
         relay.cut(0)

@@ -72,11 +72,19 @@ class PostgresBackend(DatabaseBackend):
     name: ClassVar[str] = "PostgreSQL"
     multi_process: ClassVar[bool] = True
 
-    def __init__(self, url: str, *, create: bool = True, lease_s: float = 30.0) -> None:
+    def __init__(
+        self, url: str, *, create: bool = True, lease_s: float = 30.0, worker: bool = False
+    ) -> None:
         from .. import describe
 
         self.location = describe(url)
-        self.db = PostgresDatabase(url, self.location, create=create, lease_s=lease_s)
+        self.db = PostgresDatabase(
+            url,
+            self.location,
+            create=create,
+            lease_s=lease_s,
+            kind="worker" if worker else "producer",
+        )
         self.clock = self.db.clock  # the server's: every machine on the database reads it
         self.runs: PostgresRunStore = PostgresRunStore(self.db)
         self.shared = PostgresShared(self.db)
@@ -153,7 +161,7 @@ class PostgresBackend(DatabaseBackend):
         """Why the server cannot take the last writes, by a fresh connection; None: it answers."""
         try:
             with anyio.fail_after(ANSWER_S):
-                conn = await connect(self.db.url, "close")
+                conn = await connect(self.db.url, "close", kind=self.db.kind)
                 await conn.close()
         except Exception as error:
             return unreachable(error)

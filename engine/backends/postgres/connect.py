@@ -86,24 +86,29 @@ def retryable(error: BaseException) -> bool:
 WRITER = "writer"  # the role of the connection that commits every write (db.py)
 
 
-def application_name(role: str, url: str | None = None) -> str:
-    """How the connection is named in `pg_stat_activity`: "blok-tui pool host:pid", after the
-    name the URL gives (`?application_name=webapp`), which blok's own replaced: a DBA could not
-    tell a web app's producer from a worker, nor, by a bare pid, one machine from another."""
-    name = f"blok-tui {role} {socket.gethostname()}:{os.getpid()}"
+def application_name(role: str, url: str | None = None, kind: str = "producer") -> str:
+    """How the connection is named in `pg_stat_activity`: "blok-tui worker/pool host:pid", after
+    the name the URL gives (`?application_name=webapp`), which blok's own replaced: a DBA could
+    not tell a web app's producer from a worker, nor, by a bare pid, one machine from another.
+    `kind`: what the process is to the database, a "worker" (it runs jobs) or a "producer"
+    (it enqueues and reads: an application, the console, a command)."""
+    name = f"blok-tui {kind}/{role} {socket.gethostname()}:{os.getpid()}"
     given = parse_qs(urlsplit(url).query).get("application_name") if url else None
     return f"{given[0]} ({name})" if given else name
 
 
 def settings(
-    role: str, idle_in_transaction_s: float | None = None, url: str | None = None
+    role: str,
+    idle_in_transaction_s: float | None = None,
+    url: str | None = None,
+    kind: str = "producer",
 ) -> dict[str, str]:
     """The session settings of a connection in `role`. `idle_in_transaction_s`: the server
     ends the session if it sits inside a transaction that long without a statement — a process
     frozen in the middle of one (SIGSTOP, a long pause) would otherwise keep the rows it locked
     from a worker taking its jobs over once their leases ran out. blok's own transactions never
     wait between their statements."""
-    values = {"search_path": SCHEMA, "application_name": application_name(role, url)}
+    values = {"search_path": SCHEMA, "application_name": application_name(role, url, kind)}
     if role == WRITER:
         # The writer's statements find their rows by key (a job, a run, its steps). The server
         # plans a prepared statement once for all after a few runs, with the tables as they
@@ -124,12 +129,17 @@ def idle_limit(lease_s: float) -> float:
 
 
 async def connect(
-    url: str, role: str, idle_in_transaction_s: float | None = None, **kwargs: Any
+    url: str,
+    role: str,
+    idle_in_transaction_s: float | None = None,
+    *,
+    kind: str = "producer",
+    **kwargs: Any,
 ) -> asyncpg.Connection:
     return await asyncpg.connect(
         url,
         timeout=CONNECT_TIMEOUT_S,
-        server_settings=settings(role, idle_in_transaction_s, url),
+        server_settings=settings(role, idle_in_transaction_s, url, kind),
         **kwargs,
     )
 

@@ -124,9 +124,16 @@ class Unavailable(Exception):
 
 class PostgresDatabase:
     def __init__(
-        self, url: str, location: str, *, create: bool = True, lease_s: float = 30.0
+        self,
+        url: str,
+        location: str,
+        *,
+        create: bool = True,
+        lease_s: float = 30.0,
+        kind: str = "producer",
     ) -> None:
         self.url = url
+        self.kind = kind  # "worker" or "producer", in the connections' names
         self.idle_s = idle_limit(lease_s)
         self.clock = Clock()  # the server's, as this process reads it (`read_clock`)
         self.location = location
@@ -157,12 +164,12 @@ class PostgresDatabase:
         # Connections of this backend, by server pid: their own notifications are not news.
         self.own_pids: set[int] = set()
         self.down_since: float | None = None  # a connection was lost, and none made since
-        self.listener = Listener(url, location, self.own_pids)
+        self.listener = Listener(url, location, self.own_pids, kind)
 
     # ---- lifecycle -------------------------------------------------------------------------
     async def open(self) -> None:
         try:
-            self._writer = await connect(self.url, WRITER, self.idle_s)
+            self._writer = await connect(self.url, WRITER, self.idle_s, kind=self.kind)
         except Exception as error:
             raise explain(self.location, error) from None
         try:
@@ -183,7 +190,7 @@ class PostgresDatabase:
                 min_size=1,
                 max_size=POOL_SIZE,
                 timeout=5.0,
-                server_settings=settings("pool", self.idle_s, self.url),
+                server_settings=settings("pool", self.idle_s, self.url, self.kind),
                 init=self._init_pooled,
                 reset=_keep_session,  # nothing here changes a session: no reset round trip
             )
@@ -395,7 +402,7 @@ class PostgresDatabase:
         delay = BACKOFF_MIN_S
         while self._writer is None or self._writer.is_closed():
             try:
-                self._writer = await connect(self.url, WRITER, self.idle_s)
+                self._writer = await connect(self.url, WRITER, self.idle_s, kind=self.kind)
                 self.own_pids.add(self._writer.get_server_pid())
                 await self._note_session(self._writer)
                 self._back()
@@ -796,7 +803,7 @@ class PostgresDatabase:
     ) -> list[Batch]:
         """The batches in one transaction on a fresh connection (see `flush_now`); what was
         written (one batch, or none if nothing was left to write)."""
-        conn = await asyncio.wait_for(connect(self.url, "flush"), ANSWER_S)
+        conn = await asyncio.wait_for(connect(self.url, "flush", kind=self.kind), ANSWER_S)
         try:
             inflight_done = False
             if session is not None:

@@ -33,8 +33,9 @@ KEEPALIVE_S = 5.0  # the probe: a dead connection is found within this
 
 
 class Listener:
-    def __init__(self, url: str, location: str, own_pids: set[int]) -> None:
+    def __init__(self, url: str, location: str, own_pids: set[int], kind: str) -> None:
         self.url = url
+        self.kind = kind
         self.location = location
         self.own_pids = own_pids  # this backend's sessions: their notifications are not news
         self.listening = False
@@ -56,7 +57,7 @@ class Listener:
         while True:
             conn: asyncpg.Connection | None = None
             try:
-                conn = await connect(self.url, "listener")
+                conn = await connect(self.url, "listener", kind=self.kind)
                 async with self._lock:
                     for channel in sorted(sql.CHANNELS):
                         await conn.add_listener(channel, self._notified)
