@@ -8,9 +8,14 @@ from collections.abc import Sequence
 
 def one_line(text: str, width: int) -> str:
     """`text` on one line (its runs of whitespace, line breaks included, made one space), cut
-    to `width` characters with an ellipsis: a run's error in a table cell."""
+    to `width` terminal cells with an ellipsis: a run's error in a table cell. A CJK character
+    or an emoji takes two cells, so a cut by characters made such a cell twice as wide."""
+    from rich.cells import cell_len, set_cell_size  # here: `blok-tui --version` needs no table
+
     line = " ".join(text.split())
-    return line if len(line) <= width else line[: width - 1] + "…"
+    if cell_len(line) <= width:
+        return line
+    return set_cell_size(line, width - 1).rstrip() + "…"
 
 
 def columns(rows: Sequence[Sequence[str]]) -> list[str]:

@@ -207,7 +207,9 @@ def between(start: datetime, end: datetime) -> str:
 
 
 def _moment(moment: datetime, tz: tzinfo | None) -> str:
-    return moment.astimezone(tz).strftime("%Y-%m-%d %H:%M:%S")
+    """A date and time in `tz` (None: this machine's), naming the zone: a run read from
+    another machine's database, or in a container on UTC, is otherwise hours off."""
+    return moment.astimezone(tz).strftime("%Y-%m-%d %H:%M:%S %Z")
 
 
 def _value(value: Any) -> str:
@@ -320,7 +322,7 @@ def _log(run: Run, tz: tzinfo | None) -> list[str]:
         return []
     entries.sort(key=lambda entry: entry[0].ts)
     width = max(len(printable(name)) for _, name in entries)
-    lines = ["LOG"]
+    lines = [f"LOG ({entries[0][0].ts.astimezone(tz).strftime('%Z')})"]
     for line, name in entries:
         when = line.ts.astimezone(tz).strftime("%H:%M:%S.%f")[:-3]
         message = local_times(clean_error(line.message), tz).splitlines() or [""]

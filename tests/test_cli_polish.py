@@ -1,6 +1,6 @@
 """What a user reported of the `blok-tui` command: negative durations that argparse took for
 options, abbreviated options, a `--version` that loaded the whole engine, queues said to be
-served by no one, table times with no zone, and tables that wide characters put out of line."""
+served by no one, table times with no zone, and tables and cells that wide characters put out of line."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from cli_helpers import blok, blok_json, cli_env, start_worker, write_workflows
 from rich.cells import cell_len
 
 from blok_tui.cli import _negative_values_attached, _stuck_factor, build_parser
-from blok_tui.plain_text import columns
+from blok_tui.plain_text import columns, one_line
 from engine.filters import STUCK_FACTOR
 
 
@@ -247,6 +247,17 @@ def test_columns_line_up_in_terminal_cells_with_wide_characters() -> None:
         before = line[: line.index(cells[2])]
         starts.add(cell_len(before))
     assert starts == {len("run_1  ") + len("orders.charge  ")}, lines
+
+
+def test_a_cell_cut_to_its_width_is_cut_in_terminal_cells() -> None:
+    # An error cut to 60 characters took 120 cells in Japanese, and pushed the table's lines
+    # past the terminal's width.
+    japanese = "注文の金額が不正です。" * 10
+    for width in (10, 11, 60):
+        cut = one_line(japanese, width)
+        assert cut.endswith("…") and width - 1 <= cell_len(cut) <= width, (width, cut)
+    assert one_line("plain  error\ntext", 60) == "plain error text"
+    assert one_line("x" * 80, 60) == "x" * 59 + "…"
 
 
 def test_runs_stuck_with_no_factor_takes_the_engines_default(tmp_path: Path) -> None:

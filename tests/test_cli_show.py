@@ -143,7 +143,7 @@ def test_show_prints_the_run_its_steps_in_order_its_failures_and_its_log(
     # The log in the order written, each line with its step; a second line of a message under
     # the first one's text.
     log_lines = log.splitlines()
-    assert log_lines[0] == "LOG"
+    assert log_lines[0] == f"LOG ({datetime.now().astimezone().strftime('%Z')})"  # the zone
     assert "  info     check   checking order A1" in log_lines[1]
     refused = [n for n, line in enumerate(log_lines) if "card refused" in line]
     assert len(refused) == 3
@@ -235,7 +235,7 @@ def test_a_live_run_shows_how_long_it_has_run_and_what_its_steps_wait_for() -> N
         ],
     )
     text = run_text(waiting, now, tz=UTC)
-    assert "waits      until 2026-01-15 10:30:00" in text
+    assert "waits      until 2026-01-15 10:30:00 UTC" in text
     assert text.split("\n\n")[1].splitlines()[1].split() == [
         "approval",
         "waiting",
@@ -243,6 +243,7 @@ def test_a_live_run_shows_how_long_it_has_run_and_what_its_steps_wait_for() -> N
         "until",
         "2026-01-15",
         "10:30:00",
+        "UTC",
     ]
 
 
@@ -330,7 +331,7 @@ def test_what_a_run_wrote_cannot_drive_the_terminal_and_long_values_are_cut() ->
     text = run_text(run, start, tz=UTC)
     assert "\x1b" not in text and "\x07" not in text
     assert "status     failed: boom \\x1b[2J cleared" in text
-    assert "finished   2026-01-15 09:30:02  (2.0s)" in text
+    assert "finished   2026-01-15 09:30:02 UTC  (2.0s)" in text
     value = next(line for line in text.splitlines() if line.startswith("input"))
     assert value.endswith(f"… ({len(json.dumps(run.input)):,} characters; --json shows all)")
     assert len(value) < 500
