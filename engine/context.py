@@ -6,6 +6,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from difflib import get_close_matches
 from typing import TYPE_CHECKING, Any
 
 from .redact import redact_text, redact_value, secret_values
@@ -260,3 +261,43 @@ class Context:
 
     def __repr__(self) -> str:
         return f"Context(run_id={self.run_id!r}, workflow={self.workflow_name!r})"
+
+    def __getattr__(self, name: str) -> Any:
+        # Only for a name the context does not have: the error names the one meant. Python
+        # suggests names in a printed traceback only, and a node's error is read from its
+        # message (`'Context' object has no attribute 'log'`).
+        if name.startswith("__"):
+            raise AttributeError(name)
+        meant = _MEANT.get(name) or next(iter(get_close_matches(name, _PUBLIC, n=1)), None)
+        hint = f": did you mean ctx.{meant}?" if meant else f" (it has: {', '.join(_PUBLIC)})"
+        raise AttributeError(f"the context has no attribute {name!r}{hint}", name=name, obj=self)
+
+
+# What a node's context offers (the CONTRACT's), and the names other engines gave to them.
+_PUBLIC = (
+    "run_id",
+    "workflow_name",
+    "body",
+    "headers",
+    "params",
+    "state",
+    "logger",
+    "attempt",
+    "cancelled",
+    "job",
+)
+_MEANT = {
+    "log": "logger",
+    "input": "body",
+    "inputs": "body",
+    "payload": "body",
+    "data": "body",
+    "event": "body",
+    "outputs": "state",
+    "results": "state",
+    "steps": "state",
+    "job_id": "params['job_id'] (or ctx.job.id)",
+    "queue": "params['queue']",
+    "is_cancelled": "cancelled",
+    "canceled": "cancelled",
+}

@@ -120,6 +120,26 @@ async def test_a_log_call_whose_arguments_do_not_fit_fails_nothing(
     ]
 
 
+async def test_a_name_the_context_does_not_have_is_said_with_the_one_meant() -> None:
+    # `ctx.log.info(...)`, the name other engines use, failed with "'Context' object has no
+    # attribute 'log'": the user had to find `ctx.logger` in the docs.
+    def logs(ctx: Any) -> None:
+        ctx.log.info("hello")
+
+    def reads(ctx: Any) -> None:
+        print(ctx.payload["order_id"])
+
+    flows = [one_step("logs", logs), one_step("reads", reads)]
+    async with Engine(workflows=flows) as engine:
+        logged, read = [await finished(engine, queue) for queue in ("logs", "reads")]
+    assert "AttributeError: the context has no attribute 'log': did you mean ctx.logger?" in (
+        logged.steps[0].error or ""
+    ), logged.steps[0].error
+    assert "the context has no attribute 'payload': did you mean ctx.body?" in (
+        read.steps[0].error or ""
+    ), read.steps[0].error
+
+
 async def test_an_idempotency_key_that_cannot_be_made_is_said_so(
     database: Path | str | None,
 ) -> None:
