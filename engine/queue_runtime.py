@@ -17,6 +17,10 @@ from .workflow import Workflow
 # as many jobs as it has slots within this long: jobs it keeps ahead then start within about
 # that long, rather than waiting here behind long jobs that another worker could run now.
 AHEAD_HORIZON_S = 0.05
+# Jobs kept ahead go back to the queue once every slot has been busy this long with no slot
+# moving on to one of them: behind long or hung jobs they would wait here (for an hour, behind
+# hung slots) while other workers idle.
+AHEAD_KEPT_S = 1.0
 
 
 @dataclass
@@ -36,6 +40,9 @@ class QueueRuntime:
     completed_times: list[float] = field(default_factory=list)
     parked: list[asyncio.Future[Claim | None]] = field(default_factory=list)
     pokes: int = 0  # news for the claim loop's claim (`poked_since`)
+    # time.monotonic since when every slot has been busy with no slot moving on to a job kept
+    # ahead (None: one did, or a slot is free)
+    full_since: float | None = None
 
     def poke(self) -> None:
         """News for the claim loop (a stop, a pause, a new concurrency): its claim, asleep in
@@ -67,6 +74,14 @@ class QueueRuntime:
             len(done) >= self.concurrency
             and time.monotonic() - done[-self.concurrency] <= AHEAD_HORIZON_S
         )
+
+    def full_for(self) -> float:
+        """How much longer the jobs kept ahead stay, every slot busy (AHEAD_KEPT_S in all,
+        from the first call since a slot was free or moved on to one of them: `full_since`)."""
+        now = time.monotonic()
+        if self.full_since is None:
+            self.full_since = now
+        return max(0.0, self.full_since + AHEAD_KEPT_S - now)
 
     def stop(self) -> None:
         """Stop claiming: the claim loop ends once its claim returns (at once if it waits for

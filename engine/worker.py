@@ -37,7 +37,8 @@ from .events import EventBus, QueueChanged
 from .gates import Gates
 from .ledger import CANCELLED, Ledger, make_run
 from .memory_runs import requeue_memory_runs
-from .models import Job, JobState, Run, RunStatus, StepStatus, WorkerInfo
+from .models import Job, Run, RunStatus, WorkerInfo
+from .parents import wake_parent
 from .queue_runtime import QueueRuntime
 from .runner import Outcome, Runner, SnapshotLost
 from .services import FencedRecorder
@@ -415,8 +416,13 @@ class Worker:
                         if runtime.paused:  # paused meanwhile: back for other workers
                             queue.return_ahead(runtime.name)
                         continue
-                    await changed.wait()
+                    ahead = queue.ahead(runtime.name)
+                    with anyio.move_on_after(runtime.full_for() if ahead else math.inf):
+                        await changed.wait()
+                    if ahead and not runtime.full_for():  # behind long jobs: for other workers
+                        queue.return_ahead(runtime.name)
                     continue
+                runtime.full_since = None
                 if runtime.paused:
                     queue.return_ahead(runtime.name)  # claimed ahead: back for other workers
                 forced_only = runtime.paused
@@ -471,8 +477,10 @@ class Worker:
                     if self._slot_ends(runtime):
                         return
                     claim = runtime.queue.claim_nowait(runtime.name, self.info.id, self.lease_s)
-                    if claim is not None and runtime.short_of_ahead():
-                        runtime.nudge()  # the claim loop tops up what is kept ahead
+                    if claim is not None:
+                        runtime.full_since = None  # a slot moved on: what is kept ahead moves
+                        if runtime.short_of_ahead():
+                            runtime.nudge()  # the claim loop tops up what is kept ahead
             finally:
                 runtime.active -= 1
                 # A slot is free: news for a claim loop waiting for one, none for a claim
@@ -755,33 +763,7 @@ class Worker:
     def _run_ended(self, run: Run) -> None:
         self.runner.kept_states.pop(run.id, None)
         if run.parent_run_id is not None and self._jobs_tg is not None:
-            self._jobs_tg.start_soon(self._wake_parent, run)
-
-    async def _wake_parent(self, child: Run) -> None:
-        """A child run ended: if its parent sleeps in the subworkflow step waiting on it, bring
-        the parent's job forward instead of letting it find out at its next look."""
-        try:
-            assert child.parent_run_id is not None
-            parent = await self.backend.runs.get_run(child.parent_run_id)
-            if parent is None or parent.status is not RunStatus.WAITING:
-                return
-            if not any(
-                r.kind == "subworkflow"
-                and r.status is StepStatus.WAITING
-                and r.child_run_id == child.id
-                for r in parent.steps
-            ):
-                return
-            found = await self.backend.find_job(parent.job_id)
-            if (
-                found is not None
-                and found[1].run_id == parent.id
-                and found[1].state in (JobState.WAITING, JobState.DELAYED)
-            ):
-                await self.ledger.make_due(found[0], found[1], None, force=False)
-        except Exception:
-            # Only a shortcut: the parent still finds the child done at its next look.
-            log.warning("could not wake the parent of run %s", child.id, exc_info=True)
+            self._jobs_tg.start_soon(wake_parent, self.backend, self.ledger, run)
 
     # ---- leases, signals, pauses -----------------------------------------------------------
     async def _take_back_memory_runs(self, *, start: bool = False) -> None:

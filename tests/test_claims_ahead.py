@@ -74,6 +74,64 @@ async def test_a_busy_queue_of_short_jobs_claims_more_ahead_before_a_slot_frees(
     assert sorted(started) == list(range(8))
 
 
+async def test_jobs_claimed_ahead_count_as_waiting_to_every_process(database: str) -> None:
+    # The console attached to the database said "running 8" for six running runs: a job
+    # another process kept ahead is active in the database, but no slot runs it.
+    gates = [anyio.Event() for _ in range(6)]
+    started: list[int] = []
+
+    async def counted(engine: Engine) -> tuple[int, int]:
+        stats = await engine.queue_stats(QUEUE)
+        return stats.active, stats.waiting
+
+    async with Engine(database=database) as elsewhere:  # another process, as far as stats go
+        queue = elsewhere.backend.queue(provider_of(database))
+        ids = [job.id for job in await add_unserved(queue, QUEUE, [{"i": i} for i in range(6)])]
+        flow = gated_workflow(database, gates, started)
+        async with Engine(workflows=[flow], database=database) as worker:
+            # Its first claim takes two jobs for its two slots, and the other four ahead.
+            await until(lambda: sorted(started) == [0, 1])
+            assert worker.backend.queue(provider_of(database)).ahead(QUEUE) == 4
+
+            async def started_landed() -> bool:
+                jobs = [await elsewhere.get_job(job_id) for job_id in ids[:2]]
+                runs = [await elsewhere.get_run(job.run_id) for job in jobs]
+                return all(run.status is RunStatus.RUNNING for run in runs)
+
+            await until(started_landed)
+            assert await counted(worker) == (2, 4)
+            assert await counted(elsewhere) == (2, 4)
+            for gate in gates:
+                gate.set()
+            for job_id in ids:
+                await worker.wait_for_job(job_id, timeout=10)
+        assert await counted(elsewhere) == (0, 0)
+
+
+async def test_jobs_kept_ahead_behind_busy_slots_go_to_a_worker_with_free_ones(
+    database: str,
+) -> None:
+    # A worker whose two slots hung kept the four jobs it had claimed ahead, their leases
+    # renewed, for as long as the hung jobs ran (an hour), while a second worker sat idle.
+    gates = [anyio.Event() for _ in range(6)]
+    started: list[int] = []
+    flow = gated_workflow(database, gates, started)
+    async with Engine(database=database) as producer:
+        queue = producer.backend.queue(provider_of(database))
+        ids = [job.id for job in await add_unserved(queue, QUEUE, [{"i": i} for i in range(6)])]
+        async with Engine(workflows=[flow], database=database) as first:
+            await until(lambda: sorted(started) == [0, 1])
+            async with Engine(workflows=[flow], database=database) as second:
+                await until(lambda: len(started) == 4, timeout=15)
+                held = {(await producer.get_job(job_id)).worker for job_id in ids[:4]}
+                assert held == {first.worker.id, second.worker.id}
+                for gate in gates:
+                    gate.set()
+                for job_id in ids:
+                    await producer.wait_for_job(job_id, timeout=10)
+    assert sorted(started) == list(range(6))  # each once
+
+
 def finished_just_now(runtime: QueueRuntime, *ago: float) -> None:
     """The queue's slots finished jobs `ago` seconds before now (oldest first)."""
     now = time.monotonic()

@@ -4,9 +4,9 @@ for the queue's next claims.
 A SQLite or PostgreSQL claim takes up to four times what was asked (and the worker tops the
 extra up while its slots are busy: `claim_ahead`), so a worker slot that frees up starts its
 next job without a round trip. Those jobs are `active` under this process's worker in the
-database, but nothing runs them yet, so this process reports them as waiting (`stats`,
-`oldest_waiting`), keeps their leases with its renewals, and hands them back when their queue
-pauses or stops. One whose lease ran out may be another worker's by now: it is never served,
+database, but nothing runs them yet: `stats` counts them waiting (in every process, but those
+of a top-up, which are marked handed: here), and so does `oldest_waiting` here. It keeps their leases
+with its renewals, and hands them back when their queue pauses or stops. One whose lease ran out may be another worker's by now: it is never served,
 nor counted as waiting here.
 """
 
@@ -88,11 +88,12 @@ class Ahead:
                 if held.get(claim.job.id) == claim.job.epoch:
                     claim.held_since = asked
 
-    def waiting(self, queue: str) -> int:
-        """How many of the queue's jobs this process holds that are waiting to anyone who asks:
-        active in the database, counted as waiting in `stats`."""
+    def handed(self, queue: str) -> int:
+        """How many of the queue's jobs kept here were handed to a slot in the database (a
+        top-up's: `claim_ahead`), which no slot runs yet: `stats` counts them waiting."""
         now = time.monotonic()
-        return sum(1 for claim in self._claims.get(queue) or () if not claim.lease_lost(now))
+        kept = self._claims.get(queue) or ()
+        return sum(1 for claim in kept if claim.job.handed and not claim.lease_lost(now))
 
     def oldest_due(self, queue: str, oldest: float | None) -> float | None:
         """`oldest` (the database's oldest waiting job's due time, epoch seconds, or None) or

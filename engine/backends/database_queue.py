@@ -284,17 +284,17 @@ class DatabaseQueue(JobQueue):
     # ---- reads -----------------------------------------------------------------------------
     def _stats(self, queue: str, rows: Iterable[Any]) -> QueueStats:
         """The queue's stats from its jobs counted by (state, due later, count): a waiting job
-        not due yet counts as delayed, and a job claimed ahead as waiting (active in the
-        database, but no slot has it: ahead.py)."""
+        not due yet counts as delayed, and a job kept ahead here as waiting (rows.STATS counts
+        those not handed to a slot so; those of a top-up are handed: ahead.py)."""
         counts = dict.fromkeys(JobState, 0)
         for state, later, count in rows:
             job_state = JobState(state)
             if job_state in (JobState.WAITING, JobState.DELAYED):
                 job_state = JobState.DELAYED if later else JobState.WAITING
             counts[job_state] += count
-        ahead = self._ahead.waiting(queue)
-        counts[JobState.ACTIVE] -= ahead
-        counts[JobState.WAITING] += ahead
+        handed = self._ahead.handed(queue)
+        counts[JobState.ACTIVE] -= handed
+        counts[JobState.WAITING] += handed
         return QueueStats.of(queue, counts)
 
     # ---- claiming --------------------------------------------------------------------------

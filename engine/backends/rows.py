@@ -91,6 +91,30 @@ ATTEMPT_COLUMNS = (
     "traceback",
     "backoff_ms",
 )
+# The statuses of a run that has not begun: a job claimed with its run in one of them is not
+# run by any slot yet (`stats` counts it waiting).
+UNSTARTED_RUN = "({})".format(
+    ", ".join(
+        f"'{status}'"
+        for status in (
+            RunStatus.QUEUED,
+            RunStatus.DELAYED,
+            RunStatus.DEBOUNCED,
+            RunStatus.THROTTLED,
+        )
+    )
+)
+# A queue's jobs counted by (state, due later, count), a job claimed ahead (not handed to a
+# slot) whose run has not begun as waiting: no slot runs it yet, whichever process asks. (The
+# claiming process also counts its top-ups, handed but kept ahead, as waiting: ahead.py.)
+# `{now}`, `{queue}`: the dialect's placeholders.
+STATS = """
+SELECT CASE WHEN r.status IN {unstarted} THEN 'waiting' ELSE j.state END AS state,
+    coalesce(j.run_at > {now}, false) AS later, count(*) AS n
+FROM jobs j LEFT JOIN runs r ON j.state = 'active' AND j.handed = 0 AND r.id = j.run_id
+WHERE j.queue = {queue} GROUP BY 1, 2
+"""
+
 JOB_COLUMNS = (
     "id",
     "queue",

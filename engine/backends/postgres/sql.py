@@ -12,6 +12,7 @@ past it, cut off from the server) writes nothing once it wakes up.
 
 from __future__ import annotations
 
+from .. import rows
 from ..rows import ATTEMPT_COLUMNS, JOB_COLUMNS, RUN_COLUMNS, STEP_COLUMNS
 
 # The server's time in epoch seconds. `now()` is the transaction's start: stable within a
@@ -434,10 +435,7 @@ OLDEST_WAITING = f"""
 SELECT min(greatest(created_at, coalesce(run_at, 0))) FROM jobs
 WHERE queue = $1 AND state IN ('waiting', 'delayed') AND (run_at IS NULL OR run_at <= {NOW})
 """
-STATS = (
-    f"SELECT state, coalesce(run_at > {NOW}, false) AS later, count(*) AS n FROM jobs"
-    " WHERE queue = $1 GROUP BY state, later"
-)
+STATS = rows.STATS.format(unstarted=rows.UNSTARTED_RUN, now=NOW, queue="$1")
 DEAD_LETTERS = (
     f"{SELECT_JOB} WHERE queue = $1 AND state = 'dead' ORDER BY finished_at DESC LIMIT $2"
 )

@@ -39,12 +39,14 @@ from typing import Any, ClassVar
 
 from ...models import Job, JobState, LogLine, QueueStats, Run, from_epoch, to_epoch
 from ...records import construct
+from .. import rows
 from ..base import NOTHING_LEFT, Claim, Fence, JobUpdate, Renewal, Transition
 from ..database_queue import LOOK_ANYWAY_S, DatabaseQueue, Offer, PendingAdd
 from ..rows import JOB_COLUMNS, dump, job_from_row, job_row
 from .db import INLINE_WEIGHT, INSERT_LOG, InTransaction, SqliteDatabase, write_runs
 from .store import log_row
 
+STATS = rows.STATS.format(unstarted=rows.UNSTARTED_RUN, now="?", queue="?")
 CHUNK = 500  # ids one statement names: well under SQLite's limit on bound values
 SELECT_JOB = f"SELECT {', '.join(JOB_COLUMNS)} FROM jobs"
 INSERT_JOB = (
@@ -463,11 +465,7 @@ class SqliteQueue(DatabaseQueue):
 
     async def stats(self, queue: str) -> QueueStats:
         await self.db.flush()
-        rows = await self.db.fetchall(
-            "SELECT state, run_at > ? AS later, count(*) FROM jobs WHERE queue = ?"
-            " GROUP BY state, later",
-            (time.time(), queue),
-        )
+        rows = await self.db.fetchall(STATS, (time.time(), queue))
         return self._stats(queue, rows)
 
     async def oldest_waiting(self, queue: str) -> datetime | None:
