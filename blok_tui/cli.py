@@ -1536,22 +1536,28 @@ async def _dead(args: argparse.Namespace) -> None:
     print("\n".join(columns(rows)) if jobs else f"no dead letters on queue {args.queue!r}")
 
 
-async def _requeue(args: argparse.Namespace) -> None:
-    from engine import EngineError
+async def _requeue(args: argparse.Namespace) -> int:
+    from engine import EngineError, ReplayedAlready
 
+    refused = 0
     async with _client(args) as engine:
         for given in args.job_ids:
-            dead = await engine.get_job(given)
-            # Fixed and replayed from a step, a dead letter stays one: requeued, its steps ran
-            # again (a charge twice) without a word.
-            done = await engine.runs(replay_of=dead.run_id, status="completed", limit=1)
-            if done and not args.force:
-                raise EngineError(
-                    f"job {dead.id}: its run {dead.run_id} was replayed as run {done[0].id}, "
-                    "which completed; a requeue runs the job again (--force to requeue it anyway)"
-                )
-            job = await engine.get_job(await engine.requeue(given))
-            print(printable(f"{job.id} requeued: its new run is {job.run_id}"))
+            # Each job on its own: one refused (unknown, not dead, fixed by a replay) left the
+            # valid ones after it in the dead-letter queue without a word.
+            try:
+                job = await engine.get_job(await engine.requeue(given, force=args.force))
+            except ReplayedAlready as error:
+                _error(f"{error} (--force to requeue it anyway)")
+            except EngineError as error:
+                _error(str(error))
+            else:
+                print(printable(f"{job.id} requeued: its new run is {job.run_id}"))
+                continue
+            refused += 1
+    if refused and len(args.job_ids) > 1:
+        done = len(args.job_ids) - refused
+        _error(f"{done} of {len(args.job_ids)} job(s) requeued, {refused} refused")
+    return 1 if refused else 0
 
 
 async def _workers(args: argparse.Namespace) -> None:

@@ -646,9 +646,11 @@ class Engine:
         """Start a new run with the same input (or `input`), `replay_of` pointing back."""
         return await self.operator.replay(run_id, from_step=from_step, input=input, force=force)
 
-    async def requeue(self, job_id: str) -> str:
-        """Put a dead-lettered job back in its queue with a fresh run and retry budget."""
-        return await self.operator.requeue(job_id)
+    async def requeue(self, job_id: str, *, force: bool = False) -> str:
+        """Put a dead-lettered job back in its queue with a fresh run and retry budget. Refused
+        (`ReplayedAlready`) if a replay of its run completed, unless `force`: it would run the
+        job's steps again."""
+        return await self.operator.requeue(job_id, force=force)
 
     async def retry_now(self, run_id: str) -> str:
         """Start at once a run waiting for its next attempt; the id of the run that goes."""
@@ -669,14 +671,18 @@ class Engine:
         return await self.operator.replay_many(runs, from_step=from_step, progress=progress)
 
     async def requeue_many(
-        self, jobs: RunFilter | Sequence[str], *, progress: ProgressCallback | None = None
+        self,
+        jobs: RunFilter | Sequence[str],
+        *,
+        force: bool = False,
+        progress: ProgressCallback | None = None,
     ) -> BulkResult:
-        return await self.operator.requeue_many(jobs, progress=progress)
+        return await self.operator.requeue_many(jobs, force=force, progress=progress)
 
     async def requeue_dead(
-        self, queue: str, *, progress: ProgressCallback | None = None
+        self, queue: str, *, force: bool = False, progress: ProgressCallback | None = None
     ) -> BulkResult:
-        return await self.operator.requeue_dead(queue, progress=progress)
+        return await self.operator.requeue_dead(queue, force=force, progress=progress)
 
     async def stuck_runs(self, factor: float = 3.0, limit: int | None = 100) -> list[Run]:
         return await self.operator.stuck_runs(factor, limit)

@@ -19,6 +19,11 @@ class UnknownJob(EngineError):
     pass
 
 
+class ReplayedAlready(EngineError):
+    """A requeue refused: the job's run was replayed, and the replay (or a replay of it)
+    completed, so a requeue would run the job's steps again. `force=True` requeues anyway."""
+
+
 class DatabaseError(RuntimeError):
     """The database cannot be used: not a blok database, not writable, unreachable, from a
     newer version. The message names the database and says what to do."""

@@ -47,6 +47,7 @@ from .models import (
 )
 from .operations import BulkResult, ProgressCallback, Skip, matching_runs, resolve_stuck, run_bulk
 from .replay_seed import seed_from_step
+from .replays import refuse_if_replayed
 from .turns import TimeSlice
 from .unknown_queue import unknown_queue
 from .validation import (
@@ -667,8 +668,9 @@ class Operator:
             job.resume = True
         return job, run
 
-    async def requeue(self, job_id: str) -> str:
-        """A dead (or failed) job back in its queue with a fresh run and retry budget; its id."""
+    async def requeue(self, job_id: str, *, force: bool = False) -> str:
+        """A dead (or failed) job back in its queue with a fresh run and retry budget; its id.
+        Refused (ReplayedAlready) if a replay of its run completed, unless `force`."""
         for _ in range(3):
             found = await self.backend.find_job(job_id)
             if found is None:
@@ -682,6 +684,8 @@ class Operator:
                 target = await self.run_target(job.queue, job.workflow_name)
             except EngineError as error:
                 raise EngineError(f"cannot requeue job {job_id}: {error}") from None
+            if not force:
+                await refuse_if_replayed(self.store, job_id, job.run_id)
             if await self.ledger.requeue(queue, job, target.version) is not None:
                 queue.wake(job.queue)
                 return job_id
@@ -768,10 +772,14 @@ class Operator:
         return await run_bulk("replay", targets, _target_id, replay, progress)
 
     async def requeue_many(
-        self, jobs: RunFilter | Sequence[str], *, progress: ProgressCallback | None = None
+        self,
+        jobs: RunFilter | Sequence[str],
+        *,
+        force: bool = False,
+        progress: ProgressCallback | None = None,
     ) -> BulkResult:
-        """Put dead-lettered (or failed) jobs back in their queues: these job ids, or the jobs
-        of the runs a filter matches. Jobs that are not dead or failed are skipped."""
+        """Put dead-lettered (or failed) jobs back in their queues: these job ids, or the jobs of
+        the runs a filter matches. Skipped: jobs not dead or failed, a replay's (but `force`)."""
         if isinstance(jobs, RunFilter):
             runs = await matching_runs(self.store, await resolve_stuck(self.store, jobs))
             job_ids = list(dict.fromkeys(run.job_id for run in runs))
@@ -780,7 +788,7 @@ class Operator:
 
         async def requeue(job_id: str) -> None:
             try:
-                await self.requeue(job_id)
+                await self.requeue(job_id, force=force)
             except UnknownJob:
                 raise Skip("unknown job") from None
             except EngineError as error:
@@ -789,12 +797,12 @@ class Operator:
         return await run_bulk("requeue", job_ids, str, requeue, progress)
 
     async def requeue_dead(
-        self, queue: str, *, progress: ProgressCallback | None = None
+        self, queue: str, *, force: bool = False, progress: ProgressCallback | None = None
     ) -> BulkResult:
-        """Requeue every dead letter of the queue."""
+        """Requeue every dead letter of the queue (but those a replay completed: `force`)."""
         target = await self.target(queue)
         dead = await target.queue.dead_letters(queue, limit=10_000_000)
-        return await self.requeue_many([job.id for job in dead], progress=progress)
+        return await self.requeue_many([job.id for job in dead], force=force, progress=progress)
 
     async def stuck_runs(self, factor: float = 3.0, limit: int | None = 100) -> list[Run]:
         """Runs going longer than `factor` × their workflow's median completed duration."""

@@ -301,6 +301,13 @@ def test_a_dead_letter_replayed_to_completion_is_not_requeued_unless_forced(
         f"blok-tui: error: job {job_id}: its run {run_id} was replayed as run {replayed}, which "
         "completed; a requeue runs the job again (--force to requeue it anyway)"
     )
+    # With another dead letter: that one is requeued, and the refusal does not hide it.
+    other = blok("enqueue", "naps", '{"seconds": "later"}', "--wait", "--db", database)
+    other_job = blok_json("show", other.stderr.split()[3], "--json", "--db", database)["job_id"]
+    both = blok("requeue", job_id, other_job, "--db", database)
+    assert both.returncode == 1
+    assert both.stdout.startswith(f"{other_job} requeued: its new run is "), both.stdout
+    assert both.stderr.splitlines()[-1] == "blok-tui: error: 1 of 2 job(s) requeued, 1 refused"
     forced = blok("requeue", job_id, "--force", "--db", database)
     assert forced.returncode == 0 and forced.stdout.startswith(
         f"{job_id} requeued: its new run is "

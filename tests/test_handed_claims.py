@@ -148,6 +148,7 @@ async def test_a_file_of_the_previous_schema_is_migrated_and_its_jobs_run(tmp_pa
     with closing(sqlite3.connect(database)) as conn:  # back to what schema 6 wrote
         conn.execute("ALTER TABLE jobs DROP COLUMN handed")
         conn.execute("ALTER TABLE workers DROP COLUMN process")  # schema 9's
+        conn.execute("DROP INDEX runs_replay_of")  # schema 10's
         conn.execute("CREATE INDEX jobs_run ON jobs(run_id)")
         conn.execute("DELETE FROM schema_version WHERE version > 6")
         conn.commit()
@@ -162,6 +163,9 @@ async def test_a_file_of_the_previous_schema_is_migrated_and_its_jobs_run(tmp_pa
         indexes = [row[1] for row in conn.execute("PRAGMA index_list(jobs)")]
     assert version == SCHEMA_VERSION and "handed" in columns
     assert "jobs_run" not in indexes  # schema 8: no query reads jobs by run id
+    with closing(sqlite3.connect(database)) as conn:
+        run_indexes = [row[1] for row in conn.execute("PRAGMA index_list(runs)")]
+    assert "runs_replay_of" in run_indexes  # schema 10: a requeue reads a run's replays
 
 
 async def test_a_job_handed_off_by_its_add_and_lost_records_its_run_crashed(

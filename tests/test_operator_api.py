@@ -18,6 +18,7 @@ from engine import (
     Engine,
     EngineError,
     JobState,
+    ReplayedAlready,
     Retry,
     RunFilter,
     RunStatus,
@@ -52,6 +53,11 @@ def workflows(controls: Controls) -> list[Workflow]:
     async def fail(ctx: Any) -> None:
         raise RuntimeError("always")
 
+    async def picky(ctx: Any, ok: bool) -> bool:
+        if not ok:
+            raise ValueError("not ok")
+        return ok
+
     async def flaky(ctx: Any) -> int:
         controls.attempts[ctx.run_id] = controls.attempts.get(ctx.run_id, 0) + 1
         if ctx.attempt == 1:
@@ -76,6 +82,11 @@ def workflows(controls: Controls) -> list[Workflow]:
             name="failing",
             trigger=WorkerTrigger(queue="fail", retries=1, delay=10),
             steps=[Step("fail", fail)],
+        ),
+        Workflow(
+            name="picky",
+            trigger=WorkerTrigger(queue="picky"),
+            steps=[Step("check", picky, inputs={"ok": "$.body.ok"})],
         ),
         Workflow(
             name="retrying",
@@ -138,7 +149,7 @@ async def test_enqueue_wait_and_read(setup: Setup) -> None:
     assert [r.id for r in await actor.runs(queue="echo")] == [run.id]
     assert await actor.count_runs(RunFilter.of("completed", queue="echo")) == 1
     assert (await actor.queue_stats("echo")).completed == 1
-    assert {q.name for q in await actor.queues()} == {"hold", "echo", "fail", "retry"}
+    assert {q.name for q in await actor.queues()} == {"hold", "echo", "fail", "picky", "retry"}
     assert {w.name for w in await actor.workflows()} >= {"echoing", "holding"}
 
 
@@ -232,6 +243,31 @@ async def test_dead_letters_and_a_requeue_with_a_fresh_budget(setup: Setup) -> N
     await actor.wait_for_job(fine, timeout=10)
     with pytest.raises(EngineError, match="only dead or failed jobs"):
         await actor.requeue(fine)
+
+
+async def test_a_dead_letter_a_replay_completed_is_requeued_only_when_forced(
+    setup: Setup,
+) -> None:
+    # The console's requeue (one, or all of a queue) ran such a job again: a charge twice.
+    actor = setup.actor
+    job = await actor.enqueue("picky", {"ok": False})
+    dead = await actor.wait_for_job(job, timeout=10)
+    assert (await actor.get_job(job)).state is JobState.DEAD
+    # Replayed, failed again; that replay replayed with a fixed input, completed.
+    failed = await actor.get_run(await actor.replay(dead.id))
+    assert (await actor.wait_for_job(failed.job_id, timeout=10)).status is RunStatus.FAILED
+    fixed = await actor.get_run(await actor.replay(failed.id, input={"ok": True}))
+    assert (await actor.wait_for_job(fixed.job_id, timeout=10)).status is RunStatus.COMPLETED
+
+    with pytest.raises(ReplayedAlready, match=f"replayed as run {fixed.id}, which completed"):
+        await actor.requeue(job)
+    bulk = await actor.requeue_dead("picky")
+    # The failed replay's own job is a dead letter too, and its replay completed as well.
+    assert (bulk.ids, sorted(bulk.skipped_ids)) == ([], sorted([job, failed.job_id])), bulk
+    assert "which completed" in bulk.skipped_ids[job]
+    assert (await actor.get_job(job)).state is JobState.DEAD
+    assert await actor.requeue(job, force=True) == job
+    assert (await actor.wait_for_job(job, timeout=10)).status is RunStatus.FAILED
 
 
 async def test_retry_now_starts_a_delayed_run_and_cuts_a_step_backoff(setup: Setup) -> None:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncpg
 
 SCHEMA = "blok"
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 # pg_advisory_xact_lock key that serializes migrations (a constant unique to blok: "blok").
 MIGRATION_LOCK = 0x626C6F6B
@@ -353,6 +353,12 @@ MIGRATIONS: dict[int, str] = {
     # Rows written before: '' (judged by their host name and pid).
     7: """
     ALTER TABLE workers ADD COLUMN process TEXT NOT NULL DEFAULT '';
+    """,
+    # The replays of a run, read by a requeue (a dead letter a replay completed is not run
+    # again): without it, each requeue read every run (999 requeues took 80 s at 90,000 runs).
+    # Few runs are replays: only theirs are in it.
+    8: """
+    CREATE INDEX runs_replay_of ON runs (replay_of) WHERE replay_of IS NOT NULL;
     """,
 }
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 MIGRATIONS: dict[int, str] = {
     1: """
@@ -299,5 +299,11 @@ MIGRATIONS: dict[int, str] = {
     # Rows written before: '' (judged by their host name and pid).
     9: """
     ALTER TABLE workers ADD COLUMN process TEXT NOT NULL DEFAULT '';
+    """,
+    # The replays of a run, read by a requeue (a dead letter a replay completed is not run
+    # again): without it, each requeue read every run (999 requeues took 80 s at 90,000 runs).
+    # Few runs are replays: only theirs are in it.
+    10: """
+    CREATE INDEX runs_replay_of ON runs (replay_of) WHERE replay_of IS NOT NULL;
     """,
 }
