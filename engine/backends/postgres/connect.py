@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -65,10 +66,20 @@ def conflict(error: BaseException) -> bool:
     return isinstance(error, _CONFLICT)
 
 
+DRIVER_REPEAT_S = 60.0  # a driver's message said again within this long is not logged again
+_driver_said: dict[str, float] = {}  # the driver's messages (their templates), when last logged
+
+
 def _driver_errors_in_one_line(record: logging.LogRecord) -> bool:
     """The driver's own retries through an outage (its pool restoring its connections) say
-    their error in one line: in an application's log, a 25-line traceback of the driver's
-    internals came four times in five seconds and buried the lines around them."""
+    their error in one line, once a minute: in an application's log, a 25-line traceback of
+    the driver's internals came four times in five seconds and buried the lines around them
+    (blok's own say when the database is lost and when it is back)."""
+    now = time.monotonic()
+    template = str(record.msg)
+    if now - _driver_said.get(template, -DRIVER_REPEAT_S) < DRIVER_REPEAT_S:
+        return False
+    _driver_said[template] = now
     if record.exc_info and record.exc_info[1] is not None:
         error = record.exc_info[1]
         record.msg = f"{record.getMessage()} ({type(error).__name__}: {error})"
