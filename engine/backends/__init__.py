@@ -79,7 +79,7 @@ def open_backend(
             )
     from .sqlite import SqliteBackend
 
-    return SqliteBackend(Path(text), create=create, lease_s=lease_s)
+    return SqliteBackend(Path(text), create=create, lease_s=lease_s, worker=worker)
 
 
 # A value that begins as a database URL does but is not one: taken for a file path, it made a

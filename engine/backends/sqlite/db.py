@@ -51,7 +51,16 @@ from ...models import Run
 from ..base import Fence
 from ..rows import ATTEMPT_COLUMNS, RUN_COLUMNS, STEP_COLUMNS, attempt_row, run_row, step_row
 from . import refusals
-from .refusals import Troubles, busy_timeout_ms, damaged, not_the_calls, rollback, transient
+from .refusals import (
+    Troubles,
+    busy_timeout_ms,
+    damaged,
+    damaged_message,
+    not_the_calls,
+    quick_check,
+    rollback,
+    transient,
+)
 from .schema import MIGRATIONS, SCHEMA_VERSION
 
 log = logging.getLogger("blok.sqlite")
@@ -247,9 +256,10 @@ class SqliteDatabase:
     """The file: a batching writer and point reads in the event loop's thread, scans through
     aiosqlite, checkpoints in a thread."""
 
-    def __init__(self, path: str | os.PathLike[str], *, create: bool = True) -> None:
-        self.path = Path(path)
+    def __init__(self, path: Path, *, create: bool = True, serving: bool = False) -> None:
+        self.path = path
         self.create = create
+        self.serving = serving  # a worker's: the file is checked at open whatever its size
         self._writer: sqlite3.Connection | None = None
         self._point: sqlite3.Connection | None = None
         self._reader: aiosqlite.Connection | None = None
@@ -308,7 +318,9 @@ class SqliteDatabase:
             await self._patiently(
                 lambda: migrate(writer, self.path, create=self.create), "opening it"
             )
-            await self._patiently(lambda: self._quick_check(writer), "opening it")
+            await self._patiently(
+                lambda: quick_check(writer, self.path, self.serving), "opening it"
+            )
             # In the loop, a commit must not wait for another process's lock (see above), and
             # checkpoints are the writer loop's, in a thread.
             writer.execute("PRAGMA busy_timeout = 0")
@@ -317,7 +329,7 @@ class SqliteDatabase:
         except sqlite3.Error as error:
             self._close_connections()
             if damaged(error):
-                raise DatabaseError(self._damaged(error)) from None
+                raise DatabaseError(damaged_message(self.path, error)) from None
             raise DatabaseError(f"{self.path}: not a usable SQLite database ({error})") from None
         except BaseException:
             self._close_connections()
@@ -348,19 +360,6 @@ class SqliteDatabase:
                 continue
             troubles.cleared()
             return result
-
-    def _quick_check(self, conn: sqlite3.Connection) -> None:
-        """SQLite's quick_check (structure, not index contents): a damaged file is refused
-        on open instead of failing half-way through serving it."""
-        row = conn.execute("PRAGMA quick_check(1)").fetchone()
-        if row is None or row[0] != "ok":
-            raise DatabaseError(self._damaged(row[0] if row else "no answer"))
-
-    def _damaged(self, detail: object) -> str:
-        return (
-            f"{self.path}: the database file is damaged ({detail}); restore it from a backup, "
-            "or move it aside to start with a new one"
-        )
 
     def _warn_if_shared(self) -> None:
         """Runs hold their inputs, outputs and logs: a database others can read leaks them."""
@@ -468,7 +467,7 @@ class SqliteDatabase:
 
     def _describe(self, error: BaseException) -> str:
         if damaged(error):
-            return self._damaged(error)
+            return damaged_message(self.path, error)
         return f"{self.path}: {error}"
 
     def _pending(self) -> bool:

@@ -66,6 +66,38 @@ def damaged(error: BaseException) -> bool:
     return getattr(error, "sqlite_errorcode", 0) & 0xFF == sqlite3.SQLITE_CORRUPT
 
 
+def damaged_message(path: Path, detail: object) -> str:
+    return (
+        f"{path}: the database file is damaged ({detail}); restore it from a backup, "
+        "or move it aside to start with a new one"
+    )
+
+
+# SQLite's quick_check reads the whole file: 2 s at 130 MB, 34 s at 600 MB after the page
+# cache was dropped, at every command and console start and every `health`. A file larger than
+# this is checked only by the processes that serve it (a worker, once at its start); a command
+# that meets a damaged page says so in one line all the same, when it reads it.
+QUICK_CHECK_MAX_BYTES = 64 * 1024 * 1024
+
+
+def quick_check(conn: sqlite3.Connection, path: Path, serving: bool) -> bool:
+    """SQLite's quick_check (structure, not index contents), so that a damaged file is
+    refused on open rather than half-way through serving it; DatabaseError if it is damaged.
+    False if not checked: a large file, opened by a process that does not serve it."""
+    try:
+        size = path.stat().st_size
+    except OSError:
+        size = 0
+    if not serving and size > QUICK_CHECK_MAX_BYTES:
+        return False
+    row = conn.execute("PRAGMA quick_check(1)").fetchone()
+    if row is None or row[0] != "ok":
+        from ...errors import DatabaseError
+
+        raise DatabaseError(damaged_message(path, row[0] if row else "no answer"))
+    return True
+
+
 class Troubles:
     """One line in the log when the database starts refusing writes for a reason that may
     pass, one when it takes them again: not a traceback per attempt."""
