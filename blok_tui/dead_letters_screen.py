@@ -11,11 +11,12 @@ from textual.app import ComposeResult
 from textual.binding import BindingType
 from textual.widgets import Static
 
-from engine import EngineError, Job
+from engine import EngineError, Job, ReplayedAlready
 
 from . import actions
 from .base_screen import Changes, RowFilterScreen
 from .bulk import BulkPlan
+from .confirm_screen import ConfirmScreen
 from .console import day_time, printable, short_ids
 from .jobs import budget_words
 from .widgets import FilterInput
@@ -40,6 +41,7 @@ class DeadLettersScreen(RowFilterScreen):
         super().__init__()
         self.queue = queue
         self.jobs: list[Job] = []
+        self.total = 0  # the queue's dead letters: the list holds the newest of them only
         self.text = ""
         self.missing: str | None = None
 
@@ -64,6 +66,7 @@ class DeadLettersScreen(RowFilterScreen):
     async def load(self) -> None:
         try:
             self.jobs = await self.engine.dead_letters(self.queue)
+            self.total = max(len(self.jobs), (await self.engine.queue_stats(self.queue)).dead)
             self.missing = None
         except EngineError as error:
             self.jobs, self.missing = [], str(error)
@@ -94,9 +97,11 @@ class DeadLettersScreen(RowFilterScreen):
         if self.missing:
             summary.append(self.missing, style="red1")
         else:
-            count = len(self.jobs)
+            count = self.total
             noun = "dead letter" if count == 1 else "dead letters"
             summary.append(f"{count:,} {noun} on {self.queue}", style="bold")
+            if count > len(self.jobs):  # the list holds the newest only: said, not hidden
+                summary.append(f"   the newest {len(self.jobs):,} listed", style="khaki1")
             if self.text:
                 summary.append(f"   / {self.text}  ({len(shown)} shown)", style="khaki1")
             if not self.jobs:
@@ -125,12 +130,23 @@ class DeadLettersScreen(RowFilterScreen):
         if self.queue in changes.queues or changes.everything:
             self.request_reload()
 
-    async def action_requeue(self) -> None:
+    async def action_requeue(self, force: bool = False) -> None:
         job = next((j for j in self.jobs if j.id == self.selected_job_id()), None)
         if job is None:
             return
         try:
-            await self.engine.requeue(job.id)
+            await self.engine.requeue(job.id, force=force)
+        except ReplayedAlready as error:
+            # Fixed by a replay already: requeued, its steps run again (a charge twice).
+            def answer(yes: bool | None) -> None:
+                if yes:
+                    self.run_worker(self.action_requeue(force=True), group="requeue")
+
+            question = ConfirmScreen(
+                "Requeue it anyway?", f"{error}.", confirm="Requeue", keep="Leave it"
+            )
+            self.app.push_screen(question, answer)
+            return
         except EngineError as error:
             self.notify(str(error), title="Requeue refused", severity="error")
             return
@@ -145,24 +161,27 @@ class DeadLettersScreen(RowFilterScreen):
         """Every dead letter of the queue (or the ones the text filter shows), after asking."""
         needle = self.text.lower()
         shown = [j for j in self.jobs if needle in f"{j.id} {j.error or ''}".lower()]
+        # Without a filter, every dead letter of the queue, not only those listed: the dialog
+        # asked about 1,000 and the requeue took 4,499.
+        count = len(shown) if self.text else self.total
         chosen = (
             f"the dead letter on {self.queue}"
-            if len(shown) == 1
-            else f"the {len(shown):,} dead letters on {self.queue}"
+            if count == 1
+            else f"the {count:,} dead letters on {self.queue}"
         )
         if self.text:
-            chosen += f" matching {self.text!r}"
+            chosen += f" matching {self.text!r} (of the newest {len(self.jobs):,})"
         plan = BulkPlan(
             "requeue",
             tuple(j.id for j in shown),
-            len(shown),
+            count,
             chosen,
             item="dead letter",
             dead_of=self.queue if not self.text else None,
         )
         detail = (
             "Each goes back in its queue with a fresh run and its retry budget again: "
-            f"{budget_words(shown)}."
+            f"{budget_words(shown)}. A job a replay completed is left (it would run again)."
         )
         self.blok.confirm_bulk(plan, detail, self.request_reload)
 

@@ -116,7 +116,7 @@ class EngineAPI(Protocol):
         force: bool = False,
     ) -> str: ...
 
-    async def requeue(self, job_id: str) -> str: ...
+    async def requeue(self, job_id: str, *, force: bool = False) -> str: ...
 
     async def retry_now(self, run_id: str) -> str: ...
 
@@ -138,11 +138,15 @@ class EngineAPI(Protocol):
     ) -> BulkResult: ...
 
     async def requeue_many(
-        self, jobs: RunFilter | Sequence[str], *, progress: ProgressCallback | None = None
+        self,
+        jobs: RunFilter | Sequence[str],
+        *,
+        force: bool = False,
+        progress: ProgressCallback | None = None,
     ) -> BulkResult: ...
 
     async def requeue_dead(
-        self, queue: str, *, progress: ProgressCallback | None = None
+        self, queue: str, *, force: bool = False, progress: ProgressCallback | None = None
     ) -> BulkResult: ...
 
     # events, schedules, why a run waits

@@ -677,6 +677,32 @@ async def test_janitor_purges_old_terminal_runs(database: Path | None) -> None:
         assert len(await engine.runs()) == 1
 
 
+async def test_janitor_keeps_a_dead_letters_last_run(database: Path | None) -> None:
+    # The dead letter stayed, its runs went: `show` of the run it names said "unknown run",
+    # and why it died was gone with it.
+    async def broken(ctx) -> int:
+        raise ValueError("no such customer")
+
+    wf = Workflow(
+        name="dies",
+        trigger=WorkerTrigger(queue="dies", retries=1, delay=1),
+        steps=[Step("broken", broken)],
+    )
+    async with Engine(workflows=[wf], database=database, retention="200ms") as engine:
+        job_id = await engine.enqueue("dies", {})
+        last = await engine.wait_for_job(job_id, 10)
+        assert (await engine.get_job(job_id)).state is JobState.DEAD
+        first = [run.id for run in await engine.runs(queue="dies") if run.id != last.id]
+        assert len(first) == 1  # the retried one
+        await anyio.sleep(0.3)  # the retention is a wall-clock age: let it pass
+        assert await engine.purge() == 1
+        with pytest.raises(UnknownRun):
+            await engine.get_run(first[0])
+        kept = await engine.get_run(last.id)
+        assert "no such customer" in (kept.error or "")
+        assert (await engine.get_job(job_id)).run_id == last.id
+
+
 def test_definitions_are_checked_with_names() -> None:
     async def node(ctx) -> None:
         return None

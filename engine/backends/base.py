@@ -385,7 +385,8 @@ class RunStore(ABC):
     @abstractmethod
     async def purge(self, finished_before: datetime, limit: int = 500) -> int:
         """Delete up to `limit` terminal runs that finished before the cut-off, and expired
-        cache entries; the number of runs deleted."""
+        cache entries; the number of runs deleted. A dead letter's last run is kept with its
+        job: its error and traceback say why it died, and a replay starts from it."""
 
     @abstractmethod
     async def feed(self, cursor: FeedCursor, limit: int = 1000) -> FeedPage:

@@ -84,8 +84,13 @@ def copy_job(job: Job) -> Job:
 class MemoryRunStore(RunStore):
     """Runs in a dict. `check` tells whether a fence still holds (the memory queue's)."""
 
-    def __init__(self, check: Callable[[Fence], bool] | None = None) -> None:
+    def __init__(
+        self,
+        check: Callable[[Fence], bool] | None = None,
+        dead_letter: Callable[[Run], bool] | None = None,
+    ) -> None:
         self._runs: dict[str, Run] = {}
+        self._dead_letter = dead_letter  # whether a run is a dead job's last (kept by purge)
         self._cache: dict[tuple[str, str, str], tuple[Any, str, float]] = {}
         self._check = check
         self._rev = itertools.count(1)
@@ -190,6 +195,7 @@ class MemoryRunStore(RunStore):
             if run.status in TERMINAL_RUN_STATUSES
             and run.finished_at is not None
             and run.finished_at < finished_before
+            and not (self._dead_letter is not None and self._dead_letter(run))
         ][:limit]
         for run_id in doomed:
             del self._runs[run_id]
@@ -342,9 +348,15 @@ class MemoryQueue(JobQueue):
     provider: ClassVar[str] = "memory"
     durable: ClassVar[bool] = False
 
+    def _last_of_a_dead_job(self, run: Run) -> bool:
+        job = self._jobs.get(run.job_id)
+        return job is not None and job.state is JobState.DEAD and job.run_id == run.id
+
     def __init__(self, runs: RunStore | None = None, clock: Clock | None = None) -> None:
         # Where the runs of these jobs are written: this backend's store, or a database's.
-        self.runs: RunStore = runs if runs is not None else MemoryRunStore(self.holds)
+        self.runs: RunStore = (
+            runs if runs is not None else MemoryRunStore(self.holds, self._last_of_a_dead_job)
+        )
         # Its backend's: the engine computes a job's run_at on it (a database's: the server's).
         self.clock = clock if clock is not None else Clock()
         self._jobs: dict[str, Job] = {}

@@ -115,6 +115,13 @@ FROM jobs j LEFT JOIN runs r ON j.state = 'active' AND j.handed = 0 AND r.id = j
 WHERE j.queue = {queue} GROUP BY 1, 2
 """
 
+# A run the janitor keeps past the retention: a dead letter's last (its error says why it died,
+# and a replay starts from it; the job is kept until it is requeued).
+NOT_A_DEAD_LETTER = (
+    "NOT EXISTS (SELECT 1 FROM jobs j"
+    " WHERE j.id = runs.job_id AND j.run_id = runs.id AND j.state = 'dead')"
+)
+
 JOB_COLUMNS = (
     "id",
     "queue",

@@ -465,6 +465,39 @@ async def test_requeue_every_dead_letter_of_a_queue_after_one_confirmation(engin
         assert (await engine.get_job(job_id)).run_id != firsts[job_id]
 
 
+async def test_r_on_a_dead_letter_a_replay_completed_asks_before_it_runs_again(
+    engine: Engine,
+) -> None:
+    # r requeued it at once: fixed by a replay already, its card was charged twice.
+    job_id = await engine.enqueue("fixable", {"order_id": "F1"})
+    dead = await engine.wait_for_job(job_id, timeout=10)
+    replay = await engine.get_run(await engine.replay(dead.id, input={"fixed": True}))
+    assert (await engine.wait_for_job(replay.job_id, timeout=10)).status is RunStatus.COMPLETED
+    app = BlokApp(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        await command(pilot, "dlq fixable")
+        await pilot.press("r")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        assert text_of(app.screen.query_one(".question", Static)).strip() == "Requeue it anyway?"
+        assert f"replayed as run {replay.id}, which completed" in text_of(
+            app.screen.query_one(".detail", Static)
+        )
+        await pilot.press("n")
+        await settled(pilot)
+        assert (await engine.get_job(job_id)).run_id == dead.id  # left dead
+        await pilot.press("r")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        await pilot.press("y")
+
+        async def requeued() -> bool:
+            return (await engine.get_job(job_id)).run_id != dead.id
+
+        with anyio.fail_after(10):
+            while not await requeued():
+                await pilot.pause(0.05)
+
+
 async def test_w_asks_where_a_running_run_is_and_shows_the_workers_answer(engine: Engine) -> None:
     async with expect_events(engine, StepStarted):  # its node is called in the same turn
         job_id = await engine.enqueue("slow", {"order_id": "W1"})

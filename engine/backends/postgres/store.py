@@ -40,7 +40,16 @@ from ..base import (
     RunStore,
     payload_key,
 )
-from ..rows import TERMINAL, assemble, dump, load, place_lines, run_from_row, where_clause
+from ..rows import (
+    NOT_A_DEAD_LETTER,
+    TERMINAL,
+    assemble,
+    dump,
+    load,
+    place_lines,
+    run_from_row,
+    where_clause,
+)
 from . import sql
 from .batch import Conn, clean, fence_of
 from .db import PostgresDatabase
@@ -300,7 +309,7 @@ class PostgresRunStore(RunStore):
                     row[0]
                     for row in await conn.fetch(
                         "SELECT id FROM runs WHERE finished_at < $1 AND status = ANY($2::text[])"
-                        " LIMIT $3 FOR UPDATE SKIP LOCKED",
+                        f" AND {NOT_A_DEAD_LETTER} LIMIT $3 FOR UPDATE SKIP LOCKED",
                         cutoff,
                         list(TERMINAL),
                         limit,

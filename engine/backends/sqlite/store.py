@@ -29,6 +29,7 @@ from ..base import (
     payload_key,
 )
 from ..rows import (
+    NOT_A_DEAD_LETTER,
     RUN_COLUMNS,
     TERMINAL,
     assemble,
@@ -293,7 +294,7 @@ class SqliteRunStore(RunStore):
                 (row[0],)
                 for row in conn.execute(
                     f"SELECT id FROM runs WHERE finished_at < ? AND status IN ({_marks(TERMINAL)})"
-                    " LIMIT ?",
+                    f" AND {NOT_A_DEAD_LETTER} LIMIT ?",
                     (cutoff, *TERMINAL, limit),
                 )
             ]
