@@ -363,6 +363,7 @@ class BlokApp(App[None]):
             self.throughput_history.setdefault(name, deque(maxlen=HISTORY)).append(rate)
         view = self.view
         if view is not None:
+            view.show_out_of_reach(self.opened_engine.out_of_reach_since())
             view.tick()
 
     async def _refresh_queue_names(self) -> None:

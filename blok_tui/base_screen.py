@@ -1,9 +1,10 @@
-"""What every view of the console shares: breadcrumbs, the reload banner, the footer, going
-back with escape, and reloading from the engine without piling up queries."""
+"""What every view of the console shares: breadcrumbs, the reload and database banners, the
+footer, going back with escape, and reloading from the engine without piling up queries."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from textual.app import ComposeResult
@@ -17,7 +18,7 @@ from engine.api import EngineAPI
 from . import actions
 from .confirm_screen import ConfirmScreen
 from .console import printable
-from .widgets import BulkBar, Crumbs, FilterInput, ReloadBanner
+from .widgets import BulkBar, Crumbs, DatabaseBanner, FilterInput, ReloadBanner
 from .widgets.key_bar import Key, KeyBar
 from .widgets.row_table import RowTable
 
@@ -87,6 +88,7 @@ class BlokScreen(Screen[None]):
     def compose(self) -> ComposeResult:
         yield Crumbs()
         yield ReloadBanner()
+        yield DatabaseBanner()
         yield from self.compose_body()
         yield BulkBar()
         yield KeyBar()
@@ -152,6 +154,10 @@ class BlokScreen(Screen[None]):
 
     def show_reload_errors(self, errors: dict[str, str]) -> None:
         self.query_one(ReloadBanner).show_errors(errors)
+
+    def show_out_of_reach(self, since: datetime | None) -> None:
+        """The database's outage, if it is in one (the app asks every second)."""
+        self.query_one(DatabaseBanner).show_since(since, self.blok.now(), self.blok.tz)
 
     def on_resize(self) -> None:
         self.show_chrome()

@@ -146,6 +146,7 @@ class RunsScreen(BlokScreen):
         self.fates: dict[str, Job] = {}  # run id → its job, for runs their job outlived
         self.orphans: dict[str, Orphan] = {}  # run id → nobody runs it, for running runs
         self.loaded = False  # the first page is on screen (the benchmark waits for this)
+        self.read = False  # the engine answered a first read (rendered with it)
         self.planning = False  # a bulk action's plan is being read
 
     @property
@@ -223,6 +224,7 @@ class RunsScreen(BlokScreen):
                 stuck=self.stuck,
             )
         self.fates, self.orphans = await self.blok.jobs.outlook(self.engine, self.runs)
+        self.read = True
         self.render_rows()
         self.loaded = True
 
@@ -337,6 +339,8 @@ class RunsScreen(BlokScreen):
         if shown:
             page = f"{self.start + 1:,}–{self.start + shown:,} of {self.total:,}"
             phrases.append(phrase(page, "bold", gap="   ", keep=4))
+        elif not self.read:  # not "no runs yet" while the first read waits (an outage)
+            phrases.append(phrase("reading…", "dim", gap="   ", keep=7))
         elif self.total == 0:
             filtered = self.text or self.status_name != "all"
             hint = "no runs match" if filtered else "no runs yet: i injects a job"

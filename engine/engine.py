@@ -17,7 +17,7 @@ import socket
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -245,6 +245,13 @@ class Engine:
         """Now, on the clock this engine's times are on: its database's (PostgreSQL: the
         server's, so a run started on another machine reads "3s ago" here too)."""
         return self.backend.clock.now()
+
+    def out_of_reach_since(self) -> datetime | None:
+        """Since when the database cannot be reached (PostgreSQL: its connections lost, none
+        made again since); None while it can be. Reads and writes wait for it meanwhile, so
+        what a reader shows is from before."""
+        since = self.backend.out_of_reach_since()
+        return datetime.fromtimestamp(since, UTC) if since is not None else None
 
     @property
     def backend(self) -> Backend:

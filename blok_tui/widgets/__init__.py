@@ -3,6 +3,7 @@
 from .attempts import AttemptsView
 from .bulk_bar import BulkBar
 from .crumbs import Crumbs
+from .database_banner import DatabaseBanner
 from .filter_input import FilterInput
 from .json_view import JsonView
 from .reload_banner import ReloadBanner
@@ -13,6 +14,7 @@ __all__ = [
     "AttemptsView",
     "BulkBar",
     "Crumbs",
+    "DatabaseBanner",
     "FilterInput",
     "JsonView",
     "ReloadBanner",

@@ -783,6 +783,12 @@ class Backend(ABC):
     def queues(self) -> tuple[JobQueue, ...]:
         """Every queue opened so far, the database's first."""
 
+    def out_of_reach_since(self) -> float | None:
+        """Since when (epoch seconds) the database cannot be reached, its connections lost and
+        none made again since; None while it can be (a file or memory always can). Meanwhile
+        reads and writes wait for it."""
+        return None
+
     async def find_job(self, job_id: str) -> tuple[JobQueue, Job] | None:
         """The job and the queue that has it, looking in every queue."""
         for queue in self.queues:

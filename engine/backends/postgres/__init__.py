@@ -244,6 +244,12 @@ class PostgresBackend(DatabaseBackend):
             pace.urgent_seen, pace.last_return = self._urgent, time.monotonic()
         return self._token
 
+    def out_of_reach_since(self) -> float | None:
+        # The writer or the pool lost their connections, or the listener did (found within
+        # its probe's 5 s even while nothing is written: an attached console's case).
+        lost = [at for at in (self.db.down_since, self.db.listener.lost_at) if at is not None]
+        return time.time() - (time.monotonic() - min(lost)) if lost else None
+
     async def health(self) -> dict[str, Any]:
         try:
             version = await self.db.fetchval(f"SELECT max(version) FROM {SCHEMA}.schema_version")

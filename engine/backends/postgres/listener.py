@@ -42,6 +42,7 @@ class Listener:
         self.on_notify: Callable[[str, str], None] = lambda channel, payload: None
         self.on_listening: Callable[[], None] = lambda: None
         self._conn: asyncpg.Connection | None = None
+        self.lost_at: float | None = None  # time.monotonic: when its outage began, if in one
         self._lock = anyio.Lock()  # the probe and the connection's setup take turns
 
     def _notified(self, conn: Conn, pid: int, channel: str, payload: object) -> None:
@@ -53,7 +54,6 @@ class Listener:
         to, the first time)."""
         delay = BACKOFF_MIN_S
         started = False
-        lost_at: float | None = None  # when the outage began, if it is in one
         while True:
             conn: asyncpg.Connection | None = None
             try:
@@ -63,10 +63,10 @@ class Listener:
                         await conn.add_listener(channel, self._notified)
                     self._conn = conn
                 self.listening = True
-                if lost_at is not None:
-                    back_after = time.monotonic() - lost_at
+                if self.lost_at is not None:
+                    back_after = time.monotonic() - self.lost_at
                     log.info("%s: the listener is back after %.1fs", self.location, back_after)
-                    lost_at = None
+                    self.lost_at = None
                 delay = BACKOFF_MIN_S
                 self.on_listening()  # what was notified while it was down is unknown
                 if not started:
@@ -82,8 +82,8 @@ class Listener:
                     raise explain(self.location, error) from None  # one line, as pooled's
                 if not (connection_lost(error) or isinstance(error, TimeoutError)):
                     raise
-                if lost_at is None:  # once an outage, not once a try
-                    lost_at = time.monotonic()
+                if self.lost_at is None:  # once an outage, not once a try
+                    self.lost_at = time.monotonic()
                     log.info("%s: the listener lost its connection (%s)", self.location, error)
             finally:
                 self.listening = False
