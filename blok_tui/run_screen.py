@@ -567,7 +567,8 @@ class RunScreen(BlokScreen):
         # it (the last of its deliveries): one phrase, kept together on a line.
         job = self.job
         delivery = Text()
-        deliveries = job.max_retries + 1 if job is not None else None
+        # The job's budget as the CLI's `show` says it: a crash or an engine's stop adds one.
+        deliveries = job.delivery_budget if job is not None else None
         if run.job_attempt > 1 or (str(run.status) in RETRIED_AFTER and (deliveries or 1) > 1):
             of = f" of {deliveries}" if deliveries else ""
             delivery.append(f"delivery {run.job_attempt}{of}  ", style="khaki3")

@@ -668,3 +668,30 @@ def test_a_failures_deliveries_are_counted_as_show_counts_them() -> None:
     assert job_note(run, job).plain == "dead  "
     assign(job, meta={"held": 1})
     assert job_note(run, job).plain == "2 deliveries, dead  "
+
+
+async def test_the_run_header_counts_a_jobs_deliveries_as_show_does(tmp_path: Path) -> None:
+    # A job whose first run crashed (a crash spends no retry): the header said "delivery 2 of
+    # 2" where `show` said "delivery 2 of 3".
+    job = make_job(
+        queue="q",
+        workflow_name="w",
+        payload={},
+        headers=None,
+        priority=0,
+        run_at=None,
+        max_retries=1,
+        job_id="job_1",
+    )
+    run = make_run(job, workflow_version="v1")
+    assign(job, state=JobState.ACTIVE, attempts=2, meta={"crashes": 1})
+    run.job_attempt = 2
+    async with Engine(database=tmp_path / "blok.db") as engine:
+        app = BlokApp(engine)
+        async with app.run_test(size=SIZE) as pilot:
+            await settled(pilot)
+            screen = RunScreen(run.id)
+            screen.job = job
+            header = "".join(phrase.text.plain for phrase in screen.what_phrases(run))
+    assert "delivery 2 of 3" in header, header
+    assert job.delivery_budget == 3  # what `show` says (blok_tui/run_text.py)
