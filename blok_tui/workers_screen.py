@@ -41,13 +41,13 @@ COLUMNS = (
 STATES = {
     SERVING: ("✓ alive", "green3"),
     SUSPENDED: ("⏸ suspended", "khaki1"),
-    GONE: ("✗ stale", "red1"),
+    GONE: ("✗ gone", "red1"),
 }
 
 
 def workers_line(workers: list[WorkerInfo], states: dict[str, str], *, hint: bool = True) -> Text:
     """One line for the queues view: "workers  2 alive: host:12, host:34 · 1 suspended · 1
-    stale"; `states`: each worker's, by id, as the engine judges it (`worker_state`)."""
+    gone"; `states`: each worker's, by id, as the engine judges it (`worker_state`)."""
     alive = [w for w in workers if states.get(w.id) == SERVING]
     line = Text()
     line.append("workers ", style="bold")
@@ -62,7 +62,7 @@ def workers_line(workers: list[WorkerInfo], states: dict[str, str], *, hint: boo
     # Alive by their process but serving nothing (a suspended one keeps its jobs), then gone.
     others = Counter(states.get(w.id, GONE) for w in workers if w not in alive)
     for state, count in sorted(others.items(), key=lambda item: (item[0] == GONE, item[0])):
-        line.append(f" · {count} {'stale' if state == GONE else state}", style="khaki3")
+        line.append(f" · {count} {state}", style="khaki3")
     if hint:
         line.append("   :workers lists them", style="dim")
     return line

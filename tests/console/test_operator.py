@@ -326,12 +326,12 @@ async def _judged_in_the_console(engine: Engine, rows: dict[str, WorkerInfo]) ->
         # Their processes run (recovery leaves their jobs to them), but they serve nothing: not
         # gone, not alive either (health counted a suspended worker alive).
         assert rows["lagging"].id not in line and rows["killed"].id not in line
-        assert "1 alive" in line and "· 1 stalled · 1 suspended · 1 stale" in line
+        assert "1 alive" in line and "· 1 stalled · 1 suspended · 1 gone" in line
         await command(pilot, "workers")
         table = app.screen.query_one("#workers", RowTable)
         await until(pilot, lambda: len(column(table, "worker")) == 4)
         alive = dict(zip(column(table, "worker"), column(table, "alive"), strict=True))
-        assert alive[rows["killed"].id] == "✗ stale"
+        assert alive[rows["killed"].id] == "✗ gone"
         assert alive[rows["lagging"].id] == "⚠ stalled"
         assert alive[rows["stopped"].id] == "⏸ suspended"
         assert alive[engine.worker.id] == "✓ alive"
