@@ -714,6 +714,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dead.add_argument("queue", metavar="QUEUE", type=_queue_arg)
     dead.add_argument("--json", action="store_true", help="a JSON list of the jobs")
+    dead.add_argument(
+        "--limit",
+        type=_positive_int,
+        default=1000,
+        metavar="N",
+        help="the newest N dead letters (default 1000)",
+    )
     db_option(dead, keep)
     requeue = commands.add_parser(
         "requeue",
@@ -1098,6 +1105,13 @@ async def _runs(args: argparse.Namespace) -> None:
             await _refuse_unknown_names(engine, args)
         orphans = await _orphans(engine, runs)
         now = engine.now()
+        # More may match than were printed: counted, to say the table is cut (not for --stuck:
+        # what is stuck is worked out from every running run and its workflow's median).
+        total = 0
+        if len(runs) >= args.limit and args.stuck is None and not args.json:
+            from engine import RunFilter
+
+            total = await engine.count_runs(RunFilter.of(args.status, args.workflow, args.queue))
     unknown = ""
     if args.stuck is not None:
         unknown = f" running longer than {args.stuck:g}× their workflow's median time"
@@ -1112,6 +1126,15 @@ async def _runs(args: argparse.Namespace) -> None:
         print(json.dumps(records, indent=2))
         return
     print(_table(runs, now, orphans) if runs else f"no runs{unknown}")
+    if total > len(runs):  # on stderr: a pipe reads the table alone
+        narrow = [
+            f"--{name}" for name in ("status", "workflow", "queue") if not getattr(args, name)
+        ]
+        hint = "--limit N" + (f", or filter with {'/'.join(narrow)}" if narrow else "")
+        print(
+            f"blok-tui: {len(runs):,} of {total:,} runs shown (newest first; {hint})",
+            file=sys.stderr,
+        )
 
 
 async def _orphans(engine: Any, runs: Sequence[Any]) -> dict[str, Orphan]:
@@ -1517,10 +1540,21 @@ async def _queues(args: argparse.Namespace) -> None:
 
 async def _dead(args: argparse.Namespace) -> None:
     async with _client(args) as engine:
-        jobs = await engine.dead_letters(args.queue)
+        jobs = await engine.dead_letters(args.queue, limit=args.limit)
+        total = (await engine.queue_stats(args.queue)).dead if len(jobs) >= args.limit else 0
     if args.json:
         print(json.dumps([job.model_dump(mode="json") for job in jobs], indent=2))
-        return
+    else:
+        _print_dead(args.queue, jobs)
+    if total > len(jobs):  # the older ones were left out: said on stderr, not hidden
+        print(
+            f"blok-tui: showing the newest {len(jobs):,} of {total:,} dead letters on "
+            f"{printable(repr(args.queue))} (--limit N for more)",
+            file=sys.stderr,
+        )
+
+
+def _print_dead(queue: str, jobs: Sequence[Any]) -> None:
     title, when = _zoned("DIED", [job.finished_at for job in jobs])
     rows = [("JOB", "LAST RUN", "DELIVERIES", title, "ERROR")]
     for job, died in zip(jobs, when, strict=True):
@@ -1533,7 +1567,7 @@ async def _dead(args: argparse.Namespace) -> None:
                 one_line(printable(job.error or ""), 70),
             )
         )
-    print("\n".join(columns(rows)) if jobs else f"no dead letters on queue {args.queue!r}")
+    print("\n".join(columns(rows)) if jobs else f"no dead letters on queue {queue!r}")
 
 
 async def _requeue(args: argparse.Namespace) -> int:

@@ -694,8 +694,9 @@ class Engine:
     async def stuck_runs(self, factor: float = 3.0, limit: int | None = 100) -> list[Run]:
         return await self.operator.stuck_runs(factor, limit)
 
-    async def dead_letters(self, queue: str) -> list[Job]:
-        return await self.operator.dead_letters(queue)
+    async def dead_letters(self, queue: str, *, limit: int | None = 1000) -> list[Job]:
+        """The queue's dead jobs, the last to die first: at most `limit` (None: all)."""
+        return await self.operator.dead_letters(queue, limit=limit)
 
     async def queue_stats(self, queue: str) -> QueueStats:
         return await self.operator.queue_stats(queue)

@@ -310,9 +310,9 @@ class Operator:
         where = RunFilter(status=(str(RunStatus.COMPLETED),), queue=queue, finished_after=since)
         return await self.store.count_runs(where) / window
 
-    async def dead_letters(self, queue: str) -> list[Job]:
-        target = await self.target(queue)
-        return await target.queue.dead_letters(queue)
+    async def dead_letters(self, queue: str, *, limit: int | None = 1000) -> list[Job]:
+        limit, target = checked(check_limit, limit), await self.target(queue)  # None: all
+        return await target.queue.dead_letters(queue, 2**63 - 1 if limit is None else limit)
 
     async def pause(self, queue: str) -> None:
         """Claim nothing new from the queue (running jobs finish); survives a restart."""
