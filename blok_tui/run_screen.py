@@ -592,6 +592,9 @@ class RunScreen(BlokScreen):
             phrases.append(
                 phrase(f"started {day_time(run.started_at, tz, now)}", "grey70", gap="   ")
             )
+        if run.worker:  # the first question of an incident: which worker holds it
+            verb = "on" if str(run.status) in GOING and self.orphaned is None else "ran on"
+            phrases.append(phrase(f"{verb} {printable(run.worker)}", "grey70", gap="   "))
         took = run_ms(run, now)
         if took is not None:
             # A run a worker's stop sent back to the queue, or an orphan, ran this long:
