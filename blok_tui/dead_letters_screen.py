@@ -22,6 +22,8 @@ from .jobs import budget_words
 from .widgets import FilterInput
 from .widgets.row_table import Column, RowTable
 
+LISTED = 1000  # the newest dead letters the view lists (the summary counts them all)
+
 # The error column takes the room left; where it is cut, it ends with an ellipsis and the
 # selected job's whole error is shown under the table.
 COLUMNS = (
@@ -65,7 +67,7 @@ class DeadLettersScreen(RowFilterScreen):
 
     async def load(self) -> None:
         try:
-            self.jobs = await self.engine.dead_letters(self.queue)
+            self.jobs = await self.engine.dead_letters(self.queue, limit=LISTED)
             self.total = max(len(self.jobs), (await self.engine.queue_stats(self.queue)).dead)
             self.missing = None
         except EngineError as error:

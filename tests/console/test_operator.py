@@ -18,6 +18,7 @@ import pytest
 from support import expect_events, raised_at
 from textual.widgets import Static, TextArea
 
+from blok_tui import dead_letters_screen
 from blok_tui.actions import RUN_FLAGS, ActionCommands
 from blok_tui.app import BlokApp
 from blok_tui.confirm_screen import ConfirmScreen
@@ -463,6 +464,26 @@ async def test_requeue_every_dead_letter_of_a_queue_after_one_confirmation(engin
         assert sorted(app.last_bulk.ids) == sorted(jobs)
     for job_id in jobs:  # each went back with a fresh run
         assert (await engine.get_job(job_id)).run_id != firsts[job_id]
+
+
+async def test_requeue_all_counts_every_dead_letter_not_only_those_listed(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The view listed the newest 1,000 of 4,499, asked "Requeue 1,000 dead letters?" and
+    # requeued all 4,499.
+    monkeypatch.setattr(dead_letters_screen, "LISTED", 2)
+    jobs = [await engine.enqueue("doomed", {"order_id": f"D{n}"}) for n in range(3)]
+    for job_id in jobs:
+        await engine.wait_for_job(job_id, timeout=10)
+    app = BlokApp(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        await command(pilot, "dlq doomed")
+        summary = text_of(app.screen.query_one("#dlq-summary", Static))
+        assert "3 dead letters on doomed" in summary and "the newest 2 listed" in summary
+        await pilot.press("A")
+        await _confirm(pilot, app, "Requeue 3 dead letters?")
+        assert sorted(app.last_bulk.ids) == sorted(jobs)
 
 
 async def test_r_on_a_dead_letter_a_replay_completed_asks_before_it_runs_again(
