@@ -39,7 +39,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Generic, TypeVar
 
 import aiosqlite
 import anyio
@@ -51,6 +51,7 @@ from ...models import Run
 from ..base import Fence
 from ..rows import ATTEMPT_COLUMNS, RUN_COLUMNS, STEP_COLUMNS, attempt_row, run_row, step_row
 from . import refusals
+from .connection import PAGE_SIZE, connect
 from .refusals import (
     Troubles,
     busy_timeout_ms,
@@ -66,21 +67,6 @@ from .schema import MIGRATIONS, SCHEMA_VERSION
 log = logging.getLogger("blok.sqlite")
 T = TypeVar("T")
 
-# sqlite3 binds None as NULL, but first looks for an adapter the slow way: a miss on its
-# protocol type raises, and formats, an AttributeError for every None parameter (about fifty
-# a job). An adapter registered for None is found at once and hands None back: an empty
-# dict's `get`, which returns None for any key, in C (a lambda was a Python call a None).
-sqlite3.register_adapter(type(None), cast(Callable[[None], None], {}.get))
-
-# Pages of 1 KB, not SQLite's default 4 KB, for a file blok creates. A commit appends every
-# page it changed to the WAL, whole: a job's enqueue changes about 13 (the job and run rows
-# and their index entries), its settle as many again, so with 4 KB pages a job writes some
-# 100 KB of WAL, mostly untouched bytes, and a checkpoint copies them all again. 1 KB pages
-# cut that by four (benchmarks/page_size.py: 34 KB written a job against 136 KB); jobs/s on
-# the contract path 0-30 % higher depending on the day (benchmarks/README.md), never lower,
-# reads no slower. Rows bigger than a page (a large payload or state snapshot) go to
-# overflow pages, as they did at 4 KB.
-PAGE_SIZE = 1024
 INLINE_WEIGHT = 512  # rows: a heavier batch is committed in a thread, off the event loop
 CHECKPOINT_EVERY = 64  # batches between two checkpoints (about 1,000 WAL pages, as SQLite does)
 RESTART_EVERY = 4  # every 4th checkpoint is the writer's own (see "checkpoints" below)
@@ -177,21 +163,6 @@ class _Batch:
     # The ops that asked to be told whether they changed a row, with the answer: told once
     # the batch is committed.
     told: list[tuple[Callable[[bool], None], bool]] = field(default_factory=list)
-
-
-def _connect(path: Path) -> sqlite3.Connection:
-    timeout_ms = busy_timeout_ms()
-    conn = sqlite3.connect(
-        path, isolation_level=None, check_same_thread=False, timeout=timeout_ms / 1000
-    )
-    conn.execute(f"PRAGMA busy_timeout = {timeout_ms}")
-    # WAL is set by `migrate`, once the file is known to be blok's (it changes the file).
-    # NORMAL in WAL mode: a commit survives a process crash (kill -9); only an OS crash or
-    # power loss may lose the last transactions. fsync on every batch would cap throughput.
-    conn.execute("PRAGMA synchronous = NORMAL")
-    conn.execute("PRAGMA foreign_keys = OFF")
-    conn.row_factory = sqlite3.Row
-    return conn
 
 
 def schema_version(conn: sqlite3.Connection) -> int | None:
@@ -313,7 +284,7 @@ class SqliteDatabase:
             )
         new = not self.path.exists()
         try:
-            self._writer = await self._patiently(lambda: _connect(self.path), "opening it")
+            self._writer = await self._patiently(lambda: connect(self.path), "opening it")
             writer = self._writer
             await self._patiently(
                 lambda: migrate(writer, self.path, create=self.create), "opening it"
@@ -325,7 +296,7 @@ class SqliteDatabase:
             # checkpoints are the writer loop's, in a thread.
             writer.execute("PRAGMA busy_timeout = 0")
             writer.execute("PRAGMA wal_autocheckpoint = 0")
-            self._point = await self._patiently(lambda: _connect(self.path), "opening it")
+            self._point = await self._patiently(lambda: connect(self.path), "opening it")
         except sqlite3.Error as error:
             self._close_connections()
             if damaged(error):
@@ -776,7 +747,7 @@ class SqliteDatabase:
                 return
             try:
                 if self._checkpointer is None:
-                    self._checkpointer = _connect(self.path)
+                    self._checkpointer = connect(self.path)
                 self._checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
             except sqlite3.Error as error:  # the next one tries again
                 log.warning("%s: checkpoint failed: %s", self.path, error)
