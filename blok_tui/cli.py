@@ -1114,7 +1114,12 @@ async def _runs(args: argparse.Namespace) -> None:
             total = await engine.count_runs(RunFilter.of(args.status, args.workflow, args.queue))
     unknown = ""
     if args.stuck is not None:
-        unknown = f" running longer than {args.stuck:g}× their workflow's median time"
+        from engine.filters import NO_BASELINE_S
+
+        unknown = (
+            f" running longer than {args.stuck:g}× their workflow's median time"
+            f" ({NO_BASELINE_S / 60:g}m where none completed)"
+        )
     if args.json:
         from .runs_follow import listed
 

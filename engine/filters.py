@@ -10,6 +10,9 @@ from .models import Run, RunStatus
 # "Stuck", where the console, `runs --stuck` and `show` say it without a factor: running longer
 # than this × the median duration of its workflow's completed runs.
 STUCK_FACTOR = 3.0
+# A workflow none of whose runs completed has no median to go by: its runs are stuck once they
+# have run this long. Left out, the workflow that hangs every time was the one never found.
+NO_BASELINE_S = 600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,9 +25,10 @@ class RunFilter:
     text: str | None = None  # in the id, job id, workflow, queue, status, error or input (JSON)
     job_id: str | None = None
     retrying: bool = False  # still going, with a failed attempt behind it
-    # Running longer than `stuck` × the median duration of its workflow's completed runs. The
-    # engine turns the factor into `stuck_cutoffs` (workflow, epoch seconds a run must have
-    # started before) before it asks a store; a workflow with no completed run is never stuck.
+    # Running longer than `stuck` × the median duration of its workflow's completed runs (with
+    # none completed, longer than NO_BASELINE_S). The engine turns the factor into
+    # `stuck_cutoffs` (workflow, epoch seconds a run must have started before) before it asks a
+    # store.
     stuck: float | None = None
     stuck_cutoffs: tuple[tuple[str, float], ...] | None = None
     finished_after: float | None = None  # epoch seconds: ended after this moment

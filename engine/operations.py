@@ -19,6 +19,7 @@ from typing import TypeVar
 
 import anyio
 
+from . import filters
 from .backends.base import RunStore
 from .filters import RunFilter
 from .models import Run, RunStatus
@@ -160,8 +161,8 @@ async def resolve_stuck(store: RunStore, where: RunFilter, sample: int = STUCK_S
     cutoffs: list[tuple[str, float]] = []
     for workflow in sorted({run.workflow_name for run in running}):
         median = await median_duration(store, workflow, sample)
-        if median is not None:
-            cutoffs.append((workflow, now - where.stuck * median))
+        limit = where.stuck * median if median is not None else filters.NO_BASELINE_S
+        cutoffs.append((workflow, now - limit))
     return replace(where, stuck_cutoffs=tuple(cutoffs))
 
 

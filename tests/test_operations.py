@@ -26,6 +26,7 @@ from engine import (
     StepStatus,
     WorkerTrigger,
     Workflow,
+    filters,
 )
 from engine.operations import BulkProgress
 from engine.reload import reload_paths
@@ -485,6 +486,26 @@ async def test_stuck_runs_are_those_far_past_their_workflow_median(database: Pat
         assert result.ids == [hung_run.id]
         assert (await engine.get_run(hung_run.id)).status is RunStatus.CANCELLED
         other_gate.release.set()
+
+
+async def test_a_workflow_that_never_completed_has_its_runs_stuck_after_the_no_baseline_time(
+    database: Path | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The workflow that hangs every time has no median: its runs, hung for 11 minutes, were
+    # never "stuck", and the operator's filter found nothing.
+    monkeypatch.setattr(filters, "NO_BASELINE_S", 0.2)
+    gate = Gate()
+    async with Engine(workflows=[flow("hangs", Step("work", gate))], database=database) as engine:
+        hung_run = await run_of(engine, await engine.enqueue("hangs"))
+        with anyio.fail_after(10):
+            await gate.started.wait()
+        assert await engine.stuck_runs(factor=3) == []  # not yet 0.2 s
+        with anyio.fail_after(5):
+            # Time has to pass (the no-baseline time): there is nothing to await.
+            while not await engine.stuck_runs(factor=3):  # noqa: ASYNC110
+                await anyio.sleep(0.05)
+        assert [r.id for r in await engine.stuck_runs(factor=3)] == [hung_run.id]
+        gate.release.set()
 
 
 async def test_error_text_filter_finds_runs_by_their_error(database: Path | None) -> None:
