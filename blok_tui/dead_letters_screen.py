@@ -79,6 +79,9 @@ class DeadLettersScreen(RowFilterScreen):
         shown = [j for j in self.jobs if needle in f"{j.id} {j.error or ''}".lower()]
         now, tz = self.blok.now(), self.blok.tz
         short = short_ids([j.id for j in shown])
+        # Jobs that died together have ids alike far along: cut to 12, they read the same.
+        widest = max((len(prefix) for prefix in short.values()), default=0)
+        self.table.fit_column("job", max(COLUMNS[0].width, widest))
         self.table.set_rows(
             [
                 (

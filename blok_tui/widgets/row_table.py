@@ -11,7 +11,7 @@ left over on a wide terminal.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from rich.console import Console, JustifyMethod
@@ -92,6 +92,16 @@ class RowTable(ScrollView, can_focus=True):
         self._layout_width = -1
         self.cursor_row = 0
         self.hidden: frozenset[str] = frozenset()  # columns with nothing to show just now
+
+    def fit_column(self, key: str, width: int) -> None:
+        """Make the column `key` `width` wide (at least its declared width): for ids whose
+        shortest unique prefix grows with how close together they were made."""
+        for n, column in enumerate(self.columns):
+            if column.key == key and column.width != width:
+                self.columns[n] = replace(column, width=width)
+                self._layout_width = -1  # lay out again at the next draw
+                self._strips.clear()
+                self.refresh()
 
     def hide_columns(self, keys: Iterable[str]) -> None:
         """Leave these columns out (their room goes to the others) until hidden no more: for

@@ -10,6 +10,7 @@ import signal
 import socket
 import sys
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from blok_tui import dead_letters_screen
 from blok_tui.actions import RUN_FLAGS, ActionCommands
 from blok_tui.app import BlokApp
 from blok_tui.confirm_screen import ConfirmScreen
-from blok_tui.console import clock_time
+from blok_tui.console import clock_time, short_ids
 from blok_tui.inject_screen import InjectScreen
 from blok_tui.run_screen import RunScreen
 from blok_tui.runs_screen import MARK, RunsScreen
@@ -42,7 +43,7 @@ from engine.events import AttemptFailed
 from engine.liveness import process_of, this_process
 
 from .flows import ALL, sleep_long
-from .helpers import column, command, settled, text_of, until
+from .helpers import column, command, settled, shown_lines, text_of, until
 
 pytestmark = pytest.mark.anyio
 SIZE = (150, 45)
@@ -484,6 +485,27 @@ async def test_requeue_all_counts_every_dead_letter_not_only_those_listed(
         await pilot.press("A")
         await _confirm(pilot, app, "Requeue 3 dead letters?")
         assert sorted(app.last_bulk.ids) == sorted(jobs)
+
+
+async def test_dead_letters_made_together_show_ids_that_tell_them_apart(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Jobs of one enqueue_many have ids alike far along (13 to 15 characters tell 300 apart):
+    # cut to the column's 12 cells, with an ellipsis, they read the same. Here the column is
+    # 6 cells, so that any two ids are that alike.
+    job, *rest = dead_letters_screen.COLUMNS
+    monkeypatch.setattr(dead_letters_screen, "COLUMNS", (replace(job, width=6), *rest))
+    jobs = await engine.enqueue_many("doomed", [{"order_id": f"D{n}"} for n in range(3)])
+    for job_id in jobs:
+        await engine.wait_for_job(job_id, timeout=10)
+    short = short_ids(jobs)
+    app = BlokApp(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        await command(pilot, "dlq doomed")
+        lines = shown_lines(app.screen.query_one("#dead", RowTable))
+    for job_id in jobs:
+        assert sum(short[job_id] in line for line in lines) == 1, (short[job_id], lines)
 
 
 async def test_r_on_a_dead_letter_a_replay_completed_asks_before_it_runs_again(
