@@ -1525,7 +1525,7 @@ async def _queues(args: argparse.Namespace) -> None:
             )
         )
         return
-    states = ("waiting", "active", "delayed", "completed", "failed", "dead")
+    states = ("waiting", "active", "delayed", "completed", "failed", "cancelled", "dead")
     header = ("QUEUE", "WORKFLOW", "PROVIDER", "SLOTS", "STATE", *(s.upper() for s in states))
     rows = [header]
     for info in infos:

@@ -176,6 +176,22 @@ def test_queues_with_no_live_worker_say_so(tmp_path: Path) -> None:
     assert (listed["single"]["served"], listed["single"]["paused"]) == (False, True)
 
 
+def test_queues_count_cancelled_jobs(tmp_path: Path) -> None:
+    # Cancelled jobs were nowhere in the table: 3,000 of them on a queue, and no column.
+    database = tmp_path / "blok.db"
+    worker = start_worker(database, write_workflows(tmp_path / "workflows"))
+    try:
+        job_id = blok("enqueue", "naps", '{"seconds": 0}', "--delay", "1h", "--db", database)
+        run_id = blok_json("show", job_id.stdout.strip(), "--json", "--db", database)["id"]
+        assert blok("cancel", run_id, "--db", database).returncode == 0
+        table = blok("queues", "--db", database).stdout
+    finally:
+        assert worker.stop() == 0, worker.stderr()
+    header = table.splitlines()[0].split()
+    cells = row(table, "naps").split()
+    assert cells[-len(header) + header.index("CANCELLED")] == "1", table
+
+
 def in_zone(zone: str, *args: str | Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "blok_tui", *map(str, args)],
