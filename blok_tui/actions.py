@@ -477,6 +477,8 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         palette=False,
     ),
     ConsoleAction("filter", "Filter dead letters", DEAD_LETTERS, "slash", "filter"),
+    ConsoleAction("first_row", "First (newest) dead letter", DEAD_LETTERS, "g", "", palette=False),
+    ConsoleAction("last_row", "Last (oldest) dead letter", DEAD_LETTERS, "G", "", palette=False),
     ConsoleAction("filter", "Filter log lines", LOGS, "slash", "filter"),
     ConsoleAction("open_line_run", "Open the line's run", LOGS, "enter", "open run", palette=False),
     ConsoleAction(

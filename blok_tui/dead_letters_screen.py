@@ -190,6 +190,12 @@ class DeadLettersScreen(RowFilterScreen):
         )
         self.blok.confirm_bulk(plan, detail, self.request_reload)
 
+    def action_first_row(self) -> None:
+        self.table.move_cursor(0)
+
+    def action_last_row(self) -> None:
+        self.table.move_cursor(len(self.table.keys) - 1)
+
     def on_row_table_selected(self, event: RowTable.Selected) -> None:
         event.stop()
         self.action_open_job_run()

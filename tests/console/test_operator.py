@@ -508,6 +508,23 @@ async def test_dead_letters_made_together_show_ids_that_tell_them_apart(
         assert sum(short[job_id] in line for line in lines) == 1, (short[job_id], lines)
 
 
+async def test_g_and_shift_g_go_to_the_newest_and_oldest_dead_letter(engine: Engine) -> None:
+    # G did nothing in the dead-letter view; the operator pressed r next, and requeued the
+    # newest job instead of the oldest.
+    jobs = [await engine.enqueue("doomed", {"order_id": f"D{n}"}) for n in range(3)]
+    for job_id in jobs:
+        await engine.wait_for_job(job_id, timeout=10)
+    app = BlokApp(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        await command(pilot, "dlq doomed")
+        table = app.screen.query_one("#dead", RowTable)
+        await pilot.press("G")
+        assert table.cursor_key == jobs[0]  # the oldest, listed last
+        await pilot.press("g")
+        assert table.cursor_key == jobs[-1]
+
+
 async def test_r_on_a_dead_letter_a_replay_completed_asks_before_it_runs_again(
     engine: Engine,
 ) -> None:
