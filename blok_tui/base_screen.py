@@ -311,7 +311,11 @@ def _what_a_cancel_stops(run: Run, orphaned: Orphan | None) -> str:
     if orphaned is not None:
         return f"Nobody runs it now ({orphaned.why}): it is recorded cancelled at once"
     if run.status is RunStatus.RUNNING:
-        return "Its current step is interrupted"
+        # A sync node cannot be interrupted in its thread: said before, not after, the cancel.
+        return (
+            "Its current step is interrupted (a node written as a plain def runs on in its "
+            "thread until it returns, and keeps its worker's slot till then)"
+        )
     if run.status is RunStatus.WAITING:
         return "It does not go on from its wait"
     return "It never starts"

@@ -592,7 +592,7 @@ class RunScreen(BlokScreen):
             phrases.append(
                 phrase(f"started {day_time(run.started_at, tz, now)}", "grey70", gap="   ")
             )
-        if run.worker:  # the first question of an incident: which worker holds it
+        if run.worker and run.started_at:  # the first question of an incident: which worker
             verb = "on" if str(run.status) in GOING and self.orphaned is None else "ran on"
             phrases.append(phrase(f"{verb} {printable(run.worker)}", "grey70", gap="   "))
         took = run_ms(run, now)

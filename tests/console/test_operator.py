@@ -622,12 +622,14 @@ async def test_c_asks_about_what_a_cancel_stops_for_the_runs_state(engine: Engin
             await command(pilot, f"run {run_id}")
             await pilot.press("c")
             await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
-            said[job_id] = text_of(app.screen.query_one(".detail", Static)).strip()
+            said[job_id] = " ".join(text_of(app.screen.query_one(".detail", Static)).split())
             await pilot.press("n")
             await until(pilot, lambda: not isinstance(app.screen, ConfirmScreen))
     assert said == {
-        running: "slow.sleep on slow, running. Its current step is interrupted; the job is not "
-        "retried.",
+        # Said before the cancel: a sync node is not interrupted (the dialog promised it was).
+        running: "slow.sleep on slow, running. Its current step is interrupted (a node written "
+        "as a plain def runs on in its thread until it returns, and keeps its worker's slot "
+        "till then); the job is not retried.",
         waiting: "waiter.pause on waiter, waiting. It does not go on from its wait; the job is "
         "not retried.",
         queued: "quick.echo on quick, queued. It never starts; the job is not retried.",
