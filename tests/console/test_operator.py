@@ -67,6 +67,14 @@ async def _started(events, queue: str, count: int) -> None:
     await events.aclose()
 
 
+async def _doomed(engine: Engine, n: int = 3) -> list[str]:
+    """`n` dead letters on the queue doomed, oldest first (one enqueue each: ids in order)."""
+    jobs = [await engine.enqueue("doomed", {"order_id": f"D{n}"}) for n in range(n)]
+    for job_id in jobs:
+        await engine.wait_for_job(job_id, timeout=10)
+    return jobs
+
+
 async def _confirm(pilot, app: BlokApp, question: str) -> None:
     await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
     assert text_of(app.screen.query_one(".question", Static)).strip() == question
@@ -473,9 +481,7 @@ async def test_requeue_all_counts_every_dead_letter_not_only_those_listed(
     # The view listed the newest 1,000 of 4,499, asked "Requeue 1,000 dead letters?" and
     # requeued all 4,499.
     monkeypatch.setattr(dead_letters_screen, "LISTED", 2)
-    jobs = [await engine.enqueue("doomed", {"order_id": f"D{n}"}) for n in range(3)]
-    for job_id in jobs:
-        await engine.wait_for_job(job_id, timeout=10)
+    jobs = await _doomed(engine)
     app = BlokApp(engine)
     async with app.run_test(size=SIZE) as pilot:
         await settled(pilot)
@@ -511,9 +517,7 @@ async def test_dead_letters_made_together_show_ids_that_tell_them_apart(
 async def test_g_and_shift_g_go_to_the_newest_and_oldest_dead_letter(engine: Engine) -> None:
     # G did nothing in the dead-letter view; the operator pressed r next, and requeued the
     # newest job instead of the oldest.
-    jobs = [await engine.enqueue("doomed", {"order_id": f"D{n}"}) for n in range(3)]
-    for job_id in jobs:
-        await engine.wait_for_job(job_id, timeout=10)
+    jobs = await _doomed(engine)
     app = BlokApp(engine)
     async with app.run_test(size=SIZE) as pilot:
         await settled(pilot)

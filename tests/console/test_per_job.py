@@ -35,6 +35,7 @@ from engine import (
     Job,
     JobState,
     RateLimit,
+    Run,
     RunStatus,
     Step,
     WorkerTrigger,
@@ -650,9 +651,7 @@ async def test_the_queues_view_says_where_failures_out_of_retries_went(engine: E
             assert "dead" in table.shown_columns, (width, table.shown_columns)
 
 
-def test_a_failures_deliveries_are_counted_as_show_counts_them() -> None:
-    """The recent failures said "3 deliveries" of a job `show` called "delivery 1 of 2": the
-    claims a gate (or a worker without the run's version) held back are not deliveries."""
+def _job_with_one_retry() -> tuple[Job, Run]:
     job = make_job(
         queue="q",
         workflow_name="w",
@@ -663,7 +662,13 @@ def test_a_failures_deliveries_are_counted_as_show_counts_them() -> None:
         max_retries=1,
         job_id="job_1",
     )
-    run = make_run(job, workflow_version="v1")
+    return job, make_run(job, workflow_version="v1")
+
+
+def test_a_failures_deliveries_are_counted_as_show_counts_them() -> None:
+    """The recent failures said "3 deliveries" of a job `show` called "delivery 1 of 2": the
+    claims a gate (or a worker without the run's version) held back are not deliveries."""
+    job, run = _job_with_one_retry()
     assign(job, state=JobState.DEAD, attempts=3, meta={"held": 2})
     assert job_note(run, job).plain == "dead  "
     assign(job, meta={"held": 1})
@@ -673,17 +678,7 @@ def test_a_failures_deliveries_are_counted_as_show_counts_them() -> None:
 async def test_the_run_header_counts_a_jobs_deliveries_as_show_does(tmp_path: Path) -> None:
     # A job whose first run crashed (a crash spends no retry): the header said "delivery 2 of
     # 2" where `show` said "delivery 2 of 3".
-    job = make_job(
-        queue="q",
-        workflow_name="w",
-        payload={},
-        headers=None,
-        priority=0,
-        run_at=None,
-        max_retries=1,
-        job_id="job_1",
-    )
-    run = make_run(job, workflow_version="v1")
+    job, run = _job_with_one_retry()
     assign(job, state=JobState.ACTIVE, attempts=2, meta={"crashes": 1})
     run.job_attempt = 2
     async with Engine(database=tmp_path / "blok.db") as engine:
