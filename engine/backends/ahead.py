@@ -4,10 +4,12 @@ for the queue's next claims.
 A SQLite or PostgreSQL claim takes up to four times what was asked (and the worker tops the
 extra up while its slots are busy: `claim_ahead`), so a worker slot that frees up starts its
 next job without a round trip. Those jobs are `active` under this process's worker in the
-database, but nothing runs them yet: `stats` counts them waiting (in every process, but those
-of a top-up, which are marked handed: here), and so does `oldest_waiting` here. It keeps their leases
-with its renewals, and hands them back when their queue pauses or stops. One whose lease ran out may be another worker's by now: it is never served,
-nor counted as waiting here.
+database, but nothing runs them yet: `stats` counts them waiting (in every process; those of a
+top-up, which are marked handed, in this one), and so does `oldest_waiting` here. This process
+keeps their leases with its renewals, and hands them back when their queue pauses or stops, or
+once its slots have all been busy a while with none moving on to them (`AHEAD_KEPT_S`). One
+whose lease ran out may be another worker's by now: it is never served, nor counted as waiting
+here.
 """
 
 from __future__ import annotations
