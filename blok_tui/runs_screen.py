@@ -41,7 +41,6 @@ from .widgets import FilterInput
 from .widgets.row_table import Column, RowTable
 
 PAGE = 100  # rows held in the table; the window slides as the cursor reaches an edge
-SEARCHED = 1_000  # newest runs a `/` search reads and matches
 READ_PAGE = 1_000  # runs read at a time when a bulk action takes every run the filter matches
 PLAN_NOTICE = 2_000  # runs the filter matches from which planning says it is reading them
 MARK = "●"
@@ -81,14 +80,6 @@ class RunsTable(RowTable):
             self._layout_width = -1  # lay out again at the next draw
             self._strips.clear()
             self.refresh()
-
-
-def matches(run: Run, text: str) -> bool:
-    needle = text.lower()
-    fields = (run.id, run.job_id, run.workflow_name, run.queue, str(run.status), run.error or "")
-    if any(needle in field.lower() for field in fields):
-        return True
-    return needle in json.dumps(run.input, ensure_ascii=False, default=str).lower()
 
 
 def error_line(run: Run, tz: tzinfo | None) -> str:
@@ -141,8 +132,6 @@ class RunsScreen(BlokScreen):
         self.total = 0
         self.runs: list[Run] = []
         self.short: dict[str, str] = {}  # run id → its shortest unique prefix on this page
-        self.searched = 0  # runs the last `/` search read
-        self.matched: list[Run] = []  # the runs the last search matched
         self.fates: dict[str, Job] = {}  # run id → its job, for runs their job outlived
         self.orphans: dict[str, Orphan] = {}  # run id → nobody runs it, for running runs
         self.loaded = False  # the first page is on screen (the benchmark waits for this)
@@ -186,10 +175,18 @@ class RunsScreen(BlokScreen):
 
     @property
     def where(self) -> RunFilter:
-        """The status, queue and workflow chosen (the `/` text is matched here, see _search)."""
+        """The status, queue and workflow chosen, and the `/` text: the engine matches it in
+        the id, job id, workflow, queue, status, error and input of every run (this view read
+        the newest 1,000 and matched them itself: an order's run older than that was not
+        found)."""
         statuses = STATUS_FILTERS[self.status_name] or None
         return RunFilter.of(
-            statuses, self.workflow, self.queue, None, retrying=self.retrying, stuck=self.stuck
+            statuses,
+            self.workflow,
+            self.queue,
+            self.text or None,
+            retrying=self.retrying,
+            stuck=self.stuck,
         )
 
     def describe_filter(self) -> str:
@@ -208,46 +205,26 @@ class RunsScreen(BlokScreen):
 
     async def load(self) -> None:
         where = self.where
-        if self.text:
-            await self._search()
-        else:
-            self.total = await self.engine.count_runs(where)
-            if self.start >= self.total:
-                self.start = max(0, self.total - PAGE)
-            self.runs = await self.engine.runs(
-                status=list(where.status) if where.status else None,
-                workflow=self.workflow,
-                queue=self.queue,
-                limit=PAGE,
-                offset=self.start,
-                retrying=self.retrying,
-                stuck=self.stuck,
-            )
+        self.total = await self.engine.count_runs(where)
+        if self.start >= self.total:
+            self.start = max(0, self.total - PAGE)
+        self.runs = await self._page(where, PAGE, self.start)
         self.fates, self.orphans = await self.blok.jobs.outlook(self.engine, self.runs)
         self.read = True
         self.render_rows()
         self.loaded = True
 
-    async def _search(self) -> None:
-        """The `/` text against id, job id, workflow, queue, status, error and input. The
-        engine's text filter knows neither job ids nor inputs, so the newest SEARCHED runs
-        (of the status and queue chosen) are read and matched here."""
-        where = self.where
-        window = await self.engine.runs(
+    async def _page(self, where: RunFilter, limit: int, offset: int) -> list[Run]:
+        return await self.engine.runs(
             status=list(where.status) if where.status else None,
             workflow=self.workflow,
             queue=self.queue,
-            limit=SEARCHED,
+            limit=limit,
+            offset=offset,
+            text=where.text,
             retrying=self.retrying,
             stuck=self.stuck,
         )
-        self.searched = len(window)
-        matched = [run for run in window if matches(run, self.text)]
-        self.matched = matched
-        self.total = len(matched)
-        if self.start >= self.total:
-            self.start = max(0, self.total - PAGE)
-        self.runs = matched[self.start : self.start + PAGE]
 
     def row_cells(self, run: Run) -> list[Text | str]:
         now = self.blok.now()
@@ -327,8 +304,6 @@ class RunsScreen(BlokScreen):
         if self.text:
             search = Text.assemble(("/ ", "bold"), (self.text, "khaki1"))
             phrases.append(Phrase(search, keep=8))
-            if self.searched >= SEARCHED:
-                phrases.append(phrase(f"in the newest {SEARCHED:,}", "dim", gap=" ", keep=4))
             phrases.append(phrase("esc clears", "dim", keep=1))
         if self.marked:
             marked = f"{MARK} {len(self.marked):,} marked"
@@ -526,36 +501,26 @@ class RunsScreen(BlokScreen):
         self.render_rows()
 
     async def _plan(self, action: str) -> BulkPlan:
-        """The marked runs, else what the search matched (as it matched it), else every run
-        the filter matches; once per job."""
+        """The marked runs, else every run the filter (and the search) matches; once per
+        job."""
         if self.marked:
             n = len(self.marked)
             runs, chosen = (
                 list(self.marked.values()),
                 f"the {n:,} marked run{'s' if n != 1 else ''}",
             )
-        elif self.text:
-            runs, chosen = list(self.matched), self.describe_filter()
         else:
             runs, chosen = await self._every_match(), self.describe_filter()
         return await plan_for_runs(self.engine, self.blok.jobs, action, runs, chosen)
 
     async def _every_match(self) -> list[Run]:
-        """Every run the status, queue and workflow chosen match, newest first (paged; a run
-        that a new one pushed onto the next page is counted once)."""
+        """Every run the status, queue, workflow and search chosen match, newest first (paged;
+        a run that a new one pushed onto the next page is counted once)."""
         where = self.where
         found: dict[str, Run] = {}
         offset = 0
         while True:
-            chunk = await self.engine.runs(
-                status=list(where.status) if where.status else None,
-                workflow=self.workflow,
-                queue=self.queue,
-                limit=READ_PAGE,
-                offset=offset,
-                retrying=self.retrying,
-                stuck=self.stuck,
-            )
+            chunk = await self._page(where, READ_PAGE, offset)
             for run in chunk:
                 found.setdefault(run.id, run)
             if len(chunk) < READ_PAGE:

@@ -114,9 +114,13 @@ class RunFilter:
             needle = self.text.lower()
             fields = (run.id, run.job_id, run.workflow_name, run.queue, run.status, run.error or "")
             haystack = " ".join(fields).lower()
-            if needle not in haystack and run.input is not None:
-                # The input as the SQL stores hold it (JSON text), so both match alike.
-                haystack = json.dumps(run.input, default=str).lower()
-            if needle not in haystack:
+            if needle in haystack:
+                return True
+            if run.input is None:
                 return False
+            # The input as the SQL stores hold it, JSON text with non-ASCII characters and
+            # quotes escaped; the text is looked for as written and as escaped there, so that
+            # every store matches alike (rows.where_clause).
+            stored = json.dumps(run.input, default=str).lower()
+            return needle in stored or json.dumps(needle)[1:-1] in stored
         return True

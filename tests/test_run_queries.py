@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import textwrap
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from pg import NO_DRIVER, fresh_database
 
 from engine import (
     Engine,
@@ -56,6 +58,27 @@ async def test_text_matches_the_job_id_and_the_input_alike_in_every_store(
         assert await found("1%0") == []
         assert await found("b_b") == []
         assert await found("echo") == sorted([ann, bob])
+        # Text the input holds beyond ASCII: stored as JSON, escaped ("\\u6ce8"), it was not
+        # found once the console searched through the engine rather than by itself.
+        kana = await engine.enqueue("echo", {"customer": "注文太郎", "quote": 'say "hi"'})
+        await engine.wait_for_job(kana, timeout=10)
+        assert await found("注文") == [kana]
+        assert await found('say "hi"') == [kana]
+
+
+@pytest.fixture
+async def postgres_url() -> AsyncIterator[str]:
+    pytest.importorskip("asyncpg", reason=NO_DRIVER)
+    async with fresh_database() as url:
+        yield url
+
+
+async def test_text_beyond_ascii_is_found_in_the_input_on_postgresql(postgres_url: str) -> None:
+    async with Engine(workflows=[ECHO], database=postgres_url) as engine:
+        kana = await engine.enqueue("echo", {"customer": "注文太郎"})
+        await engine.wait_for_job(kana, timeout=10)
+        assert [run.job_id for run in await engine.runs(text="注文")] == [kana]
+        assert await engine.count_runs(RunFilter.of(text="注文")) == 1
 
 
 async def test_runs_filter_replays_of_a_run(database: Path | None) -> None:

@@ -590,7 +590,11 @@ def where_clause(
     if where.text:
         pattern = like_pattern(where.text)
         fields = ("id", "job_id", "workflow_name", "queue", "status", "error", as_text("input"))
-        clauses.append(
-            "(" + " OR ".join(f"{f} {like} {marks([pattern])} ESCAPE '\\'" for f in fields) + ")"
-        )
+        found = [f"{f} {like} {marks([pattern])} ESCAPE '\\'" for f in fields]
+        # The input is JSON text, its non-ASCII characters escaped ("\u6ce8"): the text is
+        # looked for as it is written there too.
+        escaped = json.dumps(where.text)[1:-1]
+        if escaped != where.text:
+            found.append(f"{as_text('input')} {like} {marks([like_pattern(escaped)])} ESCAPE '\\'")
+        clauses.append("(" + " OR ".join(found) + ")")
     return (" WHERE " + " AND ".join(clauses)) if clauses else "", params
