@@ -570,6 +570,12 @@ def build_parser() -> argparse.ArgumentParser:
     runs.add_argument("--workflow", metavar="NAME", help="only runs of this workflow")
     runs.add_argument("--queue", metavar="NAME", type=_queue_arg, help="only runs of this queue")
     runs.add_argument(
+        "--text",
+        metavar="TEXT",
+        help="only runs whose id, job id, workflow, queue, status, error or input holds TEXT "
+        "(any case): an order's run by its order id",
+    )
+    runs.add_argument(
         "--limit", type=_positive_int, default=50, metavar="N", help="at most N runs (default 50)"
     )
     runs.add_argument(
@@ -1091,6 +1097,10 @@ async def _runs(args: argparse.Namespace) -> None:
             raise UsageError(
                 "--stuck lists the runs stuck now; it does not follow", "blok-tui runs"
             )
+        if args.text:
+            raise UsageError(
+                "--text lists the runs that hold it; it does not follow", "blok-tui runs"
+            )
         await _follow_runs(args)
         return
     async with _client(args) as engine:
@@ -1099,6 +1109,7 @@ async def _runs(args: argparse.Namespace) -> None:
             workflow=args.workflow,
             queue=args.queue,
             limit=args.limit,
+            text=args.text,
             stuck=args.stuck,
         )
         if not runs:
@@ -1111,12 +1122,13 @@ async def _runs(args: argparse.Namespace) -> None:
         if len(runs) >= args.limit and args.stuck is None and not args.json:
             from engine import RunFilter
 
-            total = await engine.count_runs(RunFilter.of(args.status, args.workflow, args.queue))
-    unknown = ""
+            where = RunFilter.of(args.status, args.workflow, args.queue, args.text)
+            total = await engine.count_runs(where)
+    unknown = f" holding {args.text!r}" if args.text else ""
     if args.stuck is not None:
         from engine.filters import NO_BASELINE_S
 
-        unknown = (
+        unknown += (
             f" running longer than {args.stuck:g}× their workflow's median time"
             f" ({NO_BASELINE_S / 60:g}m where none completed)"
         )

@@ -126,3 +126,16 @@ def test_runs_says_on_stderr_when_more_match_than_it_printed(history: Path) -> N
     ):
         done = blok("runs", *args, "--db", history)
         assert (done.returncode, done.stderr) == (0, ""), (args, done.stderr)
+
+
+def test_runs_text_finds_the_runs_that_hold_it(history: Path) -> None:
+    # No way to find an order's run from the command line but paging through `runs`.
+    held = blok_json("runs", "--text", "LATER", "--json", "--db", history)  # any case
+    assert len(held) == DEAD and all(run["input"] == {"seconds": "later"} for run in held)
+    table = blok("runs", "--text", "later", "--limit", "2", "--db", history)
+    assert len(_rows(table.stdout)) == 2
+    assert table.stderr.startswith(f"blok-tui: 2 of {DEAD} runs shown"), table.stderr
+    none = blok("runs", "--text", "no-such-order", "--db", history)
+    assert (none.returncode, none.stdout) == (0, "no runs holding 'no-such-order'\n")
+    follow = blok("runs", "--text", "later", "--follow", "--db", history)
+    assert follow.returncode == 2 and "--text lists the runs that hold it" in follow.stderr
