@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 # No `engine` (nor anyio, nor Textual) at the top: `blok-tui --version` and `--help` answer
 # without loading the engine (0.4 s); each command imports what it uses.
-from .plain_text import columns, one_line
+from .plain_text import columns, one_line, one_line_keeping_where
 
 if TYPE_CHECKING:
     from engine import Orphan
@@ -1240,9 +1240,7 @@ def _table(runs: Sequence[Any], now: datetime, orphans: Mapping[str, Orphan] | N
                 format_duration(duration) if duration is not None else "-",
                 # An orphan's note in full (the last column): what comes of it, and what to
                 # do (start a worker) when nothing will, hang on its end.
-                f"orphaned: {orphan}"
-                if orphan is not None
-                else one_line(printable(run.error or ""), 60),
+                f"orphaned: {orphan}" if orphan is not None else _error_cell(run.error, 60),
             )
         )
     if len(rows) == 1:
@@ -1571,6 +1569,14 @@ async def _dead(args: argparse.Namespace) -> None:
         )
 
 
+def _error_cell(error: str | None, width: int) -> str:
+    """An error in a table's last column: on a terminal cut to `width` cells, its place at the
+    end kept ("… (at workflows/pay.py:12)"); into a pipe or a file whole, for grep (cut, the
+    order id and the place were lost)."""
+    text = printable(error or "")
+    return one_line_keeping_where(text, width) if sys.stdout.isatty() else one_line(text, 10**6)
+
+
 def _print_dead(queue: str, jobs: Sequence[Any]) -> None:
     title, when = _zoned("DIED", [job.finished_at for job in jobs])
     rows = [("JOB", "LAST RUN", "DELIVERIES", title, "ERROR")]
@@ -1581,7 +1587,7 @@ def _print_dead(queue: str, jobs: Sequence[Any]) -> None:
                 printable(job.run_id),
                 str(job.deliveries),
                 died,
-                one_line(printable(job.error or ""), 70),
+                _error_cell(job.error, 70),
             )
         )
     print("\n".join(columns(rows)) if jobs else f"no dead letters on queue {queue!r}")

@@ -6,6 +6,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
+def one_line_keeping_where(text: str, width: int) -> str:
+    """`one_line`, but an error's place at its end ("(at workflows/pay.py:12)") is kept whole,
+    and the message before it cut: the place is what an operator scans a list of failures
+    for, and a cut at the end took it first."""
+    line = " ".join(text.split())
+    head, sep, place = line.rpartition(" (at ")
+    if not sep or not place.endswith(")") or len(place) + 6 > width // 2:
+        return one_line(line, width)
+    tail = f" (at {place}"
+    return one_line(head, width - len(tail)) + tail
+
+
 def one_line(text: str, width: int) -> str:
     """`text` on one line (its runs of whitespace, line breaks included, made one space), cut
     to `width` terminal cells with an ellipsis: a run's error in a table cell. A CJK character

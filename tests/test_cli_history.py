@@ -139,3 +139,10 @@ def test_runs_text_finds_the_runs_that_hold_it(history: Path) -> None:
     assert (none.returncode, none.stdout) == (0, "no runs holding 'no-such-order'\n")
     follow = blok("runs", "--text", "later", "--follow", "--db", history)
     assert follow.returncode == 2 and "--text lists the runs that hold it" in follow.stderr
+
+
+def test_dead_into_a_pipe_prints_each_error_whole(history: Path) -> None:
+    # Cut at 70 characters, piped too: the order and the file and line were lost for grep.
+    listed = blok("dead", "naps", "--db", history).stdout  # a pipe, not a terminal
+    errors = [job["error"] for job in blok_json("dead", "naps", "--json", "--db", history)]
+    assert errors and all(" ".join(error.split()) in listed for error in errors), listed

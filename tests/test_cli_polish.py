@@ -15,7 +15,7 @@ from cli_helpers import blok, blok_json, cli_env, start_worker, write_workflows
 from rich.cells import cell_len
 
 from blok_tui.cli import _negative_values_attached, _stuck_factor, build_parser
-from blok_tui.plain_text import columns, one_line
+from blok_tui.plain_text import columns, one_line, one_line_keeping_where
 from engine.filters import STUCK_FACTOR
 
 
@@ -274,6 +274,18 @@ def test_a_cell_cut_to_its_width_is_cut_in_terminal_cells() -> None:
         assert cut.endswith("…") and width - 1 <= cell_len(cut) <= width, (width, cut)
     assert one_line("plain  error\ntext", 60) == "plain error text"
     assert one_line("x" * 80, 60) == "x" * 59 + "…"
+
+
+def test_an_error_cut_for_a_terminal_keeps_its_place() -> None:
+    # The dead-letter list cut its errors at 70 characters: the file and line went first.
+    error = (
+        "[step 1/1] send failed: ConnectionError: payment gateway 503 for ORD-10 "
+        "(at workflows/payments.py:12)"
+    )
+    cut = one_line_keeping_where(error, 70)
+    assert cut == "[step 1/1] send failed: ConnectionError… (at workflows/payments.py:12)"
+    assert one_line_keeping_where("short (at x.py:1)", 70) == "short (at x.py:1)"
+    assert one_line_keeping_where("no place " * 10, 20) == one_line("no place " * 10, 20)
 
 
 def test_runs_stuck_with_no_factor_takes_the_engines_default(tmp_path: Path) -> None:
