@@ -142,23 +142,31 @@ def test_a_field_below_a_str_or_an_int_is_refused(expr: str, says: str) -> None:
     assert str(refused.value).startswith(f"step 'a': expression {expr!r}: {says}")
 
 
-async def test_a_params_key_in_a_file_names_the_steps_line(tmp_path: Path) -> None:
-    key, errors = await load_errors(
-        tmp_path,
-        "params.py",
-        """
+async def load_step_b(
+    folder: Path, name: str, inputs: dict[str, str]
+) -> tuple[str, dict[str, str]]:
+    """`load_errors` of a file `name`.py whose workflow `name` has a step "a", then a step "b"
+    with these `inputs`, on line 8."""
+    return await load_errors(
+        folder,
+        f"{name}.py",
+        f"""
         from engine import Step, WorkerTrigger, Workflow
 
         workflow = Workflow(
-            name="params",
-            trigger=WorkerTrigger(queue="params"),
+            name="{name}",
+            trigger=WorkerTrigger(queue="{name}"),
             steps=[
                 Step("a", print),
-                Step("b", print, inputs={"x": "$.params.nope"}),
+                Step("b", print, inputs={inputs!r}),
             ],
         )
         """,
     )
+
+
+async def test_a_params_key_in_a_file_names_the_steps_line(tmp_path: Path) -> None:
+    key, errors = await load_step_b(tmp_path, "params", {"x": "$.params.nope"})
     assert errors == {
         key: f"{key}:8: WorkflowDefinitionError: step 'b': expression '$.params.nope': $.params "
         f"has no key 'nope'; its keys are {PARAMS_KEYS}"
@@ -374,22 +382,7 @@ def test_a_wait_until_without_the_dot_is_refused_with_the_expression_meant() -> 
 
 
 async def test_a_dollar_root_in_a_file_names_the_steps_line(tmp_path: Path) -> None:
-    key, errors = await load_errors(
-        tmp_path,
-        "dollar.py",
-        """
-        from engine import Step, WorkerTrigger, Workflow
-
-        workflow = Workflow(
-            name="dollar",
-            trigger=WorkerTrigger(queue="dollar"),
-            steps=[
-                Step("a", print),
-                Step("b", print, inputs={"sep": "$body.x"}),
-            ],
-        )
-        """,
-    )
+    key, errors = await load_step_b(tmp_path, "dollar", {"sep": "$body.x"})
     assert errors == {
         key: f"{key}:8: WorkflowDefinitionError: workflow 'dollar', step 'b': input 'sep': "
         + _literal("$body.x")
