@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 # No `engine` (nor anyio, nor Textual) at the top: `blok-tui --version` and `--help` answer
 # without loading the engine (0.4 s); each command imports what it uses.
-from .plain_text import columns, one_line, one_line_keeping_where
+from .plain_text import columns, one_line_keeping_where
 
 if TYPE_CHECKING:
     from engine import Orphan
@@ -1574,7 +1574,7 @@ def _error_cell(error: str | None, width: int) -> str:
     end kept ("… (at workflows/pay.py:12)"); into a pipe or a file whole, for grep (cut, the
     order id and the place were lost)."""
     text = printable(error or "")
-    return one_line_keeping_where(text, width) if sys.stdout.isatty() else one_line(text, 10**6)
+    return one_line_keeping_where(text, width) if sys.stdout.isatty() else " ".join(text.split())
 
 
 def _print_dead(queue: str, jobs: Sequence[Any]) -> None:

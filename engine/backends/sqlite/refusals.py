@@ -9,6 +9,8 @@ import sqlite3
 import time
 from pathlib import Path
 
+from ...errors import DatabaseError
+
 log = logging.getLogger("blok.sqlite")
 
 BUSY_TIMEOUT_MS = 10_000  # BLOK_SQLITE_BUSY_TIMEOUT_MS: how long one statement waits for a lock
@@ -92,8 +94,6 @@ def quick_check(conn: sqlite3.Connection, path: Path, serving: bool) -> bool:
         return False
     row = conn.execute("PRAGMA quick_check(1)").fetchone()
     if row is None or row[0] != "ok":
-        from ...errors import DatabaseError
-
         raise DatabaseError(damaged_message(path, row[0] if row else "no answer"))
     return True
 
