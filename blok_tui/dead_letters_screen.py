@@ -24,14 +24,14 @@ from .widgets.row_table import Column, RowTable
 
 LISTED = 1000  # the newest dead letters the view lists (the summary counts them all)
 
-# The error column takes the room left; where it is cut, it ends with an ellipsis and the
-# selected job's whole error is shown under the table.
+# The error column takes the room left; where it is cut, the message is, and its place (file and
+# line) kept at the end; the selected job's whole error is shown under the table.
 COLUMNS = (
     Column("job", "job", 12, priority=10),
     Column("workflow", "workflow", 18, priority=5),
     Column("deliveries", "deliveries", 10, priority=4, justify="right"),
     Column("died", "died", 11, priority=6),
-    Column("error", "error", 20, priority=9, flex=True),
+    Column("error", "error", 20, priority=9, flex=True, keeps_place=True),
 )
 
 

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+MESSAGE_KEPT = 16  # cells of an error's message a cut that keeps its place leaves at least
+
 
 def one_line_keeping_where(text: str, width: int) -> str:
     """`one_line`, but an error's place at its end ("(at workflows/pay.py:12)") is kept whole,
     and the message before it cut: the place is what an operator scans a list of failures
-    for, and a cut at the end took it first."""
+    for, and a cut at the end took it first. Where the place would leave the message fewer
+    than `MESSAGE_KEPT` cells, the end is cut as anywhere else."""
     line = " ".join(text.split())
     head, sep, place = line.rpartition(" (at ")
-    if not sep or not place.endswith(")") or len(place) + 6 > width // 2:
+    if not sep or not place.endswith(")") or len(place) + 5 + MESSAGE_KEPT > width:
         return one_line(line, width)
     tail = f" (at {place}"
     return one_line(head, width - len(tail)) + tail

@@ -58,7 +58,7 @@ COLUMNS = (
     Column("took", "took", 7, priority=7, justify="right"),
     Column("attempts", "attempts", 8, priority=5, justify="right"),
     Column("replay of", "replay of", 12, priority=1),
-    Column("detail", "error or input", 16, priority=0, flex=True),
+    Column("detail", "error or input", 16, priority=0, flex=True, keeps_place=True),
 )
 COLUMN_KEYS = [c.key for c in COLUMNS]
 ID_COLUMNS = ("run", "replay of")  # short ids: as wide as the longest on the page

@@ -25,6 +25,8 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
+from ..plain_text import one_line_keeping_where
+
 GAP = 1  # spaces between columns
 
 
@@ -36,6 +38,9 @@ class Column:
     priority: int = 0  # higher stays longer when the width runs out
     flex: bool = False  # takes the width left over (one column at most is sensible)
     justify: JustifyMethod = "left"
+    # An error's column: a cut keeps its place at the end ("(at workflows/pay.py:12)"),
+    # what an operator scans a list of failures for, and cuts the message before it.
+    keeps_place: bool = False
 
 
 Cells = Sequence[Text | str]
@@ -272,6 +277,8 @@ class RowTable(ScrollView, can_focus=True):
             cell = cells[index].copy() if index < len(cells) else Text("")
             cell.end = ""
             justify = cell.justify or column.justify
+            if column.keeps_place and cell.cell_len > width:
+                cell = Text(one_line_keeping_where(cell.plain, width), style=cell.style, end="")
             cell.truncate(width, overflow="ellipsis")
             pad = width - cell.cell_len
             if justify == "right":
