@@ -1145,7 +1145,9 @@ async def _runs(args: argparse.Namespace) -> None:
     print(_table(runs, now, orphans) if runs else f"no runs{unknown}")
     if total > len(runs):  # on stderr: a pipe reads the table alone
         narrow = [
-            f"--{name}" for name in ("status", "workflow", "queue") if not getattr(args, name)
+            f"--{name}"
+            for name in ("status", "workflow", "queue", "text")
+            if not getattr(args, name)
         ]
         hint = "--limit N" + (f", or filter with {'/'.join(narrow)}" if narrow else "")
         print(
