@@ -140,7 +140,29 @@ class Chores:
     async def loop(self) -> None:
         """Every janitor interval, if this worker holds the chores' lease: recover dead
         workers, then purge. (Between two rounds, the jobs of a worker that died are taken
-        over by the ordinary claims as their leases expire.)"""
+        over by the ordinary claims as their leases expire.) And, at every heartbeat, the
+        dead processes of this machine (`_dead_here`)."""
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._dead_here)
+            await self._rounds()
+
+    async def _dead_here(self) -> None:
+        """A worker of this machine whose process is gone (a kill -9, an OOM kill) is found at
+        the next heartbeat, and its jobs released at once: found by its lease running out, its
+        jobs waited that long (30 s by default) with a live worker beside it that could see
+        the pid was gone, and a producer's `wait_for_job` with them. Its peers on the machine
+        may all find it: the releases are fenced, one lands."""
+        if not self.recovery:
+            return
+        while True:
+            await anyio.sleep(self.heartbeat_s)
+            # Not waiting for this worker's own writes: a flush at every heartbeat broke up
+            # the writer's batches (and a peer's death is not among them).
+            workers = await self.backend.shared.workers(own_writes=False)
+            if any(pid_names_process_here(w) and self._gone(w) for w in workers):
+                await self.recover()
+
+    async def _rounds(self) -> None:
         every = self.janitor_interval
         await self.versions.check(self.backend)  # another version served already, at start?
         while True:

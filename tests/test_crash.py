@@ -187,6 +187,43 @@ async def test_crashed_run_is_flipped_on_boot_and_its_job_redelivered(project: P
         assert (await engine.get_job(job)).state is JobState.CANCELLED
 
 
+async def test_a_running_peer_on_the_machine_takes_a_killed_workers_job_before_its_lease(
+    project: Path,
+) -> None:
+    """Only a worker that booted looked for the dead processes of its machine: a peer that was
+    running waited for the killed worker's lease to run out (30 s), and a producer's
+    `wait_for_job` with it, though it could see the pid was gone."""
+    db = project / "blok.db"
+    with worker_process(project) as first, worker_process(project) as second:
+        async with Engine(database=db) as client:
+            job = await client.enqueue("crashy", {"n": 1, "seconds": 30})
+            await wait_running(client, 1)
+            [victim] = await client.runs(status="running")
+            holder, peer = (
+                (first, second)
+                if f":{first.pid}:" in str(victim.worker)
+                else (
+                    second,
+                    first,
+                )
+            )
+            holder.send_signal(signal.SIGKILL)
+            holder.wait(timeout=10)
+            with anyio.fail_after(15):  # the lease is 30 s; a heartbeat 2 s
+                while (await client.get_job(job)).run_id == victim.id:  # noqa: ASYNC110
+                    await anyio.sleep(0.05)
+            crashed = await client.get_run(victim.id)
+            assert crashed.status is RunStatus.CRASHED
+            assert "found by recovery" in (crashed.error or ""), crashed.error
+            fresh = await client.get_run((await client.get_job(job)).run_id)
+            with anyio.fail_after(10):
+                while fresh.status is not RunStatus.RUNNING:
+                    await anyio.sleep(0.05)
+                    fresh = await client.get_run(fresh.id)
+            assert f":{peer.pid}:" in str(fresh.worker)
+            await client.cancel(fresh.id)
+
+
 HELD_NOT_BEGUN = (
     "SELECT count(*) FROM jobs JOIN runs ON runs.id = jobs.run_id"
     " WHERE jobs.state = 'active' AND jobs.handed = 1 AND runs.status = 'queued'"

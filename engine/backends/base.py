@@ -599,7 +599,10 @@ class SharedState(ABC):
     def heartbeat(self, worker: WorkerInfo) -> None: ...
 
     @abstractmethod
-    async def workers(self) -> list[WorkerInfo]: ...
+    async def workers(self, *, own_writes: bool = True) -> list[WorkerInfo]:
+        """Every registered worker. `own_writes=False`: as the database holds them now,
+        without waiting for this process's queued writes (its own heartbeat) to commit; a
+        look for dead peers at every heartbeat must not break up the writer's batches."""
 
     @abstractmethod
     async def forget_worker(self, worker_id: str) -> None:

@@ -37,7 +37,7 @@ class MemoryShared(SharedState):
     def heartbeat(self, worker: WorkerInfo) -> None:
         self._workers[worker.id] = worker.model_copy()
 
-    async def workers(self) -> list[WorkerInfo]:
+    async def workers(self, *, own_writes: bool = True) -> list[WorkerInfo]:
         return sorted(self._workers.values(), key=lambda w: w.started_at)
 
     async def forget_worker(self, worker_id: str) -> None:

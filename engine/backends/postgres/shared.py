@@ -49,8 +49,9 @@ class PostgresShared(SharedState):
             ),
         )
 
-    async def workers(self) -> list[WorkerInfo]:
-        await self.db.flush()
+    async def workers(self, *, own_writes: bool = True) -> list[WorkerInfo]:
+        if own_writes:
+            await self.db.flush()
         rows = await self.db.fetch(sql.WORKERS)
         # Each heartbeat as long ago as it is by the server's clock, read here on it.
         here = self.db.clock.time()

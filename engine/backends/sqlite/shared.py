@@ -61,8 +61,9 @@ class SqliteShared(SharedState):
             ),
         )
 
-    async def workers(self) -> list[WorkerInfo]:
-        await self.db.flush()
+    async def workers(self, *, own_writes: bool = True) -> list[WorkerInfo]:
+        if own_writes:
+            await self.db.flush()
         rows = await self.db.fetchall("SELECT * FROM workers ORDER BY started_at")
         return [worker_from_row(row) for row in rows]
 
