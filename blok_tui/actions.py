@@ -469,6 +469,15 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         help="Back in its queue with a fresh run",
     ),
     ConsoleAction(
+        "discard",
+        "Discard the selected dead letter",
+        DEAD_LETTERS,
+        "x",
+        "discard",
+        destructive=True,
+        help="Out of the dead-letter queue for good: cancelled, its runs kept until retention",
+    ),
+    ConsoleAction(
         "open_job_run",
         "Open the dead job's last run",
         DEAD_LETTERS,
@@ -487,6 +496,14 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         DEAD_LETTERS,
         "A",
         "requeue all",
+        destructive=True,
+    ),
+    ConsoleAction(
+        "discard_all",
+        "Discard every dead letter of this queue",
+        DEAD_LETTERS,
+        "X",
+        "discard all",
         destructive=True,
     ),
 )

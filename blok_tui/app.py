@@ -555,8 +555,8 @@ class BlokApp(App[None]):
             severity="warning" if result.skipped else "information",
         )
         self.last_bulk = result
-        if plan.action == "requeue":
-            self.jobs.forget(result.ids)  # back in their queues: what they became is stale
+        if plan.action in ("requeue", "discard"):
+            self.jobs.forget(result.ids)  # what they became is stale
         done()
         return result
 

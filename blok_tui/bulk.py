@@ -22,7 +22,7 @@ from .jobs import JobBook, budget_words, one_per_job
 
 Progress = Callable[[BulkProgress], Awaitable[None] | None]
 
-VERBS = {"cancel": "Cancel", "replay": "Replay", "requeue": "Requeue"}
+VERBS = {"cancel": "Cancel", "replay": "Replay", "requeue": "Requeue", "discard": "Discard"}
 REQUEUED = (JobState.DEAD, JobState.FAILED)  # what the engine's requeue takes back
 
 
@@ -30,12 +30,14 @@ REQUEUED = (JobState.DEAD, JobState.FAILED)  # what the engine's requeue takes b
 class BulkPlan:
     """One bulk action, as the confirmation states it."""
 
-    action: str  # cancel | replay | requeue
-    target: RunFilter | tuple[str, ...]  # a filter, or ids (run ids; job ids for requeue)
+    action: str  # cancel | replay | requeue | discard
+    # A filter, or ids (run ids; job ids for requeue and discard).
+    target: RunFilter | tuple[str, ...]
     count: int  # runs (or jobs) it touches at most (what the confirmation says)
     chosen: str  # how the runs were chosen, in words: "the 3 marked runs", "every failed run"
     item: str = "run"  # what the ids are, in words: "run", "dead job", "dead letter"
-    # Requeue every dead letter of this queue (the engine's requeue_dead, not a list of ids).
+    # Requeue (or discard) every dead letter of this queue (the engine's requeue_dead or
+    # discard_dead, not a list of ids).
     dead_of: str | None = None
     given: int = 0  # runs chosen before keeping one per job (0: not counted)
     jobs: int = 0  # the jobs of those runs
@@ -124,11 +126,15 @@ async def execute(
 ) -> BulkResult:
     """Carry out the plan through the engine's bulk API (the same for a local engine and an
     attached one)."""
+    if plan.dead_of is not None and plan.action == "discard":
+        return await engine.discard_dead(plan.dead_of, progress=progress)
     if plan.dead_of is not None:
         return await engine.requeue_dead(plan.dead_of, progress=progress)
     target: RunFilter | list[str] = (
         plan.target if isinstance(plan.target, RunFilter) else list(plan.target)
     )
+    if plan.action == "discard":
+        return await engine.discard_many(target, progress=progress)
     if plan.action == "cancel":
         return await engine.cancel_many(target, progress=progress)
     if plan.action == "replay":

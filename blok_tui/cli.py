@@ -716,7 +716,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="a queue's dead letters",
         description="The jobs of a queue that used up their retries (or crashed their workers "
         "three times): job, its last run, deliveries, when it died and why. "
-        "`blok-tui requeue JOB_ID` puts one back.",
+        "`blok-tui requeue JOB_ID` puts one back; `blok-tui discard JOB_ID` takes it out.",
     )
     dead.add_argument("queue", metavar="QUEUE", type=_queue_arg)
     dead.add_argument("--json", action="store_true", help="a JSON list of the jobs")
@@ -741,6 +741,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="requeue a job whose run was replayed and completed (it runs again)",
     )
     db_option(requeue, keep)
+    discard = commands.add_parser(
+        "discard",
+        help="take dead letters out of the dead-letter queue for good",
+        description="Take each dead-lettered job out of the dead-letter queue: it is cancelled "
+        "and never runs again. Its runs stay readable (blok-tui show) until the retention "
+        "deletes them. With --queue, every dead letter of the queue.",
+    )
+    discard.add_argument("job_ids", nargs="*", metavar="JOB_ID")
+    discard.add_argument(
+        "--queue", type=_queue_arg, metavar="QUEUE", help="every dead letter of QUEUE"
+    )
+    db_option(discard, keep)
     workers = commands.add_parser(
         "workers",
         help="the workers registered on the database, alive or not",
@@ -1619,6 +1631,31 @@ async def _requeue(args: argparse.Namespace) -> int:
     return 1 if refused else 0
 
 
+async def _discard(args: argparse.Namespace) -> int:
+    from engine import EngineError
+
+    if bool(args.job_ids) == bool(args.queue):
+        raise UsageError("give job ids or --queue QUEUE (one of them)", "blok-tui discard")
+    async with _client(args) as engine:
+        if args.queue:
+            result = await engine.discard_dead(args.queue)
+            print(f"{len(result.ids):,} dead letter(s) of queue {args.queue!r} discarded")
+            for job_id, why in result.skipped_ids.items():  # taken or requeued meanwhile
+                _error(f"job {job_id} left as it is: {why}")
+            return 0
+        refused = 0
+        for given in args.job_ids:
+            try:
+                print(printable(f"{await engine.discard(given)} discarded"))
+            except EngineError as error:
+                _error(str(error))
+                refused += 1
+    if refused and len(args.job_ids) > 1:
+        done = len(args.job_ids) - refused
+        _error(f"{done} of {len(args.job_ids)} job(s) discarded, {refused} refused")
+    return 1 if refused else 0
+
+
 async def _workers(args: argparse.Namespace) -> None:
     async with _client(args) as engine:
         found = await engine.workers()
@@ -1672,6 +1709,7 @@ COMMANDS = {
     "queues": _queues,
     "dead": _dead,
     "requeue": _requeue,
+    "discard": _discard,
     "workers": _workers,
 }
 

@@ -1,6 +1,7 @@
 """The dead-letter view of a queue: jobs that used up their retries, newest first, with the
 error that killed them. r puts the selected one back in its queue with a fresh run and its
-retry budget again (the job's max_retries), and says how many retries that is."""
+retry budget again (the job's max_retries), and says how many retries that is; x takes it out of
+the dead-letter queue for good (discards it), after asking. A and X do either to them all."""
 
 from __future__ import annotations
 
@@ -162,10 +163,57 @@ class DeadLettersScreen(RowFilterScreen):
         )
         self.request_reload()
 
+    def action_discard(self) -> None:
+        job = next((j for j in self.jobs if j.id == self.selected_job_id()), None)
+        if job is None:
+            return
+
+        def answer(yes: bool | None) -> None:
+            if yes:
+                self.run_worker(self._discard(job), group="discard")
+
+        question = ConfirmScreen(
+            f"Discard job {job.id}?",
+            "It leaves the dead-letter queue for good: cancelled, it never runs again. Its "
+            "runs stay readable until the retention deletes them.",
+            confirm="Discard",
+            keep="Keep it",
+        )
+        self.app.push_screen(question, answer)
+
+    async def _discard(self, job: Job) -> None:
+        try:
+            await self.engine.discard(job.id)
+        except EngineError as error:
+            self.notify(str(error), title="Discard refused", severity="error")
+            return
+        self.blok.jobs.forget([job.id])
+        self.notify(f"job {job.id} is out of {self.queue}'s dead letters", title="Discarded")
+        self.request_reload()
+
     def action_requeue_all(self) -> None:
         """Every dead letter of the queue (or the ones the text filter shows), after asking."""
+        shown = self._shown()
+        detail = (
+            "Each goes back in its queue with a fresh run and its retry budget again: "
+            f"{budget_words(shown)}. A job a replay completed is left (it would run again)."
+        )
+        self.blok.confirm_bulk(self._plan("requeue", shown), detail, self.request_reload)
+
+    def action_discard_all(self) -> None:
+        shown = self._shown()
+        detail = (
+            "Each leaves the dead-letter queue for good: cancelled, it never runs again. "
+            "Their runs stay readable until the retention deletes them."
+        )
+        self.blok.confirm_bulk(self._plan("discard", shown), detail, self.request_reload)
+
+    def _shown(self) -> list[Job]:
+        """The dead letters a bulk action takes: those the text filter shows."""
         needle = self.text.lower()
-        shown = [j for j in self.jobs if needle in f"{j.id} {j.error or ''}".lower()]
+        return [j for j in self.jobs if needle in f"{j.id} {j.error or ''}".lower()]
+
+    def _plan(self, action: str, shown: list[Job]) -> BulkPlan:
         # Without a filter, every dead letter of the queue, not only those listed: the dialog
         # asked about 1,000 and the requeue took 4,499.
         count = len(shown) if self.text else self.total
@@ -176,19 +224,14 @@ class DeadLettersScreen(RowFilterScreen):
         )
         if self.text:
             chosen += f" matching {self.text!r} (of the newest {len(self.jobs):,})"
-        plan = BulkPlan(
-            "requeue",
+        return BulkPlan(
+            action,
             tuple(j.id for j in shown),
             count,
             chosen,
             item="dead letter",
             dead_of=self.queue if not self.text else None,
         )
-        detail = (
-            "Each goes back in its queue with a fresh run and its retry budget again: "
-            f"{budget_words(shown)}. A job a replay completed is left (it would run again)."
-        )
-        self.blok.confirm_bulk(plan, detail, self.request_reload)
 
     def action_first_row(self) -> None:
         self.table.move_cursor(0)

@@ -144,6 +144,8 @@ def then_text(job: Job, *, long: bool = False, shown_id: str | None = None) -> T
     run view: "↻ then completed: its job went on to delivery 2 of 3 (1a2b3c4d)", naming the
     job's run by `shown_id` (its short id) if given."""
     words, style = THEN.get(job.state, (str(job.state), "grey70"))
+    if job.state is JobState.CANCELLED and job.meta.get("discarded"):
+        words = "discarded"  # taken out of the dead-letter queue, its last run failed
     if not long:
         return Text(f"↻ {words}", style=style)
     text = Text()

@@ -574,6 +574,8 @@ class RunScreen(BlokScreen):
             delivery.append(f"delivery {run.job_attempt}{of}  ", style="khaki3")
         if job is not None and job.run_id == run.id and job.state is JobState.DEAD:
             delivery.append("dead letter", style="bold magenta")
+        elif job is not None and job.run_id == run.id and job.meta.get("discarded"):
+            delivery.append("dead letter, discarded", style="grey58")
         delivery.rstrip()
         phrases.append(Phrase(delivery))
         return phrases

@@ -152,7 +152,12 @@ def _fate(run: Run, job: Job | None) -> str:
     if job.run_id != run.id:
         return f"  {job.state}: its delivery {job.deliveries} is run {job.run_id}"
     if job.state is JobState.DEAD:
-        return f"  dead: in the dead-letter queue (blok-tui requeue {job.id}, or the console's d)"
+        return (
+            f"  dead: in the dead-letter queue (blok-tui requeue {job.id} or discard {job.id},"
+            " or the console's d)"
+        )
+    if job.state is JobState.CANCELLED and job.meta.get("discarded"):
+        return "  discarded: taken out of the dead-letter queue; kept until the retention"
     return ""
 
 

@@ -120,6 +120,8 @@ class EngineAPI(Protocol):
 
     async def requeue(self, job_id: str, *, force: bool = False) -> str: ...
 
+    async def discard(self, job_id: str) -> str: ...
+
     async def retry_now(self, run_id: str) -> str: ...
 
     async def pause(self, queue: str) -> None: ...
@@ -149,6 +151,14 @@ class EngineAPI(Protocol):
 
     async def requeue_dead(
         self, queue: str, *, force: bool = False, progress: ProgressCallback | None = None
+    ) -> BulkResult: ...
+
+    async def discard_many(
+        self, jobs: RunFilter | Sequence[str], *, progress: ProgressCallback | None = None
+    ) -> BulkResult: ...
+
+    async def discard_dead(
+        self, queue: str, *, progress: ProgressCallback | None = None
     ) -> BulkResult: ...
 
     # events, schedules, why a run waits

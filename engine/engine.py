@@ -657,7 +657,12 @@ class Engine:
         """Put a dead-lettered job back in its queue with a fresh run and retry budget. Refused
         (`ReplayedAlready`) if a replay of its run completed, unless `force`: it would run the
         job's steps again."""
-        return await self.operator.requeue(job_id, force=force)
+        return await self.operator.dead.requeue(job_id, force=force)
+
+    async def discard(self, job_id: str) -> str:
+        """Take a dead-lettered job out of the dead-letter queue for good: it is cancelled and
+        never runs again; its runs stay readable until the retention takes them."""
+        return await self.operator.dead.discard(job_id)
 
     async def retry_now(self, run_id: str) -> str:
         """Start at once a run waiting for its next attempt; the id of the run that goes."""
@@ -684,19 +689,29 @@ class Engine:
         force: bool = False,
         progress: ProgressCallback | None = None,
     ) -> BulkResult:
-        return await self.operator.requeue_many(jobs, force=force, progress=progress)
+        return await self.operator.dead.requeue_many(jobs, force=force, progress=progress)
 
     async def requeue_dead(
         self, queue: str, *, force: bool = False, progress: ProgressCallback | None = None
     ) -> BulkResult:
-        return await self.operator.requeue_dead(queue, force=force, progress=progress)
+        return await self.operator.dead.requeue_dead(queue, force=force, progress=progress)
+
+    async def discard_many(
+        self, jobs: RunFilter | Sequence[str], *, progress: ProgressCallback | None = None
+    ) -> BulkResult:
+        return await self.operator.dead.discard_many(jobs, progress=progress)
+
+    async def discard_dead(
+        self, queue: str, *, progress: ProgressCallback | None = None
+    ) -> BulkResult:
+        return await self.operator.dead.discard_dead(queue, progress=progress)
 
     async def stuck_runs(self, factor: float = 3.0, limit: int | None = 100) -> list[Run]:
         return await self.operator.stuck_runs(factor, limit)
 
     async def dead_letters(self, queue: str, *, limit: int | None = 1000) -> list[Job]:
         """The queue's dead jobs, the last to die first: at most `limit` (None: all)."""
-        return await self.operator.dead_letters(queue, limit=limit)
+        return await self.operator.dead.listed(queue, limit=limit)
 
     async def queue_stats(self, queue: str) -> QueueStats:
         return await self.operator.queue_stats(queue)

@@ -797,6 +797,18 @@ class Ledger:
         self.queued([run])
         return run
 
+    async def discard(self, queue: JobQueue, job: Job, run: Run | None) -> bool:
+        """A dead job out of the dead-letter queue for good: cancelled, its error kept, a line on
+        its last run's log; False if the job moved meanwhile."""
+        runs: tuple[Run, ...] = ()
+        if run is not None:
+            run = copy_run(run)
+            self.log(run, "discarded: its job was taken out of the dead-letter queue")
+            runs = (run,)
+        meta = {**job.meta, "discarded": self.clock.now().isoformat()}
+        update = JobUpdate(state=JobState.CANCELLED, run_id=job.run_id, error=job.error, meta=meta)
+        return await queue.apply(self._transition(job, job.epoch, update, *runs))
+
     async def make_due(self, queue: JobQueue, job: Job, run: Run | None, force: bool) -> bool:
         """Bring a waiting or delayed job forward to now (`force`: even on a paused queue)."""
         runs: tuple[Run, ...] = ()

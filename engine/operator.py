@@ -1,4 +1,5 @@
-"""The operator API: enqueue, inspect, cancel, replay, requeue, retry now, pause — over a Backend.
+"""The operator API: enqueue, inspect, cancel, replay, retry now, pause — over a Backend (the
+dead-letter queue's requeue and discard: `dead_letters.py`).
 
 One implementation serves the in-process engine, an engine with no workflows (a producer or an
 attached console) and the command line alike. An action on a job that no worker holds is a
@@ -26,6 +27,7 @@ from . import telemetry
 from .backends.base import Backend, EventMessage, JobQueue, ServedQueue, WorkerCatalog
 from .cancelling import Canceller
 from .catalog import Catalog
+from .dead_letters import DeadLetters, skip_reason
 from .errors import EngineError, UnknownJob, UnknownQueue, UnknownRun
 from .filters import RunFilter
 from .health import DEFAULT_MAX_AGE_S, Health
@@ -47,7 +49,6 @@ from .models import (
 )
 from .operations import BulkResult, ProgressCallback, Skip, matching_runs, resolve_stuck, run_bulk
 from .replay_seed import seed_from_step
-from .replays import refuse_if_replayed
 from .turns import TimeSlice
 from .unknown_queue import unknown_queue
 from .validation import (
@@ -115,6 +116,7 @@ class Operator:
         self._catalogs: tuple[float, list[WorkerCatalog]] = (0.0, [])
         self._served: dict[str, QueueTarget] = {}  # the last target of each queue served here
         self.cancels = Canceller(backend, ledger, self.get_run, lambda: self.worker)
+        self.dead = DeadLetters(backend, ledger, self.target, self.run_target)
         # A caller's reads that find what they want at once give the loop away once a slice.
         self._turns = TimeSlice()
 
@@ -309,10 +311,6 @@ class Operator:
         since = self.backend.clock.time() - window
         where = RunFilter(status=(str(RunStatus.COMPLETED),), queue=queue, finished_after=since)
         return await self.store.count_runs(where) / window
-
-    async def dead_letters(self, queue: str, *, limit: int | None = 1000) -> list[Job]:
-        limit, target = checked(check_limit, limit), await self.target(queue)  # None: all
-        return await target.queue.dead_letters(queue, 2**63 - 1 if limit is None else limit)
 
     async def pause(self, queue: str) -> None:
         """Claim nothing new from the queue (running jobs finish); survives a restart."""
@@ -668,29 +666,6 @@ class Operator:
             job.resume = True
         return job, run
 
-    async def requeue(self, job_id: str, *, force: bool = False) -> str:
-        """A dead (or failed) job back in its queue with a fresh run and retry budget; its id.
-        Refused (ReplayedAlready) if a replay of its run completed, unless `force`."""
-        for _ in range(3):
-            found = await self.backend.find_job(job_id)
-            if found is None:
-                raise UnknownJob(f"unknown job {job_id!r}")
-            queue, job = found
-            if job.state not in (JobState.DEAD, JobState.FAILED):
-                raise EngineError(
-                    f"job {job_id} is {job.state}, only dead or failed jobs are requeued"
-                )
-            try:
-                target = await self.run_target(job.queue, job.workflow_name)
-            except EngineError as error:
-                raise EngineError(f"cannot requeue job {job_id}: {error}") from None
-            if not force:
-                await refuse_if_replayed(self.store, job_id, job.run_id)
-            if await self.ledger.requeue(queue, job, target.version) is not None:
-                queue.wake(job.queue)
-                return job_id
-        raise EngineError(f"job {job_id} changed while being requeued; try again")
-
     async def retry_now(self, run_id: str) -> str:
         """Start at once a run that waits for its next attempt: a step sleeping in its retry
         backoff, a job in retry backoff (its next run is `delayed`), or a delayed, queued or
@@ -740,7 +715,7 @@ class Operator:
             try:
                 after = await self.cancel(run.id)
             except EngineError as error:
-                raise Skip(_reason(error, run.id)) from None
+                raise Skip(skip_reason(error, run.id)) from None
             if after.status is not RunStatus.CANCELLED:
                 raise Skip(f"ended as {after.status} before the cancel took")
 
@@ -765,44 +740,11 @@ class Operator:
                 queue = await self.run_target(source.queue, source.workflow_name)
                 job, run = self._replay_job(queue, source, from_step=from_step)
             except EngineError as error:
-                raise Skip(_reason(error, source.id)) from None
+                raise Skip(skip_reason(error, source.id)) from None
             await self.ledger.add(queue.queue, [job], [run])
             return run.id
 
         return await run_bulk("replay", targets, _target_id, replay, progress)
-
-    async def requeue_many(
-        self,
-        jobs: RunFilter | Sequence[str],
-        *,
-        force: bool = False,
-        progress: ProgressCallback | None = None,
-    ) -> BulkResult:
-        """Put dead-lettered (or failed) jobs back in their queues: these job ids, or the jobs of
-        the runs a filter matches. Skipped: jobs not dead or failed, a replay's (but `force`)."""
-        if isinstance(jobs, RunFilter):
-            runs = await matching_runs(self.store, await resolve_stuck(self.store, jobs))
-            job_ids = list(dict.fromkeys(run.job_id for run in runs))
-        else:
-            job_ids = list(dict.fromkeys(jobs))
-
-        async def requeue(job_id: str) -> None:
-            try:
-                await self.requeue(job_id, force=force)
-            except UnknownJob:
-                raise Skip("unknown job") from None
-            except EngineError as error:
-                raise Skip(_reason(error, job_id)) from None
-
-        return await run_bulk("requeue", job_ids, str, requeue, progress)
-
-    async def requeue_dead(
-        self, queue: str, *, force: bool = False, progress: ProgressCallback | None = None
-    ) -> BulkResult:
-        """Requeue every dead letter of the queue (but those a replay completed: `force`)."""
-        target = await self.target(queue)
-        dead = await target.queue.dead_letters(queue, limit=10_000_000)
-        return await self.requeue_many([job.id for job in dead], force=force, progress=progress)
 
     async def stuck_runs(self, factor: float = 3.0, limit: int | None = 100) -> list[Run]:
         """Runs going longer than `factor` × their workflow's median completed duration."""
@@ -893,8 +835,3 @@ def _in_step_backoff(run: Run) -> bool:
 
 def _target_id(target: Run | str) -> str:
     return target.id if isinstance(target, Run) else target
-
-
-def _reason(error: Exception, ident: str) -> str:
-    """An error as a skip reason that many items share: without the item's id."""
-    return str(error).replace(f" {ident}", "").replace(f" {ident!r}", "")

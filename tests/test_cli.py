@@ -255,9 +255,10 @@ def test_queues_dead_letters_requeue_and_workers_from_the_command_line(
     run_id = failed.stderr.split()[3]  # "blok-tui: error: run RUN_ID failed: ..."
     job_id = blok_json("show", run_id, "--json", "--db", database)["job_id"]
     shown = blok("show", run_id, "--db", database).stdout
-    assert f"dead: in the dead-letter queue (blok-tui requeue {job_id}, or the console's d)" in (
-        shown
-    )
+    assert (
+        f"dead: in the dead-letter queue (blok-tui requeue {job_id} or discard {job_id}, or the "
+        "console's d)"
+    ) in shown
     dead = blok("dead", "naps", "--db", database)
     assert dead.returncode == 0, dead.stderr
     [row] = [line for line in dead.stdout.splitlines() if line.startswith(job_id)]
@@ -312,6 +313,39 @@ def test_a_dead_letter_replayed_to_completion_is_not_requeued_unless_forced(
     assert forced.returncode == 0 and forced.stdout.startswith(
         f"{job_id} requeued: its new run is "
     )
+
+
+def test_discard_takes_dead_letters_out_one_by_one_or_a_whole_queue(tmp_path: Path) -> None:
+    """Dead letters could only be requeued: a queue's failures nobody meant to retry stayed
+    in `blok-tui dead` (and the console's list) for ever."""
+    database = tmp_path / "blok.db"
+    worker = start_worker(database, write_workflows(tmp_path / "workflows"))
+    try:
+        died = []
+        for _ in range(3):
+            failed = blok("enqueue", "naps", '{"seconds": "later"}', "--wait", "--db", database)
+            died.append(blok_json("show", failed.stderr.split()[3], "--json", "--db", database))
+        first = died[0]["job_id"]
+        done = blok("discard", first, "job_nope", "--db", database)
+        assert (done.returncode, done.stdout) == (1, f"{first} discarded\n")
+        assert done.stderr.splitlines() == [
+            "blok-tui: error: unknown job 'job_nope'",
+            "blok-tui: error: 1 of 2 job(s) discarded, 1 refused",
+        ]
+        shown = blok("show", died[0]["id"], "--db", database).stdout
+        assert "discarded: taken out of the dead-letter queue" in shown, shown
+        again = blok("discard", first, "--db", database)
+        assert again.returncode == 1 and _one_error_line(again) == (
+            f"blok-tui: error: job {first} is cancelled, only dead letters are discarded "
+            "(it is no longer in the dead-letter queue)"
+        )
+        rest = blok("discard", "--queue", "naps", "--db", database)
+        assert (rest.returncode, rest.stdout) == (0, "2 dead letter(s) of queue 'naps' discarded\n")
+        assert blok("dead", "naps", "--db", database).stdout == "no dead letters on queue 'naps'\n"
+        neither = blok("discard", "--db", database)
+        assert neither.returncode == 2 and "give job ids or --queue QUEUE" in neither.stderr
+    finally:
+        assert worker.stop() == 0, worker.stderr()
 
 
 def test_enqueue_to_a_queue_whose_workers_stopped_notes_it_waits(tmp_path: Path) -> None:

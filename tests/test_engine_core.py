@@ -23,6 +23,7 @@ from engine import (
     Step,
     StepStarted,
     StepStatus,
+    UnknownJob,
     UnknownQueue,
     UnknownRun,
     WorkerTrigger,
@@ -701,6 +702,14 @@ async def test_janitor_keeps_a_dead_letters_last_run(database: Path | None) -> N
         kept = await engine.get_run(last.id)
         assert "no such customer" in (kept.error or "")
         assert (await engine.get_job(job_id)).run_id == last.id
+        # Discarded, it goes with the retention as any finished job does, its last run too.
+        await engine.discard(job_id)
+        await anyio.sleep(0.3)
+        assert await engine.purge() == 1
+        with pytest.raises(UnknownRun):
+            await engine.get_run(last.id)
+        with pytest.raises(UnknownJob):
+            await engine.get_job(job_id)
 
 
 def test_definitions_are_checked_with_names() -> None:

@@ -270,6 +270,38 @@ async def test_a_dead_letter_a_replay_completed_is_requeued_only_when_forced(
     assert (await actor.wait_for_job(job, timeout=10)).status is RunStatus.FAILED
 
 
+async def test_a_discarded_dead_letter_leaves_the_queue_and_its_runs_stay(setup: Setup) -> None:
+    # Dead letters could only be requeued: failures nobody meant to retry stayed in the queue
+    # for ever (the janitor keeps a dead letter), and the console's list with them.
+    actor = setup.actor
+    jobs = [await actor.enqueue("fail", {"n": n}) for n in range(3)]
+    for job in jobs:
+        assert (await actor.wait_for_job(job, timeout=10)).status is RunStatus.FAILED
+    died = await actor.get_job(jobs[0])
+    assert await actor.discard(jobs[0]) == jobs[0]
+    gone = await actor.get_job(jobs[0])
+    assert (gone.state, gone.error, gone.run_id) == (JobState.CANCELLED, died.error, died.run_id)
+    assert sorted(d.job_id for d in await actor.dead_letters("fail")) == sorted(jobs[1:])
+    stats = await actor.queue_stats("fail")
+    assert (stats.dead, stats.cancelled) == (2, 1)
+    last = await actor.get_run(gone.run_id)  # still there, still failed, and says why it stays
+    assert last.status is RunStatus.FAILED
+    assert "taken out of the dead-letter queue" in last.logs[-1].message
+    assert await actor.wait_for_job(jobs[0], timeout=10) == last
+    with pytest.raises(EngineError, match="only dead letters are discarded"):
+        await actor.discard(jobs[0])
+    with pytest.raises(EngineError, match="only dead or failed jobs are requeued"):
+        await actor.requeue(jobs[0])
+    with pytest.raises(UnknownJob):
+        await actor.discard("nope")
+    bulk = await actor.discard_dead("fail")
+    assert sorted(bulk.ids) == sorted(jobs[1:]) and not bulk.skipped_ids, bulk
+    assert await actor.dead_letters("fail") == []
+    assert (await actor.queue_stats("fail")).cancelled == 3
+    again = await actor.discard_many(jobs[:2])
+    assert (again.ids, sorted(again.skipped_ids)) == ([], sorted(jobs[:2])), again
+
+
 async def test_retry_now_starts_a_delayed_run_and_cuts_a_step_backoff(setup: Setup) -> None:
     actor = setup.actor
     delayed = await actor.enqueue("echo", {"value": 1}, delay="1h")

@@ -32,6 +32,7 @@ from blok_tui.widgets.row_table import RowTable
 from blok_tui.workers_screen import WorkersScreen
 from engine import (
     Engine,
+    JobState,
     RunFilter,
     RunStarted,
     RunStatus,
@@ -527,6 +528,38 @@ async def test_g_and_shift_g_go_to_the_newest_and_oldest_dead_letter(engine: Eng
         assert table.cursor_key == jobs[0]  # the oldest, listed last
         await pilot.press("g")
         assert table.cursor_key == jobs[-1]
+
+
+async def test_x_discards_the_selected_dead_letter_after_asking_and_shift_x_all(
+    engine: Engine,
+) -> None:
+    # Dead letters could only be requeued: failures nobody meant to retry filled the list.
+    jobs = await _doomed(engine)
+    app = BlokApp(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        await command(pilot, "dlq doomed")
+        table = app.screen.query_one("#dead", RowTable)
+        await until(pilot, lambda: table.row_count == 3)
+        assert table.cursor_key == jobs[-1]  # the newest
+        await pilot.press("x")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        question = text_of(app.screen.query_one(".question", Static)).strip()
+        assert question == f"Discard job {jobs[-1]}?"
+        await pilot.press("n")  # kept: nothing happens
+        await until(pilot, lambda: not isinstance(app.screen, ConfirmScreen))
+        assert (await engine.get_job(jobs[-1])).state is JobState.DEAD
+        await pilot.press("x")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        await pilot.press("y")
+        await until(pilot, lambda: table.row_count == 2)
+        assert (await engine.get_job(jobs[-1])).state is JobState.CANCELLED
+        assert jobs[-1] not in table.keys
+        await pilot.press("X")
+        await _confirm(pilot, app, "Discard 2 dead letters?")
+        assert sorted(app.last_bulk.ids) == sorted(jobs[:2])
+        await until(pilot, lambda: table.row_count == 0)
+    assert await engine.dead_letters("doomed") == []
 
 
 async def test_a_cut_error_keeps_its_file_and_line_in_the_dead_letter_and_runs_views(
