@@ -583,9 +583,9 @@ class JobQueue(ABC):
         """Dead jobs, the last to die first."""
 
     @abstractmethod
-    async def purge(self, finished_before: datetime) -> int:
-        """Forget finished jobs (completed, failed, cancelled) that ended before the cut-off;
-        dead letters stay until requeued."""
+    async def purge(self, finished_before: datetime, limit: int = 2000) -> int:
+        """Forget up to `limit` finished jobs (completed, failed, cancelled) that ended before
+        the cut-off; dead letters stay until requeued or discarded. The number forgotten."""
 
     def wake(self, queue: str) -> None:  # noqa: B027 - a queue that polls needs no wake-up
         """Something became due on `queue` in this process: idle claims may look now."""

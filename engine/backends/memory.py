@@ -748,10 +748,10 @@ class MemoryQueue(JobQueue):
         dead.sort(key=lambda job: job.finished_at or job.created_at, reverse=True)
         return [copy_job(job) for job in dead[:limit]]
 
-    async def purge(self, finished_before: datetime) -> int:
+    async def purge(self, finished_before: datetime, limit: int = 2000) -> int:
         cutoff = finished_before.timestamp()
         purged = 0
-        while self._finished and self._finished[0][0] < cutoff:
+        while self._finished and self._finished[0][0] < cutoff and purged < limit:
             _, job_id = self._finished.popleft()
             job = self._jobs.get(job_id)
             if job is None or job.state not in _PURGEABLE or job.finished_at is None:

@@ -1061,6 +1061,18 @@ async def test_purge_forgets_finished_jobs_that_ended_before_the_cut_off(queue: 
     assert await queue.purge(after(1)) == 0
 
 
+async def test_purge_forgets_at_most_limit_jobs_at_a_time(queue: JobQueue) -> None:
+    # One DELETE of every finished job held the SQLite writer, and every job's write with it,
+    # for as long as it took (the janitor now deletes them in chunks, resting between).
+    made = await add(queue, 5)
+    for claim in await queue.claim(QUEUE, 5, "w1", LONG):
+        update = JobUpdate(state=JobState.COMPLETED)
+        assert await queue.apply(Transition(claim.job.id, claim.job.epoch, update))
+    assert [await queue.purge(after(1), limit=2) for _ in range(4)] == [2, 2, 1, 0]
+    assert [await queue.get_job(job.id) for job, _ in made] == [None] * 5
+    assert (await queue.stats(QUEUE)).completed == 0
+
+
 async def test_get_job_of_an_unknown_id_is_none(queue: JobQueue) -> None:
     assert await queue.get_job("job_nobody") is None
 

@@ -304,9 +304,9 @@ class PostgresQueue(DatabaseQueue):
         rows = await self.db.fetch(sql.DEAD_LETTERS, queue, limit)
         return [job_from_row(row) for row in rows]  # type: ignore[arg-type]
 
-    async def purge(self, finished_before: datetime) -> int:
+    async def purge(self, finished_before: datetime, limit: int = 2000) -> int:
         await self.db.flush()
         status = await self.db.pooled(
-            lambda c: c.execute(sql.PURGE_JOBS, finished_before.timestamp())
+            lambda c: c.execute(sql.PURGE_JOBS, finished_before.timestamp(), limit)
         )
         return int(status.rsplit(" ", 1)[-1])

@@ -440,7 +440,8 @@ DEAD_LETTERS = (
     f"{SELECT_JOB} WHERE queue = $1 AND state = 'dead' ORDER BY finished_at DESC LIMIT $2"
 )
 PURGE_JOBS = (
-    "DELETE FROM jobs WHERE state IN ('completed', 'failed', 'cancelled') AND finished_at < $1"
+    "DELETE FROM jobs WHERE id IN (SELECT id FROM jobs WHERE state IN ('completed', 'failed',"
+    " 'cancelled') AND finished_at < $1 LIMIT $2)"
 )
 
 # ---- shared state ----------------------------------------------------------------------------

@@ -486,12 +486,12 @@ class SqliteQueue(DatabaseQueue):
         )
         return [job_from_row(row) for row in rows]
 
-    async def purge(self, finished_before: datetime) -> int:
+    async def purge(self, finished_before: datetime, limit: int = 2000) -> int:
         def purge(conn: sqlite3.Connection) -> int:
             return conn.execute(
-                "DELETE FROM jobs WHERE state IN ('completed', 'failed', 'cancelled')"
-                " AND finished_at < ?",
-                (finished_before.timestamp(),),
+                "DELETE FROM jobs WHERE id IN (SELECT id FROM jobs WHERE state IN"
+                " ('completed', 'failed', 'cancelled') AND finished_at < ? LIMIT ?)",
+                (finished_before.timestamp(), limit),
             ).rowcount
 
         return await self.db.transaction(purge, weight=INLINE_WEIGHT + 1)  # off the loop
