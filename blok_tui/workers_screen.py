@@ -21,7 +21,7 @@ from textual.binding import BindingType
 from textual.widgets import Static
 
 from engine import WorkerInfo
-from engine.liveness import GONE, SERVING, SUSPENDED, pid_names_process_here
+from engine.liveness import GONE, SERVING, STOPPING, SUSPENDED, pid_names_process_here
 
 from . import actions
 from .base_screen import BlokScreen, Changes
@@ -41,6 +41,7 @@ COLUMNS = (
 STATES = {
     SERVING: ("✓ alive", "green3"),
     SUSPENDED: ("⏸ suspended", "khaki1"),
+    STOPPING: ("↓ stopping", "khaki1"),
     GONE: ("✗ gone", "red1"),
 }
 

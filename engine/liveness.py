@@ -129,6 +129,7 @@ SERVING = "alive"
 SUSPENDED = "suspended"
 STALLED = "stalled"
 SUSPENDED_OR_STALLED = "suspended or stalled"
+STOPPING = "stopping"  # draining: it claims nothing more and ends its runs
 GONE = "gone"
 
 
@@ -136,7 +137,8 @@ def worker_state(
     worker: WorkerInfo, now: datetime | None = None, stale_s: float = STALE_HEARTBEAT_S
 ) -> str:
     """What a worker is doing, for an operator (`blok-tui health`, `blok-tui workers`): SERVING
-    (alive, its heartbeat recent), GONE (not `worker_alive`), or, for a process of this pid
+    (alive, its heartbeat recent), GONE (not `worker_alive`), STOPPING (alive, draining after
+    a SIGTERM: it claims nothing more, and health counted it serving), or, for a process of this pid
     space that runs but has not heartbeat for `stale_s` (the staleness other hosts' workers are
     judged by), SUSPENDED (stopped: SIGSTOP, Ctrl-Z), STALLED (not stopped: its event loop is
     blocked, or its heartbeats do not reach the database) or SUSPENDED_OR_STALLED (no /proc to
@@ -146,6 +148,8 @@ def worker_state(
     run out, whatever this says."""
     if not worker_alive(worker, now, stale_s):
         return GONE
+    if worker.stopping_since is not None:
+        return STOPPING
     if worker.heartbeat_at >= (now or utcnow()) - timedelta(seconds=stale_s):
         return SERVING
     fields = _stat(worker.pid)
@@ -158,6 +162,12 @@ def why_not_serving(worker: WorkerInfo, state: str, now: datetime | None = None)
     """Why a worker alive by its process serves nothing (`worker_state` said `state`), in a
     clause: "worker ID is suspended (process 123 is stopped; no heartbeat for 14s)"."""
     silent = max(((now or utcnow()) - worker.heartbeat_at).total_seconds(), 0.0)
+    if state == STOPPING and worker.stopping_since is not None:
+        since = max(((now or utcnow()) - worker.stopping_since).total_seconds(), 0.0)
+        return (
+            f"worker {worker.id} is stopping (for {since:.0f}s: it claims nothing more and "
+            "ends its runs)"
+        )
     what = {
         SUSPENDED: "is stopped, as by SIGSTOP or Ctrl-Z",
         STALLED: "runs but its heartbeats stopped: a blocked event loop, or database writes "

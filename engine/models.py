@@ -346,6 +346,9 @@ class WorkerInfo(_Record):
     # machine's boot and the PID namespace) and when it began. Empty in a row an engine wrote
     # before it was recorded: the host name stands in.
     process: str = ""
+    # Since when it drains (a SIGTERM, the engine closing): it claims nothing more and ends its
+    # runs. None while it serves.
+    stopping_since: datetime | None = None
 
 
 class EventOutcome(StrEnum):

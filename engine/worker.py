@@ -232,6 +232,9 @@ class Worker:
         jobs' runs: the caller must end the process. `until` (anyio's clock): when it gives up
         on a database out of reach (by default a lease past the grace)."""
         self.stopping = True
+        if not self._unregistered:  # said at once: an operator took it for one that serves
+            self.info.stopping_since = self.backend.clock.now()
+            self.backend.shared.heartbeat(self.info)
         if until is None:
             until = anyio.current_time() + grace + self.lease_s
         for runtime in self.runtimes.values():

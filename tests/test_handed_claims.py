@@ -149,6 +149,7 @@ async def test_a_file_of_the_previous_schema_is_migrated_and_its_jobs_run(tmp_pa
         conn.execute("ALTER TABLE jobs DROP COLUMN handed")
         conn.execute("ALTER TABLE workers DROP COLUMN process")  # schema 9's
         conn.execute("DROP INDEX runs_replay_of")  # schema 10's
+        conn.execute("ALTER TABLE workers DROP COLUMN stopping_at")  # schema 11's
         conn.execute("CREATE INDEX jobs_run ON jobs(run_id)")
         conn.execute("DELETE FROM schema_version WHERE version > 6")
         conn.commit()
@@ -166,6 +167,9 @@ async def test_a_file_of_the_previous_schema_is_migrated_and_its_jobs_run(tmp_pa
     with closing(sqlite3.connect(database)) as conn:
         run_indexes = [row[1] for row in conn.execute("PRAGMA index_list(runs)")]
     assert "runs_replay_of" in run_indexes  # schema 10: a requeue reads a run's replays
+    with closing(sqlite3.connect(database)) as conn:
+        worker_columns = [row[1] for row in conn.execute("PRAGMA table_info(workers)")]
+    assert "stopping_at" in worker_columns  # schema 11: a draining worker says so
 
 
 async def test_a_job_handed_off_by_its_add_and_lost_records_its_run_crashed(

@@ -98,3 +98,36 @@ def test_a_suspended_worker_is_not_counted_alive_by_health(tmp_path: Path) -> No
             # Killed by Worker.stop if it would not stop: the next one is stopped all the same.
             with contextlib.suppress(subprocess.TimeoutExpired):
                 _stop(worker)
+
+
+def test_a_draining_worker_is_said_stopping_and_not_counted_serving(tmp_path: Path) -> None:
+    # SIGTERMed, a worker drains for up to its grace: it claims nothing more, but `health`
+    # said all was well and the workers view "alive" until it was gone (a deploy that hung
+    # in its drain looked like a healthy worker).
+    db = tmp_path / "blok.db"
+    release = tmp_path / "release"
+    worker = start_worker(db, write_workflows(tmp_path / "workflows"), "--grace", "60")
+    try:
+        body = json.dumps({"seconds": 120, "until": str(release)})
+        job_id = blok("enqueue", "single", body, "--db", db).stdout.strip()
+        eventually(lambda: (run_of(db, job_id) or {}).get("status") == "running", timeout=15)
+        assert _health(db).returncode == 0
+        worker.process.send_signal(signal.SIGTERM)
+
+        def unhealthy() -> subprocess.CompletedProcess[str] | None:
+            done = _health(db)
+            return done if done.returncode == 1 else None
+
+        done = eventually(unhealthy, timeout=15, every=0.2)
+        said = f"blok-tui: error: unhealthy: no worker alive on {db}; worker {worker.id} is "
+        assert done.stderr.startswith(f"{said}stopping (for "), done.stderr
+        assert done.stderr.rstrip().endswith("s: it claims nothing more and ends its runs)")
+        row = _state(db, worker)
+        assert (row["alive"], row["state"]) == (True, "stopping") and row["stopping_since"]
+        release.touch()  # its run ends within the grace, and the worker with it
+        assert worker.process.wait(timeout=30) == 0
+        assert (run_of(db, job_id) or {}).get("status") == "completed"
+    finally:
+        release.touch()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            worker.stop()

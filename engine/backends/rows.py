@@ -445,7 +445,14 @@ def worker_from_row(row: Any, heartbeat_at: float | None = None) -> WorkerInfo:
         started_at=datetime.fromtimestamp(row["started_at"], UTC),
         heartbeat_at=datetime.fromtimestamp(beat, UTC),
         process=row["process"],
+        stopping_since=(
+            None if row["stopping_at"] is None else datetime.fromtimestamp(row["stopping_at"], UTC)
+        ),
     )
+
+
+def stopping_at(worker: WorkerInfo) -> float | None:
+    return None if worker.stopping_since is None else worker.stopping_since.timestamp()
 
 
 def catalog_row(catalog: WorkerCatalog) -> tuple[Any, ...]:

@@ -301,6 +301,16 @@ async def test_the_console_judges_a_worker_alive_as_recovery_does(engine: Engine
             started_at=now - timedelta(hours=1),
             heartbeat_at=now - timedelta(minutes=5),
         ),
+        # Draining after a SIGTERM: its heartbeat is recent, and it claims nothing more.
+        "draining": WorkerInfo(
+            id=f"{here}:{os.getpid()}:draining",
+            host=here,
+            pid=os.getpid(),
+            process=this_process(),
+            started_at=now - timedelta(hours=1),
+            heartbeat_at=now,
+            stopping_since=now - timedelta(seconds=3),
+        ),
     }
     async with await anyio.open_process([sys.executable, "-c", "input()"]) as stopped:
         stopped.send_signal(signal.SIGSTOP)  # as Ctrl-Z, or a machine paused
@@ -327,7 +337,7 @@ async def _judged_in_the_console(engine: Engine, rows: dict[str, WorkerInfo]) ->
     assert (
         judged
         == {w.id for w in await engine.live_workers()}
-        == {engine.worker.id, rows["lagging"].id, rows["stopped"].id}
+        == {engine.worker.id, rows["lagging"].id, rows["stopped"].id, rows["draining"].id}
     )
     app = BlokApp(engine)
     async with app.run_test(size=SIZE) as pilot:
@@ -337,14 +347,15 @@ async def _judged_in_the_console(engine: Engine, rows: dict[str, WorkerInfo]) ->
         # Their processes run (recovery leaves their jobs to them), but they serve nothing: not
         # gone, not alive either (health counted a suspended worker alive).
         assert rows["lagging"].id not in line and rows["killed"].id not in line
-        assert "1 alive" in line and "· 1 stalled · 1 suspended · 1 gone" in line
+        assert "1 alive" in line and "· 1 stalled · 1 stopping · 1 suspended · 1 gone" in line
         await command(pilot, "workers")
         table = app.screen.query_one("#workers", RowTable)
-        await until(pilot, lambda: len(column(table, "worker")) == 4)
+        await until(pilot, lambda: len(column(table, "worker")) == 5)
         alive = dict(zip(column(table, "worker"), column(table, "alive"), strict=True))
         assert alive[rows["killed"].id] == "✗ gone"
         assert alive[rows["lagging"].id] == "⚠ stalled"
         assert alive[rows["stopped"].id] == "⏸ suspended"
+        assert alive[rows["draining"].id] == "↓ stopping"
         assert alive[engine.worker.id] == "✓ alive"
         assert ":workers lists them" not in text_of(app.screen.query_one("#workers-summary"))
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncpg
 
 SCHEMA = "blok"
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 # pg_advisory_xact_lock key that serializes migrations (a constant unique to blok: "blok").
 MIGRATION_LOCK = 0x626C6F6B
@@ -359,6 +359,10 @@ MIGRATIONS: dict[int, str] = {
     # Few runs are replays: only theirs are in it.
     8: """
     CREATE INDEX runs_replay_of ON runs (replay_of) WHERE replay_of IS NOT NULL;
+    """,
+    # A worker that drains (SIGTERM) says so from its first moment (see the SQLite schema).
+    9: """
+    ALTER TABLE workers ADD COLUMN stopping_at DOUBLE PRECISION;
     """,
 }
 

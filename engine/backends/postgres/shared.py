@@ -22,7 +22,14 @@ from ..base import (
     WorkerCatalog,
 )
 from ..places import RateDecision, decide_start, place_for
-from ..rows import catalog_from_row, catalog_row, schedule_from_row, spec_text, worker_from_row
+from ..rows import (
+    catalog_from_row,
+    catalog_row,
+    schedule_from_row,
+    spec_text,
+    stopping_at,
+    worker_from_row,
+)
 from . import sql
 from .batch import Conn, clean
 from .db import PostgresDatabase
@@ -45,6 +52,7 @@ class PostgresShared(SharedState):
                     worker.pid,
                     worker.started_at.timestamp(),
                     worker.process,
+                    stopping_at(worker),
                 )
             ),
         )

@@ -449,11 +449,11 @@ PURGE_JOBS = (
 # the worker's own, a machine whose clock ran behind looked long dead to the others, and
 # recovery took the jobs it was running.
 HEARTBEAT = (
-    "INSERT INTO workers (id, host, pid, started_at, heartbeat_at, process)"
-    f" VALUES ($1, $2, $3, $4, {NOW}, $5)"
+    "INSERT INTO workers (id, host, pid, started_at, heartbeat_at, process, stopping_at)"
+    f" VALUES ($1, $2, $3, $4, {NOW}, $5, $6)"
     " ON CONFLICT (id) DO UPDATE SET host = excluded.host, pid = excluded.pid,"
     " started_at = excluded.started_at, heartbeat_at = excluded.heartbeat_at,"
-    " process = excluded.process"
+    " process = excluded.process, stopping_at = excluded.stopping_at"
 )
 WORKERS = f"SELECT *, {NOW} - heartbeat_at AS heartbeat_age FROM workers ORDER BY started_at"
 PUBLISH_CATALOG = (

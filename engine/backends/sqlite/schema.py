@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 
 MIGRATIONS: dict[int, str] = {
     1: """
@@ -305,5 +305,10 @@ MIGRATIONS: dict[int, str] = {
     # Few runs are replays: only theirs are in it.
     10: """
     CREATE INDEX runs_replay_of ON runs (replay_of) WHERE replay_of IS NOT NULL;
+    """,
+    # A worker that drains (SIGTERM) says so from its first moment: it claims nothing more,
+    # and an operator (health, the workers view) took it for one that served.
+    11: """
+    ALTER TABLE workers ADD COLUMN stopping_at REAL;
     """,
 }

@@ -24,6 +24,7 @@ from ..rows import (
     catalog_row,
     schedule_from_row,
     spec_text,
+    stopping_at,
     worker_from_row,
 )
 from .db import SqliteDatabase
@@ -49,8 +50,8 @@ class SqliteShared(SharedState):
     # ---- workers ---------------------------------------------------------------------------
     def heartbeat(self, worker: WorkerInfo) -> None:
         self.db.write(
-            "INSERT OR REPLACE INTO workers (id, host, pid, started_at, heartbeat_at, process)"
-            " VALUES (?, ?, ?, ?, ?, ?)",
+            "INSERT OR REPLACE INTO workers (id, host, pid, started_at, heartbeat_at, process,"
+            " stopping_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
             (
                 worker.id,
                 worker.host,
@@ -58,6 +59,7 @@ class SqliteShared(SharedState):
                 worker.started_at.timestamp(),
                 worker.heartbeat_at.timestamp(),
                 worker.process,
+                stopping_at(worker),
             ),
         )
 
