@@ -25,7 +25,9 @@ from .workers_screen import workers_line
 
 # The run statuses' own words: a job ready to be claimed is a "queued" run, a claimed one a
 # "running" run; the queue's delayed jobs are split into "delayed" runs (a start delay or a
-# backoff) and "waiting" ones (a durable wait in the workflow), as the runs view says.
+# backoff), "waiting" ones (a durable wait in the workflow) and "throttled" ones (held by a rate
+# limit or a concurrency key: all counted delayed, and an operator looked for a backoff), as
+# the runs view says.
 COLUMNS = (
     Column("queue", "queue", 14, priority=10, flex=True),
     Column("workflow", "workflow", 18, priority=3),
@@ -35,6 +37,7 @@ COLUMNS = (
     Column("running", "running", 7, priority=9, justify="right"),
     Column("waiting", "waiting", 7, priority=7, justify="right"),
     Column("delayed", "delayed", 7, priority=7, justify="right"),
+    Column("throttled", "throttled", 9, priority=5, justify="right"),
     Column("completed", "completed", 9, priority=8, justify="right"),
     Column("failed", "failed", 6, priority=8, justify="right"),
     # Above failed: a job out of retries is counted dead, not failed, so where the table
@@ -67,6 +70,7 @@ class QueuesScreen(RowFilterScreen):
         self.infos: list[QueueInfo] = []
         self.stats: dict[str, QueueStats] = {}
         self.waiting: dict[str, int] = {}  # runs in a durable wait, per queue
+        self.throttled: dict[str, int] = {}  # runs held by a rate limit or key, per queue
         self.shown = 0  # queues the filter leaves in the table
 
     @property
@@ -92,7 +96,7 @@ class QueuesScreen(RowFilterScreen):
     async def load(self) -> None:
         infos = await self.engine.queues()
         stats = {}
-        waiting = {}
+        waiting, throttled = {}, {}
         for info in infos:
             try:
                 stats[info.name] = await self.engine.queue_stats(info.name)
@@ -100,6 +104,9 @@ class QueuesScreen(RowFilterScreen):
                 continue
             waiting[info.name] = await self.engine.count_runs(
                 RunFilter.of("waiting", queue=info.name)
+            )
+            throttled[info.name] = await self.engine.count_runs(
+                RunFilter.of("throttled", queue=info.name)
             )
         workers = await self.engine.workers()
         states = {w.id: self.engine.worker_state(w) for w in workers}
@@ -112,6 +119,7 @@ class QueuesScreen(RowFilterScreen):
         self.infos = [i for i in infos if i.name in stats]
         self.stats = stats
         self.waiting = waiting
+        self.throttled = throttled
         self.render_rows()
         self.query_one("#workers-line", Static).update(workers_line(workers, states))
         self.render_failures(failures, jobs)
@@ -124,6 +132,7 @@ class QueuesScreen(RowFilterScreen):
         for info in shown:
             s = self.stats[info.name]
             waiting = self.waiting.get(info.name, 0)
+            throttled = self.throttled.get(info.name, 0)
             samples = history.get(info.name, ())
             rate = samples[-1] if samples else 0.0
             name = Text(printable(info.name), style="bold")
@@ -137,7 +146,8 @@ class QueuesScreen(RowFilterScreen):
                 _right(count(s.waiting), "grey85"),
                 _right(count(s.active), "bold deep_sky_blue1" if s.active else ""),
                 _right(count(waiting), "khaki1"),
-                _right(count(max(0, s.delayed - waiting)), "khaki3"),
+                _right(count(max(0, s.delayed - waiting - throttled)), "khaki3"),
+                _right(count(throttled), "dark_orange" if throttled else ""),
                 _right(count(s.completed), "green3"),
                 _right(count(s.failed), "red1" if s.failed else ""),
                 _right(count(s.dead), "bold magenta" if s.dead else ""),
@@ -163,6 +173,7 @@ class QueuesScreen(RowFilterScreen):
             return
         queues = len(self.stats)
         waiting = sum(self.waiting.values())
+        throttled = sum(self.throttled.values())
         # One line (it is drawn without a new layout): at a narrow width the least useful
         # phrases go, whole: the hint, then the filter (its text is on the line under it).
         counted = f"{queues} queue{'' if queues == 1 else 's'}"
@@ -173,9 +184,11 @@ class QueuesScreen(RowFilterScreen):
             phrase(f"{totals.waiting:,} queued", gap="   ", keep=8),
             phrase(f"{totals.active:,} running", gap=" · ", keep=8),
             phrase(f"{waiting:,} waiting", gap=" · ", keep=6),
-            phrase(f"{max(0, totals.delayed - waiting):,} delayed", gap=" · ", keep=5),
+            phrase(f"{max(0, totals.delayed - waiting - throttled):,} delayed", gap=" · ", keep=5),
             phrase(f"{totals.dead:,} dead", "magenta" if totals.dead else "", gap=" · ", keep=7),
         ]
+        if throttled:  # only when some are: the line is full on a narrow screen
+            phrases.insert(5, phrase(f"{throttled:,} throttled", "dark_orange", gap=" · ", keep=5))
         if self.text and not self.shown:
             # Else an empty table under the counts of every queue, and nothing said. (Where
             # the line is short, "0 of 7 queues" says it.)

@@ -13,6 +13,7 @@ import anyio
 import pytest
 from rich.text import Text
 from support import expect_events
+from support import until as until_true
 from textual.app import App, ComposeResult
 from textual.widgets import Input, Static, TextArea
 
@@ -28,7 +29,16 @@ from blok_tui.step_stats import StepStats
 from blok_tui.timeline_screen import TimelineScreen
 from blok_tui.tracebacks import clean_error, fold_traceback
 from blok_tui.widgets.row_table import Column, RowTable
-from engine import Engine, RunStarted, StepFinished
+from engine import (
+    Engine,
+    RateLimit,
+    RunFilter,
+    RunStarted,
+    Step,
+    StepFinished,
+    WorkerTrigger,
+    Workflow,
+)
 
 from .flows import ALL
 from .helpers import column, command, settled, text_of, until
@@ -248,6 +258,36 @@ async def test_the_queues_view_counts_a_durable_wait_as_waiting_not_delayed(
         await until(pilot, lambda: str(table.cell("waiter", "waiting")).strip() == "1")
         assert str(table.cell("waiter", "delayed")).strip() == "·"
         assert "queued" in table.shown_columns and "running" in table.shown_columns
+
+
+async def test_the_queues_view_counts_runs_a_rate_limit_holds_as_throttled_not_delayed(
+    tmp_path: Path,
+) -> None:
+    # They were counted delayed, and the operator looked for a backoff or a start delay.
+    async def call(ctx: Any) -> int:
+        return 1
+
+    limited = Workflow(
+        name="limited",
+        trigger=WorkerTrigger(queue="limited", rate_limit=RateLimit(limit=1, period="1h")),
+        steps=[Step("call", call)],
+    )
+    async with Engine(workflows=[limited], database=tmp_path / "blok.db") as engine:
+        first, *held = [await engine.enqueue("limited", {"n": n}) for n in range(3)]
+        await engine.wait_for_job(first, timeout=10)
+
+        async def both_held() -> bool:
+            return await engine.count_runs(RunFilter.of("throttled")) == len(held)
+
+        await until_true(both_held)
+        app = BlokApp(engine)
+        async with app.run_test(size=WIDE) as pilot:
+            await settled(pilot)
+            table = app.screen.query_one("#queues", RowTable)
+            await until(pilot, lambda: str(table.cell("limited", "throttled")).strip() == "2")
+            assert str(table.cell("limited", "delayed")).strip() == "·"
+            summary = text_of(app.screen.query_one("#summary", Static))
+            assert "0 delayed · 2 throttled ·" in summary, summary
 
 
 # ---- the run view -------------------------------------------------------------------------
