@@ -3,22 +3,35 @@ in a terminal and in a file."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
+# The notes the engine ends a step's error with: "(at workflows/shop.py:14, after 3 attempts)",
+# "(stopped at workflows/shop.py:14)" for a step whose time ran out.
+PLACE = re.compile(r" \((?:at|stopped at) [^()]*\)$")
+FOLDERS = re.compile(r"(?<=at )[^\s,()]*/(?=[^/\s,()]+:\d+)")  # a place's folders, to cut
 MESSAGE_KEPT = 16  # cells of an error's message a cut that keeps its place leaves at least
 
 
 def one_line_keeping_where(text: str, width: int) -> str:
     """`one_line`, but an error's place at its end ("(at workflows/pay.py:12)") is kept whole,
     and the message before it cut: the place is what an operator scans a list of failures
-    for, and a cut at the end took it first. Where the place would leave the message fewer
-    than `MESSAGE_KEPT` cells, the end is cut as anywhere else."""
+    for, and a cut at the end took it first. The message keeps at least half the width (and
+    `MESSAGE_KEPT` cells): where the place would take more, its folders go ("(at
+    …/pay.py:12)"), and where it still would, the end is cut as anywhere else."""
+    from rich.cells import cell_len  # here: `blok-tui --version` needs no table
+
     line = " ".join(text.split())
-    head, sep, place = line.rpartition(" (at ")
-    if not sep or not place.endswith(")") or len(place) + 5 + MESSAGE_KEPT > width:
+    found = PLACE.search(line)
+    if cell_len(line) <= width or found is None:
         return one_line(line, width)
-    tail = f" (at {place}"
-    return one_line(head, width - len(tail)) + tail
+    kept = max(MESSAGE_KEPT, width // 2)
+    place = found[0]
+    if len(place) + kept > width:
+        place = FOLDERS.sub("…/", place)
+    if len(place) + kept > width:
+        return one_line(line, width)
+    return one_line(line[: found.start()], width - len(place)) + place
 
 
 def one_line(text: str, width: int) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from rich.cells import cell_len
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
@@ -19,6 +20,7 @@ from .base_screen import Changes, RowFilterScreen
 from .console import count, day_time, printable, short_ids, status_text
 from .jobs import RETRIED_AFTER, one_per_job, then_text
 from .phrases import fitted, phrase
+from .plain_text import one_line_keeping_where
 from .widgets import FilterInput, sparkline
 from .widgets.row_table import Column, RowTable
 from .workers_screen import workers_line
@@ -220,7 +222,9 @@ class QueuesScreen(RowFilterScreen):
             text.append(f"{short[run.id]:<{width}}  ", style="grey62")
             text.append_text(job_note(run, jobs.get(run.job_id)))
             error = printable(run.error.splitlines()[0]) if run.error else ""
-            text.append(error, style="red1")
+            # Cut here, keeping its place at the end: the line's own cut took the file first.
+            room = self.line_width - cell_len(text.plain[text.plain.rfind("\n") + 1 :])
+            text.append(one_line_keeping_where(error, max(room, 1)), style="red1")
             if n < len(runs) - 1:
                 text.append("\n")
         if not runs:

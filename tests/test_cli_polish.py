@@ -286,6 +286,19 @@ def test_an_error_cut_for_a_terminal_keeps_its_place() -> None:
     assert cut == "[step 1/1] send failed: ConnectionError… (at workflows/payments.py:12)"
     assert one_line_keeping_where("short (at x.py:1)", 70) == "short (at x.py:1)"
     assert one_line_keeping_where("no place " * 10, 20) == one_line("no place " * 10, 20)
+    # A timed-out step's place, and one whose folders would leave the message less than half
+    # the width: the folders go, the file and line stay (the queues view's recent failures).
+    timed_out = "[step 2/2] upload failed: timed out after 2000ms (stopped at workflows/ex.py:18)"
+    assert one_line_keeping_where(timed_out, 72) == (
+        "[step 2/2] upload failed: timed out aft… (stopped at workflows/ex.py:18)"
+    )
+    far = (
+        "[step 1/1] send failed: ConnectionError: payment gateway 503 for ORD-10 "
+        "(at /srv/app/flows/pay.py:9, after 2 attempts)"
+    )
+    assert one_line_keeping_where(far, 80) == (
+        "[step 1/1] send failed: ConnectionError: paym… (at …/pay.py:9, after 2 attempts)"
+    )
 
 
 def test_runs_stuck_with_no_factor_takes_the_engines_default(tmp_path: Path) -> None:
