@@ -90,10 +90,13 @@ def _links(job: Job) -> Sequence[Link] | None:
     return [Link(trace.get_current_span(linked).get_span_context(), {"blok.link": "replay_of"})]
 
 
-def _traceparent(span: Span) -> str:
+def _traceparent(span: Span) -> str | None:
+    """The span's context as a W3C traceparent; None for a span that has none (a disabled SDK,
+    `OTEL_SDK_DISABLED=true`, gives out spans with an invalid context, and the propagator
+    writes nothing for them)."""
     carrier: dict[str, str] = {}
     PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
-    return carrier[TRACEPARENT]
+    return carrier.get(TRACEPARENT)
 
 
 def _wait_span(
@@ -369,9 +372,10 @@ class OtelTelemetry(Observer):
             attributes=attributes,
             links=_links(job),
         )
-        if parent is None:
+        traceparent = _traceparent(span) if parent is None else None
+        if traceparent is not None:
             # Written with the run's start record (the ledger saves it next).
-            run.headers = {**run.headers, TRACEPARENT: _traceparent(span)}
+            run.headers = {**run.headers, TRACEPARENT: traceparent}
         current = trace.set_span_in_context(span)
         token = otel_context.attach(current)
         self.traced[run.id] = _Traced(span, token, tracer, current if parent is None else parent)

@@ -773,3 +773,20 @@ async def test_the_waits_of_a_run_that_started_its_trace_are_under_its_first_spa
     assert past.end_time == past.start_time  # it began and ended at once
     assert pause.end_time is not None and pause.start_time is not None
     assert pause.end_time - pause.start_time == span_ns(run.step("pause")) >= 300_000_000
+
+
+@pytest.mark.anyio
+async def test_a_disabled_sdk_traces_nothing_and_every_run_goes_on(
+    tmp_path: Path, late_spans: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # OTEL_SDK_DISABLED=true, the switch that turns tracing off in one environment, failed
+    # every run with "internal engine error: KeyError: 'traceparent'" and sent its job to the
+    # dead-letter queue with its retries unused.
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    provider = set_provider(late_spans)
+    async with Engine(workflows=[one_step()], database=tmp_path / "blok.db") as engine:
+        run = await run_one(engine)
+    provider.shutdown()
+    assert run.status is RunStatus.COMPLETED, run.error
+    assert "traceparent" not in run.headers
+    assert late_spans.get_finished_spans() == ()
