@@ -89,6 +89,14 @@ def _check_gate_expression(owner: str, value: Any) -> None:
     problem = _literal_problem(value)
     if problem is not None:
         raise WorkflowDefinitionError(f"{owner}: {problem}")
+    root = value.split(".", 1)[0] if isinstance(value, str) and "." in value else None
+    if root in expressions.ROOTS:
+        # A constant is one key for every job (runs one at a time, a burst of other keys
+        # coalesced into one run): "body.user" for "$.body.user" is a typo, not a choice.
+        raise WorkflowDefinitionError(
+            f"{owner}: {value!r} is one key for every job; did you mean '$.{value}'? (for "
+            f"the text itself, give a callable: lambda ctx: {value!r})"
+        )
     if expressions.is_expression(value):
         try:
             parts = expressions.parse(value)
@@ -178,6 +186,12 @@ class Debounce(_Definition):
         except ValidationError as error:
             raise WorkflowDefinitionError(f"Debounce: {_explain(error)}") from None
         _check_gate_expression("Debounce", self.key)
+        if self.max_delay is not None and self.max_delay < self.delay:
+            raise WorkflowDefinitionError(
+                f"Debounce: max_delay {_as_given(data['max_delay'], self.max_delay)} is shorter "
+                f"than delay {_as_given(data.get('delay', self.delay), self.delay)}; a burst "
+                "runs at most max_delay after its first job, so delay would never be waited"
+            )
 
 
 class WorkerTrigger(_Definition):
@@ -224,6 +238,11 @@ class WorkerTrigger(_Definition):
             raise WorkflowDefinitionError(f"WorkerTrigger: {_explain(error)}") from None
         _above_zero("WorkerTrigger", "timeout", self.timeout, data.get("timeout"))
         _check_gate_expression("WorkerTrigger.concurrency_key", self.concurrency_key)
+        if "concurrency_limit" in data and self.concurrency_key is None:
+            raise WorkflowDefinitionError(
+                "WorkerTrigger: concurrency_limit is a limit per concurrency_key, and no "
+                "concurrency_key is given (concurrency caps the queue's runs at once)"
+            )
 
     def limit_backoff_ms(self, attempt: int) -> int:
         """Wait before gate re-try number `attempt` (0-based): capped exponential, no jitter."""

@@ -348,6 +348,30 @@ def test_gate_expressions_are_checked_at_definition() -> None:
         WorkerTrigger(queue="q", on_limit="drop")
 
 
+def test_a_gate_key_written_as_a_path_without_its_dollar_is_refused() -> None:
+    # Accepted, "body.user" was one key for every job: per-user concurrency ran every user's
+    # jobs one at a time, and a debounce coalesced other indexes' jobs into one run (they
+    # never ran), without a word. RateLimit refused it already.
+    with pytest.raises(
+        WorkflowDefinitionError,
+        match=r"^WorkerTrigger.concurrency_key: 'body.user' is one key for every job; did you "
+        r"mean '\$.body.user'\?",
+    ):
+        WorkerTrigger(queue="q", concurrency_key="body.user")
+    with pytest.raises(WorkflowDefinitionError, match=r"^Debounce: 'body.index' is one key"):
+        Debounce("body.index")
+    # A constant that is no path is a choice: one key for all, as documented.
+    assert WorkerTrigger(queue="q", concurrency_key="shared-api").concurrency_key == "shared-api"
+    assert Debounce("reindex").key == "reindex"
+    # Two more settings that did nothing, without a word.
+    with pytest.raises(WorkflowDefinitionError, match="no concurrency_key is given"):
+        WorkerTrigger(queue="q", concurrency_limit=3)
+    with pytest.raises(
+        WorkflowDefinitionError, match=r"max_delay '1s' \(1000 ms\) is shorter than delay '10s'"
+    ):
+        Debounce("$.body.k", delay="10s", max_delay="1s")
+
+
 async def test_max_delay_caps_a_trailing_window_under_steady_pings(tmp_path: Path) -> None:
     fired: list[int] = []
     wf = flow(

@@ -201,7 +201,9 @@ def test_out_of_range_settings_are_definition_errors_naming_the_field(make: Any,
 
 
 def test_the_largest_settings_still_work() -> None:
-    trigger = WorkerTrigger("q", concurrency=10_000, retries=1_000, concurrency_limit=10_000)
+    trigger = WorkerTrigger(
+        "q", concurrency=10_000, retries=1_000, concurrency_key="$.body.k", concurrency_limit=10_000
+    )
     assert trigger.backoff_ms(1_000, jitter=1.0) == 33_000
     retry = Retry(max_attempts=100, factor=10, max_timeout="36525d")
     assert retry.backoff_ms(100) == MAX_DURATION_MS  # 10.0 ** 99 is still a float
