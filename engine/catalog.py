@@ -464,5 +464,10 @@ def _modified(path: Path) -> tuple[int, str]:
 
 
 def _step_shape(steps: Sequence[Any]) -> list[Any]:
-    """Names and kinds of steps, nested lists included: what a run's cursor refers to."""
-    return [(s.name, s.kind, [_step_shape(branch) for branch in s.children()]) for s in steps]
+    """Names and kinds of steps, nested lists included: what a run's cursor refers to; and
+    what a wait waits for (a run waiting for "approved" took "approval_granted" once a reload
+    renamed it, and left the event it waited for untaken)."""
+    return [
+        (s.name, s.kind, s.waits_for(), [_step_shape(branch) for branch in s.children()])
+        for s in steps
+    ]

@@ -267,6 +267,11 @@ class StepDefinition(_Written):
         """Nested step lists (for primitives such as for_each and switch)."""
         return []
 
+    def waits_for(self) -> tuple[str, ...]:
+        """What a run waiting at this step waits for, beside its name and kind: a reload that
+        changes it changes the step for a run waiting there (`Catalog`)."""
+        return ()
+
     @property
     def runs(self) -> bool:
         """False for a step switched off (`active=False`): recorded skipped, not run."""
@@ -436,6 +441,9 @@ class EventWaitStep(StepDefinition):
 
     def fingerprint(self) -> str:
         return f"event:{self.name}:{self.event}:{self.timeout_ms}:{self.match}"
+
+    def waits_for(self) -> tuple[str, ...]:
+        return (self.event, self.match or "")
 
 
 class _WaitFactory:

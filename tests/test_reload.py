@@ -440,6 +440,36 @@ async def test_waiting_run_resumes_on_the_version_its_steps_fit(
             assert [s.name for s in current.steps] == ["a", "wait_2", "extra", "b"]
 
 
+EVENT_V1 = 'Step("a", work), wait.for_event("approved", timeout="1h", name="approval")'
+EVENT_RENAMED = EVENT_V1.replace('"approved"', '"approval_granted"')
+
+
+async def test_a_waiting_run_whose_event_a_reload_renamed_takes_the_event_it_waits_for(
+    folder: Path, tmp_path: Path, gates: Gates
+) -> None:
+    # Resumed on the new version ("its steps are unchanged": names and kinds were compared),
+    # the run took another event than the one it waited for: the approver recorded was not
+    # the one who approved, and their event was left untaken.
+    file = folder / "orders.py"
+    file.write_text(flow_source("v1", steps=EVENT_V1))
+    async with running(folder, tmp_path / "blok.db") as (engine, events):
+        v1 = await version_of(engine)
+        job_id = await engine.enqueue("orders", {})
+        run_id = (await engine.get_job(job_id)).run_id
+        await events.expect(
+            RunStatusChanged, lambda e: e.run_id == run_id and e.status == "waiting"
+        )
+        file.write_text(flow_source("v2", steps=EVENT_RENAMED))
+        await events.reloaded(file.resolve())
+        await engine.send_event(run_id, "approval_granted", {"by": "carl"})
+        await engine.send_event(run_id, "approved", {"by": "dora"})
+        run = await engine.wait_for_job(job_id, timeout=TIMEOUT)
+        taken = {m.event: m.taken_by for m in await engine.events_of(run_id)}
+    assert run.status is RunStatus.COMPLETED and run.workflow_version == v1
+    assert run.step("approval").output == {"by": "dora"}
+    assert taken["approved"] is not None and taken["approval_granted"] is None
+
+
 FLAKY = """\
 from engine import Retry, Step, WorkerTrigger, Workflow
 
