@@ -113,15 +113,18 @@ class ScheduleInfo:
 
 def _replaced_paused(
     workflow: str, specs: tuple[ScheduleSpec, ...], states: list[ScheduleState]
-) -> str | None:
-    """The paused schedule a workflow's one new schedule replaces, if it had just that one (in
-    `states`, as declared before): an operator paused it, and a change of its interval in the
-    file (a new id) must not start it again behind their back."""
-    if len(specs) != 1:
-        return None
-    before = [s for s in states if s.spec.workflow == workflow]
-    if len(before) == 1 and before[0].paused and before[0].spec.schedule != specs[0].schedule:
-        return before[0].spec.schedule
+) -> tuple[str, str] | None:
+    """(new, old): the paused schedule of the workflow (in `states`, as declared before) that
+    a new one replaces, where the file changed one schedule (one gone, one new, the others as
+    they were): an operator paused it, and a change of its interval in the file (a new id)
+    must not start it again behind their back. Where more changed, which is which is not
+    known."""
+    old = {s.spec.schedule: s for s in states if s.spec.workflow == workflow}
+    new = [spec.schedule for spec in specs]
+    gone = [schedule for schedule in old if schedule not in new]
+    added = [schedule for schedule in new if schedule not in old]
+    if len(gone) == 1 and len(added) == 1 and old[gone[0]].paused:
+        return added[0], gone[0]
     return None
 
 
@@ -156,7 +159,7 @@ class Scheduler:
             specs = current.get(name, ())
             if name in self._declared and self._declared[name] == specs:
                 continue  # declared already, "none" included: a write at every turn otherwise
-            if len(specs) == 1 and states is None:
+            if specs and states is None:
                 states = await self.shared.schedules()
             paused = _replaced_paused(name, specs, states or [])
             await self.shared.declare_schedules(
@@ -164,14 +167,16 @@ class Scheduler:
                 [(s, latest_tick(s.cron, s.every_ms, s.timezone, now)) for s in specs],
             )
             if paused is not None:
-                await self.shared.set_schedule_paused(name, specs[0].schedule, True)
+                new, old = paused
+                await self.shared.set_schedule_paused(name, new, True)
                 log.warning(
                     "schedule %s of %s replaces %s, which was paused: it stays paused "
-                    "(blok-tui schedules resume %s)",
-                    specs[0].schedule,
+                    "(blok-tui schedules resume %s%s)",
+                    new,
                     name,
-                    paused,
+                    old,
                     name,
+                    f' "{new}"' if len(specs) > 1 else "",
                 )
             if name in current:
                 self._declared[name] = specs

@@ -299,6 +299,16 @@ async def test_a_paused_schedule_changed_in_its_file_stays_paused(
 
         await until(two)
         assert await states(engine) == [("every 1h", False), ("every 30m", False)]
+        # One of two paused, then changed: the pause goes with it, the other stays active
+        # (it was lost where the workflow had more than one schedule).
+        await engine.pause_schedule("reports.hourly", "every 30m")
+        file.write_text(FILE.format(schedules='Schedule(every="45m"), Schedule(every="1h")'))
+
+        async def edited() -> bool:
+            return "every 45m" in [s for s, _ in await states(engine)]
+
+        await until(edited)
+        assert await states(engine) == [("every 1h", False), ("every 45m", True)]
 
 
 async def test_an_idle_scheduler_writes_nothing(
