@@ -1452,6 +1452,14 @@ async def _schedules(args: argparse.Namespace) -> None:
             "one starts (blok-tui worker)",
             file=sys.stderr,
         )
+        return
+    unserved = sorted({info.workflow for info in infos if not info.served})
+    if unserved:  # its file failed to load on every worker, or its workers went
+        print(
+            f"blok-tui: note: no live worker serves {', '.join(unserved)}: its ticks are not "
+            "fired (blok-tui health names the workflow files that fail to load)",
+            file=sys.stderr,
+        )
 
 
 def _schedule_json(info: Any) -> dict[str, Any]:
@@ -1480,8 +1488,8 @@ def _schedule_table(infos: Sequence[Any]) -> str:
                 printable(info.workflow),
                 printable(info.schedule),
                 printable(info.queue),
-                "paused" if info.paused else "active",
-                when(info.next_at),
+                "paused" if info.paused else "active" if info.served else "not served",
+                when(info.next_at) if info.served else "-",
                 when(info.last_fired_at),
                 printable(info.last_run_id or "-"),
                 str(info.last_status or "-"),

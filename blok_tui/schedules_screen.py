@@ -81,7 +81,13 @@ class SchedulesScreen(BlokScreen):
             line.append(f" {len(self.found)}", style="grey85")
             if paused:
                 line.append(f" · {paused} paused", style="khaki3")
-            upcoming = [i.next_at for i in self.found if i.next_at is not None]
+            unserved = sum(1 for info in self.found if not info.served)
+            if unserved:  # a countdown that comes and goes, and nothing fires
+                line.append(
+                    f" · {unserved} not served by a live worker (their ticks do not fire)",
+                    style="dark_orange",
+                )
+            upcoming = [i.next_at for i in self.found if i.next_at is not None and i.served]
             if upcoming:
                 line.append(f" · next tick {countdown(min(upcoming), now)}", style="grey70")
         self.query_one("#schedules-summary", Static).update(line, layout=False)
@@ -91,11 +97,15 @@ class SchedulesScreen(BlokScreen):
         info: ScheduleInfo, now: datetime, tz: tzinfo | None, short: dict[str, str]
     ) -> list[Text | str]:
         state = (
-            Text("⏸ paused", style="khaki3") if info.paused else Text("● active", style="green3")
+            Text("⏸ paused", style="khaki3")
+            if info.paused
+            else Text("● active", style="green3")
+            if info.served
+            else Text("⚠ not served", style="dark_orange")
         )
         upcoming = (
             Text(countdown(info.next_at, now), style="grey85")
-            if info.next_at is not None
+            if info.next_at is not None and info.served
             else Text("–", style="dim")
         )
         last = day_time(info.last_fired_at, tz, now) if info.last_fired_at else "never"

@@ -25,6 +25,7 @@ from .backends.base import Backend, ScheduleSpec, ScheduleState
 from .catalog import Catalog
 from .errors import DatabaseError, EngineError
 from .ledger import Ledger, make_job, make_run
+from .liveness import LiveWorkers
 from .models import Job, Run, RunStatus, from_epoch
 from .schedules import latest_tick, next_tick, ticks_between
 from .workflow import Workflow
@@ -109,6 +110,9 @@ class ScheduleInfo:
     last_fired_at: datetime | None
     last_run_id: str | None
     last_status: RunStatus | None  # of the last run it enqueued, as it is now
+    # Whether a live worker serves its workflow now: a schedule whose file failed to load on
+    # every worker stays declared, and its ticks come and go unfired.
+    served: bool = True
 
 
 def _replaced_paused(
@@ -293,6 +297,8 @@ class Schedules:
 
     async def list(self) -> list[ScheduleInfo]:
         states = await self.shared.schedules()
+        live = await LiveWorkers.read(self.backend)
+        served = {w.name for catalog in live.catalogs for w in catalog.workflows}
         last_runs = [s.last_run_id for s in states if s.last_run_id]
         status = {r.id: r.status for r in await self.backend.runs.runs_by_id(last_runs)}
         now = self.backend.clock.time()
@@ -315,6 +321,7 @@ class Schedules:
                     last_fired_at=from_epoch(state.last_fired_at),
                     last_run_id=state.last_run_id,
                     last_status=status.get(state.last_run_id or ""),
+                    served=spec.workflow in served,
                 )
             )
         return infos

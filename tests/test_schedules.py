@@ -210,6 +210,20 @@ async def test_the_cli_lists_pauses_and_runs_schedules(database: Path | str) -> 
         "blok-tui: note: no worker is alive on this database: no schedule fires until one "
         "starts (blok-tui worker)\n"
     )
+    # A worker alive that does not serve the workflow (its file failed to load there): the
+    # list said "active" with a NEXT that came and went, and nothing fired.
+    async with Engine(workflows=[ticking(name="other")], database=database) as other:
+        await until(lambda: other.schedules())
+        await other.flush()
+        unserved = {i.workflow: i.served for i in await other.schedules()}
+        assert unserved == {wf.name: False}
+        listed = await anyio.to_thread.run_sync(lambda: blok("schedules", "--db", str(database)))
+    row = next(line for line in listed.stdout.splitlines() if "every 1d" in line)
+    assert row.split()[3:6] == ["reports.daily", "not", "served"], row
+    assert listed.stderr == (
+        "blok-tui: note: no live worker serves reports.daily: its ticks are not fired "
+        "(blok-tui health names the workflow files that fail to load)\n"
+    )
 
 
 FILE = """

@@ -189,6 +189,33 @@ async def test_the_schedules_view_pauses_runs_now_and_opens_the_last_run() -> No
             await until(pilot, lambda: column(table, "state") == ["● active"])
 
 
+async def declared(engine: Engine) -> None:
+    """Until the scheduler's first pass has declared the engine's schedules."""
+    with anyio.fail_after(10):
+        while not await engine.schedules():  # noqa: ASYNC110 - another task writes them
+            await anyio.sleep(0.02)
+
+
+async def test_a_schedule_no_live_worker_serves_says_so_with_no_countdown(
+    tmp_path: Path,
+) -> None:
+    # Its file failed to load on the workers: "● active", a countdown that came and went,
+    # and nothing fired.
+    database = tmp_path / "blok.db"
+    async with Engine(workflows=[NIGHTLY], database=database) as engine:
+        await declared(engine)
+    async with Engine(database=database, workflows=[]) as console:
+        app = BlokApp(console)
+        async with app.run_test(size=SIZE) as pilot:
+            await settled(pilot)
+            await command(pilot, "schedules")
+            table = app.screen.query_one("#schedules", RowTable)
+            await until(pilot, lambda: column(table, "state") == ["⚠ not served"])
+            assert column(table, "next") == ["–"]
+            summary = text_of(app.screen.query_one("#schedules-summary", Static))
+            assert "1 not served by a live worker" in summary and "next tick" not in summary
+
+
 async def test_why_waiting_names_the_rate_limit_holders_and_h_opens_one() -> None:
     async with Engine(workflows=[LIMITED]) as engine:
         first = await engine.enqueue("calls", {"n": 1})
