@@ -132,6 +132,13 @@ def schedule_problem(cron: str | None, timezone: str) -> str | None:
         zone = ZoneInfo(timezone)
     except (ZoneInfoNotFoundError, ValueError):
         return f"unknown time zone {timezone!r} (use an IANA name such as 'Europe/Paris')"
+    if cron is not None and len(cron.split()) == 6:
+        # cronsim reads six fields as seconds first: one `*` too many made "every 2 minutes"
+        # every 2 seconds, where the README and croniter have five (or seconds last).
+        return (
+            f"cron expression {cron!r} has 6 fields; a cron has 5 (minute hour day month "
+            "weekday); for seconds, use Schedule(every='2s')"
+        )
     if cron is not None:
         try:
             CronSim(cron, datetime.now(zone))

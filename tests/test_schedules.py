@@ -363,6 +363,13 @@ def test_definition_errors_are_refused_where_they_are_written() -> None:
     with pytest.raises(WorkflowDefinitionError) as raised:
         Schedule(cron="61 * * * *")
     assert str(raised.value) == "Schedule: invalid cron expression '61 * * * *': Bad minute"
+    # One `*` too many: read as a seconds field first, "every 2 minutes" fired every 2 seconds.
+    with pytest.raises(WorkflowDefinitionError) as raised:
+        Schedule(cron="*/2 * * * * *")
+    assert str(raised.value) == (
+        "Schedule: cron expression '*/2 * * * * *' has 6 fields; a cron has 5 (minute hour day "
+        "month weekday); for seconds, use Schedule(every='2s')"
+    )
     with pytest.raises(WorkflowDefinitionError, match="unknown time zone 'Mars/Base'"):
         ticking(Schedule(cron="0 * * * *", timezone="Mars/Base"), name="w")
     # cron's own macros, as cron and Temporal take them; and what they are not.
