@@ -1254,7 +1254,7 @@ def _table(runs: Sequence[Any], now: datetime, orphans: Mapping[str, Orphan] | N
                 format_duration(duration) if duration is not None else "-",
                 # An orphan's note in full (the last column): what comes of it, and what to
                 # do (start a worker) when nothing will, hang on its end.
-                f"orphaned: {orphan}" if orphan is not None else _error_cell(run.error, 60),
+                f"orphaned: {orphan}" if orphan is not None else _error_cell(_why(run, now), 60),
             )
         )
     if len(rows) == 1:
@@ -1589,6 +1589,14 @@ async def _dead(args: argparse.Namespace) -> None:
             f"{printable(repr(args.queue))} (--limit N for more)",
             file=sys.stderr,
         )
+
+
+def _why(run: Any, now: datetime) -> str | None:
+    """A run's error; for one not ended (throttled, delayed), its moments ("may start at …")
+    in this machine's time, as `show` and the CREATED column say them."""
+    from .console import local_times
+
+    return run.error if run.terminal or not run.error else local_times(run.error, None, now)
 
 
 def _error_cell(error: str | None, width: int) -> str:

@@ -59,6 +59,15 @@ def _shown(value: object) -> str:
     return text if len(text) <= 40 else text[:39] + "…"
 
 
+def exact_duration(ms: int) -> str:
+    """30s, 10m, 1d, 1500ms: the largest unit that holds the duration exactly (a setting as
+    it was written, where `format_duration` rounds a measured one)."""
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"
+
+
 def format_duration(ms: float | None) -> str:
     """120ms, 4.2s, 3m12s, 1h02m, 2d03h: short enough for a table cell, exact enough to
     compare (the console and the CLI both show durations this way)."""

@@ -20,7 +20,7 @@ from typing import Any
 from . import expressions
 from .backends.base import Backend, Claim, JobQueue, Window
 from .context import Context
-from .durations import format_duration
+from .durations import exact_duration
 from .ledger import Ledger
 from .models import Job, JobState, Run, RunStatus, from_epoch
 from .origin import shown_path
@@ -297,7 +297,7 @@ class Gates:
         assert until is not None
         busy = (
             f"rate limit: {decision.in_window}/{rate.limit} runs started in the last "
-            f"{format_duration(rate.period)}{keyed}"
+            f"{exact_duration(int(rate.period))}{keyed}"
         )
         first = (job.meta.get("gate") or {}).get("gate") != "rate_limit"
         job.meta["gate"] = {

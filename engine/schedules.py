@@ -18,7 +18,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from cronsim import CronSim, CronSimError
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-from .durations import Duration
+from .durations import Duration, exact_duration
 from .errors import WorkflowDefinitionError
 from .validation import InvalidInput, check_payload
 
@@ -117,14 +117,6 @@ class Schedule(BaseModel):
 
     def latest_tick(self, at: float) -> float:
         return latest_tick(self.cron, self.every, self.timezone, at)
-
-
-def exact_duration(ms: int) -> str:
-    """30s, 10m, 1d, 1500ms: the largest unit that holds the duration exactly."""
-    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
-        if ms % size == 0:
-            return f"{ms // size}{unit}"
-    return f"{ms}ms"
 
 
 def schedule_problem(cron: str | None, timezone: str) -> str | None:

@@ -314,3 +314,37 @@ def test_runs_stuck_with_no_factor_takes_the_engines_default(tmp_path: Path) -> 
         assert blok("runs", "--stuck", "--db", database).stdout.startswith("no runs running")
     finally:
         assert worker.stop() == 0, worker.stderr()
+
+
+@pytest.mark.anyio
+async def test_runs_says_when_a_throttled_run_may_start_in_this_machines_time(
+    tmp_path: Path,
+) -> None:
+    # The ERROR column printed "runs started in the last 20.0s …; may start at
+    # 2026-12-06T16:02:47.806059+00:00" where every other time is this machine's, to the second.
+    import anyio
+
+    from engine import Engine, RateLimit, RunFilter, Step, WorkerTrigger, Workflow
+
+    async def call(ctx: object) -> int:
+        return 1
+
+    limited = Workflow(
+        name="limited",
+        trigger=WorkerTrigger(queue="limited", rate_limit=RateLimit(limit=1, period="20s")),
+        steps=[Step("call", call)],
+    )
+    database = tmp_path / "blok.db"
+    async with Engine(workflows=[limited], database=database) as engine:
+        first = await engine.enqueue("limited", {})
+        await engine.enqueue("limited", {})
+        await engine.wait_for_job(first, timeout=10)
+        with anyio.fail_after(10):
+            while not await engine.count_runs(RunFilter.of("throttled")):  # noqa: ASYNC110
+                await anyio.sleep(0.02)
+        [held] = await engine.runs(status="throttled")
+        await engine.flush()
+        listed = await anyio.to_thread.run_sync(lambda: blok("runs", "--db", database))
+    [row] = [line for line in listed.stdout.splitlines() if line.startswith(held.id)]
+    assert "runs started in the last 20s; may start at " in row, row
+    assert row.endswith(held.run_at.astimezone().strftime("may start at %H:%M:%S")), row
