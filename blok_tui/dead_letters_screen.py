@@ -188,7 +188,7 @@ class DeadLettersScreen(RowFilterScreen):
             self.notify(str(error), title="Discard refused", severity="error")
             return
         self.blok.jobs.forget([job.id])
-        self.notify(f"job {job.id} is out of {self.queue}'s dead letters", title="Discarded")
+        self.notify(f"job {job.id} is out of the dead letters of {self.queue}", title="Discarded")
         self.request_reload()
 
     def action_requeue_all(self) -> None:
