@@ -400,6 +400,14 @@ async def test_queue_rename_moves_claiming_to_the_new_queue(
         assert run.output == {"label": "v3"}
 
 
+async def a_waiting_run(engine: Engine, events: Watch) -> tuple[str, str]:
+    """A job enqueued on "orders", once its run waits: (its job id, its run id)."""
+    job_id = await engine.enqueue("orders", {})
+    run_id = (await engine.get_job(job_id)).run_id
+    await events.expect(RunStatusChanged, lambda e: e.run_id == run_id and e.status == "waiting")
+    return job_id, run_id
+
+
 STEPS_V1 = 'Step("a", work), wait.for_("1500ms"), Step("b", work)'
 STEPS_INCOMPATIBLE = 'Step("a", work), wait.for_("1500ms"), Step("extra", work), Step("b", work)'
 
@@ -412,11 +420,7 @@ async def test_waiting_run_resumes_on_the_version_its_steps_fit(
     file.write_text(flow_source("v1", steps=STEPS_V1))
     async with running(folder, tmp_path / "blok.db") as (engine, events):
         v1 = await version_of(engine)
-        job_id = await engine.enqueue("orders", {})
-        run_id = (await engine.get_job(job_id)).run_id
-        await events.expect(
-            RunStatusChanged, lambda e: e.run_id == run_id and e.status == "waiting"
-        )
+        job_id, run_id = await a_waiting_run(engine, events)
 
         file.write_text(flow_source("v2", steps=STEPS_V1 if compatible else STEPS_INCOMPATIBLE))
         v2 = (await events.reloaded(file.resolve())).versions[0]
@@ -454,11 +458,7 @@ async def test_a_waiting_run_whose_event_a_reload_renamed_takes_the_event_it_wai
     file.write_text(flow_source("v1", steps=EVENT_V1))
     async with running(folder, tmp_path / "blok.db") as (engine, events):
         v1 = await version_of(engine)
-        job_id = await engine.enqueue("orders", {})
-        run_id = (await engine.get_job(job_id)).run_id
-        await events.expect(
-            RunStatusChanged, lambda e: e.run_id == run_id and e.status == "waiting"
-        )
+        job_id, run_id = await a_waiting_run(engine, events)
         file.write_text(flow_source("v2", steps=EVENT_RENAMED))
         await events.reloaded(file.resolve())
         await engine.send_event(run_id, "approval_granted", {"by": "carl"})

@@ -301,17 +301,15 @@ async def test_the_console_judges_a_worker_alive_as_recovery_does(engine: Engine
             started_at=now - timedelta(hours=1),
             heartbeat_at=now - timedelta(minutes=5),
         ),
-        # Draining after a SIGTERM: its heartbeat is recent, and it claims nothing more.
-        "draining": WorkerInfo(
-            id=f"{here}:{os.getpid()}:draining",
-            host=here,
-            pid=os.getpid(),
-            process=this_process(),
-            started_at=now - timedelta(hours=1),
-            heartbeat_at=now,
-            stopping_since=now - timedelta(seconds=3),
-        ),
     }
+    # Draining after a SIGTERM: its heartbeat is recent, and it claims nothing more.
+    rows["draining"] = rows["lagging"].model_copy(
+        update={
+            "id": f"{here}:{os.getpid()}:draining",
+            "heartbeat_at": now,
+            "stopping_since": now - timedelta(seconds=3),
+        }
+    )
     async with await anyio.open_process([sys.executable, "-c", "input()"]) as stopped:
         stopped.send_signal(signal.SIGSTOP)  # as Ctrl-Z, or a machine paused
         try:
