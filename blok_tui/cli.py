@@ -1409,7 +1409,7 @@ async def _send(args: argparse.Namespace) -> None:
         raise UsageError(f"argument JSON: {error}", "blok-tui send") from None
     from engine import EngineError
 
-    from .run_text import event_fate, never_awaited
+    from .run_text import event_fate, keyless, never_awaited
 
     async with _client(args) as engine:
         if run_id is not None:
@@ -1422,9 +1422,9 @@ async def _send(args: argparse.Namespace) -> None:
         print(printable(" ".join(reached)) if reached else "no run waits on that key: kept")
     else:
         print(printable(f"{run_id} {event} {event_fate(reached)}"))
-    unawaited = never_awaited(reached)
-    if unawaited:
-        print(printable(f"blok-tui: warning: {unawaited}"), file=sys.stderr)
+    for warning in (never_awaited(reached), keyless(reached)):
+        if warning:
+            print(printable(f"blok-tui: warning: {warning}"), file=sys.stderr)
 
 
 async def _schedules(args: argparse.Namespace) -> None:

@@ -353,6 +353,18 @@ def event_fate(sent: EventSent) -> str:
     )
 
 
+def keyless(sent: EventSent) -> str | None:
+    """A warning when an event sent by key carries none of the paths the waits for it match
+    on: kept, it never reaches a run ("orderId" sent for "order_id")."""
+    if not sent.missing_keys:
+        return None
+    paths = " or ".join(repr(path) for path in sent.missing_keys)
+    return (
+        f"the payload has no {paths}, which the waits for {sent.event!r} match on: it is kept "
+        "for a run that never comes"
+    )
+
+
 def never_awaited(sent: EventSent) -> str | None:
     """A warning when the run's workflow waits for the event nowhere: a typo in its name
     would be kept for ever without a word. None when some wait takes it, or nobody knows."""

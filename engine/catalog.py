@@ -72,6 +72,16 @@ def body_fields(wf: Workflow) -> list[str]:
     return list(found)
 
 
+def event_keys(wf: Workflow) -> dict[str, list[str]]:
+    """Event → the payload paths its keyed waits match on ("order_id" for
+    match="$.body.order_id"), each once, in order."""
+    keys: dict[str, dict[str, None]] = {}
+    for step in every_step(wf.steps):
+        if isinstance(step, EventWaitStep) and step.match is not None:
+            keys.setdefault(step.event, {})[".".join(step.match_path)] = None
+    return {event: list(paths) for event, paths in keys.items()}
+
+
 def awaited_events(wf: Workflow) -> list[str]:
     """The events the workflow's `wait.for_event` steps (nested ones too) wait for, each once,
     in order."""
@@ -408,6 +418,7 @@ class Catalog:
                 steps=[s.name for s in wf.steps],
                 body_fields=body_fields(wf),
                 events=self._events_of_runs(wf, everywhere),
+                event_keys=self._keys_of_runs(wf, everywhere),
             )
             for wf in sorted(self.workflows.values(), key=lambda w: w.name)
         ]
@@ -421,6 +432,15 @@ class Catalog:
             if middleware is not None:
                 found.update(dict.fromkeys(awaited_events(middleware)))
         return list(found)
+
+    def _keys_of_runs(self, wf: Workflow, everywhere: Sequence[str]) -> dict[str, list[str]]:
+        """`event_keys` of a run of `wf`: its own waits', and its middleware's."""
+        found = event_keys(wf)
+        for name in middleware_chain(wf, everywhere):
+            middleware = self.workflows.get(name)
+            for event, paths in (event_keys(middleware) if middleware else {}).items():
+                found[event] = list(dict.fromkeys([*found.get(event, []), *paths]))
+        return found
 
     def entry(
         self, worker: str, providers: dict[str, str], widths: dict[str, int]

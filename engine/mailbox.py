@@ -59,8 +59,13 @@ class Mailbox:
         if any(delivery.waiting for delivery in deliveries):
             return EventSent(event, reached, EventOutcome.DELIVERED, run=run)
         if run is None:  # kept for a run to come: does any workflow here ever wait for it?
+            declared = [info for c in await self.backend.shared.catalogs() for info in c.workflows]
             return EventSent(
-                event, reached, EventOutcome.KEPT, workflow_events=await self._events_declared()
+                event,
+                reached,
+                EventOutcome.KEPT,
+                workflow_events=_awaited(declared),
+                missing_keys=_missing_keys(event, payload, declared),
             )
         # Kept: say what the run waits for instead, and whether it ever waits for this one.
         waiters = await self.store.event_waiters([run.id])
@@ -85,13 +90,6 @@ class Mailbox:
         ]
         declared = [i for i in declared if i.version == run.workflow_version] or declared
         return _awaited(declared)
-
-    async def _events_declared(self) -> tuple[str, ...] | None:
-        """The events the workflows the workers on the database declared wait for anywhere;
-        None when one of them did not say."""
-        return _awaited(
-            [info for c in await self.backend.shared.catalogs() for info in c.workflows]
-        )
 
     async def _wake(self, run_id: str, message_id: int) -> None:
         """Bring the parked run's job forward so that a worker resumes it now."""
@@ -139,6 +137,24 @@ class Mailbox:
         if await self.store.get_run(run_id) is None:
             raise UnknownRun(f"unknown run {run_id!r}")
         return await self.store.events_of(run_id)
+
+
+def _missing_keys(event: str, payload: Any, declared: list[WorkflowInfo]) -> tuple[str, ...]:
+    """The paths the keyed waits for `event` match on, where the payload carries none of them
+    (empty when it carries one, or nothing is known of them)."""
+    paths = list(
+        dict.fromkeys(p for info in declared for p in (info.event_keys or {}).get(event, ()))
+    )
+    for path in paths:
+        value: Any = payload
+        for part in path.split("."):
+            value = value.get(part, _ABSENT) if isinstance(value, dict) else _ABSENT
+        if value is not _ABSENT:
+            return ()
+    return tuple(paths)
+
+
+_ABSENT = object()
 
 
 def _awaited(declared: list[WorkflowInfo]) -> tuple[str, ...] | None:

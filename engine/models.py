@@ -334,6 +334,9 @@ class WorkflowInfo(_Record):
     # a sender is told when a run's workflow never waits for the event it sent. None: not
     # known (declared by a worker of a version that did not say).
     events: list[str] | None = None
+    # Event → the payload paths ("order_id") its keyed waits (`match=`) match an event sent by
+    # key on: a sender whose payload carries none of them is told. None: not known.
+    event_keys: dict[str, list[str]] | None = None
 
 
 class WorkerInfo(_Record):
@@ -373,6 +376,7 @@ class EventSent(list[str]):
         waits_for: tuple[str, ...] = (),
         run: Run | None = None,
         workflow_events: tuple[str, ...] | None = None,
+        missing_keys: tuple[str, ...] = (),
     ) -> None:
         super().__init__(run_ids)
         self.event = event
@@ -384,6 +388,9 @@ class EventSent(list[str]):
         # The events a run of that workflow waits for anywhere, as its workers declared them
         # (sent by key: any workflow's on the database); None: not known (no worker said).
         self.workflow_events = workflow_events
+        # Sent by key and kept: the payload paths the waits for it match on, where the payload
+        # carries none of them (no run can ever take it: "orderId" for "order_id").
+        self.missing_keys = missing_keys
 
     @property
     def awaited(self) -> bool | None:

@@ -351,6 +351,13 @@ anyio.run(main)
         "blok-tui: warning: no workflow on this database has a wait.for_event('piad'): it is "
         "kept for a run that never comes (the events they wait for: 'paid')\n"
     )
+    # A payload without the key the waits match on: kept for ever too, and nothing said.
+    unkeyed = blok("send", "--by-key", "paid", '{"orderId": "Z9"}', "--db", database)
+    assert unkeyed.returncode == 0 and "no run waits on that key" in unkeyed.stdout
+    assert unkeyed.stderr == (
+        "blok-tui: warning: the payload has no 'order_id', which the waits for 'paid' match "
+        "on: it is kept for a run that never comes\n"
+    )
 
 
 async def test_a_producer_engine_reaches_a_worker_process(tmp_path: Path) -> None:
