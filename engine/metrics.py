@@ -17,11 +17,14 @@ own): a producer process counts the jobs it enqueued, a worker the runs it ran.
 | blok.runs.active       | blok_runs_active                 | up-down counter  | queue                 |
 | blok.queue.depth       | blok_queue_depth                 | gauge            | queue                 |
 | blok.queue.oldest_age  | blok_queue_oldest_age_seconds    | gauge (s)        | queue                 |
+| blok.queue.delayed     | blok_queue_delayed               | gauge            | queue                 |
 
 `failed` counts every failed delivery (a step that failed for good, a timeout), as the seed's
 worker_jobs_failed does; `retried` and `dead_lettered` say what became of it (the rest ended
 failed). A run's duration is from its start to its end, waits included. Depth (jobs due now and
-not started) and the age of the oldest of them are sampled every SAMPLE_S seconds (or
+not started), the age of the oldest of them, and the jobs not due yet (`delayed`: a backoff
+or a start delay, a rate limit or a concurrency key holding them, a wait in the workflow: a
+rate limit's backlog is there, not in the depth) are sampled every SAMPLE_S seconds (or
 $BLOK_METRICS_SAMPLE_S) by each worker for the queues it serves, while a meter provider is set.
 """
 
@@ -92,6 +95,7 @@ ServedQueues = Callable[[], Iterable[str]]
 class QueueSample:
     depth: int
     oldest_age_s: float
+    delayed: int = 0
 
 
 def collected() -> bool:
@@ -156,6 +160,13 @@ class Instruments:
             unit="s",
             description="How long the oldest job due now has waited, by queue",
         )
+        meter.create_observable_gauge(
+            "blok.queue.delayed",
+            callbacks=[self._delayed],
+            unit="{job}",
+            description="Jobs not due yet (backoff, start delay, rate limit, concurrency key, "
+            "a wait), by queue",
+        )
 
     def _merged(self) -> dict[str, QueueSample]:
         merged: dict[str, QueueSample] = {}
@@ -168,6 +179,9 @@ class Instruments:
 
     def _ages(self, options: CallbackOptions) -> Iterable[Observation]:
         return [Observation(s.oldest_age_s, {"queue": q}) for q, s in self._merged().items()]
+
+    def _delayed(self, options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(s.delayed, {"queue": q}) for q, s in self._merged().items()]
 
 
 def start_sampling(
@@ -209,7 +223,7 @@ async def _sample(instruments: Instruments, operator: QueueReader, served: Serve
                         log.warning("queue %s: depth not sampled: %s", queue, error)
                         continue
                     age = (now - since).total_seconds() if since is not None else 0.0
-                    samples[queue] = QueueSample(stats.waiting, max(age, 0.0))
+                    samples[queue] = QueueSample(stats.waiting, max(age, 0.0), stats.delayed)
                 instruments.samples[key] = samples
             await anyio.sleep(every)
     finally:

@@ -80,6 +80,9 @@ def test_a_worker_serves_its_metrics_for_prometheus(
             for _ in range(count):
                 done = blok("enqueue", queue, "{}", "--db", database)
                 assert done.returncode == 0, done.stderr
+        # Not due for an hour (as a rate limit's backlog): counted apart from the depth.
+        later = blok("enqueue", "fine", "{}", "--delay", "1h", "--db", database)
+        assert later.returncode == 0, later.stderr
 
         def settled() -> Samples | None:
             samples = scrape(url)
@@ -88,7 +91,8 @@ def test_a_worker_serves_its_metrics_for_prometheus(
                 samples, "blok_jobs_dead_lettered_total", queue="broken", workflow="broken"
             )
             depth = value(samples, "blok_queue_depth", queue="held")
-            return samples if (done, dead, depth) == (3.0, 1.0, 3.0) else None
+            later = value(samples, "blok_queue_delayed", queue="fine")
+            return samples if (done, dead, depth, later) == (3.0, 1.0, 3.0, 1.0) else None
 
         samples = eventually(settled, timeout=20)
     finally:
@@ -118,6 +122,7 @@ def test_a_worker_serves_its_metrics_for_prometheus(
     assert value(samples, "blok_runs_active", queue="fine") == 0.0
     age = value(samples, "blok_queue_oldest_age_seconds", queue="held")
     assert age is not None and age > 0.0
+    assert value(samples, "blok_queue_depth", queue="fine") == 0.0  # the delayed one: apart
 
 
 def test_a_metrics_port_in_use_is_one_line_and_exit_1(tmp_path: Path) -> None:
