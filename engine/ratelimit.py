@@ -25,7 +25,7 @@ class RateLimit(BaseModel):
 
     model_config = ConfigDict(arbitrary_types_allowed=True, frozen=True, extra="forbid")
 
-    limit: int = Field(ge=1, le=MAX_RATE_LIMIT)
+    limit: int = Field(ge=1, le=MAX_RATE_LIMIT, strict=True)  # True is no limit of 1
     period: Duration = Field(ge=1)
     key: Any = None
 
@@ -39,7 +39,14 @@ class RateLimit(BaseModel):
         except ValidationError as error:
             problems = "; ".join(
                 f"{'.'.join(str(p) for p in item['loc']) or 'value'}: "
-                + item["msg"].removeprefix("Value error, ")
+                + (
+                    f"a window of at least 1ms, not {data.get('period')!r}"
+                    if item["loc"] == ("period",) and item["type"] == "greater_than_equal"
+                    else f"a whole number of starts, 1 to {MAX_RATE_LIMIT:,}, not "
+                    f"{data.get('limit')!r}"
+                    if item["loc"] == ("limit",)
+                    else item["msg"].removeprefix("Value error, ")
+                )
                 for item in error.errors()
             )
             raise WorkflowDefinitionError(f"RateLimit: {problems}") from None

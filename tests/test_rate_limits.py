@@ -130,6 +130,17 @@ def test_a_rate_limit_is_checked_when_defined() -> None:
         RateLimit(limit=1, period="soon")
     with pytest.raises(WorkflowDefinitionError, match=r"reads \$\.state"):
         RateLimit(limit=1, period="1s", key="$.state.x")
+    # In the words of a rate limit, not pydantic's; and True is no limit of 1.
+    for given, said in (
+        ({"limit": 2, "period": "0s"}, "period: a window of at least 1ms, not '0s'"),
+        (
+            {"limit": True, "period": "1s"},
+            "limit: a whole number of starts, 1 to 1,000,000, not True",
+        ),
+    ):
+        with pytest.raises(WorkflowDefinitionError) as raised:
+            RateLimit(**given)
+        assert str(raised.value) == f"RateLimit: {said}"
     # A string that is not an expression would put every run in one window.
     with pytest.raises(WorkflowDefinitionError) as raised:
         RateLimit(limit=1, period="1s", key="body.tenant")
