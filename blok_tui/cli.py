@@ -1422,7 +1422,9 @@ async def _send(args: argparse.Namespace) -> None:
         print(printable(" ".join(reached)) if reached else "no run waits on that key: kept")
     else:
         print(printable(f"{run_id} {event} {event_fate(reached)}"))
-    for warning in (never_awaited(reached), keyless(reached)):
+    # The wait's output is the payload, and None when it times out: the two read the same.
+    null = "a null payload reads as a timeout to the wait (its output is None both ways)"
+    for warning in (never_awaited(reached), keyless(reached), null if payload is None else None):
         if warning:
             print(printable(f"blok-tui: warning: {warning}"), file=sys.stderr)
 

@@ -358,6 +358,12 @@ anyio.run(main)
         "blok-tui: warning: the payload has no 'order_id', which the waits for 'paid' match "
         "on: it is kept for a run that never comes\n"
     )
+    # null: the wait's output, None, reads as its timeout.
+    null = blok("send", "--by-key", "paid", "null", "--db", database)
+    assert null.returncode == 0 and null.stderr.endswith(
+        "blok-tui: warning: a null payload reads as a timeout to the wait (its output is None "
+        "both ways)\n"
+    ), null.stderr
 
 
 async def test_a_producer_engine_reaches_a_worker_process(tmp_path: Path) -> None:
