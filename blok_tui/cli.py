@@ -371,11 +371,11 @@ def _port(text: str) -> int:
 
 
 def _traceparent_arg(text: str) -> str:
-    from engine.observer import valid_traceparent
+    from engine.observer import traceparent_problem, valid_traceparent
 
     if not valid_traceparent(text):
         raise argparse.ArgumentTypeError(
-            f"not a W3C traceparent ({_clip(text)}): 00-<32 hex>-<16 hex>-<2 hex>"
+            f"not a W3C traceparent ({_clip(text)}): {traceparent_problem(text)}"
         )
     return text.strip()
 

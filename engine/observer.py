@@ -46,9 +46,26 @@ _TRACEPARENT = re.compile(
 )
 
 
+_SHAPE = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
+
+
 def valid_traceparent(value: str) -> bool:
     """A W3C `traceparent` value (`00-<32 hex>-<16 hex>-<2 hex>`)?"""
     return _TRACEPARENT.fullmatch(value.strip()) is not None
+
+
+def traceparent_problem(value: str) -> str:
+    """Why `value` is not a W3C `traceparent`: its shape, or the ids the standard forbids (a
+    value of the right shape was refused with its shape only)."""
+    parts = value.strip().split("-")
+    shaped = _SHAPE.fullmatch(value.strip()) is not None
+    if shaped and parts[0] == "ff":
+        return "version ff is forbidden"
+    if shaped and set(parts[1]) == {"0"}:
+        return "an all-zero trace id is invalid"
+    if shaped and set(parts[2]) == {"0"}:
+        return "an all-zero parent id is invalid"
+    return "00-<32 hex>-<16 hex>-<2 hex>"
 
 
 def traceparent_of(headers: dict[str, str] | None) -> str | None:

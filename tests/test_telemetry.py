@@ -351,6 +351,10 @@ def test_blok_tui_enqueue_refuses_a_malformed_traceparent(tmp_path: Path) -> Non
     done = blok("enqueue", "orders", "{}", "--traceparent", "00-abc-def-01", "--db", tmp_path)
     assert done.returncode == 2
     assert "not a W3C traceparent" in done.stderr
+    # Of the right shape, with an id the standard forbids: it said the shape was wrong.
+    zero = "00-00000000000000000000000000000000-00f067aa0ba902b7-01"
+    done = blok("enqueue", "orders", "{}", "--traceparent", zero, "--db", tmp_path)
+    assert done.returncode == 2 and "an all-zero trace id is invalid" in done.stderr
 
 
 @pytest.mark.anyio
