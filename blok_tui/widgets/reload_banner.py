@@ -32,8 +32,10 @@ class ReloadBanner(Static):
             f"⚠ {count} workflow file{'s' if count > 1 else ''} failed to load",
             style="bold",
         )
-        serves = "their last good versions keep" if count > 1 else "its last good version keeps"
-        text.append(f" — fix and save; until then {serves} serving, if any", style="dim")
+        # Short enough for 80 columns: "fix and save; until then its last good ve…" lost the
+        # point there.
+        serves = "last good versions serve" if count > 1 else "its last good version serves"
+        text.append(f" — {serves} until fixed", style="dim")
         # One line each, and no more lines than the banner's height: a long error wrapped onto
         # a second line and pushed the last files out of sight, without a word.
         entries = sorted(errors.values())
