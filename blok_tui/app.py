@@ -431,6 +431,13 @@ class BlokApp(App[None]):
 
     # ---- operations shared by the views ----------------------------------------------------
     async def cancel_run(self, run_id: str) -> None:
+        if self.opened_engine.out_of_reach_since() is not None:
+            # Said now: the cancel waits for the database, and the toast after it came late.
+            self.notify(
+                f"run {run_id}: the database is out of reach; the cancel lands when it is back",
+                title="Cancel waits",
+                severity="warning",
+            )
         try:
             run = await self.opened_engine.cancel(run_id)
         except EngineError as error:

@@ -51,5 +51,14 @@ async def test_an_attached_console_says_the_database_is_out_of_reach(
             await until(pilot, lambda: app.screen.query_one(DatabaseBanner).display)
             filters = text_of(app.screen.query_one("#filters", Static))
             assert "reading…" in filters and "no runs yet" not in filters, filters
+            # A cancel confirmed now waits for the server: said at once, not only once it lands.
+            app.run_worker(app.cancel_run("run_nope"))
+
+            def told(title: str) -> bool:
+                return any(n.title == title for n in app._notifications)
+
+            await until(pilot, lambda: told("Cancel waits"))
+            assert not told("Cancel refused")
             relay.hanging_up = False
             await until(pilot, lambda: not app.screen.query_one(DatabaseBanner).display, timeout=20)
+            await until(pilot, lambda: told("Cancel refused"), timeout=20)
