@@ -137,10 +137,10 @@ def worker_state(
     worker: WorkerInfo, now: datetime | None = None, stale_s: float = STALE_HEARTBEAT_S
 ) -> str:
     """What a worker is doing, for an operator (`blok-tui health`, `blok-tui workers`): SERVING
-    (alive, its heartbeat recent), GONE (not `worker_alive`), STOPPING (alive, draining after
-    a SIGTERM: it claims nothing more, and health counted it serving), or, for a process of this pid
-    space that runs but has not heartbeat for `stale_s` (the staleness other hosts' workers are
-    judged by), SUSPENDED (stopped: SIGSTOP, Ctrl-Z), STALLED (not stopped: its event loop is
+    (alive, its heartbeat recent), GONE (not `worker_alive`), STOPPING (alive, draining after a
+    SIGTERM: it claims nothing more, and health counted it serving), or, for a process of this
+    pid space that runs but has not heartbeat for `stale_s` (the staleness other hosts' workers
+    are judged by), SUSPENDED (stopped: SIGSTOP, Ctrl-Z), STALLED (not stopped: its event loop is
     blocked, or its heartbeats do not reach the database) or SUSPENDED_OR_STALLED (no /proc to
     tell). A suspended process serves nothing, though its pid is alive: counted alive, health
     said all was well while no job was claimed. Recovery does not ask this: it judges by
