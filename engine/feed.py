@@ -223,7 +223,10 @@ class Follower:
         self._catalogs, self._paused = catalogs, paused
         errors: dict[str, str] = {}
         for catalog in sorted(catalogs.values(), key=lambda c: c.updated_at):
-            errors.update(catalog.reload_errors)
+            # A stopped worker's catalog stays (what it served stays known), its load errors
+            # not: an attached console showed one for minutes over workers that load the file.
+            if catalog.worker in workers:
+                errors.update(catalog.reload_errors)
         previous_errors, self.reload_errors = self.reload_errors, errors
         workers_moved = self._workers_key is not None and workers != self._workers_key
         self._workers_key = workers

@@ -235,3 +235,29 @@ async def test_reload_errors_and_reloads_of_the_worker_reach_the_attached_client
             assert any(type(e).__name__ == "ReloadErrorCleared" for e in seen)
     finally:
         assert worker.stop() == 0
+
+
+async def test_an_attached_client_shows_no_load_error_of_a_worker_that_stopped(
+    tmp_path: Path,
+) -> None:
+    # A worker whose only file failed to load, then stopped, left its catalog (it shared no
+    # workflow with a live one): an attached console showed its error for minutes, over
+    # workers that load the fixed file.
+    folder = tmp_path / "workflows"
+    folder.mkdir()
+    shop = folder / "shop.py"
+    shop.write_text("from engine import Workflow\n\nworkflow = Workflow(name=)\n")
+    database = tmp_path / "blok.db"
+    async with Engine(workflows=folder, database=database) as stopped:
+        assert str(shop.resolve()) in stopped.reload_errors
+    shop.write_text(
+        "from engine import Step, Workflow, WorkerTrigger\n\n"
+        "workflow = Workflow(name='shop', trigger=WorkerTrigger(queue='shop'),"
+        " steps=[Step('noop', lambda ctx: 1)])\n"
+    )
+    async with (
+        Engine(workflows=folder, database=database) as serving,
+        Engine(database=database, create=False) as attached,
+    ):
+        assert serving.reload_errors == {}
+        assert attached.reload_errors == {}
