@@ -1083,7 +1083,8 @@ def _trace_context(given: str | None) -> dict[str, str] | None:
 
 async def _enqueue_job(engine: Any, args: argparse.Namespace, *, note: bool = True) -> str:
     """The job `enqueue`'s arguments ask for; a note on stderr when no live worker serves its
-    queue (its workers stopped): it waits for the next one, which is not what one expects."""
+    queue (its workers stopped) or the queue is paused: it waits, which is not what one
+    expects (`--wait` hung without a word on a paused queue)."""
     job_id: str = await engine.enqueue(
         args.queue,
         args.payload,
@@ -1098,6 +1099,12 @@ async def _enqueue_job(engine: Any, args: argparse.Namespace, *, note: bool = Tr
     why = await engine.why_waiting((await engine.get_job(job_id)).run_id)
     if why.gate == "no_worker":
         print(f"blok-tui: note: {printable(why.summary)}", file=sys.stderr, flush=True)
+    elif why.gate == "paused":
+        print(
+            f"blok-tui: note: {printable(why.summary)} (blok-tui resume {args.queue})",
+            file=sys.stderr,
+            flush=True,
+        )
     return job_id
 
 

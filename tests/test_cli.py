@@ -659,7 +659,12 @@ def test_pause_and_resume_from_the_command_line(served: tuple[Path, Worker]) -> 
     done = blok("pause", "naps", "--db", database)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "naps paused"
-    job_id = blok("enqueue", "naps", '{"seconds": 0}', "--db", database).stdout.strip()
+    enqueued = blok("enqueue", "naps", '{"seconds": 0}', "--db", database)
+    job_id = enqueued.stdout.strip()
+    # Said, as for a queue no worker serves: `--wait` hung there without a word.
+    assert enqueued.stderr == (
+        "blok-tui: note: queue 'naps' is paused: nothing new starts (blok-tui resume naps)\n"
+    )
     # A paused queue still takes jobs but claims none: give the worker time to prove it.
     with pytest.raises(AssertionError, match="still not true"):
         eventually(
