@@ -752,6 +752,9 @@ def build_parser() -> argparse.ArgumentParser:
     discard.add_argument(
         "--queue", type=_queue_arg, metavar="QUEUE", help="every dead letter of QUEUE"
     )
+    discard.add_argument(
+        "--yes", action="store_true", help="with --queue: do not ask first (no terminal to ask)"
+    )
     db_option(discard, keep)
     workers = commands.add_parser(
         "workers",
@@ -1663,6 +1666,18 @@ async def _discard(args: argparse.Namespace) -> int:
         raise UsageError("give job ids or --queue QUEUE (one of them)", "blok-tui discard")
     async with _client(args) as engine:
         if args.queue:
+            count = (await engine.queue_stats(args.queue)).dead
+            question = f"Discard the {count:,} dead letter(s) of queue {args.queue!r} for good?"
+            answer = True if args.yes or not count else _confirmed(f"{question} [y/N] ")
+            if answer is None:
+                raise UsageError(
+                    "every dead letter of a queue is discarded only when confirmed: there is "
+                    "no terminal to ask on, add --yes",
+                    "blok-tui discard",
+                )
+            if not answer:
+                _error("nothing discarded")
+                return 1
             result = await engine.discard_dead(args.queue)
             print(f"{len(result.ids):,} dead letter(s) of queue {args.queue!r} discarded")
             for job_id, why in result.skipped_ids.items():  # taken or requeued meanwhile
@@ -1737,6 +1752,14 @@ COMMANDS = {
     "discard": _discard,
     "workers": _workers,
 }
+
+
+def _confirmed(question: str) -> bool | None:
+    """Asked on the terminal, the answer y or yes; None without a terminal to ask on."""
+    if not (sys.stdin.isatty() and sys.stderr.isatty()):
+        return None
+    print(question, end="", file=sys.stderr, flush=True)
+    return sys.stdin.readline().strip().lower() in ("y", "yes")
 
 
 def _error(message: str) -> None:

@@ -339,7 +339,11 @@ def test_discard_takes_dead_letters_out_one_by_one_or_a_whole_queue(tmp_path: Pa
             f"blok-tui: error: job {first} is cancelled, only dead letters are discarded "
             "(it is no longer in the dead-letter queue)"
         )
-        rest = blok("discard", "--queue", "naps", "--db", database)
+        # A whole queue, for good: asked first; with no terminal to ask on, --yes.
+        unasked = blok("discard", "--queue", "naps", "--db", database)
+        assert unasked.returncode == 2 and "add --yes" in unasked.stderr, unasked.stderr
+        assert len(blok_json("dead", "naps", "--json", "--db", database)) == 2
+        rest = blok("discard", "--queue", "naps", "--yes", "--db", database)
         assert (rest.returncode, rest.stdout) == (0, "2 dead letter(s) of queue 'naps' discarded\n")
         assert blok("dead", "naps", "--db", database).stdout == "no dead letters on queue 'naps'\n"
         neither = blok("discard", "--db", database)
