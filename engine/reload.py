@@ -256,6 +256,7 @@ async def reload_paths(
         if path not in targets and path.exists():
             outcomes.setdefault(path, outcome)
     before = {path: loaded.workflows for path, loaded in engine.files.items()}
+    failing = set(engine.reload_errors)  # a file fixed back to its last good version: said
     removed = [p for p in gone if p in engine.files or str(p) in engine.reload_errors]
     for path in removed:
         engine.unload(path)
@@ -269,11 +270,18 @@ async def reload_paths(
         # are said at debug level, or their lines hid the one that changed.
         old = [(w.name, w.version) for w in before.get(loaded.path, [])]
         same = old == [(w.name, w.version) for w in loaded.workflows]
+        fixed = str(loaded.path) in failing
         log.log(
-            logging.DEBUG if same else logging.INFO,
+            logging.DEBUG if same and not fixed else logging.INFO,
             "reloaded %s: %s%s",
             loaded.path,
             ", ".join(f"{w.name}@{w.version}" for w in loaded.workflows),
-            " (unchanged)" if same else "",
+            " (loads again, as its last good version)"
+            if same and fixed
+            else " (loads again)"
+            if fixed
+            else " (unchanged)"
+            if same
+            else "",
         )
         engine.notify_reloaded(loaded)

@@ -260,6 +260,27 @@ async def test_a_broken_file_keeps_v1_serving_until_fixed(
         assert run.output == {"label": "v2"} and run.workflow_version != v1
 
 
+async def test_a_broken_file_fixed_back_to_its_last_good_version_says_it_loads_again(
+    folder: Path, tmp_path: Path, gates: Gates, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The error was logged, the fix not (it came out the same as the version serving): a
+    # worker's log, all a headless user has, ended on the error.
+    file = folder / "orders.py"
+    file.write_text(flow_source("v1"))
+    async with running(folder, tmp_path / "blok.db") as (engine, events):
+        v1 = await version_of(engine)
+        file.write_text("x = (\n")
+        await events.expect(ReloadFailed)
+        caplog.set_level(logging.INFO, logger="blok.reload")
+        file.write_text(flow_source("v1"))
+        await events.expect(ReloadErrorCleared)
+        await events.reloaded(file.resolve())
+    said = [r.getMessage() for r in caplog.records if r.name == "blok.reload"]
+    assert f"reloaded {file.resolve()}: orders@{v1} (loads again, as its last good version)" in (
+        said
+    ), said
+
+
 async def test_deleted_file_stops_claiming_and_its_queued_jobs_run_when_it_returns(
     folder: Path, database: Path | None, gates: Gates
 ) -> None:
