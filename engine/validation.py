@@ -9,6 +9,7 @@ broke every `runs --json` listing that included it.
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import re
@@ -315,8 +316,12 @@ def _check_leaf(value: Any, what: str, node: _Node) -> None:
             shown = "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
             raise InvalidInput(f"{what} holds {shown} at {_path(node)}: not standard JSON")
     elif value is not None and not isinstance(value, int):
+        hint = ""
+        if inspect.iscoroutine(value):  # an async helper called without await, in a dict
+            value.close()  # else Python's "never awaited" warning points into the engine
+            hint = f" ({value.__qualname__}) that was never awaited: did you forget `await`?"
         raise InvalidInput(
-            f"{what} is not JSON-serialisable: {_path(node)} is a {type(value).__name__}"
+            f"{what} is not JSON-serialisable: {_path(node)} is a {type(value).__name__}{hint}"
         )
 
 

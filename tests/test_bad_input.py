@@ -252,6 +252,10 @@ async def forgot_await(ctx: Any) -> Any:
     return echo(ctx)  # a coroutine: `await` forgotten
 
 
+async def forgot_await_inside(ctx: Any) -> Any:
+    return {"label": echo(ctx)}  # in a dict: the more common slip, and it said no more
+
+
 def yields(ctx: Any) -> Any:
     return (n for n in range(3))  # a generator: a list was meant
 
@@ -265,6 +269,10 @@ def looks_up(ctx: Any) -> Any:
     ("node", "said"),
     [
         (forgot_await, "is a coroutine (echo) that was never awaited: did you forget `await`?"),
+        (
+            forgot_await_inside,
+            "$.label is a coroutine (echo) that was never awaited: did you forget `await`?",
+        ),
         (yields, "is a generator (yields.<locals>.<genexpr>): a node returns its value"),
         (looks_up, "n failed: KeyError: 'amount' (at "),
     ],
