@@ -1644,6 +1644,7 @@ async def _requeue(args: argparse.Namespace) -> int:
             # Each job on its own: one refused (unknown, not dead, fixed by a replay) left the
             # valid ones after it in the dead-letter queue without a word.
             try:
+                given = (await engine.find_dead_letter(given)).id  # or the start of its id
                 job = await engine.get_job(await engine.requeue(given, force=args.force))
             except ReplayedAlready as error:
                 _error(f"{error} (--force to requeue it anyway)")
@@ -1686,6 +1687,7 @@ async def _discard(args: argparse.Namespace) -> int:
         refused = 0
         for given in args.job_ids:
             try:
+                given = (await engine.find_dead_letter(given)).id  # or the start of its id
                 print(printable(f"{await engine.discard(given)} discarded"))
             except EngineError as error:
                 _error(str(error))

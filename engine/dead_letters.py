@@ -41,15 +41,44 @@ class DeadLetters:
         ledger: Ledger,
         target: Callable[[str], Awaitable[Target]],
         run_target: Callable[[str, str], Awaitable[Target]],
+        queue_names: Callable[[], Awaitable[list[str]]],
     ) -> None:
         self.backend = backend
         self.ledger = ledger
         self.target = target  # a queue's name → where its jobs are (UnknownQueue if none)
         self.run_target = run_target  # (queue, workflow) → where a new run of it goes
+        self.queue_names = queue_names  # the queues known (their dead letters are theirs)
 
     async def listed(self, queue: str, limit: int | None = 1000) -> list[Job]:
         limit, target = checked(check_limit, limit), await self.target(queue)  # None: all
         return await target.queue.dead_letters(queue, 2**63 - 1 if limit is None else limit)
+
+    async def find(self, word: str) -> Job:
+        """The job `word` names: its id, or the start of a dead letter's id (with or without
+        `job_`, as the console's dead-letter view shows them shortened). None found, or the
+        start of several: an EngineError that says so."""
+        found = await self.backend.find_job(word) if word else None
+        if found is not None:
+            return found[1]
+        if not word:
+            raise UnknownJob("unknown job '': give a job id")
+        prefix = (word if word.startswith("job_") else f"job_{word}").lower()
+        matches = [
+            job
+            for queue in await self.queue_names()
+            for job in await self.listed(queue, None)
+            if job.id.lower().startswith(prefix)
+        ]
+        if not matches:
+            how = "" if word.startswith("job_") else ": no dead letter's id starts with it"
+            raise UnknownJob(f"unknown job {word!r}{how}")
+        if len(matches) > 1:
+            shown = ", ".join(job.id for job in matches[:5]) + (" …" if len(matches) > 5 else "")
+            raise EngineError(
+                f"{word!r} is the start of {len(matches)} dead letters' ids ({shown}): give "
+                "more of it"
+            )
+        return matches[0]
 
     # ---- requeue ---------------------------------------------------------------------------
     async def requeue(self, job_id: str, *, force: bool = False) -> str:

@@ -659,6 +659,12 @@ class Engine:
         job's steps again."""
         return await self.operator.dead.requeue(job_id, force=force)
 
+    async def find_dead_letter(self, word: str) -> Job:
+        """The job `word` names: its id, or the start of a dead letter's id (with or without
+        `job_`), as the console's dead-letter view shows ids shortened. The command line's
+        `requeue` and `discard` take either."""
+        return await self.operator.dead.find(word)
+
     async def discard(self, job_id: str) -> str:
         """Take a dead-lettered job out of the dead-letter queue for good: it is cancelled and
         never runs again; its runs stay readable until the retention takes them."""

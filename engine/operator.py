@@ -116,7 +116,7 @@ class Operator:
         self._catalogs: tuple[float, list[WorkerCatalog]] = (0.0, [])
         self._served: dict[str, QueueTarget] = {}  # the last target of each queue served here
         self.cancels = Canceller(backend, ledger, self.get_run, lambda: self.worker)
-        self.dead = DeadLetters(backend, ledger, self.target, self.run_target)
+        self.dead = DeadLetters(backend, ledger, self.target, self.run_target, self._queue_names)
         # A caller's reads that find what they want at once give the loop away once a slice.
         self._turns = TimeSlice()
 
@@ -216,6 +216,9 @@ class Operator:
 
     async def _declared_names(self) -> set[str]:
         return {q.name for c in await self._declared() for q in c.queues}
+
+    async def _queue_names(self) -> list[str]:
+        return [queue.name for queue in await self.queues()]
 
     async def queues(self) -> list[QueueInfo]:
         """Every queue served here or declared by a worker on the database. Concurrency is

@@ -339,6 +339,15 @@ def test_discard_takes_dead_letters_out_one_by_one_or_a_whole_queue(tmp_path: Pa
             f"blok-tui: error: job {first} is cancelled, only dead letters are discarded "
             "(it is no longer in the dead-letter queue)"
         )
+        # As the console's dead-letter view shows them: the start of an id, without `job_`.
+        second = died[1]["job_id"].removeprefix("job_")
+        both = blok("discard", second[:6], "--db", database)
+        assert both.returncode == 1 and _one_error_line(both).startswith(
+            f"blok-tui: error: '{second[:6]}' is the start of 2 dead letters' ids ("
+        )
+        short = blok("requeue", second, "--db", database)  # whole, but for its `job_`
+        assert short.returncode == 0 and short.stdout.startswith(f"job_{second} requeued")
+        assert eventually(lambda: len(blok_json("dead", "naps", "--json", "--db", database)) == 2)
         # A whole queue, for good: asked first; with no terminal to ask on, --yes.
         unasked = blok("discard", "--queue", "naps", "--db", database)
         assert unasked.returncode == 2 and "add --yes" in unasked.stderr, unasked.stderr
