@@ -140,6 +140,8 @@ class QueuesScreen(RowFilterScreen):
             name = Text(printable(info.name), style="bold")
             if info.paused:
                 name.append("  ⏸ paused", style="khaki1")
+            elif not info.served:  # its workers stopped: its jobs wait for the next one
+                name.append("  ✗ no worker", style="dark_orange")
             cells: list[Text | str] = [
                 name,
                 Text(printable(info.workflow_name or "–"), style="grey70"),

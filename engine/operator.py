@@ -235,11 +235,13 @@ class Operator:
                     provider=served.provider,
                     concurrency=served.concurrency,
                     paused=served.name in paused,
+                    served=False,
                 )
                 if catalog.worker in live:
                     widths[served.name] = widths.get(served.name, 0) + served.concurrency
         for name, width in widths.items():
             merged[name].concurrency = width
+            merged[name].served = True
         for name, wf in self.catalog.served().items():
             if name in merged:
                 continue
@@ -254,6 +256,7 @@ class Operator:
                 provider=provider,
                 concurrency=wf.trigger.concurrency if wf.trigger else 1,
                 paused=name in paused,
+                served=self.worker is not None,
             )
         return [merged[name] for name in sorted(merged)]
 

@@ -23,6 +23,7 @@ from engine import (
     Job,
     JobState,
     LogLine,
+    QueueInfo,
     Run,
     RunStatus,
     StepRun,
@@ -574,9 +575,16 @@ async def scene_engine(folder: Path, database: Path) -> AsyncIterator[Engine]:
         ) -> Orphan | None:
             return orphaned(run, job, workers, NOW)  # the engine's rule, on the scene's clock
 
+        queues = engine.queues
+
+        async def served_queues() -> list[QueueInfo]:
+            # The scene's fixed workers serve its queues (this engine consumes nothing).
+            return [queue.model_copy(update={"served": True}) for queue in await queues()]
+
         # What the engine works out from the time (a wait that is due) on the scene's clock too.
         engine.backend.clock.now = lambda: NOW  # type: ignore[method-assign]
         engine.workers = fixed_workers  # type: ignore[method-assign]
+        engine.queues = served_queues  # type: ignore[method-assign]
         engine.worker_alive = alive_at_now  # type: ignore[method-assign]
         engine.worker_state = state_at_now  # type: ignore[method-assign]
         engine.orphaned = orphaned_at_now  # type: ignore[method-assign]

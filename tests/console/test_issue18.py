@@ -290,6 +290,30 @@ async def test_the_queues_view_counts_runs_a_rate_limit_holds_as_throttled_not_d
             assert "0 delayed · 2 throttled ·" in summary, summary
 
 
+async def test_the_queues_view_marks_a_queue_no_live_worker_serves(tmp_path: Path) -> None:
+    # Its workers stopped (the demo's, once a user's own workflows took over): its row looked
+    # like a live one, jobs queued and all, where `blok-tui queues` said "no worker".
+    async def call(ctx: Any) -> int:
+        return 1
+
+    flows = [
+        Workflow(name=name, trigger=WorkerTrigger(queue=name), steps=[Step("call", call)])
+        for name in ("gone", "here")
+    ]
+    database = tmp_path / "blok.db"
+    async with Engine(workflows=[flows[0]], database=database):
+        pass
+    async with Engine(workflows=[flows[1]], database=database) as engine:
+        assert {q.name: q.served for q in await engine.queues()} == {"gone": False, "here": True}
+        app = BlokApp(engine)
+        async with app.run_test(size=WIDE) as pilot:
+            await settled(pilot)
+            table = app.screen.query_one("#queues", RowTable)
+            await until(pilot, lambda: table.row_count == 2)
+            assert str(table.cell("gone", "queue")).endswith("✗ no worker")
+            assert "no worker" not in str(table.cell("here", "queue"))
+
+
 # ---- the run view -------------------------------------------------------------------------
 async def test_a_large_output_folds_and_a_search_finds_a_line_inside_it(engine: Engine) -> None:
     run = await engine.wait_for_job(await engine.enqueue("big", {}), timeout=10)
