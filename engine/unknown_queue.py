@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from .backends.base import Backend, WorkerCatalog
 from .catalog import Catalog
 from .errors import UnknownQueue
+from .expressions import did_you_mean
 from .filters import RunFilter
 from .liveness import LiveWorkers
 
@@ -44,4 +45,8 @@ async def unknown_queue(
         more = f"; and {count - SHOWN_ERRORS} more" if count > SHOWN_ERRORS else ""
         files = f"{count} workflow file{'s' if count > 1 else ''} failed to load"
         hint += f"; {files}: {shown}{more}"
-    return UnknownQueue(f"unknown queue {queue!r} (queues: {', '.join(known) or 'none'}{hint})")
+    meant = did_you_mean(queue, known)  # "; did you mean 'shop'?", as `runs --queue` says
+    return UnknownQueue(
+        f"unknown queue {queue!r}{meant.replace(';', ':', 1)} (queues: "
+        f"{', '.join(known) or 'none'}{hint})"
+    )

@@ -179,6 +179,9 @@ async def test_unknown_names_are_refused_in_one_line(setup: Setup) -> None:
     actor = setup.actor
     with pytest.raises(UnknownQueue, match="unknown queue 'nope'"):
         await actor.enqueue("nope", {})
+    # A typo is named, as `runs --queue` named it (enqueue and dead did not).
+    with pytest.raises(UnknownQueue, match=r"^unknown queue 'echoo': did you mean 'echo'\? \("):
+        await actor.enqueue("echoo", {})
     with pytest.raises(UnknownRun, match="unknown run 'run_x'"):
         await actor.cancel("run_x")
     with pytest.raises(UnknownJob, match="unknown job 'job_x'"):
