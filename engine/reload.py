@@ -271,17 +271,16 @@ async def reload_paths(
         old = [(w.name, w.version) for w in before.get(loaded.path, [])]
         same = old == [(w.name, w.version) for w in loaded.workflows]
         fixed = str(loaded.path) in failing
+        note = {
+            (True, True): " (loads again, as its last good version)",
+            (False, True): " (loads again)",
+            (True, False): " (unchanged)",
+        }.get((same, fixed), "")
         log.log(
             logging.DEBUG if same and not fixed else logging.INFO,
             "reloaded %s: %s%s",
             loaded.path,
             ", ".join(f"{w.name}@{w.version}" for w in loaded.workflows),
-            " (loads again, as its last good version)"
-            if same and fixed
-            else " (loads again)"
-            if fixed
-            else " (unchanged)"
-            if same
-            else "",
+            note,
         )
         engine.notify_reloaded(loaded)
