@@ -76,6 +76,15 @@ async def _doomed(engine: Engine, n: int = 3) -> list[str]:
     return jobs
 
 
+async def _dead_letter_view(pilot, app: BlokApp, rows: int) -> RowTable:
+    """The dead-letter view of the queue doomed, once it lists `rows` jobs."""
+    await settled(pilot)
+    await command(pilot, "dlq doomed")
+    table = app.screen.query_one("#dead", RowTable)
+    await until(pilot, lambda: table.row_count == rows)
+    return table
+
+
 async def _confirm(pilot, app: BlokApp, question: str) -> None:
     await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
     assert text_of(app.screen.query_one(".question", Static)).strip() == question
@@ -530,9 +539,7 @@ async def test_g_and_shift_g_go_to_the_newest_and_oldest_dead_letter(engine: Eng
     jobs = await _doomed(engine)
     app = BlokApp(engine)
     async with app.run_test(size=SIZE) as pilot:
-        await settled(pilot)
-        await command(pilot, "dlq doomed")
-        table = app.screen.query_one("#dead", RowTable)
+        table = await _dead_letter_view(pilot, app, len(jobs))
         await pilot.press("G")
         assert table.cursor_key == jobs[0]  # the oldest, listed last
         await pilot.press("g")
@@ -546,10 +553,7 @@ async def test_x_discards_the_selected_dead_letter_after_asking_and_shift_x_all(
     jobs = await _doomed(engine)
     app = BlokApp(engine)
     async with app.run_test(size=SIZE) as pilot:
-        await settled(pilot)
-        await command(pilot, "dlq doomed")
-        table = app.screen.query_one("#dead", RowTable)
-        await until(pilot, lambda: table.row_count == 3)
+        table = await _dead_letter_view(pilot, app, len(jobs))
         assert table.cursor_key == jobs[-1]  # the newest
         await pilot.press("x")
         await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
