@@ -151,16 +151,7 @@ class Chores:
         await self.backend.runs.purge_events(cutoff.timestamp())
         return total
 
-    async def loop(self) -> None:
-        """Every janitor interval, if this worker holds the chores' lease: recover dead
-        workers, then purge. (Between two rounds, the jobs of a worker that died are taken
-        over by the ordinary claims as their leases expire.) And, at every heartbeat, the
-        dead processes of this machine (`_dead_here`)."""
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(self._dead_here)
-            await self._rounds()
-
-    async def _dead_here(self) -> None:
+    async def dead_here(self) -> None:
         """A worker of this machine whose process is gone (a kill -9, an OOM kill) is found at
         the next heartbeat, and its jobs released at once: found by its lease running out, its
         jobs waited that long (30 s by default) with a live worker beside it that could see
@@ -176,7 +167,11 @@ class Chores:
             if any(pid_names_process_here(w) and self._gone(w) for w in workers):
                 await self.recover()
 
-    async def _rounds(self) -> None:
+    async def loop(self) -> None:
+        """Every janitor interval, if this worker holds the chores' lease: recover dead
+        workers, then purge. (Between two rounds, the jobs of a worker that died are taken
+        over by the ordinary claims as their leases expire, or found by `dead_here` on this
+        machine.)"""
         every = self.janitor_interval
         await self.versions.check(self.backend)  # another version served already, at start?
         while True:

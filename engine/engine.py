@@ -351,6 +351,9 @@ class Engine:
                 # Started means seen: what it serves is committed before `async with` enters.
                 await backend.runs.flush()
                 tg.start_soon(self._guard(self._chores.loop))
+                # A task of its own, not nested in the loop's: an error of either (a database
+                # dropped) reaches the guard as itself, not in an exception group.
+                tg.start_soon(self._guard(self._chores.dead_here))
                 if scheduler is not None:
                     tg.start_soon(self._guard(scheduler.loop))
                 telemetry.OBSERVE.sample_queues(tg, operator, self._serving.runtimes.keys)
