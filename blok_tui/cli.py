@@ -1654,10 +1654,7 @@ async def _requeue(args: argparse.Namespace) -> int:
                 print(printable(f"{job.id} requeued: its new run is {job.run_id}"))
                 continue
             refused += 1
-    if refused and len(args.job_ids) > 1:
-        done = len(args.job_ids) - refused
-        _error(f"{done} of {len(args.job_ids)} job(s) requeued, {refused} refused")
-    return 1 if refused else 0
+    return _refusals("requeued", len(args.job_ids), refused)
 
 
 async def _discard(args: argparse.Namespace) -> int:
@@ -1692,9 +1689,14 @@ async def _discard(args: argparse.Namespace) -> int:
             except EngineError as error:
                 _error(str(error))
                 refused += 1
-    if refused and len(args.job_ids) > 1:
-        done = len(args.job_ids) - refused
-        _error(f"{done} of {len(args.job_ids)} job(s) discarded, {refused} refused")
+    return _refusals("discarded", len(args.job_ids), refused)
+
+
+def _refusals(done: str, given: int, refused: int) -> int:
+    """The exit status of a command that acts on each job id on its own; with several given,
+    a line that counts the refused (their own errors are above it)."""
+    if refused and given > 1:
+        _error(f"{given - refused} of {given} job(s) {done}, {refused} refused")
     return 1 if refused else 0
 
 
