@@ -15,7 +15,7 @@ import logging
 import time
 from typing import Any
 
-from .backends.base import Backend, EventMessage
+from .backends.base import Backend, EventMessage, payload_key
 from .errors import EngineError, UnknownRun
 from .ledger import Ledger
 from .models import EventOutcome, EventSent, JobState, Run, RunStatus, WorkflowInfo
@@ -141,20 +141,14 @@ class Mailbox:
 
 def _missing_keys(event: str, payload: Any, declared: list[WorkflowInfo]) -> tuple[str, ...]:
     """The paths the keyed waits for `event` match on, where the payload carries none of them
-    (empty when it carries one, or nothing is known of them)."""
+    (empty when it carries one, or nothing is known of them): read as every backend reads a
+    delivery's key (`payload_key`)."""
     paths = list(
         dict.fromkeys(p for info in declared for p in (info.event_keys or {}).get(event, ()))
     )
-    for path in paths:
-        value: Any = payload
-        for part in path.split("."):
-            value = value.get(part, _ABSENT) if isinstance(value, dict) else _ABSENT
-        if value is not _ABSENT:
-            return ()
+    if any(payload_key(payload, tuple(path.split("."))) is not None for path in paths):
+        return ()
     return tuple(paths)
-
-
-_ABSENT = object()
 
 
 def _awaited(declared: list[WorkflowInfo]) -> tuple[str, ...] | None:
