@@ -21,8 +21,6 @@ from .operations import BulkResult, ProgressCallback, Skip, matching_runs, resol
 from .replays import refuse_if_replayed
 from .validation import check_limit, checked
 
-EVERY = 10_000_000  # "every dead letter of the queue" for the stores' limit
-
 
 class Target(Protocol):
     """Where a queue's jobs are: the operator's `QueueTarget`."""
@@ -123,7 +121,7 @@ class DeadLetters:
         self, queue: str, *, force: bool = False, progress: ProgressCallback | None = None
     ) -> BulkResult:
         """Requeue every dead letter of the queue (but those a replay completed: `force`)."""
-        dead = await self.listed(queue, EVERY)
+        dead = await self.listed(queue, None)  # every one
         return await self.requeue_many([job.id for job in dead], force=force, progress=progress)
 
     # ---- discard ---------------------------------------------------------------------------
@@ -156,7 +154,7 @@ class DeadLetters:
         self, queue: str, *, progress: ProgressCallback | None = None
     ) -> BulkResult:
         """Discard every dead letter of the queue."""
-        dead = await self.listed(queue, EVERY)
+        dead = await self.listed(queue, None)  # every one
         return await self.discard_many([job.id for job in dead], progress=progress)
 
     # ---- bulk ------------------------------------------------------------------------------
