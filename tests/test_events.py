@@ -386,3 +386,25 @@ async def test_a_producer_engine_reaches_a_worker_process(tmp_path: Path) -> Non
             assert done.worker == worker.id
     finally:
         assert await anyio.to_thread.run_sync(worker.stop) == 0
+
+
+def test_a_missing_key_is_read_as_a_delivery_reads_it() -> None:
+    # The by-key warning walked the payload on its own and knew no list index: a key the
+    # payload carried at "items.0.id" was said missing.
+    from engine.mailbox import _missing_keys
+    from engine.models import WorkflowInfo
+
+    declared = [
+        WorkflowInfo(
+            name="w",
+            version="1",
+            queue="q",
+            path=None,
+            steps=[],
+            event_keys={"paid": ["items.0.id"]},
+        )
+    ]
+    assert _missing_keys("paid", {"items": [{"id": "A1"}]}, declared) == ()
+    assert _missing_keys("paid", {"items": []}, declared) == ("items.0.id",)
+    assert _missing_keys("paid", {"items": [{"id": None}]}, declared) == ("items.0.id",)
+    assert _missing_keys("other", {}, declared) == ()  # nothing known of its keys
