@@ -515,7 +515,9 @@ class Ledger:
         # A job that used up its retries (or had none) goes to the dead-letter queue, where a
         # requeue gives it a fresh budget; one that may not be retried ends failed.
         if retry:
-            spent = f"used up its {retries} retries" if retries else "failed with no retries"
+            spent = "failed with no retries"
+            if retries:
+                spent = "used up its retry" if retries == 1 else f"used up its {retries} retries"
             if permanent is not None and failures <= retries:
                 spent = f"is not retried ({permanent})"
             self.log(run, f"job {job.id} {spent}: moved to the dead-letter queue", "error")

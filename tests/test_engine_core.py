@@ -99,6 +99,24 @@ async def test_retry_records_every_attempt(database: Path | None) -> None:
         assert run.attempts == 3 and run.failed_attempts == 2
 
 
+@pytest.mark.parametrize(
+    ("retries", "said"), [(1, "used up its retry"), (2, "used up its 2 retries")]
+)
+async def test_a_dead_letters_last_run_says_how_many_retries_it_used(
+    database: Path | None, retries: int, said: str
+) -> None:
+    async def broken(ctx) -> None:
+        raise ValueError("card declined")
+
+    wf = flow("pay", Step("charge", broken), retries=retries, delay=1)
+    async with Engine(workflows=[wf], database=database) as engine:
+        job_id = await engine.enqueue("pay", {})
+        run = await engine.wait_for_job(job_id, 10)
+        assert (await engine.get_job(job_id)).state is JobState.DEAD
+        lines = [line.message for line in run.logs]
+        assert f"job {job_id} {said}: moved to the dead-letter queue" in lines
+
+
 async def test_failure_message_names_the_step_and_keeps_the_cause(database: Path | None) -> None:
     async def ok(ctx) -> int:
         return 1
