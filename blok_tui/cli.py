@@ -1523,26 +1523,6 @@ async def _health(args: argparse.Namespace) -> None:
     print(f"healthy: {printable(report.reason)}")
 
 
-async def _served(engine: Any) -> set[str]:
-    """The queues a worker serves now: one alive with a recent heartbeat, as `health` counts
-    them (a suspended or stalled worker claims nothing). The queues themselves stay declared
-    once their workers stopped: `queues()` alone said "serving" with no worker alive."""
-    from engine.liveness import SERVING, LiveWorkers
-
-    live = await LiveWorkers.read(engine.backend)
-    serving = {
-        worker.id
-        for worker in await engine.workers()
-        if worker.id in live.ids and engine.worker_state(worker) == SERVING
-    }
-    return {
-        queue.name
-        for catalog in live.catalogs
-        if catalog.worker in serving
-        for queue in catalog.queues
-    }
-
-
 def _queue_state(info: Any, served: bool) -> str:
     if served:
         return "paused" if info.paused else "serving"
@@ -1553,7 +1533,6 @@ async def _queues(args: argparse.Namespace) -> None:
     async with _client(args) as engine:
         infos = await engine.queues()
         stats = {info.name: await engine.queue_stats(info.name) for info in infos}
-        served = await _served(engine)
     if args.json:
         print(
             json.dumps(
@@ -1561,7 +1540,6 @@ async def _queues(args: argparse.Namespace) -> None:
                     {
                         **info.model_dump(mode="json"),
                         **stats[info.name].model_dump(mode="json"),
-                        "served": info.name in served,  # a live worker serves it now
                     }
                     for info in infos
                 ],
@@ -1580,7 +1558,7 @@ async def _queues(args: argparse.Namespace) -> None:
                 printable(info.workflow_name or "-"),
                 info.provider,
                 str(info.concurrency),
-                _queue_state(info, info.name in served),
+                _queue_state(info, info.served),
                 *(str(counts[state]) for state in states),
             )
         )

@@ -319,8 +319,8 @@ class QueueInfo(_Record):
     provider: str
     concurrency: int
     paused: bool = False
-    # A live worker serves it (or this engine does): a queue whose workers all stopped stays
-    # declared, and its jobs wait for the next one.
+    # A worker serves it (alive, heartbeating, not stopping; or this engine does): a queue
+    # whose workers all stopped stays declared, and its jobs wait for the next one.
     served: bool = True
 
 

@@ -33,7 +33,7 @@ from .filters import RunFilter
 from .health import DEFAULT_MAX_AGE_S, Health
 from .health import check as check_health
 from .ledger import JobWaiter, Ledger, make_job, make_run
-from .liveness import elsewhere, worker_alive
+from .liveness import SERVING, elsewhere, worker_alive, worker_state
 from .models import (
     PENDING_RUN_STATUSES,
     AttemptStatus,
@@ -222,9 +222,14 @@ class Operator:
 
     async def queues(self) -> list[QueueInfo]:
         """Every queue served here or declared by a worker on the database. Concurrency is
-        the sum over the live workers serving it; paused as the database says."""
+        the sum over the workers serving it, as `health` counts them (alive, their heartbeat
+        recent, not stopping: a suspended or draining worker claims nothing); paused as the
+        database says."""
         paused = await self.backend.shared.paused_queues()
-        live = {w.id for w in await self.live_workers()}
+        now = self.backend.clock.now()
+        live = {
+            w.id for w in await self.backend.shared.workers() if worker_state(w, now) == SERVING
+        }
         merged: dict[str, QueueInfo] = {}
         widths: dict[str, int] = {}
         for catalog in await self._declared(fresh=True):

@@ -124,6 +124,13 @@ def test_a_draining_worker_is_said_stopping_and_not_counted_serving(tmp_path: Pa
         assert done.stderr.rstrip().endswith("s: it claims nothing more and ends its runs)")
         row = _state(db, worker)
         assert (row["alive"], row["state"]) == (True, "stopping") and row["stopping_since"]
+        # Its queue has no worker to serve it now, for `queues` as for the console (which
+        # reads `Engine.queues`, as `--json` prints it): the console said served, `queues` not.
+        [queue] = [q for q in blok_json("queues", "--json", "--db", db) if q["name"] == "single"]
+        assert (queue["served"], queue["concurrency"]) == (False, 1)
+        assert " no worker " in next(
+            line for line in blok("queues", "--db", db).stdout.splitlines() if "single" in line
+        )
         release.touch()  # its run ends within the grace, and the worker with it
         assert worker.process.wait(timeout=30) == 0
         assert (run_of(db, job_id) or {}).get("status") == "completed"
