@@ -25,8 +25,21 @@ def did_you_mean(word: str, known: Iterable[object], prefix: str = "") -> str:
     after `prefix`), else "". The first thousand of `known` are looked at: a payload of a
     million keys must not make a failure's message slow."""
     candidates = [str(k) for k in itertools.islice(known, 1000)]
-    close = difflib.get_close_matches(word, candidates, n=1, cutoff=0.6)
+    # The first part of names ("shop" of "shop.order" and "shop.refund"): all are named, where
+    # difflib found one of them, or none.
+    longer = sorted(
+        c
+        for c in candidates
+        if word and c.startswith(word) and c[len(word) : len(word) + 1] in _PARTS
+    )
+    if len(longer) > 1:
+        named = ", ".join(repr(prefix + c) for c in longer[:3])
+        return f"; did you mean one of {named}{', …' if len(longer) > 3 else ''}?"
+    close = longer or difflib.get_close_matches(word, candidates, n=1, cutoff=0.6)
     return f"; did you mean {prefix + close[0]!r}?" if close else ""
+
+
+_PARTS = (".", "_", "-", ":")  # what separates a name's parts
 
 
 def is_expression(value: object) -> bool:

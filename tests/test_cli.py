@@ -395,6 +395,11 @@ def test_a_filter_by_a_name_no_worker_declared_is_refused(served: tuple[Path, Wo
             "blok-tui: error: unknown workflow 'test.npa' (no worker declared it and no run has "
             "it; did you mean 'test.nap'?)\n"
         )
+    # The first part of a dotted name is too short for a close match: both are named.
+    part = blok("runs", "--workflow", "test", "--db", database)
+    assert part.stderr.endswith("has it; did you mean one of 'test.nap', 'test.single'?)\n"), (
+        part.stderr
+    )
     queue = blok("runs", "--queue", "nasp", "--db", database)
     assert (queue.returncode, queue.stdout) == (1, "")
     assert (
