@@ -481,7 +481,9 @@ class BlokApp(App[None]):
                 self.notify(f"replay of {run.id} with edited input: {new_id}", title="Replayed")
                 self.open_run(new_id)
 
-        modal = InjectScreen(self.opened_engine, list(self.queue_names), replay_of=run)
+        modal = InjectScreen(
+            self.opened_engine, list(self.queue_names), replay_of=run, workflows=self.workflow_infos
+        )
         self.push_screen(modal, replayed)
 
     def ask_where(self, run_id: str) -> None:

@@ -25,7 +25,7 @@ from textual.widgets.text_area import Selection
 from engine import EngineError, EventSent, Run, WorkflowInfo, parse_duration
 from engine.api import EngineAPI
 
-from .payload_template import null_fields, template_text
+from .payload_template import missing_fields, null_fields, template_text
 
 TINY = 24  # lines under which the modal's fields and buttons go without borders
 
@@ -216,20 +216,25 @@ class InjectScreen(ModalScreen[str | None]):
         if self.template != "{}":
             self.select_first_blank()
 
-    def say(self, problem: str | None, blanks: list[str] | None = None) -> None:
-        """What stops the send (`problem`), else the template's `blanks` still null (the
-        run would get nulls where its workflow reads values), else that all is well."""
+    def say(
+        self, problem: str | None, blanks: list[str] | None = None, missing: list[str] | None = None
+    ) -> None:
+        """What stops the send (`problem`), else the template's `blanks` still null and the
+        fields its workflow reads that are `missing` (the run would get nulls, or fail with
+        "bad input", where its workflow reads values), else that all is well."""
         box = self.query_one("#problem", Static)
         box.set_class(problem is not None, "-bad")
         if problem:
             box.update(Text("✗ " + problem, style="bold"))
-        elif blanks:
-            box.update(
-                Text.assemble(
-                    ("! fill in " + ", ".join(blanks), "bold khaki1"),
-                    (": still null (ctrl+s sends it as it is)", "khaki3"),
-                )
-            )
+            return
+        said: list[tuple[str, str]] = []
+        if blanks:
+            said += [("! fill in " + ", ".join(blanks), "bold khaki1"), (": still null", "khaki3")]
+        if missing:
+            said += [("; " if said else "! ", "khaki3"), (", ".join(missing), "bold khaki1")]
+            said += [(": missing, and read by its workflow", "khaki3")]
+        if said:
+            box.update(Text.assemble(*said, (" (ctrl+s sends it as it is)", "khaki3")))
         else:
             box.update(Text("✓ ready to send", style="green3"))
 
@@ -261,9 +266,13 @@ class InjectScreen(ModalScreen[str | None]):
                 parse_duration(delay_text)
             except ValueError as error:
                 problem = f"delay: {error}"
-        info = self.workflows.get(str(queue)) if self.replay_of is None else None
-        blanks = null_fields(payload, info.body_fields) if info is not None else []
-        self.say(problem, blanks)
+        info = self.workflows.get(str(queue))
+        if self.replay_of is not None and (
+            info is None or info.name != self.replay_of.workflow_name
+        ):
+            info = None  # a helper workflow's run: what it reads is not known here
+        fields = info.body_fields if info is not None and problem is None else []
+        self.say(problem, null_fields(payload, fields), missing_fields(payload, fields))
         if problem is not None:
             return None
         return str(queue), payload, priority, delay_text or None

@@ -47,23 +47,47 @@ def _put(node: dict[str, Any] | list[Any], parts: list[str]) -> None:
     _put(child, rest)
 
 
+_MISSING = object()
+
+
+def _at(payload: Any, field: str) -> Any:
+    """The value at a dotted path of `payload`, or `_MISSING`."""
+    node: Any = payload
+    for part in (part for part in field.split(".") if part):
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return _MISSING
+    return node
+
+
 def null_fields(payload: Any, fields: list[str]) -> list[str]:
     """The `fields` (dotted paths, as `body_template` takes them) that `payload` holds as
-    null: the template's blanks not filled in yet. A path the payload does not have is not a
-    blank (the operator took it out): left out."""
-    found = []
+    null: the template's blanks not filled in yet."""
+    return [f for f in fields if f.strip(".") and _at(payload, f) is None]
+
+
+def missing_fields(payload: Any, fields: list[str]) -> list[str]:
+    """The `fields` that `payload` does not have (below a null one aside: that one is a blank,
+    `null_fields`): the step that reads one fails with "bad input", unless it is in a branch
+    the run does not take. Below a missing field, only that field is named."""
+    found: list[str] = []
     for field in fields:
-        node: Any = payload
-        for part in (part for part in field.split(".") if part):
-            if isinstance(node, dict) and part in node:
-                node = node[part]
-            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-                node = node[int(part)]
-            else:
+        parts = [part for part in field.split(".") if part]
+        if not parts or _at(payload, field) is not _MISSING:
+            continue
+        # The first part of the path that is not there, unless a null blank comes first.
+        for end in range(1, len(parts) + 1):
+            above = ".".join(parts[:end])
+            value = _at(payload, above)
+            if value is None:
                 break
-        else:
-            if node is None and field.strip("."):
-                found.append(field)
+            if value is _MISSING:
+                if above not in found:
+                    found.append(above)
+                break
     return found
 
 

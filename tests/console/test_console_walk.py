@@ -312,6 +312,12 @@ async def test_the_inject_template_says_which_fields_are_still_null(tmp_path: Pa
             area.text = '{"order_id": "A1", "amount": 5}'
             await pilot.pause()
             assert "ready to send" in text_of(problem)
+            # A field taken out is no blank, but its step would fail with "bad input".
+            area.text = '{"order_id": "A1"}'
+            await pilot.pause()
+            said = text_of(problem)
+            assert "amount: missing, and read by its workflow" in said, said
+            assert "ready to send" not in said
             # A warning, not a refusal: ctrl+s sends the nulls as they are.
             area.text = '{"order_id": "A1", "amount": null}'
             await pilot.press("ctrl+s")
@@ -319,6 +325,27 @@ async def test_the_inject_template_says_which_fields_are_still_null(tmp_path: Pa
             assert [r.input for r in await engine.runs(queue="orders")] == [
                 {"order_id": "A1", "amount": None}
             ]
+
+
+async def test_edit_and_replay_says_which_fields_the_edited_input_lacks(tmp_path: Path) -> None:
+    # It said "ready to send" of an input without a field the workflow reads: the replay
+    # failed at once with "bad input".
+    async with Engine(workflows=[ORDER], database=tmp_path / "blok.db") as engine:
+        source = await engine.wait_for_job(
+            await engine.enqueue("orders", {"order_id": "A1", "amount": 5}), timeout=10
+        )
+        app = BlokApp(engine)
+        async with app.run_test(size=WIDE) as pilot:
+            await settled(pilot)
+            await command(pilot, f"run {source.id}")
+            await pilot.press("e")
+            await until(pilot, lambda: isinstance(app.screen, InjectScreen))
+            problem = app.screen.query_one("#problem", Static)
+            assert "ready to send" in text_of(problem)
+            app.screen.query_one(TextArea).text = '{"order_id": "A1", "amont": 5}'
+            await pilot.pause()
+            said = text_of(problem)
+            assert said.startswith("! amount: missing, and read by its workflow"), said
 
 
 # ---- 14 and 15: the command line's refusals ---------------------------------------------------
