@@ -8,6 +8,7 @@ and J opens the job's latest run."""
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import replace
 from datetime import datetime, tzinfo
 from typing import ClassVar
@@ -17,7 +18,7 @@ from textual.app import ComposeResult
 from textual.binding import BindingType
 from textual.widgets import Static
 
-from engine import DatabaseError, EngineError, Job, Orphan, Run, RunFilter
+from engine import DatabaseError, EngineError, Job, Orphan, Run, RunFilter, WaitReason
 
 from . import actions
 from .actions import RUN_FLAGS, STATUS_FILTERS
@@ -35,11 +36,13 @@ from .console import (
 )
 from .jobs import ORPHANED, orphaned_text, then_text
 from .phrases import Phrase, fits, fitted, phrase
+from .run_screen import PANEL_GATES
 from .step_order import GOING, run_ms, time_runs_to
 from .tracebacks import clean_error
 from .widgets import FilterInput
 from .widgets.row_table import Column, RowTable
 
+WHY_TTL_S = 2.0  # a held run's "why" in the preview is read again after this long
 PAGE = 100  # rows held in the table; the window slides as the cursor reaches an edge
 READ_PAGE = 1_000  # runs read at a time when a bulk action takes every run the filter matches
 PLAN_NOTICE = 2_000  # runs the filter matches from which planning says it is reading them
@@ -137,6 +140,9 @@ class RunsScreen(BlokScreen):
         self.loaded = False  # the first page is on screen (the benchmark waits for this)
         self.read = False  # the engine answered a first read (rendered with it)
         self.planning = False  # a bulk action's plan is being read
+        # Why a held run waits (a gate, a pause), for the preview: run id → (the answer, when
+        # read on the monotonic clock), read for the highlighted run only.
+        self.whys: dict[str, tuple[WaitReason | None, float]] = {}
 
     @property
     def crumb(self) -> str:
@@ -359,7 +365,15 @@ class RunsScreen(BlokScreen):
                 text.append_text(orphaned_text(orphaned, self.blok.tz))
                 text.append("  ")
             held = str(run.status) in ("delayed", "throttled", "queued") and run.run_at
-            if held and run.run_at is not None:
+            why = self.why_of(run) if held else None
+            if why is not None:
+                # A gate holds it (a concurrency key's slots, a rate limit, a pause): which,
+                # and until when, where the status alone read as an ordinary backoff.
+                summary = local_times(clean_error(why.summary), self.blok.tz, self.blok.now())
+                gate = why.gate.replace("_", " ")
+                text.append(f"{run.status} [{gate}] ", style="khaki3")
+                text.append(f"{summary.removeprefix(f'{gate}: ')}  ", style="khaki3")
+            elif held and run.run_at is not None:
                 now, tz = self.blok.now(), self.blok.tz
                 text.append(
                     f"{run.status} until {clock_time(run.run_at, tz)} "
@@ -372,6 +386,25 @@ class RunsScreen(BlokScreen):
                 text.append("input ", style="grey62")
                 text.append(printable(json.dumps(run.input, ensure_ascii=False, default=str)[:400]))
         self.query_one("#preview", Static).update(text, layout=False)
+
+    def why_of(self, run: Run) -> WaitReason | None:
+        """Why a held run waits, as last read (a gate's own, else None); a read is started
+        when there is none yet, or it is older than `WHY_TTL_S`: the preview redraws then."""
+        known = self.whys.get(run.id)
+        if known is None or time.monotonic() - known[1] > WHY_TTL_S:
+            self.whys[run.id] = (known[0] if known else None, time.monotonic())
+            self.run_worker(self._read_why(run.id), group="why", exclusive=True)
+        why = known[0] if known else None
+        return why if why is not None and why.gate in PANEL_GATES else None
+
+    async def _read_why(self, run_id: str) -> None:
+        try:
+            why = await self.engine.why_waiting(run_id)
+        except (EngineError, DatabaseError):
+            why = None  # the preview is a help: the run's row says its status
+        self.whys = {run_id: (why, time.monotonic())}  # only the highlighted run's is kept
+        if self.selected_run_id() == run_id and not self.closing:
+            self.render_preview()
 
     def on_row_table_highlighted(self, event: RowTable.Highlighted) -> None:
         table = self.table

@@ -236,6 +236,44 @@ async def test_why_waiting_names_the_rate_limit_holders_and_h_opens_one() -> Non
         await engine.cancel(held)
 
 
+async def hold_until_released(ctx) -> dict:
+    await anyio.sleep(30)
+    return {}
+
+
+PER_USER = Workflow(
+    name="api.per_user",
+    trigger=WorkerTrigger(
+        queue="per_user", concurrency=2, concurrency_key="$.body.user", on_limit="queue"
+    ),
+    steps=[Step("call", hold_until_released)],
+)
+
+
+async def test_the_runs_views_preview_says_which_gate_holds_a_queued_run() -> None:
+    # A run a concurrency key held showed "queued until 18:14:36 (in 3s)" and its input: read
+    # as a backoff, where another run of its key held the slot.
+    async with Engine(workflows=[PER_USER]) as engine:
+        first = await parked(
+            engine, await engine.enqueue("per_user", {"user": "u1"}), RunStatus.RUNNING
+        )
+        held = await parked(
+            engine, await engine.enqueue("per_user", {"user": "u1"}), RunStatus.QUEUED
+        )
+        app = BlokApp(engine)
+        async with app.run_test(size=SIZE) as pilot:
+            await settled(pilot)
+            await command(pilot, "runs queued")
+            table = app.screen.query_one("#runs", RowTable)
+            await until(pilot, lambda: table.keys == [held])
+            preview = app.screen.query_one("#preview", Static)
+            await until(pilot, lambda: "[concurrency]" in text_of(preview))
+            said = text_of(preview)
+            assert "queued [concurrency] concurrency key 'u1': 1 run(s) hold its slots" in said
+        await engine.cancel(held)
+        await engine.cancel(first)
+
+
 async def test_a_queued_run_no_live_worker_serves_says_so_in_its_view(tmp_path: Path) -> None:
     """The console attached to a database whose workers all stopped: a run enqueued since
     says why it does not start."""
