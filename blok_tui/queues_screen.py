@@ -34,7 +34,7 @@ COLUMNS = (
     Column("queue", "queue", 14, priority=10, flex=True),
     Column("workflow", "workflow", 18, priority=3),
     Column("provider", "provider", 8, priority=1),
-    Column("conc", "conc", 4, priority=2, justify="right"),
+    Column("slots", "slots", 5, priority=2, justify="right"),
     Column("queued", "queued", 6, priority=9, justify="right"),
     Column("running", "running", 7, priority=9, justify="right"),
     Column("waiting", "waiting", 7, priority=7, justify="right"),
