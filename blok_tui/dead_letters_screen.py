@@ -90,7 +90,7 @@ class DeadLettersScreen(RowFilterScreen):
                     [
                         Text(short[job.id], style="grey85"),
                         printable(job.workflow_name),
-                        Text(str(job.attempts), justify="right"),
+                        Text(str(job.deliveries), justify="right"),
                         day_time(job.finished_at, tz, now),
                         Text(printable(_one_line(job.error or "")), style="red1"),
                     ],

@@ -582,7 +582,11 @@ class Ledger:
         in the database, and the lease loop renewed it for ever while nothing ran it."""
         job = claim.job
         update = JobUpdate(
-            state=JobState.WAITING, resume=job.resume, run_at=job.run_at, force=job.force
+            state=JobState.WAITING,
+            resume=job.resume,
+            run_at=job.run_at,
+            force=job.force,
+            meta=job.meta_not_delivered(),
         )
         queue.submit(Transition(job.id, job.epoch, update))
 
@@ -850,7 +854,7 @@ class Ledger:
                 state=JobState.WAITING,
                 run_id=job.run_id,
                 resume=job.resume,
-                meta=job.meta,
+                meta=job.meta_not_delivered(),
                 force=job.force,
             )
             return await queue.apply(self._transition(job, job.epoch, update))

@@ -285,6 +285,12 @@ class Job(_Record):
         limit, a concurrency key) held back before the run started."""
         return self.attempts - int(self.meta.get("held", 0))
 
+    def meta_not_delivered(self) -> dict[str, Any]:
+        """The job's meta for its claim given back before its run started (held by a gate,
+        claimed ahead and returned, left with its lease lost, its worker gone before it
+        began): counted in `held`, so that `deliveries` counts the runs it was handed to."""
+        return {**self.meta, "held": int(self.meta.get("held", 0)) + 1}
+
 
 class QueueStats(_Record):
     queue: str

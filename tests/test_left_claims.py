@@ -58,6 +58,10 @@ async def test_a_claim_left_for_a_lost_lease_is_claimed_again_and_runs(
         job_id = await engine.enqueue("echo", {"n": 1})
         run = await engine.wait_for_job(job_id, timeout=10)
         assert run.status is RunStatus.COMPLETED and run.output == {"n": 1}
-        assert (await engine.get_job(job_id)).state is JobState.COMPLETED
+        job = await engine.get_job(job_id)
+        assert job.state is JobState.COMPLETED
+        # Left before it started, the claim was no delivery; after the run, the next claim
+        # ran the job again: a second delivery.
+        assert job.deliveries == look
     said = LEFT[look].format(job=job_id)
     assert [r for r in caplog.records if said in r.getMessage()], caplog.text

@@ -78,6 +78,7 @@ class Ahead:
                     resume=claim.job.resume,
                     run_at=claim.job.run_at,
                     force=claim.job.force,
+                    meta=claim.job.meta_not_delivered(),
                 ),
             )
             for claim in self._claims.pop(queue, None) or ()

@@ -33,12 +33,16 @@ from blok_tui.workers_screen import WorkersScreen
 from engine import (
     Engine,
     JobState,
+    RateLimit,
     RunFilter,
     RunStarted,
     RunStatus,
     RunStatusChanged,
+    Step,
     StepStarted,
     WorkerInfo,
+    WorkerTrigger,
+    Workflow,
 )
 from engine.events import AttemptFailed
 from engine.liveness import process_of, this_process
@@ -531,6 +535,36 @@ async def test_dead_letters_made_together_show_ids_that_tell_them_apart(
         lines = shown_lines(app.screen.query_one("#dead", RowTable))
     for job_id in jobs:
         assert sum(short[job_id] in line for line in lines) == 1, (short[job_id], lines)
+
+
+def _declined(ctx) -> None:
+    raise ValueError("card declined")
+
+
+async def test_the_dead_letter_views_deliveries_leave_out_claims_a_gate_held(
+    tmp_path: Path,
+) -> None:
+    # It showed the job's claims: "34 deliveries" of a job allowed 3, where a rate limit held
+    # most of them back before they ran.
+    limited = Workflow(
+        name="limited.charge",
+        trigger=WorkerTrigger(
+            queue="limited", retries=1, delay=1, rate_limit=RateLimit(limit=1, period="300ms")
+        ),
+        steps=[Step("charge", _declined)],
+    )
+    async with Engine(workflows=[limited], database=tmp_path / "blok.db") as engine:
+        job_id = await engine.enqueue("limited", {})
+        await engine.wait_for_job(job_id, timeout=10)
+        job = await engine.get_job(job_id)
+        assert job.state is JobState.DEAD and job.attempts > job.deliveries == 2, job
+        app = BlokApp(engine)
+        async with app.run_test(size=SIZE) as pilot:
+            await settled(pilot)
+            await command(pilot, "dlq limited")
+            table = app.screen.query_one("#dead", RowTable)
+            await until(pilot, lambda: table.row_count == 1)
+            assert column(table, "deliveries") == ["2"]
 
 
 async def test_g_and_shift_g_go_to_the_newest_and_oldest_dead_letter(engine: Engine) -> None:
