@@ -81,7 +81,8 @@ class DeadLetters:
     # ---- requeue ---------------------------------------------------------------------------
     async def requeue(self, job_id: str, *, force: bool = False) -> str:
         """A dead (or failed) job back in its queue with a fresh run and retry budget; its id.
-        Refused (ReplayedAlready) if a replay of its run completed, unless `force`."""
+        Refused (ReplayedAlready) if a replay of its run completed or has not ended, unless
+        `force`."""
         for _ in range(3):
             found = await self.backend.find_job(job_id)
             if found is None:
@@ -110,7 +111,8 @@ class DeadLetters:
         progress: ProgressCallback | None = None,
     ) -> BulkResult:
         """Put dead-lettered (or failed) jobs back in their queues: these job ids, or the jobs of
-        the runs a filter matches. Skipped: jobs not dead or failed, a replay's (but `force`)."""
+        the runs a filter matches. Skipped: jobs not dead or failed, or replayed (`requeue`; but
+        `force`)."""
 
         async def requeue(job_id: str) -> None:
             await self.requeue(job_id, force=force)
@@ -120,7 +122,8 @@ class DeadLetters:
     async def requeue_dead(
         self, queue: str, *, force: bool = False, progress: ProgressCallback | None = None
     ) -> BulkResult:
-        """Requeue every dead letter of the queue (but those a replay completed: `force`)."""
+        """Requeue every dead letter of the queue (but those a replay completed or has not
+        ended: `force`)."""
         dead = await self.listed(queue, None)  # every one
         return await self.requeue_many([job.id for job in dead], force=force, progress=progress)
 

@@ -658,8 +658,8 @@ class Engine:
 
     async def requeue(self, job_id: str, *, force: bool = False) -> str:
         """Put a dead-lettered job back in its queue with a fresh run and retry budget. Refused
-        (`ReplayedAlready`) if a replay of its run completed, unless `force`: it would run the
-        job's steps again."""
+        (`ReplayedAlready`) if a replay of its run completed or has not ended yet, unless `force`:
+        it would run the job's steps again."""
         return await self.operator.dead.requeue(job_id, force=force)
 
     async def find_dead_letter(self, word: str) -> Job:

@@ -273,6 +273,32 @@ async def test_a_dead_letter_a_replay_completed_is_requeued_only_when_forced(
     assert (await actor.wait_for_job(job, timeout=10)).status is RunStatus.FAILED
 
 
+async def test_a_dead_letter_whose_replay_has_not_ended_is_requeued_only_when_forced(
+    setup: Setup,
+) -> None:
+    # A replay held back (a rate limit, a pause) was not "completed": the requeue beside it
+    # went ahead, and both runs charged the order.
+    actor = setup.actor
+    job = await actor.enqueue("picky", {"ok": False})
+    dead = await actor.wait_for_job(job, timeout=10)
+    await actor.pause("picky")
+    pending = await actor.get_run(await actor.replay(dead.id, input={"ok": True}))
+    assert pending.status is RunStatus.QUEUED
+    with pytest.raises(
+        ReplayedAlready,
+        match=f"replayed as run {pending.id}, which is queued and has not ended; a requeue "
+        "would run the job twice$",
+    ):
+        await actor.requeue(job)
+    bulk = await actor.requeue_dead("picky")
+    assert (bulk.ids, list(bulk.skipped_ids)) == ([], [job]), bulk
+    assert (await actor.get_job(job)).state is JobState.DEAD
+    await actor.resume("picky")
+    assert (await actor.wait_for_job(pending.job_id, timeout=10)).status is RunStatus.COMPLETED
+    with pytest.raises(ReplayedAlready, match="which completed"):
+        await actor.requeue(job)
+
+
 async def test_a_discarded_dead_letter_leaves_the_queue_and_its_runs_stay(setup: Setup) -> None:
     # Dead letters could only be requeued: failures nobody meant to retry stayed in the queue
     # for ever (the janitor keeps a dead letter), and the console's list with them.
