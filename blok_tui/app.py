@@ -458,14 +458,42 @@ class BlokApp(App[None]):
             self.notify(f"{queue} is claiming again", title="Resumed")
 
     async def replay(
-        self, run_id: str, *, from_step: str | None = None, title: str = "Replayed"
+        self,
+        run_id: str,
+        *,
+        from_step: str | None = None,
+        title: str = "Replayed",
+        asked: bool = False,
     ) -> None:
-        """Replay a run (from a step, if given) and open the new run."""
+        """Replay a run (from a step, if given) and open the new run; first, ask when its job
+        completed since, or a replay of it completed or has not ended (`asked`: answered yes):
+        `r` on a failed run whose job a later delivery completed charged the order twice."""
+        engine = self.opened_engine
+        if not asked:
+            try:
+                warning = await engine.replay_warning(run_id)
+            except EngineError as error:
+                self.notify(str(error), title="Replay refused", severity="error")
+                return
+            if warning is not None:
+
+                def answer(yes: bool | None) -> None:
+                    if yes:
+                        again = self.replay(run_id, from_step=from_step, title=title, asked=True)
+                        self.run_worker(again, group="replay")
+
+                where = f" from step {from_step}" if from_step else ""
+                detail = f"Run {run_id}: {warning}. A replay{where} runs its steps again."
+                question = ConfirmScreen(
+                    "Replay it anyway?", detail, confirm="Replay", keep="Leave it"
+                )
+                self.push_screen(question, answer)
+                return
         try:
             if from_step is None:
-                new_id = await self.opened_engine.replay(run_id)
+                new_id = await engine.replay(run_id)
             else:
-                new_id = await self.opened_engine.replay(run_id, from_step=from_step)
+                new_id = await engine.replay(run_id, from_step=from_step)
         except EngineError as error:
             self.notify(str(error), title="Replay refused", severity="error")
             return

@@ -643,9 +643,15 @@ def build_parser() -> argparse.ArgumentParser:
     replay = commands.add_parser(
         "replay",
         help="run a run again",
-        description="Start a new run with the same input; prints its id.",
+        description="Start a new run with the same input; prints its id. A run whose job "
+        "completed on a later delivery, or that was replayed already (a replay that completed "
+        "or has not ended), is asked about first on a terminal (--yes: not asked); with no "
+        "terminal, a warning says so and the replay goes ahead.",
     )
     replay.add_argument("run_id", metavar="RUN_ID", help=RUN_ID_HELP)
+    replay.add_argument(
+        "--yes", action="store_true", help="replay it without asking, whatever became of it"
+    )
     replay.add_argument(
         "--from-step", metavar="STEP", help="reuse the outputs of the steps before STEP"
     )
@@ -1372,9 +1378,20 @@ async def _where(args: argparse.Namespace) -> None:
         print(printable(line))
 
 
-async def _replay(args: argparse.Namespace) -> None:
+async def _replay(args: argparse.Namespace) -> int:
     async with _client(args) as engine:
         run = await engine.find_run(args.run_id)
+        warning = None if args.yes else await engine.replay_warning(run.id)
+        if warning is not None:
+            # Its job completed since, or a replay of it did or is under way: a replay runs
+            # its steps again (a charge twice). Asked on a terminal; a script is told.
+            said = printable(f"run {run.id}: {warning}")
+            answer = _confirmed(f"{said}. Replay it anyway? [y/N] ")
+            if answer is False:
+                _error(f"run {run.id} not replayed")
+                return 1
+            if answer is None:
+                print(f"blok-tui: warning: {said}; replayed all the same", file=sys.stderr)
         run_id = await engine.replay(run.id, from_step=args.from_step, input=args.input)
         job = await _job_or_none(engine, run.job_id)
     print(printable(run_id))
@@ -1387,6 +1404,7 @@ async def _replay(args: argparse.Namespace) -> None:
             ),
             file=sys.stderr,
         )
+    return 0
 
 
 async def _job_or_none(engine: Any, job_id: str) -> Any:

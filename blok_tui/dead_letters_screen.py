@@ -196,7 +196,7 @@ class DeadLettersScreen(RowFilterScreen):
         shown = self._shown()
         detail = (
             "Each goes back in its queue with a fresh run and its retry budget again: "
-            f"{budget_words(shown)}. A job a replay completed, or has not ended yet, is left (it would run again)."
+            f"{budget_words(shown)}. A job a replay completed, or is still running, is left (it would run again)."
         )
         self.blok.confirm_bulk(self._plan("requeue", shown), detail, self.request_reload)
 

@@ -109,6 +109,8 @@ class EngineAPI(Protocol):
 
     async def cancel(self, run_id: str) -> Run: ...
 
+    async def replay_warning(self, run_id: str) -> str | None: ...
+
     async def replay(
         self,
         run_id: str,

@@ -656,6 +656,13 @@ class Engine:
         """Start a new run with the same input (or `input`), `replay_of` pointing back."""
         return await self.operator.replay(run_id, from_step=from_step, input=input, force=force)
 
+    async def replay_warning(self, run_id: str) -> str | None:
+        """Why replaying the run would do again what is done or under way, in a clause ("its
+        job job_… completed on a later delivery (run run_…)", "it was replayed as run run_…,
+        which is throttled and has not ended"); None if nothing is. The console and the
+        command line ask before such a replay; `replay` itself does not refuse it."""
+        return await self.operator.replay_warning(run_id)
+
     async def requeue(self, job_id: str, *, force: bool = False) -> str:
         """Put a dead-lettered job back in its queue with a fresh run and retry budget. Refused
         (`ReplayedAlready`) if a replay of its run completed or has not ended yet, unless `force`:

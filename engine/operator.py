@@ -49,6 +49,7 @@ from .models import (
 )
 from .operations import BulkResult, ProgressCallback, Skip, matching_runs, resolve_stuck, run_bulk
 from .replay_seed import seed_from_step
+from .replays import replay_warning
 from .turns import TimeSlice
 from .unknown_queue import unknown_queue
 from .validation import (
@@ -655,6 +656,10 @@ class Operator:
         if force:
             await self._start_now(target.queue, job.id)
         return run.id
+
+    async def replay_warning(self, run_id: str) -> str | None:
+        """Why a replay of the run would do again what is done or under way (replays.py)."""
+        return await replay_warning(self.backend, await self.get_run(run_id))
 
     def _replay_job(
         self, target: QueueTarget, source: Run, *, from_step: str | None, input: Any = None

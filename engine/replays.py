@@ -4,10 +4,10 @@ would run twice at once."""
 
 from __future__ import annotations
 
-from .backends.base import RunStore
+from .backends.base import Backend, RunStore
 from .errors import ReplayedAlready
 from .filters import RunFilter
-from .models import Run, RunStatus
+from .models import JobState, Run, RunStatus
 
 MAX_REPLAYS = 50  # of one run, its replays' replays included, looked at
 
@@ -29,6 +29,13 @@ async def replay_in_the_way(store: RunStore, run_id: str) -> Run | None:
     return None
 
 
+def replayed_as(replay: Run) -> str:
+    """ "replayed as run X, which completed" (or "which is queued and has not ended")."""
+    if replay.status is RunStatus.COMPLETED:
+        return f"replayed as run {replay.id}, which completed"
+    return f"replayed as run {replay.id}, which is {replay.status} and has not ended"
+
+
 async def refuse_if_replayed(store: RunStore, job_id: str, run_id: str) -> None:
     """Refuse to requeue a job whose run a replay completed, or is still running or about to
     (ReplayedAlready): a replay behind a rate limit waited 27 s, while the operator cleared
@@ -36,12 +43,23 @@ async def refuse_if_replayed(store: RunStore, job_id: str, run_id: str) -> None:
     found = await replay_in_the_way(store, run_id)
     if found is None:
         return
-    if found.status is RunStatus.COMPLETED:
-        raise ReplayedAlready(
-            f"job {job_id}: its run {run_id} was replayed as run {found.id}, which completed; "
-            "a requeue runs the job again"
-        )
-    raise ReplayedAlready(
-        f"job {job_id}: its run {run_id} was replayed as run {found.id}, which is {found.status}"
-        " and has not ended; a requeue would run the job twice"
+    twice = (
+        "runs the job again" if found.status is RunStatus.COMPLETED else "would run the job twice"
     )
+    raise ReplayedAlready(
+        f"job {job_id}: its run {run_id} was {replayed_as(found)}; a requeue {twice}"
+    )
+
+
+async def replay_warning(backend: Backend, run: Run) -> str | None:
+    """Why a replay of `run` would do again what is done, or being done: its job completed
+    on a later delivery, or a replay of it completed or has not ended. None if neither. A
+    replay is never refused for it (the operator may mean it): the console and the command
+    line ask first."""
+    if run.status is not RunStatus.COMPLETED:
+        found = await backend.find_job(run.job_id)
+        job = found[1] if found is not None else None
+        if job is not None and job.run_id != run.id and job.state is JobState.COMPLETED:
+            return f"its job {job.id} completed on a later delivery (run {job.run_id})"
+    replay = await replay_in_the_way(backend.runs, run.id)
+    return f"it was {replayed_as(replay)}" if replay is not None else None

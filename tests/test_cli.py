@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import pty
 import subprocess
 import sys
 import time
@@ -313,6 +315,60 @@ def test_a_dead_letter_replayed_to_completion_is_not_requeued_unless_forced(
     assert forced.returncode == 0 and forced.stdout.startswith(
         f"{job_id} requeued: its new run is "
     )
+
+
+def _on_a_terminal(*args: str | Path, answer: str) -> tuple[int, str, str]:
+    """`blok-tui ARGS` with its stdin and stderr on a pseudo-terminal, `answer` typed: its
+    exit status, standard output, and what the terminal showed."""
+    leader, follower = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "blok_tui", *map(str, args)],
+        stdin=follower,
+        stderr=follower,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=cli_env(),
+    )
+    os.close(follower)
+    shown = b""
+    while b"[y/N] " not in shown:  # the question, before the answer is typed
+        chunk = os.read(leader, 4096)
+        assert chunk, shown
+        shown += chunk
+    os.write(leader, answer.encode() + b"\n")
+    out, _ = process.communicate(timeout=30)
+    with contextlib.suppress(OSError):  # the rest, up to the terminal's close (EIO on Linux)
+        while chunk := os.read(leader, 4096):
+            shown += chunk
+    os.close(leader)
+    return process.returncode, out, shown.decode()
+
+
+def test_a_replay_of_a_run_already_replayed_is_asked_about_or_warned(
+    served: tuple[Path, Worker],
+) -> None:
+    """`replay` of a run a replay had fixed ran its steps once more, without a word: an order
+    charged twice (and a third time, with the command run again)."""
+    database, _ = served
+    failed = blok("enqueue", "naps", '{"seconds": "later"}', "--wait", "--db", database)
+    run_id = failed.stderr.split()[3]
+    first = blok("replay", run_id, "--input", '{"seconds": 0}', "--db", database)
+    assert (first.returncode, first.stderr) == (0, ""), first.stderr
+    replayed = first.stdout.split()[-1]
+    eventually(
+        lambda: blok_json("show", replayed, "--json", "--db", database)["status"] == "completed"
+    )
+    said = f"run {run_id}: it was replayed as run {replayed}, which completed"
+    status, out, shown = _on_a_terminal("replay", run_id, "--db", database, answer="n")
+    assert (status, out) == (1, ""), shown
+    assert f"{said}. Replay it anyway? [y/N] " in shown
+    assert f"blok-tui: error: run {run_id} not replayed" in shown
+    # With no terminal to ask on (a script), it is said, and done as before.
+    again = blok("replay", run_id, "--db", database)
+    assert again.returncode == 0 and again.stdout.startswith("run_"), again.stderr
+    assert again.stderr == f"blok-tui: warning: {said}; replayed all the same\n"
+    quiet = blok("replay", run_id, "--yes", "--db", database)
+    assert (quiet.returncode, quiet.stderr) == (0, "")
 
 
 def test_discard_takes_dead_letters_out_one_by_one_or_a_whole_queue(tmp_path: Path) -> None:

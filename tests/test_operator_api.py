@@ -64,7 +64,18 @@ def workflows(controls: Controls) -> list[Workflow]:
             raise ConnectionError("first attempt fails")
         return ctx.attempt
 
+    async def second_time(ctx: Any) -> int:
+        assert ctx.job is not None
+        if ctx.job.delivery == 1:
+            raise RuntimeError("the first delivery fails")
+        return int(ctx.job.delivery)
+
     return [
+        Workflow(
+            name="second",
+            trigger=WorkerTrigger(queue="second", retries=1, delay=10),
+            steps=[Step("try", second_time)],
+        ),
         Workflow(
             name="holding",
             trigger=WorkerTrigger(queue="hold", concurrency=4),
@@ -149,7 +160,14 @@ async def test_enqueue_wait_and_read(setup: Setup) -> None:
     assert [r.id for r in await actor.runs(queue="echo")] == [run.id]
     assert await actor.count_runs(RunFilter.of("completed", queue="echo")) == 1
     assert (await actor.queue_stats("echo")).completed == 1
-    assert {q.name for q in await actor.queues()} == {"hold", "echo", "fail", "picky", "retry"}
+    assert {q.name for q in await actor.queues()} == {
+        "hold",
+        "echo",
+        "fail",
+        "picky",
+        "retry",
+        "second",
+    }
     assert {w.name for w in await actor.workflows()} >= {"echoing", "holding"}
 
 
@@ -297,6 +315,26 @@ async def test_a_dead_letter_whose_replay_has_not_ended_is_requeued_only_when_fo
     assert (await actor.wait_for_job(pending.job_id, timeout=10)).status is RunStatus.COMPLETED
     with pytest.raises(ReplayedAlready, match="which completed"):
         await actor.requeue(job)
+
+
+async def test_a_replay_warning_says_what_a_replay_would_do_again(setup: Setup) -> None:
+    # `r` on a failed run whose job a later delivery completed charged the order twice; the
+    # console and the command line ask first, with this.
+    actor = setup.actor
+    job = await actor.enqueue("second", {})
+    done = await actor.wait_for_job(job, timeout=10)
+    assert (done.status, done.output) == (RunStatus.COMPLETED, 2)
+    [first] = [r for r in await actor.runs(queue="second") if r.id != done.id]
+    assert await actor.replay_warning(first.id) == (
+        f"its job {job} completed on a later delivery (run {done.id})"
+    )
+    assert await actor.replay_warning(done.id) is None  # replaying a completed run is asked for
+    await actor.pause("second")
+    pending = await actor.replay(done.id)
+    assert await actor.replay_warning(done.id) == (
+        f"it was replayed as run {pending}, which is queued and has not ended"
+    )
+    await actor.resume("second")
 
 
 async def test_a_discarded_dead_letter_leaves_the_queue_and_its_runs_stay(setup: Setup) -> None:

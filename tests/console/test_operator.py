@@ -671,6 +671,33 @@ async def test_r_on_a_dead_letter_a_replay_completed_asks_before_it_runs_again(
                 await pilot.pause(0.05)
 
 
+async def test_r_on_a_run_a_replay_fixed_asks_before_it_runs_again(engine: Engine) -> None:
+    # r replayed at once a failed run whose replay had completed: the order charged twice.
+    source = await engine.wait_for_job(await engine.enqueue("fixable", {"order_id": "F2"}), 10)
+    fixed = await engine.get_run(await engine.replay(source.id, input={"fixed": True}))
+    assert (await engine.wait_for_job(fixed.job_id, timeout=10)).status is RunStatus.COMPLETED
+    app = BlokApp(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        await command(pilot, f"run {source.id}")
+        await pilot.press("r")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        assert text_of(app.screen.query_one(".question", Static)).strip() == "Replay it anyway?"
+        assert f"it was replayed as run {fixed.id}, which completed" in text_of(
+            app.screen.query_one(".detail", Static)
+        )
+        await pilot.press("n")
+        await settled(pilot)
+        assert len(await engine.runs(replay_of=source.id)) == 1  # not replayed again
+        await pilot.press("r")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        await pilot.press("y")
+        await until(
+            pilot, lambda: isinstance(app.screen, RunScreen) and app.screen.run_id != source.id
+        )
+        assert len(await engine.runs(replay_of=source.id)) == 2
+
+
 async def test_w_asks_where_a_running_run_is_and_shows_the_workers_answer(engine: Engine) -> None:
     async with expect_events(engine, StepStarted):  # its node is called in the same turn
         job_id = await engine.enqueue("slow", {"order_id": "W1"})
