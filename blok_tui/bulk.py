@@ -45,6 +45,7 @@ class BulkPlan:
     # "3 completed on a later delivery".
     left_out: tuple[tuple[str, int], ...] = ()
     budget: str = ""  # the retry budget a requeue gives, in words
+    note: str = ""  # what the action does not do that the operator may expect, in a sentence
 
     @property
     def question(self) -> str:
@@ -63,6 +64,8 @@ class BulkPlan:
         if self.left_out:
             jobs = ", ".join(f"{n:,} {why}" for why, n in self.left_out)
             parts.append(f"Left out, by job: {jobs}.")
+        if self.note:
+            parts.append(self.note)
         return " ".join(parts)
 
 
@@ -79,8 +82,13 @@ async def plan_for_runs(
     jobs = await book.read(engine, (run.job_id for run in newest))
     if action == "replay":
         kept = []
+        dead_letters = 0
         for run in newest:
             job = jobs.get(run.job_id)
+            if job is not None and job.state is JobState.CANCELLED and job.meta.get("discarded"):
+                left_out["discarded"] += 1  # taken out of the dead letters: "never runs again"
+                continue
+            dead_letters += job is not None and job.state is JobState.DEAD
             if job is not None and job.run_id != run.id:
                 if job.state is JobState.COMPLETED:
                     left_out["completed on a later delivery"] += 1
@@ -89,6 +97,19 @@ async def plan_for_runs(
                     left_out["still retrying"] += 1
                     continue
             kept.append(run.id)
+        note = ""
+        if dead_letters:
+            # Replayed, a dead letter stays one: a requeue of it later runs it once more.
+            which = (
+                "1 is a dead letter" if dead_letters == 1 else f"{dead_letters:,} are dead letters"
+            )
+            note = (
+                f"{which}: it stays in the dead-letter queue once replayed (to run a dead "
+                "letter again instead, requeue it from the dead-letter view)"
+            )
+            if dead_letters > 1:
+                note = note.replace("it stays", "they stay").replace("requeue it", "requeue them")
+            note += "."
         return BulkPlan(
             action,
             tuple(kept),
@@ -97,6 +118,7 @@ async def plan_for_runs(
             given=per_job.given,
             jobs=len(newest),
             left_out=tuple(left_out.most_common()),
+            note=note,
         )
     # requeue: the dead (or failed) jobs of the runs chosen, each once.
     dead = []

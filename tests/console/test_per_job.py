@@ -173,23 +173,30 @@ async def test_a_page_of_running_and_failed_runs_reads_their_jobs_at_once(engine
 
 # ---- bulk actions act once per job --------------------------------------------------------------
 async def test_replaying_every_failed_run_replays_each_dead_job_once(engine: Engine) -> None:
-    jobs = await _dead(engine, 2)  # four failed runs: two deliveries each
+    jobs = await _dead(engine, 3)  # six failed runs: two deliveries each
     await _recovered(engine)  # one failed run whose job completed later
+    # Discarded: "it never runs again" (a bulk replay ran it all the same).
+    discarded = jobs.pop()
+    await engine.discard(discarded)
     newest = {}
     for run in await engine.runs(status="failed", queue="doomed", limit=10):
-        newest.setdefault(run.job_id, run.id)  # newest first
+        if run.job_id != discarded:
+            newest.setdefault(run.job_id, run.id)  # newest first
     app = BlokApp(engine)
     async with app.run_test(size=SIZE) as pilot:
         await settled(pilot)
         await command(pilot, "runs failed")
-        assert len(app.screen.query_one("#runs", RowTable).keys) == 5
+        assert len(app.screen.query_one("#runs", RowTable).keys) == 7
         await pilot.press("R")
         await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
         confirm = app.screen
         assert text_of(confirm.query_one(".question", Static)).strip() == "Replay 2 runs?"
         detail = " ".join(text_of(confirm.query_one(".detail", Static)).split())
-        assert "5 runs of 3 jobs, each job once (its newest run)." in detail
-        assert "Left out, by job: 1 completed on a later delivery." in detail
+        assert "7 runs of 4 jobs, each job once (its newest run)." in detail
+        assert "Left out, by job: 1 " in detail
+        assert "1 completed on a later delivery" in detail and "1 discarded" in detail
+        # Replayed, the dead letters stay in their queue (a requeue later runs them again).
+        assert "2 are dead letters: they stay in the dead-letter queue once replayed" in detail
         await pilot.press("y")
         await until(pilot, lambda: app.last_bulk is not None)
         assert set(app.last_bulk.replayed) == set(newest.values())
