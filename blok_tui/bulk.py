@@ -100,16 +100,12 @@ async def plan_for_runs(
         note = ""
         if dead_letters:
             # Replayed, a dead letter stays one: a requeue of it later runs it once more.
-            which = (
-                "1 is a dead letter" if dead_letters == 1 else f"{dead_letters:,} are dead letters"
-            )
             note = (
-                f"{which}: it stays in the dead-letter queue once replayed (to run a dead "
-                "letter again instead, requeue it from the dead-letter view)"
+                "1 is a dead letter, and stays in the dead-letter queue once replayed."
+                if dead_letters == 1
+                else f"{dead_letters:,} are dead letters, and stay in the dead-letter queue "
+                "once replayed."
             )
-            if dead_letters > 1:
-                note = note.replace("it stays", "they stay").replace("requeue it", "requeue them")
-            note += "."
         return BulkPlan(
             action,
             tuple(kept),

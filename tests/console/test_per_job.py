@@ -196,7 +196,7 @@ async def test_replaying_every_failed_run_replays_each_dead_job_once(engine: Eng
         assert "Left out, by job: 1 " in detail
         assert "1 completed on a later delivery" in detail and "1 discarded" in detail
         # Replayed, the dead letters stay in their queue (a requeue later runs them again).
-        assert "2 are dead letters: they stay in the dead-letter queue once replayed" in detail
+        assert "2 are dead letters, and stay in the dead-letter queue once replayed." in detail
         await pilot.press("y")
         await until(pilot, lambda: app.last_bulk is not None)
         assert set(app.last_bulk.replayed) == set(newest.values())
