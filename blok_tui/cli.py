@@ -1549,8 +1549,16 @@ def _queue_state(info: Any, served: bool) -> str:
 
 async def _queues(args: argparse.Namespace) -> None:
     async with _client(args) as engine:
+        from engine import RunFilter
+
         infos = await engine.queues()
         stats = {info.name: await engine.queue_stats(info.name) for info in infos}
+        # Jobs a rate limit or a concurrency key holds: delayed jobs, but not for a backoff or
+        # a start delay (the console's queues view counts them apart too).
+        throttled = {
+            info.name: await engine.count_runs(RunFilter.of("throttled", queue=info.name))
+            for info in infos
+        }
     if args.json:
         print(
             json.dumps(
@@ -1558,6 +1566,7 @@ async def _queues(args: argparse.Namespace) -> None:
                     {
                         **info.model_dump(mode="json"),
                         **stats[info.name].model_dump(mode="json"),
+                        "throttled": throttled[info.name],  # of the delayed ones
                     }
                     for info in infos
                 ],
@@ -1565,11 +1574,22 @@ async def _queues(args: argparse.Namespace) -> None:
             )
         )
         return
-    states = ("waiting", "active", "delayed", "completed", "failed", "cancelled", "dead")
+    states = (
+        "waiting",
+        "active",
+        "delayed",
+        "throttled",
+        "completed",
+        "failed",
+        "cancelled",
+        "dead",
+    )
     header = ("QUEUE", "WORKFLOW", "PROVIDER", "SLOTS", "STATE", *(s.upper() for s in states))
     rows = [header]
     for info in infos:
         counts = stats[info.name].model_dump()
+        counts["throttled"] = throttled[info.name]
+        counts["delayed"] = max(0, counts["delayed"] - throttled[info.name])
         rows.append(
             (
                 printable(info.name),

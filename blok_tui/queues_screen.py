@@ -19,7 +19,7 @@ from . import actions
 from .base_screen import Changes, RowFilterScreen
 from .console import count, day_time, printable, short_ids, status_text
 from .jobs import RETRIED_AFTER, one_per_job, then_text
-from .phrases import fitted, phrase
+from .phrases import Phrase, fitted, phrase
 from .plain_text import one_line_keeping_where
 from .widgets import FilterInput, sparkline
 from .widgets.row_table import Column, RowTable
@@ -183,16 +183,23 @@ class QueuesScreen(RowFilterScreen):
         counted = f"{queues} queue{'' if queues == 1 else 's'}"
         if self.text:  # the table shows only those the filter matches
             counted = f"{self.shown} of {counted}"
+        delayed = max(0, totals.delayed - waiting - throttled)
+
+        def count(n: int, what: str, keep: int, style: str = "", gap: str = " · ") -> Phrase:
+            # A count of none goes before any count of some: at 80 columns "0 delayed" stayed
+            # and "85 throttled" went, and the line said the backlog was empty.
+            return phrase(f"{n:,} {what}", style, gap=gap, keep=keep if n else keep - 5)
+
         phrases = [
             phrase(counted, "bold", keep=9),
-            phrase(f"{totals.waiting:,} queued", gap="   ", keep=8),
-            phrase(f"{totals.active:,} running", gap=" · ", keep=8),
-            phrase(f"{waiting:,} waiting", gap=" · ", keep=6),
-            phrase(f"{max(0, totals.delayed - waiting - throttled):,} delayed", gap=" · ", keep=5),
-            phrase(f"{totals.dead:,} dead", "magenta" if totals.dead else "", gap=" · ", keep=7),
+            count(totals.waiting, "queued", 8, gap="   "),
+            count(totals.active, "running", 8),
+            count(waiting, "waiting", 6),
+            count(delayed, "delayed", 5),
+            count(totals.dead, "dead", 7, "magenta" if totals.dead else ""),
         ]
         if throttled:  # only when some are: the line is full on a narrow screen
-            phrases.insert(5, phrase(f"{throttled:,} throttled", "dark_orange", gap=" · ", keep=5))
+            phrases.insert(5, count(throttled, "throttled", 5, "dark_orange"))
         if self.text and not self.shown:
             # Else an empty table under the counts of every queue, and nothing said. (Where
             # the line is short, "0 of 7 queues" says it.)

@@ -345,6 +345,18 @@ async def test_runs_says_when_a_throttled_run_may_start_in_this_machines_time(
         [held] = await engine.runs(status="throttled")
         await engine.flush()
         listed = await anyio.to_thread.run_sync(lambda: blok("runs", "--db", database))
-    [row] = [line for line in listed.stdout.splitlines() if line.startswith(held.id)]
-    assert "runs started in the last 20s; may start at " in row, row
-    assert row.endswith(held.run_at.astimezone().strftime("may start at %H:%M:%S")), row
+        queues = await anyio.to_thread.run_sync(lambda: blok("queues", "--db", database))
+        as_json = await anyio.to_thread.run_sync(
+            lambda: blok_json("queues", "--json", "--db", database)
+        )
+    # `queues` counts it throttled, not delayed, as the console does (an operator looked for a
+    # backoff), in the table and in its JSON.
+    header = queues.stdout.splitlines()[0].split()
+    cells = row(queues.stdout, "limited").split()
+    assert header.index("THROTTLED") == header.index("DELAYED") + 1, header
+    delayed = cells[-len(header) + header.index("DELAYED") :][:2]
+    assert delayed == ["0", "1"], queues.stdout  # DELAYED, THROTTLED
+    assert (as_json[0]["delayed"], as_json[0]["throttled"]) == (1, 1), as_json
+    [row_] = [line for line in listed.stdout.splitlines() if line.startswith(held.id)]
+    assert "runs started in the last 20s; may start at " in row_, row_
+    assert row_.endswith(held.run_at.astimezone().strftime("may start at %H:%M:%S")), row_

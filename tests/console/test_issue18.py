@@ -288,6 +288,12 @@ async def test_the_queues_view_counts_runs_a_rate_limit_holds_as_throttled_not_d
             assert str(table.cell("limited", "delayed")).strip() == "·"
             summary = text_of(app.screen.query_one("#summary", Static))
             assert "0 delayed · 2 throttled ·" in summary, summary
+            # Narrow, counts of none go first: "2 throttled" went, the line read "0 queued ·
+            # 0 running · 0 waiting · 0 delayed", and the backlog looked empty.
+            await pilot.resize_terminal(60, 24)
+            await settled(pilot)
+            summary = text_of(app.screen.query_one("#summary", Static))
+            assert "2 throttled" in summary and "0 delayed" not in summary, summary
 
 
 async def test_the_queues_view_marks_a_queue_no_live_worker_serves(tmp_path: Path) -> None:
