@@ -13,7 +13,7 @@ from textual.binding import Binding, BindingType
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.content import Content
 
-from engine.filters import NO_BASELINE_S, STUCK_FACTOR
+from engine.filters import MIN_STUCK_ENV, MIN_STUCK_S, NO_BASELINE_S, STUCK_FACTOR
 
 # Where an action applies: the whole app, or one kind of view.
 APP = "app"
@@ -97,8 +97,9 @@ RUN_FLAGS: dict[str, RunFlags] = {
 FILTER_HELP = {
     "retrying": "still going, with a failed attempt behind them",
     "stuck": (
-        f"running longer than {STUCK_FACTOR:g}× their workflow's median"
-        f" ({NO_BASELINE_S / 60:g}m if none completed)"
+        f"running longer than {STUCK_FACTOR:g}× their workflow's median, and"
+        f" {MIN_STUCK_S:g}s at least ({MIN_STUCK_ENV}; {NO_BASELINE_S / 60:g}m if none"
+        " completed)"
     ),
 }
 

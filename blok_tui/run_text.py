@@ -26,7 +26,7 @@ from engine import (
     WaitReason,
     format_duration,
 )
-from engine.filters import STUCK_FACTOR
+from engine.filters import STUCK_FACTOR, min_stuck_s
 from engine.text import printable
 
 from .console import local_times
@@ -190,8 +190,9 @@ def _stuck(run: Run, now: datetime, usual: float | None) -> str:
     command that says where it is."""
     if run.started_at is None or not usual:
         return ""
-    times = (now - run.started_at).total_seconds() / usual
-    if times <= STUCK_FACTOR:
+    took = (now - run.started_at).total_seconds()
+    times = took / usual
+    if times <= STUCK_FACTOR or took < min_stuck_s():
         return ""
     return (
         f", {times:.0f}× its workflow's usual {format_duration(usual * 1000)}: stuck? "

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 
+from .durations import parse_duration
 from .models import Run, RunStatus
 
 # "Stuck", where the console, `runs --stuck` and `show` say it without a factor: running longer
@@ -13,6 +15,22 @@ STUCK_FACTOR = 3.0
 # A workflow none of whose runs completed has no median to go by: its runs are stuck once they
 # have run this long. Left out, the workflow that hangs every time was the one never found.
 NO_BASELINE_S = 600.0
+# And never before this long, whatever the median: with one of 50 ms, a run of 2.5 s was stuck,
+# and the stuck filter's bulk cancel took payments a slow gateway was about to answer. The
+# environment's BLOK_STUCK_MIN (a duration: "5s", "2m") sets another.
+MIN_STUCK_S = 30.0
+MIN_STUCK_ENV = "BLOK_STUCK_MIN"
+
+
+def min_stuck_s() -> float:
+    """The least a run runs before it is "stuck": BLOK_STUCK_MIN, else MIN_STUCK_S."""
+    given = os.environ.get(MIN_STUCK_ENV)
+    if not given:
+        return MIN_STUCK_S
+    try:
+        return parse_duration(given) / 1000
+    except ValueError as error:
+        raise ValueError(f"{MIN_STUCK_ENV}: {error}") from None
 
 
 @dataclass(frozen=True, slots=True)

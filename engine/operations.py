@@ -157,11 +157,13 @@ async def resolve_stuck(store: RunStore, where: RunFilter, sample: int = STUCK_S
     if where.stuck is None:
         return where
     running = await matching_runs(store, RunFilter(status=(str(RunStatus.RUNNING),)))
+    floor = filters.min_stuck_s()
     now = time.time()
     cutoffs: list[tuple[str, float]] = []
     for workflow in sorted({run.workflow_name for run in running}):
         median = await median_duration(store, workflow, sample)
         limit = where.stuck * median if median is not None else filters.NO_BASELINE_S
+        limit = max(limit, floor)
         cutoffs.append((workflow, now - limit))
     return replace(where, stuck_cutoffs=tuple(cutoffs))
 

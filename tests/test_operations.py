@@ -455,7 +455,12 @@ async def test_retry_now_from_a_console_process_starts_a_delayed_run(tmp_path: P
 
 
 # ---- filters --------------------------------------------------------------------------------
-async def test_stuck_runs_are_those_far_past_their_workflow_median(database: Path | None) -> None:
+async def test_stuck_runs_are_those_far_past_their_workflow_median(
+    database: Path | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Past 3 × the median, but not past the floor (BLOK_STUCK_MIN): not stuck. With a median
+    # of 50 ms a run of 2.5 s was, and the stuck filter's bulk cancel took it.
+    monkeypatch.setenv("BLOK_STUCK_MIN", "0")
     gate, other_gate = Gate(), Gate()
     flows = [
         flow("slowpoke", Step("work", gate), concurrency=4),
@@ -476,6 +481,9 @@ async def test_stuck_runs_are_those_far_past_their_workflow_median(database: Pat
             # Time has to pass (3 × the median): there is nothing to await.
             while not await engine.stuck_runs(factor=3):  # noqa: ASYNC110
                 await anyio.sleep(0.05)
+        monkeypatch.setenv("BLOK_STUCK_MIN", "1h")
+        assert await engine.runs(stuck=3.0) == []
+        monkeypatch.setenv("BLOK_STUCK_MIN", "0")
         assert [r.id for r in await engine.runs(stuck=3.0)] == [hung_run.id]
         assert await engine.count_runs(RunFilter.of(stuck=3.0)) == 1
         assert await engine.runs(stuck=1e9) == []
@@ -494,6 +502,7 @@ async def test_a_workflow_that_never_completed_has_its_runs_stuck_after_the_no_b
     # The workflow that hangs every time has no median: its runs, hung for 11 minutes, were
     # never "stuck", and the operator's filter found nothing.
     monkeypatch.setattr(filters, "NO_BASELINE_S", 0.2)
+    monkeypatch.setenv("BLOK_STUCK_MIN", "0")
     gate = Gate()
     async with Engine(workflows=[flow("hangs", Step("work", gate))], database=database) as engine:
         hung_run = await run_of(engine, await engine.enqueue("hangs"))

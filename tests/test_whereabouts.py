@@ -341,9 +341,12 @@ async def _naps(ctx: Any, seconds: float, release: anyio.Event) -> None:
         await release.wait()  # where a long nap waits
 
 
-async def test_a_stuck_run_is_listed_by_runs_stuck_and_placed_by_where(tmp_path: Path) -> None:
+async def test_a_stuck_run_is_listed_by_runs_stuck_and_placed_by_where(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """What a headless operator types: `blok-tui runs --stuck`, then `blok-tui where`; the
     engine here is the other process's worker."""
+    monkeypatch.setenv("BLOK_STUCK_MIN", "0")  # the commands' environment too: no 30 s floor
     release = anyio.Event()
     flows = [
         Workflow(
