@@ -5,6 +5,7 @@ letters; p pauses or resumes it."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import ClassVar
 
 from rich.cells import cell_len
@@ -113,7 +114,10 @@ class QueuesScreen(RowFilterScreen):
         workers = await self.engine.workers()
         states = {w.id: self.engine.worker_state(w) for w in workers}
         failed = await self.engine.runs(status=sorted(RETRIED_AFTER), limit=FAILURES_READ)
-        failures = one_per_job(failed).runs[:FAILURES_SHOWN]
+        # When each failed, newest first: listed by their starts, a crash found at 18:08:28
+        # read 18:08:17, and the lines came out of order.
+        failures = sorted(one_per_job(failed).runs, key=_failed_at, reverse=True)
+        failures = failures[:FAILURES_SHOWN]
         jobs = await self.blok.jobs.read(self.engine, (run.job_id for run in failures))
         # Everything read first, then drawn at once: the view may be gone after any await.
         if self.closing:
@@ -185,21 +189,21 @@ class QueuesScreen(RowFilterScreen):
             counted = f"{self.shown} of {counted}"
         delayed = max(0, totals.delayed - waiting - throttled)
 
-        def count(n: int, what: str, keep: int, style: str = "", gap: str = " · ") -> Phrase:
+        def tally(n: int, what: str, keep: int, style: str = "", gap: str = " · ") -> Phrase:
             # A count of none goes before any count of some: at 80 columns "0 delayed" stayed
             # and "85 throttled" went, and the line said the backlog was empty.
             return phrase(f"{n:,} {what}", style, gap=gap, keep=keep if n else keep - 5)
 
         phrases = [
             phrase(counted, "bold", keep=9),
-            count(totals.waiting, "queued", 8, gap="   "),
-            count(totals.active, "running", 8),
-            count(waiting, "waiting", 6),
-            count(delayed, "delayed", 5),
-            count(totals.dead, "dead", 7, "magenta" if totals.dead else ""),
+            tally(totals.waiting, "queued", 8, gap="   "),
+            tally(totals.active, "running", 8),
+            tally(waiting, "waiting", 6),
+            tally(delayed, "delayed", 5),
+            tally(totals.dead, "dead", 7, "magenta" if totals.dead else ""),
         ]
         if throttled:  # only when some are: the line is full on a narrow screen
-            phrases.insert(5, count(throttled, "throttled", 5, "dark_orange"))
+            phrases.insert(5, tally(throttled, "throttled", 5, "dark_orange"))
         if self.text and not self.shown:
             # Else an empty table under the counts of every queue, and nothing said. (Where
             # the line is short, "0 of 7 queues" says it.)
@@ -224,7 +228,7 @@ class QueuesScreen(RowFilterScreen):
         short = short_ids([run.id for run in runs])
         width = max(map(len, short.values()), default=0)  # the notes after them line up
         for n, run in enumerate(runs):
-            text.append(day_time(run.started_at or run.created_at, tz, now), style="grey50")
+            text.append(day_time(_failed_at(run), tz, now), style="grey50")
             text.append("  ")
             text.append_text(status_text(str(run.status), label=False))
             text.append(f" {printable(run.workflow_name):<18.18} ", style="bold")
@@ -280,6 +284,11 @@ class QueuesScreen(RowFilterScreen):
             return
         await self.blok.set_paused(info.name, not info.paused)
         self.request_reload()
+
+
+def _failed_at(run: Run) -> datetime:
+    """When a failed run ended (it has no end recorded while it ends: its start)."""
+    return run.finished_at or run.started_at or run.created_at
 
 
 def job_note(run: Run, job: Job | None) -> Text:

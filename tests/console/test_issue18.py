@@ -36,6 +36,7 @@ from engine import (
     RunStarted,
     Step,
     StepFinished,
+    StepStarted,
     WorkerTrigger,
     Workflow,
 )
@@ -294,6 +295,43 @@ async def test_the_queues_view_counts_runs_a_rate_limit_holds_as_throttled_not_d
             await settled(pilot)
             summary = text_of(app.screen.query_one("#summary", Static))
             assert "2 throttled" in summary and "0 delayed" not in summary, summary
+
+
+async def test_recent_failures_are_listed_by_when_they_failed_with_that_time(
+    tmp_path: Path,
+) -> None:
+    # Listed by their starts, with their starts: a crash found minutes into a run read as
+    # its start, and the lines came out of order.
+    release = anyio.Event()
+
+    async def fail_when_released(ctx: Any) -> None:
+        if ctx.body["wait"]:
+            await release.wait()
+        raise ValueError(f"failed {ctx.body['name']}")
+
+    flaky = Workflow(
+        name="flaky",
+        trigger=WorkerTrigger(queue="flaky", concurrency=2),
+        steps=[Step("go", fail_when_released)],
+    )
+    async with Engine(workflows=[flaky], database=tmp_path / "blok.db") as engine:
+        async with expect_events(engine, StepStarted):
+            late = await engine.enqueue("flaky", {"wait": True, "name": "late"})
+        early = await engine.wait_for_job(
+            await engine.enqueue("flaky", {"wait": False, "name": "early"}), timeout=10
+        )
+        release.set()
+        last = await engine.wait_for_job(late, timeout=10)
+        assert last.started_at < early.started_at < early.finished_at < last.finished_at
+        app = BlokApp(engine)
+        async with app.run_test(size=WIDE) as pilot:
+            await settled(pilot)
+            failures = app.screen.query_one("#failures", Static)
+            await until(pilot, lambda: "failed early" in text_of(failures))
+            lines = [line for line in text_of(failures).splitlines() if "failed " in line]
+            assert ["failed late" in lines[0], "failed early" in lines[1]] == [True, True], lines
+            ended = last.finished_at.astimezone().strftime("%H:%M:%S")
+            assert lines[0].startswith(ended), lines
 
 
 async def test_the_queues_view_marks_a_queue_no_live_worker_serves(tmp_path: Path) -> None:
