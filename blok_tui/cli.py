@@ -738,13 +738,21 @@ def build_parser() -> argparse.ArgumentParser:
         "requeue",
         help="put dead letters back in their queue",
         description="Put each dead-lettered job back in its queue with a fresh retry budget and "
-        "a new run; prints each new run's id.",
+        "a new run; prints each new run's id. With --queue, every dead letter of the queue "
+        "(asked first on a terminal; --yes).",
     )
-    requeue.add_argument("job_ids", nargs="+", metavar="JOB_ID")
+    requeue.add_argument("job_ids", nargs="*", metavar="JOB_ID")
+    requeue.add_argument(
+        "--queue", type=_queue_arg, metavar="QUEUE", help="every dead letter of QUEUE"
+    )
+    requeue.add_argument(
+        "--yes", action="store_true", help="with --queue: requeue them without asking"
+    )
     requeue.add_argument(
         "--force",
         action="store_true",
-        help="requeue a job whose run was replayed and completed (it runs again)",
+        help="requeue a job whose run was replayed, the replay completed or still running "
+        "(it runs again)",
     )
     db_option(requeue, keep)
     discard = commands.add_parser(
@@ -1654,9 +1662,14 @@ def _print_dead(queue: str, jobs: Sequence[Any]) -> None:
 async def _requeue(args: argparse.Namespace) -> int:
     from engine import EngineError, ReplayedAlready
 
+    if bool(args.job_ids) == bool(args.queue):
+        raise UsageError("give job ids or --queue QUEUE (one of them)", "blok-tui requeue")
     refused = 0
     async with _client(args) as engine:
-        for given in args.job_ids:
+        if args.queue:
+            return await _requeue_queue(engine, args)
+        paused = {info.name for info in await engine.queues() if info.paused}
+        for given in dict.fromkeys(args.job_ids):  # a job named twice is requeued once
             # Each job on its own: one refused (unknown, not dead, fixed by a replay) left the
             # valid ones after it in the dead-letter queue without a word.
             try:
@@ -1668,9 +1681,44 @@ async def _requeue(args: argparse.Namespace) -> int:
                 _error(str(error))
             else:
                 print(printable(f"{job.id} requeued: its new run is {job.run_id}"))
+                if job.queue in paused:
+                    _note_paused(job.queue)
+                    paused.discard(job.queue)  # said once per queue
                 continue
             refused += 1
-    return _refusals("requeued", len(args.job_ids), refused)
+    return _refusals("requeued", len(dict.fromkeys(args.job_ids)), refused)
+
+
+async def _requeue_queue(engine: Any, args: argparse.Namespace) -> int:
+    """`requeue --queue Q`: every dead letter of the queue, asked first on a terminal."""
+    count = (await engine.queue_stats(args.queue)).dead
+    question = f"Requeue the {count:,} dead letter(s) of queue {args.queue!r}?"
+    answer = True if args.yes or not count else _confirmed(f"{question} [y/N] ")
+    if answer is None:
+        raise UsageError(
+            "every dead letter of a queue is requeued only when confirmed: there is no "
+            "terminal to ask on, add --yes",
+            "blok-tui requeue",
+        )
+    if not answer:
+        _error("nothing requeued")
+        return 1
+    result = await engine.requeue_dead(args.queue, force=args.force)
+    print(f"{len(result.ids):,} dead letter(s) of queue {args.queue!r} requeued")
+    for job_id, why in result.skipped_ids.items():  # replayed, or taken meanwhile
+        _error(f"job {job_id} left as it is: {why}" + (" (--force)" if "replayed" in why else ""))
+    if result.ids and any(info.paused for info in await engine.queues() if info.name == args.queue):
+        _note_paused(args.queue)
+    return 1 if result.skipped_ids else 0
+
+
+def _note_paused(queue: str) -> None:
+    print(
+        printable(
+            f"blok-tui: note: queue {queue!r} is paused: nothing runs until blok-tui resume {queue}"
+        ),
+        file=sys.stderr,
+    )
 
 
 async def _discard(args: argparse.Namespace) -> int:
@@ -1698,14 +1746,14 @@ async def _discard(args: argparse.Namespace) -> int:
                 _error(f"job {job_id} left as it is: {why}")
             return 0
         refused = 0
-        for given in args.job_ids:
+        for given in dict.fromkeys(args.job_ids):  # a job named twice is discarded once
             try:
                 given = (await engine.find_dead_letter(given)).id  # or the start of its id
                 print(printable(f"{await engine.discard(given)} discarded"))
             except EngineError as error:
                 _error(str(error))
                 refused += 1
-    return _refusals("discarded", len(args.job_ids), refused)
+    return _refusals("discarded", len(dict.fromkeys(args.job_ids)), refused)
 
 
 def _refusals(done: str, given: int, refused: int) -> int:

@@ -371,6 +371,40 @@ def test_a_replay_of_a_run_already_replayed_is_asked_about_or_warned(
     assert (quiet.returncode, quiet.stderr) == (0, "")
 
 
+def test_requeue_takes_a_whole_queue_once_asked_and_a_job_named_twice_once(
+    served: tuple[Path, Worker],
+) -> None:
+    """`discard --queue` existed and `requeue --queue` did not; `requeue X X` requeued X and
+    then refused it ("X is waiting"); a requeue on a paused queue said nothing of the pause."""
+    database, _ = served
+    died = []
+    for _ in range(2):
+        failed = blok("enqueue", "single", '{"seconds": "later"}', "--wait", "--db", database)
+        died.append(blok_json("show", failed.stderr.split()[3], "--json", "--db", database))
+    assert blok("pause", "single", "--db", database).returncode == 0
+    try:
+        _requeue_on_the_paused_queue(database, died[0]["job_id"])
+    finally:
+        assert blok("resume", "single", "--db", database).returncode == 0
+
+
+def _requeue_on_the_paused_queue(database: Path, first: str) -> None:
+    twice = blok("requeue", first, first, "--db", database)
+    assert twice.returncode == 0 and twice.stdout.count(" requeued: ") == 1, twice
+    assert twice.stderr == (
+        "blok-tui: note: queue 'single' is paused: nothing runs until blok-tui resume single\n"
+    )
+    unasked = blok("requeue", "--queue", "single", "--db", database)
+    assert unasked.returncode == 2 and "add --yes" in unasked.stderr, unasked.stderr
+    rest = blok("requeue", "--queue", "single", "--yes", "--db", database)
+    said = "1 dead letter(s) of queue 'single' requeued\n"
+    assert (rest.returncode, rest.stdout) == (0, said), rest.stderr
+    assert "is paused" in rest.stderr
+    assert blok("dead", "single", "--db", database).stdout == "no dead letters on queue 'single'\n"
+    neither = blok("requeue", "--db", database)
+    assert neither.returncode == 2 and "give job ids or --queue QUEUE" in neither.stderr
+
+
 def test_discard_takes_dead_letters_out_one_by_one_or_a_whole_queue(tmp_path: Path) -> None:
     """Dead letters could only be requeued: a queue's failures nobody meant to retry stayed
     in `blok-tui dead` (and the console's list) for ever."""
