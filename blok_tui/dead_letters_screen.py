@@ -12,7 +12,7 @@ from textual.app import ComposeResult
 from textual.binding import BindingType
 from textual.widgets import Static
 
-from engine import EngineError, Job, ReplayedAlready
+from engine import DatabaseError, EngineError, Job, ReplayedAlready
 
 from . import actions
 from .base_screen import Changes, RowFilterScreen
@@ -157,10 +157,16 @@ class DeadLettersScreen(RowFilterScreen):
             self.notify(str(error), title="Requeue refused", severity="error")
             return
         self.blok.jobs.forget([job.id])
-        self.notify(
-            f"job {job.id} is back on {self.queue} with a fresh run and {budget_words([job])}",
-            title="Requeued",
-        )
+        said = f"job {job.id} is back on {self.queue} with a fresh run and {budget_words([job])}"
+        try:
+            paused = any(q.paused for q in await self.engine.queues() if q.name == self.queue)
+        except (EngineError, DatabaseError):
+            paused = False  # the toast says what was done; the queues view says the rest
+        if paused:  # else it looked requeued and then nothing ran
+            said += (
+                f"; the queue is paused: nothing runs until it is resumed (:resume {self.queue})"
+            )
+        self.notify(said, title="Requeued")
         self.request_reload()
 
     def action_discard(self) -> None:

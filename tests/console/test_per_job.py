@@ -258,6 +258,22 @@ async def test_requeue_from_the_dead_letters_says_the_budget_it_gives(engine: En
         assert note == (
             f"job {job_id} is back on doomed with a fresh run and 1 retry (up to 2 deliveries)"
         )
+        # On a paused queue it is said, or it looked requeued and then nothing ran.
+        await engine.wait_for_job(job_id, timeout=10)  # dead again: its input is as bad
+        [other] = await _dead(engine, 1)  # the newest dead letter: the one selected
+        await engine.pause("doomed")
+        await pilot.press("escape")
+        await command(pilot, "dlq doomed")
+        screen = app.screen
+        assert isinstance(screen, DeadLettersScreen)
+        await until(pilot, lambda: screen.selected_job_id() == other)
+        await pilot.press("r")
+        await until(pilot, lambda: other in "".join(n.message for n in app._notifications))
+        [note] = [n.message for n in app._notifications if other in n.message]
+        assert note.endswith(
+            "; the queue is paused: nothing runs until it is resumed (:resume doomed)"
+        ), note
+        await engine.resume("doomed")
 
 
 async def test_recent_failures_are_one_line_per_job(engine: Engine) -> None:
