@@ -236,6 +236,7 @@ class Ledger:
         self.told: Callable[[str, str], bool] | None = None
         # Engine lines made for a run and not written yet: they ride in its next transition.
         self._notes: dict[str, list[LogLine]] = {}
+        self._fates: dict[str, str] = {}  # run id → its job's fate, for the worker's log
         # Jobs enqueued here, oldest first: until the job ends here, the change token from
         # before its add (`pending_since`); once it completed here, the run it completed with,
         # for a `wait_for_job` that comes after the end (a script submits a batch, then collects
@@ -296,13 +297,15 @@ class Ledger:
 
     # ---- publishing ------------------------------------------------------------------------
     def _finished(self, run: Run) -> None:
+        fate = self._fates.pop(run.id, "")
         if run.status is not RunStatus.COMPLETED:  # nothing to log on the happy path
             ends_log.log(
                 logging.WARNING if run.status in _WARNED_ENDS else logging.INFO,
-                "%s %s: %s",
+                "%s %s%s: %s",
                 run.workflow_name,
                 run.status,
-                run.error or "-",
+                f" ({fate})" if fate else "",  # a retried failure's line read the same
+                run.error or "-",  # its place ("(at pay.py:9)") last, as everywhere
                 extra={"run_id": run.id, "step": run.error_step},
             )
         if self.bus.active:
@@ -387,6 +390,8 @@ class Ledger:
         line = engine_line(message, level, self.clock.now())
         run.logs.append(line)
         self._notes.setdefault(run.id, []).append(line)
+        if level == "error":  # its job to the dead-letter queue: said by the run's end line
+            self._fates[run.id] = message.replace(f"job {run.job_id} ", "its job ", 1)
 
     def _transition(
         self, claim_job: Job, epoch: int, update: JobUpdate | None, *runs: Run

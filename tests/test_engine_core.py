@@ -103,7 +103,7 @@ async def test_retry_records_every_attempt(database: Path | None) -> None:
     ("retries", "said"), [(1, "used up its retry"), (2, "used up its 2 retries")]
 )
 async def test_a_dead_letters_last_run_says_how_many_retries_it_used(
-    database: Path | None, retries: int, said: str
+    database: Path | None, retries: int, said: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     async def broken(ctx) -> None:
         raise ValueError("card declined")
@@ -115,6 +115,12 @@ async def test_a_dead_letters_last_run_says_how_many_retries_it_used(
         assert (await engine.get_job(job_id)).state is JobState.DEAD
         lines = [line.message for line in run.logs]
         assert f"job {job_id} {said}: moved to the dead-letter queue" in lines
+    # And the worker's log, on the run's last line: it read the same, retried or dead.
+    lines = [r.getMessage() for r in caplog.records if r.name == "blok.runs"]
+    assert len(lines) == retries + 1
+    dead = f"pay failed (its job {said}: moved to the dead-letter queue): [step 1/1] charge"
+    assert lines[-1].startswith(dead), lines
+    assert "dead-letter" not in " ".join(lines[:-1])
 
 
 async def test_failure_message_names_the_step_and_keeps_the_cause(database: Path | None) -> None:

@@ -68,7 +68,10 @@ def test_a_runs_warnings_name_the_run_and_step_until_logging_is_configured(
     tmp_path: Path, how: str
 ) -> None:
     run_id, lines = _stderr(tmp_path, how)
-    failed = "shop.charge failed: [step 1/1] charge failed: declined (at workflows/charge.py:7)"
+    failed = (
+        "shop.charge failed (its job failed with no retries: moved to the dead-letter queue): "
+        "[step 1/1] charge failed: declined (at workflows/charge.py:7)"
+    )
     if how == "unconfigured":
         assert lines == [
             f"WARNING blok.run.shop.charge [{run_id} charge]: card refused for A1",
