@@ -24,7 +24,7 @@ from .backends.base import Backend, WorkerCatalog
 from .durations import format_duration
 from .errors import EngineError
 from .liveness import GONE, SERVING, LiveWorkers, why_not_serving, worker_state
-from .models import QueueInfo, WorkerInfo
+from .models import QueueInfo, QueueStats, WorkerInfo
 from .versions import split_line, splits_in
 
 DEFAULT_MAX_AGE_S = 300.0
@@ -59,6 +59,8 @@ class HealthReader(Protocol):
 
     async def oldest_waiting(self, queue: str) -> datetime | None: ...
 
+    async def queue_stats(self, queue: str) -> QueueStats: ...
+
 
 def _seconds(value: float) -> str:
     return format_duration(round(value * 1000))
@@ -80,7 +82,8 @@ async def check(operator: HealthReader, max_age_s: float = DEFAULT_MAX_AGE_S) ->
     not_serving = {w.id: state for w, state in frozen}
     # Named in the reason, healthy or not: a worker that keeps its jobs and serves none of them.
     silent = "".join(f"; {why_not_serving(w, state, now)}" for w, state in frozen)
-    waiting = await _waiting(operator, [q for q in await operator.queues() if not q.paused])
+    queues = await operator.queues()
+    waiting = await _waiting(operator, [q for q in queues if not q.paused])
     if not alive:
         reason = f"no worker alive on {where}{silent}"
         return Health(False, reason, database, 0, waiting, not_serving)
@@ -104,7 +107,8 @@ async def check(operator: HealthReader, max_age_s: float = DEFAULT_MAX_AGE_S) ->
     splits = splits_in(catalogs)
     split = "".join(f"; {split_line(name, v)}" for name, v in sorted(splits.items()))
     failing = _load_errors(catalogs)
-    reason = f"database {where} ok, {workers}, {oldest}{silent}{split}{failing}"
+    held = await _held(operator, queues)
+    reason = f"database {where} ok, {workers}, {oldest}{held}{silent}{split}{failing}"
     return Health(True, reason, database, len(alive), waiting, not_serving, splits)
 
 
@@ -119,6 +123,26 @@ def _load_errors(catalogs: Sequence[WorkerCatalog]) -> str:
         return ""
     files = f"{len(errors)} workflow file{'s' if len(errors) > 1 else ''} failed to load"
     return f"; {files} on live workers: {sorted(errors.values())[0]}"
+
+
+async def _held(operator: HealthReader, queues: Sequence[QueueInfo]) -> str:
+    """What a healthy answer would hide, as notes: the paused queues that hold jobs (their
+    age is not judged: "no job waiting" was said of a paused queue holding 16), and the
+    dead letters (a total outage read "healthy" while every job went there)."""
+    notes = []
+    dead = 0
+    for info in queues:
+        try:
+            stats = await operator.queue_stats(info.name)
+        except EngineError:  # removed by a reload meanwhile, or another process's memory
+            continue
+        dead += stats.dead
+        pending = stats.waiting + stats.delayed
+        if info.paused and pending:
+            notes.append(f"queue {info.name} is paused with {pending:,} job(s) waiting")
+    if dead:
+        notes.append(f"{dead:,} dead letter(s) (blok-tui dead QUEUE)")
+    return "".join(f"; {note}" for note in notes)
 
 
 async def _waiting(operator: HealthReader, queues: Sequence[QueueInfo]) -> dict[str, float]:

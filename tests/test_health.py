@@ -110,10 +110,30 @@ async def test_health_fails_once_a_queue_leaves_a_job_waiting_too_long(
         assert (await e.health(max_age="1h")).ok  # the same wait is fine with more patience
 
         await e.pause("narrow")  # a paused queue holds its jobs on purpose
-        assert (await e.health(max_age="100ms")).ok
+        paused = await e.health(max_age="100ms")
+        assert paused.ok
+        # ... and the healthy answer says so: "no job waiting" was said of a paused queue
+        # that held 16.
+        assert "; queue narrow is paused with 1 job(s) waiting" in paused.reason, paused.reason
         await e.resume("narrow")
         release.set()
         await e.wait_for_job(first, timeout=10)
+
+
+@pytest.mark.anyio
+async def test_a_healthy_answer_counts_the_dead_letters(database: Path | str | None) -> None:
+    # A total outage (every job failing into the dead-letter queue) read "healthy: ... no job
+    # waiting", and the probe saw nothing.
+    async def declined(ctx: Any) -> None:
+        raise ValueError("declined")
+
+    flow = Workflow(name="pay", trigger=WorkerTrigger(queue="pay"), steps=[Step("go", declined)])
+    async with Engine(workflows=[flow], database=database) as e:
+        assert "dead letter" not in (await e.health()).reason
+        for _ in range(2):
+            await e.wait_for_job(await e.enqueue("pay", {}), timeout=10)
+        report = await e.health()
+        assert report.ok and report.reason.endswith("; 2 dead letter(s) (blok-tui dead QUEUE)")
 
 
 # ---- blok-tui health -----------------------------------------------------------------------
