@@ -31,6 +31,9 @@ JOBS_PURGE_CHUNK = 2000  # finished jobs deleted in one transaction
 # was queued at once: on SQLite (one writer) a purge of 100,000 runs held every job 1-1.7 s,
 # and the finished jobs went in one transaction that held them longer still.
 PURGE_REST = 1.0
+# A dead worker stays listed, as gone, this long after its last heartbeat (its jobs are taken
+# over at once all the same); then it is forgotten.
+GONE_KEPT_S = 600.0
 
 
 async def _rest_after(began: float) -> None:
@@ -119,8 +122,12 @@ class Chores:
             if run is not None and run.status is RunStatus.RUNNING:
                 self.ledger.abandon(run, reason, seen.get(run.worker) if run.worker else None)
                 crashed += 1
+        # Kept a while as gone: `blok-tui workers` and the console's `:workers` listed only the
+        # survivors a second after a kill -9, and nothing said which worker had died.
+        forget_before = self.backend.clock.now() - timedelta(seconds=GONE_KEPT_S)
         for worker_id in dead:
-            await self.backend.shared.forget_worker(worker_id)
+            if seen[worker_id] < forget_before:
+                await self.backend.shared.forget_worker(worker_id)
         await self.backend.runs.flush()
         if crashed or released:
             log.warning(

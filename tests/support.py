@@ -240,6 +240,16 @@ def record_sleeps(monkeypatch: pytest.MonkeyPatch, module: types.ModuleType) -> 
     return slept
 
 
+def process_runs_here(pid: int) -> bool:
+    """Whether `pid` is a process of this machine that runs (a zombie, killed and not yet
+    reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
 def dead_pid() -> int:
     """A pid no process here has any more: a real child's, once it has ended and been reaped."""
     child = subprocess.Popen([sys.executable, "-c", "pass"])

@@ -221,6 +221,10 @@ async def test_a_running_peer_on_the_machine_takes_a_killed_workers_job_before_i
                     await anyio.sleep(0.05)
                     fresh = await client.get_run(fresh.id)
             assert f":{peer.pid}:" in str(fresh.worker)
+            # Taken over, the killed worker stays listed, as gone: `workers` listed only the
+            # survivor a second after the kill, and nothing said which one had died.
+            states = {w.id: client.worker_state(w) for w in await client.workers()}
+            assert states[str(victim.worker)] == "gone", states
             await client.cancel(fresh.id)
 
 

@@ -257,10 +257,11 @@ async def test_a_dead_worker_in_another_pid_namespace_is_found_by_its_heartbeat(
         assert run.status is RunStatus.COMPLETED and run.id != job.run_id
         assert (await worker.get_run(job.run_id)).status is RunStatus.CRASHED
 
-        async def forgotten() -> bool:  # recovery releases the job first, then forgets it
-            return holder not in {w.id for w in await worker.workers()}
+        async def gone() -> bool:  # listed as gone a while (chores.GONE_KEPT_S), not alive
+            states = {w.id: worker.worker_state(w) for w in await worker.workers()}
+            return states.get(holder) == "gone"
 
-        await until(forgotten)
+        await until(gone)
 
 
 async def enqueued(database: str) -> list[Job]:

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from support import freeze, until
+from support import freeze, process_runs_here, until
 
 from engine import Engine
 
@@ -302,7 +302,10 @@ def verify(setup: Setup) -> dict[str, int]:
         ).fetchall()
         open_steps = count(conn, "SELECT count(*) FROM steps WHERE status = 'running'")
         open_attempts = count(conn, "SELECT count(*) FROM attempts WHERE status = 'running'")
-        workers_left = count(conn, "SELECT count(*) FROM workers")
+        # Registrations of live processes: none once all stopped (the killed ones stay
+        # listed a while as gone: chores.GONE_KEPT_S).
+        pids = [pid for (pid,) in conn.execute("SELECT pid FROM workers").fetchall()]
+        workers_left = sum(1 for pid in pids if process_runs_here(pid))
         statuses["lease_expired"] = count(
             conn, "SELECT count(*) FROM runs WHERE error LIKE '%lease expired%'"
         )
