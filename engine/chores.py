@@ -93,19 +93,20 @@ class Chores:
         dead = list(seen)
         if not dead:
             return 0
-        # Not "crashed: …": the run's status says so, and everything that shows the error
-        # shows it after the status ("crashed: crashed: …" otherwise).
-        reason = (
-            "its worker process "
-            + ", ".join(dead)
-            + " died before the run finished (found by recovery)"
-        )
+
+        def reason(worker: str | None) -> str:
+            # Not "crashed: …": the run's status says so, and everything that shows the error
+            # shows it after the status ("crashed: crashed: …" otherwise). Its own worker: the
+            # gone ones stay listed a while, and were named beside it.
+            who = worker or ", ".join(dead)
+            return f"its worker process {who} died before the run finished (found by recovery)"
+
         crashed = released = 0
         for queue in self.backend.queues:
             for job in await queue.held_by(dead):
                 run = await self.backend.runs.get_run(job.run_id)
                 was_running = may_have_begun(run, job)
-                why = reason
+                why = reason(job.worker)
                 if was_running and run is not None and run.status is not RunStatus.RUNNING:
                     # Handed straight to a slot: its code may have run before its start landed.
                     why += "; its start was not recorded, but the run may have begun there"
@@ -120,7 +121,8 @@ class Chores:
         for orphan in orphans:
             run = await self.backend.runs.get_run(orphan.id)
             if run is not None and run.status is RunStatus.RUNNING:
-                self.ledger.abandon(run, reason, seen.get(run.worker) if run.worker else None)
+                last = seen.get(run.worker) if run.worker else None
+                self.ledger.abandon(run, reason(run.worker), last)
                 crashed += 1
         # Kept a while as gone: `blok-tui workers` and the console's `:workers` listed only the
         # survivors a second after a kill -9, and nothing said which worker had died.

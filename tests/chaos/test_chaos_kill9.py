@@ -312,7 +312,12 @@ def verify(setup: Setup) -> dict[str, int]:
         statuses["found_dead"] = count(
             conn, "SELECT count(*) FROM runs WHERE error LIKE '%found by recovery%'"
         )
+        # Each names its own worker, not the gone ones still listed beside it.
+        named = conn.execute(
+            "SELECT error FROM runs WHERE error LIKE '%its worker process %, %died%'"
+        ).fetchall()
     executions = setup.executions()
+    assert named == [], named
 
     assert statuses.get("running", 0) == 0, (statuses, why)
     found = {"lease_expired", "found_dead"}
