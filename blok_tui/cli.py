@@ -1358,7 +1358,7 @@ def _refuse_unless_completed(run: Any) -> None:
 
 async def _cancel(args: argparse.Namespace) -> None:
     async with _client(args) as engine:
-        run = await engine.cancel((await engine.find_run(args.run_id)).id)
+        run = await engine.cancel((await engine.find_run(args.run_id, going=True)).id)
     print(printable(f"{run.id} {run.status}"))
     if not run.terminal:
         # The signal is on its job, and stays: the worker holding it ends the run once it
@@ -1380,7 +1380,7 @@ async def _where(args: argparse.Namespace) -> None:
     from engine import parse_duration
 
     async with _client(args) as engine:
-        run = await engine.find_run(args.run_id)
+        run = await engine.find_run(args.run_id, going=True)
         answer = await engine.where(run.id, timeout=parse_duration(args.timeout) / 1000)
     for line in answer.splitlines():
         print(printable(line))

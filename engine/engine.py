@@ -39,7 +39,17 @@ from .ledger import Ledger
 from .liveness import Orphan, orphaned, this_process, worker_alive, worker_state
 from .loader import import_limit
 from .mailbox import Mailbox
-from .models import EventSent, Job, QueueInfo, QueueStats, Run, WorkerInfo, WorkflowInfo, utcnow
+from .models import (
+    EventSent,
+    Job,
+    QueueInfo,
+    QueueStats,
+    Run,
+    RunStatus,
+    WorkerInfo,
+    WorkflowInfo,
+    utcnow,
+)
 from .operations import BulkResult, ProgressCallback, median_duration
 from .operator import DEFAULT_MAX_PAYLOAD_BYTES, Operator
 from .primitives import global_middleware, run_middleware
@@ -585,11 +595,14 @@ class Engine:
     async def get_run(self, run_id: str) -> Run:
         return await self.operator.get_run(run_id)
 
-    async def find_run(self, word: str) -> Run:
+    async def find_run(self, word: str, *, going: bool = False) -> Run:
         """The run `word` names: its id, the start of its id (with or without `run_`, as the
         console shows ids shortened and git finds a commit) or its job's id (the job's current
         run). The console's `:run` and the command line's RUN_ID arguments go through here.
-        None found, or the start of several ids: an EngineError that says so."""
+        None found, or the start of several ids: an EngineError that says so. `going`: the
+        start of several ids of which one run has not ended is that one (`where`, `cancel`:
+        the console shortens an id only among the runs it lists, and its "1a24c873" of a
+        stuck run was the start of 40 in the database)."""
         try:
             return await self.operator.get_run(word)
         except UnknownRun:
@@ -599,6 +612,11 @@ class Engine:
             return await self.operator.get_run((await self.operator.get_job(word)).run_id)
         prefix = word if word.startswith("run_") else f"run_{word}"
         found = await self.backend.runs.list_runs(RunFilter(id_prefix=prefix), limit=6)
+        if len(found) > 1 and going:
+            live = RunFilter(
+                id_prefix=prefix, status=tuple(str(s) for s in RunStatus if not s.terminal)
+            )
+            found = await self.backend.runs.list_runs(live, limit=6) or found
         if not found:
             how = "" if word.startswith("run_") else ": no run id starts with it"
             raise UnknownRun(f"unknown run {word!r}{how}")

@@ -208,6 +208,24 @@ async def test_unknown_names_are_refused_in_one_line(setup: Setup) -> None:
         await actor.pause("nope")
 
 
+async def test_the_start_of_several_run_ids_names_the_one_still_going_when_asked(
+    setup: Setup,
+) -> None:
+    # The console's "1a24c873" of a stuck run (short among the runs it listed) was the start
+    # of 40 runs in the database: `where` and `cancel` refused it as ambiguous.
+    actor = setup.actor
+    done = await actor.wait_for_job(await actor.enqueue("echo", {"value": 1}), timeout=10)
+    held = await run_of(actor, await actor.enqueue("hold", {}))
+    await status_of(actor, held, RunStatus.RUNNING)
+    shared = next(n for n, (a, b) in enumerate(zip(done.id, held, strict=True)) if a != b)
+    word = held[:shared].removeprefix("run_")
+    assert len(word) >= 4, (done.id, held)  # made within the same minutes: time-first ids
+    with pytest.raises(EngineError, match=f"^'{word}' is the start of "):
+        await actor.find_run(word)
+    assert (await actor.find_run(word, going=True)).id == held
+    await actor.cancel(held)
+
+
 async def test_cancel_a_running_run_held_by_the_worker(setup: Setup) -> None:
     actor = setup.actor
     job = await actor.enqueue("hold", {})
