@@ -18,7 +18,7 @@ from textual.app import ComposeResult
 from textual.binding import BindingType
 from textual.widgets import Static
 
-from engine import DatabaseError, EngineError, Job, Orphan, Run, RunFilter, WaitReason
+from engine import DatabaseError, EngineError, Job, JobState, Orphan, Run, RunFilter, WaitReason
 
 from . import actions
 from .actions import RUN_FLAGS, STATUS_FILTERS
@@ -34,7 +34,7 @@ from .console import (
     short_ids,
     status_text,
 )
-from .jobs import ORPHANED, orphaned_text, then_text
+from .jobs import ORPHANED, RETRIED_AFTER, orphaned_text, then_text
 from .phrases import Phrase, fits, fitted, phrase
 from .run_screen import PANEL_GATES
 from .step_order import GOING, run_ms, time_runs_to
@@ -47,6 +47,9 @@ PAGE = 100  # rows held in the table; the window slides as the cursor reaches an
 READ_PAGE = 1_000  # runs read at a time when a bulk action takes every run the filter matches
 PLAN_NOTICE = 2_000  # runs the filter matches from which planning says it is reading them
 MARK = "●"
+# The "then" of a dead job's last run (its own row, not a later delivery's "↻").
+DEAD_LETTER = Text("dead letter", style="magenta")
+DISCARDED = Text("discarded", style="grey62")
 # Narrow terminals drop the lowest priorities first; the workflow column takes spare room.
 COLUMNS = (
     Column("mark", "", 1, priority=9),
@@ -137,6 +140,7 @@ class RunsScreen(BlokScreen):
         self.short: dict[str, str] = {}  # run id → its shortest unique prefix on this page
         self.fates: dict[str, Job] = {}  # run id → its job, for runs their job outlived
         self.orphans: dict[str, Orphan] = {}  # run id → nobody runs it, for running runs
+        self.last_of: dict[str, Job] = {}  # run id → its dead (or discarded) job, its last run
         self.loaded = False  # the first page is on screen (the benchmark waits for this)
         self.read = False  # the engine answered a first read (rendered with it)
         self.planning = False  # a bulk action's plan is being read
@@ -216,6 +220,18 @@ class RunsScreen(BlokScreen):
             self.start = max(0, self.total - PAGE)
         self.runs = await self._page(where, PAGE, self.start)
         self.fates, self.orphans = await self.blok.jobs.outlook(self.engine, self.runs)
+        # The last run of a dead (or discarded) job: the row an operator acts on was the one
+        # with a blank "then", where its earlier deliveries read "↻ dead". (Read with the
+        # fates above: from the book, no second read.)
+        failed = [run for run in self.runs if str(run.status) in RETRIED_AFTER]
+        jobs = await self.blok.jobs.read(self.engine, (run.job_id for run in failed))
+        self.last_of = {
+            run.id: job
+            for run in failed
+            if (job := jobs.get(run.job_id)) is not None
+            and job.run_id == run.id
+            and (job.state is JobState.DEAD or job.meta.get("discarded"))
+        }
         self.read = True
         self.render_rows()
         self.loaded = True
@@ -246,10 +262,17 @@ class RunsScreen(BlokScreen):
         took = run_ms(run, time_runs_to(run, now, orphan))
         short = self.short
         fate = self.fates.get(run.id)
+        then: Text | str = ""
+        if fate is not None:
+            then = then_text(fate)
+        elif orphan is not None:
+            then = ORPHANED
+        elif run.id in self.last_of:
+            then = DISCARDED if self.last_of[run.id].state is JobState.CANCELLED else DEAD_LETTER
         return [
             Text(MARK if run.id in self.marked else " ", style="bold khaki1"),
             status_text(str(run.status)),
-            then_text(fate) if fate is not None else ORPHANED if orphan is not None else "",
+            then,
             Text(short.get(run.id, run.id), style="grey85"),
             printable(run.workflow_name),
             Text(run.workflow_version[:8], style="grey62"),
@@ -269,7 +292,7 @@ class RunsScreen(BlokScreen):
         self.short = short_ids([*ids, *(r.replay_of for r in self.runs if r.replay_of)])
         self.table.fit_ids(max(map(len, self.short.values()), default=0))
         # Columns empty on every row of the page give their room to the error or input.
-        empty = [] if self.fates or self.orphans else ["then"]
+        empty = [] if self.fates or self.orphans or self.last_of else ["then"]
         if not any(run.replay_of for run in self.runs):
             empty.append("replay of")
         self.table.hide_columns(empty)

@@ -171,6 +171,26 @@ async def test_a_page_of_running_and_failed_runs_reads_their_jobs_at_once(engine
         assert app.jobs.reads == read + 1
 
 
+async def test_a_dead_jobs_last_run_says_dead_letter_where_its_earlier_say_then(
+    engine: Engine,
+) -> None:
+    # Its earlier delivery read "↻ dead"; its last run, the row acted on, had a blank "then".
+    dead, discarded = await _dead(engine, 2)
+    await engine.discard(discarded)
+    app = BlokApp(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        await command(pilot, "runs failed")
+        table = app.screen.query_one("#runs", RowTable)
+        await until(pilot, lambda: len(table.keys) == 4)
+        then = dict(zip(table.keys, column(table, "then"), strict=True))
+        for job_id, last in ((dead, "dead letter"), (discarded, "discarded")):
+            newest = (await engine.get_job(job_id)).run_id
+            earlier = [r.id for r in await engine.runs(status="failed") if r.job_id == job_id]
+            earlier.remove(newest)
+            assert (then[newest], then[earlier[0]]) == (last, f"↻ {last.split()[0]}"), then
+
+
 # ---- bulk actions act once per job --------------------------------------------------------------
 async def test_replaying_every_failed_run_replays_each_dead_job_once(engine: Engine) -> None:
     jobs = await _dead(engine, 3)  # six failed runs: two deliveries each
