@@ -46,6 +46,9 @@ COLUMNS = (
     # Above failed: a job out of retries is counted dead, not failed, so where the table
     # narrows, "failed ·" must not stay while the failures' count goes.
     Column("dead", "dead", 5, priority=9, justify="right"),
+    # Runs that failed in the last ERRORS_WINDOW_S, retried ones too: with every job failing
+    # and retried into the dead-letter queue, "failed" stayed "·" through the outage.
+    Column("errors", "errors", 6, priority=8, justify="right"),
     Column("jobs/s", "jobs/s", 6, priority=6, justify="right"),
     Column("last 3 min", "last 3 min", 20, priority=4),
 )
@@ -53,6 +56,7 @@ COLUMNS = (
 
 DEAD_HINT = "out of retries: counted as dead, not failed · d lists them"
 FAILURES_SHOWN = 6  # jobs in "recent failures"
+ERRORS_WINDOW_S = 180.0  # the errors column: failed runs this recent (the sparkline's 3 min)
 FAILURES_READ = 40  # failed runs read to find them (a job may have failed several times)
 
 
@@ -74,6 +78,7 @@ class QueuesScreen(RowFilterScreen):
         self.stats: dict[str, QueueStats] = {}
         self.waiting: dict[str, int] = {}  # runs in a durable wait, per queue
         self.throttled: dict[str, int] = {}  # runs held by a rate limit or key, per queue
+        self.errors: dict[str, int] = {}  # runs failed in the last ERRORS_WINDOW_S, per queue
         self.shown = 0  # queues the filter leaves in the table
 
     @property
@@ -99,7 +104,8 @@ class QueuesScreen(RowFilterScreen):
     async def load(self) -> None:
         infos = await self.engine.queues()
         stats = {}
-        waiting, throttled = {}, {}
+        waiting, throttled, errors = {}, {}, {}
+        since = self.blok.now().timestamp() - ERRORS_WINDOW_S
         for info in infos:
             try:
                 stats[info.name] = await self.engine.queue_stats(info.name)
@@ -111,6 +117,10 @@ class QueuesScreen(RowFilterScreen):
             throttled[info.name] = await self.engine.count_runs(
                 RunFilter.of("throttled", queue=info.name)
             )
+            failed_lately = RunFilter(
+                status=tuple(sorted(RETRIED_AFTER)), queue=info.name, finished_after=since
+            )
+            errors[info.name] = await self.engine.count_runs(failed_lately)
         workers = await self.engine.workers()
         states = {w.id: self.engine.worker_state(w) for w in workers}
         failed = await self.engine.runs(status=sorted(RETRIED_AFTER), limit=FAILURES_READ)
@@ -126,6 +136,7 @@ class QueuesScreen(RowFilterScreen):
         self.stats = stats
         self.waiting = waiting
         self.throttled = throttled
+        self.errors = errors
         self.render_rows()
         self.query_one("#workers-line", Static).update(workers_line(workers, states))
         self.render_failures(failures, jobs)
@@ -139,6 +150,7 @@ class QueuesScreen(RowFilterScreen):
             s = self.stats[info.name]
             waiting = self.waiting.get(info.name, 0)
             throttled = self.throttled.get(info.name, 0)
+            errors = self.errors.get(info.name, 0)
             samples = history.get(info.name, ())
             rate = samples[-1] if samples else 0.0
             name = Text(printable(info.name), style="bold")
@@ -159,6 +171,7 @@ class QueuesScreen(RowFilterScreen):
                 _right(count(s.completed), "green3"),
                 _right(count(s.failed), "red1" if s.failed else ""),
                 _right(count(s.dead), "bold magenta" if s.dead else ""),
+                _right(count(errors), "bold red1" if errors else ""),
                 _right(f"{rate:.1f}" if rate else "·"),
                 Text(sparkline(list(samples), width=20, bucket=9), style="green3"),
             ]

@@ -334,6 +334,30 @@ async def test_recent_failures_are_listed_by_when_they_failed_with_that_time(
             assert lines[0].startswith(ended), lines
 
 
+async def test_the_queues_view_counts_the_runs_that_failed_lately_retried_or_not(
+    tmp_path: Path,
+) -> None:
+    # Every job failed, was retried and went to the dead-letter queue: "failed" stayed "·"
+    # (it counts jobs that ended failed without it), and nothing on the row said it failed.
+    async def declined(ctx: Any) -> None:
+        raise ValueError("declined")
+
+    pay = Workflow(
+        name="pay",
+        trigger=WorkerTrigger(queue="pay", retries=1, delay=1),
+        steps=[Step("go", declined)],
+    )
+    async with Engine(workflows=[pay], database=tmp_path / "blok.db") as engine:
+        for _ in range(2):
+            await engine.wait_for_job(await engine.enqueue("pay", {}), timeout=10)
+        app = BlokApp(engine)
+        async with app.run_test(size=WIDE) as pilot:
+            await settled(pilot)
+            table = app.screen.query_one("#queues", RowTable)
+            await until(pilot, lambda: str(table.cell("pay", "errors")).strip() == "4")
+            assert str(table.cell("pay", "failed")).strip() == "·"
+
+
 async def test_the_queues_view_marks_a_queue_no_live_worker_serves(tmp_path: Path) -> None:
     # Its workers stopped (the demo's, once a user's own workflows took over): its row looked
     # like a live one, jobs queued and all, where `blok-tui queues` said "no worker".
