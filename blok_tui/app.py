@@ -542,7 +542,11 @@ class BlokApp(App[None]):
         leaves out; then act, with progress, and report."""
         if plan.count == 0:
             why = f" {plan.per_job}" if plan.per_job else ""
-            self.notify(f"{plan.chosen}: no {plan.item}s to act on.{why}", severity="warning")
+            if plan.dead_of is not None or plan.item == "dead letter":
+                # Not "the 0 dead letters on payments: no dead letters to act on."
+                self.notify(f"no dead letters to act on.{why}", severity="warning")
+            else:
+                self.notify(f"{plan.chosen}: no {plan.item}s to act on.{why}", severity="warning")
             return
 
         def answer(yes: bool | None) -> None:
@@ -562,7 +566,12 @@ class BlokApp(App[None]):
                     )
                     if part
                 ),
-                confirm=f"{verb} all",
+                # "all" of a filter's few read as all of them: the filter's are "them".
+                confirm=f"{verb} all"
+                if plan.dead_of is not None or "every" in plan.chosen
+                else f"{verb} them"
+                if plan.count > 1
+                else verb,
                 keep="Keep them" if plan.count > 1 else "Keep it",
             ),
             answer,

@@ -17,7 +17,7 @@ from pathlib import Path
 import anyio
 import pytest
 from support import expect_events, raised_at
-from textual.widgets import Static, TextArea
+from textual.widgets import Button, Static, TextArea
 
 from blok_tui import dead_letters_screen
 from blok_tui.actions import RUN_FLAGS, ActionCommands
@@ -495,10 +495,39 @@ async def test_requeue_every_dead_letter_of_a_queue_after_one_confirmation(engin
         await settled(pilot)
         await command(pilot, "dlq doomed")
         await pilot.press("A")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        assert str(app.screen.query_one("#yes", Button).label) == "Requeue all (y)"
         await _confirm(pilot, app, "Requeue 3 dead letters?")
         assert sorted(app.last_bulk.ids) == sorted(jobs)
+        # A queue with none: said so, not "the 0 dead letters on quick: no dead letters to
+        # act on."
+        await command(pilot, "dlq quick")
+        await pilot.press("A")
+        await until(pilot, lambda: "no dead letters to act on." in _notes(app))
+        assert "the 0 dead letters" not in _notes(app)
     for job_id in jobs:  # each went back with a fresh run
         assert (await engine.get_job(job_id)).run_id != firsts[job_id]
+
+
+def _notes(app: BlokApp) -> str:
+    return "\n".join(n.message for n in app._notifications)
+
+
+async def test_requeue_of_the_dead_letters_a_filter_shows_asks_about_them_not_all(
+    engine: Engine,
+) -> None:
+    # With a filter the button said "Requeue all (y)" where it requeues the 2 shown.
+    jobs = await _doomed(engine, 3)
+    app = BlokApp(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        table = await _dead_letter_view(pilot, app, 3)
+        await pilot.press("slash", *"'D1'", "enter")  # in the error: "bad order 'D1'"
+        await until(pilot, lambda: table.row_count == 1)
+        await pilot.press("A")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        assert str(app.screen.query_one("#yes", Button).label) == "Requeue (y)"
+        await pilot.press("n")
+    assert (await engine.get_job(jobs[1])).state is JobState.DEAD
 
 
 async def test_requeue_all_counts_every_dead_letter_not_only_those_listed(
