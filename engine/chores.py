@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Collection
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import anyio
 
@@ -68,6 +68,9 @@ class Chores:
         self.alive_here = alive_here  # engines alive in this very process
         self.janitor = janitor
         self.recovery = recovery
+        # The gone workers whose jobs this process released, at their last heartbeat: they
+        # stay listed a while (GONE_KEPT_S), and are not looked at again at each heartbeat.
+        self._released: dict[str, datetime] = {}
         self.versions = VersionWatch()
 
     # ---- dead workers ----------------------------------------------------------------------
@@ -82,6 +85,13 @@ class Chores:
         )
         return worker.heartbeat_at < stale
 
+    @staticmethod
+    def _same_beat(one: datetime | None, other: datetime) -> bool:
+        """The same last heartbeat, as two reads give it (PostgreSQL's is its age on the
+        server's clock, read here: a few ms apart from one read to the next). A worker that
+        came back beats on, its heartbeat seconds later."""
+        return one is not None and abs((one - other).total_seconds()) < 1.0
+
     async def recover(self) -> int:
         """Release the jobs of dead workers (a run one had started is recorded crashed and its
         job gets a new run), record their orphaned runs crashed, and forget them. The number
@@ -89,7 +99,16 @@ class Chores:
         if not self.recovery:
             return 0
         # Each with its last heartbeat: where its runs ended, not when that was found.
-        seen = {w.id: w.heartbeat_at for w in await self.backend.shared.workers() if self._gone(w)}
+        gone = {w.id: w.heartbeat_at for w in await self.backend.shared.workers() if self._gone(w)}
+        self._released = {
+            i: beat for i, beat in self._released.items() if self._same_beat(gone.get(i), beat)
+        }
+        # Kept a while as gone: `blok-tui workers` and the console's `:workers` listed only the
+        # survivors a second after a kill -9, and nothing said which worker had died.
+        forget_before = self.backend.clock.now() - timedelta(seconds=GONE_KEPT_S)
+        for worker_id in [i for i, beat in gone.items() if beat < forget_before]:
+            await self.backend.shared.forget_worker(worker_id)
+        seen = {i: beat for i, beat in gone.items() if i not in self._released}
         dead = list(seen)
         if not dead:
             return 0
@@ -124,12 +143,9 @@ class Chores:
                 last = seen.get(run.worker) if run.worker else None
                 self.ledger.abandon(run, reason(run.worker), last)
                 crashed += 1
-        # Kept a while as gone: `blok-tui workers` and the console's `:workers` listed only the
-        # survivors a second after a kill -9, and nothing said which worker had died.
-        forget_before = self.backend.clock.now() - timedelta(seconds=GONE_KEPT_S)
-        for worker_id in dead:
-            if seen[worker_id] < forget_before:
-                await self.backend.shared.forget_worker(worker_id)
+        for worker_id in dead:  # its concurrency slots go at once
+            await self.backend.shared.forget_worker(worker_id, listed=True)
+        self._released.update(seen)
         await self.backend.runs.flush()
         if crashed or released:
             log.warning(
@@ -173,7 +189,12 @@ class Chores:
             # Not waiting for this worker's own writes: a flush at every heartbeat broke up
             # the writer's batches (and a peer's death is not among them).
             workers = await self.backend.shared.workers(own_writes=False)
-            if any(pid_names_process_here(w) and self._gone(w) for w in workers):
+            if any(
+                pid_names_process_here(w)
+                and self._gone(w)
+                and not self._same_beat(self._released.get(w.id), w.heartbeat_at)
+                for w in workers
+            ):
                 await self.recover()
 
     async def loop(self) -> None:

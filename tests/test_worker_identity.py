@@ -264,6 +264,40 @@ async def test_a_dead_worker_in_another_pid_namespace_is_found_by_its_heartbeat(
         await until(gone)
 
 
+async def test_a_gone_worker_stays_listed_and_is_released_once_not_at_every_heartbeat(
+    database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Kept listed as gone, a dead worker of this machine was found again at every heartbeat:
+    # a recovery, its reads and a commit each time (a flush at every heartbeat broke up the
+    # writer's batches before).
+    from engine.chores import Chores
+
+    recoveries: list[int] = []
+    looks: list[int] = []
+    real_recover, real_gone = Chores.recover, Chores._gone
+
+    async def counted_recover(self: Chores) -> int:
+        recoveries.append(1)
+        return await real_recover(self)
+
+    def counted_gone(self: Chores, worker: WorkerInfo) -> bool:
+        looks.append(1)
+        return real_gone(self, worker)
+
+    monkeypatch.setattr(Chores, "recover", counted_recover)
+    monkeypatch.setattr(Chores, "_gone", counted_gone)
+    holder, job_id, run_id = await held_by(database, f"{PID_SPACE}#812")
+    async with Engine(workflows=workflows(database), database=database, heartbeat=0.05) as worker:
+        run = await worker.wait_for_job(job_id, timeout=20)
+        assert run.status is RunStatus.COMPLETED and run.id != run_id
+        states = {w.id: worker.worker_state(w) for w in await worker.workers()}
+        assert states[holder] == "gone", states
+        found_by = len(recoveries)
+        seen = len(looks)
+        await until(lambda: len(looks) > seen + 20)  # some ten heartbeats' looks
+        assert len(recoveries) == found_by, (found_by, len(recoveries))
+
+
 async def enqueued(database: str) -> list[Job]:
     async with Engine(database=database) as producer:
         queue = producer.backend.queue(provider_of(database))

@@ -40,8 +40,9 @@ class MemoryShared(SharedState):
     async def workers(self, *, own_writes: bool = True) -> list[WorkerInfo]:
         return sorted(self._workers.values(), key=lambda w: w.started_at)
 
-    async def forget_worker(self, worker_id: str) -> None:
-        self._workers.pop(worker_id, None)
+    async def forget_worker(self, worker_id: str, *, listed: bool = False) -> None:
+        if not listed:
+            self._workers.pop(worker_id, None)
         for holders in self._slots.values():
             for run_id in [r for r, (w, _) in holders.items() if w == worker_id]:
                 del holders[run_id]

@@ -65,8 +65,9 @@ class PostgresShared(SharedState):
         here = self.db.clock.time()
         return [worker_from_row(row, here - row["heartbeat_age"]) for row in rows]
 
-    async def forget_worker(self, worker_id: str) -> None:
-        self.db.write("DELETE FROM workers WHERE id = $1", (worker_id,))
+    async def forget_worker(self, worker_id: str, *, listed: bool = False) -> None:
+        if not listed:
+            self.db.write("DELETE FROM workers WHERE id = $1", (worker_id,))
         self.db.write("DELETE FROM concurrency_slots WHERE worker = $1", (worker_id,))
         await self.db.flush()
 

@@ -69,9 +69,10 @@ class SqliteShared(SharedState):
         rows = await self.db.fetchall("SELECT * FROM workers ORDER BY started_at")
         return [worker_from_row(row) for row in rows]
 
-    async def forget_worker(self, worker_id: str) -> None:
-        for table, column in (("workers", "id"), ("concurrency_slots", "worker")):
-            self.db.write(f"DELETE FROM {table} WHERE {column} = ?", (worker_id,))
+    async def forget_worker(self, worker_id: str, *, listed: bool = False) -> None:
+        self.db.write("DELETE FROM concurrency_slots WHERE worker = ?", (worker_id,))
+        if not listed:
+            self.db.write("DELETE FROM workers WHERE id = ?", (worker_id,))
         await self.db.flush()
 
     def publish_catalog(self, catalog: WorkerCatalog) -> None:
