@@ -391,7 +391,8 @@ class Ledger:
         run.logs.append(line)
         self._notes.setdefault(run.id, []).append(line)
         if level == "error":  # its job to the dead-letter queue: said by the run's end line
-            self._fates[run.id] = message.replace(f"job {run.job_id} ", "its job ", 1)
+            fate = message.removeprefix(f"job {run.job_id} ")
+            self._fates[run.id] = fate.removeprefix("failed with ")  # "failed (no retries: …"
 
     def _transition(
         self, claim_job: Job, epoch: int, update: JobUpdate | None, *runs: Run

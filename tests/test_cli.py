@@ -205,8 +205,8 @@ def test_a_failed_run_is_a_warning_in_the_workers_log(served: tuple[Path, Worker
         )
     )
     assert (
-        f" WARNING blok.runs [{run_id} nap]: test.nap failed (its job failed with no retries: "
-        "moved to the dead-letter queue): [step 1/1] nap failed: "
+        f" WARNING blok.runs [{run_id} nap]: test.nap failed (no retries: moved to the "
+        "dead-letter queue): [step 1/1] nap failed: "
     ) in line
     # Where: the nap's line that used the bad value, in the workflow file.
     where = WORKFLOWS.splitlines().index("    with anyio.move_on_after(seconds):") + 1

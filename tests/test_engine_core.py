@@ -118,7 +118,7 @@ async def test_a_dead_letters_last_run_says_how_many_retries_it_used(
     # And the worker's log, on the run's last line: it read the same, retried or dead.
     lines = [r.getMessage() for r in caplog.records if r.name == "blok.runs"]
     assert len(lines) == retries + 1
-    dead = f"pay failed (its job {said}: moved to the dead-letter queue): [step 1/1] charge"
+    dead = f"pay failed ({said}: moved to the dead-letter queue): [step 1/1] charge"
     assert lines[-1].startswith(dead), lines
     assert "dead-letter" not in " ".join(lines[:-1])
 

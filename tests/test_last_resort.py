@@ -69,7 +69,7 @@ def test_a_runs_warnings_name_the_run_and_step_until_logging_is_configured(
 ) -> None:
     run_id, lines = _stderr(tmp_path, how)
     failed = (
-        "shop.charge failed (its job failed with no retries: moved to the dead-letter queue): "
+        "shop.charge failed (no retries: moved to the dead-letter queue): "
         "[step 1/1] charge failed: declined (at workflows/charge.py:7)"
     )
     if how == "unconfigured":
