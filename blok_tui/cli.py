@@ -1691,17 +1691,7 @@ async def _requeue(args: argparse.Namespace) -> int:
 
 async def _requeue_queue(engine: Any, args: argparse.Namespace) -> int:
     """`requeue --queue Q`: every dead letter of the queue, asked first on a terminal."""
-    count = (await engine.queue_stats(args.queue)).dead
-    question = f"Requeue the {count:,} dead letter(s) of queue {args.queue!r}?"
-    answer = True if args.yes or not count else _confirmed(f"{question} [y/N] ")
-    if answer is None:
-        raise UsageError(
-            "every dead letter of a queue is requeued only when confirmed: there is no "
-            "terminal to ask on, add --yes",
-            "blok-tui requeue",
-        )
-    if not answer:
-        _error("nothing requeued")
+    if not await _whole_queue_asked(engine, args, "Requeue", "requeued"):
         return 1
     result = await engine.requeue_dead(args.queue, force=args.force)
     print(f"{len(result.ids):,} dead letter(s) of queue {args.queue!r} requeued")
@@ -1710,6 +1700,24 @@ async def _requeue_queue(engine: Any, args: argparse.Namespace) -> int:
     if result.ids and any(info.paused for info in await engine.queues() if info.name == args.queue):
         _note_paused(args.queue)
     return 1 if result.skipped_ids else 0
+
+
+async def _whole_queue_asked(engine: Any, args: argparse.Namespace, verb: str, done: str) -> bool:
+    """Whether every dead letter of `--queue` may be acted on: asked on a terminal (`--yes`:
+    not asked, none: nothing to ask); with no terminal to ask on, a usage error."""
+    count = (await engine.queue_stats(args.queue)).dead
+    for_good = " for good" if verb == "Discard" else ""
+    question = f"{verb} the {count:,} dead letter(s) of queue {args.queue!r}{for_good}?"
+    answer = True if args.yes or not count else _confirmed(f"{question} [y/N] ")
+    if answer is None:
+        raise UsageError(
+            f"every dead letter of a queue is {done} only when confirmed: there is no terminal "
+            "to ask on, add --yes",
+            f"blok-tui {verb.lower()}",
+        )
+    if not answer:
+        _error(f"nothing {done}")
+    return answer
 
 
 def _note_paused(queue: str) -> None:
@@ -1728,17 +1736,7 @@ async def _discard(args: argparse.Namespace) -> int:
         raise UsageError("give job ids or --queue QUEUE (one of them)", "blok-tui discard")
     async with _client(args) as engine:
         if args.queue:
-            count = (await engine.queue_stats(args.queue)).dead
-            question = f"Discard the {count:,} dead letter(s) of queue {args.queue!r} for good?"
-            answer = True if args.yes or not count else _confirmed(f"{question} [y/N] ")
-            if answer is None:
-                raise UsageError(
-                    "every dead letter of a queue is discarded only when confirmed: there is "
-                    "no terminal to ask on, add --yes",
-                    "blok-tui discard",
-                )
-            if not answer:
-                _error("nothing discarded")
+            if not await _whole_queue_asked(engine, args, "Discard", "discarded"):
                 return 1
             result = await engine.discard_dead(args.queue)
             print(f"{len(result.ids):,} dead letter(s) of queue {args.queue!r} discarded")
