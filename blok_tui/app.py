@@ -542,7 +542,7 @@ class BlokApp(App[None]):
         leaves out; then act, with progress, and report."""
         if plan.count == 0:
             why = f" {plan.per_job}" if plan.per_job else ""
-            if plan.dead_of is not None or plan.item == "dead letter":
+            if plan.item == "dead letter":
                 # Not "the 0 dead letters on payments: no dead letters to act on."
                 self.notify(f"no dead letters to act on.{why}", severity="warning")
             else:
@@ -566,9 +566,9 @@ class BlokApp(App[None]):
                     )
                     if part
                 ),
-                # "all" of a filter's few read as all of them: the filter's are "them".
+                # "all" of a text filter's few dead letters read as all of them: "them".
                 confirm=f"{verb} all"
-                if plan.dead_of is not None or "every" in plan.chosen
+                if plan.everything
                 else f"{verb} them"
                 if plan.count > 1
                 else verb,

@@ -46,6 +46,8 @@ class BulkPlan:
     left_out: tuple[tuple[str, int], ...] = ()
     budget: str = ""  # the retry budget a requeue gives, in words
     note: str = ""  # what the action does not do that the operator may expect, in a sentence
+    # All the view's filter (or queue) holds, not rows picked from it: the button says "all".
+    everything: bool = False
 
     @property
     def question(self) -> str:
@@ -70,15 +72,30 @@ class BulkPlan:
 
 
 async def plan_for_runs(
-    engine: EngineAPI, book: JobBook, action: str, runs: Sequence[Run], chosen: str
+    engine: EngineAPI,
+    book: JobBook,
+    action: str,
+    runs: Sequence[Run],
+    chosen: str,
+    *,
+    everything: bool = False,
 ) -> BulkPlan:
-    """The plan for `action` over the runs chosen, once per job."""
+    """The plan for `action` over the runs chosen, once per job (`everything`: every run the
+    view's filter matches, not the rows marked)."""
     per_job = one_per_job(runs)
     newest = per_job.runs
     left_out: Counter[str] = Counter()
     if action == "cancel":
         ids = tuple(run.id for run in newest)
-        return BulkPlan(action, ids, len(ids), chosen, given=per_job.given, jobs=len(newest))
+        return BulkPlan(
+            action,
+            ids,
+            len(ids),
+            chosen,
+            given=per_job.given,
+            jobs=len(newest),
+            everything=everything,
+        )
     jobs = await book.read(engine, (run.job_id for run in newest))
     if action == "replay":
         kept = []
@@ -115,6 +132,7 @@ async def plan_for_runs(
             jobs=len(newest),
             left_out=tuple(left_out.most_common()),
             note=note,
+            everything=everything,
         )
     # requeue: the dead (or failed) jobs of the runs chosen, each once.
     dead = []
@@ -135,6 +153,7 @@ async def plan_for_runs(
         given=per_job.given,
         jobs=len(newest),
         left_out=tuple(left_out.most_common()),
+        everything=everything,
         budget=budget_words(dead),
     )
 

@@ -237,6 +237,7 @@ class DeadLettersScreen(RowFilterScreen):
             chosen,
             item="dead letter",
             dead_of=self.queue if not self.text else None,
+            everything=not self.text,
         )
 
     def action_first_row(self) -> None:

@@ -567,7 +567,9 @@ class RunsScreen(BlokScreen):
             )
         else:
             runs, chosen = await self._every_match(), self.describe_filter()
-        return await plan_for_runs(self.engine, self.blok.jobs, action, runs, chosen)
+        return await plan_for_runs(
+            self.engine, self.blok.jobs, action, runs, chosen, everything=not self.marked
+        )
 
     async def _every_match(self) -> list[Run]:
         """Every run the status, queue, workflow and search chosen match, newest first (paged;
