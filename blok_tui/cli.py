@@ -1117,11 +1117,7 @@ async def _enqueue_job(engine: Any, args: argparse.Namespace, *, note: bool = Tr
     if why.gate == "no_worker":
         print(f"blok-tui: note: {printable(why.summary)}", file=sys.stderr, flush=True)
     elif why.gate == "paused":
-        print(
-            f"blok-tui: note: {printable(why.summary)} (blok-tui resume {args.queue})",
-            file=sys.stderr,
-            flush=True,
-        )
+        _note_paused(args.queue)
     return job_id
 
 
@@ -1721,11 +1717,14 @@ async def _whole_queue_asked(engine: Any, args: argparse.Namespace, verb: str, d
 
 
 def _note_paused(queue: str) -> None:
+    """The note that a job added to a paused queue waits (`enqueue`, `requeue`), in the words
+    of its run's why line (`Engine.why_waiting`), with the command that resumes the queue."""
     print(
         printable(
-            f"blok-tui: note: queue {queue!r} is paused: nothing runs until blok-tui resume {queue}"
+            f"blok-tui: note: queue {queue!r} is paused: nothing new starts (blok-tui resume {queue})"
         ),
         file=sys.stderr,
+        flush=True,
     )
 
 

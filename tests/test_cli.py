@@ -395,7 +395,7 @@ def _requeue_on_the_paused_queue(database: Path, first: str) -> None:
     twice = blok("requeue", first, first, "--db", database)
     assert twice.returncode == 0 and twice.stdout.count(" requeued: ") == 1, twice
     assert twice.stderr == (
-        "blok-tui: note: queue 'single' is paused: nothing runs until blok-tui resume single\n"
+        "blok-tui: note: queue 'single' is paused: nothing new starts (blok-tui resume single)\n"
     )
     unasked = blok("requeue", "--queue", "single", "--db", database)
     assert unasked.returncode == 2 and "add --yes" in unasked.stderr, unasked.stderr
