@@ -119,7 +119,14 @@ class _RunStatuses:
         return (str(status) for status in RunStatus)
 
     def __contains__(self, value: object) -> bool:
-        return value in list(self)
+        # "dead" is let through, for `_runs` to point at `blok-tui dead`: a dead letter is a
+        # job's state, not a run's, and argparse would only list the statuses.
+        return value == DEAD_ASKED or value in list(self)
+
+
+# `runs --status dead`: what an operator types for the dead letters (the console's `then`
+# column says "dead letter"), answered with where they are.
+DEAD_ASKED = "dead"
 
 
 # `runs --stuck` with no FACTOR: the engine's (engine.filters.STUCK_FACTOR), read then. Not a
@@ -1123,6 +1130,8 @@ async def _enqueue_job(engine: Any, args: argparse.Namespace, *, note: bool = Tr
 
 async def _runs(args: argparse.Namespace) -> None:
     args.stuck = _stuck_factor(args.stuck)
+    if args.status == DEAD_ASKED:
+        await _refuse_dead_status(args)
     if args.follow:
         if args.stuck is not None:
             # Stuck is how long a run has run, not something that happens: nothing to follow.
@@ -1186,6 +1195,25 @@ async def _runs(args: argparse.Namespace) -> None:
             f"blok-tui: {len(runs):,} of {total:,} runs shown (newest first; {hint})",
             file=sys.stderr,
         )
+
+
+async def _refuse_dead_status(args: argparse.Namespace) -> NoReturn:
+    """`runs --status dead`: a usage error that names the command for dead letters and the
+    queues that hold some, so the next command can be typed as it is."""
+    async with _client(args) as engine:
+        queues = [args.queue] if args.queue else [info.name for info in await engine.queues()]
+        counted = [await engine.queue_stats(queue) for queue in queues]
+    held = [(stats.queue, stats.dead) for stats in counted if stats.dead]
+    where = (
+        ": " + ", ".join(f"blok-tui dead {queue} ({dead:,})" for queue, dead in held)
+        if held
+        else (f" (queue {args.queue} has none)" if args.queue else " (no queue has any)")
+    )
+    raise UsageError(
+        "dead is not a run status: a job that used up its retries is a dead letter, and its "
+        f"last run failed (blok-tui runs --status failed); they are listed by queue{where}",
+        "blok-tui runs",
+    )
 
 
 async def _orphans(engine: Any, runs: Sequence[Any]) -> dict[str, Orphan]:

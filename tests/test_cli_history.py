@@ -146,3 +146,20 @@ def test_dead_into_a_pipe_prints_each_error_whole(history: Path) -> None:
     listed = blok("dead", "naps", "--db", history).stdout  # a pipe, not a terminal
     errors = [job["error"] for job in blok_json("dead", "naps", "--json", "--db", history)]
     assert errors and all(" ".join(error.split()) in listed for error in errors), listed
+
+
+def test_runs_status_dead_points_at_the_dead_letters_by_queue(history: Path) -> None:
+    # The on-call walkthrough typed `runs --status dead` for the dead letters and was told
+    # only the twelve run statuses: "dead" is a job's state, listed by `blok-tui dead QUEUE`.
+    done = blok("runs", "--status", "dead", "--db", history)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.splitlines()[0] == (
+        "blok-tui: error: dead is not a run status: a job that used up its retries is a dead "
+        "letter, and its last run failed (blok-tui runs --status failed); they are listed by "
+        f"queue: blok-tui dead naps ({DEAD}) (see blok-tui runs --help)"
+    )
+    none = blok("runs", "--status", "dead", "--queue", "single", "--db", history)
+    assert none.returncode == 2
+    assert none.stderr.splitlines()[0].endswith(
+        "they are listed by queue (queue single has none) (see blok-tui runs --help)"
+    )
