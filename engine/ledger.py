@@ -390,9 +390,10 @@ class Ledger:
         line = engine_line(message, level, self.clock.now())
         run.logs.append(line)
         self._notes.setdefault(run.id, []).append(line)
-        if level == "error":  # its job to the dead-letter queue: said by the run's end line
-            fate = message.removeprefix(f"job {run.job_id} ")
-            self._fates[run.id] = fate.removeprefix("failed with ")  # "failed (no retries: …"
+        if level == "error":  # its job to the dead-letter queue: said by the run's end line,
+            # with the job's id, which `requeue` and `discard` take ("… (no retries: job_… moved")
+            fate = message.removeprefix(f"job {run.job_id} ").removeprefix("failed with ")
+            self._fates[run.id] = fate.replace(": moved", f": {run.job_id} moved", 1)
 
     def _transition(
         self, claim_job: Job, epoch: int, update: JobUpdate | None, *runs: Run
@@ -504,12 +505,9 @@ class Ledger:
                 status=RunStatus.DELAYED,
                 created_at=self.clock.now(),
             )
-            self.log(
-                run,
-                f"job attempt {failures}/{retries + 1} failed; retrying in "
-                f"{backoff / 1000:.1f}s as run {next_run.id}",
-                "warning",
-            )
+            retrying = f"retrying in {backoff / 1000:.1f}s as run {next_run.id}"
+            self.log(run, f"job attempt {failures}/{retries + 1} failed; {retrying}", "warning")
+            self._fates[run.id] = retrying  # the end line said the same retried or dead
             update = JobUpdate(
                 state=JobState.DELAYED, run_id=next_id, run_at=run_at, meta=meta, error=error
             )

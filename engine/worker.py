@@ -271,6 +271,7 @@ class Worker:
                 self._unregistered = True
                 await self.backend.shared.forget_worker(self.info.id)
             await self.backend.runs.flush()
+        _say_handed_back([h for h in interrupted if not h.held], grace)
         if self._watchdog is not None:
             self._watchdog.stop()
         return held
@@ -882,3 +883,15 @@ class Worker:
         elif signal == "retry_now" and handle.run.id in self.runner.backoffs:
             self.runner.engine_log(handle.run, "retry now: the operator cut the backoff short")
             self.runner.backoffs.cut(handle.run.id)
+
+
+def _say_handed_back(handles: list[RunHandle], grace: float) -> None:
+    """The log names the jobs a drain handed back: "draining", then "stopped", said nothing
+    of which jobs another worker goes on with."""
+    if not handles:
+        return
+    named = [f"{h.claim.job.id} ({h.run.workflow_name}, run {h.run.id})" for h in handles[:5]]
+    more = f" and {len(handles) - 5} more" if len(handles) > 5 else ""
+    said = "%d running job(s) did not finish within the grace of %gs: stopped, recorded where"
+    said += " they stopped and handed back to the queue, to go on from there: %s%s"
+    log.info(said, len(handles), grace, ", ".join(named), more)

@@ -199,14 +199,15 @@ def test_a_failed_run_is_a_warning_in_the_workers_log(served: tuple[Path, Worker
     database, worker = served
     failed = blok("enqueue", "naps", '{"seconds": "later"}', "--wait", "--db", database)
     run_id = failed.stderr.split()[3]  # "blok-tui: error: run RUN_ID failed: ..."
+    job_id = blok_json("show", run_id, "--json", "--db", database)["job_id"]
     line = eventually(
         lambda: next(
             (x for x in worker.stderr().splitlines() if f"[{run_id} " in x and "WARNING" in x), None
         )
     )
     assert (
-        f" WARNING blok.runs [{run_id} nap]: test.nap failed (no retries: moved to the "
-        "dead-letter queue): [step 1/1] nap failed: "
+        f" WARNING blok.runs [{run_id} nap]: test.nap failed (no retries: {job_id} moved to "
+        "the dead-letter queue): [step 1/1] nap failed: "
     ) in line
     # Where: the nap's line that used the bad value, in the workflow file.
     where = WORKFLOWS.splitlines().index("    with anyio.move_on_after(seconds):") + 1
@@ -616,6 +617,7 @@ def test_sigterm_drains_and_the_queue_outlives_the_worker(tmp_path: Path) -> Non
     eventually(lambda: (r := run_of(database, job_id)) and r["status"] == "running")
     assert worker.stop(timeout=10) == 0
     assert "SIGTERM: draining" in worker.stderr()
+    assert "handed back" not in worker.stderr()  # it finished within the grace
     run = run_of(database, job_id)
     assert run is not None and run["status"] == "completed", run  # finished within the grace
     # No worker now: the job is written to the durable queue, and the next worker runs it.
@@ -670,6 +672,12 @@ def test_a_run_a_stop_sent_back_to_the_queue_shows_no_clock_running(tmp_path: Pa
     assert worker.stop(timeout=10) == 0, worker.stderr()
     stopped = run_of(database, job_id)
     assert stopped is not None and stopped["status"] == "queued" and stopped["started_at"]
+    # The worker's log names the job it handed back ("draining", then "stopped", had not).
+    assert (
+        "1 running job(s) did not finish within the grace of 0.2s: stopped, recorded where they "
+        "stopped and handed back to the queue, to go on from there: "
+        f"{job_id} (test.nap, run {run['id']})"
+    ) in worker.stderr()
 
     def shown() -> tuple[str, str]:
         table = blok("runs", "--db", database)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from pathlib import Path
@@ -115,12 +116,15 @@ async def test_a_dead_letters_last_run_says_how_many_retries_it_used(
         assert (await engine.get_job(job_id)).state is JobState.DEAD
         lines = [line.message for line in run.logs]
         assert f"job {job_id} {said}: moved to the dead-letter queue" in lines
-    # And the worker's log, on the run's last line: it read the same, retried or dead.
+    # And the worker's log, on the run's last line: it read the same, retried or dead; and
+    # named no job, where `requeue` and `discard` take the job's id.
     lines = [r.getMessage() for r in caplog.records if r.name == "blok.runs"]
     assert len(lines) == retries + 1
-    dead = f"pay failed ({said}: moved to the dead-letter queue): [step 1/1] charge"
+    dead = f"pay failed ({said}: {job_id} moved to the dead-letter queue): [step 1/1] charge"
     assert lines[-1].startswith(dead), lines
     assert "dead-letter" not in " ".join(lines[:-1])
+    retried = re.compile(r"pay failed \(retrying in \d+\.\ds as run run_\w+\): \[step 1/1\]")
+    assert all(retried.match(line) for line in lines[:-1]), lines
 
 
 async def test_failure_message_names_the_step_and_keeps_the_cause(database: Path | None) -> None:

@@ -42,7 +42,7 @@ SCRIPT = textwrap.dedent(
         async with Engine(workflows=sys.argv[2]) as engine:
             job_id = await engine.enqueue("charges", {"order": "A1"})
             run = await engine.wait_for_job(job_id, timeout=10)
-            print(run.id)
+            print(run.id, job_id)
 
     anyio.run(main)
     """
@@ -67,9 +67,10 @@ def _stderr(tmp_path: Path, how: str) -> tuple[str, list[str]]:
 def test_a_runs_warnings_name_the_run_and_step_until_logging_is_configured(
     tmp_path: Path, how: str
 ) -> None:
-    run_id, lines = _stderr(tmp_path, how)
+    printed, lines = _stderr(tmp_path, how)
+    run_id, job_id = printed.split()
     failed = (
-        "shop.charge failed (no retries: moved to the dead-letter queue): "
+        f"shop.charge failed (no retries: {job_id} moved to the dead-letter queue): "
         "[step 1/1] charge failed: declined (at workflows/charge.py:7)"
     )
     if how == "unconfigured":
