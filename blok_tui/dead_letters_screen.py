@@ -5,6 +5,7 @@ the dead-letter queue for good (discards it), after asking. A and X do either to
 
 from __future__ import annotations
 
+import json
 from typing import ClassVar
 
 from rich.text import Text
@@ -24,6 +25,7 @@ from .widgets import FilterInput
 from .widgets.row_table import Column, RowTable
 
 LISTED = 1000  # the newest dead letters the view lists (the summary counts them all)
+INPUT_CHARS = 300  # of a job's input shown under the table and in the discard question
 
 # The error column takes the room left; where it is cut, the message is, and its place (file and
 # line) kept at the end; the selected job's whole error is shown under the table.
@@ -77,7 +79,7 @@ class DeadLettersScreen(RowFilterScreen):
 
     def render_rows(self) -> None:
         needle = self.text.lower()
-        shown = [j for j in self.jobs if needle in f"{j.id} {j.error or ''}".lower()]
+        shown = [j for j in self.jobs if needle in f"{j.id} {j.error or ''} {_input(j)}".lower()]
         now, tz = self.blok.now(), self.blok.tz
         short = short_ids([j.id for j in shown])
         # Jobs that died together have ids alike far along: cut to 12, they read the same.
@@ -123,6 +125,9 @@ class DeadLettersScreen(RowFilterScreen):
         if job is not None:
             text.append(f"{job.id}  ", style="bold")
             text.append(f"run {job.run_id}\n", style="grey62")
+            # Which order it was: what an operator weighs before a requeue or a discard.
+            text.append("input ", style="grey62")
+            text.append(f"{printable(_input(job)[:INPUT_CHARS])}\n")
             text.append(printable(job.error or "no error recorded"), style="red1")
         self.query_one("#dlq-detail", Static).update(text)
 
@@ -178,8 +183,11 @@ class DeadLettersScreen(RowFilterScreen):
             if yes:
                 self.run_worker(self._discard(job), group="discard")
 
+        died = day_time(job.finished_at, self.blok.tz, self.blok.now())
         question = ConfirmScreen(
             f"Discard job {job.id}?",
+            f"{printable(job.workflow_name)}, input {printable(_input(job)[:INPUT_CHARS])}; "
+            f"died {died}: {printable(_one_line(job.error or 'no error recorded'))[:INPUT_CHARS]}\n\n"
             "It leaves the dead-letter queue for good: cancelled, it never runs again. Its "
             "runs stay readable until the retention deletes them.",
             confirm="Discard",
@@ -259,3 +267,8 @@ class DeadLettersScreen(RowFilterScreen):
 def _one_line(error: str) -> str:
     """A multi-line error on one table line: its lines joined, the table cuts the rest."""
     return " ⏎ ".join(line.strip() for line in error.strip().splitlines() if line.strip())
+
+
+def _input(job: Job) -> str:
+    """The job's input as one line of JSON."""
+    return json.dumps(job.payload, ensure_ascii=False, default=str)

@@ -621,10 +621,23 @@ async def test_x_discards_the_selected_dead_letter_after_asking_and_shift_x_all(
     async with app.run_test(size=SIZE) as pilot:
         table = await _dead_letter_view(pilot, app, len(jobs))
         assert table.cursor_key == jobs[-1]  # the newest
+        # Under the table, its input; and the filter finds a job by what its input holds.
+        detail = text_of(app.screen.query_one("#dlq-detail", Static)).splitlines()
+        assert detail[1] == 'input {"order_id": "D2"}', detail
+        await pilot.press("slash", *'"D0"', "enter")  # in its input, not its error ('D0')
+        await until(pilot, lambda: table.row_count == 1)
+        assert table.cursor_key == jobs[0]
+        await pilot.press("slash", *["backspace"] * 4, "enter")
+        await until(pilot, lambda: table.row_count == len(jobs))
+        table.move_cursor(row=0)
         await pilot.press("x")
         await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
         question = text_of(app.screen.query_one(".question", Static)).strip()
         assert question == f"Discard job {jobs[-1]}?"
+        # Which order it is, when it died and why: the question had named the job id alone.
+        detail = text_of(app.screen.query_one(".detail", Static))
+        assert detail.startswith('doomed.retry, input {"order_id": "D2"}; died '), detail
+        assert "check failed" in detail.split("\n")[0], detail
         await pilot.press("n")  # kept: nothing happens
         await until(pilot, lambda: not isinstance(app.screen, ConfirmScreen))
         assert (await engine.get_job(jobs[-1])).state is JobState.DEAD
