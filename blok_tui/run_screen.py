@@ -25,9 +25,11 @@ from engine import (
     LogLine,
     Orphan,
     Run,
+    RunStatus,
     StepRun,
     WaitReason,
 )
+from engine.filters import is_stuck
 
 from . import actions
 from .base_screen import ESSENTIAL, BlokScreen, Changes
@@ -45,7 +47,8 @@ from .diff_screen import DiffScreen
 from .inject_screen import InjectScreen
 from .jobs import RETRIED_AFTER, one_per_job, orphaned_text, then_text
 from .phrases import Phrase, flowed, phrase
-from .run_text import event_fate, never_awaited
+from .run_follow import usual_of
+from .run_text import event_fate, never_awaited, stuck_words
 from .step_order import GOING, run_ms, time_runs_to
 from .step_stats import StepStats, step_stats, typical_text
 from .timeline_screen import TimelineScreen
@@ -291,6 +294,9 @@ class RunScreen(BlokScreen):
         self.job: Job | None = None  # the run's job: which delivery this is, what came after
         self.orphaned: Orphan | None = None  # nobody runs it, for a running run (jobs.orphans)
         self.replays: list[Run] = []  # replays of this run, newest first, one run per job
+        # How long its workflow's completed runs take (s), read once while it runs: "stuck?".
+        self.usual: float | None = None
+        self.usual_read = False
         # The header shows a long run error's first lines; one no step holds is shown whole
         # in the detail pane.
         self.error_folded = False
@@ -367,6 +373,9 @@ class RunScreen(BlokScreen):
             )
         await self.load_why()
         await self.load_lineage()
+        if self.run is not None and not self.usual_read:
+            self.usual = await usual_of(self.engine, self.run)  # None unless it runs
+            self.usual_read = self.run.status is RunStatus.RUNNING
         self.render_run()
         self.show_crumbs()  # the run read: which delivery of its job it is
 
@@ -606,6 +615,10 @@ class RunScreen(BlokScreen):
             )
             verb = "ran" if ran else "took"
             phrases.append(phrase(f"{verb} {duration(took)}", "grey70", gap="   "))
+            # `show` said a run was stuck and the console's header did not (w: where it is).
+            if run.status is RunStatus.RUNNING and not ran and is_stuck(took / 1000, self.usual):
+                stuck = f"stuck? {stuck_words(took / 1000, self.usual)} (w: where it is)"
+                phrases.append(phrase(stuck, "bold khaki1", gap="   ", keep=1))
         if run.attempts:  # none before it starts, or while it waits for its first step
             attempts = Text.assemble((f"attempts {run.attempts}", "grey70"))
             if run.failed_attempts:

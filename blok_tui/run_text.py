@@ -26,7 +26,7 @@ from engine import (
     WaitReason,
     format_duration,
 )
-from engine.filters import STUCK_FACTOR, min_stuck_s
+from engine.filters import is_stuck
 from engine.text import printable
 
 from .console import local_times
@@ -188,16 +188,19 @@ def _cut_keeping_origin(error: str) -> str:
 def _stuck(run: Run, now: datetime, usual: float | None) -> str:
     """For a run running past STUCK_FACTOR × its workflow's usual time: how far past, and the
     command that says where it is."""
-    if run.started_at is None or not usual:
+    if run.started_at is None:
         return ""
     took = (now - run.started_at).total_seconds()
-    times = took / usual
-    if times <= STUCK_FACTOR or took < min_stuck_s():
+    if not is_stuck(took, usual):
         return ""
-    return (
-        f", {times:.0f}× its workflow's usual {format_duration(usual * 1000)}: stuck? "
-        f"(blok-tui where {run.id} says where it is)"
-    )
+    return f", {stuck_words(took, usual)}: stuck? (blok-tui where {run.id} says where it is)"
+
+
+def stuck_words(took_s: float, usual_s: float | None) -> str:
+    """How far past its workflow's usual time a stuck run is: "12× its workflow's usual 2s"."""
+    if not usual_s:
+        return "and no run of its workflow has completed"
+    return f"{took_s / usual_s:.0f}× its workflow's usual {format_duration(usual_s * 1000)}"
 
 
 def _took(run: Run, now: datetime) -> str:

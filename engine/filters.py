@@ -33,6 +33,15 @@ def min_stuck_s() -> float:
         raise ValueError(f"{MIN_STUCK_ENV}: {error}") from None
 
 
+def is_stuck(took_s: float, usual_s: float | None, factor: float = STUCK_FACTOR) -> bool:
+    """A running run that has run `took_s` seconds, whose workflow's completed runs take
+    `usual_s` (None: none completed), is stuck: what `runs --stuck`, `show` and the console's
+    run header go by."""
+    if took_s < min_stuck_s():
+        return False
+    return took_s > (factor * usual_s if usual_s else NO_BASELINE_S)
+
+
 @dataclass(frozen=True, slots=True)
 class RunFilter:
     """What the console and the CLI ask for; every field narrows the set."""

@@ -216,6 +216,11 @@ def test_a_live_run_shows_how_long_it_has_run_and_what_its_steps_wait_for() -> N
         "running    for 1m15s, 75× its workflow's usual 1.0s: stuck? "
         f"(blok-tui where {running.id} says where it is)\n"
     ) in run_text(running, now, usual=1.0, tz=UTC)
+    # No run of its workflow completed: stuck past 10 minutes, as `runs --stuck` has it.
+    assert (
+        "running    for 11m15s, and no run of its workflow has completed: stuck? "
+        f"(blok-tui where {running.id} says where it is)\n"
+    ) in run_text(running, now + timedelta(minutes=10), tz=UTC)
     assert "finished" not in text and "output" not in text
     rows = [line.split() for line in text.split("\n\n")[1].splitlines()]
     assert rows[1] == ["prepare", "completed", "120ms", "1"]

@@ -483,6 +483,16 @@ async def test_the_stuck_filter_shows_only_the_run_far_past_its_median(
         await pilot.press("8")  # the same filter by key
         await settled(pilot)
         assert table.keys == [(await engine.get_job(hung)).run_id]
+        # Its run view says so too (`show` did, and the console's header said "took 0.2s").
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, RunScreen))
+        await until(pilot, lambda: "stuck? " in _header(app))
+        assert re.search(
+            r"stuck\? \d+× its workflow's usual \d+ms \(w: where it is\)", _header(app)
+        )
+        await command(pilot, f"run {(await engine.get_job(fresh)).run_id}")
+        await until(pilot, lambda: "slow.sleep" in _header(app) and "took" in _header(app))
+        assert "stuck" not in _header(app)  # running, but no median to judge it by
     for job_id in (hung, fresh):
         await engine.cancel((await engine.get_job(job_id)).run_id)
 
@@ -507,6 +517,10 @@ async def test_requeue_every_dead_letter_of_a_queue_after_one_confirmation(engin
         assert "the 0 dead letters" not in _notes(app)
     for job_id in jobs:  # each went back with a fresh run
         assert (await engine.get_job(job_id)).run_id != firsts[job_id]
+
+
+def _header(app: BlokApp) -> str:
+    return text_of(app.screen.query_one("#run-header", Static))
 
 
 def _notes(app: BlokApp) -> str:
