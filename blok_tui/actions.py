@@ -519,12 +519,40 @@ def in_scope(scope: str) -> list[ConsoleAction]:
 
 def bindings(scope: str) -> list[BindingType]:
     """The key bindings of a scope, for the BINDINGS of the screen (or app) that owns them
-    (typed as Textual types BINDINGS, so the list can be assigned to it as it is)."""
-    return [
+    (typed as Textual types BINDINGS, so the list can be assigned to it as it is); and, for a
+    view, a hidden one for each letter or digit another view binds, that says where it acts."""
+    own: list[BindingType] = [
         Binding(a.key, a.action, a.label or a.title, show=bool(a.label), key_display=None)
         for a in in_scope(scope)
         if a.key is not None
     ]
+    if scope == APP:
+        return own
+    return own + [
+        Binding(key, f"key_elsewhere({key!r})", show=False) for key in sorted(_elsewhere(scope))
+    ]
+
+
+def _keys(action: ConsoleAction) -> list[str]:
+    return action.key.split(",") if action.key else []
+
+
+def _elsewhere(scope: str) -> set[str]:
+    """The letters and digits other views bind that neither this view nor the app does: `8`
+    typed in the queues view did nothing, and the operator could not tell why."""
+    taken = {key for a in ACTIONS if a.scope in (scope, APP) for key in _keys(a)}
+    return {key for a in ACTIONS for key in _keys(a) if len(key) == 1 and key not in taken}
+
+
+def where_key_acts(key: str, scope: str) -> str:
+    """What `key` does in the views where it does something, for one typed where it does not."""
+    acts = [
+        f"{SCOPE_TITLES[a.scope]}: {a.title[0].lower()}{a.title[1:]}"
+        for a in ACTIONS
+        if key in _keys(a)
+    ]
+    here = SCOPE_TITLES.get(scope, "this view")
+    return f"{key} does nothing in the {here}. " + "; ".join(acts) + " (? lists every key)"
 
 
 def by_command(word: str) -> ConsoleAction | None:

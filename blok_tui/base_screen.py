@@ -248,6 +248,10 @@ class BlokScreen(Screen[None]):
         the next goes back."""
         return False
 
+    def action_key_elsewhere(self, key: str) -> None:
+        """A key another view binds, typed here: where it acts (actions.bindings)."""
+        self.notify(actions.where_key_acts(key, self.SCOPE), timeout=4)
+
     def action_back(self) -> None:
         if self.clear_filter():
             return

@@ -837,3 +837,21 @@ async def test_c_asks_about_what_a_cancel_stops_for_the_runs_state(engine: Engin
         run = await engine.get_run((await engine.get_job(job_id)).run_id)
         assert run.status is not RunStatus.CANCELLED
         await engine.cancel(run.id)
+
+
+async def test_a_key_of_another_view_says_where_it_acts(engine: Engine) -> None:
+    # The on-call walkthrough typed 8 (stuck runs) and C (cancel them) in the queues view:
+    # nothing happened, and nothing said why.
+    app = BlokApp(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        await pilot.press("8")
+        await until(pilot, lambda: "8 does nothing in the Queues view" in _notes(app))
+        assert "Runs view: show stuck runs (? lists every key)" in _notes(app)
+        # A key the view binds does its own thing, and says nothing more.
+        app.clear_notifications()
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, RunsScreen))
+        await pilot.press("8")
+        await settled(pilot)
+        assert app.screen.status_name == "stuck" and _notes(app) == ""
