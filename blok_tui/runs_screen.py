@@ -62,7 +62,7 @@ COLUMNS = (
     Column("queue", "queue", 10, priority=3),
     Column("started", "started", 11, priority=6),
     Column("took", "took", 7, priority=7, justify="right"),
-    Column("attempts", "attempts", 8, priority=5, justify="right"),
+    Column("attempts", "attempts", 9, priority=5, justify="right"),
     Column("replay of", "replay of", 12, priority=1),
     Column("detail", "error or input", 16, priority=0, flex=True, keeps_place=True),
 )
@@ -251,11 +251,12 @@ class RunsScreen(BlokScreen):
     def row_cells(self, run: Run) -> list[Text | str]:
         now = self.blok.now()
         tz = self.blok.tz
-        attempts = Text(str(run.attempts or "·"), justify="right")
-        if run.failed_attempts:
-            attempts.append(f" {run.failed_attempts}✗", style="red1")
-        if run.job_attempt > 1:
-            attempts.append(f" j{run.job_attempt}", style="khaki3")
+        # Three fields of fixed width, blank when nothing to say, so that each lines up from
+        # row to row ("4 3✗ j3" over "1" had read as one ragged column).
+        attempts = Text(f"{run.attempts or '·':>2}", justify="right")
+        failed = f" {run.failed_attempts:>2}✗" if run.failed_attempts else "    "
+        attempts.append(failed, style="red1")
+        attempts.append(f" j{run.job_attempt}" if run.job_attempt > 1 else "   ", style="khaki3")
         orphan = self.orphans.get(run.id)
         # "–" for a run a worker's stop sent back to the queue; an orphan's stops when its
         # worker was last seen.

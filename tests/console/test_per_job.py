@@ -132,6 +132,24 @@ async def test_the_then_column_shows_only_when_a_run_on_the_page_has_it(engine: 
         assert {"status", "then", "run"} <= set(table.shown_columns)
 
 
+async def test_the_attempts_column_lines_up_its_three_fields(engine: Engine) -> None:
+    # "4 3✗ j3" over "1", each right-aligned as a whole: the counts did not line up.
+    failed, later = await _recovered(engine)
+    await engine.wait_for_job(await engine.enqueue("quick", {"n": 1}), timeout=10)
+    app = BlokApp(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        await command(pilot, "runs")
+        table = app.screen.query_one("#runs", RowTable)
+        await until(pilot, lambda: table.row_count == 3)
+        cells = dict(zip(table.keys, column(table, "attempts"), strict=True))
+        assert len(set(map(len, cells.values()))) == 1, cells  # one width: fields line up
+        assert [cell.split() for cell in cells.values()].count(["1"]) == 1  # the quick run
+        assert cells[later].split() == ["1", "j2"] and cells[failed].split()[1].endswith("✗")
+        # Each field in its place: the attempts, then the failed ones, then the delivery.
+        assert cells[later].index("1") == cells[failed].index(cells[failed].split()[0])
+
+
 async def test_redraws_do_not_read_the_jobs_again(engine: Engine) -> None:
     await _recovered(engine)
     await _dead(engine, 2)
