@@ -14,6 +14,9 @@ from .backends.base import Backend, Claim, JobQueue, WorkerCatalog
 from .ledger import Ledger
 from .liveness import LiveWorkers
 from .models import Run, StepStatus
+from .records import assign
+from .runner import pending_step
+from .workflow import Workflow
 
 DONE = (StepStatus.COMPLETED, StepStatus.CACHED, StepStatus.SKIPPED)
 
@@ -75,15 +78,23 @@ async def serving_version(backend: Backend, workflow: str, version: str, besides
 
 
 async def not_resumable_here(
-    backend: Backend, ledger: Ledger, claim: Claim, queue: JobQueue, run: Run, me: str
-) -> None:
+    backend: Backend,
+    ledger: Ledger,
+    claim: Claim,
+    queue: JobQueue,
+    run: Run,
+    me: str,
+    current: Workflow,
+) -> Workflow | None:
     """A resuming run whose version this worker does not have, where the version it has
     changed the steps (`Catalog.resumed_on`): going on by position would run other steps than
     its records say (a step done run again under another's name, the last ones never run). A
     live worker that serves its version takes it: the job is held back a moment for it (a
     rolling deploy under way). With none (its version is gone: a restart, a file changed on
-    every worker), the run fails and its job goes to the dead-letter queue, not retried (a
-    retry would run its first steps again), saying how to go on."""
+    every worker), it goes on with `current` when the steps it ran and the one it goes on at
+    are unchanged (`adopt_new_steps`; returned); else the run fails and its job goes to the
+    dead-letter queue, not retried (a retry would run its first steps again), saying how to
+    go on (None)."""
     version = run.workflow_version
     holders = await serving_version(backend, run.workflow_name, version, besides=me)
     if holders:
@@ -97,7 +108,16 @@ async def not_resumable_here(
             )
         until = backend.clock.now() + timedelta(seconds=HAND_OVER_S)
         ledger.hold(claim, queue, run, run.status, until, meta)
-        return
+        return None
+    at_step = adopt_new_steps(run, current)
+    if at_step is not None:
+        ledger.log(
+            run,
+            f"resumed on version {current.version} (started on {version}, which no live worker "
+            f"serves): the steps up to {at_step!r}, where it goes on, are unchanged; the steps "
+            "after it are the new version's",
+        )
+        return current
     top = run.own_steps()
     position = next((n for n, s in enumerate(top) if s.status not in DONE), None)
     at = top[position].name if position is not None else None
@@ -111,3 +131,29 @@ async def not_resumable_here(
         f"run other steps than its record says; {then}requeue it to run it from its first step"
     )
     ledger.give_up(claim, queue, run, why, at)
+    return None
+
+
+def adopt_new_steps(run: Run, current: Workflow) -> str | None:
+    """Give `run` the steps of `current` after the step it goes on at, when the steps up to
+    that one are the same (names and kinds) as its records: a step added after a wait, or
+    one changed after it, is what a deploy does most; a run parked in the wait went to the
+    dead-letter queue for it (with the event it had been sent). Only for a run whose records
+    are all top-level ones (a nested or middleware record sits after them in `run.steps`, and
+    points at them by index). The name of the step it goes on at; None: not done."""
+    records = run.steps
+    if any(r.parent is not None or r.tags for r in records):
+        return None
+    position = next((n for n, r in enumerate(records) if r.status not in DONE), None)
+    if position is None or position >= len(current.steps):
+        return None
+    kept = [(r.name, r.kind) for r in records[: position + 1]]
+    if kept != [(s.name, s.kind) for s in current.steps[: position + 1]]:
+        return None
+    tail = [
+        pending_step(i, step.name, step.kind, max_attempts=getattr(step, "max_attempts", 1))
+        for i, step in enumerate(current.steps)
+        if i > position
+    ]
+    assign(run, steps=records[: position + 1] + tail)
+    return records[position].name

@@ -565,8 +565,10 @@ class Worker:
             run, resuming = found
             workflow, note = self.catalog.resumed_on(current, run, resuming)
             if workflow is None:  # its version is not here, and the one here changed its steps
-                await not_resumable_here(self.backend, self.ledger, claim, queue, run, self.info.id)
-                return
+                parts = (self.backend, self.ledger, claim, queue, run, self.info.id, current)
+                workflow = await not_resumable_here(*parts)
+                if workflow is None:
+                    return  # left to a worker that has its version, or a dead letter
             if note is not None:
                 self.ledger.log(run, *note)
             if not await self.gates.admit(claim, queue, run, workflow, resuming):

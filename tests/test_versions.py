@@ -92,6 +92,7 @@ def pay(order: list[str], charged: list[str]) -> Workflow:
         "charge": Step("charge", charge_card),
         "gate": wait.for_event("go", name="gate"),
         "notify": Step("notify", lambda ctx: "sent"),
+        "audit": Step("audit", lambda ctx: "audited"),
     }
     return Workflow(
         name="orders.pay",
@@ -141,6 +142,41 @@ async def test_a_run_whose_version_is_gone_and_whose_steps_changed_is_not_resume
         ("notify", StepStatus.PENDING),
     ]
     assert ended.error_step == "gate" and ended.workflow_version == run.workflow_version
+
+
+async def test_a_run_whose_version_is_gone_goes_on_where_only_later_steps_changed(
+    database: str,
+) -> None:
+    """A deploy that added a step after a wait, and restarted the workers: each run parked in
+    the wait failed when its event came, and went to the dead-letter queue with the event it
+    had been sent (a replay from the wait waited for it again). The steps it ran and the
+    wait are unchanged: it goes on with the new version's steps from there."""
+    charged: list[str] = []
+    async with Engine(
+        workflows=[pay(["charge", "gate", "notify"], charged)], database=database
+    ) as first:
+        job_id = await first.enqueue("pay", {"order": "A1"})
+        run = await run_when(first, job_id, RunStatus.WAITING)
+    grown = pay(["charge", "gate", "audit", "notify"], charged)
+    async with Engine(workflows=[grown], database=database) as second:
+        assert grown.version != run.workflow_version
+        await second.send_event(run.id, "go", {"by": "ann"})
+        ended = await second.wait_for_job(job_id, timeout=20)
+    assert ended.status is RunStatus.COMPLETED, ended.error
+    assert charged == [run.id]  # not again
+    assert [(s.name, s.status, s.output) for s in ended.steps] == [
+        ("charge", StepStatus.COMPLETED, "charged"),
+        ("gate", StepStatus.COMPLETED, {"by": "ann"}),  # the event it was sent
+        ("audit", StepStatus.COMPLETED, "audited"),
+        ("notify", StepStatus.COMPLETED, "sent"),
+    ]
+    assert [s.index for s in ended.steps] == [0, 1, 2, 3]
+    assert ended.workflow_version == grown.version
+    assert (
+        f"resumed on version {grown.version} (started on {run.workflow_version}, which no live "
+        "worker serves): the steps up to 'gate', where it goes on, are unchanged; the steps "
+        "after it are the new version's"
+    ) in [line.message for line in ended.logs]
 
 
 PAY_FILE = textwrap.dedent(
