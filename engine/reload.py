@@ -49,6 +49,7 @@ log = logging.getLogger("blok.reload")
 
 DEBOUNCE_MS = 1_600  # the longest a stream of saves is grouped before a reload happens anyway
 STEP_MS = 50  # a reload starts once the folder has been quiet this long
+FOLDER_CHECK_S = 1.0  # how often a watch checks that its folder was not replaced
 
 _watching: WeakKeyDictionary[Catalog, anyio.Event] = WeakKeyDictionary()
 
@@ -73,7 +74,8 @@ class _StopSignal:
     def __init__(self, engine: Catalog, on_live: Callable[[], None]) -> None:
         self._stop = threading.Event()
         self._polled = False
-        self._live = _watching_event(engine)
+        self._live = _watching_event(engine)  # the engine's first watch
+        self.live = anyio.Event()  # this watch
         self._on_live = on_live
         self._token = anyio.lowlevel.current_token()
 
@@ -86,6 +88,7 @@ class _StopSignal:
     def _went_live(self) -> None:  # on the event loop, before anyone waiting hears of it
         self._on_live()
         self._live.set()
+        self.live.set()
 
     def set(self) -> None:
         self._stop.set()
@@ -99,36 +102,90 @@ def _python_source(change: Change, path: str) -> bool:
 async def watch_folder(
     engine: Catalog, folder: Path, *, debounce_ms: int = DEBOUNCE_MS, step_ms: int = STEP_MS
 ) -> None:
-    """Reload the catalog's workflow files as they change, until cancelled."""
+    """Reload the catalog's workflow files as they change, until cancelled. A folder removed
+    and made again (`rm -rf workflows && cp -r new workflows`, a directory swapped in by
+    rename) is watched again: the OS watch was on the old one, and the worker served nothing
+    from then on, alive and "healthy", until restarted."""
     folder = folder.resolve()
+    one_at_a_time = anyio.Lock()  # imports share sys.modules: never two reloads at once
+    identity = _identity(folder)
+    while True:
+        if identity is None:
+            identity = await _folder_back(folder)
+        await _watch_while_same(engine, folder, identity, one_at_a_time, debounce_ms, step_ms)
+        await anyio.lowlevel.checkpoint()  # a watch stopped by the engine's stop: no more
+        identity = _identity(folder)
+        if identity is not None:
+            log.warning("workflow folder %s was replaced: watching the new one", folder)
+
+
+async def _watch_while_same(
+    engine: Catalog,
+    folder: Path,
+    identity: tuple[int, int],
+    one_at_a_time: anyio.Lock,
+    debounce_ms: int,
+    step_ms: int,
+) -> None:
+    """Watch `folder` until cancelled, or until the folder at its path is no longer the one
+    the watch is on (`identity`)."""
     only = engine.only_file
-    # What changed between the first load and the watch going live: no event will come for
+    # What changed between the last load and the watch going live: no event will come for
     # it. Taken the moment the watch is live, so that later saves are left to the watcher.
     missed: set[Path] = set()
     stop = _StopSignal(engine, lambda: missed.update(_changed_since_load(engine, folder, only)))
-    one_at_a_time = anyio.Lock()  # imports share sys.modules: never two reloads at once
     async with anyio.create_task_group() as tg:
         # awatch waits for its watcher thread before it sets its stop event, so a cancelled
         # watch would linger until the thread's 5 s timeout: stop the thread at once instead.
         tg.start_soon(_stop_when_cancelled, stop)
-        tg.start_soon(_catch_up, engine, folder, only, missed, one_at_a_time)
+        tg.start_soon(_stop_when_replaced, folder, identity, stop)
+        tg.start_soon(_catch_up, stop, engine, folder, only, missed, one_at_a_time)
+        itself = str(folder)
         async for changes in awatch(
             folder,
-            watch_filter=_python_source,
+            watch_filter=lambda change, path: path == itself or _python_source(change, path),
             debounce=debounce_ms,
             step=step_ms,
             stop_event=stop,
             recursive=False,  # helpers are the modules beside the workflow files (see loader)
         ):
+            paths = {Path(p) for _, p in changes if p != itself}
+            if len(paths) < len(changes):  # the folder itself was removed: watch what comes
+                stop.set()  # (its inode may come back with the new one: not a sign)
             try:
                 async with one_at_a_time:
-                    await reload_paths(engine, folder, {Path(p) for _, p in changes}, only=only)
+                    await reload_paths(engine, folder, paths, only=only)
             except DatabaseError as error:  # its own words say it: no traceback of ours
                 log.error("hot reload of %s failed: %s; still watching", folder, error)
             except Exception:
                 # A bug here must not take the runs down with the watcher: say so, go on.
                 log.exception("hot reload of %s failed; still watching", folder)
         tg.cancel_scope.cancel()
+
+
+def _identity(folder: Path) -> tuple[int, int] | None:
+    """Which directory is at `folder` now (device, inode); None: none."""
+    try:
+        found = os.stat(folder)
+    except OSError:
+        return None
+    return (found.st_dev, found.st_ino)
+
+
+async def _stop_when_replaced(folder: Path, identity: tuple[int, int], stop: _StopSignal) -> None:
+    # Polled: the OS watch is on the directory itself, and nothing tells of another one put
+    # at its path.
+    while _identity(folder) == identity:  # noqa: ASYNC110
+        await anyio.sleep(FOLDER_CHECK_S)
+    stop.set()
+
+
+async def _folder_back(folder: Path) -> tuple[int, int]:
+    """Wait until a directory is at `folder` again."""
+    log.warning("workflow folder %s is gone: nothing is reloaded until it is back", folder)
+    while (identity := _identity(folder)) is None:  # noqa: ASYNC110 (a path: polled)
+        await anyio.sleep(FOLDER_CHECK_S)
+    return identity
 
 
 def _changed_since_load(engine: Catalog, folder: Path, only: Path | None) -> set[Path]:
@@ -146,9 +203,14 @@ def _changed_since_load(engine: Catalog, folder: Path, only: Path | None) -> set
 
 
 async def _catch_up(
-    engine: Catalog, folder: Path, only: Path | None, missed: set[Path], lock: anyio.Lock
+    stop: _StopSignal,
+    engine: Catalog,
+    folder: Path,
+    only: Path | None,
+    missed: set[Path],
+    lock: anyio.Lock,
 ) -> None:
-    await wait_until_watching(engine)
+    await stop.live.wait()
     if not missed:
         return
     log.info("catching up with %d file(s) changed while the watcher started", len(missed))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import sys
 import textwrap
 import threading
@@ -747,3 +748,53 @@ async def test_a_broken_helper_fails_its_workflow_files_with_the_helpers_line(
             await engine.enqueue("orders", {"name": "ada"}), timeout=TIMEOUT
         )
         assert run.output == "hi ada"
+
+
+async def test_a_folder_removed_and_made_again_is_watched_again(
+    folder: Path,
+    database: Path | None,
+    gates: Gates,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A deploy by `rm -rf workflows && cp -r new workflows`: the OS watch was on the removed
+    # folder, so the worker served nothing from then on (every file "removed"), alive and
+    # "healthy", until restarted.
+    caplog.set_level(logging.WARNING, logger="blok.reload")
+    (folder / "orders.py").write_text(flow_source("v1"))
+    new = tmp_path / "new"
+    new.mkdir()
+    (new / "orders.py").write_text(flow_source("v2"))
+    async with running(folder, database) as (engine, events):
+        v1 = await version_of(engine)
+        shutil.rmtree(folder)
+        shutil.copytree(new, folder)
+        reloaded = await events.expect(
+            WorkflowReloaded, lambda e: e.path == str(folder / "orders.py") and e.versions != ()
+        )
+        assert reloaded.versions[0] != v1
+        run = await engine.wait_for_job(await engine.enqueue("orders", {}), timeout=TIMEOUT)
+        assert run.output == {"label": "v2"}
+        # And the new folder is watched: an edit in it reloads as any.
+        (folder / "orders.py").write_text(flow_source("v3"))
+        await events.expect(WorkflowReloaded, lambda e: e.versions not in ((), reloaded.versions))
+        run = await engine.wait_for_job(await engine.enqueue("orders", {}), timeout=TIMEOUT)
+        assert run.output == {"label": "v3"}
+    said = [r.getMessage() for r in caplog.records]
+    assert f"workflow folder {folder.resolve()} was replaced: watching the new one" in said
+
+
+async def test_a_folder_removed_for_a_while_is_watched_once_it_is_back(
+    folder: Path, database: Path | None, gates: Gates, tmp_path: Path
+) -> None:
+    (folder / "orders.py").write_text(flow_source("v1"))
+    async with running(folder, database) as (engine, events):
+        shutil.rmtree(folder)
+        await events.expect(WorkflowReloaded, lambda e: e.versions == ())  # removed: none
+        with pytest.raises(UnknownQueue):
+            await engine.enqueue("orders", {})
+        folder.mkdir()
+        (folder / "orders.py").write_text(flow_source("v2"))
+        await events.expect(WorkflowReloaded, lambda e: e.versions != ())
+        run = await engine.wait_for_job(await engine.enqueue("orders", {}), timeout=TIMEOUT)
+        assert run.output == {"label": "v2"}
