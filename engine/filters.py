@@ -64,6 +64,8 @@ class RunFilter:
     # Runs whose id starts with this (case-blind, no wildcard): a short id as the console
     # shows it finds its run.
     id_prefix: str | None = None
+    # Of none of these queues: the pending runs of queues no worker declares (`queues()`).
+    not_queues: tuple[str, ...] | None = None
 
     @classmethod
     def of(
@@ -111,6 +113,8 @@ class RunFilter:
         if self.workflow and run.workflow_name != self.workflow:
             return False
         if self.queue and run.queue != self.queue:
+            return False
+        if self.not_queues and run.queue in self.not_queues:
             return False
         if self.job_id and run.job_id != self.job_id:
             return False

@@ -140,6 +140,12 @@ async def _held(operator: HealthReader, queues: Sequence[QueueInfo]) -> str:
         pending = stats.waiting + stats.delayed
         if info.paused and pending:
             notes.append(f"queue {info.name} is paused with {pending:,} job(s) waiting")
+        elif not info.served and pending + stats.active:
+            # Its queue renamed, its workflow file removed: "no job waiting" had been said.
+            notes.append(
+                f"queue {info.name} has {pending + stats.active:,} job(s) not ended and no live "
+                "worker serves it (was its workflow file removed, or its queue renamed?)"
+            )
     if dead:
         notes.append(f"{dead:,} dead letter(s) (blok-tui dead QUEUE)")
     return "".join(f"; {note}" for note in notes)

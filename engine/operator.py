@@ -74,6 +74,7 @@ log = logging.getLogger("blok.operator")
 
 DEFAULT_MAX_PAYLOAD_BYTES = 1_048_576
 CATALOG_TTL_S = 1.0  # a producer re-reads what the workers serve at most this often
+STRANDED_LOOKED_AT = 200  # runs read to find the queues no worker declares that hold some
 # How long a `wait_for_job` that timed out reads what the job is at, for its message.
 WHAT_IT_DOES_READ_S = 1.0
 # Runs that retry_now can start: delayed (a backoff or a delay), queued (paused), throttled.
@@ -264,7 +265,31 @@ class Operator:
                 paused=name in paused,
                 served=self.worker is not None,
             )
+        for info in await self._stranded(tuple(merged), paused):
+            merged[info.name] = info
         return [merged[name] for name in sorted(merged)]
+
+    async def _stranded(self, known: tuple[str, ...], paused: set[str]) -> list[QueueInfo]:
+        """Queues no worker declares that hold runs not ended: a queue renamed, or its
+        workflow file removed, with jobs left on it. They vanished from `queues()`, and with
+        them from the console's queues view and from `health`, while their runs waited for
+        a worker that would never come."""
+        going = tuple(str(status) for status in RunStatus if not status.terminal)
+        runs = await self.backend.runs.list_runs(
+            RunFilter(status=going, not_queues=known), limit=STRANDED_LOOKED_AT
+        )
+        found: dict[str, QueueInfo] = {}
+        for run in runs:
+            if run.queue not in found:
+                found[run.queue] = QueueInfo(
+                    name=run.queue,
+                    workflow_name=run.workflow_name,
+                    provider=self.backend.queue(None).provider,
+                    concurrency=0,
+                    paused=run.queue in paused,
+                    served=False,
+                )
+        return list(found.values())
 
     async def workflows(self) -> list[WorkflowInfo]:
         latest: dict[str, WorkflowInfo] = {}
@@ -285,15 +310,27 @@ class Operator:
     async def queue_stats(self, queue: str) -> QueueStats:
         try:
             target = await self.target(queue)
-        except EngineError as error:
-            if isinstance(error, UnknownQueue):
-                raise
+        except UnknownQueue as unknown:
+            return await self._stranded_stats(queue, unknown)
+        except EngineError:
             return await self._stats_from_runs(queue)  # a memory queue of another process
         return await target.queue.stats(queue)
 
+    async def _stranded_stats(self, queue: str, unknown: UnknownQueue) -> QueueStats:
+        """A queue no worker declares, counted where its jobs are (`_stranded`); one that
+        holds none is `unknown` (a mistyped name)."""
+        stats = await self.backend.queue(None).stats(queue)
+        if not any(stats.model_dump(exclude={"queue"}).values()):
+            raise unknown
+        return stats
+
     async def oldest_waiting(self, queue: str) -> datetime | None:
         """Since when the queue's longest-waiting due job has been due (None: none waits)."""
-        target = await self.target(queue)
+        try:
+            target = await self.target(queue)
+        except UnknownQueue as unknown:
+            await self._stranded_stats(queue, unknown)  # it holds jobs, or it is unknown
+            return await self.backend.queue(None).oldest_waiting(queue)
         return await target.queue.oldest_waiting(queue)
 
     async def health(self, max_age_s: float = DEFAULT_MAX_AGE_S) -> Health:

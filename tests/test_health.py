@@ -14,7 +14,7 @@ import pytest
 from cli_helpers import blok, eventually, start_worker, write_workflows
 from support import any_database, until
 
-from engine import Engine, Step, WorkerTrigger, Workflow
+from engine import Engine, Step, UnknownQueue, WorkerTrigger, Workflow
 from engine.backends import open_backend
 from engine.ledger import make_job, make_run
 from engine.models import utcnow
@@ -193,3 +193,39 @@ async def test_health_names_a_workflow_file_that_fails_to_load_on_a_live_worker(
         assert health.ok
         assert "; 1 workflow file failed to load on live workers: " in health.reason
         assert f"{broken.resolve()}:3: SyntaxError" in health.reason
+
+
+@pytest.mark.anyio
+async def test_a_queue_renamed_with_jobs_left_on_it_stays_listed_and_health_says_so(
+    tmp_path: Path,
+) -> None:
+    # A deploy renamed the trigger's queue ("orders" → "orders-v2"): the old queue's jobs
+    # waited for a worker that would never come, and `queues()` (the console's queues view,
+    # `blok-tui queues`) dropped its row at once while `health` said "no job waiting".
+    database = tmp_path / "blok.db"
+
+    def orders(queue: str) -> Workflow:
+        return Workflow(
+            name="orders.process",
+            trigger=WorkerTrigger(queue=queue),
+            steps=[Step("go", lambda ctx: "ok")],
+        )
+
+    async with Engine(workflows=[orders("orders")], database=database) as before:
+        for order in ("A1", "A2"):  # left on it when the rename lands
+            await before.enqueue("orders", {"order_id": order}, delay="1h")
+    async with Engine(workflows=[orders("orders-v2")], database=database) as after:
+        listed = {q.name: q for q in await after.queues()}
+        assert set(listed) == {"orders", "orders-v2"}
+        stranded = listed["orders"]
+        assert (stranded.served, stranded.workflow_name) == (False, "orders.process")
+        assert (await after.queue_stats("orders")).delayed == 2
+        report = await after.health()
+        assert report.ok
+        assert (
+            "; queue orders has 2 job(s) not ended and no live worker serves it (was its "
+            "workflow file removed, or its queue renamed?)"
+        ) in report.reason
+        # A queue that never held a job stays unknown: a typo is not a stranded queue.
+        with pytest.raises(UnknownQueue):
+            await after.queue_stats("ordres")

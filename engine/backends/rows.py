@@ -570,6 +570,8 @@ def where_clause(
         clauses.append(f"workflow_name = {marks([where.workflow])}")
     if where.queue:
         clauses.append(f"queue = {marks([where.queue])}")
+    if where.not_queues:
+        clauses.append(f"queue NOT IN ({marks(where.not_queues)})")
     if where.job_id:
         clauses.append(f"job_id = {marks([where.job_id])}")
     if where.replay_of:

@@ -151,6 +151,11 @@ FILTER_CASES: list[tuple[str, RunFilter, set[str]]] = [
     ("status", RunFilter(status=("failed", "running")), {"broken", "busy", "retrying"}),
     ("workflow", RunFilter(workflow="bill"), {"other"}),
     ("queue", RunFilter(queue="slow"), {"broken", "again"}),
+    (
+        "none of these queues",
+        RunFilter(not_queues=("slow", "fast")),
+        {"done", "busy", "retrying", "other", "held"},
+    ),
     ("job id", RunFilter(job_id="job_busy_0001"), {"busy"}),
     ("text in the id, any case", RunFilter(text="ONE_DONE"), {"done"}),
     ("id prefix", RunFilter(id_prefix="run_one_d"), {"done"}),
