@@ -66,6 +66,7 @@ from .jobs import JobBook
 from .logs_screen import LogsScreen
 from .queues_screen import QueuesScreen
 from .run_screen import RunScreen
+from .run_text import replay_version
 from .runs_screen import RunsScreen
 from .schedules_screen import SchedulesScreen
 from .step_stats import StepStatsCache
@@ -497,8 +498,13 @@ class BlokApp(App[None]):
         except EngineError as error:
             self.notify(str(error), title="Replay refused", severity="error")
             return
+        try:
+            version = replay_version(await engine.get_run(run_id), await engine.get_run(new_id))
+        except EngineError:
+            version = ""  # purged meanwhile: the toast says what was done
         where = f" from step {from_step}" if from_step else ""
-        self.notify(f"replay of {run_id}{where} started as {new_id}", title=title)
+        on = f", on {version}" if version else ""
+        self.notify(f"replay of {run_id}{where} started as {new_id}{on}", title=title)
         self.open_run(new_id)
 
     def edit_and_replay(self, run: Run) -> None:

@@ -1426,7 +1426,12 @@ async def _replay(args: argparse.Namespace) -> int:
                 print(f"blok-tui: warning: {said}; replayed all the same", file=sys.stderr)
         run_id = await engine.replay(run.id, from_step=args.from_step, input=args.input)
         job = await _job_or_none(engine, run.job_id)
+        from .run_text import replay_version
+
+        version = replay_version(run, await engine.get_run(run_id))
     print(printable(run_id))
+    if version:  # on stderr: a script reads the id alone
+        print(printable(f"blok-tui: note: the replay runs {version}"), file=sys.stderr)
     if job is not None and job.run_id != run.id and not job.state.terminal:
         # A crashed or failed run whose job went on: the replay runs beside that delivery.
         print(

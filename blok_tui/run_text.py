@@ -384,3 +384,15 @@ def never_awaited(sent: EventSent) -> str | None:
         f"workflow {sent.workflow!r} has no wait.for_event({sent.event!r}): no step of it "
         f"takes this event (the events it waits for: {waits})"
     )
+
+
+def replay_version(source: Run, replay: Run) -> str:
+    """What a replay runs, when it is not the version its run ran: "version 1a28466d of
+    orders.process (run R ran 0b610d2f)"; "" when the same. A replay runs the code served now,
+    and nothing had said so: the source's version showed only in the diff view."""
+    if not source.workflow_version or replay.workflow_version == source.workflow_version:
+        return ""
+    return (
+        f"version {replay.workflow_version} of {replay.workflow_name} "
+        f"(run {source.id} ran {source.workflow_version})"
+    )

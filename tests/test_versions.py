@@ -10,8 +10,9 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
-from cli_helpers import start_worker
+from cli_helpers import blok, start_worker
 from pg import fresh_database
 from support import durable_database, run_when, until
 
@@ -243,3 +244,31 @@ async def test_a_run_is_left_to_the_live_worker_that_serves_its_version(tmp_path
 async def left_to_it(engine: Engine, run_id: str) -> bool:
     run = await engine.get_run(run_id)
     return any("left to it" in line.message for line in run.logs)
+
+
+async def test_a_replay_says_which_version_it_runs_when_not_its_runs(tmp_path: Path) -> None:
+    """A run failed on one version; the fix was deployed; `blok-tui replay` printed the new
+    run's id, and nothing said it runs the fixed code rather than what the run ran."""
+    database = tmp_path / "blok.db"
+
+    def broken(ctx: Any) -> None:
+        raise ValueError("bad deploy")
+
+    old = Workflow(
+        name="orders.charge", trigger=WorkerTrigger(queue="orders"), steps=[Step("go", broken)]
+    )
+    async with Engine(workflows=[old], database=database) as first:
+        failed = await first.wait_for_job(await first.enqueue("orders", {}), timeout=10)
+    assert failed.status is RunStatus.FAILED
+    fixed = charge("v2")
+    async with Engine(workflows=[fixed], database=database) as second:
+        done = await anyio.to_thread.run_sync(blok, "replay", failed.id, "--db", database)
+        assert done.returncode == 0, done.stderr
+        replay = await second.wait_for_job(
+            (await second.get_run(done.stdout.strip())).job_id, timeout=10
+        )
+    assert replay.status is RunStatus.COMPLETED and replay.workflow_version == fixed.version
+    assert done.stderr == (
+        f"blok-tui: note: the replay runs version {fixed.version} of orders.charge "
+        f"(run {failed.id} ran {old.version})\n"
+    )

@@ -855,3 +855,35 @@ async def test_a_key_of_another_view_says_where_it_acts(engine: Engine) -> None:
         await pilot.press("8")
         await settled(pilot)
         assert app.screen.status_name == "stuck" and _notes(app) == ""
+
+
+async def test_r_says_which_version_the_replay_runs_when_not_its_runs(tmp_path: Path) -> None:
+    # A run failed on a bad deploy; once fixed, r's toast said "replay of … started as …",
+    # and only the diff view showed the replay ran other code.
+    def flow(fails: bool) -> Workflow:
+        def go(ctx: object) -> str:
+            if fails:
+                raise ValueError("bad deploy")
+            return "ok"
+
+        name = "go_bad" if fails else "go"  # another step: another version
+        return Workflow(
+            name="deploy.me", trigger=WorkerTrigger(queue="deploy"), steps=[Step(name, go)]
+        )
+
+    database = tmp_path / "blok.db"
+    old, fixed = flow(True), flow(False)
+    async with Engine(workflows=[old], database=database) as first:
+        failed = await first.wait_for_job(await first.enqueue("deploy", {}), timeout=10)
+    async with Engine(workflows=[fixed], database=database) as engine:
+        app = BlokApp(engine)
+        async with app.run_test(size=SIZE) as pilot:
+            await settled(pilot)
+            await command(pilot, f"run {failed.id}")
+            await until(pilot, lambda: isinstance(app.screen, RunScreen))
+            await pilot.press("r")
+            await until(pilot, lambda: "started as" in _notes(app))
+            assert (
+                f", on version {fixed.version} of deploy.me (run {failed.id} ran {old.version})"
+                in _notes(app)
+            )
