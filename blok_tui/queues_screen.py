@@ -123,6 +123,7 @@ class QueuesScreen(RowFilterScreen):
             errors[info.name] = await self.engine.count_runs(failed_lately)
         workers = await self.engine.workers()
         states = {w.id: self.engine.worker_state(w) for w in workers}
+        splits = await self.engine.version_splits()
         failed = await self.engine.runs(status=sorted(RETRIED_AFTER), limit=FAILURES_READ)
         # When each failed, newest first: listed by their starts, a crash found at 18:08:28
         # read 18:08:17, and the lines came out of order.
@@ -138,7 +139,7 @@ class QueuesScreen(RowFilterScreen):
         self.throttled = throttled
         self.errors = errors
         self.render_rows()
-        self.query_one("#workers-line", Static).update(workers_line(workers, states))
+        self.query_one("#workers-line", Static).update(workers_line(workers, states, splits=splits))
         self.render_failures(failures, jobs)
 
     def render_rows(self) -> None:

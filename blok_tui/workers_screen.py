@@ -35,6 +35,8 @@ COLUMNS = (
     Column("started", "started", 11, priority=5),
     Column("heartbeat", "heartbeat", 20, priority=8),
     Column("alive", "state", 12, priority=9),
+    # Only while a workflow is served at more than one version: which one each worker has.
+    Column("versions", "versions of a split", 30, priority=7),
 )
 
 # How each state reads; any other (stalled: alive by its process, no heartbeat) is a warning.
@@ -46,9 +48,20 @@ STATES = {
 }
 
 
-def workers_line(workers: list[WorkerInfo], states: dict[str, str], *, hint: bool = True) -> Text:
+Splits = dict[str, dict[str, list[str]]]  # workflow → version → live workers (version_splits)
+
+
+def workers_line(
+    workers: list[WorkerInfo],
+    states: dict[str, str],
+    *,
+    hint: bool = True,
+    splits: Splits | None = None,
+) -> Text:
     """One line for the queues view: "workers  2 alive: host:12, host:34 · 1 suspended · 1
-    gone"; `states`: each worker's, by id, as the engine judges it (`worker_state`)."""
+    gone"; `states`: each worker's, by id, as the engine judges it (`worker_state`); then
+    each workflow the live workers serve at more than one version (`splits`): a deploy
+    half done showed only in `blok-tui health` and the workers' logs."""
     alive = [w for w in workers if states.get(w.id) == SERVING]
     line = Text()
     line.append("workers ", style="bold")
@@ -64,9 +77,21 @@ def workers_line(workers: list[WorkerInfo], states: dict[str, str], *, hint: boo
     others = Counter(states.get(w.id, GONE) for w in workers if w not in alive)
     for state, count in sorted(others.items(), key=lambda item: (item[0] == GONE, item[0])):
         line.append(f" · {count} {state}", style="khaki3")
+    for workflow, versions in sorted((splits or {}).items()):
+        line.append(f" · ⚠ {workflow} at {len(versions)} versions", style="bold khaki1")
     if hint:
         line.append("   :workers lists them", style="dim")
     return line
+
+
+def versions_served(worker: str, splits: Splits) -> str:
+    """The versions `worker` serves of the workflows served at more than one: "orders@1a28"."""
+    return ", ".join(
+        f"{workflow}@{version}"
+        for workflow, versions in sorted(splits.items())
+        for version, holders in sorted(versions.items())
+        if worker in holders
+    )
 
 
 def is_this_process(worker: WorkerInfo) -> bool:
@@ -83,6 +108,7 @@ class WorkersScreen(BlokScreen):
         super().__init__()
         self.found: list[WorkerInfo] = []
         self.states: dict[str, str] = {}  # by worker id: engine.worker_state
+        self.splits: Splits = {}
 
     @property
     def crumb(self) -> str:
@@ -98,11 +124,13 @@ class WorkersScreen(BlokScreen):
 
     def on_mount(self) -> None:
         super().on_mount()
+        self.table.hide_columns(("versions",))  # until a split is read
         self.table.focus()
 
     async def load(self) -> None:
         self.found = await self.engine.workers()
         self.states = {w.id: self.engine.worker_state(w) for w in self.found}
+        self.splits = await self.engine.version_splits()
         self.render_rows()
 
     def render_rows(self) -> None:
@@ -118,10 +146,12 @@ class WorkersScreen(BlokScreen):
                 day_time(worker.started_at, tz, now),
                 Text(f"{day_time(worker.heartbeat_at, tz, now)} ({duration(max(ago, 0))})"),
                 Text(*STATES.get(state, (f"⚠ {state}", "dark_orange"))),
+                Text(versions_served(worker.id, self.splits), style="khaki1"),
             ]
             rows.append((worker.id, cells))
         self.table.set_rows(rows)
-        summary = workers_line(self.found, self.states, hint=False)
+        self.table.hide_columns(() if self.splits else ("versions",))
+        summary = workers_line(self.found, self.states, hint=False, splits=self.splits)
         own = next((w for w in self.found if is_this_process(w)), None)
         if own is not None:  # a hosting console runs jobs too: which row is it?
             summary.append("   this console: ", style="khaki3")

@@ -186,5 +186,7 @@ class EngineAPI(Protocol):
 
     async def usual_duration(self, workflow: str) -> float | None: ...
 
+    async def version_splits(self) -> dict[str, dict[str, list[str]]]: ...
+
 
 __all__ = ["Capabilities", "EngineAPI"]

@@ -55,6 +55,7 @@ from .operator import DEFAULT_MAX_PAYLOAD_BYTES, Operator
 from .primitives import global_middleware, run_middleware
 from .runner import Runner
 from .scheduler import ScheduleInfo, Scheduler, Schedules, scheduling_disabled
+from .versions import version_splits
 from .waiting import WaitReason, explain
 from .watchdog import WATCHDOG_S
 from .whereabouts import ask_where
@@ -845,6 +846,11 @@ class Engine:
     async def run_schedule(self, workflow: str, schedule: str | None = None) -> str:
         """Enqueue one run of the schedule now, with its payload; the run's id."""
         return await self._schedule_ops.run_now(workflow, schedule)
+
+    async def version_splits(self) -> dict[str, dict[str, list[str]]]:
+        """Workflow → version → the live workers serving it there, for the workflows served
+        at more than one (a rolling deploy under way, a worker left with old files)."""
+        return await version_splits(self.backend)
 
     async def usual_duration(self, workflow: str) -> float | None:
         """How long the workflow's runs usually take, in seconds: the median of its latest

@@ -286,6 +286,47 @@ async def test_workers_view_lists_this_engine_as_alive(engine: Engine) -> None:
         assert column(table, "alive") == ["✓ alive"]
 
 
+async def test_a_workflow_served_at_two_versions_shows_in_the_queues_and_workers_views(
+    tmp_path: Path,
+) -> None:
+    # A deploy half done (one machine on the new files) showed only in `blok-tui health`
+    # and the workers' logs: the console said nothing.
+    def charge(step: str) -> Workflow:
+        return Workflow(
+            name="orders.charge",
+            trigger=WorkerTrigger(queue="orders"),
+            steps=[Step(step, lambda ctx: step)],  # another step: another version
+        )
+
+    database = tmp_path / "blok.db"
+    old, new = charge("charge_v1"), charge("charge_v2")
+    async with Engine(workflows=[old], database=database) as first:
+        async with Engine(workflows=[new], database=database) as second:
+            app = BlokApp(second)
+            async with app.run_test(size=SIZE) as pilot:
+                line = app.screen.query_one("#workers-line", Static)
+                await until(pilot, lambda: "⚠ orders.charge at 2 versions" in text_of(line))
+                await command(pilot, "workers")
+                table = app.screen.query_one("#workers", RowTable)
+                await until(pilot, lambda: "versions" in table.shown_columns)
+                by_worker = dict(
+                    zip(column(table, "worker"), column(table, "versions"), strict=True)
+                )
+                assert by_worker == {
+                    first.worker.id: f"orders.charge@{old.version}",
+                    second.worker.id: f"orders.charge@{new.version}",
+                }
+        # One version again: the column goes, and the line says nothing of versions.
+        app = BlokApp(first)
+        async with app.run_test(size=SIZE) as pilot:
+            await settled(pilot)
+            await command(pilot, "workers")
+            table = app.screen.query_one("#workers", RowTable)
+            await until(pilot, lambda: table.row_count >= 1)
+            await settled(pilot)
+            assert "versions" not in table.shown_columns
+
+
 async def test_the_console_judges_a_worker_alive_as_recovery_does(engine: Engine) -> None:
     """A worker of this machine is not gone while its process runs, whatever its heartbeat
     says: the rule recovery acts on. Judged by its heartbeat alone, a worker killed a moment ago
