@@ -238,12 +238,19 @@ class Follower:
                 emit(ReloadFailed(path, message))
         for path in previous_errors.keys() - errors.keys():
             emit(ReloadErrorCleared(path))
-        old_versions = {w.name: w.version for c in old.values() for w in c.workflows}
+        # Each worker against its own last catalog: against all of them merged by name, one
+        # worker's version stood for every worker's, and a console watching a mixed fleet
+        # (or a gone worker's kept catalog) said "Reloaded" of files nobody touched.
+        old_versions = {(c.worker, w.name): w.version for c in old.values() for w in c.workflows}
         by_path: dict[str, list[WorkflowInfo]] = {}
         for catalog in catalogs.values():
+            if catalog.worker not in old:  # a worker that started: nothing was reloaded
+                continue
             for info in catalog.workflows:
-                if old_versions and old_versions.get(info.name) != info.version:
-                    by_path.setdefault(info.path or "", []).append(info)
+                if old_versions.get((catalog.worker, info.name)) != info.version:
+                    said = by_path.setdefault(info.path or "", [])
+                    if all((i.name, i.version) != (info.name, info.version) for i in said):
+                        said.append(info)  # each worker that reloaded it: said once
         for path, infos in by_path.items():
             emit(
                 WorkflowReloaded(

@@ -29,6 +29,8 @@ from engine import (
     StepStatus,
     UnknownQueue,
 )
+from engine.events import WorkflowReloaded
+from engine.reload import wait_until_watching
 
 pytestmark = pytest.mark.anyio
 
@@ -261,3 +263,39 @@ async def test_an_attached_client_shows_no_load_error_of_a_worker_that_stopped(
     ):
         assert serving.reload_errors == {}
         assert attached.reload_errors == {}
+
+
+async def test_an_attached_client_says_reloaded_only_of_the_file_that_was(tmp_path: Path) -> None:
+    # A mixed fleet (two workers serving pay.py at two versions): an edit of ship.py on one
+    # made the attached console say "Reloaded pay.py" too, with the other worker's version:
+    # the versions of every worker were compared merged by workflow name.
+    def source(name: str, label: str) -> str:
+        return (
+            "from engine import Step, WorkerTrigger, Workflow\n\n"
+            f"workflow = Workflow(name={name!r}, trigger=WorkerTrigger(queue={name!r}),"
+            f" steps=[Step({label!r}, lambda ctx: 1)])\n"
+        )
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    for folder, label in ((first, "v1"), (second, "v2")):
+        folder.mkdir()
+        (folder / "pay.py").write_text(source("pay", label))
+        (folder / "ship.py").write_text(source("ship", "v1"))
+    database = tmp_path / "blok.db"
+    async with (
+        Engine(workflows=first, database=database, watch=True) as one,
+        Engine(workflows=second, database=database),
+        Engine(database=database, create=False) as attached,
+    ):
+        await wait_until_watching(one)
+        events = attached.events()
+        await attached.flush()
+        (first / "ship.py").write_text(source("ship", "v2"))
+        seen: list[WorkflowReloaded] = []
+        with anyio.fail_after(10):
+            async for event in events:
+                if isinstance(event, WorkflowReloaded):
+                    seen.append(event)
+                    if event.path == str((first / "ship.py").resolve()):
+                        break
+        assert [Path(e.path).name for e in seen] == ["ship.py"], seen
