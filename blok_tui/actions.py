@@ -231,7 +231,7 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         RUNS,
         "slash",
         "filter",
-        help="Matches run and job id, workflow, queue, status, error and input",
+        help="Matches run and job id, workflow, version, queue, status, error and input",
     ),
     ConsoleAction("cycle_status", "Next status filter", RUNS, "s", "status"),
     ConsoleAction(

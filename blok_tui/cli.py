@@ -579,8 +579,8 @@ def build_parser() -> argparse.ArgumentParser:
     runs.add_argument(
         "--text",
         metavar="TEXT",
-        help="only runs whose id, job id, workflow, queue, status, error or input holds TEXT "
-        "(any case): an order's run by its order id",
+        help="only runs whose id, job id, workflow, version, queue, status, error or input "
+        "holds TEXT (any case): an order's run by its order id",
     )
     runs.add_argument(
         "--limit", type=_positive_int, default=50, metavar="N", help="at most N runs (default 50)"

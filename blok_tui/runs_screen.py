@@ -161,7 +161,9 @@ class RunsScreen(BlokScreen):
 
     def compose_body(self) -> ComposeResult:
         yield Static(id="filters", classes="filters")
-        yield FilterInput("filter runs: run or job id, workflow, queue, status, error or input…")
+        yield FilterInput(
+            "filter runs: run or job id, workflow, version, queue, status, error, input…"
+        )
         yield RunsTable(COLUMNS, id="runs")
         yield Static(id="preview")
 
@@ -186,9 +188,9 @@ class RunsScreen(BlokScreen):
     @property
     def where(self) -> RunFilter:
         """The status, queue and workflow chosen, and the `/` text: the engine matches it in
-        the id, job id, workflow, queue, status, error and input of every run (this view read
-        the newest 1,000 and matched them itself: an order's run older than that was not
-        found)."""
+        the id, job id, workflow, version, queue, status, error and input of every run (this
+        view read the newest 1,000 and matched them itself: an order's run older than that was
+        not found)."""
         statuses = STATUS_FILTERS[self.status_name] or None
         return RunFilter.of(
             statuses,

@@ -49,7 +49,7 @@ class RunFilter:
     status: tuple[str, ...] | None = None
     workflow: str | None = None
     queue: str | None = None
-    text: str | None = None  # in the id, job id, workflow, queue, status, error or input (JSON)
+    text: str | None = None  # in the id, job id, workflow, version, queue, status, error, input
     job_id: str | None = None
     retrying: bool = False  # still going, with a failed attempt behind it
     # Running longer than `stuck` × the median duration of its workflow's completed runs (with
@@ -143,7 +143,15 @@ class RunFilter:
                 return False
         if self.text:
             needle = self.text.lower()
-            fields = (run.id, run.job_id, run.workflow_name, run.queue, run.status, run.error or "")
+            fields = (
+                run.id,
+                run.job_id,
+                run.workflow_name,
+                run.workflow_version,
+                run.queue,
+                run.status,
+                run.error or "",
+            )
             haystack = " ".join(fields).lower()
             if needle in haystack:
                 return True

@@ -598,7 +598,16 @@ def where_clause(
         clauses.append(f"status = 'running' AND ({' OR '.join(parts) or '1 = 0'})")
     if where.text:
         pattern = like_pattern(where.text)
-        fields = ("id", "job_id", "workflow_name", "queue", "status", "error", as_text("input"))
+        fields = (
+            "id",
+            "job_id",
+            "workflow_name",
+            "workflow_version",  # the runs of one version of a deploy
+            "queue",
+            "status",
+            "error",
+            as_text("input"),
+        )
         found = [f"{f} {like} {marks([pattern])} ESCAPE '\\'" for f in fields]
         # The input is JSON text, its non-ASCII characters escaped ("\u6ce8"): the text is
         # looked for as it is written there too.

@@ -158,6 +158,7 @@ FILTER_CASES: list[tuple[str, RunFilter, set[str]]] = [
     ),
     ("job id", RunFilter(job_id="job_busy_0001"), {"busy"}),
     ("text in the id, any case", RunFilter(text="ONE_DONE"), {"done"}),
+    ("text in the version", RunFilter(text="7E5A1C"), {"other"}),
     ("id prefix", RunFilter(id_prefix="run_one_d"), {"done"}),
     ("id prefix, any case", RunFilter(id_prefix="RUN_ONE"), {"done"}),
     ("id prefix only at the start", RunFilter(id_prefix="one_done"), set()),
@@ -213,7 +214,9 @@ def filter_runs() -> dict[str, Run]:
         ),
         # The next delivery of a job whose first one failed (a job-level retry).
         "again": a_run(queue="slow", status=RunStatus.QUEUED, job_attempt=2),
-        "other": a_run(workflow_name="bill", status=RunStatus.CANCELLED),
+        "other": a_run(
+            workflow_name="bill", workflow_version="7e5a1c0b", status=RunStatus.CANCELLED
+        ),
         # Held back by a concurrency limit after a failed attempt: still going.
         "held": a_run(
             status=RunStatus.THROTTLED,
