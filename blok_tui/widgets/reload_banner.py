@@ -40,10 +40,11 @@ class ReloadBanner(Static):
         # a second line and pushed the last files out of sight, without a word.
         entries = sorted(errors.values())
         shown = entries if len(entries) <= SHOWN else entries[: SHOWN - 1]
-        for message in shown:
-            where, _, what = message.partition(": ")
+        places = _distinct([message.partition(": ")[0] for message in shown])
+        for message, place in zip(shown, places, strict=True):
+            what = message.partition(": ")[2]
             text.append("\n  ")
-            text.append(_short(where), style="bold underline")
+            text.append(place, style="bold underline")
             text.append(f"  {what}" if what else "")
         if len(shown) < len(entries):
             rest = [_file(m.partition(": ")[0]) for m in entries[len(shown) :]]
@@ -58,11 +59,24 @@ def _file(where: str) -> str:
     return file if sep and line.isdigit() else short
 
 
-def _short(where: str) -> str:
-    """ "/long/path/to/workflows/orders.py:12" -> "workflows/orders.py:12"."""
+def _short(where: str, depth: int = 2) -> str:
+    """ "/long/path/to/workflows/orders.py:12" -> "workflows/orders.py:12" (its last `depth`
+    parts)."""
     file, sep, line = where.rpartition(":")
     if not sep or not line.isdigit():
         file, line = where, ""
     parts = Path(file).parts
-    shown = str(Path(*parts[-2:])) if len(parts) >= 2 else file
+    shown = str(Path(*parts[-depth:])) if len(parts) >= depth else file
     return f"{shown}:{line}" if line else shown
+
+
+def _distinct(places: list[str]) -> list[str]:
+    """Each place as short as it stays told apart from the others: two machines' checkouts
+    failing on one file read "workflows/orders.py:5" twice ("m1/workflows/…", "m2/…")."""
+    depth = 2
+    while True:
+        short = [_short(place, depth) for place in places]
+        clashing = len(set(short)) < len(set(places))
+        if not clashing or all(s == _short(p, 99) for s, p in zip(short, places, strict=True)):
+            return short
+        depth += 1

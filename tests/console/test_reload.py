@@ -8,6 +8,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+from textual.app import App, ComposeResult
 
 from blok_tui.app import BlokApp
 from blok_tui.widgets import ReloadBanner
@@ -123,3 +124,29 @@ async def test_a_broken_file_deleted_is_not_said_to_load_again(tmp_path: Path) -
 
         await until(pilot, lambda: ("Reload error gone", "broken.py removed") in said())
         assert not any("loads again" in message for _, message in said()), said()
+
+
+async def test_the_banner_tells_apart_one_file_broken_in_two_checkouts() -> None:
+    # Two machines' folders, each with a broken orders.py: the banner read
+    # "workflows/orders.py:5" twice, and nothing said which checkout was which.
+    class Shown(App[None]):
+        def compose(self) -> ComposeResult:
+            yield ReloadBanner()
+
+    app = Shown()
+    async with app.run_test(size=(100, 10)) as pilot:
+        banner = app.query_one(ReloadBanner)
+        banner.show_errors(
+            {
+                f"/srv/{host}/workflows/orders.py": (
+                    f"/srv/{host}/workflows/orders.py:5: SyntaxError: invalid syntax"
+                )
+                for host in ("m1", "m2")
+            }
+        )
+        await pilot.pause()
+        lines = [line.split() for line in shown_lines(banner) if line.strip()]
+        assert [line[1] for line in lines[1:]] == [  # after its border
+            "m1/workflows/orders.py:5",
+            "m2/workflows/orders.py:5",
+        ]
