@@ -979,6 +979,13 @@ async def _worker(args: argparse.Namespace) -> None:
                 f"{engine.capabilities.location}",
                 flush=True,
             )
+            # What it runs, by version: a deploy script checks it started what it shipped.
+            served = sorted(engine.catalog.served().items()) if engine.consume else []
+            if served:
+                log.info(
+                    "workflows: %s",
+                    ", ".join(f"{wf.name}@{wf.version} (queue {q})" for q, wf in served),
+                )
             if endpoint is not None:
                 print(f"metrics at http://{endpoint.host}:{endpoint.port}/metrics", flush=True)
             async for signum in signals:

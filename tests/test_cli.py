@@ -820,6 +820,12 @@ def test_a_workers_banner_names_the_queues_it_serves_not_the_databases(tmp_path:
                 second.ready_line == f"blok worker {second.id} serving queues other on {database}"
             )
             assert empty.ready_line == f"blok worker {empty.id} serving queues (none) on {database}"
+            # Its log says which version of each it runs: a deploy checks what it started.
+            ran = [line for line in second.stderr().splitlines() if "workflows: " in line]
+            assert [line.split("workflows: ")[1] for line in ran] == [
+                f"other@{_version_of(tmp_path / 'other' / 'other.py', 'other')} (queue other)"
+            ]
+            assert "workflows: " not in empty.stderr()
         finally:
             assert second.stop() == 0, second.stderr()
             assert empty.stop() == 0, empty.stderr()
@@ -849,3 +855,10 @@ def test_the_console_without_a_terminal_says_so(
         "blok-tui: error: the console needs a terminal (its input and output); "
     )
     assert list(tmp_path.iterdir()) == []  # nothing made for a console that cannot start
+
+
+def _version_of(path: Path, name: str) -> str:
+    """The version the loader gives the workflow `name` of the file at `path`."""
+    from engine.loader import load_file
+
+    return next(w.version for w in load_file(path).workflows if w.name == name)
