@@ -6,6 +6,7 @@ the dead-letter queue for good (discards it), after asking. A and X do either to
 from __future__ import annotations
 
 import json
+import time
 from typing import ClassVar
 
 from rich.text import Text
@@ -25,6 +26,7 @@ from .widgets import FilterInput
 from .widgets.row_table import Column, RowTable
 
 LISTED = 1000  # the newest dead letters the view lists (the summary counts them all)
+REPLAYED_TTL_S = 2.0  # the selected job's replay is read again after this long
 INPUT_CHARS = 300  # of a job's input shown under the table and in the discard question
 
 # The error column takes the room left; where it is cut, the message is, and its place (file and
@@ -49,6 +51,8 @@ class DeadLettersScreen(RowFilterScreen):
         self.total = 0  # the queue's dead letters: the list holds the newest of them only
         self.text = ""
         self.missing: str | None = None
+        # The selected job's run's replay that completed or has not ended, and when read.
+        self.replays: dict[str, tuple[str | None, float]] = {}
 
     @property
     def crumb(self) -> str:
@@ -129,7 +133,29 @@ class DeadLettersScreen(RowFilterScreen):
             text.append("input ", style="grey62")
             text.append(f"{printable(_input(job)[:INPUT_CHARS])}\n")
             text.append(printable(job.error or "no error recorded"), style="red1")
+            fixed = self.replayed_of(job)
+            if fixed is not None:  # a replay fixed it: the list had not said so
+                text.append(f"\n{printable(fixed)}: a requeue runs it again", style="khaki1")
         self.query_one("#dlq-detail", Static).update(text)
+
+    def replayed_of(self, job: Job) -> str | None:
+        """What a replay of the job's run did ("it was replayed as run X, which completed"),
+        as last read; a read is started when there is none yet, or it is older than
+        `REPLAYED_TTL_S`: the detail redraws then."""
+        known = self.replays.get(job.id)
+        if known is None or time.monotonic() - known[1] > REPLAYED_TTL_S:
+            self.replays[job.id] = (known[0] if known else None, time.monotonic())
+            self.run_worker(self._read_replayed(job), group="replayed", exclusive=True)
+        return known[0] if known else None
+
+    async def _read_replayed(self, job: Job) -> None:
+        try:
+            said = await self.engine.replay_warning(job.run_id)
+        except (EngineError, DatabaseError):
+            said = None  # the detail is a help: r asks again before it requeues
+        self.replays = {job.id: (said, time.monotonic())}  # only the selected job's is kept
+        if self.selected_job_id() == job.id and not self.closing:
+            self.render_detail()
 
     def on_row_table_highlighted(self, event: RowTable.Highlighted) -> None:
         self.render_detail()

@@ -750,6 +750,10 @@ async def test_r_on_a_dead_letter_a_replay_completed_asks_before_it_runs_again(
     async with app.run_test(size=SIZE) as pilot:
         await settled(pilot)
         await command(pilot, "dlq fixable")
+        # The list says so before r: it still looked like work to do.
+        detail = app.screen.query_one("#dlq-detail", Static)
+        fixed = f"it was replayed as run {replay.id}, which completed: a requeue runs it again"
+        await until(pilot, lambda: fixed in text_of(detail))
         await pilot.press("r")
         await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
         assert text_of(app.screen.query_one(".question", Static)).strip() == "Requeue it anyway?"
