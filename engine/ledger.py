@@ -52,7 +52,7 @@ _WARNED_ENDS = frozenset({RunStatus.FAILED, RunStatus.TIMED_OUT, RunStatus.CRASH
 
 # What a job's meta counts of the budget it spent; a requeue starts it again from nothing
 # (crashes too: "requeue it to try again" gives a dead letter MAX_CRASHES more chances).
-_SPENT = ("failures", "gate_tries", "held", "crashes", "interrupted")
+_SPENT = ("failures", "gate_tries", "held", "crashes", "interrupted", "waking")
 CANCELLED_BEFORE_RUN = "cancelled by operator before it ran"
 CANCELLED = "cancelled by operator"
 # Jobs enqueued here (by `enqueue` or `enqueue_many`) whose completed run is kept for a later
@@ -450,7 +450,9 @@ class Ledger:
         """The run sleeps until `until` without holding a worker slot."""
         run.status = RunStatus.WAITING
         run.wait_until = until
-        update = JobUpdate(state=JobState.DELAYED, run_at=until, resume=True)
+        # The claim that wakes it is not a delivery (Job.deliveries): marked with this one's.
+        meta = {**claim.job.meta, "waking": claim.job.attempts}
+        update = JobUpdate(state=JobState.DELAYED, run_at=until, resume=True, meta=meta)
         queue.submit(self._transition(claim.job, claim.job.epoch, update, run))
         self._changed(run)
 

@@ -282,8 +282,25 @@ class Job(_Record):
     @property
     def deliveries(self) -> int:
         """Times the job was handed to a worker to run: its claims but those a gate (a rate
-        limit, a concurrency key) held back before the run started."""
-        return self.attempts - int(self.meta.get("held", 0))
+        limit, a concurrency key) held back before the run started, and those that woke its
+        run from a wait (the same delivery going on: a run with a wait read "delivery 2 of
+        2" with its retry unspent, and `ctx.job.delivery` said 2)."""
+        return self.attempts - int(self.meta.get("held", 0)) - self._wake_uncounted()
+
+    def _wake_uncounted(self) -> int:
+        """1 when the claim that woke the run from its last wait is not yet in `held`: its
+        run parked at claim number `waking`, and the job was claimed since."""
+        waking = self.meta.get("waking")
+        return 1 if waking is not None and self.attempts > int(waking) else 0
+
+    def woken(self) -> Job:
+        """The job as its claim that woke its run holds it: that claim counted in `held`
+        (written with the next transition that writes the meta); itself otherwise."""
+        if not self._wake_uncounted():
+            return self
+        meta = {k: v for k, v in self.meta.items() if k != "waking"}
+        meta["held"] = int(meta.get("held", 0)) + 1
+        return self.model_copy(update={"meta": meta})
 
     def meta_not_delivered(self) -> dict[str, Any]:
         """The job's meta for its claim given back before its run started (held by a gate,

@@ -549,7 +549,7 @@ class Worker:
 
     async def _execute(self, runtime: QueueRuntime, claim: Claim) -> None:
         queue = runtime.queue
-        job = claim.job
+        job = claim.job = claim.job.woken()  # the claim that woke its run: not a delivery
         if claim.lease_lost():
             # Claimed ahead, then this process stalled past the lease: another worker may
             # hold the job now. Its code must not run here.

@@ -127,6 +127,37 @@ async def test_a_dead_letters_last_run_says_how_many_retries_it_used(
     assert all(retried.match(line) for line in lines[:-1]), lines
 
 
+async def test_a_wake_from_a_wait_is_not_a_delivery(database: Path | None) -> None:
+    # A job with one retry whose runs wait before they fail: the dead-letter view said "4
+    # deliveries" where `show` said "delivery 2 of 2", and `ctx.job.delivery` said 2 after
+    # the first run's wait (its retry unspent): each claim that woke a run counted.
+    seen: list[tuple[int, int]] = []
+
+    async def charge(ctx) -> None:
+        seen.append((ctx.job.attempt, ctx.job.delivery))
+        raise ValueError("declined")
+
+    wf = flow("pay", Step("prepare", lambda ctx: 1), wait.for_("20ms"), Step("charge", charge))
+    wf = Workflow(
+        name="pay",
+        trigger=WorkerTrigger(queue="pay", retries=1, delay=1),
+        steps=wf.steps,
+    )
+    async with Engine(workflows=[wf], database=database) as engine:
+        job_id = await engine.enqueue("pay", {})
+        last = await engine.wait_for_job(job_id, 10)
+        job = await engine.get_job(job_id)
+        [dead] = await engine.dead_letters("pay")
+    assert seen == [(1, 1), (2, 2)]
+    assert (job.state, job.deliveries, dead.deliveries, last.job_attempt) == (
+        JobState.DEAD,
+        2,
+        2,
+        2,
+    )
+    assert job.attempts == 4  # its claims: two deliveries, each woken once
+
+
 async def test_failure_message_names_the_step_and_keeps_the_cause(database: Path | None) -> None:
     async def ok(ctx) -> int:
         return 1
