@@ -296,7 +296,9 @@ async def test_deleted_file_stops_claiming_and_its_queued_jobs_run_when_it_retur
         file.unlink()
         gone = await events.reloaded(file.resolve())
         assert gone.workflows == ()
-        assert await engine.workflows() == [] and await engine.queues() == []
+        assert await engine.workflows() == []
+        # Listed while it holds runs not ended, served by no one: they wait for it to return.
+        assert [(q.name, q.served) for q in await engine.queues()] == [("orders", False)]
         with pytest.raises(UnknownQueue):
             await engine.enqueue("orders", {})
 
@@ -407,7 +409,11 @@ async def test_queue_rename_moves_claiming_to_the_new_queue(
 
         file.write_text(flow_source("v2", queue="orders-v2", concurrency=1))
         await events.reloaded(file.resolve())
-        assert [q.name for q in await engine.queues()] == ["orders-v2"]
+        # The old queue stays listed, served by no one, while it holds runs not ended.
+        assert [(q.name, q.served) for q in await engine.queues()] == [
+            ("orders", False),
+            ("orders-v2", True),
+        ]
         run = await engine.wait_for_job(await engine.enqueue("orders-v2", {}), timeout=TIMEOUT)
         assert run.output == {"label": "v2"}
         with pytest.raises(UnknownQueue):
