@@ -641,9 +641,9 @@ class Engine:
         replay_of: str | None = None,
     ) -> list[Run]:
         """Newest first, at most `limit` (None: every run that matches). `text`: in the id,
-        job id, workflow, version, queue, status, error or input; `retrying`: still going with a failed
-        attempt behind them; `stuck`: running longer than `stuck` × their workflow's median
-        duration of completed runs; `replay_of`: the replays of that run."""
+        job id, workflow, version, queue, status, error or input; `retrying`: still going with
+        a failed attempt behind them; `stuck`: running longer than `stuck` × their workflow's
+        median duration of completed runs; `replay_of`: the replays of that run."""
         return await self.operator.runs(
             status,
             workflow,

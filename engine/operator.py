@@ -75,6 +75,7 @@ log = logging.getLogger("blok.operator")
 DEFAULT_MAX_PAYLOAD_BYTES = 1_048_576
 CATALOG_TTL_S = 1.0  # a producer re-reads what the workers serve at most this often
 STRANDED_LOOKED_AT = 200  # runs read to find the queues no worker declares that hold some
+STRANDED_TTL_S = 5.0  # and how often they are read
 # How long a `wait_for_job` that timed out reads what the job is at, for its message.
 WHAT_IT_DOES_READ_S = 1.0
 # Runs that retry_now can start: delayed (a backoff or a delay), queued (paused), throttled.
@@ -116,6 +117,8 @@ class Operator:
         self.worker = worker
         self.max_payload_bytes = max_payload_bytes
         self._catalogs: tuple[float, list[WorkerCatalog]] = (0.0, [])
+        # The stranded queues' last read: when, for which declared queues, and what it found.
+        self._strands: tuple[float, tuple[str, ...], list[Run]] = (0.0, (), [])
         self._served: dict[str, QueueTarget] = {}  # the last target of each queue served here
         self.cancels = Canceller(backend, ledger, self.get_run, lambda: self.worker)
         self.dead = DeadLetters(backend, ledger, self.target, self.run_target, self._queue_names)
@@ -274,10 +277,15 @@ class Operator:
         workflow file removed, with jobs left on it. They vanished from `queues()`, and with
         them from the console's queues view and from `health`, while their runs waited for
         a worker that would never come."""
-        going = tuple(str(status) for status in RunStatus if not status.terminal)
-        runs = await self.backend.runs.list_runs(
-            RunFilter(status=going, not_queues=known), limit=STRANDED_LOOKED_AT
-        )
+        at, before, runs = self._strands
+        # Read again at most every STRANDED_TTL_S: the read goes through every run not ended
+        # (a backlog of 100,000 on a served queue too), and the console asks every second.
+        if before != known or time.monotonic() - at > STRANDED_TTL_S:
+            going = tuple(str(status) for status in RunStatus if not status.terminal)
+            runs = await self.backend.runs.list_runs(
+                RunFilter(status=going, not_queues=known), limit=STRANDED_LOOKED_AT
+            )
+            self._strands = (time.monotonic(), known, runs)
         found: dict[str, QueueInfo] = {}
         for run in runs:
             if run.queue not in found:
