@@ -213,6 +213,7 @@ class Engine:
         self._tg: TaskGroup | None = None
         self._stopping = False
         self._writing: anyio.CancelScope | None = None  # a stop's last flush (force_stop cuts it)
+        self._forced = False  # force_stop was called: every later wait of the stop is cut
 
     # ---- configuration ---------------------------------------------------------------------
     @property
@@ -444,6 +445,8 @@ class Engine:
             # back (a second signal cuts it, as the worker's waits).
             with anyio.CancelScope(deadline=until, shield=True) as writing:
                 self._writing = writing
+                if self._forced:
+                    writing.cancel()  # a second signal came before this wait: it cuts it too
                 await self._backend.runs.flush()
             if writing.cancelled_caught:
                 log.error("stopped with writes the database did not take: it did not answer")
@@ -475,6 +478,7 @@ class Engine:
         """Cut the grace period of a shutdown under way short (a second SIGTERM or Ctrl-C):
         runs still going are stopped now, recorded, and their jobs handed back if their code
         stopped."""
+        self._forced = True
         if self._serving is not None:
             self._serving.force()
         if self._writing is not None:

@@ -290,18 +290,19 @@ class Worker:
         signal. A database out of reach held a stop until it came back, whatever the
         signals."""
         with anyio.CancelScope(deadline=until, shield=True) as scope:
+            if self._forced.is_set():  # a second signal before this wait: cut it too
+                scope.cancel()
             self._cut_by_force.add(scope)
             try:
                 yield
             finally:
                 self._cut_by_force.discard(scope)
-        if scope.cancelled_caught:
-            log.error(
-                "worker %s stopped without %s: the database did not answer (its jobs go to "
-                "other workers as their leases run out)",
-                self.info.id,
-                what,
-            )
+        if scope.cancelled_caught:  # a second signal cuts it too: it had said "did not answer"
+            why = "the database did not answer"
+            if self._forced.is_set():
+                why = "a second stop signal cut the wait for the database short"
+            said = "worker %s stopped without %s: %s (its jobs go to other workers as their"
+            log.error(f"{said} leases run out)", self.info.id, what, why)
 
     async def _release_held(self, keep: set[str]) -> None:
         """Jobs this worker still holds (claimed, never started) go back to their queues,

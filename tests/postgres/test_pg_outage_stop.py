@@ -107,6 +107,49 @@ async def test_a_worker_stops_while_its_database_is_out_of_reach(
     assert f"worker {worker.id} stopped" in said, said
 
 
+async def test_a_second_signal_cuts_the_wait_and_says_it_did(pg_url: str, tmp_path: Path) -> None:
+    """A second SIGTERM cut the stop's wait on the database short, and the log blamed the
+    database: "the database did not answer", said of a wait the operator had ended."""
+    found = re.match(r"^(postgres(?:ql)?://[^/@]*@?)([^:/]+):(\d+)(/.*)$", pg_url)
+    assert found is not None, pg_url
+    user, host, port, rest = found.groups()
+    async with tcp_proxy(host, int(port)) as (local, shut):
+        through = f"{user}127.0.0.1:{local}{rest}"
+        worker = await anyio.to_thread.run_sync(
+            lambda: start_worker(
+                tmp_path / "unused.db",
+                write_workflows(tmp_path / "workflows"),
+                "--db",
+                through,
+                "--lease",
+                "30s",
+                "--grace",
+                "0",
+                "--no-watch",
+            )
+        )
+        try:
+            shut.cancel()
+            with anyio.fail_after(20):
+                while "lost the database" not in worker.stderr():  # noqa: ASYNC110 - a file
+                    await anyio.sleep(0.1)
+            worker.process.send_signal(signal.SIGTERM)
+            with anyio.fail_after(20):
+                while "draining" not in worker.stderr():  # noqa: ASYNC110 - a file
+                    await anyio.sleep(0.1)
+            worker.process.send_signal(signal.SIGTERM)
+            await ended(worker, within=20)  # not the 30 s lease
+        finally:
+            kill(worker)
+    said = worker.stderr()
+    assert (
+        "stopped without its claims: a second stop signal cut the wait for the database short"
+    ) in said or (
+        "stopped without its last writes: a second stop signal cut the wait for the database short"
+    ) in said, said
+    assert "the database did not answer" not in said, said
+
+
 async def test_a_worker_whose_database_is_dropped_says_so_in_one_line(
     pg_url: str, tmp_path: Path
 ) -> None:
