@@ -285,7 +285,9 @@ class Job(_Record):
         limit, a concurrency key) held back before the run started, and those that woke its
         run from a wait (the same delivery going on: a run with a wait read "delivery 2 of
         2" with its retry unspent, and `ctx.job.delivery` said 2)."""
-        return self.attempts - int(self.meta.get("held", 0)) - self._wake_uncounted()
+        meta = self.meta
+        woke = self._wake_uncounted() if "waking" in meta else 0  # a job's path: no call
+        return self.attempts - int(meta.get("held", 0)) - woke
 
     def _wake_uncounted(self) -> int:
         """1 when the claim that woke the run from its last wait is not yet in `held`: its
@@ -296,7 +298,7 @@ class Job(_Record):
     def woken(self) -> Job:
         """The job as its claim that woke its run holds it: that claim counted in `held`
         (written with the next transition that writes the meta); itself otherwise."""
-        if not self._wake_uncounted():
+        if "waking" not in self.meta or not self._wake_uncounted():  # the first: every claim
             return self
         meta = {k: v for k, v in self.meta.items() if k != "waking"}
         meta["held"] = int(meta.get("held", 0)) + 1
