@@ -549,6 +549,15 @@ class Workflow(_Written):
         steps = data.get("steps")
         if isinstance(steps, list | tuple):
             data["steps"] = _name_waits(list(steps))
+        if data.get("version"):
+            # Taken, and then replaced by the file's hash when loaded from a file: a deploy saw
+            # its "v3" nowhere. And a label kept across an edit would pass for the same code,
+            # on which a run resumes by position without its steps compared.
+            raise WorkflowDefinitionError(
+                f"workflow {name!r}: version is not given: it is a hash of the workflow's code "
+                "(its file, else its trigger and steps), so that a run resumes only on the code "
+                "it ran; a release's name goes in description="
+            )
         schedules = data.get("schedules")
         if schedules is not None and not isinstance(schedules, list | tuple):
             # pydantic would walk a lone Schedule's fields as if they were a list's items.

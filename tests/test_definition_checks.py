@@ -454,3 +454,13 @@ def test_a_retry_bound_left_to_its_default_gives_way_to_the_one_given() -> None:
     quick = Retry(max_timeout="500ms")
     assert (quick.min_timeout, quick.max_timeout, quick.backoff_ms(1)) == (500, 500, 500)
     assert (Retry().min_timeout, Retry().max_timeout) == (1000, 30_000)
+
+
+def test_a_version_given_by_hand_is_refused() -> None:
+    # Workflow(version="v3") was taken, then replaced by the file's hash when loaded: the
+    # deploy's label showed nowhere, and kept across an edit it would pass for the same code.
+    from engine import Step, Workflow, WorkflowDefinitionError
+
+    with pytest.raises(WorkflowDefinitionError, match=r"workflow 'orders': version is not given"):
+        Workflow(name="orders", steps=[Step("go", lambda ctx: 1)], version="v3")
+    assert Workflow(name="orders", steps=[Step("go", lambda ctx: 1)]).version  # the hash
