@@ -627,7 +627,11 @@ class Engine:
             raise UnknownRun(f"unknown run {word!r}{how}")
         if len(found) > 1:
             many = f"{len(found)}" if len(found) < 6 else "more than 5"
-            shown = ", ".join(run.id for run in found[:5]) + (" …" if len(found) > 5 else "")
+            # Each with what tells it apart: the console shows ids only as short as its rows
+            # need, and "1a24c873" of a stuck run was the start of forty.
+            shown = ", ".join(f"{run.id} {run.workflow_name} {run.status}" for run in found[:5]) + (
+                " …" if len(found) > 5 else ""
+            )
             raise EngineError(f"{word!r} is the start of {many} run ids ({shown}): give more of it")
         return await self.operator.get_run(found[0].id)
 

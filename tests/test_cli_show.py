@@ -367,6 +367,8 @@ def test_a_run_is_found_by_the_start_of_its_id_or_by_its_job(
         assert error.startswith(f"blok-tui: error: '{both}' is the start of 2 run ids ("), error
         assert error.count("\n") == 0 and run.id in error
         assert "): give more of it" in error
+        # Each named with its workflow and status, to tell which one is meant.
+        assert all(f"{r['id']} {r['workflow_name']} {r['status']}" in error for r in listed), error
     assert len(blok_json("runs", "--json", "--db", database)) == len(listed)  # no replay made
     # The other commands act on the run the start names.
     replayed = blok("replay", short, "--db", database)
