@@ -113,8 +113,8 @@ def run_line(
 ) -> str:
     """One line of the run as it came to `status` (its record may have gone further since),
     stamped `now`, when it was told (a tail's lines keep their order): the status, the run,
-    its workflow and queue (padded to `widths`); for an end, how long it ran and its error;
-    for a wait, until when."""
+    its workflow and queue (padded to `widths`); for a start, its worker and version; for an
+    end, how long it ran and its error; for a wait, until when."""
     cells = [
         f"{status:<{STATUS}}",
         run.id,
@@ -122,7 +122,8 @@ def run_line(
         f"{printable(run.queue):<{widths[1]}}",
     ]
     if status == "running" and run.worker:
-        cells.append(f"on {printable(run.worker)}")
+        # Which version it runs: a deploy is watched by the runs that start on the new one.
+        cells.append(f"on {printable(run.worker)}, version {printable(run.workflow_version)}")
     elif status == str(run.status) and run.terminal:
         if run.started_at is not None and run.finished_at is not None:
             cells.append(between(run.started_at, run.finished_at))

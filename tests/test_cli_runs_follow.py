@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from backends.builders import a_run
-from cli_helpers import Follower, blok, start_worker, write_workflows
+from cli_helpers import Follower, blok, blok_json, start_worker, write_workflows
 
 from blok_tui.runs_follow import RunsFilter, run_line
 from engine import Run, RunStatus
@@ -58,7 +58,8 @@ def test_runs_follow_tells_starts_and_ends_and_status_failed_only_the_failures(
         ["running", failed_id],
         ["failed", failed_id],
     ], news
-    assert mine[0] == f"running    {ok_id}  test.nap     naps    on {worker.id}"
+    version = blok_json("show", ok_id, "--json", "--db", database)["workflow_version"]
+    assert mine[0] == f"running    {ok_id}  test.nap     naps    on {worker.id}, version {version}"
     assert mine[1].startswith(f"completed  {ok_id}  test.nap     naps    ")
     assert mine[3].startswith(f"failed     {failed_id}  test.nap     naps    ")
     assert "nap failed: " in mine[3]
@@ -113,7 +114,7 @@ def test_a_line_says_what_the_status_it_came_to_adds() -> None:
     )
     # Told as it started, though its record has ended since: no end's time or error.
     assert run_line(run, "running", now, (0, 0), UTC) == (
-        f"12:00:03.000  running    {run.id}  mail.send  mail  on host:1:w"
+        f"12:00:03.000  running    {run.id}  mail.send  mail  on host:1:w, version v1"
     )
     waiting = _run(RunStatus.WAITING)
     waiting.wait_until = T0 + timedelta(minutes=5)
