@@ -30,7 +30,7 @@ from .backends.base import Backend, EventMessage
 from .catalog import Catalog, WorkflowSource
 from .chores import Chores
 from .durations import parse_duration
-from .errors import DatabaseError, EngineError, UnknownRun
+from .errors import DatabaseError, EngineError, UnknownJob, UnknownRun
 from .events import EventBus, Subscription
 from .feed import Follower
 from .filters import RunFilter
@@ -614,7 +614,7 @@ class Engine:
             if not word:
                 raise
         if word.startswith("job_"):
-            return await self.operator.get_run((await self.operator.get_job(word)).run_id)
+            return await self._run_of_job(word)
         prefix = word if word.startswith("run_") else f"run_{word}"
         found = await self.backend.runs.list_runs(RunFilter(id_prefix=prefix), limit=6)
         if len(found) > 1 and going:
@@ -634,6 +634,24 @@ class Engine:
             )
             raise EngineError(f"{word!r} is the start of {many} run ids ({shown}): give more of it")
         return await self.operator.get_run(found[0].id)
+
+    async def _run_of_job(self, word: str) -> Run:
+        """The current run of the job `word` names: its id, or the start of one job's id (the
+        runs view shows a job's id as it shows a run's: `show job_1a24d10d5db6` was refused)."""
+        try:
+            job = await self.operator.get_job(word)
+        except UnknownJob:
+            found = await self.backend.runs.list_runs(RunFilter(job_id_prefix=word), limit=50)
+            jobs = sorted({run.job_id for run in found})
+            if not jobs:
+                raise
+            if len(jobs) > 1:
+                shown = ", ".join(jobs[:5]) + (" …" if len(jobs) > 5 else "")
+                raise EngineError(
+                    f"{word!r} is the start of {len(jobs)} job ids ({shown}): give more of it"
+                ) from None
+            job = await self.operator.get_job(jobs[0])
+        return await self.operator.get_run(job.run_id)
 
     async def runs(
         self,

@@ -66,6 +66,8 @@ class RunFilter:
     id_prefix: str | None = None
     # Of none of these queues: the pending runs of queues no worker declares (`queues()`).
     not_queues: tuple[str, ...] | None = None
+    # Runs whose job's id starts with this (as `id_prefix`): a job by the start of its id.
+    job_id_prefix: str | None = None
 
     @classmethod
     def of(
@@ -119,6 +121,10 @@ class RunFilter:
         if self.job_id and run.job_id != self.job_id:
             return False
         if self.replay_of and run.replay_of != self.replay_of:
+            return False
+        if self.job_id_prefix is not None and not run.job_id.lower().startswith(
+            self.job_id_prefix.lower()
+        ):
             return False
         if self.id_prefix is not None and not run.id.lower().startswith(self.id_prefix.lower()):
             return False

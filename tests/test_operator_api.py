@@ -226,6 +226,22 @@ async def test_the_start_of_several_run_ids_names_the_one_still_going_when_asked
     await actor.cancel(held)
 
 
+async def test_a_job_is_found_by_the_start_of_its_id(setup: Setup) -> None:
+    # `show job_1a24d10d5db6` (a job's id cut as the runs view shows ids) was refused as an
+    # unknown job, where the start of a run's id finds its run.
+    actor = setup.actor
+    first = await actor.enqueue("echo", {"value": 1})
+    second = await actor.enqueue("echo", {"value": 2})
+    for job_id in (first, second):
+        await actor.wait_for_job(job_id, timeout=10)
+    shared = next(n for n, (a, b) in enumerate(zip(first, second, strict=True)) if a != b)
+    assert (await actor.find_run(first[: shared + 1])).job_id == first
+    with pytest.raises(EngineError, match=f"^'{first[:shared]}' is the start of 2 job ids"):
+        await actor.find_run(first[:shared])
+    with pytest.raises(UnknownJob):
+        await actor.find_run("job_zzzz")
+
+
 async def test_cancel_a_running_run_held_by_the_worker(setup: Setup) -> None:
     actor = setup.actor
     job = await actor.enqueue("hold", {})

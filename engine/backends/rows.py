@@ -581,6 +581,9 @@ def where_clause(
         # which "_" may not sort where its byte does. Case-blind, as the text filter is.
         pattern = like_pattern(where.id_prefix, anywhere=False)
         clauses.append(f"id {like} {marks([pattern])} ESCAPE '\\'")
+    if where.job_id_prefix is not None:
+        pattern = like_pattern(where.job_id_prefix, anywhere=False)
+        clauses.append(f"job_id {like} {marks([pattern])} ESCAPE '\\'")
     if where.workers is not None:
         clauses.append(f"worker IN ({marks(where.workers) or 'NULL'})")
     if where.finished_after is not None:

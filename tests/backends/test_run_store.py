@@ -157,6 +157,7 @@ FILTER_CASES: list[tuple[str, RunFilter, set[str]]] = [
         {"done", "busy", "retrying", "other", "held"},
     ),
     ("job id", RunFilter(job_id="job_busy_0001"), {"busy"}),
+    ("job id prefix, any case", RunFilter(job_id_prefix="JOB_BUSY"), {"busy"}),
     ("text in the id, any case", RunFilter(text="ONE_DONE"), {"done"}),
     ("text in the version", RunFilter(text="7E5A1C"), {"other"}),
     ("id prefix", RunFilter(id_prefix="run_one_d"), {"done"}),
