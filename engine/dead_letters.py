@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 from .backends.base import Backend, JobQueue
-from .errors import EngineError, UnknownJob
+from .errors import EngineError, UnknownJob, ambiguous_start
 from .filters import RunFilter
 from .ledger import Ledger
 from .models import Job, JobState
@@ -71,11 +71,7 @@ class DeadLetters:
             how = "" if word.startswith("job_") else ": no dead letter's id starts with it"
             raise UnknownJob(f"unknown job {word!r}{how}")
         if len(matches) > 1:
-            shown = ", ".join(job.id for job in matches[:5]) + (" …" if len(matches) > 5 else "")
-            raise EngineError(
-                f"{word!r} is the start of {len(matches)} dead letters' ids ({shown}): give "
-                "more of it"
-            )
+            raise ambiguous_start(word, "dead letters' ids", [job.id for job in matches])
         return matches[0]
 
     # ---- requeue ---------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from .backends.base import Backend, EventMessage
 from .catalog import Catalog, WorkflowSource
 from .chores import Chores
 from .durations import parse_duration
-from .errors import DatabaseError, EngineError, UnknownJob, UnknownRun
+from .errors import DatabaseError, EngineError, UnknownJob, UnknownRun, ambiguous_start
 from .events import EventBus, Subscription
 from .feed import Follower
 from .filters import RunFilter
@@ -626,13 +626,10 @@ class Engine:
             how = "" if word.startswith("run_") else ": no run id starts with it"
             raise UnknownRun(f"unknown run {word!r}{how}")
         if len(found) > 1:
-            many = f"{len(found)}" if len(found) < 6 else "more than 5"
             # Each with what tells it apart: the console shows ids only as short as its rows
             # need, and "1a24c873" of a stuck run was the start of forty.
-            shown = ", ".join(f"{run.id} {run.workflow_name} {run.status}" for run in found[:5]) + (
-                " …" if len(found) > 5 else ""
-            )
-            raise EngineError(f"{word!r} is the start of {many} run ids ({shown}): give more of it")
+            named = [f"{run.id} {run.workflow_name} {run.status}" for run in found]
+            raise ambiguous_start(word, "run ids", named, more=len(found) > 5)
         return await self.operator.get_run(found[0].id)
 
     async def _run_of_job(self, word: str) -> Run:
@@ -646,10 +643,7 @@ class Engine:
             if not jobs:
                 raise
             if len(jobs) > 1:
-                shown = ", ".join(jobs[:5]) + (" …" if len(jobs) > 5 else "")
-                raise EngineError(
-                    f"{word!r} is the start of {len(jobs)} job ids ({shown}): give more of it"
-                ) from None
+                raise ambiguous_start(word, "job ids", jobs) from None
             job = await self.operator.get_job(jobs[0])
         return await self.operator.get_run(job.run_id)
 

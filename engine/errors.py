@@ -19,6 +19,14 @@ class UnknownJob(EngineError):
     pass
 
 
+def ambiguous_start(word: str, noun: str, named: list[str], *, more: bool = False) -> EngineError:
+    """The start of several ids refused, naming the first five of them (`named`; `more`:
+    more were found than were read): a run's, a job's, a dead letter's."""
+    count = "more than 5" if more else str(len(named))
+    shown = ", ".join(named[:5]) + (" …" if len(named) > 5 else "")
+    return EngineError(f"{word!r} is the start of {count} {noun} ({shown}): give more of it")
+
+
 class ReplayedAlready(EngineError):
     """A requeue refused: the job's run was replayed, and the replay (or a replay of it)
     completed, so a requeue would run the job's steps again. `force=True` requeues anyway."""

@@ -13,7 +13,7 @@ from datetime import timedelta
 from .backends.base import Backend, Claim, JobQueue, WorkerCatalog
 from .ledger import Ledger
 from .liveness import LiveWorkers
-from .models import Run, StepStatus
+from .models import Run, StepRun, StepStatus
 from .records import assign
 from .runner import pending_step
 from .workflow import Workflow
@@ -119,7 +119,7 @@ async def not_resumable_here(
         )
         return current
     top = run.own_steps()
-    position = next((n for n, s in enumerate(top) if s.status not in DONE), None)
+    position = _goes_on_at(top)
     at = top[position].name if position is not None else None
     then = (
         f"replay it from step {at!r} (blok-tui replay {run.id} --from-step {at}), or " if at else ""
@@ -144,7 +144,7 @@ def adopt_new_steps(run: Run, current: Workflow) -> str | None:
     records = run.steps
     if any(r.parent is not None or r.tags for r in records):
         return None
-    position = next((n for n, r in enumerate(records) if r.status not in DONE), None)
+    position = _goes_on_at(records)
     if position is None or position >= len(current.steps):
         return None
     kept = [(r.name, r.kind) for r in records[: position + 1]]
@@ -157,3 +157,8 @@ def adopt_new_steps(run: Run, current: Workflow) -> str | None:
     ]
     assign(run, steps=records[: position + 1] + tail)
     return records[position].name
+
+
+def _goes_on_at(records: Sequence[StepRun]) -> int | None:
+    """The index of the first of a run's top-level step records not done: where it goes on."""
+    return next((n for n, r in enumerate(records) if r.status not in DONE), None)
