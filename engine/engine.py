@@ -40,12 +40,12 @@ from .liveness import Orphan, orphaned, this_process, worker_alive, worker_state
 from .loader import import_limit
 from .mailbox import Mailbox
 from .models import (
+    LIVE_RUN_STATUSES,
     EventSent,
     Job,
     QueueInfo,
     QueueStats,
     Run,
-    RunStatus,
     WorkerInfo,
     WorkflowInfo,
     utcnow,
@@ -618,9 +618,7 @@ class Engine:
         prefix = word if word.startswith("run_") else f"run_{word}"
         found = await self.backend.runs.list_runs(RunFilter(id_prefix=prefix), limit=6)
         if len(found) > 1 and going:
-            live = RunFilter(
-                id_prefix=prefix, status=tuple(str(s) for s in RunStatus if not s.terminal)
-            )
+            live = RunFilter(id_prefix=prefix, status=LIVE_RUN_STATUSES)
             found = await self.backend.runs.list_runs(live, limit=6) or found
         if not found:
             how = "" if word.startswith("run_") else ": no run id starts with it"

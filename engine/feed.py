@@ -34,7 +34,7 @@ from .events import (
 )
 from .filters import RunFilter
 from .models import (
-    TERMINAL_RUN_STATUSES,
+    LIVE_RUN_STATUSES,
     AttemptStatus,
     Run,
     RunStatus,
@@ -267,4 +267,4 @@ class Follower:
 
 
 def _live_filter() -> RunFilter:
-    return RunFilter(status=tuple(str(s) for s in RunStatus if s not in TERMINAL_RUN_STATUSES))
+    return RunFilter(status=LIVE_RUN_STATUSES)

@@ -44,6 +44,9 @@ TERMINAL_RUN_STATUSES = frozenset(
         RunStatus.DEBOUNCED,
     }
 )
+# Still going: every status but the terminal ones (throttled too: a gate holds the run back),
+# as the stores' filters take them.
+LIVE_RUN_STATUSES = tuple(str(s) for s in RunStatus if s not in TERMINAL_RUN_STATUSES)
 # Statuses of runs whose job is still in a queue, not in a worker's hands.
 PENDING_RUN_STATUSES = frozenset(
     {RunStatus.QUEUED, RunStatus.DELAYED, RunStatus.WAITING, RunStatus.THROTTLED}

@@ -35,6 +35,7 @@ from .health import check as check_health
 from .ledger import JobWaiter, Ledger, make_job, make_run
 from .liveness import SERVING, elsewhere, worker_alive, worker_state
 from .models import (
+    LIVE_RUN_STATUSES,
     PENDING_RUN_STATUSES,
     AttemptStatus,
     Job,
@@ -281,9 +282,8 @@ class Operator:
         # Read again at most every STRANDED_TTL_S: the read goes through every run not ended
         # (a backlog of 100,000 on a served queue too), and the console asks every second.
         if before != known or time.monotonic() - at > STRANDED_TTL_S:
-            going = tuple(str(status) for status in RunStatus if not status.terminal)
             runs = await self.backend.runs.list_runs(
-                RunFilter(status=going, not_queues=known), limit=STRANDED_LOOKED_AT
+                RunFilter(status=LIVE_RUN_STATUSES, not_queues=known), limit=STRANDED_LOOKED_AT
             )
             self._strands = (time.monotonic(), known, runs)
         found: dict[str, QueueInfo] = {}

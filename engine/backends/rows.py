@@ -14,6 +14,7 @@ from typing import Any
 
 from ..filters import RunFilter
 from ..models import (
+    LIVE_RUN_STATUSES,
     TERMINAL_RUN_STATUSES,
     Attempt,
     AttemptStatus,
@@ -533,8 +534,6 @@ SCHEDULE_COLUMNS = (
 
 
 # ---- filters -----------------------------------------------------------------------------
-# Still going: every status but the terminal ones (throttled too: a gate holds the run back).
-LIVE_STATUSES = tuple(str(s) for s in RunStatus if not s.terminal)
 TERMINAL = tuple(str(s) for s in TERMINAL_RUN_STATUSES)
 
 
@@ -590,7 +589,7 @@ def where_clause(
         clauses.append(f"finished_at >= {marks([where.finished_after])}")
     if where.retrying:
         clauses.append(
-            f"status IN ({marks(LIVE_STATUSES)}) AND (failed_attempts > 0 OR job_attempt > 1)"
+            f"status IN ({marks(LIVE_RUN_STATUSES)}) AND (failed_attempts > 0 OR job_attempt > 1)"
         )
     cutoffs = where.stuck_before()
     if cutoffs is not None:
