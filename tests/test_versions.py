@@ -102,6 +102,16 @@ def pay(order: list[str], charged: list[str]) -> Workflow:
     )
 
 
+async def parked(database: str, charged: list[str]) -> tuple[str, Any]:
+    """A job of orders.pay at its first version, once its run waits for "go" after its charge
+    (and the engine that ran it has stopped): (its job id, its run)."""
+    async with Engine(
+        workflows=[pay(["charge", "gate", "notify"], charged)], database=database
+    ) as first:
+        job_id = await first.enqueue("pay", {"order": "A1"})
+        return job_id, await run_when(first, job_id, RunStatus.WAITING)
+
+
 async def test_a_run_whose_version_is_gone_and_whose_steps_changed_is_not_resumed_by_position(
     database: str,
 ) -> None:
@@ -111,11 +121,7 @@ async def test_a_run_whose_version_is_gone_and_whose_steps_changed_is_not_resume
     runs nothing, fails saying how to go on, and its job is a dead letter (a retry would run
     the charge again)."""
     charged: list[str] = []
-    async with Engine(
-        workflows=[pay(["charge", "gate", "notify"], charged)], database=database
-    ) as first:
-        job_id = await first.enqueue("pay", {"order": "A1"})
-        run = await run_when(first, job_id, RunStatus.WAITING)
+    job_id, run = await parked(database, charged)
     assert charged == [run.id]
     changed = pay(["gate", "charge", "notify"], charged)
     async with Engine(workflows=[changed], database=database) as second:
@@ -153,11 +159,7 @@ async def test_a_run_whose_version_is_gone_goes_on_where_only_later_steps_change
     had been sent (a replay from the wait waited for it again). The steps it ran and the
     wait are unchanged: it goes on with the new version's steps from there."""
     charged: list[str] = []
-    async with Engine(
-        workflows=[pay(["charge", "gate", "notify"], charged)], database=database
-    ) as first:
-        job_id = await first.enqueue("pay", {"order": "A1"})
-        run = await run_when(first, job_id, RunStatus.WAITING)
+    job_id, run = await parked(database, charged)
     grown = pay(["charge", "gate", "audit", "notify"], charged)
     async with Engine(workflows=[grown], database=database) as second:
         assert grown.version != run.workflow_version

@@ -71,9 +71,10 @@ def kill(worker: Worker) -> None:
         worker.process.wait()
 
 
-async def test_a_worker_stops_while_its_database_is_out_of_reach(
-    pg_url: str, tmp_path: Path
-) -> None:
+@asynccontextmanager
+async def cut_off(pg_url: str, tmp_path: Path, lease: str, grace: str) -> AsyncIterator[Worker]:
+    """A `blok-tui worker` on the server through a proxy, once the proxy is shut and the
+    worker has said it lost the database; ended when the block is left."""
     found = re.match(r"^(postgres(?:ql)?://[^/@]*@?)([^:/]+):(\d+)(/.*)$", pg_url)
     assert found is not None, pg_url
     user, host, port, rest = found.groups()
@@ -86,68 +87,54 @@ async def test_a_worker_stops_while_its_database_is_out_of_reach(
                 "--db",
                 through,
                 "--lease",
-                "2s",
+                lease,
                 "--grace",
-                "1",
+                grace,
                 "--no-watch",
             )
         )
         try:
             shut.cancel()  # the server is out of reach from here on
-            with anyio.fail_after(20):
-                while "lost the database" not in worker.stderr():  # noqa: ASYNC110 - a file
-                    await anyio.sleep(0.1)
-            worker.process.send_signal(signal.SIGTERM)
-            # 1 s of grace, a 2 s lease, and the backend's last flush (at most 15 s).
-            await ended(worker, within=30)
+            await said(worker, "lost the database")
+            yield worker
         finally:
             kill(worker)
-    said = worker.stderr()
-    assert "stopped without its last writes: the database did not answer" in said, said
-    assert f"worker {worker.id} stopped" in said, said
+
+
+async def said(worker: Worker, text: str) -> None:
+    """Once the worker's log holds `text`, failing after 20 s."""
+    with anyio.fail_after(20):
+        while text not in worker.stderr():  # noqa: ASYNC110 - a file
+            await anyio.sleep(0.1)
+
+
+async def test_a_worker_stops_while_its_database_is_out_of_reach(
+    pg_url: str, tmp_path: Path
+) -> None:
+    async with cut_off(pg_url, tmp_path, lease="2s", grace="1") as worker:
+        worker.process.send_signal(signal.SIGTERM)
+        # 1 s of grace, a 2 s lease, and the backend's last flush (at most 15 s).
+        await ended(worker, within=30)
+    log = worker.stderr()
+    assert "stopped without its last writes: the database did not answer" in log, log
+    assert f"worker {worker.id} stopped" in log, log
 
 
 async def test_a_second_signal_cuts_the_wait_and_says_it_did(pg_url: str, tmp_path: Path) -> None:
     """A second SIGTERM cut the stop's wait on the database short, and the log blamed the
     database: "the database did not answer", said of a wait the operator had ended."""
-    found = re.match(r"^(postgres(?:ql)?://[^/@]*@?)([^:/]+):(\d+)(/.*)$", pg_url)
-    assert found is not None, pg_url
-    user, host, port, rest = found.groups()
-    async with tcp_proxy(host, int(port)) as (local, shut):
-        through = f"{user}127.0.0.1:{local}{rest}"
-        worker = await anyio.to_thread.run_sync(
-            lambda: start_worker(
-                tmp_path / "unused.db",
-                write_workflows(tmp_path / "workflows"),
-                "--db",
-                through,
-                "--lease",
-                "30s",
-                "--grace",
-                "0",
-                "--no-watch",
-            )
-        )
-        try:
-            shut.cancel()
-            with anyio.fail_after(20):
-                while "lost the database" not in worker.stderr():  # noqa: ASYNC110 - a file
-                    await anyio.sleep(0.1)
-            worker.process.send_signal(signal.SIGTERM)
-            with anyio.fail_after(20):
-                while "draining" not in worker.stderr():  # noqa: ASYNC110 - a file
-                    await anyio.sleep(0.1)
-            worker.process.send_signal(signal.SIGTERM)
-            await ended(worker, within=20)  # not the 30 s lease
-        finally:
-            kill(worker)
-    said = worker.stderr()
+    async with cut_off(pg_url, tmp_path, lease="30s", grace="0") as worker:
+        worker.process.send_signal(signal.SIGTERM)
+        await said(worker, "draining")
+        worker.process.send_signal(signal.SIGTERM)
+        await ended(worker, within=20)  # not the 30 s lease
+    log = worker.stderr()
     assert (
         "stopped without its claims: a second stop signal cut the wait for the database short"
-    ) in said or (
+    ) in log or (
         "stopped without its last writes: a second stop signal cut the wait for the database short"
-    ) in said, said
-    assert "the database did not answer" not in said, said
+    ) in log, log
+    assert "the database did not answer" not in log, log
 
 
 async def test_a_worker_whose_database_is_dropped_says_so_in_one_line(
