@@ -319,11 +319,13 @@ async def test_a_question_for_a_job_held_ahead_is_answered_as_it_starts(database
         answer: list[str] = []
 
         async def ask() -> None:
-            answer.append(await engine.where(held.run_id, timeout=10))
+            answer.append(await engine.where(held.run_id, timeout=30))
 
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(ask)
-            await until(lambda: second in engine.operator.worker._early)  # the signal came
+            # The signal comes through the store, read at the worker's next look (a second
+            # apart); 10 s ran out once in CI with a chaos test's workers taking both cores.
+            await until(lambda: second in engine.operator.worker._early, timeout=30)
             release.set()  # the first run ends, the second starts (and holds: set already)
         assert answer == [STARTING]
         done = await engine.wait_for_job(second, timeout=10)
