@@ -12,7 +12,9 @@ engine with workflows or a client with none (it reads what the workers declared)
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
 import logging
 import os
 from dataclasses import dataclass
@@ -145,6 +147,8 @@ class Scheduler:
         self.catalog = catalog
         self._declared: dict[str, tuple[ScheduleSpec, ...]] = {}
         self._verified: set[str] = set()  # tick jobs seen in the queue
+        # Per workflow, the schedules another worker declared over this one's, as last said.
+        self._overruled: dict[str, dict[str, str]] = {}
         self._changed = anyio.Event()
         catalog.on_change.append(self._catalog_changed)
 
@@ -191,14 +195,15 @@ class Scheduler:
         """Enqueue the due ticks this worker can claim; seconds until the next tick."""
         now = self.backend.clock.time()
         wait = POLL_S
-        served = {
-            (spec.workflow, spec.schedule): spec
-            for specs in self._declared.values()
-            for spec in specs
-        }
-        for state in await self.shared.schedules():
-            spec = served.get((state.spec.workflow, state.spec.schedule))
-            if spec is None:
+        states = await self.shared.schedules()
+        self._say_overruled(states)
+        queues = {wf.name: wf.queue or "" for wf in self.catalog.served().values() if wf.trigger}
+        for state in states:
+            # The schedule as the database holds it: the one declared last, by this worker or
+            # by another with another version of the file, fires, whichever worker serving its
+            # workflow on its queue is alive (the other gone, what it declared still fires).
+            spec = state.spec
+            if spec.workflow not in self._declared or queues.get(spec.workflow) != spec.queue:
                 continue
             await self._repair(spec, state, now)
             if state.paused:
@@ -215,6 +220,36 @@ class Scheduler:
             )
             wait = min(wait, following - self.backend.clock.time())
         return max(wait, 0.01)
+
+    def _say_overruled(self, states: list[ScheduleState]) -> None:
+        """Say it when a workflow's schedules in the database are not those declared here:
+        another worker, with another version of its file, declared its own since, and those
+        are what fire (a deploy under way, or a machine left with old files). Without this,
+        one version's schedules won and nothing said which. Once per difference."""
+        held: dict[str, dict[str, str]] = {}
+        for state in states:
+            held.setdefault(state.spec.workflow, {})[state.spec.schedule] = _settings(state.spec)
+        for name, specs in self._declared.items():
+            ours = {spec.schedule: _settings(spec) for spec in specs}
+            theirs = held.get(name, {})
+            if theirs == ours:
+                self._overruled.pop(name, None)
+                continue
+            if self._overruled.get(name) == theirs:
+                continue
+            self._overruled[name] = theirs
+            if set(theirs) == set(ours):
+                differ = f"the same schedules ({_named(theirs)}) with other settings"
+            else:
+                differ = _named(theirs)
+            log.warning(
+                "schedules of %s: this worker declares %s, but another worker declared %s "
+                "since (another version of the workflow's file), and those fire; deploy the "
+                "same file to every worker (blok-tui schedules lists what fires)",
+                name,
+                _named(ours),
+                differ,
+            )
 
     def _tick_job(self, spec: ScheduleSpec, tick: float, target: QueueTarget) -> tuple[Job, Run]:
         job_id = tick_job_id(spec.workflow, spec.schedule, tick)
@@ -284,6 +319,16 @@ class Scheduler:
                 wait = RETRY_S
             with anyio.move_on_after(wait):
                 await self._changed.wait()
+
+
+def _named(specs: dict[str, str]) -> str:
+    return ", ".join(f"'{name}'" for name in sorted(specs)) or "none"
+
+
+def _settings(spec: ScheduleSpec) -> str:
+    """A schedule's settings as the database gives them back (JSON: a tuple in a payload is a
+    list there, and PostgreSQL reorders an object's keys), to compare a declaration with it."""
+    return json.dumps(dataclasses.asdict(spec), sort_keys=True, default=str)
 
 
 # ---- the operator's side -----------------------------------------------------------------

@@ -5,6 +5,7 @@ definition errors, BLOK_SCHEDULING_DISABLED."""
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import sqlite3
 import time
@@ -85,6 +86,37 @@ async def test_every_second_on_two_engines_fires_once_per_tick(database: Path | 
         assert runs and all(run.input == {"kind": "tick"} for run in runs)
         [info] = await client.schedules()
         assert info.schedule == "every 1s" and info.last_run_id in {run.id for run in runs}
+
+
+async def test_a_worker_whose_schedules_another_version_replaced_says_so_and_fires_those(
+    database: Path | str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A mixed fleet: two workers with two versions of one workflow's file, declaring its
+    schedule differently. The one declared last is what fires, and the other worker says so
+    in its log, once; once the worker that declared it is gone, the other fires it."""
+    caplog.set_level(logging.WARNING, logger="blok.scheduler")
+    old, new = ticking(Schedule(every="1h")), ticking(Schedule(every="1s"))
+
+    def overruled() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "another worker declared" in r.message]
+
+    async with Engine(workflows=[old], database=database) as first:
+        async with Engine(workflows=[new], database=database):
+            await until(lambda: overruled(), timeout=15)
+            [info] = await first.schedules()
+            assert info.schedule == "every 1s"
+        gone_at = time.time()
+
+        async def fired_since() -> bool:
+            runs = await first.runs(workflow=old.name, limit=100)
+            return any(r.created_at.timestamp() > gone_at + 1 for r in runs)
+
+        await until(fired_since, timeout=15)
+    assert overruled() == [
+        f"schedules of {old.name}: this worker declares 'every 1h', but another worker declared"
+        " 'every 1s' since (another version of the workflow's file), and those fire; deploy"
+        " the same file to every worker (blok-tui schedules lists what fires)"
+    ]
 
 
 async def test_every_second_on_memory_fires_each_tick(tmp_path: Path) -> None:
