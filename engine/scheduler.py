@@ -203,7 +203,7 @@ class Scheduler:
             # by another with another version of the file, fires, whichever worker serving its
             # workflow on its queue is alive (the other gone, what it declared still fires).
             spec = state.spec
-            if spec.workflow not in self._declared or queues.get(spec.workflow) != spec.queue:
+            if queues.get(spec.workflow) != spec.queue:  # not served here, or on another queue
                 continue
             await self._repair(spec, state, now)
             if state.paused:
