@@ -181,8 +181,7 @@ class Worker:
         self._unregistered = False
         self.watchdog_s = watchdog_s
         self.memory_runs_s = memory_runs_s  # how often memory runs of gone processes are sought
-        # Signals read for jobs claimed here but not started yet (claimed ahead).
-        self._early: dict[str, dict[str, float]] = {}
+        self._early: dict[str, dict[str, float]] = {}  # signals of jobs claimed ahead here
         catalog.on_change.append(self.sync)
         ledger.on_run_ended.append(self._run_ended)
 
@@ -470,14 +469,12 @@ class Worker:
                     turn = LoopTurn()
                     await self._execute(runtime, claim)
                     if turn.came:
-                        # The job waited for something (a sleep, a read), so the rest of the
-                        # engine has had the loop since it began: on to the next job at once.
-                        # A slot that went round the loop again would queue behind the work of
-                        # every other slot ready then, at every job.
+                        # The job waited (a sleep, a read): the engine has had the loop since,
+                        # so on to the next job at once; a slot that went round the loop again
+                        # would queue behind every other slot ready then, at every job.
                         await anyio.lowlevel.checkpoint_if_cancelled()
                     else:
-                        # The rest of the engine runs now. (asyncio's checkpoint: anyio's is
-                        # this sleep behind three calls that look up the loop's library.)
+                        # The rest of the engine runs now (asyncio's: anyio's costs 3 calls more).
                         await asyncio.sleep(0)
                     if self._slot_ends(runtime):
                         return
@@ -598,14 +595,17 @@ class Worker:
                 self._settle(runtime, claim, run, workflow, failed)
                 return
             if queue.durable and not job.handed:
-                # The record says `running` before any of the run's code runs. Were the start
-                # still in the writer when this process died or froze past its lease, the run
-                # would be found `queued`, and the job's next delivery would run that same run
-                # again: a side effect done twice with no crashed run to show for it. A job
-                # its claim handed straight to this slot, or a top-up of short jobs kept
-                # ahead, needs no wait: the claim's commit already says the run may have
-                # begun (`Job.handed`).
-                await self.backend.runs.flush()
+                # The record says `running` before any of the run's code runs: a start still
+                # in the writer when this process died or froze past its lease would be found
+                # `queued`, and the next delivery would run that same run again, a side effect
+                # done twice with no crashed run to show. A job its claim handed to this slot
+                # (or a top-up kept ahead) needs no wait: the claim's commit says it may have
+                # begun (`Job.handed`). A stop, a cancel or a lost lease cuts the wait (a
+                # database out of reach held it, and a stop took it for code that would not
+                # stop): no code has run, and the run is stopped as it opens below.
+                with anyio.CancelScope() as starting:
+                    if handle.open_scope(starting):
+                        await self.backend.runs.flush()
                 if claim.lease_lost():
                     handle.lost = True
                     log.warning("job %s: the lease ran out as it started; left to others", job.id)

@@ -442,8 +442,9 @@ class HeldStart:
         trigger = WorkerTrigger(queue="gated", concurrency=1, provider=provider, retries=0)
         return Workflow(name="gated", trigger=trigger, steps=[Step("gated", gated)])
 
-    async def start_job_1(self, engine: Engine) -> str:
-        """Job 1's id, once its start waits in the flush."""
+    async def start_job_1(self, engine: Engine, answers: anyio.Event | None = None) -> str:
+        """Job 1's id, once its start waits in the flush (until `answers` is set, if given:
+        a database that does not answer)."""
         _, ahead = await engine.enqueue_many("gated", [{"i": 0}, {"i": 1}])
         await until(lambda: self.started == [0])
         runs = engine.backend.runs
@@ -452,7 +453,7 @@ class HeldStart:
 
         async def flush_once_landed() -> None:
             in_flush.set()
-            await self.landed.wait()
+            await (self.landed if answers is None else answers).wait()
             await flush()
 
         self.monkeypatch.setattr(runs, "flush", flush_once_landed)
@@ -491,6 +492,31 @@ async def test_a_stop_that_lands_while_a_start_is_written_stops_the_run_as_it_op
     assert held.started == [0]  # job 1's code never ran
     assert job.state is JobState.WAITING  # back in its queue, not held
     assert run.status is not RunStatus.RUNNING
+
+
+@pytest.mark.parametrize("kind", DURABLE)
+async def test_a_stop_while_a_start_waits_on_a_database_that_does_not_answer_hands_it_back(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The start's write did not land (the database out of reach), and the run's wait for it
+    outlasted the stop: the drain took it for code that would not stop, kept its job and
+    exited the process (status 3) over it, though none of its code had run. The stop now
+    cuts the wait, and the job goes back to the queue."""
+    held = HeldStart(monkeypatch, "interrupt")
+    answers = anyio.Event()
+    async with a_database(kind, tmp_path) as database:
+        async with Engine(
+            workflows=[held.workflow(kind)], database=database, exit_when_stuck=False, lease=30
+        ) as engine:
+            ahead = await held.start_job_1(engine, answers)
+            with anyio.fail_after(10):
+                await engine.shutdown(grace_period=0)
+        answers.set()
+        async with Engine(database=database, create=False) as client:
+            job = await client.get_job(ahead)
+    assert held.started == [0]  # job 1's code never ran
+    assert job.state is JobState.WAITING  # back in its queue, not kept
+    assert not [r.getMessage() for r in caplog.records if "did not stop" in r.getMessage()]
 
 
 async def test_a_cancel_that_lands_while_a_start_is_written_runs_no_code(
