@@ -1534,6 +1534,23 @@ async def _schedules(args: argparse.Namespace) -> None:
             "fired (blok-tui health names the workflow files that fail to load)",
             file=sys.stderr,
         )
+    for workflow, workers in sorted(
+        {i.workflow: i.overruled for i in infos if i.overruled}.items()
+    ):
+        print(printable(f"blok-tui: note: {overruled_note(workflow, workers)}"), file=sys.stderr)
+
+
+def overruled_note(workflow: str, workers: Sequence[str]) -> str:
+    """The live workers whose own schedules for `workflow` are not those that fire."""
+    who = (
+        f"worker {workers[0]} declares"
+        if len(workers) == 1
+        else f"workers {', '.join(workers)} declare"
+    )
+    return (
+        f"{who} other schedules for {workflow} (another version of its file): those listed, "
+        "declared last, fire; deploy the same file to every worker"
+    )
 
 
 def _schedule_json(info: Any) -> dict[str, Any]:

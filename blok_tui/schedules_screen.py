@@ -87,6 +87,15 @@ class SchedulesScreen(BlokScreen):
                     f" · {unserved} not served by a live worker (their ticks do not fire)",
                     style="dark_orange",
                 )
+            overruled = {i.workflow: i.overruled for i in self.found if i.overruled}
+            if overruled:  # a mixed fleet: what fires is not what those workers' files say
+                workers = len({w for ws in overruled.values() for w in ws})
+                line.append(
+                    f" · {workers} {'workers declare' if workers > 1 else 'worker declares'}"
+                    " other schedules for"
+                    f" {', '.join(sorted(overruled))} (another version of the file): these fire",
+                    style="dark_orange",
+                )
             upcoming = [i.next_at for i in self.found if i.next_at is not None and i.served]
             if upcoming:
                 line.append(f" · next tick {countdown(min(upcoming), now)}", style="grey70")

@@ -30,6 +30,7 @@ from .loader import (
 )
 from .models import Run, WorkflowInfo
 from .primitives import global_middleware, middleware_chain
+from .schedules import declared_settings, spec_of
 from .workflow import EventWaitStep, StepDefinition, Workflow
 
 log = logging.getLogger("blok.catalog")
@@ -186,6 +187,7 @@ class Catalog:
         # has): tried again at each reload, as the other file may give the name up or go.
         self.refused: dict[Path, LoadedFile] = {}
         self.on_change: list[Callable[[], None]] = []
+        self.declares_schedules = False  # a Scheduler declares this worker's (its entry says)
 
     # ---- where the workflows are -----------------------------------------------------------
     @property
@@ -409,6 +411,8 @@ class Catalog:
 
     def infos(self) -> list[WorkflowInfo]:
         everywhere = global_middleware()
+        # The Scheduler declares the schedules of the served workflows (`Scheduler.declare`).
+        declaring = {wf.name for wf in self.served().values()} if self.declares_schedules else ()
         return [
             WorkflowInfo(
                 name=wf.name,
@@ -419,6 +423,11 @@ class Catalog:
                 body_fields=body_fields(wf),
                 events=self._events_of_runs(wf, everywhere),
                 event_keys=self._keys_of_runs(wf, everywhere),
+                schedules=(
+                    declared_settings(spec_of(wf.name, wf.queue, wf.schedules))
+                    if wf.name in declaring
+                    else None
+                ),
             )
             for wf in sorted(self.workflows.values(), key=lambda w: w.name)
         ]

@@ -368,6 +368,10 @@ class WorkflowInfo(_Record):
     # Event → the payload paths ("order_id") its keyed waits (`match=`) match an event sent by
     # key on: a sender whose payload carries none of them is told. None: not known.
     event_keys: dict[str, list[str]] | None = None
+    # Its schedules as this worker declares them (id → settings, `schedules.settings_text`):
+    # another version of its file on another worker may have declared others since, and
+    # those fire. None: this worker declares none (it fires no schedules, or is older).
+    schedules: dict[str, str] | None = None
 
 
 class WorkerInfo(_Record):

@@ -12,9 +12,7 @@ engine with workflows or a client with none (it reads what the workers declared)
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
-import json
 import logging
 import os
 from dataclasses import dataclass
@@ -29,8 +27,14 @@ from .errors import DatabaseError, EngineError
 from .ledger import Ledger, make_job, make_run
 from .liveness import LiveWorkers
 from .models import Job, Run, RunStatus, from_epoch
-from .schedules import latest_tick, next_tick, ticks_between
-from .workflow import Workflow
+from .schedules import (
+    declared_settings,
+    latest_tick,
+    next_tick,
+    settings_text,
+    spec_of,
+    ticks_between,
+)
 
 if TYPE_CHECKING:
     from .operator import Operator, QueueTarget
@@ -52,23 +56,6 @@ DISABLED_ENV = "BLOK_SCHEDULING_DISABLED"
 def scheduling_disabled() -> bool:
     """BLOK_SCHEDULING_DISABLED=1 (true, yes, on): this process fires no schedules."""
     return os.environ.get(DISABLED_ENV, "").strip().lower() in ("1", "true", "yes", "on")
-
-
-def spec_of(workflow: Workflow) -> list[ScheduleSpec]:
-    queue = workflow.queue or ""
-    return [
-        ScheduleSpec(
-            workflow=workflow.name,
-            schedule=s.id,
-            queue=queue,
-            cron=s.cron,
-            every_ms=s.every,
-            timezone=s.timezone,
-            catch_up=s.catch_up,
-            payload=s.payload,
-        )
-        for s in workflow.schedules
-    ]
 
 
 def tick_job_id(workflow: str, schedule: str, tick: float) -> str:
@@ -115,6 +102,9 @@ class ScheduleInfo:
     # Whether a live worker serves its workflow now: a schedule whose file failed to load on
     # every worker stays declared, and its ticks come and go unfired.
     served: bool = True
+    # The live workers serving its workflow that declare other schedules for it (another
+    # version of its file): those kept here, declared last, fire, not theirs.
+    overruled: tuple[str, ...] = ()
 
 
 def _replaced_paused(
@@ -151,6 +141,10 @@ class Scheduler:
         self._overruled: dict[str, dict[str, str]] = {}
         self._changed = anyio.Event()
         catalog.on_change.append(self._catalog_changed)
+        # What this worker declares goes in its catalog entry (a process that fires no
+        # schedules declares none): `schedules` lists the live workers another version's
+        # declaration overruled.
+        catalog.declares_schedules = True
 
     def _catalog_changed(self) -> None:
         self._changed.set()  # the current event: the loop replaces it after each change
@@ -159,7 +153,9 @@ class Scheduler:
         """Make the backend's schedules those of the workflows served here now (hot reload
         adds, changes and removes them)."""
         current = {
-            wf.name: tuple(spec_of(wf)) for wf in self.catalog.served().values() if wf.trigger
+            wf.name: tuple(spec_of(wf.name, wf.queue, wf.schedules))
+            for wf in self.catalog.served().values()
+            if wf.trigger
         }
         now = self.backend.clock.time()
         states: list[ScheduleState] | None = None  # read once, when a schedule is replaced
@@ -226,11 +222,9 @@ class Scheduler:
         another worker, with another version of its file, declared its own since, and those
         are what fire (a deploy under way, or a machine left with old files). Without this,
         one version's schedules won and nothing said which. Once per difference."""
-        held: dict[str, dict[str, str]] = {}
-        for state in states:
-            held.setdefault(state.spec.workflow, {})[state.spec.schedule] = _settings(state.spec)
+        held = _kept(states)
         for name, specs in self._declared.items():
-            ours = {spec.schedule: _settings(spec) for spec in specs}
+            ours = declared_settings(specs)
             theirs = held.get(name, {})
             if theirs == ours:
                 self._overruled.pop(name, None)
@@ -325,10 +319,12 @@ def _named(specs: dict[str, str]) -> str:
     return ", ".join(f"'{name}'" for name in sorted(specs)) or "none"
 
 
-def _settings(spec: ScheduleSpec) -> str:
-    """A schedule's settings as the database gives them back (JSON: a tuple in a payload is a
-    list there, and PostgreSQL reorders an object's keys), to compare a declaration with it."""
-    return json.dumps(dataclasses.asdict(spec), sort_keys=True, default=str)
+def _kept(states: list[ScheduleState]) -> dict[str, dict[str, str]]:
+    """Workflow → schedule id → settings, as the database keeps them: what fires."""
+    kept: dict[str, dict[str, str]] = {}
+    for state in states:
+        kept.setdefault(state.spec.workflow, {})[state.spec.schedule] = settings_text(state.spec)
+    return kept
 
 
 # ---- the operator's side -----------------------------------------------------------------
@@ -344,6 +340,12 @@ class Schedules:
         states = await self.shared.schedules()
         live = await LiveWorkers.read(self.backend)
         served = {w.name for catalog in live.catalogs for w in catalog.workflows}
+        kept = _kept(states)
+        overruled: dict[str, list[str]] = {}
+        for catalog in live.catalogs:
+            for info in catalog.workflows:
+                if info.schedules is not None and info.schedules != kept.get(info.name, {}):
+                    overruled.setdefault(info.name, []).append(catalog.worker)
         last_runs = [s.last_run_id for s in states if s.last_run_id]
         status = {r.id: r.status for r in await self.backend.runs.runs_by_id(last_runs)}
         now = self.backend.clock.time()
@@ -367,6 +369,7 @@ class Schedules:
                     last_run_id=state.last_run_id,
                     last_status=status.get(state.last_run_id or ""),
                     served=spec.workflow in served,
+                    overruled=tuple(sorted(overruled.get(spec.workflow, ()))),
                 )
             )
         return infos

@@ -10,7 +10,10 @@ workers (engine/scheduler.py).
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -18,6 +21,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from cronsim import CronSim, CronSimError
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
+from .backends.base import ScheduleSpec
 from .durations import Duration, exact_duration
 from .errors import WorkflowDefinitionError
 from .validation import InvalidInput, check_payload
@@ -182,3 +186,31 @@ def ticks_between(
 
 def utc(epoch: float) -> datetime:
     return datetime.fromtimestamp(epoch, UTC)
+
+
+def spec_of(workflow: str, queue: str | None, schedules: Sequence[Schedule]) -> list[ScheduleSpec]:
+    """The schedules a workflow declares, as the backend keeps them."""
+    return [
+        ScheduleSpec(
+            workflow=workflow,
+            schedule=s.id,
+            queue=queue or "",
+            cron=s.cron,
+            every_ms=s.every,
+            timezone=s.timezone,
+            catch_up=s.catch_up,
+            payload=s.payload,
+        )
+        for s in schedules
+    ]
+
+
+def settings_text(spec: ScheduleSpec) -> str:
+    """A schedule's settings as the database gives them back (JSON: a tuple in a payload is a
+    list there, and PostgreSQL reorders an object's keys), to compare a declaration with it."""
+    return json.dumps(dataclasses.asdict(spec), sort_keys=True, default=str)
+
+
+def declared_settings(specs: Sequence[ScheduleSpec]) -> dict[str, str]:
+    """Schedule id → `settings_text`: what a worker declares, to compare with what is kept."""
+    return {spec.schedule: settings_text(spec) for spec in specs}

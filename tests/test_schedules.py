@@ -69,6 +69,8 @@ async def test_every_second_on_two_engines_fires_once_per_tick(database: Path | 
     async with AsyncExitStack() as stack:
         first = await stack.enter_async_context(Engine(workflows=[wf], database=database))
         await stack.enter_async_context(Engine(workflows=[wf], database=database))
+        [info] = await first.schedules()
+        assert info.overruled == ()  # the same file on both: nothing to say
 
         async def five_ticks() -> bool:
             return len(await first.runs(workflow=wf.name, limit=100)) >= 5
@@ -101,10 +103,22 @@ async def test_a_worker_whose_schedules_another_version_replaced_says_so_and_fir
         return [r.getMessage() for r in caplog.records if "another worker declared" in r.message]
 
     async with Engine(workflows=[old], database=database) as first:
-        async with Engine(workflows=[new], database=database):
+        async with Engine(workflows=[new], database=database) as second:
             await until(lambda: overruled(), timeout=15)
             [info] = await first.schedules()
             assert info.schedule == "every 1s"
+            # What an operator reads: which live workers' own schedules are not those firing.
+            assert info.overruled == (first.worker.id,)
+            listed = await anyio.to_thread.run_sync(
+                lambda: blok("schedules", "--db", str(database))
+            )
+            assert listed.returncode == 0, listed.stderr
+            assert (
+                f"blok-tui: note: worker {first.worker.id} declares other schedules for"
+                f" {old.name} (another version of its file): those listed, declared last, fire;"
+                " deploy the same file to every worker"
+            ) in listed.stderr
+            assert second.worker.id not in listed.stderr
         gone_at = time.time()
 
         async def fired_since() -> bool:

@@ -216,6 +216,32 @@ async def test_a_schedule_no_live_worker_serves_says_so_with_no_countdown(
             assert "1 not served by a live worker" in summary and "next tick" not in summary
 
 
+async def test_schedules_another_version_of_the_file_declared_are_said_to_be_what_fires(
+    tmp_path: Path,
+) -> None:
+    # A mixed fleet: a worker with the file of before (every 1d) beside one with a new file
+    # (every 1h), started last. Its `every 1h` fires; the summary says the other worker's
+    # own schedules are not what fires.
+    database = tmp_path / "blok.db"
+    newer = NIGHTLY.model_copy(update={"schedules": [Schedule(every="1h")]})
+    async with (
+        Engine(workflows=[NIGHTLY], database=database) as before,
+        Engine(workflows=[newer], database=database) as after,
+    ):
+        await declared(after)
+        app = BlokApp(before)
+        async with app.run_test(size=SIZE) as pilot:
+            await settled(pilot)
+            await command(pilot, "schedules")
+            table = app.screen.query_one("#schedules", RowTable)
+            await until(pilot, lambda: column(table, "schedule") == ["every 1h"])
+            summary = text_of(app.screen.query_one("#schedules-summary", Static))
+            assert (
+                "1 worker declares other schedules for reports.nightly (another version of the"
+                " file): these fire"
+            ) in summary
+
+
 async def test_why_waiting_names_the_rate_limit_holders_and_h_opens_one() -> None:
     async with Engine(workflows=[LIMITED]) as engine:
         first = await engine.enqueue("calls", {"n": 1})
