@@ -93,7 +93,7 @@ class SchedulesScreen(BlokScreen):
                 line.append(
                     f" · {workers} {'workers declare' if workers > 1 else 'worker declares'}"
                     " other schedules for"
-                    f" {', '.join(sorted(overruled))} (another version of the file): these fire",
+                    f" {', '.join(sorted(overruled))} (another version of the file): those listed fire",
                     style="dark_orange",
                 )
             upcoming = [i.next_at for i in self.found if i.next_at is not None and i.served]

@@ -238,7 +238,7 @@ async def test_schedules_another_version_of_the_file_declared_are_said_to_be_wha
             summary = text_of(app.screen.query_one("#schedules-summary", Static))
             assert (
                 "1 worker declares other schedules for reports.nightly (another version of the"
-                " file): these fire"
+                " file): those listed fire"
             ) in summary
 
 
