@@ -90,10 +90,10 @@ class SchedulesScreen(BlokScreen):
             overruled = {i.workflow: i.overruled for i in self.found if i.overruled}
             if overruled:  # a mixed fleet: what fires is not what those workers' files say
                 workers = len({w for ws in overruled.values() for w in ws})
+                who = "workers declare" if workers > 1 else "worker declares"
                 line.append(
-                    f" · {workers} {'workers declare' if workers > 1 else 'worker declares'}"
-                    " other schedules for"
-                    f" {', '.join(sorted(overruled))} (another version of the file): those listed fire",
+                    f" · {workers} {who} other schedules for {', '.join(sorted(overruled))}"
+                    " (another version of the file): those listed fire",
                     style="dark_orange",
                 )
             upcoming = [i.next_at for i in self.found if i.next_at is not None and i.served]
