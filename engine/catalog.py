@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from . import expressions
-from .backends.base import ServedQueue, WorkerCatalog
+from .backends.base import ScheduleSpec, ServedQueue, WorkerCatalog
 from .errors import EngineError, WorkflowDefinitionError
 from .events import EventBus, ReloadErrorCleared, ReloadFailed, WorkflowReloaded
 from .loader import (
@@ -409,10 +409,18 @@ class Catalog:
         """Queue name → the workflow its jobs run (the catalog's own: not to be changed)."""
         return self._served
 
+    def schedule_specs(self) -> dict[str, tuple[ScheduleSpec, ...]]:
+        """Workflow → the schedules this worker declares (`Scheduler.declare`): those of the
+        workflows it serves, "none" included."""
+        return {
+            wf.name: tuple(spec_of(wf.name, wf.queue, wf.schedules))
+            for wf in self.served().values()
+            if wf.trigger
+        }
+
     def infos(self) -> list[WorkflowInfo]:
         everywhere = global_middleware()
-        # The Scheduler declares the schedules of the served workflows (`Scheduler.declare`).
-        declaring = {wf.name for wf in self.served().values()} if self.declares_schedules else ()
+        declared = self.schedule_specs() if self.declares_schedules else {}
         return [
             WorkflowInfo(
                 name=wf.name,
@@ -423,11 +431,7 @@ class Catalog:
                 body_fields=body_fields(wf),
                 events=self._events_of_runs(wf, everywhere),
                 event_keys=self._keys_of_runs(wf, everywhere),
-                schedules=(
-                    declared_settings(spec_of(wf.name, wf.queue, wf.schedules))
-                    if wf.name in declaring
-                    else None
-                ),
+                schedules=(declared_settings(declared[wf.name]) if wf.name in declared else None),
             )
             for wf in sorted(self.workflows.values(), key=lambda w: w.name)
         ]

@@ -32,7 +32,6 @@ from .schedules import (
     latest_tick,
     next_tick,
     settings_text,
-    spec_of,
     ticks_between,
 )
 
@@ -152,11 +151,7 @@ class Scheduler:
     async def declare(self) -> None:
         """Make the backend's schedules those of the workflows served here now (hot reload
         adds, changes and removes them)."""
-        current = {
-            wf.name: tuple(spec_of(wf.name, wf.queue, wf.schedules))
-            for wf in self.catalog.served().values()
-            if wf.trigger
-        }
+        current = self.catalog.schedule_specs()
         now = self.backend.clock.time()
         states: list[ScheduleState] | None = None  # read once, when a schedule is replaced
         for name in set(current) | set(self._declared):
