@@ -60,6 +60,7 @@ from .command_screen import CommandScreen
 from .confirm_screen import ConfirmScreen
 from .console import Clock, printable, system_clock
 from .dead_letters_screen import DeadLettersScreen
+from .hangup import stop_signals
 from .help_screen import HelpScreen
 from .inject_screen import InjectScreen
 from .jobs import JobBook
@@ -767,21 +768,28 @@ async def run_console(
     (Textual has shown the traceback), so a supervisor or a script can tell. `grace`: how
     long the engine gives its runs to finish once the console is gone, for the line saying so."""
     app = BlokApp(engine, title=title)
-    # A SIGTERM (a `kill`, a supervisor, tmux kill-session) quits as `q` does: Python's default
-    # ended the process at once and left the terminal in the alternate screen with the cursor
-    # hidden, and the engine's runs without their grace.
+    # A SIGTERM (a `kill`, a supervisor) quits as `q` does: Python's default ended the process
+    # at once and left the terminal in the alternate screen with the cursor hidden, and the
+    # engine's runs without their grace. So does a SIGHUP, the terminal closing (`hangup`).
     loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, app.exit)
+    quitting = stop_signals(signal.SIGTERM)
+    for signum in quitting:
+        loop.add_signal_handler(signum, app.exit)
     try:
         await app.run_async()
     finally:
-        loop.remove_signal_handler(signal.SIGTERM)
+        for signum in quitting:
+            loop.remove_signal_handler(signum)
     status = app.return_code or 0
     if status == 0 and engine.in_flight:
         # The engine now gives its runs the grace period, with the screen already gone: say
         # why the prompt is not back yet.
         memory = engine.capabilities.location == "memory"
-        print(stopping_line(engine.in_flight, grace, memory=memory), file=sys.stderr, flush=True)
+        line = stopping_line(engine.in_flight, grace, memory=memory)
+        try:
+            print(line, file=sys.stderr, flush=True)
+        except OSError as gone:  # EIO: the terminal closed (SIGHUP), nobody is there to read it
+            log.info("%s (not shown: %s)", line, gone.strerror)
     return status
 
 

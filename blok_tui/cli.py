@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 # No `engine` (nor anyio, nor Textual) at the top: `blok-tui --version` and `--help` answer
 # without loading the engine (0.4 s); each command imports what it uses.
+from .hangup import stop_signals
 from .plain_text import columns, one_line_keeping_where
 
 if TYPE_CHECKING:
@@ -968,7 +969,8 @@ async def _worker(args: argparse.Namespace) -> None:
     )
     endpoint = _serve_metrics(args)
     # Signals are received from the start, so that one arriving while booting still drains.
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+    # SIGHUP too: a worker started in a terminal drains when the terminal closes (`hangup`).
+    with anyio.open_signal_receiver(*stop_signals(signal.SIGTERM, signal.SIGINT)) as signals:
         async with engine:
             log.info("runs that ended are kept for %s (--retention)", args.retention)
             await engine.flush()  # ready means: what it serves is visible to others
@@ -999,6 +1001,10 @@ async def _worker(args: argparse.Namespace) -> None:
 
                 async def insist() -> None:
                     async for signum in signals:
+                        if signum == signal.SIGHUP:
+                            # A terminal closing after the stop began (`tmux kill-server` sends
+                            # SIGTERM, then SIGHUP): nobody insisting, the grace stands.
+                            continue
                         log.warning(
                             "%s again: stopping now; running jobs are recorded where they "
                             "stopped and go back to the queue once their code stopped",

@@ -116,14 +116,17 @@ def start_worker(
     timeout: float = 20,
     name: str = "worker",
     logs: Path | None = None,
+    launcher: tuple[str, ...] = (),
 ) -> Worker:
-    """Start `blok-tui worker` and return once it printed its ready line. Its stderr goes to
-    a file in `logs`, by default the SQLite `database`'s folder (give it for a URL)."""
+    """Start `blok-tui worker` (through `launcher`, a command such as `nohup`) and return once
+    it printed its ready line. Its stderr goes to a file in `logs`, by default the SQLite
+    `database`'s folder (give it for a URL)."""
     folder = logs if logs is not None else Path(database).parent
     stderr_path = folder / f"{name}-{time.monotonic_ns()}.stderr"
     with stderr_path.open("w") as stderr:
         process = subprocess.Popen(
             [
+                *launcher,
                 sys.executable,
                 "-m",
                 "blok_tui",

@@ -1,0 +1,153 @@
+"""A terminal that closes (its window, an ssh connection dropped, `tmux kill-session`) sends
+SIGHUP. The console and a worker in it stop as on SIGTERM, with the runs' grace; Python's
+default ended them at once, and the run going then was recorded crashed at the next start, a
+delivery of its job used. Real processes: the console on a pseudo-terminal, a worker."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import select
+import signal
+import struct
+import subprocess
+import sys
+import termios
+import threading
+from pathlib import Path
+
+from tests.cli_helpers import (
+    Worker,
+    blok,
+    cli_env,
+    eventually,
+    run_of,
+    start_worker,
+    write_workflows,
+)
+
+
+class Terminal:
+    """A pseudo-terminal of 100x30 running `blok-tui ARGS`, what it draws read as it comes
+    (unread, its buffer fills and the console's writes block)."""
+
+    def __init__(self, *args: str | Path) -> None:
+        self.leader, follower = os.openpty()
+        fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "blok_tui", *map(str, args)],
+            stdin=follower,
+            stdout=follower,
+            stderr=follower,
+            env={**cli_env(), "TERM": "xterm-256color"},
+            start_new_session=True,
+        )
+        os.close(follower)
+        self.shown = b""
+        self._closing = threading.Event()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        while not self._closing.is_set():
+            ready, _, _ = select.select([self.leader], [], [], 0.05)
+            if not ready:
+                continue
+            try:
+                chunk = os.read(self.leader, 65536)
+            except OSError:  # EIO: the process closed its side
+                return
+            if not chunk:
+                return
+            self.shown += chunk
+
+    def close(self) -> None:
+        """What closing the window does: the line hung up, then SIGHUP to the process (the
+        kernel sends it to a terminal's session leader; here, the test does)."""
+        self._closing.set()
+        self._reader.join(timeout=5)
+        os.close(self.leader)
+        self.process.send_signal(signal.SIGHUP)
+
+
+def test_a_console_whose_terminal_closes_hands_its_run_back(tmp_path: Path) -> None:
+    database = tmp_path / "blok.db"
+    folder = write_workflows(tmp_path / "workflows")
+    console = Terminal("--workflows", folder, "--db", database)
+    try:
+        eventually(lambda: b"naps" in console.shown, timeout=30)  # its queues drawn
+        job_id = blok("enqueue", "naps", '{"seconds": 60}', "--db", database).stdout.strip()
+        eventually(lambda: (r := run_of(database, job_id)) and r["status"] == "running")
+        console.close()
+        # It quit as on `q`: the run had its grace (2 s), then went back to the queue.
+        assert console.process.wait(timeout=30) == 0
+    finally:
+        if console.process.poll() is None:
+            console.process.kill()
+            console.process.wait()
+    run = run_of(database, job_id)
+    assert run is not None and run["status"] == "queued", run  # not left running, to crash
+    job = blok("show", job_id, "--db", database)
+    assert job.returncode == 0, job.stderr
+
+
+def _a_held_run(database: Path, tmp_path: Path) -> tuple[str, Path]:
+    """A run going, whose nap ends once the file returned exists: its job's id, the file."""
+    release = tmp_path / "release"
+    body = f'{{"seconds": 60, "until": "{release}"}}'
+    job_id = blok("enqueue", "naps", body, "--db", database).stdout.strip()
+    eventually(lambda: (r := run_of(database, job_id)) and r["status"] == "running")
+    return job_id, release
+
+
+def _ended(worker: Worker) -> int:
+    """The worker's exit status, once it stopped by itself (a kill, if it did not)."""
+    try:
+        return worker.process.wait(timeout=20)
+    finally:
+        if worker.process.poll() is None:
+            worker.process.kill()
+            worker.process.wait()
+
+
+def test_a_worker_whose_terminal_closes_drains(tmp_path: Path) -> None:
+    database = tmp_path / "blok.db"
+    worker = start_worker(database, write_workflows(tmp_path / "workflows"), "--grace", "20")
+    job_id, release = _a_held_run(database, tmp_path)
+    worker.process.send_signal(signal.SIGHUP)
+    eventually(lambda: "SIGHUP: draining" in worker.stderr())
+    release.touch()  # the run ends within its grace
+    assert _ended(worker) == 0, worker.stderr()
+    run = run_of(database, job_id)
+    assert run is not None and run["status"] == "completed", run
+
+
+def test_a_terminal_closing_after_a_sigterm_is_not_a_second_sigterm(tmp_path: Path) -> None:
+    """`tmux kill-server` sends SIGTERM, then SIGHUP: the stop's grace stands (a second
+    SIGTERM cuts it short, and the run would go back to the queue)."""
+    database = tmp_path / "blok.db"
+    worker = start_worker(database, write_workflows(tmp_path / "workflows"), "--grace", "20")
+    job_id, release = _a_held_run(database, tmp_path)
+    worker.process.send_signal(signal.SIGTERM)
+    eventually(lambda: "SIGTERM: draining" in worker.stderr())
+    worker.process.send_signal(signal.SIGHUP)
+    release.touch()
+    assert _ended(worker) == 0, worker.stderr()
+    assert "stopping now" not in worker.stderr()
+    run = run_of(database, job_id)
+    assert run is not None and run["status"] == "completed", run
+
+
+def test_a_worker_started_with_nohup_outlives_its_terminal(tmp_path: Path) -> None:
+    database = tmp_path / "blok.db"
+    folder = write_workflows(tmp_path / "workflows")
+    worker = start_worker(database, folder, launcher=("nohup",))
+    try:
+        worker.process.send_signal(signal.SIGHUP)
+        # Still serving: a job enqueued after the hangup runs.
+        job_id = blok("enqueue", "naps", '{"seconds": 0}', "--db", database).stdout.strip()
+        eventually(lambda: (r := run_of(database, job_id)) and r["status"] == "completed")
+        assert worker.process.poll() is None
+    finally:
+        assert worker.stop() == 0, worker.stderr()
+    assert "SIGHUP" not in worker.stderr()
