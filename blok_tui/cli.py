@@ -1508,11 +1508,14 @@ async def _send(args: argparse.Namespace) -> None:
 
 
 async def _schedules(args: argparse.Namespace) -> None:
+    from engine.schedules import overruled_line
+
     async with _client(args) as engine:
         if args.action is None:
             infos = await engine.schedules()
             # The workers fire the ticks: with none alive, NEXT comes and goes unfired.
             idle = bool(infos) and not await engine.live_workers()
+            overruled = await engine.overruled_schedules()
         elif args.action == "run":
             run_id = await engine.run_schedule(args.workflow, args.schedule)
             print(printable(run_id))
@@ -1540,23 +1543,15 @@ async def _schedules(args: argparse.Namespace) -> None:
             "fired (blok-tui health names the workflow files that fail to load)",
             file=sys.stderr,
         )
-    for workflow, workers in sorted(
-        {i.workflow: i.overruled for i in infos if i.overruled}.items()
-    ):
-        print(printable(f"blok-tui: note: {overruled_note(workflow, workers)}"), file=sys.stderr)
-
-
-def overruled_note(workflow: str, workers: Sequence[str]) -> str:
-    """The live workers whose own schedules for `workflow` are not those that fire."""
-    who = (
-        f"worker {workers[0]} declares"
-        if len(workers) == 1
-        else f"workers {', '.join(workers)} declare"
-    )
-    return (
-        f"{who} other schedules for {workflow} (another version of its file): those listed, "
-        "declared last, fire; deploy the same file to every worker"
-    )
+    # A mixed fleet: the workers whose own schedules are not those that fire (a workflow
+    # whose version declared last has none is not listed above: said here too).
+    kept = {info.workflow for info in infos}
+    for workflow, workers in overruled.items():
+        line = overruled_line(workflow, workers, any_kept=workflow in kept)
+        print(
+            printable(f"blok-tui: note: {line}; deploy the same file to every worker"),
+            file=sys.stderr,
+        )
 
 
 def _schedule_json(info: Any) -> dict[str, Any]:

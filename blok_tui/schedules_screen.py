@@ -32,6 +32,13 @@ COLUMNS = (
 )
 
 
+def _workers(overruled: dict[str, tuple[str, ...]], workflows: list[str]) -> str:
+    """ "1 worker declares", "2 workers declare": the live workers `overruled` names for
+    `workflows`, counted once each."""
+    count = len({worker for name in workflows for worker in overruled[name]})
+    return f"{count} workers declare" if count > 1 else f"{count} worker declares"
+
+
 def row_key(info: ScheduleInfo) -> str:
     return f"{info.workflow}\x00{info.schedule}"
 
@@ -43,6 +50,8 @@ class SchedulesScreen(BlokScreen):
     def __init__(self) -> None:
         super().__init__()
         self.found: list[ScheduleInfo] = []
+        # Workflow → the live workers whose own schedules for it do not fire (a mixed fleet).
+        self.overruled: dict[str, tuple[str, ...]] = {}
 
     @property
     def crumb(self) -> str:
@@ -62,6 +71,7 @@ class SchedulesScreen(BlokScreen):
 
     async def load(self) -> None:
         self.found = await self.engine.schedules()
+        self.overruled = await self.engine.overruled_schedules()
         self.render_rows()
 
     def render_rows(self) -> None:
@@ -72,12 +82,13 @@ class SchedulesScreen(BlokScreen):
         paused = sum(1 for info in self.found if info.paused)
         line = Text()
         line.append("schedules ", style="bold")
-        if not self.found:
+        kept = {info.workflow for info in self.found}
+        if not self.found and not self.overruled:
             line.append(
                 " none declared: give a workflow schedules=[Schedule(...)] and start a worker",
                 style="dim",
             )
-        else:
+        elif self.found:
             line.append(f" {len(self.found)}", style="grey85")
             if paused:
                 line.append(f" · {paused} paused", style="khaki3")
@@ -87,18 +98,26 @@ class SchedulesScreen(BlokScreen):
                     f" · {unserved} not served by a live worker (their ticks do not fire)",
                     style="dark_orange",
                 )
-            overruled = {i.workflow: i.overruled for i in self.found if i.overruled}
-            if overruled:  # a mixed fleet: what fires is not what those workers' files say
-                workers = len({w for ws in overruled.values() for w in ws})
-                who = "workers declare" if workers > 1 else "worker declares"
-                line.append(
-                    f" · {workers} {who} other schedules for {', '.join(sorted(overruled))}"
-                    " (another version of the file): those listed fire",
-                    style="dark_orange",
-                )
-            upcoming = [i.next_at for i in self.found if i.next_at is not None and i.served]
-            if upcoming:
-                line.append(f" · next tick {countdown(min(upcoming), now)}", style="grey70")
+        # A mixed fleet: what fires is not what those workers' files say, and where the
+        # version declared last has none, nothing of the workflow is listed.
+        others = sorted(name for name in self.overruled if name in kept)
+        if others:
+            line.append(
+                f" · {_workers(self.overruled, others)} other schedules for"
+                f" {', '.join(others)} (another version of the file): those listed fire",
+                style="dark_orange",
+            )
+        silenced = sorted(name for name in self.overruled if name not in kept)
+        if silenced:
+            line.append(
+                f"{' ·' if self.found else ''} {_workers(self.overruled, silenced)} schedules"
+                f" for {', '.join(silenced)}, which another version of the file, declared"
+                " last, has none of: none fire",
+                style="dark_orange",
+            )
+        upcoming = [i.next_at for i in self.found if i.next_at is not None and i.served]
+        if upcoming:
+            line.append(f" · next tick {countdown(min(upcoming), now)}", style="grey70")
         self.query_one("#schedules-summary", Static).update(line, layout=False)
 
     @staticmethod

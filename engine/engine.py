@@ -865,6 +865,11 @@ class Engine:
         """Enqueue one run of the schedule now, with its payload; the run's id."""
         return await self._schedule_ops.run_now(workflow, schedule)
 
+    async def overruled_schedules(self) -> dict[str, tuple[str, ...]]:
+        """Workflow → the live workers whose own schedules for it are not those that fire
+        (another version of its file declared last, with other schedules or none)."""
+        return await self._schedule_ops.overruled()
+
     async def version_splits(self) -> dict[str, dict[str, list[str]]]:
         """Workflow → version → the live workers serving it there, for the workflows served
         at more than one (a rolling deploy under way, a worker left with old files)."""

@@ -25,6 +25,7 @@ from .durations import format_duration
 from .errors import EngineError
 from .liveness import GONE, SERVING, LiveWorkers, why_not_serving, worker_state
 from .models import QueueInfo, QueueStats, WorkerInfo
+from .schedules import overruled_line, overruled_workers
 from .versions import split_line, splits_in
 
 DEFAULT_MAX_AGE_S = 300.0
@@ -46,6 +47,9 @@ class Health:
     # Workflows the live workers serve at more than one version (`versions.version_splits`):
     # healthy, but their runs go to whichever worker claims them. Named in the reason.
     version_splits: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+    # Workflow → the live workers whose own schedules for it do not fire (another version of
+    # its file declared last: `schedules.overruled_workers`): healthy, named in the reason.
+    schedules_overruled: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 class HealthReader(Protocol):
@@ -108,8 +112,15 @@ async def check(operator: HealthReader, max_age_s: float = DEFAULT_MAX_AGE_S) ->
     split = "".join(f"; {split_line(name, v)}" for name, v in sorted(splits.items()))
     failing = _load_errors(catalogs)
     held = await _held(operator, queues)
-    reason = f"database {where} ok, {workers}, {oldest}{held}{silent}{split}{failing}"
-    return Health(True, reason, database, len(alive), waiting, not_serving, splits)
+    states = await backend.shared.schedules()
+    overruled = overruled_workers(catalogs, states)
+    kept = {state.spec.workflow for state in states}
+    schedules = "".join(
+        f"; {overruled_line(name, who, any_kept=name in kept)} (blok-tui schedules)"
+        for name, who in overruled.items()
+    )
+    reason = f"database {where} ok, {workers}, {oldest}{held}{silent}{split}{schedules}{failing}"
+    return Health(True, reason, database, len(alive), waiting, not_serving, splits, overruled)
 
 
 def _load_errors(catalogs: Sequence[WorkerCatalog]) -> str:

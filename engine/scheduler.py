@@ -29,9 +29,10 @@ from .liveness import LiveWorkers
 from .models import Job, Run, RunStatus, from_epoch
 from .schedules import (
     declared_settings,
+    kept_settings,
     latest_tick,
     next_tick,
-    settings_text,
+    overruled_workers,
     ticks_between,
 )
 
@@ -217,7 +218,7 @@ class Scheduler:
         another worker, with another version of its file, declared its own since, and those
         are what fire (a deploy under way, or a machine left with old files). Without this,
         one version's schedules won and nothing said which. Once per difference."""
-        held = _kept(states)
+        held = kept_settings(states)
         for name, specs in self._declared.items():
             ours = declared_settings(specs)
             theirs = held.get(name, {})
@@ -314,14 +315,6 @@ def _named(specs: dict[str, str]) -> str:
     return ", ".join(f"'{name}'" for name in sorted(specs)) or "none"
 
 
-def _kept(states: list[ScheduleState]) -> dict[str, dict[str, str]]:
-    """Workflow → schedule id → settings, as the database keeps them: what fires."""
-    kept: dict[str, dict[str, str]] = {}
-    for state in states:
-        kept.setdefault(state.spec.workflow, {})[state.spec.schedule] = settings_text(state.spec)
-    return kept
-
-
 # ---- the operator's side -----------------------------------------------------------------
 class Schedules:
     """List, pause, resume and run schedules, from any process on the database."""
@@ -335,12 +328,7 @@ class Schedules:
         states = await self.shared.schedules()
         live = await LiveWorkers.read(self.backend)
         served = {w.name for catalog in live.catalogs for w in catalog.workflows}
-        kept = _kept(states)
-        overruled: dict[str, list[str]] = {}
-        for catalog in live.catalogs:
-            for info in catalog.workflows:
-                if info.schedules is not None and info.schedules != kept.get(info.name, {}):
-                    overruled.setdefault(info.name, []).append(catalog.worker)
+        overruled = overruled_workers(live.catalogs, states)
         last_runs = [s.last_run_id for s in states if s.last_run_id]
         status = {r.id: r.status for r in await self.backend.runs.runs_by_id(last_runs)}
         now = self.backend.clock.time()
@@ -364,10 +352,16 @@ class Schedules:
                     last_run_id=state.last_run_id,
                     last_status=status.get(state.last_run_id or ""),
                     served=spec.workflow in served,
-                    overruled=tuple(sorted(overruled.get(spec.workflow, ()))),
+                    overruled=overruled.get(spec.workflow, ()),
                 )
             )
         return infos
+
+    async def overruled(self) -> dict[str, tuple[str, ...]]:
+        """`schedules.overruled_workers` of the live workers: the workflows with none kept
+        too, which `list` has no row for."""
+        live = await LiveWorkers.read(self.backend)
+        return overruled_workers(live.catalogs, await self.shared.schedules())
 
     async def find(self, workflow: str, schedule: str | None) -> ScheduleState:
         """The schedule of `workflow` with this id (or its only one)."""

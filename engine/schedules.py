@@ -21,7 +21,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from cronsim import CronSim, CronSimError
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-from .backends.base import ScheduleSpec
+from .backends.base import ScheduleSpec, ScheduleState, WorkerCatalog
 from .durations import Duration, exact_duration
 from .errors import WorkflowDefinitionError
 from .validation import InvalidInput, check_payload
@@ -214,3 +214,45 @@ def settings_text(spec: ScheduleSpec) -> str:
 def declared_settings(specs: Sequence[ScheduleSpec]) -> dict[str, str]:
     """Schedule id → `settings_text`: what a worker declares, to compare with what is kept."""
     return {spec.schedule: settings_text(spec) for spec in specs}
+
+
+def kept_settings(states: Sequence[ScheduleState]) -> dict[str, dict[str, str]]:
+    """Workflow → schedule id → settings, as the database keeps them: what fires."""
+    kept: dict[str, dict[str, str]] = {}
+    for state in states:
+        kept.setdefault(state.spec.workflow, {})[state.spec.schedule] = settings_text(state.spec)
+    return kept
+
+
+def overruled_workers(
+    catalogs: Sequence[WorkerCatalog], states: Sequence[ScheduleState]
+) -> dict[str, tuple[str, ...]]:
+    """Workflow → the live workers (by their catalogs) whose own schedules for it are not
+    those kept: another version of its file, on another worker, declared its own since (or
+    none), and those fire. A worker that does not say what it declares is not counted."""
+    kept = kept_settings(states)
+    overruled: dict[str, list[str]] = {}
+    for catalog in catalogs:
+        for info in catalog.workflows:
+            if info.schedules is not None and info.schedules != kept.get(info.name, {}):
+                overruled.setdefault(info.name, []).append(catalog.worker)
+    return {name: tuple(sorted(workers)) for name, workers in sorted(overruled.items())}
+
+
+def overruled_line(workflow: str, workers: Sequence[str], *, any_kept: bool) -> str:
+    """What to tell an operator of `overruled_workers`' entry for `workflow`; `any_kept`:
+    whether the database keeps any schedule of it (else none fires)."""
+    who = (
+        f"worker {workers[0]} declares"
+        if len(workers) == 1
+        else f"workers {', '.join(workers)} declare"
+    )
+    if any_kept:
+        return (
+            f"{who} other schedules for {workflow} (another version of its file): those "
+            "declared last fire"
+        )
+    return (
+        f"{who} schedules for {workflow}, which another version of its file, declared last, "
+        "has none of: none fire"
+    )

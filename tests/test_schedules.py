@@ -113,12 +113,18 @@ async def test_a_worker_whose_schedules_another_version_replaced_says_so_and_fir
                 lambda: blok("schedules", "--db", str(database))
             )
             assert listed.returncode == 0, listed.stderr
-            assert (
-                f"blok-tui: note: worker {first.worker.id} declares other schedules for"
-                f" {old.name} (another version of its file): those listed, declared last, fire;"
-                " deploy the same file to every worker"
-            ) in listed.stderr
+            said = (
+                f"worker {first.worker.id} declares other schedules for {old.name} (another"
+                " version of its file): those declared last fire"
+            )
+            assert f"blok-tui: note: {said}; deploy the same file to every worker" in (
+                listed.stderr
+            )
             assert second.worker.id not in listed.stderr
+            # What a monitor reads: healthy, the mixed fleet named.
+            health = await first.health()
+            assert health.ok and health.schedules_overruled == {old.name: (first.worker.id,)}
+            assert f"; {said} (blok-tui schedules)" in health.reason
         gone_at = time.time()
 
         async def fired_since() -> bool:
@@ -131,6 +137,35 @@ async def test_a_worker_whose_schedules_another_version_replaced_says_so_and_fir
         " 'every 1s' since (another version of the workflow's file), and those fire; deploy"
         " the same file to every worker (blok-tui schedules lists what fires)"
     ]
+
+
+async def test_a_version_with_no_schedules_declared_last_is_said_to_leave_none_firing(
+    database: Path | str,
+) -> None:
+    """A mixed fleet where the version of the file declared last has no schedules for the
+    workflow: none fire, so `schedules` lists nothing of it; the worker whose file declares
+    some is named there all the same, and by `health`."""
+    old, new = ticking(Schedule(every="1h")), ticking()
+    async with (
+        Engine(workflows=[old], database=database) as first,
+        Engine(workflows=[new], database=database) as second,
+    ):
+        assert await first.schedules() == []
+        assert await second.overruled_schedules() == {old.name: (first.worker.id,)}
+        said = (
+            f"worker {first.worker.id} declares schedules for {old.name}, which another version"
+            " of its file, declared last, has none of: none fire"
+        )
+        health = await second.health()
+        assert health.ok and f"; {said} (blok-tui schedules)" in health.reason
+        listed = await anyio.to_thread.run_sync(lambda: blok("schedules", "--db", str(database)))
+        assert listed.returncode == 0, listed.stderr
+        assert listed.stdout.strip() == "no schedules"
+        assert f"blok-tui: note: {said}; deploy the same file to every worker" in listed.stderr
+    async with Engine(workflows=[old], database=database) as alone:
+        assert await alone.overruled_schedules() == {}  # one file: nothing to say
+        [info] = await alone.schedules()
+        assert info.schedule == "every 1h"
 
 
 async def test_every_second_on_memory_fires_each_tick(tmp_path: Path) -> None:

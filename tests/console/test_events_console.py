@@ -242,6 +242,30 @@ async def test_schedules_another_version_of_the_file_declared_are_said_to_be_wha
             ) in summary
 
 
+async def test_schedules_a_version_with_none_declared_last_is_said_to_leave_none_firing(
+    tmp_path: Path,
+) -> None:
+    # The new file took the schedule away (started last); a worker with the file of before
+    # is still up. Nothing is listed, and "none declared" would be wrong: its file declares one.
+    database = tmp_path / "blok.db"
+    newer = NIGHTLY.model_copy(update={"schedules": []})
+    async with (
+        Engine(workflows=[NIGHTLY], database=database) as before,
+        Engine(workflows=[newer], database=database),
+    ):
+        app = BlokApp(before)
+        async with app.run_test(size=SIZE) as pilot:
+            await settled(pilot)
+            await command(pilot, "schedules")
+            summary = app.screen.query_one("#schedules-summary", Static)
+            await until(pilot, lambda: "none fire" in text_of(summary))
+            assert text_of(summary).strip() == (
+                "schedules  1 worker declares schedules for reports.nightly, which another"
+                " version of the file, declared last, has none of: none fire"
+            )
+            assert column(app.screen.query_one("#schedules", RowTable), "schedule") == []
+
+
 async def test_why_waiting_names_the_rate_limit_holders_and_h_opens_one() -> None:
     async with Engine(workflows=[LIMITED]) as engine:
         first = await engine.enqueue("calls", {"n": 1})
