@@ -3,13 +3,16 @@ and one-shot `blok-tui ...` commands."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import queue
 import select
 import signal
+import struct
 import subprocess
 import sys
+import termios
 import threading
 import time
 from collections.abc import Callable
@@ -216,6 +219,70 @@ class Follower:
             self.lines.append(line)
         assert self.process.stderr is not None
         return code, self.lines, self.process.stderr.read()
+
+
+class Terminal:
+    """`python ARGS` (`-m blok_tui ...`, or a script) in a pseudo-terminal of 140x40, as a
+    person runs it: Textual draws only to a terminal. What it writes is collected by a
+    thread (unread, the terminal's buffer fills and the console's writes block)."""
+
+    def __init__(self, cwd: Path, *args: str) -> None:
+        self.master, child = os.openpty()
+        fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 140, 0, 0))
+        self.process = subprocess.Popen(
+            [sys.executable, *args],
+            stdin=child,
+            stdout=child,
+            stderr=child,
+            cwd=cwd,
+            env={**cli_env(), "TERM": "xterm-256color"},
+            start_new_session=True,
+        )
+        os.close(child)
+        self.output = bytearray()
+        self._closing = threading.Event()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        while not self._closing.is_set():
+            ready, _, _ = select.select([self.master], [], [], 0.05)
+            if not ready:
+                continue
+            try:
+                chunk = os.read(self.master, 65536)
+            except OSError:  # the child's side closed (EIO)
+                return
+            if not chunk:
+                return
+            self.output += chunk
+
+    @property
+    def text(self) -> str:
+        return self.output.decode(errors="replace")
+
+    def type(self, keys: str) -> None:
+        os.write(self.master, keys.encode())
+
+    def hang_up(self) -> None:
+        """What closing its window does: the line hung up, then SIGHUP to the process (the
+        kernel sends it to the terminal's session leader; here, the test does)."""
+        self._closing.set()
+        self._reader.join(5)
+        os.close(self.master)
+        self.process.send_signal(signal.SIGHUP)
+
+    def finish(self, timeout: float = 30) -> int:
+        try:
+            code = self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise AssertionError(f"still running after {timeout}s: {self.text[-2000:]}") from None
+        if not self._closing.is_set():
+            self._reader.join(5)
+            os.close(self.master)
+        return code
 
 
 def eventually(check: Callable[[], T | None], timeout: float = 10, every: float = 0.05) -> T:

@@ -5,21 +5,13 @@ delivery of its job used. Real processes: the console on a pseudo-terminal, a wo
 
 from __future__ import annotations
 
-import fcntl
-import os
-import select
 import signal
-import struct
-import subprocess
-import sys
-import termios
-import threading
 from pathlib import Path
 
-from tests.cli_helpers import (
+from cli_helpers import (
+    Terminal,
     Worker,
     blok,
-    cli_env,
     eventually,
     run_of,
     start_worker,
@@ -27,68 +19,24 @@ from tests.cli_helpers import (
 )
 
 
-class Terminal:
-    """A pseudo-terminal of 100x30 running `blok-tui ARGS`, what it draws read as it comes
-    (unread, its buffer fills and the console's writes block)."""
-
-    def __init__(self, *args: str | Path) -> None:
-        self.leader, follower = os.openpty()
-        fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "blok_tui", *map(str, args)],
-            stdin=follower,
-            stdout=follower,
-            stderr=follower,
-            env={**cli_env(), "TERM": "xterm-256color"},
-            start_new_session=True,
-        )
-        os.close(follower)
-        self.shown = b""
-        self._closing = threading.Event()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        while not self._closing.is_set():
-            ready, _, _ = select.select([self.leader], [], [], 0.05)
-            if not ready:
-                continue
-            try:
-                chunk = os.read(self.leader, 65536)
-            except OSError:  # EIO: the process closed its side
-                return
-            if not chunk:
-                return
-            self.shown += chunk
-
-    def close(self) -> None:
-        """What closing the window does: the line hung up, then SIGHUP to the process (the
-        kernel sends it to a terminal's session leader; here, the test does)."""
-        self._closing.set()
-        self._reader.join(timeout=5)
-        os.close(self.leader)
-        self.process.send_signal(signal.SIGHUP)
-
-
 def test_a_console_whose_terminal_closes_hands_its_run_back(tmp_path: Path) -> None:
     database = tmp_path / "blok.db"
     folder = write_workflows(tmp_path / "workflows")
-    console = Terminal("--workflows", folder, "--db", database)
+    console = Terminal(tmp_path, "-m", "blok_tui", "--workflows", str(folder), "--db", "blok.db")
     try:
-        eventually(lambda: b"naps" in console.shown, timeout=30)  # its queues drawn
+        eventually(lambda: "naps" in console.text, timeout=30)  # its queues drawn
         job_id = blok("enqueue", "naps", '{"seconds": 60}', "--db", database).stdout.strip()
         eventually(lambda: (r := run_of(database, job_id)) and r["status"] == "running")
-        console.close()
-        # It quit as on `q`: the run had its grace (2 s), then went back to the queue.
-        assert console.process.wait(timeout=30) == 0
+        console.hang_up()
+    except BaseException:
+        console.process.kill()
+        raise
     finally:
-        if console.process.poll() is None:
-            console.process.kill()
-            console.process.wait()
+        code = console.finish()
+    # It quit as on `q`: the run had its grace (2 s), then went back to the queue.
+    assert code == 0
     run = run_of(database, job_id)
     assert run is not None and run["status"] == "queued", run  # not left running, to crash
-    job = blok("show", job_id, "--db", database)
-    assert job.returncode == 0, job.stderr
 
 
 def _a_held_run(database: Path, tmp_path: Path) -> tuple[str, Path]:

@@ -5,21 +5,13 @@ and wording. Over a real engine on a real SQLite file, driven with Textual's pil
 
 from __future__ import annotations
 
-import fcntl
-import os
-import pty
 import re
-import struct
-import subprocess
-import sys
-import termios
-import threading
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_helpers import blok, cli_env, eventually, run_of, write_workflows
+from cli_helpers import Terminal, blok, eventually, run_of, write_workflows
 from textual import events
 from textual.keys import _character_to_key
 from textual.pilot import Pilot
@@ -51,57 +43,6 @@ async def engine(tmp_path: Path) -> AsyncIterator[Engine]:
 
 
 # ---- 1 and 9: how the console process ends --------------------------------------------------
-class Terminal:
-    """`blok-tui` (or a script) in a pseudo-terminal of 140x40, as a person runs it: Textual
-    draws only to a terminal. What it writes is collected by a thread."""
-
-    def __init__(self, cwd: Path, *args: str) -> None:
-        master, child = pty.openpty()
-        fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 140, 0, 0))
-        self.process = subprocess.Popen(
-            [sys.executable, *args],
-            stdin=child,
-            stdout=child,
-            stderr=child,
-            cwd=cwd,
-            env={**cli_env(), "TERM": "xterm-256color"},
-            start_new_session=True,
-        )
-        os.close(child)
-        self.master = master
-        self.output = bytearray()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        while True:
-            try:
-                chunk = os.read(self.master, 65536)
-            except OSError:  # the child's side closed (EIO)
-                return
-            if not chunk:
-                return
-            self.output += chunk
-
-    @property
-    def text(self) -> str:
-        return self.output.decode(errors="replace")
-
-    def type(self, keys: str) -> None:
-        os.write(self.master, keys.encode())
-
-    def finish(self, timeout: float = 30) -> int:
-        try:
-            code = self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-            raise AssertionError(f"still running after {timeout}s: {self.text[-2000:]}") from None
-        self._reader.join(5)
-        os.close(self.master)
-        return code
-
-
 CRASHING = """
 import sys
 from blok_tui import app, cli
@@ -129,7 +70,7 @@ def quit_by_q(console: Terminal) -> None:
 
 
 def quit_by_sigterm(console: Terminal) -> None:
-    # `kill PID` (a supervisor, tmux kill-session) ended the process at once: the terminal
+    # `kill PID` (a supervisor) ended the process at once: the terminal
     # stayed in the alternate screen with its cursor hidden, and the runs had no grace.
     console.process.terminate()
 
