@@ -49,7 +49,7 @@ examples:
   blok-tui attach --db app.db               console on a database a worker is serving
   blok-tui enqueue orders '{"order_id": "A1", "amount": 5}' --priority 5 --delay 2s
   blok-tui enqueue orders @order.json       the payload from a file (- for stdin)
-  blok-tui enqueue orders '{}' --wait       wait for the run; its output, or exit 1
+  blok-tui enqueue orders @order.json --wait   wait for the run: its output, or exit 1
   blok-tui runs --status failed --limit 20  the last failed runs (--json for scripts)
   blok-tui show run_0190c3a1b2c3d4e5f6      one run: its steps, failed attempts, log
   blok-tui cancel run_0190c3a1b2c3d4e5f6    cancel a queued, delayed or running run
@@ -1131,6 +1131,7 @@ async def _enqueue_job(engine: Any, args: argparse.Namespace, *, note: bool = Tr
         retries=args.retries,
         timeout=args.timeout,
     )
+    await _warn_of_missing_fields(engine, args.queue, args.payload)
     if not note:
         return job_id
     why = await engine.why_waiting((await engine.get_job(job_id)).run_id)
@@ -1139,6 +1140,27 @@ async def _enqueue_job(engine: Any, args: argparse.Namespace, *, note: bool = Tr
     elif why.gate == "paused":
         _note_paused(args.queue)
     return job_id
+
+
+async def _warn_of_missing_fields(engine: Any, queue: str, payload: Any) -> None:
+    """A warning when the payload lacks a `$.body` field the queue's workflow reads: the step
+    that reads it fails with "bad input", each retry alike, and the job ends a dead letter."""
+    from .payload_template import missing_fields
+
+    for info in await engine.workflows():
+        if info.queue != queue:
+            continue
+        missing = missing_fields(payload, info.body_fields)
+        if missing:
+            fields = ", ".join(f"$.body.{field}" for field in missing)
+            fails = "steps that read them fail" if len(missing) > 1 else "step that reads it fails"
+            print(
+                printable(
+                    f"blok-tui: warning: the payload has no {fields}, which {info.name} reads: "
+                    f'the {fails} with "bad input" (unless in a branch the run does not take)'
+                ),
+                file=sys.stderr,
+            )
 
 
 async def _runs(args: argparse.Namespace) -> None:

@@ -538,6 +538,25 @@ def test_delayed_enqueue_waits_its_delay(served: tuple[Path, Worker]) -> None:
     assert (started - created).total_seconds() >= 1.5
 
 
+def test_an_enqueue_whose_payload_lacks_a_field_its_workflow_reads_warns(
+    served: tuple[Path, Worker],
+) -> None:
+    # `$.body.seconds` missing: the step fails with "bad input", every retry alike. The job is
+    # enqueued all the same (a branch not taken may be what reads it); its id alone on stdout.
+    database, _ = served
+    lacking = blok("enqueue", "naps", '{"second": 1}', "--db", database)
+    assert lacking.returncode == 0, lacking.stderr
+    assert lacking.stdout.strip().startswith("job_")
+    assert lacking.stderr == (
+        "blok-tui: warning: the payload has no $.body.seconds, which test.nap reads: the step"
+        ' that reads it fails with "bad input" (unless in a branch the run does not take)\n'
+    )
+    run = eventually(lambda: (r := run_of(database, lacking.stdout.strip())) and r["error"] and r)
+    assert "$.body has no key 'seconds'" in run["error"]  # what the warning said would come
+    whole = blok("enqueue", "naps", '{"seconds": 0}', "--db", database)
+    assert whole.returncode == 0 and whole.stderr == "", whole.stderr
+
+
 def test_cancel_a_running_run_from_the_command_line(served: tuple[Path, Worker]) -> None:
     database, worker = served
     job_id = blok("enqueue", "naps", '{"seconds": 30}', "--db", database).stdout.strip()
