@@ -1143,8 +1143,9 @@ async def _enqueue_job(engine: Any, args: argparse.Namespace, *, note: bool = Tr
 
 
 async def _warn_of_missing_fields(engine: Any, queue: str, payload: Any) -> None:
-    """A warning when the payload lacks a `$.body` field the queue's workflow reads: the step
-    that reads it fails with "bad input", each retry alike, and the job ends a dead letter."""
+    """A warning when the payload (of `enqueue`, a replay's `--input`) lacks a `$.body` field
+    the queue's workflow reads: the step that reads it fails with "bad input", each retry
+    alike, and the job ends a dead letter."""
     from .payload_template import missing_fields
 
     for info in await engine.workflows():
@@ -1460,6 +1461,8 @@ async def _replay(args: argparse.Namespace) -> int:
             if answer is None:
                 print(f"blok-tui: warning: {said}; replayed all the same", file=sys.stderr)
         run_id = await engine.replay(run.id, from_step=args.from_step, input=args.input)
+        if args.input is not None:
+            await _warn_of_missing_fields(engine, run.queue, args.input)
         job = await _job_or_none(engine, run.job_id)
         from .run_text import replay_version
 

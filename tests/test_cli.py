@@ -590,6 +590,13 @@ def test_replay_starts_a_new_run_with_the_same_input(served: tuple[Path, Worker]
     run = eventually(replayed)
     assert run["replay_of"] == source["id"]
     assert run["input"] == source["input"]
+    assert done.stderr == ""
+    # An input of its own that lacks what the step reads: replayed, and said to fail.
+    edited = blok("replay", source["id"], "--input", '{"secs": 1}', "--yes", "--db", database)
+    assert edited.returncode == 0, edited.stderr
+    assert "blok-tui: warning: the payload has no $.body.seconds, which test.nap reads" in (
+        edited.stderr
+    )
 
 
 def test_refusals_exit_1_with_one_clear_line(served: tuple[Path, Worker], tmp_path: Path) -> None:
