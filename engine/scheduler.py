@@ -234,11 +234,12 @@ class Scheduler:
                 differ = _named(theirs)
             log.warning(
                 "schedules of %s: this worker declares %s, but another worker declared %s "
-                "since (another version of the workflow's file), and those fire; deploy the "
-                "same file to every worker (blok-tui schedules lists what fires)",
+                "since (another version of the workflow's file), %s; deploy the same file to "
+                "every worker (blok-tui schedules lists what fires)",
                 name,
                 _named(ours),
                 differ,
+                "and those fire" if theirs else "so none fire",
             )
 
     def _tick_job(self, spec: ScheduleSpec, tick: float, target: QueueTarget) -> tuple[Job, Run]:

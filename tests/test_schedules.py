@@ -140,11 +140,12 @@ async def test_a_worker_whose_schedules_another_version_replaced_says_so_and_fir
 
 
 async def test_a_version_with_no_schedules_declared_last_is_said_to_leave_none_firing(
-    database: Path | str,
+    database: Path | str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A mixed fleet where the version of the file declared last has no schedules for the
     workflow: none fire, so `schedules` lists nothing of it; the worker whose file declares
-    some is named there all the same, and by `health`."""
+    some is named there all the same, by `health`, and in its own log."""
+    caplog.set_level(logging.WARNING, logger="blok.scheduler")
     old, new = ticking(Schedule(every="1h")), ticking()
     async with (
         Engine(workflows=[old], database=database) as first,
@@ -162,6 +163,11 @@ async def test_a_version_with_no_schedules_declared_last_is_said_to_leave_none_f
         assert listed.returncode == 0, listed.stderr
         assert listed.stdout.strip() == "no schedules"
         assert f"blok-tui: note: {said}; deploy the same file to every worker" in listed.stderr
+        logged = (
+            f"schedules of {old.name}: this worker declares 'every 1h', but another worker"
+            " declared none since (another version of the workflow's file), so none fire;"
+        )
+        await until(lambda: any(logged in r.getMessage() for r in caplog.records), timeout=15)
     async with Engine(workflows=[old], database=database) as alone:
         assert await alone.overruled_schedules() == {}  # one file: nothing to say
         [info] = await alone.schedules()
