@@ -321,8 +321,13 @@ def _check_leaf(value: Any, what: str, node: _Node) -> None:
             value.close()  # else Python's "never awaited" warning points into the engine
             hint = f" ({value.__qualname__}) that was never awaited: did you forget `await`?"
         raise InvalidInput(
-            f"{what} is not JSON-serialisable: {_path(node)} is a {type(value).__name__}{hint}"
+            f"{what} is not JSON-serialisable: {_path(node)} is {_a(type(value).__name__)}{hint}"
         )
+
+
+def _a(name: str) -> str:
+    """ "an object", "a datetime": a type's name with its article."""
+    return f"{'an' if name[:1] in ('a', 'e', 'i', 'o', 'u') else 'a'} {name}"
 
 
 def _refuse_string(text: str, what: str, node: _Node, kind: str) -> None:

@@ -256,6 +256,7 @@ def test_a_payload_nested_too_deep_is_refused_without_recursion_error(depth: int
         ([{"b c": -float("inf")}], 'payload holds -Infinity at $[0]["b c"]: not standard JSON'),
         ({"at": datetime(2025, 1, 1)}, "payload is not JSON-serialisable: $.at is a datetime"),
         ({"x": {1, 2}}, "payload is not JSON-serialisable: $.x is a set"),
+        ({"x": object()}, "payload is not JSON-serialisable: $.x is an object"),
         (b"bytes", "payload is not JSON-serialisable: $ is a bytes"),
         ({1: "one"}, "payload has a key 1 (int) at $: JSON object keys are strings"),
         ({"s": "a\x00b"}, "payload holds a NUL character at $.s"),
