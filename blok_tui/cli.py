@@ -447,7 +447,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve the queues headless",
         description="Serve the workflows' queues without a console. SIGTERM or Ctrl-C drains: "
         "no new claims, running jobs get --grace seconds to finish, the rest are stopped and "
-        "go back to the queue to go on where they stopped; a second signal stops them at once.",
+        "go back to the queue to go on where they stopped; a second signal stops them at once. "
+        "Its terminal closing (SIGHUP) drains it too, unless started with nohup.",
     )
     engine_options(worker, keep)
     db_option(worker, keep)
