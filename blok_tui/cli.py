@@ -51,6 +51,7 @@ examples:
   blok-tui enqueue orders @order.json       the payload from a file (- for stdin)
   blok-tui enqueue orders @order.json --wait   wait for the run: its output, or exit 1
   blok-tui runs --status failed --limit 20  the last failed runs (--json for scripts)
+  blok-tui runs --status failed --since 1h  the failures of the last hour
   blok-tui show run_0190c3a1b2c3d4e5f6      one run: its steps, failed attempts, log
   blok-tui cancel run_0190c3a1b2c3d4e5f6    cancel a queued, delayed or running run
   blok-tui replay run_0190c3a1b2c3d4e5f6    run it again with the same input
@@ -586,6 +587,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     runs.add_argument(
         "--limit", type=_positive_int, default=50, metavar="N", help="at most N runs (default 50)"
+    )
+    runs.add_argument(
+        "--since",
+        type=_positive_ms,
+        metavar="DURATION",
+        help="only runs created in the last DURATION (30m, 2h, 1d)",
     )
     runs.add_argument(
         "--stuck",
@@ -1179,9 +1186,16 @@ async def _runs(args: argparse.Namespace) -> None:
             raise UsageError(
                 "--text lists the runs that hold it; it does not follow", "blok-tui runs"
             )
+        if args.since is not None and args.json:
+            raise UsageError(
+                "--since picks the runs listed first; --follow --json lists none, it follows "
+                "from now on",
+                "blok-tui runs",
+            )
         await _follow_runs(args)
         return
     async with _client(args) as engine:
+        since = _since(engine, args.since)
         runs = await engine.runs(
             status=args.status,
             workflow=args.workflow,
@@ -1189,6 +1203,7 @@ async def _runs(args: argparse.Namespace) -> None:
             limit=args.limit,
             text=args.text,
             stuck=args.stuck,
+            since=since,
         )
         if not runs:
             await _refuse_unknown_names(engine, args)
@@ -1200,9 +1215,13 @@ async def _runs(args: argparse.Namespace) -> None:
         if len(runs) >= args.limit and args.stuck is None and not args.json:
             from engine import RunFilter
 
-            where = RunFilter.of(args.status, args.workflow, args.queue, args.text)
+            where = RunFilter.of(args.status, args.workflow, args.queue, args.text, since=since)
             total = await engine.count_runs(where)
     unknown = f" holding {args.text!r}" if args.text else ""
+    if since is not None:
+        from .run_text import zoned_moment
+
+        unknown += f" created since {zoned_moment(since)}"
     if args.stuck is not None:
         from engine.filters import NO_BASELINE_S
 
@@ -1224,7 +1243,7 @@ async def _runs(args: argparse.Namespace) -> None:
     if total > len(runs):  # on stderr: a pipe reads the table alone
         narrow = [
             f"--{name}"
-            for name in ("status", "workflow", "queue", "text")
+            for name in ("status", "workflow", "queue", "text", "since")
             if not getattr(args, name)
         ]
         hint = "--limit N" + (f", or filter with {'/'.join(narrow)}" if narrow else "")
@@ -1232,6 +1251,14 @@ async def _runs(args: argparse.Namespace) -> None:
             f"blok-tui: {len(runs):,} of {total:,} runs shown (newest first; {hint})",
             file=sys.stderr,
         )
+
+
+def _since(engine: Any, ms: float | None) -> datetime | None:
+    """`--since DURATION` as a moment, on the engine's clock (the database's, on PostgreSQL:
+    the clock the runs' times are on)."""
+    from datetime import timedelta
+
+    return None if ms is None else engine.now() - timedelta(milliseconds=ms)
 
 
 async def _refuse_dead_status(args: argparse.Namespace) -> NoReturn:
@@ -1274,7 +1301,11 @@ async def _follow_runs(args: argparse.Namespace) -> None:
             await follow_runs(engine, events, only, _say, as_json=True)
             return
         runs = await engine.runs(
-            status=args.status, workflow=args.workflow, queue=args.queue, limit=args.limit
+            status=args.status,
+            workflow=args.workflow,
+            queue=args.queue,
+            limit=args.limit,
+            since=_since(engine, args.since),
         )
         orphans = await _orphans(engine, runs)
         _say(_table(runs, engine.now(), orphans) if runs else "no runs")
@@ -1594,9 +1625,11 @@ def _schedule_table(infos: Sequence[Any]) -> str:
     if not infos:
         return "no schedules"
 
+    from .run_text import zoned_moment
+
     def when(moment: Any) -> str:
         # This machine's time, named: a cron's own zone is in its SCHEDULE.
-        return moment.astimezone().strftime("%Y-%m-%d %H:%M:%S %Z") if moment else "-"
+        return zoned_moment(moment) if moment else "-"
 
     header = ("WORKFLOW", "SCHEDULE", "QUEUE", "STATE", "NEXT", "LAST FIRED", "LAST RUN", "STATUS")
     rows = [header]

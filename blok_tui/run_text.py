@@ -98,11 +98,11 @@ def _facts(
     facts.append(("job", run.job_id + _fate(run, job)))
     if run.worker:
         facts.append(("worker", run.worker))
-    facts.append(("created", _moment(run.created_at, tz)))
+    facts.append(("created", zoned_moment(run.created_at, tz)))
     if run.started_at is not None:
-        facts.append(("started", _moment(run.started_at, tz)))
+        facts.append(("started", zoned_moment(run.started_at, tz)))
     if run.finished_at is not None:
-        facts.append(("finished", f"{_moment(run.finished_at, tz)}  ({_took(run, now)})"))
+        facts.append(("finished", f"{zoned_moment(run.finished_at, tz)}  ({_took(run, now)})"))
     elif run.started_at is not None and str(run.status) == "running":
         if orphaned is not None:  # whether it is stuck is moot: nothing runs it
             note = f"; nobody runs it now: {local_times(str(orphaned), tz)}"
@@ -110,9 +110,9 @@ def _facts(
         else:
             facts.append(("running", f"for {_took(run, now)}{_stuck(run, now, usual)}"))
     if str(run.status) in ("delayed", "throttled", "debounced") and run.run_at is not None:
-        facts.append(("due", _moment(run.run_at, tz)))
+        facts.append(("due", zoned_moment(run.run_at, tz)))
     if str(run.status) == "waiting" and run.wait_until is not None:
-        facts.append(("waits", f"until {_moment(run.wait_until, tz)}"))
+        facts.append(("waits", f"until {zoned_moment(run.wait_until, tz)}"))
     if run.replay_of:
         replay = run.replay_of
         if run.replay_from_step:
@@ -215,7 +215,7 @@ def between(start: datetime, end: datetime) -> str:
     return format_duration(max(0.0, (end - start).total_seconds() * 1000))
 
 
-def _moment(moment: datetime, tz: tzinfo | None) -> str:
+def zoned_moment(moment: datetime, tz: tzinfo | None = None) -> str:
     """A date and time in `tz` (None: this machine's), naming the zone: a run read from
     another machine's database, or in a container on UTC, is otherwise hours off."""
     return moment.astimezone(tz).strftime("%Y-%m-%d %H:%M:%S %Z")
@@ -276,7 +276,7 @@ def _note(step: StepRun, tz: tzinfo | None, *, ended: bool) -> str:
     if step.child_run_id:
         notes.append(f"child run {step.child_run_id}")
     if step.wait_until is not None and str(step.status) == "waiting":
-        notes.append(f"until {_moment(step.wait_until, tz)}")
+        notes.append(f"until {zoned_moment(step.wait_until, tz)}")
     error = step.error or (step.attempts[-1].error if step.attempts else None)
     if error and str(step.status) != "completed":
         notes.append(clean_error(error))  # a timed-out step's says so

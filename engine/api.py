@@ -84,6 +84,7 @@ class EngineAPI(Protocol):
         retrying: bool = False,
         stuck: float | None = None,
         replay_of: str | None = None,
+        since: datetime | None = None,
     ) -> list[Run]: ...
 
     async def count_runs(self, where: RunFilter | None = None) -> int: ...

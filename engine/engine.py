@@ -657,11 +657,13 @@ class Engine:
         retrying: bool = False,
         stuck: float | None = None,
         replay_of: str | None = None,
+        since: datetime | None = None,
     ) -> list[Run]:
         """Newest first, at most `limit` (None: every run that matches). `text`: in the id,
         job id, workflow, version, queue, status, error or input; `retrying`: still going with
         a failed attempt behind them; `stuck`: running longer than `stuck` × their workflow's
-        median duration of completed runs; `replay_of`: the replays of that run."""
+        median duration of completed runs; `replay_of`: the replays of that run; `since`:
+        created at or after that moment."""
         return await self.operator.runs(
             status,
             workflow,
@@ -672,6 +674,7 @@ class Engine:
             retrying=retrying,
             stuck=stuck,
             replay_of=replay_of,
+            since=since,
         )
 
     async def count_runs(self, where: RunFilter | None = None) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
+from datetime import datetime
 
 from .durations import parse_duration
 from .models import Run, RunStatus
@@ -59,6 +60,7 @@ class RunFilter:
     stuck: float | None = None
     stuck_cutoffs: tuple[tuple[str, float], ...] | None = None
     finished_after: float | None = None  # epoch seconds: ended after this moment
+    created_after: float | None = None  # epoch seconds: created at or after this moment
     workers: tuple[str, ...] | None = None  # run by one of these workers
     replay_of: str | None = None  # replays of this run
     # Runs whose id starts with this (case-blind, no wildcard): a short id as the console
@@ -80,6 +82,7 @@ class RunFilter:
         retrying: bool = False,
         stuck: float | None = None,
         replay_of: str | None = None,
+        since: datetime | None = None,
     ) -> RunFilter:
         if isinstance(status, str):
             status = (status,)
@@ -95,6 +98,7 @@ class RunFilter:
             retrying,
             stuck,
             replay_of=replay_of or None,
+            created_after=since.timestamp() if since is not None else None,
         )
 
     def stuck_before(self) -> dict[str, float] | None:
@@ -133,6 +137,8 @@ class RunFilter:
         if self.finished_after is not None and (
             run.finished_at is None or run.finished_at.timestamp() < self.finished_after
         ):
+            return False
+        if self.created_after is not None and run.created_at.timestamp() < self.created_after:
             return False
         # Still going, with a failed step attempt or an earlier failed delivery behind it.
         if self.retrying and (run.terminal or (run.failed_attempts == 0 and run.job_attempt <= 1)):

@@ -545,15 +545,17 @@ class Operator:
         retrying: bool = False,
         stuck: float | None = None,
         replay_of: str | None = None,
+        since: datetime | None = None,
     ) -> list[Run]:
         """Newest first, at most `limit` (None: all) after `offset`. `retrying`: still going
         with a failed attempt behind them; `stuck`: running longer than `stuck` × their
-        workflow's median completed duration; `replay_of`: the replays of that run."""
+        workflow's median completed duration; `replay_of`: the replays of that run; `since`:
+        created at or after that moment."""
         limit = checked(check_limit, limit)
         offset = checked(check_limit, offset, "offset") or 0
         try:
             where = RunFilter.of(
-                status, workflow, queue, text, retrying=retrying, stuck=stuck, replay_of=replay_of
+                status, workflow, queue, text, None, retrying, stuck, replay_of, since
             )
         except ValueError as error:
             raise EngineError(f"bad filter: {error}") from None

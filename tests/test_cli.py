@@ -557,6 +557,23 @@ def test_an_enqueue_whose_payload_lacks_a_field_its_workflow_reads_warns(
     assert whole.returncode == 0 and whole.stderr == "", whole.stderr
 
 
+def test_runs_since_a_duration_lists_the_runs_created_in_it(served: tuple[Path, Worker]) -> None:
+    database, _ = served
+    job_id = blok("enqueue", "naps", '{"seconds": 0}', "--db", database).stdout.strip()
+    run = eventually(lambda: (r := run_of(database, job_id)) and r["status"] == "completed" and r)
+    recent = blok_json("runs", "--since", "1h", "--json", "--limit", "500", "--db", database)
+    assert run["id"] in [r["id"] for r in recent]
+    # A window that closed before this command started (a process takes far longer than 1ms
+    # to start): the run was created before it.
+    none = blok("runs", "--since", "1ms", "--queue", "naps", "--db", database)
+    assert none.returncode == 0, none.stderr
+    assert none.stdout.startswith("no runs created since "), none.stdout
+    bad = blok("runs", "--since", "1w", "--db", database)
+    assert bad.returncode == 2 and "cannot parse duration '1w'" in bad.stderr
+    following = blok("runs", "--follow", "--json", "--since", "1h", "--db", database)
+    assert following.returncode == 2 and "--follow --json lists none" in following.stderr
+
+
 def test_cancel_a_running_run_from_the_command_line(served: tuple[Path, Worker]) -> None:
     database, worker = served
     job_id = blok("enqueue", "naps", '{"seconds": 30}', "--db", database).stdout.strip()

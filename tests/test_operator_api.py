@@ -171,6 +171,16 @@ async def test_enqueue_wait_and_read(setup: Setup) -> None:
     assert {w.name for w in await actor.workflows()} >= {"echoing", "holding"}
 
 
+async def test_runs_since_a_moment_are_those_created_from_it(setup: Setup) -> None:
+    actor = setup.actor
+    before = await actor.wait_for_job(await actor.enqueue("echo", {"value": 1}), timeout=10)
+    since = actor.now()  # the clock the runs' times are on (the server's, on PostgreSQL)
+    after = await actor.wait_for_job(await actor.enqueue("echo", {"value": 2}), timeout=10)
+    assert [r.id for r in await actor.runs(queue="echo", since=since)] == [after.id]
+    assert {r.id for r in await actor.runs(queue="echo")} == {before.id, after.id}
+    assert await actor.count_runs(RunFilter.of(queue="echo", since=since)) == 1
+
+
 async def test_a_wait_that_runs_out_says_which_job_how_long_and_what_its_run_does(
     setup: Setup,
 ) -> None:

@@ -587,6 +587,8 @@ def where_clause(
         clauses.append(f"worker IN ({marks(where.workers) or 'NULL'})")
     if where.finished_after is not None:
         clauses.append(f"finished_at >= {marks([where.finished_after])}")
+    if where.created_after is not None:
+        clauses.append(f"created_at >= {marks([where.created_after])}")
     if where.retrying:
         clauses.append(
             f"status IN ({marks(LIVE_RUN_STATUSES)}) AND (failed_attempts > 0 OR job_attempt > 1)"

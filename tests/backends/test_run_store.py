@@ -173,6 +173,11 @@ FILTER_CASES: list[tuple[str, RunFilter, set[str]]] = [
     ("workers", RunFilter(workers=("host:1", "host:3")), {"done", "busy"}),
     ("no workers", RunFilter(workers=()), set()),
     ("finished after", RunFilter(finished_after=1_000_000_100.0), {"broken"}),
+    (
+        "created after",
+        RunFilter(created_after=1_500_000_000.0),
+        {"broken", "busy", "retrying", "again", "other", "held"},
+    ),
     ("retrying", RunFilter(retrying=True), {"retrying", "again", "held"}),
     ("status and queue", RunFilter(status=("failed", "queued"), queue="slow"), {"broken", "again"}),
 ]
@@ -194,6 +199,7 @@ def filter_runs() -> dict[str, Run]:
             id="run_one_done",
             status=RunStatus.COMPLETED,
             worker="host:1",
+            created_at=from_epoch(999_999_990.0),
             finished_at=from_epoch(1_000_000_000.0),
         ),
         "broken": a_run(
