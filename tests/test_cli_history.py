@@ -104,18 +104,24 @@ def test_runs_says_on_stderr_when_more_match_than_it_printed(history: Path) -> N
     assert len(_rows(cut.stdout)) == 3  # stdout is the table alone: pipes keep working
     assert cut.stderr == (
         f"blok-tui: 3 of {total} runs shown (newest first; --limit N, or filter with "
-        "--status/--workflow/--queue/--text)\n"
+        "--status/--workflow/--queue/--text/--since)\n"
     )
     # Counted with the same filter; the hint leaves out the filters already given.
     failed = blok("runs", "--status", "failed", "--limit", "2", "--db", history)
     assert failed.stderr == (
         f"blok-tui: 2 of {DEAD} runs shown (newest first; --limit N, or filter with "
-        "--workflow/--queue/--text)\n"
+        "--workflow/--queue/--text/--since)\n"
     )
     single = blok("runs", "--queue", "single", "--limit", "3", "--db", history)
     assert single.stderr == (
         f"blok-tui: 3 of {COMPLETED} runs shown (newest first; --limit N, or filter with "
-        "--status/--workflow/--text)\n"
+        "--status/--workflow/--text/--since)\n"
+    )
+    # Within a window (these runs were all made in the last day), counted in it.
+    recent = blok("runs", "--since", "1d", "--limit", "3", "--db", history)
+    assert recent.stderr == (
+        f"blok-tui: 3 of {total} runs shown (newest first; --limit N, or filter with "
+        "--status/--workflow/--queue/--text)\n"
     )
 
     # Nothing left out, or a script reading the JSON: nothing said.
