@@ -285,6 +285,31 @@ class Terminal:
         return code
 
 
+def quit_with_a_run_going(
+    tmp_path: Path, quit_: Callable[[Terminal], None]
+) -> tuple[int, Terminal, Path, str]:
+    """The console (`blok-tui` on a pseudo-terminal, on `tmp_path/blok.db`) with a 60 s nap
+    running, ended by `quit_`: its exit status, the terminal, the database and the job."""
+    folder = write_workflows(tmp_path / "workflows")
+    database = tmp_path / "blok.db"
+    console = Terminal(
+        tmp_path, "-m", "blok_tui", "--db", str(database), "--workflows", str(folder)
+    )
+    try:
+        eventually(lambda: "naps" in console.text, timeout=30)  # the queues view is up
+        done = blok("enqueue", "naps", '{"seconds": 60}', "--db", database)
+        assert done.returncode == 0, done.stderr
+        job_id = done.stdout.strip()
+        eventually(lambda: (run_of(database, job_id) or {}).get("status") == "running")
+        quit_(console)
+    except BaseException:
+        console.process.kill()
+        raise
+    finally:
+        code = console.finish()
+    return code, console, database, job_id
+
+
 def eventually(check: Callable[[], T | None], timeout: float = 10, every: float = 0.05) -> T:
     """Poll another process's state (nothing to await across processes) until `check` gives
     a value; fail with the last one seen."""

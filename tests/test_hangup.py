@@ -13,6 +13,7 @@ from cli_helpers import (
     Worker,
     blok,
     eventually,
+    quit_with_a_run_going,
     run_of,
     start_worker,
     write_workflows,
@@ -20,19 +21,7 @@ from cli_helpers import (
 
 
 def test_a_console_whose_terminal_closes_hands_its_run_back(tmp_path: Path) -> None:
-    database = tmp_path / "blok.db"
-    folder = write_workflows(tmp_path / "workflows")
-    console = Terminal(tmp_path, "-m", "blok_tui", "--workflows", str(folder), "--db", "blok.db")
-    try:
-        eventually(lambda: "naps" in console.text, timeout=30)  # its queues drawn
-        job_id = blok("enqueue", "naps", '{"seconds": 60}', "--db", database).stdout.strip()
-        eventually(lambda: (r := run_of(database, job_id)) and r["status"] == "running")
-        console.hang_up()
-    except BaseException:
-        console.process.kill()
-        raise
-    finally:
-        code = console.finish()
+    code, _, database, job_id = quit_with_a_run_going(tmp_path, Terminal.hang_up)
     # It quit as on `q`: the run had its grace (2 s), then went back to the queue.
     assert code == 0
     run = run_of(database, job_id)

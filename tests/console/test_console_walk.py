@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_helpers import Terminal, blok, eventually, run_of, write_workflows
+from cli_helpers import Terminal, eventually, quit_with_a_run_going, write_workflows
 from textual import events
 from textual.keys import _character_to_key
 from textual.pilot import Pilot
@@ -79,23 +79,7 @@ def quit_by_sigterm(console: Terminal) -> None:
 def test_quitting_with_a_run_in_flight_says_it_is_stopping_it(
     tmp_path: Path, quit_: Callable[[Terminal], None]
 ) -> None:
-    folder = write_workflows(tmp_path / "workflows")
-    database = tmp_path / "blok.db"
-    console = Terminal(
-        tmp_path, "-m", "blok_tui", "--db", str(database), "--workflows", str(folder)
-    )
-    try:
-        eventually(lambda: "naps" in console.text, timeout=20)  # the queues view is up
-        done = blok("enqueue", "naps", '{"seconds": 30}', "--db", database)
-        assert done.returncode == 0, done.stderr
-        job_id = done.stdout.split()[0]
-        eventually(lambda: (run_of(database, job_id) or {}).get("status") == "running")
-        quit_(console)
-    except BaseException:
-        console.process.kill()
-        raise
-    finally:
-        code = console.finish()
+    code, console, _, _ = quit_with_a_run_going(tmp_path, quit_)
     assert code == 0
     after = console.text.rpartition("\x1b[?1049h")[2]  # what came after the screen was entered
     assert "\x1b[?1049l" in after and "\x1b[?25h" in after  # left it, cursor shown again
