@@ -158,17 +158,10 @@ async def test_a_bad_event_is_refused_in_the_modal() -> None:
 
 async def test_the_schedules_view_pauses_runs_now_and_opens_the_last_run() -> None:
     async with Engine(workflows=[NIGHTLY]) as engine:
-        with anyio.fail_after(10):
-            while True:  # declared by the scheduler's first pass
-                if await engine.schedules():
-                    break
-                await anyio.sleep(0.02)
+        await declared(engine)
         app = BlokApp(engine)
         async with app.run_test(size=SIZE) as pilot:
-            await settled(pilot)
-            await command(pilot, "schedules")
-            assert isinstance(app.screen, SchedulesScreen)
-            table = app.screen.query_one("#schedules", RowTable)
+            table, _ = await schedules_view(app, pilot)
             assert column(table, "schedule") == ["every 1d"]
             assert column(table, "state") == ["● active"]
             assert column(table, "next")[0].startswith("in ")
@@ -196,6 +189,15 @@ async def declared(engine: Engine) -> None:
             await anyio.sleep(0.02)
 
 
+async def schedules_view(app: BlokApp, pilot: Pilot[None]) -> tuple[RowTable, Static]:
+    """`:schedules` typed once the console has settled: the view's table and summary line."""
+    await settled(pilot)
+    await command(pilot, "schedules")
+    assert isinstance(app.screen, SchedulesScreen)
+    screen = app.screen
+    return screen.query_one("#schedules", RowTable), screen.query_one("#schedules-summary", Static)
+
+
 async def test_a_schedule_no_live_worker_serves_says_so_with_no_countdown(
     tmp_path: Path,
 ) -> None:
@@ -207,13 +209,11 @@ async def test_a_schedule_no_live_worker_serves_says_so_with_no_countdown(
     async with Engine(database=database, workflows=[]) as console:
         app = BlokApp(console)
         async with app.run_test(size=SIZE) as pilot:
-            await settled(pilot)
-            await command(pilot, "schedules")
-            table = app.screen.query_one("#schedules", RowTable)
+            table, summary = await schedules_view(app, pilot)
             await until(pilot, lambda: column(table, "state") == ["⚠ not served"])
             assert column(table, "next") == ["–"]
-            summary = text_of(app.screen.query_one("#schedules-summary", Static))
-            assert "1 not served by a live worker" in summary and "next tick" not in summary
+            said = text_of(summary)
+            assert "1 not served by a live worker" in said and "next tick" not in said
 
 
 async def test_schedules_another_version_of_the_file_declared_are_said_to_be_what_fires(
@@ -231,15 +231,12 @@ async def test_schedules_another_version_of_the_file_declared_are_said_to_be_wha
         await declared(after)
         app = BlokApp(before)
         async with app.run_test(size=SIZE) as pilot:
-            await settled(pilot)
-            await command(pilot, "schedules")
-            table = app.screen.query_one("#schedules", RowTable)
+            table, summary = await schedules_view(app, pilot)
             await until(pilot, lambda: column(table, "schedule") == ["every 1h"])
-            summary = text_of(app.screen.query_one("#schedules-summary", Static))
             assert (
                 "1 worker declares other schedules for reports.nightly (another version of the"
                 " file): those listed fire"
-            ) in summary
+            ) in text_of(summary)
 
 
 async def test_schedules_a_version_with_none_declared_last_is_said_to_leave_none_firing(
@@ -255,15 +252,13 @@ async def test_schedules_a_version_with_none_declared_last_is_said_to_leave_none
     ):
         app = BlokApp(before)
         async with app.run_test(size=SIZE) as pilot:
-            await settled(pilot)
-            await command(pilot, "schedules")
-            summary = app.screen.query_one("#schedules-summary", Static)
+            table, summary = await schedules_view(app, pilot)
             await until(pilot, lambda: "none fire" in text_of(summary))
             assert text_of(summary).strip() == (
                 "schedules  1 worker declares schedules for reports.nightly, which another"
                 " version of the file, declared last, has none of: none fire"
             )
-            assert column(app.screen.query_one("#schedules", RowTable), "schedule") == []
+            assert column(table, "schedule") == []
 
 
 async def test_why_waiting_names_the_rate_limit_holders_and_h_opens_one() -> None:
