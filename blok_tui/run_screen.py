@@ -679,7 +679,7 @@ class RunScreen(BlokScreen):
                 title.append("\n")
                 title.append_text(usual)
         self.query_one("#step-title", Static).update(title)
-        self.query_one(AttemptsView).show(step, self.run_clock())
+        self.query_one(AttemptsView).show(step, self.run_clock(), unreached=unreached)
         self.query_one("#step-input", JsonView).show(step.input, search=self.search)
         folded = self.query_one("#step-output", JsonView).show(
             step.output,

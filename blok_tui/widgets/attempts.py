@@ -18,22 +18,54 @@ from ..tracebacks import clean_error, fold_traceback
 NARROW = 60  # below this many columns, statuses are icons and backoffs are short
 
 
+# The steps that hold others: their attempts are their steps'.
+HOLDERS = {
+    "for_each": "a for_each",
+    "loop": "a loop",
+    "switch": "a switch",
+    "try_catch": "a try_catch",
+    "subworkflow": "a subworkflow",
+}
+
+
+def no_attempts(step: StepRun, unreached: bool) -> str:
+    """What a step without attempts says in their place: why it has none."""
+    status = str(step.status)
+    if step.cached_from:
+        return "cached from run " + step.cached_from
+    if step.kind == "wait":
+        return "a wait: no attempts"
+    if step.kind == "event":  # done waiting: the title says how it ended
+        return (
+            "waits for an event: no attempts"
+            if status == "waiting"
+            else ("an event wait: no attempts")
+        )
+    if step.kind == "subworkflow" and step.child_run_id:
+        return "a subworkflow: its child run has the attempts"
+    if step.kind in HOLDERS:
+        return f"{HOLDERS[step.kind]}: no attempts of its own; its steps have them"
+    if status in ("pending", "running", "waiting") and not unreached:
+        return "no attempts yet"
+    if status == "failed":  # e.g. its input was refused: the error above says why
+        return "no attempts: it failed before its function was called"
+    if status == "cancelled":
+        return "no attempts: cancelled before its function was called"
+    if status == "skipped":
+        return "skipped: no attempts"
+    return "no attempts"
+
+
 class AttemptsView(Static):
     DEFAULT_CSS = """
     AttemptsView { height: auto; padding: 0 1; }
     """
 
-    def show(self, step: StepRun, now: datetime) -> None:
+    def show(self, step: StepRun, now: datetime, *, unreached: bool = False) -> None:
+        """`unreached`: its run ended before it (a pending step is then not "yet" to run)."""
         narrow = 0 < self.size.width < NARROW
         if not step.attempts:
-            note = "cached from run " + step.cached_from if step.cached_from else "no attempts yet"
-            if step.kind == "wait":
-                note = "a wait: no attempts"
-            elif step.kind == "event" and str(step.status) == "waiting":
-                note = "waits for an event: no attempts"
-            elif step.kind == "event":  # done waiting: the line above says how it ended
-                note = "an event wait: no attempts"
-            self.update(Text(note, style="dim italic"))
+            self.update(Text(no_attempts(step, unreached), style="dim italic"))
             return
         rows = []
         for attempt in step.attempts:

@@ -20,7 +20,17 @@ from blok_tui.app import BlokApp
 from blok_tui.run_screen import RunScreen
 from blok_tui.widgets import AttemptsView, StepRail
 from blok_tui.widgets.timeline import timeline
-from engine import Engine, Retry, Run, RunStatus, Step, WorkerTrigger, Workflow, wait
+from engine import (
+    Engine,
+    Retry,
+    Run,
+    RunStatus,
+    Step,
+    WorkerTrigger,
+    Workflow,
+    for_each,
+    wait,
+)
 
 from .helpers import command, settled, shown_lines, text_of, until
 
@@ -43,6 +53,10 @@ def gateway(ctx: Any) -> None:
 
 def huge(ctx: Any) -> dict[str, str]:
     return {f"key_{n:05d}": "x" * 40 for n in range(4_000)}
+
+
+def takes_x(ctx: Any, x: int) -> int:
+    return x
 
 
 def numbered(n: int) -> Any:
@@ -86,10 +100,22 @@ THEN_SHIP = Workflow(
     steps=[wait.for_event("approved", timeout="1h", name="approval"), Step("ship", numbered(1))],
 )
 
+# A for_each (its attempts are its steps'), a step whose input is refused before any attempt,
+# and one the run never reaches.
+HOLDER = Workflow(
+    name="walk.holder",
+    trigger=WorkerTrigger(queue="holder"),
+    steps=[
+        for_each("each", "$.body.items", steps=[Step("one", numbered(1))]),
+        Step("needs", takes_x, inputs={"x": "$.body.missing"}),
+        Step("after", numbered(3)),
+    ],
+)
+
 
 @pytest.fixture
 async def engine() -> AsyncIterator[Engine]:
-    flows = [FAILING, GATEWAY, MANY, HUGE, WAITER, IMPATIENT, THEN_SHIP]
+    flows = [FAILING, GATEWAY, MANY, HUGE, WAITER, IMPATIENT, THEN_SHIP, HOLDER]
     async with Engine(workflows=flows, grace_period=0.5) as engine:
         yield engine
 
@@ -276,6 +302,32 @@ async def test_a_step_an_ended_run_never_reached_says_so(engine: Engine) -> None
     assert ended_output == "none"
     assert "ship" in waiting_title and "not reached" not in waiting_title
     assert waiting_output == "none yet"
+    await engine.cancel(waiting.id)
+
+
+async def test_a_step_without_attempts_says_why_it_has_none(engine: Engine) -> None:
+    """Each said "no attempts yet", as if one were to come: a for_each that had completed, a
+    step whose input was refused, a step its failed run never reached."""
+    ended = await engine.wait_for_job(await engine.enqueue("holder", {"items": [1, 2]}), timeout=10)
+    assert ended.status is RunStatus.FAILED
+    waiting = await _waiting(engine, "then_ship")
+    app = BlokApp(engine)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await settled(pilot)
+        said = {}
+        for run, names in ((ended, ("each", "one", "needs", "after")), (waiting, ("ship",))):
+            screen = await _open(pilot, run.id)
+            rail = screen.query_one(StepRail)
+            for name in names:
+                step = next(step for step in run.steps if step.name == name)
+                rail.highlighted = rail.option_of(step.index)
+                await settled(pilot)
+                said[name] = text_of(screen.query_one(AttemptsView)).strip()
+    assert said["each"] == "a for_each: no attempts of its own; its steps have them"
+    assert said["one"].split()[:3] == ["#", "status", "took"]  # its own attempts, a table
+    assert said["needs"] == "no attempts: it failed before its function was called"
+    assert said["after"] == "no attempts"
+    assert said["ship"] == "no attempts yet"  # its run waits: one is to come
     await engine.cancel(waiting.id)
 
 
