@@ -56,7 +56,9 @@ def help_text() -> Group:
     parts.append(commands)
     parts.append(
         Text(
-            "\nctrl+p opens the command palette: every action above, searchable.\n"
+            "\n↑ ↓ or j k move in a list and in a run's steps; pgup pgdn home end page through\n"
+            "them; tab moves to the next pane.\n"
+            "ctrl+p opens the command palette: every action above, searchable.\n"
             "ctrl+c quits as q does (asking first while runs are in flight); in a dialog it\n"
             "copies the selected text instead: esc closes the dialog.",
             style="dim",

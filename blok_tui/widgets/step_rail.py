@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime, tzinfo
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from rich.cells import cell_len, set_cell_size
 from rich.text import Text
+from textual.binding import Binding, BindingType
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
@@ -122,6 +123,12 @@ class StepRail(OptionList):
     DEFAULT_CSS = """
     StepRail, StepRail:focus { height: auto; max-height: 50%; border: none; padding: 0; }
     """
+
+    # j and k as the tables have them (k9s's, vi's).
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("k", "cursor_up", "up", show=False),
+        Binding("j", "cursor_down", "down", show=False),
+    ]
 
     # Until the operator moves the cursor, the rail follows the step that explains the run.
     moved_by_hand = False

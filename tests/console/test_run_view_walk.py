@@ -248,6 +248,21 @@ async def test_the_rail_opens_scrolled_to_its_selected_step(
         assert rail.region.bottom <= screen.query_one("#rail-column").region.bottom
 
 
+async def test_j_and_k_move_the_rail_as_they_move_the_tables(engine: Engine) -> None:
+    run = await _ended(engine, "many")
+    app = BlokApp(engine)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await settled(pilot)
+        screen = await _open(pilot, run.id)
+        rail = screen.query_one(StepRail)
+        last = len(LONG_NAMES) - 1
+        assert rail.has_focus and rail.highlighted == last
+        await pilot.press("k", "k")
+        assert rail.highlighted == last - 2
+        await pilot.press("j")
+        assert rail.highlighted == last - 1
+
+
 # ---- an event wait that has ended says how -----------------------------------------------------
 async def test_an_ended_event_wait_says_how_it_ended(engine: Engine) -> None:
     cancelled = await _waiting(engine, "waiter")
