@@ -28,6 +28,9 @@ def help_text() -> Group:
         table = Table(box=None, padding=(0, 2, 0, 0), show_header=False, expand=False)
         table.add_column(width=8, style="bold deep_sky_blue1", no_wrap=True)
         table.add_column(style="", no_wrap=False)
+        if scope == actions.APP:  # no action of the registry: every list's own keys
+            table.add_row("↑↓ j k", "Move in a list or a run's steps (pgup pgdn home end: by page)")
+            table.add_row("tab", "The next pane")
         statuses = [e for e in entries if e.action.startswith("status(")]
         for entry in entries:
             if entry in statuses:
@@ -56,9 +59,7 @@ def help_text() -> Group:
     parts.append(commands)
     parts.append(
         Text(
-            "\n↑ ↓ or j k move in a list and in a run's steps; pgup pgdn home end page through\n"
-            "them; tab moves to the next pane.\n"
-            "ctrl+p opens the command palette: every action above, searchable.\n"
+            "\nctrl+p opens the command palette: every action above, searchable.\n"
             "ctrl+c quits as q does (asking first while runs are in flight); in a dialog it\n"
             "copies the selected text instead: esc closes the dialog.",
             style="dim",
