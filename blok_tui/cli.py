@@ -1749,9 +1749,9 @@ def _why(run: Any, now: datetime) -> str | None:
 
 
 def _error_cell(error: str | None, width: int) -> str:
-    """An error in a table's last column: on a terminal cut to `width` cells, its place at the
-    end kept ("… (at workflows/pay.py:12)"); into a pipe or a file whole, for grep (cut, the
-    order id and the place were lost)."""
+    """An error in a table's last column: on a terminal cut to `width` cells, opened by its
+    step's name ("charge: …"), its place at the end kept ("… (at workflows/pay.py:12)"); into
+    a pipe or a file whole, for grep (cut, the order id and the place were lost)."""
     text = printable(error or "")
     return one_line_keeping_where(text, width) if sys.stdout.isatty() else " ".join(text.split())
 

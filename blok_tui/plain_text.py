@@ -11,17 +11,23 @@ from collections.abc import Sequence
 PLACE = re.compile(r" \((?:at|stopped at) [^()]*\)$")
 FOLDERS = re.compile(r"(?<=at )[^\s,()]*/(?=[^/\s,()]+:\d+)")  # a place's folders, to cut
 MESSAGE_KEPT = 16  # cells of an error's message a cut that keeps its place leaves at least
+# How the engine opens a step's error: "[step 2/5] charge failed: " ("[step 1/1] each[2/3] ›
+# check failed: ", "[step 2/2] render: " for a crash). A list of errors says "charge: ": the
+# step's name is what tells failures apart; its number and "failed" (the status beside it
+# says so) took a third of a narrow column. Every line of a list alike, cut or not.
+STEP_OPENING = re.compile(r"^\[step \d+/\d+\] (?:([^:]+?) failed: )?")
 
 
 def one_line_keeping_where(text: str, width: int) -> str:
     """`one_line`, but an error's place at its end ("(at workflows/pay.py:12)") is kept whole,
-    and the message before it cut: the place is what an operator scans a list of failures
-    for, and a cut at the end took it first. The message keeps at least half the width (and
-    `MESSAGE_KEPT` cells): where the place would take more, its folders go ("(at
-    …/pay.py:12)"), and where it still would, the end is cut as anywhere else."""
+    its opening shortened (`STEP_OPENING`), and the message before the place cut: the place
+    is what an operator scans a list of failures for, and a cut at the end took it first.
+    The message keeps at least half the width (and `MESSAGE_KEPT` cells): where the place
+    would take more, its folders go ("(at …/pay.py:12)"), and where it still would, the end
+    is cut as anywhere else."""
     from rich.cells import cell_len  # here: `blok-tui --version` needs no table
 
-    line = " ".join(text.split())
+    line = STEP_OPENING.sub(lambda m: f"{m[1]}: " if m[1] else "", " ".join(text.split()), 1)
     found = PLACE.search(line)
     if cell_len(line) <= width or found is None:
         return one_line(line, width)

@@ -283,21 +283,36 @@ def test_an_error_cut_for_a_terminal_keeps_its_place() -> None:
         "(at workflows/payments.py:12)"
     )
     cut = one_line_keeping_where(error, 70)
-    assert cut == "[step 1/1] send failed: ConnectionError… (at workflows/payments.py:12)"
+    # Its opening too: the step's name stays, its number and "failed" go (the status says it).
+    assert cut == "send: ConnectionError: payment gateway… (at workflows/payments.py:12)"
+    # Where it fits too: a list's lines all open alike.
+    assert one_line_keeping_where(error, 200) == error.replace("[step 1/1] send failed:", "send:")
     assert one_line_keeping_where("short (at x.py:1)", 70) == "short (at x.py:1)"
     assert one_line_keeping_where("no place " * 10, 20) == one_line("no place " * 10, 20)
     # A timed-out step's place, and one whose folders would leave the message less than half
     # the width: the folders go, the file and line stay (the queues view's recent failures).
     timed_out = "[step 2/2] upload failed: timed out after 2000ms (stopped at workflows/ex.py:18)"
-    assert one_line_keeping_where(timed_out, 72) == (
-        "[step 2/2] upload failed: timed out aft… (stopped at workflows/ex.py:18)"
+    assert one_line_keeping_where(timed_out, 66) == (
+        "upload: timed out after 2000ms (stopped at workflows/ex.py:18)"
+    )
+    assert one_line_keeping_where(timed_out, 56) == (
+        "upload: timed out after 2000ms (stopped at …/ex.py:18)"
     )
     far = (
         "[step 1/1] send failed: ConnectionError: payment gateway 503 for ORD-10 "
         "(at /srv/app/flows/pay.py:9, after 2 attempts)"
     )
     assert one_line_keeping_where(far, 80) == (
-        "[step 1/1] send failed: ConnectionError: paym… (at …/pay.py:9, after 2 attempts)"
+        "send: ConnectionError: payment gateway 503 fo… (at …/pay.py:9, after 2 attempts)"
+    )
+    # A nested step's path stays; a crash's opening has no "failed" to drop.
+    nested = "[step 1/1] each[2/3] › check failed: item 2 is bad, very bad (at workflows/x.py:3)"
+    assert one_line_keeping_where(nested, 60) == (
+        "each[2/3] › check: item 2 is bad, ver… (at workflows/x.py:3)"
+    )
+    crashed = "[step 2/2] render: its worker process w1 died before the run finished"
+    assert one_line_keeping_where(crashed, 50) == (
+        "render: its worker process w1 died before the run…"
     )
 
 

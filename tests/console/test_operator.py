@@ -721,21 +721,23 @@ async def test_a_cut_error_keeps_its_file_and_line_in_the_dead_letter_and_runs_v
     # Whole, or without its folders where it would take more than half the column.
     kept = (place[0], f"(at …/{place[1]})")
     app = BlokApp(engine)
-    async with app.run_test(size=(110, 24)) as pilot:
+    async with app.run_test(size=(100, 24)) as pilot:
         await settled(pilot)
         await command(pilot, "dlq doomed")
         await until(pilot, lambda: app.screen.query_one("#dead", RowTable).row_count == 1)
         [row] = [line for line in shown_lines(app.screen.query_one("#dead", RowTable))[1:] if line]
         assert short_ids(jobs)[jobs[0]] in row[:16]
-        assert row.endswith(kept) and "…" in row, row
+        # The cut opening ("[step 1/1] check failed: ") leaves the message its room.
+        assert row.endswith(kept) and "…" in row and " check: bad" in row, row
     app = BlokApp(engine)
-    async with app.run_test(size=(165, 24)) as pilot:  # room for the runs' detail column
+    async with app.run_test(size=(150, 24)) as pilot:  # room for the runs' detail column
         await settled(pilot)
         await command(pilot, "runs failed")
         table = app.screen.query_one(RowTable)
         await until(pilot, lambda: table.row_count == 2)
         rows = [line for line in shown_lines(table)[1:] if line]
-        assert len(rows) == 2 and all(r.endswith(kept) and "…" in r for r in rows), rows
+        assert len(rows) == 2, rows
+        assert all(r.endswith(kept) and "…" in r and " check: bad" in r for r in rows), rows
 
 
 async def test_r_on_a_dead_letter_a_replay_completed_asks_before_it_runs_again(

@@ -24,6 +24,7 @@ from blok_tui.console import countdown, short_ids
 from blok_tui.dead_letters_screen import DeadLettersScreen
 from blok_tui.inject_screen import InjectScreen
 from blok_tui.payload_template import body_template
+from blok_tui.plain_text import one_line_keeping_where
 from blok_tui.queues_screen import QueuesScreen, job_note
 from blok_tui.run_screen import RunScreen
 from blok_tui.runs_screen import RunsScreen
@@ -344,7 +345,8 @@ async def test_recent_failures_line_up_whatever_their_ids_lengths(engine: Engine
         assert isinstance(app.screen, QueuesScreen)
         app.screen.render_failures(runs, {})
         lines = text_of(app.screen.query_one("#failures", Static), 200).splitlines()
-        errors = [line.index(dead.error[:20]) for line in lines if "✗" in line]
+        opening = one_line_keeping_where(dead.error, 200)[:20]  # as a list shows it
+        errors = [line.index(opening) for line in lines if "✗" in line]
         assert len(errors) == 3 and len(set(errors)) == 1, lines
 
 
