@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 # No `engine` (nor anyio, nor Textual) at the top: `blok-tui --version` and `--help` answer
 # without loading the engine (0.4 s); each command imports what it uses.
 from .hangup import stop_signals
-from .plain_text import columns, one_line_keeping_where
+from .plain_text import columns, fit_last_column
 
 if TYPE_CHECKING:
     from engine import Orphan
@@ -1368,14 +1368,15 @@ def _table(runs: Sequence[Any], now: datetime, orphans: Mapping[str, Orphan] | N
                 printable(run.worker or "-"),
                 created_at,
                 format_duration(duration) if duration is not None else "-",
-                # An orphan's note in full (the last column): what comes of it, and what to
-                # do (start a worker) when nothing will, hang on its end.
-                f"orphaned: {orphan}" if orphan is not None else _error_cell(_why(run, now), 60),
+                f"orphaned: {orphan}" if orphan is not None else printable(_why(run, now) or ""),
             )
         )
     if len(rows) == 1:
         return "no runs"
-    return "\n".join(columns(rows))
+    # An orphan's note in full (the last column): what comes of it, and what to do (start a
+    # worker) when nothing will, hang on its end.
+    whole = [False, *(run.id in orphans for run in runs)]
+    return "\n".join(columns(fit_last_column(rows, _terminal_width(), whole)))
 
 
 async def _show(args: argparse.Namespace) -> None:
@@ -1748,12 +1749,12 @@ def _why(run: Any, now: datetime) -> str | None:
     return run.error if run.terminal or not run.error else local_times(run.error, None, now)
 
 
-def _error_cell(error: str | None, width: int) -> str:
-    """An error in a table's last column: on a terminal cut to `width` cells, opened by its
-    step's name ("charge: …"), its place at the end kept ("… (at workflows/pay.py:12)"); into
-    a pipe or a file whole, for grep (cut, the order id and the place were lost)."""
-    text = printable(error or "")
-    return one_line_keeping_where(text, width) if sys.stdout.isatty() else " ".join(text.split())
+def _terminal_width() -> int | None:
+    """The width of the terminal the tables go to; None into a pipe or a file, where an
+    error is printed whole for grep (cut, the order id and the place were lost)."""
+    import shutil
+
+    return shutil.get_terminal_size().columns if sys.stdout.isatty() else None
 
 
 def _print_dead(queue: str, jobs: Sequence[Any]) -> None:
@@ -1766,10 +1767,11 @@ def _print_dead(queue: str, jobs: Sequence[Any]) -> None:
                 printable(job.run_id),
                 str(job.deliveries),
                 died,
-                _error_cell(job.error, 70),
+                printable(job.error or ""),
             )
         )
-    print("\n".join(columns(rows)) if jobs else f"no dead letters on queue {queue!r}")
+    table = columns(fit_last_column(rows, _terminal_width()))
+    print("\n".join(table) if jobs else f"no dead letters on queue {queue!r}")
 
 
 async def _requeue(args: argparse.Namespace) -> int:

@@ -67,3 +67,30 @@ def columns(rows: Sequence[Sequence[str]]) -> list[str]:
         ).rstrip()
         for row in sized
     ]
+
+
+LAST_COLUMN_MIN = 30  # cells an error keeps where the other columns leave it less
+
+
+def fit_last_column(
+    rows: Sequence[Sequence[str]], width: int | None, whole: Sequence[bool] = ()
+) -> list[list[str]]:
+    """The rows (a header first) with their last cell, an error, cut for a terminal `width`
+    cells wide to the room the other columns leave (at least `LAST_COLUMN_MIN`), as
+    `one_line_keeping_where` cuts it; `width` None (a pipe, a file): on one line, whole, for
+    grep. `whole[n]`: the nth row's cell (the header's is 0) is a note to read to its end, never
+    cut. A fixed 60 cells, on a terminal of 120 whose other columns took 114, wrapped every
+    row onto a second line."""
+    from rich.cells import cell_len  # here: `blok-tui --version` needs no table
+
+    room = 0
+    if width is not None:
+        others = [max(cell_len(row[i]) for row in rows) + 2 for i in range(len(rows[0]) - 1)]
+        room = max(width - sum(others), LAST_COLUMN_MIN)
+    fitted = [list(rows[0])]
+    for n, row in enumerate(rows[1:], start=1):
+        last = " ".join(row[-1].split())
+        if room and not (n < len(whole) and whole[n]):
+            last = one_line_keeping_where(last, room)
+        fitted.append([*row[:-1], last])
+    return fitted

@@ -222,13 +222,15 @@ class Follower:
 
 
 class Terminal:
-    """`python ARGS` (`-m blok_tui ...`, or a script) in a pseudo-terminal of 140x40, as a
-    person runs it: Textual draws only to a terminal. What it writes is collected by a
-    thread (unread, the terminal's buffer fills and the console's writes block)."""
+    """`python ARGS` (`-m blok_tui ...`, or a script) in a pseudo-terminal of 140x40 (`size`:
+    columns, rows), as a person runs it: Textual draws only to a terminal, the CLI fits its
+    tables to one. What it writes is collected by a thread (unread, the terminal's buffer
+    fills and the console's writes block)."""
 
-    def __init__(self, cwd: Path, *args: str) -> None:
+    def __init__(self, cwd: Path, *args: str, size: tuple[int, int] = (140, 40)) -> None:
         self.master, child = os.openpty()
-        fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 140, 0, 0))
+        width, height = size
+        fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", height, width, 0, 0))
         self.process = subprocess.Popen(
             [sys.executable, *args],
             stdin=child,

@@ -11,11 +11,17 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
-from cli_helpers import blok, blok_json, cli_env, start_worker, write_workflows
+from cli_helpers import Terminal, blok, blok_json, cli_env, start_worker, write_workflows
 from rich.cells import cell_len
 
 from blok_tui.cli import _negative_values_attached, _stuck_factor, build_parser
-from blok_tui.plain_text import columns, one_line, one_line_keeping_where
+from blok_tui.plain_text import (
+    PLACE,
+    columns,
+    fit_last_column,
+    one_line,
+    one_line_keeping_where,
+)
 from engine.filters import STUCK_FACTOR
 
 
@@ -314,6 +320,58 @@ def test_an_error_cut_for_a_terminal_keeps_its_place() -> None:
     assert one_line_keeping_where(crashed, 50) == (
         "render: its worker process w1 died before the run…"
     )
+
+
+def test_a_tables_error_column_takes_the_room_the_others_leave() -> None:
+    error = "[step 1/1] send failed: " + "x" * 200 + " (at workflows/pay.py:9)"
+    rows = [("RUN", "ERROR"), ("run_1", error), ("run_22", "orphaned: " + "y" * 200)]
+    # 120 cells, "run_22" and its two spaces before the column: 112 left for the errors.
+    fitted = fit_last_column(rows, 120, whole=[False, False, True])
+    assert fitted[1][1] == "send: " + "x" * 81 + "… (at workflows/pay.py:9)"
+    assert all(cell_len(line) <= 120 for line in columns(fitted[:2]))
+    assert fitted[2][1] == rows[2][1]  # a note to read whole
+    # Never less than 30 cells, however wide the others; whole where nothing is cut.
+    assert cell_len(fit_last_column(rows, 20)[1][1]) == 30
+    assert fit_last_column(rows, None)[1][1] == error
+
+
+@pytest.mark.anyio
+async def test_runs_and_dead_on_a_terminal_fit_its_width(tmp_path: Path) -> None:
+    # The ERROR column was cut at 60 cells (70 for `dead`) whatever the terminal: where the
+    # other columns took 104 of 150, every row went on over a second line.
+    import anyio
+
+    from engine import Engine, Step, WorkerTrigger, Workflow
+
+    async def send(ctx: object) -> None:
+        raise ConnectionError("payment gateway 503 for order ORD-10, " + "retry later " * 10)
+
+    failing = Workflow(name="pay", trigger=WorkerTrigger(queue="pay"), steps=[Step("send", send)])
+    database = tmp_path / "blok.db"
+    async with Engine(workflows=[failing], database=database) as engine:
+        run = await engine.wait_for_job(await engine.enqueue("pay", {}), timeout=10)
+        await engine.flush()
+    assert run.error is not None and run.error.startswith("[step 1/1] send failed: ")
+    found = PLACE.search(run.error)
+    assert found is not None, run.error
+    where = found[0].rsplit("/", 1)[1]  # "test_cli_polish.py:N)": its folders may go
+
+    def on_a_terminal(width: int, *args: str) -> list[str]:
+        command = ("-m", "blok_tui", *args, "--db", str(database))
+        terminal = Terminal(tmp_path, *command, size=(width, 20))
+        assert terminal.finish() == 0, terminal.text
+        return [line for line in terminal.text.splitlines() if line.strip()]
+
+    for args in (("runs",), ("dead", "pay")):
+        for width in (150, 180):
+            lines = await anyio.to_thread.run_sync(on_a_terminal, width, *args)
+            assert len(lines) == 2 and all(cell_len(line) <= width for line in lines), lines
+            assert " send: ConnectionError: payment gate" in lines[1], lines
+        # Where the column has room for it (the message keeps half), the file and line.
+        assert lines[1].endswith(where), (where, lines)
+    # Into a pipe: whole, for grep.
+    piped = blok("runs", "--db", database).stdout
+    assert " ".join(run.error.split()) in piped, piped
 
 
 def test_runs_stuck_with_no_factor_takes_the_engines_default(tmp_path: Path) -> None:
