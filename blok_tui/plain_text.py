@@ -79,7 +79,7 @@ def fit_last_column(
     cells wide to the room the other columns leave (at least `LAST_COLUMN_MIN`), as
     `one_line_keeping_where` cuts it; `width` None (a pipe, a file): on one line, whole, for
     grep. `whole[n]`: the nth row's cell (the header's is 0) is a note to read to its end, never
-    cut. A fixed 60 cells, on a terminal of 120 whose other columns took 114, wrapped every
+    cut. A fixed 60 cells, on a terminal of 150 whose other columns took 104, wrapped every
     row onto a second line."""
     from rich.cells import cell_len  # here: `blok-tui --version` needs no table
 
