@@ -19,13 +19,7 @@ NARROW = 60  # below this many columns, statuses are icons and backoffs are shor
 
 
 # The steps that hold others: their attempts are their steps'.
-HOLDERS = {
-    "for_each": "a for_each",
-    "loop": "a loop",
-    "switch": "a switch",
-    "try_catch": "a try_catch",
-    "subworkflow": "a subworkflow",
-}
+HOLDERS = ("for_each", "loop", "switch", "try_catch")
 
 
 def no_attempts(step: StepRun, unreached: bool) -> str:
@@ -35,16 +29,14 @@ def no_attempts(step: StepRun, unreached: bool) -> str:
         return "cached from run " + step.cached_from
     if step.kind == "wait":
         return "a wait: no attempts"
+    if step.kind == "event" and status == "waiting":
+        return "waits for an event: no attempts"
     if step.kind == "event":  # done waiting: the title says how it ended
-        return (
-            "waits for an event: no attempts"
-            if status == "waiting"
-            else ("an event wait: no attempts")
-        )
+        return "an event wait: no attempts"
     if step.kind == "subworkflow" and step.child_run_id:
         return "a subworkflow: its child run has the attempts"
     if step.kind in HOLDERS:
-        return f"{HOLDERS[step.kind]}: no attempts of its own; its steps have them"
+        return f"a {step.kind}: no attempts of its own; its steps have them"
     if status in ("pending", "running", "waiting") and not unreached:
         return "no attempts yet"
     if status == "failed":  # e.g. its input was refused: the error above says why
