@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 # No `engine` (nor anyio, nor Textual) at the top: `blok-tui --version` and `--help` answer
 # without loading the engine (0.4 s); each command imports what it uses.
 from .hangup import stop_signals
-from .plain_text import columns, fit_last_column
+from .plain_text import columns, fit_table
 
 if TYPE_CHECKING:
     from engine import Orphan
@@ -1239,7 +1239,12 @@ async def _runs(args: argparse.Namespace) -> None:
                 record["orphaned"], record["orphaned_then"] = orphan.why, orphan.then
         print(json.dumps(records, indent=2))
         return
-    print(_table(runs, now, orphans) if runs else f"no runs{unknown}")
+    if runs:
+        table, dropped = _table(runs, now, orphans)
+        print(table)
+        _note_dropped(dropped)
+    else:
+        print(f"no runs{unknown}")
     if total > len(runs):  # on stderr: a pipe reads the table alone
         narrow = [
             f"--{name}"
@@ -1308,7 +1313,9 @@ async def _follow_runs(args: argparse.Namespace) -> None:
             since=_since(engine, args.since),
         )
         orphans = await _orphans(engine, runs)
-        _say(_table(runs, engine.now(), orphans) if runs else "no runs")
+        table, dropped = _table(runs, engine.now(), orphans) if runs else ("no runs", [])
+        _say(table)
+        _note_dropped(dropped)
         _say("\nFOLLOWING (ctrl-c stops)")
         await follow_runs(engine, events, only, _say)
 
@@ -1343,9 +1350,12 @@ def _zoned(title: str, moments: Sequence[datetime | None]) -> tuple[str, list[st
     return (f"{title} ({zones.pop()})" if len(zones) == 1 else title), cells
 
 
-def _table(runs: Sequence[Any], now: datetime, orphans: Mapping[str, Orphan] | None = None) -> str:
-    """The runs in columns, a running run's DURATION up to `now` (the engine's clock);
-    `orphans`: why nobody runs a running run (in its ERROR column)."""
+def _table(
+    runs: Sequence[Any], now: datetime, orphans: Mapping[str, Orphan] | None = None
+) -> tuple[str, list[str]]:
+    """The runs in columns, a running run's DURATION up to `now` (the engine's clock), and
+    the headers of the columns a narrow terminal left out; `orphans`: why nobody runs a
+    running run (in its ERROR column)."""
     from engine import format_duration
 
     from .step_order import run_ms, time_runs_to
@@ -1372,11 +1382,14 @@ def _table(runs: Sequence[Any], now: datetime, orphans: Mapping[str, Orphan] | N
             )
         )
     if len(rows) == 1:
-        return "no runs"
+        return "no runs", []
     # An orphan's note in full (the last column): what comes of it, and what to do (start a
     # worker) when nothing will, hang on its end.
     whole = [False, *(run.id in orphans for run in runs)]
-    return "\n".join(columns(fit_last_column(rows, _terminal_width(), whole)))
+    # On a narrow terminal the columns least read when scanning runs go first: the worker,
+    # the queue (its workflow names it), the duration, the date and time.
+    fitted, dropped = fit_table(rows, _terminal_width(), (4, 2, 6, 5), whole)
+    return "\n".join(columns(fitted)), dropped
 
 
 async def _show(args: argparse.Namespace) -> None:
@@ -1749,6 +1762,14 @@ def _why(run: Any, now: datetime) -> str | None:
     return run.error if run.terminal or not run.error else local_times(run.error, None, now)
 
 
+def _note_dropped(dropped: Sequence[str]) -> None:
+    """On stderr (a pipe reads the table alone): the columns a narrow terminal left out."""
+    if dropped:
+        names = ", ".join(name.split(" (")[0] for name in dropped)  # "CREATED (UTC)"
+        them = "them" if dropped[1:] else "it"
+        print(f"blok-tui: no room for {names} here (--json has {them})", file=sys.stderr)
+
+
 def _terminal_width() -> int | None:
     """The width of the terminal the tables go to; None into a pipe or a file, where an
     error is printed whole for grep (cut, the order id and the place were lost)."""
@@ -1770,8 +1791,13 @@ def _print_dead(queue: str, jobs: Sequence[Any]) -> None:
                 printable(job.error or ""),
             )
         )
-    table = columns(fit_last_column(rows, _terminal_width()))
-    print("\n".join(table) if jobs else f"no dead letters on queue {queue!r}")
+    if not jobs:
+        print(f"no dead letters on queue {queue!r}")
+        return
+    # On a narrow terminal: the last run's id (`show JOB` finds it), then the deliveries.
+    fitted, dropped = fit_table(rows, _terminal_width(), (1, 2))
+    print("\n".join(columns(fitted)))
+    _note_dropped(dropped)
 
 
 async def _requeue(args: argparse.Namespace) -> int:

@@ -70,13 +70,17 @@ def columns(rows: Sequence[Sequence[str]]) -> list[str]:
 
 
 LAST_COLUMN_MIN = 30  # cells an error keeps where the other columns leave it less
+LAST_COLUMN_LEAST = 12  # the same once `fit_table` has no column left to drop
 
 
 def fit_last_column(
-    rows: Sequence[Sequence[str]], width: int | None, whole: Sequence[bool] = ()
+    rows: Sequence[Sequence[str]],
+    width: int | None,
+    whole: Sequence[bool] = (),
+    least: int = LAST_COLUMN_MIN,
 ) -> list[list[str]]:
     """The rows (a header first) with their last cell, an error, cut for a terminal `width`
-    cells wide to the room the other columns leave (at least `LAST_COLUMN_MIN`), as
+    cells wide to the room the other columns leave (at least `least` cells), as
     `one_line_keeping_where` cuts it; `width` None (a pipe, a file): on one line, whole, for
     grep. `whole[n]`: the nth row's cell (the header's is 0) is a note to read to its end, never
     cut. A fixed 60 cells, on a terminal of 150 whose other columns took 104, wrapped every
@@ -86,7 +90,7 @@ def fit_last_column(
     room = 0
     if width is not None:
         others = [max(cell_len(row[i]) for row in rows) + 2 for i in range(len(rows[0]) - 1)]
-        room = max(width - sum(others), LAST_COLUMN_MIN)
+        room = max(width - sum(others), least)
     fitted = [list(rows[0])]
     for n, row in enumerate(rows[1:], start=1):
         last = " ".join(row[-1].split())
@@ -94,3 +98,35 @@ def fit_last_column(
             last = one_line_keeping_where(last, room)
         fitted.append([*row[:-1], last])
     return fitted
+
+
+def fit_table(
+    rows: Sequence[Sequence[str]],
+    width: int | None,
+    droppable: Sequence[int] = (),
+    whole: Sequence[bool] = (),
+) -> tuple[list[list[str]], list[str]]:
+    """`fit_last_column`, on a terminal too narrow for every column with its error's
+    `LAST_COLUMN_MIN` cells (or all of a shorter error): the columns `droppable` (their
+    indexes, the first to go first) go until the rest fits. Returns the rows and the headers
+    of the columns that went, for a note of them. Into a pipe (`width` None) nothing goes.
+    On 120 columns every row of `blok-tui runs` went on over a second line."""
+    from rich.cells import cell_len  # here: `blok-tui --version` needs no table
+
+    kept = list(range(len(rows[0])))
+
+    def needed() -> int:
+        others = sum(max(cell_len(row[i]) for row in rows) + 2 for i in kept[:-1])
+        last = max(cell_len(" ".join(row[kept[-1]].split())) for row in rows[1:])
+        return others + min(last, LAST_COLUMN_MIN)
+
+    dropped: list[str] = []
+    for index in droppable:
+        if width is None or needed() <= width:
+            break
+        kept.remove(index)
+        dropped.append(rows[0][index])
+    narrowed = [[row[i] for i in kept] for row in rows]
+    # With every column it may drop gone, the error takes what is left, down to a few cells.
+    least = LAST_COLUMN_LEAST if len(dropped) == len(droppable) else LAST_COLUMN_MIN
+    return fit_last_column(narrowed, width, whole, least), dropped

@@ -231,13 +231,16 @@ class Terminal:
         self.master, child = os.openpty()
         width, height = size
         fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", height, width, 0, 0))
+        # Without the COLUMNS and LINES pytest-xdist sets in its workers: they would overrule
+        # the terminal's own size (`shutil.get_terminal_size` reads them first).
+        env = {k: v for k, v in cli_env().items() if k not in ("COLUMNS", "LINES")}
         self.process = subprocess.Popen(
             [sys.executable, *args],
             stdin=child,
             stdout=child,
             stderr=child,
             cwd=cwd,
-            env={**cli_env(), "TERM": "xterm-256color"},
+            env={**env, "TERM": "xterm-256color"},
             start_new_session=True,
         )
         os.close(child)

@@ -19,6 +19,7 @@ from blok_tui.plain_text import (
     PLACE,
     columns,
     fit_last_column,
+    fit_table,
     one_line,
     one_line_keeping_where,
 )
@@ -333,6 +334,22 @@ def test_a_tables_error_column_takes_the_room_the_others_leave() -> None:
     # Never less than 30 cells, however wide the others; whole where nothing is cut.
     assert cell_len(fit_last_column(rows, 20)[1][1]) == 30
     assert fit_last_column(rows, None)[1][1] == error
+    # A table too wide for its terminal: the droppable columns go, first named first, until
+    # it fits; then the error takes what is left, down to a few cells.
+    wide = [("RUN", "WORKER", "QUEUE", "ERROR"), ("run_1", "w" * 20, "q" * 10, error)]
+    assert fit_table(wide, 80, droppable=(1, 2))[1] == []  # 41 cells, and the error's 30
+    fitted, dropped = fit_table(wide, 60, droppable=(1, 2))
+    assert dropped == ["WORKER"] and [row[:2] for row in fitted] == [
+        ["RUN", "QUEUE"],
+        ["run_1", "q" * 10],
+    ]
+    assert cell_len(columns(fitted)[1]) == 60
+    fitted, dropped = fit_table(wide, 30, droppable=(1, 2))
+    assert dropped == ["WORKER", "QUEUE"] and cell_len(columns(fitted)[1]) == 7 + 23
+    assert fit_table(wide, None, droppable=(1, 2)) == (fit_last_column(wide, None), [])
+    # Errors short enough: nothing goes.
+    short = [("RUN", "WORKER", "ERROR"), ("run_1", "w" * 20, "boom")]
+    assert fit_table(short, 40, droppable=(1,)) == ([list(row) for row in short], [])
 
 
 @pytest.mark.anyio
@@ -370,6 +387,26 @@ async def test_runs_and_dead_on_a_terminal_fit_its_width(tmp_path: Path) -> None
             assert cell_len(lines[0]) < width and " send: ConnectionError: pay" in lines[1]
         # Where the column has room for it (the message keeps half), the file and line.
         assert lines[1].endswith(where), (where, lines)
+    # Narrower than the columns: those least read go, and a line on stderr says which.
+    narrow = {
+        (100, "runs"): (
+            ["RUN", "WORKFLOW", "STATUS", "CREATED", "(UTC)", "ERROR"],
+            ["WORKER", "QUEUE", "DURATION"],
+        ),
+        (90, "runs"): (
+            ["RUN", "WORKFLOW", "STATUS", "ERROR"],
+            ["WORKER", "QUEUE", "DURATION", "CREATED"],
+        ),
+        (100, "dead", "pay"): (["JOB", "DELIVERIES", "DIED", "(UTC)", "ERROR"], ["LAST RUN"]),
+        (90, "dead", "pay"): (["JOB", "DIED", "(UTC)", "ERROR"], ["LAST RUN", "DELIVERIES"]),
+    }
+    for (width, *args), (header, names) in narrow.items():
+        lines = await anyio.to_thread.run_sync(on_a_terminal, width, *args)
+        assert len(lines) == 3 and all(cell_len(line) <= width for line in lines), lines
+        assert lines[0].split() == header and " send: ConnectionError: pay" in lines[1], lines
+        them = "them" if names[1:] else "it"
+        said = f"blok-tui: no room for {', '.join(names)} here (--json has {them})"
+        assert lines[2] == said, lines
     # Into a pipe: whole, for grep.
     piped = blok("runs", "--db", database).stdout
     assert " ".join(run.error.split()) in piped, piped
