@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -137,6 +138,18 @@ async def _open(pilot: Pilot[Any], run_id: str) -> RunScreen:
     return screen
 
 
+@asynccontextmanager
+async def _many_open(
+    engine: Engine, size: tuple[int, int] = (140, 40)
+) -> AsyncIterator[tuple[Pilot[Any], RunScreen]]:
+    """A run of thirty long-named steps that ended, open in a console of `size`."""
+    run = await _ended(engine, "many")
+    app = BlokApp(engine)
+    async with app.run_test(size=size) as pilot:
+        await settled(pilot)
+        yield pilot, await _open(pilot, run.id)
+
+
 def _highlight_in_view(rail: StepRail) -> bool:
     highlighted = rail.highlighted
     if highlighted is None or highlighted not in rail._index_to_line:
@@ -173,11 +186,7 @@ async def test_a_long_error_shows_its_first_lines_and_leaves_the_rail_its_room(
 
 
 async def test_the_page_keys_on_a_rail_squeezed_to_no_height_do_nothing(engine: Engine) -> None:
-    run = await _ended(engine, "many")
-    app = BlokApp(engine)
-    async with app.run_test(size=(140, 40)) as pilot:
-        await settled(pilot)
-        screen = await _open(pilot, run.id)
+    async with _many_open(engine) as (pilot, screen):
         rail = screen.query_one(StepRail)
         rail.styles.min_height = rail.styles.max_height = rail.styles.height = 0
         await until(pilot, lambda: rail.size.height == 0)
@@ -185,17 +194,14 @@ async def test_the_page_keys_on_a_rail_squeezed_to_no_height_do_nothing(engine: 
         rail.focus()
         await pilot.press("pagedown", "pageup")
         await settled(pilot)
-        assert app.screen is screen and rail.highlighted == highlighted
+        assert pilot.app.screen is screen and rail.highlighted == highlighted
 
 
 async def test_a_run_error_no_step_holds_is_shown_whole_under_the_header(engine: Engine) -> None:
-    run = await _ended(engine, "many")
-    app = BlokApp(engine)
-    async with app.run_test(size=(140, 40)) as pilot:
-        await settled(pilot)
-        screen = await _open(pilot, run.id)
+    async with _many_open(engine) as (pilot, screen):
         error = "the engine gave up:\n" + "\n".join(f"reason {n}" for n in range(20))
-        screen.run = run.model_copy(update={"error": error, "status": RunStatus.CRASHED})
+        assert screen.run is not None
+        screen.run = screen.run.model_copy(update={"error": error, "status": RunStatus.CRASHED})
         screen.render_run()
         await settled(pilot)
         header = text_of(screen.query_one("#run-header", Static))
@@ -209,11 +215,7 @@ async def test_a_run_error_no_step_holds_is_shown_whole_under_the_header(engine:
 async def test_the_rail_gives_step_names_its_room_and_marks_a_cut_one(
     engine: Engine, width: int, whole: bool
 ) -> None:
-    run = await _ended(engine, "many")
-    app = BlokApp(engine)
-    async with app.run_test(size=(width, 40)) as pilot:
-        await settled(pilot)
-        screen = await _open(pilot, run.id)
+    async with _many_open(engine, (width, 40)) as (_, screen):
         rail = screen.query_one(StepRail)
         lines = [str(rail.get_option_at_index(n).prompt) for n in range(rail.option_count)]
         assert len(lines) == len(LONG_NAMES)
@@ -226,7 +228,7 @@ async def test_the_rail_gives_step_names_its_room_and_marks_a_cut_one(
                 assert len(shown) > 16, line  # more than the 15 columns it had
         assert all(len(line) <= rail.room for line in lines)  # none wraps onto two rows
         # The timeline too (it cut them at 18, with no "…").
-        drawn = timeline(screen.run, app.now(), width - 2).plain  # type: ignore[arg-type]
+        drawn = timeline(screen.run, screen.blok.now(), width - 2).plain  # type: ignore[arg-type]
         assert (LONG_NAMES[0] if width >= 140 else LONG_NAMES[0][:20]) in drawn
 
 
@@ -235,11 +237,7 @@ async def test_the_rail_gives_step_names_its_room_and_marks_a_cut_one(
 async def test_the_rail_opens_scrolled_to_its_selected_step(
     engine: Engine, size: tuple[int, int]
 ) -> None:
-    run = await _ended(engine, "many")
-    app = BlokApp(engine)
-    async with app.run_test(size=size) as pilot:
-        await settled(pilot)
-        screen = await _open(pilot, run.id)
+    async with _many_open(engine, size) as (pilot, screen):
         rail = screen.query_one(StepRail)
         assert rail.highlighted == len(LONG_NAMES) - 1  # the last that ran
         await until(pilot, lambda: _highlight_in_view(rail))
@@ -249,11 +247,7 @@ async def test_the_rail_opens_scrolled_to_its_selected_step(
 
 
 async def test_j_and_k_move_the_rail_as_they_move_the_tables(engine: Engine) -> None:
-    run = await _ended(engine, "many")
-    app = BlokApp(engine)
-    async with app.run_test(size=(140, 40)) as pilot:
-        await settled(pilot)
-        screen = await _open(pilot, run.id)
+    async with _many_open(engine) as (pilot, screen):
         rail = screen.query_one(StepRail)
         last = len(LONG_NAMES) - 1
         assert rail.has_focus and rail.highlighted == last
