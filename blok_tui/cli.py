@@ -1735,7 +1735,13 @@ async def _queues(args: argparse.Namespace) -> None:
                 *(str(counts[state]) for state in states),
             )
         )
-    print("\n".join(columns(rows)) if infos else "no queues (no worker declared any yet)")
+    if not infos:
+        print("no queues (no worker declared any yet)")
+        return
+    # On a narrow terminal: the provider, the counts an operator reads least, the slots.
+    fitted, dropped = fit_table(rows, _terminal_width(), (2, 8, 11, 7, 3), error_last=False)
+    print("\n".join(columns(fitted)))
+    _note_dropped(dropped)
 
 
 async def _dead(args: argparse.Namespace) -> None:
@@ -1766,8 +1772,7 @@ def _note_dropped(dropped: Sequence[str]) -> None:
     """On stderr (a pipe reads the table alone): the columns a narrow terminal left out."""
     if dropped:
         names = ", ".join(name.split(" (")[0] for name in dropped)  # "CREATED (UTC)"
-        them = "them" if dropped[1:] else "it"
-        print(f"blok-tui: no room for {names} here (--json has {them})", file=sys.stderr)
+        print(f"blok-tui: no room here for {names}", file=sys.stderr)  # one line at 80 columns
 
 
 def _terminal_width() -> int | None:
@@ -1938,7 +1943,13 @@ async def _workers(args: argparse.Namespace) -> None:
                 heartbeat_at,
             )
         )
-    print("\n".join(columns(rows)) if found else "no workers registered")
+    if not found:
+        print("no workers registered")
+        return
+    # On a narrow terminal: the host and pid (the worker's id holds them), then its start.
+    fitted, dropped = fit_table(rows, _terminal_width(), (1, 2, 4), error_last=False)
+    print("\n".join(columns(fitted)))
+    _note_dropped(dropped)
 
 
 COMMANDS = {

@@ -105,17 +105,23 @@ def fit_table(
     width: int | None,
     droppable: Sequence[int] = (),
     whole: Sequence[bool] = (),
+    *,
+    error_last: bool = True,
 ) -> tuple[list[list[str]], list[str]]:
     """`fit_last_column`, on a terminal too narrow for every column with its error's
     `LAST_COLUMN_MIN` cells (or all of a shorter error): the columns `droppable` (their
     indexes, the first to go first) go until the rest fits. Returns the rows and the headers
     of the columns that went, for a note of them. Into a pipe (`width` None) nothing goes.
-    On 120 columns every row of `blok-tui runs` went on over a second line."""
+    On 120 columns every row of `blok-tui runs` went on over a second line. `error_last`
+    False: a table of short cells (counts, names), whose columns go until all of it fits,
+    none of them cut."""
     from rich.cells import cell_len  # here: `blok-tui --version` needs no table
 
     kept = list(range(len(rows[0])))
 
     def needed() -> int:
+        if not error_last:
+            return sum(max(cell_len(row[i]) for row in rows) + 2 for i in kept) - 2
         others = sum(max(cell_len(row[i]) for row in rows) + 2 for i in kept[:-1])
         last = max(cell_len(" ".join(row[kept[-1]].split())) for row in rows[1:])
         return others + min(last, LAST_COLUMN_MIN)
@@ -127,6 +133,8 @@ def fit_table(
         kept.remove(index)
         dropped.append(rows[0][index])
     narrowed = [[row[i] for i in kept] for row in rows]
+    if not error_last:
+        return narrowed, dropped
     # With every column it may drop gone, the error takes what is left, down to a few cells.
     least = LAST_COLUMN_LEAST if len(dropped) == len(droppable) else LAST_COLUMN_MIN
     return fit_last_column(narrowed, width, whole, least), dropped

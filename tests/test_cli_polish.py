@@ -353,7 +353,7 @@ def test_a_tables_error_column_takes_the_room_the_others_leave() -> None:
 
 
 @pytest.mark.anyio
-async def test_runs_and_dead_on_a_terminal_fit_its_width(tmp_path: Path) -> None:
+async def test_the_tables_on_a_terminal_fit_its_width(tmp_path: Path) -> None:
     # The ERROR column was cut at 60 cells (70 for `dead`) whatever the terminal: where the
     # other columns took 104 of 150, every row went on over a second line.
     import anyio
@@ -365,19 +365,27 @@ async def test_runs_and_dead_on_a_terminal_fit_its_width(tmp_path: Path) -> None
 
     failing = Workflow(name="pay", trigger=WorkerTrigger(queue="pay"), steps=[Step("send", send)])
     database = tmp_path / "blok.db"
-    async with Engine(workflows=[failing], database=database) as engine:
-        run = await engine.wait_for_job(await engine.enqueue("pay", {}), timeout=10)
-        await engine.flush()
-    assert run.error is not None and run.error.startswith("[step 1/1] send failed: ")
-    found = PLACE.search(run.error)
-    assert found is not None, run.error
-    where = found[0].rsplit("/", 1)[1]  # "test_cli_polish.py:N)": its folders may go
 
     def on_a_terminal(width: int, *args: str) -> list[str]:
         command = ("-m", "blok_tui", *args, "--db", str(database))
         terminal = Terminal(tmp_path, *command, size=(width, 20))
         assert terminal.finish() == 0, terminal.text
         return [line for line in terminal.text.splitlines() if line.strip()]
+
+    async with Engine(workflows=[failing], database=database) as engine:
+        run = await engine.wait_for_job(await engine.enqueue("pay", {}), timeout=10)
+        await engine.flush()
+        # Workers while this one is alive (a stopped engine takes its entry out).
+        lines = await anyio.to_thread.run_sync(on_a_terminal, 60, "workers")
+        assert len(lines) == 3 and all(cell_len(line) <= 60 for line in lines), lines
+        assert lines[0].split() == ["WORKER", "STATE", "HEARTBEAT", "(UTC)"], lines
+        assert lines[2] == "blok-tui: no room here for HOST, PID, STARTED", lines
+        wide = await anyio.to_thread.run_sync(on_a_terminal, 200, "workers")
+        assert len(wide) == 2 and wide[0].split()[:3] == ["WORKER", "HOST", "PID"], wide
+    assert run.error is not None and run.error.startswith("[step 1/1] send failed: ")
+    found = PLACE.search(run.error)
+    assert found is not None, run.error
+    where = found[0].rsplit("/", 1)[1]  # "test_cli_polish.py:N)": its folders may go
 
     for args in (("runs",), ("dead", "pay")):
         for width in (150, 180):
@@ -404,9 +412,16 @@ async def test_runs_and_dead_on_a_terminal_fit_its_width(tmp_path: Path) -> None
         lines = await anyio.to_thread.run_sync(on_a_terminal, width, *args)
         assert len(lines) == 3 and all(cell_len(line) <= width for line in lines), lines
         assert lines[0].split() == header and " send: ConnectionError: pay" in lines[1], lines
-        them = "them" if names[1:] else "it"
-        said = f"blok-tui: no room for {', '.join(names)} here (--json has {them})"
-        assert lines[2] == said, lines
+        assert lines[2] == f"blok-tui: no room here for {', '.join(names)}", lines
+    # A table of short cells alike: the queue's counts read least go first, none is cut.
+    lines = await anyio.to_thread.run_sync(on_a_terminal, 80, "queues")
+    assert len(lines) == 3 and all(cell_len(line) <= 80 for line in lines), lines
+    header = "QUEUE WORKFLOW SLOTS STATE WAITING ACTIVE COMPLETED FAILED DEAD"
+    assert " ".join(lines[0].split()) == header, lines
+    names = "PROVIDER, THROTTLED, CANCELLED, DELAYED"
+    assert lines[2] == f"blok-tui: no room here for {names}", lines
+    wide = await anyio.to_thread.run_sync(on_a_terminal, 200, "queues")
+    assert len(wide) == 2 and "PROVIDER" in wide[0] and "CANCELLED" in wide[0], wide
     # Into a pipe: whole, for grep.
     piped = blok("runs", "--db", database).stdout
     assert " ".join(run.error.split()) in piped, piped
