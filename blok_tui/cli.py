@@ -1599,7 +1599,9 @@ async def _schedules(args: argparse.Namespace) -> None:
     if args.json:
         print(json.dumps([_schedule_json(info) for info in infos], indent=2))
     else:
-        print(_schedule_table(infos))
+        table, dropped = _schedule_table(infos)
+        print(table)
+        _note_dropped(dropped)
     if idle:
         print(
             "blok-tui: note: no worker is alive on this database: no schedule fires until "
@@ -1635,9 +1637,10 @@ def _schedule_json(info: Any) -> dict[str, Any]:
     return fields
 
 
-def _schedule_table(infos: Sequence[Any]) -> str:
+def _schedule_table(infos: Sequence[Any]) -> tuple[str, list[str]]:
+    """The schedules in columns, and the headers of those a narrow terminal left out."""
     if not infos:
-        return "no schedules"
+        return "no schedules", []
 
     from .run_text import zoned_moment
 
@@ -1660,7 +1663,9 @@ def _schedule_table(infos: Sequence[Any]) -> str:
                 str(info.last_status or "-"),
             )
         )
-    return "\n".join(columns(rows))
+    # On a narrow terminal: the last run's id, the queue, when it last fired, how that ended.
+    fitted, dropped = fit_table(rows, _terminal_width(), (6, 2, 5, 7), error_last=False)
+    return "\n".join(columns(fitted)), dropped
 
 
 async def _health(args: argparse.Namespace) -> None:

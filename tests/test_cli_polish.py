@@ -358,12 +358,17 @@ async def test_the_tables_on_a_terminal_fit_its_width(tmp_path: Path) -> None:
     # other columns took 104 of 150, every row went on over a second line.
     import anyio
 
-    from engine import Engine, Step, WorkerTrigger, Workflow
+    from engine import Engine, Schedule, Step, WorkerTrigger, Workflow
 
     async def send(ctx: object) -> None:
         raise ConnectionError("payment gateway 503 for order ORD-10, " + "retry later " * 10)
 
-    failing = Workflow(name="pay", trigger=WorkerTrigger(queue="pay"), steps=[Step("send", send)])
+    failing = Workflow(
+        name="pay",
+        trigger=WorkerTrigger(queue="pay"),
+        schedules=[Schedule(every="1h")],
+        steps=[Step("send", send)],
+    )
     database = tmp_path / "blok.db"
 
     def on_a_terminal(width: int, *args: str) -> list[str]:
@@ -382,6 +387,18 @@ async def test_the_tables_on_a_terminal_fit_its_width(tmp_path: Path) -> None:
         assert lines[2] == "blok-tui: no room here for HOST, PID, STARTED", lines
         wide = await anyio.to_thread.run_sync(on_a_terminal, 200, "workers")
         assert len(wide) == 2 and wide[0].split()[:3] == ["WORKER", "HOST", "PID"], wide
+        # Schedules: the last run's id, the queue, the last firing and its status go first.
+        lines = await anyio.to_thread.run_sync(on_a_terminal, 70, "schedules")
+        assert len(lines) == 3 and all(cell_len(line) <= 70 for line in lines), lines
+        order = ["LAST RUN", "QUEUE", "LAST FIRED", "STATUS"]
+        names = lines[2].removeprefix("blok-tui: no room here for ").split(", ")
+        assert names == order[: len(names)] and lines[0].split()[:3] == [
+            "WORKFLOW",
+            "SCHEDULE",
+            "STATE",
+        ], lines
+        wide = await anyio.to_thread.run_sync(on_a_terminal, 200, "schedules")
+        assert len(wide) == 2 and all(name in wide[0] for name in order), wide
     assert run.error is not None and run.error.startswith("[step 1/1] send failed: ")
     found = PLACE.search(run.error)
     assert found is not None, run.error
