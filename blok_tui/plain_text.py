@@ -123,7 +123,8 @@ def fit_table(
         if not error_last:
             return sum(max(cell_len(row[i]) for row in rows) + 2 for i in kept) - 2
         others = sum(max(cell_len(row[i]) for row in rows) + 2 for i in kept[:-1])
-        last = max(cell_len(" ".join(row[kept[-1]].split())) for row in rows[1:])
+        # The header's width too: a table of runs with no error is as wide as "ERROR".
+        last = max(cell_len(" ".join(row[kept[-1]].split())) for row in rows)
         return others + min(last, LAST_COLUMN_MIN)
 
     dropped: list[str] = []

@@ -349,7 +349,11 @@ def test_a_tables_error_column_takes_the_room_the_others_leave() -> None:
     assert fit_table(wide, None, droppable=(1, 2)) == (fit_last_column(wide, None), [])
     # Errors short enough: nothing goes.
     short = [("RUN", "WORKER", "ERROR"), ("run_1", "w" * 20, "boom")]
-    assert fit_table(short, 40, droppable=(1,)) == ([list(row) for row in short], [])
+    assert fit_table(short, 34, droppable=(1,)) == ([list(row) for row in short], [])
+    # No error at all: the header's "ERROR" is what the column needs (its rows ran over).
+    assert fit_table(short, 33, droppable=(1,))[1] == ["WORKER"]
+    done = [("RUN", "WORKER", "ERROR"), ("run_1", "w" * 20, "")]
+    assert fit_table(done, 33, droppable=(1,))[1] == ["WORKER"]
 
 
 @pytest.mark.anyio
