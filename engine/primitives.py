@@ -26,6 +26,7 @@ from . import expressions
 from .context import Context
 from .events import StepFinished, StepStarted
 from .models import RunStatus, StepRun, StepStatus
+from .origin import failed_before_running
 from .runner import Frame, Runner, StepError, WaitRequested, user_error
 from .workflow import (
     StepDefinition,
@@ -124,6 +125,17 @@ class _Primitive(StepDefinition):
         self._finish(frame, StepStatus.COMPLETED, output)
         return output
 
+    def _failure(self, frame: Frame, message: str, error: BaseException | None = None) -> StepError:
+        """This step failing on `message`, said as a node's failure is: with where it came
+        from, the user's line when a callable of theirs raised `error`, else the step's
+        definition (a for_each's items that are no list said no file or line)."""
+        if error is not None:
+            said = failed_before_running(frame.where, message, error, self.defined_at)
+        else:
+            said = f"{frame.where} failed: {message}"
+            said += f" (at {self.defined_at})" if self.defined_at else ""
+        return StepError(said, self.name)
+
     def _resolve(self, frame: Frame, value: Any, what: str) -> Any:
         try:
             return frame.runner._resolve(value, frame.ctx)
@@ -131,7 +143,7 @@ class _Primitive(StepDefinition):
             if not user_error(error):
                 raise
             self._finish(frame, StepStatus.FAILED, error=f"bad {what}: {error}")
-            raise StepError(f"{frame.where} failed: bad {what}: {error}", self.name) from error
+            raise self._failure(frame, f"bad {what}: {error}", error) from error
 
 
 class ForEach(_Primitive):
@@ -159,7 +171,7 @@ class ForEach(_Primitive):
             if not isinstance(items, list | tuple):
                 message = f"items must be a list, not {type(items).__name__}"
                 self._finish(frame, StepStatus.FAILED, error=message)
-                raise StepError(f"{frame.where} failed: {message}", self.name)
+                raise self._failure(frame, message)
             record.input = {"items": list(items)}  # fixed on the first pass, as the cursor is
         items = record.input["items"]
 
@@ -272,7 +284,7 @@ class Loop(_Primitive):
             if not user_error(error):
                 raise
             message = f"{which} condition raised {type(error).__name__}: {error}"
-            raise StepError(f"{frame.where} failed: {message}", self.name) from error
+            raise self._failure(frame, message, error) from error
 
     async def execute(self, frame: Frame) -> Any:
         record = frame.record
@@ -297,7 +309,7 @@ class Loop(_Primitive):
                     if self.on_max == "stop":
                         return result
                     message = f"did not finish within max_iterations={self.max_iterations}"
-                    raise StepError(f"{frame.where} failed: {message}", self.name)
+                    raise self._failure(frame, message)
                 frame.mark(i)
                 frame.ctx.state[self.name] = {"iteration": i, "last": result}
                 record.output = {"iterations": i, "last": result, "current": i}
@@ -507,7 +519,7 @@ class Subworkflow(_Primitive):
 
         def fail(message: str) -> StepError:
             self._finish(frame, StepStatus.FAILED, error=message)
-            return StepError(f"{frame.where} failed: {message}", self.name)
+            return self._failure(frame, message)
 
         target = runner.services.workflow(self.workflow)
         if target is None:

@@ -167,6 +167,40 @@ async def test_loop_until_and_max_iterations(tmp_path: Path) -> None:
     assert len(nested(stuck, "spin")) == 4
 
 
+async def test_a_flow_steps_own_failure_names_its_file_and_line(tmp_path: Path) -> None:
+    """A node's failure ends "(at workflows/x.py:12)"; a for_each whose items were no list, a
+    loop out of iterations or with a condition that raised said no file or line."""
+    here = Path(__file__).resolve().relative_to(Path.cwd().resolve())  # as the engine says it
+
+    def line_of(text: str) -> int:
+        lines = Path(__file__).read_text().splitlines()
+        return next(n for n, line in enumerate(lines, 1) if text in line)
+
+    def never(ctx: Any) -> bool:
+        return False
+
+    def missing(ctx: Any) -> bool:
+        return bool(ctx.state["nope"])  # raises KeyError
+
+    turn = [Step("turn", lambda ctx: 1)]
+    not_a_list = flow("not_a_list", for_each("each", "$.body.items", steps=[Step("s", print)]))
+    endless = flow("spins", loop("spin", steps=turn, until=never, max_iterations=2))
+    raising = flow("raising", loop("spin", steps=turn, while_=missing))
+    flows = [not_a_list, endless, raising]
+    async with Engine(workflows=flows, database=tmp_path / "blok.db") as engine:
+        errors = {}
+        for name, body in (("not_a_list", {"items": "abc"}), ("spins", {}), ("raising", {})):
+            run = await engine.wait_for_job(await engine.enqueue(name, body), 10)
+            assert run.status is RunStatus.FAILED, run.error
+            errors[name] = run.error or ""
+    defined = line_of('flow("not_a_list", for_each(')
+    assert errors["not_a_list"].endswith(f"items must be a list, not str (at {here}:{defined})")
+    defined = line_of('flow("spins", loop(')
+    assert errors["spins"].endswith(f"max_iterations=2 (at {here}:{defined})"), errors
+    raised = line_of("# raises KeyError")  # the user's line that raised, not the definition
+    assert errors["raising"].endswith(f"KeyError: 'nope' (at {here}:{raised})"), errors
+
+
 async def test_switch_picks_the_case_or_the_default(tmp_path: Path) -> None:
     wf = flow(
         "route",
