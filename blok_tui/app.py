@@ -332,7 +332,8 @@ class BlokApp(App[None]):
 
     def _show_reload_errors(self) -> None:
         for screen in self.screen_stack:
-            if isinstance(screen, BlokScreen):
+            # One being opened shows them as it mounts (`show_chrome`); its banner is not there.
+            if isinstance(screen, BlokScreen) and screen.is_mounted:
                 screen.show_reload_errors(self.reload_errors)
 
     @property
@@ -353,7 +354,11 @@ class BlokApp(App[None]):
         if changes.queue_list:
             await self._refresh_queue_names()
         view = self.view
-        if view is not None:
+        if view is not None and not view.is_mounted:
+            # A view being opened has no widgets yet (the flush raised NoMatches and ended the
+            # console): it is told at the next flush.
+            self._changes.add(changes)
+        elif view is not None:
             view.engine_changed(changes)
 
     async def _tick(self) -> None:
@@ -364,7 +369,7 @@ class BlokApp(App[None]):
                 continue
             self.throughput_history.setdefault(name, deque(maxlen=HISTORY)).append(rate)
         view = self.view
-        if view is not None:
+        if view is not None and view.is_mounted:  # one being opened has no widgets yet
             view.show_out_of_reach(self.opened_engine.out_of_reach_since())
             view.tick()
 
@@ -380,7 +385,8 @@ class BlokApp(App[None]):
         """Nothing noted and not yet shown, and the view is not reading (for tests)."""
         view = self.view
         bulk_running = any(w.group == "bulk" and not w.is_finished for w in self.workers)
-        return not self._changes and not bulk_running and (view is None or view.idle)
+        ready = view is None or (view.is_mounted and view.idle)
+        return not self._changes and not bulk_running and ready
 
     # ---- navigation ------------------------------------------------------------------------
     def _push_view(self, view: BlokScreen) -> None:

@@ -49,6 +49,14 @@ class Changes:
     def __bool__(self) -> bool:
         return bool(self.runs or self.queues or self.queue_list or self.everything or self.logs)
 
+    def add(self, other: Changes) -> None:
+        """Take in `other`'s changes too (those a view could not be told yet)."""
+        self.runs |= other.runs
+        self.queues |= other.queues
+        self.queue_list |= other.queue_list
+        self.everything |= other.everything
+        self.logs |= other.logs
+
 
 class BlokScreen(Screen[None]):
     SCOPE: ClassVar[str] = ""

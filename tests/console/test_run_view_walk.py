@@ -19,7 +19,7 @@ from textual.widgets import Static
 
 from blok_tui.app import BlokApp
 from blok_tui.run_screen import RunScreen
-from blok_tui.widgets import AttemptsView, StepRail
+from blok_tui.widgets import AttemptsView, ReloadBanner, StepRail
 from blok_tui.widgets.timeline import timeline
 from engine import (
     Engine,
@@ -255,6 +255,28 @@ async def test_j_and_k_move_the_rail_as_they_move_the_tables(engine: Engine) -> 
         assert rail.highlighted == last - 2
         await pilot.press("j")
         assert rail.highlighted == last - 1
+
+
+# ---- a view being opened ------------------------------------------------------------------------
+async def test_the_apps_timers_and_events_wait_for_a_view_being_opened(engine: Engine) -> None:
+    """The app's flush of the engine's changes, a reload error and its tick reached a view
+    pushed but not composed yet: NoMatches on its banner ended the console (seen in CI)."""
+    run = await _ended(engine, "many")
+    app = BlokApp(engine)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await settled(pilot)
+        app.open_run(run.id)
+        screen = app.screen
+        assert isinstance(screen, RunScreen) and not screen.is_mounted
+        app._changes.runs.add(run.id)
+        await app._flush_changes()  # no await on the way: the view is still being opened
+        assert not screen.is_mounted and app._changes.runs == {run.id}  # kept for it
+        app.reload_errors["flows/x.py"] = "flows/x.py:1: SyntaxError: invalid syntax"
+        app._show_reload_errors()
+        await app._tick()
+        await settled(pilot)
+        assert app.screen is screen and screen.is_mounted and not app._changes
+        assert "SyntaxError" in text_of(screen.query_one(ReloadBanner))
 
 
 # ---- an event wait that has ended says how -----------------------------------------------------
