@@ -194,10 +194,11 @@ def failed_for_good(
 
 
 def failed_before_running(
-    where: str, detail: str, error: BaseException, defined_at: str | None
+    where: str, detail: str, error: BaseException | None, defined_at: str | None
 ) -> str:
     """The one-line error of a step that failed before its node ran (its input, its wait's
-    deadline or key): at the user's line when a callable of theirs raised, else at the step's
-    definition, whose expression it was."""
-    origin = user_line(error) or defined_at
+    deadline or key) or of a flow step's own (a for_each's items no list): at the user's line
+    when a callable of theirs raised `error`, else at the step's definition, whose expression
+    it was."""
+    origin = (user_line(error) if error is not None else None) or defined_at
     return f"{where} failed: {detail}" + (f" (at {origin})" if origin else "")

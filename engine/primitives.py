@@ -129,12 +129,9 @@ class _Primitive(StepDefinition):
         """This step failing on `message`, said as a node's failure is: with where it came
         from, the user's line when a callable of theirs raised `error`, else the step's
         definition (a for_each's items that are no list said no file or line)."""
-        if error is not None:
-            said = failed_before_running(frame.where, message, error, self.defined_at)
-        else:
-            said = f"{frame.where} failed: {message}"
-            said += f" (at {self.defined_at})" if self.defined_at else ""
-        return StepError(said, self.name)
+        return StepError(
+            failed_before_running(frame.where, message, error, self.defined_at), self.name
+        )
 
     def _resolve(self, frame: Frame, value: Any, what: str) -> Any:
         try:
