@@ -69,6 +69,13 @@ def columns(rows: Sequence[Sequence[str]]) -> list[str]:
     ]
 
 
+def _widths(rows: Sequence[Sequence[str]]) -> list[int]:
+    """Each column's width in terminal cells: its widest cell's."""
+    from rich.cells import cell_len  # here: `blok-tui --version` needs no table
+
+    return [max(cell_len(row[i]) for row in rows) for i in range(len(rows[0]))]
+
+
 LAST_COLUMN_MIN = 30  # cells an error keeps where the other columns leave it less
 LAST_COLUMN_LEAST = 12  # the same once `fit_table` has no column left to drop
 
@@ -85,12 +92,10 @@ def fit_last_column(
     grep. `whole[n]`: the nth row's cell (the header's is 0) is a note to read to its end, never
     cut. A fixed 60 cells, on a terminal of 150 whose other columns took 104, wrapped every
     row onto a second line."""
-    from rich.cells import cell_len  # here: `blok-tui --version` needs no table
-
     room = 0
     if width is not None:
-        others = [max(cell_len(row[i]) for row in rows) + 2 for i in range(len(rows[0]) - 1)]
-        room = max(width - sum(others), least)
+        others = sum(cells + 2 for cells in _widths(rows)[:-1])  # two spaces after each
+        room = max(width - others, least)
     fitted = [list(rows[0])]
     for n, row in enumerate(rows[1:], start=1):
         last = " ".join(row[-1].split())
@@ -118,14 +123,15 @@ def fit_table(
     from rich.cells import cell_len  # here: `blok-tui --version` needs no table
 
     kept = list(range(len(rows[0])))
+    widths = _widths(rows)
+    # The error's room: what its longest takes, up to LAST_COLUMN_MIN, and the header's width
+    # at least (a table of runs with no error is as wide as "ERROR").
+    error = min(max(cell_len(" ".join(row[-1].split())) for row in rows), LAST_COLUMN_MIN)
 
     def needed() -> int:
-        if not error_last:
-            return sum(max(cell_len(row[i]) for row in rows) + 2 for i in kept) - 2
-        others = sum(max(cell_len(row[i]) for row in rows) + 2 for i in kept[:-1])
-        # The header's width too: a table of runs with no error is as wide as "ERROR".
-        last = max(cell_len(" ".join(row[kept[-1]].split())) for row in rows)
-        return others + min(last, LAST_COLUMN_MIN)
+        if not error_last:  # every column as wide as it is, two spaces between them
+            return sum(widths[i] + 2 for i in kept) - 2
+        return sum(widths[i] + 2 for i in kept[:-1]) + error
 
     dropped: list[str] = []
     for index in droppable:
