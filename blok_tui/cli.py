@@ -1388,8 +1388,7 @@ def _table(
     whole = [False, *(run.id in orphans for run in runs)]
     # On a narrow terminal the columns least read when scanning runs go first: the worker,
     # the queue (its workflow names it), the duration, the date and time.
-    fitted, dropped = fit_table(rows, _terminal_width(), (4, 2, 6, 5), whole)
-    return "\n".join(columns(fitted)), dropped
+    return _fitted(rows, (4, 2, 6, 5), whole)
 
 
 async def _show(args: argparse.Namespace) -> None:
@@ -1664,8 +1663,7 @@ def _schedule_table(infos: Sequence[Any]) -> tuple[str, list[str]]:
             )
         )
     # On a narrow terminal: the last run's id, the queue, when it last fired, how that ended.
-    fitted, dropped = fit_table(rows, _terminal_width(), (6, 2, 5, 7), error_last=False)
-    return "\n".join(columns(fitted)), dropped
+    return _fitted(rows, (6, 2, 5, 7), error_last=False)
 
 
 async def _health(args: argparse.Namespace) -> None:
@@ -1744,9 +1742,7 @@ async def _queues(args: argparse.Namespace) -> None:
         print("no queues (no worker declared any yet)")
         return
     # On a narrow terminal: the provider, the counts an operator reads least, the slots.
-    fitted, dropped = fit_table(rows, _terminal_width(), (2, 8, 11, 7, 3), error_last=False)
-    print("\n".join(columns(fitted)))
-    _note_dropped(dropped)
+    _print_fitted(rows, (2, 8, 11, 7, 3), error_last=False)
 
 
 async def _dead(args: argparse.Namespace) -> None:
@@ -1771,6 +1767,28 @@ def _why(run: Any, now: datetime) -> str | None:
     from .console import local_times
 
     return run.error if run.terminal or not run.error else local_times(run.error, None, now)
+
+
+def _fitted(
+    rows: Sequence[Sequence[str]],
+    droppable: Sequence[int],
+    whole: Sequence[bool] = (),
+    *,
+    error_last: bool = True,
+) -> tuple[str, list[str]]:
+    """The rows (a header first) laid out in columns for where stdout goes (`fit_table`:
+    fitted to a terminal, whole into a pipe), and the headers of the columns left out."""
+    fitted, dropped = fit_table(rows, _terminal_width(), droppable, whole, error_last=error_last)
+    return "\n".join(columns(fitted)), dropped
+
+
+def _print_fitted(
+    rows: Sequence[Sequence[str]], droppable: Sequence[int], *, error_last: bool = True
+) -> None:
+    """`_fitted`, printed, with the note of the columns left out."""
+    table, dropped = _fitted(rows, droppable, error_last=error_last)
+    print(table)
+    _note_dropped(dropped)
 
 
 def _note_dropped(dropped: Sequence[str]) -> None:
@@ -1805,9 +1823,7 @@ def _print_dead(queue: str, jobs: Sequence[Any]) -> None:
         print(f"no dead letters on queue {queue!r}")
         return
     # On a narrow terminal: the last run's id (`show JOB` finds it), then the deliveries.
-    fitted, dropped = fit_table(rows, _terminal_width(), (1, 2))
-    print("\n".join(columns(fitted)))
-    _note_dropped(dropped)
+    _print_fitted(rows, (1, 2))
 
 
 async def _requeue(args: argparse.Namespace) -> int:
@@ -1952,9 +1968,7 @@ async def _workers(args: argparse.Namespace) -> None:
         print("no workers registered")
         return
     # On a narrow terminal: the host and pid (the worker's id holds them), then its start.
-    fitted, dropped = fit_table(rows, _terminal_width(), (1, 2, 4), error_last=False)
-    print("\n".join(columns(fitted)))
-    _note_dropped(dropped)
+    _print_fitted(rows, (1, 2, 4), error_last=False)
 
 
 COMMANDS = {
