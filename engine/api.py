@@ -112,6 +112,8 @@ class EngineAPI(Protocol):
 
     async def replay_warning(self, run_id: str) -> str | None: ...
 
+    async def replayed_among(self, runs: Sequence[Run]) -> set[str]: ...
+
     async def replay(
         self,
         run_id: str,

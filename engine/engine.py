@@ -699,9 +699,12 @@ class Engine:
     async def replay_warning(self, run_id: str) -> str | None:
         """Why replaying the run would do again what is done or under way, in a clause ("its
         job job_… completed on a later delivery (run run_…)", "it was replayed as run run_…,
-        which is throttled and has not ended"); None if nothing is. The console and the
-        command line ask before such a replay; `replay` itself does not refuse it."""
+        which is throttled and has not ended"), else None. Asked about; never refused."""
         return await self.operator.replay_warning(run_id)
+
+    async def replayed_among(self, runs: Sequence[Run]) -> set[str]:
+        """The ids of those runs replayed already: a bulk replay leaves them out."""
+        return await self.operator.replayed_among(runs)
 
     async def requeue(self, job_id: str, *, force: bool = False) -> str:
         """Put a dead-lettered job back in its queue with a fresh run and retry budget. Refused
@@ -711,8 +714,7 @@ class Engine:
 
     async def find_dead_letter(self, word: str) -> Job:
         """The job `word` names: its id, or the start of a dead letter's id (with or without
-        `job_`), as the console's dead-letter view shows ids shortened. The command line's
-        `requeue` and `discard` take either."""
+        `job_`), as the console shows it (`requeue` and `discard` take either)."""
         return await self.operator.dead.find(word)
 
     async def discard(self, job_id: str) -> str:

@@ -63,6 +63,7 @@ class RunFilter:
     created_after: float | None = None  # epoch seconds: created at or after this moment
     workers: tuple[str, ...] | None = None  # run by one of these workers
     replay_of: str | None = None  # replays of this run
+    replays: bool = False  # replays only (of any run)
     # Runs whose id starts with this (case-blind, no wildcard): a short id as the console
     # shows it finds its run.
     id_prefix: str | None = None
@@ -125,6 +126,8 @@ class RunFilter:
         if self.job_id and run.job_id != self.job_id:
             return False
         if self.replay_of and run.replay_of != self.replay_of:
+            return False
+        if self.replays and run.replay_of is None:
             return False
         if self.job_id_prefix is not None and not run.job_id.lower().startswith(
             self.job_id_prefix.lower()

@@ -21,6 +21,7 @@ import anyio
 
 from . import filters
 from .backends.base import RunStore
+from .errors import EngineError
 from .filters import RunFilter
 from .models import Run, RunStatus
 
@@ -150,6 +151,31 @@ async def matching_runs(store: RunStore, where: RunFilter, page: int = 1000) -> 
         if len(chunk) < page:
             return runs
         offset += page
+
+
+async def bulk_targets(store: RunStore, runs: RunFilter | Sequence[str]) -> list[Run | str]:
+    """What a bulk action goes over: the runs the filter matches now, or the ids given (each
+    once)."""
+    if isinstance(runs, RunFilter):
+        return list(await matching_runs(store, await resolve_stuck(store, runs)))
+    if isinstance(runs, str):
+        raise EngineError("pass a RunFilter or a list of run ids, not one id")
+    return list(dict.fromkeys(runs))
+
+
+async def bulk_run(store: RunStore, target: Run | str, *, full: bool = False) -> Run:
+    """The run to act on: the filter's snapshot of it, or a fresh read (`full`: with its
+    steps, which a snapshot from a list has not)."""
+    if isinstance(target, Run) and not full:
+        return target
+    run = await store.get_run(target_id(target))
+    if run is None:
+        raise Skip("unknown run")
+    return run
+
+
+def target_id(target: Run | str) -> str:
+    return target.id if isinstance(target, Run) else target
 
 
 async def resolve_stuck(store: RunStore, where: RunFilter, sample: int = STUCK_SAMPLE) -> RunFilter:

@@ -48,9 +48,18 @@ from .models import (
     WorkerInfo,
     WorkflowInfo,
 )
-from .operations import BulkResult, ProgressCallback, Skip, matching_runs, resolve_stuck, run_bulk
+from .operations import (
+    BulkResult,
+    ProgressCallback,
+    Skip,
+    bulk_run,
+    bulk_targets,
+    resolve_stuck,
+    run_bulk,
+    target_id,
+)
 from .replay_seed import seed_from_step
-from .replays import replay_warning
+from .replays import replay_warning, replayed_among
 from .turns import TimeSlice
 from .unknown_queue import unknown_queue
 from .validation import (
@@ -708,6 +717,9 @@ class Operator:
         """Why a replay of the run would do again what is done or under way (replays.py)."""
         return await replay_warning(self.backend, await self.get_run(run_id))
 
+    async def replayed_among(self, runs: Sequence[Run | str]) -> set[str]:
+        return await replayed_among(self.store, runs)
+
     def _replay_job(
         self, target: QueueTarget, source: Run, *, from_step: str | None, input: Any = None
     ) -> tuple[Job, Run]:
@@ -769,20 +781,22 @@ class Operator:
         self, runs: RunFilter | Sequence[str], *, progress: ProgressCallback | None = None
     ) -> BulkResult:
         """Cancel every run the filter matches (or these run ids) that has not ended."""
-        targets = await self._bulk_targets(runs)
+        targets = await bulk_targets(self.store, runs)
 
         async def cancel(target: Run | str) -> None:
-            run = await self._bulk_run(target)
+            run = await bulk_run(self.store, target)
             if run.terminal:
                 raise Skip("already ended")
             try:
                 after = await self.cancel(run.id)
             except EngineError as error:
                 raise Skip(skip_reason(error, run.id)) from None
+            if not after.terminal:  # its worker has not read the cancel yet (CANCEL_WAIT_S)
+                raise Skip(f"cancel asked, still {after.status}: its worker stops it on reading it")
             if after.status is not RunStatus.CANCELLED:
                 raise Skip(f"ended as {after.status} before the cancel took")
 
-        return await run_bulk("cancel", targets, _target_id, cancel, progress)
+        return await run_bulk("cancel", targets, target_id, cancel, progress)
 
     async def replay_many(
         self,
@@ -793,12 +807,15 @@ class Operator:
     ) -> BulkResult:
         """Replay every finished run the filter matches (or these run ids), each as a new run
         with `replay_of` pointing back; `result.replayed` maps source run to new run."""
-        targets = await self._bulk_targets(runs)
+        targets = await bulk_targets(self.store, runs)
+        replayed = await replayed_among(self.store, targets)
 
         async def replay(target: Run | str) -> str:
-            source = await self._bulk_run(target, full=from_step is not None)
+            source = await bulk_run(self.store, target, full=from_step is not None)
             if not source.terminal:
                 raise Skip("not finished yet")
+            if source.id in replayed:
+                raise Skip("replayed already")
             try:
                 queue = await self.run_target(source.queue, source.workflow_name)
                 job, run = self._replay_job(queue, source, from_step=from_step)
@@ -807,27 +824,11 @@ class Operator:
             await self.ledger.add(queue.queue, [job], [run])
             return run.id
 
-        return await run_bulk("replay", targets, _target_id, replay, progress)
+        return await run_bulk("replay", targets, target_id, replay, progress)
 
     async def stuck_runs(self, factor: float = 3.0, limit: int | None = 100) -> list[Run]:
         """Runs going longer than `factor` × their workflow's median completed duration."""
         return await self.runs(stuck=factor, limit=limit)
-
-    async def _bulk_targets(self, runs: RunFilter | Sequence[str]) -> list[Run | str]:
-        if isinstance(runs, RunFilter):
-            return list(await matching_runs(self.store, await resolve_stuck(self.store, runs)))
-        if isinstance(runs, str):
-            raise EngineError("pass a RunFilter or a list of run ids, not one id")
-        return list(dict.fromkeys(runs))
-
-    async def _bulk_run(self, target: Run | str, *, full: bool = False) -> Run:
-        """The run to act on: the filter's snapshot of it, or a fresh read."""
-        if isinstance(target, Run) and not full:
-            return target
-        run = await self.store.get_run(_target_id(target))
-        if run is None:
-            raise Skip("unknown run")
-        return run
 
     # ---- services for the runner -----------------------------------------------------------
     def workflow(self, name: str) -> Workflow | None:
@@ -894,7 +895,3 @@ def _in_step_backoff(run: Run) -> bool:
             if last.status is not AttemptStatus.RUNNING and last.backoff_ms is not None:
                 return True
     return False
-
-
-def _target_id(target: Run | str) -> str:
-    return target.id if isinstance(target, Run) else target

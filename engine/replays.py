@@ -4,10 +4,13 @@ would run twice at once."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from .backends.base import Backend, RunStore
 from .errors import ReplayedAlready
 from .filters import RunFilter
 from .models import JobState, Run, RunStatus
+from .operations import matching_runs
 
 MAX_REPLAYS = 50  # of one run, its replays' replays included, looked at
 
@@ -27,6 +30,18 @@ async def replay_in_the_way(store: RunStore, run_id: str) -> Run | None:
                 seen.add(replay.id)
                 sources.append(replay.id)
     return None
+
+
+async def replayed_among(store: RunStore, targets: Sequence[Run | str]) -> set[str]:
+    """Which of a bulk replay's runs (or ids) were replayed already, in one read of the
+    replays made since the oldest of them (of every replay when only ids are given). "Replay
+    every failed run" twice, or over a failed run and its failed replay, ran the same input
+    twice (a charge twice): the run to replay is the newest of its line, which a run
+    replayed already is not."""
+    made = [target.created_at for target in targets if isinstance(target, Run)]
+    since = min(made).timestamp() if made and len(made) == len(targets) else None
+    replays = await matching_runs(store, RunFilter(replays=True, created_after=since))
+    return {run.replay_of for run in replays if run.replay_of}
 
 
 def replayed_as(replay: Run) -> str:

@@ -226,6 +226,14 @@ async def test_replay_many_replays_the_failed_runs(tmp_path: Path) -> None:
             assert new.replay_of == source_id
             assert new.input == source.input
             assert new.status is RunStatus.FAILED  # same input, same code: fails again
+        # The same filter again: each line's newest run (the replays, failed again) is
+        # replayed, not the runs replayed already: run twice, "replay every failed run" ran
+        # each failed input twice more (a charge twice), and so on with every run of it.
+        again = await engine.replay_many(RunFilter.of("failed", workflow="orders"))
+        assert set(again.replayed) == set(result.replayed.values())
+        assert again.reasons == {"replayed already": 3}
+        by_id = await engine.replay_many(sorted(failed))  # ids, as the console's marked rows
+        assert (by_id.touched, by_id.reasons) == (0, {"replayed already": 3})
         # A run still going is skipped, with the reason.
         await engine.pause("orders")
         pending = await run_of(engine, await engine.enqueue("orders", {"n": 99, "fail": False}))

@@ -575,6 +575,8 @@ def where_clause(
         clauses.append(f"job_id = {marks([where.job_id])}")
     if where.replay_of:
         clauses.append(f"replay_of = {marks([where.replay_of])}")
+    if where.replays:
+        clauses.append("replay_of IS NOT NULL")
     if where.id_prefix is not None:
         # LIKE, not a range of ids: PostgreSQL orders text by the database's collation, in
         # which "_" may not sort where its byte does. Case-blind, as the text filter is.

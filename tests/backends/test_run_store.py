@@ -179,6 +179,8 @@ FILTER_CASES: list[tuple[str, RunFilter, set[str]]] = [
         {"broken", "busy", "retrying", "again", "other", "held"},
     ),
     ("retrying", RunFilter(retrying=True), {"retrying", "again", "held"}),
+    ("replays", RunFilter(replays=True), {"other"}),
+    ("replays of one run", RunFilter(replay_of="run_one_done"), {"other"}),
     ("status and queue", RunFilter(status=("failed", "queued"), queue="slow"), {"broken", "again"}),
 ]
 
@@ -222,7 +224,10 @@ def filter_runs() -> dict[str, Run]:
         # The next delivery of a job whose first one failed (a job-level retry).
         "again": a_run(queue="slow", status=RunStatus.QUEUED, job_attempt=2),
         "other": a_run(
-            workflow_name="bill", workflow_version="7e5a1c0b", status=RunStatus.CANCELLED
+            workflow_name="bill",
+            workflow_version="7e5a1c0b",
+            status=RunStatus.CANCELLED,
+            replay_of="run_one_done",  # a replay of "done"
         ),
         # Held back by a concurrency limit after a failed attempt: still going.
         "held": a_run(
