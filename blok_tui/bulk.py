@@ -4,8 +4,8 @@ left out and why) and carrying it out with progress.
 Bulk actions act once per job: a job retried three times is three failed runs, and "replay
 every failed run" must replay it once, not three times. So the plan takes the runs chosen (the
 marked rows, or every run the filter matches), keeps the newest run of each job, leaves out the
-jobs the action would wrong (a job that completed on a later delivery is not replayed), and
-hands the engine's bulk API the ids that remain.
+jobs the action would wrong (a job that completed on a later delivery is not replayed, nor a run
+replayed already), and hands the engine's bulk API the ids that remain.
 """
 
 from __future__ import annotations
@@ -100,7 +100,13 @@ async def plan_for_runs(
     if action == "replay":
         kept = []
         dead_letters = 0
+        # Its newest replay is the one to replay: "replay every failed run" twice, or over a
+        # failed run and its failed replay, would run the same input twice.
+        replayed = await engine.replayed_among(newest)
         for run in newest:
+            if run.id in replayed:
+                left_out["replayed already"] += 1
+                continue
             job = jobs.get(run.job_id)
             if job is not None and job.state is JobState.CANCELLED and job.meta.get("discarded"):
                 left_out["discarded"] += 1  # taken out of the dead letters: "never runs again"

@@ -432,6 +432,37 @@ def build_parser() -> argparse.ArgumentParser:
             help="a SQLite file or a postgresql:// URL (default: $BLOK_DB or ./.blok/blok.db)",
         )
 
+    def run_filters(p: argparse.ArgumentParser, status_help: str, *, stuck: bool = True) -> None:
+        """The filters that choose runs: `runs` lists them, `cancel` and `replay` act on them
+        (a stuck run is running: no replay of it)."""
+        p.add_argument("--status", choices=_RunStatuses(), metavar="STATUS", help=status_help)
+        p.add_argument("--workflow", metavar="NAME", help="only runs of this workflow")
+        p.add_argument("--queue", metavar="NAME", type=_queue_arg, help="only runs of this queue")
+        p.add_argument(
+            "--text",
+            metavar="TEXT",
+            help="only runs whose id, job id, workflow, version, queue, status, error or input "
+            "holds TEXT (any case): an order's run by its order id",
+        )
+        p.add_argument(
+            "--since",
+            type=_positive_ms,
+            metavar="DURATION",
+            help="only runs created in the last DURATION (30m, 2h, 1d)",
+        )
+        if not stuck:
+            p.set_defaults(stuck=None)
+            return
+        p.add_argument(
+            "--stuck",
+            nargs="?",
+            const=_STUCK_DEFAULT,
+            type=_factor,
+            metavar="FACTOR",
+            help="only runs running longer than FACTOR (default 3) times their workflow's "
+            "median time (then: blok-tui where RUN_ID)",
+        )
+
     engine_options(parser, None)
     db_option(parser, None)
     parser.add_argument(
@@ -571,37 +602,9 @@ def build_parser() -> argparse.ArgumentParser:
         "runs", help="list runs, newest first", description="List runs, newest first."
     )
     runs.add_argument("--json", action="store_true", help="one JSON array, for scripts")
-    runs.add_argument(
-        "--status",
-        choices=_RunStatuses(),
-        metavar="STATUS",
-        help="only runs in this status: %(choices)s",
-    )
-    runs.add_argument("--workflow", metavar="NAME", help="only runs of this workflow")
-    runs.add_argument("--queue", metavar="NAME", type=_queue_arg, help="only runs of this queue")
-    runs.add_argument(
-        "--text",
-        metavar="TEXT",
-        help="only runs whose id, job id, workflow, version, queue, status, error or input "
-        "holds TEXT (any case): an order's run by its order id",
-    )
+    run_filters(runs, "only runs in this status: %(choices)s")
     runs.add_argument(
         "--limit", type=_positive_int, default=50, metavar="N", help="at most N runs (default 50)"
-    )
-    runs.add_argument(
-        "--since",
-        type=_positive_ms,
-        metavar="DURATION",
-        help="only runs created in the last DURATION (30m, 2h, 1d)",
-    )
-    runs.add_argument(
-        "--stuck",
-        nargs="?",
-        const=_STUCK_DEFAULT,
-        type=_factor,
-        metavar="FACTOR",
-        help="only runs running longer than FACTOR (default 3) times their workflow's median "
-        "time (then: blok-tui where RUN_ID)",
     )
     runs.add_argument(
         "--follow",
@@ -632,10 +635,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     cancel = commands.add_parser(
         "cancel",
-        help="cancel a run",
-        description="Cancel a queued, delayed, waiting or running run.",
+        help="cancel runs: by id, or every run the filters choose",
+        description="Cancel a queued, delayed, waiting or running run, or each run given. "
+        "With filters instead of ids (as `runs` takes them): every run they choose that has "
+        "not ended, each job once, said and asked first on a terminal (--yes: not asked; "
+        "with no terminal, --yes is needed).",
+        usage="blok-tui cancel RUN_ID [RUN_ID ...]\n"
+        "       blok-tui cancel [--status STATUS] [--workflow NAME] [--queue NAME]\n"
+        "                       [--text TEXT] [--since DURATION] [--stuck [FACTOR]] [--yes]",
     )
-    cancel.add_argument("run_id", metavar="RUN_ID", help=RUN_ID_HELP)
+    cancel.add_argument("run_ids", nargs="*", metavar="RUN_ID", help=RUN_ID_HELP)
+    run_filters(
+        cancel,
+        "only runs in this status (default: every status of a run that has not ended)",
+    )
+    cancel.add_argument(
+        "--yes", action="store_true", help="with filters: cancel what they choose, not asked"
+    )
     db_option(cancel, keep)
 
     where = commands.add_parser(
@@ -658,21 +674,34 @@ def build_parser() -> argparse.ArgumentParser:
 
     replay = commands.add_parser(
         "replay",
-        help="run a run again",
+        help="run runs again: by id, or every run the filters choose",
         description="Start a new run with the same input; prints its id. A run whose job "
         "completed on a later delivery, or that was replayed already (a replay that completed "
         "or has not ended), is asked about first on a terminal (--yes: not asked); with no "
-        "terminal, a warning says so and the replay goes ahead.",
+        "terminal, a warning says so and the replay goes ahead. With filters instead of ids "
+        "(as `runs` takes them): every run they choose that has ended, each job once; left "
+        "out, and said: a job that completed on a later delivery or is still retrying, a run "
+        "replayed already (its newest replay is the one to replay). Asked first on a terminal "
+        "(--yes: not asked; with no terminal, --yes is needed).",
+        usage="blok-tui replay RUN_ID [RUN_ID ...] [--from-step STEP] [--input JSON] [--yes]\n"
+        "       blok-tui replay [--status STATUS] [--workflow NAME] [--queue NAME]\n"
+        "                       [--text TEXT] [--since DURATION] [--from-step STEP] [--yes]",
     )
-    replay.add_argument("run_id", metavar="RUN_ID", help=RUN_ID_HELP)
+    replay.add_argument("run_ids", nargs="*", metavar="RUN_ID", help=RUN_ID_HELP)
     replay.add_argument(
-        "--yes", action="store_true", help="replay it without asking, whatever became of it"
+        "--yes", action="store_true", help="replay without asking, whatever became of them"
     )
     replay.add_argument(
         "--from-step", metavar="STEP", help="reuse the outputs of the steps before STEP"
     )
     replay.add_argument(
-        "--input", type=_json_arg, metavar="JSON", help="a different input: JSON, @FILE or -"
+        "--input",
+        type=_json_arg,
+        metavar="JSON",
+        help="a different input (one RUN_ID): JSON, @FILE or -",
+    )
+    run_filters(
+        replay, "only runs in this status (default: failed, timed_out and crashed)", stuck=False
     )
     db_option(replay, keep)
 
@@ -1461,10 +1490,28 @@ def _refuse_unless_completed(run: Any) -> None:
         raise EngineError(f"run {run.id} {run.status} (blok-tui show {run.id})")
 
 
-async def _cancel(args: argparse.Namespace) -> None:
+async def _cancel(args: argparse.Namespace) -> int:
+    from engine import EngineError
+
+    if _chosen_by_filters(args):
+        return await _bulk(args)
+    refused = 0
     async with _client(args) as engine:
-        run = await engine.cancel((await engine.find_run(args.run_id, going=True)).id)
-    print(printable(f"{run.id} {run.status}"))
+        for given in dict.fromkeys(args.run_ids):  # a run named twice is cancelled once
+            try:
+                run = await engine.cancel((await engine.find_run(given, going=True)).id)
+            except EngineError as error:
+                if len(args.run_ids) == 1:
+                    raise
+                _error(str(error))
+                refused += 1
+                continue
+            _cancelled(run)
+    return _refusals("cancelled", len(dict.fromkeys(args.run_ids)), refused, "run")
+
+
+def _cancelled(run: Any) -> None:
+    print(printable(f"{run.id} {run.status}"), flush=True)
     if not run.terminal:
         # The signal is on its job, and stays: the worker holding it ends the run once it
         # reads it. Not an error, but no "done" either.
@@ -1481,6 +1528,72 @@ async def _cancel(args: argparse.Namespace) -> None:
         )
 
 
+def _chosen_by_filters(args: argparse.Namespace) -> bool:
+    """Whether `cancel` or `replay` acts on the runs filters choose (else on the ids given):
+    one of the two, not both."""
+    filters = [
+        f"--{name}"
+        for name in ("status", "workflow", "queue", "text", "since", "stuck")
+        if getattr(args, name, None) is not None
+    ]
+    prog = f"blok-tui {args.command}"
+    if filters and args.run_ids:
+        raise UsageError(f"give run ids or filters ({', '.join(filters)}), not both", prog)
+    if not filters and not args.run_ids:
+        raise UsageError(
+            "give run ids, or filters that choose the runs (--status, --workflow, --queue, "
+            "--text, --since" + (", --stuck)" if args.command == "cancel" else ")"),
+            prog,
+        )
+    return bool(filters)
+
+
+async def _bulk(args: argparse.Namespace) -> int:
+    """`cancel` or `replay` with filters: every run they choose, each job once."""
+    from .cli_bulk import DONE, Chosen, act
+
+    prog = f"blok-tui {args.command}"
+    if args.status == DEAD_ASKED:
+        raise UsageError(
+            "dead is not a run status: a dead letter's last run failed (--status failed; "
+            "blok-tui requeue --queue QUEUE puts a queue's dead letters back)",
+            prog,
+        )
+    if getattr(args, "input", None) is not None:
+        raise UsageError("--input gives one run a new input: give its RUN_ID, not filters", prog)
+    async with _client(args) as engine:
+        chosen = Chosen(
+            args.command,
+            args.status,
+            args.workflow,
+            args.queue,
+            args.text,
+            _since(engine, args.since),
+            _stuck_factor(args.stuck),
+        )
+        refusal = chosen.refusal()
+        if refusal is not None:
+            raise UsageError(refusal, prog)
+        await _refuse_unknown_names(engine, args)
+        answer = await act(
+            engine,
+            chosen,
+            yes=args.yes,
+            ask=_confirmed,
+            from_step=getattr(args, "from_step", None),
+        )
+    if answer is None:
+        raise UsageError(
+            f"runs chosen by filters are {DONE[args.command]} only when confirmed: there is "
+            "no terminal to ask on, add --yes",
+            prog,
+        )
+    if not answer:
+        _error(f"nothing {DONE[args.command]}")
+        return 1
+    return 0
+
+
 async def _where(args: argparse.Namespace) -> None:
     from engine import parse_duration
 
@@ -1492,27 +1605,49 @@ async def _where(args: argparse.Namespace) -> None:
 
 
 async def _replay(args: argparse.Namespace) -> int:
-    async with _client(args) as engine:
-        run = await engine.find_run(args.run_id)
-        warning = None if args.yes else await engine.replay_warning(run.id)
-        if warning is not None:
-            # Its job completed since, or a replay of it did or is under way: a replay runs
-            # its steps again (a charge twice). Asked on a terminal; a script is told.
-            said = printable(f"run {run.id}: {warning}")
-            answer = _confirmed(f"{said}. Replay it anyway? [y/N] ")
-            if answer is False:
-                _error(f"run {run.id} not replayed")
-                return 1
-            if answer is None:
-                print(f"blok-tui: warning: {said}; replayed all the same", file=sys.stderr)
-        run_id = await engine.replay(run.id, from_step=args.from_step, input=args.input)
-        if args.input is not None:
-            await _warn_of_missing_fields(engine, run.queue, args.input)
-        job = await _job_or_none(engine, run.job_id)
-        from .run_text import replay_version
+    from engine import EngineError
 
-        version = replay_version(run, await engine.get_run(run_id))
-    print(printable(run_id))
+    if _chosen_by_filters(args):
+        return await _bulk(args)
+    given = list(dict.fromkeys(args.run_ids))  # a run named twice is replayed once
+    if args.input is not None and len(given) > 1:
+        raise UsageError("--input gives one run a new input: give one RUN_ID", "blok-tui replay")
+    refused = 0
+    async with _client(args) as engine:
+        for run_id in given:
+            try:
+                replayed = await _replay_one(engine, run_id, args)
+            except EngineError as error:
+                if len(given) == 1:
+                    raise
+                _error(str(error))
+                replayed = False
+            refused += not replayed
+    return _refusals("replayed", len(given), refused, "run")
+
+
+async def _replay_one(engine: Any, given: str, args: argparse.Namespace) -> bool:
+    """Replay one run, asked first where it would do again what is done; False if not."""
+    run = await engine.find_run(given)
+    warning = None if args.yes else await engine.replay_warning(run.id)
+    if warning is not None:
+        # Its job completed since, or a replay of it did or is under way: a replay runs
+        # its steps again (a charge twice). Asked on a terminal; a script is told.
+        said = printable(f"run {run.id}: {warning}")
+        answer = _confirmed(f"{said}. Replay it anyway? [y/N] ")
+        if answer is False:
+            _error(f"run {run.id} not replayed")
+            return False
+        if answer is None:
+            print(f"blok-tui: warning: {said}; replayed all the same", file=sys.stderr)
+    run_id = await engine.replay(run.id, from_step=args.from_step, input=args.input)
+    if args.input is not None:
+        await _warn_of_missing_fields(engine, run.queue, args.input)
+    job = await _job_or_none(engine, run.job_id)
+    from .run_text import replay_version
+
+    version = replay_version(run, await engine.get_run(run_id))
+    print(printable(run_id), flush=True)
     if version:  # on stderr: a script reads the id alone
         print(printable(f"blok-tui: note: the replay runs {version}"), file=sys.stderr)
     if job is not None and job.run_id != run.id and not job.state.terminal:
@@ -1524,7 +1659,7 @@ async def _replay(args: argparse.Namespace) -> int:
             ),
             file=sys.stderr,
         )
-    return 0
+    return True
 
 
 async def _job_or_none(engine: Any, job_id: str) -> Any:
@@ -1924,11 +2059,11 @@ async def _discard(args: argparse.Namespace) -> int:
     return _refusals("discarded", len(dict.fromkeys(args.job_ids)), refused)
 
 
-def _refusals(done: str, given: int, refused: int) -> int:
-    """The exit status of a command that acts on each job id on its own; with several given,
-    a line that counts the refused (their own errors are above it)."""
+def _refusals(done: str, given: int, refused: int, item: str = "job") -> int:
+    """The exit status of a command that acts on each id on its own; with several given, a
+    line that counts the refused (their own errors are above it)."""
     if refused and given > 1:
-        _error(f"{given - refused} of {given} job(s) {done}, {refused} refused")
+        _error(f"{given - refused} of {given} {item}(s) {done}, {refused} refused")
     return 1 if refused else 0
 
 

@@ -3,9 +3,11 @@ and one-shot `blok-tui ...` commands."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
+import pty
 import queue
 import select
 import signal
@@ -334,3 +336,30 @@ def run_of(database: Path, job_id: str) -> dict[str, Any] | None:
         if run["job_id"] == job_id:
             return run
     return None
+
+
+def answered_on_a_terminal(*args: str | Path, answer: str) -> tuple[int, str, str]:
+    """`blok-tui ARGS` with its stdin and stderr on a pseudo-terminal, `answer` typed: its
+    exit status, standard output, and what the terminal showed."""
+    leader, follower = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "blok_tui", *map(str, args)],
+        stdin=follower,
+        stderr=follower,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=cli_env(),
+    )
+    os.close(follower)
+    shown = b""
+    while b"[y/N] " not in shown:  # the question, before the answer is typed
+        chunk = os.read(leader, 4096)
+        assert chunk, shown
+        shown += chunk
+    os.write(leader, answer.encode() + b"\n")
+    out, _ = process.communicate(timeout=30)
+    with contextlib.suppress(OSError):  # the rest, up to the terminal's close (EIO on Linux)
+        while chunk := os.read(leader, 4096):
+            shown += chunk
+    os.close(leader)
+    return process.returncode, out, shown.decode()

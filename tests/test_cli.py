@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-import pty
 import subprocess
 import sys
 import time
@@ -18,6 +16,7 @@ from cli_helpers import (
     WORKFLOWS,
     Follower,
     Worker,
+    answered_on_a_terminal,
     blok,
     blok_json,
     cli_env,
@@ -68,7 +67,7 @@ def test_version_and_help() -> None:
         (["runs", "--status", "finished"], "argument --status: invalid choice: 'finished'"),
         (["enqueue", "naps", "{}", "--delay", "soon"], "argument --delay"),
         (["runs", "--limit", "0"], "must be at least 1"),
-        (["cancel"], "the following arguments are required: RUN_ID"),
+        (["cancel"], "give run ids, or filters that choose the runs"),
     ],
 )
 def test_usage_errors_exit_2_with_one_line(args: list[str], says: str) -> None:
@@ -321,33 +320,6 @@ def test_a_dead_letter_replayed_to_completion_is_not_requeued_unless_forced(
     )
 
 
-def _on_a_terminal(*args: str | Path, answer: str) -> tuple[int, str, str]:
-    """`blok-tui ARGS` with its stdin and stderr on a pseudo-terminal, `answer` typed: its
-    exit status, standard output, and what the terminal showed."""
-    leader, follower = pty.openpty()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "blok_tui", *map(str, args)],
-        stdin=follower,
-        stderr=follower,
-        stdout=subprocess.PIPE,
-        text=True,
-        env=cli_env(),
-    )
-    os.close(follower)
-    shown = b""
-    while b"[y/N] " not in shown:  # the question, before the answer is typed
-        chunk = os.read(leader, 4096)
-        assert chunk, shown
-        shown += chunk
-    os.write(leader, answer.encode() + b"\n")
-    out, _ = process.communicate(timeout=30)
-    with contextlib.suppress(OSError):  # the rest, up to the terminal's close (EIO on Linux)
-        while chunk := os.read(leader, 4096):
-            shown += chunk
-    os.close(leader)
-    return process.returncode, out, shown.decode()
-
-
 def test_a_replay_of_a_run_already_replayed_is_asked_about_or_warned(
     served: tuple[Path, Worker],
 ) -> None:
@@ -363,7 +335,7 @@ def test_a_replay_of_a_run_already_replayed_is_asked_about_or_warned(
         lambda: blok_json("show", replayed, "--json", "--db", database)["status"] == "completed"
     )
     said = f"run {run_id}: it was replayed as run {replayed}, which completed"
-    status, out, shown = _on_a_terminal("replay", run_id, "--db", database, answer="n")
+    status, out, shown = answered_on_a_terminal("replay", run_id, "--db", database, answer="n")
     assert (status, out) == (1, ""), shown
     assert f"{said}. Replay it anyway? [y/N] " in shown
     assert f"blok-tui: error: run {run_id} not replayed" in shown

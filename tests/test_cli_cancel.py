@@ -63,3 +63,47 @@ async def test_a_cancel_the_worker_has_not_carried_out_yet_says_so(
     )
     # The node let go of the loop by returning: the run ended before the worker read it.
     assert ended.status is RunStatus.COMPLETED
+
+
+async def test_a_bulk_cancel_its_worker_has_not_carried_out_yet_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same, through `cancel --queue`: the run was counted as one that "ended as running
+    before the cancel took", which it had not (it had not ended at all)."""
+    monkeypatch.setattr("engine.cancelling.CANCEL_WAIT_S", 0.3)
+    release = threading.Event()
+    started = threading.Event()
+
+    async def blocks_the_loop(ctx: Any) -> str:
+        started.set()
+        release.wait(30)
+        return "done"
+
+    database = tmp_path / "blok.db"
+    flow = Workflow(
+        name="blocks", trigger=WorkerTrigger(queue="blocks"), steps=[Step("s", blocks_the_loop)]
+    )
+    codes: list[int] = []
+
+    def cancel() -> None:
+        try:
+            started.wait(10)
+            codes.append(main(["cancel", "--queue", "blocks", "--yes", "--db", str(database)]))
+        finally:
+            release.set()
+
+    async with Engine(workflows=[flow], database=database) as engine:
+        job_id = await engine.enqueue("blocks", {})
+        canceller = threading.Thread(target=cancel)
+        canceller.start()
+        await anyio.to_thread.run_sync(canceller.join)
+        ended = await engine.wait_for_job(job_id, timeout=10)
+    out, err = capsys.readouterr()
+    assert (codes, out) == ([0], "")
+    status = "running" if "still running" in err else "queued"
+    assert err == (
+        f"blok-tui: run {ended.id} left as it is: cancel asked, still {status}: its worker "
+        "stops it on reading it\n"
+        f"blok-tui: 0 of 1 run(s) cancelled; 1 left as they were (cancel asked, still {status}: "
+        "its worker stops it on reading it: 1)\n"
+    )
