@@ -806,7 +806,8 @@ class Operator:
         progress: ProgressCallback | None = None,
     ) -> BulkResult:
         """Replay every finished run the filter matches (or these run ids), each as a new run
-        with `replay_of` pointing back; `result.replayed` maps source run to new run."""
+        with `replay_of` pointing back; `result.replayed` maps source run to new run. A run
+        replayed already is skipped: its newest replay is the one to replay."""
         targets = await bulk_targets(self.store, runs)
         replayed = await replayed_among(self.store, targets)
 
