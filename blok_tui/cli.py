@@ -402,7 +402,8 @@ def _seconds(text: str) -> float:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="blok-tui",
-        description="A Python workflow engine with durable SQLite queues and a Textual console.",
+        description="A Python workflow engine with durable SQLite or PostgreSQL queues and a "
+        "Textual console.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
