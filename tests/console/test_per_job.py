@@ -23,6 +23,7 @@ from blok_tui.confirm_screen import ConfirmScreen
 from blok_tui.console import countdown, short_ids
 from blok_tui.dead_letters_screen import DeadLettersScreen
 from blok_tui.inject_screen import InjectScreen
+from blok_tui.jobs import JobBook
 from blok_tui.payload_template import body_template
 from blok_tui.plain_text import one_line_keeping_where
 from blok_tui.queues_screen import QueuesScreen, job_note
@@ -176,6 +177,9 @@ async def test_a_page_of_running_and_failed_runs_reads_their_jobs_at_once(engine
         for k in range(2):
             await engine.enqueue("slow", {"order_id": f"S{k}"})
     app = BlokApp(engine)
+    # The clock stands still: a running job is kept 2 s (KEEP_GOING), and in a slow hour the
+    # page's refresh came later than that and read the running jobs again, as it should.
+    app.jobs = JobBook(clock=lambda: 0.0)
     async with app.run_test(size=SIZE) as pilot:
         await settled(pilot)
         app.jobs.forget()  # the queues view read the failed runs' jobs already
