@@ -7,19 +7,23 @@ actions had no command-line form."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from cli_helpers import (
     Worker,
     answered_on_a_terminal,
-    blok,
-    blok_json,
     eventually,
     start_worker,
     write_workflows,
 )
+
+from blok_tui.cli import main
+
+Blok = Callable[..., subprocess.CompletedProcess[str]]
 
 
 @pytest.fixture
@@ -30,27 +34,44 @@ def served(tmp_path: Path) -> Iterator[tuple[Path, Worker]]:
     worker.stop()
 
 
-def _statuses(database: Path, queue: str) -> dict[str, str]:
+@pytest.fixture
+def blok(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Blok:
+    """`blok-tui ARGS` in this process (its `main`, as the command runs it, without the second
+    a Python process takes to start here: this module runs some thirty commands), with no
+    terminal: what a script sees. The question on a terminal is asked of a real process."""
+    monkeypatch.delenv("BLOK_DB", raising=False)
+    monkeypatch.delenv("BLOK_WORKER_ADAPTER", raising=False)
+
+    def run(*args: str | Path) -> subprocess.CompletedProcess[str]:
+        capsys.readouterr()
+        code = main([str(arg) for arg in args])
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(list(args), code, out, err)
+
+    return run
+
+
+def _statuses(blok: Blok, database: Path, queue: str) -> dict[str, str]:
     """The queue's runs, by id: their status."""
-    runs = blok_json("runs", "--queue", queue, "--json", "--db", database)
+    runs = json.loads(blok("runs", "--queue", queue, "--json", "--db", database).stdout)
     return {run["id"]: run["status"] for run in runs}
 
 
-def _enqueued(database: Path, queue: str, payload: str, n: int) -> set[str]:
+def _enqueued(blok: Blok, database: Path, queue: str, payload: str, n: int) -> set[str]:
     """Enqueue `n` jobs: their runs' ids."""
-    before = set(_statuses(database, queue))
+    before = set(_statuses(blok, database, queue))
     for _ in range(n):
         assert blok("enqueue", queue, payload, "--db", database).returncode == 0
-    return set(_statuses(database, queue)) - before
+    return set(_statuses(blok, database, queue)) - before
 
 
 def test_cancel_takes_every_run_the_filters_choose_once_confirmed_or_several_ids(
-    served: tuple[Path, Worker],
+    served: tuple[Path, Worker], blok: Blok
 ) -> None:
     database, _ = served
     assert blok("pause", "naps", "--db", database).returncode == 0
-    queued = _enqueued(database, "naps", '{"seconds": 0}', 3)
-    [other] = _enqueued(database, "single", '{"seconds": 30}', 1)  # on another queue
+    queued = _enqueued(blok, database, "naps", '{"seconds": 0}', 3)
+    [other] = _enqueued(blok, database, "single", '{"seconds": 30}', 1)  # on another queue
 
     # A script has no terminal to be asked on: --yes, or nothing is done.
     unasked = blok("cancel", "--queue", "naps", "--db", database)
@@ -66,14 +87,14 @@ def test_cancel_takes_every_run_the_filters_choose_once_confirmed_or_several_ids
     assert (status, out) == (1, ""), shown
     assert "Cancel 3 runs? Every run of queue 'naps' that has not ended. [y/N] " in shown
     assert "blok-tui: error: nothing cancelled" in shown
-    assert set(_statuses(database, "naps").values()) == {"queued"}
+    assert set(_statuses(blok, database, "naps").values()) == {"queued"}
 
     done = blok("cancel", "--queue", "naps", "--yes", "--db", database)
     assert done.returncode == 0, done.stderr
     assert sorted(done.stdout.splitlines()) == sorted(f"{run_id} cancelled" for run_id in queued)
     assert done.stderr == "blok-tui: 3 of 3 run(s) cancelled\n"
-    assert set(_statuses(database, "naps").values()) == {"cancelled"}
-    assert _statuses(database, "single")[other] in ("queued", "running")  # not chosen
+    assert set(_statuses(blok, database, "naps").values()) == {"cancelled"}
+    assert _statuses(blok, database, "single")[other] in ("queued", "running")  # not chosen
 
     again = blok("cancel", "--queue", "naps", "--yes", "--db", database)
     assert (again.returncode, again.stdout) == (0, "")
@@ -81,7 +102,7 @@ def test_cancel_takes_every_run_the_filters_choose_once_confirmed_or_several_ids
         "blok-tui: every run of queue 'naps' that has not ended: no run to cancel.\n"
     )
     # Several ids: each on its own, a refused one said, the rest done.
-    first, second = sorted(_enqueued(database, "naps", '{"seconds": 0}', 2))
+    first, second = sorted(_enqueued(blok, database, "naps", '{"seconds": 0}', 2))
     several = blok("cancel", first, first, "run_nope", second, other, "--db", database)
     assert several.returncode == 1
     assert several.stdout == f"{first} cancelled\n{second} cancelled\n{other} cancelled\n"
@@ -101,7 +122,7 @@ def test_cancel_takes_every_run_the_filters_choose_once_confirmed_or_several_ids
 
 
 def test_replay_takes_every_failed_run_once_and_never_a_run_replayed_already(
-    served: tuple[Path, Worker],
+    served: tuple[Path, Worker], blok: Blok
 ) -> None:
     """Run twice, a bulk replay of "what failed" replayed the first replays' sources again
     beside the replays themselves (each failed input twice more: a charge twice)."""
@@ -125,7 +146,9 @@ def test_replay_takes_every_failed_run_once_and_never_a_run_replayed_already(
         "blok-tui: 2 of 2 run(s) replayed\n"
     )
     # Same input, same code: failed again.
-    eventually(lambda: {_statuses(database, "naps")[new] for new in replays.values()} == {"failed"})
+    eventually(
+        lambda: {_statuses(blok, database, "naps")[new] for new in replays.values()} == {"failed"}
+    )
 
     second = blok("replay", "--queue", "naps", "--yes", "--db", database)
     assert second.returncode == 0, second.stderr
