@@ -1562,6 +1562,9 @@ async def _bulk(args: argparse.Namespace) -> int:
         )
     if getattr(args, "input", None) is not None:
         raise UsageError("--input gives one run a new input: give its RUN_ID, not filters", prog)
+    refusal = Chosen(args.command, args.status).refusal()  # before the database is opened
+    if refusal is not None:
+        raise UsageError(refusal, prog)
     async with _client(args) as engine:
         chosen = Chosen(
             args.command,
@@ -1572,9 +1575,6 @@ async def _bulk(args: argparse.Namespace) -> int:
             _since(engine, args.since),
             _stuck_factor(args.stuck),
         )
-        refusal = chosen.refusal()
-        if refusal is not None:
-            raise UsageError(refusal, prog)
         await _refuse_unknown_names(engine, args)
         answer = await act(
             engine,
