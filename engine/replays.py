@@ -34,12 +34,17 @@ async def replay_in_the_way(store: RunStore, run_id: str) -> Run | None:
 
 async def replayed_among(store: RunStore, targets: Sequence[Run | str]) -> set[str]:
     """Which of a bulk replay's runs (or ids) were replayed already, in one read of the
-    replays made since the oldest of them (of every replay when only ids are given). "Replay
-    every failed run" twice, or over a failed run and its failed replay, ran the same input
-    twice (a charge twice): the run to replay is the newest of its line, which a run
-    replayed already is not."""
-    made = [target.created_at for target in targets if isinstance(target, Run)]
-    since = min(made).timestamp() if made and len(made) == len(targets) else None
+    replays made since the oldest of them (a replay comes after its run). "Replay every
+    failed run" twice, or over a failed run and its failed replay, ran the same input twice
+    (a charge twice): the run to replay is the newest of its line, which a run replayed
+    already is not."""
+    ids = [target for target in targets if isinstance(target, str)]
+    runs = [target for target in targets if isinstance(target, Run)]
+    if ids:  # the console's marked rows: their times, in one read (without it, every replay)
+        runs += await store.runs_by_id(ids)
+    if not runs:  # nothing to replay, or no such run: nothing to read
+        return set()
+    since = min(run.created_at for run in runs).timestamp()
     replays = await matching_runs(store, RunFilter(replays=True, created_after=since))
     return {run.replay_of for run in replays if run.replay_of}
 
