@@ -653,6 +653,7 @@ def build_parser() -> argparse.ArgumentParser:
     cancel.add_argument(
         "--yes", action="store_true", help="with filters: cancel what they choose, not asked"
     )
+    cancel.set_defaults(input=None, from_step=None)  # replay's options: the same bulk path
     db_option(cancel, keep)
 
     where = commands.add_parser(
@@ -1535,7 +1536,7 @@ def _chosen_by_filters(args: argparse.Namespace) -> bool:
     filters = [
         f"--{name}"
         for name in ("status", "workflow", "queue", "text", "since", "stuck")
-        if getattr(args, name, None) is not None
+        if getattr(args, name) is not None
     ]
     prog = f"blok-tui {args.command}"
     if filters and args.run_ids:
@@ -1560,7 +1561,7 @@ async def _bulk(args: argparse.Namespace) -> int:
             "blok-tui requeue --queue QUEUE puts a queue's dead letters back)",
             prog,
         )
-    if getattr(args, "input", None) is not None:
+    if args.input is not None:
         raise UsageError("--input gives one run a new input: give its RUN_ID, not filters", prog)
     refusal = Chosen(args.command, args.status).refusal()  # before the database is opened
     if refusal is not None:
@@ -1581,7 +1582,7 @@ async def _bulk(args: argparse.Namespace) -> int:
             chosen,
             yes=args.yes,
             ask=_confirmed,
-            from_step=getattr(args, "from_step", None),
+            from_step=args.from_step,
         )
     if answer is None:
         raise UsageError(
