@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 # without loading the engine (0.4 s); each command imports what it uses.
 from .hangup import stop_signals
 from .plain_text import columns, fit_table
+from .queue_counts import COUNTED, read_queue_counts
 
 if TYPE_CHECKING:
     from engine import Orphan
@@ -757,10 +758,13 @@ def build_parser() -> argparse.ArgumentParser:
     # only a shell on the server.
     queues = commands.add_parser(
         "queues",
-        help="the queues the workers serve, with their jobs by state",
+        help="the queues the workers serve, with their runs by status",
         description="The queues the workers declared: workflow, provider, concurrency, state "
         "(serving, paused, or no worker: no live worker serves it, its jobs wait for one), "
-        "and their jobs by state (waiting active delayed completed failed dead).",
+        "and their runs by status, in the console's words: queued (ready for a worker), "
+        "running, waiting (in a durable wait), delayed (a start delay or a retry's backoff), "
+        "throttled (held by a rate limit or a concurrency key), completed, failed, cancelled, "
+        "dead (out of retries). --json adds the contract's job counts (waiting = queued).",
     )
     queues.add_argument("--json", action="store_true", help="a JSON list")
     db_option(queues, keep)
@@ -1824,24 +1828,19 @@ def _queue_state(info: Any, served: bool) -> str:
 
 async def _queues(args: argparse.Namespace) -> None:
     async with _client(args) as engine:
-        from engine import RunFilter
-
         infos = await engine.queues()
-        stats = {info.name: await engine.queue_stats(info.name) for info in infos}
-        # Jobs a rate limit or a concurrency key holds: delayed jobs, but not for a backoff or
-        # a start delay (the console's queues view counts them apart too).
-        throttled = {
-            info.name: await engine.count_runs(RunFilter.of("throttled", queue=info.name))
-            for info in infos
-        }
+        read = {info.name: await read_queue_counts(engine, info.name) for info in infos}
     if args.json:
+        # The contract's job counts as they are (a script reads `waiting` as the jobs ready to
+        # be claimed), and beside them the console's counts of the runs.
         print(
             json.dumps(
                 [
                     {
                         **info.model_dump(mode="json"),
-                        **stats[info.name].model_dump(mode="json"),
-                        "throttled": throttled[info.name],  # of the delayed ones
+                        **read[info.name][0].model_dump(mode="json"),
+                        "throttled": read[info.name][1].throttled,  # of the delayed ones
+                        "runs": read[info.name][1].as_dict(),
                     }
                     for info in infos
                 ],
@@ -1849,22 +1848,10 @@ async def _queues(args: argparse.Namespace) -> None:
             )
         )
         return
-    states = (
-        "waiting",
-        "active",
-        "delayed",
-        "throttled",
-        "completed",
-        "failed",
-        "cancelled",
-        "dead",
-    )
-    header = ("QUEUE", "WORKFLOW", "PROVIDER", "SLOTS", "STATE", *(s.upper() for s in states))
+    header = ("QUEUE", "WORKFLOW", "PROVIDER", "SLOTS", "STATE", *(c.upper() for c in COUNTED))
     rows = [header]
     for info in infos:
-        counts = stats[info.name].model_dump()
-        counts["throttled"] = throttled[info.name]
-        counts["delayed"] = max(0, counts["delayed"] - throttled[info.name])
+        counts = read[info.name][1].as_dict()
         rows.append(
             (
                 printable(info.name),
@@ -1872,14 +1859,14 @@ async def _queues(args: argparse.Namespace) -> None:
                 info.provider,
                 str(info.concurrency),
                 _queue_state(info, info.served),
-                *(str(counts[state]) for state in states),
+                *(str(counts[c]) for c in COUNTED),
             )
         )
     if not infos:
         print("no queues (no worker declared any yet)")
         return
     # On a narrow terminal: the provider, the counts an operator reads least, the slots.
-    _print_fitted(rows, (2, 8, 11, 7, 3), error_last=False)
+    _print_fitted(rows, (2, 9, 12, 8, 3), error_last=False)
 
 
 async def _dead(args: argparse.Namespace) -> None:

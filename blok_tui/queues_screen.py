@@ -14,7 +14,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.widgets import Static
 
-from engine import EngineError, Job, JobState, QueueInfo, QueueStats, Run, RunFilter
+from engine import EngineError, Job, JobState, QueueInfo, Run, RunFilter
 
 from . import actions
 from .base_screen import Changes, RowFilterScreen
@@ -22,15 +22,14 @@ from .console import count, day_time, printable, short_ids, status_text
 from .jobs import RETRIED_AFTER, one_per_job, then_text
 from .phrases import Phrase, fitted, phrase
 from .plain_text import one_line_keeping_where
+from .queue_counts import QueueCounts, read_queue_counts
 from .widgets import FilterInput, sparkline
 from .widgets.row_table import Column, RowTable
 from .workers_screen import workers_line
 
-# The run statuses' own words: a job ready to be claimed is a "queued" run, a claimed one a
-# "running" run; the queue's delayed jobs are split into "delayed" runs (a start delay or a
-# backoff), "waiting" ones (a durable wait in the workflow) and "throttled" ones (held by a rate
-# limit or a concurrency key: all counted delayed, and an operator looked for a backoff), as
-# the runs view says.
+# The run statuses' own words (`queue_counts.py`, which `blok-tui queues` reads too): a job ready
+# to be claimed is a "queued" run, a claimed one "running", and the delayed jobs are split into
+# "waiting", "delayed" and "throttled", as the runs view says.
 COLUMNS = (
     Column("queue", "queue", 14, priority=10, flex=True),
     Column("workflow", "workflow", 18, priority=3),
@@ -75,9 +74,7 @@ class QueuesScreen(RowFilterScreen):
         super().__init__()
         self.text = ""
         self.infos: list[QueueInfo] = []
-        self.stats: dict[str, QueueStats] = {}
-        self.waiting: dict[str, int] = {}  # runs in a durable wait, per queue
-        self.throttled: dict[str, int] = {}  # runs held by a rate limit or key, per queue
+        self.counts: dict[str, QueueCounts] = {}
         self.errors: dict[str, int] = {}  # runs failed in the last ERRORS_WINDOW_S, per queue
         self.shown = 0  # queues the filter leaves in the table
 
@@ -103,20 +100,13 @@ class QueuesScreen(RowFilterScreen):
 
     async def load(self) -> None:
         infos = await self.engine.queues()
-        stats = {}
-        waiting, throttled, errors = {}, {}, {}
+        counts, errors = {}, {}
         since = self.blok.now().timestamp() - ERRORS_WINDOW_S
         for info in infos:
             try:
-                stats[info.name] = await self.engine.queue_stats(info.name)
+                counts[info.name] = (await read_queue_counts(self.engine, info.name))[1]
             except EngineError:  # removed by a reload between the two calls
                 continue
-            waiting[info.name] = await self.engine.count_runs(
-                RunFilter.of("waiting", queue=info.name)
-            )
-            throttled[info.name] = await self.engine.count_runs(
-                RunFilter.of("throttled", queue=info.name)
-            )
             failed_lately = RunFilter(
                 status=tuple(sorted(RETRIED_AFTER)), queue=info.name, finished_after=since
             )
@@ -133,10 +123,8 @@ class QueuesScreen(RowFilterScreen):
         # Everything read first, then drawn at once: the view may be gone after any await.
         if self.closing:
             return
-        self.infos = [i for i in infos if i.name in stats]
-        self.stats = stats
-        self.waiting = waiting
-        self.throttled = throttled
+        self.infos = [i for i in infos if i.name in counts]
+        self.counts = counts
         self.errors = errors
         self.render_rows()
         self.query_one("#workers-line", Static).update(workers_line(workers, states, splits=splits))
@@ -148,9 +136,7 @@ class QueuesScreen(RowFilterScreen):
         self.shown = len(shown)
         rows = []
         for info in shown:
-            s = self.stats[info.name]
-            waiting = self.waiting.get(info.name, 0)
-            throttled = self.throttled.get(info.name, 0)
+            c = self.counts[info.name]
             errors = self.errors.get(info.name, 0)
             samples = history.get(info.name, ())
             rate = samples[-1] if samples else 0.0
@@ -164,14 +150,14 @@ class QueuesScreen(RowFilterScreen):
                 Text(printable(info.workflow_name or "–"), style="grey70"),
                 info.provider,
                 _right(str(info.concurrency)),
-                _right(count(s.waiting), "grey85"),
-                _right(count(s.active), "bold deep_sky_blue1" if s.active else ""),
-                _right(count(waiting), "khaki1"),
-                _right(count(max(0, s.delayed - waiting - throttled)), "khaki3"),
-                _right(count(throttled), "dark_orange" if throttled else ""),
-                _right(count(s.completed), "green3"),
-                _right(count(s.failed), "red1" if s.failed else ""),
-                _right(count(s.dead), "bold magenta" if s.dead else ""),
+                _right(count(c.queued), "grey85"),
+                _right(count(c.running), "bold deep_sky_blue1" if c.running else ""),
+                _right(count(c.waiting), "khaki1"),
+                _right(count(c.delayed), "khaki3"),
+                _right(count(c.throttled), "dark_orange" if c.throttled else ""),
+                _right(count(c.completed), "green3"),
+                _right(count(c.failed), "red1" if c.failed else ""),
+                _right(count(c.dead), "bold magenta" if c.dead else ""),
                 _right(count(errors), "bold red1" if errors else ""),
                 _right(f"{rate:.1f}" if rate else "·"),
                 Text(sparkline(list(samples), width=20, bucket=9), style="green3"),
@@ -181,27 +167,21 @@ class QueuesScreen(RowFilterScreen):
         self.render_summary()
 
     def render_summary(self) -> None:
-        totals = QueueStats(queue="all")
-        for s in self.stats.values():
-            for field in ("waiting", "active", "delayed", "completed", "failed", "dead"):
-                setattr(totals, field, getattr(totals, field) + getattr(s, field))
+        totals = sum(self.counts.values(), QueueCounts())
         line = Text()
-        if not self.stats:  # counts of nothing would only push the hint off a narrow screen
+        if not self.counts:  # counts of nothing would only push the hint off a narrow screen
             line.append("no queues", style="bold")
             line.append(
                 ": add a workflow with a WorkerTrigger to the workflows folder", style="dim"
             )
             self.query_one("#summary", Static).update(line, layout=False)
             return
-        queues = len(self.stats)
-        waiting = sum(self.waiting.values())
-        throttled = sum(self.throttled.values())
+        queues = len(self.counts)
         # One line (it is drawn without a new layout): at a narrow width the least useful
         # phrases go, whole: the hint, then the filter (its text is on the line under it).
         counted = f"{queues} queue{'' if queues == 1 else 's'}"
         if self.text:  # the table shows only those the filter matches
             counted = f"{self.shown} of {counted}"
-        delayed = max(0, totals.delayed - waiting - throttled)
 
         def tally(n: int, what: str, keep: int, style: str = "", gap: str = " · ") -> Phrase:
             # A count of none goes before any count of some: at 80 columns "0 delayed" stayed
@@ -210,14 +190,14 @@ class QueuesScreen(RowFilterScreen):
 
         phrases = [
             phrase(counted, "bold", keep=9),
-            tally(totals.waiting, "queued", 8, gap="   "),
-            tally(totals.active, "running", 8),
-            tally(waiting, "waiting", 6),
-            tally(delayed, "delayed", 5),
+            tally(totals.queued, "queued", 8, gap="   "),
+            tally(totals.running, "running", 8),
+            tally(totals.waiting, "waiting", 6),
+            tally(totals.delayed, "delayed", 5),
             tally(totals.dead, "dead", 7, "magenta" if totals.dead else ""),
         ]
-        if throttled:  # only when some are: the line is full on a narrow screen
-            phrases.insert(5, tally(throttled, "throttled", 5, "dark_orange"))
+        if totals.throttled:  # only when some are: the line is full on a narrow screen
+            phrases.insert(5, tally(totals.throttled, "throttled", 5, "dark_orange"))
         if self.text and not self.shown:
             # Else an empty table under the counts of every queue, and nothing said. (Where
             # the line is short, "0 of 7 queues" says it.)
@@ -261,7 +241,7 @@ class QueuesScreen(RowFilterScreen):
         self.query_one("#failures", Static).update(text)
 
     def on_resize(self) -> None:
-        if self.stats:  # what fits the summary changed (before the first read: nothing)
+        if self.counts:  # what fits the summary changed (before the first read: nothing)
             self.render_summary()
 
     def selected_queue(self) -> str | None:

@@ -437,15 +437,75 @@ async def test_the_tables_on_a_terminal_fit_its_width(tmp_path: Path) -> None:
     # A table of short cells alike: the queue's counts read least go first, none is cut.
     lines = await anyio.to_thread.run_sync(on_a_terminal, 80, "queues")
     assert len(lines) == 3 and all(cell_len(line) <= 80 for line in lines), lines
-    header = "QUEUE WORKFLOW SLOTS STATE WAITING ACTIVE COMPLETED FAILED DEAD"
+    header = "QUEUE WORKFLOW STATE QUEUED RUNNING WAITING COMPLETED FAILED DEAD"
     assert " ".join(lines[0].split()) == header, lines
-    names = "PROVIDER, THROTTLED, CANCELLED, DELAYED"
+    names = "PROVIDER, THROTTLED, CANCELLED, DELAYED, SLOTS"
     assert lines[2] == f"blok-tui: no room here for {names}", lines
     wide = await anyio.to_thread.run_sync(on_a_terminal, 200, "queues")
     assert len(wide) == 2 and "PROVIDER" in wide[0] and "CANCELLED" in wide[0], wide
     # Into a pipe: whole, for grep.
     piped = blok("runs", "--db", database).stdout
     assert " ".join(run.error.split()) in piped, piped
+
+
+@pytest.mark.anyio
+async def test_queues_counts_runs_in_the_consoles_words(tmp_path: Path) -> None:
+    # The console's queues view said "1 waiting" (a run in a durable wait) where `blok-tui
+    # queues` said WAITING 0 and DELAYED 1 for the same run: its WAITING was the jobs ready to
+    # be claimed, the console's "queued". The table speaks the console's words now; the JSON
+    # keeps the contract's job counts and adds the console's under "runs".
+    import anyio
+
+    from engine import Engine, RunFilter, Step, WorkerTrigger, Workflow, wait
+
+    async def call(ctx: object) -> int:
+        return 1
+
+    napping = Workflow(
+        name="napping",
+        trigger=WorkerTrigger(queue="napping"),
+        steps=[Step("call", call), wait.for_("1h"), Step("after", call)],
+    )
+    database = tmp_path / "blok.db"
+    async with Engine(workflows=[napping], database=database) as engine:
+        await engine.enqueue("napping", {})
+        with anyio.fail_after(10):
+            while not await engine.count_runs(RunFilter.of("waiting")):  # noqa: ASYNC110
+                await anyio.sleep(0.02)
+        await engine.pause("napping")
+        await engine.enqueue("napping", {})  # queued: the paused queue starts nothing
+        await engine.flush()
+        table = await anyio.to_thread.run_sync(lambda: blok("queues", "--db", database))
+        as_json = await anyio.to_thread.run_sync(
+            lambda: blok_json("queues", "--json", "--db", database)
+        )
+    header = table.stdout.splitlines()[0].split()
+    counts = dict(zip(header, row(table.stdout, "napping").split(), strict=True))
+    assert header[5:] == [
+        "QUEUED",
+        "RUNNING",
+        "WAITING",
+        "DELAYED",
+        "THROTTLED",
+        "COMPLETED",
+        "FAILED",
+        "CANCELLED",
+        "DEAD",
+    ], header
+    assert (counts["QUEUED"], counts["WAITING"], counts["DELAYED"]) == ("1", "1", "0"), table
+    [queue] = as_json
+    assert (queue["waiting"], queue["delayed"]) == (1, 1), queue  # the contract's job counts
+    assert queue["runs"] == {
+        "queued": 1,
+        "running": 0,
+        "waiting": 1,
+        "delayed": 0,
+        "throttled": 0,
+        "completed": 0,
+        "failed": 0,
+        "cancelled": 0,
+        "dead": 0,
+    }, queue
 
 
 def test_runs_stuck_with_no_factor_takes_the_engines_default(tmp_path: Path) -> None:

@@ -1,0 +1,73 @@
+"""A queue's jobs counted in the run statuses' words, as the console's queues view and
+`blok-tui queues` both show them.
+
+`QueueStats` counts jobs by their state, in the contract's words: a job ready to be claimed is
+`waiting`, and every job due later is `delayed`, whatever holds it. An operator reads runs: a
+job ready to be claimed is a "queued" run, a claimed one "running", and the delayed ones are
+three things that want different answers: "waiting" (a durable wait in the workflow: nothing
+is wrong), "throttled" (held by a rate limit or a concurrency key) and "delayed" (a start delay
+or a retry's backoff). The console said "2 waiting" where `blok-tui queues` said `WAITING 0
+DELAYED 2` for the same two runs in a wait; both read these counts now.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine import QueueStats
+    from engine.api import EngineAPI
+
+
+@dataclass(frozen=True)
+class QueueCounts:
+    queued: int = 0
+    running: int = 0
+    waiting: int = 0  # runs in a durable wait (of the queue's delayed jobs)
+    delayed: int = 0  # a start delay or a retry's backoff (the rest of them)
+    throttled: int = 0  # held by a rate limit or a concurrency key (of them too)
+    completed: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    dead: int = 0
+
+    @classmethod
+    def of(cls, stats: QueueStats, waiting: int, throttled: int) -> QueueCounts:
+        """From the job counts and the runs a wait or a limit holds. The two run counts are
+        read after the stats, so a run can have left its wait between them: the delayed jobs'
+        rest is never counted below nought."""
+        return cls(
+            queued=stats.waiting,
+            running=stats.active,
+            waiting=waiting,
+            delayed=max(0, stats.delayed - waiting - throttled),
+            throttled=throttled,
+            completed=stats.completed,
+            failed=stats.failed,
+            cancelled=stats.cancelled,
+            dead=stats.dead,
+        )
+
+    def __add__(self, other: QueueCounts) -> QueueCounts:
+        return QueueCounts(
+            **{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)}
+        )
+
+    def as_dict(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+async def read_queue_counts(engine: EngineAPI, queue: str) -> tuple[QueueStats, QueueCounts]:
+    """The queue's job stats and its counts in the runs' words: an EngineError when the queue
+    is unknown (a reload may remove it between two reads)."""
+    from engine import RunFilter  # the command line's start-up imports no engine
+
+    stats = await engine.queue_stats(queue)
+    waiting = await engine.count_runs(RunFilter.of("waiting", queue=queue))
+    throttled = await engine.count_runs(RunFilter.of("throttled", queue=queue))
+    return stats, QueueCounts.of(stats, waiting, throttled)
+
+
+# The columns' order, as the console's queues view has them.
+COUNTED = tuple(f.name for f in fields(QueueCounts))
