@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable
 from dataclasses import replace
 from datetime import datetime, tzinfo
 from typing import ClassVar
 
+from rich.cells import cell_len
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import BindingType
@@ -60,6 +62,10 @@ COLUMNS = (
     Column("workflow", "workflow", 16, priority=8),
     Column("version", "version", 8, priority=2),
     Column("queue", "queue", 10, priority=3),
+    # Which worker ran it (`worker_labels`), shown only when the page's runs name two or more:
+    # with workers on several machines, which one a failing run was on is the first question.
+    # The first to go where the room runs out: the error or input says more.
+    Column("worker", "worker", 6, priority=-1),
     Column("started", "started", 11, priority=6),
     Column("took", "took", 7, priority=7, justify="right"),
     Column("attempts", "attempts", 9, priority=5, justify="right"),
@@ -68,6 +74,21 @@ COLUMNS = (
 )
 COLUMN_KEYS = [c.key for c in COLUMNS]
 ID_COLUMNS = ("run", "replay of")  # short ids: as wide as the longest on the page
+WORKER_WIDTH = 24  # at most: a long host name is cut, its start (what tells hosts apart) kept
+
+
+def worker_labels(ids: Iterable[str]) -> dict[str, str]:
+    """Each worker id (host:pid:tag) as short as tells the page's workers apart: the pid where
+    they share a host (the whole id took a quarter of the row at 140 columns and squeezed the
+    error to a few words), host:pid where they do not, the whole id where that is not enough
+    (two engines in one process) or it is not an id of this engine's making."""
+    parts = {worker: worker.split(":") for worker in set(ids)}
+    whole = {worker: worker for worker in parts}
+    if any(len(p) != 3 for p in parts.values()):
+        return whole
+    one_host = len({host for host, _, _ in parts.values()}) == 1
+    labels = {w: pid if one_host else f"{host}:{pid}" for w, (host, pid, _) in parts.items()}
+    return labels if len(set(labels.values())) == len(labels) else whole
 
 
 class RunsTable(RowTable):
@@ -76,10 +97,16 @@ class RunsTable(RowTable):
     column ("1a249ead914…" on many rows of an `enqueue_many`) tells nothing and can't be
     typed into `:run`."""
 
-    def fit_ids(self, width: int) -> None:
-        """The id columns `width` wide, or as COLUMNS has them when that is more."""
+    def fit_ids(self, width: int, worker_width: int = 0) -> None:
+        """The id columns `width` wide and the worker's `worker_width` (up to WORKER_WIDTH), or
+        as COLUMNS has them when that is more."""
         columns = [
-            replace(c, width=max(c.width, width)) if c.key in ID_COLUMNS else c for c in COLUMNS
+            replace(c, width=max(c.width, width))
+            if c.key in ID_COLUMNS
+            else replace(c, width=max(c.width, min(worker_width, WORKER_WIDTH)))
+            if c.key == "worker"
+            else c
+            for c in COLUMNS
         ]
         if columns != self.columns:
             self.columns = columns
@@ -138,6 +165,7 @@ class RunsScreen(BlokScreen):
         self.total = 0
         self.runs: list[Run] = []
         self.short: dict[str, str] = {}  # run id → its shortest unique prefix on this page
+        self.worker_names: dict[str, str] = {}  # worker id → its label on this page
         self.fates: dict[str, Job] = {}  # run id → its job, for runs their job outlived
         self.orphans: dict[str, Orphan] = {}  # run id → nobody runs it, for running runs
         self.last_of: dict[str, Job] = {}  # run id → its dead (or discarded) job, its last run
@@ -280,6 +308,7 @@ class RunsScreen(BlokScreen):
             printable(run.workflow_name),
             Text(run.workflow_version[:8], style="grey62"),
             run.queue,
+            Text(printable(self.worker_names.get(run.worker or "", "")), style="grey62"),
             started_cell(run, tz, now),
             Text(duration(took) if took is not None else "–", justify="right"),
             attempts,
@@ -293,11 +322,18 @@ class RunsScreen(BlokScreen):
     def render_rows(self) -> None:
         ids = [run.id for run in self.runs]
         self.short = short_ids([*ids, *(r.replay_of for r in self.runs if r.replay_of)])
-        self.table.fit_ids(max(map(len, self.short.values()), default=0))
-        # Columns empty on every row of the page give their room to the error or input.
+        self.worker_names = worker_labels(run.worker for run in self.runs if run.worker)
+        self.table.fit_ids(
+            max(map(len, self.short.values()), default=0),
+            max(map(cell_len, map(printable, self.worker_names.values())), default=0),
+        )
+        # Columns empty on every row of the page give their room to the error or input; the
+        # worker's says something only where the page's runs ran on two workers or more.
         empty = [] if self.fates or self.orphans or self.last_of else ["then"]
         if not any(run.replay_of for run in self.runs):
             empty.append("replay of")
+        if len(self.worker_names) < 2:
+            empty.append("worker")
         self.table.hide_columns(empty)
         self.table.set_rows([(run.id, self.row_cells(run)) for run in self.runs])
         self.render_filters()

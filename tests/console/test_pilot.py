@@ -16,7 +16,7 @@ from blok_tui.app import BlokApp
 from blok_tui.confirm_screen import ConfirmScreen
 from blok_tui.inject_screen import InjectScreen
 from blok_tui.run_screen import RunScreen
-from blok_tui.runs_screen import RunsScreen
+from blok_tui.runs_screen import RunsScreen, worker_labels
 from blok_tui.widgets import AttemptsView, StepRail
 from blok_tui.widgets.row_table import RowTable
 from blok_tui.widgets.step_rail import step_line
@@ -164,6 +164,50 @@ async def test_filter_the_runs_table_by_text_and_by_status(engine: Engine) -> No
         await pilot.press("5")
         await settled(pilot)
         assert sorted(column(table, "workflow")) == ["quick.echo"] * 3
+
+
+async def test_the_runs_table_names_the_worker_where_two_or_more_ran_the_page(
+    tmp_path: Path,
+) -> None:
+    # With workers on several machines, which one ran a failing run was the first question,
+    # and the runs view had no worker column (the run's own view named it). It shows one when
+    # the page's runs name two workers or more; with one, the room stays the error's.
+    database = tmp_path / "blok.db"
+    ran_by: dict[str, str] = {}
+    for n in range(2):  # one engine after the other: each is a worker of its own
+        async with Engine(workflows=ALL, database=database) as worker:
+            run = await worker.wait_for_job(await worker.enqueue("quick", {"n": n}), timeout=10)
+            assert run.worker is not None
+            ran_by[f'"n": {n}'] = run.worker
+    assert len(set(ran_by.values())) == 2, ran_by
+    async with Engine(database=database) as client:
+        app = BlokApp(client)
+        async with app.run_test(size=SIZE) as pilot:
+            await settled(pilot)
+            await command(pilot, "runs")
+            table = app.screen.query_one("#runs", RowTable)
+            shown = [c.key for c, _ in table.fit_columns(table.size.width)]
+            assert "worker" in shown, shown
+            inputs = column(table, "detail")
+            workers = [next(w for i, w in ran_by.items() if i in row) for row in inputs]
+            assert column(table, "worker") == workers, (inputs, workers)
+            await pilot.press("slash", *'"n": 1')  # a page of one worker's runs
+            await settled(pilot)
+            assert table.row_count == 1
+            assert "worker" not in [c.key for c, _ in table.fit_columns(table.size.width)]
+
+
+def test_a_worker_is_named_as_short_as_tells_the_pages_workers_apart() -> None:
+    one_host = ["vm:5212:560864", "vm:5230:0a1b2c"]
+    assert worker_labels(one_host) == dict(zip(one_host, ["5212", "5230"], strict=True))
+    hosts = ["web-1:5212:560864", "web-2:5212:0a1b2c"]
+    assert worker_labels(hosts) == dict(zip(hosts, ["web-1:5212", "web-2:5212"], strict=True))
+    one_process = ["vm:5212:560864", "vm:5212:0a1b2c"]  # two engines in one process
+    assert worker_labels(one_process) == {w: w for w in one_process}
+    assert worker_labels(["vm:5212:560864", "made by hand"]) == {
+        "vm:5212:560864": "vm:5212:560864",
+        "made by hand": "made by hand",
+    }
 
 
 async def test_open_a_run_and_see_its_attempts(engine: Engine) -> None:
