@@ -764,7 +764,8 @@ def build_parser() -> argparse.ArgumentParser:
         "and their runs by status, in the console's words: queued (ready for a worker), "
         "running, waiting (in a durable wait), delayed (a start delay or a retry's backoff), "
         "throttled (held by a rate limit or a concurrency key), completed, failed, cancelled, "
-        "dead (out of retries). --json adds the contract's job counts (waiting = queued).",
+        "debounced (left for a later job; where a queue has some), dead (out of retries). "
+        "--json adds the contract's job counts (waiting = queued).",
     )
     queues.add_argument("--json", action="store_true", help="a JSON list")
     db_option(queues, keep)
@@ -1848,7 +1849,9 @@ async def _queues(args: argparse.Namespace) -> None:
             )
         )
         return
-    header = ("QUEUE", "WORKFLOW", "PROVIDER", "SLOTS", "STATE", *(c.upper() for c in COUNTED))
+    # Debounced runs only where a queue has some: most queues debounce nothing.
+    counted = [c for c in COUNTED if c != "debounced" or any(r.debounced for _, r in read.values())]
+    header = ("QUEUE", "WORKFLOW", "PROVIDER", "SLOTS", "STATE", *(c.upper() for c in counted))
     rows = [header]
     for info in infos:
         counts = read[info.name][1].as_dict()
@@ -1859,14 +1862,15 @@ async def _queues(args: argparse.Namespace) -> None:
                 info.provider,
                 str(info.concurrency),
                 _queue_state(info, info.served),
-                *(str(counts[c]) for c in COUNTED),
+                *(str(counts[c]) for c in counted),
             )
         )
     if not infos:
         print("no queues (no worker declared any yet)")
         return
     # On a narrow terminal: the provider, the counts an operator reads least, the slots.
-    _print_fitted(rows, (2, 9, 12, 8, 3), error_last=False)
+    least = ("PROVIDER", "THROTTLED", "DEBOUNCED", "CANCELLED", "DELAYED", "SLOTS")
+    _print_fitted(rows, [header.index(c) for c in least if c in header], error_last=False)
 
 
 async def _dead(args: argparse.Namespace) -> None:

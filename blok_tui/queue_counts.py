@@ -7,7 +7,9 @@ job ready to be claimed is a "queued" run, a claimed one "running", and the dela
 three things that want different answers: "waiting" (a durable wait in the workflow: nothing
 is wrong), "throttled" (held by a rate limit or a concurrency key) and "delayed" (a start delay
 or a retry's backoff). The console said "2 waiting" where `blok-tui queues` said `WAITING 0
-DELAYED 2` for the same two runs in a wait; both read these counts now.
+DELAYED 2` for the same two runs in a wait; both read these counts now. Likewise a job a later
+one debounced ends `cancelled`: counted "debounced" here, not cancelled (a burst of 100 events
+read as 99 runs an operator had cancelled).
 """
 
 from __future__ import annotations
@@ -29,14 +31,15 @@ class QueueCounts:
     throttled: int = 0  # held by a rate limit or a concurrency key (of them too)
     completed: int = 0
     failed: int = 0
-    cancelled: int = 0
+    cancelled: int = 0  # by an operator (or a trigger's ttl)
+    debounced: int = 0  # left for a later job of the same key (of the cancelled jobs)
     dead: int = 0
 
     @classmethod
-    def of(cls, stats: QueueStats, waiting: int, throttled: int) -> QueueCounts:
-        """From the job counts and the runs a wait or a limit holds. The two run counts are
-        read after the stats, so a run can have left its wait between them: the delayed jobs'
-        rest is never counted below nought."""
+    def of(cls, stats: QueueStats, waiting: int, throttled: int, debounced: int) -> QueueCounts:
+        """From the job counts and the runs a wait, a limit or a debounce holds or ended. The
+        run counts are read after the stats, so a run can have left its wait between them: the
+        jobs' rest is never counted below nought."""
         return cls(
             queued=stats.waiting,
             running=stats.active,
@@ -45,7 +48,8 @@ class QueueCounts:
             throttled=throttled,
             completed=stats.completed,
             failed=stats.failed,
-            cancelled=stats.cancelled,
+            cancelled=max(0, stats.cancelled - debounced),
+            debounced=debounced,
             dead=stats.dead,
         )
 
@@ -66,7 +70,8 @@ async def read_queue_counts(engine: EngineAPI, queue: str) -> tuple[QueueStats, 
     stats = await engine.queue_stats(queue)
     waiting = await engine.count_runs(RunFilter.of("waiting", queue=queue))
     throttled = await engine.count_runs(RunFilter.of("throttled", queue=queue))
-    return stats, QueueCounts.of(stats, waiting, throttled)
+    debounced = await engine.count_runs(RunFilter.of("debounced", queue=queue))
+    return stats, QueueCounts.of(stats, waiting, throttled, debounced)
 
 
 # The columns' order, as the console's queues view has them.

@@ -452,11 +452,12 @@ async def test_the_tables_on_a_terminal_fit_its_width(tmp_path: Path) -> None:
 async def test_queues_counts_runs_in_the_consoles_words(tmp_path: Path) -> None:
     # The console's queues view said "1 waiting" (a run in a durable wait) where `blok-tui
     # queues` said WAITING 0 and DELAYED 1 for the same run: its WAITING was the jobs ready to
-    # be claimed, the console's "queued". The table speaks the console's words now; the JSON
-    # keeps the contract's job counts and adds the console's under "runs".
+    # be claimed, the console's "queued". And the jobs a debounce left for a later one were
+    # CANCELLED, as if an operator had cancelled them. The table speaks the console's words
+    # now; the JSON keeps the contract's job counts and adds the console's under "runs".
     import anyio
 
-    from engine import Engine, RunFilter, Step, WorkerTrigger, Workflow, wait
+    from engine import Debounce, Engine, RunFilter, Step, WorkerTrigger, Workflow, wait
 
     async def call(ctx: object) -> int:
         return 1
@@ -466,8 +467,18 @@ async def test_queues_counts_runs_in_the_consoles_words(tmp_path: Path) -> None:
         trigger=WorkerTrigger(queue="napping"),
         steps=[Step("call", call), wait.for_("1h"), Step("after", call)],
     )
+    debounced = Workflow(
+        name="search",
+        trigger=WorkerTrigger(
+            queue="search", debounce=Debounce("$.body.user", delay="100ms", mode="trailing")
+        ),
+        steps=[Step("call", call)],
+    )
     database = tmp_path / "blok.db"
-    async with Engine(workflows=[napping], database=database) as engine:
+    async with Engine(workflows=[napping, debounced], database=database) as engine:
+        burst = [await engine.enqueue("search", {"user": "ann", "n": n}) for n in range(3)]
+        for job_id in burst:
+            await engine.wait_for_job(job_id, timeout=10)
         await engine.enqueue("napping", {})
         with anyio.fail_after(10):
             while not await engine.count_runs(RunFilter.of("waiting")):  # noqa: ASYNC110
@@ -480,7 +491,6 @@ async def test_queues_counts_runs_in_the_consoles_words(tmp_path: Path) -> None:
             lambda: blok_json("queues", "--json", "--db", database)
         )
     header = table.stdout.splitlines()[0].split()
-    counts = dict(zip(header, row(table.stdout, "napping").split(), strict=True))
     assert header[5:] == [
         "QUEUED",
         "RUNNING",
@@ -490,12 +500,17 @@ async def test_queues_counts_runs_in_the_consoles_words(tmp_path: Path) -> None:
         "COMPLETED",
         "FAILED",
         "CANCELLED",
+        "DEBOUNCED",
         "DEAD",
     ], header
-    assert (counts["QUEUED"], counts["WAITING"], counts["DELAYED"]) == ("1", "1", "0"), table
-    [queue] = as_json
-    assert (queue["waiting"], queue["delayed"]) == (1, 1), queue  # the contract's job counts
-    assert queue["runs"] == {
+    naps = dict(zip(header, row(table.stdout, "napping").split(), strict=True))
+    assert (naps["QUEUED"], naps["WAITING"], naps["DELAYED"]) == ("1", "1", "0"), table
+    search = dict(zip(header, row(table.stdout, "search").split(), strict=True))
+    assert (search["COMPLETED"], search["CANCELLED"], search["DEBOUNCED"]) == ("1", "0", "2")
+    queues = {queue["name"]: queue for queue in as_json}
+    assert (queues["napping"]["waiting"], queues["napping"]["delayed"]) == (1, 1)  # contract's
+    assert queues["search"]["cancelled"] == 2  # the contract's: jobs by state
+    assert queues["napping"]["runs"] == {
         "queued": 1,
         "running": 0,
         "waiting": 1,
@@ -504,8 +519,10 @@ async def test_queues_counts_runs_in_the_consoles_words(tmp_path: Path) -> None:
         "completed": 0,
         "failed": 0,
         "cancelled": 0,
+        "debounced": 0,
         "dead": 0,
-    }, queue
+    }, queues
+    assert (queues["search"]["runs"]["cancelled"], queues["search"]["runs"]["debounced"]) == (0, 2)
 
 
 def test_runs_stuck_with_no_factor_takes_the_engines_default(tmp_path: Path) -> None:
