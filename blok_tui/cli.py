@@ -1830,7 +1830,9 @@ def _queue_state(info: Any, served: bool) -> str:
 async def _queues(args: argparse.Namespace) -> None:
     async with _client(args) as engine:
         infos = await engine.queues()
-        read = {info.name: await read_queue_counts(engine, info.name) for info in infos}
+        read = {
+            info.name: await read_queue_counts(engine, info.name, debounced=True) for info in infos
+        }
     if args.json:
         # The contract's job counts as they are (a script reads `waiting` as the jobs ready to
         # be claimed), and beside them the console's counts of the runs.

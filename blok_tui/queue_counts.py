@@ -32,7 +32,7 @@ class QueueCounts:
     completed: int = 0
     failed: int = 0
     cancelled: int = 0  # by an operator (or a trigger's ttl)
-    debounced: int = 0  # left for a later job of the same key (of the cancelled jobs)
+    debounced: int = 0  # left for a later job of the same key (of the cancelled; if read)
     dead: int = 0
 
     @classmethod
@@ -62,16 +62,21 @@ class QueueCounts:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-async def read_queue_counts(engine: EngineAPI, queue: str) -> tuple[QueueStats, QueueCounts]:
+async def read_queue_counts(
+    engine: EngineAPI, queue: str, *, debounced: bool = False
+) -> tuple[QueueStats, QueueCounts]:
     """The queue's job stats and its counts in the runs' words: an EngineError when the queue
-    is unknown (a reload may remove it between two reads)."""
+    is unknown (a reload may remove it between two reads). `debounced`: the debounced runs
+    counted apart from the cancelled, a count over the queue's history (every debounced run
+    kept), which a one-shot command can afford and a view read again every few hundred
+    milliseconds cannot (the console shows neither count); else they stay among the cancelled."""
     from engine import RunFilter  # the command line's start-up imports no engine
 
     stats = await engine.queue_stats(queue)
     waiting = await engine.count_runs(RunFilter.of("waiting", queue=queue))
     throttled = await engine.count_runs(RunFilter.of("throttled", queue=queue))
-    debounced = await engine.count_runs(RunFilter.of("debounced", queue=queue))
-    return stats, QueueCounts.of(stats, waiting, throttled, debounced)
+    ended = await engine.count_runs(RunFilter.of("debounced", queue=queue)) if debounced else 0
+    return stats, QueueCounts.of(stats, waiting, throttled, ended)
 
 
 # The columns' order, as the console's queues view has them.
