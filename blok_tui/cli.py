@@ -443,8 +443,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(
             "--text",
             metavar="TEXT",
-            help="only runs whose id, job id, workflow, version, queue, status, error or input "
-            "holds TEXT (any case): an order's run by its order id",
+            help="only runs whose id, job id, workflow, version, queue, status, error, worker or "
+            "input holds TEXT (any case): an order's run by its order id, a worker's by its pid",
         )
         p.add_argument(
             "--since",

@@ -50,7 +50,8 @@ class RunFilter:
     status: tuple[str, ...] | None = None
     workflow: str | None = None
     queue: str | None = None
-    text: str | None = None  # in the id, job id, workflow, version, queue, status, error, input
+    # In the id, job id, workflow, version, queue, status, error, worker, input.
+    text: str | None = None
     job_id: str | None = None
     retrying: bool = False  # still going, with a failed attempt behind it
     # Running longer than `stuck` × the median duration of its workflow's completed runs (with
@@ -166,6 +167,7 @@ class RunFilter:
                 run.queue,
                 run.status,
                 run.error or "",
+                run.worker or "",
             )
             haystack = " ".join(fields).lower()
             if needle in haystack:

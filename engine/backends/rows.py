@@ -612,6 +612,7 @@ def where_clause(
             "queue",
             "status",
             "error",
+            "worker",  # the runs of one worker (the runs view names it by its pid)
             as_text("input"),
         )
         found = [f"{f} {like} {marks([pattern])} ESCAPE '\\'" for f in fields]

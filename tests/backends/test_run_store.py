@@ -170,6 +170,7 @@ FILTER_CASES: list[tuple[str, RunFilter, set[str]]] = [
     ("text in the queue", RunFilter(text="slo"), {"broken", "again"}),
     ("text in the status", RunFilter(text="throttl"), {"held"}),
     ("text in the error", RunFilter(text="disk full"), {"broken"}),
+    ("text in the worker", RunFilter(text="HOST:2"), {"broken"}),
     ("workers", RunFilter(workers=("host:1", "host:3")), {"done", "busy"}),
     ("no workers", RunFilter(workers=()), set()),
     ("finished after", RunFilter(finished_after=1_000_000_100.0), {"broken"}),
