@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 from textual.actions import SkipAction
 from textual.app import App
 from textual.binding import Binding, BindingType
+from textual.driver import Driver
 from textual.notifications import SeverityLevel
 from textual.screen import ModalScreen
 from textual.widgets import Input, TextArea
@@ -147,6 +148,14 @@ class BlokApp(App[None]):
         # Steps' names by (run id, index), from their StepStarted: a log line carries only the
         # index. The newest LOG_LINES steps are kept, enough for the lines kept.
         self.step_names: OrderedDict[tuple[str, int], str] = OrderedDict()
+
+    def get_driver_class(self) -> type[Driver]:
+        driver = super().get_driver_class()
+        if driver.__name__ == "LinuxDriver":  # not on Windows, nor one TEXTUAL_DRIVER names
+            from .terminal_driver import TerminalDriver  # imports termios: here, not above
+
+            return TerminalDriver
+        return driver
 
     def notify(
         self,

@@ -223,19 +223,33 @@ class Follower:
         return code, self.lines, self.process.stderr.read()
 
 
+# Run as `python -c TAKE_THE_TERMINAL ARGS...`: make stdin's terminal this session's controlling
+# terminal, then become `python ARGS...`.
+TAKE_THE_TERMINAL = (
+    "import fcntl, os, sys, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); "
+    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+)
+
+
 class Terminal:
     """`python ARGS` (`-m blok_tui ...`, or a script) in a pseudo-terminal of 140x40 (`size`:
     columns, rows), as a person runs it: Textual draws only to a terminal, the CLI fits its
     tables to one. What it writes is collected by a thread (unread, the terminal's buffer
     fills and the console's writes block)."""
 
-    def __init__(self, cwd: Path, *args: str, size: tuple[int, int] = (140, 40)) -> None:
+    def __init__(
+        self, cwd: Path, *args: str, size: tuple[int, int] = (140, 40), controlling: bool = False
+    ) -> None:
+        """`controlling`: the terminal is the process's controlling terminal, as a terminal
+        window's or tmux's is: closing it, the kernel sends the process SIGHUP and SIGCONT."""
         self.master, child = os.openpty()
         width, height = size
         fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", height, width, 0, 0))
         # Without the COLUMNS and LINES pytest-xdist sets in its workers: they would overrule
         # the terminal's own size (`shutil.get_terminal_size` reads them first).
         env = {k: v for k, v in cli_env().items() if k not in ("COLUMNS", "LINES")}
+        if controlling:  # taken as its session's (a new one) before `args` run
+            args = ("-c", TAKE_THE_TERMINAL, *args)
         self.process = subprocess.Popen(
             [sys.executable, *args],
             stdin=child,
@@ -273,7 +287,8 @@ class Terminal:
 
     def hang_up(self) -> None:
         """What closing its window does: the line hung up, then SIGHUP to the process (the
-        kernel sends it to the terminal's session leader; here, the test does)."""
+        kernel sends it, and SIGCONT, to a controlling terminal's session leader; here, the
+        test sends SIGHUP too)."""
         self._closing.set()
         self._reader.join(5)
         os.close(self.master)
@@ -300,7 +315,9 @@ def quit_with_a_run_going(
     folder = write_workflows(tmp_path / "workflows")
     database = tmp_path / "blok.db"
     console = Terminal(
-        tmp_path, "-m", "blok_tui", "--db", str(database), "--workflows", str(folder)
+        tmp_path,
+        *("-m", "blok_tui", "--db", str(database), "--workflows", str(folder)),
+        controlling=True,
     )
     try:
         eventually(lambda: "naps" in console.text, timeout=30)  # the queues view is up

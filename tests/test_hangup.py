@@ -5,7 +5,9 @@ delivery of its job used. Real processes: the console on a pseudo-terminal, a wo
 
 from __future__ import annotations
 
+import os
 import signal
+import threading
 from pathlib import Path
 
 from cli_helpers import (
@@ -18,6 +20,9 @@ from cli_helpers import (
     start_worker,
     write_workflows,
 )
+from textual.drivers._writer_thread import MAX_QUEUED_WRITES, WriterThread
+
+from blok_tui.terminal_driver import TerminalOutput
 
 
 def test_a_console_whose_terminal_closes_hands_its_run_back(tmp_path: Path) -> None:
@@ -26,6 +31,58 @@ def test_a_console_whose_terminal_closes_hands_its_run_back(tmp_path: Path) -> N
     assert code == 0
     run = run_of(database, job_id)
     assert run is not None and run["status"] == "queued", run  # not left running, to crash
+
+
+def test_a_sigcont_with_nothing_suspended_leaves_the_console_as_it_is(tmp_path: Path) -> None:
+    """The kernel follows a hang-up's SIGHUP with SIGCONT. Textual's driver took any SIGCONT
+    for the end of a ctrl+z and started its application mode again: on a terminal that is
+    gone, a second output thread that died on its first write, and the console's exit blocked
+    for good once 30 writes waited for it (a console found hung long after `tmux
+    kill-session`, its worker "stalled"). Here a stray SIGCONT on a live terminal: the console
+    does not start over (the switch to the alternate screen is written once) and still
+    answers keys."""
+    folder = write_workflows(tmp_path / "workflows")
+    database = tmp_path / "blok.db"
+    console = Terminal(
+        tmp_path,
+        *("-m", "blok_tui", "--db", str(database), "--workflows", str(folder)),
+        controlling=True,
+    )
+    try:
+        eventually(lambda: "naps" in console.text, timeout=30)  # the queues view is up
+        console.process.send_signal(signal.SIGCONT)
+        console.type("?")  # handled after the signal: the help screen comes up
+        eventually(lambda: "keys and commands" in console.text)
+        switches = console.text.count("\x1b[?1049h")
+        assert switches == 1, f"{switches} switches to the alternate screen"
+        console.type("q")  # the help screen's: back
+        console.type("q")  # quits: no run is going
+    except BaseException:
+        console.process.kill()
+        raise
+    finally:
+        code = console.finish()
+    assert code == 0, console.text[-2000:]
+
+
+def test_the_consoles_output_outlives_its_terminal() -> None:
+    """Textual's output thread ended at its first write to a terminal gone (EIO), and the
+    writes after it filled its queue of 30: the 31st, or the stop's own, blocked the console
+    for good. Its writes go nowhere now, and the thread drains the queue to the end."""
+    master, child = os.openpty()
+    writer = WriterThread(TerminalOutput(os.fdopen(child, "w")))
+    writer.start()
+    os.close(master)  # the terminal hangs up
+    stopped = threading.Event()
+
+    def write_then_stop() -> None:
+        for n in range(MAX_QUEUED_WRITES * 2):
+            writer.write(f"line {n}\n")
+        writer.stop()
+        stopped.set()
+
+    threading.Thread(target=write_then_stop, daemon=True).start()
+    assert stopped.wait(10), "the output thread ended: its queue filled and the writes blocked"
 
 
 def _a_held_run(database: Path, tmp_path: Path) -> tuple[str, Path]:
