@@ -304,6 +304,8 @@ class BlokApp(App[None]):
             case RunQueued() | RunStarted() | RunStatusChanged() | RunFinished():
                 changes.runs.add(event.run_id)
                 changes.queues.add(event.queue)
+                if event.job_id is not None:
+                    self.jobs.forget([event.job_id])
             case LogRecorded():
                 changes.runs.add(event.run_id)
                 changes.logs = True

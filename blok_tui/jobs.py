@@ -131,7 +131,10 @@ class JobBook:
         return {run_id: orphan for run_id, orphan in found.items() if orphan is not None}
 
     def forget(self, job_ids: Iterable[str] | None = None) -> None:
-        """Read these jobs (or all) afresh next time: the console just changed them."""
+        """Read these jobs (or all) afresh next time: the console just changed them, or a run
+        of theirs changed (queued, started, ended). Else a job's later run could complete
+        within the two seconds a going job is kept, and its failed run said "↻ retrying" until
+        something else moved."""
         if job_ids is None:
             self._jobs.clear()
             return

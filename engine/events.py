@@ -8,9 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from time import time
+from typing import TYPE_CHECKING
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+if TYPE_CHECKING:
+    from .models import Run
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +28,11 @@ class RunQueued(Event):
     queue: str
     workflow_name: str
     status: str  # queued | delayed
+    job_id: str | None = None  # the run's job: a change of the run is one of its job
+
+    @classmethod
+    def of(cls, run: Run) -> RunQueued:
+        return cls(run.id, run.queue, run.workflow_name, str(run.status), job_id=run.job_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +40,11 @@ class RunStarted(Event):
     run_id: str
     queue: str
     workflow_name: str
+    job_id: str | None = None
+
+    @classmethod
+    def of(cls, run: Run) -> RunStarted:
+        return cls(run.id, run.queue, run.workflow_name, job_id=run.job_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +54,11 @@ class RunStatusChanged(Event):
     run_id: str
     queue: str
     status: str
+    job_id: str | None = None
+
+    @classmethod
+    def of(cls, run: Run) -> RunStatusChanged:
+        return cls(run.id, run.queue, str(run.status), job_id=run.job_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +68,12 @@ class RunFinished(Event):
     workflow_name: str
     status: str
     error: str | None = None
+    job_id: str | None = None
+
+    @classmethod
+    def of(cls, run: Run) -> RunFinished:
+        status = str(run.status)
+        return cls(run.id, run.queue, run.workflow_name, status, run.error, job_id=run.job_id)
 
 
 @dataclass(frozen=True, slots=True)

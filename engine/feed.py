@@ -157,18 +157,24 @@ class Follower:
         after: list[Event] = []
         if previous is None:
             queued = status if status in ("queued", "delayed") else "queued"
-            before.append(RunQueued(run.id, run.queue, run.workflow_name, queued))
+            before.append(
+                RunQueued(run.id, run.queue, run.workflow_name, queued, job_id=run.job_id)
+            )
         began = run.started_at is not None and (previous is None or previous in _NOT_STARTED)
         if run.status is RunStatus.RUNNING:
-            before.append(RunStarted(run.id, run.queue, run.workflow_name))
+            before.append(RunStarted(run.id, run.queue, run.workflow_name, job_id=run.job_id))
         elif run.terminal:
             if began:
-                before.append(RunStarted(run.id, run.queue, run.workflow_name))
-            after.append(RunFinished(run.id, run.queue, run.workflow_name, status, run.error))
+                before.append(RunStarted(run.id, run.queue, run.workflow_name, job_id=run.job_id))
+            after.append(
+                RunFinished(
+                    run.id, run.queue, run.workflow_name, status, run.error, job_id=run.job_id
+                )
+            )
         elif previous is not None or status not in ("queued", "delayed"):
             if began:
-                before.append(RunStarted(run.id, run.queue, run.workflow_name))
-            after.append(RunStatusChanged(run.id, run.queue, status))
+                before.append(RunStarted(run.id, run.queue, run.workflow_name, job_id=run.job_id))
+            after.append(RunStatusChanged(run.id, run.queue, status, job_id=run.job_id))
         return before, after
 
     def _step_events(self, run: Run) -> list[Event]:

@@ -309,20 +309,18 @@ class Ledger:
                 extra={"run_id": run.id, "step": run.error_step},
             )
         if self.bus.active:
-            self._tell(
-                run, RunFinished(run.id, run.queue, run.workflow_name, str(run.status), run.error)
-            )
+            self._tell(run, RunFinished.of(run))
         for hook in self.on_run_ended:
             hook(run)
 
     def _changed(self, run: Run) -> None:
         if self.bus.active:
-            self._tell(run, RunStatusChanged(run.id, run.queue, str(run.status)))
+            self._tell(run, RunStatusChanged.of(run))
 
     def queued(self, runs: list[Run]) -> None:
         if self.bus.active:
             for run in runs:
-                self._tell(run, RunQueued(run.id, run.queue, run.workflow_name, str(run.status)))
+                self._tell(run, RunQueued.of(run))
 
     def _tell(self, run: Run, event: Event) -> None:
         if self.told is None or self.told(run.id, str(run.status)):
@@ -444,7 +442,7 @@ class Ledger:
         for line in self._notes.pop(run.id, ()):
             queue.record_log(run.id, line, claim.fence)
         if self.bus.active:
-            self._tell(run, RunStarted(run.id, run.queue, run.workflow_name))
+            self._tell(run, RunStarted.of(run))
 
     def wait(self, claim: Claim, queue: JobQueue, run: Run, until: datetime) -> None:
         """The run sleeps until `until` without holding a worker slot."""

@@ -86,6 +86,9 @@ async def test_events_follow_a_run_that_another_process_runs(
     assert log_line.message == "napping 0.05 s"
     finished = seen[-1]
     assert isinstance(finished, RunFinished) and finished.status == "completed"
+    # Each names the run's job: a console reads what it keeps of the job again.
+    told = [e for e in seen if isinstance(e, (RunQueued, RunStarted, RunFinished))]
+    assert {e.job_id for e in told} == {job_id}, told
     run = await attached.get_run(run_id)
     assert run.worker == worker.id
     stats = await attached.queue_stats("naps")

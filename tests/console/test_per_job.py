@@ -118,6 +118,41 @@ async def test_a_failed_run_whose_job_completed_later_says_so_and_J_opens_that_r
         await until(pilot, lambda: isinstance(app.screen, RunScreen) and app.screen.run_id == later)
 
 
+async def test_a_failed_runs_then_follows_its_job_to_the_end_of_its_next_delivery(
+    tmp_path: Path,
+) -> None:
+    # The console keeps a going job's record 2 s. A job's next delivery that ended within
+    # them left its failed run saying "↻ retrying" until something else moved (a crashed run
+    # on PostgreSQL, its redelivery done 5 s later, said so for minutes). A run's events name
+    # its job now, and the console reads the job again. The clock stands still here: only
+    # the events can tell it.
+    release = anyio.Event()
+
+    async def second_time_lucky(ctx: Any) -> str:
+        if ctx.job.attempt == 1:
+            raise ConnectionError("connection reset")
+        await release.wait()
+        return "sent"
+
+    hook = Workflow(
+        name="hook",
+        trigger=WorkerTrigger(queue="hook", retries=1, delay=10),
+        steps=[Step("send", second_time_lucky)],
+    )
+    async with Engine(workflows=[hook], database=tmp_path / "blok.db") as engine:
+        job_id = await engine.enqueue("hook", {})
+        app = BlokApp(engine)
+        app.jobs = JobBook(clock=lambda: 0.0)
+        async with app.run_test(size=SIZE) as pilot:
+            await settled(pilot)
+            await command(pilot, "runs failed")
+            table = app.screen.query_one("#runs", RowTable)
+            await until(pilot, lambda: column(table, "then") == ["↻ retrying"])
+            release.set()
+            assert (await engine.wait_for_job(job_id, timeout=10)).status == "completed"
+            await until(pilot, lambda: column(table, "then") == ["↻ completed"])
+
+
 async def test_the_then_column_shows_only_when_a_run_on_the_page_has_it(engine: Engine) -> None:
     await engine.wait_for_job(await engine.enqueue("quick", {"n": 1}), timeout=10)
     app = BlokApp(engine)
