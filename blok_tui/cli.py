@@ -1870,8 +1870,9 @@ async def _queues(args: argparse.Namespace) -> None:
     if not infos:
         print("no queues (no worker declared any yet)")
         return
-    # On a narrow terminal: the provider, the counts an operator reads least, the slots.
-    least = ("PROVIDER", "THROTTLED", "DEBOUNCED", "CANCELLED", "DELAYED", "SLOTS")
+    # On a narrow terminal: the provider, the counts an operator reads least, the slots, then
+    # the workflow (the queue names the row; at 80 columns the demo's rows wrapped).
+    least = ("PROVIDER", "THROTTLED", "DEBOUNCED", "CANCELLED", "DELAYED", "SLOTS", "WORKFLOW")
     _print_fitted(rows, [header.index(c) for c in least if c in header], error_last=False)
 
 
@@ -1922,10 +1923,18 @@ def _print_fitted(
 
 
 def _note_dropped(dropped: Sequence[str]) -> None:
-    """On stderr (a pipe reads the table alone): the columns a narrow terminal left out."""
+    """On stderr (a pipe reads the table alone): the columns a narrow terminal left out, in
+    one line of it (the last names counted, where all of them would wrap it)."""
     if dropped:
-        names = ", ".join(name.split(" (")[0] for name in dropped)  # "CREATED (UTC)"
-        print(f"blok-tui: no room here for {names}", file=sys.stderr)  # one line at 80 columns
+        names = [name.split(" (")[0] for name in dropped]  # "CREATED (UTC)"
+        width = _terminal_width() or 0
+        shown = len(names)
+        line = f"blok-tui: no room here for {', '.join(names)}"
+        while width and len(line) > width and shown > 1:
+            shown -= 1
+            more = len(names) - shown
+            line = f"blok-tui: no room here for {', '.join(names[:shown])} and {more} more"
+        print(line, file=sys.stderr)
 
 
 def _terminal_width() -> int | None:
