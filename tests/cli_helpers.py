@@ -307,11 +307,9 @@ class Terminal:
         return code
 
 
-def quit_with_a_run_going(
-    tmp_path: Path, quit_: Callable[[Terminal], None]
-) -> tuple[int, Terminal, Path, str]:
-    """The console (`blok-tui` on a pseudo-terminal, on `tmp_path/blok.db`) with a 60 s nap
-    running, ended by `quit_`: its exit status, the terminal, the database and the job."""
+def open_console(tmp_path: Path) -> tuple[Terminal, Path]:
+    """`blok-tui` on `tmp_path/blok.db` and the test workflows, on a pseudo-terminal that is
+    its controlling terminal, once its queues view is up: the terminal and the database."""
     folder = write_workflows(tmp_path / "workflows")
     database = tmp_path / "blok.db"
     console = Terminal(
@@ -320,7 +318,21 @@ def quit_with_a_run_going(
         controlling=True,
     )
     try:
-        eventually(lambda: "naps" in console.text, timeout=30)  # the queues view is up
+        eventually(lambda: "naps" in console.text, timeout=30)
+    except BaseException:
+        console.process.kill()
+        console.finish()
+        raise
+    return console, database
+
+
+def quit_with_a_run_going(
+    tmp_path: Path, quit_: Callable[[Terminal], None]
+) -> tuple[int, Terminal, Path, str]:
+    """The console (`blok-tui` on a pseudo-terminal, on `tmp_path/blok.db`) with a 60 s nap
+    running, ended by `quit_`: its exit status, the terminal, the database and the job."""
+    console, database = open_console(tmp_path)
+    try:
         done = blok("enqueue", "naps", '{"seconds": 60}', "--db", database)
         assert done.returncode == 0, done.stderr
         job_id = done.stdout.strip()

@@ -15,6 +15,7 @@ from cli_helpers import (
     Worker,
     blok,
     eventually,
+    open_console,
     quit_with_a_run_going,
     run_of,
     start_worker,
@@ -41,15 +42,8 @@ def test_a_sigcont_with_nothing_suspended_leaves_the_console_as_it_is(tmp_path: 
     kill-session`, its worker "stalled"). Here a stray SIGCONT on a live terminal: the console
     does not start over (the switch to the alternate screen is written once) and still
     answers keys."""
-    folder = write_workflows(tmp_path / "workflows")
-    database = tmp_path / "blok.db"
-    console = Terminal(
-        tmp_path,
-        *("-m", "blok_tui", "--db", str(database), "--workflows", str(folder)),
-        controlling=True,
-    )
+    console, _ = open_console(tmp_path)
     try:
-        eventually(lambda: "naps" in console.text, timeout=30)  # the queues view is up
         console.process.send_signal(signal.SIGCONT)
         console.type("?")  # handled after the signal: the help screen comes up
         eventually(lambda: "keys and commands" in console.text)
