@@ -100,14 +100,15 @@ class RunsTable(RowTable):
     def fit_ids(self, width: int, worker_width: int = 0) -> None:
         """The id columns `width` wide and the worker's `worker_width` (up to WORKER_WIDTH), or
         as COLUMNS has them when that is more."""
-        columns = [
-            replace(c, width=max(c.width, width))
-            if c.key in ID_COLUMNS
-            else replace(c, width=max(c.width, min(worker_width, WORKER_WIDTH)))
-            if c.key == "worker"
-            else c
-            for c in COLUMNS
-        ]
+
+        def widened(column: Column) -> Column:
+            if column.key in ID_COLUMNS:
+                return replace(column, width=max(column.width, width))
+            if column.key == "worker":
+                return replace(column, width=max(column.width, min(worker_width, WORKER_WIDTH)))
+            return column
+
+        columns = [widened(column) for column in COLUMNS]
         if columns != self.columns:
             self.columns = columns
             self._layout_width = -1  # lay out again at the next draw

@@ -162,19 +162,15 @@ class Follower:
             )
         began = run.started_at is not None and (previous is None or previous in _NOT_STARTED)
         if run.status is RunStatus.RUNNING:
-            before.append(RunStarted(run.id, run.queue, run.workflow_name, job_id=run.job_id))
+            before.append(RunStarted.of(run))
         elif run.terminal:
             if began:
-                before.append(RunStarted(run.id, run.queue, run.workflow_name, job_id=run.job_id))
-            after.append(
-                RunFinished(
-                    run.id, run.queue, run.workflow_name, status, run.error, job_id=run.job_id
-                )
-            )
+                before.append(RunStarted.of(run))
+            after.append(RunFinished.of(run))
         elif previous is not None or status not in ("queued", "delayed"):
             if began:
-                before.append(RunStarted(run.id, run.queue, run.workflow_name, job_id=run.job_id))
-            after.append(RunStatusChanged(run.id, run.queue, status, job_id=run.job_id))
+                before.append(RunStarted.of(run))
+            after.append(RunStatusChanged.of(run))
         return before, after
 
     def _step_events(self, run: Run) -> list[Event]:
