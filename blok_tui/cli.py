@@ -1288,10 +1288,11 @@ async def _runs(args: argparse.Namespace) -> None:
             if not getattr(args, name)
         ]
         hint = "--limit N" + (f", or filter with {'/'.join(narrow)}" if narrow else "")
-        print(
-            f"blok-tui: {len(runs):,} of {total:,} runs shown (newest first; {hint})",
-            file=sys.stderr,
-        )
+        line = f"blok-tui: {len(runs):,} of {total:,} runs shown (newest first; {hint})"
+        width = _terminal_width()
+        if width and len(line) > width:  # one line of the terminal: the filters are in --help
+            line = f"blok-tui: {len(runs):,} of {total:,} runs shown (newest first; --limit N)"
+        print(line, file=sys.stderr)
 
 
 def _since(engine: Any, ms: float | None) -> datetime | None:

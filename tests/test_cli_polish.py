@@ -534,6 +534,35 @@ async def test_queues_counts_runs_in_the_consoles_words(tmp_path: Path) -> None:
     assert (queues["search"]["runs"]["cancelled"], queues["search"]["runs"]["debounced"]) == (0, 2)
 
 
+@pytest.mark.anyio
+async def test_the_runs_hint_keeps_to_one_line_of_the_terminal(tmp_path: Path) -> None:
+    # "3 of 8 runs shown (newest first; --limit N, or filter with --workflow/--queue/--text/
+    # --since)" went over two lines of an 80-column terminal. Into a pipe it stays whole.
+    import anyio
+
+    from engine import Engine, Step, WorkerTrigger, Workflow
+
+    async def call(ctx: object) -> int:
+        return 1
+
+    quick = Workflow(name="quick", trigger=WorkerTrigger(queue="quick"), steps=[Step("c", call)])
+    database = tmp_path / "blok.db"
+    async with Engine(workflows=[quick], database=database) as engine:
+        for _ in range(2):
+            await engine.wait_for_job(await engine.enqueue("quick", {}), timeout=10)
+
+    def on_a_terminal() -> list[str]:
+        command = ("-m", "blok_tui", "runs", "--limit", "1", "--db", str(database))
+        terminal = Terminal(tmp_path, *command, size=(80, 20))
+        assert terminal.finish() == 0, terminal.text
+        return [line for line in terminal.text.splitlines() if line.strip()]
+
+    lines = await anyio.to_thread.run_sync(on_a_terminal)
+    assert lines[-1] == "blok-tui: 1 of 2 runs shown (newest first; --limit N)", lines
+    piped = blok("runs", "--limit", "1", "--db", database).stderr
+    assert "or filter with --status/--workflow/--queue/--text/--since)" in piped, piped
+
+
 def test_runs_stuck_with_no_factor_takes_the_engines_default(tmp_path: Path) -> None:
     # The default factor is read from the engine only when `--stuck` is given without one.
     parser = build_parser()
