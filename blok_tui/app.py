@@ -796,7 +796,11 @@ async def run_console(
         await app.run_async()
     finally:
         for signum in quitting:
-            loop.remove_signal_handler(signum)
+            # Not Python's default again until the engine has stopped (the caller's `async
+            # with`; the loop's close takes these out): `tmux kill-server` sends SIGTERM, then
+            # SIGHUP, and the default for the second ended the process in the runs' grace,
+            # leaving them `running`, to be recorded crashed, a delivery of each job spent.
+            loop.add_signal_handler(signum, _already_stopping, signum)
     status = app.return_code or 0
     if status == 0 and engine.in_flight:
         # The engine now gives its runs the grace period, with the screen already gone: say
@@ -808,6 +812,10 @@ async def run_console(
         except OSError as gone:  # EIO: the terminal closed (SIGHUP), nobody is there to read it
             log.info("%s (not shown: %s)", line, gone.strerror)
     return status
+
+
+def _already_stopping(signum: int) -> None:
+    log.info("%s while the console stops: its runs' grace stands", signal.Signals(signum).name)
 
 
 def stopping_line(count: int, grace: float | None, *, memory: bool = False) -> str:

@@ -34,6 +34,26 @@ def test_a_console_whose_terminal_closes_hands_its_run_back(tmp_path: Path) -> N
     assert run is not None and run["status"] == "queued", run  # not left running, to crash
 
 
+def _sigterm_then_hang_up(console: Terminal) -> None:
+    """What `tmux kill-server` does: SIGTERM, then SIGHUP, here once the console has left the
+    screen and its engine gives the runs their grace."""
+    console.process.send_signal(signal.SIGTERM)
+    eventually(lambda: "blok-tui: stopping 1 run" in console.text)
+    console.process.send_signal(signal.SIGHUP)
+
+
+def test_a_terminal_closing_after_a_sigterm_leaves_the_consoles_runs_their_grace(
+    tmp_path: Path,
+) -> None:
+    # The console put Python's defaults back once its screen was gone, and the SIGHUP that
+    # follows `tmux kill-server`'s SIGTERM ended it in the runs' grace: the run stayed
+    # `running`, to be recorded crashed at the next start, a delivery of its job spent.
+    code, _, database, job_id = quit_with_a_run_going(tmp_path, _sigterm_then_hang_up)
+    assert code == 0
+    run = run_of(database, job_id)
+    assert run is not None and run["status"] == "queued", run
+
+
 def test_a_sigcont_with_nothing_suspended_leaves_the_console_as_it_is(tmp_path: Path) -> None:
     """The kernel follows a hang-up's SIGHUP with SIGCONT. Textual's driver took any SIGCONT
     for the end of a ctrl+z and started its application mode again: on a terminal that is
