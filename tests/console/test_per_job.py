@@ -123,7 +123,7 @@ async def test_a_failed_runs_then_follows_its_job_to_the_end_of_its_next_deliver
 ) -> None:
     # The console keeps a going job's record 2 s. A job's next delivery that ended within
     # them left its failed run saying "↻ retrying" until something else moved (a crashed run
-    # on PostgreSQL, its redelivery done 5 s later, said so for minutes). A run's events name
+    # on PostgreSQL still said so 13 s after its redelivery completed). A run's events name
     # its job now, and the console reads the job again. The clock stands still here: only
     # the events can tell it.
     release = anyio.Event()
