@@ -1829,6 +1829,8 @@ def _queue_state(info: Any, served: bool) -> str:
 
 
 async def _queues(args: argparse.Namespace) -> None:
+    from dataclasses import asdict
+
     async with _client(args) as engine:
         infos = await engine.queues()
         read = {
@@ -1844,7 +1846,7 @@ async def _queues(args: argparse.Namespace) -> None:
                         **info.model_dump(mode="json"),
                         **read[info.name][0].model_dump(mode="json"),
                         "throttled": read[info.name][1].throttled,  # of the delayed ones
-                        "runs": read[info.name][1].as_dict(),
+                        "runs": asdict(read[info.name][1]),
                     }
                     for info in infos
                 ],
@@ -1857,7 +1859,7 @@ async def _queues(args: argparse.Namespace) -> None:
     header = ("QUEUE", "WORKFLOW", "PROVIDER", "SLOTS", "STATE", *(c.upper() for c in counted))
     rows = [header]
     for info in infos:
-        counts = read[info.name][1].as_dict()
+        counts = asdict(read[info.name][1])
         rows.append(
             (
                 printable(info.name),

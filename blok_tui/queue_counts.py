@@ -58,9 +58,6 @@ class QueueCounts:
             **{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)}
         )
 
-    def as_dict(self) -> dict[str, int]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
 
 async def read_queue_counts(
     engine: EngineAPI, queue: str, *, debounced: bool = False
