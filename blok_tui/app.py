@@ -819,11 +819,9 @@ def _already_stopping(signum: int) -> None:
 
 
 def stopping_line(count: int, grace: float | None, *, memory: bool = False) -> str:
-    """What the terminal shows while the engine stops the runs a quit interrupted."""
+    """What the terminal shows while the engine stops the runs a quit interrupted: one line of
+    an 80-column terminal (the question before the quit said it at length)."""
     runs = "1 run" if count == 1 else f"{count:,} runs"
-    within = f"up to {grace:g}s: " if grace is not None else ""
-    if memory:
-        then = "the engine keeps its runs in memory, they end with it"
-    else:
-        then = "those still going then are recorded where they stopped, to go on at the next start"
+    within = f"up to {grace:g}s; " if grace is not None else ""
+    then = "in memory, the rest end with it" if memory else "the rest resume at the next start"
     return f"blok-tui: stopping {runs}… ({within}{then})"

@@ -18,7 +18,7 @@ from textual.pilot import Pilot
 from textual.widgets import Button, Static, TextArea
 from textual.widgets.text_area import Selection
 
-from blok_tui.app import BlokApp
+from blok_tui.app import BlokApp, stopping_line
 from blok_tui.confirm_screen import ConfirmScreen
 from blok_tui.inject_screen import InjectScreen
 from blok_tui.queues_screen import QueuesScreen
@@ -84,6 +84,16 @@ def test_quitting_with_a_run_in_flight_says_it_is_stopping_it(
     after = console.text.rpartition("\x1b[?1049h")[2]  # what came after the screen was entered
     assert "\x1b[?1049l" in after and "\x1b[?25h" in after  # left it, cursor shown again
     assert "stopping 1 run… (up to 2s" in console.text
+
+
+@pytest.mark.parametrize("memory", [False, True], ids=["durable", "memory"])
+def test_the_stopping_line_keeps_to_one_line_of_an_80_column_terminal(memory: bool) -> None:
+    # It is printed after the screen is gone, where nothing fits it to the terminal: at 118
+    # characters it wrapped on any terminal narrower than that.
+    for count in (1, 3, 12_345):
+        line = stopping_line(count, 2.0, memory=memory)
+        assert len(line) <= 80, line
+        assert f"stopping {count:,} run" in line and "up to 2s" in line
 
 
 # ---- 8: typeahead ---------------------------------------------------------------------------
