@@ -936,9 +936,12 @@ async def _console(args: argparse.Namespace) -> int:
     )
     async with engine, anyio.create_task_group() as tg:
         if bundled and not args.no_demo_producer:
-            from .demo import demo_producer
+            from .demo import demo_producer_for
 
-            tg.start_soon(demo_producer, engine)
+            lock = None  # in memory: no other console shares this engine's jobs
+            if isinstance(database, Path):
+                lock = database.with_name(f"{database.name}.demo")
+            tg.start_soon(demo_producer_for, engine, lock)
         status = await run_console(engine, title=f"blok-tui · {folder}", grace=CONSOLE_GRACE)
         tg.cancel_scope.cancel()
     return status

@@ -4,9 +4,12 @@ trickle of ordinary work."""
 
 from __future__ import annotations
 
+import fcntl
 import itertools
 import logging
+import os
 import random
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -53,17 +56,21 @@ def _next_job(n: int, rng: random.Random) -> tuple[str, dict[str, Any]]:
     return "reports", {"month": "2026-10", "seconds": rng.randint(20, 60)}
 
 
-async def demo_producer(engine: EngineAPI, *, pace: float = 1.2, seed: int | None = None) -> None:
+async def demo_producer(
+    engine: EngineAPI, *, pace: float = 1.2, seed: int | None = None, opening: bool = True
+) -> None:
     """Run forever, one job every `pace` seconds or so. Queues that are not loaded (a user's
     own workflows folder) are skipped silently: the producer only feeds the examples.
 
     The opening comes at a steady pace, then jobs come at random: what a newcomer sees in the
     first ten seconds (a retry, a slow run, a wait, a timeout, a dead letter) must not depend
-    on the dice (with a random pace the opening's timeout came anywhere from 6 to 11 s in)."""
+    on the dice (with a random pace the opening's timeout came anywhere from 6 to 11 s in).
+    `opening=False` starts with the trickle (a producer taking over from another)."""
     rng = random.Random(seed)
     known = {q.name for q in await engine.queues()}
     counter = itertools.count(1)
-    plan = itertools.chain(OPENING, (_next_job(next(counter), rng) for _ in itertools.count()))
+    first = OPENING if opening else []
+    plan = itertools.chain(first, (_next_job(next(counter), rng) for _ in itertools.count()))
     for n, (queue, payload) in enumerate(plan):
         if queue in known:
             try:
@@ -72,4 +79,36 @@ async def demo_producer(engine: EngineAPI, *, pace: float = 1.2, seed: int | Non
                 # A hot reload may have removed the queue meanwhile; look again and go on.
                 log.info("demo producer: %s", error)
                 known = {q.name for q in await engine.queues()}
-        await anyio.sleep(pace if n < len(OPENING) else pace * (0.6 + 0.8 * rng.random()))
+        await anyio.sleep(pace if n < len(first) else pace * (0.6 + 0.8 * rng.random()))
+
+
+async def demo_producer_for(
+    engine: EngineAPI, lock: Path | None, *, pace: float = 1.2, recheck: float = 2.0
+) -> None:
+    """The demo producer, one for a database however many consoles serve it: a second console
+    on the demo's database doubled its jobs and played the opening again. The producer holds a
+    lock on the file `lock` (by the database; None for an engine in memory, which no other
+    console shares); a console that finds it held feeds nothing, looking again every `recheck`
+    seconds, and takes over with the trickle once the first one has quit."""
+    if lock is None:
+        await demo_producer(engine, pace=pace)
+        return
+    descriptor = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        waited = False
+        while not _try_lock(descriptor):
+            if not waited:
+                log.info("demo producer: another console feeds the demo (%s); waiting", lock)
+                waited = True
+            await anyio.sleep(recheck)
+        await demo_producer(engine, pace=pace, opening=not waited)
+    finally:
+        os.close(descriptor)  # the lock goes with it
+
+
+def _try_lock(descriptor: int) -> bool:
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
