@@ -1456,7 +1456,16 @@ async def _shown(engine: Any, run: Any, db: str | None) -> tuple[str, Any]:
 
     job, why = await job_of(engine, run), await why_held(engine, run)
     usual, orphaned = await usual_of(engine, run), await orphan_of(engine, run, job)
-    text = run_text(run, engine.now(), job=job, why=why, usual=usual, orphaned=orphaned, db=db)
+    text = run_text(
+        run,
+        engine.now(),
+        job=job,
+        why=why,
+        usual=usual,
+        orphaned=orphaned,
+        db=db,
+        width=_terminal_width(),
+    )
     return text, job
 
 

@@ -52,6 +52,22 @@ def one_line(text: str, width: int) -> str:
     return set_cell_size(line, width - 1).rstrip() + "…"
 
 
+def wrapped(line: str, width: int | None, hang: int) -> list[str]:
+    """`line` over as many lines of a terminal `width` columns wide as it takes, broken between
+    words, those after the first indented `hang` spaces (under the value its label opens,
+    say); `width` None (a pipe, a file): the line as it is, for grep. The terminal's own wrap
+    broke words anywhere and went back to the first column, under the labels."""
+    if width is None or len(line) <= width:
+        return [line]
+    import textwrap  # here: only a terminal's long lines need it
+
+    hang = hang if hang <= width // 2 else 4  # a label as wide as the line leaves no room
+    wrapper = textwrap.TextWrapper(
+        width=width, subsequent_indent=" " * hang, break_on_hyphens=False
+    )
+    return wrapper.wrap(line) or [line]
+
+
 def columns(rows: Sequence[Sequence[str]]) -> list[str]:
     """The rows (a header first) as lines of left-aligned columns two spaces apart, each as
     wide as its widest cell, with no trailing spaces. Widths are in terminal cells, not

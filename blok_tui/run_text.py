@@ -3,7 +3,8 @@ a terminal, a pipe or a ticket: the run's facts, its steps in the rail's order, 
 the attempts that failed (the last one of a step with its traceback, folded to the user's
 frames) and the log.
 
-No Textual and no colour here: the text is the same in a terminal and in a file."""
+No Textual and no colour here: the text is the same in a terminal and in a file, but for a
+terminal's width: its long lines wrapped between words, its steps' notes cut to fit."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from engine.filters import is_stuck
 from engine.text import printable
 
 from .console import local_times
-from .plain_text import columns, one_line
+from .plain_text import LAST_COLUMN_LEAST, columns, fit_last_column, one_line, wrapped
 from .step_order import own_tags, rail_rows, step_ms, time_runs_to
 from .tracebacks import clean_error, fold_traceback
 
@@ -51,6 +52,7 @@ def run_text(
     tz: tzinfo | None = None,
     cwd: Path | None = None,
     db: str | None = None,
+    width: int | None = None,
 ) -> str:
     """The whole text, lines joined. `now`: the moment a running step's time runs to (the
     engine's clock); `job`: the run's job, if it is still kept (its deliveries, its fate);
@@ -58,19 +60,24 @@ def run_text(
     `usual`: the seconds its workflow's runs usually take (`usual_duration`), for a running
     run; `orphaned`: why nobody runs a running run (`Engine.orphaned`); `tz`: the time zone times
     are shown in (None: this machine's); `db`: the --db the command was given, for the
-    commands it suggests."""
+    commands it suggests; `width`: the terminal's columns, its long lines wrapped between words
+    under their values and its steps' notes cut to fit (None: a pipe or a file, lines whole)."""
     now = time_runs_to(run, now, orphaned)  # an orphan's does not run on: nobody runs it
-    lines = _facts(run, now, job, tz, usual, orphaned)
+    facts = _facts(run, now, job, tz, usual, orphaned)
     if why is not None:
-        lines.insert(2, f"{'why':<{LABEL}} {why_line(run, why, tz, now, db)}")
+        facts.insert(2, f"{'why':<{LABEL}} {why_line(run, why, tz, now, db)}")
+    lines = [part for fact in facts for part in wrapped(fact, width, LABEL + 1)]
     if run.steps:
-        lines += ["", *_steps_table(run, now, tz)]
+        lines += ["", *_steps_table(run, now, tz, width)]
     failures = _failures(run, cwd)
     if failures:
-        lines += ["", *failures]
-    log = _log(run, tz)
+        lines += [""]
+        for line in failures:  # an attempt's error under itself; a traceback's line too
+            indent = len(line) - len(line.lstrip(" "))
+            lines += wrapped(line, width, indent + 4 if indent else line.find(": ") + 2)
+    log, hang = _log(run, tz)
     if log:
-        lines += ["", *log]
+        lines += ["", *(part for line in log for part in wrapped(line, width, hang))]
     return "\n".join(line.rstrip() for line in lines)
 
 
@@ -229,7 +236,7 @@ def _value(value: Any) -> str:
 
 
 # ---- the steps ----------------------------------------------------------------------------
-def _steps_table(run: Run, now: datetime, tz: tzinfo | None) -> list[str]:
+def _steps_table(run: Run, now: datetime, tz: tzinfo | None, width: int | None) -> list[str]:
     header = ("STEP", "STATUS", "TOOK", "ATTEMPTS", "NOTE")
     rows: list[tuple[str, ...]] = [header]
     for index, depth, label, _ in rail_rows(run):
@@ -247,7 +254,9 @@ def _steps_table(run: Run, now: datetime, tz: tzinfo | None) -> list[str]:
                 printable(_note(step, tz, ended=run.status.terminal)),
             )
         )
-    return columns(rows)
+    if width is None:  # into a pipe: each note as `_note` made it, its own spaces kept
+        return columns(rows)
+    return columns(fit_last_column(rows, width, least=LAST_COLUMN_LEAST))
 
 
 def _step_took(step: StepRun, now: datetime) -> str:
@@ -322,13 +331,14 @@ def attempt_error(attempt: Attempt) -> str:
 
 
 # ---- the log ------------------------------------------------------------------------------
-def _log(run: Run, tz: tzinfo | None) -> list[str]:
-    """The run's lines and its steps' lines, in the order they were written."""
+def _log(run: Run, tz: tzinfo | None) -> tuple[list[str], int]:
+    """The run's lines and its steps' lines, in the order they were written; and the width
+    of their opening (the time, the level, the step), which a message's own lines go under."""
     entries = [(line, "") for line in run.logs]
     for step in run.steps:
         entries += [(line, step.name) for line in step.logs]
     if not entries:
-        return []
+        return [], 0
     entries.sort(key=lambda entry: entry[0].ts)
     width = max(len(printable(name)) for _, name in entries)
     lines = [f"LOG ({entries[0][0].ts.astimezone(tz).strftime('%Z')})"]
@@ -338,7 +348,7 @@ def _log(run: Run, tz: tzinfo | None) -> list[str]:
         first = f"{when}  {line.level:<7}  {printable(name) or '-':<{width}}  "
         lines.append(first + message[0])
         lines += [" " * len(first) + rest for rest in message[1:]]
-    return lines
+    return lines, len(first)
 
 
 # ---- an event sent to a run ------------------------------------------------------------------

@@ -523,3 +523,54 @@ def test_a_moment_of_another_day_says_its_date() -> None:
     assert run_text(failed, now, tz=UTC).splitlines()[1] == (
         f"status     failed: deadline {start.isoformat()} passed"
     )
+
+
+def test_on_a_terminal_long_lines_wrap_between_words_under_their_values() -> None:
+    """At 80 columns the terminal broke `show`'s long lines mid-word and went on in the first
+    column, under the labels: "https://\nwarming.example.com/e/4: 503", "run_1\na2500c8f"."""
+    start = datetime(2026, 1, 15, 9, 30, tzinfo=UTC)
+    error = "EndpointUnavailable: POST https://warming.example.com/e/4: 503 Service Unavailable"
+    attempts = [
+        {
+            "number": n,
+            "status": "failed",
+            "started_at": start,
+            "finished_at": start + timedelta(milliseconds=101),
+            "error": error,
+            "error_type": "EndpointUnavailable",
+        }
+        for n in (1, 2)
+    ]
+    step = {
+        "index": 0,
+        "name": "deliver",
+        "status": "failed",
+        "started_at": start,
+        "max_attempts": 2,
+        "error": error,
+        "attempts": attempts,
+    }
+    run = _run(
+        "failed",
+        finished_at=start + timedelta(seconds=1),
+        error=f"[step 1/1] deliver failed: {error} (at examples/webhooks.py:25, after 2 attempts)",
+        input={"url": "https://warming.example.com/e/4", "event": "order.shipped", "n": 1234},
+        steps=[step],
+    )
+    whole = run_text(run, start, tz=UTC)
+    narrow = run_text(run, start, tz=UTC, width=80)
+    lines = narrow.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert max(len(line) for line in whole.splitlines()) > 80  # into a pipe: whole, for grep
+    # The status's words, all of them, its continuations under the value, not the labels.
+    status = lines.index(next(line for line in lines if line.startswith("status")))
+    assert lines[status + 1].startswith(" " * 11 + "https://warming.example.com/e/4:")
+    facts = narrow.split("\n\n")[0]
+    assert " ".join(facts.split()) == " ".join(whole.split("\n\n")[0].split())
+    # A failed attempt's error goes on under the error, past "deliver, attempt 1: ".
+    attempt = next(n for n, line in enumerate(lines) if line.startswith("deliver, attempt 1:"))
+    hang = len("deliver, attempt 1: ")
+    assert lines[attempt + 1][:hang].isspace() and lines[attempt + 1][hang] != " "
+    # The step's note is cut to the room its row leaves, the row on one line.
+    row = next(line for line in lines if line.startswith("deliver  failed"))
+    assert row.endswith("…") and len(row) <= 80
