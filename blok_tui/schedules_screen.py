@@ -84,9 +84,9 @@ class SchedulesScreen(BlokScreen):
         line.append("schedules ", style="bold")
         kept = {info.workflow for info in self.found}
         if not self.found and not self.overruled:
+            # One line of an 80-column terminal (it wrapped there, and the demo has none).
             line.append(
-                " none declared: give a workflow schedules=[Schedule(...)] and start a worker",
-                style="dim",
+                " none: a workflow declares them with schedules=[Schedule(...)]", style="dim"
             )
         elif self.found:
             line.append(f" {len(self.found)}", style="grey85")

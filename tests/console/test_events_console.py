@@ -29,7 +29,7 @@ from engine import (
     wait,
 )
 
-from .helpers import column, command, settled, text_of, until
+from .helpers import column, command, settled, shown_lines, text_of, until
 
 pytestmark = pytest.mark.anyio
 SIZE = (140, 40)
@@ -259,6 +259,19 @@ async def test_schedules_a_version_with_none_declared_last_is_said_to_leave_none
                 " version of the file, declared last, has none of: none fire"
             )
             assert column(table, "schedule") == []
+
+
+async def test_no_schedules_is_said_in_one_line_of_an_80_column_terminal() -> None:
+    # The demo has none: the line saying so wrapped at 80 columns.
+    async with Engine(workflows=[APPROVAL]) as engine:
+        app = BlokApp(engine)
+        async with app.run_test(size=(80, 24)) as pilot:
+            _, summary = await schedules_view(app, pilot)
+            await until(pilot, lambda: "none" in text_of(summary, width=80))
+            lines = [line.strip() for line in shown_lines(summary) if line.strip()]
+            assert lines == [
+                "schedules  none: a workflow declares them with schedules=[Schedule(...)]"
+            ]
 
 
 async def test_why_waiting_names_the_rate_limit_holders_and_h_opens_one() -> None:
