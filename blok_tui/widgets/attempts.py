@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from rich.console import Group, RenderableType
+from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
@@ -122,5 +123,16 @@ class AttemptsView(Static):
             if attempt.traceback and attempt.traceback not in shown:
                 shown.add(attempt.traceback)
                 parts.append(Text(f"\nattempt {attempt.number} traceback", style="bold dim"))
-                parts.append(Text(fold_traceback(attempt.traceback), style="grey70"))
+                parts.append(indented(fold_traceback(attempt.traceback), style="grey70"))
         self.update(Group(*parts))
+
+
+def indented(text: str, style: str) -> Group:
+    """`text`, a traceback, each of its lines wrapped under its own indent: as one Text, a
+    frame's line too long for the pane went on in its first column ("line\n18, in upload"),
+    where it read as a line of its own."""
+    lines = []
+    for line in text.splitlines():
+        content = line.lstrip(" ")
+        lines.append(Padding(Text(content, style=style), (0, 0, 0, len(line) - len(content))))
+    return Group(*lines)

@@ -434,3 +434,25 @@ async def test_the_attempts_error_column_has_the_room_the_others_leave(engine: E
             error = f"gateway 503 for order A1 (attempt {attempt} of 3)"
             assert any(error in line for line in table), table  # on its line, not wrapped
         assert re.search(r"\s1/3 .*of 3\)\s+retry in \S+ms$", table[1]), table  # then its backoff
+
+
+def test_a_traceback_line_too_long_for_the_pane_goes_on_under_its_own_indent() -> None:
+    # As one Text, "line 18, in upload" went on in the pane's first column, where it read
+    # as a line of its own.
+    from rich.console import Console
+
+    from blok_tui.widgets.attempts import indented
+
+    traceback = (
+        "Traceback (most recent call last):\n"
+        '  File "/work/examples/exports.py", line 18, in upload\n'
+        "    await anyio.sleep(size_mb / 20)\n"
+        "TimeoutError: timed out"
+    )
+    console = Console(width=40, record=True, color_system=None)
+    console.print(indented(traceback, style="grey70"))
+    lines = [line.rstrip() for line in console.export_text().splitlines()]
+    frame = next(n for n, line in enumerate(lines) if line.startswith('  File "'))
+    assert lines[frame + 1].startswith("  ") and not lines[frame + 1].startswith("   ")
+    assert "18, in upload" in lines[frame + 1]
+    assert lines[frame + 2] == "    await anyio.sleep(size_mb / 20)"
