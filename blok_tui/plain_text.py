@@ -56,7 +56,8 @@ def wrapped(line: str, width: int | None, hang: int) -> list[str]:
     """`line` over as many lines of a terminal `width` columns wide as it takes, broken between
     words, those after the first indented `hang` spaces (under the value its label opens,
     say); `width` None (a pipe, a file): the line as it is, for grep. The terminal's own wrap
-    broke words anywhere and went back to the first column, under the labels."""
+    broke words anywhere and went back to the first column, under the labels. It counts
+    characters, not cells: a line of CJK text may wrap a little late, as the terminal's own."""
     if width is None or len(line) <= width:
         return [line]
     import textwrap  # here: only a terminal's long lines need it

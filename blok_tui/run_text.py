@@ -74,7 +74,8 @@ def run_text(
         lines += [""]
         for line in failures:  # an attempt's error under itself; a traceback's line too
             indent = len(line) - len(line.lstrip(" "))
-            lines += wrapped(line, width, indent + 4 if indent else line.find(": ") + 2)
+            under = indent + 4 if indent else max(line.find(": ") + 2, 4)
+            lines += wrapped(line, width, under)
     log, hang = _log(run, tz)
     if log:
         lines += ["", *(part for line in log for part in wrapped(line, width, hang))]
