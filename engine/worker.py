@@ -21,7 +21,6 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -40,6 +39,7 @@ from .memory_runs import requeue_memory_runs
 from .models import Job, Run, RunStatus, WorkerInfo
 from .parents import wake_parent
 from .queue_runtime import QueueRuntime
+from .run_handle import RunHandle
 from .runner import Outcome, Runner, SnapshotLost
 from .services import FencedRecorder
 from .turns import LoopTurn
@@ -60,65 +60,6 @@ CLAIM_TIMEOUT_S = 1.0
 UNWIND_S = 1.0  # how long stopped code may take to unwind before it counts as not stopping
 # Job meta that only carries the job's own settings: its first run is as the job says.
 JOB_SETTINGS = frozenset({"delay_ms", "timeout_ms"})
-
-
-@dataclass
-class RunHandle:
-    """A run in flight in this worker."""
-
-    claim: Claim
-    queue: JobQueue
-    run: Run
-    ctx: Context | None = None
-    scope: anyio.CancelScope | None = None
-    cancel_requested: bool = False
-    lost: bool = False  # the lease went to another worker
-    stopping: bool = False  # the worker stops (past a drain's grace): the run goes on later
-    held: bool = False  # stopped, but its code still runs: the job is not handed back
-    seen: dict[str, float] = field(default_factory=dict)  # signals acted on
-    ended: bool = False  # the slot is done with the run (recorded, handed back or lost)
-    # Made by the first waiter only: almost no run is waited on while it runs (a stop, an
-    # operator's cancel), and an event a run is a fifth of the slot's calls into anyio.
-    _ended_event: anyio.Event | None = None
-
-    def end(self) -> None:
-        self.ended = True
-        if self._ended_event is not None:
-            self._ended_event.set()
-
-    async def wait_ended(self) -> None:
-        if self.ended:
-            await anyio.lowlevel.checkpoint()  # as an event's wait does: callers loop on it
-            return
-        if self._ended_event is None:
-            self._ended_event = anyio.Event()
-        await self._ended_event.wait()
-
-    def cancel(self) -> None:
-        self.cancel_requested = True
-        self._stop()
-
-    def lose(self) -> None:
-        self.lost = True
-        self._stop()
-
-    def interrupt(self) -> None:
-        self.stopping = True
-        self._stop()
-
-    def open_scope(self, scope: anyio.CancelScope) -> bool:
-        """The run's code is about to run in `scope`: False if it must not. A cancel, a lost
-        lease or a stop that came while its start was being written found no scope to cancel;
-        the code would have run on after it (and a drain taken it for code that does not
-        stop). Nor may it begin: a cancelled scope stops code only at its first await."""
-        self.scope = scope
-        return not (self.cancel_requested or self.lost or self.stopping)
-
-    def _stop(self) -> None:
-        if self.ctx is not None:
-            self.ctx.cancelled = True
-        if self.scope is not None:
-            self.scope.cancel()
 
 
 THREAD_RUNS_ON = (

@@ -33,8 +33,8 @@ from engine import (
 from engine.backends import open_backend
 from engine.gates import Gates
 from engine.node_calls import NodeCalls
+from engine.run_handle import RunHandle
 from engine.watchdog import LoopWatchdog
-from engine.worker import RunHandle
 
 pytestmark = pytest.mark.anyio
 
