@@ -110,6 +110,7 @@ class Worker:
         # Set once a drain stops the runs in flight: a run that registers later (its job was
         # in the gates or a read then) is stopped as it registers, before any of its code.
         self._interrupting = False
+        self._slot_freed: anyio.Event | None = None  # set as a slot lets go of its job
         self._tg: TaskGroup | None = None
         self._jobs_tg: TaskGroup | None = None
         self._jobs_scope: anyio.CancelScope | None = None
@@ -190,10 +191,19 @@ class Worker:
                     tg.cancel_scope.cancel()
 
                 tg.start_soon(forced)
-                while self.handles:
-                    await self._any_job_done()
+                try:
+                    # A job a slot holds but has not opened (reading its run, in the gates)
+                    # was claimed before the stop: it has its grace too. Waiting on the runs
+                    # alone, such a job opened after the wait, and its code began as the
+                    # drain stopped everything (a scheduled tick's plain def: the process
+                    # exited, its thread still running).
+                    while self.handles or any(r.active for r in self.runtimes.values()):
+                        await self._any_job_done()
+                finally:
+                    # With no await since the wait ended: a run that opens from now on is
+                    # stopped as it opens, before any of its code.
+                    self._interrupting = True
                 tg.cancel_scope.cancel()
-        self._interrupting = True
         interrupted = list(self.handles.values())
         for handle in interrupted:
             handle.interrupt()
@@ -253,17 +263,22 @@ class Worker:
                     await self.ledger.release(queue, job, None, "")
 
     async def _any_job_done(self) -> None:
-        handles = list(self.handles.values())
-        if not handles:
-            return
+        """Until a run in flight ends, or a slot lets go of a job (one not opened yet has no
+        handle to wait on)."""
+        freed = self._slot_freed = anyio.Event()
         async with anyio.create_task_group() as tg:
 
             async def wait_one(handle: RunHandle) -> None:
                 await handle.wait_ended()
                 tg.cancel_scope.cancel()
 
-            for handle in handles:
+            async def wait_slot() -> None:
+                await freed.wait()
+                tg.cancel_scope.cancel()
+
+            for handle in list(self.handles.values()):
                 tg.start_soon(wait_one, handle)
+            tg.start_soon(wait_slot)
 
     def crash_in_flight(self, error: BaseException) -> None:
         """The process is going down with an error: say so on every run it holds and hand
@@ -426,6 +441,8 @@ class Worker:
                             runtime.nudge()  # the claim loop tops up what is kept ahead
             finally:
                 runtime.active -= 1
+                if self._slot_freed is not None:  # a drain waits for the slots to let go
+                    self._slot_freed.set()
                 # A slot is free: news for a claim loop waiting for one, none for a claim
                 # waiting for jobs (waking that would only make it look again for nothing).
                 runtime.nudge()

@@ -604,6 +604,42 @@ async def test_a_run_that_registers_after_a_drain_stopped_the_others_runs_no_cod
     assert job.state is JobState.WAITING
 
 
+async def test_a_job_still_opening_when_a_drain_begins_has_its_grace_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job its slot held but had not opened yet (a scheduled tick reads its run first; a
+    gate asks the database) when a drain began was not among the runs the drain waited for:
+    the wait ended at once, and the run opened as everything was stopped. Its plain def then
+    ran in its thread past the stop, and the process exited (a test process, in CI). It is
+    waited for as the runs are, and completes within the grace."""
+    db = tmp_path / "blok.db"
+    in_gates, draining = anyio.Event(), anyio.Event()
+    admit = Gates.admit
+
+    async def admit_late(self: Gates, *args: Any) -> bool:
+        in_gates.set()
+        await draining.wait()
+        return await admit(self, *args)
+
+    def quick(ctx: Any) -> int:
+        return int(ctx.body["i"])
+
+    monkeypatch.setattr(Gates, "admit", admit_late)
+    wf = Workflow(name="quick", trigger=WorkerTrigger(queue="quick"), steps=[Step("q", quick)])
+    async with Engine(workflows=[wf], database=db, exit_when_stuck=False) as engine:
+        job_id = await engine.enqueue("quick", {"i": 7})
+        with anyio.fail_after(10):
+            await in_gates.wait()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(engine.shutdown, 10.0)
+            await until(lambda: engine.worker.stopping_since is not None)  # the drain began
+            draining.set()
+    async with Engine(database=db, create=False) as client:
+        job = await client.get_job(job_id)
+        run = await client.get_run(job.run_id)
+    assert (job.state, run.status, run.output) == (JobState.COMPLETED, RunStatus.COMPLETED, 7)
+
+
 @pytest.mark.parametrize("kind", DURABLE)
 async def test_a_stopped_worker_is_not_registered_again_by_a_renewal_due_as_it_stops(
     kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
