@@ -600,6 +600,11 @@ class Worker:
                 self.left[job.id] = (job.epoch, time.monotonic())
                 return
             if handle.stopping and not handle.cancel_requested:
+                # A plain def told to stop (ctx.cancelled) has a moment to return, as async
+                # code has to unwind: checked at once, one that returned a few ms later was
+                # taken for code that never stops, and the process exited for it.
+                with anyio.move_on_after(UNWIND_S / 2):  # within the drain's wait for it
+                    await self.runner.calls.threads_ended(run.id)
                 self._stopped(handle, workflow)
                 return
             if scope.cancelled_caught and not handle.cancel_requested:

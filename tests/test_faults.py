@@ -604,6 +604,37 @@ async def test_a_run_that_registers_after_a_drain_stopped_the_others_runs_no_cod
     assert job.state is JobState.WAITING
 
 
+async def test_a_plain_def_that_returns_when_told_to_stop_is_handed_back_not_held(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A plain def that watches ctx.cancelled and returns a few ms after a stop was taken for
+    code that never stops (its thread was looked at the moment it was told): its job was
+    kept, and a worker process exited for it."""
+    db = tmp_path / "blok.db"
+    started = threading.Event()
+
+    def polite(ctx: Any) -> str:
+        started.set()
+        while not ctx.cancelled:
+            time.sleep(0.01)
+        time.sleep(0.05)  # tidies up, then returns
+        return "stopped"
+
+    trigger = WorkerTrigger(queue="polite", retries=0)
+    wf = Workflow(name="polite", trigger=trigger, steps=[Step("polite", polite)])
+    async with Engine(
+        workflows=[wf], database=db, grace_period=0.1, exit_when_stuck=False
+    ) as engine:
+        job_id = await engine.enqueue("polite", {})
+        await anyio.to_thread.run_sync(started.wait, 10)
+    async with Engine(database=db, create=False) as client:
+        job = await client.get_job(job_id)
+        run = await client.get_run(job.run_id)
+    assert not [r.getMessage() for r in caplog.records if "did not stop" in r.getMessage()]
+    assert job.state is JobState.WAITING and job.worker is None  # handed back, to go on
+    assert "interrupted by a stop" in (run.step("polite").attempts[0].error or "")
+
+
 async def test_a_job_still_opening_when_a_drain_begins_has_its_grace_too(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
