@@ -75,6 +75,9 @@ class Canceller:
                     return run
                 now = await queue.get_job(job.id)
                 if now is None or now.epoch != job.epoch:
+                    run = await self.get_run(run_id)
+                    if run.terminal:  # it ended as its job moved on: read after the wait
+                        return run
                     break  # handed back (a gate held it) before it ran: cancel it as pending
             else:
                 return run  # the worker did not stop it in time: as it is now

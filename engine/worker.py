@@ -617,6 +617,9 @@ class Worker:
                     final=True,
                 )
             if handle.cancel_requested or outcome is None:
+                # A plain def that returns when told (ctx.cancelled) is not one that runs on.
+                with anyio.move_on_after(UNWIND_S / 2):
+                    await self.runner.calls.threads_ended(run.id)
                 # Where it was is what an operator who cancels a stuck run wants to know.
                 threads = self.runner.calls.running_threads(run.id)
                 if threads:

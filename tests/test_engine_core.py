@@ -305,6 +305,30 @@ async def test_a_cancelled_sync_node_that_runs_on_keeps_its_slot_and_says_so(
     assert began == ["first", "second"]
 
 
+async def test_a_cancelled_sync_node_that_returns_when_told_is_not_said_to_run_on(
+    database: Path | None,
+) -> None:
+    """Its thread was looked at the moment the node was told: one that returned a few ms
+    later had its run say it "still runs in its thread" and kept its slot, for ever after in
+    the record."""
+    began = threading.Event()
+
+    def polite(ctx: Any) -> str:
+        began.set()
+        while not ctx.cancelled:
+            time.sleep(0.01)
+        time.sleep(0.05)  # tidies up, then returns
+        return "stopped"
+
+    async with Engine(workflows=[flow("polite", Step("work", polite))], database=database) as e:
+        await e.enqueue("polite", {})
+        await anyio.to_thread.run_sync(began.wait, 10)
+        [run] = await e.runs(queue="polite", status="running")
+        cancelled = await e.cancel(run.id)
+    assert cancelled.status is RunStatus.CANCELLED
+    assert not [line.message for line in cancelled.logs if "its thread" in line.message]
+
+
 async def test_cancel_queued_and_delayed_runs(database: Path | None) -> None:
     async def noop(ctx) -> None:
         return None
