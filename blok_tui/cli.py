@@ -1140,10 +1140,10 @@ async def _enqueue_and_follow(args: argparse.Namespace) -> None:
         job_id = await _enqueue_job(engine, args, note=False)  # the follower says why it waits
         run = await engine.get_run((await engine.get_job(job_id)).run_id)
         follower = RunFollower()
-        _say(
+        _tell(
             follower.line(run.created_at, f"job {job_id} is run {run.id} (ctrl-c stops following)")
         )
-        run = await follow(engine, events, run, follower, _say)
+        run = await follow(engine, events, run, follower, _tell)
     _refuse_unless_completed(run)
 
 
@@ -1357,7 +1357,7 @@ async def _follow_runs(args: argparse.Namespace) -> None:
         _say(table)
         _note_dropped(dropped)
         _say("\nFOLLOWING (ctrl-c stops)")
-        await follow_runs(engine, events, only, _say)
+        await follow_runs(engine, events, only, _tell)
 
 
 async def _refuse_unknown_names(engine: Any, args: argparse.Namespace) -> None:
@@ -1481,7 +1481,7 @@ async def _follow(args: argparse.Namespace) -> None:
             _say("\nFOLLOWING (ctrl-c stops)")
         follower = RunFollower()
         follower.know(run)
-        run = await follow(engine, events, run, follower, _say)
+        run = await follow(engine, events, run, follower, _tell)
     _refuse_unless_completed(run)
 
 
@@ -1501,6 +1501,13 @@ async def _following(args: argparse.Namespace) -> AsyncIterator[tuple[Any, Any]]
 
 def _say(line: str) -> None:
     print(line, flush=True)  # as it happens, through a pipe too
+
+
+def _tell(lines: str) -> None:
+    """A follower's lines, as they happen, fitted to the terminal (as wide as it is now)."""
+    from .run_follow import fitted
+
+    _say(fitted(lines, _terminal_width()))
 
 
 def _refuse_unless_completed(run: Any) -> None:

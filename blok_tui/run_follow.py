@@ -33,7 +33,7 @@ from engine.models import PENDING_RUN_STATUSES, RunStatus
 from engine.text import printable
 
 from .console import local_times
-from .plain_text import one_line
+from .plain_text import one_line, wrapped
 from .run_text import ERROR_CHARS, attempt_error, between, why_line
 from .tracebacks import clean_error
 
@@ -287,10 +287,21 @@ def _status_text(run: Run) -> str:
     return text
 
 
+CLOCK = 14  # "12:04:31.125  ": the time a follower's line opens with, its text after it
+
+
 def clock_line(at: datetime, text: str, tz: tzinfo | None = None) -> str:
     """`text` after the time `at` (in `tz`, None: this machine's), its further lines indented
     under its first."""
     when = at.astimezone(tz).strftime("%H:%M:%S.%f")[:-3]
     text = local_times(printable(text), tz, at)
     first, *rest = text.splitlines() or [""]
-    return "\n".join([f"{when}  {first}", *(" " * 14 + line for line in rest)])
+    return "\n".join([f"{when}  {first}", *(" " * CLOCK + line for line in rest)])
+
+
+def fitted(lines: str, width: int | None) -> str:
+    """A follower's `clock_line`s for a terminal `width` columns wide: each too long wrapped
+    between words, under its text (None: a pipe, a file; as they are, a line an event). At 80
+    columns the terminal broke nearly every line of `runs --follow` mid-word ("export\ns")
+    and went on under the times."""
+    return "\n".join(part for line in lines.split("\n") for part in wrapped(line, width, CLOCK))

@@ -563,6 +563,36 @@ async def test_the_runs_hint_keeps_to_one_line_of_the_terminal(tmp_path: Path) -
     assert "or filter with --status/--workflow/--queue/--text/--since)" in piped, piped
 
 
+@pytest.mark.anyio
+async def test_a_followers_lines_keep_to_the_terminal_and_go_on_under_their_text(
+    tmp_path: Path,
+) -> None:
+    # `enqueue --follow`'s first line alone is some 110 characters: an 80-column terminal
+    # broke it, and most of `runs --follow`'s, mid-word, and went on under the times.
+    import anyio
+
+    from engine import Engine, Step, WorkerTrigger, Workflow
+
+    async def call(ctx: object) -> int:
+        return 1
+
+    quick = Workflow(name="quick", trigger=WorkerTrigger(queue="quick"), steps=[Step("c", call)])
+    database = tmp_path / "blok.db"
+
+    def on_a_terminal() -> list[str]:
+        command = ("-m", "blok_tui", "enqueue", "quick", "{}", "--follow", "--db", str(database))
+        terminal = Terminal(tmp_path, *command, size=(80, 20))
+        assert terminal.finish() == 0, terminal.text
+        return [line for line in terminal.text.splitlines() if line.strip()]
+
+    async with Engine(workflows=[quick], database=database):
+        lines = await anyio.to_thread.run_sync(on_a_terminal)
+    assert max(len(line) for line in lines) <= 80, lines
+    opening = next(n for n, line in enumerate(lines) if " is run" in line)
+    assert lines[opening + 1].startswith(" " * 14), lines  # under the text, not the time
+    assert "(ctrl-c stops following)" in " ".join(lines[opening : opening + 3]), lines
+
+
 def test_runs_stuck_with_no_factor_takes_the_engines_default(tmp_path: Path) -> None:
     # The default factor is read from the engine only when `--stuck` is given without one.
     parser = build_parser()

@@ -11,6 +11,7 @@ from pathlib import Path
 from backends.builders import a_run
 from cli_helpers import Follower, blok, blok_json, start_worker, write_workflows
 
+from blok_tui.run_follow import fitted
 from blok_tui.runs_follow import RunsFilter, run_line
 from engine import Run, RunStatus
 
@@ -119,6 +120,20 @@ def test_a_line_says_what_the_status_it_came_to_adds() -> None:
     waiting = _run(RunStatus.WAITING)
     waiting.wait_until = T0 + timedelta(minutes=5)
     assert run_line(waiting, "waiting", now, (0, 0), UTC).endswith(" mail  until 12:05:00")
+
+
+def test_on_a_terminal_a_followers_long_line_goes_on_under_its_text() -> None:
+    """At 80 columns nearly every `runs --follow` line was longer than the terminal, which
+    broke it mid-word ("export" / "s") and went on under the times."""
+    run = _run(RunStatus.RUNNING)
+    run.worker = "vm:16370:62be3d"
+    line = run_line(run, "running", T0, (16, 8), UTC)
+    assert len(line) > 80
+    lines = fitted(line, 80).splitlines()
+    assert len(lines) == 2 and max(len(part) for part in lines) <= 80
+    assert lines[1].startswith(" " * 14) and lines[1][14] != " "
+    assert " ".join(" ".join(lines).split()) == " ".join(line.split())  # no word cut
+    assert fitted(line, None) == line  # into a pipe: a line an event, for grep
 
 
 def test_the_filters_select_by_status_workflow_and_queue() -> None:
