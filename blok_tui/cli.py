@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 # No `engine` (nor anyio, nor Textual) at the top: `blok-tui --version` and `--help` answer
 # without loading the engine (0.4 s); each command imports what it uses.
 from .hangup import stop_signals
-from .plain_text import columns, fit_table
+from .plain_text import columns, fit_table, wrapped
 from .queue_counts import COUNTED, read_queue_counts
 
 if TYPE_CHECKING:
@@ -1765,8 +1765,8 @@ async def _schedules(args: argparse.Namespace) -> None:
         _note_dropped(dropped)
     if idle:
         print(
-            "blok-tui: note: no worker is alive on this database: no schedule fires until "
-            "one starts (blok-tui worker)",
+            # One line of an 80-column terminal (it took 105 characters).
+            "blok-tui: note: no schedule fires until a worker starts (blok-tui worker)",
             file=sys.stderr,
         )
         return
@@ -1838,7 +1838,8 @@ async def _health(args: argparse.Namespace) -> None:
         raise EngineError(f"unhealthy: {error}") from None
     if not report.ok:
         raise EngineError(f"unhealthy: {report.reason}")
-    print(f"healthy: {printable(report.reason)}")
+    # A monitor reads the one line; on a terminal it wraps between words, under its words.
+    print("\n".join(wrapped(f"healthy: {printable(report.reason)}", _terminal_width(), 9)))
 
 
 def _queue_state(info: Any, served: bool) -> str:

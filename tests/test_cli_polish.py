@@ -593,6 +593,34 @@ async def test_a_followers_lines_keep_to_the_terminal_and_go_on_under_their_text
     assert "(ctrl-c stops following)" in " ".join(lines[opening : opening + 3]), lines
 
 
+@pytest.mark.anyio
+async def test_healthy_wraps_between_words_on_a_terminal_and_is_one_line_into_a_pipe(
+    tmp_path: Path,
+) -> None:
+    # "healthy: database .blok/blok.db ok, 1 worker alive, no job waiting; 26 dead letter(s)
+    # (blok-tui dead QUEUE)" broke mid-word ("lett" / "er(s)") at 80 columns.
+    import anyio
+
+    from engine import Engine, Step, WorkerTrigger, Workflow
+
+    quick = Workflow(name="quick", trigger=WorkerTrigger(queue="quick"), steps=[Step("c", print)])
+
+    def on_a_terminal() -> list[str]:
+        terminal = Terminal(tmp_path, "-m", "blok_tui", "health", "--db", "blok.db", size=(50, 20))
+        assert terminal.finish() == 0, terminal.text
+        return [line for line in terminal.text.splitlines() if line.strip()]
+
+    async with Engine(workflows=[quick], database=tmp_path / "blok.db"):
+        lines = await anyio.to_thread.run_sync(on_a_terminal)
+        piped = await anyio.to_thread.run_sync(
+            lambda: blok("health", "--db", "blok.db", cwd=tmp_path)
+        )
+    assert len(lines) > 1 and max(len(line) for line in lines) <= 50, lines
+    assert all(line.startswith(" " * 9) for line in lines[1:]), lines
+    assert piped.stdout.count("\n") == 1 and piped.stdout.startswith("healthy: database ")
+    assert " ".join(" ".join(lines).split()) == " ".join(piped.stdout.split())
+
+
 def test_runs_stuck_with_no_factor_takes_the_engines_default(tmp_path: Path) -> None:
     # The default factor is read from the engine only when `--stuck` is given without one.
     parser = build_parser()
