@@ -1838,7 +1838,7 @@ async def _health(args: argparse.Namespace) -> None:
         raise EngineError(f"unhealthy: {error}") from None
     if not report.ok:
         raise EngineError(f"unhealthy: {report.reason}")
-    # A monitor reads the one line; on a terminal it wraps between words, under its words.
+    # A monitor reads one line; on a terminal it wraps between words, after "healthy: ".
     print("\n".join(wrapped(f"healthy: {printable(report.reason)}", _terminal_width(), 9)))
 
 
