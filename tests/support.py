@@ -9,6 +9,8 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
+import time
 import types
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, closing
@@ -272,3 +274,17 @@ def raised_at(function: Callable[..., Any], lines_in: int = 1) -> str:
     code = function.__code__
     path = Path(code.co_filename).resolve().relative_to(Path.cwd().resolve())
     return f"{path}:{code.co_firstlineno + lines_in}"
+
+
+def polite_node(began: threading.Event) -> Callable[[Any], str]:
+    """A plain def node that sets `began`, then watches ctx.cancelled as a plain def should,
+    and returns a few ms after it is set (it tidies up first)."""
+
+    def polite(ctx: Any) -> str:
+        began.set()
+        while not ctx.cancelled:
+            time.sleep(0.01)
+        time.sleep(0.05)
+        return "stopped"
+
+    return polite

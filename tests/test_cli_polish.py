@@ -23,6 +23,7 @@ from blok_tui.plain_text import (
     one_line,
     one_line_keeping_where,
 )
+from engine import Step, WorkerTrigger, Workflow
 from engine.filters import STUCK_FACTOR
 
 
@@ -534,30 +535,39 @@ async def test_queues_counts_runs_in_the_consoles_words(tmp_path: Path) -> None:
     assert (queues["search"]["runs"]["cancelled"], queues["search"]["runs"]["debounced"]) == (0, 2)
 
 
+def quick_workflow() -> Workflow:
+    """One queue, `quick`, whose one step returns at once."""
+
+    def call(ctx: object) -> int:
+        return 1
+
+    return Workflow(name="quick", trigger=WorkerTrigger(queue="quick"), steps=[Step("c", call)])
+
+
+async def terminal_lines(cwd: Path, *args: str, width: int) -> list[str]:
+    """`blok-tui ARGS` run to its end (exit 0) on a terminal `width` columns wide: the lines
+    it showed, blank ones left out."""
+    import anyio
+
+    def on_a_terminal() -> list[str]:
+        terminal = Terminal(cwd, "-m", "blok_tui", *args, size=(width, 20))
+        assert terminal.finish() == 0, terminal.text
+        return [line for line in terminal.text.splitlines() if line.strip()]
+
+    return await anyio.to_thread.run_sync(on_a_terminal)
+
+
 @pytest.mark.anyio
 async def test_the_runs_hint_keeps_to_one_line_of_the_terminal(tmp_path: Path) -> None:
     # "3 of 8 runs shown (newest first; --limit N, or filter with --workflow/--queue/--text/
     # --since)" went over two lines of an 80-column terminal. Into a pipe it stays whole.
-    import anyio
+    from engine import Engine
 
-    from engine import Engine, Step, WorkerTrigger, Workflow
-
-    async def call(ctx: object) -> int:
-        return 1
-
-    quick = Workflow(name="quick", trigger=WorkerTrigger(queue="quick"), steps=[Step("c", call)])
     database = tmp_path / "blok.db"
-    async with Engine(workflows=[quick], database=database) as engine:
+    async with Engine(workflows=[quick_workflow()], database=database) as engine:
         for _ in range(2):
             await engine.wait_for_job(await engine.enqueue("quick", {}), timeout=10)
-
-    def on_a_terminal() -> list[str]:
-        command = ("-m", "blok_tui", "runs", "--limit", "1", "--db", str(database))
-        terminal = Terminal(tmp_path, *command, size=(80, 20))
-        assert terminal.finish() == 0, terminal.text
-        return [line for line in terminal.text.splitlines() if line.strip()]
-
-    lines = await anyio.to_thread.run_sync(on_a_terminal)
+    lines = await terminal_lines(tmp_path, "runs", "--limit", "1", "--db", "blok.db", width=80)
     assert lines[-1] == "blok-tui: 1 of 2 runs shown (newest first; --limit N)", lines
     piped = blok("runs", "--limit", "1", "--db", database).stderr
     assert "or filter with --status/--workflow/--queue/--text/--since)" in piped, piped
@@ -569,24 +579,11 @@ async def test_a_followers_lines_keep_to_the_terminal_and_go_on_under_their_text
 ) -> None:
     # `enqueue --follow`'s first line alone is some 110 characters: an 80-column terminal
     # broke it, and most of `runs --follow`'s, mid-word, and went on under the times.
-    import anyio
+    from engine import Engine
 
-    from engine import Engine, Step, WorkerTrigger, Workflow
-
-    async def call(ctx: object) -> int:
-        return 1
-
-    quick = Workflow(name="quick", trigger=WorkerTrigger(queue="quick"), steps=[Step("c", call)])
-    database = tmp_path / "blok.db"
-
-    def on_a_terminal() -> list[str]:
-        command = ("-m", "blok_tui", "enqueue", "quick", "{}", "--follow", "--db", str(database))
-        terminal = Terminal(tmp_path, *command, size=(80, 20))
-        assert terminal.finish() == 0, terminal.text
-        return [line for line in terminal.text.splitlines() if line.strip()]
-
-    async with Engine(workflows=[quick], database=database):
-        lines = await anyio.to_thread.run_sync(on_a_terminal)
+    command = ("enqueue", "quick", "{}", "--follow", "--db", "blok.db")
+    async with Engine(workflows=[quick_workflow()], database=tmp_path / "blok.db"):
+        lines = await terminal_lines(tmp_path, *command, width=80)
     assert max(len(line) for line in lines) <= 80, lines
     opening = next(n for n, line in enumerate(lines) if " is run" in line)
     assert lines[opening + 1].startswith(" " * 14), lines  # under the text, not the time
@@ -601,17 +598,10 @@ async def test_healthy_wraps_between_words_on_a_terminal_and_is_one_line_into_a_
     # (blok-tui dead QUEUE)" broke mid-word ("lett" / "er(s)") at 80 columns.
     import anyio
 
-    from engine import Engine, Step, WorkerTrigger, Workflow
+    from engine import Engine
 
-    quick = Workflow(name="quick", trigger=WorkerTrigger(queue="quick"), steps=[Step("c", print)])
-
-    def on_a_terminal() -> list[str]:
-        terminal = Terminal(tmp_path, "-m", "blok_tui", "health", "--db", "blok.db", size=(50, 20))
-        assert terminal.finish() == 0, terminal.text
-        return [line for line in terminal.text.splitlines() if line.strip()]
-
-    async with Engine(workflows=[quick], database=tmp_path / "blok.db"):
-        lines = await anyio.to_thread.run_sync(on_a_terminal)
+    async with Engine(workflows=[quick_workflow()], database=tmp_path / "blok.db"):
+        lines = await terminal_lines(tmp_path, "health", "--db", "blok.db", width=50)
         piped = await anyio.to_thread.run_sync(
             lambda: blok("health", "--db", "blok.db", cwd=tmp_path)
         )

@@ -11,7 +11,7 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 import pytest
-from support import expect_events, raised_at, until
+from support import expect_events, polite_node, raised_at, until
 
 from engine import (
     Engine,
@@ -312,14 +312,7 @@ async def test_a_cancelled_sync_node_that_returns_when_told_is_not_said_to_run_o
     later had its run say it "still runs in its thread" and kept its slot, for ever after in
     the record."""
     began = threading.Event()
-
-    def polite(ctx: Any) -> str:
-        began.set()
-        while not ctx.cancelled:
-            time.sleep(0.01)
-        time.sleep(0.05)  # tidies up, then returns
-        return "stopped"
-
+    polite = polite_node(began)
     async with Engine(workflows=[flow("polite", Step("work", polite))], database=database) as e:
         await e.enqueue("polite", {})
         await anyio.to_thread.run_sync(began.wait, 10)

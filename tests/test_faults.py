@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 import pytest
 from cli_helpers import blok, cli_env, start_worker
-from support import DURABLE, a_database, all_tasks_blocked, marked_line, until
+from support import DURABLE, a_database, all_tasks_blocked, marked_line, polite_node, until
 
 from engine import (
     AttemptStatus,
@@ -612,16 +612,8 @@ async def test_a_plain_def_that_returns_when_told_to_stop_is_handed_back_not_hel
     kept, and a worker process exited for it."""
     db = tmp_path / "blok.db"
     started = threading.Event()
-
-    def polite(ctx: Any) -> str:
-        started.set()
-        while not ctx.cancelled:
-            time.sleep(0.01)
-        time.sleep(0.05)  # tidies up, then returns
-        return "stopped"
-
     trigger = WorkerTrigger(queue="polite", retries=0)
-    wf = Workflow(name="polite", trigger=trigger, steps=[Step("polite", polite)])
+    wf = Workflow(name="polite", trigger=trigger, steps=[Step("polite", polite_node(started))])
     async with Engine(
         workflows=[wf], database=db, grace_period=0.1, exit_when_stuck=False
     ) as engine:
