@@ -40,10 +40,19 @@ MAX_FACTOR = 10.0
 
 
 def _explain(error: ValidationError) -> str:
+    """Each problem in one phrase, with the value given where pydantic's words leave it out
+    ("Input should be greater than or equal to 1, not 0"), and for a number given as a step's
+    `retry`, what to write instead."""
     parts = []
     for item in error.errors():
         where = ".".join(str(loc) for loc in item["loc"]) or "value"
         message = item["msg"].removeprefix("Value error, ")
+        given = item.get("input")
+        ours = item["type"] == "value_error"  # our validators' words name the value already
+        if not ours and isinstance(given, int | float | str) and repr(given) not in message:
+            message += f", not {given!r}"
+        if where == "retry" and isinstance(given, int) and not isinstance(given, bool):
+            message += f" (for {given} attempts: retry=Retry(max_attempts={given}))"
         parts.append(f"{where}: {message}")
     return "; ".join(parts)
 

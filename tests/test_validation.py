@@ -379,3 +379,19 @@ async def test_the_engine_refuses_what_validation_refuses_and_keeps_serving(
         assert await engine.runs() == []  # nothing written
         run = await engine.wait_for_job(await engine.enqueue("echo", {"ok": 1}), timeout=10)
         assert run.status is RunStatus.COMPLETED and run.output == {"ok": 1}
+
+
+def test_a_definitions_bad_value_is_named_and_a_number_for_retry_says_what_to_write() -> None:
+    # "retry: Input should be a valid dictionary or instance of Retry": which value, and what
+    # to write instead, were left to guess.
+    with pytest.raises(WorkflowDefinitionError) as retry:
+        Step("s", lambda ctx: 1, retry=3)
+    assert str(retry.value) == (
+        "step 's': retry: Input should be a valid dictionary or instance of Retry, not 3 "
+        "(for 3 attempts: retry=Retry(max_attempts=3))"
+    )
+    with pytest.raises(WorkflowDefinitionError) as slots:
+        WorkerTrigger(queue="q", concurrency=0)
+    assert str(slots.value).endswith(
+        "concurrency: Input should be greater than or equal to 1, not 0"
+    )
