@@ -1023,6 +1023,16 @@ async def _worker(args: argparse.Namespace) -> None:
             await engine.flush()  # ready means: what it serves is visible to others
             # Its own: on a shared database, queues() lists the other workers' too.
             names = ", ".join(engine.served_queues()) or "(none)"
+            failed = engine.catalog.reload_errors  # its own files (not followed workers')
+            if failed and not watch and not engine.served_queues():
+                # Kept alive by a supervisor, it served nothing, for good, and looked healthy.
+                from engine import EngineError
+
+                await engine.shutdown()  # unregistered: no dead worker left in the list
+                raise EngineError(
+                    f"nothing to serve: every workflow file in {folder} failed to load "
+                    f"({len(failed)}; their errors are above), and --no-watch waits for no fix"
+                )
             print(
                 f"blok worker {engine.worker.id} serving queues {names} on "
                 f"{engine.capabilities.location}",

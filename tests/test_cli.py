@@ -877,3 +877,21 @@ def _version_of(path: Path, name: str) -> str:
     from engine.loader import load_file
 
     return next(w.version for w in load_file(path).workflows if w.name == name)
+
+
+def test_a_worker_with_no_watch_whose_every_file_failed_exits_1(tmp_path: Path) -> None:
+    """It served nothing, for good, alive and registered: a supervisor saw a healthy worker.
+    With watching (the default) it waits for the fix; one file of several failing is served
+    around, as before."""
+    folder = tmp_path / "workflows"
+    folder.mkdir()
+    (folder / "broken.py").write_text("from engine import Workflow\nworkflow = Workflow(name=1)\n")
+    database = tmp_path / "blok.db"
+    done = blok("worker", "--no-watch", "--workflows", folder, "--db", database, timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert "workflows/broken.py:2" in done.stderr  # its error, above
+    assert done.stderr.rstrip().splitlines()[-1] == (
+        f"blok-tui: error: nothing to serve: every workflow file in {folder} failed to load "
+        "(1; their errors are above), and --no-watch waits for no fix"
+    )
+    assert blok("workers", "--db", database).stdout.strip() == "no workers registered"
