@@ -357,11 +357,23 @@ def test_a_tables_error_column_takes_the_room_the_others_leave() -> None:
     assert fit_table(done, 33, droppable=(1,))[1] == ["WORKER"]
 
 
+async def terminal_lines(cwd: Path, *args: str, width: int) -> list[str]:
+    """`blok-tui ARGS` run to its end (exit 0) on a terminal `width` columns wide: the lines
+    it showed, blank ones left out."""
+    import anyio
+
+    def on_a_terminal() -> list[str]:
+        terminal = Terminal(cwd, "-m", "blok_tui", *args, size=(width, 20))
+        assert terminal.finish() == 0, terminal.text
+        return [line for line in terminal.text.splitlines() if line.strip()]
+
+    return await anyio.to_thread.run_sync(on_a_terminal)
+
+
 @pytest.mark.anyio
 async def test_the_tables_on_a_terminal_fit_its_width(tmp_path: Path) -> None:
     # The ERROR column was cut at 60 cells (70 for `dead`) whatever the terminal: where the
     # other columns took 104 of 150, every row went on over a second line.
-    import anyio
 
     from engine import Engine, Schedule, Step, WorkerTrigger, Workflow
 
@@ -376,24 +388,20 @@ async def test_the_tables_on_a_terminal_fit_its_width(tmp_path: Path) -> None:
     )
     database = tmp_path / "blok.db"
 
-    def on_a_terminal(width: int, *args: str) -> list[str]:
-        command = ("-m", "blok_tui", *args, "--db", str(database))
-        terminal = Terminal(tmp_path, *command, size=(width, 20))
-        assert terminal.finish() == 0, terminal.text
-        return [line for line in terminal.text.splitlines() if line.strip()]
+    db = ("--db", str(database))
 
     async with Engine(workflows=[failing], database=database) as engine:
         run = await engine.wait_for_job(await engine.enqueue("pay", {}), timeout=10)
         await engine.flush()
         # Workers while this one is alive (a stopped engine takes its entry out).
-        lines = await anyio.to_thread.run_sync(on_a_terminal, 60, "workers")
+        lines = await terminal_lines(tmp_path, "workers", *db, width=60)
         assert len(lines) == 3 and all(cell_len(line) <= 60 for line in lines), lines
         assert lines[0].split() == ["WORKER", "STATE", "HEARTBEAT", "(UTC)"], lines
         assert lines[2] == "blok-tui: no room here for HOST, PID, STARTED", lines
-        wide = await anyio.to_thread.run_sync(on_a_terminal, 200, "workers")
+        wide = await terminal_lines(tmp_path, "workers", *db, width=200)
         assert len(wide) == 2 and wide[0].split()[:3] == ["WORKER", "HOST", "PID"], wide
         # Schedules: the last run's id, the queue, the last firing and its status go first.
-        lines = await anyio.to_thread.run_sync(on_a_terminal, 70, "schedules")
+        lines = await terminal_lines(tmp_path, "schedules", *db, width=70)
         assert len(lines) == 3 and all(cell_len(line) <= 70 for line in lines), lines
         order = ["LAST RUN", "QUEUE", "LAST FIRED", "STATUS"]
         names = lines[2].removeprefix("blok-tui: no room here for ").split(", ")
@@ -402,7 +410,7 @@ async def test_the_tables_on_a_terminal_fit_its_width(tmp_path: Path) -> None:
             "SCHEDULE",
             "STATE",
         ], lines
-        wide = await anyio.to_thread.run_sync(on_a_terminal, 200, "schedules")
+        wide = await terminal_lines(tmp_path, "schedules", *db, width=200)
         assert len(wide) == 2 and all(name in wide[0] for name in order), wide
     assert run.error is not None and run.error.startswith("[step 1/1] send failed: ")
     found = PLACE.search(run.error)
@@ -411,7 +419,7 @@ async def test_the_tables_on_a_terminal_fit_its_width(tmp_path: Path) -> None:
 
     for args in (("runs",), ("dead", "pay")):
         for width in (150, 180):
-            lines = await anyio.to_thread.run_sync(on_a_terminal, width, *args)
+            lines = await terminal_lines(tmp_path, *args, *db, width=width)
             # The error takes the room the other columns leave: the row ends at the edge, or a
             # cell before it where the cut fell after a space ("for…", not "for …"; with a
             # worker's pid of 3 digits, not 5, it did).
@@ -433,12 +441,12 @@ async def test_the_tables_on_a_terminal_fit_its_width(tmp_path: Path) -> None:
         (90, "dead", "pay"): (["JOB", "DIED", "(UTC)", "ERROR"], ["LAST RUN", "DELIVERIES"]),
     }
     for (width, *args), (header, names) in narrow.items():
-        lines = await anyio.to_thread.run_sync(on_a_terminal, width, *args)
+        lines = await terminal_lines(tmp_path, *args, *db, width=width)
         assert len(lines) == 3 and all(cell_len(line) <= width for line in lines), lines
         assert lines[0].split() == header and " send: ConnectionError: pay" in lines[1], lines
         assert lines[2] == f"blok-tui: no room here for {', '.join(names)}", lines
     # A table of short cells alike: the queue's counts read least go first, none is cut.
-    lines = await anyio.to_thread.run_sync(on_a_terminal, 80, "queues")
+    lines = await terminal_lines(tmp_path, "queues", *db, width=80)
     assert len(lines) == 3 and all(cell_len(line) <= 80 for line in lines), lines
     header = "QUEUE WORKFLOW STATE QUEUED RUNNING WAITING COMPLETED FAILED DEAD"
     assert " ".join(lines[0].split()) == header, lines
@@ -446,12 +454,12 @@ async def test_the_tables_on_a_terminal_fit_its_width(tmp_path: Path) -> None:
     assert lines[2] == f"blok-tui: no room here for {names}", lines
     # Narrower still, the workflow goes (at 80 columns the demo's queues wrapped): the queue
     # names the row.
-    lines = await anyio.to_thread.run_sync(on_a_terminal, 70, "queues")
+    lines = await terminal_lines(tmp_path, "queues", *db, width=70)
     assert len(lines) == 3 and all(cell_len(line) <= 70 for line in lines), lines
     assert lines[0].split() == header.replace("WORKFLOW ", "").split(), lines
     # The note fits the line too, the last names counted.
     assert lines[2] == "blok-tui: no room here for PROVIDER, THROTTLED, CANCELLED and 3 more"
-    wide = await anyio.to_thread.run_sync(on_a_terminal, 200, "queues")
+    wide = await terminal_lines(tmp_path, "queues", *db, width=200)
     assert len(wide) == 2 and "PROVIDER" in wide[0] and "CANCELLED" in wide[0], wide
     # Into a pipe: whole, for grep.
     piped = blok("runs", "--db", database).stdout
@@ -542,19 +550,6 @@ def quick_workflow() -> Workflow:
         return 1
 
     return Workflow(name="quick", trigger=WorkerTrigger(queue="quick"), steps=[Step("c", call)])
-
-
-async def terminal_lines(cwd: Path, *args: str, width: int) -> list[str]:
-    """`blok-tui ARGS` run to its end (exit 0) on a terminal `width` columns wide: the lines
-    it showed, blank ones left out."""
-    import anyio
-
-    def on_a_terminal() -> list[str]:
-        terminal = Terminal(cwd, "-m", "blok_tui", *args, size=(width, 20))
-        assert terminal.finish() == 0, terminal.text
-        return [line for line in terminal.text.splitlines() if line.strip()]
-
-    return await anyio.to_thread.run_sync(on_a_terminal)
 
 
 @pytest.mark.anyio
