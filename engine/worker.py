@@ -599,12 +599,14 @@ class Worker:
                 )
                 self.left[job.id] = (job.epoch, time.monotonic())
                 return
-            if handle.stopping and not handle.cancel_requested:
+            if handle.stopping or handle.cancel_requested:
                 # A plain def told to stop (ctx.cancelled) has a moment to return, as async
                 # code has to unwind: checked at once, one that returned a few ms later was
-                # taken for code that never stops, and the process exited for it.
+                # taken for code that never stops (on a stop, the process exited for it; on a
+                # cancel, its run said it still ran in its thread).
                 with anyio.move_on_after(UNWIND_S / 2):  # within the drain's wait for it
                     await self.runner.calls.threads_ended(run.id)
+            if handle.stopping and not handle.cancel_requested:
                 self._stopped(handle, workflow)
                 return
             if scope.cancelled_caught and not handle.cancel_requested:
@@ -617,9 +619,6 @@ class Worker:
                     final=True,
                 )
             if handle.cancel_requested or outcome is None:
-                # A plain def that returns when told (ctx.cancelled) is not one that runs on.
-                with anyio.move_on_after(UNWIND_S / 2):
-                    await self.runner.calls.threads_ended(run.id)
                 # Where it was is what an operator who cancels a stuck run wants to know.
                 threads = self.runner.calls.running_threads(run.id)
                 if threads:
