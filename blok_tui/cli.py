@@ -1022,9 +1022,9 @@ async def _worker(args: argparse.Namespace) -> None:
             log.info("runs that ended are kept for %s (--retention)", args.retention)
             await engine.flush()  # ready means: what it serves is visible to others
             # Its own: on a shared database, queues() lists the other workers' too.
-            names = ", ".join(engine.served_queues()) or "(none)"
+            queues = engine.served_queues()
             failed = engine.catalog.reload_errors  # its own files (not followed workers')
-            if failed and not watch and not engine.served_queues():
+            if failed and not watch and not queues:
                 # Kept alive by a supervisor, it served nothing, for good, and looked healthy.
                 from engine import EngineError
 
@@ -1033,6 +1033,7 @@ async def _worker(args: argparse.Namespace) -> None:
                     f"nothing to serve: every workflow file in {folder} failed to load "
                     f"({len(failed)}; their errors are above), and --no-watch waits for no fix"
                 )
+            names = ", ".join(queues) or "(none)"
             print(
                 f"blok worker {engine.worker.id} serving queues {names} on "
                 f"{engine.capabilities.location}",
