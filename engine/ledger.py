@@ -391,6 +391,8 @@ class Ledger:
         if level == "error":  # its job to the dead-letter queue: said by the run's end line,
             # with the job's id, which `requeue` and `discard` take ("… (no retries: job_… moved")
             fate = message.removeprefix(f"job {run.job_id} ").removeprefix("failed with ")
+            if fate.startswith("moved"):  # "job_… moved to the dead-letter queue, not retried…"
+                fate = f"{run.job_id} {fate}"
             self._fates[run.id] = fate.replace(": moved", f": {run.job_id} moved", 1)
 
     def _transition(
@@ -522,9 +524,10 @@ class Ledger:
             spent = "failed with no retries"
             if retries:
                 spent = "used up its retry" if retries == 1 else f"used up its {retries} retries"
+            said = f"job {job.id} {spent}: moved to the dead-letter queue"
             if permanent is not None and failures <= retries:
-                spent = f"is not retried ({permanent})"
-            self.log(run, f"job {job.id} {spent}: moved to the dead-letter queue", "error")
+                said = f"job {job.id} moved to the dead-letter queue, not retried: {permanent}"
+            self.log(run, said, "error")
         state = JobState.DEAD if retry else JobState.FAILED
         telemetry.OBSERVE.job_failed(run, "dead" if retry else "failed")
         self._settle(claim, queue, run, JobUpdate(state=state, error=error, meta=meta))

@@ -55,7 +55,7 @@ async def runs_of(engine: Engine, job_id: str) -> list[Any]:
 
 
 async def test_a_body_without_what_a_step_reads_is_a_dead_letter_at_once(
-    database: Any,
+    database: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     workflows = [flow("bodies", Step("charge", charge, inputs={"order_id": "$.body.order_id"}))]
     async with Engine(workflows=workflows, database=database) as engine:
@@ -68,6 +68,11 @@ async def test_a_body_without_what_a_step_reads_is_a_dead_letter_at_once(
         assert [dead.job_id for dead in await engine.dead_letters("bodies")] == [job_id]
         said = [line.message for line in (await engine.get_run(run.id)).logs]
         assert any("not retried" in line and "--input" in line for line in said), said
+    # The worker's line names the job `requeue` takes, with no parenthesis in a parenthesis.
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "blok.runs"]
+    fate = f"({job_id} moved to the dead-letter queue, not retried: a retry reads the same body"
+    assert line.startswith(f"bodies failed {fate}; replay the run with --input"), line
+    assert "(" not in line.split("): [step 1/1]")[0].removeprefix("bodies failed ("), line
 
 
 async def test_a_step_output_without_what_a_step_reads_keeps_its_retries(
