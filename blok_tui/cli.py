@@ -687,6 +687,7 @@ def build_parser() -> argparse.ArgumentParser:
         "replayed already (its newest replay is the one to replay). Asked first on a terminal "
         "(--yes: not asked; with no terminal, --yes is needed).",
         usage="blok-tui replay RUN_ID [RUN_ID ...] [--from-step STEP] [--input JSON] [--yes]\n"
+        "       blok-tui replay RUN_ID [--from-step STEP] [--input JSON] [--wait | --follow]\n"
         "       blok-tui replay [--status STATUS] [--workflow NAME] [--queue NAME]\n"
         "                       [--text TEXT] [--since DURATION] [--from-step STEP] [--yes]",
     )
@@ -702,6 +703,19 @@ def build_parser() -> argparse.ArgumentParser:
         type=_json_arg,
         metavar="JSON",
         help="a different input (one RUN_ID): JSON, @FILE or -",
+    )
+    replay_after = replay.add_mutually_exclusive_group()
+    replay_after.add_argument(
+        "--wait",
+        action="store_true",
+        help="(one RUN_ID) wait for the replay to end, as enqueue --wait does: its output as "
+        "JSON and exit 0 if it completed; else exit 1 with its error",
+    )
+    replay_after.add_argument(
+        "--follow",
+        "-f",
+        action="store_true",
+        help="(one RUN_ID) then print what happens to the replay, as show --follow does",
     )
     run_filters(
         replay, "only runs in this status (default: failed, timed_out and crashed)", stuck=False
@@ -1135,6 +1149,11 @@ async def _enqueue(args: argparse.Namespace) -> None:
     if not args.wait:
         print(printable(job_id))
         return
+    _print_output(run)
+
+
+def _print_output(run: Any) -> None:
+    """`--wait`'s answer: the run's output as JSON, or its error (exit 1)."""
     from engine import EngineError, RunStatus
 
     if run.status is not RunStatus.COMPLETED:
@@ -1190,14 +1209,19 @@ async def _enqueue_job(engine: Any, args: argparse.Namespace, *, note: bool = Tr
         timeout=args.timeout,
     )
     await _warn_of_missing_fields(engine, args.queue, args.payload)
-    if not note:
-        return job_id
-    why = await engine.why_waiting((await engine.get_job(job_id)).run_id)
+    if note:
+        await _note_held(engine, (await engine.get_job(job_id)).run_id, args.queue)
+    return job_id
+
+
+async def _note_held(engine: Any, run_id: str, queue: str) -> None:
+    """A note on stderr when the new run waits for what may not come: no live worker serves
+    its queue (its workers stopped), or the queue is paused (`--wait` hung without a word)."""
+    why = await engine.why_waiting(run_id)
     if why.gate == "no_worker":
         print(f"blok-tui: note: {printable(why.summary)}", file=sys.stderr, flush=True)
     elif why.gate == "paused":
-        _note_paused(args.queue)
-    return job_id
+        _note_paused(queue)
 
 
 async def _warn_of_missing_fields(engine: Any, queue: str, payload: Any) -> None:
@@ -1645,11 +1669,18 @@ async def _where(args: argparse.Namespace) -> None:
 async def _replay(args: argparse.Namespace) -> int:
     from engine import EngineError
 
+    after = "--wait waits for" if args.wait else "--follow follows" if args.follow else None
     if _chosen_by_filters(args):
+        if after is not None:
+            raise UsageError(f"{after} one replay: give one RUN_ID", "blok-tui replay")
         return await _bulk(args)
     given = list(dict.fromkeys(args.run_ids))  # a run named twice is replayed once
     if args.input is not None and len(given) > 1:
         raise UsageError("--input gives one run a new input: give one RUN_ID", "blok-tui replay")
+    if after is not None and len(given) > 1:
+        raise UsageError(f"{after} one replay: give one RUN_ID", "blok-tui replay")
+    if args.follow:
+        return await _replay_and_follow(args, given[0])
     refused = 0
     async with _client(args) as engine:
         for run_id in given:
@@ -1659,13 +1690,36 @@ async def _replay(args: argparse.Namespace) -> int:
                 if len(given) == 1:
                     raise
                 _error(str(error))
-                replayed = False
-            refused += not replayed
+                replayed = None
+            refused += replayed is None
+        if args.wait and replayed is not None:
+            run = await engine.get_run(replayed)
+            await _note_held(engine, run.id, run.queue)
+            ended = await engine.wait_for_job(run.job_id)
+    if args.wait and replayed is not None:
+        _print_output(ended)
     return _refusals("replayed", len(given), refused, "run")
 
 
-async def _replay_one(engine: Any, given: str, args: argparse.Namespace) -> bool:
-    """Replay one run, asked first where it would do again what is done; False if not."""
+async def _replay_and_follow(args: argparse.Namespace, given: str) -> int:
+    """`replay --follow`: the replay's id, then what happens to it, as `show --follow` says."""
+    from .run_follow import RunFollower, follow
+
+    async with _following(args) as (engine, events):
+        replayed = await _replay_one(engine, given, args)
+        if replayed is None:
+            return 1
+        run = await engine.get_run(replayed)
+        follower = RunFollower()
+        _tell(follower.line(run.created_at, f"following run {run.id} (ctrl-c stops following)"))
+        run = await follow(engine, events, run, follower, _tell)
+    _refuse_unless_completed(run)
+    return 0
+
+
+async def _replay_one(engine: Any, given: str, args: argparse.Namespace) -> str | None:
+    """Replay one run, asked first where it would do again what is done: the replay's id, or
+    None if not replayed."""
     run = await engine.find_run(given)
     warning = None if args.yes else await engine.replay_warning(run.id)
     if warning is not None:
@@ -1675,10 +1729,10 @@ async def _replay_one(engine: Any, given: str, args: argparse.Namespace) -> bool
         answer = _confirmed(f"{said}. Replay it anyway? [y/N] ")
         if answer is False:
             _error(f"run {run.id} not replayed")
-            return False
+            return None
         if answer is None:
             print(f"blok-tui: warning: {said}; replayed all the same", file=sys.stderr)
-    run_id = await engine.replay(run.id, from_step=args.from_step, input=args.input)
+    run_id: str = await engine.replay(run.id, from_step=args.from_step, input=args.input)
     if args.input is not None:
         await _warn_of_missing_fields(engine, run.queue, args.input)
     job = await _job_or_none(engine, run.job_id)
@@ -1697,7 +1751,7 @@ async def _replay_one(engine: Any, given: str, args: argparse.Namespace) -> bool
             ),
             file=sys.stderr,
         )
-    return True
+    return run_id
 
 
 async def _job_or_none(engine: Any, job_id: str) -> Any:

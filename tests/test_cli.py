@@ -176,6 +176,36 @@ def test_enqueue_wait_prints_the_output_or_exits_1_with_the_runs_error(
     assert blok_json("show", run_id, "--json", "--db", database)["status"] == "failed"
 
 
+def test_replay_wait_and_follow_end_as_enqueues_do_with_the_replays_output_or_error(
+    served: tuple[Path, Worker],
+) -> None:
+    """A failed run fixed with --input: `replay --wait` printed the replay's id and returned,
+    and a script polled `show` to learn how it went. Now it waits as `enqueue --wait` does;
+    `--follow` tells the replay's moments as `show --follow` does."""
+    database, _ = served
+    failed = blok("enqueue", "naps", '{"seconds": "later"}', "--wait", "--db", database)
+    run_id = failed.stderr.split()[3]
+    fixed = blok("replay", run_id, "--input", '{"seconds": 0.01}', "--wait", "--db", database)
+    assert fixed.returncode == 0, fixed.stderr
+    replayed, output = fixed.stdout.splitlines()
+    assert (output, fixed.stderr) == ('{"slept": 0.01}', "")
+    assert blok_json("show", replayed, "--json", "--db", database)["replay_of"] == run_id
+    again = blok("replay", run_id, "--wait", "--yes", "--db", database)  # the same bad input
+    assert again.returncode == 1 and len(again.stdout.splitlines()) == 1
+    error = _one_error_line(again)
+    assert "failed: [step 1/1] nap failed: " in error and error.endswith(")"), error
+    followed = blok("replay", run_id, "--input", '{"seconds": 0}', "-f", "--yes", "--db", database)
+    assert followed.returncode == 0, followed.stderr
+    lines = followed.stdout.splitlines()
+    assert lines[1].endswith(f"following run {lines[0]} (ctrl-c stops following)"), lines
+    assert lines[-1].split(maxsplit=1)[1].startswith("run completed in "), lines
+    for many in (["--wait"], ["--follow"]):
+        refused = blok("replay", run_id, replayed, *many, "--db", database)
+        assert refused.returncode == 2 and "one replay: give one RUN_ID" in refused.stderr
+        filtered = blok("replay", "--status", "failed", *many, "--yes", "--db", database)
+        assert filtered.returncode == 2 and "one replay: give one RUN_ID" in filtered.stderr
+
+
 def test_a_runs_log_line_on_the_workers_stderr_names_its_run_and_step(
     served: tuple[Path, Worker],
 ) -> None:
