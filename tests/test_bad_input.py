@@ -500,6 +500,19 @@ async def test_a_database_file_that_is_not_sqlite_is_a_clear_error(tmp_path: Pat
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("create", [True, False])
+async def test_a_folder_given_as_the_database_is_said_to_be_one(
+    tmp_path: Path, create: bool
+) -> None:
+    # `--db workflows/` by mistake: "no such database (start a worker on it first)" sent the
+    # user to a worker, which said "unable to open database file".
+    with pytest.raises(DatabaseError) as refused:
+        async with Engine(workflows=[echo_flow()], database=tmp_path, create=create):
+            pass
+    assert str(refused.value) == f"{tmp_path}: a folder, not a database file (--db FILE)"
+
+
+@pytest.mark.anyio
 async def test_a_folder_given_as_the_database_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(DatabaseError) as refused:
         async with Engine(workflows=[echo_flow()], database=tmp_path):

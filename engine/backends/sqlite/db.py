@@ -265,6 +265,8 @@ class SqliteDatabase:
 
     # ---- lifecycle -------------------------------------------------------------------------
     async def open(self) -> None:
+        if self.path.is_dir():  # `--db workflows/`: SQLite's own word was "unable to open"
+            raise DatabaseError(f"{self.path}: a folder, not a database file (--db FILE)")
         if not self.create and not self.path.is_file():
             raise DatabaseError(
                 f"{self.path}: no such database (start a worker on it first: "
