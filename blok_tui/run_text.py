@@ -370,7 +370,13 @@ def event_fate(sent: EventSent) -> str:
 
 def keyless(sent: EventSent) -> str | None:
     """A warning when an event sent by key carries none of the paths the waits for it match
-    on: kept, it never reaches a run ("orderId" sent for "order_id")."""
+    on: kept, it never reaches a run ("orderId" sent for "order_id"); or when no wait for it
+    matches on a key at all."""
+    if sent.unkeyed:
+        return (
+            f"no wait.for_event({sent.event!r}) here matches on a key (match=): kept, it reaches "
+            f"no run; send it to the run instead (blok-tui send RUN_ID {sent.event} JSON)"
+        )
     if not sent.missing_keys:
         return None
     paths = " or ".join(repr(path) for path in sent.missing_keys)

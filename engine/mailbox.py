@@ -66,6 +66,7 @@ class Mailbox:
                 EventOutcome.KEPT,
                 workflow_events=_awaited(declared),
                 missing_keys=_missing_keys(event, payload, declared),
+                unkeyed=_unkeyed(event, declared),
             )
         # Kept: say what the run waits for instead, and whether it ever waits for this one.
         waiters = await self.store.event_waiters([run.id])
@@ -149,6 +150,16 @@ def _missing_keys(event: str, payload: Any, declared: list[WorkflowInfo]) -> tup
     if any(payload_key(payload, tuple(path.split("."))) is not None for path in paths):
         return ()
     return tuple(paths)
+
+
+def _unkeyed(event: str, declared: list[WorkflowInfo]) -> bool:
+    """Whether the waits for `event` all take it sent to their run, none by key (no `match=`):
+    an event sent by key is kept for a run that never comes. False when nothing is known, or
+    nothing waits for it (a warning of its own)."""
+    known = bool(declared) and all(info.event_keys is not None for info in declared)
+    awaited = any(event in (info.events or ()) for info in declared)
+    keyed = any(event in (info.event_keys or {}) for info in declared)
+    return known and awaited and not keyed
 
 
 def _awaited(declared: list[WorkflowInfo]) -> tuple[str, ...] | None:

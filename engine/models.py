@@ -412,6 +412,7 @@ class EventSent(list[str]):
         run: Run | None = None,
         workflow_events: tuple[str, ...] | None = None,
         missing_keys: tuple[str, ...] = (),
+        unkeyed: bool = False,
     ) -> None:
         super().__init__(run_ids)
         self.event = event
@@ -426,6 +427,8 @@ class EventSent(list[str]):
         # Sent by key and kept: the payload paths the waits for it match on, where the payload
         # carries none of them (no run can ever take it: "orderId" for "order_id").
         self.missing_keys = missing_keys
+        # Sent by key and kept, where every wait for it takes it sent to its run (no `match=`).
+        self.unkeyed = unkeyed
 
     @property
     def awaited(self) -> bool | None:

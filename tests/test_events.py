@@ -319,6 +319,27 @@ async def test_the_command_line_says_an_event_no_wait_took_was_kept(durable: Pat
         await engine.cancel(run.id)
 
 
+async def test_an_event_sent_by_key_that_no_wait_matches_on_a_key_is_said_to_reach_none(
+    database: Path | str | None,
+) -> None:
+    # `send --by-key approved {...}` where the waits for 'approved' take it sent to their run:
+    # "no run waits on that key: kept", and it was kept for a run that never comes.
+    from blok_tui.run_text import keyless
+
+    async with Engine(workflows=[approval_flow(), keyed_flow()], database=database) as engine:
+        await engine.flush()  # the catalog the engine reads its waits from
+        unkeyed = await engine.send_event(None, "approved", {"order_id": "A1"})
+        assert (list(unkeyed), unkeyed.unkeyed) == ([], True)
+        assert keyless(unkeyed) == (
+            "no wait.for_event('approved') here matches on a key (match=): kept, it reaches no "
+            "run; send it to the run instead (blok-tui send RUN_ID approved JSON)"
+        )
+        keyed = await engine.send_event(None, "paid", {"order_id": "A1"})
+        assert (keyed.unkeyed, keyless(keyed)) == (False, None)
+        nobody = await engine.send_event(None, "refunded", {})  # never_awaited says that one
+        assert (nobody.unkeyed, keyless(nobody)) == (False, None)
+
+
 def test_the_cli_sends_by_key(tmp_path: Path) -> None:
     database = tmp_path / "key.db"
     code = f"""
