@@ -999,7 +999,8 @@ async def _attach(args: argparse.Namespace) -> int:
         _need_a_terminal("blok-tui attach", "for a listing: blok-tui runs, blok-tui queues")
         _log_quietly(database)
         status = await run_console(
-            engine, title=f"blok-tui · attached to {engine.capabilities.location}"
+            engine,
+            title="blok-tui · attached",  # the header names the database
         )
     return status
 

@@ -15,6 +15,7 @@ import pytest
 from cli_helpers import (
     WORKFLOWS,
     Follower,
+    Terminal,
     Worker,
     answered_on_a_terminal,
     blok,
@@ -900,6 +901,22 @@ def test_the_console_without_a_terminal_says_so(
         "blok-tui: error: the console needs a terminal (its input and output); "
     )
     assert list(tmp_path.iterdir()) == []  # nothing made for a console that cannot start
+
+
+def test_the_attached_consoles_header_names_its_database_once(
+    tmp_path: Path, served: tuple[Path, Worker]
+) -> None:
+    # "blok-tui · attached to /…/blok.db › queues      db /…/blok.db": a PostgreSQL URL
+    # twice in one line, and at 80 columns the title, the view's name with it, cut away.
+    database, _ = served
+    console = Terminal(tmp_path, "-m", "blok_tui", "attach", "--db", str(database))
+    try:
+        eventually(lambda: "naps" in console.text, timeout=30)
+        assert "blok-tui · attached" in console.text and f"db {database}" in console.text
+        assert f"attached to {database}" not in console.text  # in any frame drawn
+    finally:
+        console.type("q")
+        assert console.finish() == 0
 
 
 def _version_of(path: Path, name: str) -> str:
