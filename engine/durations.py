@@ -59,9 +59,11 @@ def _shown(value: object) -> str:
     return text if len(text) <= 40 else text[:39] + "…"
 
 
-def exact_duration(ms: int) -> str:
+def exact_duration(ms: int | None) -> str:
     """30s, 10m, 1d, 1500ms: the largest unit that holds the duration exactly (a setting as
     it was written, where `format_duration` rounds a measured one)."""
+    if ms is None:
+        return "–"
     for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
         if ms % size == 0:
             return f"{ms // size}{unit}"

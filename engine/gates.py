@@ -142,7 +142,7 @@ class Gates:
                         claim,
                         queue,
                         run,
-                        f"expired: it could not start within its ttl of {trigger.ttl}ms "
+                        f"expired: it could not start within its ttl of {exact_duration(trigger.ttl)} "
                         f"(enqueued {run.created_at.isoformat()}, deadline {deadline.isoformat()})",
                     )
                     return False
@@ -246,7 +246,7 @@ class Gates:
                         claim,
                         queue,
                         run,
-                        f"expired: queued {trigger.queue_timeout}ms behind {busy} "
+                        f"expired: queued {exact_duration(trigger.queue_timeout)} behind {busy} "
                         "(the trigger's queue_timeout)",
                     )
                     return

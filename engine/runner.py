@@ -27,7 +27,7 @@ from .backends.base import key_text
 from .backoffs import Backoffs
 from .clock import Clock
 from .context import Context
-from .durations import parse_until
+from .durations import exact_duration, parse_until
 from .errors import NonRetryable, UnstorableOutput
 from .events import AttemptFailed, EventBus, LogRecorded, StepFinished, StepStarted
 from .loader import user_names
@@ -617,7 +617,9 @@ class Runner:
             run.failed_attempts += 1
             if timed_out:
                 attempt.status = AttemptStatus.TIMED_OUT
-                attempt.error = f"timed out after {step.max_duration}ms (max_duration)"
+                attempt.error = (
+                    f"timed out after {exact_duration(step.max_duration)} (max_duration)"
+                )
                 attempt.error_type = "TimeoutError"
                 # Where it was: an async node left it; a sync node's thread is still there.
                 stopped = self.calls.took(run.id, ctx)

@@ -31,6 +31,7 @@ from . import telemetry
 from .backends.base import Backend, Claim, JobQueue, Pace
 from .catalog import Catalog
 from .context import Context
+from .durations import exact_duration
 from .errors import DatabaseError
 from .events import EventBus, QueueChanged
 from .gates import Gates
@@ -614,7 +615,7 @@ class Worker:
                 whose = "the job's timeout" if "timeout_ms" in job.meta else "the trigger's timeout"
                 outcome = Outcome(
                     RunStatus.TIMED_OUT,
-                    error=f"run timed out after {timeout}ms ({whose})"
+                    error=f"run timed out after {exact_duration(timeout)} ({whose})"
                     + self.runner.stopped(run, ctx),
                     final=True,
                 )

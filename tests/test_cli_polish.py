@@ -299,12 +299,12 @@ def test_an_error_cut_for_a_terminal_keeps_its_place() -> None:
     assert one_line_keeping_where("no place " * 10, 20) == one_line("no place " * 10, 20)
     # A timed-out step's place, and one whose folders would leave the message less than half
     # the width: the folders go, the file and line stay (the queues view's recent failures).
-    timed_out = "[step 2/2] upload failed: timed out after 2000ms (stopped at workflows/ex.py:18)"
+    timed_out = "[step 2/2] upload failed: timed out after 2s (stopped at workflows/ex.py:18)"
     assert one_line_keeping_where(timed_out, 66) == (
-        "upload: timed out after 2000ms (stopped at workflows/ex.py:18)"
+        "upload: timed out after 2s (stopped at workflows/ex.py:18)"
     )
     assert one_line_keeping_where(timed_out, 56) == (
-        "upload: timed out after 2000ms (stopped at …/ex.py:18)"
+        "upload: timed out after 2s (stopped at …/ex.py:18)"
     )
     far = (
         "[step 1/1] send failed: ConnectionError: payment gateway 503 for ORD-10 "

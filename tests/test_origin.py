@@ -205,7 +205,8 @@ async def test_a_step_whose_time_ran_out_says_where_it_was_and_keeps_the_stack()
         Workflow(
             name="spins",
             trigger=WorkerTrigger(queue="spins"),
-            steps=[Step("crunch", _loops_until_told, max_duration=100)],
+            # A whole second: said as a duration is written ("1s"), not "1000ms".
+            steps=[Step("crunch", _loops_until_told, max_duration="1s")],
         ),
     ]
     async with Engine(workflows=flows, database=None) as engine:
@@ -216,7 +217,7 @@ async def test_a_step_whose_time_ran_out_says_where_it_was_and_keeps_the_stack()
         f"{line_of('where the async node hangs')}, after 2 attempts)"
     )
     assert spins.error == (
-        "[step 1/1] crunch failed: timed out after 100ms (max_duration) (stopped at "
+        "[step 1/1] crunch failed: timed out after 1s (max_duration) (stopped at "
         f"{line_of('where the sync node spins')})"
     )
     for attempt in hangs.step("fetch").attempts:
@@ -331,10 +332,10 @@ async def test_where_an_earlier_attempt_stopped_is_not_taken_for_a_later_stop() 
         released.set()
         backoff = await engine.wait_for_job(backoff_job, timeout=10)
     assert later.error == (
-        "run timed out after 1000ms (the trigger's timeout) (stopped at "
+        "run timed out after 1s (the trigger's timeout) (stopped at "
         f"{line_of('outlasts its run')})"
     )
-    assert backoff.error == "run timed out after 1000ms (the trigger's timeout)"
+    assert backoff.error == "run timed out after 1s (the trigger's timeout)"
 
 
 async def test_a_cancelled_run_says_where_it_was_stopped() -> None:

@@ -295,7 +295,7 @@ def showcase_runs() -> list[Run]:
         created_at=at(4),
         started_at=at(4),
         finished_at=at(4) + timedelta(milliseconds=2204),
-        error="[step 2/2] upload failed: timed out after 2000ms (max_duration)",
+        error="[step 2/2] upload failed: timed out after 2s (max_duration)",
         error_step="upload",
         steps=_steps(["prepare", "upload"]),
         attempts=2,
@@ -313,7 +313,7 @@ def showcase_runs() -> list[Run]:
             status=AttemptStatus.TIMED_OUT,
             started_at=upload.started_at,
             finished_at=upload.finished_at,
-            error="timed out after 2000ms (max_duration)",
+            error="timed out after 2s (max_duration)",
         )
     ]
     runs.append(export)
