@@ -117,9 +117,8 @@ class DeadLettersScreen(RowFilterScreen):
             if self.text:
                 summary.append(f"   / {self.text}  ({len(shown)} shown)", style="khaki1")
             if not self.jobs:
-                summary.append(
-                    "   nothing here: every job either finished or is still trying", style="dim"
-                )
+                # One line of an 80-column terminal with the count before it.
+                summary.append("   every job finished or is still trying", style="dim")
         self.query_one("#dlq-summary", Static).update(summary, layout=False)
 
     def render_detail(self) -> None:

@@ -603,6 +603,21 @@ async def test_requeue_all_counts_every_dead_letter_not_only_those_listed(
         assert sorted(app.last_bulk.ids) == sorted(jobs)
 
 
+async def test_no_dead_letters_is_said_in_one_line_of_an_80_column_terminal(
+    engine: Engine,
+) -> None:
+    # "0 dead letters on orders   nothing here: every job either finished or is still" and
+    # "trying" on a line of its own.
+    app = BlokApp(engine)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settled(pilot)
+        await command(pilot, "dlq doomed")
+        summary = app.screen.query_one("#dlq-summary", Static)
+        await until(pilot, lambda: "dead letters" in text_of(summary, width=80))
+        lines = [line.strip() for line in shown_lines(summary) if line.strip()]
+        assert lines == ["0 dead letters on doomed   every job finished or is still trying"]
+
+
 async def test_dead_letters_made_together_show_ids_that_tell_them_apart(
     engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
