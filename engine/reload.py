@@ -296,6 +296,9 @@ async def reload_paths(
     engine = _catalog(owner)
     changed = {path.resolve() if path.exists() else path for path in changed}
     targets = {path for path in changed if _is_workflow(path, folder, only)}
+    # A workflow file another one imports (its steps shared, a helper not named `_x.py`):
+    # the importer kept the old code, since only the file saved was imported again.
+    targets |= {p for p, loaded in engine.files.items() if not changed.isdisjoint(loaded.inputs)}
     if any(path not in targets for path in changed):
         # A helper changed: the workflow files that import it would keep the old code.
         on_disk = [only] if only is not None and only.exists() else []

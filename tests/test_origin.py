@@ -332,8 +332,7 @@ async def test_where_an_earlier_attempt_stopped_is_not_taken_for_a_later_stop() 
         released.set()
         backoff = await engine.wait_for_job(backoff_job, timeout=10)
     assert later.error == (
-        "run timed out after 1s (the trigger's timeout) (stopped at "
-        f"{line_of('outlasts its run')})"
+        f"run timed out after 1s (the trigger's timeout) (stopped at {line_of('outlasts its run')})"
     )
     assert backoff.error == "run timed out after 1s (the trigger's timeout)"
 

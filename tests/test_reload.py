@@ -347,6 +347,25 @@ async def test_helper_module_edit_reloads_the_workflows_that_use_it(
         assert (run.output, run.workflow_version) == ("bonjour ada", reloaded.versions[0])
 
 
+async def test_a_workflow_file_another_imports_reloads_its_importer_too(
+    folder: Path, tmp_path: Path, gates: Gates
+) -> None:
+    # shipping.py took its label from orders.py ("from orders import LABEL"): orders.py
+    # saved, only orders.py was imported again, and shipping ran the old label for good.
+    orders = folder / "orders.py"
+    orders.write_text(flow_source("v1"))
+    shipping = folder / "shipping.py"
+    shipping.write_text(flow_source("", name="shipping", queue="shipping", header="import orders"))
+    shipping.write_text(shipping.read_text().replace("LABEL = ''", "LABEL = orders.LABEL"))
+    async with running(folder, tmp_path / "blok.db") as (engine, events):
+        run = await engine.wait_for_job(await engine.enqueue("shipping", {}), timeout=TIMEOUT)
+        assert run.output == {"label": "v1"}
+        orders.write_text(flow_source("v2"))
+        await events.reloaded(shipping.resolve())
+        run = await engine.wait_for_job(await engine.enqueue("shipping", {}), timeout=TIMEOUT)
+        assert run.output == {"label": "v2"}
+
+
 async def test_a_helpers_edit_says_only_the_workflows_it_changed(
     folder: Path, tmp_path: Path, gates: Gates, caplog: pytest.LogCaptureFixture
 ) -> None:
