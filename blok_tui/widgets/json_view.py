@@ -15,6 +15,9 @@ from ..console import printable
 FOLD = 40  # lines shown of a folded value
 UNFOLDED = 2_000  # lines shown at most of an unfolded one (a search reaches the rest)
 MATCHES = 200  # matching lines shown at most
+# Characters shown of one line: a step that returned a 20 MB string is one line, which
+# Textual laid out to the last cell, the console frozen for good.
+LINE_CHARS = 2_000
 
 
 class JsonView(Static):
@@ -23,9 +26,18 @@ class JsonView(Static):
     """
 
     folded = False  # whether the value shown was folded to its first lines (z unfolds it)
+    _shown: tuple[Any, ...] | None = None  # what `show` was last given, and its note
 
     def show(self, value: Any, *, empty: str = "none", search: str = "", fold: bool = True) -> str:
         """Show `value`; returns a note on what is hidden ("" when everything shows)."""
+        asked = (empty, search, fold)
+        if self._shown is not None and self._shown[:3] == asked and self._shown[3] == value:
+            return str(self._shown[4])  # a live view shows the same value each refresh
+        note = self._show(value, empty=empty, search=search, fold=fold)
+        self._shown = (*asked, value, note)
+        return note
+
+    def _show(self, value: Any, *, empty: str, search: str, fold: bool) -> str:
         self.folded = False
         if value is None:
             self.update(Text(empty, style="dim italic"))
@@ -33,17 +45,21 @@ class JsonView(Static):
         lines = printable(json.dumps(value, indent=2, ensure_ascii=False, default=str)).split("\n")
         if search:
             return self._matches(lines, search)
-        note = ""
+        cut = [line for line in lines if len(line) > LINE_CHARS]
+        if cut:
+            lines = [_cut(line) for line in lines]
+        note = _cut_note(cut)
         limit = FOLD if fold else UNFOLDED
         if len(lines) > limit:
             if fold:
                 self.folded = True
-                note = f"{len(lines):,} lines, the first {FOLD} shown: z unfolds, / searches"
+                folding = f"{len(lines):,} lines, the first {FOLD} shown: z unfolds, / searches"
             else:
-                note = f"{len(lines):,} lines, the first {UNFOLDED:,} shown: / searches them all"
+                folding = f"{len(lines):,} lines, the first {UNFOLDED:,} shown: / searches them all"
+            note = "; ".join(filter(None, (folding, note)))
             lines = [*lines[:limit], f"… {len(lines) - limit:,} more lines"]
         elif not fold and len(lines) > FOLD:
-            note = "unfolded: z folds"
+            note = "; ".join(filter(None, ("unfolded: z folds", note)))
         code = "\n".join(lines)
         syntax = Syntax(code, "json", theme="ansi_dark", background_color="default")
         # Highlighted once, as a Text: Textual lays out and draws that itself, where a Syntax
@@ -60,7 +76,9 @@ class JsonView(Static):
         width = len(str(len(lines)))
         for n, line in found[:MATCHES]:
             text.append(f"{n:>{width}}│ ", style="grey50")
-            text.append(line)
+            # A long line: from a little before its match.
+            start = max(0, line.lower().find(needle) - 100) if len(line) > LINE_CHARS else 0
+            text.append(("…" if start else "") + _cut(line[start:]))
             text.append("\n")
         text.highlight_words([search], style="reverse khaki1", case_sensitive=False)
         if not found:
@@ -69,6 +87,23 @@ class JsonView(Static):
         self.update(text)
         more = f", the first {MATCHES} shown" if len(found) > MATCHES else ""
         return f"{len(found):,} of {len(lines):,} lines match {_quoted(search)}{more}"
+
+
+def _cut(line: str) -> str:
+    """The line's first LINE_CHARS characters, and how many more there are."""
+    if len(line) <= LINE_CHARS:
+        return line
+    more = len(line) - LINE_CHARS
+    return f"{line[:LINE_CHARS]}… ({more:,} more characters: blok-tui show --json has them)"
+
+
+def _cut_note(cut: list[str]) -> str:
+    if not cut:
+        return ""
+    longest = max(len(line) for line in cut)  # kept short: the title does not wrap
+    if len(cut) == 1:
+        return f"a line cut to {LINE_CHARS:,} of its {longest:,} characters"
+    return f"{len(cut):,} lines cut to {LINE_CHARS:,} characters (the longest {longest:,})"
 
 
 def _quoted(search: str) -> str:

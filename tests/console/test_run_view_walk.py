@@ -56,6 +56,10 @@ def huge(ctx: Any) -> dict[str, str]:
     return {f"key_{n:05d}": "x" * 40 for n in range(4_000)}
 
 
+def long_line(ctx: Any) -> dict[str, str]:
+    return {"blob": "x" * 300_000 + "NEEDLE" + "x" * 300_000}
+
+
 def takes_x(ctx: Any, x: int) -> int:
     return x
 
@@ -84,6 +88,9 @@ MANY = Workflow(
     steps=[Step(name, numbered(n)) for n, name in enumerate(LONG_NAMES)],
 )
 HUGE = Workflow(name="walk.huge", trigger=WorkerTrigger(queue="huge"), steps=[Step("big", huge)])
+LONG_LINE = Workflow(
+    name="walk.long_line", trigger=WorkerTrigger(queue="long_line"), steps=[Step("blob", long_line)]
+)
 WAITER = Workflow(
     name="walk.waiter",
     trigger=WorkerTrigger(queue="waiter"),
@@ -116,7 +123,7 @@ HOLDER = Workflow(
 
 @pytest.fixture
 async def engine() -> AsyncIterator[Engine]:
-    flows = [FAILING, GATEWAY, MANY, HUGE, WAITER, IMPATIENT, THEN_SHIP, HOLDER]
+    flows = [FAILING, GATEWAY, MANY, HUGE, LONG_LINE, WAITER, IMPATIENT, THEN_SHIP, HOLDER]
     async with Engine(workflows=flows, grace_period=0.5) as engine:
         yield engine
 
@@ -406,6 +413,30 @@ async def test_unfolding_a_large_output_says_so_first(engine: Engine) -> None:
         await until(pilot, lambda: "the first 2,000 shown" in text_of(output_title))
         screen.action_unfold()  # folding back is quick: no sign
         assert "the first 40 shown" in text_of(output_title)
+
+
+async def test_an_output_of_one_very_long_line_is_cut_and_a_search_finds_inside_it(
+    engine: Engine,
+) -> None:
+    # A step that returned a 20 MB string: the run view laid out every cell of its one line,
+    # the console frozen at full CPU for good.
+    run = await _ended(engine, "long_line")
+    app = BlokApp(engine)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await settled(pilot)
+        screen = await _open(pilot, run.id)
+        title = text_of(screen.query_one("#output-title", Static))
+        assert "a line cut to 2,000 of its 600,018 characters" in title, title
+        output = text_of(screen.query_one("#step-output", Static), width=140)
+        assert (
+            len(output) < 4_000
+            and "… (598,018 more characters: blok-tui show --json has them)" in output
+        )
+        await pilot.press("slash", *"needle", "enter")
+        await until(pilot, lambda: screen.search == "needle")
+        await settled(pilot)
+        found = text_of(screen.query_one("#step-output", Static), width=140)
+        assert "NEEDLE" in found and "…xxx" in found and len(found) < 4_000, found[:300]
 
 
 async def test_tab_skips_a_run_log_with_nothing_to_scroll(engine: Engine) -> None:
