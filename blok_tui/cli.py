@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 # No `engine` (nor anyio, nor Textual) at the top: `blok-tui --version` and `--help` answer
 # without loading the engine (0.4 s); each command imports what it uses.
 from .hangup import stop_signals
-from .plain_text import columns, fit_table, wrapped
+from .plain_text import columns, cut_lines, fit_table, wrapped
 from .queue_counts import COUNTED, read_queue_counts
 
 if TYPE_CHECKING:
@@ -1094,10 +1094,11 @@ async def _worker(args: argparse.Namespace) -> None:
 
 
 class _Printable(logging.Formatter):
-    """A log line, its traceback included, with control characters escaped (`printable`)."""
+    """A log line, its traceback included, with control characters escaped (`printable`),
+    and each line cut to LINE_CHARS: a run's 5 MB error went into the worker's log whole."""
 
     def format(self, record: logging.LogRecord) -> str:
-        return printable(super().format(record))
+        return cut_lines(printable(super().format(record)), more="")
 
 
 class _OneLine(logging.Formatter):
@@ -1158,7 +1159,7 @@ def _print_output(run: Any) -> None:
     from engine import EngineError, RunStatus
 
     if run.status is not RunStatus.COMPLETED:
-        error = run.error or str(run.status)
+        error = cut_lines(run.error or str(run.status))  # a 5 MB error: its first 2,000 chars
         raise EngineError(f"run {run.id} {run.status}: {error} (blok-tui show {run.id})")
     print(json.dumps(run.output, ensure_ascii=False))
 

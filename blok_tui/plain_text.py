@@ -16,6 +16,25 @@ MESSAGE_KEPT = 16  # cells of an error's message a cut that keeps its place leav
 # step's name is what tells failures apart; its number and "failed" (the status beside it
 # says so) took a third of a narrow column. Every line of a list alike, cut or not.
 STEP_OPENING = re.compile(r"^\[step \d+/\d+\] (?:([^:]+?) failed: )?")
+# Characters shown of one line of a run's value, error or log message. A step that returned a
+# 20 MB string, or raised an error that quoted a response body, is one such line: the console
+# laid out every cell of it, frozen at full CPU for good, and a worker's log took it whole.
+LINE_CHARS = 2_000
+WHOLE = "blok-tui show --json has them"
+
+
+def cut_line(line: str, more: str = WHOLE) -> str:
+    """The line's first LINE_CHARS characters, then how many more there are (and `more`)."""
+    if len(line) <= LINE_CHARS:
+        return line
+    return f"{line[:LINE_CHARS]}… ({len(line) - LINE_CHARS:,} more characters{more and ': '}{more})"
+
+
+def cut_lines(text: str, more: str = WHOLE) -> str:
+    """`text` with each line cut to LINE_CHARS (`cut_line`)."""
+    if len(text) <= LINE_CHARS:
+        return text
+    return "\n".join(cut_line(line, more) for line in text.split("\n"))
 
 
 def one_line_keeping_where(text: str, width: int) -> str:

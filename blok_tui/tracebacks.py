@@ -11,6 +11,7 @@ from pathlib import Path
 from engine.origin import is_engine_frame, shown_path
 
 from .console import printable
+from .plain_text import cut_lines
 
 # The loader imports each workflow file as blok_workflows.<stem>_<8 hex digits>.
 _LOADED_MODULE = re.compile(r"\bblok_workflows\.[A-Za-z_][A-Za-z0-9_]*_[0-9a-f]{8}\.")
@@ -18,8 +19,9 @@ _FRAME = re.compile(r'^  File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<func
 
 
 def clean_error(text: str) -> str:
-    """An error line or message: printable, with loaded-module prefixes dropped."""
-    return _LOADED_MODULE.sub("", printable(text))
+    """An error line or message: printable, with loaded-module prefixes dropped, each line cut
+    to LINE_CHARS (an error that quoted a 5 MB response body froze the console)."""
+    return cut_lines(_LOADED_MODULE.sub("", printable(text)))
 
 
 def fold_traceback(text: str, *, cwd: Path | None = None) -> str:

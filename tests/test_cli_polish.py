@@ -665,3 +665,52 @@ async def test_runs_says_when_a_throttled_run_may_start_in_this_machines_time(
     [row_] = [line for line in listed.stdout.splitlines() if line.startswith(held.id)]
     assert "runs started in the last 20s; may start at " in row_, row_
     assert row_.endswith(held.run_at.astimezone().strftime("may start at %H:%M:%S")), row_
+
+
+def test_a_workers_log_line_is_cut_where_a_run_wrote_megabytes() -> None:
+    # A run's error that quoted a 5 MB response body went into the worker's log whole, one
+    # line a log shipper splits or drops; the run's record keeps it all.
+    import logging
+
+    from blok_tui.cli import _Printable
+
+    record = logging.LogRecord(
+        "blok.runs", logging.WARNING, __file__, 1, "failed: %s\nnext", ("z" * 10_000,), None
+    )
+    line = _Printable("%(message)s").format(record)
+    assert line == "failed: " + "z" * 1_992 + "… (8,008 more characters)\nnext"
+
+
+NOISY = """
+from engine import Step, WorkerTrigger, Workflow
+
+
+async def shout(ctx):
+    ctx.logger.info("body: %s", "y" * 100_000)
+    raise ValueError("bad row: " + "z" * 100_000)
+
+
+workflow = Workflow(name="noisy", trigger=WorkerTrigger(queue="noisy"), steps=[Step("shout", shout)])
+"""
+
+
+def test_a_runs_very_long_error_is_cut_by_the_commands_that_print_it(tmp_path: Path) -> None:
+    # `enqueue --wait` printed the whole error, `show` each of its copies, the worker's log it
+    # too: megabytes on a terminal. `show --json` keeps all of it.
+    from cli_helpers import serve
+
+    database, worker = serve(tmp_path, {"noisy.py": NOISY})
+    try:
+        failed = blok("enqueue", "noisy", "{}", "--wait", "--db", database)
+        assert failed.returncode == 1 and len(failed.stderr) < 3_000, len(failed.stderr)
+        assert "… (98,1" in failed.stderr and "more characters: blok-tui show --json has them)" in (
+            failed.stderr
+        )
+        run_id = failed.stderr.split()[3]
+        shown = blok("show", run_id, "--db", database)
+        assert shown.returncode == 0 and len(shown.stdout) < 12_000, len(shown.stdout)
+        whole = blok_json("show", run_id, "--json", "--db", database)
+        assert len(whole["error"]) > 100_000
+    finally:
+        assert worker.stop() == 0
+    assert max(len(line) for line in worker.stderr().splitlines()) < 2_200

@@ -11,13 +11,11 @@ from rich.text import Text
 from textual.widgets import Static
 
 from ..console import printable
+from ..plain_text import LINE_CHARS, cut_line
 
 FOLD = 40  # lines shown of a folded value
 UNFOLDED = 2_000  # lines shown at most of an unfolded one (a search reaches the rest)
 MATCHES = 200  # matching lines shown at most
-# Characters shown of one line: a step that returned a 20 MB string is one line, which
-# Textual laid out to the last cell, the console frozen for good.
-LINE_CHARS = 2_000
 
 
 class JsonView(Static):
@@ -47,7 +45,7 @@ class JsonView(Static):
             return self._matches(lines, search)
         cut = [line for line in lines if len(line) > LINE_CHARS]
         if cut:
-            lines = [_cut(line) for line in lines]
+            lines = [cut_line(line) for line in lines]
         note = _cut_note(cut)
         limit = FOLD if fold else UNFOLDED
         if len(lines) > limit:
@@ -78,7 +76,7 @@ class JsonView(Static):
             text.append(f"{n:>{width}}│ ", style="grey50")
             # A long line: from a little before its match.
             start = max(0, line.lower().find(needle) - 100) if len(line) > LINE_CHARS else 0
-            text.append(("…" if start else "") + _cut(line[start:]))
+            text.append(("…" if start else "") + cut_line(line[start:]))
             text.append("\n")
         text.highlight_words([search], style="reverse khaki1", case_sensitive=False)
         if not found:
@@ -87,14 +85,6 @@ class JsonView(Static):
         self.update(text)
         more = f", the first {MATCHES} shown" if len(found) > MATCHES else ""
         return f"{len(found):,} of {len(lines):,} lines match {_quoted(search)}{more}"
-
-
-def _cut(line: str) -> str:
-    """The line's first LINE_CHARS characters, and how many more there are."""
-    if len(line) <= LINE_CHARS:
-        return line
-    more = len(line) - LINE_CHARS
-    return f"{line[:LINE_CHARS]}… ({more:,} more characters: blok-tui show --json has them)"
 
 
 def _cut_note(cut: list[str]) -> str:

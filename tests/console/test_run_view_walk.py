@@ -60,6 +60,11 @@ def long_line(ctx: Any) -> dict[str, str]:
     return {"blob": "x" * 300_000 + "NEEDLE" + "x" * 300_000}
 
 
+def long_error(ctx: Any) -> None:
+    ctx.logger.info("body: %s", "y" * 300_000)
+    raise ValueError("bad row: " + "z" * 600_000)
+
+
 def takes_x(ctx: Any, x: int) -> int:
     return x
 
@@ -88,6 +93,11 @@ MANY = Workflow(
     steps=[Step(name, numbered(n)) for n, name in enumerate(LONG_NAMES)],
 )
 HUGE = Workflow(name="walk.huge", trigger=WorkerTrigger(queue="huge"), steps=[Step("big", huge)])
+LONG_ERROR = Workflow(
+    name="walk.long_error",
+    trigger=WorkerTrigger(queue="long_error"),
+    steps=[Step("shout", long_error)],
+)
 LONG_LINE = Workflow(
     name="walk.long_line", trigger=WorkerTrigger(queue="long_line"), steps=[Step("blob", long_line)]
 )
@@ -123,7 +133,18 @@ HOLDER = Workflow(
 
 @pytest.fixture
 async def engine() -> AsyncIterator[Engine]:
-    flows = [FAILING, GATEWAY, MANY, HUGE, LONG_LINE, WAITER, IMPATIENT, THEN_SHIP, HOLDER]
+    flows = [
+        FAILING,
+        GATEWAY,
+        MANY,
+        HUGE,
+        LONG_LINE,
+        LONG_ERROR,
+        WAITER,
+        IMPATIENT,
+        THEN_SHIP,
+        HOLDER,
+    ]
     async with Engine(workflows=flows, grace_period=0.5) as engine:
         yield engine
 
@@ -437,6 +458,24 @@ async def test_an_output_of_one_very_long_line_is_cut_and_a_search_finds_inside_
         await settled(pilot)
         found = text_of(screen.query_one("#step-output", Static), width=140)
         assert "NEEDLE" in found and "…xxx" in found and len(found) < 4_000, found[:300]
+
+
+async def test_a_very_long_error_and_log_line_are_cut_where_the_run_view_shows_them(
+    engine: Engine,
+) -> None:
+    # An error that quoted a 5 MB response body froze the console as a long output did.
+    run = await _ended(engine, "long_error")
+    app = BlokApp(engine)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await settled(pilot)
+        screen = await _open(pilot, run.id)
+        for shown in ("#run-header", "#step-title", "#step-log"):
+            text = text_of(screen.query_one(shown, Static), width=140)
+            assert len(text) < 5_000, (shown, len(text))
+        log = text_of(screen.query_one("#step-log", Static), width=140)
+        assert "… (298,006 more characters" in log, log[-300:]
+        attempts = "".join(line.strip() for line in shown_lines(screen.query_one(AttemptsView)))
+        assert len(attempts) < 10_000 and "morecharacters:" in attempts.replace(" ", "")
 
 
 async def test_tab_skips_a_run_log_with_nothing_to_scroll(engine: Engine) -> None:
