@@ -46,6 +46,7 @@ def one_line_keeping_where(text: str, width: int) -> str:
     is cut as anywhere else."""
     from rich.cells import cell_len  # here: `blok-tui --version` needs no table
 
+    text = opening_and_end(text, width)
     line = STEP_OPENING.sub(lambda m: f"{m[1]}: " if m[1] else "", " ".join(text.split()), 1)
     found = PLACE.search(line)
     if cell_len(line) <= width or found is None:
@@ -65,10 +66,24 @@ def one_line(text: str, width: int) -> str:
     or an emoji takes two cells, so a cut by characters made such a cell twice as wide."""
     from rich.cells import cell_len, set_cell_size  # here: `blok-tui --version` needs no table
 
-    line = " ".join(text.split())
-    if cell_len(line) <= width:
+    cut = len(text) > _head(width)
+    line = " ".join(text[: _head(width)].split())  # not the cells of a 5 MB error each refresh
+    if not cut and cell_len(line) <= width:
         return line
     return set_cell_size(line, width - 1).rstrip() + "…"
+
+
+def opening_and_end(text: str, width: int) -> str:
+    """A text too long for any cut to `width` cells to read all of (a 5 MB error): its
+    opening and its end (where an error says its place), all such a cut shows; else `text`."""
+    head = _head(width)
+    return f"{text[:head]} … {text[-head:]}" if len(text) > head * 2 else text
+
+
+def _head(width: int) -> int:
+    """Characters of a text enough to fill `width` cells, runs of whitespace made one aside:
+    what a cut to `width` reads of a text that may be megabytes long."""
+    return 4 * width + 64
 
 
 def wrapped(line: str, width: int | None, hang: int) -> list[str]:

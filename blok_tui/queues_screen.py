@@ -21,7 +21,7 @@ from .base_screen import Changes, RowFilterScreen
 from .console import count, day_time, printable, short_ids, status_text
 from .jobs import RETRIED_AFTER, one_per_job, then_text
 from .phrases import Phrase, fitted, phrase
-from .plain_text import one_line_keeping_where
+from .plain_text import one_line_keeping_where, opening_and_end
 from .queue_counts import QueueCounts, read_queue_counts
 from .widgets import FilterInput, sparkline
 from .widgets.row_table import Column, RowTable
@@ -228,10 +228,11 @@ class QueuesScreen(RowFilterScreen):
             text.append(f" {printable(run.workflow_name):<18.18} ", style="bold")
             text.append(f"{short[run.id]:<{width}}  ", style="grey62")
             text.append_text(job_note(run, jobs.get(run.job_id)))
-            error = printable(run.error.splitlines()[0]) if run.error else ""
             # Cut here, keeping its place at the end: the line's own cut took the file first.
-            room = self.line_width - cell_len(text.plain[text.plain.rfind("\n") + 1 :])
-            text.append(one_line_keeping_where(error, max(room, 1)), style="red1")
+            room = max(self.line_width - cell_len(text.plain[text.plain.rfind("\n") + 1 :]), 1)
+            first = (run.error or "").partition("\n")[0]  # not a copy of each line of 5 MB
+            error = printable(opening_and_end(first, room))
+            text.append(one_line_keeping_where(error, room), style="red1")
             if n < len(runs) - 1:
                 text.append("\n")
         if not runs:

@@ -714,3 +714,30 @@ def test_a_runs_very_long_error_is_cut_by_the_commands_that_print_it(tmp_path: P
     finally:
         assert worker.stop() == 0
     assert max(len(line) for line in worker.stderr().splitlines()) < 2_200
+
+
+def test_a_very_long_error_is_cut_to_a_line_without_measuring_all_of_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The queues view's recent failures measured every cell of each 5 MB error at every
+    # refresh: the console at full CPU while it showed them.
+    import rich.cells
+
+    from blok_tui.plain_text import one_line, one_line_keeping_where
+
+    measured: list[int] = []
+    real = rich.cells.cell_len
+    monkeypatch.setattr(
+        rich.cells, "cell_len", lambda text: measured.append(len(text)) or real(text)
+    )
+    place = " (at workflows/noisy.py:6)"
+    error = "[step 1/1] shout failed: bad row: " + "z" * 5_000_000 + place
+    short = "[step 1/1] shout failed: bad row: " + "z" * 100 + place
+    assert one_line_keeping_where(error, 60) == one_line_keeping_where(short, 60)
+    assert one_line_keeping_where(error, 60).endswith("z…" + place)
+    assert (
+        one_line(error, 60)
+        == one_line(short, 60)
+        == "[step 1/1] shout failed: bad row: " + "z" * 25 + "…"
+    )
+    assert measured and max(measured) < 1_000, max(measured)
