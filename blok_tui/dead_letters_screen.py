@@ -22,6 +22,8 @@ from .bulk import BulkPlan
 from .confirm_screen import ConfirmScreen
 from .console import day_time, printable, short_ids
 from .jobs import budget_words
+from .plain_text import opening_and_end
+from .tracebacks import clean_error
 from .widgets import FilterInput
 from .widgets.row_table import Column, RowTable
 
@@ -131,7 +133,7 @@ class DeadLettersScreen(RowFilterScreen):
             # Which order it was: what an operator weighs before a requeue or a discard.
             text.append("input ", style="grey62")
             text.append(f"{printable(_input(job)[:INPUT_CHARS])}\n")
-            text.append(printable(job.error or "no error recorded"), style="red1")
+            text.append(clean_error(job.error or "no error recorded"), style="red1")
             fixed = self.replayed_of(job)
             if fixed is not None:  # a replay fixed it: the list had not said so
                 text.append(f"\n{printable(fixed)}: a requeue runs it again", style="khaki1")
@@ -290,7 +292,9 @@ class DeadLettersScreen(RowFilterScreen):
 
 
 def _one_line(error: str) -> str:
-    """A multi-line error on one table line: its lines joined, the table cuts the rest."""
+    """A multi-line error on one table line: its lines joined, the table cuts the rest (of a 5
+    MB error, what a line of the widest terminal shows)."""
+    error = opening_and_end(error, 500)
     return " ⏎ ".join(line.strip() for line in error.strip().splitlines() if line.strip())
 
 

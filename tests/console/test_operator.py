@@ -618,6 +618,26 @@ async def test_no_dead_letters_is_said_in_one_line_of_an_80_column_terminal(
         assert lines == ["0 dead letters on doomed   every job finished or is still trying"]
 
 
+async def test_a_dead_letters_very_long_error_is_cut_where_the_view_shows_it() -> None:
+    # An error quoting a 5 MB body: the view laid out all of it under the table, seconds at
+    # full CPU each time the selection came to it.
+    def shout(ctx: object) -> None:
+        raise ValueError("bad row: " + "z" * 300_000)
+
+    noisy = Workflow(name="noisy", trigger=WorkerTrigger(queue="noisy"), steps=[Step("s", shout)])
+    async with Engine(workflows=[noisy]) as engine:
+        await engine.wait_for_job(await engine.enqueue("noisy", {}), timeout=10)
+        app = BlokApp(engine)
+        async with app.run_test(size=SIZE) as pilot:
+            await settled(pilot)
+            await command(pilot, "dlq noisy")
+            detail = app.screen.query_one("#dlq-detail", Static)
+            await until(pilot, lambda: "more characters" in text_of(detail))
+            assert len(text_of(detail)) < 5_000
+            table = app.screen.query_one(RowTable)
+            assert len(table.cell(table.keys[0], "error").plain) < 5_000
+
+
 async def test_dead_letters_made_together_show_ids_that_tell_them_apart(
     engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
