@@ -21,7 +21,7 @@ _FRAME = re.compile(r'^  File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<func
 def clean_error(text: str) -> str:
     """An error line or message: printable, with loaded-module prefixes dropped, each line cut
     to LINE_CHARS (an error that quoted a 5 MB response body froze the console)."""
-    return cut_lines(_LOADED_MODULE.sub("", printable(text)))
+    return _LOADED_MODULE.sub("", printable(cut_lines(text)))  # cut first: 5 MB, once
 
 
 def fold_traceback(text: str, *, cwd: Path | None = None) -> str:
