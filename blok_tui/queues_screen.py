@@ -5,6 +5,7 @@ letters; p pauses or resumes it."""
 
 from __future__ import annotations
 
+import time
 from datetime import datetime
 from typing import ClassVar
 
@@ -57,6 +58,9 @@ DEAD_HINT = "out of retries: counted as dead, not failed · d lists them"
 FAILURES_SHOWN = 6  # jobs in "recent failures"
 ERRORS_WINDOW_S = 180.0  # the errors column: failed runs this recent (the sparkline's 3 min)
 FAILURES_READ = 40  # failed runs read to find them (a job may have failed several times)
+# The failed runs are read again when the engine tells of a change, else at most this often:
+# the view's tick each second read 40 whole records (each 25 MB where errors quoted a body).
+FAILURES_EVERY_S = 10.0
 
 
 def _right(value: str, style: str = "") -> Text:
@@ -77,6 +81,9 @@ class QueuesScreen(RowFilterScreen):
         self.counts: dict[str, QueueCounts] = {}
         self.errors: dict[str, int] = {}  # runs failed in the last ERRORS_WINDOW_S, per queue
         self.shown = 0  # queues the filter leaves in the table
+        self.failures: list[Run] = []  # the recent failures as last read, one per job
+        self.failures_read_at: float | None = None  # time.monotonic() of that read
+        self.failures_stale = True  # a change the engine told of since that read
 
     @property
     def crumb(self) -> str:
@@ -114,11 +121,16 @@ class QueuesScreen(RowFilterScreen):
         workers = await self.engine.workers()
         states = {w.id: self.engine.worker_state(w) for w in workers}
         splits = await self.engine.version_splits()
-        failed = await self.engine.runs(status=sorted(RETRIED_AFTER), limit=FAILURES_READ)
-        # When each failed, newest first: listed by their starts, a crash found at 18:08:28
-        # read 18:08:17, and the lines came out of order.
-        failures = sorted(one_per_job(failed).runs, key=_failed_at, reverse=True)
-        failures = failures[:FAILURES_SHOWN]
+        read_at = self.failures_read_at
+        if self.failures_stale or read_at is None or time.monotonic() - read_at > FAILURES_EVERY_S:
+            self.failures_stale = False  # before the read: a change during it reads again
+            self.failures_read_at = time.monotonic()
+            failed = await self.engine.runs(status=sorted(RETRIED_AFTER), limit=FAILURES_READ)
+            # When each failed, newest first: listed by their starts, a crash found at
+            # 18:08:28 read 18:08:17, and the lines came out of order.
+            failures = sorted(one_per_job(failed).runs, key=_failed_at, reverse=True)
+            self.failures = failures[:FAILURES_SHOWN]
+        failures = self.failures
         jobs = await self.blok.jobs.read(self.engine, (run.job_id for run in failures))
         # Everything read first, then drawn at once: the view may be gone after any await.
         if self.closing:
@@ -250,6 +262,7 @@ class QueuesScreen(RowFilterScreen):
 
     def engine_changed(self, changes: Changes) -> None:
         if changes:
+            self.failures_stale |= bool(changes.runs) or changes.everything
             self.request_reload()
 
     def tick(self) -> None:

@@ -386,3 +386,32 @@ async def test_the_clock_ticking_while_the_app_closes_is_harmless(engine: Engine
             await asyncio.sleep(0)
         await closing
         await engine.cancel(slow_id)
+
+
+async def test_the_queues_view_reads_the_failures_again_on_a_change_not_each_second(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each second's tick read the 40 newest failed runs whole: with errors that quoted a
+    # response body, 25 MB a run, the idle console used a third of a core.
+    from blok_tui.queues_screen import FAILURES_READ
+
+    reads: list[int] = []
+    runs = engine.runs
+
+    async def counted(*args: object, **kwargs: object) -> object:
+        reads.append(kwargs.get("limit") == FAILURES_READ)
+        return await runs(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine, "runs", counted)
+    app = BlokApp(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await settled(pilot)
+        before = reads.count(True)
+        for _ in range(5):
+            await app._tick()
+            await settled(pilot)
+        assert reads.count(True) == before
+        run = await engine.wait_for_job(await engine.enqueue("broken", {}), timeout=10)
+        failures = app.screen.query_one("#failures", Static)
+        await until(pilot, lambda: run.id[4:12] in text_of(failures))  # told by its events
+        assert reads.count(True) > before
