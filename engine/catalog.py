@@ -215,6 +215,8 @@ class Catalog:
             path = Path(source)
             if not path.exists():
                 raise EngineError(f"{path}: no such workflows folder or file")
+            if path.is_file() and path.suffix != ".py":
+                raise EngineError(f"{path}: not a workflow file (a folder of them, or one .py)")
             # Oldest first: of two files that clash, the one that was there first is kept, at
             # a start as at a hot reload (which keeps the loaded one and refuses the newcomer).
             # By name, a restart served the file the reload had refused.

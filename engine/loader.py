@@ -236,9 +236,10 @@ def _refuse_missing(path: Path, tree: ast.Module, names: dict[str, object]) -> N
             held.append((key, "a list of Workflow", "workflows"))
     said = "defines neither `workflow` nor `workflows`"
     if not held:
-        raise WorkflowLoadError(
-            path, None, f"{said} (a helper module? name it _{path.name.lstrip('_')})"
-        )
+        hint = f"a helper module? name it _{path.name}"
+        if path.name.startswith("_"):  # given on its own: a helper already
+            hint = "a helper module: give the workflow file that imports it, or their folder"
+        raise WorkflowLoadError(path, None, f"{said} ({hint})")
     lines = {key: _binding_lines(tree, key) for key, _, _ in held}
     shown = [f"`{key}`" + (f", line {lines[key][-1]}" if lines[key] else "") for key, _, _ in held]
     key, what, wanted = held[0]

@@ -416,6 +416,22 @@ async def test_a_workflow_under_another_name_is_named_with_its_line(tmp_path: Pa
     }
 
 
+async def test_a_helper_or_a_file_not_python_given_alone_is_said_to_be_one(tmp_path: Path) -> None:
+    # `--workflows workflows/_pricing.py` said "(a helper module? name it _pricing.py)", of a
+    # file named so; `--workflows notes.txt` ran the text file as Python.
+    helper = write(tmp_path, "_pricing.py", "def price(amount):\n    return amount * 100\n")
+    async with Engine(workflows=helper) as engine:
+        assert engine.reload_errors == {
+            str(helper): f"{helper}: defines neither `workflow` nor `workflows` (a helper "
+            "module: give the workflow file that imports it, or their folder)"
+        }
+    notes = write(tmp_path, "notes.txt", "print('ran')\n")
+    with pytest.raises(EngineError) as refused:
+        async with Engine(workflows=notes):
+            pass
+    assert str(refused.value) == f"{notes}: not a workflow file (a folder of them, or one .py)"
+
+
 # ---- a syntax error says its place once ------------------------------------------------------
 async def test_a_syntax_error_names_its_line_once(tmp_path: Path) -> None:
     key = write(tmp_path, "syntax.py", "import os\n\n\nvalues = {'a': 1\n")
