@@ -69,6 +69,12 @@ def parse(expr: str) -> list[str]:
             f"expression {expr!r} starts with {parts[0]!r}; it must start with one of "
             + ", ".join(f"$.{root}" for root in ROOTS)
             + did_you_mean(parts[0], ROOTS, prefix="$.")
+            # `$.item` is the natural guess inside a for_each: say where the item is.
+            + (
+                f" (a for_each's {parts[0]} is $.state.<its name>.{parts[0]})"
+                if parts[0] in ("item", "index")
+                else ""
+            )
         )
     _check_known(expr, parts)
     return parts

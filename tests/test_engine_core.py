@@ -811,6 +811,11 @@ def test_definitions_are_checked_with_names() -> None:
         WorkflowDefinitionError, match=r"must start with one of .*; did you mean '\$\.body'\?$"
     ):
         Step("c", node, inputs={"x": "$.bdy.x"})
+    # Inside a for_each, `$.item` is the natural guess: where the item is, said.
+    with pytest.raises(
+        WorkflowDefinitionError, match=r"\(a for_each's item is \$\.state\.<its name>\.item\)$"
+    ):
+        Step("c", node, inputs={"x": "$.item"})
     # The earlier steps in their order, not the alphabet's.
     with pytest.raises(
         WorkflowDefinitionError, match=r"earlier steps: check, charge\); did you mean 'charge'\?$"
