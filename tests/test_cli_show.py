@@ -574,3 +574,59 @@ def test_on_a_terminal_long_lines_wrap_between_words_under_their_values() -> Non
     # The step's note is cut to the room its row leaves, the row on one line.
     row = next(line for line in lines if line.startswith("deliver  failed"))
     assert row.endswith("…") and len(row) <= 80
+
+
+def _warehouse(ctx: object, item: int) -> int:
+    if item == 20:
+        raise LookupError("no such warehouse")
+    return item
+
+
+def test_a_long_for_each_shows_its_first_and_last_iterations_and_those_that_failed() -> None:
+    # A for_each of 2,000 items printed 4,000 lines of "iteration N: square completed".
+    from engine import Step, WorkerTrigger, Workflow, for_each, try_catch
+
+    guarded = try_catch(
+        "safe",
+        try_=[Step("risky", _warehouse, inputs={"item": "$.state.each.item"})],
+        catch=[Step("recover", lambda ctx: 1)],
+    )
+    flow = Workflow(
+        name="fold",
+        trigger=WorkerTrigger(queue="fold"),
+        steps=[for_each("each", "$.body.items", steps=[guarded])],
+    )
+
+    async def ran() -> Run:
+        async with Engine(workflows=[flow]) as engine:
+            job = await engine.enqueue("fold", {"items": list(range(1, 41))})
+            return await engine.wait_for_job(job, timeout=10)
+
+    run = anyio.run(ran)
+    lines = [line.rstrip() for line in run_text(run, datetime.now(UTC)).splitlines()]
+    groups = [
+        line.split()[0:3] for line in lines if line.startswith("  ") and not line.startswith("    ")
+    ]
+    assert groups == [
+        ["iteration", "1:"],
+        ["iteration", "2:"],
+        ["iteration", "3:"],
+        ["…", "16", "more"],
+        ["iteration", "20:"],
+        ["…", "18", "more"],
+        ["iteration", "39:"],
+        ["iteration", "40:"],
+    ]
+    folded = next(line for line in lines if "16 more" in line)
+    assert folded.split() == [
+        "…",
+        "16",
+        "more",
+        "completed",
+        "iteration",
+        "4",
+        "to",
+        "iteration",
+        "19",
+    ]
+    assert any(line.split()[:2] == ["risky", "failed"] for line in lines)
