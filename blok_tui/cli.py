@@ -244,8 +244,13 @@ def _duration_arg(text: str) -> str:
     try:
         parse_duration(text)
     except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
+        raise _duration_error(error) from None
     return text
+
+
+def _duration_error(error: ValueError) -> argparse.ArgumentTypeError:
+    """The engine's word on a bad duration, without what only Python can give (a timedelta)."""
+    return argparse.ArgumentTypeError(str(error).replace(", or a timedelta", ""))
 
 
 def _timeout_arg(text: str) -> str:
@@ -256,7 +261,7 @@ def _timeout_arg(text: str) -> str:
     try:
         ms = parse_duration(text)
     except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
+        raise _duration_error(error) from None
     if ms < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1ms, not {text!r}")
     return text
@@ -269,7 +274,7 @@ def _positive_ms(text: str) -> float:
     try:
         ms = parse_duration(text)
     except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
+        raise _duration_error(error) from None
     if ms <= 0:
         raise argparse.ArgumentTypeError(f"must be more than 0, not {text!r}")
     return ms

@@ -257,7 +257,12 @@ BAD_ENQUEUE_OPTIONS = [
     (["--timeout", "0s"], "argument --timeout: must be at least 1ms, not '0s'"),
     (["--timeout", "0.4ms"], "argument --timeout: must be at least 1ms, not '0.4ms'"),
     (["--timeout=-1s"], "argument --timeout: duration '-1s' is negative"),
-    (["--timeout", "soon"], "argument --timeout: cannot parse duration 'soon'"),
+    # What a command line can give: not "or a timedelta", which only Python can.
+    (
+        ["--timeout", "soon"],
+        "argument --timeout: cannot parse duration 'soon': use milliseconds, a string like "
+        "'250ms', '5s', '2m', '1h', '1d' (see",
+    ),
     (["--delay=-1s"], "argument --delay: duration '-1s' is negative"),
     (["--delay", "99999999d"], "argument --delay: duration '99999999d' is longer than"),
     (["--priority", "1.5"], "argument --priority: not a whole number: '1.5'"),
