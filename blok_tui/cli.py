@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 # No `engine` (nor anyio, nor Textual) at the top: `blok-tui --version` and `--help` answer
 # without loading the engine (0.4 s); each command imports what it uses.
 from .hangup import stop_signals
-from .plain_text import columns, cut_lines, fit_table, wrapped
+from .plain_text import columns, cut_lines, fit_table, typed_duration, wrapped
 from .queue_counts import COUNTED, read_queue_counts
 
 if TYPE_CHECKING:
@@ -249,8 +249,8 @@ def _duration_arg(text: str) -> str:
 
 
 def _duration_error(error: ValueError) -> argparse.ArgumentTypeError:
-    """The engine's word on a bad duration, without what only Python can give (a timedelta)."""
-    return argparse.ArgumentTypeError(str(error).replace(", or a timedelta", ""))
+    """A bad duration's usage error, in the words a command line can act on."""
+    return argparse.ArgumentTypeError(typed_duration(error))
 
 
 def _timeout_arg(text: str) -> str:

@@ -26,6 +26,7 @@ from engine import EngineError, EventSent, Run, WorkflowInfo, parse_duration
 from engine.api import EngineAPI
 
 from .payload_template import missing_fields, null_fields, template_text
+from .plain_text import typed_duration
 
 TINY = 24  # lines under which the modal's fields and buttons go without borders
 
@@ -265,7 +266,7 @@ class InjectScreen(ModalScreen[str | None]):
             try:
                 parse_duration(delay_text)
             except ValueError as error:
-                problem = f"delay: {error}"
+                problem = f"delay: {typed_duration(error)}"
         info = self.workflows.get(str(queue))
         if self.replay_of is not None and (
             info is None or info.name != self.replay_of.workflow_name

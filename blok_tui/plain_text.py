@@ -23,6 +23,12 @@ LINE_CHARS = 2_000
 WHOLE = "blok-tui show --json has them"
 
 
+def typed_duration(error: ValueError) -> str:
+    """The engine's word on a bad duration typed in (a command line, the inject form), without
+    what only Python can give ("or a timedelta")."""
+    return str(error).replace(", or a timedelta", "")
+
+
 def cut_line(line: str, more: str = WHOLE) -> str:
     """The line's first LINE_CHARS characters, then how many more there are (and `more`)."""
     if len(line) <= LINE_CHARS:

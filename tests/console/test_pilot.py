@@ -9,7 +9,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from textual.widgets import Static, TextArea
+from textual.widgets import Input, Static, TextArea
 
 from blok_tui.actions import ActionCommands
 from blok_tui.app import BlokApp
@@ -120,6 +120,13 @@ async def test_inject_refuses_bad_json_in_the_modal_then_sends(engine: Engine) -
         assert app.screen is modal
         assert await engine.count_runs() == 0
         modal.query_one(TextArea).text = '{"order_id": "B7"}'
+        # A delay the form cannot take says what to type (not "or a timedelta").
+        modal.query_one("#delay", Input).value = "soon"
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        problem = text_of(modal.query_one("#problem", Static))
+        assert problem.strip().endswith("'1h', '1d'") and "timedelta" not in problem, problem
+        modal.query_one("#delay", Input).value = ""
         await pilot.press("ctrl+s")
         await until(pilot, lambda: not isinstance(app.screen, InjectScreen))
         runs = await engine.runs(queue="quick")
