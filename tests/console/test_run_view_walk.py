@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import pytest
@@ -167,15 +167,22 @@ async def _open(pilot: Pilot[Any], run_id: str) -> RunScreen:
 
 
 @asynccontextmanager
-async def _many_open(
-    engine: Engine, size: tuple[int, int] = (140, 40)
+async def _ended_open(
+    engine: Engine, queue: str, size: tuple[int, int] = (140, 40)
 ) -> AsyncIterator[tuple[Pilot[Any], RunScreen]]:
-    """A run of thirty long-named steps that ended, open in a console of `size`."""
-    run = await _ended(engine, "many")
+    """A run of the queue's workflow that ended, open in a console of `size`."""
+    run = await _ended(engine, queue)
     app = BlokApp(engine)
     async with app.run_test(size=size) as pilot:
         await settled(pilot)
         yield pilot, await _open(pilot, run.id)
+
+
+def _many_open(
+    engine: Engine, size: tuple[int, int] = (140, 40)
+) -> AbstractAsyncContextManager[tuple[Pilot[Any], RunScreen]]:
+    """A run of thirty long-named steps that ended, open in a console of `size`."""
+    return _ended_open(engine, "many", size)
 
 
 def _highlight_in_view(rail: StepRail) -> bool:
@@ -441,11 +448,7 @@ async def test_an_output_of_one_very_long_line_is_cut_and_a_search_finds_inside_
 ) -> None:
     # A step that returned a 20 MB string: the run view laid out every cell of its one line,
     # the console frozen at full CPU for good.
-    run = await _ended(engine, "long_line")
-    app = BlokApp(engine)
-    async with app.run_test(size=(140, 40)) as pilot:
-        await settled(pilot)
-        screen = await _open(pilot, run.id)
+    async with _ended_open(engine, "long_line") as (pilot, screen):
         title = text_of(screen.query_one("#output-title", Static))
         assert "a line cut to 2,000 of its 600,018 characters" in title, title
         output = text_of(screen.query_one("#step-output", Static), width=140)
@@ -464,11 +467,7 @@ async def test_a_very_long_error_and_log_line_are_cut_where_the_run_view_shows_t
     engine: Engine,
 ) -> None:
     # An error that quoted a 5 MB response body froze the console as a long output did.
-    run = await _ended(engine, "long_error")
-    app = BlokApp(engine)
-    async with app.run_test(size=(140, 40)) as pilot:
-        await settled(pilot)
-        screen = await _open(pilot, run.id)
+    async with _ended_open(engine, "long_error") as (_, screen):
         for shown in ("#run-header", "#step-title", "#step-log"):
             text = text_of(screen.query_one(shown, Static), width=140)
             assert len(text) < 5_000, (shown, len(text))
