@@ -1103,7 +1103,7 @@ class _Printable(logging.Formatter):
     and each line cut to LINE_CHARS: a run's 5 MB error went into the worker's log whole."""
 
     def format(self, record: logging.LogRecord) -> str:
-        return cut_lines(printable(super().format(record)), more="")
+        return printable(cut_lines(super().format(record), more=""))
 
 
 class _OneLine(logging.Formatter):
