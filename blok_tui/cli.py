@@ -1460,7 +1460,9 @@ def _table(
                 printable(run.worker or "-"),
                 created_at,
                 format_duration(duration) if duration is not None else "-",
-                f"orphaned: {orphan}" if orphan is not None else printable(_why(run, now) or ""),
+                f"orphaned: {orphan}"
+                if orphan is not None
+                else printable(cut_lines(_why(run, now) or "")),  # not 5 MB a row
             )
         )
     if len(rows) == 1:
@@ -2050,7 +2052,7 @@ def _print_dead(queue: str, jobs: Sequence[Any]) -> None:
                 printable(job.run_id),
                 str(job.deliveries),
                 died,
-                printable(job.error or ""),
+                printable(cut_lines(job.error or "")),
             )
         )
     if not jobs:

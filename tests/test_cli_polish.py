@@ -709,6 +709,10 @@ def test_a_runs_very_long_error_is_cut_by_the_commands_that_print_it(tmp_path: P
         run_id = failed.stderr.split()[3]
         shown = blok("show", run_id, "--db", database)
         assert shown.returncode == 0 and len(shown.stdout) < 12_000, len(shown.stdout)
+        for listing in (("runs",), ("dead", "noisy")):  # into a pipe: each row one line
+            listed = blok(*listing, "--db", database)
+            assert listed.returncode == 0 and len(listed.stdout) < 3_000, len(listed.stdout)
+            assert "more characters: blok-tui show --json has them)" in listed.stdout
         whole = blok_json("show", run_id, "--json", "--db", database)
         assert len(whole["error"]) > 100_000
     finally:
