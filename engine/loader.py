@@ -202,6 +202,8 @@ def _defined_workflows(path: Path, tree: ast.Module, names: dict[str, object]) -
             )
     name = "workflows" if "workflows" in names else "workflow"
     if name not in names:
+        if not _held(names) and _imported_beside(path):
+            return []  # a helper module not named `_x.py`: a workflow file beside it imports it
         _refuse_missing(path, tree, names)
     found = names[name]
     if isinstance(found, Workflow):
@@ -221,9 +223,9 @@ def _defined_workflows(path: Path, tree: ast.Module, names: dict[str, object]) -
     raise WorkflowLoadError(path, bound[-1] if bound else None, problem)
 
 
-def _refuse_missing(path: Path, tree: ast.Module, names: dict[str, object]) -> NoReturn:
-    """A file that defines neither name: say where its workflows are if it has some under
-    other names (`wf = Workflow(...)`), else that a helper module's name starts with `_`."""
+def _held(names: dict[str, object]) -> list[tuple[str, str, str]]:
+    """The names a module holds workflows in, other than `workflow` and `workflows`: (name,
+    what it holds, the name it should have)."""
     held = []
     for key, value in names.items():
         if isinstance(value, Workflow):
@@ -234,6 +236,33 @@ def _refuse_missing(path: Path, tree: ast.Module, names: dict[str, object]) -> N
             and all(isinstance(item, Workflow) for item in value)
         ):
             held.append((key, "a list of Workflow", "workflows"))
+    return held
+
+
+def _imported_beside(path: Path) -> bool:
+    """Whether another .py file in the folder imports the file as a module (`import pricing`,
+    `from pricing import price`): a helper, whatever its name."""
+    for other in path.parent.glob("*.py"):
+        if other == path:
+            continue
+        try:
+            tree = ast.parse(other.read_bytes())
+        except (OSError, SyntaxError, ValueError):
+            continue  # its own error is said where it loads
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import) and any(
+                alias.name.split(".")[0] == path.stem for alias in node.names
+            ):
+                return True
+            if isinstance(node, ast.ImportFrom) and not node.level and node.module == path.stem:
+                return True
+    return False
+
+
+def _refuse_missing(path: Path, tree: ast.Module, names: dict[str, object]) -> NoReturn:
+    """A file that defines neither name: say where its workflows are if it has some under
+    other names (`wf = Workflow(...)`), else that a helper module's name starts with `_`."""
+    held = _held(names)
     said = "defines neither `workflow` nor `workflows`"
     if not held:
         hint = f"a helper module? name it _{path.name}"
@@ -242,7 +271,7 @@ def _refuse_missing(path: Path, tree: ast.Module, names: dict[str, object]) -> N
         raise WorkflowLoadError(path, None, f"{said} ({hint})")
     lines = {key: _binding_lines(tree, key) for key, _, _ in held}
     shown = [f"`{key}`" + (f", line {lines[key][-1]}" if lines[key] else "") for key, _, _ in held]
-    key, what, wanted = held[0]
+    _, what, wanted = held[0]
     if len(held) == 1:
         hint = f"it has {what} in {shown[0]}: name it `{wanted}`"
     else:

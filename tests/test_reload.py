@@ -366,6 +366,26 @@ async def test_a_workflow_file_another_imports_reloads_its_importer_too(
         assert run.output == {"label": "v2"}
 
 
+async def test_a_helper_not_named_with_an_underscore_is_a_helper_once_a_workflow_imports_it(
+    folder: Path, tmp_path: Path, gates: Gates
+) -> None:
+    # `pricing.py` beside the workflow that imports it: "defines neither `workflow` nor
+    # `workflows` (a helper module? name it _pricing.py)" in a red banner for good.
+    helper = folder / "pricing.py"
+    helper.write_text("PRICE = 10\n")
+    file = folder / "orders.py"
+    file.write_text(flow_source("", header="import pricing"))
+    file.write_text(file.read_text().replace("LABEL = ''", "LABEL = pricing.PRICE"))
+    async with running(folder, tmp_path / "blok.db") as (engine, events):
+        assert engine.reload_errors == {}
+        run = await engine.wait_for_job(await engine.enqueue("orders", {}), timeout=TIMEOUT)
+        assert run.output == {"label": 10}
+        helper.write_text("PRICE = 20\n")
+        await events.reloaded(file.resolve())
+        run = await engine.wait_for_job(await engine.enqueue("orders", {}), timeout=TIMEOUT)
+        assert (run.output, engine.reload_errors) == ({"label": 20}, {})
+
+
 async def test_a_helpers_edit_says_only_the_workflows_it_changed(
     folder: Path, tmp_path: Path, gates: Gates, caplog: pytest.LogCaptureFixture
 ) -> None:
