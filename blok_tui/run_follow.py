@@ -80,6 +80,12 @@ class RunFollower:
         new = [moment for moment in moments(run) if moment.key not in self.told]
         self.told.update(moment.key for moment in new)
         status = str(run.status)
+        went_on = status not in _UNSTARTED and status != "running"
+        if self.status in _UNSTARTED and went_on and run.started_at is not None:
+            # It started and went on (to a wait, or its end) between two reads: its start, and
+            # the worker it ran on, are news still ("run queued", then its steps, said neither).
+            worker = f" on {run.worker}" if run.worker else ""
+            new.insert(0, Moment(run.started_at, ("started",), f"run running{worker}"))
         if status != self.status:
             self.status = status
             told = Moment(_status_moment(run, now), ("status",), _status_text(run))
@@ -260,6 +266,11 @@ def _step_end(step: StepRun, name: str, fallback: datetime) -> Moment | None:
 def _log_moment(ts: datetime, level: str, name: str, message: str, index: int | None) -> Moment:
     key: Key = ("log", index, ts, level, message)
     return Moment(ts, key, f"{level:<7}  {name or '-'}  {message}")
+
+
+# The statuses of a run no worker has started: the follower has told no start yet (None: it
+# has read nothing of the run).
+_UNSTARTED: frozenset[str | None] = frozenset({None, "queued", "delayed", "throttled", "debounced"})
 
 
 def _status_moment(run: Run, now: datetime) -> datetime:

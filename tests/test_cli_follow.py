@@ -350,3 +350,20 @@ def test_news_never_goes_back_in_time_after_a_line_stamped_when_read() -> None:
     )
     assert follower.news(run, read) == ["12:00:00.532  info     fetch  late"]
     assert follower.after().line(T0, "next") == "12:00:00.532  next"
+
+
+def test_news_tells_a_start_that_went_on_to_a_wait_between_two_reads() -> None:
+    """Queued at one read, waiting at the next: "run queued", its steps, "run waiting", and
+    never the start nor the worker it ran on (PostgreSQL's follower read it so)."""
+    run = _run()
+    run.status, run.started_at, run.worker = RunStatus.QUEUED, None, None
+    follower = RunFollower(tz=UTC)
+    follower.know(run)
+    run.status, run.started_at, run.worker = RunStatus.WAITING, T0, "vm:1:aa"
+    run.steps[0].status = StepStatus.WAITING
+    assert follower.news(run, T0 + timedelta(seconds=1)) == [
+        "12:00:00.000  run running on vm:1:aa",
+        "12:00:00.000  fetch waiting",
+        "12:00:01.000  run waiting",
+    ]
+    assert follower.news(run, T0 + timedelta(seconds=2)) == []  # said once
