@@ -389,11 +389,10 @@ class Ledger:
         run.logs.append(line)
         self._notes.setdefault(run.id, []).append(line)
         if level == "error":  # its job to the dead-letter queue: said by the run's end line,
-            # with the job's id, which `requeue` and `discard` take ("… (no retries: job_… moved")
+            # the job's id before its "moved", which `requeue` and `discard` take ("… (no
+            # retries: job_… moved …", "… (job_… moved to the dead-letter queue, not retried: …")
             fate = message.removeprefix(f"job {run.job_id} ").removeprefix("failed with ")
-            if fate.startswith("moved"):  # "job_… moved to the dead-letter queue, not retried…"
-                fate = f"{run.job_id} {fate}"
-            self._fates[run.id] = fate.replace(": moved", f": {run.job_id} moved", 1)
+            self._fates[run.id] = fate.replace("moved", f"{run.job_id} moved", 1)
 
     def _transition(
         self, claim_job: Job, epoch: int, update: JobUpdate | None, *runs: Run
