@@ -82,8 +82,8 @@ class QueuesScreen(RowFilterScreen):
         self.errors: dict[str, int] = {}  # runs failed in the last ERRORS_WINDOW_S, per queue
         self.shown = 0  # queues the filter leaves in the table
         self.failures: list[Run] = []  # the recent failures as last read, one per job
-        self.failures_read_at: float | None = None  # time.monotonic() of that read
-        self.failures_stale = True  # a change the engine told of since that read
+        # time.monotonic() of that read; None: a run changed since (the engine told), read again
+        self.failures_read_at: float | None = None
 
     @property
     def crumb(self) -> str:
@@ -122,8 +122,8 @@ class QueuesScreen(RowFilterScreen):
         states = {w.id: self.engine.worker_state(w) for w in workers}
         splits = await self.engine.version_splits()
         read_at = self.failures_read_at
-        if self.failures_stale or read_at is None or time.monotonic() - read_at > FAILURES_EVERY_S:
-            self.failures_stale = False  # before the read: a change during it reads again
+        if read_at is None or time.monotonic() - read_at > FAILURES_EVERY_S:
+            # Set before the read: a change told during it sets None, and reads again.
             self.failures_read_at = time.monotonic()
             failed = await self.engine.runs(status=sorted(RETRIED_AFTER), limit=FAILURES_READ)
             # When each failed, newest first: listed by their starts, a crash found at
@@ -262,7 +262,8 @@ class QueuesScreen(RowFilterScreen):
 
     def engine_changed(self, changes: Changes) -> None:
         if changes:
-            self.failures_stale |= bool(changes.runs) or changes.everything
+            if changes.runs or changes.everything:
+                self.failures_read_at = None
             self.request_reload()
 
     def tick(self) -> None:
