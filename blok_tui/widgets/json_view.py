@@ -24,16 +24,16 @@ class JsonView(Static):
     """
 
     folded = False  # whether the value shown was folded to its first lines (z unfolds it)
-    _shown: tuple[Any, ...] | None = None  # what `show` was last given, and its note
+    _asked: tuple[Any, ...] | None = None  # what `show` was last given
+    _note = ""  # and what it said of it
 
     def show(self, value: Any, *, empty: str = "none", search: str = "", fold: bool = True) -> str:
         """Show `value`; returns a note on what is hidden ("" when everything shows)."""
-        asked = (empty, search, fold)
-        if self._shown is not None and self._shown[:3] == asked and self._shown[3] == value:
-            return str(self._shown[4])  # a live view shows the same value each refresh
-        note = self._show(value, empty=empty, search=search, fold=fold)
-        self._shown = (*asked, value, note)
-        return note
+        asked = (value, empty, search, fold)
+        if asked != self._asked:  # a live view shows the same value at each refresh
+            self._note = self._show(value, empty=empty, search=search, fold=fold)
+            self._asked = asked
+        return self._note
 
     def _show(self, value: Any, *, empty: str, search: str, fold: bool) -> str:
         self.folded = False
