@@ -80,16 +80,19 @@ def flow_source(
     retries: int = 0,
     steps: str = 'Step("work", work)',
     header: str = "",
+    label_from: str | None = None,
 ) -> str:
-    """A workflow file whose node returns {"label": label}, waiting at the gate named in the
-    job's body when there is one."""
+    """A workflow file whose node returns {"label": label} (or the value of the expression
+    `label_from`, `orders.LABEL` of a module its `header` imports), waiting at the gate named
+    in the job's body when there is one."""
     extra = f", retries={retries}" if retries else ""
+    label_source = label_from if label_from is not None else repr(label)
     return textwrap.dedent(
         f"""\
         from reload_gates import gates
         from engine import Step, WorkerTrigger, Workflow, wait
         {header}
-        LABEL = {label!r}
+        LABEL = {label_source}
 
 
         async def work(ctx):
@@ -355,8 +358,11 @@ async def test_a_workflow_file_another_imports_reloads_its_importer_too(
     orders = folder / "orders.py"
     orders.write_text(flow_source("v1"))
     shipping = folder / "shipping.py"
-    shipping.write_text(flow_source("", name="shipping", queue="shipping", header="import orders"))
-    shipping.write_text(shipping.read_text().replace("LABEL = ''", "LABEL = orders.LABEL"))
+    shipping.write_text(
+        flow_source(
+            "", name="shipping", queue="shipping", header="import orders", label_from="orders.LABEL"
+        )
+    )
     async with running(folder, tmp_path / "blok.db") as (engine, events):
         run = await engine.wait_for_job(await engine.enqueue("shipping", {}), timeout=TIMEOUT)
         assert run.output == {"label": "v1"}
@@ -374,8 +380,7 @@ async def test_a_helper_not_named_with_an_underscore_is_a_helper_once_a_workflow
     helper = folder / "pricing.py"
     helper.write_text("PRICE = 10\n")
     file = folder / "orders.py"
-    file.write_text(flow_source("", header="import pricing"))
-    file.write_text(file.read_text().replace("LABEL = ''", "LABEL = pricing.PRICE"))
+    file.write_text(flow_source("", header="import pricing", label_from="pricing.PRICE"))
     async with running(folder, tmp_path / "blok.db") as (engine, events):
         assert engine.reload_errors == {}
         run = await engine.wait_for_job(await engine.enqueue("orders", {}), timeout=TIMEOUT)
