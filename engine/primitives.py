@@ -28,6 +28,7 @@ from .events import StepFinished, StepStarted
 from .models import RunStatus, StepRun, StepStatus
 from .origin import failed_before_running
 from .runner import Frame, Runner, StepError, WaitRequested, user_error
+from .validation import shown_value
 from .workflow import (
     StepDefinition,
     WaitStep,
@@ -363,6 +364,17 @@ class Switch(_Primitive):
             arm = next((n for n, key in enumerate(keys) if key == value), len(keys))
             case = keys[arm] if arm < len(keys) else "default"
             record.input = {"value": value, "case": case, "arm": arm}
+            if arm == len(keys) and not self.default:
+                # Said where it is read: a typo in a kind ("refnd") otherwise ran nothing and
+                # the run completed without a word.
+                named = ", ".join(shown_value(key) for key in keys[:5])
+                more = f" and {len(keys) - 5} more" if len(keys) > 5 else ""
+                frame.runner.engine_log(
+                    frame.run,
+                    f"{frame.where}: {shown_value(value)} matched no case ({named}{more}) "
+                    "and there is no default: nothing ran",
+                    "warning",
+                )
         steps = self.cases[keys[arm]] if arm < len(keys) else self.default
         label = f"case {keys[arm]}" if arm < len(keys) else "default"
 

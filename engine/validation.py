@@ -70,10 +70,10 @@ def checked(check: Callable[..., T], value: object, *args: Any, **kwargs: Any) -
 def check_priority(value: object) -> int:
     """A job's priority: a whole number that fits a signed 64-bit integer."""
     if not isinstance(value, int) or isinstance(value, bool):
-        raise InvalidInput(f"priority must be an integer, not {_shown(value)}")
+        raise InvalidInput(f"priority must be an integer, not {shown_value(value)}")
     if not INT64_MIN <= value <= INT64_MAX:
         raise InvalidInput(
-            f"priority {_shown(value)} is outside the signed 64-bit range "
+            f"priority {shown_value(value)} is outside the signed 64-bit range "
             f"({INT64_MIN} to {INT64_MAX})"
         )
     return int(value)
@@ -91,9 +91,9 @@ def check_delay(delay: object) -> int:
 def check_retries(value: object) -> int:
     """A job's retry budget: a whole number from 0 to MAX_RETRIES (as WorkerTrigger.retries)."""
     if not isinstance(value, int) or isinstance(value, bool):
-        raise InvalidInput(f"retries must be an integer, not {_shown(value)}")
+        raise InvalidInput(f"retries must be an integer, not {shown_value(value)}")
     if not 0 <= value <= MAX_RETRIES:
-        raise InvalidInput(f"retries must be from 0 to {MAX_RETRIES}, not {_shown(value)}")
+        raise InvalidInput(f"retries must be from 0 to {MAX_RETRIES}, not {shown_value(value)}")
     return int(value)
 
 
@@ -104,7 +104,7 @@ def check_timeout(value: object) -> int:
     except ValueError as error:
         raise InvalidInput(f"timeout: {error}") from None
     if ms <= 0:
-        raise InvalidInput(f"timeout must be above zero, not {_shown(value)}")
+        raise InvalidInput(f"timeout must be above zero, not {shown_value(value)}")
     return ms
 
 
@@ -115,9 +115,11 @@ def check_wait_timeout(value: object) -> float | None:
     if value is None:
         return None
     if not isinstance(value, int | float) or isinstance(value, bool):
-        raise InvalidInput(f"timeout must be a number of seconds or None, not {_shown(value)}")
+        raise InvalidInput(f"timeout must be a number of seconds or None, not {shown_value(value)}")
     if math.isnan(value) or value < 0:
-        raise InvalidInput(f"timeout must be a number of seconds from 0 up, not {_shown(value)}")
+        raise InvalidInput(
+            f"timeout must be a number of seconds from 0 up, not {shown_value(value)}"
+        )
     return float(value)
 
 
@@ -146,13 +148,13 @@ def check_lookup_id(value: object, what: str) -> str:
     name nothing (an unknown run or job says so); another type is the caller's mistake, which
     "unknown run None" would hide."""
     if not isinstance(value, str):
-        raise InvalidInput(f"{what} must be a string, not {_shown(value)}")
+        raise InvalidInput(f"{what} must be a string, not {shown_value(value)}")
     return value
 
 
 def _check_name(name: object, what: str, max_length: int) -> str:
     if not isinstance(name, str):
-        raise InvalidInput(f"{what} must be a string, not {_shown(name)}")
+        raise InvalidInput(f"{what} must be a string, not {shown_value(name)}")
     if not name:
         raise InvalidInput(f"{what} is empty")
     if len(name) > max_length:
@@ -177,11 +179,15 @@ def check_limit(value: object, what: str = "limit") -> int | None:
     if value is None:
         return None
     if not isinstance(value, int) or isinstance(value, bool):
-        raise InvalidInput(f"{what} must be a whole number from 0 up or None, not {_shown(value)}")
+        raise InvalidInput(
+            f"{what} must be a whole number from 0 up or None, not {shown_value(value)}"
+        )
     if value < 0:
-        raise InvalidInput(f"{what} must be a whole number from 0 up, not {_shown(value)}")
+        raise InvalidInput(f"{what} must be a whole number from 0 up, not {shown_value(value)}")
     if value > INT64_MAX:
-        raise InvalidInput(f"{what} {_shown(value)} is above {INT64_MAX}: pass None for no limit")
+        raise InvalidInput(
+            f"{what} {shown_value(value)} is above {INT64_MAX}: pass None for no limit"
+        )
     return int(value)
 
 
@@ -196,7 +202,7 @@ def check_payload_list(payloads: object) -> list[Any]:
         )
     if not isinstance(payloads, Iterable):
         raise InvalidInput(
-            f"payloads must be a list of payloads (one job each), not {_shown(payloads)}"
+            f"payloads must be a list of payloads (one job each), not {shown_value(payloads)}"
         )
     return list(payloads)
 
@@ -212,16 +218,16 @@ def check_headers(headers: object) -> dict[str, str]:
     for name, value in headers.items():
         if not isinstance(name, str) or not isinstance(value, str):
             raise InvalidInput(
-                f"headers must be a dict of strings to strings: {_shown(name)} -> "
+                f"headers must be a dict of strings to strings: {shown_value(name)} -> "
                 f"{type(value).__name__}"
             )
         if not name or any(c.isspace() or unicodedata.category(c) in _HIDDEN for c in name):
             raise InvalidInput(
-                f"header name {_shown(name)} is empty or holds whitespace or a control character"
+                f"header name {shown_value(name)} is empty or holds whitespace or a control character"
             )
         if _HEADER_VALUE_CONTROL.search(value):
             raise InvalidInput(
-                f"header {_shown(name)} holds a control character (a line break would "
+                f"header {shown_value(name)} holds a control character (a line break would "
                 "split the header in two)"
             )
         size += len(name.encode(errors="replace")) + len(value.encode(errors="replace"))
@@ -282,7 +288,7 @@ def _walk(payload: Any, max_bytes: int | None, what: str) -> None:
             for key in value:
                 if not isinstance(key, str):
                     raise InvalidInput(
-                        f"{what} has a key {_shown(key)} ({type(key).__name__}) at "
+                        f"{what} has a key {shown_value(key)} ({type(key).__name__}) at "
                         f"{_path(node)}: JSON object keys are strings"
                     )
                 if _UNSTORABLE.search(key):
@@ -376,7 +382,7 @@ def _too_big(what: str, max_bytes: int, size: int | None = None) -> str:
     return f"{what} {said} the {max_bytes:,}-byte cap (Engine(max_payload_bytes=...) to raise it)"
 
 
-def _shown(value: object) -> str:
+def shown_value(value: object) -> str:
     """A user's value as Python writes it, cut short, for a message about it."""
     try:
         return _short(repr(value))

@@ -224,6 +224,34 @@ async def test_switch_picks_the_case_or_the_default(tmp_path: Path) -> None:
     assert nested(other, "by_kind") == [("ignore", ["default"], "completed")]
 
 
+async def test_a_value_no_case_matches_without_a_default_is_said_in_the_runs_log(
+    tmp_path: Path,
+) -> None:
+    """A typo in the value a switch reads ran nothing and the run completed without a word."""
+    wf = flow(
+        "route",
+        Step("first", lambda ctx: "ok"),
+        switch(
+            "by_kind",
+            on="$.body.kind",
+            cases={"refund": [Step("refund", lambda ctx: "refunded")]},
+        ),
+    )
+    async with Engine(workflows=[wf], database=tmp_path / "blok.db") as engine:
+        typo = await engine.wait_for_job(await engine.enqueue("route", {"kind": "refnd"}), 10)
+        right = await engine.wait_for_job(await engine.enqueue("route", {"kind": "refund"}), 10)
+    assert typo.status is RunStatus.COMPLETED, typo.error
+    said = [(line.level, line.message) for line in typo.logs if line.step is None]
+    assert said == [
+        (
+            "warning",
+            "[step 2/2] by_kind: 'refnd' matched no case ('refund') and there is no default: "
+            "nothing ran",
+        )
+    ]
+    assert not [line for line in right.logs if "matched no case" in line.message]
+
+
 async def test_try_catch_hands_the_error_and_failing_step_to_catch(tmp_path: Path) -> None:
     def charge(ctx) -> None:
         raise ConnectionError("card declined")
