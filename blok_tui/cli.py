@@ -1152,11 +1152,28 @@ async def _enqueue(args: argparse.Namespace) -> None:
     async with _client(args) as engine:
         job_id = await _enqueue_job(engine, args)
         if args.wait:
-            run = await engine.wait_for_job(job_id)
+            run = await _wait_for(engine, job_id)
     if not args.wait:
         print(printable(job_id))
         return
     _print_output(run)
+
+
+async def _wait_for(engine: Any, job_id: str) -> Any:
+    """`--wait`'s wait for the job's run to end. Stopped by ctrl-c, it says the job goes on: it
+    had printed nothing, and a user who stopped waiting on a slow run had no id to find it by."""
+    import anyio
+
+    try:
+        return await engine.wait_for_job(job_id)
+    except anyio.get_cancelled_exc_class():
+        print(
+            f"blok-tui: stopped waiting; job {job_id} goes on (blok-tui show {job_id} -f; "
+            "or cancel it)",
+            file=sys.stderr,
+            flush=True,
+        )
+        raise
 
 
 def _print_output(run: Any) -> None:
@@ -1704,7 +1721,7 @@ async def _replay(args: argparse.Namespace) -> int:
         if args.wait and replayed is not None:
             run = await engine.get_run(replayed)
             await _note_held(engine, run.id, run.queue)
-            ended = await engine.wait_for_job(run.job_id)
+            ended = await _wait_for(engine, run.job_id)
     if args.wait and replayed is not None:
         _print_output(ended)
     return _refusals("replayed", len(given), refused, "run")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -205,6 +206,38 @@ def test_replay_wait_and_follow_end_as_enqueues_do_with_the_replays_output_or_er
         assert refused.returncode == 2 and "one replay: give one RUN_ID" in refused.stderr
         filtered = blok("replay", "--status", "failed", *many, "--yes", "--db", database)
         assert filtered.returncode == 2 and "one replay: give one RUN_ID" in filtered.stderr
+
+
+def test_a_wait_stopped_with_ctrl_c_names_the_job_that_goes_on(
+    served: tuple[Path, Worker],
+) -> None:
+    """`enqueue --wait` on a slow run, stopped with ctrl-c, ended without a word: nothing named
+    the job left running, and the user had no id to follow or cancel it by."""
+    database, _ = served
+    waiting = Follower("naps", '{"seconds": 60}', "--wait", "--db", database, command=("enqueue",))
+    try:
+        running = eventually(
+            lambda: next(
+                (
+                    r
+                    for r in blok_json("runs", "--json", "--db", database)
+                    if r["status"] == "running" and r["input"] == {"seconds": 60}
+                ),
+                None,
+            )
+        )
+    finally:
+        waiting.process.send_signal(signal.SIGINT)
+        code, lines, stderr = waiting.finish()
+    assert (code, lines) == (130, []), stderr
+    job_id = running["job_id"]
+    assert stderr == (
+        f"blok-tui: stopped waiting; job {job_id} goes on (blok-tui show {job_id} -f; "
+        "or cancel it)\n"
+    )
+    assert blok_json("show", job_id, "--json", "--db", database)["status"] == "running"
+    cancelled = blok("cancel", job_id, "--db", database)
+    assert cancelled.stdout == f"{running['id']} cancelled\n", cancelled.stderr
 
 
 def test_a_runs_log_line_on_the_workers_stderr_names_its_run_and_step(
