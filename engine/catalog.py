@@ -29,7 +29,7 @@ from .loader import (
     workflow_files,
 )
 from .models import Run, WorkflowInfo
-from .primitives import global_middleware, middleware_chain
+from .primitives import Subworkflow, global_middleware, middleware_chain
 from .schedules import declared_settings, spec_of
 from .workflow import EventWaitStep, StepDefinition, Workflow
 
@@ -188,6 +188,8 @@ class Catalog:
         self.refused: dict[Path, LoadedFile] = {}
         self.on_change: list[Callable[[], None]] = []
         self.declares_schedules = False  # a Scheduler declares this worker's (its entry says)
+        # (workflow, version, name) of each missing sub-workflow or middleware warned of.
+        self.warned: set[tuple[str, str, str]] = set()
 
     # ---- where the workflows are -----------------------------------------------------------
     @property
@@ -342,7 +344,42 @@ class Catalog:
                 del self.versions[key]
         self.workflows = current
         self._served = {wf.queue: wf for wf in current.values() if wf.queue is not None}
+        self._warn_of_missing(current)
         self._changed()
+
+    def _warn_of_missing(self, current: dict[str, Workflow]) -> None:
+        """Log, once each, a sub-workflow or middleware a workflow names that no loaded one is:
+        its runs fail there, and a typo ("billing.refnd") was found only in a run's error."""
+        everywhere = global_middleware()
+        for wf in current.values():
+            named = [
+                (step.defined_at or wf.defined_at, f"subworkflow step {step.name!r}", step.workflow)
+                for step in every_step(wf.steps)
+                if isinstance(step, Subworkflow)
+            ]
+            if not wf.middleware:
+                named += [
+                    (wf.defined_at, "middleware", n) for n in middleware_chain(wf, everywhere)
+                ]
+            for where, what, target in named:
+                found = current.get(target)
+                if found is not None and (what != "middleware" or found.middleware):
+                    continue
+                if (wf.name, wf.version, target) in self.warned:
+                    continue
+                self.warned.add((wf.name, wf.version, target))
+                why = "which no loaded workflow is" if found is None else "not middleware=True"
+                fails = "before their first step" if what == "middleware" else "at that step"
+                log.warning(
+                    "%sworkflow %r: %s names %r, %s: its runs fail %s%s",
+                    f"{where}: " if where else "",
+                    wf.name,
+                    what,
+                    target,
+                    why,
+                    fails,
+                    expressions.did_you_mean(target, current) if found is None else "",
+                )
 
     def _changed(self) -> None:
         for follower in self.on_change:

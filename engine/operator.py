@@ -847,19 +847,13 @@ class Operator:
         found = await self.backend.find_job(job_id)
         return found[1] if found else None
 
+    def workflow_names(self) -> list[str]:
+        return list(self.catalog.workflows)
+
     async def take_event(
-        self,
-        run_id: str,
-        step: str,
-        event: str,
-        *,
-        key: str | None,
-        path: tuple[str, ...],
-        register: bool,
+        self, run_id: str, step: str, event: str, **how: Any
     ) -> EventMessage | None:
-        return await self.store.take_event(
-            run_id, step, event, key=key, path=path, register=register
-        )
+        return await self.store.take_event(run_id, step, event, **how)
 
     async def dispatch(
         self, workflow: Workflow, payload: Any, job_id: str, meta: dict[str, Any], queue: str

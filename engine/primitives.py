@@ -532,7 +532,11 @@ class Subworkflow(_Primitive):
 
         target = runner.services.workflow(self.workflow)
         if target is None:
-            raise fail(f"workflow {self.workflow!r} is not loaded")
+            known = runner.services.workflow_names()
+            raise fail(
+                f"workflow {self.workflow!r} is not loaded"
+                + expressions.did_you_mean(self.workflow, known)
+            )
         if target.middleware:
             raise fail(f"workflow {self.workflow!r} is middleware, not a sub-workflow")
         if run.depth + 1 > MAX_SUBWORKFLOW_DEPTH:
@@ -594,7 +598,10 @@ async def run_middleware(
     for name in chain:
         mw = runner.services.workflow(name)
         if mw is None or not mw.middleware:
-            why = "is not loaded" if mw is None else "is not marked middleware=True"
+            why = "is not marked middleware=True"
+            if mw is None:
+                known = runner.services.workflow_names()
+                why = "is not loaded" + expressions.did_you_mean(name, known)
             raise StepError(f"[middleware {name}] failed: workflow {name!r} {why}", f"mw:{name}")
         tag = f"mw:{name}"
         records = [r for r in run.steps if r.parent is None and r.tags[:1] == [tag]]

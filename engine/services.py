@@ -54,6 +54,9 @@ class Services(Protocol):
     def workflow(self, name: str) -> Workflow | None:
         """A loaded workflow by name (middleware, sub-workflows)."""
 
+    def workflow_names(self) -> list[str]:
+        """The loaded workflows' names (a mistyped one's "did you mean")."""
+
     async def cache_get(self, workflow: str, step: str, key: str) -> CacheHitLike | None: ...
 
     def cache_put(

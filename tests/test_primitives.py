@@ -3,6 +3,7 @@ middleware chain, including waits inside them that resume after a restart."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -516,6 +517,45 @@ def test_nested_names_and_expressions_are_checked_at_definition() -> None:
         loop("l", steps=[Step("x", lambda ctx: 1)])
     with pytest.raises(WorkflowDefinitionError, match="step 'each'"):
         for_each("each", "$.nowhere.items", steps=[Step("x", lambda ctx: 1)])
+
+
+async def test_a_mistyped_sub_workflow_or_middleware_is_warned_of_at_load_and_in_the_error(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A sub-workflow or middleware named with a typo was found only in a failed run's error,
+    "workflow 'billing.refnd' is not loaded", with no word of the name meant."""
+    refund = flow("billing.refund", Step("refund", lambda ctx: "refunded"))
+    audit = Workflow(name="audit", middleware=True, steps=[Step("log", lambda ctx: "seen")])
+    parent = flow("parent", subworkflow("kid", workflow="billing.refnd"))
+    guarded = flow("guarded", Step("never", lambda ctx: "ran"), use=["audti"])
+    right = flow("right", subworkflow("kid", workflow="billing.refund"), use=["audit"])
+    plain = flow("plain", Step("never", lambda ctx: "ran"), use=["billing.refund"])
+    caplog.set_level("WARNING", logger="blok.catalog")
+    workflows = [refund, audit, parent, guarded, right, plain]
+    async with Engine(workflows=workflows, database=tmp_path / "blok.db") as engine:
+        ok = await engine.wait_for_job(await engine.enqueue("right", {}), 10)
+        kid = await engine.wait_for_job(await engine.enqueue("parent", {}), 10)
+        mw = await engine.wait_for_job(await engine.enqueue("guarded", {}), 10)
+    warned = [r.getMessage() for r in caplog.records if r.name == "blok.catalog"]
+    here = f"{Path(__file__).relative_to(Path.cwd())}:"
+    assert [line.split(": ", 1)[1] for line in warned] == [
+        "workflow 'parent': subworkflow step 'kid' names 'billing.refnd', which no loaded "
+        "workflow is: its runs fail at that step; did you mean 'billing.refund'?",
+        "workflow 'guarded': middleware names 'audti', which no loaded workflow is: its runs "
+        "fail before their first step; did you mean 'audit'?",
+        "workflow 'plain': middleware names 'billing.refund', not middleware=True: its runs "
+        "fail before their first step",
+    ], warned
+    # Each where its step or workflow was written: this file, at a line.
+    assert all(re.match(re.escape(here) + r"\d+: ", line) for line in warned), warned
+    assert ok.status is RunStatus.COMPLETED, ok.error
+    assert (kid.error or "").startswith(
+        "[step 1/1] kid failed: workflow 'billing.refnd' is not loaded; did you mean "
+        "'billing.refund'? (at "
+    ), kid.error
+    assert (mw.error or "").startswith(
+        "[middleware audti] failed: workflow 'audti' is not loaded; did you mean 'audit'?"
+    ), mw.error
 
 
 async def test_waits_inside_loop_try_catch_and_middleware_resume(tmp_path: Path) -> None:
