@@ -118,7 +118,9 @@ class Gates:
         self.lease_s = lease_s
         self.scheduling = scheduling
         self.concurrency = concurrency
-        self._holding: set[str] = set()  # runs of this worker that hold a slot
+        # Runs of this worker that hold a slot: the queue and key whose next job goes when
+        # it is given back.
+        self._holding: dict[str, tuple[JobQueue, str, str]] = {}
         self._purged_at = 0.0
         self._starts_purged_at = 0.0
 
@@ -156,7 +158,7 @@ class Gates:
                 if not taken:
                     self._deny(claim, queue, run, workflow, key, holders)
                     return False
-                self._holding.add(run.id)
+                self._holding[run.id] = (queue, run.queue, key)
                 job.meta.pop("gate_tries", None)
                 job.meta.pop("queue_expires_at", None)
         if (
@@ -164,17 +166,34 @@ class Gates:
             and not resuming
             and not await self._rate_limit(claim, queue, run, workflow)
         ):
-            self.release(run.id)  # the concurrency slot taken above: it does not start
+            freed = self.release(run.id)  # the concurrency slot taken above: it does not start
+            if freed is not None:
+                await self.wake_next(*freed)
             return False
         job.meta.pop("gate", None)
         return True
 
-    def release(self, run_id: str) -> None:
+    def release(self, run_id: str) -> tuple[JobQueue, str, str] | None:
         """Give back the run's concurrency slot, if it has one (every exit path calls this;
-        a run without one costs a set lookup, no write)."""
-        if run_id in self._holding:
-            self._holding.discard(run_id)
+        a run without one costs a dict lookup, no write): the queue and key it was of, for
+        `wake_next`."""
+        freed = self._holding.pop(run_id, None)
+        if freed is not None:
             self.shared.release_slot(run_id)
+        return freed
+
+    async def wake_next(self, queue: JobQueue, name: str, key: str) -> None:
+        """A slot of `key` came free: the job held longest behind it goes now. Each held job
+        waited out its own backoff (1 s, 2 s, 4 s, … 30 s), and eight runs of one key at a
+        limit of 1 took 91 s where they ran for 0.8. One job a slot: should another worker
+        take the slot first, the woken job is held again and the next slot freed wakes it.
+        (A shortcut: a job not woken goes at the end of its backoff, so a failure is logged.)"""
+        try:
+            for job in await queue.gated(name, key, 1):
+                # Its run is left as the gate wrote it (queued or throttled) until it starts.
+                await self.ledger.make_due(queue, job, None, force=False)
+        except Exception:
+            log.warning("could not start the next job of concurrency key %r", key, exc_info=True)
 
     def renew(self) -> None:
         if self._holding:

@@ -651,7 +651,9 @@ class Worker:
         finally:
             if handle is not None:
                 telemetry.OBSERVE.run_ended(handle.run)
-                self.gates.release(handle.run.id)
+                freed = self.gates.release(handle.run.id)
+                if freed is not None and self._jobs_tg is not None:
+                    self._jobs_tg.start_soon(self.gates.wake_next, *freed)
                 self.handles.pop(handle.run.id, None)
                 self.by_job.pop(job.id, None)
                 self.runner.calls.forget(handle.run.id)

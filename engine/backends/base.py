@@ -583,6 +583,11 @@ class JobQueue(ABC):
         """Dead jobs, the last to die first."""
 
     @abstractmethod
+    async def gated(self, queue: str, key: str, limit: int) -> list[Job]:
+        """Delayed jobs of `queue` the concurrency gate held back behind `key` (their
+        `meta["gate"]`), the first enqueued first: a slot of that key came free."""
+
+    @abstractmethod
     async def purge(self, finished_before: datetime, limit: int = 2000) -> int:
         """Forget up to `limit` finished jobs (completed, failed, cancelled) that ended before
         the cut-off; dead letters stay until requeued or discarded. The number forgotten."""

@@ -748,6 +748,15 @@ class MemoryQueue(JobQueue):
         dead.sort(key=lambda job: job.finished_at or job.created_at, reverse=True)
         return [copy_job(job) for job in dead[:limit]]
 
+    async def gated(self, queue: str, key: str, limit: int) -> list[Job]:
+        found = []
+        for _, _, job_id, epoch in self._delayed.get(queue, ()):
+            job = self._live(job_id, epoch, JobState.DELAYED)
+            if job is not None and _held_behind(job, key):
+                found.append(job)
+        found.sort(key=lambda job: job.created_at)
+        return [copy_job(job) for job in found[:limit]]
+
     async def purge(self, finished_before: datetime, limit: int = 2000) -> int:
         cutoff = finished_before.timestamp()
         purged = 0
@@ -812,3 +821,9 @@ __all__ = [
     "copy_job",
     "summary",
 ]
+
+
+def _held_behind(job: Job, key: str) -> bool:
+    """The concurrency gate held the job back behind `key`."""
+    gate = job.meta.get("gate")
+    return isinstance(gate, dict) and gate.get("gate") == "concurrency" and gate.get("key") == key

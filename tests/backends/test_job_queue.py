@@ -1028,6 +1028,35 @@ async def test_dead_letters_are_newest_first(queue: JobQueue) -> None:
     assert await queue.dead_letters("billing") == []
 
 
+async def test_gated_lists_the_jobs_held_behind_a_concurrency_key_first_enqueued_first(
+    queue: JobQueue,
+) -> None:
+    made = await add(queue, 5)
+    claims = await queue.claim(QUEUE, 5, "w1", LONG)
+    gates = [
+        {"gate": "concurrency", "key": "k", "until": 1.0},
+        {"gate": "concurrency", "key": "other", "until": 1.0},
+        {"gate": "rate", "key": "k", "until": 1.0},  # a rate limit's hold, of the same key
+        None,  # a plain retry backoff
+        {"gate": "concurrency", "key": "k", "until": 1.0},
+    ]
+    for claim, gate in zip(claims, gates, strict=True):
+        meta = {"gate": gate} if gate is not None else {}
+        held = JobUpdate(state=JobState.DELAYED, run_at=after(60), meta=meta)
+        assert await queue.apply(Transition(claim.job.id, claim.job.epoch, held))
+    ids = [job.id for job, _ in made]
+
+    assert [job.id for job in await queue.gated(QUEUE, "k", 10)] == [ids[0], ids[4]]
+    assert [job.id for job in await queue.gated(QUEUE, "k", 1)] == [ids[0]]
+    assert all(j.state is JobState.DELAYED for j in await queue.gated(QUEUE, "k", 10))
+    assert await queue.gated("billing", "k", 10) == []
+    # Once due again (woken, or its backoff over), a job is no longer held.
+    first = await job_of(queue, ids[0])
+    due = JobUpdate(state=JobState.WAITING, meta=first.meta)
+    assert await queue.apply(Transition(first.id, first.epoch, due))
+    assert [job.id for job in await queue.gated(QUEUE, "k", 10)] == [ids[4]]
+
+
 async def test_held_by_lists_the_active_jobs_of_these_workers(queue: JobQueue) -> None:
     [(one, _)] = await add(queue)
     await claim_one(queue, "w1")

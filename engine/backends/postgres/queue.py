@@ -304,6 +304,11 @@ class PostgresQueue(DatabaseQueue):
         rows = await self.db.fetch(sql.DEAD_LETTERS, queue, limit)
         return [job_from_row(row) for row in rows]  # type: ignore[arg-type]
 
+    async def gated(self, queue: str, key: str, limit: int) -> list[Job]:
+        await self.db.flush()
+        rows = await self.db.fetch(sql.GATED, queue, key, limit)
+        return [job_from_row(row) for row in rows]  # type: ignore[arg-type]
+
     async def purge(self, finished_before: datetime, limit: int = 2000) -> int:
         await self.db.flush()
         status = await self.db.pooled(

@@ -439,6 +439,12 @@ STATS = rows.STATS.format(unstarted=rows.UNSTARTED_RUN, now=NOW, queue="$1")
 DEAD_LETTERS = (
     f"{SELECT_JOB} WHERE queue = $1 AND state = 'dead' ORDER BY finished_at DESC LIMIT $2"
 )
+# The concurrency gate's held jobs of a key: the queue's delayed jobs (`jobs_state`), read.
+GATED = (
+    f"{SELECT_JOB} WHERE queue = $1 AND state = 'delayed'"
+    " AND meta->'gate'->>'gate' = 'concurrency' AND meta->'gate'->>'key' = $2"
+    " ORDER BY seq LIMIT $3"
+)
 PURGE_JOBS = (
     "DELETE FROM jobs WHERE id IN (SELECT id FROM jobs WHERE state IN ('completed', 'failed',"
     " 'cancelled') AND finished_at < $1 LIMIT $2)"

@@ -49,6 +49,12 @@ from .store import log_row
 STATS = rows.STATS.format(unstarted=rows.UNSTARTED_RUN, now="?", queue="?")
 CHUNK = 500  # ids one statement names: well under SQLite's limit on bound values
 SELECT_JOB = f"SELECT {', '.join(JOB_COLUMNS)} FROM jobs"
+# The concurrency gate's held jobs of a key: the queue's delayed jobs (`jobs_state`), read.
+GATED = (
+    f"{SELECT_JOB} WHERE queue = ? AND state = 'delayed'"
+    " AND json_extract(meta, '$.gate.gate') = 'concurrency'"
+    " AND json_extract(meta, '$.gate.key') = ? ORDER BY seq LIMIT ?"
+)
 INSERT_JOB = (
     f"INSERT INTO jobs ({', '.join(JOB_COLUMNS)}) VALUES ({', '.join('?' * len(JOB_COLUMNS))})"
     " ON CONFLICT(id) DO NOTHING"
@@ -484,6 +490,11 @@ class SqliteQueue(DatabaseQueue):
             f"{SELECT_JOB} WHERE queue = ? AND state = 'dead' ORDER BY finished_at DESC LIMIT ?",
             (queue, limit),
         )
+        return [job_from_row(row) for row in rows]
+
+    async def gated(self, queue: str, key: str, limit: int) -> list[Job]:
+        await self.db.flush()
+        rows = await self.db.fetchall(GATED, (queue, key, limit))
         return [job_from_row(row) for row in rows]
 
     async def purge(self, finished_before: datetime, limit: int = 2000) -> int:
