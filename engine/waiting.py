@@ -70,8 +70,8 @@ async def explain(backend: Backend, run: Run, job: Job | None) -> WaitReason:
             run.id,
             status,
             "concurrency",
-            f"concurrency key {key!r}: {len(holders)} run(s) hold its slots; "
-            f"tried again at {_at(until)}",
+            f"concurrency key {key!r}: {len(holders)} run(s) hold its slots; held jobs go in "
+            f"turn as those end, or this one is tried again at {_at(until)}",
             key,
             tuple(holders),
             until,
