@@ -177,6 +177,8 @@ class Gates:
         """Give back the run's concurrency slot, if it has one (every exit path calls this;
         a run without one costs a dict lookup, no write): the queue and key it was of, for
         `wake_next`."""
+        if not self._holding:  # no run here holds one (no key, the usual case): no call
+            return None
         freed = self._holding.pop(run_id, None)
         if freed is not None:
             self.shared.release_slot(run_id)
