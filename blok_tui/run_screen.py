@@ -231,10 +231,13 @@ def event_wait_phrase(step: StepRun, event: str, tz: tzinfo | None) -> str:
 
 
 def gate_reason(
-    run: Run, now: datetime, tz: tzinfo | None, *, explained: bool = False
+    run: Run, now: datetime, tz: tzinfo | None, *, explained: bool = False, keyed: bool = False
 ) -> Text | None:
     """Why a run is held or ended by a scheduling gate, and until when. `explained`: the why
-    panel under the header says what holds it, so its reason is not said twice."""
+    panel under the header says what holds it, so its reason is not said twice. `keyed`: a
+    concurrency key holds it, and it goes when a run of its key ends: its time is only when
+    the gate looks again ("starts in 2s" was said of a run whose key's holder had 20 s to go),
+    and retry now would only find the key full again."""
     status = str(run.status)
     if status not in GATE_STATUSES:
         return None
@@ -254,7 +257,11 @@ def gate_reason(
         "expired": ("⌀ expired", "grey70"),
     }[status]
     line.append(icon, style=f"bold {style}")
-    if run.run_at is not None and status != "expired":
+    if keyed and status != "expired":
+        line.append(" until a run of its key ends", style=style)
+        if run.run_at is not None:
+            line.append(f" (looks again {countdown(run.run_at, now)})", style="grey62")
+    elif run.run_at is not None and status != "expired":
         line.append(
             f" until {clock_time(run.run_at, tz)} — starts {countdown(run.run_at, now)}",
             style=style,
@@ -263,7 +270,7 @@ def gate_reason(
         line.append(f"\n{why}", style="khaki1" if status != "expired" else "grey70")
     if status == "queued" and run.run_at is None and not why:
         return None  # plainly waiting its turn: nothing to explain
-    if status in ("delayed", "queued"):  # what retry now can start (not a throttled run)
+    if status in ("delayed", "queued") and not keyed:  # what retry now can start
         line.append("   t starts it now", style="grey50")
     return line
 
@@ -510,7 +517,8 @@ class RunScreen(BlokScreen):
             )
         else:
             explained = self.why is not None and self.why.gate in PANEL_GATES
-            reason = gate_reason(run, now, tz, explained=explained)
+            keyed = self.why is not None and self.why.gate == "concurrency"
+            reason = gate_reason(run, now, tz, explained=explained, keyed=keyed)
             if reason is not None:
                 line.append("\n")
                 line.append_text(reason)
@@ -756,8 +764,10 @@ class RunScreen(BlokScreen):
             case "retry_now":
                 going = run.failed_attempts > 0 and status == "running"
                 job = self.later_delivery
+                # Held by a concurrency key, it would find the key full again.
+                keyed = self.why is not None and self.why.gate == "concurrency"
                 return (
-                    status in ("queued", "delayed", "throttled")
+                    (status in ("queued", "delayed", "throttled") and not keyed)
                     or going
                     or (job is not None and not job.state.terminal)
                 )

@@ -275,13 +275,17 @@ class Gates:
                 job.meta["gate"]["until"] = when
             run.error = None
             if tries == 0:
-                self.ledger.log(run, f"queued: {busy}; the gate is tried again with backoff")
+                self.ledger.log(run, f"queued: {busy}; it goes when one of them ends")
             self._retry_later(claim, queue, run, RunStatus.QUEUED, when)
             return
         # throw: this delivery ends throttled and the job comes back later; the retry budget
         # (job.meta["failures"]) is not touched.
         run.error = f"throttled: {busy}"
-        self.ledger.log(run, f"throttled: {busy}; trying again in {when - now:.2f}s", "warning")
+        self.ledger.log(
+            run,
+            f"throttled: {busy}; tried when one of them ends, or in {when - now:.2f}s",
+            "warning",
+        )
         self._retry_later(claim, queue, run, RunStatus.THROTTLED, when)
 
     async def _rate_limit(

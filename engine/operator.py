@@ -772,6 +772,12 @@ class Operator:
                 f"run {run.id} is {run.status}: retry now starts a run in retry backoff or a "
                 "delayed run"
             )
+        gate = job.meta.get("gate") or {}
+        if gate.get("gate") == "concurrency":  # made due, it would find the key full again
+            raise EngineError(
+                f"run {run.id} waits for a slot of concurrency key {gate.get('key')!r}: it "
+                "starts when a run of that key ends; retry now cannot make room"
+            )
         if not await self.ledger.make_due(queue, job, run, force=True):
             raise EngineError(f"run {run.id} was taken by a worker meanwhile")
         return run.id

@@ -20,6 +20,7 @@ from blok_tui.schedules_screen import SchedulesScreen
 from blok_tui.widgets.row_table import RowTable
 from engine import (
     Engine,
+    EngineError,
     RateLimit,
     RunStatus,
     Schedule,
@@ -328,6 +329,33 @@ async def test_the_runs_views_preview_says_which_gate_holds_a_queued_run() -> No
             await until(pilot, lambda: "[concurrency]" in text_of(preview))
             said = text_of(preview)
             assert "queued [concurrency] concurrency key 'u1': 1 run(s) hold its slots" in said
+        await engine.cancel(held)
+        await engine.cancel(first)
+
+
+async def test_a_run_held_by_its_key_is_said_to_wait_for_a_run_of_its_key_not_a_time() -> None:
+    """Its header said "queued until 15:27:15 — starts in 2s" and offered "t starts it now",
+    of a run whose key's holder had 20 s to go: at that time the gate only looks again (and a
+    freed slot starts it sooner), and retry now found the key full again."""
+    async with Engine(workflows=[PER_USER]) as engine:
+        first = await parked(
+            engine, await engine.enqueue("per_user", {"user": "u1"}), RunStatus.RUNNING
+        )
+        held = await parked(
+            engine, await engine.enqueue("per_user", {"user": "u1"}), RunStatus.QUEUED
+        )
+        app = BlokApp(engine)
+        async with app.run_test(size=SIZE) as pilot:
+            await settled(pilot)
+            await command(pilot, f"run {held}")
+            header = app.screen.query_one("#run-header", Static)
+            await until(pilot, lambda: "until a run of its key ends" in text_of(header))
+            said = text_of(header)
+            assert "○ queued until a run of its key ends (looks again in " in said, said
+            assert "starts in" not in said and "t starts it now" not in said, said
+            assert isinstance(app.screen, RunScreen) and not app.screen.key_applies("retry_now")
+        with pytest.raises(EngineError, match="starts when a run of that key ends"):
+            await engine.retry_now(held)
         await engine.cancel(held)
         await engine.cancel(first)
 
