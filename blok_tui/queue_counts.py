@@ -9,7 +9,9 @@ is wrong), "throttled" (held by a rate limit or a concurrency key) and "delayed"
 or a retry's backoff). The console said "2 waiting" where `blok-tui queues` said `WAITING 0
 DELAYED 2` for the same two runs in a wait; both read these counts now. Likewise a job a later
 one debounced ends `cancelled`: counted "debounced" here, not cancelled (a burst of 100 events
-read as 99 runs an operator had cancelled).
+read as 99 runs an operator had cancelled). And a job a concurrency key holds (`on_limit=
+"queue"`) is delayed while its run is "queued": counted queued, as the runs view lists it (the
+queues view said "0 queued, 107 delayed" of 107 runs its `3 queued` filter listed).
 """
 
 from __future__ import annotations
@@ -36,15 +38,19 @@ class QueueCounts:
     dead: int = 0
 
     @classmethod
-    def of(cls, stats: QueueStats, waiting: int, throttled: int, debounced: int) -> QueueCounts:
-        """From the job counts and the runs a wait, a limit or a debounce holds or ended. The
-        run counts are read after the stats, so a run can have left its wait between them: the
-        jobs' rest is never counted below nought."""
+    def of(
+        cls, stats: QueueStats, waiting: int, throttled: int, debounced: int, queued: int = 0
+    ) -> QueueCounts:
+        """From the job counts and the runs a wait, a limit or a debounce holds or ended, and
+        the runs `queued` (those ready, and those a concurrency key holds). The run counts are
+        read after the stats, so a run can have moved on between them: the jobs' rest is never
+        counted below nought."""
+        held = max(0, min(queued - stats.waiting, stats.delayed - waiting - throttled))
         return cls(
-            queued=stats.waiting,
+            queued=stats.waiting + held,
             running=stats.active,
             waiting=waiting,
-            delayed=max(0, stats.delayed - waiting - throttled),
+            delayed=max(0, stats.delayed - waiting - throttled - held),
             throttled=throttled,
             completed=stats.completed,
             failed=stats.failed,
@@ -73,7 +79,8 @@ async def read_queue_counts(
     waiting = await engine.count_runs(RunFilter.of("waiting", queue=queue))
     throttled = await engine.count_runs(RunFilter.of("throttled", queue=queue))
     ended = await engine.count_runs(RunFilter.of("debounced", queue=queue)) if debounced else 0
-    return stats, QueueCounts.of(stats, waiting, throttled, ended)
+    queued = await engine.count_runs(RunFilter.of("queued", queue=queue))
+    return stats, QueueCounts.of(stats, waiting, throttled, ended, queued)
 
 
 # The columns' order, as the console's queues view has them.

@@ -467,6 +467,45 @@ async def test_the_tables_on_a_terminal_fit_its_width(tmp_path: Path) -> None:
 
 
 @pytest.mark.anyio
+async def test_queues_count_the_runs_a_concurrency_key_holds_as_queued(tmp_path: Path) -> None:
+    """A job its key holds (on_limit="queue") is delayed while its run is queued: the queues
+    view said "0 queued, 2 delayed" of the two runs its `3 queued` filter listed."""
+    import anyio
+
+    from engine import Engine, RunFilter
+
+    release = anyio.Event()
+
+    async def hold(ctx: object) -> int:
+        await release.wait()
+        return 1
+
+    keyed = Workflow(
+        name="keyed",
+        trigger=WorkerTrigger(
+            queue="keyed", concurrency=4, concurrency_key="$.body.k", on_limit="queue"
+        ),
+        steps=[Step("hold", hold)],
+    )
+    database = tmp_path / "blok.db"
+    async with Engine(workflows=[keyed], database=database) as engine:
+        jobs = [await engine.enqueue("keyed", {"k": "same"}) for _ in range(3)]
+        with anyio.fail_after(10):
+            while await engine.count_runs(RunFilter.of("queued")) != 2 or (  # noqa: ASYNC110
+                (await engine.queue_stats("keyed")).delayed != 2
+            ):
+                await anyio.sleep(0.02)
+        await engine.flush()
+        table = await anyio.to_thread.run_sync(lambda: blok("queues", "--db", database))
+        release.set()
+        for job_id in jobs:
+            await engine.wait_for_job(job_id, timeout=10)
+    header = table.stdout.splitlines()[0].split()
+    counts = dict(zip(header, row(table.stdout, "keyed").split(), strict=True))
+    assert (counts["QUEUED"], counts["RUNNING"], counts["DELAYED"]) == ("2", "1", "0"), table
+
+
+@pytest.mark.anyio
 async def test_queues_counts_runs_in_the_consoles_words(tmp_path: Path) -> None:
     # The console's queues view said "1 waiting" (a run in a durable wait) where `blok-tui
     # queues` said WAITING 0 and DELAYED 1 for the same run: its WAITING was the jobs ready to
