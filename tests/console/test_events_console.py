@@ -5,6 +5,8 @@ a rate limit's window, and h opens one."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
@@ -309,9 +311,10 @@ PER_USER = Workflow(
 )
 
 
-async def test_the_runs_views_preview_says_which_gate_holds_a_queued_run() -> None:
-    # A run a concurrency key held showed "queued until 18:14:36 (in 3s)" and its input: read
-    # as a backoff, where another run of its key held the slot.
+@asynccontextmanager
+async def one_held_behind_a_key() -> AsyncIterator[tuple[Engine, str]]:
+    """An engine where a run of key 'u1' runs and a second one is held behind it (both
+    cancelled afterwards): the engine and the held run's id."""
     async with Engine(workflows=[PER_USER]) as engine:
         first = await parked(
             engine, await engine.enqueue("per_user", {"user": "u1"}), RunStatus.RUNNING
@@ -319,6 +322,15 @@ async def test_the_runs_views_preview_says_which_gate_holds_a_queued_run() -> No
         held = await parked(
             engine, await engine.enqueue("per_user", {"user": "u1"}), RunStatus.QUEUED
         )
+        yield engine, held
+        await engine.cancel(held)
+        await engine.cancel(first)
+
+
+async def test_the_runs_views_preview_says_which_gate_holds_a_queued_run() -> None:
+    # A run a concurrency key held showed "queued until 18:14:36 (in 3s)" and its input: read
+    # as a backoff, where another run of its key held the slot.
+    async with one_held_behind_a_key() as (engine, held):
         app = BlokApp(engine)
         async with app.run_test(size=SIZE) as pilot:
             await settled(pilot)
@@ -329,21 +341,13 @@ async def test_the_runs_views_preview_says_which_gate_holds_a_queued_run() -> No
             await until(pilot, lambda: "[concurrency]" in text_of(preview))
             said = text_of(preview)
             assert "queued [concurrency] concurrency key 'u1': 1 run(s) hold its slots" in said
-        await engine.cancel(held)
-        await engine.cancel(first)
 
 
 async def test_a_run_held_by_its_key_is_said_to_wait_for_a_run_of_its_key_not_a_time() -> None:
     """Its header said "queued until 15:27:15 — starts in 2s" and offered "t starts it now",
     of a run whose key's holder had 20 s to go: at that time the gate only looks again (and a
     freed slot starts it sooner), and retry now found the key full again."""
-    async with Engine(workflows=[PER_USER]) as engine:
-        first = await parked(
-            engine, await engine.enqueue("per_user", {"user": "u1"}), RunStatus.RUNNING
-        )
-        held = await parked(
-            engine, await engine.enqueue("per_user", {"user": "u1"}), RunStatus.QUEUED
-        )
+    async with one_held_behind_a_key() as (engine, held):
         app = BlokApp(engine)
         async with app.run_test(size=SIZE) as pilot:
             await settled(pilot)
@@ -356,8 +360,6 @@ async def test_a_run_held_by_its_key_is_said_to_wait_for_a_run_of_its_key_not_a_
             assert isinstance(app.screen, RunScreen) and not app.screen.key_applies("retry_now")
         with pytest.raises(EngineError, match="starts when a run of that key ends"):
             await engine.retry_now(held)
-        await engine.cancel(held)
-        await engine.cancel(first)
 
 
 async def test_a_queued_run_no_live_worker_serves_says_so_in_its_view(tmp_path: Path) -> None:
