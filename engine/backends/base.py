@@ -585,7 +585,8 @@ class JobQueue(ABC):
     @abstractmethod
     async def gated(self, queue: str, key: str, limit: int) -> list[Job]:
         """Delayed jobs of `queue` the concurrency gate held back behind `key` (their
-        `meta["gate"]`), the first enqueued first: a slot of that key came free."""
+        `meta["gate"]`), in the order claims take them (priority, then the first enqueued):
+        a slot of that key came free."""
 
     @abstractmethod
     async def purge(self, finished_before: datetime, limit: int = 2000) -> int:

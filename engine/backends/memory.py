@@ -754,7 +754,7 @@ class MemoryQueue(JobQueue):
             job = self._live(job_id, epoch, JobState.DELAYED)
             if job is not None and _held_behind(job, key):
                 found.append(job)
-        found.sort(key=lambda job: job.created_at)
+        found.sort(key=lambda job: (-job.priority, job.created_at))
         return [copy_job(job) for job in found[:limit]]
 
     async def purge(self, finished_before: datetime, limit: int = 2000) -> int:

@@ -1028,7 +1028,7 @@ async def test_dead_letters_are_newest_first(queue: JobQueue) -> None:
     assert await queue.dead_letters("billing") == []
 
 
-async def test_gated_lists_the_jobs_held_behind_a_concurrency_key_first_enqueued_first(
+async def test_gated_lists_the_jobs_held_behind_a_concurrency_key_in_claim_order(
     queue: JobQueue,
 ) -> None:
     made = await add(queue, 5)
@@ -1050,7 +1050,16 @@ async def test_gated_lists_the_jobs_held_behind_a_concurrency_key_first_enqueued
     assert [job.id for job in await queue.gated(QUEUE, "k", 1)] == [ids[0]]
     assert all(j.state is JobState.DELAYED for j in await queue.gated(QUEUE, "k", 10))
     assert await queue.gated("billing", "k", 10) == []
+    # A job of a higher priority goes first, as a claim would take it.
+    [(urgent, _)] = await add(queue, 1, priority=5)
+    [claim] = await queue.claim(QUEUE, 1, "w1", LONG)
+    held = JobUpdate(state=JobState.DELAYED, run_at=after(60), meta={"gate": gates[0]})
+    assert await queue.apply(Transition(claim.job.id, claim.job.epoch, held))
+    assert [job.id for job in await queue.gated(QUEUE, "k", 10)] == [urgent.id, ids[0], ids[4]]
     # Once due again (woken, or its backoff over), a job is no longer held.
+    urgent_now = await job_of(queue, urgent.id)
+    due = JobUpdate(state=JobState.WAITING, meta=urgent_now.meta)
+    assert await queue.apply(Transition(urgent.id, urgent_now.epoch, due))
     first = await job_of(queue, ids[0])
     due = JobUpdate(state=JobState.WAITING, meta=first.meta)
     assert await queue.apply(Transition(first.id, first.epoch, due))

@@ -443,7 +443,7 @@ DEAD_LETTERS = (
 GATED = (
     f"{SELECT_JOB} WHERE queue = $1 AND state = 'delayed'"
     " AND meta->'gate'->>'gate' = 'concurrency' AND meta->'gate'->>'key' = $2"
-    " ORDER BY seq LIMIT $3"
+    " ORDER BY priority DESC, seq LIMIT $3"
 )
 PURGE_JOBS = (
     "DELETE FROM jobs WHERE id IN (SELECT id FROM jobs WHERE state IN ('completed', 'failed',"

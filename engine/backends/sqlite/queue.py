@@ -53,7 +53,7 @@ SELECT_JOB = f"SELECT {', '.join(JOB_COLUMNS)} FROM jobs"
 GATED = (
     f"{SELECT_JOB} WHERE queue = ? AND state = 'delayed'"
     " AND json_extract(meta, '$.gate.gate') = 'concurrency'"
-    " AND json_extract(meta, '$.gate.key') = ? ORDER BY seq LIMIT ?"
+    " AND json_extract(meta, '$.gate.key') = ? ORDER BY priority DESC, seq LIMIT ?"
 )
 INSERT_JOB = (
     f"INSERT INTO jobs ({', '.join(JOB_COLUMNS)}) VALUES ({', '.join('?' * len(JOB_COLUMNS))})"
