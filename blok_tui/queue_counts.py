@@ -39,7 +39,7 @@ class QueueCounts:
 
     @classmethod
     def of(
-        cls, stats: QueueStats, waiting: int, throttled: int, debounced: int, queued: int = 0
+        cls, stats: QueueStats, waiting: int, throttled: int, debounced: int, queued: int
     ) -> QueueCounts:
         """From the job counts and the runs a wait, a limit or a debounce holds or ended, and
         the runs `queued` (those ready, and those a concurrency key holds). The run counts are

@@ -407,6 +407,12 @@ class RunScreen(BlokScreen):
             return None
         return job if job.run_id != run.id else None
 
+    @property
+    def held_by_key(self) -> bool:
+        """A concurrency key holds the run: it goes when a run of its key ends, and retry now
+        would only find the key full again."""
+        return self.why is not None and self.why.gate == "concurrency"
+
     async def load_why(self) -> None:
         run = self.run
         self.why, self.events = None, []
@@ -517,8 +523,7 @@ class RunScreen(BlokScreen):
             )
         else:
             explained = self.why is not None and self.why.gate in PANEL_GATES
-            keyed = self.why is not None and self.why.gate == "concurrency"
-            reason = gate_reason(run, now, tz, explained=explained, keyed=keyed)
+            reason = gate_reason(run, now, tz, explained=explained, keyed=self.held_by_key)
             if reason is not None:
                 line.append("\n")
                 line.append_text(reason)
@@ -764,10 +769,8 @@ class RunScreen(BlokScreen):
             case "retry_now":
                 going = run.failed_attempts > 0 and status == "running"
                 job = self.later_delivery
-                # Held by a concurrency key, it would find the key full again.
-                keyed = self.why is not None and self.why.gate == "concurrency"
                 return (
-                    (status in ("queued", "delayed", "throttled") and not keyed)
+                    (status in ("queued", "delayed", "throttled") and not self.held_by_key)
                     or going
                     or (job is not None and not job.state.terminal)
                 )
