@@ -69,7 +69,10 @@ def _fingerprint(kind: str, name: str, *branches: Sequence[StepDefinition]) -> s
 
 
 class _Primitive(StepDefinition):
-    def __init__(self, **data: Any) -> None:
+    def __init__(self, name: str | None = None, /, **data: Any) -> None:
+        # `ForEach("each", items=...)` as `Step("charge", charge)`: the name may come first.
+        if name is not None:
+            data["name"] = name
         name = data.get("name", "?")
         try:
             super().__init__(**data)
@@ -262,8 +265,8 @@ class Loop(_Primitive):
     max_iterations: int = Field(100, ge=1)
     on_max: Literal["fail", "stop"] = "fail"
 
-    def __init__(self, **data: Any) -> None:
-        super().__init__(**data)
+    def __init__(self, name: str | None = None, /, **data: Any) -> None:
+        super().__init__(name, **data)
         if (self.while_ is None) == (self.until is None):
             raise WorkflowDefinitionError(
                 f"step {self.name!r}: loop needs exactly one of while_= or until="

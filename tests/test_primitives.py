@@ -12,10 +12,15 @@ import pytest
 
 from engine import (
     Engine,
+    ForEach,
+    Loop,
     RunStatus,
     RunStatusChanged,
     Step,
     StepStatus,
+    Subworkflow,
+    Switch,
+    TryCatch,
     WorkerTrigger,
     Workflow,
     WorkflowDefinitionError,
@@ -517,6 +522,24 @@ def test_nested_names_and_expressions_are_checked_at_definition() -> None:
         loop("l", steps=[Step("x", lambda ctx: 1)])
     with pytest.raises(WorkflowDefinitionError, match="step 'each'"):
         for_each("each", "$.nowhere.items", steps=[Step("x", lambda ctx: 1)])
+
+
+def test_a_flow_step_class_takes_its_name_first_as_step_does() -> None:
+    # `ForEach("each", items=..., steps=[...])`, written as `Step("charge", charge)` is, failed
+    # the workflow file with "TypeError: _Primitive.__init__() takes 1 positional argument but
+    # 2 were given": the engine's insides, not the user's call.
+    inner = [Step("x", lambda ctx: 1)]
+    made = [
+        ForEach("each", items="$.body.items", steps=inner),
+        Loop("poll", steps=inner, until=lambda ctx: True),
+        Switch("route", on="$.body.kind", cases={"a": inner}),
+        TryCatch("safe", try_=inner),
+        Subworkflow("kid", workflow="billing.refund"),
+    ]
+    assert [step.name for step in made] == ["each", "poll", "route", "safe", "kid"]
+    assert made[0].fingerprint() == for_each("each", "$.body.items", steps=inner).fingerprint()
+    with pytest.raises(WorkflowDefinitionError, match="step 'each': steps: Field required"):
+        ForEach("each", items="$.body.items")
 
 
 async def test_a_mistyped_sub_workflow_or_middleware_is_warned_of_at_load_and_in_the_error(
