@@ -9,9 +9,11 @@ workflow versions, reload errors) is compared with what it was, for the queue li
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from .backends.base import Backend, FeedCursor, Pace, WorkerCatalog
@@ -64,6 +66,11 @@ class _StepSeen:
     status: str
     attempts: set[int] = field(default_factory=set)
     failed: set[int] = field(default_factory=set)
+
+
+def _at(moment: datetime | None) -> float:
+    """When a recorded thing happened, for ordering; one with no time goes last."""
+    return moment.timestamp() if moment is not None else math.inf
 
 
 class Follower:
@@ -174,17 +181,29 @@ class Follower:
         return before, after
 
     def _step_events(self, run: Run) -> list[Event]:
-        """Step and attempt changes of the run since it was last seen."""
-        out: list[Event] = []
+        """Step and attempt changes of the run since it was last seen, in the order they
+        happened: a for_each's record comes before its iterations' and ends after them (in the
+        records' order, a reader was told the loop had ended before its first item began)."""
+        out: list[tuple[float, Event]] = []
         seen_run = self._steps.setdefault(run.id, {})
         for step in run.steps:
             seen = seen_run.get(step.index)
             if seen is None:
                 seen = seen_run[step.index] = _StepSeen(str(StepStatus.PENDING))
+            if not step.attempts and step.started_at is not None and 1 not in seen.attempts:
+                # A flow step (for_each, switch…) has no attempts; its own engine tells it
+                # started as attempt 1.
+                seen.attempts.add(1)
+                out.append((_at(step.started_at), StepStarted(run.id, step.index, step.name, 1)))
             for attempt in step.attempts:
                 if attempt.number not in seen.attempts:
                     seen.attempts.add(attempt.number)
-                    out.append(StepStarted(run.id, step.index, step.name, attempt.number))
+                    out.append(
+                        (
+                            _at(attempt.started_at),
+                            StepStarted(run.id, step.index, step.name, attempt.number),
+                        )
+                    )
                 if attempt.status in _FAILED_ATTEMPT and attempt.number not in seen.failed:
                     seen.failed.add(attempt.number)
                     message = (
@@ -192,24 +211,25 @@ class Follower:
                         if attempt.error_type
                         else str(attempt.error)
                     )
-                    out.append(
-                        AttemptFailed(
-                            run.id,
-                            step.index,
-                            step.name,
-                            attempt.number,
-                            step.max_attempts,
-                            message,
-                            attempt.backoff_ms,
-                        )
+                    failed = AttemptFailed(
+                        run.id,
+                        step.index,
+                        step.name,
+                        attempt.number,
+                        step.max_attempts,
+                        message,
+                        attempt.backoff_ms,
                     )
+                    out.append((_at(attempt.finished_at), failed))
             if str(step.status) != seen.status:
                 if step.status in _FINISHED_STEP:
-                    out.append(
-                        StepFinished(run.id, step.index, step.name, str(step.status), step.error)
+                    finished = StepFinished(
+                        run.id, step.index, step.name, str(step.status), step.error
                     )
+                    out.append((_at(step.finished_at), finished))
                 seen.status = str(step.status)
-        return out
+        out.sort(key=lambda told: told[0])  # stable: things of one moment keep the records' order
+        return [event for _, event in out]
 
     async def _read_catalog(self, *, publish: bool) -> None:
         """Queue list, pauses, workers and reload errors: compared when any of them moved."""

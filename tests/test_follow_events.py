@@ -24,6 +24,7 @@ from engine import (
     StepStarted,
     WorkerTrigger,
     Workflow,
+    for_each,
     wait,
 )
 from engine.events import EventBus
@@ -117,3 +118,67 @@ async def test_a_run_first_seen_waiting_is_told_started_and_waiting(database: st
     assert changed == ["waiting"], seen
     assert kinds.index(StepStarted) < kinds.index(StepFinished) < kinds.index(RunStatusChanged)
     assert kinds[-1] is RunFinished
+
+
+def label(ctx: Any, name: str) -> str:
+    return name.upper()
+
+
+async def test_a_runs_steps_are_told_in_the_order_they_ran_as_its_own_engine_tells_them(
+    database: str,
+) -> None:
+    # A reader told of a for_each run by one read of the feed was told the loop had finished
+    # before its first item began, and never that it began (a console or a script drawing the
+    # run's rail from the events drew it wrong): the same steps, in the same order, as the
+    # engine that ran it tells them.
+    flow = Workflow(
+        name="labels",
+        trigger=WorkerTrigger(queue="labels"),
+        steps=[
+            Step("prepare", prepare),
+            for_each(
+                "each",
+                "$.body.names",
+                steps=[Step("label", label, inputs={"name": "$.state.each.item"})],
+            ),
+            Step("ship", prepare),
+        ],
+    )
+    async with (
+        Engine(workflows=[flow], database=database) as worker,
+        Engine(database=database, create=False, follow=False) as reader,
+    ):
+        bus = EventBus()
+        follower = Follower(reader.backend, bus)
+        await follower.prime()
+        events = bus.subscribe()
+        told_by_worker = worker.events()
+        job_id = await worker.enqueue("labels", {"names": ["a", "b"]})
+        run = await worker.wait_for_job(job_id, timeout=20)
+        assert run.status is RunStatus.COMPLETED, run.error
+        ran = await run_events_until(told_by_worker, run.id, RunFinished)
+
+        async def committed() -> bool:
+            return (await reader.get_run(run.id)).status is RunStatus.COMPLETED
+
+        await until(committed, timeout=20)
+        await follower.read_changes()
+        bus.close()
+        told = [e async for e in events if getattr(e, "run_id", None) == run.id]
+
+    def steps(seen: list[Event]) -> list[tuple[str, str]]:
+        return [
+            (type(e).__name__, e.name) for e in seen if isinstance(e, StepStarted | StepFinished)
+        ]
+
+    assert steps(told) == steps(ran), told
+    assert steps(told)[:3] == [
+        ("StepStarted", "prepare"),
+        ("StepFinished", "prepare"),
+        ("StepStarted", "each"),
+    ], told
+    assert steps(told)[-3:] == [
+        ("StepFinished", "each"),
+        ("StepStarted", "ship"),
+        ("StepFinished", "ship"),
+    ], told
