@@ -17,6 +17,7 @@ import anyio
 
 from .backends.base import Backend
 from .filters import RunFilter
+from .gates import wake_next
 from .ledger import Ledger, may_have_begun
 from .liveness import pid_names_process_here, process_runs
 from .models import RunStatus, WorkerInfo
@@ -143,8 +144,9 @@ class Chores:
                 last = seen.get(run.worker) if run.worker else None
                 self.ledger.abandon(run, reason(run.worker), last)
                 crashed += 1
-        for worker_id in dead:  # its concurrency slots go at once
-            await self.backend.shared.forget_worker(worker_id, listed=True)
+        for worker_id in dead:  # its concurrency slots go at once, to the jobs held for them
+            for run_id, key in await self.backend.shared.forget_worker(worker_id, listed=True):
+                await self._wake_held(run_id, key)
         self._released.update(seen)
         await self.backend.runs.flush()
         if crashed or released:
@@ -154,6 +156,15 @@ class Chores:
                 released,
             )
         return crashed
+
+    async def _wake_held(self, run_id: str, key: str) -> None:
+        """A dead worker's run held a slot of `key`: the job held longest behind that key goes
+        now, not at the end of its backoff (up to 30 s)."""
+        run = await self.backend.runs.get_run(run_id)
+        if run is None:
+            return
+        for queue in self.backend.queues:
+            await wake_next(self.ledger, queue, run.queue, key)
 
     # ---- the janitor -----------------------------------------------------------------------
     async def purge(self) -> int:

@@ -95,6 +95,21 @@ def _decide(
     return Verdict("hold", until=until, superseded=window), kept
 
 
+async def wake_next(ledger: Ledger, queue: JobQueue, name: str, key: str) -> None:
+    """A slot of `key` came free (a run of this worker ended, or recovery freed a dead
+    worker's): the job held longest behind it goes now. Each held job waited out its own
+    backoff (1 s, 2 s, 4 s, … 30 s), and eight runs of one key at a limit of 1 took 91 s where
+    they ran for 0.8. One job a slot: should another worker take the slot first, the woken job
+    is held again and the next slot freed wakes it. (A shortcut: a job not woken goes at the
+    end of its backoff, so a failure is logged.)"""
+    try:
+        for job in await queue.gated(name, key, 1):
+            # Its run is left as the gate wrote it (queued or throttled) until it starts.
+            await ledger.make_due(queue, job, None, force=False)
+    except Exception:
+        log.warning("could not start the next job of concurrency key %r", key, exc_info=True)
+
+
 # ---- the gates ---------------------------------------------------------------------------
 class Gates:
     """The scheduling gates of one worker; `admit` is asked for every claimed job."""
@@ -185,17 +200,7 @@ class Gates:
         return freed
 
     async def wake_next(self, queue: JobQueue, name: str, key: str) -> None:
-        """A slot of `key` came free: the job held longest behind it goes now. Each held job
-        waited out its own backoff (1 s, 2 s, 4 s, … 30 s), and eight runs of one key at a
-        limit of 1 took 91 s where they ran for 0.8. One job a slot: should another worker
-        take the slot first, the woken job is held again and the next slot freed wakes it.
-        (A shortcut: a job not woken goes at the end of its backoff, so a failure is logged.)"""
-        try:
-            for job in await queue.gated(name, key, 1):
-                # Its run is left as the gate wrote it (queued or throttled) until it starts.
-                await self.ledger.make_due(queue, job, None, force=False)
-        except Exception:
-            log.warning("could not start the next job of concurrency key %r", key, exc_info=True)
+        await wake_next(self.ledger, queue, name, key)
 
     def renew(self) -> None:
         if self._holding:

@@ -676,9 +676,10 @@ async def test_a_stopped_worker_is_not_registered_again_by_a_renewal_due_as_it_s
     for shared in (SqliteShared, PostgresShared):
 
         def slow_to_forget(forget: Any) -> Any:
-            async def forget_worker(self: Any, worker_id: str) -> None:
-                await forget(self, worker_id)
+            async def forget_worker(self: Any, worker_id: str) -> list[tuple[str, str]]:
+                freed: list[tuple[str, str]] = await forget(self, worker_id)
                 await anyio.sleep(0.1)  # renewals of a 30 ms lease come due meanwhile
+                return freed
 
             return forget_worker
 

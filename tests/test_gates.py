@@ -10,7 +10,7 @@ import sys
 import textwrap
 import time
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -425,6 +425,64 @@ async def test_two_engines_on_one_file_share_the_limit(tmp_path: Path) -> None:
     assert all(run.status is RunStatus.COMPLETED for run in runs)
     assert len(workers) == 2  # both engines took part
     assert peak == 2
+
+
+HELD_BEHIND = """
+import anyio, sys
+from engine import Engine
+
+async def main():
+    async with Engine(workflows=sys.argv[1], database=sys.argv[2]) as engine:
+        await engine.enqueue("locked", {"k": "x"}, job_id="first")
+        await engine.enqueue("locked", {"k": "x"}, job_id="second")
+        await anyio.sleep_forever()
+
+anyio.run(main)
+"""
+
+
+async def test_a_dead_workers_freed_slot_starts_the_job_held_behind_it(tmp_path: Path) -> None:
+    """Recovery freed a dead worker's concurrency slots, but the job held behind its key
+    waited out its backoff (up to 30 s; a minute here) before anything looked at it. Its run
+    is cancelled, so no rerun of it takes the slot and hands it on when it ends."""
+    wf_file = tmp_path / "locked.py"
+    wf_file.write_text(
+        WORKFLOW_FILE.replace(  # two at a time, so that the second is claimed and held
+            'limit_backoff="20ms", limit_max_backoff="100ms"',
+            'concurrency=2, limit_backoff="60s", limit_max_backoff="60s"',
+        )
+    )
+    db = tmp_path / "blok.db"
+    env = {**os.environ, "BLOK_TEST_HANG": "1"}
+    holder = await anyio.open_process(
+        [sys.executable, "-c", textwrap.dedent(HELD_BEHIND), str(wf_file), str(db)], env=env
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while True:  # another process writes it: nothing to await, so look at the file
+            held = None
+            if db.exists():
+                # No table yet while the holder makes the schema: looked at again.
+                with sqlite3.connect(db) as conn, suppress(sqlite3.OperationalError):
+                    held = conn.execute(
+                        "SELECT state, meta FROM jobs WHERE id = 'second'"
+                    ).fetchone()
+            if held is not None and held[0] == "delayed" and '"gate"' in held[1]:
+                break
+            assert time.monotonic() < deadline, "the second job was never held behind the key"
+            assert holder.returncode is None, "the holder process died"
+            await anyio.sleep(0.05)
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        await holder.wait()
+    async with Engine(database=db, create=False) as client:
+        first = (await client.get_job("first")).run_id
+        await client.cancel(first)
+    async with Engine(workflows=wf_file, database=db) as engine:
+        run = await engine.wait_for_job("second", timeout=15)
+        cancelled = await engine.get_run(first)
+    assert cancelled.status is RunStatus.CANCELLED
+    assert run.status is RunStatus.COMPLETED
 
 
 database = any_database  # the fixture: each of DATABASES in turn (tests/support.py)

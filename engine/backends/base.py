@@ -611,10 +611,10 @@ class SharedState(ABC):
         look for dead peers at every heartbeat must not break up the writer's batches."""
 
     @abstractmethod
-    async def forget_worker(self, worker_id: str, *, listed: bool = False) -> None:
+    async def forget_worker(self, worker_id: str, *, listed: bool = False) -> list[tuple[str, str]]:
         """Drop the worker's concurrency slots, and the worker unless `listed` (a dead one
-        stays listed a while, as gone). Its catalog stays: what it served stays known (a
-        producer can still enqueue to it) until another worker publishes its own."""
+        stays listed a while, as gone): the (run id, key) of each slot freed. Its catalog
+        stays: what it served stays known until another worker publishes its own."""
 
     @abstractmethod
     def publish_catalog(self, catalog: WorkerCatalog) -> None:

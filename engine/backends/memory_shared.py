@@ -40,13 +40,16 @@ class MemoryShared(SharedState):
     async def workers(self, *, own_writes: bool = True) -> list[WorkerInfo]:
         return sorted(self._workers.values(), key=lambda w: w.started_at)
 
-    async def forget_worker(self, worker_id: str, *, listed: bool = False) -> None:
+    async def forget_worker(self, worker_id: str, *, listed: bool = False) -> list[tuple[str, str]]:
         if not listed:
             self._workers.pop(worker_id, None)
-        for holders in self._slots.values():
+        freed = []
+        for (_, key), holders in self._slots.items():
             for run_id in [r for r, (w, _) in holders.items() if w == worker_id]:
                 del holders[run_id]
                 self._slot_of.pop(run_id, None)
+                freed.append((run_id, key))
+        return freed
 
     def publish_catalog(self, catalog: WorkerCatalog) -> None:
         self._catalogs[catalog.worker] = catalog

@@ -116,8 +116,10 @@ async def test_forget_worker_drops_it_and_its_slots_but_not_its_catalog(
     served = catalog("w1")
     shared.publish_catalog(served)
     assert await shared.acquire_slot("ship", "k", 1, "run_a", "w1", LONG) == (True, 1)
+    assert await shared.acquire_slot("ship", "j", 2, "run_c", "w2", LONG) == (True, 1)
 
-    await shared.forget_worker("w1")
+    # The slots freed, for recovery to start the jobs held behind their keys.
+    assert await shared.forget_worker("w1") == [("run_a", "k")]
 
     assert [w.id for w in await shared.workers()] == ["w2"]
     assert await shared.slot_holders("ship", "k") == []

@@ -65,11 +65,14 @@ class PostgresShared(SharedState):
         here = self.db.clock.time()
         return [worker_from_row(row, here - row["heartbeat_age"]) for row in rows]
 
-    async def forget_worker(self, worker_id: str, *, listed: bool = False) -> None:
+    async def forget_worker(self, worker_id: str, *, listed: bool = False) -> list[tuple[str, str]]:
         if not listed:
             self.db.write("DELETE FROM workers WHERE id = $1", (worker_id,))
-        self.db.write("DELETE FROM concurrency_slots WHERE worker = $1", (worker_id,))
         await self.db.flush()
+        rows = await self.db.fetch(
+            "DELETE FROM concurrency_slots WHERE worker = $1 RETURNING run_id, key", worker_id
+        )
+        return [(row[0], row[1]) for row in rows]
 
     def publish_catalog(self, catalog: WorkerCatalog) -> None:
         self.db.write(sql.PUBLISH_CATALOG, clean(catalog_row(catalog)))

@@ -69,11 +69,16 @@ class SqliteShared(SharedState):
         rows = await self.db.fetchall("SELECT * FROM workers ORDER BY started_at")
         return [worker_from_row(row) for row in rows]
 
-    async def forget_worker(self, worker_id: str, *, listed: bool = False) -> None:
+    async def forget_worker(self, worker_id: str, *, listed: bool = False) -> list[tuple[str, str]]:
+        await self.db.flush()
+        held = await self.db.fetchall(
+            "SELECT run_id, key FROM concurrency_slots WHERE worker = ?", (worker_id,)
+        )
         self.db.write("DELETE FROM concurrency_slots WHERE worker = ?", (worker_id,))
         if not listed:
             self.db.write("DELETE FROM workers WHERE id = ?", (worker_id,))
         await self.db.flush()
+        return [(run_id, key) for run_id, key in held]
 
     def publish_catalog(self, catalog: WorkerCatalog) -> None:
         self.db.write(
