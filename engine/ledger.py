@@ -708,7 +708,8 @@ class Ledger:
         self._crash(run, reason, seen)
         job = claim.job
         meta, poison = self._crashed(job, run)
-        if poison is not None:
+        if poison is not None:  # this claim ran nothing: not a delivery (Job.deliveries)
+            meta["held"] = int(meta.get("held", 0)) + 1
             self._settle(claim, queue, run, JobUpdate(state=JobState.DEAD, error=poison, meta=meta))
             return None
         job.meta = meta

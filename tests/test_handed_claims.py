@@ -22,11 +22,19 @@ from pathlib import Path
 
 import anyio
 import pytest
-from support import add_unserved, all_tasks_blocked, dead_pid, durable_database, provider_of
+from support import (
+    add_unserved,
+    all_tasks_blocked,
+    dead_pid,
+    durable_database,
+    provider_of,
+    until,
+)
 
 from engine import Engine, RunStatus, Step, WorkerTrigger, Workflow
 from engine.backends.sqlite.schema import SCHEMA_VERSION
-from engine.models import WorkerInfo, utcnow
+from engine.ledger import make_job, make_run
+from engine.models import MAX_CRASHES, JobState, WorkerInfo, utcnow
 
 pytestmark = pytest.mark.anyio
 
@@ -204,3 +212,42 @@ async def test_a_job_handed_off_by_its_add_and_lost_records_its_run_crashed(
         old = await worker.get_run(lost.job.run_id)
         assert old.status is RunStatus.CRASHED
         assert "before the run's start was recorded" in (old.error or "")
+
+
+async def test_the_claim_that_finds_a_jobs_last_crash_is_not_counted_a_delivery(
+    database: str,
+) -> None:
+    """A worker whose lease ran out (its loop blocked by an async node calling time.sleep)
+    lost a job for the third time; the claim that took the job over found it a dead letter
+    and ran nothing, yet the dead letters counted it: "4 deliveries" of a job three runs had,
+    whose last run said "delivery 3 of 3"."""
+    holder = f"{socket.gethostname()}:{dead_pid()}"
+    async with Engine(database=database) as producer:
+        queue = producer.backend.queue(provider_of(database))
+        # Its first two runs crashed their workers: this one is its last.
+        job = make_job(
+            queue=QUEUE,
+            workflow_name="handed",
+            payload={},
+            headers=None,
+            priority=0,
+            run_at=None,
+            max_retries=0,
+            meta={"crashes": MAX_CRASHES - 1},
+        )
+        await queue.add([job], [make_run(job, workflow_version="")])
+        [claim] = await queue.claim(QUEUE, 1, holder, LEASE_S)
+        held_at = time.monotonic()
+    await anyio.sleep(max(0.0, LEASE_S - (time.monotonic() - held_at)) + 0.05)  # it runs out
+    async with Engine(workflows=workflows(database), database=database) as worker:
+
+        async def dead_letter() -> bool:
+            return (await worker.get_job(job.id)).state is JobState.DEAD
+
+        await until(dead_letter, timeout=20)
+        dead = await worker.get_job(job.id)
+        last = await worker.get_run(claim.job.run_id)
+    assert last.status is RunStatus.CRASHED
+    assert f"crashed their workers {MAX_CRASHES} times" in (dead.error or "")
+    # One delivery: the lost holder's. (Its history is made up: two crashes, no claims.)
+    assert dead.deliveries == 1
