@@ -1,6 +1,7 @@
 """blok-tui's in-process workflow engine. No Textual import anywhere in this package."""
 
 from .backends.base import EventMessage, RunStore
+from .context import MissingStateKey
 from .durations import format_duration, parse_duration
 from .engine import Capabilities, Engine
 from .errors import (
@@ -107,6 +108,7 @@ __all__ = [
     "LogLine",
     "LogRecorded",
     "Loop",
+    "MissingStateKey",
     "NonRetryable",
     "Orphan",
     "QueueChanged",

@@ -9,6 +9,7 @@ from datetime import datetime
 from difflib import get_close_matches
 from typing import TYPE_CHECKING, Any
 
+from .expressions import did_you_mean
 from .redact import redact_text, redact_value, secret_values
 
 if TYPE_CHECKING:
@@ -16,6 +17,34 @@ if TYPE_CHECKING:
     from .origin import Stopped
 
 _engine_log = logging.getLogger("blok.run")
+
+
+class MissingStateKey(KeyError):
+    """`ctx.state[key]` for a key it does not have: a KeyError (its `args[0]` the key, as any
+    dict's), whose message says what the state has. A mistyped step name in a loop's `until`
+    or a node read "KeyError: 'chek'", and nothing said which names there were."""
+
+    def __init__(self, key: Any, known: tuple[str, ...] = ()) -> None:
+        super().__init__(key)
+        self.known = known
+
+    def __str__(self) -> str:
+        key = self.args[0]
+        if not self.known:
+            return f"ctx.state has no {key!r}: no step has put anything in it yet"
+        has = ", ".join(repr(k) for k in self.known[:8]) + (", …" if len(self.known) > 8 else "")
+        meant = did_you_mean(key, self.known) if isinstance(key, str) else ""
+        return f"ctx.state has no {key!r} (it has {has}){meant}"
+
+
+class RunState(dict[str, Any]):
+    """`ctx.state`: the outputs of the steps so far, by name; a plain dict but for the error
+    of a key it does not have (`MissingStateKey`). `.get` and `in` are a dict's."""
+
+    __slots__ = ()
+
+    def __missing__(self, key: Any) -> Any:
+        raise MissingStateKey(key, tuple(self))
 
 
 class RunLogger(logging.Logger):
@@ -164,7 +193,7 @@ class Context:
         self.body = body
         self.headers = headers
         self.params = params
-        self.state = state
+        self.state = state if type(state) is RunState else RunState(state)
         self.attempt = 1
         self._stop = stop if stop is not None else StopFlag()
         self.attempt_stopped = False  # this step attempt timed out
@@ -254,7 +283,7 @@ class Context:
                 "attempt": run.job_attempt,
                 "priority": job.priority,
             },
-            state=state if state is not None else {},
+            state=RunState(state) if state is not None else RunState(),
             sink=_discard,
             job=info,
         )

@@ -204,7 +204,46 @@ async def test_a_flow_steps_own_failure_names_its_file_and_line(tmp_path: Path) 
     defined = line_of('flow("spins", loop(')
     assert errors["spins"].endswith(f"max_iterations=2 (at {here}:{defined})"), errors
     raised = line_of("# raises KeyError")  # the user's line that raised, not the definition
-    assert errors["raising"].endswith(f"KeyError: 'nope' (at {here}:{raised})"), errors
+    assert errors["raising"].endswith(
+        f"MissingStateKey: ctx.state has no 'nope': no step has put anything in it yet "
+        f"(at {here}:{raised})"
+    ), errors
+
+
+async def test_a_key_ctx_state_lacks_is_said_with_the_keys_it_has(tmp_path: Path) -> None:
+    # A step's name mistyped in a loop's `until` or read by a node failed the run with
+    # "KeyError: 'chek'", and nothing said which names there were.
+    async def check(ctx: Any) -> dict[str, bool]:
+        return {"ready": True}
+
+    async def read(ctx: Any) -> Any:
+        assert ctx.state.get("chek") is None and "chek" not in ctx.state  # a dict's, as ever
+        try:
+            ctx.state["chek"]
+        except KeyError as error:  # what a node that looks before it leaps catches
+            assert error.args == ("chek",)
+        return ctx.state["chek"]["ready"]
+
+    polls = flow(
+        "polls",
+        loop(
+            "poll",
+            steps=[Step("check", check)],
+            until=lambda ctx: ctx.state["chek"]["ready"],
+            max_iterations=3,
+        ),
+    )
+    reads = flow("reads", Step("check", check), Step("read", read))
+    async with Engine(workflows=[polls, reads], database=tmp_path / "blok.db") as engine:
+        errors = {}
+        for name in ("polls", "reads"):
+            run = await engine.wait_for_job(await engine.enqueue(name, {}), 10)
+            assert run.status is RunStatus.FAILED, run.error
+            errors[name] = run.error or ""
+    polled = "ctx.state has no 'chek' (it has 'poll', 'check'); did you mean 'check'?"
+    assert f"until condition raised MissingStateKey: {polled}" in errors["polls"], errors
+    read = "ctx.state has no 'chek' (it has 'check'); did you mean 'check'?"
+    assert f"read failed: MissingStateKey: {read}" in errors["reads"], errors
 
 
 async def test_switch_picks_the_case_or_the_default(tmp_path: Path) -> None:
