@@ -32,6 +32,7 @@ from .errors import EngineError, UnknownJob, UnknownQueue, UnknownRun
 from .filters import RunFilter
 from .health import DEFAULT_MAX_AGE_S, Health
 from .health import check as check_health
+from .known_jobs import known_job
 from .ledger import JobWaiter, Ledger, make_job, make_run
 from .liveness import SERVING, elsewhere, worker_alive, worker_state
 from .models import (
@@ -468,7 +469,8 @@ class Operator:
         timeout: Any = None,
     ) -> str:
         """Add a job; its id. A `job_id` the queue knows already is not added twice: its id
-        comes back (the job stays as it is); one that another queue has is an EngineError."""
+        comes back (the job stays as it is; `known_job`); one that another queue has is an
+        EngineError."""
         if job_id is not None:
             job_id = checked(check_job_id, job_id)
         target = await self.target(queue)
@@ -484,17 +486,10 @@ class Operator:
         )
         added = await self.ledger.add(target.queue, [job], [run], watch=True)
         if not added:
-            await self._refuse_if_elsewhere(job.id, queue)
+            await known_job(self.backend, job, queue)
         elif force:
             await self._start_now(target.queue, job.id)
         return job.id
-
-    async def _refuse_if_elsewhere(self, job_id: str, queue: str) -> None:
-        """A job id not added is known: to this queue (the dedupe `enqueue` promises) or to
-        another. Read after the add (atomic in each store), so no racing enqueue slips by."""
-        found = await self.backend.find_job(job_id)
-        if found is not None and found[1].queue != queue:
-            raise EngineError(f"job id {job_id!r} is already a job of queue {found[1].queue!r}")
 
     async def enqueue_many(
         self, queue: str, payloads: Sequence[Any], *, priority: int = 0

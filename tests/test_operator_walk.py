@@ -5,6 +5,7 @@ provider the database does not have."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -99,6 +100,31 @@ async def test_a_job_id_another_queue_has_is_refused_and_the_same_queue_adds_it_
     run = await engine.wait_for_job("shared", timeout=10)
     assert (run.queue, run.input) == ("first", {"v": 1})
     assert len(await engine.runs(queue="first")) == 1
+
+
+async def test_a_job_id_enqueued_again_with_another_payload_is_said_to_drop_it(
+    engine: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    # An order's id reused for another order added nothing and said nothing: the second
+    # order's payload went nowhere. The same payload again (a retried enqueue, a tuple for
+    # the list stored) is the dedupe promised, and says nothing.
+    assert await engine.enqueue("first", {"items": ["a", "b"], "n": 1}, job_id="order-7") == (
+        "order-7"
+    )
+    with caplog.at_level(logging.WARNING, logger="blok.operator"):
+        assert await engine.enqueue("first", {"n": 1, "items": ("a", "b")}, job_id="order-7")
+        assert caplog.records == []
+        assert await engine.enqueue("first", {"items": ["c"], "n": 2}, job_id="order-7")
+    [said] = [record.getMessage() for record in caplog.records]
+    assert said.startswith(
+        "job id 'order-7' is already a job of queue 'first', with another payload: that job "
+        "stays as it is ("
+    ), said
+    assert said.endswith(
+        'this payload is not enqueued: {"items": ["c"], "n": 2} (a new job needs a new id)'
+    ), said
+    run = await engine.wait_for_job("order-7", timeout=10)
+    assert run.input == {"items": ["a", "b"], "n": 1}
 
 
 # ---- enqueue_many's payloads ----------------------------------------------------------------
