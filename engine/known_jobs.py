@@ -18,7 +18,7 @@ from .models import Job
 
 log = logging.getLogger("blok.operator")
 
-SHOWN = 200  # characters of the payload dropped that its warning shows
+SHOWN = 5  # differing fields a warning names
 
 
 async def known_job(backend: Backend, job: Job, queue: str) -> None:
@@ -30,17 +30,29 @@ async def known_job(backend: Backend, job: Job, queue: str) -> None:
     known = found[1]
     if known.queue != queue:
         raise EngineError(f"job id {job.id!r} is already a job of queue {known.queue!r}")
-    given = _canonical(job.payload)
-    if given != _canonical(known.payload):
-        shown = given if len(given) <= SHOWN else given[:SHOWN] + "…"
+    if _canonical(job.payload) != _canonical(known.payload):
+        # Where they differ, not the values: a payload may hold what a log must not.
         log.warning(
-            "job id %r is already a job of queue %r, with another payload: that job stays as "
-            "it is (%s), and this payload is not enqueued: %s (a new job needs a new id)",
+            "job id %r is already a job of queue %r (%s) whose payload differs%s: that job "
+            "stays as it is, and this payload is not enqueued (a new job needs a new id)",
             job.id,
             queue,
             known.state,
-            shown,
+            _where(job.payload, known.payload),
         )
+
+
+def _where(given: Any, known: Any) -> str:
+    """ " at $.body.n, $.body.items" where both are objects, else ""."""
+    if not isinstance(given, dict) or not isinstance(known, dict):
+        return ""
+    fields = [
+        str(key)
+        for key in sorted({*given, *known}, key=str)
+        if key not in given or key not in known or _canonical(given[key]) != _canonical(known[key])
+    ]
+    more = ", …" if len(fields) > SHOWN else ""
+    return " at " + ", ".join(f"$.body.{name}" for name in fields[:SHOWN]) + more
 
 
 def _canonical(payload: Any) -> str:

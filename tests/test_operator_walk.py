@@ -116,12 +116,11 @@ async def test_a_job_id_enqueued_again_with_another_payload_is_said_to_drop_it(
         assert caplog.records == []
         assert await engine.enqueue("first", {"items": ["c"], "n": 2}, job_id="order-7")
     [said] = [record.getMessage() for record in caplog.records]
-    assert said.startswith(
-        "job id 'order-7' is already a job of queue 'first', with another payload: that job "
-        "stays as it is ("
-    ), said
+    assert said.startswith("job id 'order-7' is already a job of queue 'first' ("), said
+    # Where the payloads differ, not their values (a payload may hold what a log must not).
     assert said.endswith(
-        'this payload is not enqueued: {"items": ["c"], "n": 2} (a new job needs a new id)'
+        " whose payload differs at $.body.items, $.body.n: that job stays as it is, and this "
+        "payload is not enqueued (a new job needs a new id)"
     ), said
     run = await engine.wait_for_job("order-7", timeout=10)
     assert run.input == {"items": ["a", "b"], "n": 1}
