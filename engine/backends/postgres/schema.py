@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncpg
 
 SCHEMA = "blok"
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 # pg_advisory_xact_lock key that serializes migrations (a constant unique to blok: "blok").
 MIGRATION_LOCK = 0x626C6F6B
@@ -363,6 +363,11 @@ MIGRATIONS: dict[int, str] = {
     # A worker that drains (SIGTERM) says so from its first moment (see the SQLite schema).
     9: """
     ALTER TABLE workers ADD COLUMN stopping_at DOUBLE PRECISION;
+    """,
+    # The jobs a concurrency key holds back, in claim order (see the SQLite schema).
+    10: """
+    CREATE INDEX jobs_gated ON jobs (queue, (meta->'gate'->>'key'), priority DESC, seq)
+        WHERE state = 'delayed' AND meta->'gate'->>'gate' = 'concurrency';
     """,
 }
 

@@ -439,7 +439,7 @@ STATS = rows.STATS.format(unstarted=rows.UNSTARTED_RUN, now=NOW, queue="$1")
 DEAD_LETTERS = (
     f"{SELECT_JOB} WHERE queue = $1 AND state = 'dead' ORDER BY finished_at DESC LIMIT $2"
 )
-# The concurrency gate's held jobs of a key: the queue's delayed jobs (`jobs_state`), read.
+# The concurrency gate's held jobs of a key, read from their own index (`jobs_gated`).
 GATED = (
     f"{SELECT_JOB} WHERE queue = $1 AND state = 'delayed'"
     " AND meta->'gate'->>'gate' = 'concurrency' AND meta->'gate'->>'key' = $2"

@@ -49,7 +49,7 @@ from .store import log_row
 STATS = rows.STATS.format(unstarted=rows.UNSTARTED_RUN, now="?", queue="?")
 CHUNK = 500  # ids one statement names: well under SQLite's limit on bound values
 SELECT_JOB = f"SELECT {', '.join(JOB_COLUMNS)} FROM jobs"
-# The concurrency gate's held jobs of a key: the queue's delayed jobs (`jobs_state`), read.
+# The concurrency gate's held jobs of a key, read from their own index (schema.py: jobs_gated).
 GATED = (
     f"{SELECT_JOB} WHERE queue = ? AND state = 'delayed'"
     " AND json_extract(meta, '$.gate.gate') = 'concurrency'"
