@@ -77,6 +77,65 @@ async def serving_version(backend: Backend, workflow: str, version: str, besides
     )
 
 
+async def say_other_declarations(backend: Backend, me: str, here: dict[str, Workflow]) -> None:
+    """Warn of a queue this worker serves that a live worker serves with another workflow: an
+    enqueue names the queue's latest declaration (this worker's, now), and each worker runs
+    only the jobs enqueued for its own (`left_to_its_workflow`). Two services that chose one
+    queue name, or a deploy that renamed a workflow while the old one still runs."""
+    mine = {queue: wf.name for queue, wf in here.items()}
+    for catalog in (await LiveWorkers.read(backend, besides=me)).catalogs:
+        for info in catalog.workflows:
+            ours = mine.get(info.queue or "")
+            if ours is not None and info.name != ours:
+                log.warning(
+                    "queue %r is served here with workflow %r, and by worker %s with workflow "
+                    "%r: jobs enqueued to it now run %r; each worker runs only the jobs "
+                    "enqueued for its own workflow (one queue, one workflow: rename one queue)",
+                    info.queue,
+                    ours,
+                    catalog.worker,
+                    info.name,
+                    ours,
+                )
+
+
+async def left_to_its_workflow(
+    backend: Backend,
+    ledger: Ledger,
+    claim: Claim,
+    queue: JobQueue,
+    run: Run,
+    me: str,
+    current: Workflow,
+) -> bool:
+    """A job enqueued for another workflow than the one this worker runs on its queue: two
+    deployments declare the queue with different workflows (a rolling deploy that renamed
+    it, two services that chose one queue name). Run here, it ran this worker's code under
+    the other's name and record. A live worker that serves its workflow on this queue takes
+    it: held back a moment for it (True). With none, the workflow was renamed: this worker's
+    runs it (False), as a reload that renames a workflow promises its queued jobs."""
+    job = claim.job
+    holders = sorted(
+        catalog.worker
+        for catalog in (await LiveWorkers.read(backend, besides=me)).catalogs
+        if any(i.name == job.workflow_name and i.queue == job.queue for i in catalog.workflows)
+    )
+    if not holders:
+        return False
+    meta = dict(job.meta)
+    if meta.get("left_to") != job.workflow_name:  # said once, however often it is claimed here
+        meta["left_to"] = job.workflow_name
+        ledger.log(
+            run,
+            f"workflow {job.workflow_name!r} it was enqueued for is served on queue "
+            f"{job.queue!r} by worker {', '.join(holders)}; worker {me} serves that queue with "
+            f"workflow {current.name!r}: left to it",
+        )
+    until = backend.clock.now() + timedelta(seconds=HAND_OVER_S)
+    ledger.hold(claim, queue, run, run.status, until, meta)
+    return True
+
+
 async def not_resumable_here(
     backend: Backend,
     ledger: Ledger,

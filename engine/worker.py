@@ -44,7 +44,7 @@ from .run_handle import RunHandle
 from .runner import Outcome, Runner, SnapshotLost
 from .services import FencedRecorder
 from .turns import LoopTurn
-from .versions import not_resumable_here
+from .versions import left_to_its_workflow, not_resumable_here, say_other_declarations
 from .watchdog import WATCHDOG_S, LoopWatchdog
 from .whereabouts import NOTHING_RUNS, STARTING, WHERE
 from .workflow import Workflow
@@ -137,6 +137,8 @@ class Worker:
         self.backend.shared.heartbeat(self.info)
         self._started = True
         self.sync()
+        if self.backend.durable:
+            await say_other_declarations(self.backend, self.info.id, self.catalog.served())
         await self._take_back_memory_runs(start=True)
         tg.start_soon(self.guard(self._lease_loop))
         if self.backend.durable:
@@ -520,6 +522,10 @@ class Worker:
             if found is None:
                 return  # its last crash: a dead letter
             run, resuming = found
+            if current.name != job.workflow_name and await left_to_its_workflow(
+                self.backend, self.ledger, claim, queue, run, self.info.id, current
+            ):
+                return  # another deployment's workflow, served by a worker of that one
             workflow, note = self.catalog.resumed_on(current, run, resuming)
             if workflow is None:  # its version is not here, and the one here changed its steps
                 parts = (self.backend, self.ledger, claim, queue, run, self.info.id, current)
