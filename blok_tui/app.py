@@ -61,6 +61,7 @@ from .command_screen import CommandScreen
 from .confirm_screen import ConfirmScreen
 from .console import Clock, printable, system_clock
 from .dead_letters_screen import DeadLettersScreen
+from .engine_log import EngineWarnings, Toasts
 from .hangup import stop_signals
 from .help_screen import HelpScreen
 from .inject_screen import InjectScreen
@@ -148,6 +149,8 @@ class BlokApp(App[None]):
         # Steps' names by (run id, index), from their StepStarted: a log line carries only the
         # index. The newest LOG_LINES steps are kept, enough for the lines kept.
         self.step_names: OrderedDict[tuple[str, int], str] = OrderedDict()
+        self._engine_warnings: EngineWarnings | None = None
+        self._toasts = Toasts()
 
     def get_driver_class(self) -> type[Driver]:
         driver = super().get_driver_class()
@@ -276,6 +279,8 @@ class BlokApp(App[None]):
             await asyncio.Event().wait()
 
     async def on_unmount(self) -> None:
+        if self._engine_warnings is not None:
+            self._engine_warnings.remove()
         # Textual cancels an app's workers at exit without waiting for them. The engine this
         # app opened must finish closing (its database connections' threads) while the event
         # loop still runs: a connection's thread that answers after the loop has closed fails.
@@ -286,6 +291,8 @@ class BlokApp(App[None]):
                     await worker.wait()
 
     async def _start(self, engine: EngineAPI) -> None:
+        self._engine_warnings = EngineWarnings(self.note_engine_line, asyncio.get_running_loop())
+        self._engine_warnings.install()
         self.reload_errors = dict(engine.reload_errors)
         await self._refresh_queue_names()
         self.run_worker(self._consume_events(engine), group="events", name="events", exclusive=True)
@@ -297,6 +304,14 @@ class BlokApp(App[None]):
     async def _consume_events(self, engine: EngineAPI) -> None:
         async for event in engine.events():
             self._note(event)
+
+    def note_engine_line(self, line: LogRecorded) -> None:
+        """A warning of the engine's (engine_log.py): a line of the logs view, and a toast."""
+        self.log_lines.append((next(self._log_numbers), line))
+        self._changes.logs = True
+        if self._toasts.due():
+            said = line.message if len(line.message) <= 200 else line.message[:199] + "…"
+            self.notify(f"{said}  (:logs lists them)", title="Engine warning", severity="warning")
 
     def _note(self, event: Event) -> None:
         changes = self._changes

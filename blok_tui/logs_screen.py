@@ -1,6 +1,7 @@
-"""Live log lines across every run (:logs or L), newest at the bottom, following as they come
-unless the cursor is moved up. `/` filters by text (message, run id, step, level); enter opens
-the run of the line under the cursor."""
+"""Live log lines across every run (:logs or L), and the engine's own warnings (run "engine":
+engine_log.py), newest at the bottom, following as they come unless the cursor is moved up.
+`/` filters by text (message, run id, step, level); enter opens the run of the line under the
+cursor."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from engine import LogRecorded
 from . import actions
 from .base_screen import Changes, RowFilterScreen
 from .console import clock_time, short_ids
+from .engine_log import ENGINE
 from .run_screen import LEVELS, LOG_STYLES
 from .tracebacks import clean_error
 from .widgets import FilterInput
@@ -118,7 +120,9 @@ class LogsScreen(RowFilterScreen):
     def action_open_line_run(self) -> None:
         key = self.table.cursor_key
         found = next((e for n, e in self.blok.log_lines if str(n) == key), None)
-        if found is not None:
+        if found is not None and found.run_id == ENGINE:
+            self.notify("an engine warning: no run of its own", severity="warning")
+        elif found is not None:
             self.blok.open_run(found.run_id)
 
     def engine_changed(self, changes: Changes) -> None:

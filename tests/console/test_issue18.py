@@ -496,6 +496,38 @@ async def test_the_live_log_view_shows_every_runs_lines_as_they_come(engine: Eng
         assert isinstance(app.screen, RunScreen)
 
 
+async def test_the_engines_own_warnings_reach_the_log_view_and_a_toast(engine: Engine) -> None:
+    # Under the console the engine's log goes to a file: its warnings (a node blocking the
+    # event loop, a mistyped sub-workflow, a job id enqueued again with another payload) were
+    # read by no one.
+    app = BlokApp(engine)
+    async with app.run_test(size=WIDE) as pilot:
+        await settled(pilot)
+        await pilot.press("L")
+        await settled(pilot)
+        assert isinstance(app.screen, LogsScreen)
+        table = app.screen.query_one("#logs", RowTable)
+        await engine.enqueue("slow", {"order_id": "D1"}, job_id="dup")
+        await engine.enqueue("slow", {"order_id": "D2"}, job_id="dup")
+        await until(pilot, lambda: any("payload differs" in m for m in column(table, "message")))
+        lines = dict(zip(column(table, "message"), column(table, "run"), strict=True))
+        [(message, run)] = [(m, r) for m, r in lines.items() if "payload differs" in m]
+        assert run == "engine" and message.startswith("blok.operator: job id 'dup' is already")
+        await until(pilot, lambda: bool(app._notifications))
+        [toast] = list(app._notifications)
+        assert toast.title == "Engine warning" and "payload differs" in str(toast.message)
+        # A second warning at once: a line, no second toast.
+        await engine.enqueue("slow", {"order_id": "D3"}, job_id="dup")
+        await until(
+            pilot, lambda: sum("payload differs" in m for m in column(table, "message")) == 2
+        )
+        assert len(app._notifications) == 1
+        table.move_cursor(row=[*lines].index(message))
+        await pilot.press("enter")  # no run to open: said so, the view stays
+        await settled(pilot)
+        assert isinstance(app.screen, LogsScreen)
+
+
 async def test_diff_shows_what_a_replay_with_an_edited_input_changed(engine: Engine) -> None:
     failed = await engine.wait_for_job(
         await engine.enqueue("fixable", {"order_id": "F1"}), timeout=10
