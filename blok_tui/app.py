@@ -53,7 +53,7 @@ from engine.events import AttemptFailed, Event
 from engine.expressions import did_you_mean
 from engine.operations import BulkProgress, BulkResult
 
-from . import actions, bulk
+from . import actions, bulk, engine_log
 from .actions import STATUS_FILTERS
 from .base_screen import BlokScreen, Changes
 from .bulk import BulkPlan
@@ -61,7 +61,7 @@ from .command_screen import CommandScreen
 from .confirm_screen import ConfirmScreen
 from .console import Clock, printable, system_clock
 from .dead_letters_screen import DeadLettersScreen
-from .engine_log import EngineWarnings, Toasts
+from .engine_log import TOAST_CHARS, EngineWarnings, Toasts
 from .hangup import stop_signals
 from .help_screen import HelpScreen
 from .inject_screen import InjectScreen
@@ -291,8 +291,8 @@ class BlokApp(App[None]):
                     await worker.wait()
 
     async def _start(self, engine: EngineAPI) -> None:
-        self._engine_warnings = EngineWarnings(self.note_engine_line, asyncio.get_running_loop())
-        self._engine_warnings.install()
+        self._engine_warnings = engine_log.installed()
+        self._engine_warnings.attach(self.note_engine_line)
         self.reload_errors = dict(engine.reload_errors)
         await self._refresh_queue_names()
         self.run_worker(self._consume_events(engine), group="events", name="events", exclusive=True)
@@ -310,7 +310,8 @@ class BlokApp(App[None]):
         self.log_lines.append((next(self._log_numbers), line))
         self._changes.logs = True
         if self._toasts.due():
-            said = line.message if len(line.message) <= 200 else line.message[:199] + "…"
+            said = line.message.partition(": ")[2]  # the logger's name: in the logs view
+            said = said if len(said) <= TOAST_CHARS else said[: TOAST_CHARS - 1] + "…"
             self.notify(f"{said}  (:logs lists them)", title="Engine warning", severity="warning")
 
     def _note(self, event: Event) -> None:

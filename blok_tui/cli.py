@@ -948,6 +948,9 @@ async def _console(args: argparse.Namespace) -> int:
     _need_a_terminal("blok-tui", "for an engine with no screen: blok-tui worker")
     database = None if args.memory else _database(args)
     _log_quietly(database)
+    from . import engine_log
+
+    engine_log.installed()  # what loading the workflows warns of, kept for the console
     # Quitting the console should feel immediate: runs still going after CONSOLE_GRACE seconds
     # go back to the (durable) queue and run again on the next start.
     engine = Engine(
@@ -1003,6 +1006,9 @@ async def _attach(args: argparse.Namespace) -> int:
         # blok.log before it was refused.
         _need_a_terminal("blok-tui attach", "for a listing: blok-tui runs, blok-tui queues")
         _log_quietly(database)
+        from . import engine_log
+
+        engine_log.installed()
         status = await run_console(
             engine,
             title="blok-tui · attached",  # the header names the database

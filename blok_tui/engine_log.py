@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 
 from engine import LogRecorded
@@ -20,18 +21,20 @@ from engine import LogRecorded
 ENGINE = "engine"  # the run column of an engine line: no run to open
 RUNS_LOGGERS = ("blok.run", "blok.runs")  # a run's lines, and its end said again: shown already
 TOAST_EVERY_S = 10.0  # one toast in this long at most; the logs view has every line
+TOAST_CHARS = 320  # of a warning in its toast (a did-you-mean comes last)
+EARLY = 100  # warnings kept before the console is up, the newest
 
 
 class EngineWarnings(logging.Handler):
-    """Hands each warning of the `blok` loggers to `deliver`, in the event loop's thread
-    (a warning may come from another: the loop watchdog's)."""
+    """Hands each warning of the `blok` loggers to the console (`attach`), in the event loop's
+    thread (a warning may come from another: the loop watchdog's). Those logged before the
+    console is up (a workflow file's, as the engine loads it) are kept until it attaches."""
 
-    def __init__(
-        self, deliver: Callable[[LogRecorded], None], loop: asyncio.AbstractEventLoop
-    ) -> None:
+    def __init__(self) -> None:
         super().__init__(logging.WARNING)
-        self.deliver = deliver
-        self.loop = loop
+        self._deliver: Callable[[LogRecorded], None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._early: deque[LogRecorded] = deque(maxlen=EARLY)
 
     def emit(self, record: logging.LogRecord) -> None:
         if record.name.startswith(RUNS_LOGGERS):
@@ -44,15 +47,36 @@ class EngineWarnings(logging.Handler):
                 message=f"{record.name}: {record.getMessage()}",
                 ts=record.created,
             )
-            self.loop.call_soon_threadsafe(self.deliver, line)
+            if self._deliver is None or self._loop is None:
+                self._early.append(line)
+            else:
+                self._loop.call_soon_threadsafe(self._deliver, line)
         except Exception:  # a closed loop (the console gone): logging's own report
             self.handleError(record)
 
-    def install(self) -> None:
-        logging.getLogger("blok").addHandler(self)
+    def attach(self, deliver: Callable[[LogRecorded], None]) -> None:
+        """From now on to `deliver` (called in the running event loop), the early ones first."""
+        self._loop = asyncio.get_running_loop()
+        self._deliver = deliver
+        while self._early:
+            deliver(self._early.popleft())
 
     def remove(self) -> None:
+        """The console is gone: nothing more is kept or handed on."""
+        self._deliver = self._loop = None
         logging.getLogger("blok").removeHandler(self)
+
+
+def installed() -> EngineWarnings:
+    """The handler on the `blok` logger, installed by the first call: the command installs it
+    before the engine opens, the console attaches to it (tests' consoles install their own)."""
+    logger = logging.getLogger("blok")
+    for handler in logger.handlers:
+        if isinstance(handler, EngineWarnings):
+            return handler
+    handler = EngineWarnings()
+    logger.addHandler(handler)
+    return handler
 
 
 class Toasts:

@@ -39,6 +39,7 @@ from engine import (
     StepStarted,
     WorkerTrigger,
     Workflow,
+    subworkflow,
 )
 
 from .flows import ALL
@@ -526,6 +527,30 @@ async def test_the_engines_own_warnings_reach_the_log_view_and_a_toast(engine: E
         await pilot.press("enter")  # no run to open: said so, the view stays
         await settled(pilot)
         assert isinstance(app.screen, LogsScreen)
+
+
+async def test_a_warning_of_loading_the_workflows_reaches_the_console_that_opens_after(
+    tmp_path: Path,
+) -> None:
+    # `blok-tui` opens the engine, which loads the workflows, before the console is up: what
+    # the load warned of (a sub-workflow name no workflow has) is kept for it.
+    from blok_tui import engine_log
+
+    engine_log.installed()
+    parent = Workflow(
+        name="parent",
+        trigger=WorkerTrigger(queue="parent"),
+        steps=[subworkflow("kid", workflow="billing.refnd")],
+    )
+    refund = Workflow(name="billing.refund", steps=[Step("refund", lambda ctx: "refunded")])
+    async with Engine(workflows=[parent, refund], database=tmp_path / "blok.db") as engine:
+        app = BlokApp(engine)
+        async with app.run_test(size=WIDE) as pilot:
+            await settled(pilot)
+            await until(pilot, lambda: bool(app._notifications))
+            [toast] = list(app._notifications)
+            assert "names 'billing.refnd', which no loaded workflow is" in str(toast.message)
+            assert "did you mean 'billing.refund'?" in str(toast.message)
 
 
 async def test_diff_shows_what_a_replay_with_an_edited_input_changed(engine: Engine) -> None:
