@@ -83,7 +83,12 @@ async def say_other_declarations(backend: Backend, me: str, here: dict[str, Work
     only the jobs enqueued for its own (`left_to_its_workflow`). Two services that chose one
     queue name, or a deploy that renamed a workflow while the old one still runs."""
     mine = {queue: wf.name for queue, wf in here.items()}
-    for catalog in (await LiveWorkers.read(backend, besides=me)).catalogs:
+    try:
+        live = await LiveWorkers.read(backend, besides=me)
+    except Exception:  # a warning it could not give: the start goes on
+        log.warning("could not read the other workers' queues", exc_info=True)
+        return
+    for catalog in live.catalogs:
         for info in catalog.workflows:
             ours = mine.get(info.queue or "")
             if ours is not None and info.name != ours:

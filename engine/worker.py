@@ -137,8 +137,8 @@ class Worker:
         self.backend.shared.heartbeat(self.info)
         self._started = True
         self.sync()
-        if self.backend.durable:
-            await say_other_declarations(self.backend, self.info.id, self.catalog.served())
+        if self.backend.durable:  # a warning: not worth a start's wait
+            tg.start_soon(say_other_declarations, self.backend, self.info.id, self.catalog.served())
         await self._take_back_memory_runs(start=True)
         tg.start_soon(self.guard(self._lease_loop))
         if self.backend.durable:
