@@ -158,6 +158,13 @@ async def test_a_file_of_the_previous_schema_is_migrated_and_its_jobs_run(tmp_pa
         conn.execute("ALTER TABLE workers DROP COLUMN process")  # schema 9's
         conn.execute("DROP INDEX runs_replay_of")  # schema 10's
         conn.execute("ALTER TABLE workers DROP COLUMN stopping_at")  # schema 11's
+        conn.execute("DROP INDEX jobs_gated")  # schema 12's
+        conn.execute("DROP INDEX jobs_due_at")  # schema 13's, and its jobs_ready
+        conn.execute("DROP INDEX jobs_ready")
+        conn.execute(
+            "CREATE INDEX jobs_ready ON jobs(queue, priority DESC, seq)"
+            " WHERE state IN ('waiting', 'delayed')"
+        )
         conn.execute("CREATE INDEX jobs_run ON jobs(run_id)")
         conn.execute("DELETE FROM schema_version WHERE version > 6")
         conn.commit()
@@ -178,6 +185,8 @@ async def test_a_file_of_the_previous_schema_is_migrated_and_its_jobs_run(tmp_pa
     with closing(sqlite3.connect(database)) as conn:
         worker_columns = [row[1] for row in conn.execute("PRAGMA table_info(workers)")]
     assert "stopping_at" in worker_columns  # schema 11: a draining worker says so
+    # Schemas 12 and 13: the held jobs of a key, the delayed ones by their time.
+    assert {"jobs_gated", "jobs_due_at", "jobs_ready"} <= set(indexes)
 
 
 async def test_a_job_handed_off_by_its_add_and_lost_records_its_run_crashed(

@@ -78,7 +78,9 @@ async def test_migrations_apply_from_empty(pg_url: str) -> None:
                 "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = $1", SCHEMA
             )
         }
-        assert "(queue, priority DESC, seq) WHERE (state = ANY" in indexes["jobs_ready"]
+        # Schema 11: the waiting jobs in claim order, the delayed ones by their time.
+        assert "(queue, priority DESC, seq) WHERE (state = 'waiting'" in indexes["jobs_ready"]
+        assert "(queue, run_at) WHERE (state = 'delayed'" in indexes["jobs_due_at"]
         assert "(queue, lease_until) WHERE (state = 'active'" in indexes["jobs_active"]
         assert "jobs_run" not in indexes  # schema 4: no query reads jobs by run id
     finally:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncpg
 
 SCHEMA = "blok"
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 
 # pg_advisory_xact_lock key that serializes migrations (a constant unique to blok: "blok").
 MIGRATION_LOCK = 0x626C6F6B
@@ -368,6 +368,13 @@ MIGRATIONS: dict[int, str] = {
     10: """
     CREATE INDEX jobs_gated ON jobs (queue, (meta->'gate'->>'key'), priority DESC, seq)
         WHERE state = 'delayed' AND meta->'gate'->>'gate' = 'concurrency';
+    """,
+    # A claim's search: the waiting jobs in claim order, the delayed ones by their time (see
+    # the SQLite schema).
+    11: """
+    DROP INDEX jobs_ready;
+    CREATE INDEX jobs_ready ON jobs (queue, priority DESC, seq) WHERE state = 'waiting';
+    CREATE INDEX jobs_due_at ON jobs (queue, run_at) WHERE state = 'delayed';
     """,
 }
 

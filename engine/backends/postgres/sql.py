@@ -282,13 +282,15 @@ _ADDED = (
 # was (see PostgresQueue.claim).
 NEXT_DUE = f"""
 SELECT least(
-    (SELECT min(run_at) FROM jobs WHERE queue = $1 AND state IN ('waiting', 'delayed')
-        AND run_at > {NOW}),
+    (SELECT min(run_at) FROM jobs WHERE queue = $1 AND state = 'delayed' AND run_at > {NOW}),
     (SELECT min(lease_until) FROM jobs WHERE queue = $1 AND state = 'active')
 ) - {NOW}"""
 
 # $1 queue, $2 how many, $3 the claiming worker, $4 lease seconds, $5 how many of them go
 # straight to worker slots (`handed`, in that order; the rest are kept ahead).
+# The waiting jobs are searched in claim order (`jobs_ready`), the delayed ones by their time,
+# up to now (`jobs_due_at`): searched together in claim order, a claim walked every delayed
+# job of the queue (130 ms a claim with 100,000 scheduled a month ahead).
 # One statement takes due jobs and jobs whose lease expired (their worker stopped renewing: it
 # died or froze) in one order, highest priority then oldest, so there is no separate reaper to
 # get wrong. SKIP LOCKED: claimers pass over each other's rows instead of queueing behind them.
@@ -299,9 +301,16 @@ SELECT least(
 _CLAIM = f"""
 WITH due AS (
     SELECT seq, priority, 0 AS handed FROM jobs
-    WHERE queue = $1 AND state IN ('waiting', 'delayed') AND (run_at IS NULL OR run_at <= {NOW})
+    WHERE queue = $1 AND state = 'waiting' AND (run_at IS NULL OR run_at <= {NOW})
         {{forced}}
     ORDER BY priority DESC, seq
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+), due_delayed AS (
+    SELECT seq, priority, 0 AS handed FROM jobs
+    WHERE queue = $1 AND state = 'delayed' AND run_at <= {NOW}
+        {{forced}}
+    ORDER BY run_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
 ), expired AS (
@@ -313,7 +322,9 @@ WITH due AS (
 ), picked AS (
     SELECT seq, handed AS was_handed,
         (row_number() OVER (ORDER BY priority DESC, seq) <= $5)::int AS handing
-    FROM (SELECT * FROM due UNION ALL SELECT * FROM expired) AS candidates
+    FROM (
+        SELECT * FROM due UNION ALL SELECT * FROM due_delayed UNION ALL SELECT * FROM expired
+    ) AS candidates
     ORDER BY priority DESC, seq
     LIMIT $2
 ), claimed AS (

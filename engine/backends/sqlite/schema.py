@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 
 MIGRATIONS: dict[int, str] = {
     1: """
@@ -319,5 +319,13 @@ MIGRATIONS: dict[int, str] = {
     CREATE INDEX jobs_gated ON jobs
         (queue, json_extract(meta, '$.gate.key'), priority DESC, seq)
         WHERE state = 'delayed' AND json_extract(meta, '$.gate.gate') = 'concurrency';
+    """,
+    # A claim's search: the waiting jobs in claim order (`jobs_ready`, which held the delayed
+    # ones too, so that a claim walked every job scheduled for later), and the delayed ones by
+    # their time, up to now (`jobs_due_at`; also the queue's next due time).
+    13: """
+    DROP INDEX jobs_ready;
+    CREATE INDEX jobs_ready ON jobs(queue, priority DESC, seq) WHERE state = 'waiting';
+    CREATE INDEX jobs_due_at ON jobs(queue, run_at) WHERE state = 'delayed';
     """,
 }
