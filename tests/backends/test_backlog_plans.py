@@ -7,7 +7,7 @@ SQLite and 130 ms on PostgreSQL (0.2 and 2 ms without them). The waiting jobs ar
 in claim order (`jobs_ready`) and the delayed ones by their time (`jobs_due_at`), which also
 gives the queue's next due time. Each end of a run of a keyed workflow reads the next job held
 behind its key (`JobQueue.gated`): that read filtered the queue's delayed jobs by their JSON,
-30 ms on SQLite and 18 ms on PostgreSQL at every such end (`benchmarks/gated_read.py`); by its
+30 ms on SQLite and 18 ms on PostgreSQL at every such end (`benchmarks/backlog.py`); by its
 own index (`jobs_gated`), under a millisecond. Here the plans each database makes for them, on
 a queue of 2,000 delayed jobs."""
 
