@@ -290,7 +290,10 @@ SELECT least(
 # straight to worker slots (`handed`, in that order; the rest are kept ahead).
 # The waiting jobs are searched in claim order (`jobs_ready`), the delayed ones by their time,
 # up to now (`jobs_due_at`): searched together in claim order, a claim walked every delayed
-# job of the queue (130 ms a claim with 100,000 scheduled a month ahead).
+# job of the queue (130 ms a claim with 100,000 scheduled a month ahead). The due delayed ones
+# are taken earliest first, in the index's order: so the planner takes that index even on a
+# table it has no statistics of yet (ordered by priority, it read the queue's jobs by state).
+# All the candidates are then taken by priority.
 # One statement takes due jobs and jobs whose lease expired (their worker stopped renewing: it
 # died or froze) in one order, highest priority then oldest, so there is no separate reaper to
 # get wrong. SKIP LOCKED: claimers pass over each other's rows instead of queueing behind them.
