@@ -127,18 +127,34 @@ async def left_to_its_workflow(
     )
     if not holders:
         return False
-    meta = dict(job.meta)
-    if meta.get("left_to") != job.workflow_name:  # said once, however often it is claimed here
-        meta["left_to"] = job.workflow_name
-        ledger.log(
-            run,
-            f"workflow {job.workflow_name!r} it was enqueued for is served on queue "
-            f"{job.queue!r} by worker {', '.join(holders)}; worker {me} serves that queue with "
-            f"workflow {current.name!r}: left to it",
-        )
+    said = (
+        f"workflow {job.workflow_name!r} it was enqueued for is served on queue {job.queue!r} "
+        f"by worker {', '.join(holders)}; worker {me} serves that queue with workflow "
+        f"{current.name!r}: left to it"
+    )
+    _hand_over(backend, ledger, claim, queue, run, ("left_to", job.workflow_name), said)
+    return True
+
+
+def _hand_over(
+    backend: Backend,
+    ledger: Ledger,
+    claim: Claim,
+    queue: JobQueue,
+    run: Run,
+    mark: tuple[str, str],
+    said: str,
+) -> None:
+    """Hold the job back a moment for a live worker that has what it needs, saying why in the
+    run's log once however often it is claimed here (`mark`: the meta key, and the value that
+    says it was said)."""
+    meta = dict(claim.job.meta)
+    key, value = mark
+    if meta.get(key) != value:
+        meta[key] = value
+        ledger.log(run, said)
     until = backend.clock.now() + timedelta(seconds=HAND_OVER_S)
     ledger.hold(claim, queue, run, run.status, until, meta)
-    return True
 
 
 async def not_resumable_here(
@@ -162,16 +178,11 @@ async def not_resumable_here(
     version = run.workflow_version
     holders = await serving_version(backend, run.workflow_name, version, besides=me)
     if holders:
-        meta = dict(claim.job.meta)
-        if meta.get("left_for") != version:  # said once, however often it is claimed here
-            meta["left_for"] = version
-            ledger.log(
-                run,
-                f"version {version} it started on is served by worker {', '.join(holders)}, "
-                f"not by {me}, whose version changed its steps: left to it",
-            )
-        until = backend.clock.now() + timedelta(seconds=HAND_OVER_S)
-        ledger.hold(claim, queue, run, run.status, until, meta)
+        said = (
+            f"version {version} it started on is served by worker {', '.join(holders)}, "
+            f"not by {me}, whose version changed its steps: left to it"
+        )
+        _hand_over(backend, ledger, claim, queue, run, ("left_for", version), said)
         return None
     at_step = adopt_new_steps(run, current)
     if at_step is not None:

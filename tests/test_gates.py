@@ -9,7 +9,7 @@ import sqlite3
 import sys
 import textwrap
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any
@@ -218,31 +218,40 @@ anyio.run(main)
 """
 
 
-async def test_a_killed_workers_slot_is_freed(tmp_path: Path) -> None:
-    wf_file = tmp_path / "locked.py"
-    wf_file.write_text(WORKFLOW_FILE)
-    db = tmp_path / "blok.db"
+async def kill_when(
+    script: str, wf_file: Path, db: Path, reached: Callable[[sqlite3.Connection], bool], what: str
+) -> None:
+    """Run `script` in a process of its own (its workflow's node hangs) until `reached` holds
+    of its database file, then kill it -9."""
     env = {**os.environ, "BLOK_TEST_HANG": "1"}
     holder = await anyio.open_process(
-        [sys.executable, "-c", textwrap.dedent(HOLDER), str(wf_file), str(db)], env=env
+        [sys.executable, "-c", textwrap.dedent(script), str(wf_file), str(db)], env=env
     )
     try:
         deadline = time.monotonic() + 20
         while True:  # another process writes it: nothing to await, so look at the file
             if db.exists():
-                with sqlite3.connect(db) as conn:
-                    try:
-                        held = conn.execute("SELECT count(*) FROM concurrency_slots").fetchone()
-                    except sqlite3.OperationalError:
-                        held = (0,)
-                if held[0] == 1:
-                    break
-            assert time.monotonic() < deadline, "the holder never took its slot"
+                # No table yet while the holder makes the schema: looked at again.
+                with sqlite3.connect(db) as conn, suppress(sqlite3.OperationalError):
+                    if reached(conn):
+                        break
+            assert time.monotonic() < deadline, f"the holder never {what}"
             assert holder.returncode is None, "the holder process died"
             await anyio.sleep(0.05)
     finally:
         holder.send_signal(signal.SIGKILL)
         await holder.wait()
+
+
+async def test_a_killed_workers_slot_is_freed(tmp_path: Path) -> None:
+    wf_file = tmp_path / "locked.py"
+    wf_file.write_text(WORKFLOW_FILE)
+    db = tmp_path / "blok.db"
+
+    def holds_a_slot(conn: sqlite3.Connection) -> bool:
+        return bool(conn.execute("SELECT count(*) FROM concurrency_slots").fetchone()[0] == 1)
+
+    await kill_when(HOLDER, wf_file, db, holds_a_slot, "took its slot")
     async with Engine(workflows=wf_file, database=db) as engine:
         job = await engine.enqueue("locked", {"k": "x"})
         run = await engine.wait_for_job(job, timeout=15)
@@ -453,28 +462,12 @@ async def test_a_dead_workers_freed_slot_starts_the_job_held_behind_it(tmp_path:
         )
     )
     db = tmp_path / "blok.db"
-    env = {**os.environ, "BLOK_TEST_HANG": "1"}
-    holder = await anyio.open_process(
-        [sys.executable, "-c", textwrap.dedent(HELD_BEHIND), str(wf_file), str(db)], env=env
-    )
-    try:
-        deadline = time.monotonic() + 20
-        while True:  # another process writes it: nothing to await, so look at the file
-            held = None
-            if db.exists():
-                # No table yet while the holder makes the schema: looked at again.
-                with sqlite3.connect(db) as conn, suppress(sqlite3.OperationalError):
-                    held = conn.execute(
-                        "SELECT state, meta FROM jobs WHERE id = 'second'"
-                    ).fetchone()
-            if held is not None and held[0] == "delayed" and '"gate"' in held[1]:
-                break
-            assert time.monotonic() < deadline, "the second job was never held behind the key"
-            assert holder.returncode is None, "the holder process died"
-            await anyio.sleep(0.05)
-    finally:
-        holder.send_signal(signal.SIGKILL)
-        await holder.wait()
+
+    def second_held(conn: sqlite3.Connection) -> bool:
+        held = conn.execute("SELECT state, meta FROM jobs WHERE id = 'second'").fetchone()
+        return held is not None and held[0] == "delayed" and '"gate"' in held[1]
+
+    await kill_when(HELD_BEHIND, wf_file, db, second_held, "held the second job")
     async with Engine(database=db, create=False) as client:
         first = (await client.get_job("first")).run_id
         await client.cancel(first)
