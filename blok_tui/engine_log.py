@@ -5,7 +5,8 @@ read by no one: an async node blocking the event loop, a sub-workflow name that 
 workflow, two deployments serving one queue, a job id enqueued again with another payload. Each
 warning of an engine logger (`blok.*`) becomes a line of the logs view (`:logs`, its run column
 "engine") and, one every few seconds at most, a toast. Warnings of the runs themselves are not:
-a run's own lines reach the view as its events do, and its failure shows where runs are shown.
+a run's own lines reach the view as its events do, and its failure shows where runs are shown;
+nor a workflow file that failed to load, which the banner shows.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections import deque
 from collections.abc import Callable
 
 from engine import LogRecorded
+from engine.catalog import RELOAD_ERROR
 
 ENGINE = "engine"  # the run column of an engine line: no run to open
 RUNS_LOGGERS = ("blok.run", "blok.runs")  # a run's lines, and its end said again: shown already
@@ -37,8 +39,8 @@ class EngineWarnings(logging.Handler):
         self._early: deque[LogRecorded] = deque(maxlen=EARLY)
 
     def emit(self, record: logging.LogRecord) -> None:
-        if record.name.startswith(RUNS_LOGGERS):
-            return
+        if record.name.startswith(RUNS_LOGGERS) or getattr(record, RELOAD_ERROR, False):
+            return  # a run's own line, or a file that failed to load: the banner says it
         try:
             line = LogRecorded(
                 run_id=ENGINE,

@@ -33,6 +33,7 @@ from .primitives import Subworkflow, global_middleware, middleware_chain
 from .schedules import declared_settings, spec_of
 from .workflow import EventWaitStep, StepDefinition, Workflow
 
+RELOAD_ERROR = "blok_reload_error"  # a log record's attribute: also in `reload_errors`
 log = logging.getLogger("blok.catalog")
 
 KEPT_VERSIONS = 100  # per workflow, for waiting runs that resume on the version they began on
@@ -256,7 +257,8 @@ class Catalog:
             self.reload_errors[key] = str(error)
             self.failed[path] = file_digest(path)
             kept = "; its previous version keeps serving" if path in self.files else ""
-            log.error("workflow file failed to load: %s%s", error, kept)
+            # Marked: a live view shows `reload_errors` already (the console's banner).
+            log.error("workflow file failed to load: %s%s", error, kept, extra={RELOAD_ERROR: True})
             self._changed()
             if self.bus.active:
                 self.bus.publish(ReloadFailed(key, str(error)))

@@ -553,6 +553,26 @@ async def test_a_warning_of_loading_the_workflows_reaches_the_console_that_opens
             assert "did you mean 'billing.refund'?" in str(toast.message)
 
 
+async def test_a_workflow_file_that_fails_to_load_is_said_by_the_banner_alone(
+    tmp_path: Path,
+) -> None:
+    # The engine logs it as an error, and the banner shows it: a toast said it a second time.
+    from blok_tui import engine_log
+
+    engine_log.installed()
+    folder = tmp_path / "workflows"
+    folder.mkdir()
+    (folder / "bad.py").write_text("x = undefined_name\n")
+    async with Engine(workflows=folder, database=tmp_path / "blok.db") as engine:
+        assert engine.reload_errors
+        app = BlokApp(engine)
+        async with app.run_test(size=WIDE) as pilot:
+            await settled(pilot)
+            assert app.reload_errors
+            assert not [n for n in app._notifications if n.title == "Engine warning"]
+            assert not [e for _, e in app.log_lines if "failed to load" in e.message]
+
+
 async def test_diff_shows_what_a_replay_with_an_edited_input_changed(engine: Engine) -> None:
     failed = await engine.wait_for_job(
         await engine.enqueue("fixable", {"order_id": "F1"}), timeout=10
