@@ -7,13 +7,13 @@ resumes on a worker whose version changed its steps (`not_resumable_here`)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 
 from .backends.base import Backend, Claim, JobQueue, WorkerCatalog
 from .ledger import Ledger
 from .liveness import LiveWorkers
-from .models import Run, StepRun, StepStatus
+from .models import Run, StepRun, StepStatus, WorkflowInfo
 from .records import assign
 from .runner import pending_step
 from .workflow import Workflow
@@ -68,12 +68,14 @@ class VersionWatch:
 HAND_OVER_S = 1.0  # a run left to a worker that has its version is claimed again after this
 
 
-async def serving_version(backend: Backend, workflow: str, version: str, besides: str) -> list[str]:
-    """The live workers but `besides` that serve `workflow` at `version`."""
+async def serving(
+    backend: Backend, besides: str, wanted: Callable[[WorkflowInfo], bool]
+) -> list[str]:
+    """The live workers but `besides` that serve a workflow `wanted` holds of."""
     return sorted(
         catalog.worker
         for catalog in (await LiveWorkers.read(backend, besides=besides)).catalogs
-        if any(i.name == workflow and i.version == version for i in catalog.workflows)
+        if any(wanted(info) for info in catalog.workflows)
     )
 
 
@@ -120,10 +122,8 @@ async def left_to_its_workflow(
     it: held back a moment for it (True). With none, the workflow was renamed: this worker's
     runs it (False), as a reload that renames a workflow promises its queued jobs."""
     job = claim.job
-    holders = sorted(
-        catalog.worker
-        for catalog in (await LiveWorkers.read(backend, besides=me)).catalogs
-        if any(i.name == job.workflow_name and i.queue == job.queue for i in catalog.workflows)
+    holders = await serving(
+        backend, me, lambda info: info.name == job.workflow_name and info.queue == job.queue
     )
     if not holders:
         return False
@@ -176,7 +176,9 @@ async def not_resumable_here(
     dead-letter queue, not retried (a retry would run its first steps again), saying how to
     go on (None)."""
     version = run.workflow_version
-    holders = await serving_version(backend, run.workflow_name, version, besides=me)
+    holders = await serving(
+        backend, me, lambda info: info.name == run.workflow_name and info.version == version
+    )
     if holders:
         said = (
             f"version {version} it started on is served by worker {', '.join(holders)}, "
