@@ -62,6 +62,26 @@ async def waiting(run_id: str, events: AsyncIterator[Event]) -> None:
     raise AssertionError("the event stream ended")
 
 
+async def following(reader: Engine) -> tuple[Follower, EventBus, AsyncIterator[Event]]:
+    """A reader of the feed of `reader`'s database, primed, with its bus and the bus's events
+    from now on (the test closes the bus to end them)."""
+    bus = EventBus()
+    follower = Follower(reader.backend, bus)
+    await follower.prime()
+    return follower, bus, bus.subscribe()
+
+
+async def read_once(follower: Follower, reader: Engine, run_id: str, status: RunStatus) -> None:
+    """One read of the feed, once the worker's write of the run's `status` is what the
+    reader's connection sees."""
+
+    async def committed() -> bool:
+        return (await reader.get_run(run_id)).status is status
+
+    await until(committed, timeout=20)
+    await follower.read_changes()
+
+
 async def test_a_run_this_engine_enqueued_is_told_queued_once(database: str) -> None:
     # The producer's own enqueue is told at once, and the feed read that then finds the run
     # is not news again: a console counting runs counted every one twice.
@@ -92,20 +112,12 @@ async def test_a_run_first_seen_waiting_is_told_started_and_waiting(database: st
         Engine(workflows=[approval_flow()], database=database) as worker,
         Engine(database=database, create=False, follow=False) as reader,
     ):
-        bus = EventBus()
-        follower = Follower(reader.backend, bus)
-        await follower.prime()
-        events = bus.subscribe()
+        follower, bus, events = await following(reader)
         told_by_worker = worker.events()
         job_id = await worker.enqueue("approvals", {})
         run_id = (await worker.get_job(job_id)).run_id
         await waiting(run_id, told_by_worker)
-
-        async def committed() -> bool:  # the worker's write, as the reader's connection sees it
-            return (await reader.get_run(run_id)).status is RunStatus.WAITING
-
-        await until(committed, timeout=20)
-        await follower.read_changes()
+        await read_once(follower, reader, run_id, RunStatus.WAITING)
         await worker.send_event(run_id, "approved", {"by": "ann"})
         await worker.wait_for_job(job_id, timeout=20)
         await follower.read_changes()
@@ -148,21 +160,13 @@ async def test_a_runs_steps_are_told_in_the_order_they_ran_as_its_own_engine_tel
         Engine(workflows=[flow], database=database) as worker,
         Engine(database=database, create=False, follow=False) as reader,
     ):
-        bus = EventBus()
-        follower = Follower(reader.backend, bus)
-        await follower.prime()
-        events = bus.subscribe()
+        follower, bus, events = await following(reader)
         told_by_worker = worker.events()
         job_id = await worker.enqueue("labels", {"names": ["a", "b"]})
         run = await worker.wait_for_job(job_id, timeout=20)
         assert run.status is RunStatus.COMPLETED, run.error
         ran = await run_events_until(told_by_worker, run.id, RunFinished)
-
-        async def committed() -> bool:
-            return (await reader.get_run(run.id)).status is RunStatus.COMPLETED
-
-        await until(committed, timeout=20)
-        await follower.read_changes()
+        await read_once(follower, reader, run.id, RunStatus.COMPLETED)
         bus.close()
         told = [e async for e in events if getattr(e, "run_id", None) == run.id]
 

@@ -15,6 +15,7 @@ from rich.text import Text
 from support import expect_events
 from support import until as until_true
 from textual.app import App, ComposeResult
+from textual.pilot import Pilot
 from textual.widgets import Input, Static, TextArea
 
 from blok_tui import runs_screen
@@ -467,14 +468,19 @@ async def test_the_timeline_draws_each_attempt_and_the_backoff_between_them(
         assert any(line.startswith("after ") for line in lines)
 
 
+async def logs_view(app: BlokApp, pilot: Pilot[Any]) -> RowTable:
+    """The live log view opened (L), its table."""
+    await settled(pilot)
+    await pilot.press("L")
+    await settled(pilot)
+    assert isinstance(app.screen, LogsScreen)
+    return app.screen.query_one("#logs", RowTable)
+
+
 async def test_the_live_log_view_shows_every_runs_lines_as_they_come(engine: Engine) -> None:
     app = BlokApp(engine)
     async with app.run_test(size=WIDE) as pilot:
-        await settled(pilot)
-        await pilot.press("L")
-        await settled(pilot)
-        assert isinstance(app.screen, LogsScreen)
-        table = app.screen.query_one("#logs", RowTable)
+        table = await logs_view(app, pilot)
         events = engine.events()
         await engine.enqueue("slow", {"order_id": "S9"})
         with anyio.fail_after(10):
@@ -503,11 +509,7 @@ async def test_the_engines_own_warnings_reach_the_log_view_and_a_toast(engine: E
     # read by no one.
     app = BlokApp(engine)
     async with app.run_test(size=WIDE) as pilot:
-        await settled(pilot)
-        await pilot.press("L")
-        await settled(pilot)
-        assert isinstance(app.screen, LogsScreen)
-        table = app.screen.query_one("#logs", RowTable)
+        table = await logs_view(app, pilot)
         await engine.enqueue("slow", {"order_id": "D1"}, job_id="dup")
         await engine.enqueue("slow", {"order_id": "D2"}, job_id="dup")
         await until(pilot, lambda: any("payload differs" in m for m in column(table, "message")))
