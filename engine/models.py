@@ -307,6 +307,12 @@ class Job(_Record):
         meta["held"] = int(meta.get("held", 0)) + 1
         return self.model_copy(update={"meta": meta})
 
+    def gated_by(self, gate: str) -> dict[str, Any] | None:
+        """What the scheduling gate of kind `gate` wrote of the job it holds back (its
+        `meta["gate"]`: the key, the runs holding it, …); None if no such gate holds it."""
+        found = self.meta.get("gate")
+        return found if isinstance(found, dict) and found.get("gate") == gate else None
+
     def meta_not_delivered(self) -> dict[str, Any]:
         """The job's meta for its claim given back before its run started (held by a gate,
         claimed ahead and returned, left with its lease lost, its worker gone before it

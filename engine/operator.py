@@ -767,8 +767,8 @@ class Operator:
                 f"run {run.id} is {run.status}: retry now starts a run in retry backoff or a "
                 "delayed run"
             )
-        gate = job.meta.get("gate") or {}
-        if gate.get("gate") == "concurrency":  # made due, it would find the key full again
+        gate = job.gated_by("concurrency")
+        if gate is not None:  # made due, it would find the key full again
             raise EngineError(
                 f"run {run.id} waits for a slot of concurrency key {gate.get('key')!r}: it "
                 "starts when a run of that key ends; retry now cannot make room"

@@ -825,5 +825,5 @@ __all__ = [
 
 def _held_behind(job: Job, key: str) -> bool:
     """The concurrency gate held the job back behind `key`."""
-    gate = job.meta.get("gate")
-    return isinstance(gate, dict) and gate.get("gate") == "concurrency" and gate.get("key") == key
+    gate = job.gated_by("concurrency")
+    return gate is not None and gate.get("key") == key
