@@ -25,6 +25,7 @@ from pydantic import Field, ValidationError
 from . import expressions
 from .context import Context
 from .events import StepFinished, StepStarted
+from .explain import explain
 from .models import RunStatus, StepRun, StepStatus
 from .origin import failed_before_running
 from .runner import Frame, Runner, StepError, WaitRequested, user_error
@@ -34,7 +35,6 @@ from .workflow import (
     WaitStep,
     Workflow,
     WorkflowDefinitionError,
-    _explain,
 )
 
 log = logging.getLogger("blok.engine")
@@ -77,7 +77,7 @@ class _Primitive(StepDefinition):
         try:
             super().__init__(**data)
         except ValidationError as error:
-            raise WorkflowDefinitionError(f"step {name!r}: {_explain(error)}") from None
+            raise WorkflowDefinitionError(f"step {name!r}: {explain(error, type(self))}") from None
         for expr in self.expressions():
             _check_expression(self.name, expr)
 

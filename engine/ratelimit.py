@@ -8,15 +8,27 @@ engine/gates.py; the starts each window counts are the backend's shared state.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic_core import ErrorDetails
 
 from . import expressions
 from .durations import Duration, format_duration
 from .errors import WorkflowDefinitionError
+from .explain import explain
 
 MAX_RATE_LIMIT = 1_000_000
+
+
+def _in_its_terms(given: dict[str, Any], item: ErrorDetails) -> str | None:
+    """A window or a count out of range, in a rate limit's words."""
+    if item["loc"] == ("period",) and item["type"] == "greater_than_equal":
+        return f"a window of at least 1ms, not {given.get('period')!r}"
+    if item["loc"] == ("limit",):
+        return f"a whole number of starts, 1 to {MAX_RATE_LIMIT:,}, not {given.get('limit')!r}"
+    return None
 
 
 class RateLimit(BaseModel):
@@ -37,18 +49,7 @@ class RateLimit(BaseModel):
         try:
             super().__init__(**data)
         except ValidationError as error:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in item['loc']) or 'value'}: "
-                + (
-                    f"a window of at least 1ms, not {data.get('period')!r}"
-                    if item["loc"] == ("period",) and item["type"] == "greater_than_equal"
-                    else f"a whole number of starts, 1 to {MAX_RATE_LIMIT:,}, not "
-                    f"{data.get('limit')!r}"
-                    if item["loc"] == ("limit",)
-                    else item["msg"].removeprefix("Value error, ")
-                )
-                for item in error.errors()
-            )
+            problems = explain(error, RateLimit, functools.partial(_in_its_terms, data))
             raise WorkflowDefinitionError(f"RateLimit: {problems}") from None
         if not (self.key is None or callable(self.key) or expressions.is_expression(self.key)):
             # A constant would put every run in one window, as key=None does, while reading as

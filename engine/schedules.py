@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 from .backends.base import ScheduleSpec, ScheduleState, WorkerCatalog
 from .durations import Duration, exact_duration
 from .errors import WorkflowDefinitionError
+from .explain import explain
 from .validation import InvalidInput, check_payload
 
 CatchUp = Literal["latest", "all", "none"]
@@ -37,14 +38,6 @@ CRON_MACROS = {
     "@hourly": "0 * * * *",
 }
 MIN_EVERY_MS = 1000  # a schedule ticks at most once a second
-
-
-def _explain(error: ValidationError) -> str:
-    return "; ".join(
-        f"{'.'.join(str(p) for p in item['loc']) or 'value'}: "
-        + item["msg"].removeprefix("Value error, ")
-        for item in error.errors()
-    )
 
 
 class Schedule(BaseModel):
@@ -67,7 +60,7 @@ class Schedule(BaseModel):
         try:
             super().__init__(**data)
         except ValidationError as error:
-            raise WorkflowDefinitionError(f"Schedule: {_explain(error)}") from None
+            raise WorkflowDefinitionError(f"Schedule: {explain(error, Schedule)}") from None
         if self.every is not None and self.every < MIN_EVERY_MS:
             given = data.get("every")
             shown = repr(given) if isinstance(given, str) else f"{given!r} (milliseconds)"

@@ -15,11 +15,13 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from pydantic_core import ErrorDetails
 
 from . import expressions
 from .durations import Duration, parse_duration, parse_until
 from .errors import UnstorableOutput
 from .errors import WorkflowDefinitionError as WorkflowDefinitionError
+from .explain import explain
 from .origin import caller_source, shown_path
 from .ratelimit import RateLimit
 from .schedules import Schedule
@@ -39,22 +41,12 @@ MAX_ATTEMPTS = 100
 MAX_FACTOR = 10.0
 
 
-def _explain(error: ValidationError) -> str:
-    """Each problem in one phrase, with the value given where pydantic's words leave it out
-    ("Input should be greater than or equal to 1, not 0"), and for a number given as a step's
-    `retry`, what to write instead."""
-    parts = []
-    for item in error.errors():
-        where = ".".join(str(loc) for loc in item["loc"]) or "value"
-        message = item["msg"].removeprefix("Value error, ")
-        given = item.get("input")
-        ours = item["type"] == "value_error"  # our validators' words name the value already
-        if not ours and isinstance(given, int | float | str) and repr(given) not in message:
-            message += f", not {given!r}"
-        if where == "retry" and isinstance(given, int) and not isinstance(given, bool):
-            message += f" (for {given} attempts: retry=Retry(max_attempts={given}))"
-        parts.append(f"{where}: {message}")
-    return "; ".join(parts)
+def _retry_as_number(item: ErrorDetails) -> str | None:
+    """`retry=3` on a step: what to write for three attempts."""
+    given = item.get("input")
+    if item["loc"] != ("retry",) or not isinstance(given, int) or isinstance(given, bool):
+        return None
+    return f"{item['msg']}, not {given!r} (for {given} attempts: retry=Retry(max_attempts={given}))"
 
 
 def _placed(message: str, source: tuple[str, int] | None) -> WorkflowDefinitionError:
@@ -158,7 +150,7 @@ class Retry(_Definition):
         try:
             super().__init__(**{"max_attempts": max_attempts, **data})
         except ValidationError as error:
-            raise WorkflowDefinitionError(f"Retry: {_explain(error)}") from None
+            raise WorkflowDefinitionError(f"Retry: {explain(error, Retry)}") from None
         if self.min_timeout > self.max_timeout:
             # The bound not given gives way: Retry(min_timeout="1m") waits a minute, not the
             # default max_timeout's 30 s; Retry(max_timeout="500ms") at most 500 ms.
@@ -193,7 +185,7 @@ class Debounce(_Definition):
         try:
             super().__init__(**{"key": key, **data})
         except ValidationError as error:
-            raise WorkflowDefinitionError(f"Debounce: {_explain(error)}") from None
+            raise WorkflowDefinitionError(f"Debounce: {explain(error, Debounce)}") from None
         _check_gate_expression("Debounce", self.key)
         if self.max_delay is not None and self.max_delay < self.delay:
             raise WorkflowDefinitionError(
@@ -244,7 +236,9 @@ class WorkerTrigger(_Definition):
         try:
             super().__init__(**data)
         except ValidationError as error:
-            raise WorkflowDefinitionError(f"WorkerTrigger: {_explain(error)}") from None
+            raise WorkflowDefinitionError(
+                f"WorkerTrigger: {explain(error, WorkerTrigger)}"
+            ) from None
         _above_zero("WorkerTrigger", "timeout", self.timeout, data.get("timeout"))
         _check_gate_expression("WorkerTrigger.concurrency_key", self.concurrency_key)
         if "concurrency_limit" in data and self.concurrency_key is None:
@@ -332,7 +326,9 @@ class Step(StepDefinition):
         try:
             super().__init__(**{"name": name, "node": node, **data})
         except ValidationError as error:
-            raise WorkflowDefinitionError(f"step {name!r}: {_explain(error)}") from None
+            raise WorkflowDefinitionError(
+                f"step {name!r}: {explain(error, Step, _retry_as_number)}"
+            ) from None
         if not callable(node):
             raise WorkflowDefinitionError(f"step {name!r}: node {node!r} is not callable")
         _above_zero(f"step {name!r}", "max_duration", self.max_duration, data.get("max_duration"))
@@ -515,7 +511,7 @@ class _WaitFactory:
                 name=name or event, event=event, timeout_ms=timeout_ms, match=match
             )
         except ValidationError as error:
-            raise WorkflowDefinitionError(f"{label}: {_explain(error)}") from None
+            raise WorkflowDefinitionError(f"{label}: {explain(error, EventWaitStep)}") from None
 
 
 wait = _WaitFactory()
@@ -577,7 +573,9 @@ class Workflow(_Written):
         try:
             super().__init__(**data)
         except ValidationError as error:
-            raise WorkflowDefinitionError(f"workflow {name!r}: {_explain(error)}") from None
+            raise WorkflowDefinitionError(
+                f"workflow {name!r}: {explain(error, Workflow)}"
+            ) from None
         self._check_steps(self.steps, seen={})
         self._check_schedules()
         if not self.version:

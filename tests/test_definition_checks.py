@@ -21,6 +21,7 @@ from engine import (
     RunStatus,
     Schedule,
     Step,
+    Switch,
     WorkerTrigger,
     Workflow,
     WorkflowDefinitionError,
@@ -464,3 +465,56 @@ def test_a_version_given_by_hand_is_refused() -> None:
     with pytest.raises(WorkflowDefinitionError, match=r"workflow 'orders': version is not given"):
         Workflow(name="orders", steps=[Step("go", lambda ctx: 1)], version="v3")
     assert Workflow(name="orders", steps=[Step("go", lambda ctx: 1)]).version  # the hash
+
+
+# ---- an argument the class does not take -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("build", "says"),
+    [
+        (
+            lambda: Step("a", print, retries=3),
+            "step 'a': retries: Step takes no 'retries'; did you mean 'retry'? (it takes name, "
+            "node, inputs, retry, max_duration,",
+        ),
+        (
+            lambda: WorkerTrigger("q", concurency=3),
+            "WorkerTrigger: concurency: WorkerTrigger takes no 'concurency'; did you mean "
+            "'concurrency'? (it takes queue, concurrency,",
+        ),
+        (
+            lambda: Retry(attempts=5),
+            "Retry: attempts: Retry takes no 'attempts'; did you mean 'max_attempts'? (it takes "
+            "max_attempts, min_timeout, max_timeout, factor)",
+        ),
+        (
+            lambda: RateLimit(limit=1, per="1s"),
+            "RateLimit: period: Field required; per: RateLimit takes no 'per'; did you mean "
+            "'period'? (it takes limit, period, key)",
+        ),
+        (
+            lambda: Schedule(every="1m", tz="UTC"),
+            "Schedule: tz: Schedule takes no 'tz' (it takes cron, every, timezone, payload, "
+            "catch_up)",
+        ),
+        (
+            lambda: Switch("kind", value="$.body.kind", cases={}),
+            "step 'kind': on: Field required; value: Switch takes no 'value' (it takes name, on, "
+            "cases, default)",
+        ),
+        (
+            lambda: Workflow(name="x", step=[Step("a", print)]),
+            "workflow 'x': steps: Field required; step: Workflow takes no 'step'; did you mean "
+            "'steps'?",
+        ),
+    ],
+)
+def test_an_argument_the_class_does_not_take_is_said_with_the_one_meant_and_those_it_takes(
+    build: Any, says: str
+) -> None:
+    # It said "retries: Extra inputs are not permitted, not 3", pydantic's words, naming
+    # neither the argument meant nor the ones there are.
+    with pytest.raises(WorkflowDefinitionError) as raised:
+        build()
+    assert str(raised.value).startswith(says), str(raised.value)
