@@ -12,6 +12,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from engine.payload_fields import at_path, missing_fields
+
+__all__ = ["body_template", "missing_fields", "null_fields", "template_text"]
+
 INDENT = 2
 
 
@@ -47,48 +51,10 @@ def _put(node: dict[str, Any] | list[Any], parts: list[str]) -> None:
     _put(child, rest)
 
 
-_MISSING = object()
-
-
-def _at(payload: Any, field: str) -> Any:
-    """The value at a dotted path of `payload`, or `_MISSING`."""
-    node: Any = payload
-    for part in (part for part in field.split(".") if part):
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            return _MISSING
-    return node
-
-
 def null_fields(payload: Any, fields: list[str]) -> list[str]:
     """The `fields` (dotted paths, as `body_template` takes them) that `payload` holds as
     null: the template's blanks not filled in yet."""
-    return [f for f in fields if f.strip(".") and _at(payload, f) is None]
-
-
-def missing_fields(payload: Any, fields: list[str]) -> list[str]:
-    """The `fields` that `payload` does not have (below a null one aside: that one is a blank,
-    `null_fields`): the step that reads one fails with "bad input", unless it is in a branch
-    the run does not take. Below a missing field, only that field is named."""
-    found: list[str] = []
-    for field in fields:
-        parts = [part for part in field.split(".") if part]
-        if not parts or _at(payload, field) is not _MISSING:
-            continue
-        # The first part of the path that is not there, unless a null blank comes first.
-        for end in range(1, len(parts) + 1):
-            above = ".".join(parts[:end])
-            value = _at(payload, above)
-            if value is None:
-                break
-            if value is _MISSING:
-                if above not in found:
-                    found.append(above)
-                break
-    return found
+    return [f for f in fields if f.strip(".") and at_path(payload, f) is None]
 
 
 def template_text(fields: list[str]) -> str:

@@ -29,6 +29,7 @@ from .loader import (
     workflow_files,
 )
 from .models import Run, WorkflowInfo
+from .payload_fields import missing_fields
 from .primitives import Subworkflow, global_middleware, middleware_chain
 from .schedules import declared_settings, spec_of
 from .workflow import EventWaitStep, StepDefinition, Workflow
@@ -189,7 +190,8 @@ class Catalog:
         self.refused: dict[Path, LoadedFile] = {}
         self.on_change: list[Callable[[], None]] = []
         self.declares_schedules = False  # a Scheduler declares this worker's (its entry says)
-        # (workflow, version, name) of each missing sub-workflow or middleware warned of.
+        # (workflow, version, name) of each missing sub-workflow or middleware, and of each
+        # schedule whose payload lacks a field, warned of.
         self.warned: set[tuple[str, str, str]] = set()
 
     # ---- where the workflows are -----------------------------------------------------------
@@ -347,6 +349,7 @@ class Catalog:
         self.workflows = current
         self._served = {wf.queue: wf for wf in current.values() if wf.queue is not None}
         self._warn_of_missing(current)
+        self._warn_of_schedule_payloads(current)
         self._changed()
 
     def _warn_of_missing(self, current: dict[str, Workflow]) -> None:
@@ -381,6 +384,28 @@ class Catalog:
                     why,
                     fails,
                     expressions.did_you_mean(target, current) if found is None else "",
+                )
+
+    def _warn_of_schedule_payloads(self, current: dict[str, Workflow]) -> None:
+        """Log, once each, a schedule whose payload lacks a `$.body` field its workflow reads:
+        its every tick's run fails at the step that reads it (as `blok-tui enqueue` warns of
+        a payload it is given), and only the runs said so, one a tick."""
+        for wf in current.values():
+            fields = body_fields(wf)
+            for schedule in wf.schedules:
+                missing = missing_fields(schedule.payload, fields)
+                if not missing or (wf.name, wf.version, schedule.id) in self.warned:
+                    continue
+                self.warned.add((wf.name, wf.version, schedule.id))
+                log.warning(
+                    "%sworkflow %r, schedule %r: its payload has no %s, which the workflow "
+                    "reads: each tick's run fails at the %s (unless in a branch "
+                    "the run does not take)",
+                    f"{wf.defined_at}: " if wf.defined_at else "",
+                    wf.name,
+                    schedule.id,
+                    ", ".join(f"$.body.{field}" for field in missing),
+                    "steps that read them" if len(missing) > 1 else "step that reads it",
                 )
 
     def _changed(self) -> None:

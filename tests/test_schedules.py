@@ -512,6 +512,41 @@ def test_a_payload_enqueue_would_refuse_is_refused_where_the_schedule_is_written
     assert Schedule(every="1s", payload={"x": [1, "a", None]}).payload == {"x": [1, "a", None]}
 
 
+async def test_a_schedule_whose_payload_lacks_a_field_the_workflow_reads_is_warned_of_at_load(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Every tick's run failed with "$.body has no key 'at'", said only by the runs, one a
+    tick: enqueue warns of such a payload, a schedule's was never looked at."""
+
+    def remind(ctx: Any, who: str, at: int) -> str:
+        return who
+
+    def reminding(name: str, *schedules: Schedule) -> Workflow:
+        return Workflow(
+            name=name,
+            trigger=WorkerTrigger(queue=name),
+            schedules=list(schedules),
+            steps=[Step("remind", remind, inputs={"who": "$.body.who", "at": "$.body.when.at"})],
+        )
+
+    caplog.set_level("WARNING", logger="blok.catalog")
+    lacking = reminding(
+        "reminders", Schedule(every="1h", payload={"who": "ops"}), Schedule(cron="0 9 * * *")
+    )
+    whole = reminding("whole", Schedule(every="1h", payload={"who": "ops", "when": {"at": 1}}))
+    async with Engine(workflows=[lacking, whole], database=None):
+        pass
+    warned = [r.getMessage().split(": ", 1)[1] for r in caplog.records if r.name == "blok.catalog"]
+    assert warned == [
+        "workflow 'reminders', schedule 'every 1h': its payload has no $.body.when, which the "
+        "workflow reads: each tick's run fails at the step that reads it (unless in a branch "
+        "the run does not take)",
+        "workflow 'reminders', schedule 'cron 0 9 * * * UTC': its payload has no $.body.who, "
+        "$.body.when, which the workflow reads: each tick's run fails at the steps that read "
+        "them (unless in a branch the run does not take)",
+    ], warned
+
+
 @pytest.mark.parametrize("durable", [False, True])
 async def test_an_engine_lists_and_pauses_its_schedules_once_started(
     database: Path | str, durable: bool
