@@ -338,15 +338,16 @@ class Loop(_Primitive):
 
 class Switch(_Primitive):
     """Run the steps of the case whose key equals `on` (resolved against the context), else
-    `default` (nothing when there is none)."""
+    `default` (nothing when there is none; with none given, a value no case has is warned of
+    in the run's log, where `default=[]` says that nothing is to run)."""
 
     kind: Literal["switch"] = "switch"
     on: Any
     cases: dict[Any, list[StepDefinition]]
-    default: list[StepDefinition] = Field(default_factory=list)
+    default: list[StepDefinition] | None = None
 
     def children(self) -> list[Sequence[StepDefinition]]:
-        return [*self.cases.values(), self.default]
+        return [*self.cases.values(), self.default or []]
 
     def expressions(self) -> list[str]:
         return [self.on] if expressions.is_expression(self.on) else []
@@ -367,7 +368,7 @@ class Switch(_Primitive):
             arm = next((n for n, key in enumerate(keys) if key == value), len(keys))
             case = keys[arm] if arm < len(keys) else "default"
             record.input = {"value": value, "case": case, "arm": arm}
-            if arm == len(keys) and not self.default:
+            if arm == len(keys) and self.default is None:
                 # Said where it is read: a typo in a kind ("refnd") otherwise ran nothing and
                 # the run completed without a word.
                 named = ", ".join(shown_value(key) for key in keys[:5])
@@ -375,10 +376,10 @@ class Switch(_Primitive):
                 frame.runner.engine_log(
                     frame.run,
                     f"{frame.where}: {shown_value(value)} matched no case ({named}{more}) "
-                    "and there is no default: nothing ran",
+                    "and there is no default: nothing ran (default=[] says nothing is to)",
                     "warning",
                 )
-        steps = self.cases[keys[arm]] if arm < len(keys) else self.default
+        steps = self.cases[keys[arm]] if arm < len(keys) else self.default or []
         label = f"case {keys[arm]}" if arm < len(keys) else "default"
 
         async def body() -> Any:
@@ -654,14 +655,14 @@ def switch(
     *,
     on: Any,
     cases: dict[Any, Sequence[StepDefinition]],
-    default: Sequence[StepDefinition] = (),
+    default: Sequence[StepDefinition] | None = None,
 ) -> Switch:
     """`switch("route", on="$.body.kind", cases={"a": [...]}, default=[...])`."""
     return Switch(
         name=name,
         on=on,
         cases={key: _name_nested_waits(f"{name}_{key}", steps) for key, steps in cases.items()},
-        default=_name_nested_waits(f"{name}_default", default),
+        default=None if default is None else _name_nested_waits(f"{name}_default", default),
     )
 
 

@@ -269,29 +269,50 @@ async def test_switch_picks_the_case_or_the_default(tmp_path: Path) -> None:
     assert nested(other, "by_kind") == [("ignore", ["default"], "completed")]
 
 
+def switch_class_with_empty_default() -> Workflow:
+    """The class written as the user's files write it, `Switch(..., default=[])`."""
+    return flow(
+        "quiet.class",
+        Switch("by_kind", on="$.body.kind", cases={"a": [Step("a", lambda ctx: 1)]}, default=[]),
+    )
+
+
 async def test_a_value_no_case_matches_without_a_default_is_said_in_the_runs_log(
     tmp_path: Path,
 ) -> None:
-    """A typo in the value a switch reads ran nothing and the run completed without a word."""
-    wf = flow(
-        "route",
-        Step("first", lambda ctx: "ok"),
-        switch(
-            "by_kind",
-            on="$.body.kind",
-            cases={"refund": [Step("refund", lambda ctx: "refunded")]},
-        ),
-    )
-    async with Engine(workflows=[wf], database=tmp_path / "blok.db") as engine:
+    """A typo in the value a switch reads ran nothing and the run completed without a word.
+    An empty default given (`default=[]`, nothing is to run) is no typo: it is not warned of
+    (it was, each run, as "there is no default")."""
+
+    def routing(name: str, **default: Any) -> Workflow:
+        return flow(
+            name,
+            Step("first", lambda ctx: "ok"),
+            switch(
+                "by_kind",
+                on="$.body.kind",
+                cases={"refund": [Step("refund", lambda ctx: "refunded")]},
+                **default,
+            ),
+        )
+
+    workflows = [routing("route"), routing("quiet", default=[]), switch_class_with_empty_default()]
+    async with Engine(workflows=workflows, database=tmp_path / "blok.db") as engine:
         typo = await engine.wait_for_job(await engine.enqueue("route", {"kind": "refnd"}), 10)
         right = await engine.wait_for_job(await engine.enqueue("route", {"kind": "refund"}), 10)
+        quiet = [
+            await engine.wait_for_job(await engine.enqueue(queue, {"kind": "other"}), 10)
+            for queue in ("quiet", "quiet.class")
+        ]
+    assert [run.status for run in quiet] == [RunStatus.COMPLETED] * 2
+    assert [line.message for run in quiet for line in run.logs] == []
     assert typo.status is RunStatus.COMPLETED, typo.error
     said = [(line.level, line.message) for line in typo.logs if line.step is None]
     assert said == [
         (
             "warning",
             "[step 2/2] by_kind: 'refnd' matched no case ('refund') and there is no default: "
-            "nothing ran",
+            "nothing ran (default=[] says nothing is to)",
         )
     ]
     assert not [line for line in right.logs if "matched no case" in line.message]
