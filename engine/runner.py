@@ -60,6 +60,9 @@ NO_TIMEOUT = timedelta(days=36_500)  # an event wait without a timeout: parked t
 # The key of a snapshot that was not saved, with why (the state stays in this process only).
 SNAPSHOT_SKIPPED = "__blok_snapshot_skipped__"
 KEPT_STATES = 256  # unsaved states a process keeps for its runs to resume with
+# How long a sync node told to stop (ctx.cancelled) may take to return before its run is
+# recorded stopped without it (it goes on in its thread; its slot stays taken until it returns).
+SYNC_UNWIND_S = 0.5
 
 
 class StepError(Exception):
@@ -297,6 +300,14 @@ class Runner:
         self._recorders[run.id] = recorder
         try:
             return await self._run(workflow, run, ctx)
+        except BaseException:
+            # Stopped (a cancel, a timeout, a stop): a plain def told so (ctx.cancelled) has a
+            # moment to return, as async code has to unwind, and what it logs meanwhile ("rolled
+            # back") is recorded with the run; its recorder was gone, and the line went nowhere.
+            if self.calls.running_threads(run.id):
+                with anyio.CancelScope(shield=True), anyio.move_on_after(SYNC_UNWIND_S):
+                    await self.calls.threads_ended(run.id)
+            raise
         finally:
             self._recorders.pop(run.id, None)
 

@@ -606,13 +606,6 @@ class Worker:
                 )
                 self.left[job.id] = (job.epoch, time.monotonic())
                 return
-            if handle.stopping or handle.cancel_requested:
-                # A plain def told to stop (ctx.cancelled) has a moment to return, as async
-                # code has to unwind: checked at once, one that returned a few ms later was
-                # taken for code that never stops (on a stop, the process exited for it; on a
-                # cancel, its run said it still ran in its thread).
-                with anyio.move_on_after(UNWIND_S / 2):  # within the drain's wait for it
-                    await self.runner.calls.threads_ended(run.id)
             if handle.stopping and not handle.cancel_requested:
                 self._stopped(handle, workflow)
                 return

@@ -322,6 +322,31 @@ async def test_a_cancelled_sync_node_that_returns_when_told_is_not_said_to_run_o
     assert not [line.message for line in cancelled.logs if "its thread" in line.message]
 
 
+async def test_what_a_cancelled_sync_node_logs_as_it_returns_is_kept_with_its_run(
+    database: Path | None,
+) -> None:
+    """A plain def that sees ctx.cancelled and says what it undid ("rolled back") before it
+    returns: the line reached the worker's stderr, never the run's log, where the operator
+    who cancelled it looks (an async node's, logged as it unwinds, was kept)."""
+    began = threading.Event()
+
+    def tidy(ctx: Any) -> str:
+        began.set()
+        while not ctx.cancelled:
+            time.sleep(0.01)
+        ctx.logger.warning("rolled back the reservation")
+        return "stopped"
+
+    async with Engine(workflows=[flow("tidy", Step("work", tidy))], database=database) as e:
+        await e.enqueue("tidy", {})
+        await anyio.to_thread.run_sync(began.wait, 10)
+        [run] = await e.runs(queue="tidy", status="running")
+        cancelled = await e.cancel(run.id)
+        stored = await e.get_run(run.id)
+    assert cancelled.status is RunStatus.CANCELLED
+    assert [line.message for line in stored.step("work").logs] == ["rolled back the reservation"]
+
+
 async def test_cancel_queued_and_delayed_runs(database: Path | None) -> None:
     async def noop(ctx) -> None:
         return None
