@@ -126,6 +126,14 @@ class Observer:
         """Around one attempt of step `name` (`scope`: its max_duration's, if any)."""
         return NOTHING
 
+    def flow_step(
+        self, run: Run, ctx: Context, name: str, kind: str, pausing: type[BaseException]
+    ) -> AbstractContextManager[None]:
+        """Around a flow step (a for_each, a loop, a switch, a try_catch, a sub-workflow), whose
+        inner steps it holds; `pausing`: the exception that is the run pausing in it, not an
+        error."""
+        return NOTHING
+
     def wait_ended(self, run: Run, record: StepRun, outcome: WaitOutcome) -> None:
         """The wait step of `record` (kind "wait" or "event", its started_at and finished_at
         set) ended as `outcome` says."""

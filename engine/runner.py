@@ -370,7 +370,8 @@ class Runner:
         execute = getattr(step, "execute", None)
         if execute is not None:  # a primitive (engine/primitives.py) runs its own inner steps
             frame = Frame(self, workflow, run, ctx, record, depth + 1, resume, where, track)
-            return await execute(frame)
+            with telemetry.OBSERVE.flow_step(run, ctx, step.name, step.kind, WaitRequested):
+                return await execute(frame)
         raise StepError(f"{where} failed: step kind {step.kind!r} is not supported", step.name)
 
     async def run_steps(

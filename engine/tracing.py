@@ -235,6 +235,37 @@ class _StepAttempt:
         span.end()
 
 
+class _FlowStep:
+    """A flow step's span, current while its inner steps run: their spans are its children
+    (they were the run's, a for_each's hundred attempts side by side with the steps around
+    it)."""
+
+    __slots__ = ("_pausing", "_span", "_token")
+
+    def __init__(self, span: Span, pausing: type[BaseException]) -> None:
+        self._span = span
+        self._pausing = pausing
+        self._token: object = None
+
+    def __enter__(self) -> None:
+        self._token = otel_context.attach(trace.set_span_in_context(self._span))
+
+    def __exit__(self, kind: Any, error: BaseException | None, tb: Any) -> None:
+        otel_context.detach(self._token)  # type: ignore[arg-type]
+        span = self._span
+        if error is None:
+            status = "completed"
+        elif isinstance(error, self._pausing):
+            status = "waiting"  # the run waits inside it: the rest is another delivery's span
+        elif isinstance(error, Exception):
+            status = "failed"
+            span.set_status(Status(StatusCode.ERROR, str(error) or type(error).__name__))
+        else:
+            status = "cancelled"
+        span.set_attribute("blok.step.status", status)
+        span.end()
+
+
 class _Traced(NamedTuple):
     """A delivery of a run traced here."""
 
@@ -402,6 +433,24 @@ class OtelTelemetry(Observer):
         if run.id not in self.traced and not self.metering():
             return NOTHING  # neither a span nor a duration to record
         return _StepAttempt(self, run, ctx, name, scope)
+
+    def flow_step(
+        self, run: Run, ctx: Context, name: str, kind: str, pausing: type[BaseException]
+    ) -> AbstractContextManager[None]:
+        traced = self.traced.get(run.id)
+        if traced is None:
+            return NOTHING
+        attributes: dict[str, Any] = {
+            "blok.run.id": run.id,
+            "blok.queue": run.queue,
+            "blok.workflow.name": run.workflow_name,
+            "blok.step.name": name,
+            "blok.step.kind": kind,
+        }
+        if ctx.step_index is not None:
+            attributes["blok.step.index"] = ctx.step_index
+        span = traced.tracer.start_span(f"{kind} {name}", attributes=attributes)
+        return _FlowStep(span, pausing)
 
     def wait_ended(self, run: Run, record: StepRun, outcome: WaitOutcome) -> None:
         traced = self.traced.get(run.id)

@@ -38,8 +38,11 @@ from engine import (
     Step,
     WorkerTrigger,
     Workflow,
+    for_each,
+    loop,
     subworkflow,
     tracing,
+    try_catch,
     wait,
 )
 
@@ -496,6 +499,55 @@ async def test_a_nodes_own_spans_nest_under_its_step(
 
 
 @pytest.mark.anyio
+async def test_a_flow_steps_inner_steps_are_spans_under_its_own(
+    tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    """A for_each's iterations, a loop's turns, a try_catch's arms were spans of the run, side
+    by side with the steps around them: a trace of a hundred items showed no for_each at all.
+    A flow step is a span now, its inner steps' spans its children (parallel ones too); a
+    failure inside it is its error; a wait inside it ends it for that delivery, as waiting."""
+
+    def fails(ctx: Any) -> None:
+        raise ValueError("card declined")
+
+    flow = Workflow(
+        name="batch",
+        trigger=WorkerTrigger(queue="batch"),
+        steps=[
+            Step("first", first),
+            for_each("each", items="$.body.items", steps=[Step("item", first)], parallel=2),
+            try_catch("guard", try_=[Step("charge", fails)], catch=[Step("refund", first)]),
+            loop(
+                "poll",
+                steps=[Step("look", first), wait.for_("1ms")],
+                until=lambda ctx: ctx.state["look"] == 1 and ctx.state["poll"]["iteration"] >= 2,
+            ),
+        ],
+    )
+    async with Engine(workflows=[flow], database=tmp_path / "blok.db") as engine:
+        run = await engine.wait_for_job(await engine.enqueue("batch", {"items": [1, 2, 3]}), 10)
+    assert run.status is RunStatus.COMPLETED, run.error
+    each, guard = only(spans, "for_each each"), only(spans, "try_catch guard")
+    runs = named(spans, "run batch")
+    assert parent_id(each) == parent_id(only(spans, "step first")) == runs[0].context.span_id
+    items = named(spans, "step item")
+    assert [parent_id(item) for item in items] == [each.context.span_id] * 3
+    assert each.attributes is not None and each.attributes["blok.step.status"] == "completed"
+    assert parent_id(only(spans, "step charge")) == guard.context.span_id
+    assert parent_id(only(spans, "step refund")) == guard.context.span_id
+    # Caught: the try_catch completed, its failed arm an error of its own span.
+    assert guard.status.status_code is not StatusCode.ERROR
+    assert only(spans, "step charge").status.status_code is StatusCode.ERROR
+    # The loop pauses at its wait: a span a delivery, each with that delivery's look.
+    polls = named(spans, "loop poll")
+    statuses = [p.attributes["blok.step.status"] for p in polls if p.attributes is not None]
+    assert statuses == ["waiting"] * (len(polls) - 1) + ["completed"], statuses
+    looks = named(spans, "step look")
+    # Each delivery but the last looked once (the last resumed after the wait, and was done).
+    assert [parent_id(look) for look in looks] == [p.context.span_id for p in polls[:-1]]
+
+
+@pytest.mark.anyio
 async def test_a_child_run_joins_its_parents_trace(
     tmp_path: Path, spans: InMemorySpanExporter
 ) -> None:
@@ -513,7 +565,9 @@ async def test_a_child_run_joins_its_parents_trace(
     assert {s.context.trace_id for s in parent_runs} == {child_run.context.trace_id}
     enqueue_child = only(spans, "enqueue child")
     assert parent_id(child_run) == enqueue_child.context.span_id
-    assert parent_id(enqueue_child) in {s.context.span_id for s in parent_runs}
+    # Enqueued by the parent's subworkflow step, a span of the parent's run.
+    calls = {s.context.span_id: s for s in named(spans, "subworkflow call")}
+    assert parent_id(calls[parent_id(enqueue_child)]) in {s.context.span_id for s in parent_runs}
 
 
 @pytest.fixture
