@@ -109,12 +109,44 @@ UNSTARTED_RUN = "({})".format(
 # slot) whose run has not begun as waiting: no slot runs it yet, whichever process asks. (The
 # claiming process also counts its top-ups, handed but kept ahead, as waiting: ahead.py.)
 # `{now}`, `{queue}`: the dialect's placeholders.
-STATS = """
-SELECT CASE WHEN r.status IN {unstarted} THEN 'waiting' ELSE j.state END AS state,
-    coalesce(j.run_at > {now}, false) AS later, count(*) AS n
-FROM jobs j LEFT JOIN runs r ON j.state = 'active' AND j.handed = 0 AND r.id = j.run_id
-WHERE j.queue = {queue} GROUP BY 1, 2
+# A queue's jobs counted as (state, due later, count), each state by its index: a backlog of
+# delayed jobs is counted from index entries alone, those due found by their time
+# (`jobs_due_at`, a range up to now) and taken from the total, where reading each one's time
+# from its row took 156 ms on SQLite and 88 ms on PostgreSQL with 100,000 a month ahead (for
+# every refresh of the console's queues, every health check and metrics sample). The due ones
+# are read in the index's order: PostgreSQL's planner, with no statistics yet (a new table, a
+# generic plan), otherwise reads them through the queue's jobs by state, as the claim's search.
+_DUE_DELAYED = """
+SELECT created_at, run_at FROM jobs
+WHERE queue = {queue} AND state = 'delayed' AND run_at <= {now} ORDER BY run_at
 """
+STATS = """
+WITH due AS (SELECT count(*) AS n FROM (_DUE_DELAYED) AS d)
+SELECT state, state = 'delayed' AS later, count(*) AS n FROM jobs
+WHERE queue = {queue} AND state NOT IN ('active', 'waiting') GROUP BY state
+UNION ALL
+SELECT 'delayed', false, n FROM due
+UNION ALL
+SELECT 'delayed', true, -n FROM due
+UNION ALL
+SELECT 'waiting', coalesce(run_at > {now}, false), count(*) FROM jobs
+WHERE queue = {queue} AND state = 'waiting' GROUP BY 2
+UNION ALL
+SELECT CASE WHEN r.status IN {unstarted} THEN 'waiting' ELSE 'active' END, false, count(*)
+FROM jobs j LEFT JOIN runs r ON j.handed = 0 AND r.id = j.run_id
+WHERE j.queue = {queue} AND j.state = 'active' GROUP BY 1
+""".replace("_DUE_DELAYED", _DUE_DELAYED)
+# Since when the longest-waiting due job has been due (epoch seconds, NULL: none): the waiting
+# jobs, and the delayed ones whose time has come found by it (`jobs_due_at`): of a backlog of
+# delayed jobs, only those due are read (each one's time was read, 39 ms with 100,000 later).
+OLDEST_WAITING = """
+SELECT min(since) FROM (
+    SELECT min({greatest}(created_at, coalesce(run_at, 0))) AS since FROM jobs
+    WHERE queue = {queue} AND state = 'waiting' AND (run_at IS NULL OR run_at <= {now})
+    UNION ALL
+    SELECT min({greatest}(created_at, run_at)) FROM (_DUE_DELAYED) AS d
+) AS due
+""".replace("_DUE_DELAYED", _DUE_DELAYED)
 
 # A run the janitor keeps past the retention: a dead letter's last (its error says why it died,
 # and a replay starts from it; the job is kept until it is requeued).

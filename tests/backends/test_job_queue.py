@@ -955,6 +955,25 @@ async def test_stats_count_the_jobs_in_each_state(queue: JobQueue) -> None:
     }
 
 
+async def test_a_delayed_job_whose_time_has_come_counts_as_waiting_since_it_came(
+    queue: JobQueue,
+) -> None:
+    """Of the delayed jobs, those due are waiting (a claim takes them) and those later are
+    delayed; the queue's oldest wait counts a due one from its time. Counted by index now (a
+    backlog of later jobs was read row by row), the split is the contract's."""
+    [(due, _)] = await add(queue, run_at=after(-60))
+    await add(queue, 2)
+    await add(queue, 3, run_at=after(3600))
+
+    stats = await queue.stats(QUEUE)
+
+    assert (stats.waiting, stats.delayed, stats.active) == (3, 3, 0)
+    oldest = await queue.oldest_waiting(QUEUE)
+    assert oldest is not None and due.run_at is not None
+    assert abs((oldest - max(due.created_at, due.run_at)).total_seconds()) < 0.001
+    assert await queue.oldest_waiting("unused") is None
+
+
 async def test_a_job_claimed_but_not_handed_out_counts_as_waiting(queue: JobQueue) -> None:
     # A queue may claim ahead of what was asked; what it did not hand out nobody runs yet.
     made = await add(queue, 3)

@@ -444,11 +444,7 @@ SIGNALS_FOR = (
     "SELECT id, signals FROM jobs WHERE worker = $1 AND state = 'active' AND signals IS NOT NULL"
 )
 HELD_BY = f"{SELECT_JOB} WHERE state = 'active' AND worker = ANY($1::text[])"
-# $1 queue: since when the longest-waiting due job has been due (epoch seconds, NULL: none).
-OLDEST_WAITING = f"""
-SELECT min(greatest(created_at, coalesce(run_at, 0))) FROM jobs
-WHERE queue = $1 AND state IN ('waiting', 'delayed') AND (run_at IS NULL OR run_at <= {NOW})
-"""
+OLDEST_WAITING = rows.OLDEST_WAITING.format(greatest="greatest", now=NOW, queue="$1")
 STATS = rows.STATS.format(unstarted=rows.UNSTARTED_RUN, now=NOW, queue="$1")
 DEAD_LETTERS = (
     f"{SELECT_JOB} WHERE queue = $1 AND state = 'dead' ORDER BY finished_at DESC LIMIT $2"

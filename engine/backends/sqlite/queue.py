@@ -46,7 +46,8 @@ from ..rows import JOB_COLUMNS, dump, job_from_row, job_row
 from .db import INLINE_WEIGHT, INSERT_LOG, InTransaction, SqliteDatabase, write_runs
 from .store import log_row
 
-STATS = rows.STATS.format(unstarted=rows.UNSTARTED_RUN, now="?", queue="?")
+STATS = rows.STATS.format(unstarted=rows.UNSTARTED_RUN, now="?1", queue="?2")
+OLDEST_WAITING = rows.OLDEST_WAITING.format(greatest="max", now="?1", queue="?2")
 CHUNK = 500  # ids one statement names: well under SQLite's limit on bound values
 SELECT_JOB = f"SELECT {', '.join(JOB_COLUMNS)} FROM jobs"
 # The concurrency gate's held jobs of a key, read from their own index (schema.py: jobs_gated).
@@ -486,11 +487,7 @@ class SqliteQueue(DatabaseQueue):
 
     async def oldest_waiting(self, queue: str) -> datetime | None:
         await self.db.flush()
-        row = await self.db.fetchone(
-            "SELECT min(max(created_at, coalesce(run_at, 0))) FROM jobs WHERE queue = ?"
-            " AND state IN ('waiting', 'delayed') AND (run_at IS NULL OR run_at <= ?)",
-            (queue, time.time()),
-        )
+        row = await self.db.fetchone(OLDEST_WAITING, (time.time(), queue))
         # Jobs claimed ahead are waiting too, as in `stats`.
         return from_epoch(self._ahead.oldest_due(queue, row[0] if row else None))
 
