@@ -19,8 +19,6 @@ changes a copy (`copy_run`) and that copy is what its transition writes.
 from __future__ import annotations
 
 import logging
-import os
-import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, TypeGuard
@@ -30,6 +28,7 @@ import anyio
 from . import telemetry
 from .backends.base import Backend, Claim, JobQueue, JobUpdate, Transition
 from .events import Event, EventBus, RunFinished, RunQueued, RunStarted, RunStatusChanged
+from .ids import new_id as new_id
 from .models import (
     MAX_CRASHES,
     AttemptStatus,
@@ -58,21 +57,7 @@ CANCELLED = "cancelled by operator"
 # Jobs enqueued here (by `enqueue` or `enqueue_many`) whose completed run is kept for a later
 # `wait_for_job`: the most recent this many (a few MB of records at most).
 PARKED_MAX = 4096
-
-
-# Random bits in an id, after its millisecond. Ids made in the same millisecond (an
-# `enqueue_many` makes some 70 job ids in one here; machines sharing a database add theirs)
-# differ only there, and a job whose id is taken is the one already there: the new one would be
-# lost. With 32 bits, a batch of 10,000 lost a job once in some 13,000 batches; with 56 it takes
-# some 300 million ids in one millisecond to reach even odds of one collision. (56, not 64: two
-# ids still fit one line of the console at 80 columns.)
-ID_RANDOM_BYTES = 7
-
-
-def new_id(prefix: str) -> str:
-    # Time first so ids sort by creation, then randomness: the operating system's, which is
-    # what `secrets.token_hex` reads too, through three calls of its own (two ids a job).
-    return f"{prefix}_{int(time.time() * 1000):011x}{os.urandom(ID_RANDOM_BYTES).hex()}"
+AFTER_CRASH = "after_crash"  # job meta: {"crashed": run id, "run": the run of its next delivery}
 
 
 def engine_line(message: str, level: str, ts: datetime) -> LogLine:
@@ -663,17 +648,20 @@ class Ledger:
             return
         self._crash(run, reason)
         job = claim.job
-        next_run = self._redelivery(job, run)
         # Its engine's doing, not the job's: no retry used, no crash counted towards the
         # dead-letter queue, one more delivery in its budget (`Job.delivery_budget`).
         meta = {**job.meta, "interrupted": int(job.meta.get("interrupted", 0)) + 1}
+        next_run = self._redelivery(job, run, meta)
         update = JobUpdate(state=JobState.WAITING, run_id=next_run.id, meta=meta)
         queue.submit(self._transition(job, job.epoch, update, run, next_run))
         self._finished(run)
         self.queued([next_run])
 
-    def _redelivery(self, job: Job, crashed: Run) -> Run:
+    def _redelivery(self, job: Job, crashed: Run, meta: dict[str, Any]) -> Run:
+        """The job's next run after `crashed`; `meta` (the job's next) says which run it is of
+        which crashed one, for the worker that runs it to start it where that one was."""
         follow = construct(Job, {**job.__dict__, "run_id": new_id("run"), "run_at": None})
+        meta[AFTER_CRASH] = {"crashed": crashed.id, "run": follow.run_id}
         run = make_run(
             follow,
             workflow_version=crashed.workflow_version,
@@ -713,7 +701,7 @@ class Ledger:
             self._settle(claim, queue, run, JobUpdate(state=JobState.DEAD, error=poison, meta=meta))
             return None
         job.meta = meta
-        fresh = self._redelivery(job, run)
+        fresh = self._redelivery(job, run, meta)
         fresh.status = RunStatus.QUEUED
         job.run_id = fresh.id
         job.handed = False  # the update clears it: this new run's start is committed first
@@ -875,7 +863,7 @@ class Ledger:
             self._finished(run)
             self._job_ended(job.id, run)
             return True
-        next_run = self._redelivery(job, run)
+        next_run = self._redelivery(job, run, meta)
         update = JobUpdate(state=JobState.WAITING, run_id=next_run.id, meta=meta)
         if not await queue.apply(self._transition(job, job.epoch, update, run, next_run)):
             return False

@@ -3,10 +3,14 @@ as cached, so only `from_step` and what follows runs again."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Callable, Sequence
 
+from .backends.base import RunStore
 from .errors import EngineError
-from .models import Run, StepStatus, utcnow
+from .ledger import AFTER_CRASH
+from .models import Job, Run, StepStatus, utcnow
+from .redact import REDACTED
 from .runner import Runner, pending_step
 from .workflow import Workflow
 
@@ -63,3 +67,59 @@ def seed_from_step(
             except TypeError as error:
                 raise EngineError(f"cannot replay from {from_step!r}: {error}") from None
     run.cursor = [index]
+
+
+# A step that ended and whose record says all a later step needs of it.
+_DONE = (StepStatus.COMPLETED, StepStatus.CACHED, StepStatus.SKIPPED)
+
+
+async def resume_after_crash(
+    runs: RunStore, log: Callable[[Run, str], None], workflow: Workflow, job: Job, run: Run
+) -> bool:
+    """Whether `run`, about to start, is the next delivery of a run that crashed its worker
+    (`AFTER_CRASH` in its job's meta) and now goes on where that one was: with its records of
+    the top-level steps it completed (cached: they do not run again, a card is not charged
+    twice) and the state they left, its cursor at the first step it did not complete. They
+    ran again from the first step (DBOS and Temporal go on from the last step recorded)."""
+    after = job.meta.get(AFTER_CRASH)
+    if not isinstance(after, dict) or after.get("run") != run.id or run.started_at or run.steps:
+        return False
+    crashed = await runs.get_run(str(after.get("crashed")))
+    if crashed is None:  # purged meanwhile (a job requeued long after): from the start
+        return False
+    at = _seed_after_crash(workflow, run, crashed)
+    if at is not None:
+        log(
+            run,
+            f"resumes at step {at!r}: the steps before it completed in run {crashed.id} "
+            "(cached: not run again)",
+        )
+    return at is not None
+
+
+def _seed_after_crash(workflow: Workflow, fresh: Run, crashed: Run) -> str | None:
+    """The step `fresh` resumes at, given `crashed`'s records of the steps before it; None, and
+    nothing given, when that run completed none, ran another version (its steps may not be
+    these), or a step it completed kept no output (`ephemeral`) or kept it with a secret
+    hidden: that step runs again, and what follows it."""
+    if crashed.workflow_version != workflow.version:
+        return None
+    done = {record.name: record for record in crashed.steps}
+    first = 0
+    for step in workflow.steps:
+        record = done.get(step.name)
+        if record is None or record.status not in _DONE or (step.runs and not step.recorded):
+            break
+        if REDACTED in json.dumps(record.output, default=str):
+            break  # a secret header value it returned, stored hidden: it runs again for it
+        first += 1
+    if first == 0 or first == len(workflow.steps):  # all done: its end was lost, run it again
+        return None
+    steps = [(step.name, step.kind) for step in workflow.steps]
+    name = workflow.steps[first].name
+    try:
+        seed_from_step(workflow.name, steps, workflow, crashed, fresh, name)
+    except EngineError:  # an output that no longer fits the step (`spread` of a non-dict)
+        fresh.steps, fresh.state, fresh.cursor = [], {}, []
+        return None
+    return name

@@ -40,6 +40,7 @@ from .memory_runs import requeue_memory_runs
 from .models import Job, Run, RunStatus, WorkerInfo
 from .parents import wake_parent
 from .queue_runtime import QueueRuntime
+from .replay_seed import resume_after_crash
 from .run_handle import RunHandle
 from .runner import Outcome, Runner, SnapshotLost
 from .services import FencedRecorder
@@ -500,11 +501,15 @@ class Worker:
             # have begun it before its start was committed: it crashed there.
             workers = await self.backend.shared.workers()  # its last heartbeat: the run's end
             seen = next((w.heartbeat_at for w in workers if w.id == claim.taken_from), None)
-            redelivery = self.ledger.take_over(claim, runtime.queue, run, seen)
-            return (redelivery, False) if redelivery is not None else None
-        # A wait's redelivery, a replay from a step, a run a stop or a gate handed back after
-        # it began: on from the run's cursor and state.
-        return run, job.resume or bool(run.cursor)
+            run = self.ledger.take_over(claim, runtime.queue, run, seen)
+            if run is None:
+                return None
+        elif job.resume or run.cursor:
+            # A wait's redelivery, a replay from a step, a run a stop or a gate handed back
+            # after it began: on from the run's cursor and state.
+            return run, True
+        # The next run of one that crashed its worker goes on from the steps that one completed.
+        return run, await resume_after_crash(self.backend.runs, self.ledger.log, current, job, run)
 
     async def _execute(self, runtime: QueueRuntime, claim: Claim) -> None:
         queue = runtime.queue

@@ -345,3 +345,92 @@ async def test_a_job_that_kills_every_worker_goes_to_the_dead_letter_queue(proje
         "its runs crashed their workers 3 times: moved to the dead-letter queue so that it "
         "takes down no more (requeue it to try again)"
     )
+
+
+SHOP = textwrap.dedent(
+    """
+    import os, pathlib, anyio
+    from engine import Step, WorkerTrigger, Workflow
+
+    CALLS = pathlib.Path(os.environ["BLOK_TEST_CALLS"])
+
+    def called(name):
+        with CALLS.open("a") as calls:
+            calls.write(name + "\\n")
+
+    async def charge(ctx):
+        called("charge")
+        return {"charged": ctx.body["amount"]}
+
+    async def pack(ctx):
+        called("pack")
+        if ctx.job.delivery == 1:
+            await anyio.sleep(60)  # its worker dies (or freezes) here
+        return "packed"
+
+    async def ship(ctx):
+        return f"shipped {ctx.state['charge']['charged']}"
+
+    workflow = Workflow(
+        name="shop",
+        trigger=WorkerTrigger(queue="shop"),
+        steps=[Step("charge", charge), Step("pack", pack), Step("ship", ship)],
+    )
+    """
+)
+
+LEASED_WORKER = textwrap.dedent(
+    """
+    import sys, anyio
+    from engine import Engine
+
+    async def main():
+        async with Engine(workflows=sys.argv[1], database=sys.argv[2], lease="2s") as engine:
+            print("ready", flush=True)
+            await engine.serve_forever()
+
+    anyio.run(main)
+    """
+)
+
+
+@pytest.mark.parametrize("how", ["killed", "frozen"])
+async def test_the_next_run_of_a_crashed_one_goes_on_from_the_steps_it_completed(
+    tmp_path: Path, how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker killed -9 (found dead by the next one's boot) or frozen past its lease (its job
+    taken over by a live worker's claim) in the second of three steps: the job's next run ran
+    all three again, and the card was charged twice. It goes on at the step that crashed now,
+    the first one cached from the crashed run, its output in ctx.state as it was."""
+    (tmp_path / "workflows").mkdir()
+    (tmp_path / "workflows" / "shop.py").write_text(SHOP)
+    (tmp_path / "worker.py").write_text(LEASED_WORKER)
+    calls = tmp_path / "calls.txt"
+    calls.touch()
+    monkeypatch.setenv("BLOK_TEST_CALLS", str(calls))  # the worker's and this engine's
+    db = tmp_path / "blok.db"
+    with worker_process(tmp_path) as worker:
+        async with Engine(database=db, create=False) as client:
+            job_id = await client.enqueue("shop", {"amount": 42})
+            with anyio.fail_after(20):
+                while calls.read_text().split() != ["charge", "pack"]:  # noqa: ASYNC110
+                    await anyio.sleep(0.05)
+        worker.send_signal(signal.SIGKILL if how == "killed" else signal.SIGSTOP)
+        async with Engine(workflows=tmp_path / "workflows", database=db) as engine:
+            run = await engine.wait_for_job(job_id, timeout=30)
+            crashed = [r for r in await engine.runs(queue="shop") if r.id != run.id]
+    assert run.status is RunStatus.COMPLETED, run.error
+    assert run.output == "shipped 42"
+    assert calls.read_text().split() == ["charge", "pack", "pack"]  # charged once
+    [before] = crashed
+    assert before.status is RunStatus.CRASHED
+    # Each way a job is taken from a worker that is gone: released by recovery, or taken over.
+    said = "died before the run finished" if how == "killed" else "stopped renewing its lease"
+    assert said in (before.error or ""), before.error
+    charge = run.step("charge")
+    assert (charge.status, charge.cached_from) == ("cached", before.id)
+    assert [s.status for s in run.steps] == ["cached", "completed", "completed"]
+    assert (
+        f"resumes at step 'pack': the steps before it completed in run {before.id} (cached: "
+        "not run again)"
+    ) in [line.message for line in run.logs]

@@ -9,29 +9,29 @@ from types import SimpleNamespace
 
 import pytest
 
-from engine import ledger
+from engine import ids
 
 
 @pytest.fixture
 def one_millisecond(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The ledger's clock stopped: every id made from here on is made in the same millisecond,
+    """The ids' clock stopped: every id made from here on is made in the same millisecond,
     where only the random part tells ids apart."""
     frozen = time.time()
-    monkeypatch.setattr(ledger, "time", SimpleNamespace(time=lambda: frozen))
+    monkeypatch.setattr(ids, "time", SimpleNamespace(time=lambda: frozen))
 
 
 @pytest.mark.usefixtures("one_millisecond")
 def test_ids_made_in_one_millisecond_do_not_collide() -> None:
     # 300,000 ids: with the 32 random bits ids used to have, a collision is all but certain
     # (1 - 3e-5); with 56, one in 1.6 million runs of this test sees one.
-    ids = [ledger.new_id("job") for _ in range(300_000)]
-    assert len(set(ids)) == len(ids)
+    made = [ids.new_id("job") for _ in range(300_000)]
+    assert len(set(made)) == len(made)
 
 
 def test_ids_sort_by_the_millisecond_they_were_made_in() -> None:
-    first = ledger.new_id("run")
+    first = ids.new_id("run")
     later = first
     while later[:15] == first[:15]:  # the prefix and the millisecond
-        later = ledger.new_id("run")
+        later = ids.new_id("run")
     assert first < later
-    assert len(first) == len(later) == len("run_") + 11 + 2 * ledger.ID_RANDOM_BYTES
+    assert len(first) == len(later) == len("run_") + 11 + 2 * ids.ID_RANDOM_BYTES

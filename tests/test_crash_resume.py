@@ -1,0 +1,77 @@
+"""Where the next run of a run that crashed its worker goes on (engine/replay_seed.py), and where
+it does not: the steps the crashed run completed are cached unless the workflow's version
+changed, or a step's output was not stored as it was (`ephemeral`, or a secret hidden in it).
+The whole path, with a worker killed -9 and one frozen: tests/test_crash.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine import Step, WorkerTrigger, Workflow
+from engine.ledger import make_job, make_run
+from engine.models import Run, StepStatus
+from engine.redact import REDACTED
+from engine.replay_seed import _seed_after_crash
+from engine.runner import Runner
+
+
+def shop(**charge: Any) -> Workflow:
+    return Workflow(
+        name="shop",
+        trigger=WorkerTrigger(queue="shop"),
+        steps=[
+            Step("charge", lambda ctx: 1, **charge),
+            Step("pack", lambda ctx: 2),
+            Step("ship", lambda ctx: 3),
+        ],
+    )
+
+
+CHARGED = {"charged": 42}
+
+
+def runs_of(workflow: Workflow, charged: Any = CHARGED) -> tuple[Run, Run]:
+    """(a run that crashed in `pack` having completed `charge` with the output `charged`, the
+    job's next run)."""
+    job = make_job(
+        queue="shop",
+        workflow_name="shop",
+        payload={},
+        headers=None,
+        priority=0,
+        run_at=None,
+        max_retries=0,
+    )
+    crashed = make_run(job, workflow_version=workflow.version)
+    Runner.prepare(workflow, crashed)
+    crashed.steps[0].status, crashed.steps[0].output = StepStatus.COMPLETED, charged
+    crashed.steps[1].status = StepStatus.FAILED
+    job.run_id = "run_next"
+    return crashed, make_run(job, workflow_version=workflow.version)
+
+
+def test_the_next_run_resumes_at_the_step_that_crashed_with_the_state_before_it() -> None:
+    workflow = shop()
+    crashed, fresh = runs_of(workflow)
+    assert _seed_after_crash(workflow, fresh, crashed) == "pack"
+    assert (fresh.cursor, fresh.state) == ([1], {"charge": {"charged": 42}})
+    assert [s.status for s in fresh.steps] == ["cached", "pending", "pending"]
+    assert fresh.steps[0].cached_from == crashed.id
+
+
+def test_it_starts_over_where_the_crashed_run_is_not_one_to_go_on_from() -> None:
+    workflow = shop()
+    crashed, fresh = runs_of(workflow)
+    # Another version: its steps may not be these.
+    crashed.workflow_version = "0ld0ld00"
+    assert _seed_after_crash(workflow, fresh, crashed) is None
+    # The first step's output never stored (ephemeral), or stored with a secret hidden.
+    for workflow, charged in ((shop(ephemeral=True), None), (shop(), f"token {REDACTED}")):
+        crashed, fresh = runs_of(workflow, charged)
+        assert _seed_after_crash(workflow, fresh, crashed) is None
+        assert (fresh.cursor, fresh.state, fresh.steps) == ([], {}, [])
+    # Nothing completed: nothing to go on from.
+    workflow = shop()
+    crashed, fresh = runs_of(workflow)
+    crashed.steps[0].status = StepStatus.RUNNING
+    assert _seed_after_crash(workflow, fresh, crashed) is None
