@@ -30,7 +30,7 @@ import platform
 import sqlite3
 import tempfile
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,7 @@ from scratch_pg import DEFAULT_URL, scratch_database
 from engine import Engine, Step, WorkerTrigger, Workflow
 from engine.backends import open_backend
 from engine.ledger import make_job, make_run
-from engine.models import utcnow
+from engine.models import Job, utcnow
 
 INDEX = {"plain": "jobs_due_at", "keyed": "jobs_gated"}
 
@@ -59,6 +59,19 @@ def workflow(shape: str) -> Workflow:
     return Workflow(name="q", trigger=trigger, steps=[Step("work", work)])
 
 
+def job_of_q(payload: Any, run_at: datetime | None = None) -> Job:
+    """A job of the queue `q` (scheduled at `run_at`, if given)."""
+    return make_job(
+        queue="q",
+        workflow_name="q",
+        payload=payload,
+        headers=None,
+        priority=0,
+        run_at=run_at,
+        max_retries=0,
+    )
+
+
 async def fill(database: str, backlog: int, drop: str | None) -> None:
     """`backlog` jobs of the queue scheduled a month ahead; the index `drop` dropped."""
     async with open_backend(database) as backend:
@@ -66,15 +79,7 @@ async def fill(database: str, backlog: int, drop: str | None) -> None:
         later = utcnow() + timedelta(days=30)
         for start in range(0, backlog, 5000):
             jobs = [
-                make_job(
-                    queue="q",
-                    workflow_name="q",
-                    payload={"k": "later", "i": i},
-                    headers=None,
-                    priority=0,
-                    run_at=later,
-                    max_retries=0,
-                )
+                job_of_q({"k": "later", "i": i}, later)
                 for i in range(start, min(backlog, start + 5000))
             ]
             await queue.add(jobs, [make_run(job, workflow_version="") for job in jobs])
@@ -110,17 +115,7 @@ async def measure(database: str, shape: str, n: int, keys: int) -> tuple[float, 
                 began = time.perf_counter()
                 await queue.gated("q", "k0", 1)
             else:
-                [job] = [
-                    make_job(
-                        queue="q",
-                        workflow_name="q",
-                        payload={},
-                        headers=None,
-                        priority=0,
-                        run_at=None,
-                        max_retries=0,
-                    )
-                ]
+                job = job_of_q({})
                 await queue.add([job], [make_run(job, workflow_version="")])
                 began = time.perf_counter()
                 assert len(await queue.claim("q", 1, "bench", 30.0)) == 1

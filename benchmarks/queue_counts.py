@@ -25,12 +25,12 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from backlog import fill
+from backlog import fill, job_of_q
 from scratch_pg import DEFAULT_URL, scratch_database
 
 from engine.backends import open_backend
 from engine.backends import rows as now_rows
-from engine.ledger import make_job, make_run
+from engine.ledger import make_run
 
 # The statements of 86144be: every job of the queue read for its time; the delayed ones by state.
 BEFORE_STATS = """
@@ -76,18 +76,7 @@ async def measure(database: str, reads: int) -> dict[str, float]:
     postgres = database.startswith("postgresql://")
     async with open_backend(database) as backend:
         queue: Any = backend.queues[0]
-        waiting = [
-            make_job(
-                queue="q",
-                workflow_name="q",
-                payload={},
-                headers=None,
-                priority=0,
-                run_at=None,
-                max_retries=0,
-            )
-            for _ in range(10)
-        ]
+        waiting = [job_of_q({}) for _ in range(10)]
         await queue.add(waiting, [make_run(job, workflow_version="") for job in waiting])
         await backend.runs.flush()
         found: dict[str, float] = {}
