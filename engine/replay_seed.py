@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from .backends.base import RunStore
 from .errors import EngineError
 from .ledger import AFTER_CRASH
-from .models import Job, Run, StepStatus, utcnow
+from .models import Job, Run, StepRun, StepStatus, utcnow
 from .redact import REDACTED
 from .runner import Runner, pending_step
 from .workflow import Workflow
@@ -91,17 +91,18 @@ async def resume_after_crash(
     if at is not None:
         log(
             run,
-            f"resumes at step {at!r}: the steps before it completed in run {crashed.id} "
+            f"resumes at step {at}: the steps before it completed in run {crashed.id} "
             "(cached: not run again)",
         )
     return at is not None
 
 
 def _seed_after_crash(workflow: Workflow, fresh: Run, crashed: Run) -> str | None:
-    """The step `fresh` resumes at, given `crashed`'s records of the steps before it; None, and
-    nothing given, when that run completed none, ran another version (its steps may not be
-    these), or a step it completed kept no output (`ephemeral`) or kept it with a secret
-    hidden: that step runs again, and what follows it."""
+    """The step `fresh` resumes at, quoted, and the items of a for_each there already done,
+    given `crashed`'s records of the steps before it; None, and nothing given, when that run
+    did nothing to go on from, ran another version (its steps may not be these), or a step it
+    completed kept no output (`ephemeral`) or kept it with a secret hidden: that step runs
+    again, and what follows it."""
     if crashed.workflow_version != workflow.version:
         return None
     done = {record.name: record for record in crashed.steps}
@@ -113,7 +114,7 @@ def _seed_after_crash(workflow: Workflow, fresh: Run, crashed: Run) -> str | Non
         if REDACTED in json.dumps(record.output, default=str):
             break  # a secret header value it returned, stored hidden: it runs again for it
         first += 1
-    if first == 0 or first == len(workflow.steps):  # all done: its end was lost, run it again
+    if first == len(workflow.steps):  # all done: its end was lost, run it again
         return None
     steps = [(step.name, step.kind) for step in workflow.steps]
     name = workflow.steps[first].name
@@ -122,4 +123,24 @@ def _seed_after_crash(workflow: Workflow, fresh: Run, crashed: Run) -> str | Non
     except EngineError:  # an output that no longer fits the step (`spread` of a non-dict)
         fresh.steps, fresh.state, fresh.cursor = [], {}, []
         return None
-    return name
+    items = _items_done(done.get(name), fresh.steps[first])
+    if first == 0 and not items:  # nothing done to go on from
+        fresh.steps, fresh.cursor = [], []
+        return None
+    return repr(name) + items
+
+
+def _items_done(crashed: StepRun | None, fresh: StepRun) -> str:
+    """A for_each the crashed run was in goes on after the items it finished: its items (fixed
+    on its first pass) and their outputs (`done`, which it keeps as it goes), as a stop hands
+    them on; " (after N of its M items)", or "" for any other step."""
+    if crashed is None or crashed.kind != "for_each":
+        return ""
+    given, kept = crashed.input, crashed.output
+    if not isinstance(given, dict) or not isinstance(kept, dict):
+        return ""
+    items, done = given.get("items"), kept.get("done")
+    if not isinstance(items, list) or not isinstance(done, dict) or not done:
+        return ""
+    fresh.input, fresh.output = {"items": items}, {"done": dict(done)}
+    return f" (after {len(done)} of its {len(items)} items)"

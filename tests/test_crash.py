@@ -434,3 +434,75 @@ async def test_the_next_run_of_a_crashed_one_goes_on_from_the_steps_it_completed
         f"resumes at step 'pack': the steps before it completed in run {before.id} (cached: "
         "not run again)"
     ) in [line.message for line in run.logs]
+
+
+BATCH = textwrap.dedent(
+    """
+    import os, pathlib, anyio
+    from engine import Step, WorkerTrigger, Workflow, for_each
+
+    CALLS = pathlib.Path(os.environ["BLOK_TEST_CALLS"])
+
+    async def resize(ctx, item):
+        with CALLS.open("a") as calls:
+            calls.write(f"{item}\\n")
+        if ctx.job.delivery == 1 and item == 2:
+            await anyio.sleep(60)  # its worker dies here
+        return item * 10
+
+    workflow = Workflow(
+        name="batch",
+        trigger=WorkerTrigger(queue="batch"),
+        steps=[
+            for_each("each", items="$.body.items", parallel=int(os.environ["BLOK_TEST_PARALLEL"]),
+                     steps=[Step("resize", resize, inputs={"item": "$.state.each.item"})]),
+            Step("sum", lambda ctx: sum(ctx.state["each"])),
+        ],
+    )
+    """
+)
+
+
+async def items_done(client: Engine, job_id: str) -> dict[str, object]:
+    """The items the for_each of the job's run has recorded done, by index."""
+    run = await client.get_run((await client.get_job(job_id)).run_id)
+    output = run.step("each").output
+    return output.get("done", {}) if isinstance(output, dict) else {}
+
+
+@pytest.mark.parametrize("parallel", [1, 2])
+async def test_the_next_run_of_a_crashed_one_goes_on_after_the_items_a_for_each_finished(
+    tmp_path: Path, parallel: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker killed -9 in the third of four items of a for_each: the next run did all four
+    again. It goes on after the items that finished (in order, or side by side)."""
+    (tmp_path / "workflows").mkdir()
+    (tmp_path / "workflows" / "batch.py").write_text(BATCH)
+    (tmp_path / "worker.py").write_text(WORKER)
+    calls = tmp_path / "calls.txt"
+    calls.touch()
+    monkeypatch.setenv("BLOK_TEST_CALLS", str(calls))
+    monkeypatch.setenv("BLOK_TEST_PARALLEL", str(parallel))
+    db = tmp_path / "blok.db"
+    finished_before = {1: ["0", "1", "2"], 2: ["0", "1", "2", "3"]}[parallel]
+    with worker_process(tmp_path) as worker:
+        async with Engine(database=db, create=False) as client:
+            job_id = await client.enqueue("batch", {"items": [0, 1, 2, 3]})
+            with anyio.fail_after(20):
+                # Item 3, beside item 2, is done once its for_each's record says so.
+                while sorted(calls.read_text().split()) != finished_before or (  # noqa: ASYNC110
+                    parallel == 2 and "3" not in await items_done(client, job_id)
+                ):
+                    await anyio.sleep(0.05)
+        worker.send_signal(signal.SIGKILL)
+        worker.wait(timeout=10)
+        async with Engine(workflows=tmp_path / "workflows", database=db) as engine:
+            run = await engine.wait_for_job(job_id, timeout=30)
+    assert run.status is RunStatus.COMPLETED, run.error
+    assert run.output == 60
+    again = calls.read_text().split()[len(finished_before) :]
+    assert again == (["2", "3"] if parallel == 1 else ["2"]), calls.read_text()
+    done = 2 if parallel == 1 else 3
+    assert any(
+        f"resumes at step 'each' (after {done} of its 4 items)" in line.message for line in run.logs
+    ), [line.message for line in run.logs]

@@ -53,7 +53,7 @@ def runs_of(workflow: Workflow, charged: Any = CHARGED) -> tuple[Run, Run]:
 def test_the_next_run_resumes_at_the_step_that_crashed_with_the_state_before_it() -> None:
     workflow = shop()
     crashed, fresh = runs_of(workflow)
-    assert _seed_after_crash(workflow, fresh, crashed) == "pack"
+    assert _seed_after_crash(workflow, fresh, crashed) == "'pack'"
     assert (fresh.cursor, fresh.state) == ([1], {"charge": {"charged": 42}})
     assert [s.status for s in fresh.steps] == ["cached", "pending", "pending"]
     assert fresh.steps[0].cached_from == crashed.id
