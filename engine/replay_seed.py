@@ -98,7 +98,7 @@ async def resume_after_crash(
 
 
 def _seed_after_crash(workflow: Workflow, fresh: Run, crashed: Run) -> str | None:
-    """The step `fresh` resumes at, quoted, and the items of a for_each there already done,
+    """The step `fresh` resumes at, quoted, and what of it was done (`_carried`),
     given `crashed`'s records of the steps before it; None, and nothing given, when that run
     did nothing to go on from, ran another version (its steps may not be these), or a step it
     completed kept no output (`ephemeral`) or kept it with a secret hidden: that step runs
@@ -123,24 +123,27 @@ def _seed_after_crash(workflow: Workflow, fresh: Run, crashed: Run) -> str | Non
     except EngineError:  # an output that no longer fits the step (`spread` of a non-dict)
         fresh.steps, fresh.state, fresh.cursor = [], {}, []
         return None
-    items = _items_done(done.get(name), fresh.steps[first])
-    if first == 0 and not items:  # nothing done to go on from
+    carried = _carried(done.get(name), fresh.steps[first])
+    if first == 0 and not carried:  # nothing done to go on from
         fresh.steps, fresh.cursor = [], []
         return None
-    return repr(name) + items
+    return repr(name) + carried
 
 
-def _items_done(crashed: StepRun | None, fresh: StepRun) -> str:
-    """A for_each the crashed run was in goes on after the items it finished: its items (fixed
-    on its first pass) and their outputs (`done`, which it keeps as it goes), as a stop hands
-    them on; " (after N of its M items)", or "" for any other step."""
-    if crashed is None or crashed.kind != "for_each":
+def _carried(crashed: StepRun | None, fresh: StepRun) -> str:
+    """What the crashed run had done of the step it resumes at, handed on as a stop hands it
+    on, said for the resume line: a for_each's items (fixed on its first pass) and the outputs
+    of those it finished, which it keeps as it goes (" (after N of its M items)"); the child a
+    subworkflow step started, which the step follows rather than start a second (" (its child
+    run …)"); "" for any other step."""
+    if crashed is None or not isinstance(crashed.input, dict):
         return ""
-    given, kept = crashed.input, crashed.output
-    if not isinstance(given, dict) or not isinstance(kept, dict):
-        return ""
-    items, done = given.get("items"), kept.get("done")
-    if not isinstance(items, list) or not isinstance(done, dict) or not done:
+    if crashed.kind == "subworkflow" and crashed.child_run_id and "job_id" in crashed.input:
+        fresh.input, fresh.child_run_id = crashed.input, crashed.child_run_id
+        return f" (its child run {crashed.child_run_id})"
+    items = crashed.input.get("items")
+    done = crashed.output.get("done") if isinstance(crashed.output, dict) else None
+    if crashed.kind != "for_each" or not isinstance(items, list) or not done:
         return ""
     fresh.input, fresh.output = {"items": items}, {"done": dict(done)}
     return f" (after {len(done)} of its {len(items)} items)"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine import Step, WorkerTrigger, Workflow
+from engine import Step, WorkerTrigger, Workflow, for_each, subworkflow
 from engine.ledger import make_job, make_run
 from engine.models import Run, StepStatus
 from engine.redact import REDACTED
@@ -75,3 +75,37 @@ def test_it_starts_over_where_the_crashed_run_is_not_one_to_go_on_from() -> None
     crashed, fresh = runs_of(workflow)
     crashed.steps[0].status = StepStatus.RUNNING
     assert _seed_after_crash(workflow, fresh, crashed) is None
+
+
+def test_a_for_each_and_a_sub_workflow_go_on_with_what_the_crashed_run_had_done() -> None:
+    """A for_each its items (fixed on its first pass) and those finished; a subworkflow step
+    the child it started, which it follows: dispatched again, under the new run's id, it
+    started a second child (tests/test_crash.py runs the for_each with a worker killed)."""
+    workflow = Workflow(
+        name="shop",
+        trigger=WorkerTrigger(queue="shop"),
+        steps=[
+            Step("charge", lambda ctx: 1),
+            for_each("each", items="$.body.items", steps=[Step("item", lambda ctx: 2)]),
+            subworkflow("call", workflow="child"),
+        ],
+    )
+    crashed, fresh = runs_of(workflow)
+    crashed.steps[1].status = StepStatus.RUNNING
+    crashed.steps[1].input = {"items": ["a", "b", "c"]}
+    crashed.steps[1].output = {"done": {"0": 2}}
+    assert _seed_after_crash(workflow, fresh, crashed) == "'each' (after 1 of its 3 items)"
+    assert (fresh.steps[1].input, fresh.steps[1].output) == (
+        {"items": ["a", "b", "c"]},
+        {"done": {"0": 2}},
+    )
+    crashed, fresh = runs_of(workflow)
+    crashed.steps[1].status = StepStatus.COMPLETED
+    crashed.steps[1].output = [2, 2, 2]
+    crashed.steps[2].status = StepStatus.WAITING
+    crashed.steps[2].child_run_id = "run_child"
+    crashed.steps[2].input = {"workflow": "child", "job_id": f"{crashed.id}.2", "input": {}}
+    assert _seed_after_crash(workflow, fresh, crashed) == "'call' (its child run run_child)"
+    assert fresh.steps[2].child_run_id == "run_child"
+    assert fresh.steps[2].input == crashed.steps[2].input
+    assert fresh.state == {"charge": CHARGED, "each": [2, 2, 2]}
