@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 
 from .backends.base import Backend, Claim, JobQueue, WorkerCatalog
+from .errors import DatabaseError
 from .ledger import Ledger
 from .liveness import LiveWorkers
 from .models import Run, StepRun, StepStatus, WorkflowInfo
@@ -87,7 +88,11 @@ async def say_other_declarations(backend: Backend, me: str, here: dict[str, Work
     mine = {queue: wf.name for queue, wf in here.items()}
     try:
         live = await LiveWorkers.read(backend, besides=me)
-    except Exception:  # a warning it could not give: the start goes on
+    except DatabaseError as error:  # a warning it could not give: the start goes on, and
+        # what stops the worker (a database dropped as it started) is said once, by the worker
+        log.warning("could not read the other workers' queues: %s", error)
+        return
+    except Exception:
         log.warning("could not read the other workers' queues", exc_info=True)
         return
     for catalog in live.catalogs:

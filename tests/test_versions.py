@@ -309,3 +309,30 @@ async def test_two_deployments_serving_one_queue_each_run_only_the_jobs_enqueued
         "queue 'x' is served here with workflow 'two', and by worker "
     ), said
     assert "with workflow 'one': jobs enqueued to it now run 'two'" in said[0], said
+
+
+async def test_a_database_dropped_as_a_worker_starts_is_said_by_its_clash_check_in_one_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The check for another deployment on the worker's queues reads the live workers as the
+    worker starts: a PostgreSQL database dropped at that moment put the driver's traceback in
+    the worker's log before the worker's own one-line error (seen by
+    tests/postgres/test_pg_outage_stop.py, now and then)."""
+    import asyncpg
+    from pg import server_url
+
+    from engine.backends import open_backend
+    from engine.versions import say_other_declarations
+
+    caplog.set_level("WARNING", logger="blok.versions")
+    async with fresh_database() as url, open_backend(url) as backend:
+        admin = await asyncpg.connect(server_url())
+        try:
+            await admin.execute(f'DROP DATABASE "{url.rsplit("/", 1)[1]}" WITH (FORCE)')
+        finally:
+            await admin.close()
+        await say_other_declarations(backend, "vm:1:me", {})
+    [said] = [r for r in caplog.records if r.name == "blok.versions"]
+    assert said.exc_info is None, said.exc_info
+    assert said.getMessage().startswith("could not read the other workers' queues: "), said
+    assert "does not exist" in said.getMessage(), said.getMessage()
