@@ -3,8 +3,8 @@ stop on the database (the claim in flight, the last writes, the last flush) ends
 the grace. It waited for the server to come back, through a second SIGTERM too.
 
 The server is put out of reach by a TCP proxy between the worker and it, in this process: the
-proxy is shut (its connections closed, its port refusing), the server stays up for the other
-tests."""
+proxy is shut (its connections closed, a new one closed as it is accepted), the server stays up
+for the other tests."""
 
 from __future__ import annotations
 
@@ -25,11 +25,27 @@ pytest.importorskip("asyncpg", reason=NO_DRIVER)
 pytestmark = pytest.mark.anyio
 
 
+class Shutter:
+    """Shuts a proxy: its relays end, and a connection that comes after is closed as it is
+    accepted (the listener goes on accepting: cancelling its accept as a connection arrived
+    raised asyncio's InvalidStateError in the test's loop, now and then)."""
+
+    def __init__(self) -> None:
+        self.shut = False
+        self.relays: set[anyio.CancelScope] = set()
+
+    def cancel(self) -> None:
+        self.shut = True
+        for scope in self.relays:
+            scope.cancel()
+
+
 @asynccontextmanager
-async def tcp_proxy(host: str, port: int) -> AsyncIterator[tuple[int, anyio.CancelScope]]:
-    """A proxy to host:port on a free local port: (that port, a scope that shuts it)."""
+async def tcp_proxy(host: str, port: int) -> AsyncIterator[tuple[int, Shutter]]:
+    """A proxy to host:port on a free local port: (that port, what shuts it)."""
     listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
     local = listener.extra(anyio.abc.SocketAttribute.local_port)
+    shutter = Shutter()
 
     async def pipe(source: SocketStream, sink: SocketStream) -> None:
         async for chunk in source:
@@ -37,24 +53,24 @@ async def tcp_proxy(host: str, port: int) -> AsyncIterator[tuple[int, anyio.Canc
         await sink.send_eof()
 
     async def relay(client: SocketStream) -> None:
-        async with (
-            client,
-            await anyio.connect_tcp(host, port) as server,
-            anyio.create_task_group() as both,
-        ):
-            both.start_soon(pipe, client, server)
-            both.start_soon(pipe, server, client)
-
-    shut = anyio.CancelScope()
-
-    async def serve() -> None:
-        with shut:  # the listener and every relay end with it
-            await listener.serve(relay)
+        if shutter.shut:
+            await client.aclose()
+            return
+        with anyio.CancelScope() as scope:
+            shutter.relays.add(scope)
+            async with (
+                client,
+                await anyio.connect_tcp(host, port) as server,
+                anyio.create_task_group() as both,
+            ):
+                both.start_soon(pipe, client, server)
+                both.start_soon(pipe, server, client)
 
     async with anyio.create_task_group() as tg:
-        tg.start_soon(serve)
-        yield local, shut
-        shut.cancel()
+        tg.start_soon(listener.serve, relay)
+        yield local, shutter
+        shutter.cancel()
+        tg.cancel_scope.cancel()  # the worker is gone by now: no connection is coming
 
 
 async def ended(worker: Worker, within: float) -> None:
