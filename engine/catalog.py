@@ -391,7 +391,7 @@ class Catalog:
         its every tick's run fails at the step that reads it (as `blok-tui enqueue` warns of
         a payload it is given), and only the runs said so, one a tick."""
         for wf in current.values():
-            fields = body_fields(wf)
+            fields = body_fields(wf) if wf.schedules else []  # a reload reads every workflow
             for schedule in wf.schedules:
                 missing = missing_fields(schedule.payload, fields)
                 if not missing or (wf.name, wf.version, schedule.id) in self.warned:

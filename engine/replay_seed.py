@@ -14,6 +14,9 @@ from .redact import REDACTED
 from .runner import Runner, pending_step
 from .workflow import Workflow
 
+# A step that ended and whose record says all a later step needs of it.
+_DONE = (StepStatus.COMPLETED, StepStatus.CACHED, StepStatus.SKIPPED)
+
 
 def seed_from_step(
     workflow_name: str,
@@ -40,8 +43,7 @@ def seed_from_step(
         run.steps = [pending_step(i, name, kind) for i, (name, kind) in enumerate(steps)]
     for i in range(index):
         step = done.get(names[i])
-        done_then = (StepStatus.COMPLETED, StepStatus.CACHED, StepStatus.SKIPPED)
-        if step is None or step.status not in done_then:
+        if step is None or step.status not in _DONE:
             raise EngineError(
                 f"cannot replay from {from_step!r}: step {names[i]!r} did not complete in "
                 f"run {source.id}"
@@ -67,10 +69,6 @@ def seed_from_step(
             except TypeError as error:
                 raise EngineError(f"cannot replay from {from_step!r}: {error}") from None
     run.cursor = [index]
-
-
-# A step that ended and whose record says all a later step needs of it.
-_DONE = (StepStatus.COMPLETED, StepStatus.CACHED, StepStatus.SKIPPED)
 
 
 async def resume_after_crash(

@@ -151,6 +151,20 @@ def _run_attributes(run: Run) -> dict[str, Any]:
     return attributes
 
 
+def _step_attributes(run: Run, ctx: Context, name: str) -> dict[str, Any]:
+    """What finds a step's span (an attempt's, a flow step's); the rest of the run's attributes
+    are on its parent span."""
+    attributes: dict[str, Any] = {
+        "blok.run.id": run.id,
+        "blok.queue": run.queue,
+        "blok.workflow.name": run.workflow_name,
+        "blok.step.name": name,
+    }
+    if ctx.step_index is not None:
+        attributes["blok.step.index"] = ctx.step_index
+    return attributes
+
+
 class _StepAttempt:
     """One step attempt: its span (current while the node runs) and its duration."""
 
@@ -179,16 +193,8 @@ class _StepAttempt:
         if traced is not None:
             tracer = traced.tracer
             run, ctx = self._run, self._ctx
-            # What finds the step; the rest of the run's attributes are on its parent span.
-            attributes: dict[str, Any] = {
-                "blok.run.id": run.id,
-                "blok.queue": run.queue,
-                "blok.workflow.name": run.workflow_name,
-                "blok.step.name": self._name,
-                "blok.step.attempt": ctx.attempt,
-            }
-            if ctx.step_index is not None:
-                attributes["blok.step.index"] = ctx.step_index
+            attributes = _step_attributes(run, ctx, self._name)
+            attributes["blok.step.attempt"] = ctx.attempt
             self._span = span = tracer.start_span(f"step {self._name}", attributes=attributes)
             self._token = otel_context.attach(trace.set_span_in_context(span))
         self._started = time.perf_counter()
@@ -440,15 +446,8 @@ class OtelTelemetry(Observer):
         traced = self.traced.get(run.id)
         if traced is None:
             return NOTHING
-        attributes: dict[str, Any] = {
-            "blok.run.id": run.id,
-            "blok.queue": run.queue,
-            "blok.workflow.name": run.workflow_name,
-            "blok.step.name": name,
-            "blok.step.kind": kind,
-        }
-        if ctx.step_index is not None:
-            attributes["blok.step.index"] = ctx.step_index
+        attributes = _step_attributes(run, ctx, name)
+        attributes["blok.step.kind"] = kind
         span = traced.tracer.start_span(f"{kind} {name}", attributes=attributes)
         return _FlowStep(span, pausing)
 

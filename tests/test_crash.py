@@ -379,19 +379,9 @@ SHOP = textwrap.dedent(
     """
 )
 
-LEASED_WORKER = textwrap.dedent(
-    """
-    import sys, anyio
-    from engine import Engine
-
-    async def main():
-        async with Engine(workflows=sys.argv[1], database=sys.argv[2], lease="2s") as engine:
-            print("ready", flush=True)
-            await engine.serve_forever()
-
-    anyio.run(main)
-    """
-)
+# The worker above, with a lease of 2 s: a frozen one loses its job to a live one's claim soon.
+LEASED_WORKER = WORKER.replace("database=sys.argv[2])", 'database=sys.argv[2], lease="2s")')
+assert LEASED_WORKER != WORKER
 
 
 @pytest.mark.parametrize("how", ["killed", "frozen"])

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from backends.builders import job_and_run, run_of
+
 from engine import Step, WorkerTrigger, Workflow, for_each, subworkflow
-from engine.ledger import make_job, make_run
 from engine.models import Run, StepStatus
 from engine.redact import REDACTED
 from engine.replay_seed import _seed_after_crash
@@ -33,21 +34,12 @@ CHARGED = {"charged": 42}
 def runs_of(workflow: Workflow, charged: Any = CHARGED) -> tuple[Run, Run]:
     """(a run that crashed in `pack` having completed `charge` with the output `charged`, the
     job's next run)."""
-    job = make_job(
-        queue="shop",
-        workflow_name="shop",
-        payload={},
-        headers=None,
-        priority=0,
-        run_at=None,
-        max_retries=0,
-    )
-    crashed = make_run(job, workflow_version=workflow.version)
+    job, _ = job_and_run("shop")
+    crashed = run_of(job, workflow_version=workflow.version)
     Runner.prepare(workflow, crashed)
     crashed.steps[0].status, crashed.steps[0].output = StepStatus.COMPLETED, charged
     crashed.steps[1].status = StepStatus.FAILED
-    job.run_id = "run_next"
-    return crashed, make_run(job, workflow_version=workflow.version)
+    return crashed, run_of(job, id="run_next", workflow_version=workflow.version)
 
 
 def test_the_next_run_resumes_at_the_step_that_crashed_with_the_state_before_it() -> None:
