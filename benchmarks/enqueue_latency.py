@@ -14,6 +14,9 @@ Rows, all in this one process, one after the other, on fresh SQLite files in WAL
   awaits (BEGIN, INSERT, COMMIT), each a hop to aiosqlite's thread and back.
 - `enqueue, queue paused`: `engine.enqueue(...)` on an engine whose queue is paused, so nothing
   else writes (only the engine's heartbeat, every 2 s). Goal: p50 ≤ 150 µs.
+- `enqueue, producer engine`: the same calls from an `Engine(database=...)` with no workflows
+  (a web app's) on the same file once the worker above has closed: an engine that claims
+  nothing from the queue commits a lone call itself instead of waiting for its writer's task.
 - `enqueue, worker idle`: the queue consumes; each `enqueue` is timed alone, then the job is
   awaited (`wait_for_job`) before the next call, so the worker is idle when the call starts.
 - `enqueue, C callers`: C tasks each calling `enqueue` in a loop on the paused queue: the
@@ -174,6 +177,16 @@ async def blok_rows(folder: Path, n: int, callers: int, burst: int) -> list[Row]
         shared, _ = await commits_per_call(engine, database, burst * callers, callers)
         samples = await timed_calls(lambda i: engine.enqueue(contract.QUEUE, {"i": i}), n, callers)
         rows.append(Row(f"enqueue, {callers} callers", samples, shared))
+
+    # A web app's path: an engine with no workflows on the file the worker above declared its
+    # queue in (paused), alone on it as the worker rows were (in a process of its own, its
+    # worker elsewhere, a producer's loop does not also run the worker's).
+    async with Engine(database=database) as producer:
+        for i in range(50):
+            await producer.enqueue(contract.QUEUE, {"i": i})
+        alone, _ = await commits_per_call(producer, database, burst, 1)
+        samples = await timed_calls(lambda i: producer.enqueue(contract.QUEUE, {"i": i}), n, 1)
+        rows.append(Row("enqueue, producer engine", samples, alone))
 
     async with Engine(
         workflows=[contract.workflow("echo", 8, "sqlite")], database=folder / "idle.db"

@@ -13,7 +13,7 @@ from pathlib import Path
 import anyio
 import anyio.lowlevel
 import pytest
-from support import all_tasks_blocked
+from support import Turns, all_tasks_blocked
 
 from engine.backends.sqlite import SqliteBackend, connection
 from engine.backends.sqlite.db import (
@@ -360,3 +360,38 @@ async def test_a_flush_whose_batch_fails_gets_the_error(tmp_path: Path) -> None:
         assert raised.group_contains(DatabaseError, match="no such table: missing")
     finally:
         await db.close()
+
+
+async def test_a_call_awaited_soon_is_committed_by_its_caller_after_one_turn_of_the_loop(
+    backend: SqliteBackend,
+) -> None:
+    # A producer's lone `enqueue` waited for the writer's task to wake, take its own turn and
+    # commit, and then for its own turn after that; it now commits the batch itself once the
+    # loop has gone round once (for callers woken with it to join), when the writer is idle.
+    db = backend.db
+    await db.flush()
+    batches = db.batches
+    turns = Turns()
+
+    assert await db.outcome(db.call_soon(insert("alone")), soon=True) == 1
+
+    assert turns.count <= 1
+    assert db.batches - batches == 1
+    assert count(db.path) == 1
+
+
+async def test_callers_in_one_turn_share_a_commit_made_by_one_of_them(
+    backend: SqliteBackend,
+) -> None:
+    db = backend.db
+    await db.flush()
+    batches = db.batches
+
+    async def caller(i: int) -> None:
+        await db.outcome(db.call_soon(insert(f"caller {i}")), soon=True)
+
+    async with anyio.create_task_group() as group:
+        for i in range(8):
+            group.start_soon(caller, i)
+    assert db.batches - batches == 1
+    assert count(db.path) == 8

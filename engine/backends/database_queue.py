@@ -141,6 +141,12 @@ class DatabaseQueue(JobQueue):
         self._pending_adds: dict[str, list[PendingAdd]] = {}
         self._open_offers: dict[str, Offer] = {}
         self._handing = threading.Lock()
+        self._claimed: set[str] = set()  # the queues this process's claims have looked at
+
+    def claimed_here(self, queues: Iterable[str]) -> bool:
+        """Whether a claim of this process has looked at one of these queues: its add may
+        hand it its jobs if the add waits for it (`_pending_add`)."""
+        return not self._claimed.isdisjoint(queues)
 
     @abstractmethod
     async def _look(
@@ -341,6 +347,7 @@ class DatabaseQueue(JobQueue):
         timeout: float = 0.0,
         interrupted: Callable[[], bool] | None = None,
     ) -> list[Claim]:
+        self._claimed.add(queue)
         if not forced_only:
             taken = self._ahead.take(queue, limit)
             if taken:

@@ -16,7 +16,7 @@ from contextlib import asynccontextmanager
 
 import anyio
 import pytest
-from support import all_tasks_blocked
+from support import Turns, all_tasks_blocked
 
 from engine.backends import Backend
 from engine.backends.base import Claim, JobQueue, JobUpdate, Transition
@@ -398,3 +398,20 @@ async def test_another_process_s_jobs_wake_only_the_claims_of_their_queue(
             queue.others_committed()
     assert [c.job.id for c in claimed] == [mine[0].id]
     assert looks == [QUEUE, QUEUE]
+
+
+async def test_an_add_to_a_queue_no_claim_here_looks_at_is_committed_by_its_caller(
+    queue: DatabaseQueue,
+) -> None:
+    """A producer's add has no claim of its own process to hand its jobs to: its caller commits
+    it after one turn of the loop (engine/backends/sqlite/db.py `outcome`, `soon`). Once a claim
+    here has looked at the queue, an add waits for the writer's turns: a slot just freed joins
+    it meanwhile and is handed its job without a look."""
+    turns = Turns()
+    await add(queue, job_and_run())
+    assert turns.count <= 1
+
+    await queue.claim(QUEUE, 1, "w1", 60.0)
+    turns = Turns()
+    await add(queue, job_and_run())
+    assert turns.count >= 2

@@ -287,7 +287,8 @@ class SqliteQueue(DatabaseQueue):
         try:
             call = self.db.call_soon(add, weight=len(jobs) + len(runs))
             pending = self._pending_add(jobs, partial(_handed_to, call))
-            added, handed = await self.db.outcome(call)
+            soon = not self.claimed_here(job.queue for job in jobs)
+            added, handed = await self.db.outcome(call, soon=soon)
         finally:
             self._added(pending)
             # `add` reads it and `pending` holds `call`, which holds `add`: a reference cycle
