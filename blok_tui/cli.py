@@ -1518,7 +1518,7 @@ async def _shown(engine: Any, run: Any, db: str | None) -> tuple[str, Any]:
     """`show`'s text of the run, with what the engine says of it (its job, what it waits for,
     its workflow's usual time, why nobody runs it), and its job as read then (None once
     purged). `db`: the --db given, for the commands it suggests."""
-    from .run_follow import job_of, orphan_of, usual_of, why_held
+    from .run_follow import delivery_of, job_of, orphan_of, usual_of, why_held
     from .run_text import run_text
 
     job, why = await job_of(engine, run), await why_held(engine, run)
@@ -1530,6 +1530,7 @@ async def _shown(engine: Any, run: Any, db: str | None) -> tuple[str, Any]:
         why=why,
         usual=usual,
         orphaned=orphaned,
+        delivery=await delivery_of(engine, run, job),
         db=db,
         width=_terminal_width(),
     )

@@ -142,10 +142,14 @@ class JobBook:
             self._jobs.pop(job_id, None)
 
 
-def then_text(job: Job, *, long: bool = False, shown_id: str | None = None) -> Text:
+def then_text(
+    job: Job, *, long: bool = False, shown_id: str | None = None, delivery: int | None = None
+) -> Text:
     """What the job did after the run: "↻ completed" (a table cell), or in a sentence for the
     run view: "↻ then completed: its job went on to delivery 2 of 3 (1a2b3c4d)", naming the
-    job's run by `shown_id` (its short id) if given."""
+    job's run by `shown_id` (its short id) if given, and its delivery by `delivery` (that
+    run's `job_attempt`) if read: a retry's run in its backoff is not claimed yet, and the
+    job's claims still count the run before (it read "went on to delivery 1 of 2")."""
     words, style = THEN.get(job.state, (str(job.state), "grey70"))
     if job.state is JobState.CANCELLED and job.meta.get("discarded"):
         words = "discarded"  # taken out of the dead-letter queue, its last run failed
@@ -153,7 +157,7 @@ def then_text(job: Job, *, long: bool = False, shown_id: str | None = None) -> T
         return Text(f"↻ {words}", style=style)
     text = Text()
     text.append(f"↻ then {words}", style=f"bold {style}")
-    deliveries = f"delivery {job.deliveries} of {job.delivery_budget}"
+    deliveries = f"delivery {delivery or job.deliveries} of {job.delivery_budget}"
     if job.meta.get("requeued"):  # the count starts again at a requeue
         deliveries += " after a requeue"
     text.append(f": its job went on to {deliveries} ({shown_id or job.run_id})", style=style)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, tzinfo
 
-from engine import Job, Orphan, Run, StepRun, UnknownJob, WaitReason
+from engine import Job, Orphan, Run, StepRun, UnknownJob, UnknownRun, WaitReason
 from engine.api import EngineAPI
 from engine.events import (
     AttemptFailed,
@@ -152,6 +152,19 @@ async def goes_on(engine: EngineAPI, run: Run) -> Job | None:
 def went_on(run: Run, job: Job | None) -> Job | None:
     """`job`, if it went on from `run` as another run."""
     return job if job is not None and job.run_id != run.id else None
+
+
+async def delivery_of(engine: EngineAPI, run: Run, job: Job | None) -> int | None:
+    """Which delivery of its job the job's run is, where the job went on after `run` (None
+    otherwise, or once that run is gone). Read from that run: a retry's, in its backoff, is
+    not claimed yet, and the job's claims (`Job.deliveries`) still count the run before."""
+    if went_on(run, job) is None:
+        return None
+    assert job is not None
+    try:
+        return (await engine.get_run(job.run_id)).job_attempt
+    except UnknownRun:
+        return None
 
 
 async def usual_of(engine: EngineAPI, run: Run) -> float | None:

@@ -47,7 +47,7 @@ from .diff_screen import DiffScreen
 from .inject_screen import InjectScreen
 from .jobs import RETRIED_AFTER, one_per_job, orphaned_text, then_text
 from .phrases import Phrase, flowed, phrase
-from .run_follow import usual_of
+from .run_follow import delivery_of, usual_of
 from .run_text import event_fate, never_awaited, stuck_words
 from .step_order import GOING, run_ms, time_runs_to
 from .step_stats import StepStats, step_stats, typical_text
@@ -299,6 +299,7 @@ class RunScreen(BlokScreen):
         self.events: list[EventMessage] = []  # the run's mailbox
         self.holder = 0  # which holder h opens next
         self.job: Job | None = None  # the run's job: which delivery this is, what came after
+        self.next_delivery: int | None = None  # the job's run after this one: which delivery
         self.orphaned: Orphan | None = None  # nobody runs it, for a running run (jobs.orphans)
         self.replays: list[Run] = []  # replays of this run, newest first, one run per job
         # How long its workflow's completed runs take (s), read once while it runs: "stuck?".
@@ -394,6 +395,7 @@ class RunScreen(BlokScreen):
             return
         jobs = await self.blok.jobs.read(self.engine, [run.job_id])
         self.job = jobs.get(run.job_id)
+        self.next_delivery = await delivery_of(self.engine, run, self.job)
         self.orphaned = (await self.blok.jobs.orphans(self.engine, [run])).get(run.id)
         replays = await self.engine.runs(replay_of=run.id, limit=REPLAYS) if run.terminal else []
         # A replay is a job: each of its deliveries is a run with replay_of set.
@@ -482,7 +484,9 @@ class RunScreen(BlokScreen):
         if later is not None:
             line.append("\n")
             shown = short_ids([run.id, later.run_id])[later.run_id]
-            line.append_text(then_text(later, long=True, shown_id=shown))
+            line.append_text(
+                then_text(later, long=True, shown_id=shown, delivery=self.next_delivery)
+            )
             line.append("   J opens it", style="grey50")
         elif self.replays:
             newest = self.replays[0]

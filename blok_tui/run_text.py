@@ -49,6 +49,7 @@ def run_text(
     why: WaitReason | None = None,
     usual: float | None = None,
     orphaned: Orphan | None = None,
+    delivery: int | None = None,
     tz: tzinfo | None = None,
     cwd: Path | None = None,
     db: str | None = None,
@@ -58,12 +59,14 @@ def run_text(
     engine's clock); `job`: the run's job, if it is still kept (its deliveries, its fate);
     `why`: what a run that has not started or goes on later waits for (`why_waiting`);
     `usual`: the seconds its workflow's runs usually take (`usual_duration`), for a running
-    run; `orphaned`: why nobody runs a running run (`Engine.orphaned`); `tz`: the time zone times
+    run; `orphaned`: why nobody runs a running run (`Engine.orphaned`); `delivery`: which of its
+    job's deliveries the job's run is, where the job went on after this run (the job's claims
+    do not count a retry's yet in its backoff); `tz`: the time zone times
     are shown in (None: this machine's); `db`: the --db the command was given, for the
     commands it suggests; `width`: the terminal's columns, its long lines wrapped between words
     under their values and its steps' notes cut to fit (None: a pipe or a file, lines whole)."""
     now = time_runs_to(run, now, orphaned)  # an orphan's does not run on: nobody runs it
-    facts = _facts(run, now, job, tz, usual, orphaned)
+    facts = _facts(run, now, job, tz, usual, orphaned, delivery)
     if why is not None:
         facts.insert(2, f"{'why':<{LABEL}} {why_line(run, why, tz, now, db)}")
     lines = [part for fact in facts for part in wrapped(fact, width, LABEL + 1)]
@@ -90,6 +93,7 @@ def _facts(
     tz: tzinfo | None,
     usual: float | None = None,
     orphaned: Orphan | None = None,
+    delivery: int | None = None,
 ) -> list[str]:
     facts: list[tuple[str, str]] = [("run", run.id), ("status", _status(run, tz, now))]
     workflow = run.workflow_name
@@ -103,7 +107,7 @@ def _facts(
     if run.priority:
         queue += f"  priority {run.priority}"
     facts.append(("queue", queue))
-    facts.append(("job", run.job_id + _fate(run, job)))
+    facts.append(("job", run.job_id + _fate(run, job, delivery)))
     if run.worker:
         facts.append(("worker", run.worker))
     facts.append(("created", zoned_moment(run.created_at, tz)))
@@ -149,7 +153,7 @@ def why_line(
     return text
 
 
-def _fate(run: Run, job: Job | None) -> str:
+def _fate(run: Run, job: Job | None, delivery: int | None) -> str:
     """What became of the run's job, where this run does not say it: another delivery runs
     now, or this one was its last and the job is a dead letter."""
     if job is None:
@@ -158,7 +162,7 @@ def _fate(run: Run, job: Job | None) -> str:
         # Kept until it ends: a memory queue's job, in the memory of the process serving it.
         return "  (a memory queue's: in the memory of the process serving it)"
     if job.run_id != run.id:
-        return f"  {job.state}: its delivery {job.deliveries} is run {job.run_id}"
+        return f"  {job.state}: its delivery {delivery or job.deliveries} is run {job.run_id}"
     if job.state is JobState.DEAD:
         return (
             f"  dead: in the dead-letter queue (blok-tui requeue {job.id} or discard {job.id},"

@@ -15,7 +15,7 @@ import pytest
 from cli_helpers import blok, blok_json, cli_env
 
 from blok_tui.run_text import run_text
-from engine import Engine, JobState, Run, RunStatusChanged, WaitReason
+from engine import Engine, JobState, Run, RunQueued, RunStatusChanged, WaitReason
 from engine.ledger import make_job
 from engine.records import assign
 
@@ -630,3 +630,53 @@ def test_a_long_for_each_shows_its_first_and_last_iterations_and_those_that_fail
         "19",
     ]
     assert any(line.split()[:2] == ["risky", "failed"] for line in lines)
+
+
+FAILS_ONCE_THEN_WAITS = """
+from engine import Step, WorkerTrigger, Workflow
+
+def charge(ctx):
+    raise RuntimeError("card declined")
+
+workflow = Workflow(
+    name="pay",
+    trigger=WorkerTrigger(queue="pay", retries=1, delay="30s"),
+    steps=[Step("charge", charge)],
+)
+"""
+
+
+def test_a_failed_run_whose_retry_waits_its_backoff_names_the_delivery_to_come(
+    tmp_path: Path,
+) -> None:
+    """The retry's run exists, delayed, before anything claims it: `show` of the failed run
+    said "delayed: its delivery 1 is run …" and the console "went on to delivery 1 of 2",
+    the failed run's own number (the job's claims so far)."""
+    from blok_tui.jobs import then_text
+
+    (tmp_path / "workflows").mkdir()
+    (tmp_path / "workflows" / "pay.py").write_text(FAILS_ONCE_THEN_WAITS)
+    database = tmp_path / "blok.db"
+
+    async def main() -> tuple[str, str]:
+        async with Engine(workflows=tmp_path / "workflows", database=database) as engine:
+            events = engine.events()
+            job_id = await engine.enqueue("pay", {})
+            with anyio.fail_after(10):
+                async for event in events:
+                    if isinstance(event, RunQueued) and event.status == "delayed":
+                        break  # the retry's run, as the failed one ended
+            failed = await engine.runs(status="failed")
+            job = await engine.get_job(job_id)
+            retry = await engine.get_run(job.run_id)
+            assert (job.state, retry.status, retry.job_attempt) == ("delayed", "delayed", 2)
+            shown = await anyio.to_thread.run_sync(
+                lambda: _show(failed[0].id, "--db", database, cwd=tmp_path)
+            )
+            assert shown.returncode == 0, shown.stderr
+            return shown.stdout, then_text(job, long=True, delivery=retry.job_attempt).plain
+
+    shown, console = anyio.run(main)
+    line = next(line for line in shown.splitlines() if line.startswith("job "))
+    assert line.endswith(" delayed: its delivery 2 is run " + line.rsplit(" ", 1)[1]), line
+    assert "its job went on to delivery 2 of 2" in console, console
