@@ -21,6 +21,7 @@ from .errors import EngineError
 from .ledger import Ledger
 from .liveness import LiveWorkers, elsewhere, holder_gone, orphaned
 from .models import Job, JobState, Run, RunStatus
+from .parents import cancelled_with_parent
 from .worker import Worker
 
 CANCEL_WAIT_S = 8.0  # how long a cancel waits for the worker holding the run to stop it
@@ -48,19 +49,20 @@ class Canceller:
                 raise EngineError(
                     f"run {run_id} has already ended ({run.status}); nothing to cancel"
                 )
+            reason = await cancelled_with_parent(self.backend, run)  # else the operator's
             found = await self.backend.find_job(run.job_id)
             if found is None:
-                return await self._cancel_jobless(run)
+                return await self._cancel_jobless(run, reason)
             queue, job = found
             if job.run_id != run.id or job.state.terminal:
                 await anyio.sleep(0.01)  # its job is moving on right now: look again
                 continue
             if job.state in (JobState.WAITING, JobState.DELAYED):
-                if await self.ledger.cancel_pending(queue, job, run):
+                if await self.ledger.cancel_pending(queue, job, run, reason):
                     return await self.get_run(run_id)
                 continue  # claimed meanwhile: cancel it where it is held
             if await self._holder_gone(job):
-                if await self.ledger.cancel_abandoned(queue, job, run):
+                if await self.ledger.cancel_abandoned(queue, job, run, reason):
                     return await self.get_run(run_id)
                 continue
             if not await queue.signal(job.id, job.epoch, "cancel"):
@@ -83,7 +85,7 @@ class Canceller:
                 return run  # the worker did not stop it in time: as it is now
         raise EngineError(f"run {run_id} kept changing hands and could not be cancelled")
 
-    async def _cancel_jobless(self, run: Run) -> Run:
+    async def _cancel_jobless(self, run: Run, reason: str | None) -> Run:
         """A run whose job no queue here has: a memory queue's, in the memory of the process
         serving it, which alone can act on it; unless that process is gone, and the job with
         it: then a running run is orphaned, and a pending one waits in its record until a
@@ -97,7 +99,7 @@ class Canceller:
             me = local.info.id if local is not None else None
             if (await LiveWorkers.read(self.backend, besides=me)).may_hold(run):
                 raise EngineError(elsewhere(run))
-        self.ledger.cancel_jobless(run)
+        self.ledger.cancel_jobless(run, reason)
         await self.backend.runs.flush()
         return await self.get_run(run.id)
 

@@ -719,16 +719,16 @@ class Ledger:
         self._crash(run, reason, seen)
         self._save_jobless(run)
 
-    def cancel_jobless(self, run: Run) -> None:
+    def cancel_jobless(self, run: Run, reason: str | None = None) -> None:
         """Cancel a run of a memory queue whose job no live process holds: one left `running`
         by a dead worker (its job gone with it), as `abandon` records it crashed, or a pending
         one, which a worker serving the queue would take back from its record (`memory_runs`).
         No job to fence on: nothing else writes it."""
         run = copy_run(run)
         if run.status is RunStatus.RUNNING:
-            error = f"{CANCELLED} (its worker was gone)"
+            error = f"{reason or CANCELLED} (its worker was gone)"
         else:
-            error = _cancelled_pending(run)
+            error = reason or _cancelled_pending(run)
         self._close_open_steps(run, StepStatus.CANCELLED, AttemptStatus.CANCELLED, "cancelled")
         self._close(run, RunStatus.CANCELLED, error, None)
         self._save_jobless(run)
@@ -741,11 +741,13 @@ class Ledger:
             self.backend.runs.add_log(run.id, line)
         self._finished(run)
 
-    async def cancel_pending(self, queue: JobQueue, job: Job, run: Run) -> bool:
+    async def cancel_pending(
+        self, queue: JobQueue, job: Job, run: Run, reason: str | None = None
+    ) -> bool:
         """Cancel a queued, delayed, waiting or throttled run whose job no worker holds (as
-        read at `job.epoch`). False if the job moved meanwhile."""
+        read at `job.epoch`), for `reason` if not the operator's. False if the job moved."""
         run = copy_run(run)
-        self._close(run, RunStatus.CANCELLED, _cancelled_pending(run), None)
+        self._close(run, RunStatus.CANCELLED, reason or _cancelled_pending(run), None)
         self._close_open_steps(run, StepStatus.CANCELLED, AttemptStatus.CANCELLED, "cancelled")
         update = JobUpdate(state=JobState.CANCELLED, headers=_ended(job), meta=job.meta)
         if not await queue.apply(self._transition(job, job.epoch, update, run)):
@@ -754,11 +756,13 @@ class Ledger:
         self._job_ended(job.id, run)
         return True
 
-    async def cancel_abandoned(self, queue: JobQueue, job: Job, run: Run) -> bool:
+    async def cancel_abandoned(
+        self, queue: JobQueue, job: Job, run: Run, reason: str | None = None
+    ) -> bool:
         """Cancel a run whose worker is gone (its lease ran out): nobody will finish it."""
         run = copy_run(run)
         self._close_open_steps(run, StepStatus.CANCELLED, AttemptStatus.CANCELLED, "cancelled")
-        self._close(run, RunStatus.CANCELLED, f"{CANCELLED} (its worker was gone)", None)
+        self._close(run, RunStatus.CANCELLED, f"{reason or CANCELLED} (its worker was gone)", None)
         update = JobUpdate(state=JobState.CANCELLED, headers=_ended(job), meta=job.meta)
         if not await queue.apply(self._transition(job, job.epoch, update, run)):
             return False

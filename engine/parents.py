@@ -1,5 +1,6 @@
-"""A child run ended: its parent, asleep in the subworkflow step that waits on it, is brought
-forward at once instead of finding out at its next look."""
+"""A child run and its parent: a child that ended brings its parent, asleep in the subworkflow
+step that waits on it, forward at once instead of at its next look; a child cancelled because
+its parent was says so."""
 
 from __future__ import annotations
 
@@ -36,3 +37,20 @@ async def wake_parent(backend: Backend, ledger: Ledger, child: Run) -> None:
             await ledger.make_due(found[0], found[1], None, force=False)
     except Exception:
         log.warning("could not wake the parent of run %s", child.id, exc_info=True)
+
+
+async def cancelled_with_parent(backend: Backend, run: Run) -> str | None:
+    """Why a child run is cancelled, when it is because its parent was (a parent cancelled
+    cancels the children its steps wait on): "cancelled with its parent run …". Those read
+    "cancelled by operator", and the operator had cancelled only the parent. None for any other
+    run (a detached child goes on when its parent is cancelled)."""
+    if run.parent_run_id is None:
+        return None
+    parent = await backend.runs.get_run(run.parent_run_id)
+    if parent is None or parent.status is not RunStatus.CANCELLED:
+        return None
+    waited = any(
+        r.kind == "subworkflow" and "sub" in r.tags and r.child_run_id == run.id
+        for r in parent.steps
+    )
+    return f"cancelled with its parent run {parent.id}" if waited else None

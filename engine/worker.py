@@ -38,7 +38,7 @@ from .gates import Gates
 from .ledger import CANCELLED, Ledger, make_run
 from .memory_runs import requeue_memory_runs
 from .models import Job, Run, RunStatus, WorkerInfo
-from .parents import wake_parent
+from .parents import cancelled_with_parent, wake_parent
 from .queue_runtime import QueueRuntime
 from .replay_seed import resume_after_crash
 from .run_handle import RunHandle
@@ -628,7 +628,8 @@ class Worker:
                 threads = self.runner.calls.running_threads(run.id)
                 if threads:
                     self.ledger.log(run, THREAD_RUNS_ON.format(", ".join(threads)), "warning")
-                self.ledger.cancelled(claim, queue, run, CANCELLED + self.runner.stopped(run, ctx))
+                why = await cancelled_with_parent(self.backend, run) or CANCELLED
+                self.ledger.cancelled(claim, queue, run, why + self.runner.stopped(run, ctx))
                 # Its slot stays taken until the thread returns: a queue of concurrency 1 must
                 # not start its next job beside it.
                 await self.runner.calls.threads_ended(run.id)

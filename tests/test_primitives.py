@@ -522,6 +522,33 @@ async def test_cancelling_a_parent_cancels_its_waiting_child(tmp_path: Path) -> 
         child_run = await engine.get_run(child_id)
         assert child_run.status is RunStatus.CANCELLED
         release.set()
+    # The operator cancelled the parent only: the child said "cancelled by operator".
+    assert cancelled.error == "cancelled by operator"
+    assert (child_run.error or "").startswith(f"cancelled with its parent run {run_id} (stopped at")
+
+
+async def test_a_child_not_started_is_cancelled_with_its_parent_and_a_detached_one_is_not(
+    tmp_path: Path,
+) -> None:
+    child = flow("child", Step("work", lambda ctx: "done"))
+    parent = flow(
+        "parent",
+        subworkflow("later", workflow="child", wait=False),
+        subworkflow("call", workflow="child"),
+    )
+    async with Engine(workflows=[child, parent], database=tmp_path / "blok.db") as engine:
+        await engine.pause("child")  # its children wait in their queue
+        run_id = (await engine.get_job(await engine.enqueue("parent", {}))).run_id
+        await until_status(engine, run_id, "waiting")
+        waiting = await engine.get_run(run_id)
+        waited, detached = waiting.step("call").child_run_id, waiting.step("later").child_run_id
+        await engine.cancel(run_id)
+        child_run = await engine.get_run(waited or "")
+        assert child_run.status is RunStatus.CANCELLED
+        assert child_run.error == f"cancelled with its parent run {run_id}"
+        assert (await engine.get_run(detached or "")).status is RunStatus.QUEUED  # it goes on
+        cancelled = await engine.cancel(detached or "")
+    assert cancelled.error == "cancelled by operator before it ran"
 
 
 async def test_middleware_chain_runs_in_order_on_the_same_context(
