@@ -78,6 +78,7 @@ from .validation import (
     check_wait_timeout,
     checked,
 )
+from .waiting import explain
 from .worker import Worker
 from .workflow import Workflow
 
@@ -626,7 +627,9 @@ class Operator:
             run = await self.store.get_run(job.run_id)
             if run is None:
                 return f" (the job is {job.state})"
-            return f" (its run {run.id} is {run.status})"
+            why = await explain(self.backend, run, job) if not run.terminal else None
+            held = f": {why.summary}" if why and why.gate not in ("queued", "running") else ""
+            return f" (its run {run.id} is {run.status}{held})"  # held: by what ("no live worker")
         return ""
 
     async def _if_ended(self, job_id: str, waiter: JobWaiter) -> Run | None:

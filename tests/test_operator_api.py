@@ -193,6 +193,15 @@ async def test_a_wait_that_runs_out_says_which_job_how_long_and_what_its_run_doe
     assert (
         str(raised.value) == f"job {job} did not finish within 0.3s (its run {run_id} is running)"
     )
+    # A run held back says by what: it said "is queued" of a paused queue, or one no worker serves.
+    await actor.pause("echo")
+    held = await actor.enqueue("echo", {"value": 1})
+    with pytest.raises(TimeoutError) as raised:
+        await actor.wait_for_job(held, timeout=0.3)
+    assert str(raised.value) == (
+        f"job {held} did not finish within 0.3s (its run {await run_of(actor, held)} is queued: "
+        "queue 'echo' is paused: nothing new starts)"
+    )
     for bad, shown in ((-1, "-1"), (float("nan"), "nan"), ("10s", "'10s'")):
         with pytest.raises(
             EngineError, match=f"^wait_for_job: timeout must be a number of seconds.*not {shown}$"
