@@ -77,6 +77,7 @@ def help_text() -> Group:
             "rail ━━━╸──: time against the run's slowest step; 2/4: attempts of the budget;\n"
             "     cached, until HH:MM:SS (a wait), timed out (a limit hit)\n"
             "     ▾ iteration N / case / try / catch: nested steps under their parent;\n"
+            "     … 35 more completed: iterations that ended well (enter shows them);\n"
             "     mw:<name> a middleware step; ↳ sub waits for a child run (enter opens it),\n"
             "     ↳ async dispatched one\n"
             "runs ● a marked row: C, R and D act on the marked rows, else on the whole filter"

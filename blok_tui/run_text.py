@@ -32,7 +32,7 @@ from engine.text import printable
 
 from .console import local_times
 from .plain_text import LAST_COLUMN_LEAST, columns, fit_last_column, one_line, wrapped
-from .step_order import Row, own_tags, rail_rows, step_ms, time_runs_to
+from .step_order import folded_groups, is_fold, own_tags, rail_rows, step_ms, time_runs_to
 from .tracebacks import clean_error, fold_traceback
 
 VALUE_CHARS = 400  # of an input or output shown inline; `--json` has all of it
@@ -246,7 +246,7 @@ def _steps_table(run: Run, now: datetime, tz: tzinfo | None, width: int | None) 
     rows: list[tuple[str, ...]] = [header]
     for index, depth, label, _ in folded_groups(run, rail_rows(run)):
         indent = "  " * depth
-        if index is None and label.startswith("… "):  # a stretch of groups left out
+        if is_fold(label):  # a stretch of groups left out
             more, status, span = label.split("\t")
             rows.append((f"{indent}{more}", status, "", "", printable(span)))
             continue
@@ -266,55 +266,6 @@ def _steps_table(run: Run, now: datetime, tz: tzinfo | None, width: int | None) 
     if width is None:  # into a pipe: each note as `_note` made it, its own spaces kept
         return columns(rows)
     return columns(fit_last_column(rows, width, least=LAST_COLUMN_LEAST))
-
-
-GROUPS_KEPT = (3, 2)  # of a long list of iterations: the first and the last ones shown
-_ENDED_WELL = frozenset({StepStatus.COMPLETED, StepStatus.CACHED, StepStatus.SKIPPED})
-
-
-def folded_groups(run: Run, rows: list[Row]) -> list[Row]:
-    """`rows` with a long run of a parent's groups (a for_each of 2,000 items: 4,000 lines)
-    cut to its first and last ones and those where a step did not end well, each stretch
-    left out said in one row ("… 1,995 more", completed, "iteration 4 to iteration 1998")."""
-    out: list[Row] = []
-    i = 0
-    while i < len(rows):
-        index, depth, _, parent = rows[i]
-        if index is not None:
-            out.append(rows[i])
-            i += 1
-            continue
-        groups: list[list[Row]] = []
-        while i < len(rows) and rows[i][0] is None and (rows[i][1], rows[i][3]) == (depth, parent):
-            end = i + 1
-            while end < len(rows) and rows[end][1] > depth:
-                end += 1
-            groups.append([rows[i], *folded_groups(run, rows[i + 1 : end])])
-            i = end
-        out += _kept_groups(run, groups, depth, parent)
-    return out
-
-
-def _kept_groups(run: Run, groups: list[list[Row]], depth: int, parent: int | None) -> list[Row]:
-    first, last = GROUPS_KEPT
-    if len(groups) <= first + last + 1:
-        return [row for group in groups for row in group]
-    kept: list[Row] = []
-    left: list[Row] = []  # the group rows of a stretch left out
-    ended: dict[str, None] = {}  # the statuses its steps ended in
-    for n, group in enumerate(groups):
-        statuses = {run.steps[row[0]].status for row in group if row[0] is not None}
-        if first <= n < len(groups) - last and statuses <= _ENDED_WELL:
-            left.append(group[0])
-            ended.update(dict.fromkeys(sorted(map(str, statuses))))
-            continue
-        if left:
-            span = f"{left[0][2]} to {left[-1][2]}" if len(left) > 1 else left[0][2]
-            said = f"… {len(left):,} more\t{' or '.join(ended) or 'empty'}\t{span}"
-            kept.append((None, depth, said, parent))  # `_steps_table` splits it in columns
-            left, ended = [], {}
-        kept += group
-    return kept
 
 
 def _step_took(step: StepRun, now: datetime) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import datetime
 
-from engine import Orphan, Run, StepRun
+from engine import Orphan, Run, StepRun, StepStatus
 
 # A row of the rail: a step at a depth, or the header of a group of a parent's nested steps.
 Row = tuple[int | None, int, str, int | None]  # (step index or None, depth, label, parent)
@@ -141,3 +141,57 @@ def run_ms(run: Run, now: datetime) -> float | None:
     if run.started_at is None or end is None:
         return None
     return max(0.0, (end - run.started_at).total_seconds() * 1000)
+
+
+GROUPS_KEPT = (3, 2)  # of a long list of iterations: the first and the last ones shown
+_ENDED_WELL = frozenset({StepStatus.COMPLETED, StepStatus.CACHED, StepStatus.SKIPPED})
+
+
+def folded_groups(run: Run, rows: list[Row]) -> list[Row]:
+    """`rows` with a long run of a parent's groups (a for_each of 2,000 items: 4,000 lines)
+    cut to its first and last ones and those where a step did not end well, each stretch
+    left out said in one row ("… 1,995 more", completed, "iteration 4 to iteration 1998")."""
+    out: list[Row] = []
+    i = 0
+    while i < len(rows):
+        index, depth, _, parent = rows[i]
+        if index is not None:
+            out.append(rows[i])
+            i += 1
+            continue
+        groups: list[list[Row]] = []
+        while i < len(rows) and rows[i][0] is None and (rows[i][1], rows[i][3]) == (depth, parent):
+            end = i + 1
+            while end < len(rows) and rows[end][1] > depth:
+                end += 1
+            groups.append([rows[i], *folded_groups(run, rows[i + 1 : end])])
+            i = end
+        out += _kept_groups(run, groups, depth, parent)
+    return out
+
+
+def _kept_groups(run: Run, groups: list[list[Row]], depth: int, parent: int | None) -> list[Row]:
+    first, last = GROUPS_KEPT
+    if len(groups) <= first + last + 1:
+        return [row for group in groups for row in group]
+    kept: list[Row] = []
+    left: list[Row] = []  # the group rows of a stretch left out
+    ended: dict[str, None] = {}  # the statuses its steps ended in
+    for n, group in enumerate(groups):
+        statuses = {run.steps[row[0]].status for row in group if row[0] is not None}
+        if first <= n < len(groups) - last and statuses <= _ENDED_WELL:
+            left.append(group[0])
+            ended.update(dict.fromkeys(sorted(map(str, statuses))))
+            continue
+        if left:
+            span = f"{left[0][2]} to {left[-1][2]}" if len(left) > 1 else left[0][2]
+            said = f"… {len(left):,} more\t{' or '.join(ended) or 'empty'}\t{span}"
+            kept.append((None, depth, said, parent))  # `_steps_table` splits it in columns
+            left, ended = [], {}
+        kept += group
+    return kept
+
+
+def is_fold(label: str) -> bool:
+    """Whether a row's label is a stretch of groups `folded_groups` left out."""
+    return label.startswith("… ")

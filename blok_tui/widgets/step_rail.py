@@ -20,7 +20,7 @@ from textual.widgets.option_list import Option
 from engine import Run, StepRun
 
 from ..console import clock_time, duration, printable, status_style, status_text
-from ..step_order import Row, own_tags, rail_rows, step_ms
+from ..step_order import Row, folded_groups, is_fold, own_tags, rail_rows, step_ms
 
 BAR_WIDTH = 8
 # The step names' column: as wide as the longest name where the rail has the room, never
@@ -119,6 +119,20 @@ def header_line(label: str, depth: int, steps: list[StepRun]) -> Text:
     return line
 
 
+def fold_line(label: str, depth: int, room: int) -> Text:
+    """A stretch of iterations left out, "… 35 more completed", and how to see them where the
+    rail has the room ("iteration 4 to iteration 38" is plain from the rows around it)."""
+    more, status, _ = label.split("\t")
+    said = f"{'  ' * depth}{more} {status}"
+    line = Text(said if not room else cut(said, room).rstrip(), style="grey70")
+    if not room or line.cell_len + len(FOLD_HINT) <= room:
+        line.append(FOLD_HINT, style="grey42")
+    return line
+
+
+FOLD_HINT = "  enter shows them"
+
+
 class StepRail(OptionList):
     DEFAULT_CSS = """
     StepRail, StepRail:focus { height: auto; max-height: 50%; border: none; padding: 0; }
@@ -132,6 +146,21 @@ class StepRail(OptionList):
 
     # Until the operator moves the cursor, the rail follows the step that explains the run.
     moved_by_hand = False
+    # A long for_each is shown by its first and last iterations and those that did not end
+    # well, as `blok-tui show` prints it (a rail of 2,000 items was 4,000 lines to scroll
+    # through for the one that failed); enter on the stretch left out shows them all.
+    every_group = False
+
+    def action_select(self) -> None:
+        """Enter: on a stretch of iterations left out, shows them; else the step's own."""
+        row = self.rows[self.highlighted] if self.highlighted is not None else None
+        if row is None or not is_fold(row[2]) or self.shown is None:
+            super().action_select()
+            return
+        self.every_group = self.moved_by_hand = True
+        run, now, tz, narrow, typical = self.shown
+        self.show(run, now, tz, narrow=narrow, typical=typical)  # on the step above the stretch
+        super().action_cursor_down()  # the first step of the first iteration it had left out
 
     def action_cursor_up(self) -> None:
         self.moved_by_hand = True
@@ -220,7 +249,7 @@ class StepRail(OptionList):
         keep = self.step_index()
         durations = [step_ms(s, now) or 0.0 for s in run.steps]
         longest = max(durations, default=0.0)
-        rows = rail_rows(run)
+        rows = rail_rows(run) if self.every_group else folded_groups(run, rail_rows(run))
         by_index = {s.index: s for s in run.steps}
         by_parent: dict[int | None, list[StepRun]] = {}
         for step in run.steps:
@@ -242,7 +271,9 @@ class StepRail(OptionList):
         names = self.name_columns(steps, line, NARROW_NAME_WIDTH if narrow else NAME_WIDTH)
         options = []
         for index, depth, label, parent in rows:
-            if index is None:
+            if index is None and is_fold(label):
+                options.append(Option(fold_line(label, depth, self.room)))
+            elif index is None:
                 members = [s for s in by_parent.get(parent, []) if s.tags[:1] == [label]]
                 options.append(Option(header_line(label, depth, members), disabled=True))
             else:

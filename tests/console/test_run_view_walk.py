@@ -131,9 +131,30 @@ HOLDER = Workflow(
 )
 
 
+def fails_on_15(ctx: Any, n: int) -> int:
+    if n == 15:
+        raise ValueError("item 15 is bad")
+    return n
+
+
+# A for_each of 30 items whose 15th fails: 15 iterations ran, the 15th failed.
+FAN = Workflow(
+    name="walk.fan",
+    trigger=WorkerTrigger(queue="fan"),
+    steps=[
+        for_each(
+            "each",
+            lambda ctx: list(range(1, 31)),
+            steps=[Step("one", fails_on_15, inputs={"n": "$.state.each.item"})],
+        )
+    ],
+)
+
+
 @pytest.fixture
 async def engine() -> AsyncIterator[Engine]:
     flows = [
+        FAN,
         FAILING,
         GATEWAY,
         MANY,
@@ -525,3 +546,25 @@ def test_a_traceback_line_too_long_for_the_pane_goes_on_under_its_own_indent() -
     assert lines[frame + 1].startswith("  ") and not lines[frame + 1].startswith("   ")
     assert "18, in upload" in lines[frame + 1]
     assert lines[frame + 2] == "    await anyio.sleep(size_mb / 20)"
+
+
+# ---- a long for_each: its first and last iterations and the one that failed ----------------
+async def test_a_long_for_each_shows_its_ends_and_its_failure_and_enter_shows_the_rest(
+    engine: Engine,
+) -> None:
+    """The rail listed every iteration, two lines each (a for_each of 2,000 items: 4,000 lines
+    to scroll through for the one that failed); `blok-tui show` folded them."""
+    async with _ended_open(engine, "fan") as (pilot, screen):
+        rail = screen.query_one(StepRail)
+        lines = [str(rail.get_option_at_index(n).prompt) for n in range(rail.option_count)]
+        headers = [line.strip() for line in lines if "▾ iteration" in line]
+        assert headers == [f"▾ iteration {n}  1 step" for n in (1, 2, 3, 14, 15)], lines
+        [fold] = [n for n, line in enumerate(lines) if "… 10 more completed" in line]
+        title = screen.query_one("#step-title", Static)
+        assert "iteration 15 › one  ✗ failed" in text_of(title)  # the step that explains the run
+        rail.highlighted = fold
+        await pilot.press("enter")
+        await settled(pilot)
+        lines = [str(rail.get_option_at_index(n).prompt) for n in range(rail.option_count)]
+        assert sum("▾ iteration" in line for line in lines) == 15
+        assert "iteration 4 › one" in text_of(title)
