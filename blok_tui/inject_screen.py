@@ -61,9 +61,12 @@ class InjectScreen(ModalScreen[str | None]):
         event_for: Run | None = None,
         event: str = "",
         workflows: dict[str, WorkflowInfo] | None = None,
+        note: str = "",
     ) -> None:
-        """`workflows`: queue → the workflow its jobs run, for the payload's template."""
+        """`workflows`: queue → the workflow its jobs run, for the payload's template; `note`:
+        said under the question (when an event's wait gives up)."""
         super().__init__()
+        self.note = note
         self.engine = engine
         self.workflows = workflows or {}
         self.template = ""  # the template in the editor, while the operator has not edited it
@@ -91,6 +94,7 @@ class InjectScreen(ModalScreen[str | None]):
                         "Send an event to ",
                         (target.id, "bold"),
                         (f"  {target.workflow_name}, {target.status}", "dim"),
+                        (f"\n{self.note}" if self.note else "", "khaki3"),
                     ),
                     classes="question",
                 )

@@ -918,11 +918,14 @@ class RunScreen(BlokScreen):
                 )
             self.request_reload()
 
+        # The dialog covers the run's countdown: the moment its wait gives up goes in it.
+        until = parked.wait_until if parked is not None else None
         modal = InjectScreen(
             self.engine,
             list(self.blok.queue_names),
             event_for=run,
             event=str(wanted.get("event", "")),
+            note=f"its wait times out at {clock_time(until, self.blok.tz)}" if until else "",
         )
         self.app.push_screen(modal, sent)
 

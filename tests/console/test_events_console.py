@@ -15,7 +15,7 @@ from textual.pilot import Pilot
 from textual.widgets import Input, Static, TextArea
 
 from blok_tui.app import BlokApp
-from blok_tui.console import short_ids
+from blok_tui.console import clock_time, short_ids
 from blok_tui.inject_screen import InjectScreen
 from blok_tui.run_screen import RunScreen
 from blok_tui.schedules_screen import SchedulesScreen
@@ -100,6 +100,11 @@ async def test_send_the_awaited_event_from_the_run_view() -> None:
             await pilot.press("s")
             await until(pilot, lambda: isinstance(app.screen, InjectScreen))
             assert app.screen.query_one("#event", Input).value == "approved"
+            # The dialog covers the header's countdown: it says when the wait gives up.
+            wait_until = (await engine.get_run(run_id)).step("approval").wait_until
+            assert wait_until is not None
+            question = text_of(app.screen.query_one(".question", Static))
+            assert f"its wait times out at {clock_time(wait_until, app.tz)}" in question
             app.screen.query_one(TextArea).text = '{"by": "ops"}'
             await pilot.press("ctrl+s")
             await until(pilot, lambda: isinstance(app.screen, RunScreen))
