@@ -20,7 +20,17 @@ from textual.app import ComposeResult
 from textual.binding import BindingType
 from textual.widgets import Static
 
-from engine import DatabaseError, EngineError, Job, JobState, Orphan, Run, RunFilter, WaitReason
+from engine import (
+    DatabaseError,
+    EngineError,
+    Job,
+    JobState,
+    Orphan,
+    Run,
+    RunFilter,
+    RunStatus,
+    WaitReason,
+)
 
 from . import actions
 from .actions import RUN_FLAGS, STATUS_FILTERS
@@ -130,6 +140,12 @@ def started_cell(run: Run, tz: tzinfo | None, now: datetime) -> Text:
         return Text(day_time(run.started_at, tz, now))
     if run.terminal:
         return Text("–", style="grey50")
+    if run.status is RunStatus.DELAYED and run.run_at is not None:
+        # When it may start (a retry's backoff, a delay given): "since" its creation read as
+        # how long it had been waiting for a slot.
+        local = run.run_at.astimezone(tz)
+        same_day = local.date() == now.astimezone(tz).date()
+        return Text(f"at {local.strftime('%H:%M:%S' if same_day else '%m-%d')}", style="grey50")
     local = run.created_at.astimezone(tz)
     same_day = local.date() == now.astimezone(tz).date()
     return Text(f"since {local.strftime('%H:%M' if same_day else '%m-%d')}", style="grey50")

@@ -352,6 +352,25 @@ async def test_a_queued_runs_started_cell_says_it_has_not_started(engine: Engine
         assert len(started) == 2 and all(ISO_TIME.fullmatch(c) for c in started)
 
 
+async def test_a_delayed_runs_started_cell_says_when_it_may_start(engine: Engine) -> None:
+    # A retry in its backoff, or a job given a delay: "since 21:43" (its creation) read as how
+    # long it had waited for a slot.
+    job_id = await engine.enqueue("slow", {"order_id": "D1"}, delay="1h")
+    run = await engine.get_run((await engine.get_job(job_id)).run_id)
+    assert run.run_at is not None
+    app = BlokApp(engine)
+    async with app.run_test(size=WIDE) as pilot:
+        await settled(pilot)
+        await command(pilot, "runs")
+        screen = app.screen
+        assert isinstance(screen, RunsScreen)
+        cells = dict(zip(column(screen_table(app), "run"), column(screen_table(app), "started")))
+        [cell] = [
+            cell for short, cell in cells.items() if run.id.removeprefix("run_").startswith(short)
+        ]
+        assert cell == f"at {run.run_at.astimezone(app.tz):%H:%M:%S}"
+
+
 async def test_a_queues_filter_that_matches_nothing_says_so(engine: Engine) -> None:
     app = BlokApp(engine)
     async with app.run_test(size=WIDE) as pilot:
