@@ -49,7 +49,7 @@ from .jobs import RETRIED_AFTER, one_per_job, orphaned_text, then_text
 from .phrases import Phrase, flowed, phrase
 from .run_follow import delivery_of, usual_of
 from .run_text import event_fate, never_awaited, stuck_words
-from .step_order import GOING, run_ms, time_runs_to
+from .step_order import GOING, run_ms, step_path, time_runs_to
 from .step_stats import StepStats, step_stats, typical_text
 from .timeline_screen import TimelineScreen
 from .tracebacks import clean_error
@@ -449,21 +449,6 @@ class RunScreen(BlokScreen):
             step = parent
         return step
 
-    def step_path(self, step: StepRun) -> str:
-        """ "charge" or "items › iteration 2 › charge" for a nested step."""
-        parts = [step.name]
-        seen: set[int] = set()
-        while step.parent is not None and step.parent not in seen:
-            seen.add(step.index)
-            if step.tags:
-                parts.append(step.tags[0])
-            parent = self.step_at(step.parent)
-            if parent is None:
-                break
-            parts.append(parent.name)
-            step = parent
-        return " › ".join(reversed(parts))
-
     def render_run(self) -> None:
         header = self.query_one("#run-header", Static)
         if self.run is None:
@@ -654,19 +639,19 @@ class RunScreen(BlokScreen):
         return ended and str(step.status) == "pending" and not step.attempts
 
     def render_step(self) -> None:
-        step = self.selected_step()
-        if step is None:
+        step, run = self.selected_step(), self.run
+        if step is None or run is None:
             self.render_unstarted()
             return
         tz = self.blok.tz
         title = Text()
         if step.parent is None and not (step.tags and step.tags[0].startswith("mw:")):
-            top = self.run.own_steps() if self.run else []
+            top = run.own_steps()
             position = next((n for n, s in enumerate(top) if s.index == step.index), 0)
             title.append(f"step {position + 1}/{len(top)} ")
         else:
             title.append("step ")
-        title.append(printable(self.step_path(step)), style="bold")
+        title.append(printable(step_path(run, step)), style="bold")
         title.append("  ")
         title.append_text(status_text(str(step.status), steps=True))
         unreached = self.unreached(step)

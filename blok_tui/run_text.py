@@ -32,7 +32,15 @@ from engine.text import printable
 
 from .console import local_times
 from .plain_text import LAST_COLUMN_LEAST, columns, fit_last_column, one_line, wrapped
-from .step_order import folded_groups, is_fold, own_tags, rail_rows, step_ms, time_runs_to
+from .step_order import (
+    folded_groups,
+    is_fold,
+    own_tags,
+    rail_rows,
+    step_ms,
+    step_path,
+    time_runs_to,
+)
 from .tracebacks import clean_error, fold_traceback
 
 VALUE_CHARS = 400  # of an input or output shown inline; `--json` has all of it
@@ -308,25 +316,27 @@ def _failures(run: Run, cwd: Path | None) -> list[str]:
     """Each failed attempt in one line; the last failed attempt of each step with its
     traceback (the earlier ones of a retried step are usually the same)."""
     lines: list[str] = []
+    by_index = {step.index: step for step in run.steps}
     for index, _, _, _ in rail_rows(run):
         if index is None:
             continue
         step = run.steps[index]
         failed = [a for a in step.attempts if a.error]
         for attempt in failed:
-            lines.append(_attempt_line(step, attempt))
+            name = step_path(run, step, by_index)  # a for_each's step: which iteration's
+            lines.append(_attempt_line(name, attempt))
             if attempt is failed[-1] and attempt.traceback:
                 folded = fold_traceback(attempt.traceback, cwd=cwd)
                 lines += ["    " + line for line in folded.splitlines()]
     return ["FAILED ATTEMPTS", *lines] if lines else []
 
 
-def _attempt_line(step: StepRun, attempt: Attempt) -> str:
+def _attempt_line(name: str, attempt: Attempt) -> str:
     took = ""
     if attempt.finished_at is not None:
         took = f" after {between(attempt.started_at, attempt.finished_at)}"
     return printable(
-        f"{step.name}, attempt {attempt.number}: {attempt.status}{took}: {attempt_error(attempt)}"
+        f"{name}, attempt {attempt.number}: {attempt.status}{took}: {attempt_error(attempt)}"
     )
 
 

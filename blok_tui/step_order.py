@@ -195,3 +195,21 @@ def _kept_groups(run: Run, groups: list[list[Row]], depth: int, parent: int | No
 def is_fold(label: str) -> bool:
     """Whether a row's label is a stretch of groups `folded_groups` left out."""
     return label.startswith("… ")
+
+
+def step_path(run: Run, step: StepRun, by_index: dict[int, StepRun] | None = None) -> str:
+    """ "charge", or "pages › iteration 2 › fetch" for a nested step (its name alone named
+    any of a for_each's 2,000 fetches). `by_index`: the run's steps by index, if made."""
+    by_index = by_index if by_index is not None else {s.index: s for s in run.steps}
+    parts = [step.name]
+    seen: set[int] = set()
+    while step.parent is not None and step.parent not in seen:
+        seen.add(step.index)
+        if step.tags:
+            parts.append(step.tags[0])
+        parent = by_index.get(step.parent)
+        if parent is None:
+            break
+        parts.append(parent.name)
+        step = parent
+    return " › ".join(reversed(parts))

@@ -130,7 +130,8 @@ def test_show_prints_the_run_its_steps_in_order_its_failures_and_its_log(
     # the user's file.
     lines = failures.splitlines()
     assert lines[0] == "FAILED ATTEMPTS"
-    assert lines[1].startswith("risky, attempt 1: failed")
+    # A nested step by its path: its name alone named any of a for_each's iterations' steps.
+    assert lines[1].startswith("safe › try › risky, attempt 1: failed")
     assert "LookupError: no such warehouse" in lines[1]
     tried = [line for line in lines if line.startswith("charge, attempt")]
     assert [line.split(":")[0] for line in tried] == [f"charge, attempt {n}" for n in (1, 2, 3)]

@@ -364,7 +364,8 @@ async def test_a_delayed_runs_started_cell_says_when_it_may_start(engine: Engine
         await command(pilot, "runs")
         screen = app.screen
         assert isinstance(screen, RunsScreen)
-        cells = dict(zip(column(screen_table(app), "run"), column(screen_table(app), "started")))
+        table = screen_table(app)
+        cells = dict(zip(column(table, "run"), column(table, "started"), strict=True))
         [cell] = [
             cell for short, cell in cells.items() if run.id.removeprefix("run_").startswith(short)
         ]
