@@ -627,9 +627,10 @@ class Operator:
             run = await self.store.get_run(job.run_id)
             if run is None:
                 return f" (the job is {job.state})"
+            # What holds a run not started or not going on: a paused queue, no live worker…
             why = await explain(self.backend, run, job) if not run.terminal else None
             held = f": {why.summary}" if why and why.gate not in ("queued", "running") else ""
-            return f" (its run {run.id} is {run.status}{held})"  # held: by what ("no live worker")
+            return f" (its run {run.id} is {run.status}{held})"
         return ""
 
     async def _if_ended(self, job_id: str, waiter: JobWaiter) -> Run | None:

@@ -7,7 +7,8 @@ from __future__ import annotations
 import logging
 
 from .backends.base import Backend
-from .ledger import Ledger
+from .errors import DatabaseError
+from .ledger import CANCELLED, Ledger
 from .models import JobState, Run, RunStatus, StepStatus
 
 log = logging.getLogger("blok.worker")
@@ -54,3 +55,16 @@ async def cancelled_with_parent(backend: Backend, run: Run) -> str | None:
         for r in parent.steps
     )
     return f"cancelled with its parent run {parent.id}" if waited else None
+
+
+async def why_cancelled(backend: Backend, run: Run) -> str:
+    """The error of a run its worker stopped for a cancel: its parent's (above), else the
+    operator's. The parent unreadable (the database out of reach), the operator's: the cancel
+    is recorded all the same."""
+    try:
+        return await cancelled_with_parent(backend, run) or CANCELLED
+    except DatabaseError as error:
+        log.warning(
+            "run %s: its parent could not be read (%s): said cancelled by operator", run.id, error
+        )
+        return CANCELLED

@@ -35,10 +35,10 @@ from .durations import exact_duration
 from .errors import DatabaseError
 from .events import EventBus, QueueChanged
 from .gates import Gates
-from .ledger import CANCELLED, Ledger, make_run
+from .ledger import Ledger, make_run
 from .memory_runs import requeue_memory_runs
 from .models import Job, Run, RunStatus, WorkerInfo
-from .parents import cancelled_with_parent, wake_parent
+from .parents import wake_parent, why_cancelled
 from .queue_runtime import QueueRuntime
 from .replay_seed import resume_after_crash
 from .run_handle import RunHandle
@@ -628,7 +628,7 @@ class Worker:
                 threads = self.runner.calls.running_threads(run.id)
                 if threads:
                     self.ledger.log(run, THREAD_RUNS_ON.format(", ".join(threads)), "warning")
-                why = await cancelled_with_parent(self.backend, run) or CANCELLED
+                why = await why_cancelled(self.backend, run)
                 self.ledger.cancelled(claim, queue, run, why + self.runner.stopped(run, ctx))
                 # Its slot stays taken until the thread returns: a queue of concurrency 1 must
                 # not start its next job beside it.

@@ -4,6 +4,7 @@ middleware chain, including waits inside them that resume after a restart."""
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -549,6 +550,40 @@ async def test_a_child_not_started_is_cancelled_with_its_parent_and_a_detached_o
         assert (await engine.get_run(detached or "")).status is RunStatus.QUEUED  # it goes on
         cancelled = await engine.cancel(detached or "")
     assert cancelled.error == "cancelled by operator before it ran"
+
+
+async def test_a_stopped_child_whose_parent_cannot_be_read_is_recorded_cancelled_all_the_same(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Its worker reads the parent for the error's words: the database out of reach then, the
+    operator's words, in a warning's one line, and the cancel recorded as it would have been."""
+    import asyncpg
+    from pg import fresh_database, server_url
+
+    from engine.backends import open_backend
+    from engine.parents import why_cancelled
+
+    caplog.set_level("WARNING", logger="blok.worker")
+    child = Run(
+        id="run_child",
+        workflow_name="child",
+        workflow_version="v",
+        queue="child",
+        job_id="job_child",
+        status=RunStatus.RUNNING,
+        created_at=datetime.now(UTC),
+        parent_run_id="run_parent",
+    )
+    async with fresh_database() as url, open_backend(url) as backend:
+        admin = await asyncpg.connect(server_url())
+        try:
+            await admin.execute(f'DROP DATABASE "{url.rsplit("/", 1)[1]}" WITH (FORCE)')
+        finally:
+            await admin.close()
+        assert await why_cancelled(backend, child) == "cancelled by operator"
+    [said] = [r for r in caplog.records if r.name == "blok.worker"]
+    assert said.exc_info is None
+    assert said.getMessage().startswith("run run_child: its parent could not be read ("), said
 
 
 async def test_middleware_chain_runs_in_order_on_the_same_context(
