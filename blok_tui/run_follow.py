@@ -113,6 +113,11 @@ async def follow(
     """Tell `say` what happens to `run` until it ends, then to each delivery its job goes on
     with (a retry, a recovery after a crash); the last delivery's run, ended. `events` must
     be subscribed before `run` was read: a change between the two wakes the first wait."""
+    if run.terminal:
+        # It ended before the first read (a replay or an enqueue of a moment): its moments are
+        # news still, where nothing was told of it (`show --follow` told them: none are new).
+        for line in follower.news(run, engine.now()):
+            say(line)
     while True:
         if run.terminal:
             job = await goes_on(engine, run)

@@ -9,12 +9,24 @@ import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import anyio
 import pytest
 from backends.builders import a_run
 from cli_helpers import Follower, blok, cli_env, eventually, start_worker
 
-from blok_tui.run_follow import RunFollower
-from engine import Attempt, LogLine, Run, RunStatus, StepRun, StepStatus
+from blok_tui.run_follow import RunFollower, follow
+from engine import (
+    Attempt,
+    Engine,
+    LogLine,
+    Run,
+    RunStatus,
+    Step,
+    StepRun,
+    StepStatus,
+    WorkerTrigger,
+    Workflow,
+)
 
 FOLLOWED = """
 from pathlib import Path
@@ -367,3 +379,25 @@ def test_news_tells_a_start_that_went_on_to_a_wait_between_two_reads() -> None:
         "12:00:01.000  run waiting",
     ]
     assert follower.news(run, T0 + timedelta(seconds=2)) == []  # said once
+
+
+def test_a_run_that_ended_before_the_first_read_is_told_whole() -> None:
+    """`replay --follow` of a run of a moment: the replay ended before the follower first read
+    it, and `follow` ended at once without a line of it (no "run completed in"; the CI run at
+    6f63011 met it). Followed from nothing told, an ended run's moments are all news."""
+    quick = Workflow(
+        name="quick", trigger=WorkerTrigger(queue="quick"), steps=[Step("one", lambda ctx: 1)]
+    )
+    said: list[str] = []
+
+    async def main() -> Run:
+        async with Engine(workflows=[quick]) as engine, engine.events() as events:
+            run = await engine.wait_for_job(await engine.enqueue("quick", {}), timeout=10)
+            with anyio.fail_after(10):
+                return await follow(engine, events, run, RunFollower(tz=UTC), said.append)
+
+    run = anyio.run(main)
+    assert run.status is RunStatus.COMPLETED
+    texts = [line[14:] for line in said]
+    assert texts[-1].startswith("run completed in "), said
+    assert any(text.startswith("one completed") for text in texts), said
