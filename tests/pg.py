@@ -78,6 +78,18 @@ async def need_server() -> None:
     pytest.skip(reason)
 
 
+async def drop_under_its_users(url: str) -> None:
+    """Drop the database of `url` with its connections open (an outage: what the engine using
+    it meets next is the test's)."""
+    import asyncpg
+
+    admin = await asyncpg.connect(server_url(), timeout=CONNECT_TIMEOUT)
+    try:
+        await admin.execute(f'DROP DATABASE "{url.rsplit("/", 1)[1]}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
 @asynccontextmanager
 async def fresh_database(prefix: str = "blok_test") -> AsyncIterator[str]:
     """Create an empty database, yield its URL, drop it (with any connection left to it)."""

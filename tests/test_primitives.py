@@ -557,8 +557,7 @@ async def test_a_stopped_child_whose_parent_cannot_be_read_is_recorded_cancelled
 ) -> None:
     """Its worker reads the parent for the error's words: the database out of reach then, the
     operator's words, in a warning's one line, and the cancel recorded as it would have been."""
-    import asyncpg
-    from pg import fresh_database, server_url
+    from pg import drop_under_its_users, fresh_database
 
     from engine.backends import open_backend
     from engine.parents import why_cancelled
@@ -575,11 +574,7 @@ async def test_a_stopped_child_whose_parent_cannot_be_read_is_recorded_cancelled
         parent_run_id="run_parent",
     )
     async with fresh_database() as url, open_backend(url) as backend:
-        admin = await asyncpg.connect(server_url())
-        try:
-            await admin.execute(f'DROP DATABASE "{url.rsplit("/", 1)[1]}" WITH (FORCE)')
-        finally:
-            await admin.close()
+        await drop_under_its_users(url)
         assert await why_cancelled(backend, child) == "cancelled by operator"
     [said] = [r for r in caplog.records if r.name == "blok.worker"]
     assert said.exc_info is None

@@ -321,19 +321,14 @@ async def test_a_database_dropped_as_a_worker_starts_is_said_by_its_clash_check_
     worker starts: a PostgreSQL database dropped at that moment put the driver's traceback in
     the worker's log before the worker's own one-line error (seen by
     tests/postgres/test_pg_outage_stop.py, now and then)."""
-    import asyncpg
-    from pg import server_url
+    from pg import drop_under_its_users
 
     from engine.backends import open_backend
     from engine.versions import say_other_declarations
 
     caplog.set_level("WARNING", logger="blok.versions")
     async with fresh_database() as url, open_backend(url) as backend:
-        admin = await asyncpg.connect(server_url())
-        try:
-            await admin.execute(f'DROP DATABASE "{url.rsplit("/", 1)[1]}" WITH (FORCE)')
-        finally:
-            await admin.close()
+        await drop_under_its_users(url)
         await say_other_declarations(backend, "vm:1:me", {})
     [said] = [r for r in caplog.records if r.name == "blok.versions"]
     assert said.exc_info is None, said.exc_info

@@ -158,8 +158,7 @@ async def test_a_worker_whose_database_is_dropped_says_so_in_one_line(
 ) -> None:
     """It went down with some hundred lines of the driver's traceback, and its run's error
     called the dropped database an 'unhandled error'."""
-    import asyncpg
-    from pg import server_url
+    from pg import drop_under_its_users
 
     worker = await anyio.to_thread.run_sync(
         lambda: start_worker(
@@ -174,11 +173,7 @@ async def test_a_worker_whose_database_is_dropped_says_so_in_one_line(
     )
     try:
         name = pg_url.rsplit("/", 1)[1]
-        admin = await asyncpg.connect(server_url())
-        try:
-            await admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
-        finally:
-            await admin.close()
+        await drop_under_its_users(pg_url)
         await ended(worker, within=30)
     finally:
         kill(worker)
