@@ -33,6 +33,7 @@ from engine.text import printable
 from .console import local_times
 from .plain_text import LAST_COLUMN_LEAST, columns, fit_last_column, one_line, wrapped
 from .step_order import (
+    fold_parts,
     folded_groups,
     is_fold,
     own_tags,
@@ -255,7 +256,7 @@ def _steps_table(run: Run, now: datetime, tz: tzinfo | None, width: int | None) 
     for index, depth, label, _ in folded_groups(run, rail_rows(run)):
         indent = "  " * depth
         if is_fold(label):  # a stretch of groups left out
-            more, status, span = label.split("\t")
+            more, status, span = fold_parts(label)
             rows.append((f"{indent}{more}", status, "", "", printable(span)))
             continue
         if index is None:  # a group of a parent's nested steps: an iteration, a case, an arm

@@ -186,7 +186,7 @@ def _kept_groups(run: Run, groups: list[list[Row]], depth: int, parent: int | No
         if left:
             span = f"{left[0][2]} to {left[-1][2]}" if len(left) > 1 else left[0][2]
             said = f"… {len(left):,} more\t{' or '.join(ended) or 'empty'}\t{span}"
-            kept.append((None, depth, said, parent))  # `_steps_table` splits it in columns
+            kept.append((None, depth, said, parent))  # read back by `fold_parts`
             left, ended = [], {}
         kept += group
     return kept
@@ -195,6 +195,13 @@ def _kept_groups(run: Run, groups: list[list[Row]], depth: int, parent: int | No
 def is_fold(label: str) -> bool:
     """Whether a row's label is a stretch of groups `folded_groups` left out."""
     return label.startswith("… ")
+
+
+def fold_parts(label: str) -> tuple[str, str, str]:
+    """A stretch's label as `folded_groups` made it: how many ("… 35 more"), the statuses
+    they ended in, and their span ("iteration 4 to iteration 38")."""
+    more, statuses, span = label.split("\t")
+    return more, statuses, span
 
 
 def step_path(run: Run, step: StepRun, by_index: dict[int, StepRun] | None = None) -> str:
