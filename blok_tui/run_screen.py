@@ -48,7 +48,7 @@ from .inject_screen import InjectScreen
 from .jobs import RETRIED_AFTER, one_per_job, orphaned_text, then_text
 from .phrases import Phrase, flowed, phrase
 from .run_follow import delivery_of, usual_of
-from .run_text import event_fate, never_awaited, stuck_words
+from .run_text import event_fate, event_wait_phrase, never_awaited, stuck_words
 from .step_order import GOING, run_ms, step_path, time_runs_to
 from .step_stats import StepStats, step_stats, typical_text
 from .timeline_screen import TimelineScreen
@@ -180,11 +180,7 @@ def wait_line(step: StepRun, now: datetime, tz: tzinfo | None) -> Text:
     status = str(step.status)
     waiting = status == "waiting"
     if step.kind == "event":
-        wanted = step.input if isinstance(step.input, dict) else {}
-        event = f"event {wanted.get('event', '?')!r}"
-        if wanted.get("key") is not None:
-            event += f" with key {printable(str(wanted['key']))!r}"
-        line.append(f"\n✉ {event_wait_phrase(step, event, tz)}", style="khaki1")
+        line.append(f"\n✉ {event_wait_phrase(step, tz)}", style="khaki1")
         if waiting and step.wait_until is not None:
             line.append(
                 f"; times out at {clock_time(step.wait_until, tz)} "
@@ -203,31 +199,6 @@ def wait_line(step: StepRun, now: datetime, tz: tzinfo | None) -> Text:
         if waiting:
             line.append(f" — resumes {countdown(step.wait_until, now)}", style="khaki1")
     return line
-
-
-def event_wait_phrase(step: StepRun, event: str, tz: tzinfo | None) -> str:
-    """What an event wait does or did: "waits for event 'approved'", "got event 'approved'",
-    "cancelled while waiting for event 'approved'"…"""
-    status = str(step.status)
-    finished = step.finished_at
-    if status == "completed":
-        # On its timeout the step completes too, with None for a payload.
-        timed_out = (
-            step.output is None
-            and step.wait_until is not None
-            and finished is not None
-            and finished >= step.wait_until
-        )
-        if timed_out:
-            return f"no {event} before its timeout at {clock_time(step.wait_until, tz)}"
-        return f"got {event}" + (f" at {clock_time(finished, tz)}" if finished else "")
-    if status == "cancelled":
-        return f"cancelled while waiting for {event}"
-    if status == "failed":
-        return f"did not wait for {event}"  # its error says why (a match with no value)
-    if status in ("waiting", "running"):
-        return f"waits for {event}"
-    return f"waited for {event}"
 
 
 def gate_reason(

@@ -30,7 +30,7 @@ from engine import (
 from engine.filters import is_stuck
 from engine.text import printable
 
-from .console import local_times
+from .console import clock_time, local_times
 from .plain_text import LAST_COLUMN_LEAST, columns, fit_last_column, one_line, wrapped
 from .step_order import (
     fold_parts,
@@ -302,6 +302,8 @@ def _note(step: StepRun, tz: tzinfo | None, *, ended: bool) -> str:
         notes.append(f"cached from {step.cached_from}")
     if step.child_run_id:
         notes.append(f"child run {step.child_run_id}")
+    if step.kind == "event" and str(step.status) != "pending":
+        notes.append(event_wait_phrase(step, tz))
     if step.wait_until is not None and str(step.status) == "waiting":
         notes.append(f"until {zoned_moment(step.wait_until, tz)}")
     error = step.error or (step.attempts[-1].error if step.attempts else None)
@@ -310,6 +312,43 @@ def _note(step: StepRun, tz: tzinfo | None, *, ended: bool) -> str:
     elif step.timed_out:
         notes.append("timed out")
     return one_line("  ".join(notes), NOTE_CHARS)
+
+
+def awaited_event(step: StepRun) -> str:
+    """The event an event wait waits for, as it is said: "event 'approved'", with its key
+    when it matches on one."""
+    wanted = step.input if isinstance(step.input, dict) else {}
+    event = f"event {printable(str(wanted.get('event', '?')))!r}"
+    if wanted.get("key") is not None:
+        event += f" with key {printable(str(wanted['key']))!r}"
+    return event
+
+
+def event_wait_phrase(step: StepRun, tz: tzinfo | None) -> str:
+    """What an event wait does or did: "waits for event 'approved'", "got event 'approved'
+    at 10:02:11", "no event 'approved' before its timeout at 10:05:00"… (the run view's line
+    under the step, `show`'s note)."""
+    event = awaited_event(step)
+    status = str(step.status)
+    finished = step.finished_at
+    if status == "completed":
+        # On its timeout the step completes too, with None for a payload.
+        timed_out = (
+            step.output is None
+            and step.wait_until is not None
+            and finished is not None
+            and finished >= step.wait_until
+        )
+        if timed_out:
+            return f"no {event} before its timeout at {clock_time(step.wait_until, tz)}"
+        return f"got {event}" + (f" at {clock_time(finished, tz)}" if finished else "")
+    if status == "cancelled":
+        return f"cancelled while waiting for {event}"
+    if status == "failed":
+        return f"did not wait for {event}"  # its error says why (a match with no value)
+    if status in ("waiting", "running"):
+        return f"waits for {event}"
+    return f"waited for {event}"
 
 
 # ---- what failed --------------------------------------------------------------------------

@@ -274,6 +274,39 @@ def test_a_timed_out_steps_note_says_it_once() -> None:
     assert step_rows[1].split(None, 3)[3] == error
 
 
+def test_an_event_waits_note_says_whether_its_event_came_or_its_timeout_passed() -> None:
+    """An event wait completes either way (its payload, or None at its timeout): the table
+    said "completed" and nothing more, the run view says which."""
+    start = datetime(2026, 1, 15, 9, 30, tzinfo=UTC)
+    deadline = start + timedelta(seconds=30)
+
+    def review(status: str, output: object, finished: datetime | None) -> str:
+        step = {
+            "index": 0,
+            "name": "review",
+            "kind": "event",
+            "status": status,
+            "input": {"event": "reviewed"},
+            "output": output,
+            "started_at": start,
+            "finished_at": finished,
+            "wait_until": deadline,
+        }
+        run_status = "waiting" if status == "waiting" else "completed"
+        text = run_text(_run(run_status, steps=[step]), deadline, tz=UTC)
+        return " ".join(text.split("\n\n")[1].splitlines()[1].split()[3:])
+
+    assert review("completed", None, deadline) == (
+        "no event 'reviewed' before its timeout at 09:30:30"
+    )
+    assert review("completed", {"ok": True}, start + timedelta(seconds=12)) == (
+        "got event 'reviewed' at 09:30:12"
+    )
+    assert review("waiting", None, None) == (
+        "waits for event 'reviewed' until 2026-01-15 09:30:30 UTC"
+    )
+
+
 def test_the_steps_an_ended_run_never_reached_say_so() -> None:
     """A cancelled run's later steps read "pending", as if still to come."""
     start = datetime(2026, 1, 15, 9, 30, tzinfo=UTC)
