@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import signal
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
@@ -1838,6 +1839,7 @@ async def _send(args: argparse.Namespace) -> None:
 
 
 async def _schedules(args: argparse.Namespace) -> None:
+    from engine import AmbiguousSchedule, EngineError
     from engine.schedules import overruled_line
 
     async with _client(args) as engine:
@@ -1846,14 +1848,11 @@ async def _schedules(args: argparse.Namespace) -> None:
             # The workers fire the ticks: with none alive, NEXT comes and goes unfired.
             idle = bool(infos) and not await engine.live_workers()
             overruled = await engine.overruled_schedules()
-        elif args.action == "run":
-            run_id = await engine.run_schedule(args.workflow, args.schedule)
-            print(printable(run_id))
-            return
         else:
-            act = engine.pause_schedule if args.action == "pause" else engine.resume_schedule
-            name = await act(args.workflow, args.schedule)
-            print(printable(f"{args.workflow} {name}: {args.action}d"))
+            try:
+                await _act_on_schedule(engine, args)
+            except AmbiguousSchedule as error:
+                raise EngineError(_name_a_schedule(error, args.action)) from None
             return
     if args.json:
         print(json.dumps([_schedule_json(info) for info in infos], indent=2))
@@ -1884,6 +1883,26 @@ async def _schedules(args: argparse.Namespace) -> None:
             printable(f"blok-tui: note: {line}; deploy the same file to every worker"),
             file=sys.stderr,
         )
+
+
+async def _act_on_schedule(engine: Any, args: argparse.Namespace) -> None:
+    if args.action == "run":
+        print(printable(await engine.run_schedule(args.workflow, args.schedule)))
+        return
+    act = engine.pause_schedule if args.action == "pause" else engine.resume_schedule
+    name = await act(args.workflow, args.schedule)
+    print(printable(f"{args.workflow} {name}: {args.action}d"))
+
+
+def _name_a_schedule(error: Any, action: str) -> str:
+    """The command again, with a schedule named: "name one" alone left the user to find
+    where its id goes, and how to quote it. `error`: an `AmbiguousSchedule`."""
+    ids = [shlex.quote(schedule) for schedule in error.schedules]
+    command = f"blok-tui schedules {action} {shlex.quote(error.workflow)} {ids[-1]}"
+    return printable(
+        f"workflow {error.workflow!r} has {len(ids)} schedules; name one after it: {command} "
+        f"(its schedules: {', '.join(ids)})"
+    )
 
 
 def _schedule_json(info: Any) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from .context import MissingStateKey
 from .durations import format_duration, parse_duration
 from .engine import Capabilities, Engine
 from .errors import (
+    AmbiguousSchedule,
     DatabaseError,
     EngineError,
     NonRetryable,
@@ -86,6 +87,7 @@ __version__ = "0.1.0"
 _install_last_resort()
 
 __all__ = [
+    "AmbiguousSchedule",
     "Attempt",
     "AttemptFailed",
     "AttemptStatus",

@@ -32,6 +32,16 @@ class ReplayedAlready(EngineError):
     completed, so a requeue would run the job's steps again. `force=True` requeues anyway."""
 
 
+class AmbiguousSchedule(EngineError):
+    """A schedule asked for by its workflow alone, where the workflow has several: `schedules`
+    holds their ids, one of which the caller must name."""
+
+    def __init__(self, message: str, workflow: str, schedules: list[str]) -> None:
+        super().__init__(message)
+        self.workflow = workflow
+        self.schedules = schedules
+
+
 class DatabaseError(RuntimeError):
     """The database cannot be used: not a blok database, not writable, unreachable, from a
     newer version. The message names the database and says what to do."""

@@ -23,7 +23,7 @@ import anyio
 
 from .backends.base import Backend, ScheduleSpec, ScheduleState
 from .catalog import Catalog
-from .errors import DatabaseError, EngineError
+from .errors import AmbiguousSchedule, DatabaseError, EngineError
 from .ledger import Ledger, make_job, make_run
 from .liveness import LiveWorkers
 from .models import Job, Run, RunStatus, from_epoch
@@ -376,9 +376,12 @@ class Schedules:
         if schedule is None:
             if len(states) == 1:
                 return states[0]
-            raise EngineError(
+            ids = [s.spec.schedule for s in states]
+            raise AmbiguousSchedule(
                 f"workflow {workflow!r} has {len(states)} schedules; name one: "
-                + ", ".join(repr(s.spec.schedule) for s in states)
+                + ", ".join(map(repr, ids)),
+                workflow,
+                ids,
             )
         for state in states:
             if state.spec.schedule == schedule:

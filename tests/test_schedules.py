@@ -280,7 +280,12 @@ async def test_the_cli_lists_pauses_and_runs_schedules(database: Path | str) -> 
         next_at = datetime.fromisoformat(listed[0]["next_at"]).astimezone()
         assert next_at.strftime("%Y-%m-%d %H:%M:%S %Z") in table.stdout, table.stdout
         ambiguous = await cli("schedules", "pause", wf.name)
-        assert ambiguous.returncode == 1 and "has 2 schedules" in ambiguous.stderr
+        # The command again with one named, quoted: "name one" did not say where, or how.
+        assert ambiguous.returncode == 1 and ambiguous.stderr == (
+            f"blok-tui: error: workflow {wf.name!r} has 2 schedules; name one after it: "
+            f"blok-tui schedules pause {wf.name} 'every 2d' (its schedules: 'every 1d', "
+            "'every 2d')\n"
+        )
         paused = await cli("schedules", "pause", wf.name, "every 2d")
         assert paused.returncode == 0, paused.stderr
         assert [s.paused for s in await engine.schedules()] == [False, True]
