@@ -10,7 +10,7 @@ import logging
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 
-from .backends.base import Backend, Claim, JobQueue, WorkerCatalog
+from .backends.base import Backend, Claim, JobQueue, WorkerCatalog, held_for
 from .errors import DatabaseError
 from .ledger import Ledger
 from .liveness import LiveWorkers
@@ -67,6 +67,8 @@ class VersionWatch:
 
 
 HAND_OVER_S = 1.0  # a run left to a worker that has its version is claimed again after this
+# ... by that worker; the worker that left it passes it over this long more (`HELD_FOR`).
+PASSED_OVER_S = 5.0
 
 
 async def serving(
@@ -137,7 +139,7 @@ async def left_to_its_workflow(
         f"by worker {', '.join(holders)}; worker {me} serves that queue with workflow "
         f"{current.name!r}: left to it"
     )
-    _hand_over(backend, ledger, claim, queue, run, ("left_to", job.workflow_name), said)
+    _hand_over(backend, ledger, claim, queue, run, me, ("left_to", job.workflow_name), said)
     return True
 
 
@@ -147,18 +149,21 @@ def _hand_over(
     claim: Claim,
     queue: JobQueue,
     run: Run,
+    me: str,
     mark: tuple[str, str],
     said: str,
 ) -> None:
     """Hold the job back a moment for a live worker that has what it needs, saying why in the
     run's log once however often it is claimed here (`mark`: the meta key, and the value that
-    says it was said)."""
+    says it was said). This worker passes it over a while after (`HELD_FOR`)."""
     meta = dict(claim.job.meta)
     key, value = mark
     if meta.get(key) != value:
         meta[key] = value
         ledger.log(run, said)
-    until = backend.clock.now() + timedelta(seconds=HAND_OVER_S)
+    now = backend.clock.now()
+    until = now + timedelta(seconds=HAND_OVER_S)
+    meta = held_for(meta, me, now.timestamp(), until.timestamp(), PASSED_OVER_S)
     ledger.hold(claim, queue, run, run.status, until, meta)
 
 
@@ -189,7 +194,7 @@ async def not_resumable_here(
             f"version {version} it started on is served by worker {', '.join(holders)}, "
             f"not by {me}, whose version changed its steps: left to it"
         )
-        _hand_over(backend, ledger, claim, queue, run, ("left_for", version), said)
+        _hand_over(backend, ledger, claim, queue, run, me, ("left_for", version), said)
         return None
     at_step = adopt_new_steps(run, current)
     if at_step is not None:

@@ -102,8 +102,8 @@ async def test_a_claim_finds_the_due_jobs_without_walking_the_delayed_ones(backl
         now = time.time()
         statements: dict[str, tuple[str, tuple[object, ...]]] = {
             "waiting": (queue.DUE, ("q", now, 4)),
-            "delayed": (queue.DUE_DELAYED, ("q", now, 4)),
-            "next_due": (queue.NEXT_DUE, ("q",)),
+            "delayed": (queue.DUE_DELAYED, ("q", now, 4, "w")),
+            "next_due": (queue.NEXT_DUE, ("q", now)),
         }
     else:
         from engine.backends.postgres import sql

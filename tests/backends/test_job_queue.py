@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from datetime import timedelta
+from typing import Any
 
 import anyio
 import anyio.lowlevel
@@ -18,7 +19,8 @@ import pytest
 from support import all_tasks_blocked
 
 from engine.backends import Backend
-from engine.backends.base import Claim, Fence, JobQueue, JobUpdate, Transition
+from engine.backends.base import Claim, Fence, JobQueue, JobUpdate, Transition, held_for
+from engine.backends.database_queue import DatabaseQueue
 from engine.models import (
     Attempt,
     AttemptStatus,
@@ -1190,6 +1192,53 @@ async def test_concurrent_claims_never_hand_a_job_to_both(
     # Which process gets how many is up to the database's locks (one may get them all).
     assert not set(taken["w1"]) & set(taken["w2"])
     assert sorted(taken["w1"] + taken["w2"]) == sorted(job.id for job, _ in made)
+
+
+@two_processes
+async def test_a_job_held_back_for_another_worker_is_passed_over_by_the_one_that_held_it(
+    queue: JobQueue, other_queue: JobQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`base.HELD_FOR`: a worker that left a job to another deployment's (or version's)
+    worker claimed it back, a second at a time, whenever both looked as it fell due."""
+    [(job, _)] = await add(queue)
+    claim = await claim_one(queue, "w1")
+    due = after(0.2)
+    window_s = 3.0
+    meta = held_for({}, "w1", time.time(), due.timestamp(), window_s)
+    hold = JobUpdate(state=JobState.DELAYED, run_at=due, meta=meta)
+    assert await queue.apply(Transition(job.id, claim.job.epoch, hold))
+
+    # Due, and passed over by the worker that held it: its claim waits on for nothing, and
+    # does not take the passed-over job's time for a moment to look again (it looked again
+    # at once, some 800 times in this second, on SQLite).
+    assert isinstance(queue, DatabaseQueue)
+    looks = 0
+    look = queue._look
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal looks
+        looks += 1
+        return await look(*args, **kwargs)
+
+    monkeypatch.setattr(queue, "_look", counted)
+    with anyio.fail_after(5):
+        assert await queue.claim(QUEUE, 1, "w1", LONG, timeout=1.0) == []
+    assert looks <= 4, looks  # at the start, as it fell due, and for other commits heard
+    assert time.time() < due.timestamp() + window_s  # (still in the window: the test holds)
+    # The worker it was left to (in another process) takes it.
+    with anyio.fail_after(5):
+        [taken] = await other_queue.claim(QUEUE, 1, "w2", LONG, timeout=2.0)
+    assert taken.job.id == job.id
+    # Given back by that one: once the window is over, the first worker claims it again
+    # (the worker it was left to is gone, or busy).
+    back = JobUpdate(state=JobState.DELAYED, run_at=after(0.1))
+    assert await other_queue.apply(Transition(job.id, taken.job.epoch, back))
+    with anyio.fail_after(15):
+        claims: list[Claim] = []
+        while not claims:
+            claims = await queue.claim(QUEUE, 1, "w1", LONG, timeout=0.5)
+    assert claims[0].job.id == job.id
+    assert time.time() >= due.timestamp() + window_s
 
 
 @two_processes

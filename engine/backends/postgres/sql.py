@@ -13,6 +13,7 @@ past it, cut off from the server) writes nothing once it wakes up.
 from __future__ import annotations
 
 from .. import rows
+from ..base import HELD_FOR
 from ..rows import ATTEMPT_COLUMNS, JOB_COLUMNS, RUN_COLUMNS, STEP_COLUMNS
 
 # The server's time in epoch seconds. `now()` is the transaction's start: stable within a
@@ -300,7 +301,8 @@ SELECT least(
 # Each claimed job's epoch moves on and its signals are cleared; `taken_from` names the worker
 # whose lease was taken over (NULL for a fresh claim): its run is to be recorded crashed, and
 # `taken_handed` whether that worker had been handed the job (its run may have begun unrecorded).
-# RETURNING has no order: the caller sorts by (priority DESC, seq).
+# RETURNING has no order: the caller sorts by (priority DESC, seq). A job this worker held
+# back for another it passes over a while (`base.HELD_FOR`).
 _CLAIM = f"""
 WITH due AS (
     SELECT seq, priority, 0 AS handed FROM jobs
@@ -312,6 +314,8 @@ WITH due AS (
 ), due_delayed AS (
     SELECT seq, priority, 0 AS handed FROM jobs
     WHERE queue = $1 AND state = 'delayed' AND run_at <= {NOW}
+        AND NOT coalesce((meta->'{HELD_FOR}'->>'until')::double precision > {NOW}
+            AND meta->'{HELD_FOR}'->'not' ? $3, false)
         {{forced}}
     ORDER BY run_at
     LIMIT $2

@@ -40,7 +40,7 @@ from typing import Any, ClassVar
 from ...models import Job, JobState, LogLine, QueueStats, Run, from_epoch, to_epoch
 from ...records import construct
 from .. import rows
-from ..base import NOTHING_LEFT, Claim, Fence, JobUpdate, Renewal, Transition
+from ..base import HELD_FOR, NOTHING_LEFT, Claim, Fence, JobUpdate, Renewal, Transition
 from ..database_queue import LOOK_ANYWAY_S, DatabaseQueue, Offer, PendingAdd
 from ..rows import JOB_COLUMNS, dump, job_from_row, job_row
 from .db import INLINE_WEIGHT, INSERT_LOG, InTransaction, SqliteDatabase, write_runs
@@ -128,8 +128,11 @@ _DUE = (
 # Delayed jobs whose time has come, found by their time (`jobs_due_at`): searched in claim
 # order with the waiting ones, a claim walked every delayed job of the queue (80 ms a claim
 # with 100,000 scheduled a month ahead, or as many runs in a `wait.for_`).
+# A job this worker (?4) held back for another passes it over a while (`base.HELD_FOR`).
 _DUE_DELAYED = (
     "SELECT seq, priority, 0 FROM jobs WHERE queue = ?1 AND state = 'delayed' AND run_at <= ?2"
+    f" AND NOT (coalesce(json_extract(meta, '$.{HELD_FOR}.until') > ?2, 0) AND EXISTS"
+    f" (SELECT 1 FROM json_each(meta, '$.{HELD_FOR}.not') WHERE value = ?4))"
     " AND {forced} ORDER BY priority DESC, seq LIMIT ?3"
 )
 # A queue paused by another process gives only forced jobs even before this worker hears of
@@ -174,7 +177,8 @@ def _claim(
     now = time.time()
     params = (queue, now, limit)
     due = conn.execute(DUE_FORCED if forced_only else DUE, params).fetchall()
-    due += conn.execute(DUE_DELAYED_FORCED if forced_only else DUE_DELAYED, params).fetchall()
+    delayed = DUE_DELAYED_FORCED if forced_only else DUE_DELAYED
+    due += conn.execute(delayed, (*params, worker)).fetchall()
     due += conn.execute(EXPIRED, params).fetchall()
     found = sorted(due, key=lambda r: (-r[1], r[0]))[:limit]
     claimed: list[Claim] = []
@@ -192,16 +196,19 @@ def _claim(
         )
     next_due = None
     if len(claimed) < limit:  # all there was: when to look again (`SqliteQueue.claim`)
-        next_due = conn.execute(NEXT_DUE, (queue,)).fetchone()[0]
+        next_due = conn.execute(NEXT_DUE, (queue, now)).fetchone()[0]
     return claimed, next_due
 
 
 # When something of the queue falls due: its next delayed job, or the next lease to run out
-# (another worker's, which nobody announces; this worker's own are renewed long before).
+# (another worker's, which nobody announces; this worker's own are renewed long before). A
+# delayed job due already and not claimed is one the claim passed over (held for another
+# worker, or the queue paused by another process): counted, it made the claim look again
+# at once, and again, until it was claimed.
 NEXT_DUE = (
     "SELECT min(due) FROM (SELECT min(run_at) AS due FROM jobs WHERE queue = ?1"
-    " AND state = 'delayed' UNION ALL SELECT min(lease_until) FROM jobs WHERE queue = ?1"
-    " AND state = 'active')"
+    " AND state = 'delayed' AND run_at > ?2 UNION ALL SELECT min(lease_until) FROM jobs"
+    " WHERE queue = ?1 AND state = 'active')"
 )
 # Of the queues given (a JSON array), those where another connection's commit may have left
 # something to claim: a job waiting or delayed, or a lease running out before the next look.
