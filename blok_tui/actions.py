@@ -435,6 +435,16 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         help="A run in the concurrency slots or the rate-limit window this run waits for; "
         "again for the next",
     ),
+    # Timeline view.
+    ConsoleAction(
+        "every_step",
+        "Show every iteration, or fold them again",
+        TIMELINE,
+        "a",
+        "all iterations",
+        help="A long for_each shows its first and last iterations and those that did not end "
+        "well; the rest in one row, over the time they took",
+    ),
     # Schedules view.
     ConsoleAction(
         "toggle_schedule",

@@ -11,7 +11,7 @@ from rich.text import Text
 from engine import Run, StepRun
 
 from ..console import duration, printable, status_style
-from ..step_order import rail_rows, step_end, step_ms
+from ..step_order import Row, fold_parts, folded_groups, is_fold, rail_rows, step_end, step_ms
 from .step_rail import cut
 
 LABEL = 18  # columns for the step names at least; as many as the longest takes, up to half
@@ -20,6 +20,7 @@ ATTEMPT = "█"
 GAP = "╌"  # waiting between attempts (backoff)
 WAIT = "┄"  # a wait step holding no worker
 QUEUED = "░"
+FOLDED = "─"  # a stretch of iterations left out: from the first start to the last end
 
 
 class Axis:
@@ -85,25 +86,73 @@ def step_bar(step: StepRun, axis: Axis, now: datetime) -> Text:
     return _bar(cells)
 
 
-def label_width(run: Run, width: int) -> int:
+def timeline_rows(run: Run, *, every: bool = False) -> list[Row]:
+    """The rows the timeline draws: the rail's, a long for_each folded as the rail folds it
+    (its first and last iterations, and those that did not end well) unless `every`."""
+    rows = rail_rows(run)
+    return rows if every else folded_groups(run, rows)
+
+
+def _folded_steps(run: Run, rows: list[Row]) -> dict[int, list[StepRun]]:
+    """The steps each fold row of `rows` (by position) leaves out: the rail's rows between the
+    rows kept around it."""
+    every = rail_rows(run)
+    left: dict[int, list[StepRun]] = {}
+    i = 0
+    for n, row in enumerate(rows):
+        if not is_fold(row[2]):
+            while i < len(every) and every[i] != row:
+                i += 1
+            i += 1
+            continue
+        following = rows[n + 1] if n + 1 < len(rows) else None
+        members = left.setdefault(n, [])
+        while i < len(every) and every[i] != following:
+            index = every[i][0]
+            if index is not None:
+                members.append(run.steps[index])
+            i += 1
+    return left
+
+
+def fold_bar(steps: list[StepRun], axis: Axis, now: datetime) -> tuple[Text, float | None]:
+    """The time a stretch of left-out steps spans, first start to last end, and how long
+    that is (ms)."""
+    cells: list[tuple[str, str]] = [(" ", "")] * axis.width
+    starts = [step.started_at for step in steps if step.started_at is not None]
+    ends = [end for step in steps if (end := step_end(step, now)) is not None]
+    if not (starts and ends):
+        return _bar(cells), None
+    first, last = min(starts), max(ends)
+    _paint(cells, axis.at(first), axis.at(last), FOLDED, "grey50")
+    return _bar(cells), (last - first).total_seconds() * 1000
+
+
+def label_width(run: Run, width: int, rows: list[Row] | None = None) -> int:
     """The names' column: the longest step name (with its indent), in at most half the room
     beside the durations; LABEL at least."""
-    rows = rail_rows(run)
+    rows = rail_rows(run) if rows is None else rows
     names = {step.index: printable(step.name) for step in run.steps}
+
+    def shown(index: int | None, label: str) -> str:
+        if index is not None:
+            return names[index]
+        if is_fold(label):
+            more, status, _ = fold_parts(label)
+            return f"{more} {status}"
+        return f"▾ {label}"
+
     longest = max(
-        (
-            2 * depth + cell_len(names[index] if index is not None else f"▾ {label}")
-            for index, depth, label, _ in rows
-        ),
-        default=0,
+        (2 * depth + cell_len(shown(index, label)) for index, depth, label, _ in rows), default=0
     )
     return max(LABEL, min(longest, (width - TOOK - 6) // 2))
 
 
-def timeline(run: Run, now: datetime, width: int) -> Text:
-    """The whole run in `width` columns."""
+def timeline(run: Run, now: datetime, width: int, rows: list[Row] | None = None) -> Text:
+    """The whole run in `width` columns; `rows`: those of `timeline_rows` (all by default)."""
+    rows = rail_rows(run) if rows is None else rows
     end = run.finished_at or now
-    label = label_width(run, width)
+    label = label_width(run, width, rows)
     axis = Axis(run.created_at, end, width - label - TOOK - 6)
     text = Text()
     text.append(" " * (label + 1))
@@ -120,9 +169,18 @@ def timeline(run: Run, now: datetime, width: int) -> Text:
         delay = (started - run.created_at).total_seconds() * 1000
         text.append(f" {duration(max(delay, 0)):>{TOOK}}", style="grey62")
     by_index = {step.index: step for step in run.steps}
-    for index, depth, group, _ in rail_rows(run):
+    folded = _folded_steps(run, rows) if any(is_fold(row[2]) for row in rows) else {}
+    for n, (index, depth, group, _) in enumerate(rows):
         text.append("\n")
         indent = "  " * depth
+        if n in folded:  # "… 1,995 more completed", over the time they took
+            more, status, _ = fold_parts(group)
+            text.append(f"{cut(f'{indent}{more} {status}', label)} ", style="grey70")
+            bar, spanned = fold_bar(folded[n], axis, now)
+            text.append_text(bar)
+            if spanned is not None:
+                text.append(f" {duration(spanned):>{TOOK}}", style="grey70")
+            continue
         if index is None:
             text.append(cut(f"{indent}▾ {group}", label).rstrip(), style="grey50")
             continue

@@ -19,7 +19,9 @@ from textual.widgets import Static
 
 from blok_tui.app import BlokApp
 from blok_tui.run_screen import RunScreen
+from blok_tui.timeline_screen import TimelineScreen
 from blok_tui.widgets import AttemptsView, ReloadBanner, StepRail
+from blok_tui.widgets.key_bar import KeyBar
 from blok_tui.widgets.timeline import timeline
 from engine import (
     Engine,
@@ -568,3 +570,33 @@ async def test_a_long_for_each_shows_its_ends_and_its_failure_and_enter_shows_th
         lines = [str(rail.get_option_at_index(n).prompt) for n in range(rail.option_count)]
         assert sum("▾ iteration" in line for line in lines) == 15
         assert "iteration 4 › one" in text_of(title)
+
+
+async def test_the_timeline_folds_a_long_for_each_as_the_rail_does_and_a_shows_it_all(
+    engine: Engine,
+) -> None:
+    """The timeline drew every iteration, two lines each: 4,000 lines for a for_each of
+    2,000 items, a second and a half to open (0.3 s folded)."""
+    async with _ended_open(engine, "fan") as (pilot, _):
+        await pilot.press("T")
+        await settled(pilot)
+        timeline_screen = pilot.app.screen
+        assert isinstance(timeline_screen, TimelineScreen)
+
+        def drawn() -> list[str]:
+            return text_of(timeline_screen.query_one("#timeline", Static)).splitlines()
+
+        def iterations() -> list[int]:
+            return [int(m[1]) for line in drawn() if (m := re.search(r"▾ iteration (\d+)", line))]
+
+        assert iterations() == [1, 2, 3, 14, 15]
+        [fold] = [line for line in drawn() if "… 10 more completed" in line]
+        assert "─" in fold  # over the time the ten took
+        assert "a all iterations" in text_of(timeline_screen.query_one(KeyBar))
+        await pilot.press("a")
+        await settled(pilot)
+        assert iterations() == list(range(1, 16))
+        assert not any("more completed" in line for line in drawn())
+        await pilot.press("a")
+        await settled(pilot)
+        assert iterations() == [1, 2, 3, 14, 15]
