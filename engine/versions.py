@@ -10,7 +10,8 @@ import logging
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 
-from .backends.base import Backend, Claim, JobQueue, WorkerCatalog, held_for
+from .backends.base import Backend, Claim, JobQueue, WorkerCatalog
+from .backends.held_for import held_for
 from .errors import DatabaseError
 from .ledger import Ledger
 from .liveness import LiveWorkers

@@ -19,8 +19,9 @@ import pytest
 from support import all_tasks_blocked
 
 from engine.backends import Backend
-from engine.backends.base import Claim, Fence, JobQueue, JobUpdate, Transition, held_for
+from engine.backends.base import Claim, Fence, JobQueue, JobUpdate, Transition
 from engine.backends.database_queue import DatabaseQueue
+from engine.backends.held_for import held_for
 from engine.models import (
     Attempt,
     AttemptStatus,
@@ -1198,7 +1199,7 @@ async def test_concurrent_claims_never_hand_a_job_to_both(
 async def test_a_job_held_back_for_another_worker_is_passed_over_by_the_one_that_held_it(
     queue: JobQueue, other_queue: JobQueue, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`base.HELD_FOR`: a worker that left a job to another deployment's (or version's)
+    """`held_for.py`: a worker that left a job to another deployment's (or version's)
     worker claimed it back, a second at a time, whenever both looked as it fell due."""
     [(job, _)] = await add(queue)
     claim = await claim_one(queue, "w1")

@@ -13,7 +13,7 @@ past it, cut off from the server) writes nothing once it wakes up.
 from __future__ import annotations
 
 from .. import rows
-from ..base import HELD_FOR
+from ..held_for import HELD_FOR
 from ..rows import ATTEMPT_COLUMNS, JOB_COLUMNS, RUN_COLUMNS, STEP_COLUMNS
 
 # The server's time in epoch seconds. `now()` is the transaction's start: stable within a
@@ -302,7 +302,7 @@ SELECT least(
 # whose lease was taken over (NULL for a fresh claim): its run is to be recorded crashed, and
 # `taken_handed` whether that worker had been handed the job (its run may have begun unrecorded).
 # RETURNING has no order: the caller sorts by (priority DESC, seq). A job this worker held
-# back for another it passes over a while (`base.HELD_FOR`).
+# back for another it passes over a while (`held_for.py`).
 _CLAIM = f"""
 WITH due AS (
     SELECT seq, priority, 0 AS handed FROM jobs

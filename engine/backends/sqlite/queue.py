@@ -40,8 +40,9 @@ from typing import Any, ClassVar
 from ...models import Job, JobState, LogLine, QueueStats, Run, from_epoch, to_epoch
 from ...records import construct
 from .. import rows
-from ..base import HELD_FOR, NOTHING_LEFT, Claim, Fence, JobUpdate, Renewal, Transition
+from ..base import NOTHING_LEFT, Claim, Fence, JobUpdate, Renewal, Transition
 from ..database_queue import LOOK_ANYWAY_S, DatabaseQueue, Offer, PendingAdd
+from ..held_for import HELD_FOR
 from ..rows import JOB_COLUMNS, dump, job_from_row, job_row
 from .db import INLINE_WEIGHT, INSERT_LOG, InTransaction, SqliteDatabase, write_runs
 from .store import log_row
@@ -128,7 +129,7 @@ _DUE = (
 # Delayed jobs whose time has come, found by their time (`jobs_due_at`): searched in claim
 # order with the waiting ones, a claim walked every delayed job of the queue (80 ms a claim
 # with 100,000 scheduled a month ahead, or as many runs in a `wait.for_`).
-# A job this worker (?4) held back for another passes it over a while (`base.HELD_FOR`).
+# A job this worker (?4) held back for another it passes over a while (`held_for.py`).
 _DUE_DELAYED = (
     "SELECT seq, priority, 0 FROM jobs WHERE queue = ?1 AND state = 'delayed' AND run_at <= ?2"
     f" AND NOT (coalesce(json_extract(meta, '$.{HELD_FOR}.until') > ?2, 0) AND EXISTS"
