@@ -348,6 +348,12 @@ class Gates:
         assert trigger is not None and trigger.debounce is not None
         debounce = trigger.debounce
         job = claim.job
+        if job.meta.get("debounce") == {"let_through": run.id}:
+            # Let through already, then held by a later gate (a concurrency key, a rate
+            # limit): its window is over (trailing) or its own (leading). Pinged again, a
+            # trailing run waited a new window, and a leading one joined its own: recorded
+            # debounced into itself, it never ran.
+            return True
         key = self._key(debounce.key, job, run, "debounce key")
         if key is None:
             return True
@@ -366,7 +372,7 @@ class Gates:
             if joined is not None:
                 self._debounced(claim, queue, run, joined)
                 return False
-            job.meta.pop("debounce", None)
+            job.meta["debounce"] = {"let_through": run.id}
             return True
         max_delay = debounce.max_delay
 
@@ -385,6 +391,7 @@ class Gates:
 
         verdict = await self.shared.update_window(workflow.name, key, debounce.mode, ping)
         if verdict.action == "run":
+            job.meta["debounce"] = {"let_through": run.id}
             return True
         if verdict.action == "join":
             assert verdict.into is not None

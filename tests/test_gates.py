@@ -16,7 +16,7 @@ from typing import Any
 
 import anyio
 import pytest
-from support import any_database
+from support import any_database, run_when, until
 
 from engine import (
     Debounce,
@@ -317,6 +317,52 @@ async def test_leading_debounce_runs_the_first_and_swallows_the_window(tmp_path:
     assert {r.output["debounced_into"] for r in runs[1:]} == {runs[0].id}
     assert again.status is RunStatus.COMPLETED
     assert seen == [0, 9]
+
+
+@pytest.mark.parametrize("mode", ["trailing", "leading"])
+@pytest.mark.parametrize("on_limit", ["throw", "queue"])
+async def test_a_debounced_run_held_by_its_concurrency_key_is_not_debounced_again(
+    tmp_path: Path, mode: str, on_limit: str
+) -> None:
+    """Let through by its debounce, then held by a concurrency key its tenant's other run
+    took: claimed again once that slot was free, a trailing run opened a new window and
+    waited its delay once more; a leading one found its own window open and was recorded
+    debounced into itself, and never ran."""
+    release = anyio.Event()
+    seen: list[str] = []
+
+    async def work(ctx) -> str:
+        if ctx.body["doc"] == "a":
+            await release.wait()
+        seen.append(ctx.body["doc"])
+        return ctx.body["doc"]
+
+    wf = flow(
+        "index",
+        work,
+        concurrency=4,
+        debounce=Debounce("$.body.doc", delay="5s" if mode == "leading" else "200ms", mode=mode),
+        concurrency_key="$.body.tenant",
+        concurrency_limit=1,
+        on_limit=on_limit,
+        limit_backoff="50ms",
+    )
+    async with Engine(workflows=[wf], database=tmp_path / "blok.db") as engine:
+        first = await engine.enqueue("index", {"doc": "a", "tenant": "t1"})
+        await run_when(engine, first, RunStatus.RUNNING)
+        held = await engine.enqueue("index", {"doc": "b", "tenant": "t1"})
+
+        async def held_by_the_key() -> bool:  # once let through by its debounce
+            return (await engine.get_job(held)).meta.get("gate", {}).get("gate") == "concurrency"
+
+        await until(held_by_the_key)
+        release.set()
+        run = await engine.wait_for_job(held, timeout=10)
+        await engine.wait_for_job(first, timeout=10)
+    assert (run.status, run.output) == (RunStatus.COMPLETED, "b"), run.error
+    debounced = [line.message for line in run.logs if line.message.startswith("debounced")]
+    assert len(debounced) == (1 if mode == "trailing" else 0), debounced
+    assert sorted(seen) == ["a", "b"]
 
 
 async def test_debounce_and_delay_survive_a_restart(tmp_path: Path) -> None:
