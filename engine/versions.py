@@ -68,7 +68,7 @@ class VersionWatch:
 
 
 HAND_OVER_S = 1.0  # a run left to a worker that has its version is claimed again after this
-# ... by that worker; the worker that left it passes it over this long more (`HELD_FOR`).
+# ... by that worker; the worker that left it passes it over this long more (`held_for.py`).
 PASSED_OVER_S = 5.0
 
 
@@ -156,7 +156,7 @@ def _hand_over(
 ) -> None:
     """Hold the job back a moment for a live worker that has what it needs, saying why in the
     run's log once however often it is claimed here (`mark`: the meta key, and the value that
-    says it was said). This worker passes it over a while after (`HELD_FOR`)."""
+    says it was said). This worker passes it over a while after (`held_for.py`)."""
     meta = dict(claim.job.meta)
     key, value = mark
     if meta.get(key) != value:
