@@ -322,7 +322,7 @@ async def test_leading_debounce_runs_the_first_and_swallows_the_window(tmp_path:
 @pytest.mark.parametrize("mode", ["trailing", "leading"])
 @pytest.mark.parametrize("on_limit", ["throw", "queue"])
 async def test_a_debounced_run_held_by_its_concurrency_key_is_not_debounced_again(
-    tmp_path: Path, mode: str, on_limit: str
+    database: Path | str | None, mode: str, on_limit: str
 ) -> None:
     """Let through by its debounce, then held by a concurrency key its tenant's other run
     took: claimed again once that slot was free, a trailing run opened a new window and
@@ -347,7 +347,7 @@ async def test_a_debounced_run_held_by_its_concurrency_key_is_not_debounced_agai
         on_limit=on_limit,
         limit_backoff="50ms",
     )
-    async with Engine(workflows=[wf], database=tmp_path / "blok.db") as engine:
+    async with Engine(workflows=[wf], database=database) as engine:
         first = await engine.enqueue("index", {"doc": "a", "tenant": "t1"})
         await run_when(engine, first, RunStatus.RUNNING)
         held = await engine.enqueue("index", {"doc": "b", "tenant": "t1"})
