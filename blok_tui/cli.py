@@ -39,7 +39,7 @@ from .plain_text import columns, cut_lines, fit_table, typed_duration, wrapped
 from .queue_counts import COUNTED, read_queue_counts
 
 if TYPE_CHECKING:
-    from engine import Orphan
+    from engine import AmbiguousSchedule, Orphan
 
 DEFAULT_DB = Path(".blok") / "blok.db"
 CONSOLE_GRACE = 2.0  # seconds running jobs get to finish when the console quits
@@ -1894,9 +1894,9 @@ async def _act_on_schedule(engine: Any, args: argparse.Namespace) -> None:
     print(printable(f"{args.workflow} {name}: {args.action}d"))
 
 
-def _name_a_schedule(error: Any, action: str) -> str:
+def _name_a_schedule(error: AmbiguousSchedule, action: str) -> str:
     """The command again, with a schedule named: "name one" alone left the user to find
-    where its id goes, and how to quote it. `error`: an `AmbiguousSchedule`."""
+    where its id goes, and how to quote it."""
     ids = [shlex.quote(schedule) for schedule in error.schedules]
     command = f"blok-tui schedules {action} {shlex.quote(error.workflow)} {ids[-1]}"
     return printable(
