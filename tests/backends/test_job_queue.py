@@ -1224,7 +1224,8 @@ async def test_a_job_held_back_for_another_worker_is_passed_over_by_the_one_that
     monkeypatch.setattr(queue, "_look", counted)
     with anyio.fail_after(5):
         assert await queue.claim(QUEUE, 1, "w1", LONG, timeout=1.0) == []
-    assert looks <= 4, looks  # at the start, as it fell due, and for other commits heard
+    # At the start, as it fell due, and for any other commit heard: a few, not hundreds.
+    assert looks <= 10, looks
     assert time.time() < due.timestamp() + window_s  # (still in the window: the test holds)
     # The worker it was left to (in another process) takes it.
     with anyio.fail_after(5):
