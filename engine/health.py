@@ -26,7 +26,7 @@ from .errors import EngineError
 from .liveness import GONE, SERVING, LiveWorkers, why_not_serving, worker_state
 from .models import QueueInfo, QueueStats, WorkerInfo
 from .schedules import overruled_line, overruled_workers
-from .versions import split_line, splits_in
+from .versions import shared_queue_line, shared_queues_in, split_line, splits_in
 
 DEFAULT_MAX_AGE_S = 300.0
 
@@ -110,6 +110,10 @@ async def check(operator: HealthReader, max_age_s: float = DEFAULT_MAX_AGE_S) ->
     catalogs = (await LiveWorkers.read(backend)).catalogs  # read once, for both notes
     splits = splits_in(catalogs)
     split = "".join(f"; {split_line(name, v)}" for name, v in sorted(splits.items()))
+    split += "".join(
+        f"; {shared_queue_line(queue, names)}"
+        for queue, names in sorted(shared_queues_in(catalogs).items())
+    )
     failing = _load_errors(catalogs)
     held = await _held(operator, queues)
     states = await backend.shared.schedules()

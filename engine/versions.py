@@ -51,6 +51,29 @@ def split_line(workflow: str, versions: dict[str, list[str]]) -> str:
     )
 
 
+def shared_queues_in(catalogs: Sequence[WorkerCatalog]) -> dict[str, dict[str, list[str]]]:
+    """The queues the live workers serve with more than one workflow (two services that chose
+    one queue name, a deploy that renamed a workflow while the old one still runs): queue →
+    workflow → its workers."""
+    served: dict[str, dict[str, list[str]]] = {}
+    for catalog in catalogs:
+        for info in catalog.workflows:
+            if info.queue is not None:
+                workers = served.setdefault(info.queue, {}).setdefault(info.name, [])
+                workers.append(catalog.worker)
+    return {queue: names for queue, names in served.items() if len(names) > 1}
+
+
+def shared_queue_line(queue: str, workflows: dict[str, list[str]]) -> str:
+    by = "; ".join(
+        f"{name!r} by {', '.join(sorted(workers))}" for name, workers in sorted(workflows.items())
+    )
+    return (
+        f"queue {queue!r} is served with {len(workflows)} workflows ({by}): each worker runs "
+        "only the jobs enqueued for its own (one queue, one workflow: rename one queue)"
+    )
+
+
 class VersionWatch:
     """Says each split once in this process's log."""
 
