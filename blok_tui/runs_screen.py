@@ -143,12 +143,15 @@ def started_cell(run: Run, tz: tzinfo | None, now: datetime) -> Text:
     if run.status is RunStatus.DELAYED and run.run_at is not None:
         # When it may start (a retry's backoff, a delay given): "since" its creation read as
         # how long it had been waiting for a slot.
-        local = run.run_at.astimezone(tz)
-        same_day = local.date() == now.astimezone(tz).date()
-        return Text(f"at {local.strftime('%H:%M:%S' if same_day else '%m-%d')}", style="grey50")
-    local = run.created_at.astimezone(tz)
-    same_day = local.date() == now.astimezone(tz).date()
-    return Text(f"since {local.strftime('%H:%M' if same_day else '%m-%d')}", style="grey50")
+        return Text(f"at {_clock_or_day(run.run_at, tz, now, '%H:%M:%S')}", style="grey50")
+    return Text(f"since {_clock_or_day(run.created_at, tz, now, '%H:%M')}", style="grey50")
+
+
+def _clock_or_day(moment: datetime, tz: tzinfo | None, now: datetime, clock: str) -> str:
+    """`moment` by the clock (`clock`, a strftime format) on the day of `now`, else by its
+    date (mm-dd)."""
+    local = moment.astimezone(tz)
+    return local.strftime(clock if local.date() == now.astimezone(tz).date() else "%m-%d")
 
 
 def detail_cell(run: Run, tz: tzinfo | None) -> Text:

@@ -204,6 +204,12 @@ def fold_parts(label: str) -> tuple[str, str, str]:
     return more, statuses, span
 
 
+def fold_said(label: str) -> str:
+    """A stretch's label as the rail and the timeline show it: "… 35 more completed"."""
+    more, statuses, _ = fold_parts(label)
+    return f"{more} {statuses}"
+
+
 def step_path(run: Run, step: StepRun, by_index: dict[int, StepRun] | None = None) -> str:
     """ "charge", or "pages › iteration 2 › fetch" for a nested step (its name alone named
     any of a for_each's 2,000 fetches). `by_index`: the run's steps by index, if made."""

@@ -16,8 +16,7 @@ from engine import EngineError, Run
 from . import actions
 from .base_screen import BlokScreen, Changes
 from .console import printable, status_text
-from .step_order import Row, is_fold
-from .widgets.timeline import timeline, timeline_rows
+from .widgets.timeline import TimelineRows, timeline, timeline_rows
 
 
 class TimelineScreen(BlokScreen):
@@ -30,7 +29,7 @@ class TimelineScreen(BlokScreen):
         self.run: Run | None = None
         self.missing: str | None = None
         self.every = False  # a: every iteration of a long for_each, not its ends
-        self.rows: list[Row] = []
+        self.drawn = TimelineRows([])
 
     @property
     def crumb(self) -> str:
@@ -52,13 +51,14 @@ class TimelineScreen(BlokScreen):
     def fold(self) -> None:
         """The rows to draw, once a read (not every second): a for_each of 2,000 items drew
         4,000 lines, a second and a half to open."""
-        self.rows = timeline_rows(self.run, every=self.every) if self.run is not None else []
+        run = self.run
+        self.drawn = TimelineRows([]) if run is None else timeline_rows(run, every=self.every)
         self.render_timeline()
         self.show_keys()
 
     @property
     def folded(self) -> bool:
-        return any(is_fold(row[2]) for row in self.rows)
+        return bool(self.drawn.left_out)
 
     def key_applies(self, action: str) -> bool:
         if action == "every_step":  # only where something is left out, or was
@@ -81,7 +81,7 @@ class TimelineScreen(BlokScreen):
         self.query_one("#timeline-header", Static).update(header, layout=False)
         if self.run is not None:
             width = self.query_one("#timeline", Static).size.width or self.size.width - 2
-            drawn = timeline(self.run, self.blok.now(), width, self.rows)
+            drawn = timeline(self.run, self.blok.now(), width, self.drawn)
             self.query_one("#timeline", Static).update(drawn)
 
     def on_resize(self) -> None:

@@ -20,7 +20,7 @@ from textual.widgets.option_list import Option
 from engine import Run, StepRun
 
 from ..console import clock_time, duration, printable, status_style, status_text
-from ..step_order import Row, fold_parts, folded_groups, is_fold, own_tags, rail_rows, step_ms
+from ..step_order import Row, fold_said, folded_groups, is_fold, own_tags, rail_rows, step_ms
 
 BAR_WIDTH = 8
 # The step names' column: as wide as the longest name where the rail has the room, never
@@ -122,8 +122,7 @@ def header_line(label: str, depth: int, steps: list[StepRun]) -> Text:
 def fold_line(label: str, depth: int, room: int) -> Text:
     """A stretch of iterations left out, "… 35 more completed", and how to see them where the
     rail has the room ("iteration 4 to iteration 38" is plain from the rows around it)."""
-    more, status, _ = fold_parts(label)
-    said = f"{'  ' * depth}{more} {status}"
+    said = f"{'  ' * depth}{fold_said(label)}"
     line = Text(said if not room else cut(said, room).rstrip(), style="grey70")
     if not room or line.cell_len + len(FOLD_HINT) <= room:
         line.append(FOLD_HINT, style="grey42")

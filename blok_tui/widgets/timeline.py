@@ -3,6 +3,7 @@ attempts as a bar, with the backoff gaps between attempts and the waits drawn as
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from rich.cells import cell_len
@@ -11,7 +12,7 @@ from rich.text import Text
 from engine import Run, StepRun
 
 from ..console import duration, printable, status_style
-from ..step_order import Row, fold_parts, folded_groups, is_fold, rail_rows, step_end, step_ms
+from ..step_order import Row, fold_said, folded_groups, is_fold, rail_rows, step_end, step_ms
 from .step_rail import cut
 
 LABEL = 18  # columns for the step names at least; as many as the longest takes, up to half
@@ -86,26 +87,39 @@ def step_bar(step: StepRun, axis: Axis, now: datetime) -> Text:
     return _bar(cells)
 
 
-def timeline_rows(run: Run, *, every: bool = False) -> list[Row]:
-    """The rows the timeline draws: the rail's, a long for_each folded as the rail folds it
-    (its first and last iterations, and those that did not end well) unless `every`."""
+@dataclass(frozen=True)
+class TimelineRows:
+    """The rows the timeline draws, and the steps each stretch left out spans (by the fold
+    row's position): found once a read, not at every redraw."""
+
+    rows: list[Row]
+    left_out: dict[int, list[StepRun]] = field(default_factory=dict)
+
+
+def timeline_rows(run: Run, *, every: bool = False) -> TimelineRows:
+    """The rail's rows, a long for_each folded as the rail folds it (its first and last
+    iterations, and those that did not end well) unless `every`."""
     rows = rail_rows(run)
-    return rows if every else folded_groups(run, rows)
+    if every:
+        return TimelineRows(rows)
+    shown = folded_groups(run, rows)
+    if len(shown) == len(rows):
+        return TimelineRows(rows)
+    return TimelineRows(shown, _left_out(run, rows, shown))
 
 
-def _folded_steps(run: Run, rows: list[Row]) -> dict[int, list[StepRun]]:
-    """The steps each fold row of `rows` (by position) leaves out: the rail's rows between the
-    rows kept around it."""
-    every = rail_rows(run)
+def _left_out(run: Run, every: list[Row], shown: list[Row]) -> dict[int, list[StepRun]]:
+    """The steps each fold row of `shown` (by position) leaves out: the rows of `every`
+    between the rows kept around it."""
     left: dict[int, list[StepRun]] = {}
     i = 0
-    for n, row in enumerate(rows):
+    for n, row in enumerate(shown):
         if not is_fold(row[2]):
             while i < len(every) and every[i] != row:
                 i += 1
             i += 1
             continue
-        following = rows[n + 1] if n + 1 < len(rows) else None
+        following = shown[n + 1] if n + 1 < len(shown) else None
         members = left.setdefault(n, [])
         while i < len(every) and every[i] != following:
             index = every[i][0]
@@ -138,8 +152,7 @@ def label_width(run: Run, width: int, rows: list[Row] | None = None) -> int:
         if index is not None:
             return names[index]
         if is_fold(label):
-            more, status, _ = fold_parts(label)
-            return f"{more} {status}"
+            return fold_said(label)
         return f"▾ {label}"
 
     longest = max(
@@ -148,9 +161,11 @@ def label_width(run: Run, width: int, rows: list[Row] | None = None) -> int:
     return max(LABEL, min(longest, (width - TOOK - 6) // 2))
 
 
-def timeline(run: Run, now: datetime, width: int, rows: list[Row] | None = None) -> Text:
-    """The whole run in `width` columns; `rows`: those of `timeline_rows` (all by default)."""
-    rows = rail_rows(run) if rows is None else rows
+def timeline(run: Run, now: datetime, width: int, drawn: TimelineRows | None = None) -> Text:
+    """The whole run in `width` columns; `drawn`: what `timeline_rows` gave (every row by
+    default)."""
+    drawn = TimelineRows(rail_rows(run)) if drawn is None else drawn
+    rows = drawn.rows
     end = run.finished_at or now
     label = label_width(run, width, rows)
     axis = Axis(run.created_at, end, width - label - TOOK - 6)
@@ -169,14 +184,12 @@ def timeline(run: Run, now: datetime, width: int, rows: list[Row] | None = None)
         delay = (started - run.created_at).total_seconds() * 1000
         text.append(f" {duration(max(delay, 0)):>{TOOK}}", style="grey62")
     by_index = {step.index: step for step in run.steps}
-    folded = _folded_steps(run, rows) if any(is_fold(row[2]) for row in rows) else {}
     for n, (index, depth, group, _) in enumerate(rows):
         text.append("\n")
         indent = "  " * depth
-        if n in folded:  # "… 1,995 more completed", over the time they took
-            more, status, _ = fold_parts(group)
-            text.append(f"{cut(f'{indent}{more} {status}', label)} ", style="grey70")
-            bar, spanned = fold_bar(folded[n], axis, now)
+        if n in drawn.left_out:  # "… 1,995 more completed", over the time they took
+            text.append(f"{cut(indent + fold_said(group), label)} ", style="grey70")
+            bar, spanned = fold_bar(drawn.left_out[n], axis, now)
             text.append_text(bar)
             if spanned is not None:
                 text.append(f" {duration(spanned):>{TOOK}}", style="grey70")
