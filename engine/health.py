@@ -110,7 +110,7 @@ async def check(operator: HealthReader, max_age_s: float = DEFAULT_MAX_AGE_S) ->
     catalogs = (await LiveWorkers.read(backend)).catalogs  # read once, for both notes
     splits = splits_in(catalogs)
     split = "".join(f"; {split_line(name, v)}" for name, v in sorted(splits.items()))
-    split += "".join(
+    shared = "".join(
         f"; {shared_queue_line(queue, names)}"
         for queue, names in sorted(shared_queues_in(catalogs).items())
     )
@@ -123,7 +123,8 @@ async def check(operator: HealthReader, max_age_s: float = DEFAULT_MAX_AGE_S) ->
         f"; {overruled_line(name, who, any_kept=name in kept)} (blok-tui schedules)"
         for name, who in overruled.items()
     )
-    reason = f"database {where} ok, {workers}, {oldest}{held}{silent}{split}{schedules}{failing}"
+    notes = f"{held}{silent}{split}{shared}{schedules}{failing}"
+    reason = f"database {where} ok, {workers}, {oldest}{notes}"
     return Health(True, reason, database, len(alive), waiting, not_serving, splits, overruled)
 
 
