@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 # without loading the engine (0.4 s); each command imports what it uses.
 from .hangup import stop_signals
 from .plain_text import columns, cut_lines, fit_table, typed_duration, wrapped
-from .queue_counts import COUNTED, read_queue_counts
+from .queue_counts import COUNTED, read_queue_counts, served_with
 
 if TYPE_CHECKING:
     from engine import AmbiguousSchedule, Orphan
@@ -2000,7 +2000,7 @@ async def _queues(args: argparse.Namespace) -> None:
         rows.append(
             (
                 printable(info.name),
-                printable(info.workflow_name or "-"),
+                printable(served_with(info)),
                 info.provider,
                 str(info.concurrency),
                 _queue_state(info, info.served),

@@ -20,7 +20,7 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from engine import QueueStats
+    from engine import QueueInfo, QueueStats
     from engine.api import EngineAPI
 
 
@@ -85,3 +85,9 @@ async def read_queue_counts(
 
 # The columns' order, as the console's queues view has them.
 COUNTED = tuple(f.name for f in fields(QueueCounts))
+
+
+def served_with(info: QueueInfo, none: str = "-") -> str:
+    """The queue's workflow; every one where the live workers serve it with several (each
+    worker runs only the jobs enqueued for its own: the operator has to see both)."""
+    return " + ".join(info.workflow_names) or info.workflow_name or none

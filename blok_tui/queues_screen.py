@@ -23,7 +23,7 @@ from .console import count, day_time, printable, short_ids, status_text
 from .jobs import RETRIED_AFTER, one_per_job, then_text
 from .phrases import Phrase, fitted, phrase
 from .plain_text import one_line_keeping_where, opening_and_end
-from .queue_counts import QueueCounts, read_queue_counts
+from .queue_counts import QueueCounts, read_queue_counts, served_with
 from .widgets import FilterInput, sparkline
 from .widgets.row_table import Column, RowTable
 from .workers_screen import workers_line
@@ -139,7 +139,10 @@ class QueuesScreen(RowFilterScreen):
         self.counts = counts
         self.errors = errors
         self.render_rows()
-        self.query_one("#workers-line", Static).update(workers_line(workers, states, splits=splits))
+        shared = {info.name: info.workflow_names for info in infos if info.workflow_names}
+        self.query_one("#workers-line", Static).update(
+            workers_line(workers, states, splits=splits, shared=shared)
+        )
         self.render_failures(failures, jobs)
 
     def render_rows(self) -> None:
@@ -159,7 +162,10 @@ class QueuesScreen(RowFilterScreen):
                 name.append("  ✗ no worker", style="dark_orange")
             cells: list[Text | str] = [
                 name,
-                Text(printable(info.workflow_name or "–"), style="grey70"),
+                Text(
+                    printable(served_with(info, none="–")),
+                    style="khaki1" if info.workflow_names else "grey70",
+                ),
                 info.provider,
                 _right(str(info.concurrency)),
                 _right(count(c.queued), "grey85"),

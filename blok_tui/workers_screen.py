@@ -57,11 +57,14 @@ def workers_line(
     *,
     hint: bool = True,
     splits: Splits | None = None,
+    shared: dict[str, list[str]] | None = None,
 ) -> Text:
     """One line for the queues view: "workers  2 alive: host:12, host:34 · 1 suspended · 1
     gone"; `states`: each worker's, by id, as the engine judges it (`worker_state`); then
     each workflow the live workers serve at more than one version (`splits`): a deploy
-    half done showed only in `blok-tui health` and the workers' logs."""
+    half done showed only in `blok-tui health` and the workers' logs; and each queue they
+    serve with more than one workflow (`shared`: queue → workflows), whose second name the
+    workflow column cuts."""
     alive = [w for w in workers if states.get(w.id) == SERVING]
     line = Text()
     line.append("workers ", style="bold")
@@ -79,6 +82,8 @@ def workers_line(
         line.append(f" · {count} {state}", style="khaki3")
     for workflow, versions in sorted((splits or {}).items()):
         line.append(f" · ⚠ {workflow} at {len(versions)} versions", style="bold khaki1")
+    for queue, workflows in sorted((shared or {}).items()):
+        line.append(f" · ⚠ queue {queue} serves {' and '.join(workflows)}", style="bold khaki1")
     if hint:
         line.append("   :workers lists them", style="dim")
     return line

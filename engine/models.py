@@ -356,6 +356,10 @@ class QueueInfo(_Record):
     # A worker serves it (alive, heartbeating, not stopping; or this engine does): a queue
     # whose workers all stopped stays declared, and its jobs wait for the next one.
     served: bool = True
+    # Every workflow the live workers serve it with, where that is more than one (two services
+    # that chose one queue name, a deploy that renamed a workflow): each worker runs only the
+    # jobs enqueued for its own; `workflow_name` is the one new jobs are enqueued for.
+    workflow_names: list[str] = Field(default_factory=list)
 
 
 class WorkflowInfo(_Record):

@@ -78,6 +78,7 @@ from .validation import (
     check_wait_timeout,
     checked,
 )
+from .versions import shared_queues_in
 from .waiting import explain
 from .worker import Worker
 from .workflow import Workflow
@@ -238,10 +239,9 @@ class Operator:
         return [queue.name for queue in await self.queues()]
 
     async def queues(self) -> list[QueueInfo]:
-        """Every queue served here or declared by a worker on the database. Concurrency is
-        the sum over the workers serving it, as `health` counts them (alive, their heartbeat
-        recent, not stopping: a suspended or draining worker claims nothing); paused as the
-        database says."""
+        """Every queue served here or declared by a worker on the database; its concurrency
+        summed over the workers serving it as `health` counts them (alive, heartbeat recent,
+        not stopping), the workflows they serve it with, paused as the database says."""
         paused = await self.backend.shared.paused_queues()
         now = self.backend.clock.now()
         live = {
@@ -249,7 +249,8 @@ class Operator:
         }
         merged: dict[str, QueueInfo] = {}
         widths: dict[str, int] = {}
-        for catalog in await self._declared(fresh=True):
+        catalogs = await self._declared(fresh=True)
+        for catalog in catalogs:
             for served in catalog.queues:
                 merged[served.name] = QueueInfo(
                     name=served.name,
@@ -264,6 +265,8 @@ class Operator:
         for name, width in widths.items():
             merged[name].concurrency = width
             merged[name].served = True
+        for name, names in shared_queues_in([c for c in catalogs if c.worker in live]).items():
+            merged[name].workflow_names = sorted(names)
         for name, wf in self.catalog.served().items():
             if name in merged:
                 continue

@@ -306,9 +306,19 @@ async def test_two_deployments_serving_one_queue_each_run_only_the_jobs_enqueued
                 held = {job: (await b.get_job(job)).meta.get("held", 0) for job in for_a}
                 # Said by health too: the warning was only in the workers' logs.
                 report = await b.health()
+                # And by the queues' list: it named one of them ("two"), the console's too.
+                (listed,) = await b.queues()
+                table = await anyio.to_thread.run_sync(blok, "queues", "--db", database)
     assert report.ok and f"queue 'x' is served with 2 workflows ('one' by {a.worker.id}; " in (
         report.reason
     ), report.reason
+    assert (listed.workflow_name, listed.workflow_names) == ("two", ["one", "two"]), listed
+    assert table.returncode == 0 and table.stdout.splitlines()[1].split()[:4] == [
+        "x",
+        "one",
+        "+",
+        "two",
+    ], table.stdout
     assert all(times <= 1 for times in held.values()), held
     assert {job: (run.workflow_name, run.output) for job, run in ran.items()} == {
         **{job: ("one", "from A") for job in for_a},

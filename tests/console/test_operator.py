@@ -327,6 +327,29 @@ async def test_a_workflow_served_at_two_versions_shows_in_the_queues_and_workers
             assert "versions" not in table.shown_columns
 
 
+async def test_a_queue_served_with_two_workflows_shows_both_in_the_queues_view(
+    tmp_path: Path,
+) -> None:
+    # Two services that chose one queue name: the queues view named the latest declaration
+    # only, and each worker ran only the jobs enqueued for its own, unseen.
+    def flow(name: str) -> Workflow:
+        return Workflow(
+            name=name, trigger=WorkerTrigger(queue="x"), steps=[Step("hi", lambda ctx: name)]
+        )
+
+    database = tmp_path / "blok.db"
+    async with (
+        Engine(workflows=[flow("one")], database=database),
+        Engine(workflows=[flow("two")], database=database) as second,
+    ):
+        app = BlokApp(second)
+        async with app.run_test(size=SIZE) as pilot:
+            line = app.screen.query_one("#workers-line", Static)
+            await until(pilot, lambda: "⚠ queue x serves one and two" in text_of(line))
+            table = app.screen.query_one("#queues", RowTable)
+            assert column(table, "workflow") == ["one + two"]
+
+
 async def test_the_console_judges_a_worker_alive_as_recovery_does(engine: Engine) -> None:
     """A worker of this machine is not gone while its process runs, whatever its heartbeat
     says: the rule recovery acts on. Judged by its heartbeat alone, a worker killed a moment ago
