@@ -839,7 +839,7 @@ class Engine:
         waiting on the key the payload carries (`match=`), or kept for the first one to wait
         on it. The ids of the runs it went to, and whether a wait took it or it was kept (an
         `EventSent`: a list of run ids). An unknown or finished run is an EngineError."""
-        self.operator.check_payload(payload, "event payload")
+        payload = self.operator.json_payload(payload, "event payload")
         return await self.mailbox.send(run_id, event, payload)
 
     async def events_of(self, run_id: str) -> list[EventMessage]:

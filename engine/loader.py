@@ -122,7 +122,7 @@ def _helper_sources(folder: Path, before: set[str]) -> dict[Path, bytes]:
     """Sources of modules from `folder` that importing the file pulled in."""
     found = {}
     for name, module in list(sys.modules.items()):
-        if name in before:
+        if name in before or name.startswith(f"{PACKAGE}."):
             continue
         origin = getattr(module, "__file__", None)
         if origin and Path(origin).parent == folder:
@@ -144,19 +144,30 @@ def load_file(path: Path) -> LoadedFile:
     # folder) before importing.
     for name, module in list(sys.modules.items()):
         origin = getattr(module, "__file__", None)
+        if name.startswith(f"{PACKAGE}."):
+            continue  # a workflow file's own module: replaced when that file loads again
         if name in _helper_names or (origin and Path(origin).parent == folder):
             del sys.modules[name]
     before = set(sys.modules)
     module_name = f"{PACKAGE}.{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
     module = types.ModuleType(module_name)
     module.__file__ = str(path)
+    # Found by its name, as an imported module is: pydantic resolves a model's annotations
+    # (`at: datetime.datetime`) in `sys.modules[cls.__module__]`, as do typing.get_type_hints
+    # and pickle; unregistered, a model in a workflow file failed as it was first used.
+    sys.modules.setdefault(PACKAGE, types.ModuleType(PACKAGE))
+    previous = sys.modules.get(module_name)
+    sys.modules[module_name] = module
     added_path = str(folder) not in sys.path
     if added_path:
         sys.path.insert(0, str(folder))
     try:
         tree = ast.parse(source, str(path))
-        exec(compile(tree, str(path), "exec"), module.__dict__)
+        # The file's own `from __future__` imports, not this module's: inherited, its
+        # annotations were all strings (`from __future__ import annotations`).
+        exec(compile(tree, str(path), "exec", dont_inherit=True), module.__dict__)
     except BaseException as error:
+        _unregister(module_name, previous)
         # Whatever the file raises is its failure, not the engine's: a `sys.exit()`, a
         # `raise KeyboardInterrupt`, pytest's `importorskip`. It runs in an import thread of
         # its own (`load_file_with_timeout`), where no signal nor cancellation arrives.
@@ -176,8 +187,20 @@ def load_file(path: Path) -> LoadedFile:
     version = digest.hexdigest()[:8]
     inputs = {path: hashlib.sha1(source).hexdigest()}
     inputs.update((p, hashlib.sha1(text).hexdigest()) for p, text in helpers.items())
-    found = _defined_workflows(path, tree, module.__dict__)
+    try:
+        found = _defined_workflows(path, tree, module.__dict__)
+    except WorkflowLoadError:
+        _unregister(module_name, previous)  # its previous version keeps serving: its module
+        raise
     return LoadedFile(path, version, [w.with_version(version, str(path)) for w in found], inputs)
+
+
+def _unregister(name: str, previous: types.ModuleType | None) -> None:
+    """Put back the module of a file's version that serves on, after a load that failed."""
+    if previous is None:
+        sys.modules.pop(name, None)
+    else:
+        sys.modules[name] = previous
 
 
 def _defined_workflows(path: Path, tree: ast.Module, names: dict[str, object]) -> list[Workflow]:

@@ -70,13 +70,13 @@ from .validation import (
     check_job_id,
     check_limit,
     check_lookup_id,
-    check_payload,
     check_payload_list,
     check_priority,
     check_retries,
     check_timeout,
     check_wait_timeout,
     checked,
+    json_value,
 )
 from .versions import shared_queues_in
 from .waiting import explain
@@ -406,8 +406,8 @@ class Operator:
         return [w for w in await self.backend.shared.workers() if worker_alive(w, now)]
 
     # ---- enqueue ---------------------------------------------------------------------------
-    def check_payload(self, payload: Any, what: str = "payload") -> None:
-        checked(check_payload, payload, self.max_payload_bytes, what=what)
+    def json_payload(self, payload: Any, what: str = "payload") -> Any:
+        return checked(json_value, payload, self.max_payload_bytes, what=what)
 
     def _job(
         self,
@@ -423,7 +423,7 @@ class Operator:
         retries: int | None = None,
         timeout: Any = None,
     ) -> tuple[Job, Run]:
-        self.check_payload(payload, what)
+        payload = self.json_payload(payload, what)
         if delay is None and target.start_delay_ms and self.scheduling:
             delay = target.start_delay_ms  # the delay gate: every job of this trigger waits
         try:

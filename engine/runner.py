@@ -51,7 +51,7 @@ from .origin import (
 )
 from .records import assign, construct
 from .services import UNRECORDED, Recorder, Services
-from .step_values import KEY, bad_input, check_output, fixed_input
+from .step_values import KEY, bad_input, fixed_input, stored_output
 from .threads import SyncCall
 from .workflow import EventWaitStep, Step, StepDefinition, WaitStep, Workflow
 
@@ -598,7 +598,7 @@ class Runner:
                     timed_out = True
                     ctx.attempt_stopped = True
                 else:
-                    check_output(result, f"the return value of {step.name}")
+                    result = stored_output(result, f"the return value of {step.name}")
                     step.keep(ctx.state, result)  # a spread of a non-dict fails the attempt
             except BaseException as error:
                 if not user_error(error):

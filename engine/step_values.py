@@ -11,23 +11,24 @@ from typing import Any
 
 from . import expressions
 from .errors import UnstorableOutput
-from .validation import InvalidInput, check_payload
+from .validation import InvalidInput, json_value
 
 # Below this many bits an int has fewer than Python's 4,300 digits that `str()` and json.dumps
 # take (2 ** 14_000 has 4,215): such a return value needs no further look.
 _SHORT_INT_BITS = 14_000
 
 
-def check_output(value: Any, what: str) -> None:
-    """A node's return value is stored as its step's output: it must be what every backend
-    stores (standard JSON: no NaN, string keys, no NUL; see `check_payload`). One a database
-    refuses would otherwise fail the run's write after the step passed, and leave the run
-    recorded as it was."""
+def stored_output(value: Any, what: str) -> Any:
+    """A node's return value as its step's output is stored, and as later steps see it: what
+    every backend stores (standard JSON: no NaN, string keys, no NUL; see `json_value`), a
+    pydantic model, a dataclass or a datetime in pydantic's JSON form (a later step saw the
+    model here and a dict in a run resumed elsewhere). One a database refuses would otherwise
+    fail the run's write after the step passed, and leave the run recorded as it was."""
     kind = type(value)
     if value is None or kind is bool or (kind is int and value.bit_length() < _SHORT_INT_BITS):
-        return  # most nodes return these
+        return value  # most nodes return these
     if kind is float and math.isfinite(value):
-        return
+        return value
     if inspect.iscoroutine(value) or inspect.isgenerator(value) or inspect.isasyncgen(value):
         raise UnstorableOutput(_not_a_value(value, what))
     if kind is int:
@@ -38,12 +39,13 @@ def check_output(value: Any, what: str) -> None:
                 f"{what} is an integer of more than {sys.get_int_max_str_digits():,} digits, "
                 "which JSON cannot hold here; return it as a string"
             ) from None
-        return
+        return value
     try:
-        check_payload(value, None, what=what)
+        return json_value(value, None, what=what)
     except InvalidInput as error:
         raise UnstorableOutput(
-            f"{error}; return dicts, lists, strings, numbers, booleans or None"
+            f"{error}; return JSON (dicts, lists, strings, numbers, booleans, None) or "
+            "what pydantic makes JSON of (models, dataclasses, datetimes, UUIDs, Decimals, enums)"
         ) from None
 
 

@@ -17,6 +17,8 @@ import unicodedata
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
+from pydantic_core import PydanticSerializationError, to_jsonable_python
+
 from .durations import parse_duration
 from .errors import EngineError
 
@@ -263,6 +265,31 @@ def check_payload(payload: Any, max_bytes: int | None, *, what: str = "payload")
             raise InvalidInput(_too_big(what, max_bytes, size))
 
 
+class NotJsonType(InvalidInput):
+    """A value holds something JSON has no type for (a datetime, a model, an object)."""
+
+
+def json_value(payload: Any, max_bytes: int | None, *, what: str = "payload") -> Any:
+    """`payload` as the engine stores it: itself when it is standard JSON (`check_payload`),
+    else pydantic's JSON form of what it holds — a pydantic model, a dataclass, a datetime, a
+    date, a UUID, a Decimal, an Enum, a set, UTF-8 bytes, as `model_dump(mode="json")` makes
+    them — checked again. What is not JSON for other reasons (NaN, an int key, a NUL, a
+    cycle) is refused as it is: converted, it would come back other than it was sent."""
+    try:
+        check_payload(payload, max_bytes, what=what)
+        return payload
+    except NotJsonType as refused:
+        if isinstance(payload, bytes | bytearray | memoryview):
+            # Most likely JSON text (a request's body): parsed or decoded, not guessed at.
+            raise NotJsonType(f"{refused} (JSON text? json.loads() it first)") from None
+        try:
+            converted = to_jsonable_python(payload)
+        except (PydanticSerializationError, ValueError, TypeError, RecursionError):
+            raise refused from None
+    check_payload(converted, max_bytes, what=what)
+    return converted
+
+
 _Node = tuple[Any, "_Node | None", "str | int | None"]  # value, parent, key in the parent
 
 
@@ -326,7 +353,7 @@ def _check_leaf(value: Any, what: str, node: _Node) -> None:
         if inspect.iscoroutine(value):  # an async helper called without await, in a dict
             value.close()  # else Python's "never awaited" warning points into the engine
             hint = f" ({value.__qualname__}) that was never awaited: did you forget `await`?"
-        raise InvalidInput(
+        raise NotJsonType(
             f"{what} is not JSON-serialisable: {_path(node)} is {_a(type(value).__name__)}{hint}"
         )
 

@@ -215,8 +215,10 @@ class Opaque:
     ("returned", "named"),
     [
         (Opaque(), "Opaque"),
-        ({"when": datetime(2026, 1, 1, tzinfo=UTC)}, "datetime"),
-        ({1, 2}, "set"),
+        # What pydantic makes JSON of is stored so (test_json_values.py); beside what it cannot,
+        # the first value that is not JSON is named.
+        ({"when": datetime(2026, 1, 1, tzinfo=UTC), "what": Opaque()}, "$.when is a datetime"),
+        ([{1, 2}, Opaque()], "$[0] is a set"),
     ],
 )
 async def test_a_node_returning_something_unserialisable_fails_its_step_clearly(
@@ -353,9 +355,15 @@ async def test_the_payload_cap_is_configurable(database: Path | None) -> None:
         (lambda e: e.enqueue("echo", {}, delay="-5s"), "delay: duration '-5s' is negative"),
         (lambda e: e.enqueue("echo", {}, delay="soon"), "delay: cannot parse duration 'soon'"),
         (lambda e: e.enqueue("echo", object()), "payload is not JSON-serialisable"),
-        (lambda e: e.enqueue("echo", {"at": datetime.now(UTC)}), "payload is not JSON-serial"),
-        (lambda e: e.enqueue("echo", b"bytes"), "payload is not JSON-serialisable"),
-        (lambda e: e.enqueue("echo", {1, 2}), "payload is not JSON-serialisable"),
+        # A datetime alone is stored in its JSON form; beside an object nothing makes JSON of,
+        # refused, named as it was.
+        (
+            lambda e: e.enqueue("echo", {"at": datetime.now(UTC), "what": object()}),
+            "payload is not JSON-serialisable: $.at is a datetime",
+        ),
+        (lambda e: e.enqueue("echo", b"{}"), "$ is a bytes (JSON text? json.loads() it first)"),
+        # A set is stored as a list: one holding NaN is refused as a list holding it is.
+        (lambda e: e.enqueue("echo", {"x": {float("nan")}}), "holds NaN at $.x[0]"),
         (lambda e: e.enqueue("echo", {}, headers={"x": 1}), "headers must be a dict of strings"),
         (lambda e: e.enqueue("echo", {}, priority="high"), "priority must be an integer"),
         (lambda e: e.enqueue_many("echo", [{}, object(), {}]), "payload is not JSON-serial"),
@@ -367,9 +375,9 @@ async def test_the_payload_cap_is_configurable(database: Path | None) -> None:
         "negative-delay-string",
         "unparsable-delay",
         "object-payload",
-        "datetime-in-payload",
+        "datetime-beside-an-object",
         "bytes-payload",
-        "set-payload",
+        "set-holding-nan",
         "non-string-header",
         "string-priority",
         "one-bad-payload-in-a-batch",

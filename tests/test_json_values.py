@@ -1,0 +1,103 @@
+"""What pydantic makes JSON of is stored in that form: a payload, an event's payload or a node's
+return value that is a pydantic model, a dataclass, a datetime, a UUID, a Decimal, an enum or a
+set. A model in a workflow file failed as it was first used ("`Order` is not fully defined; you
+should define `datetime`"), and a node returning one failed its step ("$ is a Order")."""
+
+from __future__ import annotations
+
+import textwrap
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+from support import any_database, run_when
+
+from engine import Engine, RunStatus
+
+database = any_database
+pytestmark = pytest.mark.anyio
+
+FLOW = """
+import dataclasses, datetime, decimal, enum, uuid
+from pydantic import BaseModel
+from engine import Step, Workflow, WorkerTrigger, wait
+
+class Order(BaseModel):
+    id: str
+    placed: datetime.datetime
+    tags: set[str]
+
+@dataclasses.dataclass
+class Receipt:
+    total: decimal.Decimal
+    ref: uuid.UUID
+
+class Color(enum.Enum):
+    RED = "red"
+
+def take(ctx) -> Order:
+    order = Order.model_validate(ctx.body)  # the payload read back as the model it was
+    assert order.placed.tzinfo is not None
+    return order
+
+def charge(ctx) -> dict:
+    # What the step before returned, as stored: here, and in a run resumed elsewhere.
+    return {
+        "saw": ctx.state["take"],
+        "receipt": Receipt(decimal.Decimal("9.99"), uuid.UUID(int=7)),
+        "color": Color.RED,
+        "on": datetime.date(2026, 12, 8),
+    }
+
+workflow = Workflow(
+    name="orders",
+    trigger=WorkerTrigger(queue="orders"),
+    steps=[Step("take", take), Step("charge", charge), wait.for_event("approved")],
+)
+"""
+
+
+class OrderIn(BaseModel):
+    id: str
+    placed: datetime
+    tags: set[str]
+
+
+class Approval(BaseModel):
+    by: str
+    at: datetime
+
+
+@pytest.mark.parametrize("future", [False, True], ids=["annotations", "future-annotations"])
+async def test_models_dataclasses_and_datetimes_are_stored_as_their_json(
+    tmp_path: Path, database: Path | str | None, future: bool
+) -> None:
+    # `from __future__ import annotations` in the file makes pydantic look its types up in the
+    # file's module by name; without it, the engine's own future import leaked into the file.
+    folder = tmp_path / "workflows"
+    folder.mkdir()
+    header = "from __future__ import annotations\n" if future else ""
+    (folder / "orders.py").write_text(header + textwrap.dedent(FLOW))
+    placed = datetime(2026, 12, 8, 9, 30, tzinfo=UTC)
+    async with Engine(workflows=folder, database=database) as engine:
+        assert engine.reload_errors == {}
+        take_node = engine.workflow("orders").steps[0].node  # type: ignore[union-attr]
+        # The file's annotations are what the file says: objects, unless it postpones them.
+        assert isinstance(take_node.__annotations__["return"], str) is future
+        job = await engine.enqueue("orders", OrderIn(id="A1", placed=placed, tags={"gift"}))
+        waiting = await run_when(engine, job, RunStatus.WAITING)
+        await engine.send_event(waiting.id, "approved", Approval(by="ann", at=placed))
+        run = await engine.wait_for_job(job, timeout=10)
+    assert run.status is RunStatus.COMPLETED, run.error
+    order = {"id": "A1", "placed": "2026-12-08T09:30:00Z", "tags": ["gift"]}
+    assert run.input == order
+    take, charge, approved = run.steps
+    assert take.output == order
+    assert charge.output == {
+        "saw": order,
+        "receipt": {"total": "9.99", "ref": "00000000-0000-0000-0000-000000000007"},
+        "color": "red",
+        "on": "2026-12-08",
+    }
+    assert approved.output == run.output == {"by": "ann", "at": "2026-12-08T09:30:00Z"}
