@@ -19,6 +19,7 @@ from . import expressions
 from .backends.base import ScheduleSpec, ServedQueue, WorkerCatalog
 from .errors import EngineError, WorkflowDefinitionError
 from .events import EventBus, ReloadErrorCleared, ReloadFailed, WorkflowReloaded
+from .input_models import input_models
 from .loader import (
     IMPORT_TIMEOUT_S,
     LoadedFile,
@@ -32,7 +33,7 @@ from .models import Run, WorkflowInfo
 from .payload_fields import missing_fields
 from .primitives import Subworkflow, global_middleware, middleware_chain
 from .schedules import declared_settings, spec_of
-from .workflow import EventWaitStep, StepDefinition, Workflow
+from .workflow import EventWaitStep, Step, StepDefinition, Workflow
 
 RELOAD_ERROR = "blok_reload_error"  # a log record's attribute: also in `reload_errors`
 log = logging.getLogger("blok.catalog")
@@ -67,6 +68,14 @@ def body_fields(wf: Workflow) -> list[str]:
     for step in every_step(wf.steps):
         for expr in step.expressions():
             add(expr)
+        if isinstance(step, Step):
+            # `$.body` given to a parameter annotated with a model: its required fields.
+            for name, model in input_models(step.node):
+                below = step.inputs.get(name)
+                if isinstance(below, str) and (below + ".").startswith("$.body."):
+                    for field, info in model.model_fields.items():
+                        if info.is_required():
+                            add(f"{below}.{info.alias or field}")
     trigger = wf.trigger
     if trigger is not None:
         add(trigger.concurrency_key)

@@ -30,6 +30,7 @@ from .context import Context
 from .durations import exact_duration, parse_until
 from .errors import NonRetryable, UnstorableOutput
 from .events import AttemptFailed, EventBus, LogRecorded, StepFinished, StepStarted
+from .input_models import InputModelError, typed_inputs
 from .loader import user_names
 from .models import (
     TERMINAL_RUN_STATUSES,
@@ -524,9 +525,12 @@ class Runner:
                 resolving = KEY
                 resolved = self._resolve(step.idempotency_key, ctx)
                 key = None if resolved is None else str(resolved)  # None: nothing to cache
+            given = typed_inputs(step.node, inputs)  # a parameter annotated with a model: one
         except BaseException as error:
             if not user_error(error):
                 raise
+            if isinstance(error, InputModelError):
+                resolving = error.input
             record.status = StepStatus.FAILED
             record.error = bad_input(resolving, error)
             record.finished_at = self.clock.now()
@@ -586,9 +590,9 @@ class Runner:
                 scope = anyio.move_on_after(limit_s) if limit_s else None
                 with telemetry.OBSERVE.step(run, ctx, step.name, scope), scope or nullcontext():
                     if self.calls.is_async(step):
-                        result = await self.calls.run_async(run, step, where, ctx, inputs)
+                        result = await self.calls.run_async(run, step, where, ctx, given)
                     else:
-                        call = self.calls.start_sync(run, step, where, ctx, inputs)
+                        call = self.calls.start_sync(run, step, where, ctx, given)
                         result = await call.outcome()
                 if (scope is not None and scope.cancelled_caught) or (
                     limit_s is not None and time.monotonic() - began > limit_s

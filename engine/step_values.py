@@ -11,6 +11,7 @@ from typing import Any
 
 from . import expressions
 from .errors import UnstorableOutput
+from .input_models import InputModelError
 from .validation import InvalidInput, json_value
 
 # Below this many bits an int has fewer than Python's 4,300 digits that `str()` and json.dumps
@@ -86,6 +87,8 @@ def bad_input(name: str, error: BaseException) -> str:
         what, name = "bad input", f" {name}"
     if isinstance(error, expressions.ExpressionError):
         return f"{what}: {error}"
+    if isinstance(error, InputModelError):  # "bad input order: not a valid Order: id: …"
+        return f"{what}{name}: {error}"
     if isinstance(error, KeyError) and len(error.args) == 1:
         return f"{what}{name}: KeyError {error.args[0]!r}"
     return f"{what}{name}: {type(error).__name__}" + (f": {error}" if str(error) else "")

@@ -728,7 +728,7 @@ def _node_problem(node: Callable[..., Any], keys: list[str]) -> str | None:
     values: a generator function, or a signature that cannot take the context first and these
     input keys. None when it can, and when the node has no signature to read (a builtin such
     as `print`, a C function): what is not known is not refused."""
-    code, name = _callee(node)
+    code, name = node_callee(node)
     if inspect.isgeneratorfunction(code):
         return f"node {name} is a generator function; return the value instead"
     if inspect.isasyncgenfunction(code):
@@ -753,7 +753,7 @@ def _node_problem(node: Callable[..., Any], keys: list[str]) -> str | None:
     return None
 
 
-def _callee(node: Callable[..., Any]) -> tuple[Any, str]:
+def node_callee(node: Callable[..., Any]) -> tuple[Any, str]:
     """The code that runs when `node` is called (a partial's function, a method's, an object's
     `__call__`), and the name a message calls the node by."""
     inner: Any = node

@@ -13,7 +13,7 @@ import pytest
 from pydantic import BaseModel
 from support import any_database, run_when
 
-from engine import Engine, RunStatus
+from engine import Engine, JobState, RunStatus
 
 database = any_database
 pytestmark = pytest.mark.anyio
@@ -36,15 +36,16 @@ class Receipt:
 class Color(enum.Enum):
     RED = "red"
 
-def take(ctx) -> Order:
-    order = Order.model_validate(ctx.body)  # the payload read back as the model it was
-    assert order.placed.tzinfo is not None
+def take(ctx, order: Order) -> Order:
+    assert order.placed.tzinfo is not None  # the payload read back as the model it was
     return order
 
-def charge(ctx) -> dict:
-    # What the step before returned, as stored: here, and in a run resumed elsewhere.
+def charge(ctx, order: Order) -> dict:
     return {
+        # What the step before returned, as stored: here, and in a run resumed elsewhere;
+        # given to a parameter annotated with its model, that model again.
         "saw": ctx.state["take"],
+        "year": order.placed.year,
         "receipt": Receipt(decimal.Decimal("9.99"), uuid.UUID(int=7)),
         "color": Color.RED,
         "on": datetime.date(2026, 12, 8),
@@ -53,7 +54,11 @@ def charge(ctx) -> dict:
 workflow = Workflow(
     name="orders",
     trigger=WorkerTrigger(queue="orders"),
-    steps=[Step("take", take), Step("charge", charge), wait.for_event("approved")],
+    steps=[
+        Step("take", take, inputs={"order": "$.body"}),
+        Step("charge", charge, inputs={"order": "$.state.take"}),
+        wait.for_event("approved"),
+    ],
 )
 """
 
@@ -85,6 +90,9 @@ async def test_models_dataclasses_and_datetimes_are_stored_as_their_json(
         take_node = engine.workflow("orders").steps[0].node  # type: ignore[union-attr]
         # The file's annotations are what the file says: objects, unless it postpones them.
         assert isinstance(take_node.__annotations__["return"], str) is future
+        # What the console's inject template holds and `enqueue` warns of: the model's fields.
+        (info,) = await engine.workflows()
+        assert info.body_fields == ["id", "placed", "tags"]
         job = await engine.enqueue("orders", OrderIn(id="A1", placed=placed, tags={"gift"}))
         waiting = await run_when(engine, job, RunStatus.WAITING)
         await engine.send_event(waiting.id, "approved", Approval(by="ann", at=placed))
@@ -96,8 +104,29 @@ async def test_models_dataclasses_and_datetimes_are_stored_as_their_json(
     assert take.output == order
     assert charge.output == {
         "saw": order,
+        "year": 2026,
         "receipt": {"total": "9.99", "ref": "00000000-0000-0000-0000-000000000007"},
         "color": "red",
         "on": "2026-12-08",
     }
     assert approved.output == run.output == {"by": "ann", "at": "2026-12-08T09:30:00Z"}
+
+
+async def test_an_input_that_is_not_a_valid_model_fails_its_step_once_in_one_line(
+    tmp_path: Path, database: Path | str | None
+) -> None:
+    folder = tmp_path / "workflows"
+    folder.mkdir()
+    (folder / "orders.py").write_text(textwrap.dedent(FLOW))
+    async with Engine(workflows=folder, database=database) as engine:
+        job = await engine.enqueue("orders", {"id": "A1", "placed": "yesterday"})
+        run = await engine.wait_for_job(job, timeout=10)
+        dead = (await engine.get_job(job)).state
+    assert run.status is RunStatus.FAILED
+    # The body is what it is at every delivery: dead-lettered without the job's retries.
+    assert dead is JobState.DEAD and len(run.steps[0].attempts) == 0
+    assert run.error is not None and run.error.startswith(
+        "[step 1/3] take failed: bad input order: not a valid Order: placed: Input should be a "
+        "valid datetime or date, "
+    ), run.error
+    assert "; tags: Field required" in run.error and "\n" not in run.error, run.error
