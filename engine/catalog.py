@@ -70,9 +70,9 @@ def body_fields(wf: Workflow) -> list[str]:
             add(expr)
         if isinstance(step, Step):
             # `$.body` given to a parameter annotated with a model: its required fields.
-            for name, model in input_models(step.node):
+            for name, _, model, shown in input_models(step.node):
                 below = step.inputs.get(name)
-                if isinstance(below, str) and (below + ".").startswith("$.body."):
+                if shown == model.__name__ and (str(below) + ".").startswith("$.body."):
                     for field, info in model.model_fields.items():
                         if info.is_required():
                             add(f"{below}.{info.alias or field}")

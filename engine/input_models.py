@@ -12,12 +12,25 @@ from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, PydanticSchemaGenerationError, TypeAdapter, ValidationError
 
 from .explain import explain
+from .loader import user_names
 from .workflow import node_callee
 
-Models = tuple[tuple[str, type[BaseModel]], ...]  # (parameter, model), in the signature's order
+# (parameter, how its input becomes what it is annotated with, the model in it, its name)
+Models = tuple[tuple[str, TypeAdapter[Any], type[BaseModel], str], ...]
+
+
+def _model_in(hint: Any) -> type[BaseModel] | None:
+    """The pydantic model `hint` is or holds (`Order`, `list[Order]`, `Order | None`)."""
+    if inspect.isclass(hint) and issubclass(hint, BaseModel):
+        return hint
+    for arg in typing.get_args(hint):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
 
 
 class InputModelError(ValueError):
@@ -36,18 +49,26 @@ def _find(node: Callable[..., Any]) -> Models:
         hints = typing.get_type_hints(code)
     except Exception:
         return ()  # its inputs are given as they are, as they always were
-    return tuple(
-        (name, hint)
-        for name, hint in hints.items()
-        if name != "return" and inspect.isclass(hint) and issubclass(hint, BaseModel)
-    )
+    found = []
+    for name, hint in hints.items():
+        model = _model_in(hint) if name != "return" else None
+        if model is None:
+            continue
+        try:
+            adapter: TypeAdapter[Any] = TypeAdapter(hint)
+        except PydanticSchemaGenerationError:  # `tuple[Order, Socket]`: given as it was
+            continue
+        shown = model.__name__ if hint is model else user_names(repr(hint))
+        found.append((name, adapter, model, shown))
+    return tuple(found)
 
 
 _cached = lru_cache(maxsize=4096)(_find)
 
 
 def input_models(node: Callable[..., Any]) -> Models:
-    """The parameters of `node` annotated with a pydantic model, found once per node."""
+    """The parameters of `node` annotated with a pydantic model (or a type that holds one:
+    `list[Order]`, `Order | None`), found once per node."""
     try:
         return _cached(node)
     except TypeError:  # a callable object that cannot be hashed: looked at each call
@@ -61,11 +82,11 @@ def typed_inputs(node: Callable[..., Any], inputs: dict[str, Any]) -> dict[str, 
     if not models:
         return inputs
     given = dict(inputs)
-    for name, model in models:
-        if name in given and not isinstance(given[name], model):
+    for name, adapter, model, shown in models:
+        if name in given:
             try:
-                given[name] = model.model_validate(given[name])
+                given[name] = adapter.validate_python(given[name])  # a model: as it is
             except ValidationError as error:
                 said = explain(error, model)
-                raise InputModelError(name, f"not a valid {model.__name__}: {said}") from None
+                raise InputModelError(name, f"not a valid {shown}: {said}") from None
     return given

@@ -40,8 +40,10 @@ def take(ctx, order: Order) -> Order:
     assert order.placed.tzinfo is not None  # the payload read back as the model it was
     return order
 
-def charge(ctx, order: Order) -> dict:
+def charge(ctx, order: Order, history: list[Order], last: Order | None) -> dict:
     return {
+        "years": [o.placed.year for o in history],  # a list of models, a model or None
+        "last": last,
         # What the step before returned, as stored: here, and in a run resumed elsewhere;
         # given to a parameter annotated with its model, that model again.
         "saw": ctx.state["take"],
@@ -56,7 +58,12 @@ workflow = Workflow(
     trigger=WorkerTrigger(queue="orders"),
     steps=[
         Step("take", take, inputs={"order": "$.body"}),
-        Step("charge", charge, inputs={"order": "$.state.take"}),
+        Step(
+            "charge",
+            charge,
+            inputs={"order": "$.state.take", "history": lambda ctx: [ctx.state["take"]] * 2,
+                    "last": lambda ctx: None},
+        ),
         wait.for_event("approved"),
     ],
 )
@@ -103,6 +110,8 @@ async def test_models_dataclasses_and_datetimes_are_stored_as_their_json(
     take, charge, approved = run.steps
     assert take.output == order
     assert charge.output == {
+        "years": [2026, 2026],
+        "last": None,
         "saw": order,
         "year": 2026,
         "receipt": {"total": "9.99", "ref": "00000000-0000-0000-0000-000000000007"},
