@@ -25,7 +25,7 @@ from .backends.base import ScheduleSpec, ScheduleState, WorkerCatalog
 from .durations import Duration, exact_duration
 from .errors import WorkflowDefinitionError
 from .explain import explain
-from .validation import InvalidInput, check_payload
+from .validation import InvalidInput, json_value
 
 CatchUp = Literal["latest", "all", "none"]
 CRON_MACROS = {
@@ -68,7 +68,8 @@ class Schedule(BaseModel):
                 f"Schedule: every must be at least {exact_duration(MIN_EVERY_MS)}, not {shown}"
             )
         try:  # what enqueue would refuse, refused where it is written, not at every tick
-            check_payload(self.payload, None, what="payload")
+            # A model or a datetime in its JSON form, as enqueue stores it (frozen: set once).
+            object.__setattr__(self, "payload", json_value(self.payload, None, what="payload"))
         except InvalidInput as error:
             raise WorkflowDefinitionError(f"Schedule: {error}") from None
         if (self.cron is None) == (self.every is None):

@@ -6,14 +6,14 @@ should define `datetime`"), and a node returning one failed its step ("$ is a Or
 from __future__ import annotations
 
 import textwrap
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from pathlib import Path
 
 import pytest
 from pydantic import BaseModel
 from support import any_database, run_when
 
-from engine import Engine, JobState, RunStatus
+from engine import Engine, JobState, RunStatus, Schedule
 
 database = any_database
 pytestmark = pytest.mark.anyio
@@ -139,3 +139,18 @@ async def test_an_input_that_is_not_a_valid_model_fails_its_step_once_in_one_lin
         "valid datetime or date, "
     ), run.error
     assert "; tags: Field required" in run.error and "\n" not in run.error, run.error
+
+
+def test_a_schedules_payload_is_stored_as_enqueue_stores_it() -> None:
+    # Refused where it was written ("$.since is a date") where enqueue takes the same payload.
+    schedule = Schedule(
+        every="1m",
+        payload={
+            "since": date(2026, 12, 8),
+            "o": OrderIn(id="A1", placed=datetime(2026, 12, 8, tzinfo=UTC), tags=set()),
+        },
+    )
+    assert schedule.payload == {
+        "since": "2026-12-08",
+        "o": {"id": "A1", "placed": "2026-12-08T00:00:00Z", "tags": []},
+    }
