@@ -672,22 +672,27 @@ class Ledger:
         return run
 
     def take_over(
-        self, claim: Claim, queue: JobQueue, run: Run, seen: datetime | None = None
+        self,
+        claim: Claim,
+        queue: JobQueue,
+        run: Run,
+        seen: datetime | None = None,
+        reason: str | None = None,
     ) -> Run | None:
         """A claim took the job over from a worker that stopped renewing its lease: a run that
         worker had started is recorded crashed, and this delivery runs a new one; None when
         that was the job's last crash (`_crashed`): it went to the dead-letter queue. `seen`:
-        that worker's last heartbeat, if it is known."""
+        that worker's last heartbeat, if it is known; `reason`: why, where the claimer knows."""
         # Not "crashed: …": the run's status says so, and what shows the error shows it after
         # the status ("crashed: crashed: …" otherwise).
-        if run.status is RunStatus.QUEUED:
+        if reason is None and run.status is RunStatus.QUEUED:
             # Handed to that worker, which may have begun the run before its start landed.
             reason = (
                 f"worker {claim.taken_from} stopped renewing its lease (lease expired) before "
                 "the run's start was recorded; the run may have begun there; the job was taken "
                 "over by another worker"
             )
-        else:
+        elif reason is None:
             reason = (
                 f"worker {claim.taken_from} stopped renewing its lease (lease expired); the job "
                 "was taken over by another worker"

@@ -15,6 +15,7 @@ import logging
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING
 
@@ -30,10 +31,39 @@ log = logging.getLogger("blok.watchdog")
 WATCHDOG_S = 1.0  # a loop that has not turned for this long is reported
 
 
+@dataclass(frozen=True, slots=True)
+class Stall:
+    """The loop's latest stall, as far as it is seen: how long it lasted, when the watchdog
+    last saw it (time.monotonic), what held the loop (None: not a step's node), or whether the
+    whole process was suspended instead. A worker whose leases ran out says so with it."""
+
+    seconds: float
+    seen: float
+    by: tuple[str, str, str] | None  # the node's step, its run ("run_x (workflow)"), its line
+    suspended: bool = False
+
+    def said(self, run_id: str | None = None) -> str:
+        """In a phrase; the run left out where it is `run_id` (said in that run's error)."""
+        if self.suspended:
+            return f"this process was suspended for {self.seconds:.1f}s (SIGSTOP, a paused machine)"
+        if self.by is None:
+            return f"its event loop was blocked for {self.seconds:.1f}s, not by a step's node"
+        step, run, line = self.by
+        of = "" if run_id is not None and run.startswith(f"{run_id} ") else f" of run {run}"
+        return (
+            f"its event loop was blocked for {self.seconds:.1f}s by {step}{of}{line} (an async "
+            "node must not call blocking code: make it a plain def, or await "
+            "anyio.to_thread.run_sync)"
+        )
+
+
 class LoopWatchdog:
     def __init__(self, calls: NodeCalls, threshold_s: float = WATCHDOG_S) -> None:
         self.calls = calls
         self.threshold_s = threshold_s
+        # Set from the watching thread while a stall lasts (an attribute set whole: the loop
+        # reads it once it turns again, before this thread has seen it turn).
+        self.last: Stall | None = None
         self._beat = time.monotonic()
         self._loop_thread: int | None = None
         self._stop = threading.Event()
@@ -58,10 +88,12 @@ class LoopWatchdog:
     def _watch(self) -> None:
         stalled_since: float | None = None
         culprit: tuple[int, tuple[str, str, str]] | None = None
+        by: tuple[str, str, str] | None = None
         woke, cpu = time.monotonic(), time.process_time()
         while not self._stop.wait(self.threshold_s / 4):
             now = time.monotonic()
             if self._suspended(now - woke, time.process_time() - cpu):
+                self.last = Stall(now - woke, now, None, suspended=True)
                 self._beat = now  # the loop turns again as the process does: no stall
                 stalled_since, culprit = None, None
             woke, cpu = now, time.process_time()
@@ -82,7 +114,7 @@ class LoopWatchdog:
                 # the same turn of the loop, and the stall is then the node's.
                 culprit = self._culprit()
                 if culprit is not None:
-                    self._name(culprit, blocked, self._blocking_line())
+                    by = self._name(culprit, blocked, self._blocking_line())
                 elif starts:
                     log.warning(
                         "the event loop has been blocked for %.1fs, not by a step's node "
@@ -91,6 +123,7 @@ class LoopWatchdog:
                     )
             if culprit is not None and culprit[0] in self.calls.async_frames:
                 self.calls.stalls[culprit[0]] = now - stalled_since
+            self.last = Stall(now - stalled_since, now, by if culprit is not None else None)
 
     def _suspended(self, slept: float, cpu: float) -> bool:
         """Whether this whole process was stopped (SIGSTOP, a paused VM, a suspended laptop)
@@ -106,18 +139,20 @@ class LoopWatchdog:
         return True
 
     @staticmethod
-    def _name(culprit: tuple[int, tuple[str, str, str]], blocked: float, line: str | None) -> None:
+    def _name(
+        culprit: tuple[int, tuple[str, str, str]], blocked: float, line: str | None
+    ) -> tuple[str, str, str]:
+        """Log which step blocks the loop; that step, its run and line, as a phrase."""
         run_id, workflow, where = culprit[1]
+        by = (where, f"{run_id} ({workflow})", f" at {line}" if line else "")
         log.warning(
-            "the event loop has been blocked for %.1fs by %s of run %s (%s)%s: an async node "
-            "must not call blocking code (time.sleep, sync I/O); make it a plain def, or await "
+            "the event loop has been blocked for %.1fs by %s of run %s%s: an async node must "
+            "not call blocking code (time.sleep, sync I/O); make it a plain def, or await "
             "anyio.to_thread.run_sync",
             blocked,
-            where,
-            run_id,
-            workflow,
-            f" at {line}" if line else "",
+            *by,
         )
+        return by
 
     def _blocking_line(self) -> str | None:
         """The line of the user's code the loop thread is at (the node's, or a helper's it

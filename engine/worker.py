@@ -501,7 +501,15 @@ class Worker:
             # have begun it before its start was committed: it crashed there.
             workers = await self.backend.shared.workers()  # its last heartbeat: the run's end
             seen = next((w.heartbeat_at for w in workers if w.id == claim.taken_from), None)
-            run = self.ledger.take_over(claim, runtime.queue, run, seen)
+            mine = None
+            if claim.taken_from == self.info.id:  # its own lease, run out while it stalled
+                why = self.stalled_since(time.monotonic() - 2 * self.lease_s, run.id)
+                mine = (
+                    f"this worker ({self.info.id}) did not renew its lease in time (lease "
+                    "expired), "
+                    f"{why or 'its database out of reach'}; it took the job over from itself"
+                )
+            run = self.ledger.take_over(claim, runtime.queue, run, seen, reason=mine)
             if run is None:
                 return None
         elif job.resume or run.cursor:
@@ -601,13 +609,14 @@ class Worker:
                 # lease for longer than it lasts (this process was frozen): not ours to record.
                 handle.lost = True
                 log.warning(
-                    "run %s: worker %s lost the lease on job %s (not renewed in time: this "
-                    "process was frozen, or its database out of reach); its outcome here is not "
-                    "recorded: the worker that claims the job next records the run crashed and "
-                    "runs the job again",
+                    "run %s: worker %s lost the lease on job %s (not renewed in time: %s); its "
+                    "outcome here is not recorded: the worker that claims the job next records "
+                    "the run crashed and runs the job again",
                     run.id,
                     self.info.id,
                     job.id,
+                    self.stalled_since(claim.held_since, run.id)
+                    or "this process was frozen, or its database out of reach",
                 )
                 self.left[job.id] = (job.epoch, time.monotonic())
                 return
@@ -663,6 +672,12 @@ class Worker:
                 self.by_job.pop(job.id, None)
                 self.runner.calls.forget(handle.run.id)
                 handle.end()
+
+    def stalled_since(self, since: float, run_id: str) -> str | None:
+        """Why leases ran out, if the loop stalled (or the process was suspended) after
+        `since` (time.monotonic): "its event loop was blocked for 5.0s by [step 1/1] …"."""
+        stall = self._watchdog.last if self._watchdog is not None else None
+        return stall.said(run_id) if stall is not None and stall.seen >= since else None
 
     def _stopped(self, handle: RunHandle, workflow: Workflow) -> None:
         """A run the worker stopped (past a drain's grace): recorded where it stopped, with

@@ -179,6 +179,34 @@ async def test_an_async_node_blocking_the_loop_is_named_and_timed_out(
     assert any("blocked the event loop for" in line.message for line in run.logs)
 
 
+async def test_a_lease_run_out_while_a_node_blocked_the_loop_says_so_in_the_crashed_run(
+    database: Path | None,
+) -> None:
+    # The worker's own claim took the job over once the loop ran again, and the crashed run
+    # said "worker X stopped renewing its lease; the job was taken over by another worker":
+    # there was no other worker, and nothing said what to change.
+    async def blocker(ctx: Any) -> str:
+        if ctx.params["attempt"] == 1:
+            time.sleep(1.6)  # noqa: ASYNC251 - past the 1 s lease, the loop blocked  # blocks
+        return "done"
+
+    wf = Workflow(name="blocks", trigger=WorkerTrigger(queue="blocks"), steps=[Step("b", blocker)])
+    async with Engine(workflows=[wf], database=database, lease=1, watchdog=0.2) as engine:
+        job = await engine.enqueue("blocks", {})
+        run = await engine.wait_for_job(job, timeout=15)
+        first = (await engine.runs(queue="blocks", status=RunStatus.CRASHED))[0]
+    assert run.status is RunStatus.COMPLETED and run.job_attempt == 2
+    at = marked_line(__file__, "# blocks")
+    assert first.error is not None and first.error.startswith(
+        f"this worker ({engine.worker.id}) did not renew its lease in time (lease expired), its "
+        "event loop was blocked for "
+    ), first.error
+    assert first.error.endswith(
+        f"s by [step 1/1] b at {at} (an async node must not call blocking code: make it a plain "
+        "def, or await anyio.to_thread.run_sync); it took the job over from itself"
+    ), first.error
+
+
 async def test_a_stall_that_a_node_takes_over_in_the_same_turn_is_named(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -296,4 +296,7 @@ async def test_a_lone_worker_frozen_past_its_lease_runs_the_job_again_on_waking(
         old = await producer.get_run(first)
     assert run.status is RunStatus.COMPLETED and run.id != first, run
     assert old.status is RunStatus.CRASHED and "lease expired" in (old.error or ""), old
+    # Said as it was: this worker's own claim took it over, after the process was stopped.
+    assert "this process was suspended for " in (old.error or ""), old.error
+    assert (old.error or "").endswith("it took the job over from itself"), old.error
     assert "not renewed in time" in log.read_text()
