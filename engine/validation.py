@@ -282,6 +282,9 @@ def json_value(payload: Any, max_bytes: int | None, *, what: str = "payload") ->
         if isinstance(payload, bytes | bytearray | memoryview):
             # Most likely JSON text (a request's body): parsed or decoded, not guessed at.
             raise NotJsonType(f"{refused} (JSON text? json.loads() it first)") from None
+        # Walked again past such values: an int key or a NaN beside a datetime is refused as
+        # it is alone (pydantic would make the key a string).
+        _walk(payload, max_bytes, what, foreign=True)
         try:
             converted = to_jsonable_python(payload)
         except (PydanticSerializationError, ValueError, TypeError, RecursionError):
@@ -293,9 +296,11 @@ def json_value(payload: Any, max_bytes: int | None, *, what: str = "payload") ->
 _Node = tuple[Any, "_Node | None", "str | int | None"]  # value, parent, key in the parent
 
 
-def _walk(payload: Any, max_bytes: int | None, what: str) -> None:
+def _walk(payload: Any, max_bytes: int | None, what: str, *, foreign: bool = False) -> None:
+    """Raise InvalidInput at the first value no backend stores; `foreign`: values JSON has no
+    type for (a datetime, a model) pass, for pydantic to convert."""
     if not isinstance(payload, dict | list | tuple):
-        _check_leaf(payload, what, (payload, None, None))
+        _check_leaf(payload, what, (payload, None, None), foreign)
         return
     stack: list[_Node] = [(payload, None, None)]
     depths = [1]  # how deep each container on the stack sits
@@ -336,10 +341,10 @@ def _walk(payload: Any, max_bytes: int | None, what: str) -> None:
                 stack.append((child, node, key))
                 depths.append(depth + 1)
             else:
-                _check_leaf(child, what, (child, node, key))
+                _check_leaf(child, what, (child, node, key), foreign)
 
 
-def _check_leaf(value: Any, what: str, node: _Node) -> None:
+def _check_leaf(value: Any, what: str, node: _Node, foreign: bool = False) -> None:
     """A value that is not a container: a string, a number, a boolean or null."""
     if isinstance(value, str):
         if _UNSTORABLE.search(value):
@@ -348,7 +353,7 @@ def _check_leaf(value: Any, what: str, node: _Node) -> None:
         if not math.isfinite(value):
             shown = "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
             raise InvalidInput(f"{what} holds {shown} at {_path(node)}: not standard JSON")
-    elif value is not None and not isinstance(value, int):
+    elif value is not None and not isinstance(value, int) and not foreign:
         hint = ""
         if inspect.iscoroutine(value):  # an async helper called without await, in a dict
             value.close()  # else Python's "never awaited" warning points into the engine
