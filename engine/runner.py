@@ -529,8 +529,8 @@ class Runner:
         except BaseException as error:
             if not user_error(error):
                 raise
-            if isinstance(error, InputModelError):
-                resolving = error.input
+            if isinstance(error, InputModelError):  # made, and refused by its model: shown
+                resolving, record.input = error.input, ctx.redact_value(inputs)
             record.status = StepStatus.FAILED
             record.error = bad_input(resolving, error)
             record.finished_at = self.clock.now()

@@ -139,6 +139,8 @@ async def test_an_input_that_is_not_a_valid_model_fails_its_step_once_in_one_lin
         "valid datetime or date, "
     ), run.error
     assert "; tags: Field required" in run.error and "\n" not in run.error, run.error
+    # What it was given, to see beside why its model refused it.
+    assert run.steps[0].input == {"order": {"id": "A1", "placed": "yesterday"}}
 
 
 def test_a_schedules_payload_is_stored_as_enqueue_stores_it() -> None:
