@@ -47,8 +47,8 @@ def _find(node: Callable[..., Any]) -> Models:
         return ()  # a class as a node: its fields are its own to validate
     try:
         hints = typing.get_type_hints(code)
-    except Exception:
-        return ()  # its inputs are given as they are, as they always were
+    except Exception:  # a name only a type checker sees (under TYPE_CHECKING), a bad hint:
+        return ()  # not a model this engine can make; its inputs are given as they are
     found = []
     for name, hint in hints.items():
         model = _model_in(hint) if name != "return" else None

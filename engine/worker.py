@@ -504,10 +504,10 @@ class Worker:
             mine = None
             if claim.taken_from == self.info.id:  # its own lease, run out while it stalled
                 why = self.stalled_since(time.monotonic() - 2 * self.lease_s, run.id)
+                why = why or "its database out of reach"
                 mine = (
                     f"this worker ({self.info.id}) did not renew its lease in time (lease "
-                    "expired), "
-                    f"{why or 'its database out of reach'}; it took the job over from itself"
+                    f"expired), {why}; it took the job over from itself"
                 )
             run = self.ledger.take_over(claim, runtime.queue, run, seen, reason=mine)
             if run is None:
