@@ -1060,6 +1060,13 @@ async def _worker(args: argparse.Namespace) -> None:
                     f"nothing to serve: every workflow file in {folder} failed to load "
                     f"({len(failed)}; their errors are above), and --no-watch waits for no fix"
                 )
+            if failed and not queues:
+                # Up and watching, serving nothing: said, not left to "serving queues (none)".
+                log.warning(
+                    "no workflow loaded: every workflow file in %s failed (their errors are "
+                    "above); each is served once it is fixed and saved",
+                    folder,
+                )
             names = ", ".join(queues) or "(none)"
             print(
                 f"blok worker {engine.worker.id} serving queues {names} on "

@@ -959,6 +959,13 @@ def _version_of(path: Path, name: str) -> str:
     return next(w.version for w in load_file(path).workflows if w.name == name)
 
 
+FIXED_FLOW = """
+from engine import Step, WorkerTrigger, Workflow
+workflow = Workflow(name="fixed", trigger=WorkerTrigger(queue="fixed"),
+                    steps=[Step("s", lambda ctx: 1)])
+"""
+
+
 def test_a_worker_with_no_watch_whose_every_file_failed_exits_1(tmp_path: Path) -> None:
     """It served nothing, for good, alive and registered: a supervisor saw a healthy worker.
     With watching (the default) it waits for the fix; one file of several failing is served
@@ -975,3 +982,16 @@ def test_a_worker_with_no_watch_whose_every_file_failed_exits_1(tmp_path: Path) 
         "(1; their errors are above), and --no-watch waits for no fix"
     )
     assert blok("workers", "--db", database).stdout.strip() == "no workers registered"
+    # Watching, it waits for the fix, and says so (it said "serving queues (none)" alone).
+    worker = start_worker(database, folder)
+    try:
+        (folder / "broken.py").write_text(FIXED_FLOW)
+        eventually(lambda: "reloaded" in worker.stderr_path.read_text(), timeout=30)
+    finally:
+        assert worker.stop() == 0
+    said = worker.stderr_path.read_text()
+    assert worker.ready_line.endswith(f"serving queues (none) on {database}"), worker.ready_line
+    assert (
+        f"no workflow loaded: every workflow file in {folder} failed (their errors are above); "
+        "each is served once it is fixed and saved"
+    ) in said, said
