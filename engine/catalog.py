@@ -27,6 +27,7 @@ from .loader import (
     file_digest,
     is_workflow_call,
     load_file_with_timeout,
+    passed_over,
     workflow_files,
 )
 from .models import Run, WorkflowInfo
@@ -237,6 +238,13 @@ class Catalog:
             files = [path] if path.is_file() else sorted(workflow_files(path), key=_modified)
             for file in files:
                 self.load(file)
+            for file in [] if path.is_file() else passed_over(path.resolve()):
+                log.warning(
+                    "%s defines a workflow in a subfolder, and is not loaded: only the .py files "
+                    "directly in %s are (move it up, or import its workflow from a file there)",
+                    file,
+                    path,
+                )
             self.files = dict(sorted(self.files.items()))
             self.apply()
             return

@@ -73,6 +73,33 @@ def workflow_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.glob("*.py") if is_workflow_file(p))
 
 
+_DEFINES = re.compile(r"^workflows?\s*(:[^=]*)?=", re.MULTILINE)
+
+
+def passed_over(folder: Path, most: int = 200) -> list[Path]:
+    """Files in `folder`'s subfolders that define a workflow (they assign `workflow` or
+    `workflows`) and that no loaded file imported: only the folder's own files are loaded,
+    and a `workflows/billing/invoice.py` was passed over without a word. Up to `most` files
+    are looked at, in subfolders not hidden or private (`.venv`, `__pycache__`, `_lib`)."""
+    imported = {getattr(m, "__file__", None) for m in list(sys.modules.values())}
+    found: list[Path] = []
+    looked = 0
+    for path in sorted(folder.glob("*/**/*.py")):
+        parts = path.relative_to(folder).parts
+        if any(part.startswith((".", "_")) for part in parts[:-1]) or looked >= most:
+            continue
+        looked += 1
+        if str(path) in imported or not is_workflow_file(path):
+            continue
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue  # gone since the glob, or unreadable: nothing to say of it
+        if "Workflow(" in text and _DEFINES.search(text):
+            found.append(path)
+    return found
+
+
 def is_workflow_file(path: Path) -> bool:
     """A top-level *.py that is neither a helper (`_name.py`) nor an editor's lock or backup
     file (`.#name.py`, `.name.py`)."""

@@ -391,6 +391,32 @@ async def test_a_helper_not_named_with_an_underscore_is_a_helper_once_a_workflow
         assert (run.output, engine.reload_errors) == ({"label": 20}, {})
 
 
+async def test_a_workflow_file_in_a_subfolder_is_said_to_be_passed_over(
+    folder: Path, tmp_path: Path, gates: Gates, caplog: pytest.LogCaptureFixture
+) -> None:
+    # `workflows/billing/invoice.py` served nothing and nothing said why.
+    (folder / "billing").mkdir()
+    (folder / "billing" / "invoice.py").write_text(
+        flow_source("", name="billing.invoice", queue="invoices")
+    )
+    # Imported by a file of the folder, a subfolder's workflow is served: nothing to say.
+    (folder / "shop").mkdir()
+    (folder / "shop" / "__init__.py").write_text("")
+    (folder / "shop" / "cart.py").write_text(flow_source("", name="shop.cart", queue="carts"))
+    (folder / "shop_flows.py").write_text("from shop.cart import workflow\n")
+    (folder / "_lib").mkdir()  # private, as helpers are: not looked at
+    (folder / "_lib" / "flows.py").write_text(flow_source("", name="lib", queue="lib"))
+    caplog.set_level(logging.WARNING, logger="blok.catalog")
+    async with running(folder, tmp_path / "blok.db") as (engine, _):
+        assert sorted(engine.served_queues()) == ["carts"]
+    said = [r.getMessage() for r in caplog.records if "subfolder" in r.getMessage()]
+    assert said == [
+        f"{(folder / 'billing' / 'invoice.py').resolve()} defines a workflow in a subfolder, "
+        f"and is not loaded: only the .py files directly in {folder} are (move it up, or "
+        "import its workflow from a file there)"
+    ], said
+
+
 async def test_a_helpers_edit_says_only_the_workflows_it_changed(
     folder: Path, tmp_path: Path, gates: Gates, caplog: pytest.LogCaptureFixture
 ) -> None:
