@@ -1060,11 +1060,14 @@ async def _worker(args: argparse.Namespace) -> None:
                     f"nothing to serve: every workflow file in {folder} failed to load "
                     f"({len(failed)}; their errors are above), and --no-watch waits for no fix"
                 )
-            if failed and not queues:
+            if not queues:
                 # Up and watching, serving nothing: said, not left to "serving queues (none)".
                 log.warning(
                     "no workflow loaded: every workflow file in %s failed (their errors are "
-                    "above); each is served once it is fixed and saved",
+                    "above); each is served once it is fixed and saved"
+                    if failed
+                    else "no queue to serve: %s holds no workflow with a WorkerTrigger (the .py "
+                    "files directly in it); each is served once it is saved there",
                     folder,
                 )
             names = ", ".join(queues) or "(none)"

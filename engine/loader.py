@@ -80,23 +80,30 @@ def passed_over(folder: Path, most: int = 200) -> list[Path]:
     """Files in `folder`'s subfolders that define a workflow (they assign `workflow` or
     `workflows`) and that no loaded file imported: only the folder's own files are loaded,
     and a `workflows/billing/invoice.py` was passed over without a word. Up to `most` files
-    are looked at, in subfolders not hidden or private (`.venv`, `__pycache__`, `_lib`)."""
+    are looked at (a folder given as a project's root may hold a virtualenv), in subfolders
+    not hidden or private (`.venv`, `__pycache__`, `_lib`)."""
     imported = {getattr(m, "__file__", None) for m in list(sys.modules.values())}
     found: list[Path] = []
     looked = 0
-    for path in sorted(folder.glob("*/**/*.py")):
-        parts = path.relative_to(folder).parts
-        if any(part.startswith((".", "_")) for part in parts[:-1]) or looked >= most:
+    for top, dirs, files in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
+        if Path(top) == folder:
             continue
-        looked += 1
-        if str(path) in imported or not is_workflow_file(path):
-            continue
-        try:
-            text = path.read_text(errors="replace")
-        except OSError:
-            continue  # gone since the glob, or unreadable: nothing to say of it
-        if "Workflow(" in text and _DEFINES.search(text):
-            found.append(path)
+        for name in sorted(files):
+            path = Path(top) / name
+            if looked >= most:
+                return found
+            if not is_workflow_file(path):
+                continue
+            looked += 1
+            if str(path) in imported:
+                continue
+            try:
+                text = path.read_text(errors="replace")
+            except OSError:
+                continue  # gone since it was listed, or unreadable: nothing to say of it
+            if "Workflow(" in text and _DEFINES.search(text):
+                found.append(path)
     return found
 
 

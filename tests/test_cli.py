@@ -966,6 +966,20 @@ workflow = Workflow(name="fixed", trigger=WorkerTrigger(queue="fixed"),
 """
 
 
+def test_a_worker_on_a_folder_with_no_workflow_says_it_has_no_queue_to_serve(
+    tmp_path: Path,
+) -> None:
+    # `--workflows` given the wrong folder: "serving queues (none)", and nothing more.
+    folder = tmp_path / "flows"
+    folder.mkdir()
+    worker = start_worker(tmp_path / "blok.db", folder)
+    assert worker.stop() == 0
+    assert (
+        f"no queue to serve: {folder} holds no workflow with a WorkerTrigger (the .py files "
+        "directly in it); each is served once it is saved there"
+    ) in worker.stderr_path.read_text()
+
+
 def test_a_worker_with_no_watch_whose_every_file_failed_exits_1(tmp_path: Path) -> None:
     """It served nothing, for good, alive and registered: a supervisor saw a healthy worker.
     With watching (the default) it waits for the fix; one file of several failing is served
