@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import inspect
 import typing
+import weakref
 from collections.abc import Callable
-from functools import lru_cache
 from typing import Any
 
 from pydantic import BaseModel, PydanticSchemaGenerationError, TypeAdapter, ValidationError
@@ -63,15 +63,20 @@ def _find(node: Callable[..., Any]) -> Models:
     return tuple(found)
 
 
-_cached = lru_cache(maxsize=4096)(_find)
+# Weakly: a node of a file's old version goes with it (a reload makes new functions, and a
+# cache that held them held each old version's module).
+_found: weakref.WeakKeyDictionary[Callable[..., Any], Models] = weakref.WeakKeyDictionary()
 
 
 def input_models(node: Callable[..., Any]) -> Models:
     """The parameters of `node` annotated with a pydantic model (or a type that holds one:
     `list[Order]`, `Order | None`), found once per node."""
     try:
-        return _cached(node)
-    except TypeError:  # a callable object that cannot be hashed: looked at each call
+        return _found[node]
+    except KeyError:
+        models = _found[node] = _find(node)
+        return models
+    except TypeError:  # an object that cannot be hashed or weakly referred to: each call
         return _find(node)
 
 

@@ -5,7 +5,9 @@ should define `datetime`"), and a node returning one failed its step ("$ is a Or
 
 from __future__ import annotations
 
+import gc
 import textwrap
+import weakref
 from datetime import UTC, date, datetime
 from pathlib import Path
 
@@ -14,6 +16,7 @@ from pydantic import BaseModel
 from support import any_database, run_when
 
 from engine import Engine, JobState, RunStatus, Schedule
+from engine.input_models import input_models
 
 database = any_database
 pytestmark = pytest.mark.anyio
@@ -156,3 +159,16 @@ def test_a_schedules_payload_is_stored_as_enqueue_stores_it() -> None:
         "since": "2026-12-08",
         "o": {"id": "A1", "placed": "2026-12-08T00:00:00Z", "tags": []},
     }
+
+
+def test_a_nodes_models_are_not_kept_once_the_node_is_gone() -> None:
+    # Found once per node; a reload makes new functions, and a cache that held the old ones
+    # held each old version of the file's module.
+    def node(ctx: object, order: OrderIn) -> None:
+        return None
+
+    assert [name for name, *_ in input_models(node)] == ["order"]
+    gone = weakref.ref(node)
+    del node
+    gc.collect()
+    assert gone() is None
