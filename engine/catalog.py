@@ -19,7 +19,7 @@ from . import expressions
 from .backends.base import ScheduleSpec, ServedQueue, WorkerCatalog
 from .errors import EngineError, WorkflowDefinitionError
 from .events import EventBus, ReloadErrorCleared, ReloadFailed, WorkflowReloaded
-from .input_models import input_models
+from .input_models import input_models, required_paths
 from .loader import (
     IMPORT_TIMEOUT_S,
     LoadedFile,
@@ -74,9 +74,8 @@ def body_fields(wf: Workflow) -> list[str]:
             for name, _, model, shown in input_models(step.node):
                 below = step.inputs.get(name)
                 if shown == model.__name__ and (str(below) + ".").startswith("$.body."):
-                    for field, info in model.model_fields.items():
-                        if info.is_required():
-                            add(f"{below}.{info.alias or field}")
+                    for path in required_paths(model, str(below)):
+                        add(path)
     trigger = wf.trigger
     if trigger is not None:
         add(trigger.concurrency_key)

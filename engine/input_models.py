@@ -95,3 +95,19 @@ def typed_inputs(node: Callable[..., Any], inputs: dict[str, Any]) -> dict[str, 
                 said = explain(error, model)
                 raise InputModelError(name, f"not a valid {shown}: {said}") from None
     return given
+
+
+def required_paths(model: type[BaseModel], below: str, depth: int = 3) -> list[str]:
+    """The dotted paths under `below` that `model` requires: a required field that is a model
+    itself by its own required fields, `depth` levels down ("$.body.customer.email")."""
+    paths = []
+    for field, info in model.model_fields.items():
+        if not info.is_required():
+            continue
+        path = f"{below}.{info.alias or field}"
+        inner = info.annotation
+        if depth > 1 and inspect.isclass(inner) and issubclass(inner, BaseModel):
+            paths += required_paths(inner, path, depth - 1) or [path]
+        else:
+            paths.append(path)
+    return paths

@@ -16,7 +16,7 @@ from pydantic import BaseModel
 from support import any_database, run_when
 
 from engine import Engine, JobState, RunStatus, Schedule
-from engine.input_models import input_models
+from engine.input_models import input_models, required_paths
 
 database = any_database
 pytestmark = pytest.mark.anyio
@@ -172,3 +172,18 @@ def test_a_nodes_models_are_not_kept_once_the_node_is_gone() -> None:
     del node
     gc.collect()
     assert gone() is None
+
+
+def test_a_models_required_fields_are_found_down_its_required_models() -> None:
+    # The inject template held "buyer": null for a buyer that must have an email.
+    class Buyer(BaseModel):
+        email: str
+        name: str = ""
+
+    class Cart(BaseModel):
+        id: str
+        buyer: Buyer
+        gift: Buyer | None = None
+        note: str = ""
+
+    assert required_paths(Cart, "$.body") == ["$.body.id", "$.body.buyer.email"]
