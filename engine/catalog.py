@@ -71,10 +71,10 @@ def body_fields(wf: Workflow) -> list[str]:
             add(expr)
         if isinstance(step, Step):
             # `$.body` given to a parameter annotated with a model: its required fields.
-            for name, _, model, shown in input_models(step.node):
-                below = step.inputs.get(name)
-                if shown == model.__name__ and (str(below) + ".").startswith("$.body."):
-                    for path in required_paths(model, str(below)):
+            for param in input_models(step.node):
+                below = step.inputs.get(param.name)
+                if param.hint is param.model and (str(below) + ".").startswith("$.body."):
+                    for path in required_paths(param.model, str(below)):
                         add(path)
     trigger = wf.trigger
     if trigger is not None:

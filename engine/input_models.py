@@ -10,7 +10,7 @@ import inspect
 import typing
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple, TypeGuard
 
 from pydantic import BaseModel, PydanticSchemaGenerationError, TypeAdapter, ValidationError
 
@@ -18,13 +18,31 @@ from .explain import explain
 from .loader import user_names
 from .workflow import node_callee
 
-# (parameter, how its input becomes what it is annotated with, the model in it, its name)
-Models = tuple[tuple[str, TypeAdapter[Any], type[BaseModel], str], ...]
+
+class ModelParam(NamedTuple):
+    """A parameter annotated with a model, or with a type that holds one."""
+
+    name: str
+    hint: Any  # `Order`, `list[Order]`
+    model: type[BaseModel]  # the model in it
+    adapter: TypeAdapter[Any]  # how its input becomes what it is annotated with
+
+    @property
+    def shown(self) -> str:
+        """Its annotation as the user wrote it: "Order", "list[Order]"."""
+        return self.model.__name__ if self.hint is self.model else user_names(repr(self.hint))
+
+
+Models = tuple[ModelParam, ...]
+
+
+def _is_model(hint: Any) -> TypeGuard[type[BaseModel]]:
+    return inspect.isclass(hint) and issubclass(hint, BaseModel)
 
 
 def _model_in(hint: Any) -> type[BaseModel] | None:
     """The pydantic model `hint` is or holds (`Order`, `list[Order]`, `Order | None`)."""
-    if inspect.isclass(hint) and issubclass(hint, BaseModel):
+    if _is_model(hint):
         return hint
     for arg in typing.get_args(hint):
         found = _model_in(arg)
@@ -49,7 +67,7 @@ def _find(node: Callable[..., Any]) -> Models:
         hints = typing.get_type_hints(code)
     except Exception:  # a name only a type checker sees (under TYPE_CHECKING), a bad hint:
         return ()  # not a model this engine can make; its inputs are given as they are
-    found = []
+    found: list[ModelParam] = []
     for name, hint in hints.items():
         model = _model_in(hint) if name != "return" else None
         if model is None:
@@ -58,8 +76,7 @@ def _find(node: Callable[..., Any]) -> Models:
             adapter: TypeAdapter[Any] = TypeAdapter(hint)
         except PydanticSchemaGenerationError:  # `tuple[Order, Socket]`: given as it was
             continue
-        shown = model.__name__ if hint is model else user_names(repr(hint))
-        found.append((name, adapter, model, shown))
+        found.append(ModelParam(name, hint, model, adapter))
     return tuple(found)
 
 
@@ -87,13 +104,14 @@ def typed_inputs(node: Callable[..., Any], inputs: dict[str, Any]) -> dict[str, 
     if not models:
         return inputs
     given = dict(inputs)
-    for name, adapter, model, shown in models:
-        if name in given:
+    for param in models:
+        if param.name in given:
             try:
-                given[name] = adapter.validate_python(given[name])  # a model: as it is
+                given[param.name] = param.adapter.validate_python(given[param.name])
             except ValidationError as error:
-                said = explain(error, model)
-                raise InputModelError(name, f"not a valid {shown}: {said}") from None
+                said = explain(error, param.model)
+                message = f"not a valid {param.shown}: {said}"
+                raise InputModelError(param.name, message) from None
     return given
 
 
@@ -106,7 +124,7 @@ def required_paths(model: type[BaseModel], below: str, depth: int = 3) -> list[s
             continue
         path = f"{below}.{info.alias or field}"
         inner = info.annotation
-        if depth > 1 and inspect.isclass(inner) and issubclass(inner, BaseModel):
+        if depth > 1 and _is_model(inner):
             paths += required_paths(inner, path, depth - 1) or [path]
         else:
             paths.append(path)

@@ -31,6 +31,11 @@ log = logging.getLogger("blok.watchdog")
 WATCHDOG_S = 1.0  # a loop that has not turned for this long is reported
 
 
+# The node that blocks the loop: its step ("[step 1/1] call"), its run's id, its workflow, and
+# " at file:line" (or "" where no line of the user's code is on the stack).
+Culprit = tuple[str, str, str, str]
+
+
 @dataclass(frozen=True, slots=True)
 class Stall:
     """The loop's latest stall, as far as it is seen: how long it lasted, when the watchdog
@@ -39,7 +44,7 @@ class Stall:
 
     seconds: float
     seen: float
-    by: tuple[str, str, str] | None  # the node's step, its run ("run_x (workflow)"), its line
+    by: Culprit | None
     suspended: bool = False
 
     def said(self, run_id: str | None = None) -> str:
@@ -48,8 +53,8 @@ class Stall:
             return f"this process was suspended for {self.seconds:.1f}s (SIGSTOP, a paused machine)"
         if self.by is None:
             return f"its event loop was blocked for {self.seconds:.1f}s, not by a step's node"
-        step, run, line = self.by
-        of = "" if run_id is not None and run.startswith(f"{run_id} ") else f" of run {run}"
+        step, run, workflow, line = self.by
+        of = "" if run == run_id else f" of run {run} ({workflow})"
         return (
             f"its event loop was blocked for {self.seconds:.1f}s by {step}{of}{line} (an async "
             "node must not call blocking code: make it a plain def, or await "
@@ -88,7 +93,7 @@ class LoopWatchdog:
     def _watch(self) -> None:
         stalled_since: float | None = None
         culprit: tuple[int, tuple[str, str, str]] | None = None
-        by: tuple[str, str, str] | None = None
+        by: Culprit | None = None
         woke, cpu = time.monotonic(), time.process_time()
         while not self._stop.wait(self.threshold_s / 4):
             now = time.monotonic()
@@ -141,13 +146,13 @@ class LoopWatchdog:
     @staticmethod
     def _name(
         culprit: tuple[int, tuple[str, str, str]], blocked: float, line: str | None
-    ) -> tuple[str, str, str]:
-        """Log which step blocks the loop; that step, its run and line, as a phrase."""
+    ) -> Culprit:
+        """Log which step blocks the loop; that step, its run, its workflow and its line."""
         run_id, workflow, where = culprit[1]
-        by = (where, f"{run_id} ({workflow})", f" at {line}" if line else "")
+        by = (where, run_id, workflow, f" at {line}" if line else "")
         log.warning(
-            "the event loop has been blocked for %.1fs by %s of run %s%s: an async node must "
-            "not call blocking code (time.sleep, sync I/O); make it a plain def, or await "
+            "the event loop has been blocked for %.1fs by %s of run %s (%s)%s: an async node "
+            "must not call blocking code (time.sleep, sync I/O); make it a plain def, or await "
             "anyio.to_thread.run_sync",
             blocked,
             *by,
